@@ -1,0 +1,272 @@
+"""The LogStore contract: the only thing Cornus asks of a storage service.
+
+Every backend (emulator, redis, azure_blob, dynamodb) implements `LogStore`. The protocol core
+imports the value types from here (never a backend), and the node runtime calls the async methods.
+
+One record per (log, txn). A log is either a partition's log or a coordinator's log (the latter is
+used by 2PC and coordinator-log for decisions and, in coordinator-log, every participant's redo).
+
+Transitions a record may make, and which call may make them:
+
+    absent   --log_once(s)/log(s)-->  s            (s in VOTE_YES, COMMIT, ABORT)
+    VOTE_YES --log(COMMIT|ABORT)--->  decision
+    s        --log(s)-------------->  s            (idempotent rewrite of the same state)
+    COMMIT  <-/-> ABORT, decision -/-> VOTE_YES    (refused with DecisionFlipRefused, nothing written)
+
+`log_once` never changes an existing record: it returns what is stored. That single compare-and-swap
+is the whole of Cornus's requirement on storage, and every backend does it in ONE round trip.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from storage_adapters.errors import ValidationError
+
+# Limits. They are what every backend can hold in one request (DynamoDB items top out at 400 KB,
+# so a record with its redo must stay well below that), and they bound what a bad caller can make
+# us allocate.
+TXN_ID_LENGTH_MAX = 128
+LOG_NAME_LENGTH_MAX = 64
+NODE_ID_LENGTH_MAX = 64
+PARTICIPANT_COUNT_MAX = 256
+REDO_BYTES_MAX = 128 * 1024
+DATA_KEY_BYTES_MAX = 512
+DATA_VALUE_BYTES_MAX = 64 * 1024
+DATA_BATCH_COUNT_MAX = 1024
+SCAN_PAGE_COUNT_MAX = 1000
+
+# Ids end up in Redis keys, blob names and DynamoDB keys; a conservative alphabet keeps them
+# unambiguous in all three (no '/', no braces that would break Redis hash tags).
+_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]+$")
+
+
+class TxnState(enum.StrEnum):
+    VOTE_YES = "VOTE_YES"
+    COMMIT = "COMMIT"
+    ABORT = "ABORT"
+
+    @property
+    def is_decision(self) -> bool:
+        return self is not TxnState.VOTE_YES
+
+
+class LogKind(enum.StrEnum):
+    PARTITION = "p"
+    COORDINATOR = "c"
+
+
+def validate_id(value: object, what: str, length_max: int) -> str:
+    """Return `value` if it is a usable id, else raise ValidationError naming `what`."""
+    if not isinstance(value, str):
+        raise ValidationError(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise ValidationError(f"{what} must not be empty")
+    if len(value) > length_max:
+        raise ValidationError(f"{what} is {len(value)} characters, the limit is {length_max}")
+    if not _ID_PATTERN.match(value):
+        raise ValidationError(f"{what} {value!r} may only hold letters, digits and '_.:-'")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class LogId:
+    """Which log a record lives in: a partition's log or a coordinator node's log."""
+
+    kind: LogKind
+    name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, LogKind):
+            raise ValidationError(f"log kind must be a LogKind, got {self.kind!r}")
+        validate_id(self.name, "log name", LOG_NAME_LENGTH_MAX)
+
+    @classmethod
+    def partition(cls, name: str) -> LogId:
+        return cls(LogKind.PARTITION, name)
+
+    @classmethod
+    def coordinator(cls, name: str) -> LogId:
+        return cls(LogKind.COORDINATOR, name)
+
+    @property
+    def key(self) -> str:
+        """A stable string form, usable inside every backend's key space."""
+        return f"{self.kind.value}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBody:
+    """What a vote carries: the full participant list (so any participant can run termination
+    against the right logs), the coordinator, and the opaque redo to apply on COMMIT."""
+
+    participants: tuple[str, ...] = ()
+    coordinator: str = ""
+    redo: bytes = b""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.participants, tuple):
+            raise ValidationError("participants must be a tuple of partition names")
+        if len(self.participants) > PARTICIPANT_COUNT_MAX:
+            raise ValidationError(
+                f"{len(self.participants)} participants, the limit is {PARTICIPANT_COUNT_MAX}"
+            )
+        for participant in self.participants:
+            validate_id(participant, "participant", LOG_NAME_LENGTH_MAX)
+        if len(set(self.participants)) != len(self.participants):
+            raise ValidationError("participants must not repeat")
+        if self.coordinator:
+            validate_id(self.coordinator, "coordinator", NODE_ID_LENGTH_MAX)
+        if not isinstance(self.redo, bytes):
+            raise ValidationError(f"redo must be bytes, got {type(self.redo).__name__}")
+        if len(self.redo) > REDO_BYTES_MAX:
+            raise ValidationError(f"redo is {len(self.redo)} bytes, the limit is {REDO_BYTES_MAX}")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One stored record. `applied` is set once a COMMIT's redo is in the data (recovery re-applies
+    committed records that lack it). `created_at_ms` is the storing side's wall clock."""
+
+    log: LogId
+    txn: str
+    state: TxnState
+    body: RecordBody = field(default_factory=RecordBody)
+    applied: bool = False
+    created_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LogOnceResult:
+    """What `log_once` found or made: `state` is the record's state after the call, `created` is
+    True for exactly the one caller whose write created the record."""
+
+    state: TxnState
+    created: bool
+
+
+def validate_txn(txn: object) -> str:
+    return validate_id(txn, "txn id", TXN_ID_LENGTH_MAX)
+
+
+def validate_state(state: object) -> TxnState:
+    if not isinstance(state, TxnState):
+        raise ValidationError(f"state must be a TxnState, got {state!r}")
+    return state
+
+
+def validate_log(log: object) -> LogId:
+    if not isinstance(log, LogId):
+        raise ValidationError(f"log must be a LogId, got {type(log).__name__}")
+    return log
+
+
+def validate_body(body: object) -> RecordBody:
+    if not isinstance(body, RecordBody):
+        raise ValidationError(f"body must be a RecordBody, got {type(body).__name__}")
+    return body
+
+
+def validate_partition(partition: object) -> str:
+    return validate_id(partition, "partition", LOG_NAME_LENGTH_MAX)
+
+
+def validate_data_key(key: object) -> str:
+    if not isinstance(key, str):
+        raise ValidationError(f"data key must be a string, got {type(key).__name__}")
+    if not key:
+        raise ValidationError("data key must not be empty")
+    size = len(key.encode("utf-8"))
+    if size > DATA_KEY_BYTES_MAX:
+        raise ValidationError(f"data key is {size} bytes, the limit is {DATA_KEY_BYTES_MAX}")
+    return key
+
+
+def validate_data_keys(keys: object) -> tuple[str, ...]:
+    if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
+        raise ValidationError("keys must be a sequence of strings")
+    if len(keys) > DATA_BATCH_COUNT_MAX:
+        raise ValidationError(f"{len(keys)} keys in one call, the limit is {DATA_BATCH_COUNT_MAX}")
+    return tuple(validate_data_key(key) for key in keys)
+
+
+def validate_writes(writes: object) -> dict[str, bytes | None]:
+    """A redo's writes: key -> new value, or None to delete the key."""
+    if not isinstance(writes, Mapping):
+        raise ValidationError("writes must be a mapping of key -> bytes or None")
+    if len(writes) > DATA_BATCH_COUNT_MAX:
+        raise ValidationError(f"{len(writes)} writes in one redo, the limit is {DATA_BATCH_COUNT_MAX}")
+    checked: dict[str, bytes | None] = {}
+    for key, value in writes.items():
+        validate_data_key(key)
+        if value is not None:
+            if not isinstance(value, bytes):
+                raise ValidationError(f"value of {key!r} must be bytes or None")
+            if len(value) > DATA_VALUE_BYTES_MAX:
+                raise ValidationError(
+                    f"value of {key!r} is {len(value)} bytes, the limit is {DATA_VALUE_BYTES_MAX}"
+                )
+        checked[key] = value
+    return checked
+
+
+def check_log_transition(log: LogId, txn: str, stored: TxnState | None, wanted: TxnState) -> None:
+    """Raise DecisionFlipRefused unless `log(wanted)` may overwrite `stored`."""
+    from storage_adapters.errors import DecisionFlipRefused
+
+    if stored is None or stored is TxnState.VOTE_YES or stored is wanted:
+        return
+    raise DecisionFlipRefused(log, txn, stored, wanted)
+
+
+class LogStore(abc.ABC):
+    """The storage contract. Every method has a deadline (the store's `timeout_ms_call`) and raises
+    StorageUnavailable when the backend does not answer within it; ValidationError (before any
+    I/O) for bad arguments; DecisionFlipRefused for a refused `log`."""
+
+    backend_name: str = "abstract"
+
+    @abc.abstractmethod
+    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+        """Create the record with `state` if it is absent; return what is stored now. One round trip."""
+
+    @abc.abstractmethod
+    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+        """Plain write: create, or move VOTE_YES to a decision, or rewrite the same state. `body`
+        None keeps the stored body. Refuses COMMIT<->ABORT and decision->VOTE_YES."""
+
+    @abc.abstractmethod
+    async def read(self, log: LogId, txn: str) -> Record | None:
+        """The stored record, or None."""
+
+    @abc.abstractmethod
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
+        """Up to `limit` records of `log` that still need work: VOTE_YES (undecided), or COMMIT whose
+        redo is not applied yet. Recovery calls it, resolves what it got, and calls again."""
+
+    @abc.abstractmethod
+    async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
+        """Committed values of `keys` in `partition` (None for absent keys)."""
+
+    @abc.abstractmethod
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
+        """Apply a committed redo to the data and mark the partition's record applied, atomically
+        where the backend allows. Idempotent, so recovery may repeat it. The record must be COMMIT."""
+
+    @abc.abstractmethod
+    async def delete(self, log: LogId, txn: str) -> bool:
+        """Remove the record (garbage collection); True if it existed."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections. The store is unusable afterwards."""
+
+    async def __aenter__(self) -> LogStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
