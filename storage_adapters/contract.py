@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from storage_adapters.errors import ValidationError
+from storage_adapters.errors import DecisionFlipRefused, ValidationError
 
 # Limits. They are what every backend can hold in one request (DynamoDB items top out at 400 KB,
 # so a record with its redo must stay well below that), and they bound what a bad caller can make
@@ -216,8 +216,6 @@ def validate_writes(writes: object) -> dict[str, bytes | None]:
 
 def check_log_transition(log: LogId, txn: str, stored: TxnState | None, wanted: TxnState) -> None:
     """Raise DecisionFlipRefused unless `log(wanted)` may overwrite `stored`."""
-    from storage_adapters.errors import DecisionFlipRefused
-
     if stored is None or stored is TxnState.VOTE_YES or stored is wanted:
         return
     raise DecisionFlipRefused(log, txn, stored, wanted)

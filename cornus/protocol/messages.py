@@ -1,0 +1,76 @@
+"""Node-to-node protocol messages. One-way: every request/response pairing is the machines' job.
+
+Messages name partitions (participants) and coordinator node ids; the runtime maps a partition to
+the node that owns it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from storage_adapters.contract import TxnState
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    """Vote request. Carries the FULL participant list, so a participant can run termination
+    against every other participant's log (the paper's artifact sent only the receiver itself)."""
+
+    txn: str
+    participants: tuple[str, ...]
+    coordinator: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseReadOnly:
+    """To a partition the transaction only read: release its locks; it takes no part in commit."""
+
+    txn: str
+    partition: str
+
+
+@dataclass(frozen=True, slots=True)
+class Vote:
+    txn: str
+    partition: str
+    yes: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome. In coordinator-log the coordinator holds the participant's redo, so a COMMIT
+    carries it: a participant that crashed after voting has lost its own copy."""
+
+    txn: str
+    decision: TxnState
+    redo: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionAck:
+    """The participant has durably recorded the decision (or needs no record: presumed abort) and
+    has no storage call in flight for the transaction, so its record may be garbage collected."""
+
+    txn: str
+    partition: str
+    decision: TxnState
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionQuery:
+    """Cooperative termination (2PC, coordinator-log): "do you know the outcome?"."""
+
+    txn: str
+    sender: str
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionAnswer:
+    """`decision` None means "I do not know either"."""
+
+    txn: str
+    sender: str
+    decision: TxnState | None
+
+
+Message = Prepare | ReleaseReadOnly | Vote | Decision | DecisionAck | DecisionQuery | DecisionAnswer

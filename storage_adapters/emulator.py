@@ -1,0 +1,359 @@
+"""The embedded default backend: a SQLite file in WAL mode, shared safely by many processes.
+
+No server to install. Each store owns one connection on one worker thread; calls queue to it and
+the worker runs everything queued so far in ONE SQLite transaction (group commit), because the
+fsync at commit is this backend's bottleneck and one fsync can make a whole batch durable. Each
+call still gets exactly the answer it would get alone: calls in a batch run one after another
+inside the transaction, each under its own savepoint, so a refused call writes nothing.
+
+Several processes may open the same file: `BEGIN IMMEDIATE` takes SQLite's write lock before any
+read, so a `log_once` read-then-insert is atomic across processes too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from storage_adapters.contract import (
+    SCAN_PAGE_COUNT_MAX,
+    LogId,
+    LogKind,
+    LogOnceResult,
+    LogStore,
+    Record,
+    RecordBody,
+    TxnState,
+    check_log_transition,
+    validate_body,
+    validate_data_keys,
+    validate_log,
+    validate_partition,
+    validate_state,
+    validate_txn,
+    validate_writes,
+)
+from storage_adapters.errors import InvariantViolation, StorageError, StorageUnavailable, ValidationError
+
+# Calls waiting for the worker thread; past this the store answers StorageUnavailable at once
+# instead of letting an overloaded caller queue without bound.
+QUEUE_COUNT_MAX = 10_000
+# Calls folded into one SQLite transaction: large enough to amortise the fsync, small enough that
+# one transaction never holds the cross-process write lock for long.
+BATCH_COUNT_MAX = 256
+TIMEOUT_MS_CALL_DEFAULT = 5_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS txn_log (
+    log TEXT NOT NULL,
+    txn TEXT NOT NULL,
+    state TEXT NOT NULL,
+    participants TEXT NOT NULL,
+    coordinator TEXT NOT NULL,
+    redo BLOB NOT NULL,
+    applied INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (log, txn)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS txn_log_unfinished ON txn_log (log)
+    WHERE state = 'VOTE_YES' OR (state = 'COMMIT' AND applied = 0);
+CREATE TABLE IF NOT EXISTS data (
+    partition TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (partition, key)
+) WITHOUT ROWID;
+"""
+
+_RECORD_COLUMNS = "log, txn, state, participants, coordinator, redo, applied, created_at_ms"
+
+
+@dataclass(slots=True)
+class _Call:
+    """One queued call: `run` executes on the worker thread inside the batch transaction."""
+
+    run: Callable[[sqlite3.Connection], Any]
+    writes: bool
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _record_from_row(row: tuple[Any, ...]) -> Record:
+    log_key, txn, state, participants, coordinator, redo, applied, created_at_ms = row
+    kind, _, name = log_key.partition(".")
+    return Record(
+        log=LogId(LogKind(kind), name),
+        txn=txn,
+        state=TxnState(state),
+        body=RecordBody(tuple(json.loads(participants)), coordinator, bytes(redo)),
+        applied=bool(applied),
+        created_at_ms=created_at_ms,
+    )
+
+
+def _select_record(conn: sqlite3.Connection, log: LogId, txn: str) -> Record | None:
+    row = conn.execute(
+        f"SELECT {_RECORD_COLUMNS} FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)
+    ).fetchone()
+    return None if row is None else _record_from_row(row)
+
+
+def _insert_record(conn: sqlite3.Connection, log: LogId, txn: str, state: TxnState, body: RecordBody) -> bool:
+    cursor = conn.execute(
+        "INSERT INTO txn_log VALUES (?, ?, ?, ?, ?, ?, 0, ?) ON CONFLICT (log, txn) DO NOTHING",
+        (log.key, txn, state.value, json.dumps(body.participants), body.coordinator, body.redo, _now_ms()),
+    )
+    return cursor.rowcount == 1
+
+
+class EmulatorStore(LogStore):
+    """LogStore over a SQLite file. Open with `await EmulatorStore.open(path)`."""
+
+    backend_name = "emulator"
+
+    def __init__(self, path: Path, timeout_ms_call: int) -> None:
+        assert timeout_ms_call > 0
+        self.path = path
+        self.timeout_ms_call = timeout_ms_call
+        self._queue: queue.Queue[_Call | None] = queue.Queue(maxsize=QUEUE_COUNT_MAX)
+        self._closed = False
+        self._ready = threading.Event()
+        self._open_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._worker, name=f"cornus-sqlite-{path.name}", daemon=True)
+
+    @classmethod
+    async def open(cls, path: str | Path, *, timeout_ms_call: int = TIMEOUT_MS_CALL_DEFAULT) -> EmulatorStore:
+        store = cls(Path(path), timeout_ms_call)
+        store._thread.start()
+        ready = await asyncio.to_thread(store._ready.wait, timeout_ms_call / 1000)
+        if not ready or store._open_error is not None:
+            await store.close()
+            raise StorageUnavailable(f"cannot open SQLite file {path}: {store._open_error or 'timed out'}")
+        return store
+
+    # --- worker thread -------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves, so batching is explicit.
+        conn = sqlite3.connect(self.path, timeout=self.timeout_ms_call / 1000, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {int(self.timeout_ms_call)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        # FULL: in WAL mode NORMAL may lose the last commits on power loss, and an acknowledged
+        # VOTE_YES must never be lost (a terminator could then log ABORT after a COMMIT reply).
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.executescript(_SCHEMA)  # idempotent, so racing processes may all run it
+        return conn
+
+    def _worker(self) -> None:
+        try:
+            conn = self._connect()
+        except BaseException as error:
+            self._open_error = error
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while True:
+                first = self._queue.get()
+                if first is None:
+                    return
+                batch = [first]
+                while len(batch) < BATCH_COUNT_MAX:
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        self._queue.put(None)  # finish this batch, then stop
+                        break
+                    batch.append(more)
+                self._run_batch(conn, batch)
+        finally:
+            conn.close()
+
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Call]) -> None:
+        # A caller that gave up (deadline) is skipped, so a stale call never runs late.
+        live = [call for call in batch if not call.future.cancelled()]
+        if not live:
+            return
+        results: list[tuple[bool, Any]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE" if any(call.writes for call in live) else "BEGIN")
+            for call in live:
+                conn.execute("SAVEPOINT call")
+                try:
+                    results.append((True, call.run(conn)))
+                    conn.execute("RELEASE call")
+                except (StorageError, AssertionError) as error:
+                    # A refused call writes nothing and is its caller's error alone; an assertion
+                    # is a bug and goes to the caller too, so it crashes there loudly.
+                    conn.execute("ROLLBACK TO call")
+                    conn.execute("RELEASE call")
+                    results.append((False, error))
+            conn.execute("COMMIT")
+        except sqlite3.Error as error:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            unavailable = StorageUnavailable(f"SQLite {self.path}: {error}")
+            results = [(False, unavailable)] * len(live)
+        assert len(results) == len(live)
+        for call, (ok, value) in zip(live, results, strict=True):
+            call.loop.call_soon_threadsafe(_settle, call.future, ok, value)
+
+    # --- asyncio side --------------------------------------------------------------------------
+
+    async def _call(self, run: Callable[[sqlite3.Connection], Any], *, writes: bool) -> Any:
+        if self._closed:
+            raise StorageUnavailable("store is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        try:
+            self._queue.put_nowait(_Call(run, writes, future, loop))
+        except queue.Full:
+            raise StorageUnavailable(f"SQLite queue is full ({QUEUE_COUNT_MAX} calls waiting)") from None
+        try:
+            async with asyncio.timeout(self.timeout_ms_call / 1000):
+                return await future
+        except TimeoutError:
+            raise StorageUnavailable(
+                f"SQLite {self.path} did not answer within {self.timeout_ms_call} ms"
+            ) from None
+
+    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+        validate_log(log)
+        validate_txn(txn)
+        validate_state(state)
+        validate_body(body)
+
+        def run(conn: sqlite3.Connection) -> LogOnceResult:
+            if _insert_record(conn, log, txn, state, body):
+                return LogOnceResult(state, created=True)
+            row = conn.execute("SELECT state FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).fetchone()
+            assert row is not None, "insert conflicted, so the record exists"
+            return LogOnceResult(TxnState(row[0]), created=False)
+
+        return await self._call(run, writes=True)
+
+    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+        validate_log(log)
+        validate_txn(txn)
+        validate_state(state)
+        if body is not None:
+            validate_body(body)
+
+        def run(conn: sqlite3.Connection) -> TxnState:
+            row = conn.execute("SELECT state FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).fetchone()
+            stored = None if row is None else TxnState(row[0])
+            check_log_transition(log, txn, stored, state)
+            if stored is None:
+                created = _insert_record(conn, log, txn, state, body or RecordBody())
+                assert created, "the write lock is held, so nobody created it since the read"
+            elif body is None:
+                conn.execute("UPDATE txn_log SET state = ? WHERE log = ? AND txn = ?", (state.value, log.key, txn))
+            else:
+                conn.execute(
+                    "UPDATE txn_log SET state = ?, participants = ?, coordinator = ?, redo = ? "
+                    "WHERE log = ? AND txn = ?",
+                    (state.value, json.dumps(body.participants), body.coordinator, body.redo, log.key, txn),
+                )
+            return state
+
+        return await self._call(run, writes=True)
+
+    async def read(self, log: LogId, txn: str) -> Record | None:
+        validate_log(log)
+        validate_txn(txn)
+        return await self._call(lambda conn: _select_record(conn, log, txn), writes=False)
+
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
+        validate_log(log)
+        if not isinstance(limit, int) or not 0 < limit <= SCAN_PAGE_COUNT_MAX:
+            raise ValidationError(f"limit must be an int in 1..{SCAN_PAGE_COUNT_MAX}, got {limit!r}")
+
+        def run(conn: sqlite3.Connection) -> list[Record]:
+            rows = conn.execute(
+                f"SELECT {_RECORD_COLUMNS} FROM txn_log WHERE log = ? "
+                "AND (state = 'VOTE_YES' OR (state = 'COMMIT' AND applied = 0)) ORDER BY txn LIMIT ?",
+                (log.key, limit),
+            ).fetchall()
+            return [_record_from_row(row) for row in rows]
+
+        return await self._call(run, writes=False)
+
+    async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
+        validate_partition(partition)
+        checked = validate_data_keys(keys)
+
+        def run(conn: sqlite3.Connection) -> dict[str, bytes | None]:
+            found: dict[str, bytes | None] = dict.fromkeys(checked)
+            for key in checked:
+                row = conn.execute(
+                    "SELECT value FROM data WHERE partition = ? AND key = ?", (partition, key)
+                ).fetchone()
+                found[key] = None if row is None else bytes(row[0])
+            return found
+
+        return await self._call(run, writes=False)
+
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
+        validate_partition(partition)
+        validate_txn(txn)
+        checked = validate_writes(writes)
+        log = LogId.partition(partition)
+
+        def run(conn: sqlite3.Connection) -> None:
+            row = conn.execute("SELECT state FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).fetchone()
+            if row is None or row[0] != TxnState.COMMIT.value:
+                stored = "absent" if row is None else row[0]
+                raise InvariantViolation(f"apply_redo of txn {txn!r} on {partition!r}: record is {stored}, not COMMIT")
+            for key, value in checked.items():
+                if value is None:
+                    conn.execute("DELETE FROM data WHERE partition = ? AND key = ?", (partition, key))
+                else:
+                    conn.execute(
+                        "INSERT INTO data VALUES (?, ?, ?) ON CONFLICT (partition, key) DO UPDATE SET value = ?",
+                        (partition, key, value, value),
+                    )
+            conn.execute("UPDATE txn_log SET applied = 1 WHERE log = ? AND txn = ?", (log.key, txn))
+
+        await self._call(run, writes=True)
+
+    async def delete(self, log: LogId, txn: str) -> bool:
+        validate_log(log)
+        validate_txn(txn)
+
+        def run(conn: sqlite3.Connection) -> bool:
+            return conn.execute("DELETE FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).rowcount == 1
+
+        return await self._call(run, writes=True)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread.is_alive():
+            # put() may block only if the queue is full; the worker is draining it, so it frees.
+            await asyncio.to_thread(self._queue.put, None)
+            await asyncio.to_thread(self._thread.join, self.timeout_ms_call / 1000)
+
+
+def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if future.done():  # the caller's deadline passed first
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)

@@ -1,0 +1,95 @@
+"""Opening a LogStore from configuration: which backend, where it is, and its deadline.
+
+Backends are imported only when chosen, so the embedded emulator never loads a cloud SDK.
+`StoreConfig` is a plain, picklable value, so a test can hand it to other processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from storage_adapters.contract import LogStore
+from storage_adapters.errors import ValidationError
+
+BACKENDS = ("emulator", "redis", "azure_blob", "dynamodb")
+TIMEOUT_MS_CALL_MAX = 600_000
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    backend: str = "emulator"
+    timeout_ms_call: int = 5_000
+    emulator_path: str = "cornus.db"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    azure_connection_string: str = ""
+    azure_container: str = "cornus"
+    dynamodb_table: str = "cornus"
+    dynamodb_endpoint: str | None = None
+    dynamodb_region: str = "us-east-1"
+    # Injected latency (see storage_adapters.latency), e.g. "fixed:2" or "lognormal:10:30"; "" is none.
+    latency: str = ""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValidationError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if not isinstance(self.timeout_ms_call, int) or not 0 < self.timeout_ms_call <= TIMEOUT_MS_CALL_MAX:
+            raise ValidationError(f"timeout_ms_call must be an int in 1..{TIMEOUT_MS_CALL_MAX}")
+        if self.backend == "azure_blob" and not self.azure_connection_string:
+            raise ValidationError("backend azure_blob needs azure_connection_string")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> StoreConfig:
+        """Read `CORNUS_STORAGE_<FIELD>` variables (12-factor); keyword overrides win."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for name in ("backend", "emulator_path", "redis_url", "azure_connection_string", "azure_container",
+                     "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency"):
+            env_name = f"CORNUS_STORAGE_{name.upper()}"
+            if env_name in environ:
+                values[name] = environ[env_name]
+        if "CORNUS_STORAGE_TIMEOUT_MS_CALL" in environ:
+            raw = environ["CORNUS_STORAGE_TIMEOUT_MS_CALL"]
+            if not raw.isdigit():
+                raise ValidationError(f"CORNUS_STORAGE_TIMEOUT_MS_CALL must be an integer, got {raw!r}")
+            values["timeout_ms_call"] = int(raw)
+        values.update({key: value for key, value in overrides.items() if value is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+    def with_backend(self, backend: str) -> StoreConfig:
+        return replace(self, backend=backend)
+
+
+async def open_store(config: StoreConfig) -> LogStore:
+    """Connect to the configured backend (creating its container/table if needed)."""
+    store: LogStore
+    if config.backend == "emulator":
+        from storage_adapters.emulator import EmulatorStore
+
+        store = await EmulatorStore.open(config.emulator_path, timeout_ms_call=config.timeout_ms_call)
+    elif config.backend == "redis":
+        from storage_adapters.redis_store import RedisStore
+
+        store = await RedisStore.open(config.redis_url, timeout_ms_call=config.timeout_ms_call)
+    elif config.backend == "azure_blob":
+        from storage_adapters.azure_blob import AzureBlobStore
+
+        store = await AzureBlobStore.open(
+            config.azure_connection_string, config.azure_container, timeout_ms_call=config.timeout_ms_call
+        )
+    else:
+        assert config.backend == "dynamodb"
+        from storage_adapters.dynamodb import DynamoDbStore
+
+        store = await DynamoDbStore.open(
+            config.dynamodb_table,
+            endpoint_url=config.dynamodb_endpoint,
+            region=config.dynamodb_region,
+            timeout_ms_call=config.timeout_ms_call,
+        )
+    if config.latency:
+        from storage_adapters.latency import LatencyInjectingStore, parse_latency
+
+        store = LatencyInjectingStore(store, parse_latency(config.latency))
+    return store

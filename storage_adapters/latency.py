@@ -1,0 +1,110 @@
+"""Injected storage latency: wrap any LogStore so each call first waits a sampled delay.
+
+Used to imitate cloud storage on loopback (Azure Blob ~10 ms, Azure Cache for Redis ~2 ms) and to
+compare protocols at the latencies of the paper's experiments. One sample per contract call: the
+contract's calls are single round trips on the hot path (`log_once` always is), so one delay per
+call models one trip to remote storage.
+
+Specs (milliseconds): `fixed:2`, `uniform:8:18`, `lognormal:10:30` (median 10, 99th percentile 30).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from storage_adapters.contract import SCAN_PAGE_COUNT_MAX, LogId, LogOnceResult, LogStore, Record, RecordBody, TxnState
+from storage_adapters.errors import ValidationError
+
+# A sampled delay never exceeds this: a lognormal tail must not stall a benchmark for minutes.
+DELAY_MS_MAX = 10_000
+_Z_99 = 2.3263478740408408  # the standard normal's 99th percentile
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyDistribution:
+    kind: str
+    a_ms: float
+    b_ms: float = 0.0
+
+    def sampler(self, rng: random.Random) -> Callable[[], float]:
+        """A function returning one delay in ms per call."""
+        if self.kind == "fixed":
+            return lambda: self.a_ms
+        if self.kind == "uniform":
+            return lambda: rng.uniform(self.a_ms, self.b_ms)
+        assert self.kind == "lognormal"
+        mu = math.log(self.a_ms)
+        sigma = (math.log(self.b_ms) - mu) / _Z_99
+        return lambda: min(rng.lognormvariate(mu, sigma), DELAY_MS_MAX)
+
+
+def parse_latency(spec: str) -> LatencyDistribution:
+    """Parse `fixed:MS`, `uniform:LO:HI` or `lognormal:P50:P99`; raise ValidationError otherwise."""
+    kind, _, rest = spec.partition(":")
+    try:
+        numbers = [float(part) for part in rest.split(":")] if rest else []
+    except ValueError:
+        raise ValidationError(f"latency {spec!r}: numbers expected after the kind") from None
+    if any(not math.isfinite(n) or n < 0 or n > DELAY_MS_MAX for n in numbers):
+        raise ValidationError(f"latency {spec!r}: each value must be within 0..{DELAY_MS_MAX} ms")
+    if kind == "fixed" and len(numbers) == 1:
+        return LatencyDistribution("fixed", numbers[0])
+    if kind == "uniform" and len(numbers) == 2 and numbers[0] <= numbers[1]:
+        return LatencyDistribution("uniform", numbers[0], numbers[1])
+    if kind == "lognormal" and len(numbers) == 2 and 0 < numbers[0] < numbers[1]:
+        return LatencyDistribution("lognormal", numbers[0], numbers[1])
+    raise ValidationError(
+        f"latency {spec!r}: expected fixed:MS, uniform:LO:HI (LO<=HI) or lognormal:P50:P99 (0<P50<P99)"
+    )
+
+
+class LatencyInjectingStore(LogStore):
+    """A LogStore that delays every call by a sample of `distribution`, then delegates. Validation
+    errors still come from the inner store, so bad input behaves exactly as without the wrapper."""
+
+    def __init__(self, inner: LogStore, distribution: LatencyDistribution, seed: int | None = None) -> None:
+        self.inner = inner
+        self.distribution = distribution
+        self.backend_name = inner.backend_name
+        self._sample_ms = distribution.sampler(random.Random(seed))
+
+    async def _delay(self) -> None:
+        delay_ms = self._sample_ms()
+        assert 0 <= delay_ms <= DELAY_MS_MAX
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
+
+    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+        await self._delay()
+        return await self.inner.log_once(log, txn, state, body)
+
+    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+        await self._delay()
+        return await self.inner.log(log, txn, state, body)
+
+    async def read(self, log: LogId, txn: str) -> Record | None:
+        await self._delay()
+        return await self.inner.read(log, txn)
+
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
+        await self._delay()
+        return await self.inner.scan_unfinished(log, limit)
+
+    async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
+        await self._delay()
+        return await self.inner.read_data(partition, keys)
+
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
+        await self._delay()
+        await self.inner.apply_redo(partition, txn, writes)
+
+    async def delete(self, log: LogId, txn: str) -> bool:
+        await self._delay()
+        return await self.inner.delete(log, txn)
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -1,0 +1,81 @@
+"""Shared fixtures: where the real services started by `scripts/services.sh up` listen.
+
+A test that needs a service and cannot reach it FAILS (never skips): a skipped storage test would
+let a broken backend pass CI unseen.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SERVICES_ENV = Path(os.environ.get("CORNUS_SERVICES_DIR", REPO / ".services")) / "env"
+
+# moto accepts any credentials; set them before any AWS client is made, in this process and in
+# the processes tests spawn, so nothing looks for a real account.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+
+def _services_env() -> dict[str, str]:
+    values: dict[str, str] = {}
+    if SERVICES_ENV.exists():
+        for line in SERVICES_ENV.read_text().splitlines():
+            name, sep, value = line.partition("=")
+            if sep:
+                values[name] = value
+    # Variables set by the caller win over the file, so a developer can point at other servers.
+    values.update({name: value for name, value in os.environ.items() if name.startswith("CORNUS_")})
+    return values
+
+
+def _require_port(url: str, what: str) -> None:
+    parsed = urlparse(url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port
+    assert port is not None, f"{what}: no port in {url!r}"
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except OSError as error:
+        pytest.fail(f"{what} is not reachable at {host}:{port} ({error}); run `scripts/services.sh up`")
+
+
+class Services:
+    """Addresses of the shared test services, checked reachable on first use."""
+
+    def __init__(self) -> None:
+        self.env = _services_env()
+
+    def get(self, name: str) -> str:
+        if name not in self.env:
+            pytest.fail(f"{name} is not set and {SERVICES_ENV} lacks it; run `scripts/services.sh up`")
+        return self.env[name]
+
+    @property
+    def redis_url(self) -> str:
+        url = self.get("CORNUS_TEST_REDIS_URL")
+        _require_port(url, "redis")
+        return url
+
+    @property
+    def azure_connection_string(self) -> str:
+        value = self.get("CORNUS_TEST_AZURE_CONNECTION_STRING")
+        endpoint = dict(part.split("=", 1) for part in value.split(";") if "=" in part)["BlobEndpoint"]
+        _require_port(endpoint, "azurite")
+        return value
+
+    @property
+    def dynamodb_endpoint(self) -> str:
+        url = self.get("CORNUS_TEST_DYNAMODB_ENDPOINT")
+        _require_port(url, "moto server")
+        return url
+
+
+@pytest.fixture(scope="session")
+def services() -> Services:
+    return Services()

@@ -1,0 +1,84 @@
+"""Private instances of the real storage servers, for tests that stop a backend mid-test.
+
+The shared services (scripts/services.sh) must stay up for other tests, so a test that kills or
+freezes a server starts its own on a free loopback port with the same binaries.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tests.conftest import Services
+
+READY_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """A server subprocess on 127.0.0.1:port that a test can freeze, thaw and kill."""
+
+    def __init__(self, argv: list[str], port: int) -> None:
+        self.port = port
+        self._log = tempfile.NamedTemporaryFile(prefix="cornus-server-", suffix=".log", delete=False)  # noqa: SIM115
+        self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.kill()
+                    raise RuntimeError(f"{argv[0]} did not start: {Path(self._log.name).read_text()[-2000:]}") from None
+                time.sleep(0.1)
+
+    def freeze(self) -> None:
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.killpg(self.process.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        if not self._log.closed:  # kill() runs twice when a test kills the server itself
+            self._log.close()
+            os.unlink(self._log.name)
+
+
+def start_redis(services: Services, directory: Path) -> ServerProcess:
+    port = free_port()
+    argv = [services.get("CORNUS_REDIS_SERVER_BIN"), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+            "--appendonly", "no", "--dir", str(directory)]
+    return ServerProcess(argv, port)
+
+
+def start_azurite(services: Services, directory: Path) -> ServerProcess:
+    port = free_port()
+    argv = [services.get("CORNUS_AZURITE_BLOB_BIN"), "--blobHost", "127.0.0.1", "--blobPort", str(port),
+            "--inMemoryPersistence", "--disableTelemetry", "--skipApiVersionCheck", "--silent",
+            "--location", str(directory)]
+    return ServerProcess(argv, port)
+
+
+def start_moto(services: Services) -> ServerProcess:
+    port = free_port()
+    return ServerProcess([services.get("CORNUS_MOTO_SERVER_BIN"), "-H", "127.0.0.1", "-p", str(port)], port)
+
+
+def azurite_connection_string(services: Services, port: int) -> str:
+    shared = services.get("CORNUS_TEST_AZURE_CONNECTION_STRING")
+    parts = [part for part in shared.split(";") if part and not part.startswith("BlobEndpoint=")]
+    return ";".join([*parts, f"BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1"]) + ";"

@@ -1,0 +1,341 @@
+"""The LogStore conformance suite: every backend, against its real service, must pass all of it."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from typing import Any
+
+import pytest
+
+from storage_adapters.contract import (
+    DATA_BATCH_COUNT_MAX,
+    DATA_KEY_BYTES_MAX,
+    DATA_VALUE_BYTES_MAX,
+    PARTICIPANT_COUNT_MAX,
+    REDO_BYTES_MAX,
+    SCAN_PAGE_COUNT_MAX,
+    TXN_ID_LENGTH_MAX,
+    LogId,
+    LogStore,
+    RecordBody,
+    TxnState,
+)
+from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, ValidationError
+from storage_adapters.factory import StoreConfig, open_store
+
+VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
+
+
+def body(*participants: str, coordinator: str = "node-0", redo: bytes = b"redo") -> RecordBody:
+    return RecordBody(tuple(participants), coordinator, redo)
+
+
+# --- log_once -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", list(TxnState))
+async def test_log_once_creates_absent_record(store: LogStore, ns: str, state: TxnState) -> None:
+    log = LogId.partition(f"{ns}-p0")
+    result = await store.log_once(log, "txn-1", state, body(f"{ns}-p0", f"{ns}-p1"))
+    assert (result.state, result.created) == (state, True)
+    record = await store.read(log, "txn-1")
+    assert record is not None
+    assert (record.log, record.txn, record.state, record.applied) == (log, "txn-1", state, False)
+    assert record.body == body(f"{ns}-p0", f"{ns}-p1")
+    assert abs(record.created_at_ms - time.time() * 1000) < 10 * 60 * 1000
+
+
+@pytest.mark.parametrize("first", list(TxnState))
+@pytest.mark.parametrize("second", list(TxnState))
+async def test_log_once_never_changes_existing_record(
+    store: LogStore, ns: str, first: TxnState, second: TxnState
+) -> None:
+    log = LogId.partition(ns)
+    await store.log_once(log, "t", first, body(ns, redo=b"first"))
+    result = await store.log_once(log, "t", second, body(ns, coordinator="other", redo=b"second"))
+    assert (result.state, result.created) == (first, False)
+    record = await store.read(log, "t")
+    assert record is not None and record.state is first and record.body == body(ns, redo=b"first")
+
+
+async def test_logs_are_separate_namespaces(store: LogStore, ns: str) -> None:
+    partition, coordinator = LogId.partition(ns), LogId.coordinator(ns)
+    await store.log_once(partition, "t", VOTE, body())
+    assert (await store.log_once(coordinator, "t", ABORT, body())).created
+    assert (await store.log_once(LogId.partition(ns + "x"), "t", ABORT, body())).created
+    assert (await store.read(partition, "t")).state is VOTE  # type: ignore[union-attr]
+    assert (await store.read(coordinator, "t")).state is ABORT  # type: ignore[union-attr]
+
+
+async def test_empty_and_binary_bodies_round_trip(store: LogStore, ns: str) -> None:
+    log = LogId.partition(ns)
+    await store.log_once(log, "empty", VOTE, RecordBody())
+    assert (await store.read(log, "empty")).body == RecordBody()  # type: ignore[union-attr]
+    redo = bytes(range(256)) * 4
+    await store.log_once(log, "binary", VOTE, body(ns, redo=redo))
+    assert (await store.read(log, "binary")).body.redo == redo  # type: ignore[union-attr]
+
+
+async def test_read_absent_is_none(store: LogStore, ns: str) -> None:
+    assert await store.read(LogId.partition(ns), "nothing") is None
+
+
+# --- log ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", list(TxnState))
+async def test_log_creates_absent_record(store: LogStore, ns: str, state: TxnState) -> None:
+    log = LogId.coordinator(ns)
+    assert await store.log(log, "t", state, body(ns)) is state
+    record = await store.read(log, "t")
+    assert record is not None and record.state is state and record.body == body(ns)
+
+
+async def test_log_without_body_creates_empty_body(store: LogStore, ns: str) -> None:
+    log = LogId.coordinator(ns)
+    await store.log(log, "t", ABORT)
+    assert (await store.read(log, "t")).body == RecordBody()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("decision", [COMMIT, ABORT])
+async def test_log_moves_vote_to_decision_keeping_body(store: LogStore, ns: str, decision: TxnState) -> None:
+    log = LogId.partition(ns)
+    await store.log(log, "t", VOTE, body(ns, redo=b"keep me"))
+    assert await store.log(log, "t", decision) is decision
+    record = await store.read(log, "t")
+    assert record is not None and record.state is decision and record.body.redo == b"keep me"
+
+
+async def test_log_with_body_replaces_body(store: LogStore, ns: str) -> None:
+    log = LogId.partition(ns)
+    await store.log(log, "t", VOTE, body(ns, redo=b"old"))
+    await store.log(log, "t", COMMIT, body(ns, redo=b"new"))
+    assert (await store.read(log, "t")).body.redo == b"new"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("state", list(TxnState))
+async def test_log_same_state_is_idempotent(store: LogStore, ns: str, state: TxnState) -> None:
+    log = LogId.partition(ns)
+    await store.log(log, "t", state, body(ns))
+    assert await store.log(log, "t", state) is state
+    assert (await store.read(log, "t")).state is state  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("stored", "wanted"), [(COMMIT, ABORT), (ABORT, COMMIT), (COMMIT, VOTE), (ABORT, VOTE)]
+)
+async def test_log_refuses_decision_flips_and_writes_nothing(
+    store: LogStore, ns: str, stored: TxnState, wanted: TxnState
+) -> None:
+    log = LogId.partition(ns)
+    await store.log_once(log, "t", stored, body(ns, redo=b"original"))
+    before = await store.read(log, "t")
+    with pytest.raises(DecisionFlipRefused) as refused:
+        await store.log(log, "t", wanted, body(ns, coordinator="intruder", redo=b"intruder"))
+    assert (refused.value.stored, refused.value.wanted) == (stored, wanted)
+    assert await store.read(log, "t") == before
+    with pytest.raises(DecisionFlipRefused):
+        await store.log(log, "t", wanted)
+    assert await store.read(log, "t") == before
+
+
+# --- scan, data, delete ---------------------------------------------------------------------------
+
+
+async def test_scan_unfinished_lists_votes_and_unapplied_commits(store: LogStore, ns: str) -> None:
+    log = LogId.partition(ns)
+    await store.log_once(log, "vote", VOTE, body(ns))
+    await store.log_once(log, "commit-unapplied", COMMIT, body(ns))
+    await store.log_once(log, "commit-applied", COMMIT, body(ns))
+    await store.apply_redo(ns, "commit-applied", {"k": b"v"})
+    await store.log_once(log, "abort", ABORT, body(ns))
+    await store.log_once(log, "vote-then-abort", VOTE, body(ns))
+    await store.log(log, "vote-then-abort", ABORT)
+    await store.log_once(LogId.partition(ns + "other"), "elsewhere", VOTE, body())
+    await store.log_once(LogId.coordinator(ns), "coordinator-log", VOTE, body())
+
+    found = {record.txn: record for record in await store.scan_unfinished(log)}
+    assert set(found) == {"vote", "commit-unapplied"}
+    assert found["vote"].state is VOTE and found["vote"].body == body(ns)
+    assert found["commit-unapplied"].state is COMMIT and not found["commit-unapplied"].applied
+
+
+async def test_scan_unfinished_respects_limit(store: LogStore, ns: str) -> None:
+    log = LogId.partition(ns)
+    await asyncio.gather(*(store.log_once(log, f"t{i:02}", VOTE, body()) for i in range(12)))
+    page = await store.scan_unfinished(log, limit=5)
+    assert len(page) == 5 and len({record.txn for record in page}) == 5
+    assert len(await store.scan_unfinished(log)) == 12
+
+
+async def test_apply_redo_writes_data_and_marks_applied(store: LogStore, ns: str) -> None:
+    await store.log_once(LogId.partition(ns), "t1", COMMIT, body(ns))
+    writes = {"alpha": b"1", "b\u00e9ta/with spaces": bytes(range(256)), "gone": None}
+    await store.apply_redo(ns, "t1", writes)
+    await store.apply_redo(ns, "t1", writes)  # recovery may repeat it
+    assert await store.read_data(ns, ["alpha", "b\u00e9ta/with spaces", "gone", "never"]) == {
+        "alpha": b"1", "b\u00e9ta/with spaces": bytes(range(256)), "gone": None, "never": None
+    }
+    assert (await store.read(LogId.partition(ns), "t1")).applied  # type: ignore[union-attr]
+    assert await store.read_data(ns + "other", ["alpha"]) == {"alpha": None}
+
+    await store.log_once(LogId.partition(ns), "t2", COMMIT, body(ns))
+    await store.apply_redo(ns, "t2", {"alpha": None, "gone": b"back"})
+    assert await store.read_data(ns, ["alpha", "gone"]) == {"alpha": None, "gone": b"back"}
+
+
+@pytest.mark.parametrize("state", [None, VOTE, ABORT])
+async def test_apply_redo_requires_commit_and_writes_nothing(store: LogStore, ns: str, state: TxnState | None) -> None:
+    if state is not None:
+        await store.log_once(LogId.partition(ns), "t", state, body(ns))
+    with pytest.raises(InvariantViolation):
+        await store.apply_redo(ns, "t", {"k": b"v"})
+    assert await store.read_data(ns, ["k"]) == {"k": None}
+
+
+async def test_delete_removes_record(store: LogStore, ns: str) -> None:
+    log = LogId.partition(ns)
+    await store.log_once(log, "t", VOTE, body(ns))
+    assert await store.delete(log, "t") is True
+    assert await store.read(log, "t") is None
+    assert await store.scan_unfinished(log) == []
+    assert await store.delete(log, "t") is False
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+def _bad_calls(ns: str) -> list[tuple[str, str, tuple[Any, ...]]]:
+    log = LogId.partition(ns)
+    ok = body(ns)
+    return [
+        ("empty txn", "log_once", (log, "", VOTE, ok)),
+        ("txn with slash", "log_once", (log, "a/b", VOTE, ok)),
+        ("txn with brace", "log", (log, "a{b}", VOTE, ok)),
+        ("txn too long", "log_once", (log, "t" * (TXN_ID_LENGTH_MAX + 1), VOTE, ok)),
+        ("txn not a string", "log_once", (log, 42, VOTE, ok)),
+        ("state as string", "log_once", (log, "t", "COMMIT", ok)),
+        ("log as string", "log_once", (ns, "t", VOTE, ok)),
+        ("body as dict", "log_once", (log, "t", VOTE, {"redo": b""})),
+        ("log body as dict", "log", (log, "t", VOTE, {"redo": b""})),
+        ("bad scan limit", "scan_unfinished", (log, 0)),
+        ("huge scan limit", "scan_unfinished", (log, SCAN_PAGE_COUNT_MAX + 1)),
+        ("empty data key", "read_data", (ns, [""])),
+        ("keys as string", "read_data", (ns, "abc")),
+        ("data key too long", "read_data", (ns, ["k" * (DATA_KEY_BYTES_MAX + 1)])),
+        ("bad partition", "read_data", ("p/../x", ["k"])),
+        ("value not bytes", "apply_redo", (ns, "t", {"k": "text"})),
+        ("value too big", "apply_redo", (ns, "t", {"k": b"v" * (DATA_VALUE_BYTES_MAX + 1)})),
+        ("too many writes", "apply_redo", (ns, "t", {f"k{i}": b"v" for i in range(DATA_BATCH_COUNT_MAX + 1)})),
+        ("writes as list", "apply_redo", (ns, "t", [("k", b"v")])),
+        ("delete bad txn", "delete", (log, "bad txn")),
+    ]
+
+
+def _bad_bodies(ns: str) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        ("redo too big", {"redo": b"x" * (REDO_BYTES_MAX + 1)}),
+        ("redo not bytes", {"redo": "text"}),
+        ("too many participants", {"participants": tuple(f"p{i}" for i in range(PARTICIPANT_COUNT_MAX + 1))}),
+        ("repeated participant", {"participants": (ns, ns)}),
+        ("participants as list", {"participants": [ns]}),
+        ("bad coordinator", {"coordinator": "node 1"}),
+    ]
+
+
+async def test_bad_input_is_refused_and_changes_nothing(store: LogStore, ns: str) -> None:
+    log = LogId.partition(ns)
+    await store.log_once(log, "t", COMMIT, body(ns, redo=b"before"))
+    before = await store.read(log, "t")
+    for label, method, args in _bad_calls(ns):
+        with pytest.raises(ValidationError):
+            await getattr(store, method)(*args)
+            pytest.fail(f"{label}: accepted")
+    for label, fields in _bad_bodies(ns):
+        with pytest.raises(ValidationError):
+            RecordBody(**fields)
+            pytest.fail(f"{label}: accepted")
+    for bad_log_name in ["", "a/b", "x" * 65, "{tag}"]:
+        with pytest.raises(ValidationError):
+            LogId.partition(bad_log_name)
+    assert await store.read(log, "t") == before
+    assert await store.scan_unfinished(log) == [before]
+    assert await store.read_data(ns, ["k", "k0"]) == {"k": None, "k0": None}
+
+
+# --- races ----------------------------------------------------------------------------------------
+
+RACE_PROCESS_COUNT = 4
+RACE_CALLERS_PER_PROCESS = 12  # 48 callers in all, across processes
+RACE_RECORD_COUNT = 3
+
+
+def _race_process(config: StoreConfig, log: LogId, process_index: int, barrier: Any, results: Any) -> None:
+    async def main() -> list[tuple[str, int, str, bool]]:
+        store = await open_store(config)
+        try:
+            # Connect first, then wait for every process, so the calls land as close together as
+            # possible and connection setup does not serialise them.
+            await store.read(log, "warm-up")
+            await asyncio.to_thread(barrier.wait, 60)
+
+            async def one(txn: str, caller: int) -> tuple[str, int, str, bool]:
+                state = ABORT if caller % 2 else VOTE
+                result = await store.log_once(log, txn, state, RecordBody((), f"caller-{caller}", b""))
+                return txn, caller, result.state.value, result.created
+
+            calls = []
+            for txn_index in range(RACE_RECORD_COUNT):
+                for local in range(RACE_CALLERS_PER_PROCESS):
+                    calls.append(one(f"race-{txn_index}", process_index * RACE_CALLERS_PER_PROCESS + local))
+            return await asyncio.gather(*calls)
+        finally:
+            await store.close()
+
+    results.put(asyncio.run(main()))
+
+
+async def test_concurrent_log_once_across_processes_has_one_winner(store_config: StoreConfig, ns: str) -> None:
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(RACE_PROCESS_COUNT)
+    results = context.Queue()
+    log = LogId.partition(ns)
+    processes = [
+        context.Process(target=_race_process, args=(store_config, log, index, barrier, results))
+        for index in range(RACE_PROCESS_COUNT)
+    ]
+    for process in processes:
+        process.start()
+    outcomes = [row for _ in processes for row in await asyncio.to_thread(results.get, True, 120)]
+    for process in processes:
+        process.join(30)
+        assert process.exitcode == 0
+
+    store = await open_store(store_config)
+    try:
+        for txn_index in range(RACE_RECORD_COUNT):
+            txn = f"race-{txn_index}"
+            rows = [row for row in outcomes if row[0] == txn]
+            assert len(rows) == RACE_PROCESS_COUNT * RACE_CALLERS_PER_PROCESS
+            winners = [caller for _, caller, _, created in rows if created]
+            assert len(winners) == 1, f"{txn}: winners {winners}"
+            stored = await store.read(log, txn)
+            assert stored is not None
+            assert stored.body.coordinator == f"caller-{winners[0]}"
+            assert stored.state is (ABORT if winners[0] % 2 else VOTE)
+            assert {state for _, _, state, _ in rows} == {stored.state.value}, "every caller is told the winner"
+    finally:
+        await store.close()
+
+
+async def test_concurrent_log_once_in_one_process_has_one_winner(store: LogStore, ns: str) -> None:
+    log = LogId.partition(ns)
+    states = [ABORT if i % 3 == 0 else VOTE for i in range(64)]
+    results = await asyncio.gather(
+        *(store.log_once(log, "t", state, RecordBody((), f"c{i}", b"")) for i, state in enumerate(states))
+    )
+    winners = [i for i, result in enumerate(results) if result.created]
+    assert len(winners) == 1
+    assert {result.state for result in results} == {states[winners[0]]}
