@@ -86,13 +86,14 @@ start_moto() {
 }
 
 write_env() {
+  # Single-quoted so the file can be sourced by a shell too (the Azure string holds ';').
   cat >"$dir/env" <<EOF
-CORNUS_TEST_REDIS_URL=redis://127.0.0.1:$redis_port/0
-CORNUS_TEST_AZURE_CONNECTION_STRING=DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=$azure_key;BlobEndpoint=http://127.0.0.1:$azurite_port/devstoreaccount1;
-CORNUS_TEST_DYNAMODB_ENDPOINT=http://127.0.0.1:$moto_port
-CORNUS_REDIS_SERVER_BIN=$(command -v redis-server)
-CORNUS_AZURITE_BLOB_BIN=$(azurite_bin)
-CORNUS_MOTO_SERVER_BIN=$(moto_bin)
+CORNUS_TEST_REDIS_URL='redis://127.0.0.1:$redis_port/0'
+CORNUS_TEST_AZURE_CONNECTION_STRING='DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=$azure_key;BlobEndpoint=http://127.0.0.1:$azurite_port/devstoreaccount1;'
+CORNUS_TEST_DYNAMODB_ENDPOINT='http://127.0.0.1:$moto_port'
+CORNUS_REDIS_SERVER_BIN='$(command -v redis-server)'
+CORNUS_AZURITE_BLOB_BIN='$(azurite_bin)'
+CORNUS_MOTO_SERVER_BIN='$(moto_bin)'
 EOF
 }
 

@@ -59,6 +59,7 @@ from storage_adapters.contract import (
     validate_data_keys,
     validate_log,
     validate_partition,
+    validate_scan_limit,
     validate_state,
     validate_txn,
     validate_writes,
@@ -168,13 +169,6 @@ def _decode_record(log: LogId, txn: str, data: bytes) -> Record:
     assert not record.applied or record.state is TxnState.COMMIT
     return record
 
-
-def _validate_limit(limit: object) -> int:
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        raise ValidationError(f"limit must be an int, got {type(limit).__name__}")
-    if not 1 <= limit <= SCAN_PAGE_COUNT_MAX:
-        raise ValidationError(f"limit is {limit}, it must be in 1..{SCAN_PAGE_COUNT_MAX}")
-    return limit
 
 
 async def _gather_bounded(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
@@ -369,17 +363,19 @@ class AzureBlobStore(LogStore):
 
     async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
         validate_log(log)
-        _validate_limit(limit)
+        validate_scan_limit(limit)
         prefix = _record_prefix(log)
         async with self._deadline():
             # The metadata in the listing lets us skip finished records without reading them.
             txns: list[str] = []
             pages = self._container.list_blobs(name_starts_with=prefix, include=["metadata"])
             async for blob in pages:
+                # Every record this adapter writes carries the metadata; a blob without it (or with
+                # a value we do not know) is read rather than skipped, so nothing unfinished hides.
                 metadata = blob.metadata or {}
-                state = TxnState(metadata[_STATE_METADATA])
-                applied = metadata[_APPLIED_METADATA] == "true"
-                if not _is_unfinished(state, applied):
+                state_value = metadata.get(_STATE_METADATA, "")
+                applied = metadata.get(_APPLIED_METADATA) == "true"
+                if state_value in TxnState.__members__ and not _is_unfinished(TxnState(state_value), applied):
                     continue
                 segment = blob.name[len(prefix) :]
                 txns.append(segment[:-1] if segment.endswith(".~") else segment)

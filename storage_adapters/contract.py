@@ -175,6 +175,14 @@ def validate_partition(partition: object) -> str:
     return validate_id(partition, "partition", LOG_NAME_LENGTH_MAX)
 
 
+def validate_scan_limit(limit: object) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise ValidationError(f"limit must be an int, got {type(limit).__name__}")
+    if not 1 <= limit <= SCAN_PAGE_COUNT_MAX:
+        raise ValidationError(f"limit is {limit}, it must be in 1..{SCAN_PAGE_COUNT_MAX}")
+    return limit
+
+
 def validate_data_key(key: object) -> str:
     if not isinstance(key, str):
         raise ValidationError(f"data key must be a string, got {type(key).__name__}")
@@ -253,7 +261,9 @@ class LogStore(abc.ABC):
     @abc.abstractmethod
     async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
         """Apply a committed redo to the data and mark the partition's record applied, atomically
-        where the backend allows. Idempotent, so recovery may repeat it. The record must be COMMIT."""
+        where the backend allows. The record must be COMMIT. A record already marked applied is
+        left alone and nothing is written: re-writing an old redo could undo a later transaction's
+        writes to the same keys. So recovery may repeat the call safely."""
 
     @abc.abstractmethod
     async def delete(self, log: LogId, txn: str) -> bool:

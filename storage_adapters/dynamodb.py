@@ -50,6 +50,7 @@ from storage_adapters.contract import (
     validate_data_keys,
     validate_log,
     validate_partition,
+    validate_scan_limit,
     validate_state,
     validate_txn,
     validate_writes,
@@ -159,13 +160,6 @@ def _decode_record(log: LogId, txn: str, item: Mapping[str, Any]) -> Record:
 def _is_unfinished(record: Record) -> bool:
     return record.state is TxnState.VOTE_YES or (record.state is TxnState.COMMIT and not record.applied)
 
-
-def _validate_limit(limit: object) -> int:
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        raise ValidationError(f"limit must be an int, got {type(limit).__name__}")
-    if not 1 <= limit <= SCAN_PAGE_COUNT_MAX:
-        raise ValidationError(f"limit is {limit}, it must be in 1..{SCAN_PAGE_COUNT_MAX}")
-    return limit
 
 
 def _error_code(error: ClientError) -> str:
@@ -407,7 +401,7 @@ class DynamoDbStore(LogStore):
 
     async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
         validate_log(log)
-        _validate_limit(limit)
+        validate_scan_limit(limit)
         records: list[Record] = []
         request: dict[str, Any] = {
             "TableName": self._table,
@@ -507,7 +501,12 @@ class DynamoDbStore(LogStore):
             chunk_bytes += size
         assert all(len(chunk) < TRANSACT_ITEM_COUNT_MAX for chunk in chunks)
 
-        def marker(condition: str) -> dict[str, Any]:
+        def marker(*, require_unapplied: bool) -> dict[str, Any]:
+            condition = "#state = :commit"
+            values: dict[str, Any] = {":commit": {"S": TxnState.COMMIT.value}, ":true": {"BOOL": True}}
+            if require_unapplied:
+                condition += " AND #applied = :false"
+                values[":false"] = {"BOOL": False}
             return {
                 "Update": {
                     "TableName": self._table,
@@ -515,11 +514,7 @@ class DynamoDbStore(LogStore):
                     "UpdateExpression": "SET #applied = :true",
                     "ConditionExpression": condition,
                     "ExpressionAttributeNames": {"#state": "state", "#applied": "applied"},
-                    "ExpressionAttributeValues": {
-                        ":commit": {"S": TxnState.COMMIT.value},
-                        ":true": {"BOOL": True},
-                    }
-                    | ({":false": {"BOOL": False}} if ":false" in condition else {}),
+                    "ExpressionAttributeValues": values,
                     "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
                 }
             }
@@ -530,7 +525,7 @@ class DynamoDbStore(LogStore):
                 # with the marker, and only if the record is a COMMIT not yet applied. Writing an
                 # applied redo again could undo a later txn's writes to the same keys.
                 try:
-                    await self._transact([*chunks[0], marker("#state = :commit AND #applied = :false")])
+                    await self._transact([*chunks[0], marker(require_unapplied=True)])
                 except ClientError as error:
                     stored = self._marker_failure(error, log, txn)
                     if stored is None:
@@ -551,7 +546,7 @@ class DynamoDbStore(LogStore):
             for chunk in chunks[:-1]:
                 await self._transact(chunk)
             try:
-                await self._transact([*chunks[-1], marker("#state = :commit")])
+                await self._transact([*chunks[-1], marker(require_unapplied=False)])
             except ClientError as error:
                 stored = self._marker_failure(error, log, txn)
                 if stored is None:

@@ -38,11 +38,12 @@ from storage_adapters.contract import (
     validate_data_keys,
     validate_log,
     validate_partition,
+    validate_scan_limit,
     validate_state,
     validate_txn,
     validate_writes,
 )
-from storage_adapters.errors import InvariantViolation, StorageError, StorageUnavailable, ValidationError
+from storage_adapters.errors import InvariantViolation, StorageError, StorageUnavailable
 
 # Calls waiting for the worker thread; past this the store answers StorageUnavailable at once
 # instead of letting an overloaded caller queue without bound.
@@ -280,8 +281,7 @@ class EmulatorStore(LogStore):
 
     async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
         validate_log(log)
-        if not isinstance(limit, int) or not 0 < limit <= SCAN_PAGE_COUNT_MAX:
-            raise ValidationError(f"limit must be an int in 1..{SCAN_PAGE_COUNT_MAX}, got {limit!r}")
+        validate_scan_limit(limit)
 
         def run(conn: sqlite3.Connection) -> list[Record]:
             rows = conn.execute(
@@ -315,10 +315,14 @@ class EmulatorStore(LogStore):
         log = LogId.partition(partition)
 
         def run(conn: sqlite3.Connection) -> None:
-            row = conn.execute("SELECT state FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).fetchone()
+            row = conn.execute(
+                "SELECT state, applied FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)
+            ).fetchone()
             if row is None or row[0] != TxnState.COMMIT.value:
                 stored = "absent" if row is None else row[0]
                 raise InvariantViolation(f"apply_redo of txn {txn!r} on {partition!r}: record is {stored}, not COMMIT")
+            if row[1]:
+                return  # applied before: see the contract on why it must not be re-written
             for key, value in checked.items():
                 if value is None:
                     conn.execute("DELETE FROM data WHERE partition = ? AND key = ?", (partition, key))

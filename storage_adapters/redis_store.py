@@ -36,11 +36,12 @@ from storage_adapters.contract import (
     validate_data_keys,
     validate_log,
     validate_partition,
+    validate_scan_limit,
     validate_state,
     validate_txn,
     validate_writes,
 )
-from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, StorageUnavailable, ValidationError
+from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, StorageUnavailable
 
 TIMEOUT_MS_CALL_DEFAULT = 5_000
 CONNECTION_COUNT_MAX = 64
@@ -96,6 +97,7 @@ return {'OK', ARGV[2]}
 _APPLY_REDO = _SYNC_INDEX + """
 local stored = redis.call('HGET', KEYS[1], 'state')
 if stored ~= 'COMMIT' then return {'NOT_COMMIT', stored or 'absent'} end
+if redis.call('HGET', KEYS[1], 'applied') == '1' then return {'OK', 'COMMIT'} end
 for i = 3, #KEYS do
   local op = ARGV[2 * (i - 2)]
   if op == 's' then
@@ -233,8 +235,7 @@ class RedisStore(LogStore):
 
     async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
         validate_log(log)
-        if not isinstance(limit, int) or not 0 < limit <= SCAN_PAGE_COUNT_MAX:
-            raise ValidationError(f"limit must be an int in 1..{SCAN_PAGE_COUNT_MAX}, got {limit!r}")
+        validate_scan_limit(limit)
 
         async def scan() -> list[Record]:
             txns: list[str] = []

@@ -29,7 +29,7 @@ def _services_env() -> dict[str, str]:
         for line in SERVICES_ENV.read_text().splitlines():
             name, sep, value = line.partition("=")
             if sep:
-                values[name] = value
+                values[name] = value.strip("'")
     # Variables set by the caller win over the file, so a developer can point at other servers.
     values.update({name: value for name, value in os.environ.items() if name.startswith("CORNUS_")})
     return values

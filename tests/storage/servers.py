@@ -39,8 +39,9 @@ class ServerProcess:
                 return
             except OSError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
+                    output = Path(self._log.name).read_text()[-2000:]
                     self.kill()
-                    raise RuntimeError(f"{argv[0]} did not start: {Path(self._log.name).read_text()[-2000:]}") from None
+                    raise RuntimeError(f"{argv[0]} did not start: {output}") from None
                 time.sleep(0.1)
 
     def freeze(self) -> None:
@@ -68,8 +69,7 @@ def start_redis(services: Services, directory: Path) -> ServerProcess:
 def start_azurite(services: Services, directory: Path) -> ServerProcess:
     port = free_port()
     argv = [services.get("CORNUS_AZURITE_BLOB_BIN"), "--blobHost", "127.0.0.1", "--blobPort", str(port),
-            "--inMemoryPersistence", "--disableTelemetry", "--skipApiVersionCheck", "--silent",
-            "--location", str(directory)]
+            "--location", str(directory), "--disableTelemetry", "--skipApiVersionCheck", "--silent"]
     return ServerProcess(argv, port)
 
 

@@ -185,6 +185,10 @@ async def test_apply_redo_writes_data_and_marks_applied(store: LogStore, ns: str
     await store.apply_redo(ns, "t2", {"alpha": None, "gone": b"back"})
     assert await store.read_data(ns, ["alpha", "gone"]) == {"alpha": None, "gone": b"back"}
 
+    # Recovery repeating t1's apply after t2 wrote the same keys must not undo t2.
+    await store.apply_redo(ns, "t1", writes)
+    assert await store.read_data(ns, ["alpha", "gone"]) == {"alpha": None, "gone": b"back"}
+
 
 @pytest.mark.parametrize("state", [None, VOTE, ABORT])
 async def test_apply_redo_requires_commit_and_writes_nothing(store: LogStore, ns: str, state: TxnState | None) -> None:

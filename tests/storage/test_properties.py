@@ -91,6 +91,8 @@ class LogStoreModel(RuleBasedStateMachine):
                 return
             raise AssertionError("apply_redo accepted a record that is not COMMIT")
         self.run(self.store.apply_redo(partition, txn, writes))
+        if stored["applied"]:
+            return  # a repeated apply writes nothing
         stored["applied"] = True
         for key, value in writes.items():
             if value is None:
