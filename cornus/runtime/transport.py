@@ -1,0 +1,50 @@
+"""How a node reaches its peers: the interface the runtime drives, whatever carries the bytes.
+
+`services/node_rpc` implements it over gRPC (one long-lived bidirectional stream per peer pair);
+tests may implement it in memory. Protocol messages are one-way and may be lost (the protocol's
+timers recover); requests get exactly one response or `PeerUnavailable` within their deadline.
+A node addressing itself is served in-process (no socket), asynchronously, like any peer.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Protocol
+
+from cornus.protocol.messages import Message
+from cornus.runtime.wire import PeerRequest, PeerResponse
+
+
+class PeerUnavailable(Exception):
+    """The peer did not answer within the deadline, or is not connected. Retryable."""
+
+
+class InboundHandler(Protocol):
+    """What the runtime gives a transport to deliver what arrives."""
+
+    def on_message(self, sender: str, message: Message) -> None:
+        """A protocol message from node `sender`. Must not block."""
+
+    async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
+        """A request from node `sender`; the returned response goes back to it."""
+
+
+class Transport(abc.ABC):
+    node_id: str
+
+    @abc.abstractmethod
+    async def start(self, handler: InboundHandler) -> None:
+        """Start serving inbound traffic and connecting to peers."""
+
+    @abc.abstractmethod
+    def send(self, to_node: str, message: Message) -> None:
+        """Queue a one-way message. Never blocks; if the peer's bounded queue is full or the peer
+        is unknown, the message is dropped and counted (the protocol tolerates loss)."""
+
+    @abc.abstractmethod
+    async def request(self, to_node: str, request: PeerRequest, timeout_ms: int) -> PeerResponse:
+        """Send a request and wait for its response; PeerUnavailable past `timeout_ms`."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop serving and drop connections."""

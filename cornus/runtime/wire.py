@@ -1,0 +1,82 @@
+"""What nodes say to each other besides the protocol's one-way messages: request/response pairs
+for the execution phase (run operations on a partition the receiver owns) and for status.
+
+These are plain values; `services/node_rpc` maps them to protobuf and back. The protocol's own
+messages are `cornus.protocol.messages.Message`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from cornus.protocol.messages import Message
+from storage_adapters.contract import TxnState
+
+
+class OpKind(enum.StrEnum):
+    GET = "get"  # shared lock, read the value
+    PUT = "put"  # exclusive lock, buffer the write
+    DELETE = "delete"  # exclusive lock, buffer the delete
+    CHECK = "check"  # shared lock, abort the txn unless the value equals `value` (None: absent)
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    kind: OpKind
+    key: str
+    value: bytes | None = None
+
+
+class ExecuteStatus(enum.StrEnum):
+    OK = "ok"
+    CONFLICT = "conflict"  # a lock was held by another txn: retryable
+    CHECK_FAILED = "check_failed"  # a CHECK op saw another value: the txn must abort
+    ABORTED = "aborted"  # the partition already aborted this txn (e.g. it timed out)
+    NOT_OWNER = "not_owner"  # the receiver does not own the partition
+    NOT_READY = "not_ready"  # the receiver is still recovering: retryable
+    INVALID = "invalid"  # bad request (ids, sizes): not retryable
+    UNAVAILABLE = "unavailable"  # storage did not answer: retryable
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteRequest:
+    """Run `ops` in order on `partition` for `txn`, taking strict-2PL locks. `finish` True with no
+    ops ends the execution phase early (the client aborted): release locks, drop buffered writes."""
+
+    txn: str
+    partition: str
+    coordinator: str
+    ops: tuple[Op, ...]
+    abort: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteResponse:
+    """`values` holds one entry per GET op, in op order."""
+
+    status: ExecuteStatus
+    values: tuple[bytes | None, ...] = ()
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StatusRequest:
+    """Ask a node about itself, and about `txn` on the partitions it owns when `txn` is set."""
+
+    txn: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StatusResponse:
+    node: str
+    ready: bool
+    partitions: tuple[str, ...]
+    # For StatusRequest.txn: each owned partition's state of that txn (absent: never logged).
+    txn_states: tuple[tuple[str, TxnState], ...] = ()
+    in_doubt_count: int = 0
+
+
+PeerRequest = ExecuteRequest | StatusRequest
+PeerResponse = ExecuteResponse | StatusResponse
+PeerMessage = Message
