@@ -1,0 +1,118 @@
+"""Coordinators of the blocking protocols. 2PC (presumed abort): log COMMIT, then reply. Coordinator
+log (paper 5.6): log every participant's redo in parallel with prepare, then log the decision and
+reply. After a restart both resend logged decisions and abort what they never decided."""
+
+from __future__ import annotations
+
+from cornus.protocol import redo_bundle
+from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
+from cornus.protocol.effects import CancelTimer, Effect, Log, Send, StartTimer
+from cornus.protocol.events import Event, LogReturned, MessageReceived, Recovered, StorageUnreachable
+from cornus.protocol.messages import Decision, DecisionAnswer, DecisionQuery, Vote
+from storage_adapters.contract import LogOnceResult, Record, RecordBody, TxnState
+
+
+class TwoPhaseCoordinator(CoordinatorBase):
+    uses_coordinator_log = True
+    logs_redo = False
+    _commit_call: Log | None = None
+    _redo_call: Log | None = None
+    _redo_durable = True
+
+    def _started(self) -> list[Effect]:
+        if not self.logs_redo:
+            return []
+        self._redo_durable = False
+        bundle = redo_bundle.encode(self.redo_by_partition)
+        self._redo_call = Log(
+            self.coordinator_log, self.txn, TxnState.VOTE_YES, RecordBody(self.participants, self.node, bundle)
+        )
+        return [self._redo_call]
+
+    def _on_vote(self, vote: Vote) -> list[Effect]:
+        if vote.partition not in self.participants or self.phase is not CoordPhase.COLLECTING:
+            return []
+        if self._commit_call is not None:
+            return []  # every vote was yes already
+        if not vote.yes:
+            return self._announce(TxnState.ABORT)
+        self.votes_yes.add(vote.partition)
+        return self._maybe_commit()
+
+    def _maybe_commit(self) -> list[Effect]:
+        if self.votes_yes != set(self.participants) or not self._redo_durable or self._commit_call:
+            return []
+        body = None if self.logs_redo else RecordBody(self.participants, self.node)
+        self._commit_call = Log(self.coordinator_log, self.txn, TxnState.COMMIT, body)
+        return [CancelTimer(self._timer("votes")), self._commit_call]
+
+    def _may_adopt(self, decision: TxnState) -> bool:
+        # Once COMMIT is being logged only its result decides; an abort ack then is impossible.
+        assert self._commit_call is None or decision is TxnState.COMMIT
+        return self._commit_call is None
+
+    def _on_timer(self, kind: str) -> list[Effect]:
+        if self.phase is not CoordPhase.COLLECTING:
+            return []
+        if kind == "votes":
+            # 2PC cannot terminate through the participants' logs: not hearing means abort.
+            return [] if self._commit_call is not None else self._announce(TxnState.ABORT)
+        assert kind == "retry", kind
+        if self._commit_call is not None:
+            return [self._commit_call]
+        assert self._redo_call is not None and not self._redo_durable
+        return [self._redo_call]
+
+    def _handle(self, event: Event) -> list[Effect]:
+        if isinstance(event, Recovered):
+            return self._recover(event.record)
+        if isinstance(event, MessageReceived) and isinstance(event.message, DecisionQuery):
+            return self._on_query(event.message)
+        if not isinstance(event, LogReturned):
+            return []
+        call, result = event.call, event.result
+        if self.phase is not CoordPhase.COLLECTING:
+            return []  # e.g. the redo write of a transaction that aborted meanwhile
+        if isinstance(result, StorageUnreachable):
+            return [StartTimer(self._timer("retry"), self._backoff.next_delay_ms())]
+        self._backoff.reset()
+        state = result.state if isinstance(result, LogOnceResult) else result
+        if self._redo_call is not None and call == self._redo_call:
+            assert state is TxnState.VOTE_YES
+            self._redo_durable = True
+            return self._maybe_commit()
+        assert call == self._commit_call and state is TxnState.COMMIT, f"{call} returned {state}"
+        return self._announce(TxnState.COMMIT)
+
+    def _on_query(self, query: DecisionQuery) -> list[Effect]:
+        effects: list[Effect] = []
+        if self.phase is CoordPhase.COLLECTING and self._commit_call is None:
+            # Undecided and COMMIT not being logged: abort now rather than keep the asker waiting.
+            effects = self._announce(TxnState.ABORT)
+        known = None if self.phase is CoordPhase.COLLECTING else self.decision
+        return [*effects, Send(query.sender, DecisionAnswer(self.txn, self.node, known))]
+
+    def _decision_message(self, participant: str) -> Decision:
+        assert self.decision is not None
+        if self.logs_redo and self.decision is TxnState.COMMIT:
+            return Decision(self.txn, self.decision, self.redo_by_partition[participant])
+        return Decision(self.txn, self.decision)
+
+    def _recover(self, record: Record) -> list[Effect]:
+        assert self.phase is CoordPhase.COLLECTING and not self.participants
+        assert record.log == self.coordinator_log
+        self.participants = record.body.participants
+        if self.logs_redo:
+            self.redo_by_partition = redo_bundle.decode(record.body.redo)
+        # The caller of the crashed incarnation is gone: no reply, only the participants learn.
+        self.replied = True
+        if record.state is TxnState.COMMIT:
+            self.votes_yes = set(self.participants)
+            return self._announce(TxnState.COMMIT, reply=False)
+        # Logged redo but no decision: never replied COMMIT, so abort (presumed abort).
+        assert record.state is TxnState.VOTE_YES
+        return self._announce(TxnState.ABORT, reply=False)
+
+
+class CoordinatorLogCoordinator(TwoPhaseCoordinator):
+    logs_redo = True

@@ -1,0 +1,52 @@
+"""Cornus coordinator (Algorithm 1, lines 1-10): reply on all VOTE_YES without logging anything,
+send decisions asynchronously, and on a vote timeout terminate through the participants' logs."""
+
+from __future__ import annotations
+
+from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
+from cornus.protocol.effects import Effect
+from cornus.protocol.events import Event, LogReturned, StorageUnreachable
+from cornus.protocol.messages import Vote
+from cornus.protocol.termination import Termination
+from storage_adapters.contract import LogId, LogOnceResult, RecordBody, TxnState
+
+
+class CornusCoordinator(CoordinatorBase):
+    termination: Termination | None = None
+
+    def _on_vote(self, vote: Vote) -> list[Effect]:
+        if vote.partition not in self.participants or self.phase is not CoordPhase.COLLECTING:
+            return []
+        if not vote.yes:
+            return self._announce(TxnState.ABORT)
+        self.votes_yes.add(vote.partition)
+        if self.votes_yes == set(self.participants):
+            return self._announce(TxnState.COMMIT)
+        return []
+
+    def _on_timer(self, kind: str) -> list[Effect]:
+        if self.phase is not CoordPhase.COLLECTING:
+            return []
+        if kind == "votes":
+            # Paper case "participant fails": ask the logs of those we did not hear from; a yes
+            # vote we received is a VOTE_YES in that participant's log already.
+            silent = tuple(LogId.partition(p) for p in self.participants if p not in self.votes_yes)
+            body = RecordBody(self.participants, self.node)
+            self.termination = Termination(self.txn, silent, body, self._backoff, self._timer("termination"))
+            return self.termination.start()
+        assert kind == "termination", kind
+        assert self.termination is not None
+        return self.termination.on_timer()
+
+    def _handle(self, event: Event) -> list[Effect]:
+        if not isinstance(event, LogReturned):
+            return []
+        assert self.termination is not None, "Cornus coordinators log only through termination"
+        if self.phase is not CoordPhase.COLLECTING:
+            return []  # decided already: the answer changes nothing
+        result = event.result
+        assert isinstance(result, LogOnceResult | StorageUnreachable)
+        effects = self.termination.on_result(event.call, result)  # type: ignore[arg-type]
+        if self.termination.outcome is not None:
+            effects += self._announce(self.termination.outcome)
+        return effects

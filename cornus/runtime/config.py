@@ -1,0 +1,255 @@
+"""A node's one typed configuration, read from a TOML file, then `CORNUS_*` environment variables,
+then command-line flags (each overriding the one before), and checked before anything starts.
+
+    node_id = "n0"
+    listen = "127.0.0.1:7100"          # node-to-node gRPC
+    api_listen = "127.0.0.1:8100"      # public REST API
+    protocol = "cornus"                # default per transaction: cornus | 2pc | coordinator-log
+    partition_count = 6                # partitions p0..p5, owned round-robin by sorted node id
+    [peers]                            # every node, this one included
+    n0 = "127.0.0.1:7100"
+    n1 = "127.0.0.1:7101"
+    [partition_owners]                 # optional explicit map, overrides round-robin
+    p0 = "n1"
+    [storage]                          # storage_adapters.factory.StoreConfig fields
+    backend = "redis"
+    redis_url = "redis://127.0.0.1:6379/0"
+    [timeouts]                         # ProtocolConfig and RuntimeLimits fields
+    timeout_ms_prepare = 400
+
+Environment: CORNUS_NODE_ID, CORNUS_LISTEN, CORNUS_API_LISTEN, CORNUS_PROTOCOL,
+CORNUS_PARTITION_COUNT, CORNUS_PEERS ("n0=host:port,n1=host:port"), CORNUS_STORAGE_<FIELD>, and
+CORNUS_<TIMEOUT FIELD> (e.g. CORNUS_TIMEOUT_MS_PREPARE).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cornus.protocol.config import Protocol, ProtocolConfig
+from storage_adapters.contract import LOG_NAME_LENGTH_MAX, NODE_ID_LENGTH_MAX, validate_id
+from storage_adapters.errors import ValidationError
+from storage_adapters.factory import StoreConfig, env_values
+
+PARTITION_COUNT_MAX = 4096
+NODE_COUNT_MAX = 256
+_ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeLimits:
+    """Deadlines and bounds of the runtime itself (the protocol's own are in ProtocolConfig)."""
+
+    # A peer request (execute, status) that gets no answer in this time fails the operation.
+    timeout_ms_peer_request: int = 2_000
+    # A lock request that meets a txn which already voted yes waits this long for its decision
+    # (DESIGN 4: Cornus replies before participants release) before it reports a conflict.
+    timeout_ms_lock_wait: int = 500
+    # Interactive transactions idle longer than this are aborted by their coordinator.
+    timeout_ms_txn_idle: int = 30_000
+    # Transactions one node coordinates at once; past it new ones are refused (retryable).
+    txn_count_max: int = 10_000
+    # Operations in one execute request.
+    op_count_max: int = 1_000
+    # Records one recovery scan page reads.
+    recovery_page_count_max: int = 500
+
+    def __post_init__(self) -> None:
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValidationError(f"{item.name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    node_id: str
+    peers: dict[str, str]
+    listen: str = ""
+    api_listen: str = ""
+    protocol: Protocol = Protocol.CORNUS
+    partition_count: int = 0
+    partition_owners: dict[str, str] = field(default_factory=dict)
+    storage: StoreConfig = field(default_factory=StoreConfig)
+    protocol_config: ProtocolConfig = field(default_factory=ProtocolConfig)
+    limits: RuntimeLimits = field(default_factory=RuntimeLimits)
+
+    def __post_init__(self) -> None:
+        validate_id(self.node_id, "node_id", NODE_ID_LENGTH_MAX)
+        if not self.peers or len(self.peers) > NODE_COUNT_MAX:
+            raise ValidationError(f"peers must list 1..{NODE_COUNT_MAX} nodes, this one included")
+        for node, address in self.peers.items():
+            validate_id(node, "peer node id", NODE_ID_LENGTH_MAX)
+            _check_address(address, f"address of peer {node}")
+        if self.node_id not in self.peers:
+            raise ValidationError(f"peers must include this node ({self.node_id})")
+        if not self.listen:
+            object.__setattr__(self, "listen", self.peers[self.node_id])
+        _check_address(self.listen, "listen")
+        if self.api_listen:
+            _check_address(self.api_listen, "api_listen")
+        if not isinstance(self.protocol, Protocol):
+            raise ValidationError(f"protocol must be one of {', '.join(p.value for p in Protocol)}")
+        if not isinstance(self.partition_count, int) or not 0 < self.partition_count <= PARTITION_COUNT_MAX:
+            raise ValidationError(f"partition_count must be an integer in 1..{PARTITION_COUNT_MAX}")
+        for partition, owner in self.partition_owners.items():
+            validate_id(partition, "partition", LOG_NAME_LENGTH_MAX)
+            if partition not in self.partitions:
+                raise ValidationError(f"partition_owners names {partition}, not one of p0..p{self.partition_count - 1}")
+            if owner not in self.peers:
+                raise ValidationError(f"partition_owners gives {partition} to {owner}, which is not a peer")
+
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        return tuple(f"p{index}" for index in range(self.partition_count))
+
+    def owner_of(self, partition: str) -> str:
+        if partition in self.partition_owners:
+            return self.partition_owners[partition]
+        nodes = sorted(self.peers)
+        index = self.partitions.index(partition)  # ValueError for an unknown partition: a caller bug
+        return nodes[index % len(nodes)]
+
+    @property
+    def owned_partitions(self) -> tuple[str, ...]:
+        return tuple(p for p in self.partitions if self.owner_of(p) == self.node_id)
+
+
+def _check_address(address: object, what: str) -> None:
+    if not isinstance(address, str) or not _ADDRESS.match(address):
+        raise ValidationError(f"{what} must look like host:port, got {address!r}")
+    port = int(address.rsplit(":", 1)[1])
+    if not 0 < port < 65536:
+        raise ValidationError(f"{what}: port {port} is out of range")
+
+
+def _parse_peers(raw: str) -> dict[str, str]:
+    peers: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        node, sep, address = item.partition("=")
+        if not sep:
+            raise ValidationError(f"peers entry {item!r} must be node=host:port")
+        peers[node.strip()] = address.strip()
+    return peers
+
+
+def _int(value: object, what: str) -> int:
+    if isinstance(value, bool):
+        raise ValidationError(f"{what} must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        return int(value)
+    raise ValidationError(f"{what} must be an integer, got {value!r}")
+
+
+def _split_timeouts(values: Mapping[str, object]) -> tuple[dict[str, int], dict[str, int]]:
+    protocol_names = {item.name for item in dataclasses.fields(ProtocolConfig)}
+    limit_names = {item.name for item in dataclasses.fields(RuntimeLimits)}
+    protocol_values: dict[str, int] = {}
+    limit_values: dict[str, int] = {}
+    for name, value in values.items():
+        if name in protocol_names:
+            protocol_values[name] = _int(value, name)
+            if protocol_values[name] <= 0:
+                raise ValidationError(f"{name} must be positive, got {value!r}")
+        elif name in limit_names:
+            limit_values[name] = _int(value, name)
+        else:
+            raise ValidationError(f"unknown timeout or limit {name!r}")
+    return protocol_values, limit_values
+
+
+def _protocol_config(values: Mapping[str, int]) -> ProtocolConfig:
+    # ProtocolConfig guards itself with asserts (it is the pure core's); user input must get a
+    # clear error instead, so the one cross-field rule is checked here first.
+    merged = {**dataclasses.asdict(ProtocolConfig()), **values}
+    if merged["backoff_ms_min"] > merged["backoff_ms_max"]:
+        raise ValidationError("backoff_ms_min must not exceed backoff_ms_max")
+    return ProtocolConfig(**values)
+
+
+def load_node_config(
+    path: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> NodeConfig:
+    """File, then environment, then `overrides` (flags; None values are ignored)."""
+    environ = os.environ if environ is None else environ
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise ValidationError(f"config file {path}: {error}") from error
+    known = {"node_id", "listen", "api_listen", "protocol", "partition_count", "peers", "partition_owners",
+             "storage", "timeouts"}
+    unknown = set(raw) - known
+    if unknown:
+        raise ValidationError(f"config file {path}: unknown keys {', '.join(sorted(unknown))}")
+    for name in ("node_id", "listen", "api_listen", "protocol", "partition_count"):
+        if f"CORNUS_{name.upper()}" in environ:
+            raw[name] = environ[f"CORNUS_{name.upper()}"]
+    if "CORNUS_PEERS" in environ:
+        raw["peers"] = _parse_peers(environ["CORNUS_PEERS"])
+    timeouts = dict(raw.get("timeouts", {}))
+    timeout_names = {item.name for item in dataclasses.fields(ProtocolConfig)} | {
+        item.name for item in dataclasses.fields(RuntimeLimits)
+    }
+    for name in timeout_names:
+        if f"CORNUS_{name.upper()}" in environ:
+            timeouts[name] = environ[f"CORNUS_{name.upper()}"]
+    overrides = {key: value for key, value in (overrides or {}).items() if value is not None}
+    storage_flags: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key in timeout_names:
+            timeouts[key] = value
+        elif key == "peers" and isinstance(value, str):
+            raw["peers"] = _parse_peers(value)
+        elif key.startswith("storage_"):
+            storage_flags[key.removeprefix("storage_")] = value
+        else:
+            raw[key] = value
+
+    storage_file = raw.get("storage", {})
+    if not isinstance(storage_file, dict):
+        raise ValidationError("[storage] must be a table")
+    storage_fields = {item.name for item in dataclasses.fields(StoreConfig)}
+    unknown = set(storage_file) - storage_fields
+    if unknown:
+        raise ValidationError(f"unknown storage settings: {', '.join(sorted(unknown))}")
+    try:
+        storage = StoreConfig(**{**storage_file, **env_values(environ), **storage_flags})
+    except TypeError as error:
+        raise ValidationError(f"storage settings: {error}") from error
+    protocol_values, limit_values = _split_timeouts(timeouts)
+    if "node_id" not in raw:
+        raise ValidationError("node_id is required (file, CORNUS_NODE_ID or --node-id)")
+    if "peers" not in raw:
+        raise ValidationError("peers are required (file [peers], CORNUS_PEERS or --peers)")
+    protocol_raw = raw.get("protocol", Protocol.CORNUS.value)
+    try:
+        protocol = Protocol(protocol_raw)
+    except ValueError:
+        raise ValidationError(
+            f"protocol {protocol_raw!r} is not one of {', '.join(p.value for p in Protocol)}"
+        ) from None
+    return NodeConfig(
+        node_id=raw["node_id"],
+        peers=dict(raw["peers"]),
+        listen=raw.get("listen", ""),
+        api_listen=raw.get("api_listen", ""),
+        protocol=protocol,
+        partition_count=_int(raw.get("partition_count", 0), "partition_count"),
+        partition_owners=dict(raw.get("partition_owners", {})),
+        storage=storage,
+        protocol_config=_protocol_config(protocol_values),
+        limits=RuntimeLimits(**limit_values),
+    )

@@ -1,0 +1,71 @@
+"""Named crash points for fault-injection tests: a test arms one by environment variable and the
+process dies there with kill -9 semantics (no cleanup, no flush of anything but stderr).
+
+    CORNUS_FAILPOINTS="coordinator.after_votes"            die at the first hit
+    CORNUS_FAILPOINTS="participant.after_log_vote@3,..."   die at the third hit
+
+Unarmed, a failpoint costs one dict lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+from storage_adapters.errors import ValidationError
+
+ENV_VAR = "CORNUS_FAILPOINTS"
+HIT_COUNT_MAX = 1_000_000
+
+# Every failpoint the runtime has. Arming an unknown name is an error, so a typo in a test cannot
+# silently arm nothing.
+KNOWN = frozenset(
+    {
+        "coordinator.before_prepare",  # execution done, prepare not sent
+        "coordinator.after_prepare",  # prepare sent, no vote seen yet
+        "coordinator.after_votes",  # every vote in, outcome not yet replied or logged
+        "coordinator.after_decision_log",  # 2PC/coordinator-log: decision durable, not yet sent
+        "coordinator.after_reply",  # outcome replied to the caller, decisions not yet sent
+        "participant.before_log_vote",  # prepare received, vote not yet logged
+        "participant.after_log_vote",  # vote durable, not yet sent
+        "participant.before_apply",  # decision known, redo not yet applied
+        "participant.after_apply",  # redo applied, locks not yet released
+    }
+)
+
+
+def parse(raw: str) -> dict[str, int]:
+    """`name[@N],...` -> {name: N}; ValidationError for unknown names or bad counts."""
+    armed: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        name, _, count = item.partition("@")
+        if name not in KNOWN:
+            raise ValidationError(f"unknown failpoint {name!r}; known: {', '.join(sorted(KNOWN))}")
+        if count and (not count.isdigit() or not 0 < int(count) <= HIT_COUNT_MAX):
+            raise ValidationError(f"failpoint {item!r}: the hit count must be in 1..{HIT_COUNT_MAX}")
+        armed[name] = int(count or 1)
+    return armed
+
+
+class Failpoints:
+    def __init__(self, armed: Mapping[str, int]) -> None:
+        assert all(name in KNOWN for name in armed)
+        self._remaining = dict(armed)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Failpoints:
+        environ = os.environ if environ is None else environ
+        return cls(parse(environ.get(ENV_VAR, "")))
+
+    def hit(self, name: str) -> None:
+        assert name in KNOWN, f"failpoint {name!r} is not in KNOWN"
+        if name not in self._remaining:
+            return
+        self._remaining[name] -= 1
+        if self._remaining[name] > 0:
+            return
+        sys.stderr.write(f"cornus: failpoint {name} hit, killing process {os.getpid()}\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,11 @@
+"""Which partition holds a key: a stable hash (the same in every process and release, unlike
+Python's salted `hash`) modulo the partition count."""
+
+from __future__ import annotations
+
+import zlib
+
+
+def partition_of(key: str, partition_count: int) -> str:
+    assert partition_count > 0
+    return f"p{zlib.crc32(key.encode('utf-8')) % partition_count}"

@@ -1,0 +1,149 @@
+"""Paper section 3.4, case by case, for Cornus; plus the artifact's wrong-participant-list bug and
+the honest comparison: 2PC blocks on a coordinator crash where Cornus does not."""
+
+from __future__ import annotations
+
+from cornus.protocol.config import Protocol
+from cornus.protocol.coordinator_cornus import CornusCoordinator
+from cornus.protocol.effects import CancelTimer, Log, LogOnce, Send, StartTimer
+from cornus.protocol.messages import Decision, Prepare, Vote
+from cornus.protocol.participant_base import Phase
+from cornus.sim.explore import explore
+from cornus.sim.invariants import check
+from cornus.sim.schedule import Schedule
+from cornus.sim.world import TXN, World
+from storage_adapters.contract import TxnState
+
+from .helpers import assert_clean, crash_on, run
+
+CORNUS = Protocol.CORNUS
+
+
+def _sends(kind: type) -> object:
+    return lambda effect: isinstance(effect, Send) and isinstance(effect.message, kind)
+
+
+# -- coordinator failures ---------------------------------------------------------------------
+def test_coordinator_case1_fails_before_protocol_starts() -> None:
+    world = run(CORNUS, hook=crash_on("c0", _sends(Prepare), nth=1), down_ms=2000)
+    assert world.outcome.replies == []
+    assert_clean(world, TxnState.ABORT)
+
+
+def test_coordinator_case2_fails_after_some_vote_requests() -> None:
+    world = run(CORNUS, votes=(True, True, True), hook=crash_on("c0", _sends(Prepare), nth=2), down_ms=2000)
+    assert world.outcome.replies == []
+    assert_clean(world, TxnState.ABORT)
+
+
+def test_coordinator_case3_fails_before_any_decision_is_sent() -> None:
+    world = run(CORNUS, votes=(True, True, True), hook=crash_on("c0", _sends(Decision), nth=1), down_ms=2000)
+    # The reply went out before the decisions: the participants' termination must honour it.
+    assert world.outcome.replies == [TxnState.COMMIT]
+    assert_clean(world, TxnState.COMMIT)
+
+
+def test_coordinator_case4_fails_after_some_decisions() -> None:
+    world = run(CORNUS, votes=(True, True, True), hook=crash_on("c0", _sends(Decision), nth=2), down_ms=2000)
+    assert world.outcome.replies == [TxnState.COMMIT]
+    assert_clean(world, TxnState.COMMIT)
+
+
+def test_coordinator_case5_fails_after_all_decisions() -> None:
+    resend_timer = crash_on("c0", lambda e: isinstance(e, StartTimer) and e.name.endswith("/resend"))
+    world = run(CORNUS, votes=(True, True, True), hook=resend_timer, down_ms=2000)
+    assert world.outcome.replies == [TxnState.COMMIT]
+    assert_clean(world, TxnState.COMMIT)
+
+
+# -- participant failures ---------------------------------------------------------------------
+def test_participant_case1_fails_before_vote_request() -> None:
+    before_prepare = crash_on("p1", lambda e: isinstance(e, StartTimer) and e.name.endswith("/prepare"))
+    world = run(CORNUS, hook=before_prepare, down_ms=600)
+    # The coordinator times out and logs ABORT on p1's behalf via LogOnce.
+    assert world.outcome.replies == [TxnState.ABORT]
+    assert_clean(world, TxnState.ABORT)
+
+
+def test_participant_case2_fails_before_logging_vote() -> None:
+    before_vote_log = crash_on("p1", lambda e: isinstance(e, LogOnce) and e.state is TxnState.VOTE_YES)
+    world = run(CORNUS, hook=before_vote_log, down_ms=600)
+    assert world.outcome.replies == [TxnState.ABORT]
+    assert_clean(world, TxnState.ABORT)
+
+
+def test_participant_case3_fails_after_logging_vote_before_replying() -> None:
+    before_reply = crash_on("p1", _sends(Vote))
+    world = run(CORNUS, hook=before_reply, down_ms=600)
+    # The coordinator's termination finds VOTE_YES in every log: COMMIT, without p1's message.
+    assert world.outcome.replies == [TxnState.COMMIT]
+    assert_clean(world, TxnState.COMMIT)
+
+
+def test_participant_case4_fails_after_sending_vote() -> None:
+    after_vote = crash_on("p1", lambda e: isinstance(e, StartTimer) and e.name.endswith("/decision"))
+    world = run(CORNUS, hook=after_vote, down_ms=600)
+    assert world.outcome.replies == [TxnState.COMMIT]
+    assert_clean(world, TxnState.COMMIT)
+
+
+# -- the paper artifact's bug -----------------------------------------------------------------
+class ArtifactCoordinator(CornusCoordinator):
+    """Sends each participant only itself as the participant list, as the paper's artifact did."""
+
+    def _prepare_message(self, participant: str) -> Prepare:
+        return Prepare(self.txn, (participant,), self.node)
+
+
+def _drop_decisions(world: World, name: str, effect: object) -> str | None:
+    return "drop" if isinstance(effect, Send) and isinstance(effect.message, Decision) else None
+
+
+def test_artifact_wrong_participant_list_bug() -> None:
+    # p1 votes no; p0 never hears the decision and terminates. With the full list it finds p1's
+    # ABORT; with the artifact's list it checks only its own log and commits.
+    right = run(CORNUS, votes=(True, False), hook=_drop_decisions)
+    assert check(right) == []
+    wrong = run(CORNUS, votes=(True, False), hook=_drop_decisions, coordinator_factory=ArtifactCoordinator)
+    assert any("agreement" in v for v in check(wrong)), check(wrong)
+
+
+def test_checker_catches_artifact_bug_in_random_schedules() -> None:
+    _, failures = explore(CORNUS, 500, seed=3, report_max=1, coordinator_factory=ArtifactCoordinator)
+    assert failures, "the explorer must detect a protocol that sends partial participant lists"
+
+
+# -- blocking, honestly -----------------------------------------------------------------------
+def _coordinator_dies_after_votes(protocol: Protocol) -> World:
+    if protocol is Protocol.CORNUS:
+        hook = crash_on("c0", lambda e: isinstance(e, CancelTimer) and e.name.endswith("/votes"))
+    else:
+        hook = crash_on("c0", lambda e: isinstance(e, Log) and e.state is TxnState.COMMIT)
+    world = World(protocol, Schedule(seed=11, votes=(True, True)), hook=hook)
+    world.hook_crash_down_ms = 900  # back at t=1000, when faults end
+    return world
+
+
+def _phases(world: World) -> list[Phase]:
+    return [world.nodes[p].host.machines[TXN].phase for p in world.partitions]
+
+
+def test_2pc_blocks_while_coordinator_is_down() -> None:
+    world = _coordinator_dies_after_votes(Protocol.TWO_PC)
+    world.run(until_ms=900)
+    assert not world.nodes["c0"].alive
+    assert _phases(world) == [Phase.VOTED, Phase.VOTED], "2PC participants cannot decide alone"
+    world.run()
+    # The restarted coordinator found no COMMIT record: presumed abort unblocks them.
+    assert_clean_2pc = check(world)
+    assert assert_clean_2pc == []
+    assert _phases(world) == [Phase.DONE, Phase.DONE]
+
+
+def test_cornus_does_not_block_while_coordinator_is_down() -> None:
+    world = _coordinator_dies_after_votes(Protocol.CORNUS)
+    world.run(until_ms=900)
+    assert not world.nodes["c0"].alive
+    assert _phases(world) == [Phase.DONE, Phase.DONE]
+    world.run()
+    assert_clean(world, TxnState.COMMIT)
