@@ -41,24 +41,30 @@ class StoreConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> StoreConfig:
-        """Read `CORNUS_STORAGE_<FIELD>` variables (12-factor); keyword overrides win."""
-        environ = os.environ if environ is None else environ
-        values: dict[str, object] = {}
-        for name in ("backend", "emulator_path", "redis_url", "azure_connection_string", "azure_container",
-                     "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency"):
-            env_name = f"CORNUS_STORAGE_{name.upper()}"
-            if env_name in environ:
-                values[name] = environ[env_name]
-        if "CORNUS_STORAGE_TIMEOUT_MS_CALL" in environ:
-            raw = environ["CORNUS_STORAGE_TIMEOUT_MS_CALL"]
-            if not raw.isdigit():
-                raise ValidationError(f"CORNUS_STORAGE_TIMEOUT_MS_CALL must be an integer, got {raw!r}")
-            values["timeout_ms_call"] = int(raw)
+        """Read `CORNUS_STORAGE_<FIELD>` variables (12-factor); keyword overrides (None: unset) win."""
+        values: dict[str, object] = env_values(os.environ if environ is None else environ)
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)  # type: ignore[arg-type]
 
     def with_backend(self, backend: str) -> StoreConfig:
         return replace(self, backend=backend)
+
+
+def env_values(environ: Mapping[str, str]) -> dict[str, object]:
+    """The StoreConfig fields that `CORNUS_STORAGE_<FIELD>` variables set, converted."""
+    values: dict[str, object] = {}
+    for name in StoreConfig.__dataclass_fields__:
+        env_name = f"CORNUS_STORAGE_{name.upper()}"
+        if env_name not in environ:
+            continue
+        raw = environ[env_name]
+        if name == "timeout_ms_call":
+            if not raw.isdigit():
+                raise ValidationError(f"{env_name} must be an integer, got {raw!r}")
+            values[name] = int(raw)
+        else:
+            values[name] = raw
+    return values
 
 
 async def open_store(config: StoreConfig) -> LogStore:

@@ -59,6 +59,9 @@ class Failpoints:
         environ = os.environ if environ is None else environ
         return cls(parse(environ.get(ENV_VAR, "")))
 
+    def armed(self, name: str) -> bool:
+        return name in self._remaining
+
     def hit(self, name: str) -> None:
         assert name in KNOWN, f"failpoint {name!r} is not in KNOWN"
         if name not in self._remaining:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import abc
 from typing import Protocol
 
-from cornus.protocol.messages import Message
-from cornus.runtime.wire import PeerRequest, PeerResponse
+from cornus.runtime.wire import PeerRequest, PeerResponse, Routed
 
 
 class PeerUnavailable(Exception):
@@ -22,7 +21,7 @@ class PeerUnavailable(Exception):
 class InboundHandler(Protocol):
     """What the runtime gives a transport to deliver what arrives."""
 
-    def on_message(self, sender: str, message: Message) -> None:
+    def on_message(self, sender: str, message: Routed) -> None:
         """A protocol message from node `sender`. Must not block."""
 
     async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
@@ -37,7 +36,7 @@ class Transport(abc.ABC):
         """Start serving inbound traffic and connecting to peers."""
 
     @abc.abstractmethod
-    def send(self, to_node: str, message: Message) -> None:
+    def send(self, to_node: str, message: Routed) -> None:
         """Queue a one-way message. Never blocks; if the peer's bounded queue is full or the peer
         is unknown, the message is dropped and counted (the protocol tolerates loss)."""
 

@@ -75,8 +75,21 @@ class StatusResponse:
     # For StatusRequest.txn: each owned partition's state of that txn (absent: never logged).
     txn_states: tuple[tuple[str, TxnState], ...] = ()
     in_doubt_count: int = 0
+    # For StatusRequest.txn: what this node knows as that txn's coordinator ("" if nothing): an
+    # OutcomeStatus value.
+    txn_outcome: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A protocol message between two protocol hosts: `source` and `dest` name a partition or a
+    coordinator node (the machines address each other that way); the transport carries it between
+    the nodes that own them."""
+
+    source: str
+    dest: str
+    message: Message
 
 
 PeerRequest = ExecuteRequest | StatusRequest
 PeerResponse = ExecuteResponse | StatusResponse
-PeerMessage = Message

@@ -84,7 +84,7 @@ def test_store_config_from_env() -> None:
 
 def _cornus(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cornus.cli", *args], check=False, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "services.cli", *args], check=False, capture_output=True, text=True, timeout=120,
         env={**os.environ, **(env or {})},
     )
 

@@ -1,9 +1,10 @@
 """The `cornus` command line. Subcommands:
 
+  serve           run one node (config from --config FILE, CORNUS_* variables and flags)
   storage-bench   p50/p99 `log_once` latency and ops/s per storage backend
 
 Storage settings come from flags, else from `CORNUS_STORAGE_*` environment variables, else from
-the defaults (the embedded SQLite emulator in ./cornus.db).
+the config file (serve), else from the defaults (the embedded SQLite emulator in ./cornus.db).
 """
 
 from __future__ import annotations
@@ -58,6 +59,30 @@ def _storage_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from cornus.runtime.config import load_node_config
+    from services.serve import run
+
+    overrides: dict[str, object] = {
+        "node_id": args.node_id, "listen": args.listen, "api_listen": args.api_listen, "peers": args.peers,
+        "partition_count": args.partition_count, "protocol": args.protocol,
+    }
+    for name in ("timeout_ms_call", "emulator_path", "redis_url", "azure_connection_string", "azure_container",
+                 "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency", "backend"):
+        overrides[f"storage_{name}"] = getattr(args, name, None)
+    for item in args.set or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValidationError(f"--set {item!r}: expected NAME=VALUE, e.g. timeout_ms_prepare=400")
+        overrides[name.strip()] = value.strip()
+    config = load_node_config(args.config, overrides=overrides)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    run(config)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cornus", description="Cornus atomic commit middleware")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -71,6 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", type=int, default=32, help="concurrent callers of the second run (default 32)")
     _add_storage_flags(bench)
     bench.set_defaults(handler=_storage_bench)
+
+    serve = commands.add_parser("serve", help="run one node")
+    serve.add_argument("--config", help="TOML config file (see cornus/runtime/config.py)")
+    serve.add_argument("--node-id", help="this node's id, e.g. n0")
+    serve.add_argument("--listen", help="node-to-node gRPC address host:port (default: this node's peers entry)")
+    serve.add_argument("--api-listen", help="REST API address host:port")
+    serve.add_argument("--peers", help="every node: n0=host:port,n1=host:port")
+    serve.add_argument("--partition-count", type=int, help="number of partitions p0..pN-1")
+    serve.add_argument("--protocol", help="cornus, 2pc or coordinator-log")
+    serve.add_argument("--backend", choices=BACKENDS, help="storage backend")
+    serve.add_argument("--set", action="append", metavar="NAME=VALUE",
+                       help="a timeout or limit, e.g. timeout_ms_prepare=400 (repeatable)")
+    _add_storage_flags(serve)
+    serve.set_defaults(handler=_serve)
     return parser
 
 

@@ -1,0 +1,67 @@
+"""What a transaction ends with, as the runtime tells its callers (and the public API repeats).
+
+Never "committed" unless it is: a commit whose outcome the coordinator cannot establish within its
+deadline is UNKNOWN, and the status call gives the true outcome later.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class OutcomeStatus(enum.StrEnum):
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    UNAVAILABLE = "unavailable"  # storage or a peer did not answer; nothing was committed
+    UNKNOWN = "unknown"  # the commit may or may not have happened: ask the status call
+    ACTIVE = "active"  # status only: the transaction is still running
+
+
+class AbortReason(enum.StrEnum):
+    CONFLICT = "conflict"  # a lock was held: retry
+    CHECK_FAILED = "check_failed"  # a check op saw another value
+    VOTED_NO = "voted_no"  # a participant refused (its execution state was lost, or it timed out)
+    CLIENT = "client"  # the caller aborted
+    TIMEOUT = "timeout"  # idle past the limit
+    NOT_READY = "not_ready"  # a partition owner is still recovering: retry
+    PEER_UNAVAILABLE = "peer_unavailable"  # a partition owner did not answer during execution: retry
+
+
+_RETRYABLE = {AbortReason.CONFLICT, AbortReason.NOT_READY, AbortReason.PEER_UNAVAILABLE, AbortReason.VOTED_NO}
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    txn: str
+    status: OutcomeStatus
+    reason: AbortReason | None = None
+    detail: str = ""
+    # Values read by a one-shot execute, in the order of its get ops.
+    reads: tuple[tuple[str, bytes | None], ...] = ()
+    timing_ms: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        assert (self.reason is not None) == (self.status is OutcomeStatus.ABORTED), (self.status, self.reason)
+
+    @property
+    def retryable(self) -> bool:
+        if self.status is OutcomeStatus.ABORTED:
+            return self.reason in _RETRYABLE
+        return self.status is OutcomeStatus.UNAVAILABLE
+
+
+class TxnError(Exception):
+    """A call that the transaction's state does not allow; nothing changed."""
+
+
+class TxnNotFound(TxnError):
+    pass
+
+
+class TxnWrongState(TxnError):
+    pass
+
+
+class NodeOverloaded(TxnError):
+    """Too many transactions in flight on this coordinator: retry later."""

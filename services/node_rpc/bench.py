@@ -1,0 +1,191 @@
+"""Micro-benchmark of GrpcTransport: `python -m services.node_rpc.bench [--seconds S]`.
+
+Starts an echo node in a child process and, from this process, measures request/response round
+trips of 100-byte payloads over the node stream: latency at 1 in flight, throughput at 16 and 256
+in flight, and a unary Status call for comparison with DESIGN 5's figures. Prints figures; it
+asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from cornus.protocol.messages import Message
+from cornus.runtime.wire import (
+    ExecuteRequest,
+    ExecuteResponse,
+    ExecuteStatus,
+    Op,
+    OpKind,
+    PeerRequest,
+    PeerResponse,
+    StatusRequest,
+    StatusResponse,
+)
+from services.node_rpc._generated import node_pb2 as pb
+from services.node_rpc._generated import node_pb2_grpc
+from services.node_rpc.transport import GrpcTransport
+
+PAYLOAD_BYTES = 100
+LATENCY_WARMUP_COUNT = 1_000
+LATENCY_SAMPLE_COUNT = 10_000
+INFLIGHT_COUNTS = (16, 256)
+REQUEST_TIMEOUT_MS = 10_000
+CONNECT_TIMEOUT_MS = 20_000
+CHILD_START_TIMEOUT_S = 30.0
+REPO_DIR = Path(__file__).resolve().parent.parent.parent
+
+
+class EchoHandler:
+    def on_message(self, sender: str, message: Message) -> None:
+        pass
+
+    async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
+        if isinstance(request, StatusRequest):
+            return StatusResponse(node="server", ready=True, partitions=())
+        return ExecuteResponse(status=ExecuteStatus.OK, values=tuple(op.value for op in request.ops))
+
+
+def _run(main: Callable[[], Coroutine[Any, Any, None]]) -> str:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+        return "asyncio"
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+    return "uvloop"
+
+
+async def _serve(port: int, client_port: int) -> None:
+    transport = GrpcTransport("server", f"127.0.0.1:{port}", {"client": f"127.0.0.1:{client_port}"})
+    await transport.start(EchoHandler())
+    print("READY", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await transport.close()
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * fraction))]
+
+
+async def _measure(port: int, client_port: int, seconds: float) -> None:
+    transport = GrpcTransport("client", f"127.0.0.1:{client_port}", {"server": f"127.0.0.1:{port}"})
+    await transport.start(EchoHandler())
+    try:
+        assert await transport.wait_connected("server", CONNECT_TIMEOUT_MS), "server did not come up"
+        request = ExecuteRequest(
+            txn="bench", partition="p", coordinator="client", ops=(Op(OpKind.GET, "k", b"v" * PAYLOAD_BYTES),)
+        )
+        for _ in range(LATENCY_WARMUP_COUNT):
+            await transport.request("server", request, REQUEST_TIMEOUT_MS)
+        samples_ms: list[float] = []
+        for _ in range(LATENCY_SAMPLE_COUNT):
+            started = time.perf_counter()
+            await transport.request("server", request, REQUEST_TIMEOUT_MS)
+            samples_ms.append((time.perf_counter() - started) * 1000)
+        samples_ms.sort()
+        print(
+            f"stream, 1 in flight: round trip p50 {_percentile(samples_ms, 0.5):.3f} ms, "
+            f"p99 {_percentile(samples_ms, 0.99):.3f} ms (one-way ~ half: {_percentile(samples_ms, 0.5) / 2:.3f} ms); "
+            f"mean {statistics.fmean(samples_ms):.3f} ms over {len(samples_ms)} requests"
+        )
+
+        for inflight in INFLIGHT_COUNTS:
+            done_count = 0
+            deadline = time.perf_counter() + seconds
+
+            async def worker(deadline: float = deadline) -> None:
+                nonlocal done_count
+                while time.perf_counter() < deadline:
+                    await transport.request("server", request, REQUEST_TIMEOUT_MS)
+                    done_count += 1
+
+            started = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(inflight)))
+            elapsed = time.perf_counter() - started
+            counters = transport.peer_counters("server")
+            print(
+                f"stream, {inflight:>3} in flight: {done_count / elapsed:,.0f} requests/s "
+                f"({2 * done_count / elapsed:,.0f} msgs/s counting each response), "
+                f"{counters.item_sent_count / max(1, counters.frame_sent_count):.1f} items/frame so far"
+            )
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = node_pb2_grpc.NodePeerStub(channel)
+            for _ in range(LATENCY_WARMUP_COUNT):
+                await stub.Status(pb.StatusRequest())
+            unary_ms: list[float] = []
+            for _ in range(LATENCY_SAMPLE_COUNT // 2):
+                started = time.perf_counter()
+                await stub.Status(pb.StatusRequest())
+                unary_ms.append((time.perf_counter() - started) * 1000)
+            unary_ms.sort()
+            print(
+                f"unary Status, 1 in flight (for comparison): p50 {_percentile(unary_ms, 0.5):.3f} ms, "
+                f"p99 {_percentile(unary_ms, 0.99):.3f} ms"
+            )
+        assert transport.drop_count == 0
+    finally:
+        await transport.close()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="per throughput run")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--client-port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        _run(lambda: _serve(args.port, args.client_port))
+        return
+
+    port, client_port = _free_port(), _free_port()
+    server_args = ["--serve", "--port", str(port), "--client-port", str(client_port)]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "services.node_rpc.bench", *server_args],
+        cwd=REPO_DIR,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_DIR)},
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        line = child.stdout.readline()
+        assert line.startswith("READY"), f"echo server did not start: {line!r}"
+        print(f"{os.cpu_count()} CPUs, {PAYLOAD_BYTES}-byte payloads, server in child process {child.pid}")
+        loop_name = _run(lambda: _measure(port, client_port, args.seconds))
+        print(f"event loop: {loop_name}")
+    finally:
+        if child.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                child.stdin.close()
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
+if __name__ == "__main__":
+    main()

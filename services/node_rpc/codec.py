@@ -1,0 +1,360 @@
+"""Maps the runtime's plain values (protocol messages, requests, responses) to `node.proto` and back.
+
+Encoding writes straight into an envelope that already sits inside the frame being built, so the
+hot path never copies a sub-message. Decoding checks what proto3 cannot: enum zero values
+("unspecified") and empty oneofs are malformed input, never defaults.
+
+Every dataclass maps field for field; `tests/node_rpc/test_codec.py` fails when a dataclass or a
+proto message gains a field this module does not carry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cornus.protocol.messages import (
+    Decision,
+    DecisionAck,
+    DecisionAnswer,
+    DecisionQuery,
+    Message,
+    Prepare,
+    ReleaseReadOnly,
+    Vote,
+)
+from cornus.runtime.wire import (
+    ExecuteRequest,
+    ExecuteResponse,
+    ExecuteStatus,
+    Op,
+    OpKind,
+    PeerRequest,
+    PeerResponse,
+    Routed,
+    StatusRequest,
+    StatusResponse,
+)
+from services.node_rpc._generated import node_pb2 as pb
+from storage_adapters.contract import TxnState
+
+
+class MalformedEnvelope(ValueError):
+    """An envelope that does not decode to a value: a bug or a version skew on the sender."""
+
+
+_TXN_STATE_TO_PB: dict[TxnState, int] = {
+    TxnState.VOTE_YES: pb.TXN_STATE_VOTE_YES,
+    TxnState.COMMIT: pb.TXN_STATE_COMMIT,
+    TxnState.ABORT: pb.TXN_STATE_ABORT,
+}
+_OP_KIND_TO_PB: dict[OpKind, int] = {
+    OpKind.GET: pb.OP_KIND_GET,
+    OpKind.PUT: pb.OP_KIND_PUT,
+    OpKind.DELETE: pb.OP_KIND_DELETE,
+    OpKind.CHECK: pb.OP_KIND_CHECK,
+}
+_EXECUTE_STATUS_TO_PB: dict[ExecuteStatus, int] = {
+    ExecuteStatus.OK: pb.EXECUTE_STATUS_OK,
+    ExecuteStatus.CONFLICT: pb.EXECUTE_STATUS_CONFLICT,
+    ExecuteStatus.CHECK_FAILED: pb.EXECUTE_STATUS_CHECK_FAILED,
+    ExecuteStatus.ABORTED: pb.EXECUTE_STATUS_ABORTED,
+    ExecuteStatus.NOT_OWNER: pb.EXECUTE_STATUS_NOT_OWNER,
+    ExecuteStatus.NOT_READY: pb.EXECUTE_STATUS_NOT_READY,
+    ExecuteStatus.INVALID: pb.EXECUTE_STATUS_INVALID,
+    ExecuteStatus.UNAVAILABLE: pb.EXECUTE_STATUS_UNAVAILABLE,
+}
+# An enum member without a wire value would fail only when first sent; fail at import instead.
+assert set(_TXN_STATE_TO_PB) == set(TxnState)
+assert set(_OP_KIND_TO_PB) == set(OpKind)
+assert set(_EXECUTE_STATUS_TO_PB) == set(ExecuteStatus)
+_TXN_STATE_FROM_PB = {value: key for key, value in _TXN_STATE_TO_PB.items()}
+_OP_KIND_FROM_PB = {value: key for key, value in _OP_KIND_TO_PB.items()}
+_EXECUTE_STATUS_FROM_PB = {value: key for key, value in _EXECUTE_STATUS_TO_PB.items()}
+assert 0 not in _TXN_STATE_FROM_PB and 0 not in _OP_KIND_FROM_PB and 0 not in _EXECUTE_STATUS_FROM_PB
+
+
+def _enum_from_pb(table: dict[int, Any], value: int, what: str) -> Any:
+    try:
+        return table[value]
+    except KeyError:
+        raise MalformedEnvelope(f"{what}: unknown or unspecified enum value {value}") from None
+
+
+# --- Encoding: value -> the envelope's body ---
+# Each encoder marks its body present first: a value whose fields are all proto3 defaults (empty
+# strings, no items) must still select its oneof member.
+
+
+def _encode_prepare(envelope: pb.PeerEnvelope, value: Prepare) -> None:
+    body = envelope.prepare
+    body.SetInParent()
+    body.txn = value.txn
+    body.participants.extend(value.participants)
+    body.coordinator = value.coordinator
+
+
+def _encode_release_read_only(envelope: pb.PeerEnvelope, value: ReleaseReadOnly) -> None:
+    body = envelope.release_read_only
+    body.SetInParent()
+    body.txn = value.txn
+    body.partition = value.partition
+
+
+def _encode_vote(envelope: pb.PeerEnvelope, value: Vote) -> None:
+    body = envelope.vote
+    body.SetInParent()
+    body.txn = value.txn
+    body.partition = value.partition
+    body.yes = value.yes
+
+
+def _encode_decision(envelope: pb.PeerEnvelope, value: Decision) -> None:
+    body = envelope.decision
+    body.SetInParent()
+    body.txn = value.txn
+    body.decision = _TXN_STATE_TO_PB[value.decision]
+    body.redo = value.redo
+
+
+def _encode_decision_ack(envelope: pb.PeerEnvelope, value: DecisionAck) -> None:
+    body = envelope.decision_ack
+    body.SetInParent()
+    body.txn = value.txn
+    body.partition = value.partition
+    body.decision = _TXN_STATE_TO_PB[value.decision]
+
+
+def _encode_decision_query(envelope: pb.PeerEnvelope, value: DecisionQuery) -> None:
+    body = envelope.decision_query
+    body.SetInParent()
+    body.txn = value.txn
+    body.sender = value.sender
+
+
+def _encode_decision_answer(envelope: pb.PeerEnvelope, value: DecisionAnswer) -> None:
+    body = envelope.decision_answer
+    body.SetInParent()
+    body.txn = value.txn
+    body.sender = value.sender
+    if value.decision is not None:
+        body.decision = _TXN_STATE_TO_PB[value.decision]
+
+
+def _encode_execute_request(envelope: pb.PeerEnvelope, value: ExecuteRequest) -> None:
+    body = envelope.execute_request
+    body.SetInParent()
+    body.txn = value.txn
+    body.partition = value.partition
+    body.coordinator = value.coordinator
+    body.abort = value.abort
+    ops = body.ops
+    for op in value.ops:
+        wire_op = ops.add()
+        wire_op.kind = _OP_KIND_TO_PB[op.kind]
+        wire_op.key = op.key
+        if op.value is not None:
+            wire_op.value = op.value
+
+
+def _encode_execute_response(envelope: pb.PeerEnvelope, value: ExecuteResponse) -> None:
+    body = envelope.execute_response
+    body.SetInParent()
+    body.status = _EXECUTE_STATUS_TO_PB[value.status]
+    body.detail = value.detail
+    values = body.values
+    for item in value.values:
+        wire_item = values.add()
+        if item is not None:
+            wire_item.value = item
+
+
+def _encode_status_request(envelope: pb.PeerEnvelope, value: StatusRequest) -> None:
+    body = envelope.status_request
+    body.SetInParent()
+    body.txn = value.txn
+
+
+def encode_status_response(body: pb.StatusResponse, value: StatusResponse) -> None:
+    """Fill `body`; public because the unary Status call returns a bare StatusResponse."""
+    body.SetInParent()
+    body.node = value.node
+    body.ready = value.ready
+    body.partitions.extend(value.partitions)
+    states = body.txn_states
+    for partition, state in value.txn_states:
+        wire_state = states.add()
+        wire_state.partition = partition
+        wire_state.state = _TXN_STATE_TO_PB[state]
+    body.in_doubt_count = value.in_doubt_count
+    body.txn_outcome = value.txn_outcome
+
+
+def _encode_status_response(envelope: pb.PeerEnvelope, value: StatusResponse) -> None:
+    encode_status_response(envelope.status_response, value)
+
+
+_ENCODERS: dict[type, Callable[[pb.PeerEnvelope, Any], None]] = {
+    Prepare: _encode_prepare,
+    ReleaseReadOnly: _encode_release_read_only,
+    Vote: _encode_vote,
+    Decision: _encode_decision,
+    DecisionAck: _encode_decision_ack,
+    DecisionQuery: _encode_decision_query,
+    DecisionAnswer: _encode_decision_answer,
+    ExecuteRequest: _encode_execute_request,
+    ExecuteResponse: _encode_execute_response,
+    StatusRequest: _encode_status_request,
+    StatusResponse: _encode_status_response,
+}
+MESSAGE_TYPES: tuple[type, ...] = (Prepare, ReleaseReadOnly, Vote, Decision, DecisionAck, DecisionQuery, DecisionAnswer)
+_MESSAGE_TYPE_SET = frozenset(MESSAGE_TYPES)
+REQUEST_TYPES: tuple[type, ...] = (ExecuteRequest, StatusRequest)
+RESPONSE_TYPES: tuple[type, ...] = (ExecuteResponse, StatusResponse)
+
+
+def encode(envelope: pb.PeerEnvelope, value: Routed | Message | PeerRequest | PeerResponse) -> None:
+    """Write `value` into `envelope`'s body. The envelope's kind and ids are the caller's."""
+    if type(value) is Routed:
+        route = envelope.route
+        route.SetInParent()
+        route.source = value.source
+        route.dest = value.dest
+        value = value.message
+        if type(value) not in _MESSAGE_TYPE_SET:
+            raise TypeError(f"a Routed must carry a protocol message, not {type(value).__name__}")
+    try:
+        encoder = _ENCODERS[type(value)]
+    except KeyError:
+        raise TypeError(f"no wire encoding for {type(value).__name__}") from None
+    encoder(envelope, value)
+
+
+# --- Decoding: the envelope's body -> value ---
+
+
+def _decode_prepare(body: pb.Prepare) -> Prepare:
+    return Prepare(txn=body.txn, participants=tuple(body.participants), coordinator=body.coordinator)
+
+
+def _decode_release_read_only(body: pb.ReleaseReadOnly) -> ReleaseReadOnly:
+    return ReleaseReadOnly(txn=body.txn, partition=body.partition)
+
+
+def _decode_vote(body: pb.Vote) -> Vote:
+    return Vote(txn=body.txn, partition=body.partition, yes=body.yes)
+
+
+def _decode_decision(body: pb.Decision) -> Decision:
+    return Decision(
+        txn=body.txn, decision=_enum_from_pb(_TXN_STATE_FROM_PB, body.decision, "Decision.decision"), redo=body.redo
+    )
+
+
+def _decode_decision_ack(body: pb.DecisionAck) -> DecisionAck:
+    return DecisionAck(
+        txn=body.txn,
+        partition=body.partition,
+        decision=_enum_from_pb(_TXN_STATE_FROM_PB, body.decision, "DecisionAck.decision"),
+    )
+
+
+def _decode_decision_query(body: pb.DecisionQuery) -> DecisionQuery:
+    return DecisionQuery(txn=body.txn, sender=body.sender)
+
+
+def _decode_decision_answer(body: pb.DecisionAnswer) -> DecisionAnswer:
+    decision = (
+        _enum_from_pb(_TXN_STATE_FROM_PB, body.decision, "DecisionAnswer.decision")
+        if body.HasField("decision")
+        else None
+    )
+    return DecisionAnswer(txn=body.txn, sender=body.sender, decision=decision)
+
+
+def _decode_execute_request(body: pb.ExecuteRequest) -> ExecuteRequest:
+    ops = tuple(
+        Op(
+            kind=_enum_from_pb(_OP_KIND_FROM_PB, op.kind, "Op.kind"),
+            key=op.key,
+            value=op.value if op.HasField("value") else None,
+        )
+        for op in body.ops
+    )
+    return ExecuteRequest(
+        txn=body.txn, partition=body.partition, coordinator=body.coordinator, ops=ops, abort=body.abort
+    )
+
+
+def _decode_execute_response(body: pb.ExecuteResponse) -> ExecuteResponse:
+    return ExecuteResponse(
+        status=_enum_from_pb(_EXECUTE_STATUS_FROM_PB, body.status, "ExecuteResponse.status"),
+        values=tuple(item.value if item.HasField("value") else None for item in body.values),
+        detail=body.detail,
+    )
+
+
+def _decode_status_request(body: pb.StatusRequest) -> StatusRequest:
+    return StatusRequest(txn=body.txn)
+
+
+def decode_status_response(body: pb.StatusResponse) -> StatusResponse:
+    return StatusResponse(
+        node=body.node,
+        ready=body.ready,
+        partitions=tuple(body.partitions),
+        txn_states=tuple(
+            (item.partition, _enum_from_pb(_TXN_STATE_FROM_PB, item.state, "StatusResponse.txn_states"))
+            for item in body.txn_states
+        ),
+        in_doubt_count=body.in_doubt_count,
+        txn_outcome=body.txn_outcome,
+    )
+
+
+# Keyed by the oneof member name, which is what `WhichOneof` returns.
+_MESSAGE_DECODERS: dict[str, Callable[[Any], Message]] = {
+    "prepare": _decode_prepare,
+    "release_read_only": _decode_release_read_only,
+    "vote": _decode_vote,
+    "decision": _decode_decision,
+    "decision_ack": _decode_decision_ack,
+    "decision_query": _decode_decision_query,
+    "decision_answer": _decode_decision_answer,
+}
+_REQUEST_DECODERS: dict[str, Callable[[Any], PeerRequest]] = {
+    "execute_request": _decode_execute_request,
+    "status_request": _decode_status_request,
+}
+_RESPONSE_DECODERS: dict[str, Callable[[Any], PeerResponse]] = {
+    "execute_response": _decode_execute_response,
+    "status_response": decode_status_response,
+}
+_ONEOF_NAMES = {field.name for field in pb.PeerEnvelope.DESCRIPTOR.oneofs_by_name["body"].fields}
+assert {*_MESSAGE_DECODERS, *_REQUEST_DECODERS, *_RESPONSE_DECODERS, "request_failed"} == _ONEOF_NAMES
+
+
+def _decode(envelope: pb.PeerEnvelope, decoders: dict[str, Callable[[Any], Any]], what: str) -> Any:
+    name = envelope.WhichOneof("body")
+    decoder = decoders.get(name) if name is not None else None
+    if decoder is None:
+        raise MalformedEnvelope(f"envelope of kind {what} carries body {name!r}")
+    return decoder(getattr(envelope, name))
+
+
+def decode_message(envelope: pb.PeerEnvelope) -> Routed | Message:
+    """The message, wrapped in the Routed it was sent as, if any."""
+    message = _decode(envelope, _MESSAGE_DECODERS, "message")
+    if envelope.HasField("route"):
+        route = envelope.route
+        return Routed(source=route.source, dest=route.dest, message=message)
+    return message
+
+
+def decode_request(envelope: pb.PeerEnvelope) -> PeerRequest:
+    return _decode(envelope, _REQUEST_DECODERS, "request")
+
+
+def decode_response(envelope: pb.PeerEnvelope) -> PeerResponse:
+    """The response, or MalformedEnvelope; a `request_failed` body is the caller's to check first."""
+    return _decode(envelope, _RESPONSE_DECODERS, "response")

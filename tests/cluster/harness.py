@@ -1,0 +1,183 @@
+"""A real cluster for tests: N `cornus serve` processes on 127.0.0.1, each with its own gRPC and REST
+port, sharing one storage backend. Nodes can be killed with SIGKILL (optionally by an armed
+failpoint) and restarted on the same ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests.storage.servers import free_port
+
+READY_TIMEOUT_S = 60.0
+HTTP_TIMEOUT_S = 15.0
+
+
+@dataclass
+class NodeProcess:
+    node_id: str
+    peer_port: int
+    api_port: int
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+class Cluster:
+    def __init__(
+        self,
+        protocol: str,
+        storage: Mapping[str, str],
+        node_count: int = 3,
+        partition_count: int = 6,
+        settings: Mapping[str, int] | None = None,
+    ) -> None:
+        self.protocol = protocol
+        self.storage = dict(storage)
+        self.partition_count = partition_count
+        self.settings = dict(settings or {})
+        self.directory = Path(tempfile.mkdtemp(prefix="cornus-cluster-"))
+        self.nodes = {
+            f"n{i}": NodeProcess(f"n{i}", free_port(), free_port()) for i in range(node_count)
+        }
+        self.client = httpx.Client(timeout=HTTP_TIMEOUT_S)
+
+    @property
+    def peers(self) -> str:
+        return ",".join(f"{n.node_id}=127.0.0.1:{n.peer_port}" for n in self.nodes.values())
+
+    def owner(self, partition: str) -> str:
+        index = int(partition[1:])
+        return sorted(self.nodes)[index % len(self.nodes)]
+
+    def start(self, node_id: str, failpoints: str = "", wait: bool = True) -> None:
+        node = self.nodes[node_id]
+        assert not node.alive, f"{node_id} is already running"
+        env = {**os.environ, "CORNUS_PEERS": self.peers, "CORNUS_PROTOCOL": self.protocol,
+               "CORNUS_PARTITION_COUNT": str(self.partition_count), "CORNUS_FAILPOINTS": failpoints}
+        for name, value in self.storage.items():
+            env[f"CORNUS_STORAGE_{name.upper()}"] = value
+        for name, value in self.settings.items():
+            env[f"CORNUS_{name.upper()}"] = str(value)
+        node.log_path = self.directory / f"{node_id}.log"
+        log = node.log_path.open("ab")
+        node.process = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "serve", "--node-id", node_id,
+             "--api-listen", f"127.0.0.1:{node.api_port}"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+        if wait:
+            self.wait_ready(node_id)
+
+    def start_all(self, failpoints: Mapping[str, str] | None = None) -> None:
+        for node_id in self.nodes:
+            self.start(node_id, (failpoints or {}).get(node_id, ""), wait=False)
+        for node_id in self.nodes:
+            self.wait_ready(node_id)
+
+    def wait_ready(self, node_id: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+        node = self.nodes[node_id]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not node.alive:
+                raise RuntimeError(f"{node_id} exited while starting:\n{self.log(node_id)}")
+            try:
+                if self.client.get(f"{node.url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"{node_id} not ready within {timeout_s} s:\n{self.log(node_id)}")
+
+    def kill(self, node_id: str) -> None:
+        node = self.nodes[node_id]
+        if node.alive:
+            assert node.process is not None
+            os.killpg(node.process.pid, signal.SIGKILL)
+            node.process.wait(10)
+
+    def wait_exit(self, node_id: str, timeout_s: float = 30.0) -> int:
+        node = self.nodes[node_id]
+        assert node.process is not None
+        return node.process.wait(timeout_s)
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            if node.alive:
+                assert node.process is not None
+                node.process.send_signal(signal.SIGTERM)
+        for node in self.nodes.values():
+            if node.process is not None:
+                try:
+                    node.process.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(node.process.pid, signal.SIGKILL)
+                    node.process.wait(10)
+        self.client.close()
+
+    def log(self, node_id: str) -> str:
+        path = self.nodes[node_id].log_path
+        return path.read_text(errors="replace")[-4000:] if path and path.exists() else ""
+
+    # --- REST helpers ---
+
+    def post(self, node_id: str, path: str, body: object | None = None) -> httpx.Response:
+        return self.client.post(f"{self.nodes[node_id].url}{path}", json=body)
+
+    def get(self, node_id: str, path: str) -> httpx.Response:
+        return self.client.get(f"{self.nodes[node_id].url}{path}")
+
+    def execute(self, node_id: str, ops: list[dict[str, object]]) -> httpx.Response:
+        return self.post(node_id, "/v1/execute", {"ops": ops})
+
+    def read(self, node_id: str, keys: list[str]) -> dict[str, str | None]:
+        response = self.execute(node_id, [{"op": "get", "key": key} for key in keys])
+        assert response.status_code == 200, response.text
+        return response.json()["reads"]
+
+
+@contextmanager
+def running_cluster(protocol: str, storage: Mapping[str, str], **kwargs: object) -> Iterator[Cluster]:
+    cluster = Cluster(protocol, storage, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield cluster
+    except BaseException:
+        for node_id in cluster.nodes:
+            sys.stderr.write(f"--- log of {node_id} ---\n{cluster.log(node_id)}\n")
+        raise
+    finally:
+        cluster.stop()
+
+
+def keys_on(partition: str, partition_count: int, count: int, prefix: str = "k") -> list[str]:
+    """`count` keys that hash to `partition`."""
+    from cornus.runtime.keys import partition_of
+
+    found: list[str] = []
+    index = 0
+    while len(found) < count:
+        key = f"{prefix}{index}"
+        if partition_of(key, partition_count) == partition:
+            found.append(key)
+        index += 1
+        assert index < 1_000_000
+    return found

@@ -1,0 +1,365 @@
+"""GrpcTransport between real OS processes over loopback sockets, and its failure behaviour.
+
+The peer runs `tests.node_rpc.peer_process`, which echoes messages back over its own outbound
+stream. Deadlines are asserted only as upper bounds with generous slack; nothing here measures
+speed (the bench does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import pytest
+
+from cornus.protocol.messages import Decision, Message, Prepare, Vote
+from cornus.runtime.transport import PeerUnavailable
+from cornus.runtime.wire import (
+    ExecuteRequest,
+    ExecuteResponse,
+    ExecuteStatus,
+    Op,
+    OpKind,
+    PeerRequest,
+    PeerResponse,
+    Routed,
+    StatusRequest,
+    StatusResponse,
+)
+from services.node_rpc._generated import node_pb2 as pb
+from services.node_rpc._generated import node_pb2_grpc
+from services.node_rpc.transport import GrpcTransport, LinkState, MessageTooLarge, TransportLimits
+from storage_adapters.contract import TxnState
+from tests.node_rpc.conftest import PeerProcess, free_port
+
+CONNECT_WAIT_MS = 20_000
+RECEIVE_WAIT_S = 20.0
+REQUEST_TIMEOUT_MS = 10_000
+# Slack on deadline bounds for a loaded 2-core box.
+DEADLINE_SLACK_S = 2.0
+
+
+class Recorder:
+    """The test process's inbound handler: keeps what arrives, answers status requests."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.messages: asyncio.Queue[tuple[str, Routed | Message]] = asyncio.Queue()
+        self.requests: list[tuple[str, PeerRequest]] = []
+
+    def on_message(self, sender: str, message: Routed | Message) -> None:
+        self.messages.put_nowait((sender, message))
+
+    async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
+        self.requests.append((sender, request))
+        if isinstance(request, ExecuteRequest):
+            if request.txn.startswith("sleep:"):
+                await asyncio.sleep(int(request.txn.removeprefix("sleep:")) / 1000)
+            if request.txn == "raise":
+                raise RuntimeError("asked to fail")
+            return ExecuteResponse(status=ExecuteStatus.OK, detail=f"{self.node_id} from {sender}")
+        return StatusResponse(node=self.node_id, ready=True, partitions=("p-local",))
+
+    async def next_message(self) -> tuple[str, Routed | Message]:
+        return await asyncio.wait_for(self.messages.get(), RECEIVE_WAIT_S)
+
+
+async def wait_inbound_streams(transport: GrpcTransport, count: int) -> None:
+    """Until `count` peers have opened their stream to `transport`. A peer started before us
+    found nobody listening, so its link is DOWN (dropping) until its next reconnect attempt."""
+    async with asyncio.timeout(CONNECT_WAIT_MS / 1000):
+        # A plain counter, polled: the transport has no event for it, and tests should not add one.
+        while transport.inbound.stream_count < count:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
+PeerFactory = Callable[[str, int, dict[str, str]], PeerProcess]
+
+
+@pytest.fixture
+async def pair(peer_factory: PeerFactory) -> AsyncIterator[tuple[GrpcTransport, Recorder, PeerProcess]]:
+    """Node "a" in this process, node "b" in a child process, each knowing the other."""
+    port_a, port_b = free_port(), free_port()
+    address_a = f"127.0.0.1:{port_a}"
+    peer = peer_factory("b", port_b, {"a": address_a})
+    transport = GrpcTransport("a", address_a, {"b": peer.address, "a": address_a})
+    recorder = Recorder("a")
+    await transport.start(recorder)
+    assert await transport.wait_connected("b", CONNECT_WAIT_MS)
+    await wait_inbound_streams(transport, 1)
+    yield transport, recorder, peer
+    await transport.close()
+
+
+def _execute(txn: str, *values: bytes) -> ExecuteRequest:
+    ops = tuple(Op(kind=OpKind.GET, key=f"k{index}", value=value) for index, value in enumerate(values))
+    return ExecuteRequest(txn=txn, partition="p-b", coordinator="a", ops=ops)
+
+
+async def test_messages_flow_both_ways_in_order(pair: tuple[GrpcTransport, Recorder, PeerProcess]) -> None:
+    transport, recorder, _ = pair
+    sent: list[Routed | Message] = [Vote(txn=f"t{index}", partition="p", yes=index % 2 == 0) for index in range(300)]
+    sent.append(Prepare(txn="t", participants=("p1", "p2"), coordinator="a"))
+    sent.append(Routed(source="p-b", dest="a", message=Decision(txn="t", decision=TxnState.COMMIT, redo=b"r" * 100)))
+    for message in sent:
+        transport.send("b", message)
+    # "b" echoes each message back over ITS outbound stream to us.
+    received = [await recorder.next_message() for _ in sent]
+    assert [message for _, message in received] == sent
+    assert {sender for sender, _ in received} == {"b"}
+    counters = transport.peer_counters("b")
+    # Sent within one tick, the messages went out in far fewer frames than messages.
+    assert counters.item_sent_count >= len(sent)
+    assert counters.frame_sent_count < counters.item_sent_count
+    assert transport.drop_count == 0
+
+
+async def test_requests_get_their_own_responses(pair: tuple[GrpcTransport, Recorder, PeerProcess]) -> None:
+    transport, _, _ = pair
+    requests = [_execute(f"t{index}", f"v{index}".encode(), None) for index in range(200)]
+    responses = await asyncio.gather(*(transport.request("b", request, REQUEST_TIMEOUT_MS) for request in requests))
+    for index, response in enumerate(responses):
+        assert response == ExecuteResponse(
+            status=ExecuteStatus.OK, values=(f"v{index}".encode(), None), detail="b from a"
+        )
+    status = await transport.request("b", StatusRequest(txn="t1"), REQUEST_TIMEOUT_MS)
+    assert status == StatusResponse(
+        node="b", ready=True, partitions=("p-b",), txn_states=(("p-b", TxnState.COMMIT),), in_doubt_count=0
+    )
+
+
+async def test_peer_requests_us_over_its_own_stream(pair: tuple[GrpcTransport, Recorder, PeerProcess]) -> None:
+    transport, recorder, _ = pair
+    # "b" handles this by requesting Status from "a" (us) before it answers.
+    response = await transport.request("b", _execute("ask:a"), REQUEST_TIMEOUT_MS)
+    assert isinstance(response, ExecuteResponse)
+    assert response.detail == "b asked a"
+    assert recorder.requests == [("b", StatusRequest())]
+
+
+async def test_handler_failure_is_peer_unavailable(pair: tuple[GrpcTransport, Recorder, PeerProcess]) -> None:
+    transport, _, _ = pair
+    with pytest.raises(PeerUnavailable, match="handler failed"):
+        await transport.request("b", _execute("raise"), REQUEST_TIMEOUT_MS)
+    # The stream survives a failed handler.
+    assert isinstance(await transport.request("b", _execute("ok"), REQUEST_TIMEOUT_MS), ExecuteResponse)
+
+
+async def test_request_times_out_within_its_deadline(pair: tuple[GrpcTransport, Recorder, PeerProcess]) -> None:
+    transport, _, _ = pair
+    started = time.monotonic()
+    with pytest.raises(PeerUnavailable, match="within 300 ms"):
+        await transport.request("b", _execute("sleep:5000"), 300)
+    assert time.monotonic() - started < 0.3 + DEADLINE_SLACK_S
+    assert isinstance(await transport.request("b", _execute("ok"), REQUEST_TIMEOUT_MS), ExecuteResponse)
+
+
+async def test_status_probe_is_unary(pair: tuple[GrpcTransport, Recorder, PeerProcess]) -> None:
+    _, _, peer = pair
+    async with grpc.aio.insecure_channel(peer.address) as channel:
+        stub = node_pb2_grpc.NodePeerStub(channel)
+        reply = await stub.Status(pb.StatusRequest(), timeout=REQUEST_TIMEOUT_MS / 1000)
+    assert reply.node == "b"
+    assert reply.ready
+    assert list(reply.partitions) == ["p-b"]
+
+
+async def test_kill_9_and_restart_on_the_same_port_reconnects(
+    pair: tuple[GrpcTransport, Recorder, PeerProcess],
+) -> None:
+    transport, recorder, peer = pair
+    slow = asyncio.create_task(transport.request("b", _execute("sleep:30000"), 30_000))
+    await asyncio.sleep(0.2)
+    started = time.monotonic()
+    peer.kill()
+    # A request in flight on the dead stream fails at once, not at its 30 s deadline.
+    with pytest.raises(PeerUnavailable, match="connection lost"):
+        await slow
+    assert time.monotonic() - started < DEADLINE_SLACK_S * 2
+    assert transport.link_state("b") is LinkState.DOWN
+
+    # While down: requests fail fast and messages are dropped and counted.
+    started = time.monotonic()
+    with pytest.raises(PeerUnavailable):
+        await transport.request("b", _execute("ok"), REQUEST_TIMEOUT_MS)
+    assert time.monotonic() - started < DEADLINE_SLACK_S
+    drops_before = transport.drop_count
+    transport.send("b", Vote(txn="lost", partition="p", yes=True))
+    assert transport.drop_count == drops_before + 1
+
+    peer.start()
+    assert await transport.wait_connected("b", CONNECT_WAIT_MS)
+    await wait_inbound_streams(transport, 2)
+    assert transport.reconnect_count >= 1
+    assert isinstance(await transport.request("b", _execute("after"), REQUEST_TIMEOUT_MS), ExecuteResponse)
+    # And the restarted peer's own outbound stream to us works too (its echo).
+    transport.send("b", Vote(txn="again", partition="p", yes=True))
+    sender, message = await recorder.next_message()
+    assert (sender, message) == ("b", Vote(txn="again", partition="p", yes=True))
+
+
+async def test_request_to_a_dead_peer_fails_within_its_deadline() -> None:
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    transport = GrpcTransport("a", f"127.0.0.1:{free_port()}", {"dead": dead})
+    await transport.start(Recorder("a"))
+    try:
+        for _ in range(3):  # first attempt (CONNECTING), then DOWN while it keeps retrying
+            started = time.monotonic()
+            with pytest.raises(PeerUnavailable):
+                await transport.request("dead", StatusRequest(), 1_000)
+            assert time.monotonic() - started < 1.0 + DEADLINE_SLACK_S
+        assert not await transport.wait_connected("dead", 200)
+        assert transport.peer_counters("dead").connect_failure_count >= 1
+    finally:
+        await transport.close()
+
+
+async def test_peer_answering_as_someone_else_is_refused(peer_factory: PeerFactory) -> None:
+    port = free_port()
+    peer_factory("b", port, {})
+    # We think "c" lives at b's address: the hello gives the mistake away.
+    transport = GrpcTransport("a", f"127.0.0.1:{free_port()}", {"c": f"127.0.0.1:{port}"})
+    await transport.start(Recorder("a"))
+    try:
+        assert not await transport.wait_connected("c", 1_000)
+        assert "expected 'c'" in transport.link_down_reason("c")
+        with pytest.raises(PeerUnavailable):
+            await transport.request("c", StatusRequest(), 1_000)
+    finally:
+        await transport.close()
+
+
+# --- In one process (still real sockets): bounds and bad input ---
+
+
+@pytest.fixture
+async def local_pair() -> AsyncIterator[tuple[GrpcTransport, GrpcTransport, Recorder]]:
+    address_a, address_b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    limits = TransportLimits(send_queue_count_max=64, frame_item_count_max=16, message_bytes_max=64 * 1024)
+    a = GrpcTransport("a", address_a, {"b": address_b}, limits)
+    b = GrpcTransport("b", address_b, {"a": address_a}, limits)
+    recorder_b = Recorder("b")
+    await a.start(Recorder("a"))
+    await b.start(recorder_b)
+    assert await a.wait_connected("b", CONNECT_WAIT_MS)
+    assert await b.wait_connected("a", CONNECT_WAIT_MS)
+    yield a, b, recorder_b
+    await a.close()
+    await b.close()
+
+
+async def test_full_queue_drops_and_counts(local_pair: tuple[GrpcTransport, GrpcTransport, Recorder]) -> None:
+    a, b, recorder_b = local_pair
+    # All in one tick: the writer cannot drain in between, so the queue holds exactly its bound.
+    for index in range(100):
+        a.send("b", Vote(txn=f"t{index}", partition="p", yes=True))
+    assert a.peer_counters("b").drop_count_queue_full == 100 - 64
+    assert a.drop_count == 100 - 64
+    received = [await recorder_b.next_message() for _ in range(64)]
+    assert [message.txn for _, message in received] == [f"t{index}" for index in range(64)]
+    counters = a.peer_counters("b")
+    # frame_item_count_max bounds every frame.
+    assert counters.frame_sent_count >= 64 // 16
+    assert b.inbound.item_received_count == 64
+
+
+async def test_oversized_message_and_request(local_pair: tuple[GrpcTransport, GrpcTransport, Recorder]) -> None:
+    a, _, recorder_b = local_pair
+    big = Decision(txn="big", decision=TxnState.COMMIT, redo=b"x" * (100 * 1024))
+    small = Decision(txn="small", decision=TxnState.ABORT)
+    a.send("b", big)
+    a.send("b", small)  # shares a frame with the big one until the frame is split
+    assert await recorder_b.next_message() == ("a", small)
+    assert a.peer_counters("b").drop_count_oversized == 1
+    with pytest.raises(MessageTooLarge):
+        await a.request("b", _execute("big", b"x" * (100 * 1024)), REQUEST_TIMEOUT_MS)
+    assert isinstance(await a.request("b", _execute("ok"), REQUEST_TIMEOUT_MS), ExecuteResponse)
+
+
+async def test_unknown_peer(local_pair: tuple[GrpcTransport, GrpcTransport, Recorder]) -> None:
+    a, _, _ = local_pair
+    a.send("nobody", Vote(txn="t", partition="p", yes=True))
+    assert a.drop_count_unknown_peer == 1
+    assert a.drop_count == 1
+    started = time.monotonic()
+    with pytest.raises(PeerUnavailable, match="unknown peer"):
+        await a.request("nobody", StatusRequest(), REQUEST_TIMEOUT_MS)
+    assert time.monotonic() - started < DEADLINE_SLACK_S
+
+
+async def test_self_send_and_request_stay_in_process(
+    local_pair: tuple[GrpcTransport, GrpcTransport, Recorder],
+) -> None:
+    _, b, recorder_b = local_pair
+    message = Routed(source="p1", dest="p2", message=Vote(txn="t", partition="p1", yes=True))
+    b.send("b", message)
+    assert recorder_b.messages.empty()  # delivered on a later tick, never inside send()
+    assert await recorder_b.next_message() == ("b", message)
+    response = await b.request("b", _execute("self"), REQUEST_TIMEOUT_MS)
+    assert response == ExecuteResponse(status=ExecuteStatus.OK, detail="b from b")
+    with pytest.raises(PeerUnavailable, match="within 100 ms"):
+        await b.request("b", _execute("sleep:5000"), 100)
+    assert b.inbound.stream_count == 1  # only a's stream: nothing of ours went through a socket
+
+
+async def test_malformed_frames_from_a_raw_client(
+    local_pair: tuple[GrpcTransport, GrpcTransport, Recorder],
+) -> None:
+    _, b, recorder_b = local_pair
+    async with grpc.aio.insecure_channel(b.listen_address) as channel:
+        call = channel.stream_stream(
+            "/cornus.node.v1.NodePeer/Stream",
+            request_serializer=pb.PeerFrame.SerializeToString,
+            response_deserializer=pb.PeerFrame.FromString,
+        )()
+        frame = pb.PeerFrame(sender="raw")
+        frame.items.add(kind=pb.ENVELOPE_KIND_MESSAGE)  # no body
+        frame.items.add(kind=pb.ENVELOPE_KIND_REQUEST, correlation_id=7, timeout_ms=1_000)  # no body
+        frame.items.add(kind=pb.ENVELOPE_KIND_REQUEST, correlation_id=8, timeout_ms=0).status_request.txn = "x"
+        request = frame.items.add(kind=pb.ENVELOPE_KIND_REQUEST, correlation_id=9, timeout_ms=1_000)
+        request.status_request.SetInParent()
+        await call.write(frame)
+        hello = await asyncio.wait_for(call.read(), RECEIVE_WAIT_S)
+        assert hello.sender == "b"
+        replies: dict[int, pb.PeerEnvelope] = {}
+        while len(replies) < 3:
+            reply = await asyncio.wait_for(call.read(), RECEIVE_WAIT_S)
+            replies.update({item.correlation_id: item for item in reply.items})
+        assert replies[7].WhichOneof("body") == "request_failed"
+        assert replies[8].WhichOneof("body") == "request_failed"
+        assert replies[9].status_response.node == "b"
+        call.cancel()
+    assert b.inbound.malformed_count == 3
+    assert recorder_b.messages.empty()
+
+
+async def test_oversized_frame_count_ends_the_stream(
+    local_pair: tuple[GrpcTransport, GrpcTransport, Recorder],
+) -> None:
+    _, b, _ = local_pair
+    async with grpc.aio.insecure_channel(b.listen_address) as channel:
+        call = channel.stream_stream(
+            "/cornus.node.v1.NodePeer/Stream",
+            request_serializer=pb.PeerFrame.SerializeToString,
+            response_deserializer=pb.PeerFrame.FromString,
+        )()
+        frame = pb.PeerFrame(sender="raw")
+        for _ in range(b.limits.frame_item_count_max + 1):
+            frame.items.add(kind=pb.ENVELOPE_KIND_MESSAGE).vote.txn = "t"
+        await call.write(frame)
+        assert (await asyncio.wait_for(call.read(), RECEIVE_WAIT_S)).sender == "b"
+        assert await asyncio.wait_for(call.read(), RECEIVE_WAIT_S) is grpc.aio.EOF
+    assert b.inbound.malformed_count == 1
+
+
+async def test_close_fails_pending_requests(local_pair: tuple[GrpcTransport, GrpcTransport, Recorder]) -> None:
+    a, _, _ = local_pair
+    pending = asyncio.create_task(a.request("b", _execute("sleep:30000"), 30_000))
+    await asyncio.sleep(0.1)
+    await a.close()
+    with pytest.raises(PeerUnavailable):
+        await pending
+    with pytest.raises(PeerUnavailable, match="closed"):
+        await a.request("b", _execute("x"), 1_000)
