@@ -4,6 +4,7 @@ then command-line flags (each overriding the one before), and checked before any
     node_id = "n0"
     listen = "127.0.0.1:7100"          # node-to-node gRPC
     api_listen = "127.0.0.1:8100"      # public REST API
+    grpc_api_listen = "127.0.0.1:9100" # public gRPC API (optional)
     protocol = "cornus"                # default per transaction: cornus | 2pc | coordinator-log
     partition_count = 6                # partitions p0..p5, owned round-robin by sorted node id
     [peers]                            # every node, this one included
@@ -17,7 +18,7 @@ then command-line flags (each overriding the one before), and checked before any
     [timeouts]                         # ProtocolConfig and RuntimeLimits fields
     timeout_ms_prepare = 400
 
-Environment: CORNUS_NODE_ID, CORNUS_LISTEN, CORNUS_API_LISTEN, CORNUS_PROTOCOL,
+Environment: CORNUS_NODE_ID, CORNUS_LISTEN, CORNUS_API_LISTEN, CORNUS_GRPC_API_LISTEN, CORNUS_PROTOCOL,
 CORNUS_PARTITION_COUNT, CORNUS_PEERS ("n0=host:port,n1=host:port"), CORNUS_STORAGE_<FIELD>, and
 CORNUS_<TIMEOUT FIELD> (e.g. CORNUS_TIMEOUT_MS_PREPARE).
 """
@@ -74,6 +75,7 @@ class NodeConfig:
     peers: dict[str, str]
     listen: str = ""
     api_listen: str = ""
+    grpc_api_listen: str = ""
     protocol: Protocol = Protocol.CORNUS
     partition_count: int = 0
     partition_owners: dict[str, str] = field(default_factory=dict)
@@ -95,6 +97,8 @@ class NodeConfig:
         _check_address(self.listen, "listen")
         if self.api_listen:
             _check_address(self.api_listen, "api_listen")
+        if self.grpc_api_listen:
+            _check_address(self.grpc_api_listen, "grpc_api_listen")
         if not isinstance(self.protocol, Protocol):
             raise ValidationError(f"protocol must be one of {', '.join(p.value for p in Protocol)}")
         if not isinstance(self.partition_count, int) or not 0 < self.partition_count <= PARTITION_COUNT_MAX:
@@ -189,12 +193,12 @@ def load_node_config(
             raw = tomllib.loads(Path(path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as error:
             raise ValidationError(f"config file {path}: {error}") from error
-    known = {"node_id", "listen", "api_listen", "protocol", "partition_count", "peers", "partition_owners",
+    known = {"node_id", "listen", "api_listen", "grpc_api_listen", "protocol", "partition_count", "peers", "partition_owners",
              "storage", "timeouts"}
     unknown = set(raw) - known
     if unknown:
         raise ValidationError(f"config file {path}: unknown keys {', '.join(sorted(unknown))}")
-    for name in ("node_id", "listen", "api_listen", "protocol", "partition_count"):
+    for name in ("node_id", "listen", "api_listen", "grpc_api_listen", "protocol", "partition_count"):
         if f"CORNUS_{name.upper()}" in environ:
             raw[name] = environ[f"CORNUS_{name.upper()}"]
     if "CORNUS_PEERS" in environ:
@@ -246,6 +250,7 @@ def load_node_config(
         peers=dict(raw["peers"]),
         listen=raw.get("listen", ""),
         api_listen=raw.get("api_listen", ""),
+        grpc_api_listen=raw.get("grpc_api_listen", ""),
         protocol=protocol,
         partition_count=_int(raw.get("partition_count", 0), "partition_count"),
         partition_owners=dict(raw.get("partition_owners", {})),

@@ -15,7 +15,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cornus.protocol.config import Protocol
@@ -105,6 +105,17 @@ class CoordinatedTxn:
     busy: int = 0  # operations in flight; an idle sweep must not abort under them
 
 
+@dataclass(frozen=True, slots=True)
+class TxnInfo:
+    txn: str
+    role: str  # "coordinator" or "participant"
+    where: str  # node id (coordinator) or partition (participant)
+    phase: str
+    protocol: str
+    partitions: tuple[str, ...]
+    idle_ms: int
+
+
 class Node:
     """Start with `await node.start()`; the node is ready once recovery has run."""
 
@@ -149,6 +160,8 @@ class Node:
         self._sweeper: asyncio.Task[None] | None = None
         self._recovery: asyncio.Task[None] | None = None
         self._stopped = False
+        # Called with (protocol, outcome) whenever a coordinated transaction ends: metrics hook in.
+        self.outcome_observers: list[Callable[[str, Outcome], None]] = []
 
     # === lifecycle =================================================================================
 
@@ -586,6 +599,8 @@ class Node:
         self.counters[f"outcome_{outcome.status}"] += 1
         if outcome.reason is not None:
             self.counters[f"abort_{outcome.reason}"] += 1
+        for observer in self.outcome_observers:
+            observer(ctx.protocol.value, outcome)
         return outcome
 
     async def execute(self, ops: Sequence[Op], protocol: Protocol | None = None) -> Outcome:
@@ -641,6 +656,53 @@ class Node:
         if any(not isinstance(r, StatusResponse) for r in responses):
             return Outcome(txn, OutcomeStatus.UNKNOWN, detail="some nodes did not answer")
         return None
+
+    def transactions(self) -> list[TxnInfo]:
+        """What is in flight here: transactions this node coordinates, and the participant side
+        of every owned partition (phase "voted" is in doubt: voted yes, no decision known)."""
+        now = time.monotonic()
+        infos = [
+            TxnInfo(ctx.txn, "coordinator", self.node_id, ctx.state.value, ctx.protocol.value,
+                    tuple(sorted(ctx.touched)), round((now - ctx.last_active_s) * 1000))
+            for ctx in self._txns.values()
+        ]
+        for txn, machine in self.coordinator.machines.items():
+            if txn not in self._txns:
+                infos.append(TxnInfo(txn, "coordinator", self.node_id, machine.phase.value, self.protocol.value,
+                                     tuple(machine.participants), 0))
+        for partition, host in self.hosts.items():
+            for txn, machine in host.machines.items():
+                infos.append(TxnInfo(txn, "participant", partition, machine.phase.value, self.protocol.value,
+                                     tuple(machine.participants), 0))
+        return infos
+
+    async def resolve(self, txn: str) -> Outcome:
+        """Finish a transaction by hand from any node, reading storage directly (every node can).
+        Cornus: the termination protocol, LogOnce(ABORT) on every participant's log. 2PC and
+        coordinator-log: only the coordinator's log may decide, so this reports what it holds."""
+        records = await asyncio.gather(
+            *(self.store.read(LogId.partition(p), txn) for p in self.config.partitions)
+        )
+        found = [record for record in records if record is not None]
+        if not found:
+            known = await self.resolve_status(txn)
+            return known or Outcome(txn, OutcomeStatus.UNKNOWN, detail="no record of this transaction anywhere")
+        participants = next((r.body.participants for r in found if r.body.participants), ())
+        coordinator = next((r.body.coordinator for r in found if r.body.coordinator), "")
+        if self.protocol is not Protocol.CORNUS:
+            decision = await self.store.read(LogId.coordinator(coordinator), txn) if coordinator else None
+            states = {r.state for r in found} | ({decision.state} if decision else set())
+        else:
+            body = found[0].body
+            results = await asyncio.gather(
+                *(self.store.log_once(LogId.partition(p), txn, TxnState.ABORT, body) for p in participants)
+            )
+            states = {result.state for result in results}
+        if TxnState.ABORT in states:
+            return Outcome(txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, "resolved from storage")
+        if TxnState.COMMIT in states or (self.protocol is Protocol.CORNUS and states == {TxnState.VOTE_YES}):
+            return Outcome(txn, OutcomeStatus.COMMITTED, detail="resolved from storage")
+        return Outcome(txn, OutcomeStatus.UNKNOWN, detail="in doubt: only the coordinator can decide")
 
     # === housekeeping ==============================================================================
 

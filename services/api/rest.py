@@ -9,6 +9,7 @@ Bad input gets a 4xx naming the problem and changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
 from fastapi import Body, FastAPI, Path, Request
@@ -237,6 +238,14 @@ def build_app(node: Node) -> FastAPI:
     async def readyz() -> JSONResponse:
         body = {"ready": node.ready, "node": node.node_id, "in_doubt": node.in_doubt_count()}
         return JSONResponse(body, status_code=200 if node.ready else 503)
+
+    @app.get("/v1/admin/transactions", summary="In-flight and in-doubt transactions on this node")
+    async def transactions() -> list[dict[str, Any]]:
+        return [dataclasses.asdict(info) for info in node.transactions()]
+
+    @app.post("/v1/admin/resolve/{txn}", response_model=OutcomeOut, summary="Run termination for a transaction by hand")
+    async def resolve(txn: TxnId) -> JSONResponse:
+        return _outcome_response(await node.resolve(txn))
 
     @app.get("/v1/admin/timings", summary="Commit-path timing breakdown of recent distributed transactions")
     async def timings() -> dict[str, dict[str, float]]:
