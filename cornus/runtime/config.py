@@ -193,8 +193,8 @@ def load_node_config(
             raw = tomllib.loads(Path(path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as error:
             raise ValidationError(f"config file {path}: {error}") from error
-    known = {"node_id", "listen", "api_listen", "grpc_api_listen", "protocol", "partition_count", "peers", "partition_owners",
-             "storage", "timeouts"}
+    known = {"node_id", "listen", "api_listen", "grpc_api_listen", "protocol", "partition_count", "peers",
+             "partition_owners", "storage", "timeouts"}
     unknown = set(raw) - known
     if unknown:
         raise ValidationError(f"config file {path}: unknown keys {', '.join(sorted(unknown))}")
