@@ -2,18 +2,55 @@
 
   serve           run one node (config from --config FILE, CORNUS_* variables and flags)
   storage-bench   p50/p99 `log_once` latency and ops/s per storage backend
+  cluster up      a local multi-node cluster on the embedded emulator, in the foreground
+  txn             run one one-shot transaction: put:KEY=VALUE get:KEY delete:KEY check:KEY[=VALUE]
+  inspect         a node's in-flight and in-doubt transactions, or one transaction's status
+  resolve         run termination for one transaction by hand
 
 Storage settings come from flags, else from `CORNUS_STORAGE_*` environment variables, else from
 the config file (serve), else from the defaults (the embedded SQLite emulator in ./cornus.db).
+
+Exit codes: 0 success (a transaction committed; a cluster stopped cleanly), 1 failure (aborted,
+unknown, unavailable, unreachable, a node died), 2 bad input (nothing was changed).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
+import httpx
+
+from cornus.protocol.config import Protocol
+from cornus.runtime.config import NodeConfig
+from services.client import (
+    ClientConfig,
+    CornusClient,
+    CornusError,
+    InvalidRequest,
+    NotFound,
+    Op,
+    Outcome,
+    Status,
+    TxnInfo,
+)
+from services.client._core import normalize_urls
 from storage_adapters.errors import StorageError, ValidationError
 from storage_adapters.factory import BACKENDS, StoreConfig
 
@@ -83,6 +120,416 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# === client commands: txn, inspect, resolve ======================================================
+
+_OP_SYNTAX = "put:KEY=VALUE, get:KEY, delete:KEY, check:KEY=VALUE or check:KEY (the key must be absent)"
+
+
+def parse_op(text: str) -> Op:
+    """One OP argument of `cornus txn`. The kind ends at the first ':' and the key at the first '=',
+    so values may hold both; keys may hold ':' but not '='."""
+    kind, sep, rest = text.partition(":")
+    if not sep or kind not in ("put", "get", "delete", "check"):
+        raise ValidationError(f"operation {text!r}: expected {_OP_SYNTAX}")
+    key, has_value, value = rest.partition("=")
+    if not key:
+        raise ValidationError(f"operation {text!r}: the key is empty")
+    if kind == "put":
+        if not has_value:
+            raise ValidationError(f"operation {text!r}: put needs a value, put:KEY=VALUE")
+        return Op.put(key, value)
+    if kind == "check":
+        return Op.check(key, value if has_value else None)
+    if has_value:
+        raise ValidationError(f"operation {text!r}: {kind} takes no value, {kind}:KEY")
+    return Op.get(key) if kind == "get" else Op.delete(key)
+
+
+def _client_config(args: argparse.Namespace) -> ClientConfig:
+    try:
+        return ClientConfig(timeout_ms_request=args.timeout_ms_request, retry_count_max=args.retry_count_max)
+    except ValueError as error:
+        raise ValidationError(str(error)) from error
+
+
+def _print_outcome(outcome: Outcome, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(outcome.to_json(), indent=2, sort_keys=True))
+        return
+    headline = outcome.status.value
+    if outcome.reason:
+        headline += f": {outcome.reason} ({'retryable' if outcome.retryable else 'not retryable'})"
+    elif outcome.retryable:
+        headline += " (retryable)"
+    print(f"{headline}  txn {outcome.txn or '-'}  via {outcome.node_url or '-'}  attempts {outcome.attempt_count}")
+    if outcome.detail:
+        print(f"  detail: {outcome.detail}")
+    for key, value in outcome.reads.items():
+        print(f"  {key} = {'(absent)' if value is None else json.dumps(value)}")
+    if outcome.timing_ms:
+        print("  timing_ms: " + ", ".join(f"{name}={ms:.2f}" for name, ms in outcome.timing_ms.items()))
+
+
+def _txn(args: argparse.Namespace) -> int:
+    # Everything is checked before the first request, so bad input changes nothing.
+    ops = [parse_op(text) for text in args.ops]
+    with CornusClient(args.url, config=_client_config(args)) as client:
+        outcome = client.execute(ops, args.protocol)
+    _print_outcome(outcome, args.json)
+    return 0 if outcome.committed else 1
+
+
+def _inspect_urls(args: argparse.Namespace) -> list[str]:
+    urls = [args.url] if args.url else []
+    if args.all_nodes:
+        urls += [url for url in args.all_nodes.split(",") if url.strip()]
+    if not urls:
+        raise ValidationError("give --url URL or --all-nodes URL,URL,...")
+    return list(normalize_urls(urls))
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    urls = _inspect_urls(args)
+    with CornusClient(urls, config=_client_config(args)) as client:
+        if args.txn:
+            try:
+                outcome = client.status(args.txn, urls[0] if len(urls) == 1 else None)
+            except NotFound as error:
+                print(f"cornus: {error.detail}", file=sys.stderr)
+                return 1
+            _print_outcome(outcome, args.json)
+            return 0
+        rows: list[TxnInfo] = []
+        unreachable: list[str] = []
+        for url in urls:
+            try:
+                rows.extend(client.transactions(url))
+            except CornusError as error:
+                # One dead node must not hide what the others hold: that is when in-doubt
+                # transactions matter most.
+                unreachable.append(url)
+                print(f"cornus: {url}: {error}", file=sys.stderr)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(row) for row in rows], indent=2))
+    elif rows:
+        print(format_table(
+            ["NODE", "TXN", "ROLE", "WHERE", "PHASE", "PROTOCOL", "PARTITIONS", "IDLE_MS", "IN_DOUBT"],
+            [[row.node_url, row.txn, row.role, row.where, row.phase, row.protocol, ",".join(row.partitions),
+              str(row.idle_ms), "yes" if row.in_doubt else "no"] for row in rows],
+        ))
+    else:
+        print(f"no in-flight or in-doubt transactions on {len(urls) - len(unreachable)} of {len(urls)} node(s)")
+    return 1 if unreachable else 0
+
+
+def _resolve(args: argparse.Namespace) -> int:
+    with CornusClient(args.url, config=_client_config(args)) as client:
+        outcome = client.resolve(args.txn, args.url)
+    _print_outcome(outcome, args.json)
+    return 0 if outcome.status in (Status.COMMITTED, Status.ABORTED) else 1
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    assert all(len(row) == len(headers) for row in rows)
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+             for row in [headers, *rows]]
+    return "\n".join(lines)
+
+
+# === cluster up ===================================================================================
+
+# A node that is not ready this long after its start has failed to start.
+CLUSTER_TIMEOUT_S_READY = 60.0
+# A node gets this long to stop after SIGTERM (its own graceful shutdown is bounded by 10 s plus
+# the REST server's 2 s) before it is killed.
+CLUSTER_TIMEOUT_S_STOP = 15.0
+CLUSTER_POLL_S = 0.1
+LOG_TAIL_BYTES_MAX = 3_000
+
+
+@dataclass
+class _ClusterNode:
+    config: NodeConfig
+    api_port: int
+    peer_port: int
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self) -> str:
+        try:
+            data = self.log_path.read_bytes()[-LOG_TAIL_BYTES_MAX:]
+        except OSError:
+            return ""
+        return data.decode("utf-8", "replace")
+
+
+class _StopSignals:
+    """SIGINT and SIGTERM ask the cluster to stop; a second one while it stops kills the nodes."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.count = 0
+        self.last = ""
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.count += 1
+        self.last = signal.Signals(signum).name
+        self.event.set()
+
+
+def _cluster_ports(node_count: int, base_port: int | None) -> list[tuple[int, int]]:
+    """(REST port, peer gRPC port) per node: with a base port, REST on base+i and gRPC on
+    base+nodes+i; else ports the kernel picks."""
+    if base_port is None:
+        sockets: list[socket.socket] = []
+        try:
+            # Hold every socket until all are bound, so no port is handed out twice.
+            for _ in range(2 * node_count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", 0))
+            ports = [sock.getsockname()[1] for sock in sockets]
+        finally:
+            for sock in sockets:
+                sock.close()
+        return [(ports[2 * i], ports[2 * i + 1]) for i in range(node_count)]
+    if base_port <= 0 or base_port + 2 * node_count - 1 > 65535:
+        raise ValidationError(f"--base-port {base_port}: ports {base_port}..{base_port + 2 * node_count - 1} "
+                              "must lie in 1..65535")
+    pairs = [(base_port + i, base_port + node_count + i) for i in range(node_count)]
+    for port in (port for pair in pairs for port in pair):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError as error:
+                raise ValidationError(f"port 127.0.0.1:{port} is not free ({error.strerror})") from None
+    return pairs
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    def set_parent_death_signal() -> None:
+        # Runs in the child before exec. If `cluster up` itself is killed with SIGKILL it cannot
+        # stop its nodes; on Linux the kernel then sends them SIGTERM instead of leaving orphans.
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_parent_death_signal
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _start_node(node: _ClusterNode, args: argparse.Namespace, db_path: Path, peers: str) -> None:
+    assert not node.alive
+    argv = [sys.executable, "-m", "services.cli", "serve", "--node-id", node.config.node_id,
+            "--listen", node.config.listen, "--api-listen", node.config.api_listen, "--peers", peers,
+            "--partition-count", str(args.partitions), "--protocol", args.protocol,
+            "--backend", "emulator", "--emulator-path", str(db_path)]
+    for item in args.set or []:
+        argv += ["--set", item]
+    with node.log_path.open("ab") as log:
+        node.process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            # Its own session: a Ctrl-C in the terminal reaches `cluster up` only, which then
+            # stops the nodes in order instead of all of them racing to exit at once.
+            start_new_session=True,
+            # preexec_fn is unsafe only beside other threads; `cluster up` starts none.
+            preexec_fn=_die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+        )
+
+
+def _node_ready(http: httpx.Client, node: _ClusterNode) -> bool:
+    try:
+        return http.get(f"{node.url}/readyz", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _dead_node(nodes: Sequence[_ClusterNode]) -> _ClusterNode | None:
+    return next((node for node in nodes if node.process is not None and node.process.poll() is not None), None)
+
+
+def _report_dead(node: _ClusterNode) -> None:
+    assert node.process is not None
+    code = node.process.returncode
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    print(f"cornus: node {node.config.node_id} (pid {node.process.pid}) died: {how}; stopping the cluster\n"
+          f"--- last lines of {node.log_path} ---\n{node.log_tail()}", file=sys.stderr, flush=True)
+
+
+def _stop_nodes(nodes: Sequence[_ClusterNode], stop: _StopSignals) -> bool:
+    """SIGTERM every node, wait (bounded), then SIGKILL the stragglers. True if all stopped on
+    SIGTERM alone. A further signal while waiting skips the wait."""
+    signals_before = stop.count
+    for node in nodes:
+        if node.alive:
+            assert node.process is not None
+            node.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + CLUSTER_TIMEOUT_S_STOP
+    while any(node.alive for node in nodes) and time.monotonic() < deadline and stop.count == signals_before:
+        time.sleep(CLUSTER_POLL_S)
+    clean = True
+    for node in nodes:
+        if node.alive:
+            assert node.process is not None
+            clean = False
+            print(f"cornus: node {node.config.node_id} (pid {node.process.pid}) did not stop; killing it",
+                  file=sys.stderr, flush=True)
+            # The node leads its own process group (start_new_session): kill anything it started too.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.process.pid, signal.SIGKILL)
+        if node.process is not None:
+            node.process.wait(CLUSTER_TIMEOUT_S_STOP)
+    return clean
+
+
+def _cluster_up(args: argparse.Namespace) -> int:
+    from cornus.runtime.config import NODE_COUNT_MAX, PARTITION_COUNT_MAX, load_node_config
+
+    if not 0 < args.nodes <= NODE_COUNT_MAX:
+        raise ValidationError(f"--nodes must be in 1..{NODE_COUNT_MAX}")
+    if not 0 < args.partitions <= PARTITION_COUNT_MAX:
+        raise ValidationError(f"--partitions must be in 1..{PARTITION_COUNT_MAX}")
+    if args.partitions < args.nodes:
+        raise ValidationError(f"--partitions ({args.partitions}) must be at least --nodes ({args.nodes}), "
+                              "or some nodes would own nothing")
+    if not 0 < args.timeout_s_ready <= 3600:
+        raise ValidationError("--timeout-s-ready must be in (0, 3600]")
+    ports = _cluster_ports(args.nodes, args.base_port)
+    peers = ",".join(f"n{i}=127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
+    # Every node's config is built and checked here first, so a bad flag fails before any start.
+    configs = [
+        load_node_config(environ={}, overrides={
+            "node_id": f"n{i}", "api_listen": f"127.0.0.1:{api}", "peers": peers, "protocol": args.protocol,
+            "partition_count": args.partitions, **_set_overrides(args.set),
+        })
+        for i, (api, _) in enumerate(ports)
+    ]
+    made_data_dir = args.data_dir is None
+    data_dir = Path(tempfile.mkdtemp(prefix="cornus-cluster-")) if made_data_dir else Path(args.data_dir)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValidationError(f"--data-dir {data_dir}: {error.strerror}") from None
+    db_path = data_dir / "cornus.db"
+    nodes = [_ClusterNode(config, api, peer, data_dir / f"{config.node_id}.log")
+             for config, (api, peer) in zip(configs, ports, strict=True)]
+
+    stop = _StopSignals()
+    stop.install()
+    failed = False
+    try:
+        for node in nodes:
+            _start_node(node, args, db_path, peers)
+        failed = not _wait_cluster_ready(nodes, stop, args.timeout_s_ready)
+        if not failed and not stop.event.is_set():
+            _print_cluster(nodes, args, db_path)
+            while not stop.event.wait(CLUSTER_POLL_S):
+                dead = _dead_node(nodes)
+                if dead is not None:
+                    _report_dead(dead)
+                    failed = True
+                    break
+    finally:
+        if stop.event.is_set() and not failed:
+            print(f"cornus: {stop.last}: stopping {len(nodes)} nodes", flush=True)
+        clean = _stop_nodes(nodes, stop)
+        for node in nodes:
+            if node.process is not None:
+                print(f"cornus: node {node.config.node_id} (pid {node.process.pid}) stopped, "
+                      f"exit code {node.process.returncode}", flush=True)
+        if made_data_dir and not failed:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        elif failed:
+            print(f"cornus: data and node logs kept in {data_dir}", file=sys.stderr, flush=True)
+    if failed:
+        return 1
+    print("cornus: cluster stopped" + ("" if clean else " (some nodes had to be killed)"), flush=True)
+    return 0
+
+
+def _set_overrides(items: Sequence[str] | None) -> dict[str, str]:
+    from cornus.protocol.config import ProtocolConfig
+    from cornus.runtime.config import RuntimeLimits
+
+    # load_node_config files a name it does not know as a plain setting and ignores it, so a typo
+    # would start a cluster without the intended limit: only timeout and limit names pass here.
+    known = {item.name for item in dataclasses.fields(ProtocolConfig)} | {
+        item.name for item in dataclasses.fields(RuntimeLimits)}
+    overrides: dict[str, str] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValidationError(f"--set {item!r}: expected NAME=VALUE, e.g. timeout_ms_prepare=400")
+        if name.strip() not in known:
+            raise ValidationError(f"--set {item!r}: {name.strip()!r} is not one of {', '.join(sorted(known))}")
+        overrides[name.strip()] = value.strip()
+    return overrides
+
+
+def _wait_cluster_ready(nodes: Sequence[_ClusterNode], stop: _StopSignals, timeout_s: float) -> bool:
+    """True once every node answers /readyz with 200; False (after reporting why) if a node dies
+    or the deadline passes. A stop signal ends the wait early (True: nothing failed)."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(nodes)
+    with httpx.Client() as http:
+        while waiting:
+            if stop.event.is_set():
+                return True
+            dead = _dead_node(nodes)
+            if dead is not None:
+                _report_dead(dead)
+                return False
+            if time.monotonic() > deadline:
+                names = ", ".join(node.config.node_id for node in waiting)
+                print(f"cornus: {names} not ready within {timeout_s:g} s; stopping the cluster", file=sys.stderr)
+                for node in waiting:
+                    print(f"--- last lines of {node.log_path} ---\n{node.log_tail()}", file=sys.stderr, flush=True)
+                return False
+            waiting = [node for node in waiting if not _node_ready(http, node)]
+            if waiting:
+                stop.event.wait(CLUSTER_POLL_S)
+    return True
+
+
+def _print_cluster(nodes: Sequence[_ClusterNode], args: argparse.Namespace, db_path: Path) -> None:
+    rows = []
+    for node in nodes:
+        assert node.process is not None
+        rows.append([node.config.node_id, node.url, node.config.listen, ",".join(node.config.owned_partitions),
+                     "yes", str(node.process.pid)])
+    print(f"Cornus cluster up: {len(nodes)} nodes, {args.partitions} partitions, protocol {args.protocol}, "
+          f"emulator storage {db_path}")
+    print(format_table(["NODE", "REST URL", "PEER gRPC", "PARTITIONS", "READY", "PID"], rows))
+    print(f"logs: {db_path.parent}/<node>.log")
+    print(f"try:  cornus txn --url {nodes[0].url} put:greeting=hello get:greeting")
+    print("Ctrl-C or SIGTERM stops the cluster.", flush=True)
+
+
+def _add_client_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = ClientConfig()
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--timeout-ms-request", type=int, default=defaults.timeout_ms_request,
+                        help=f"deadline of each HTTP request (default {defaults.timeout_ms_request})")
+    parser.add_argument("--retry-count-max", type=int, default=defaults.retry_count_max,
+                        help=f"retries of a retryable outcome (default {defaults.retry_count_max})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cornus", description="Cornus atomic commit middleware")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -110,6 +557,59 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a timeout or limit, e.g. timeout_ms_prepare=400 (repeatable)")
     _add_storage_flags(serve)
     serve.set_defaults(handler=_serve)
+
+    protocols = [protocol.value for protocol in Protocol]
+    cluster = commands.add_parser("cluster", help="a local multi-node cluster")
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)
+    up = cluster_commands.add_parser(
+        "up", help="start a local cluster on the embedded emulator and stay in the foreground",
+        description="Start NODES `cornus serve` processes on 127.0.0.1 sharing one SQLite emulator file, wait "
+                    "until all are ready, print their addresses, and run until Ctrl-C or SIGTERM.",
+    )
+    up.add_argument("--nodes", type=int, default=3, help="node processes (default 3)")
+    up.add_argument("--partitions", type=int, default=6, help="partitions p0..pN-1 (default 6)")
+    up.add_argument("--protocol", choices=protocols, default=Protocol.CORNUS.value, help="default cornus")
+    up.add_argument("--base-port", type=int,
+                    help="node i serves REST on BASE+i and peer gRPC on BASE+NODES+i (default: free ports)")
+    up.add_argument("--data-dir", help="directory of the emulator file and node logs (default: a temporary "
+                                       "directory, removed on a clean stop)")
+    up.add_argument("--timeout-s-ready", type=float, default=CLUSTER_TIMEOUT_S_READY,
+                    help=f"how long nodes may take to become ready (default {CLUSTER_TIMEOUT_S_READY:g})")
+    up.add_argument("--set", action="append", metavar="NAME=VALUE",
+                    help="a timeout or limit for every node, e.g. timeout_ms_prepare=400 (repeatable)")
+    up.set_defaults(handler=_cluster_up)
+
+    txn = commands.add_parser(
+        "txn", help="run one one-shot transaction",
+        description=f"Run OPs as one transaction. OP is {_OP_SYNTAX}. Exit 0 committed, 1 aborted, unknown "
+                    "or unavailable, 2 bad input.",
+    )
+    txn.add_argument("--url", required=True, help="a node's REST URL, e.g. http://127.0.0.1:8100")
+    txn.add_argument("--protocol", choices=protocols, help="must match the cluster's (default: the cluster's)")
+    txn.add_argument("ops", nargs="+", metavar="OP", help=_OP_SYNTAX)
+    _add_client_flags(txn)
+    txn.set_defaults(handler=_txn)
+
+    inspect = commands.add_parser(
+        "inspect", help="in-flight and in-doubt transactions, or one transaction's status",
+        description="Without TXN: list the in-flight and in-doubt transactions of the node (or of every node "
+                    "of --all-nodes). With TXN: its status as the cluster knows it.",
+    )
+    inspect.add_argument("--url", help="a node's REST URL")
+    inspect.add_argument("--all-nodes", metavar="URL,URL,...", help="every node's REST URL, comma-separated")
+    inspect.add_argument("txn", nargs="?", help="a transaction id")
+    _add_client_flags(inspect)
+    inspect.set_defaults(handler=_inspect)
+
+    resolve = commands.add_parser(
+        "resolve", help="run termination for a transaction by hand",
+        description="Ask a node to finish TXN from storage (Cornus: LogOnce(ABORT) on every participant's "
+                    "log). Exit 0 when it is committed or aborted, 1 when still unknown or unreachable.",
+    )
+    resolve.add_argument("--url", required=True, help="a node's REST URL")
+    resolve.add_argument("txn", help="a transaction id")
+    _add_client_flags(resolve)
+    resolve.set_defaults(handler=_resolve)
     return parser
 
 
@@ -122,8 +622,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except ValidationError as error:
         parser.exit(2, f"cornus: error: {error}\n")
+    except InvalidRequest as error:
+        parser.exit(2, f"cornus: error: {error.detail}\n")
     except StorageError as error:
         parser.exit(1, f"cornus: storage error: {error}\n")
+    except CornusError as error:
+        parser.exit(1, f"cornus: {error}\n")
     return 0
 
 

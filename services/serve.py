@@ -1,5 +1,6 @@
 """`cornus serve`: one node process. It opens the configured storage, joins its peers over gRPC,
-recovers its partitions, and serves the REST API, until SIGTERM or SIGINT ends it cleanly.
+recovers its partitions, and serves the REST API (and the public gRPC API when `grpc_api_listen` is
+set), until SIGTERM or SIGINT ends it cleanly.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import uvicorn
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.node import Node
+from services.api.logs import configure_json_logging, level_from_env
+from services.api.metrics import InstrumentedStore, Metrics
 from services.api.rest import build_app
 from services.node_rpc.transport import GrpcTransport
 from storage_adapters.factory import open_store
@@ -28,20 +31,31 @@ async def serve(config: NodeConfig) -> None:
     if not config.api_listen:
         raise ValueError("api_listen is required to serve (file, CORNUS_API_LISTEN or --api-listen)")
     failpoints = Failpoints.from_env()
-    store = await open_store(config.storage)
+    # Wrapped before the Node gets it, so every storage call of the node is measured.
+    metrics = Metrics()
+    store = InstrumentedStore(await open_store(config.storage), metrics)
     transport = GrpcTransport(config.node_id, config.listen, config.peers)
     node = Node(config, store, transport, failpoints)
     host, port = config.api_listen.rsplit(":", 1)
     server = uvicorn.Server(
-        uvicorn.Config(build_app(node), host=host, port=int(port), log_level="warning", lifespan="off",
-                       timeout_graceful_shutdown=2)
+        # log_config=None: uvicorn keeps its hands off logging, so its lines propagate to our JSON handler.
+        uvicorn.Config(build_app(node, metrics), host=host, port=int(port), log_level="warning", lifespan="off",
+                       timeout_graceful_shutdown=2, log_config=None)
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    grpc_api = None
     try:
         await node.start(wait_ready=False)
+        if config.grpc_api_listen:
+            # Imported only when enabled: its health and reflection packages are needed only then.
+            from services.public_api.server import PublicGrpcServer
+
+            grpc_api = PublicGrpcServer(node, config.grpc_api_listen)
+            await grpc_api.start()
+            log.info("node %s: public gRPC API on %s", config.node_id, config.grpc_api_listen)
         api = asyncio.create_task(server.serve(), name="cornus-api")
         log.info("node %s: peers on %s, REST on http://%s", config.node_id, config.listen, config.api_listen)
         stopped = asyncio.create_task(stop.wait())
@@ -53,12 +67,16 @@ async def serve(config: NodeConfig) -> None:
     finally:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SHUTDOWN_TIMEOUT_S):
+                if grpc_api is not None:
+                    await grpc_api.stop()
                 await node.stop()
                 await store.close()
 
 
 def run(config: NodeConfig) -> None:
-    """Run a node until it is told to stop, on uvloop when it is installed."""
+    """Run a node until it is told to stop, on uvloop when it is installed. Logs are JSON lines on
+    stderr (services.api.logs), at CORNUS_LOG_LEVEL."""
+    configure_json_logging(config.node_id, level_from_env())
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; a plain loop also works

@@ -171,6 +171,13 @@ def _split_timeouts(values: Mapping[str, object]) -> tuple[dict[str, int], dict[
     return protocol_values, limit_values
 
 
+def timeout_names_all() -> set[str]:
+    """Every timeout and limit a node takes (ProtocolConfig and RuntimeLimits fields)."""
+    return {item.name for item in dataclasses.fields(ProtocolConfig)} | {
+        item.name for item in dataclasses.fields(RuntimeLimits)
+    }
+
+
 def _protocol_config(values: Mapping[str, int]) -> ProtocolConfig:
     # ProtocolConfig guards itself with asserts (it is the pure core's); user input must get a
     # clear error instead, so the one cross-field rule is checked here first.
@@ -204,13 +211,15 @@ def load_node_config(
     if "CORNUS_PEERS" in environ:
         raw["peers"] = _parse_peers(environ["CORNUS_PEERS"])
     timeouts = dict(raw.get("timeouts", {}))
-    timeout_names = {item.name for item in dataclasses.fields(ProtocolConfig)} | {
-        item.name for item in dataclasses.fields(RuntimeLimits)
-    }
+    timeout_names = timeout_names_all()
     for name in timeout_names:
         if f"CORNUS_{name.upper()}" in environ:
             timeouts[name] = environ[f"CORNUS_{name.upper()}"]
     overrides = {key: value for key, value in (overrides or {}).items() if value is not None}
+    storage_names = {f"storage_{item.name}" for item in dataclasses.fields(StoreConfig)}
+    unknown = set(overrides) - known - timeout_names_all() - storage_names
+    if unknown:
+        raise ValidationError(f"unknown settings: {', '.join(sorted(unknown))}")
     storage_flags: dict[str, Any] = {}
     for key, value in overrides.items():
         if key in timeout_names:

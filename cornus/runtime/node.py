@@ -66,7 +66,7 @@ from cornus.runtime.wire import (
     StatusRequest,
     StatusResponse,
 )
-from storage_adapters.contract import LogId, LogStore, Record, TxnState
+from storage_adapters.contract import DATA_BATCH_COUNT_MAX, REDO_BYTES_MAX, LogId, LogStore, Record, TxnState
 from storage_adapters.errors import InvariantViolation, StorageUnavailable, ValidationError
 
 log = logging.getLogger("cornus.node")
@@ -155,6 +155,8 @@ class Node:
         self._txns: dict[str, CoordinatedTxn] = {}
         self._outcomes: collections.OrderedDict[str, Outcome] = collections.OrderedDict()
         self._txn_counter = 0
+        # (partition, txn) -> when its termination protocol began (perf_counter seconds).
+        self._terminating: dict[tuple[str, str], float] = {}
         # Tells this life's transaction ids from a previous one's (the counter restarts at zero).
         self._incarnation = os.urandom(3).hex()
         self._sweeper: asyncio.Task[None] | None = None
@@ -196,6 +198,15 @@ class Node:
         host = self._host(host_name)
         assert host is not None, f"no host {host_name} on {self.node_id}"
         effects = host.handle(event)
+        txn = _event_txn(event)
+        if txn is not None and (host_name, txn) in self._terminating:
+            machine = host.machines.get(txn)
+            if machine is None or machine.phase is not Phase.VOTED:
+                started = self._terminating.pop((host_name, txn))
+                elapsed_ms = (time.perf_counter() - started) * 1000
+                self.timings.terminations_ms.append(elapsed_ms)
+                log.info("termination of %s on %s decided in %.2f ms", txn, host_name, elapsed_ms,
+                         extra={"txn": txn})
         self._prune(host, event)
         if (
             host is self.coordinator
@@ -252,6 +263,9 @@ class Node:
         if isinstance(effect, Send):
             self._send(host_name, effect)
         elif isinstance(effect, LogOnce | Log):
+            if host_name in self.hosts and effect.log != LogId.partition(host_name):
+                # A participant writing another partition's log is running termination.
+                self._terminating.setdefault((host_name, effect.txn), time.perf_counter())
             if isinstance(effect.log, LogId) and effect.state is TxnState.VOTE_YES and host_name in self.hosts:
                 self.failpoints.hit("participant.before_log_vote")
             self._spawn(self._log_call(host_name, effect))
@@ -324,7 +338,7 @@ class Node:
             except StorageUnavailable:
                 await asyncio.sleep(self.config.protocol_config.backoff_ms_max / 1000 * (attempt + 1))
         # A record left behind is harmless: it is decided and applied, so recovery skips it.
-        log.warning("gave up deleting %s of %s", effect.log.key, effect.txn)
+        log.warning("gave up deleting %s of %s", effect.log.key, effect.txn, extra={"txn": effect.txn})
 
     def _spawn(self, coroutine: object) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)  # type: ignore[arg-type]
@@ -345,6 +359,13 @@ class Node:
             self.counters["misrouted_messages"] += 1
             return
         inner = message.message
+        if not self.ready and inner.txn not in host.machines:
+            # Before recovery has rebuilt every unfinished transaction, "I do not know it" is not
+            # an answer we may give: a coordinator would presume ABORT for a logged COMMIT, and a
+            # participant would ack a decision whose record recovery has not yet seen. The sender
+            # repeats (decisions are resent, queries re-asked) once we are ready.
+            self.counters["messages_dropped_recovering"] += 1
+            return
         if isinstance(host, PartitionHost) and isinstance(inner, Prepare) and inner.txn not in host.machines:
             partition = self.partitions[message.dest]
             redo = partition.take_redo(inner.txn)
@@ -483,6 +504,17 @@ class Node:
             if op.kind is OpKind.GET:
                 positions.append((partition, sum(o.kind is OpKind.GET for o in group)))
             group.append(op)
+        for partition, group in by_partition.items():
+            projected = dict(ctx.touched.get(partition, {}))
+            projected.update((op.key, op.value) for op in group if op.kind in (OpKind.PUT, OpKind.DELETE))
+            size = len(redo_codec.encode(projected))
+            if size > REDO_BYTES_MAX or len(projected) > DATA_BATCH_COUNT_MAX:
+                # Refused now, with nothing changed: at prepare it would only abort, and a retry
+                # would fail the same way.
+                raise ValidationError(
+                    f"the writes of this transaction to partition {partition} would take {size} bytes and "
+                    f"{len(projected)} keys; the limits are {REDO_BYTES_MAX} bytes and {DATA_BATCH_COUNT_MAX} keys"
+                )
         ctx.busy += 1
         try:
             responses = await asyncio.gather(
@@ -560,6 +592,10 @@ class Node:
         writes = tuple((p, redo_codec.encode(w)) for p, w in sorted(ctx.touched.items()) if w)
         reads = tuple(sorted(p for p, w in ctx.touched.items() if not w))
         ctx.timing.participant_count = len(writes)
+        if not writes:
+            # Wholly read-only: nothing to make atomic. Release its read locks before replying,
+            # so the caller's next request never meets its own finished transaction's locks.
+            await asyncio.gather(*(self._drop_on(txn, partition) for partition in reads))
         ctx.reply = asyncio.get_running_loop().create_future()
         self.failpoints.hit("coordinator.before_prepare")
         self._feed(self.node_id, CommitRequested(txn, writes, reads))
@@ -644,7 +680,7 @@ class Node:
         )
         outcomes = {r.txn_outcome for r in responses if isinstance(r, StatusResponse) and r.txn_outcome}
         states = {state for r in responses if isinstance(r, StatusResponse) for _, state in r.txn_states}
-        for status in (OutcomeStatus.COMMITTED, OutcomeStatus.ABORTED):
+        for status in (OutcomeStatus.COMMITTED, OutcomeStatus.ABORTED, OutcomeStatus.ACTIVE):
             if status.value in outcomes:
                 return Outcome(txn, status, AbortReason.VOTED_NO if status is OutcomeStatus.ABORTED else None)
         if TxnState.COMMIT in states:
@@ -671,6 +707,11 @@ class Node:
                 infos.append(TxnInfo(txn, "coordinator", self.node_id, machine.phase.value, self.protocol.value,
                                      tuple(machine.participants), 0))
         for partition, host in self.hosts.items():
+            runtime = self.partitions[partition]
+            for txn in runtime.executions:
+                if txn not in host.machines:
+                    idle_ms = round((now - (runtime.idle_since(txn) or now)) * 1000)
+                    infos.append(TxnInfo(txn, "participant", partition, "executing", self.protocol.value, (), idle_ms))
             for txn, machine in host.machines.items():
                 infos.append(TxnInfo(txn, "participant", partition, machine.phase.value, self.protocol.value,
                                      tuple(machine.participants), 0))

@@ -181,12 +181,13 @@ class PartitionRuntime:
                 break
             except StorageUnavailable as error:
                 if attempt == 0 or attempt % 20 == 0:
-                    log.warning("apply of %s on %s: storage unavailable (%s), retrying", txn, self.name, error)
+                    log.warning("apply of %s on %s: storage unavailable (%s), retrying", txn, self.name, error,
+                                extra={"txn": txn})
                 await asyncio.sleep(delay_ms / 1000)
                 delay_ms = min(delay_ms * 2, APPLY_BACKOFF_MS_MAX)
         else:
             log.error("apply of %s on %s gave up after %d attempts; recovery will apply it",
-                      txn, self.name, APPLY_ATTEMPT_COUNT_MAX)
+                      txn, self.name, APPLY_ATTEMPT_COUNT_MAX, extra={"txn": txn})
             return False
         for key, value in writes.items():
             self._cache_put(key, value)

@@ -37,6 +37,8 @@ class TimingLog:
     def __init__(self, count_max: int = TIMING_COUNT_MAX) -> None:
         assert count_max > 0
         self._recent: collections.deque[tuple[str, int, dict[str, float]]] = collections.deque(maxlen=count_max)
+        # How long each termination protocol run took, from its first LogOnce(ABORT) to the decision.
+        self.terminations_ms: collections.deque[float] = collections.deque(maxlen=count_max)
 
     def record(self, timing: TxnTiming) -> dict[str, float]:
         phases = timing.phases_ms()
@@ -58,4 +60,12 @@ class TimingLog:
                 stats[f"{phase}_p50"] = statistics.median(values)
                 stats[f"{phase}_p99"] = values[min(len(values) - 1, int(0.99 * len(values)))]
             out[protocol] = stats
+        if self.terminations_ms:
+            values = sorted(self.terminations_ms)
+            out["termination"] = {
+                "count": float(len(values)),
+                "p50": statistics.median(values),
+                "p99": values[min(len(values) - 1, int(0.99 * len(values)))],
+                "max": values[-1],
+            }
         return out

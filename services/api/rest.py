@@ -1,28 +1,52 @@
-"""The public REST API of a node (FastAPI): transactions, one-shot execute, single keys, status and
-health. Every node serves it and coordinates the transactions it is asked to run.
+"""The public REST API of a node (FastAPI): transactions, one-shot execute, single keys, status,
+health and metrics. Every node serves it and coordinates the transactions it is asked to run.
 
 Outcomes map to status codes so a plain HTTP client can act on them, and the body always says the
 same in words: 200 committed, 409 aborted (`retryable` says whether to try again), 503 storage or
 peers unavailable (retryable, nothing committed), 202 outcome unknown (ask `GET /v1/txn/{txn}`).
-Bad input gets a 4xx naming the problem and changes nothing.
+
+Bad input gets a 4xx naming the problem and changes nothing: 422 for a body or path that does not
+fit the schema (malformed JSON, wrong types, empty or oversized keys and values, a bad txn id), 400
+for a well-formed request the node refuses (too many operations, a value on a get), 404 for an
+unknown transaction, 409 `wrong_state` for a call the transaction's state does not allow, 413 for
+a body over the size limit. Every input is checked before the node sees it, so a bad request
+never aborts the interactive transaction it names.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import logging
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Annotated, Any, Literal
 
 from fastapi import Body, FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+from starlette.routing import Match, Route
 
 from cornus.protocol.config import Protocol
+from cornus.runtime.keys import partition_of
 from cornus.runtime.node import Node, TxnAborted, ops_for_writes
 from cornus.runtime.outcome import NodeOverloaded, Outcome, OutcomeStatus, TxnNotFound, TxnWrongState
 from cornus.runtime.wire import Op, OpKind
-from storage_adapters.contract import DATA_KEY_BYTES_MAX, DATA_VALUE_BYTES_MAX, TXN_ID_LENGTH_MAX
+from services.api.logs import txn_context
+from services.api.metrics import Metrics
+from storage_adapters.contract import DATA_KEY_BYTES_MAX, DATA_VALUE_BYTES_MAX, REDO_BYTES_MAX, TXN_ID_LENGTH_MAX
 from storage_adapters.errors import StorageUnavailable, ValidationError
+
+log = logging.getLogger("cornus.api")
+
+# The largest request body read. The largest useful request writes a full redo (128 KiB) to each
+# of a few partitions; JSON escaping (\uXXXX) can inflate a value six-fold. Beyond this, a client
+# is either broken or hostile, and reading it would cost memory before any validation could run.
+REQUEST_BYTES_MAX = 8 * 1024 * 1024
+# A participant logs its redo (keys and values written in its partition, plus framing) as one
+# record no larger than REDO_BYTES_MAX; this is the framing per write (see cornus.runtime.redo).
+REDO_FRAMING_BYTES_PER_WRITE = 9
 
 _STATUS_CODES = {
     OutcomeStatus.COMMITTED: 200,
@@ -32,44 +56,115 @@ _STATUS_CODES = {
     OutcomeStatus.ACTIVE: 200,
 }
 
-Key = Annotated[str, Field(min_length=1, max_length=DATA_KEY_BYTES_MAX, examples=["alice"])]
-Value = Annotated[str, Field(max_length=DATA_VALUE_BYTES_MAX, examples=["100"])]
-PathKey = Annotated[str, Path(min_length=1, max_length=DATA_KEY_BYTES_MAX)]
-TxnId = Annotated[str, Path(min_length=1, max_length=TXN_ID_LENGTH_MAX, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+def _utf8_bytes_max(what: str, limit_bytes: int) -> Callable[[str], str]:
+    """The schema's maxLength counts characters; storage limits count UTF-8 bytes, and a lone
+    surrogate (legal in JSON, "\\ud800") cannot be stored at all. Both must be a 422, not a 500."""
+
+    def check(value: str) -> str:
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValueError(f"{what} is not valid UTF-8 (it holds a lone surrogate)") from None
+        if size > limit_bytes:
+            raise ValueError(f"{what} is {size} bytes in UTF-8, the limit is {limit_bytes}")
+        return value
+
+    return check
+
+
+_KEY_DOC = f"1 to {DATA_KEY_BYTES_MAX} bytes of UTF-8"
+_VALUE_DOC = f"up to {DATA_VALUE_BYTES_MAX} bytes of UTF-8"
+Key = Annotated[
+    str,
+    Field(min_length=1, max_length=DATA_KEY_BYTES_MAX, description=_KEY_DOC, examples=["alice"]),
+    AfterValidator(_utf8_bytes_max("key", DATA_KEY_BYTES_MAX)),
+]
+Value = Annotated[
+    str,
+    Field(max_length=DATA_VALUE_BYTES_MAX, description=_VALUE_DOC, examples=["100"]),
+    AfterValidator(_utf8_bytes_max("value", DATA_VALUE_BYTES_MAX)),
+]
+PathKey = Annotated[
+    str,
+    Path(min_length=1, max_length=DATA_KEY_BYTES_MAX, description=_KEY_DOC, examples=["alice"]),
+    AfterValidator(_utf8_bytes_max("key", DATA_KEY_BYTES_MAX)),
+]
+# A leading letter or digit keeps "." and ".." out: a client's URL library would resolve them as
+# path segments and send the request to another route.
+TXN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
+TxnId = Annotated[
+    str,
+    Path(min_length=1, max_length=TXN_ID_LENGTH_MAX, pattern=TXN_ID_PATTERN,
+         description="a transaction id as returned by begin", examples=["1717171717171.n0.a1b2c3.1"]),
+]
+# Strict models refuse "1" for a bool and 1 for a string; the protocol field is exempt because a
+# strict enum would refuse its own JSON string form.
+ProtocolField = Annotated[
+    Protocol | None,
+    Field(default=None, strict=False, description="must be the cluster's protocol (omit: the cluster's)"),
+]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class OpIn(_Strict):
-    op: Literal["get", "put", "delete", "check"]
+# One model per op kind, told apart by `op`, so the schema itself says which ops carry a value and
+# a get with a value is a 422 naming the field, not a rule the client learns by trial.
+class GetOp(_Strict):
+    op: Literal["get"]
     key: Key
-    value: Value | None = Field(
-        default=None, description="put: the new value; check: the expected value (null: the key must be absent)"
-    )
+
+
+class PutOp(_Strict):
+    op: Literal["put"]
+    key: Key
+    value: Value = Field(description="the new value")
+
+
+class DeleteOp(_Strict):
+    op: Literal["delete"]
+    key: Key
+
+
+class CheckOp(_Strict):
+    op: Literal["check"]
+    key: Key
+    value: Value | None = Field(default=None, description="the expected value (null or absent: the key must be absent)")
+
+
+OpIn = Annotated[GetOp | PutOp | DeleteOp | CheckOp, Field(discriminator="op")]
 
 
 class ExecuteIn(_Strict):
-    ops: list[OpIn] = Field(min_length=1, examples=[[{"op": "put", "key": "k", "value": "v"}]])
-    protocol: Protocol | None = None
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"ops": [{"op": "put", "key": "k", "value": "v"}]},
+        {"ops": [{"op": "check", "key": "alice", "value": "100"}, {"op": "put", "key": "alice", "value": "90"},
+                 {"op": "put", "key": "bob", "value": "110"}, {"op": "get", "key": "carol"}]},
+    ]})
+    ops: list[OpIn] = Field(min_length=1, description="at most the node's op_count_max (default 1000)")
+    protocol: ProtocolField = None
 
 
 class BeginIn(_Strict):
-    protocol: Protocol | None = None
+    model_config = ConfigDict(json_schema_extra={"examples": [{}, {"protocol": "cornus"}]})
+    protocol: ProtocolField = None
 
 
 class ReadIn(_Strict):
-    keys: list[Key] = Field(min_length=1, examples=[["alice", "bob"]])
+    keys: list[Key] = Field(min_length=1, description="at most op_count_max", examples=[["alice", "bob"]])
 
 
 class WriteIn(_Strict):
     writes: dict[Key, Value | None] = Field(
-        min_length=1, description="key -> new value (null deletes the key)", examples=[{"alice": "90", "bob": "110"}]
+        min_length=1, description="key -> new value (null deletes the key); at most op_count_max",
+        examples=[{"alice": "90", "bob": "110"}],
     )
 
 
 class PutIn(_Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"value": "100"}]})
     value: Value
 
 
@@ -93,8 +188,30 @@ class ReadOut(BaseModel):
 
 
 class ErrorOut(BaseModel):
-    error: str
-    detail: str
+    error: str = Field(description="a stable code: malformed_request, invalid_request, not_found, wrong_state, "
+                                   "too_large, unavailable, storage_unavailable, method_not_allowed")
+    detail: str = Field(description="what was wrong, in words")
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+    node: str
+
+
+class ReadyOut(BaseModel):
+    ready: bool
+    node: str
+    in_doubt: int
+
+
+class TxnInfoOut(BaseModel):
+    txn: str
+    role: Literal["coordinator", "participant"]
+    where: str
+    phase: str
+    protocol: str
+    partitions: list[str]
+    idle_ms: int
 
 
 def _outcome_body(outcome: Outcome) -> dict[str, Any]:
@@ -114,141 +231,331 @@ def _outcome_response(outcome: Outcome) -> JSONResponse:
     return JSONResponse(_outcome_body(outcome), status_code=_STATUS_CODES[outcome.status], headers=headers)
 
 
-def _error(status: int, error: str, detail: str) -> JSONResponse:
-    return JSONResponse({"error": error, "detail": detail}, status_code=status)
+def _ended(outcome: Outcome) -> JSONResponse:
+    """The response for a transaction that just ended here, logged with its id."""
+    if outcome.status is OutcomeStatus.COMMITTED:
+        log.debug("txn committed %s", outcome.timing_ms, extra={"txn": outcome.txn})
+    else:
+        log.info("txn %s: %s %s", outcome.status, outcome.reason or "", outcome.detail, extra={"txn": outcome.txn})
+    return _outcome_response(outcome)
 
 
-def _op(op: OpIn) -> Op:
-    kind = OpKind(op.op)
-    if kind in (OpKind.GET, OpKind.DELETE) and op.value is not None:
-        raise ValidationError(f"a {op.op} op takes no value (key {op.key!r})")
-    if kind is OpKind.PUT and op.value is None:
-        raise ValidationError(f"a put op needs a value (key {op.key!r})")
-    return Op(kind, op.key, None if op.value is None else op.value.encode("utf-8"))
+def _error(
+    request: Request, status: int, error: str, detail: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    # A request refused before its handler ran (a 422) has not set the txn context yet.
+    txn = request.path_params.get("txn", "")
+    extra = {"txn": txn} if len(txn) <= TXN_ID_LENGTH_MAX and re.fullmatch(TXN_ID_PATTERN, txn) else None
+    log.debug("rejected %d %s: %s", status, error, detail, extra=extra)
+    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
 
 
-_ERRORS = {
-    409: {"model": OutcomeOut, "description": "aborted (see reason and retryable)"},
-    400: {"model": ErrorOut, "description": "invalid request"},
-    404: {"model": ErrorOut, "description": "unknown transaction"},
-    422: {"model": ErrorOut, "description": "malformed request"},
-    503: {"model": ErrorOut, "description": "storage, peers or this node unavailable: retry"},
+def _op(op: GetOp | PutOp | DeleteOp | CheckOp) -> Op:
+    value = op.value if isinstance(op, PutOp | CheckOp) else None
+    return Op(OpKind(op.op), op.key, None if value is None else value.encode("utf-8"))
+
+
+# --- what each route can answer, for the published OpenAPI -------------------------------------
+
+_R: dict[int | str, dict[str, Any]] = {
+    202: {"model": OutcomeOut, "description": "outcome unknown: ask GET /v1/txn/{txn}"},
+    400: {"model": ErrorOut, "description": "invalid_request: more operations than op_count_max, more writes to "
+                                            "one partition than fit its redo record, a foreign protocol"},
+    404: {"model": ErrorOut, "description": "not_found: no such transaction on this node, or no such path"},
+    413: {"model": ErrorOut, "description": f"too_large: the body is over {REQUEST_BYTES_MAX} bytes"},
+    422: {"model": ErrorOut, "description": "malformed_request: malformed JSON, wrong types, empty or oversized "
+                                            "keys and values, a bad txn id; the detail names the field"},
 }
+_ABORTED = {"model": OutcomeOut, "description": "aborted (see reason and retryable)"}
+_ABORTED_OR_WRONG_STATE = {
+    "model": OutcomeOut | ErrorOut,
+    "description": "aborted (an outcome: see reason and retryable), or wrong_state (an error: the "
+                   "transaction already ended or is committing; nothing changed)",
+}
+_WRONG_STATE = {"model": ErrorOut, "description": "wrong_state: the transaction already ended; nothing changed"}
+_UNAVAILABLE = {
+    "model": OutcomeOut | ErrorOut,
+    "description": "storage, peers or this node unavailable (recovering or overloaded): retry after Retry-After; "
+                   "nothing was committed",
+}
+# OpenAPI links let a client generator (and the schemathesis stateful phase) follow a begun
+# transaction through its calls instead of guessing ids.
+_TXN_FROM_BODY = {"txn": "$response.body#/txn"}
+_BEGAN = {"description": "began: use the txn id with read, write, commit, abort", "links": {
+    name.capitalize(): {"operationId": name, "parameters": _TXN_FROM_BODY}
+    for name in ("read", "write", "commit", "abort", "status")
+}}
+_COMMITTED = {"description": "committed", "links": {"Status": {"operationId": "status", "parameters": _TXN_FROM_BODY}}}
+_NODE_UNAVAILABLE = {"model": ErrorOut, "description": "this node is recovering or overloaded: retry"}
+_STORAGE_UNAVAILABLE = {"model": ErrorOut, "description": "storage did not answer: retry"}
 
 
-def build_app(node: Node) -> FastAPI:
+def _responses(*codes: int, extra: dict[int, dict[str, Any]] | None = None) -> dict[int | str, dict[str, Any]]:
+    out: dict[int | str, dict[str, Any]] = {code: _R[code] for code in codes}
+    out.update(extra or {})
+    return out
+
+
+class _BodyLimit:
+    """Refuse bodies over REQUEST_BYTES_MAX with 413, by Content-Length up front or while a chunked
+    body streams in, so a huge body is never buffered whole."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], limit_bytes: int) -> None:
+        assert limit_bytes > 0
+        self.app = app
+        self.limit_bytes = limit_bytes
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]],
+                       send: Callable[[Any], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = f"the request body is over the limit of {self.limit_bytes} bytes"
+        for name, value in scope["headers"]:
+            if name == b"content-length" and (not value.isdigit() or int(value) > self.limit_bytes):
+                response = JSONResponse({"error": "too_large", "detail": too_large}, status_code=413)
+                await response(scope, receive, send)
+                return
+        seen_bytes = 0
+
+        async def limited_receive() -> Any:
+            nonlocal seen_bytes
+            message = await receive()
+            if message["type"] == "http.request":
+                seen_bytes += len(message.get("body", b""))
+                if seen_bytes > self.limit_bytes:
+                    # FastAPI re-raises an HTTPException from body reading as it is.
+                    raise HTTPException(413, too_large)
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def build_app(node: Node, metrics: Metrics | None = None) -> FastAPI:
+    """The REST app of `node`. `metrics` should be the one whose InstrumentedStore wraps the node's
+    store (serve.py does that); without it the app makes its own and has no storage metrics."""
     limits = node.config.limits
-    app = FastAPI(
-        title="Cornus",
-        version="1",
-        description=__doc__,
-        responses=_ERRORS,  # type: ignore[arg-type]
-    )
+    metrics = metrics or Metrics()
+    metrics.bind(node)
+    app = FastAPI(title="Cornus", version="1", description=__doc__)
+    app.add_middleware(_BodyLimit, limit_bytes=REQUEST_BYTES_MAX)
 
     @app.exception_handler(RequestValidationError)
     async def _malformed(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
         )
-        return _error(422, "malformed_request", problems or "the request body is not valid JSON of the right shape")
+        return _error(request, 422, "malformed_request", problems or "the request does not fit the schema")
 
     @app.exception_handler(ValidationError)
     async def _invalid(request: Request, exc: ValidationError) -> JSONResponse:
-        return _error(400, "invalid_request", str(exc))
+        return _error(request, 400, "invalid_request", str(exc))
 
     @app.exception_handler(TxnNotFound)
     async def _not_found(request: Request, exc: TxnNotFound) -> JSONResponse:
-        return _error(404, "not_found", str(exc))
+        return _error(request, 404, "not_found", str(exc))
 
     @app.exception_handler(TxnWrongState)
     async def _wrong_state(request: Request, exc: TxnWrongState) -> JSONResponse:
-        return _error(409, "wrong_state", str(exc))
+        return _error(request, 409, "wrong_state", str(exc))
 
     @app.exception_handler(NodeOverloaded)
     async def _overloaded(request: Request, exc: NodeOverloaded) -> JSONResponse:
-        return JSONResponse({"error": "unavailable", "detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
+        return _error(request, 503, "unavailable", str(exc), {"Retry-After": "1"})
 
     @app.exception_handler(StorageUnavailable)
     async def _storage(request: Request, exc: StorageUnavailable) -> JSONResponse:
-        return JSONResponse({"error": "storage_unavailable", "detail": str(exc)}, status_code=503,
-                            headers={"Retry-After": "1"})
+        return _error(request, 503, "storage_unavailable", str(exc), {"Retry-After": "1"})
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        # Starlette's own answers (no route, wrong method, too large) in the same shape as ours.
+        names = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+        detail = str(exc.detail)
+        headers = exc.headers
+        if exc.status_code == 400:
+            # FastAPI's answer to a body it could not decode (not UTF-8, say): malformed, like bad JSON.
+            return _error(request, 422, "malformed_request", f"body: {detail} (it must be UTF-8 JSON)")
+        if exc.status_code == 404:
+            detail = f"no route for {request.method} {request.url.path} (a key holding '/' cannot be a path segment)"
+        elif exc.status_code == 405:
+            # Starlette names only the first route that matched the path; list every one's methods.
+            allowed = sorted({method for route in app.router.routes
+                              if isinstance(route, Route) and route.matches(request.scope)[0] is not Match.NONE
+                              for method in route.methods or ()})
+            detail = f"{request.method} is not allowed on {request.url.path}; allowed: {', '.join(allowed)}"
+            headers = {"Allow": ", ".join(allowed)}
+        return _error(request, exc.status_code, names.get(exc.status_code, "http_error"), detail, headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return JSONResponse({"error": "internal", "detail": f"{type(exc).__name__}: {exc}"}, status_code=500)
 
     def check_op_count(count: int) -> None:
         if count > limits.op_count_max:
-            raise ValidationError(f"{count} operations, the limit is {limits.op_count_max}")
+            raise ValidationError(f"{count} operations, the limit is {limits.op_count_max} (op_count_max)")
 
-    @app.post("/v1/execute", response_model=OutcomeOut, summary="Run a one-shot transaction")
-    async def execute(body: ExecuteIn) -> JSONResponse:
+    def check_redo_size(writes: list[tuple[str, bytes | None]]) -> None:
+        """A participant's redo must fit one log record; refuse here rather than at prepare."""
+        per_partition: dict[str, int] = {}
+        for key, value in writes:
+            partition = partition_of(key, node.config.partition_count)
+            size = len(key.encode("utf-8")) + (0 if value is None else len(value)) + REDO_FRAMING_BYTES_PER_WRITE
+            per_partition[partition] = per_partition.get(partition, 0) + size
+        for partition, size in sorted(per_partition.items()):
+            if size > REDO_BYTES_MAX:
+                raise ValidationError(
+                    f"the writes to partition {partition} take {size} bytes, the limit per partition is "
+                    f"{REDO_BYTES_MAX} (REDO_BYTES_MAX): split the transaction"
+                )
+
+    outcome_codes = _responses(202, 400, 413, 422, extra={200: _COMMITTED, 409: _ABORTED, 503: _UNAVAILABLE})
+
+    @app.post("/v1/execute", operation_id="execute", response_model=OutcomeOut, summary="Run a one-shot transaction",
+              responses=outcome_codes)
+    async def execute(body: Annotated[ExecuteIn, Body(openapi_examples={
+        "put": {"summary": "one write", "value": {"ops": [{"op": "put", "key": "k", "value": "v"}]}},
+        "transfer": {"summary": "check, then move 10", "value": {"ops": [
+            {"op": "check", "key": "alice", "value": "100"}, {"op": "put", "key": "alice", "value": "90"},
+            {"op": "put", "key": "bob", "value": "110"}]}},
+    })]) -> JSONResponse:
         check_op_count(len(body.ops))
         ops = [_op(op) for op in body.ops]
-        return _outcome_response(await node.execute(ops, body.protocol))
+        check_redo_size([(op.key, op.value) for op in ops if op.kind in (OpKind.PUT, OpKind.DELETE)])
+        return _ended(await node.execute(ops, body.protocol))
 
-    @app.post("/v1/txn", response_model=BeginOut, status_code=201, summary="Begin an interactive transaction")
+    @app.post("/v1/txn", operation_id="begin", response_model=BeginOut, status_code=201,
+              summary="Begin an interactive transaction",
+              responses=_responses(400, 413, 422, extra={201: _BEGAN, 503: _NODE_UNAVAILABLE}))
     async def begin(body: Annotated[BeginIn | None, Body()] = None) -> BeginOut:
-        return BeginOut(txn=node.begin(body.protocol if body else None))
-
-    @app.post("/v1/txn/{txn}/read", response_model=ReadOut, summary="Read keys inside a transaction")
-    async def read(txn: TxnId, body: ReadIn) -> Any:
-        check_op_count(len(body.keys))
-        try:
-            values = await node.run_ops(txn, [Op(OpKind.GET, key) for key in body.keys])
-        except TxnAborted as aborted:
-            return _outcome_response(aborted.outcome)
-        return ReadOut(txn=txn, values={k: None if v is None else v.decode("utf-8", "replace")
-                                        for k, v in zip(body.keys, values, strict=True)})
-
-    @app.post("/v1/txn/{txn}/write", response_model=BeginOut, summary="Write keys inside a transaction")
-    async def write(txn: TxnId, body: WriteIn) -> Any:
-        check_op_count(len(body.writes))
-        writes = {k: None if v is None else v.encode("utf-8") for k, v in body.writes.items()}
-        try:
-            await node.run_ops(txn, ops_for_writes(writes))
-        except TxnAborted as aborted:
-            return _outcome_response(aborted.outcome)
+        txn = node.begin(body.protocol if body else None)
+        log.debug("txn began", extra={"txn": txn})
         return BeginOut(txn=txn)
 
-    @app.post("/v1/txn/{txn}/commit", response_model=OutcomeOut, summary="Commit a transaction")
+    @app.post("/v1/txn/{txn}/read", operation_id="read", response_model=ReadOut,
+              summary="Read keys inside a transaction",
+              responses=_responses(400, 404, 413, 422, extra={409: _ABORTED_OR_WRONG_STATE}))
+    async def read(txn: TxnId, body: ReadIn) -> Any:
+        with txn_context(txn):
+            check_op_count(len(body.keys))
+            try:
+                values = await node.run_ops(txn, [Op(OpKind.GET, key) for key in body.keys])
+            except TxnAborted as aborted:
+                return _ended(aborted.outcome)
+            return ReadOut(txn=txn, values={k: None if v is None else v.decode("utf-8", "replace")
+                                            for k, v in zip(body.keys, values, strict=True)})
+
+    @app.post("/v1/txn/{txn}/write", operation_id="write", response_model=BeginOut,
+              summary="Write keys inside a transaction",
+              responses=_responses(400, 404, 413, 422, extra={409: _ABORTED_OR_WRONG_STATE}),
+              openapi_extra={"requestBody": {"content": {"application/json": {"examples": {
+                  "write": {"value": {"writes": {"alice": "90", "bob": "110"}}},
+                  "delete": {"value": {"writes": {"carol": None}}}}}}}})
+    async def write(txn: TxnId, body: WriteIn) -> Any:
+        with txn_context(txn):
+            check_op_count(len(body.writes))
+            writes = {k: None if v is None else v.encode("utf-8") for k, v in body.writes.items()}
+            # Only this request's writes: earlier ones of the same transaction are not visible here.
+            check_redo_size(list(writes.items()))
+            try:
+                await node.run_ops(txn, ops_for_writes(writes))
+            except TxnAborted as aborted:
+                return _ended(aborted.outcome)
+            return BeginOut(txn=txn)
+
+    @app.post("/v1/txn/{txn}/commit", operation_id="commit", response_model=OutcomeOut, summary="Commit a transaction",
+              responses=_responses(202, 404, 422, extra={200: _COMMITTED, 409: _ABORTED_OR_WRONG_STATE}))
     async def commit(txn: TxnId) -> JSONResponse:
-        return _outcome_response(await node.commit(txn))
+        with txn_context(txn):
+            return _ended(await node.commit(txn))
 
-    @app.post("/v1/txn/{txn}/abort", response_model=OutcomeOut, summary="Abort a transaction")
+    @app.post("/v1/txn/{txn}/abort", operation_id="abort", response_model=OutcomeOut, summary="Abort a transaction",
+              responses=_responses(404, 422, extra={409: _ABORTED_OR_WRONG_STATE}))
     async def abort(txn: TxnId) -> JSONResponse:
-        return _outcome_response(await node.abort(txn))
+        with txn_context(txn):
+            return _ended(await node.abort(txn))
 
-    @app.get("/v1/txn/{txn}", response_model=OutcomeOut, summary="The outcome of a transaction")
+    @app.get("/v1/txn/{txn}", operation_id="status", response_model=OutcomeOut, summary="The outcome of a transaction",
+             responses=_responses(202, 404, 422, extra={409: _ABORTED}))
     async def status(txn: TxnId) -> JSONResponse:
-        outcome = await node.resolve_status(txn)
-        if outcome is None:
-            raise TxnNotFound(f"no transaction {txn} is known to this cluster")
-        return _outcome_response(outcome)
+        with txn_context(txn):
+            outcome = await node.resolve_status(txn)
+            if outcome is None:
+                raise TxnNotFound(f"no transaction {txn} is known to this cluster")
+            return _outcome_response(outcome)
 
-    @app.get("/v1/kv/{key}", response_model=OutcomeOut, summary="Read one key (a one-shot transaction)")
+    kv_codes = _responses(202, 404, 413, 422, extra={409: _ABORTED, 503: _UNAVAILABLE})
+
+    @app.get("/v1/kv/{key}", operation_id="get_key", response_model=OutcomeOut,
+             summary="Read one key (a one-shot transaction)",
+             responses=kv_codes)
     async def get_key(key: PathKey) -> JSONResponse:
-        return _outcome_response(await node.execute([Op(OpKind.GET, key)]))
+        return _ended(await node.execute([Op(OpKind.GET, key)]))
 
-    @app.put("/v1/kv/{key}", response_model=OutcomeOut, summary="Write one key (a one-shot transaction)")
+    @app.put("/v1/kv/{key}", operation_id="put_key", response_model=OutcomeOut,
+             summary="Write one key (a one-shot transaction)",
+             responses=kv_codes)
     async def put_key(key: PathKey, body: PutIn) -> JSONResponse:
-        return _outcome_response(await node.execute([Op(OpKind.PUT, key, body.value.encode("utf-8"))]))
+        return _ended(await node.execute([Op(OpKind.PUT, key, body.value.encode("utf-8"))]))
 
-    @app.get("/healthz", summary="Liveness")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok", "node": node.node_id}
+    @app.get("/healthz", operation_id="healthz", response_model=HealthOut, summary="Liveness")
+    async def healthz() -> HealthOut:
+        return HealthOut(status="ok", node=node.node_id)
 
-    @app.get("/readyz", summary="Readiness: false until recovery has run")
+    @app.get("/readyz", operation_id="readyz", response_model=ReadyOut,
+             summary="Readiness: false until recovery has run",
+             responses={503: {"model": ReadyOut, "description": "not ready: recovery is still running"}})
     async def readyz() -> JSONResponse:
-        body = {"ready": node.ready, "node": node.node_id, "in_doubt": node.in_doubt_count()}
-        return JSONResponse(body, status_code=200 if node.ready else 503)
+        body = ReadyOut(ready=node.ready, node=node.node_id, in_doubt=node.in_doubt_count())
+        return JSONResponse(body.model_dump(), status_code=200 if node.ready else 503)
 
-    @app.get("/v1/admin/transactions", summary="In-flight and in-doubt transactions on this node")
-    async def transactions() -> list[dict[str, Any]]:
-        return [dataclasses.asdict(info) for info in node.transactions()]
+    @app.get("/metrics", operation_id="metrics", summary="Prometheus metrics", response_class=Response,
+             responses={200: {"description": "the Prometheus text exposition format",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}})
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/admin/resolve/{txn}", response_model=OutcomeOut, summary="Run termination for a transaction by hand")
+    @app.get("/v1/admin/transactions", operation_id="admin_transactions", response_model=list[TxnInfoOut],
+             summary="In-flight and in-doubt transactions on this node")
+    async def transactions() -> list[TxnInfoOut]:
+        return [TxnInfoOut(txn=i.txn, role=i.role, where=i.where, phase=i.phase,  # type: ignore[arg-type]
+                           protocol=i.protocol, partitions=list(i.partitions), idle_ms=i.idle_ms)
+                for i in node.transactions()]
+
+    @app.post("/v1/admin/resolve/{txn}", operation_id="admin_resolve", response_model=OutcomeOut,
+              summary="Run termination for a transaction by hand",
+              responses=_responses(202, 400, 404, 422, extra={409: _ABORTED, 503: _STORAGE_UNAVAILABLE}))
     async def resolve(txn: TxnId) -> JSONResponse:
-        return _outcome_response(await node.resolve(txn))
+        with txn_context(txn):
+            outcome = await node.resolve(txn)
+            log.info("resolved by hand: %s", outcome.status)
+            return _outcome_response(outcome)
 
-    @app.get("/v1/admin/timings", summary="Commit-path timing breakdown of recent distributed transactions")
+    @app.get("/v1/admin/timings", operation_id="admin_timings",
+             summary="Commit-path timing breakdown of recent distributed transactions")
     async def timings() -> dict[str, dict[str, float]]:
         return node.timings.summary()
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _publish_node_limits(FastAPI.openapi(app), node)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _publish_node_limits(schema: dict[str, Any], node: Node) -> dict[str, Any]:
+    """Put this node's configured limits into the published schema, so a client (or a fuzzer) sees
+    the same bounds the handlers enforce. The models cannot carry them: they are per node config."""
+    models = schema["components"]["schemas"]
+    op_count_max = node.config.limits.op_count_max
+    assert op_count_max > 0
+    models["ExecuteIn"]["properties"]["ops"]["maxItems"] = op_count_max
+    models["ReadIn"]["properties"]["keys"]["maxItems"] = op_count_max
+    models["WriteIn"]["properties"]["writes"]["maxProperties"] = op_count_max
+    # node.begin refuses any protocol but the cluster's own (per-transaction protocols are off).
+    assert models["Protocol"]["enum"], models["Protocol"]
+    models["Protocol"]["enum"] = [node.protocol.value]
+    return schema

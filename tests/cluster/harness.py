@@ -31,6 +31,12 @@ class NodeProcess:
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
+    grpc_api_port: int = 0  # 0: no public gRPC API
+
+    @property
+    def grpc_target(self) -> str:
+        assert self.grpc_api_port, f"{self.node_id} runs no public gRPC API (Cluster(grpc_api=True))"
+        return f"127.0.0.1:{self.grpc_api_port}"
 
     @property
     def url(self) -> str:
@@ -49,6 +55,8 @@ class Cluster:
         node_count: int = 3,
         partition_count: int = 6,
         settings: Mapping[str, int] | None = None,
+        *,
+        grpc_api: bool = False,
     ) -> None:
         self.protocol = protocol
         self.storage = dict(storage)
@@ -58,6 +66,9 @@ class Cluster:
         self.nodes = {
             f"n{i}": NodeProcess(f"n{i}", free_port(), free_port()) for i in range(node_count)
         }
+        if grpc_api:
+            for node in self.nodes.values():
+                node.grpc_api_port = free_port()
         self.client = httpx.Client(timeout=HTTP_TIMEOUT_S)
 
     @property
@@ -77,6 +88,8 @@ class Cluster:
             env[f"CORNUS_STORAGE_{name.upper()}"] = value
         for name, value in self.settings.items():
             env[f"CORNUS_{name.upper()}"] = str(value)
+        if node.grpc_api_port:
+            env["CORNUS_GRPC_API_LISTEN"] = f"127.0.0.1:{node.grpc_api_port}"
         node.log_path = self.directory / f"{node_id}.log"
         log = node.log_path.open("ab")
         node.process = subprocess.Popen(
@@ -149,10 +162,16 @@ class Cluster:
     def execute(self, node_id: str, ops: list[dict[str, object]]) -> httpx.Response:
         return self.post(node_id, "/v1/execute", {"ops": ops})
 
-    def read(self, node_id: str, keys: list[str]) -> dict[str, str | None]:
-        response = self.execute(node_id, [{"op": "get", "key": key} for key in keys])
-        assert response.status_code == 200, response.text
-        return response.json()["reads"]
+    def read(self, node_id: str, keys: list[str], timeout_s: float = 30.0) -> dict[str, str | None]:
+        """Read committed values, retrying retryable aborts (a lock of an unfinished txn)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            response = self.execute(node_id, [{"op": "get", "key": key} for key in keys])
+            if response.status_code == 200:
+                return response.json()["reads"]
+            retryable = response.status_code in (409, 503) and response.json().get("retryable", True)
+            assert retryable and time.monotonic() < deadline, response.text
+            time.sleep(0.05)
 
 
 @contextmanager

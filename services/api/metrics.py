@@ -1,0 +1,197 @@
+"""Prometheus metrics of one node, served by the REST app at `/metrics`.
+
+- `cornus_txn_phase_seconds{protocol,phase}`: where a commit's time goes (execution, prepare,
+  commit, total), from the Outcome's timing_ms of every transaction that asked to commit.
+- `cornus_txn_outcomes_total{protocol,outcome}` and `cornus_txn_aborts_total{protocol,reason}`.
+- `cornus_in_doubt_transactions`: voted yes here, no decision known yet. Read at scrape time.
+- `cornus_storage_call_seconds{backend,call}` and `cornus_storage_errors_total{backend,call,error}`:
+  every LogStore call, measured by `InstrumentedStore`, which serve.py wraps around the store before
+  the Node gets it, so protocol, recovery and data calls are all seen.
+- `cornus_node_events_total{event}`: the Node's own counters (storage_unavailable, recovered, ...).
+
+Each app gets its own CollectorRegistry: the global one would make a second app in one process (a
+test) fail with duplicate series.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from cornus.runtime.node import Node
+from cornus.runtime.outcome import Outcome
+from services.api.logs import current_txn
+from storage_adapters.contract import SCAN_PAGE_COUNT_MAX, LogId, LogOnceResult, LogStore, Record, RecordBody, TxnState
+
+# From 100 us (a cached emulator read) to 10 s (a commit that waited out termination): the range
+# between loopback storage and a slow cloud region, in roughly 2.5x steps.
+LATENCY_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+PHASES = ("execution", "prepare", "commit", "total")
+_storage_log = logging.getLogger("cornus.storage")
+
+STORAGE_CALLS = ("log_once", "log", "read", "scan_unfinished", "read_data", "apply_redo", "delete")
+
+
+class Metrics:
+    """The metric families of one node, in their own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.txn_phase_seconds = Histogram(
+            "cornus_txn_phase_seconds", "Commit-path time per phase of transactions that asked to commit",
+            ["protocol", "phase"], registry=self.registry, buckets=LATENCY_BUCKETS_S,
+        )
+        self.txn_outcomes = Counter(
+            "cornus_txn_outcomes", "Coordinated transactions by outcome", ["protocol", "outcome"],
+            registry=self.registry,
+        )
+        self.txn_aborts = Counter(
+            "cornus_txn_aborts", "Aborted transactions by reason", ["protocol", "reason"], registry=self.registry,
+        )
+        self.in_doubt = Gauge(
+            "cornus_in_doubt_transactions", "Transactions this node's partitions voted yes on, no decision yet",
+            registry=self.registry,
+        )
+        self.ready = Gauge("cornus_ready", "1 once recovery has run", registry=self.registry)
+        self.storage_call_seconds = Histogram(
+            "cornus_storage_call_seconds", "LogStore call latency, errors included", ["backend", "call"],
+            registry=self.registry, buckets=LATENCY_BUCKETS_S,
+        )
+        self.storage_errors = Counter(
+            "cornus_storage_errors", "LogStore calls that raised, by exception type", ["backend", "call", "error"],
+            registry=self.registry,
+        )
+        self._node: Node | None = None
+
+    def bind(self, node: Node) -> None:
+        """Observe `node`: its outcomes as they happen, its gauges and counters at scrape time."""
+        assert self._node is None, "one Metrics per node"
+        self._node = node
+        node.outcome_observers.append(self.observe_outcome)
+        self.in_doubt.set_function(node.in_doubt_count)
+        self.ready.set_function(lambda: 1.0 if node.ready else 0.0)
+        self.registry.register(_NodeCounters(node.counters))
+
+    def observe_outcome(self, protocol: str, outcome: Outcome) -> None:
+        self.txn_outcomes.labels(protocol, outcome.status.value).inc()
+        if outcome.reason is not None:
+            self.txn_aborts.labels(protocol, outcome.reason.value).inc()
+        # Empty unless the transaction asked to commit: an abort during execution has no phases.
+        for phase, elapsed_ms in outcome.timing_ms.items():
+            assert elapsed_ms >= 0, (phase, elapsed_ms)
+            self.txn_phase_seconds.labels(protocol, phase).observe(elapsed_ms / 1000)
+
+
+class _NodeCounters(Collector):
+    def __init__(self, counters: Mapping[str, int]) -> None:
+        self.counters = counters
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("cornus_node_events", "The node runtime's event counters", labels=["event"])
+        for event, count in sorted(self.counters.items()):
+            family.add_metric([event], count)
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        # Registration must not read the live counters (auto_describe would call collect()).
+        yield CounterMetricFamily("cornus_node_events", "The node runtime's event counters", labels=["event"])
+
+
+class InstrumentedStore(LogStore):
+    """A LogStore that times every call and counts the ones that raise, then re-raises unchanged:
+    the Node must see exactly what it would see without the wrapper."""
+
+    def __init__(self, inner: LogStore, metrics: Metrics) -> None:
+        self.inner = inner
+        self.backend_name = inner.backend_name
+        self._seconds = {call: metrics.storage_call_seconds.labels(inner.backend_name, call) for call in STORAGE_CALLS}
+        self._errors = metrics.storage_errors
+        self._log = _storage_log
+
+    def _done(self, call: str, started: float, error: BaseException | None, txn: str = "") -> None:
+        self._seconds[call].observe(time.perf_counter() - started)
+        if error is not None:
+            self._errors.labels(self.backend_name, call, type(error).__name__).inc()
+            # The store's txn argument names the transaction even when no handler set the context.
+            self._log.warning("storage %s %s failed: %s", self.backend_name, call, error,
+                              extra={"txn": txn or current_txn.get()})
+
+    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+        started = time.perf_counter()
+        try:
+            result = await self.inner.log_once(log, txn, state, body)
+        except Exception as error:
+            self._done("log_once", started, error, txn)
+            raise
+        self._done("log_once", started, None)
+        return result
+
+    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+        started = time.perf_counter()
+        try:
+            result = await self.inner.log(log, txn, state, body)
+        except Exception as error:
+            self._done("log", started, error, txn)
+            raise
+        self._done("log", started, None)
+        return result
+
+    async def read(self, log: LogId, txn: str) -> Record | None:
+        started = time.perf_counter()
+        try:
+            result = await self.inner.read(log, txn)
+        except Exception as error:
+            self._done("read", started, error, txn)
+            raise
+        self._done("read", started, None)
+        return result
+
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
+        started = time.perf_counter()
+        try:
+            result = await self.inner.scan_unfinished(log, limit)
+        except Exception as error:
+            self._done("scan_unfinished", started, error)
+            raise
+        self._done("scan_unfinished", started, None)
+        return result
+
+    async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
+        started = time.perf_counter()
+        try:
+            result = await self.inner.read_data(partition, keys)
+        except Exception as error:
+            self._done("read_data", started, error)
+            raise
+        self._done("read_data", started, None)
+        return result
+
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
+        started = time.perf_counter()
+        try:
+            await self.inner.apply_redo(partition, txn, writes)
+        except Exception as error:
+            self._done("apply_redo", started, error, txn)
+            raise
+        self._done("apply_redo", started, None)
+
+    async def delete(self, log: LogId, txn: str) -> bool:
+        started = time.perf_counter()
+        try:
+            result = await self.inner.delete(log, txn)
+        except Exception as error:
+            self._done("delete", started, error, txn)
+            raise
+        self._done("delete", started, None)
+        return result
+
+    async def close(self) -> None:
+        await self.inner.close()
+

@@ -1,0 +1,284 @@
+"""The I/O-free half of the client SDK, shared by the sync and the async client: configuration,
+URL and input checks, node rotation, backoff, and the mapping of HTTP responses and transport
+errors to outcomes and typed errors. Both clients only add the HTTP calls and the sleeping, so the
+two cannot drift apart in what a response means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from services.client.types import (
+    InvalidRequest,
+    NotFound,
+    Op,
+    OpKind,
+    Outcome,
+    ServerError,
+    Status,
+    TransactionAborted,
+    Unavailable,
+    WrongState,
+)
+
+# A client spread over more nodes than this is a configuration mistake, not a cluster.
+URL_COUNT_MAX = 256
+# Bounds on the knobs themselves, so a typo cannot make a call wait for hours.
+TIMEOUT_MS_MAX = 600_000
+RETRY_COUNT_LIMIT = 100
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """Every limit of the SDK. Milliseconds unless the name says otherwise."""
+
+    # Deadline of every HTTP call. It must exceed the node's own commit deadline (10 s), or the
+    # client would give up on commits the node is about to answer and report them unknown.
+    timeout_ms_request: int = 15_000
+    # Deadline of opening a connection; past it the node counts as unreachable and a new
+    # transaction fails over to the next node.
+    timeout_ms_connect: int = 2_000
+    # Retries after the first attempt of a retryable outcome (aborted+retryable, unavailable).
+    retry_count_max: int = 4
+    # Retry n waits about backoff_ms_min * 2**n, capped at backoff_ms_max, with jitter so that
+    # clients that collided on a lock do not collide again in lockstep.
+    backoff_ms_min: int = 20
+    backoff_ms_max: int = 1_000
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_ms_request", "timeout_ms_connect", "backoff_ms_min", "backoff_ms_max"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= TIMEOUT_MS_MAX:
+                raise ValueError(f"{name} must be an integer in 1..{TIMEOUT_MS_MAX}, got {value!r}")
+        if not isinstance(self.retry_count_max, int) or not 0 <= self.retry_count_max <= RETRY_COUNT_LIMIT:
+            raise ValueError(f"retry_count_max must be an integer in 0..{RETRY_COUNT_LIMIT}")
+        if self.backoff_ms_min > self.backoff_ms_max:
+            raise ValueError("backoff_ms_min must not exceed backoff_ms_max")
+
+    @property
+    def timeout(self) -> httpx.Timeout:
+        return httpx.Timeout(self.timeout_ms_request / 1000, connect=self.timeout_ms_connect / 1000)
+
+
+def backoff_s(config: ClientConfig, retry_index: int, rng: random.Random) -> float:
+    """How long to wait before retry `retry_index` (0-based): half fixed, half jitter."""
+    assert retry_index >= 0
+    cap_ms = min(config.backoff_ms_max, config.backoff_ms_min * 2 ** min(retry_index, 30))
+    delay_ms = cap_ms / 2 + rng.uniform(0, cap_ms / 2)
+    assert 0 < delay_ms <= config.backoff_ms_max
+    return delay_ms / 1000
+
+
+def normalize_url(url: object) -> str:
+    """A node's base URL without a trailing slash; InvalidRequest if it is not an http(s) URL."""
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidRequest(0, "bad_url", f"a node URL must be a non-empty string, got {url!r}")
+    try:
+        parsed = httpx.URL(url.strip())
+    except (httpx.InvalidURL, TypeError, ValueError) as error:
+        raise InvalidRequest(0, "bad_url", f"{url!r} is not a URL: {error}") from error
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InvalidRequest(0, "bad_url", f"{url!r} must look like http://HOST:PORT")
+    if parsed.query or parsed.fragment:
+        raise InvalidRequest(0, "bad_url", f"{url!r}: a node URL takes no query or fragment")
+    return str(parsed).rstrip("/")
+
+
+def normalize_urls(urls: str | Iterable[str]) -> tuple[str, ...]:
+    items = [urls] if isinstance(urls, str) else list(urls)
+    if not 0 < len(items) <= URL_COUNT_MAX:
+        raise InvalidRequest(0, "bad_url", f"give 1..{URL_COUNT_MAX} node URLs, got {len(items)}")
+    return tuple(dict.fromkeys(normalize_url(url) for url in items))
+
+
+class NodeRotation:
+    """Round-robin over the nodes, one start per new transaction, so load spreads and a dead node
+    costs each transaction at most one failed connect."""
+
+    def __init__(self, urls: tuple[str, ...]) -> None:
+        assert urls
+        self.urls = urls
+        # next() on itertools.count is atomic under the GIL, so threads sharing a client rotate safely.
+        self._counter = itertools.count()
+
+    def order(self) -> list[str]:
+        start = next(self._counter) % len(self.urls)
+        return [*self.urls[start:], *self.urls[:start]]
+
+
+def check_key(key: object) -> str:
+    # Only the Python types are checked here: lengths and emptiness are the server's limits (they
+    # are configurable there), and it reports them with the same typed error.
+    if not isinstance(key, str):
+        raise InvalidRequest(0, "invalid_request", f"a key must be a str, got {type(key).__name__}")
+    return key
+
+
+def check_value(key: str, value: object, *, nullable: bool) -> str | None:
+    if value is None and nullable:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest(0, "invalid_request", f"the value of {key!r} must be a str, got {type(value).__name__}")
+    return value
+
+
+def check_ops(ops: Iterable[Op]) -> list[Op]:
+    checked = list(ops)
+    for op in checked:
+        if not isinstance(op, Op) or not isinstance(op.kind, OpKind):
+            raise InvalidRequest(0, "invalid_request", f"not an operation: {op!r} (build one with Op.put etc.)")
+        check_key(op.key)
+        check_value(op.key, op.value, nullable=op.kind is not OpKind.PUT)
+    return checked
+
+
+def check_keys(keys: str | Sequence[str]) -> list[str]:
+    # A bare str is a Sequence too; read("ab") means the key "ab", not the keys "a" and "b".
+    items = [keys] if isinstance(keys, str) else list(keys)
+    return [check_key(key) for key in items]
+
+
+def check_writes(writes: Mapping[str, str | None]) -> dict[str, str | None]:
+    if not isinstance(writes, Mapping):
+        raise InvalidRequest(0, "invalid_request",
+                             f"writes must be a mapping key -> value, got {type(writes).__name__}")
+    return {check_key(key): check_value(key, value, nullable=True) for key, value in writes.items()}
+
+
+def check_txn(txn: object) -> str:
+    if not isinstance(txn, str) or not txn:
+        raise InvalidRequest(0, "invalid_request", f"a transaction id must be a non-empty str, got {txn!r}")
+    return txn
+
+
+def txn_path(txn: str, suffix: str = "") -> str:
+    # Quoted although the server's ids are URL-safe: a mistyped id must reach the server as
+    # typed and come back as a 4xx, not be reinterpreted as another path.
+    return f"/v1/txn/{quote(check_txn(txn), safe='')}{suffix}"
+
+
+def execute_body(ops: Sequence[Op], protocol: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"ops": [op.to_json() for op in ops]}
+    if protocol is not None:
+        body["protocol"] = protocol
+    return body
+
+
+def is_unsent(error: httpx.TransportError) -> bool:
+    """True when the request surely never reached the node, so another node may run it instead.
+    Any other transport error may have hit after the node acted on the request."""
+    return isinstance(error, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
+
+
+def unreachable(url: str, txn: str, why: str) -> Outcome:
+    """Nothing was committed and nothing will be: retrying (as a new transaction) is safe.
+    `url` is "" when no node answered at all (`why` then names them)."""
+    return Outcome(txn, Status.UNAVAILABLE, retryable=True, detail=f"{url}: {why}" if url else why, node_url=url)
+
+
+def unknown(url: str, txn: str, error: Exception) -> Outcome:
+    return Outcome(txn, Status.UNKNOWN, node_url=url,
+                   detail=f"{url}: no answer after the request was sent ({describe(error)}); it may have committed")
+
+
+def describe(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _json(url: str, response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError as error:
+        raise ServerError(response.status_code, "bad_response",
+                          f"{url}: body is not JSON: {response.text[:200]!r}") from error
+
+
+def _raise_for_error(url: str, response: httpx.Response, body: Any) -> None:
+    """Raise the typed error of a 4xx or of a 503 without an outcome."""
+    code = response.status_code
+    error = str(body.get("error", "")) if isinstance(body, dict) else ""
+    detail = str(body.get("detail", "")) if isinstance(body, dict) else repr(body)[:200]
+    if code in (400, 413, 422):
+        raise InvalidRequest(code, error or "invalid_request", detail)
+    if code == 404:
+        raise NotFound(code, error or "not_found", detail)
+    if code == 409:
+        raise WrongState(code, error or "wrong_state", detail)
+    if code == 503:
+        raise Unavailable(unreachable(url, "", f"{error or 'unavailable'}: {detail}"))
+    if 400 <= code < 500:
+        raise InvalidRequest(code, error or "client_error", detail)
+
+
+def _outcome_from(url: str, body: dict[str, Any]) -> Outcome:
+    try:
+        status = Status(body["outcome"])
+        reason = body.get("reason")
+        reads = body.get("reads") or {}
+        timing = body.get("timing_ms") or {}
+        return Outcome(
+            txn=str(body.get("txn", "")),
+            status=status,
+            reason=None if reason is None else str(reason),
+            retryable=bool(body.get("retryable", False)),
+            detail=str(body.get("detail", "")),
+            reads={str(key): None if value is None else str(value) for key, value in reads.items()},
+            timing_ms={str(key): float(value) for key, value in timing.items()},
+            node_url=url,
+        )
+    except (KeyError, TypeError, ValueError, AttributeError, AssertionError) as error:
+        raise ServerError(200, "bad_response", f"{url}: not an outcome: {body!r}"[:400]) from error
+
+
+def parse_outcome(url: str, response: httpx.Response, txn: str, *, may_have_committed: bool) -> Outcome:
+    """The outcome of execute, commit, abort, status or resolve. Raises the typed error of a 4xx.
+    A response outside the API (e.g. a 500) is UNKNOWN where the call could have committed,
+    since the node may have failed after committing; elsewhere it is a ServerError."""
+    body = _json(url, response) if response.content else None
+    if isinstance(body, dict) and "outcome" in body:
+        return _outcome_from(url, body)
+    if response.status_code == 503:
+        return unreachable(url, txn, _error_text(body))
+    _raise_for_error(url, response, body)
+    if may_have_committed:
+        return Outcome(txn, Status.UNKNOWN, node_url=url,
+                       detail=f"{url}: unexpected {response.status_code}: {_error_text(body)}; it may have committed")
+    raise ServerError(response.status_code, "bad_response", f"{url}: {_error_text(body)}")
+
+
+def _error_text(body: Any) -> str:
+    if isinstance(body, dict) and "error" in body:
+        return f"{body['error']}: {body.get('detail', '')}"
+    return repr(body)[:200]
+
+
+def parse_ok(url: str, response: httpx.Response, expected_status: int, txn: str = "") -> Any:
+    """The JSON body of begin, read, write or an admin listing. A transaction that the call ended
+    (409 with an outcome) raises TransactionAborted; 503 raises Unavailable; 4xx the typed error."""
+    body = _json(url, response) if response.content else None
+    if response.status_code == expected_status:
+        return body
+    if isinstance(body, dict) and "outcome" in body:
+        outcome = _outcome_from(url, body)
+        if outcome.status is Status.ABORTED:
+            raise TransactionAborted(outcome)
+        if outcome.status is Status.UNAVAILABLE:
+            raise Unavailable(outcome)
+    _raise_for_error(url, response, body)
+    raise ServerError(response.status_code, "bad_response", f"{url}: {_error_text(body)}")
+
+
+def with_attempts(outcome: Outcome, attempt_count: int) -> Outcome:
+    return dataclasses.replace(outcome, attempt_count=attempt_count)
+
+
+def is_read_only(ops: Sequence[Op]) -> bool:
+    return all(op.kind in (OpKind.GET, OpKind.CHECK) for op in ops)

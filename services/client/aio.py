@@ -1,0 +1,339 @@
+"""The asynchronous client SDK (httpx.AsyncClient), call for call the same as the sync one
+(services/client/sync.py), awaited:
+
+    async with AsyncCornusClient(["http://127.0.0.1:8100", "http://127.0.0.1:8101"]) as client:
+        await client.put("alice", "100")
+        async with client.transaction() as txn:    # commits on exit, aborts on an exception
+            balance = int((await txn.read(["alice"]))["alice"] or 0)
+            await txn.write({"alice": str(balance - 10)})
+        await client.run_transaction(transfer)     # reruns `await transfer(txn)` on retryable aborts
+
+Interactive transactions stay on the node that began them; new ones rotate over the nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from services.client._core import (
+    ClientConfig,
+    NodeRotation,
+    backoff_s,
+    check_keys,
+    check_ops,
+    check_writes,
+    describe,
+    execute_body,
+    is_read_only,
+    is_unsent,
+    normalize_url,
+    normalize_urls,
+    parse_ok,
+    parse_outcome,
+    txn_path,
+    unknown,
+    unreachable,
+    with_attempts,
+)
+from services.client.types import (
+    CornusError,
+    Op,
+    Outcome,
+    ServerError,
+    TransactionAborted,
+    TransactionFailed,
+    TxnInfo,
+    Unavailable,
+    WrongState,
+)
+
+T = TypeVar("T")
+
+
+class AsyncTransaction:
+    """An interactive transaction. Every call goes to `node_url`, the node that began it."""
+
+    def __init__(self, client: AsyncCornusClient, txn: str, node_url: str) -> None:
+        assert txn and node_url
+        self.txn = txn
+        self.node_url = node_url
+        # Set once the transaction is known to have ended (committed, aborted, or given up on).
+        self.outcome: Outcome | None = None
+        self._client = client
+        self._aborted_by_caller = False
+
+    @property
+    def ended(self) -> bool:
+        return self.outcome is not None
+
+    async def read(self, keys: str | Sequence[str]) -> dict[str, str | None]:
+        """The values of `keys` (None: absent), locked until the transaction ends."""
+        names = check_keys(keys)
+        body = await self._call("/read", {"keys": names})
+        values = body.get("values") if isinstance(body, dict) else None
+        if not isinstance(values, dict) or not set(names) <= set(values):
+            raise ServerError(200, "bad_response", f"{self.node_url}: read returned {body!r}"[:400])
+        return {name: values[name] for name in names}
+
+    async def write(self, writes: Mapping[str, str | None]) -> None:
+        """Buffer writes (None deletes the key); they apply only if the transaction commits."""
+        await self._call("/write", {"writes": check_writes(writes)})
+
+    async def delete(self, *keys: str) -> None:
+        await self.write(dict.fromkeys(keys))
+
+    async def commit(self) -> Outcome:
+        """The outcome; it never raises for an abort (see Outcome.raise_for_outcome)."""
+        self._check_active()
+        try:
+            response = await self._client._post(self.node_url + txn_path(self.txn, "/commit"))
+        except httpx.TransportError as error:
+            if is_unsent(error):
+                # The node never saw the commit, so it cannot have committed.
+                outcome = unreachable(self.node_url, self.txn, describe(error))
+            else:
+                outcome = unknown(self.node_url, self.txn, error)
+        else:
+            outcome = parse_outcome(self.node_url, response, self.txn, may_have_committed=True)
+        self.outcome = outcome
+        return outcome
+
+    async def abort(self) -> Outcome:
+        self._check_active()
+        try:
+            response = await self._client._post(self.node_url + txn_path(self.txn, "/abort"))
+        except httpx.TransportError as error:
+            raise Unavailable(unreachable(self.node_url, self.txn, describe(error))) from error
+        self.outcome = parse_outcome(self.node_url, response, self.txn, may_have_committed=False)
+        self._aborted_by_caller = True
+        return self.outcome
+
+    def _check_active(self) -> None:
+        if self.outcome is not None:
+            raise WrongState(0, "wrong_state", f"transaction {self.txn} already ended: {self.outcome.status}")
+
+    async def _call(self, suffix: str, body: dict[str, Any]) -> Any:
+        self._check_active()
+        try:
+            response = await self._client._post(self.node_url + txn_path(self.txn, suffix), body)
+        except httpx.TransportError as error:
+            # The transaction cannot move to another node, but nothing commits before commit, so
+            # the caller (or run_transaction) may rerun it from the start as a new one.
+            raise Unavailable(unreachable(self.node_url, self.txn, describe(error))) from error
+        try:
+            return parse_ok(self.node_url, response, 200, self.txn)
+        except TransactionAborted as aborted:
+            self.outcome = aborted.outcome  # the node ended it: exiting must not abort it again
+            raise
+
+
+class AsyncTransactionScope:
+    """`async with client.transaction() as txn:` begins on entry; on a normal exit it commits and raises
+    TransactionFailed unless the commit happened; on an exception it aborts and lets it through."""
+
+    def __init__(self, client: AsyncCornusClient, protocol: str | None) -> None:
+        self._client = client
+        self._protocol = protocol
+        self._txn: AsyncTransaction | None = None
+
+    async def __aenter__(self) -> AsyncTransaction:
+        assert self._txn is None, "a TransactionScope is entered once"
+        self._txn = await self._client.begin(self._protocol)
+        return self._txn
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        txn = self._txn
+        assert txn is not None
+        if exc_type is not None:
+            if not txn.ended:
+                # Best effort: the caller's exception matters more, and a transaction whose abort
+                # is lost still ends at the node's idle timeout without committing.
+                with contextlib.suppress(CornusError):
+                    await txn.abort()
+            return
+        if not txn.ended:
+            await txn.commit()
+        assert txn.outcome is not None
+        if not txn._aborted_by_caller:
+            txn.outcome.raise_for_outcome()
+
+
+class AsyncCornusClient:
+    """A client of a Cornus cluster. One event loop at a time, as httpx.AsyncClient; aclose() when done."""
+
+    def __init__(
+        self,
+        urls: str | Iterable[str],
+        *,
+        config: ClientConfig | None = None,
+        http: httpx.AsyncClient | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.urls = normalize_urls(urls)
+        self.config = config or ClientConfig()
+        self._rotation = NodeRotation(self.urls)
+        self._owns_http = http is None
+        self._http = http or httpx.AsyncClient(timeout=self.config.timeout)
+        self._rng = rng or random.Random()
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncCornusClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # --- one-shot transactions ---
+
+    async def execute(self, ops: Iterable[Op], protocol: str | None = None) -> Outcome:
+        """Run `ops` as one transaction, retrying retryable outcomes (bounded). Returns every
+        outcome, committed or not; raises only for a request the server refuses (4xx)."""
+        checked = check_ops(ops)
+        body = execute_body(checked, protocol)
+        read_only = is_read_only(checked)
+        retry_index = 0
+        while True:
+            outcome = await self._execute_once(body, read_only)
+            if not outcome.retryable or retry_index >= self.config.retry_count_max:
+                return with_attempts(outcome, retry_index + 1)
+            await asyncio.sleep(backoff_s(self.config, retry_index, self._rng))
+            retry_index += 1
+
+    async def _execute_once(self, body: dict[str, Any], read_only: bool) -> Outcome:
+        tried: list[str] = []
+        for url in self._rotation.order():
+            try:
+                response = await self._post(url + "/v1/execute", body)
+            except httpx.TransportError as error:
+                if is_unsent(error):
+                    tried.append(f"{url} ({describe(error)})")
+                    continue
+                if read_only:
+                    return unreachable(url, "", describe(error))  # nothing written: safe to rerun
+                return unknown(url, "", error)
+            return parse_outcome(url, response, "", may_have_committed=True)
+        return unreachable("", "", f"no node reachable: {', '.join(tried)}")
+
+    async def get(self, key: str) -> str | None:
+        """The value of `key` (None: absent). Raises TransactionFailed if the read did not commit."""
+        outcome = (await self.execute([Op.get(key)])).raise_for_outcome()
+        return outcome.reads.get(key)
+
+    async def put(self, key: str, value: str) -> Outcome:
+        """Write one key; the committed outcome, else TransactionFailed."""
+        return (await self.execute([Op.put(key, value)])).raise_for_outcome()
+
+    async def delete(self, key: str) -> Outcome:
+        return (await self.execute([Op.delete(key)])).raise_for_outcome()
+
+    # --- interactive transactions ---
+
+    async def begin(self, protocol: str | None = None) -> AsyncTransaction:
+        """Begin on the next node; any node that cannot take it (unreachable, recovering,
+        overloaded) passes it to the next, which is safe because a new transaction holds nothing."""
+        body = None if protocol is None else {"protocol": protocol}
+        failures: list[str] = []
+        last: Unavailable | None = None
+        for url in self._rotation.order():
+            try:
+                response = await self._post(url + "/v1/txn", body)
+            except httpx.TransportError as error:
+                failures.append(f"{url} ({describe(error)})")
+                continue
+            try:
+                data = parse_ok(url, response, 201)
+            except Unavailable as unavailable:
+                last = unavailable
+                failures.append(unavailable.outcome.detail)
+                continue
+            txn = data.get("txn") if isinstance(data, dict) else None
+            if not isinstance(txn, str) or not txn:
+                raise ServerError(201, "bad_response", f"{url}: begin returned {data!r}"[:400])
+            return AsyncTransaction(self, txn, url)
+        outcome = unreachable("", "", f"no node could begin a transaction: {'; '.join(failures)}")
+        raise Unavailable(outcome) from last
+
+    def transaction(self, protocol: str | None = None) -> AsyncTransactionScope:
+        return AsyncTransactionScope(self, protocol)
+
+    async def run_transaction(
+        self, fn: Callable[[AsyncTransaction], Awaitable[T]], protocol: str | None = None
+    ) -> T:
+        """Run fn(txn) in a transaction and commit; on a retryable failure rerun the WHOLE coroutine function
+        in a new transaction (its reads may have changed), at most retry_count_max more times.
+        fn must have no side effects outside the transaction, as it may run more than once."""
+        retry_index = 0
+        while True:
+            try:
+                async with self.transaction(protocol) as txn:
+                    result = await fn(txn)
+                return result
+            except TransactionFailed as failed:
+                if not failed.retryable or retry_index >= self.config.retry_count_max:
+                    raise
+            await asyncio.sleep(backoff_s(self.config, retry_index, self._rng))
+            retry_index += 1
+
+    # --- status and admin ---
+
+    async def status(self, txn: str, url: str | None = None) -> Outcome:
+        """What the cluster knows of `txn` (status ACTIVE while it runs). NotFound if no node
+        knows it. Any node can answer, so an unreachable node passes the question on."""
+        path = txn_path(txn)
+        failures: list[str] = []
+        for node_url in [normalize_url(url)] if url else self._rotation.order():
+            try:
+                response = await self._get(node_url + path)
+            except httpx.TransportError as error:
+                failures.append(f"{node_url} ({describe(error)})")
+                continue
+            return parse_outcome(node_url, response, txn, may_have_committed=False)
+        raise Unavailable(unreachable("", txn, f"no node reachable: {', '.join(failures)}"))
+
+    async def transactions(self, url: str | None = None) -> list[TxnInfo]:
+        """In-flight and in-doubt transactions of one node (`url`), or of every node of this client."""
+        rows: list[TxnInfo] = []
+        for node_url in [normalize_url(url)] if url else self.urls:
+            try:
+                response = await self._get(node_url + "/v1/admin/transactions")
+            except httpx.TransportError as error:
+                raise Unavailable(unreachable(node_url, "", describe(error))) from error
+            body = parse_ok(node_url, response, 200)
+            if not isinstance(body, list):
+                raise ServerError(200, "bad_response", f"{node_url}: listing is not a list: {body!r}"[:400])
+            rows.extend(TxnInfo.from_json(node_url, item) for item in body)
+        return rows
+
+    async def resolve(self, txn: str, url: str | None = None) -> Outcome:
+        """Run termination for `txn` by hand (any node can: it reads storage directly)."""
+        path = f"/v1/admin/resolve/{txn_path(txn).removeprefix('/v1/txn/')}"
+        failures: list[str] = []
+        for node_url in [normalize_url(url)] if url else self._rotation.order():
+            try:
+                response = await self._post(node_url + path)
+            except httpx.TransportError as error:
+                if is_unsent(error):
+                    failures.append(f"{node_url} ({describe(error)})")
+                    continue
+                return unknown(node_url, txn, error)
+            return parse_outcome(node_url, response, txn, may_have_committed=True)
+        raise Unavailable(unreachable("", txn, f"no node reachable: {', '.join(failures)}"))
+
+    # --- HTTP: every call carries the configured deadline, also on a caller-supplied httpx.AsyncClient ---
+
+    async def _post(self, url: str, body: Any = None) -> httpx.Response:
+        return await self._http.post(url, json=body, timeout=self.config.timeout)
+
+    async def _get(self, url: str) -> httpx.Response:
+        return await self._http.get(url, timeout=self.config.timeout)

@@ -1,0 +1,206 @@
+"""What the client SDK hands back: typed outcomes, operations and admin listings, and the typed
+errors it raises. Plain dataclasses, no I/O, shared by the sync and the async client.
+
+The SDK depends on httpx alone (never on `cornus` or `storage_adapters`), so an application can
+install it without the server's gRPC and storage clients.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(enum.StrEnum):
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    UNAVAILABLE = "unavailable"  # storage or peers did not answer: nothing was committed, retry
+    UNKNOWN = "unknown"  # it may have committed: ask `status(txn)` later
+    ACTIVE = "active"  # only from `status(txn)`: the transaction is still running
+
+
+class OpKind(enum.StrEnum):
+    GET = "get"
+    PUT = "put"
+    DELETE = "delete"
+    CHECK = "check"
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation of a one-shot transaction. `check` aborts the transaction unless the key holds
+    `value` (None: unless the key is absent)."""
+
+    kind: OpKind
+    key: str
+    value: str | None = None
+
+    @classmethod
+    def get(cls, key: str) -> Op:
+        return cls(OpKind.GET, key)
+
+    @classmethod
+    def put(cls, key: str, value: str) -> Op:
+        return cls(OpKind.PUT, key, value)
+
+    @classmethod
+    def delete(cls, key: str) -> Op:
+        return cls(OpKind.DELETE, key)
+
+    @classmethod
+    def check(cls, key: str, value: str | None) -> Op:
+        return cls(OpKind.CHECK, key, value)
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"op": self.kind.value, "key": self.key}
+        # The server refuses a value on get/delete and needs one on put; check sends null for
+        # "absent", so only get and delete leave it out.
+        if self.kind in (OpKind.PUT, OpKind.CHECK):
+            body["value"] = self.value
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a transaction ended, as the node that ran it reported (or as the client concluded when
+    no answer came: then `status` is UNKNOWN or UNAVAILABLE and `detail` says why)."""
+
+    txn: str
+    status: Status
+    reason: str | None = None
+    retryable: bool = False
+    detail: str = ""
+    reads: dict[str, str | None] = field(default_factory=dict)
+    timing_ms: dict[str, float] = field(default_factory=dict)
+    # The node that answered (base URL), or the one that was asked when none answered.
+    node_url: str = ""
+    # HTTP requests this outcome took, retries included.
+    attempt_count: int = 1
+
+    def __post_init__(self) -> None:
+        assert isinstance(self.status, Status), self.status
+        assert self.attempt_count >= 1, self.attempt_count
+        # Only an abort has a reason, and the server never calls a commit or an unknown outcome
+        # retryable: retrying either could apply the writes twice.
+        assert self.reason is None or self.status is Status.ABORTED, (self.status, self.reason)
+        assert not self.retryable or self.status in (Status.ABORTED, Status.UNAVAILABLE), self
+
+    @property
+    def committed(self) -> bool:
+        return self.status is Status.COMMITTED
+
+    def raise_for_outcome(self) -> Outcome:
+        """Return self when committed, else raise the matching TransactionFailed."""
+        if self.status is Status.COMMITTED:
+            return self
+        raise failure_for(self)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "txn": self.txn, "outcome": self.status.value, "reason": self.reason, "retryable": self.retryable,
+            "detail": self.detail, "reads": dict(self.reads), "timing_ms": dict(self.timing_ms),
+            "node_url": self.node_url, "attempt_count": self.attempt_count,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TxnInfo:
+    """One row of a node's admin listing. Phase "voted" on a participant is in doubt: it voted
+    yes and knows no decision yet."""
+
+    node_url: str
+    txn: str
+    role: str
+    where: str
+    phase: str
+    protocol: str
+    partitions: tuple[str, ...]
+    idle_ms: int
+
+    @property
+    def in_doubt(self) -> bool:
+        return self.role == "participant" and self.phase == "voted"
+
+    @classmethod
+    def from_json(cls, node_url: str, body: Mapping[str, Any]) -> TxnInfo:
+        try:
+            return cls(node_url, str(body["txn"]), str(body["role"]), str(body["where"]), str(body["phase"]),
+                       str(body["protocol"]), tuple(str(p) for p in body["partitions"]), int(body["idle_ms"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ServerError(200, "bad_response", f"{node_url}: not a transaction listing row: {body!r}") from error
+
+
+# === errors =======================================================================================
+
+
+class CornusError(Exception):
+    """Every error the SDK raises."""
+
+
+class RequestError(CornusError):
+    """The server refused the request (4xx); nothing changed."""
+
+    def __init__(self, status_code: int, error: str, detail: str) -> None:
+        super().__init__(f"{error} ({status_code}): {detail}")
+        self.status_code = status_code
+        self.error = error
+        self.detail = detail
+
+
+class InvalidRequest(RequestError):
+    """Malformed or out-of-limits input (400, 422, or refused by the client before sending)."""
+
+
+class NotFound(RequestError):
+    """The transaction is unknown to the node asked (404)."""
+
+
+class WrongState(RequestError):
+    """The transaction's state does not allow the call, e.g. a write after it ended (409)."""
+
+
+class ServerError(CornusError):
+    """A response the API does not define (a 5xx other than 503, or a body of the wrong shape)."""
+
+    def __init__(self, status_code: int, error: str, detail: str) -> None:
+        super().__init__(f"{error} ({status_code}): {detail}")
+        self.status_code = status_code
+        self.error = error
+        self.detail = detail
+
+
+class TransactionFailed(CornusError):
+    """A transaction did not commit; `outcome` says how it ended."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        reason = f" ({outcome.reason})" if outcome.reason else ""
+        detail = f": {outcome.detail}" if outcome.detail else ""
+        super().__init__(f"transaction {outcome.txn or '(none)'} {outcome.status.value}{reason}{detail}")
+        self.outcome = outcome
+
+    @property
+    def retryable(self) -> bool:
+        return self.outcome.retryable
+
+
+class TransactionAborted(TransactionFailed):
+    """Aborted; nothing was written. `retryable` says whether running it again may succeed."""
+
+
+class Unavailable(TransactionFailed):
+    """No node could run it (unreachable, overloaded, storage down); nothing was committed."""
+
+
+class OutcomeUnknown(TransactionFailed):
+    """It may have committed: never retry blindly, ask `status(outcome.txn)`."""
+
+
+def failure_for(outcome: Outcome) -> TransactionFailed:
+    assert outcome.status is not Status.COMMITTED, outcome
+    if outcome.status is Status.ABORTED:
+        return TransactionAborted(outcome)
+    if outcome.status is Status.UNAVAILABLE:
+        return Unavailable(outcome)
+    return OutcomeUnknown(outcome)

@@ -1,0 +1,415 @@
+"""The public gRPC API of a node (grpc.aio): `cornus.public.v1.Cornus`, the twin of the REST API in
+`services/api/rest.py`, with the standard `grpc.health.v1.Health` service (SERVING only once the
+node has recovered) and server reflection beside it.
+
+Outcomes are response bodies, not error statuses: an aborted transaction is an OK call whose
+outcome is OUTCOME_ABORTED, as REST's body says "aborted". Error statuses mean the call was refused
+and nothing changed: INVALID_ARGUMENT (bad input, the message names it), NOT_FOUND (unknown
+transaction), FAILED_PRECONDITION (wrong state, e.g. commit after abort), UNAVAILABLE (node
+recovering or overloaded, storage down). The limits are REST's: `op_count_max` operations per call
+and the key and value sizes of the storage contract (bytes here, since values are bytes).
+
+Deadlines: a call whose deadline has passed is not started. A call under way is never cancelled
+half way, since a commit cut off mid-flight would leave its transaction in memory with no one to
+finish it and an operation cut off would keep its locks until the idle sweep. So the node's work
+runs in a task that the handler stops waiting for at the deadline; a one-shot transaction whose
+caller has gone by the time its operations finish is aborted instead of committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+import services.public_api  # noqa: F401 - builds the generated code before it is imported below
+from cornus.protocol.config import Protocol
+from cornus.runtime.node import Node, TxnAborted, ops_for_writes
+from cornus.runtime.outcome import (
+    AbortReason,
+    NodeOverloaded,
+    Outcome,
+    OutcomeStatus,
+    TxnNotFound,
+    TxnWrongState,
+)
+from cornus.runtime.wire import Op, OpKind
+from services.public_api._generated import public_pb2 as pb
+from services.public_api._generated import public_pb2_grpc
+from storage_adapters.contract import DATA_KEY_BYTES_MAX, DATA_VALUE_BYTES_MAX, TXN_ID_LENGTH_MAX
+from storage_adapters.errors import StorageUnavailable, ValidationError
+
+log = logging.getLogger("cornus.public_api")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Cornus"].full_name
+# gRPC refuses larger messages itself (RESOURCE_EXHAUSTED) before a handler runs. Its 4 MiB default
+# would refuse a legal request well under op_count_max; a redo is capped per partition anyway.
+MESSAGE_BYTES_MAX = 16 * 1024 * 1024
+# Readiness has no event to wait on (recovery sets a flag), so the health service polls it.
+READY_POLL_INTERVAL_MS = 50
+# How long in-flight calls may run on at shutdown before they are cut off.
+SHUTDOWN_GRACE_MS = 2_000
+# Commits that outlived their caller's deadline finish on their own, bounded by the node's commit
+# deadline; shutdown waits this long for them.
+SHUTDOWN_MS_BACKGROUND = 12_000
+
+_TXN_ID = re.compile(r"^[A-Za-z0-9_.:-]+$")
+
+_OUTCOMES = {
+    OutcomeStatus.COMMITTED: pb.OUTCOME_COMMITTED,
+    OutcomeStatus.ABORTED: pb.OUTCOME_ABORTED,
+    OutcomeStatus.UNAVAILABLE: pb.OUTCOME_UNAVAILABLE,
+    OutcomeStatus.UNKNOWN: pb.OUTCOME_UNKNOWN,
+    OutcomeStatus.ACTIVE: pb.OUTCOME_ACTIVE,
+}
+_REASONS = {
+    AbortReason.CONFLICT: pb.ABORT_REASON_CONFLICT,
+    AbortReason.CHECK_FAILED: pb.ABORT_REASON_CHECK_FAILED,
+    AbortReason.VOTED_NO: pb.ABORT_REASON_VOTED_NO,
+    AbortReason.CLIENT: pb.ABORT_REASON_CLIENT,
+    AbortReason.TIMEOUT: pb.ABORT_REASON_TIMEOUT,
+    AbortReason.NOT_READY: pb.ABORT_REASON_NOT_READY,
+    AbortReason.PEER_UNAVAILABLE: pb.ABORT_REASON_PEER_UNAVAILABLE,
+}
+_KINDS = {
+    pb.OP_KIND_GET: OpKind.GET,
+    pb.OP_KIND_PUT: OpKind.PUT,
+    pb.OP_KIND_DELETE: OpKind.DELETE,
+    pb.OP_KIND_CHECK: OpKind.CHECK,
+}
+# A runtime enum member the wire cannot carry would surface as a crash in the middle of a call.
+assert set(_OUTCOMES) == set(OutcomeStatus)
+assert set(_REASONS) == set(AbortReason)
+assert set(_KINDS.values()) == set(OpKind)
+
+T = TypeVar("T")
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+class DeadlineExceeded(Exception):
+    """The caller's deadline passed before the node's work finished (the work goes on)."""
+
+
+# === input ========================================================================================
+
+
+def _key(key: str) -> str:
+    if not key:
+        raise ValidationError("key must not be empty")
+    size = len(key.encode("utf-8"))
+    if size > DATA_KEY_BYTES_MAX:
+        raise ValidationError(f"key {key[:32]!r}... is {size} bytes, the limit is {DATA_KEY_BYTES_MAX}")
+    return key
+
+
+def _value(key: str, value: bytes) -> bytes:
+    if len(value) > DATA_VALUE_BYTES_MAX:
+        raise ValidationError(f"value of key {key!r} is {len(value)} bytes, the limit is {DATA_VALUE_BYTES_MAX}")
+    return value
+
+
+def _txn(txn: str) -> str:
+    if not txn:
+        raise ValidationError("txn must not be empty")
+    if len(txn) > TXN_ID_LENGTH_MAX:
+        raise ValidationError(f"txn is {len(txn)} characters, the limit is {TXN_ID_LENGTH_MAX}")
+    if not _TXN_ID.match(txn):
+        raise ValidationError(f"txn {txn!r} has characters other than A-Z a-z 0-9 _ . : -")
+    return txn
+
+
+def _protocol(name: str) -> Protocol | None:
+    if not name:
+        return None
+    try:
+        return Protocol(name)
+    except ValueError:
+        raise ValidationError(
+            f"protocol {name!r} is not one of {', '.join(p.value for p in Protocol)}"
+        ) from None
+
+
+def _count(count: int, what: str, count_max: int) -> None:
+    if count == 0:
+        raise ValidationError(f"no {what}: at least one is needed")
+    if count > count_max:
+        raise ValidationError(f"{count} {what}, the limit is {count_max}")
+
+
+def _op(index: int, op: pb.Op) -> Op:
+    kind = _KINDS.get(op.kind)
+    if kind is None:
+        raise ValidationError(f"ops[{index}]: kind {op.kind} is not one of GET, PUT, DELETE, CHECK")
+    key = _key(op.key)
+    has_value = op.HasField("value")
+    if kind in (OpKind.GET, OpKind.DELETE) and has_value:
+        raise ValidationError(f"ops[{index}]: a {kind.value} op takes no value (key {key!r})")
+    if kind is OpKind.PUT and not has_value:
+        raise ValidationError(f"ops[{index}]: a put op needs a value (key {key!r})")
+    return Op(kind, key, _value(key, op.value) if has_value else None)
+
+
+def _writes(writes: Sequence[pb.Write]) -> dict[str, bytes | None]:
+    changes: dict[str, bytes | None] = {}
+    for index, write in enumerate(writes):
+        key = _key(write.key)
+        if key in changes:
+            # REST takes a JSON object, whose keys are unique; a repeated field must say so itself.
+            raise ValidationError(f"writes[{index}]: key {key!r} is written twice")
+        change = write.WhichOneof("change")
+        if change is None:
+            raise ValidationError(f"writes[{index}]: key {key!r} needs a value or delete=true")
+        if change == "delete" and not write.delete:
+            raise ValidationError(f"writes[{index}]: delete=false is not a change (key {key!r})")
+        changes[key] = _value(key, write.value) if change == "value" else None
+    return changes
+
+
+# === output =======================================================================================
+
+
+def _key_value(key: str, value: bytes | None) -> pb.KeyValue:
+    return pb.KeyValue(key=key) if value is None else pb.KeyValue(key=key, value=value)
+
+
+def outcome_message(outcome: Outcome) -> pb.TxnOutcome:
+    return pb.TxnOutcome(
+        txn=outcome.txn,
+        outcome=_OUTCOMES[outcome.status],
+        reason=pb.ABORT_REASON_UNSPECIFIED if outcome.reason is None else _REASONS[outcome.reason],
+        retryable=outcome.retryable,
+        detail=outcome.detail,
+        reads=[_key_value(key, value) for key, value in outcome.reads],
+        timing_ms=outcome.timing_ms,
+    )
+
+
+def _active(txn: str) -> pb.TxnOutcome:
+    return pb.TxnOutcome(txn=txn, outcome=pb.OUTCOME_ACTIVE)
+
+
+# === the service ==================================================================================
+
+
+def _status_codes(method: Handler) -> Handler:
+    """Map the node's typed errors to gRPC status codes, as rest.py maps them to HTTP ones."""
+
+    @functools.wraps(method)
+    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except ValidationError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except TxnNotFound as error:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(error))
+        except TxnWrongState as error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        except NodeOverloaded as error:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+        except StorageUnavailable as error:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"storage unavailable: {error}")
+        except DeadlineExceeded as error:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(error))
+
+    return handler
+
+
+class CornusServicer(public_pb2_grpc.CornusServicer):
+    def __init__(self, node: Node) -> None:
+        self._node = node
+        self._op_count_max = node.config.limits.op_count_max
+        assert self._op_count_max > 0
+        # Work that outlived its caller's deadline; held so it is neither collected nor forgotten.
+        self.background: set[asyncio.Task[Any]] = set()
+
+    async def _run(self, context: grpc.aio.ServicerContext, work: Coroutine[Any, Any, T], what: str) -> T:
+        """Run `work` on the node within the caller's deadline, shielded from cancellation."""
+        remaining_s = context.time_remaining()
+        if remaining_s is not None and remaining_s <= 0:
+            work.close()
+            raise DeadlineExceeded(f"the deadline passed before {what} started; nothing changed")
+        if not self._node.ready:
+            work.close()
+            raise NodeOverloaded(f"{self._node.node_id} is still recovering")
+        task = asyncio.ensure_future(work)
+        self.background.add(task)
+        task.add_done_callback(self._work_done)
+        scope = asyncio.timeout(remaining_s)
+        try:
+            async with scope:
+                return await asyncio.shield(task)
+        except TimeoutError:
+            if not scope.expired():
+                raise  # the work's own, not our deadline
+            raise DeadlineExceeded(f"the deadline passed during {what}; it goes on without the caller") from None
+
+    def _work_done(self, task: asyncio.Task[Any]) -> None:
+        self.background.discard(task)
+        # Retrieve the result of work nobody waits for any more, so its errors are seen, not lost.
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("work after the caller's deadline failed: %r", task.exception())
+
+    def _deadline_s(self, context: grpc.aio.ServicerContext) -> float | None:
+        remaining_s = context.time_remaining()
+        return None if remaining_s is None else time.monotonic() + remaining_s
+
+    async def _one_shot(self, ops: list[Op], protocol: Protocol | None, deadline_s: float | None) -> Outcome:
+        """Node.execute, except that a caller who has gone before the commit gets no commit."""
+        node = self._node
+        txn = node.begin(protocol)
+        try:
+            values = await node.run_ops(txn, ops)
+        except TxnAborted as aborted:
+            return aborted.outcome
+        except ValidationError:
+            await node.abort(txn)
+            raise
+        if deadline_s is not None and time.monotonic() >= deadline_s:
+            # Nobody would hear of this commit: the caller saw DEADLINE_EXCEEDED and may retry.
+            return await node.abort(txn)
+        outcome = await node.commit(txn)
+        if outcome.status is not OutcomeStatus.COMMITTED:
+            return outcome
+        gets = [op.key for op in ops if op.kind is OpKind.GET]
+        reads = tuple(zip(gets, values, strict=True))
+        return Outcome(outcome.txn, outcome.status, outcome.reason, outcome.detail, reads, outcome.timing_ms)
+
+    @_status_codes
+    async def Execute(self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext) -> pb.TxnOutcome:
+        _count(len(request.ops), "operations", self._op_count_max)
+        ops = [_op(index, op) for index, op in enumerate(request.ops)]
+        protocol = _protocol(request.protocol)
+        outcome = await self._run(context, self._one_shot(ops, protocol, self._deadline_s(context)), "execute")
+        return outcome_message(outcome)
+
+    @_status_codes
+    async def Begin(self, request: pb.BeginRequest, context: grpc.aio.ServicerContext) -> pb.BeginResponse:
+        protocol = _protocol(request.protocol)
+        if not self._node.ready:
+            raise NodeOverloaded(f"{self._node.node_id} is still recovering")
+        return pb.BeginResponse(txn=self._node.begin(protocol))
+
+    @_status_codes
+    async def Read(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> pb.ReadResponse:
+        txn = _txn(request.txn)
+        _count(len(request.keys), "keys", self._op_count_max)
+        keys = [_key(key) for key in request.keys]
+        work = self._node.run_ops(txn, [Op(OpKind.GET, key) for key in keys])
+        try:
+            values = await self._run(context, work, f"the read of {txn}")
+        except TxnAborted as aborted:
+            return pb.ReadResponse(txn=txn, outcome=outcome_message(aborted.outcome))
+        return pb.ReadResponse(
+            txn=txn,
+            values=[_key_value(key, value) for key, value in zip(keys, values, strict=True)],
+            outcome=_active(txn),
+        )
+
+    @_status_codes
+    async def Write(self, request: pb.WriteRequest, context: grpc.aio.ServicerContext) -> pb.WriteResponse:
+        txn = _txn(request.txn)
+        _count(len(request.writes), "writes", self._op_count_max)
+        work = self._node.run_ops(txn, ops_for_writes(_writes(request.writes)))
+        try:
+            await self._run(context, work, f"the write of {txn}")
+        except TxnAborted as aborted:
+            return pb.WriteResponse(txn=txn, outcome=outcome_message(aborted.outcome))
+        return pb.WriteResponse(txn=txn, outcome=_active(txn))
+
+    @_status_codes
+    async def Commit(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> pb.TxnOutcome:
+        txn = _txn(request.txn)
+        return outcome_message(await self._run(context, self._node.commit(txn), f"the commit of {txn} (ask Status)"))
+
+    @_status_codes
+    async def Abort(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> pb.TxnOutcome:
+        txn = _txn(request.txn)
+        return outcome_message(await self._run(context, self._node.abort(txn), f"the abort of {txn}"))
+
+    @_status_codes
+    async def Status(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> pb.TxnOutcome:
+        txn = _txn(request.txn)
+        outcome = await self._run(context, self._node.resolve_status(txn), f"the status of {txn}")
+        if outcome is None:
+            raise TxnNotFound(f"no transaction {txn} is known to this cluster")
+        return outcome_message(outcome)
+
+    @_status_codes
+    async def Get(self, request: pb.GetRequest, context: grpc.aio.ServicerContext) -> pb.TxnOutcome:
+        ops = [Op(OpKind.GET, _key(request.key))]
+        outcome = await self._run(context, self._one_shot(ops, None, self._deadline_s(context)), "get")
+        return outcome_message(outcome)
+
+    @_status_codes
+    async def Put(self, request: pb.PutRequest, context: grpc.aio.ServicerContext) -> pb.TxnOutcome:
+        key = _key(request.key)
+        if not request.HasField("value"):
+            raise ValidationError(f"a put needs a value (key {key!r})")
+        ops = [Op(OpKind.PUT, key, _value(key, request.value))]
+        outcome = await self._run(context, self._one_shot(ops, None, self._deadline_s(context)), "put")
+        return outcome_message(outcome)
+
+
+# === the server ===================================================================================
+
+
+class PublicGrpcServer:
+    """The Cornus, health and reflection services on one port. `start`, then `stop` once."""
+
+    def __init__(self, node: Node, address: str) -> None:
+        assert address, "the public gRPC API needs an address"
+        self._node = node
+        self._address = address
+        self._server: grpc.aio.Server | None = None
+        self._servicer = CornusServicer(node)
+        self._health = health.aio.HealthServicer()
+        self._readiness: asyncio.Task[None] | None = None
+        self.port = 0
+
+    async def start(self) -> int:
+        """Bind and serve; the port bound (useful when the address asks for port 0)."""
+        assert self._server is None, "started twice"
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
+                ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+            ]
+        )
+        public_pb2_grpc.add_CornusServicer_to_server(self._servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        self.port = server.add_insecure_port(self._address)
+        if self.port == 0:
+            raise OSError(f"the public gRPC API could not bind {self._address}")
+        await server.start()
+        self._server = server
+        self._readiness = asyncio.create_task(self._serve_when_ready(), name="cornus-grpc-api-health")
+        return self.port
+
+    async def _serve_when_ready(self) -> None:
+        while not self._node.ready:  # noqa: ASYNC110 - see READY_POLL_INTERVAL_MS
+            await asyncio.sleep(READY_POLL_INTERVAL_MS / 1000)
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("public gRPC API on %s is SERVING", self._address)
+
+    async def stop(self) -> None:
+        assert self._server is not None, "stop before start"
+        if self._readiness is not None:
+            self._readiness.cancel()
+        # Health says NOT_SERVING first, so load balancers stop sending before calls are refused.
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(SHUTDOWN_GRACE_MS / 1000)
+        background = list(self._servicer.background)
+        if background:
+            await asyncio.wait(background, timeout=SHUTDOWN_MS_BACKGROUND / 1000)

@@ -1,0 +1,208 @@
+"""What an operator sees: Prometheus /metrics after real transactions, JSON log lines tagged with
+transaction ids, /healthz and /readyz (503 until recovery has run)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.api.metrics import PHASES, InstrumentedStore, Metrics
+from storage_adapters.contract import SCAN_PAGE_COUNT_MAX, LogId, LogOnceResult, LogStore, Record, RecordBody, TxnState
+from storage_adapters.errors import StorageUnavailable
+from tests.api.conftest import API_PARTITION_COUNT, emulator_storage
+from tests.cluster.harness import Cluster, keys_on, running_cluster
+
+READY_POLL_TIMEOUT_S = 30.0
+
+
+def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Metric family name -> its samples (labels, value), as a Prometheus server would parse them."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def _value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
+    matching = [value for found, value in samples.get(name, []) if labels.items() <= found.items()]
+    assert matching, f"no sample {name}{labels}; have {sorted(samples)}"
+    return sum(matching)
+
+
+def test_metrics_after_transactions(api_cluster: Cluster) -> None:
+    keys = [keys_on(f"p{p}", API_PARTITION_COUNT, 1, prefix="metrics-")[0] for p in range(API_PARTITION_COUNT)]
+    commit_count = 5
+    for round_index in range(commit_count):
+        response = api_cluster.execute("n0", [{"op": "put", "key": k, "value": str(round_index)} for k in keys])
+        assert response.status_code == 200, response.text
+    txn = api_cluster.post("n0", "/v1/txn").json()["txn"]
+    assert api_cluster.post("n0", f"/v1/txn/{txn}/abort").status_code == 409
+    holder = api_cluster.post("n0", "/v1/txn").json()["txn"]
+    assert api_cluster.post("n0", f"/v1/txn/{holder}/write", {"writes": {keys[0]: "held"}}).status_code == 200
+    conflicted = api_cluster.execute("n0", [{"op": "put", "key": keys[0], "value": "loser"}])
+    assert conflicted.status_code == 409 and conflicted.json()["reason"] == "conflict", conflicted.text
+    assert api_cluster.post("n0", f"/v1/txn/{holder}/commit").status_code == 200
+
+    # A key never read before misses the owner's cache: n0 owns p0, so it reads storage.
+    unseen = keys_on("p0", API_PARTITION_COUNT, 1, prefix=f"metrics-unseen-{time.time_ns()}-")[0]
+    assert api_cluster.read("n0", [unseen]) == {unseen: None}
+
+    response = api_cluster.get("n0", "/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    samples = _samples(response.text)
+    for phase in PHASES:
+        assert _value(samples, "cornus_txn_phase_seconds_count", protocol="cornus", phase=phase) >= commit_count + 1
+        assert _value(samples, "cornus_txn_phase_seconds_bucket", protocol="cornus", phase=phase, le="+Inf") >= 1
+    assert _value(samples, "cornus_txn_outcomes_total", protocol="cornus", outcome="committed") >= commit_count + 1
+    assert _value(samples, "cornus_txn_outcomes_total", protocol="cornus", outcome="aborted") >= 2
+    assert _value(samples, "cornus_txn_aborts_total", protocol="cornus", reason="client") >= 1
+    assert _value(samples, "cornus_txn_aborts_total", protocol="cornus", reason="conflict") >= 1
+    assert _value(samples, "cornus_in_doubt_transactions") == 0
+    assert _value(samples, "cornus_ready") == 1
+    for call in ("log_once", "read_data", "apply_redo", "scan_unfinished"):
+        assert _value(samples, "cornus_storage_call_seconds_count", backend="emulator", call=call) >= 1, call
+    assert _value(samples, "cornus_node_events_total", event="outcome_committed") >= commit_count + 1
+    # The other node was a participant: its storage calls are its own, and it coordinated nothing.
+    other = _samples(api_cluster.get("n1", "/metrics").text)
+    assert _value(other, "cornus_storage_call_seconds_count", backend="emulator", call="log_once") >= commit_count
+
+
+class _FlakyStore(LogStore):
+    """Reads fail with StorageUnavailable; everything else is not reached by the test."""
+
+    backend_name = "flaky"
+
+    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+        raise AssertionError("not used")
+
+    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+        raise AssertionError("not used")
+
+    async def read(self, log: LogId, txn: str) -> Record | None:
+        raise StorageUnavailable("flaky: no answer within 1 ms")
+
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
+        return []
+
+    async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
+        return dict.fromkeys(keys)
+
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
+        raise AssertionError("not used")
+
+    async def delete(self, log: LogId, txn: str) -> bool:
+        raise AssertionError("not used")
+
+    async def close(self) -> None:
+        pass
+
+
+def test_instrumented_store_counts_errors_by_type_and_reraises_them() -> None:
+    metrics = Metrics()
+    store = InstrumentedStore(_FlakyStore(), metrics)
+
+    async def calls() -> None:
+        assert await store.read_data("p0", ["a", "b"]) == {"a": None, "b": None}
+        for _ in range(3):
+            with pytest.raises(StorageUnavailable, match="flaky"):
+                await store.read(LogId.partition("p0"), "t1")
+
+    asyncio.run(calls())
+    registry = metrics.registry
+    labels = {"backend": "flaky", "call": "read"}
+    assert registry.get_sample_value("cornus_storage_errors_total", {**labels, "error": "StorageUnavailable"}) == 3
+    assert registry.get_sample_value("cornus_storage_call_seconds_count", labels) == 3
+    assert registry.get_sample_value("cornus_storage_call_seconds_count", {**labels, "call": "read_data"}) == 1
+    assert registry.get_sample_value("cornus_storage_errors_total", {**labels, "call": "read_data",
+                                                                      "error": "StorageUnavailable"}) is None
+
+
+def _log_lines(path: Path) -> list[dict[str, object]]:
+    lines = path.read_text().splitlines()
+    assert lines, f"{path} is empty"
+    parsed = []
+    for line in lines:
+        try:
+            parsed.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise AssertionError(f"not a JSON log line: {line!r}") from None
+    return parsed
+
+
+def test_log_lines_are_json_and_carry_the_txn(api_cluster: Cluster) -> None:
+    key = keys_on("p2", API_PARTITION_COUNT, 1, prefix="logs-")[0]
+    committed = api_cluster.execute("n0", [{"op": "put", "key": key, "value": "v"}]).json()["txn"]
+    aborted = api_cluster.post("n0", "/v1/txn").json()["txn"]
+    assert api_cluster.post("n0", f"/v1/txn/{aborted}/write", {"writes": {key: "never"}}).status_code == 200
+    assert api_cluster.post("n0", f"/v1/txn/{aborted}/abort").status_code == 409
+    rejected = api_cluster.post("n0", "/v1/txn").json()["txn"]
+    assert api_cluster.post("n0", f"/v1/txn/{rejected}/read", {"keys": []}).status_code == 422
+
+    log_path = api_cluster.nodes["n0"].log_path
+    assert log_path is not None
+    deadline = time.monotonic() + READY_POLL_TIMEOUT_S
+    while True:  # the node writes its lines as it handles the calls; give the pipe a moment
+        lines = _log_lines(log_path)
+        tagged = {str(line.get("txn")) for line in lines}
+        if {committed, aborted, rejected} <= tagged or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for line in lines:
+        assert {"ts", "level", "logger", "msg", "node"} <= line.keys(), line
+        assert line["node"] == "n0", line
+    assert any(line.get("txn") == committed and "committed" in str(line["msg"]) for line in lines)
+    assert any(line.get("txn") == aborted and "aborted" in str(line["msg"]) for line in lines)
+    assert any(line.get("txn") == rejected and "422" in str(line["msg"]) for line in lines)
+    # Any line that names one of these transactions says which in its txn field.
+    for line in lines:
+        for txn in (committed, aborted, rejected):
+            if txn in str(line["msg"]):
+                assert line.get("txn") == txn, line
+
+
+def test_healthz_and_readyz(api_cluster: Cluster) -> None:
+    health = api_cluster.get("n1", "/healthz")
+    assert health.status_code == 200 and health.json() == {"status": "ok", "node": "n1"}
+    ready = api_cluster.get("n1", "/readyz")
+    assert ready.status_code == 200 and ready.json() == {"ready": True, "node": "n1", "in_doubt": 0}
+
+
+def test_published_openapi_and_docs(api_cluster: Cluster) -> None:
+    assert api_cluster.get("n0", "/docs").status_code == 200
+    schema = api_cluster.get("n0", "/openapi.json").json()
+    execute = schema["paths"]["/v1/execute"]["post"]
+    examples = execute["requestBody"]["content"]["application/json"]["examples"]
+    assert examples["put"]["value"] == {"ops": [{"op": "put", "key": "k", "value": "v"}]}
+    assert {"200", "202", "400", "409", "413", "422", "503"} <= execute["responses"].keys()
+    assert schema["components"]["schemas"]["ExecuteIn"]["properties"]["ops"]["maxItems"] == 1_000
+
+
+def test_readyz_is_503_until_recovery_has_run(tmp_path: Path) -> None:
+    with running_cluster("cornus", emulator_storage(tmp_path / "c.db"), node_count=1, partition_count=2) as cluster:
+        cluster.start("n0", wait=False)
+        seen: list[int] = []
+        deadline = time.monotonic() + READY_POLL_TIMEOUT_S
+        while not seen or seen[-1] != 200:
+            assert time.monotonic() < deadline, f"never ready; saw {seen}\n{cluster.log('n0')}"
+            try:
+                response = cluster.get("n0", "/readyz")
+            except httpx.TransportError:
+                time.sleep(0.02)  # not listening yet
+                continue
+            if response.status_code == 503:
+                assert response.json()["ready"] is False
+                # Liveness is independent of readiness: a recovering node is alive.
+                assert cluster.get("n0", "/healthz").status_code == 200
+            seen.append(response.status_code)
+            time.sleep(0.02)
+        # Recovery waits out one storage deadline (2 s here) before it scans, so the REST server,
+        # which starts at once, answers 503 first.
+        assert 503 in seen and set(seen) <= {200, 503}, seen

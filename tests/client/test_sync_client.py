@@ -1,0 +1,192 @@
+"""The sync SDK end to end against a real 3-node cluster: commits, read-your-writes, abort on an
+exception, conflicts retried, status, failover of new transactions, and bad input refused with a
+typed error and nothing changed."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.client import (
+    ClientConfig,
+    CornusClient,
+    InvalidRequest,
+    NotFound,
+    Op,
+    Status,
+    Transaction,
+    TransactionAborted,
+    Unavailable,
+    WrongState,
+)
+from tests.storage.servers import free_port
+
+# Short backoff keeps retried tests fast; the bound on retries is what is under test.
+FAST = ClientConfig(backoff_ms_min=5, backoff_ms_max=50, retry_count_max=3)
+
+
+def test_commit_read_your_writes_and_status(urls: list[str], prefix: str) -> None:
+    a, b = f"{prefix}a", f"{prefix}b"
+    with CornusClient(urls, config=FAST) as client:
+        put = client.put(a, "1")
+        assert put.status is Status.COMMITTED and put.txn and put.attempt_count == 1
+
+        # No get of these keys before the write: a read-only commit releases its read locks just
+        # after it answers, so a write right behind it may meet them (NO_WAIT: a conflict).
+        with client.transaction() as txn:
+            assert txn.read([a, b]) == {a: "1", b: None}
+            txn.write({a: "2", b: "x"})
+            # The transaction sees its own writes before it commits.
+            assert txn.read([a, b]) == {a: "2", b: "x"}
+        assert txn.outcome is not None and txn.outcome.committed
+
+        # Any node answers for the committed values and for the transaction's status.
+        for url in urls:
+            with CornusClient(url) as one:
+                assert one.execute([Op.get(a), Op.get(b)]).reads == {a: "2", b: "x"}
+                status = one.status(txn.txn)
+                assert status.status is Status.COMMITTED, status
+        assert client.get(a) == "2"
+        assert client.get(f"{prefix}absent") is None
+        with pytest.raises(NotFound):
+            client.status("1.n9.none.1")
+
+
+def test_new_transactions_rotate_over_the_nodes(urls: list[str], prefix: str) -> None:
+    with CornusClient(urls) as client:
+        begun = [client.begin() for _ in urls]
+        assert sorted(txn.node_url for txn in begun) == sorted(urls)
+        for index, txn in enumerate(begun):
+            txn.write({f"{prefix}{index}": "v"})
+            assert txn.commit().committed
+        outcomes = [client.put(f"{prefix}x{index}", "v") for index in range(len(urls))]
+        assert sorted(outcome.node_url for outcome in outcomes) == sorted(urls)
+
+
+def test_exception_in_transaction_aborts_it(urls: list[str], prefix: str) -> None:
+    key = f"{prefix}k"
+    with CornusClient(urls, config=FAST) as client:
+        client.put(key, "before")
+        with pytest.raises(RuntimeError, match="boom"), client.transaction() as txn:
+            txn.write({key: "never"})
+            raise RuntimeError("boom")
+        assert txn.outcome is not None and txn.outcome.status is Status.ABORTED
+        assert txn.outcome.reason == "client"
+        # Nothing was written, and the abort released the lock before it answered: a new writer
+        # does not conflict. (Reading with a get first could: a read-only commit answers before
+        # its read locks are released, so the write would race that release.)
+        with client.transaction() as after:
+            assert after.read([key]) == {key: "before"}
+            after.write({key: "after"})
+        assert client.get(key) == "after"
+        # Aborting by hand inside the block is not an error.
+        with client.transaction() as txn:
+            txn.write({key: "never"})
+            assert txn.abort().status is Status.ABORTED
+        with pytest.raises(WrongState):
+            txn.write({key: "late"})
+        assert client.get(key) == "after"
+
+
+def test_conflict_is_retried_by_run_transaction(urls: list[str], prefix: str) -> None:
+    key = f"{prefix}counter"
+    with CornusClient(urls, config=FAST) as client:
+        client.put(key, "10")
+        blocker = client.begin()
+        blocker.write({key: "20"})  # holds the lock until it commits
+
+        # A one-shot writer meets the lock: aborted, retryable, retried to the bound, no more.
+        outcome = client.execute([Op.put(key, "nope")])
+        assert outcome.status is Status.ABORTED and outcome.reason == "conflict" and outcome.retryable
+        assert outcome.attempt_count == FAST.retry_count_max + 1
+
+        calls: list[int] = []
+        seen: list[str | None] = []
+
+        def increment(txn: Transaction) -> int:
+            calls.append(1)
+            if len(calls) == 2:
+                # Only now does the lock go away: the first run must have failed on it.
+                assert blocker.commit().committed
+            value = txn.read([key])[key]
+            seen.append(value)
+            txn.write({key: str(int(value or 0) + 1)})
+            return int(value or 0) + 1
+
+        assert client.run_transaction(increment) == 21
+        assert len(calls) == 2 and seen == ["20"], "the first run aborted on the conflict before it read"
+        assert client.get(key) == "21"
+
+        # A conflict that outlasts every retry surfaces as a retryable TransactionAborted.
+        blocker = client.begin()
+        blocker.write({key: "30"})
+        calls.clear()
+        calls.extend([1, 1])  # past the run that would commit the blocker
+        with pytest.raises(TransactionAborted) as aborted:
+            client.run_transaction(increment)
+        assert len(calls) == 2 + FAST.retry_count_max + 1
+        assert aborted.value.retryable and aborted.value.outcome.reason == "conflict"
+        assert blocker.commit().committed
+        assert client.get(key) == "30"
+
+
+def test_bad_input_raises_typed_errors_and_changes_nothing(urls: list[str], prefix: str) -> None:
+    key = f"{prefix}k"
+    with CornusClient(urls, config=FAST) as client:
+        client.put(key, "v0")
+        with pytest.raises(InvalidRequest):
+            client.put("", "v")  # empty key: the server's 422
+        with pytest.raises(InvalidRequest):
+            client.put(key, "x" * (64 * 1024 + 1))  # over the value limit
+        with pytest.raises(InvalidRequest):
+            client.execute([])
+        with pytest.raises(InvalidRequest):
+            client.put(key, 5)  # type: ignore[arg-type]
+        with pytest.raises(InvalidRequest):
+            client.status("no spaces allowed")
+        assert client.get(key) == "v0"
+
+        # A refused write leaves the interactive transaction running and unchanged.
+        with client.transaction() as txn:
+            with pytest.raises(InvalidRequest):
+                txn.write({key: "y" * (64 * 1024 + 1)})
+            assert txn.read([key]) == {key: "v0"}
+            txn.write({f"{prefix}other": "ok"})
+        assert txn.outcome is not None and txn.outcome.committed
+        assert client.get(key) == "v0"
+
+        # The server, not only the client, refuses calls on an ended transaction.
+        stale = Transaction(client, txn.txn, txn.node_url)
+        with pytest.raises(WrongState) as wrong:
+            stale.write({key: "late"})
+        assert wrong.value.status_code == 409
+        assert client.get(key) == "v0"
+
+    with pytest.raises(InvalidRequest):
+        CornusClient(["ftp://127.0.0.1:1"])
+    with pytest.raises(InvalidRequest):
+        CornusClient([])
+
+
+def test_new_transactions_fail_over_from_a_dead_node(urls: list[str], prefix: str) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    with CornusClient([dead, urls[0]], config=FAST) as client:
+        for index in range(4):  # both rotation starts: dead first and live first
+            outcome = client.put(f"{prefix}{index}", "v")
+            assert outcome.committed and outcome.node_url == urls[0] and outcome.attempt_count == 1
+            txn = client.begin()
+            assert txn.node_url == urls[0]
+            assert txn.abort().status is Status.ABORTED
+
+
+def test_no_reachable_node_is_unavailable_after_bounded_retries() -> None:
+    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    with CornusClient(dead, config=FAST) as client:
+        outcome = client.execute([Op.put("k", "v")])
+        assert outcome.status is Status.UNAVAILABLE and outcome.retryable
+        assert outcome.attempt_count == FAST.retry_count_max + 1
+        with pytest.raises(Unavailable):
+            client.begin()
+        calls: list[int] = []
+        with pytest.raises(Unavailable):
+            client.run_transaction(lambda txn: calls.append(1))
+        assert calls == [], "the function never runs without a transaction"

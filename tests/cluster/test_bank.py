@@ -1,0 +1,142 @@
+"""The bank workload: concurrent clients transfer money between accounts spread over every
+partition while nodes are killed with SIGKILL and restarted. Afterwards the total is unchanged and
+every transfer a client was told committed is visible."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from tests.cluster.harness import Cluster, running_cluster
+
+ACCOUNT_COUNT = 12
+BALANCE_START = 100
+CLIENT_COUNT = 4
+WORKLOAD_S = 20.0
+KILL_EVERY_S = 2.5
+DOWN_S = 1.0
+HTTP_TIMEOUT_S = 10.0
+SETTLE_TIMEOUT_S = 60.0
+SETTINGS = {"timeout_ms_txn_idle": 1500}
+
+
+@dataclass
+class Tally:
+    committed: list[str] = field(default_factory=list)  # marker keys of acknowledged transfers
+    unknown: int = 0
+    aborted: int = 0
+    failed_before_commit: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _accounts() -> list[str]:
+    return [f"acct{i}" for i in range(ACCOUNT_COUNT)]
+
+
+def _transfer(client: httpx.Client, url: str, source: str, target: str, *, amount: int, marker: str) -> str:
+    """One interactive transfer; 'committed', 'aborted', 'unknown' or 'failed' (never reached commit)."""
+    begin = client.post(f"{url}/v1/txn")
+    if begin.status_code != 201:
+        return "failed"
+    txn = begin.json()["txn"]
+    read = client.post(f"{url}/v1/txn/{txn}/read", json={"keys": [source, target]})
+    if read.status_code != 200:
+        return "failed"
+    values = read.json()["values"]
+    writes = {source: str(int(values[source]) - amount), target: str(int(values[target]) + amount), marker: "done"}
+    if client.post(f"{url}/v1/txn/{txn}/write", json={"writes": writes}).status_code != 200:
+        return "failed"
+    try:
+        commit = client.post(f"{url}/v1/txn/{txn}/commit")
+    except httpx.HTTPError:
+        return "unknown"  # the request may have reached the coordinator before it died
+    outcome = commit.json().get("outcome")
+    return outcome if outcome in ("committed", "aborted") else "unknown"
+
+
+def _client_loop(cluster: Cluster, index: int, stop: threading.Event, tally: Tally) -> None:
+    rng = random.Random(index)
+    accounts = _accounts()
+    with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
+        serial = 0
+        while not stop.is_set():
+            node = cluster.nodes[rng.choice(sorted(cluster.nodes))]
+            source, target = rng.sample(accounts, 2)
+            serial += 1
+            marker = f"xfer-{index}-{serial}"
+            try:
+                result = _transfer(client, node.url, source, target, amount=rng.randint(1, 20), marker=marker)
+            except httpx.HTTPError:
+                result = "failed"
+            with tally.lock:
+                if result == "committed":
+                    tally.committed.append(marker)
+                elif result == "unknown":
+                    tally.unknown += 1
+                elif result == "aborted":
+                    tally.aborted += 1
+                else:
+                    tally.failed_before_commit += 1
+            if result == "failed":
+                time.sleep(0.05)  # the node is probably down: do not spin on it
+
+
+def _chaos(cluster: Cluster, stop: threading.Event, kills: list[str]) -> None:
+    rng = random.Random(7)
+    while not stop.wait(KILL_EVERY_S):
+        victim = rng.choice(sorted(cluster.nodes))
+        cluster.kill(victim)
+        kills.append(victim)
+        time.sleep(DOWN_S)
+        cluster.start(victim)
+
+
+def _settle(cluster: Cluster) -> None:
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        busy = [row for node_id in cluster.nodes for row in cluster.get(node_id, "/v1/admin/transactions").json()]
+        if not busy:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"transactions still in flight: {busy}")
+
+
+@pytest.mark.parametrize("protocol", ["cornus", "2pc", "coordinator-log"])
+def test_bank_with_kills_and_restarts(protocol: str, storage: dict[str, str]) -> None:
+    with running_cluster(protocol, storage, settings=SETTINGS) as cluster:
+        cluster.start_all()
+        accounts = _accounts()
+        setup = cluster.execute("n0", [{"op": "put", "key": a, "value": str(BALANCE_START)} for a in accounts])
+        assert setup.status_code == 200, setup.text
+
+        stop, tally, kills = threading.Event(), Tally(), []
+        threads = [threading.Thread(target=_client_loop, args=(cluster, i, stop, tally)) for i in range(CLIENT_COUNT)]
+        threads.append(threading.Thread(target=_chaos, args=(cluster, stop, kills)))
+        for thread in threads:
+            thread.start()
+        time.sleep(WORKLOAD_S)
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+            assert not thread.is_alive()
+
+        for node_id in cluster.nodes:
+            cluster.wait_ready(node_id)
+        _settle(cluster)
+        balances = cluster.read("n0", accounts)
+        total = sum(int(value) for value in balances.values())  # type: ignore[arg-type]
+        markers: dict[str, str | None] = {}
+        for start in range(0, len(tally.committed), 500):  # within the op limit of one request
+            markers.update(cluster.read("n1", tally.committed[start : start + 500]))
+        print(f"{protocol}: {len(tally.committed)} committed, {tally.aborted} aborted, {tally.unknown} unknown, "
+              f"{tally.failed_before_commit} failed before commit; kills {kills}; total {total}")
+        assert kills, "the chaos thread killed nobody"
+        assert len(tally.committed) > 20, "too few transfers committed to mean anything"
+        assert total == ACCOUNT_COUNT * BALANCE_START, f"money was created or lost: {balances}"
+        missing = [marker for marker, value in markers.items() if value != "done"]
+        assert not missing, f"acknowledged transfers are not visible: {missing}"

@@ -1,0 +1,138 @@
+"""kill -9 at every named failpoint, on real node processes.
+
+Coordinator killed: under Cornus every participant decides without the coordinator coming back;
+under 2PC and coordinator-log, participants that voted yes stay undecided until it restarts
+(asserted: that is the protocol). Participant killed: after a restart its recovery resolves its
+transactions. In every case the transaction ends atomic: all of its writes or none.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.cluster.harness import Cluster, keys_on, running_cluster
+
+PROTOCOLS = ["cornus", "2pc", "coordinator-log"]
+COORDINATOR_FAILPOINTS = [
+    "coordinator.before_prepare",
+    "coordinator.after_prepare",
+    "coordinator.after_votes",
+    "coordinator.after_decision_log",
+    "coordinator.after_reply",
+]
+PARTICIPANT_FAILPOINTS = [
+    "participant.before_log_vote",
+    "participant.after_log_vote",
+    "participant.before_apply",
+    "participant.after_apply",
+]
+# Failpoints on a path the protocol never takes: Cornus coordinators log nothing, and
+# coordinator-log participants vote without logging.
+NOT_ON_PATH = {
+    ("cornus", "coordinator.after_decision_log"),
+    ("coordinator-log", "participant.before_log_vote"),
+    ("coordinator-log", "participant.after_log_vote"),
+}
+COORDINATOR_CASES = [(p, f) for p in PROTOCOLS for f in COORDINATOR_FAILPOINTS if (p, f) not in NOT_ON_PATH]
+PARTICIPANT_CASES = [(p, f) for p in PROTOCOLS for f in PARTICIPANT_FAILPOINTS if (p, f) not in NOT_ON_PATH]
+# Short protocol timeouts so a crash resolves quickly; idle executions time out after 2x this.
+SETTINGS = {"timeout_ms_txn_idle": 1500}
+RESOLVE_TIMEOUT_S = 20.0
+# How long 2PC participants are watched to stay blocked while their coordinator is down.
+BLOCKED_WATCH_S = 2.0
+PARTITIONS = 6
+
+
+def _keys() -> tuple[str, str]:
+    # p1 is owned by n1 and p2 by n2 (round-robin over sorted node ids): n0 coordinates only.
+    return keys_on("p1", PARTITIONS, 1, prefix="x")[0], keys_on("p2", PARTITIONS, 1, prefix="y")[0]
+
+
+def _participant_txns(cluster: Cluster, node_ids: list[str]) -> dict[str, list[dict[str, object]]]:
+    found: dict[str, list[dict[str, object]]] = {}
+    for node_id in node_ids:
+        if not cluster.nodes[node_id].alive:
+            continue
+        rows = cluster.get(node_id, "/v1/admin/transactions").json()
+        found[node_id] = [row for row in rows if row["role"] == "participant"]
+    return found
+
+
+def _wait_settled(cluster: Cluster, node_ids: list[str], timeout_s: float = RESOLVE_TIMEOUT_S) -> float:
+    """Wait until no participant machine is left on `node_ids`; the seconds it took."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if not any(_participant_txns(cluster, node_ids).values()):
+            return time.monotonic() - started
+        time.sleep(0.02)
+    raise AssertionError(f"participants did not settle: {_participant_txns(cluster, node_ids)}")
+
+
+def _voted(cluster: Cluster, node_ids: list[str]) -> bool:
+    return any(row["phase"] == "voted" for rows in _participant_txns(cluster, node_ids).values() for row in rows)
+
+
+def _assert_atomic(cluster: Cluster, reader: str, keys: tuple[str, str], acknowledged: bool) -> str:
+    values = cluster.read(reader, list(keys))
+    assert set(values.values()) in ({"new"}, {"old"}), f"not atomic: {values}"
+    if acknowledged:
+        assert set(values.values()) == {"new"}, f"an acknowledged commit is missing: {values}"
+    return next(iter(values.values()))  # type: ignore[return-value]
+
+
+def _execute_until_crash(cluster: Cluster, node_id: str, keys: tuple[str, str]) -> bool:
+    """Run the transaction on `node_id`; True if the caller was told it committed."""
+    try:
+        response = cluster.execute(node_id, [{"op": "put", "key": key, "value": "new"} for key in keys])
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200 and response.json()["outcome"] == "committed"
+
+
+@pytest.mark.parametrize(("protocol", "failpoint"), COORDINATOR_CASES)
+def test_coordinator_killed(protocol: str, failpoint: str, storage: dict[str, str]) -> None:
+    keys = _keys()
+    with running_cluster(protocol, storage, settings=SETTINGS) as cluster:
+        cluster.start_all()
+        assert cluster.execute("n1", [{"op": "put", "key": k, "value": "old"} for k in keys]).status_code == 200
+        cluster.kill("n0")
+        cluster.start("n0", failpoints=failpoint)
+
+        acknowledged = _execute_until_crash(cluster, "n0", keys)
+        assert cluster.wait_exit("n0") == -9, "the failpoint must have killed the coordinator"
+        participants = ["n1", "n2"]
+        if protocol == "cornus":
+            settle_s = _wait_settled(cluster, participants)  # the coordinator stays dead
+            print(f"{protocol} {failpoint}: participants settled {settle_s * 1000:.0f} ms after the kill")
+        else:
+            if _voted(cluster, participants):
+                time.sleep(BLOCKED_WATCH_S)
+                assert _voted(cluster, participants), "2PC participants decided without their coordinator"
+            cluster.start("n0")
+            _wait_settled(cluster, participants)
+        _assert_atomic(cluster, "n1", keys, acknowledged)
+        if protocol == "cornus" and failpoint == "coordinator.after_reply":
+            assert acknowledged, "after_reply dies only after the caller got the reply"
+
+
+@pytest.mark.parametrize(("protocol", "failpoint"), PARTICIPANT_CASES)
+def test_participant_killed_and_recovered(protocol: str, failpoint: str, storage: dict[str, str]) -> None:
+    keys = _keys()
+    with running_cluster(protocol, storage, settings=SETTINGS) as cluster:
+        cluster.start_all()
+        assert cluster.execute("n0", [{"op": "put", "key": k, "value": "old"} for k in keys]).status_code == 200
+        _wait_settled(cluster, ["n1", "n2"])  # or the armed failpoint would fire on this setup txn
+        cluster.kill("n1")
+        cluster.start("n1", failpoints=failpoint)
+
+        acknowledged = _execute_until_crash(cluster, "n0", keys)
+        assert cluster.wait_exit("n1") == -9, "the failpoint must have killed the participant"
+        cluster.start("n1")  # recovery runs before it reports ready
+        _wait_settled(cluster, ["n1", "n2"])
+        _assert_atomic(cluster, "n2", keys, acknowledged)
+        # The partition works again: a new transaction on the recovered node's keys commits.
+        after = cluster.execute("n2", [{"op": "put", "key": k, "value": "after"} for k in keys])
+        assert after.status_code == 200, after.text
