@@ -538,8 +538,9 @@ class Node:
         return [values[partition].values[index] for partition, index in positions]
 
     async def _execute_on(self, ctx: CoordinatedTxn, partition: str, ops: tuple[Op, ...]) -> ExecuteResponse:
+        continued = partition in ctx.touched
         ctx.touched.setdefault(partition, {})
-        request = ExecuteRequest(ctx.txn, partition, self.node_id, ops)
+        request = ExecuteRequest(ctx.txn, partition, self.node_id, ops, continued=continued)
         try:
             response = await self.transport.request(
                 self.config.owner_of(partition), request, self.config.limits.timeout_ms_peer_request

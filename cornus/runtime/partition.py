@@ -81,6 +81,11 @@ class PartitionRuntime:
         except ValidationError as error:
             return ExecuteResponse(ExecuteStatus.INVALID, detail=str(error))
         execution = self.executions.get(txn)
+        if execution is None and request.continued:
+            self.abort_execution(txn)
+            return ExecuteResponse(
+                ExecuteStatus.ABORTED, detail=f"{self.name} lost the execution state of {txn} (it restarted)"
+            )
         if execution is None:
             execution = self.executions[txn] = Execution(request.coordinator)
             self.locks.register(txn, txn_timestamp(txn))

@@ -49,6 +49,10 @@ class ExecuteRequest:
     coordinator: str
     ops: tuple[Op, ...]
     abort: bool = False
+    # True when the coordinator ran operations on this partition for this txn before: the
+    # partition must still hold that execution state. A partition that restarted in between has
+    # lost the txn's locks, so what the txn read there may have changed: it must refuse.
+    continued: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -148,6 +148,7 @@ def _encode_execute_request(envelope: pb.PeerEnvelope, value: ExecuteRequest) ->
     body.partition = value.partition
     body.coordinator = value.coordinator
     body.abort = value.abort
+    body.continued = value.continued
     ops = body.ops
     for op in value.ops:
         wire_op = ops.add()
@@ -282,7 +283,12 @@ def _decode_execute_request(body: pb.ExecuteRequest) -> ExecuteRequest:
         for op in body.ops
     )
     return ExecuteRequest(
-        txn=body.txn, partition=body.partition, coordinator=body.coordinator, ops=ops, abort=body.abort
+        txn=body.txn,
+        partition=body.partition,
+        coordinator=body.coordinator,
+        ops=ops,
+        abort=body.abort,
+        continued=body.continued,
     )
 
 
