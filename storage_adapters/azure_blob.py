@@ -404,7 +404,7 @@ class AzureBlobStore(LogStore):
             values = await _gather_bounded([lambda key=key: get(key) for key in unique])
         return dict(zip(unique, values, strict=True))
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
         validate_partition(partition)
         validate_txn(txn)
         checked = validate_writes(writes)
@@ -424,16 +424,16 @@ class AzureBlobStore(LogStore):
             assert stored is not None
             if stored.record.applied:
                 # Writing again could undo a later txn's writes to the same keys.
-                return
+                return False
             await _gather_bounded([lambda k=k, v=v: put(k, v) for k, v in checked.items()])
             # The data is in; now the marker. Losing its ETag race (a concurrent applier, or an
             # idempotent log(COMMIT) rewrite) only means we read again and retry the marker.
             for _ in range(ETAG_RETRY_COUNT_MAX):
                 assert stored is not None
                 if stored.record.applied:
-                    return
+                    return True  # a concurrent applier of this same redo set it: the data is ours too
                 if await self._replace(replace(stored.record, applied=True), stored.etag):
-                    return
+                    return True
                 stored = await self._get(log, txn)
                 self._check_committed(log, txn, stored)
             raise StorageUnavailable(

@@ -259,11 +259,12 @@ class LogStore(abc.ABC):
         """Committed values of `keys` in `partition` (None for absent keys)."""
 
     @abc.abstractmethod
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
         """Apply a committed redo to the data and mark the partition's record applied, atomically
         where the backend allows. The record must be COMMIT. A record already marked applied is
         left alone and nothing is written: re-writing an old redo could undo a later transaction's
-        writes to the same keys. So recovery may repeat the call safely."""
+        writes to the same keys. So recovery may repeat the call safely. True if this call applied
+        the redo, False if it was applied before (a caller caching data must not cache it then)."""
 
     @abc.abstractmethod
     async def delete(self, log: LogId, txn: str) -> bool:

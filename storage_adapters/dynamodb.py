@@ -473,7 +473,7 @@ class DynamoDbStore(LogStore):
         assert set(found) <= set(unique)
         return {key: found.get(key) for key in unique}
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
         validate_partition(partition)
         validate_txn(txn)
         checked = validate_writes(writes)
@@ -531,9 +531,9 @@ class DynamoDbStore(LogStore):
                     if stored is None:
                         raise
                     if stored.applied:
-                        return
+                        return False
                     raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {stored.state}") from error
-                return
+                return True
             # Too big for one transaction: check first, then data, then the marker, so the record
             # says applied only once all data is in.
             item = await self._get_item(record_key)
@@ -542,7 +542,7 @@ class DynamoDbStore(LogStore):
                 state = stored.state if stored is not None else "absent"
                 raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {state}")
             if stored.applied:
-                return
+                return False
             for chunk in chunks[:-1]:
                 await self._transact(chunk)
             try:
@@ -552,6 +552,7 @@ class DynamoDbStore(LogStore):
                 if stored is None:
                     raise
                 raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {stored.state}") from error
+            return True
 
     async def _transact(self, items: list[dict[str, Any]]) -> None:
         assert 0 < len(items) <= TRANSACT_ITEM_COUNT_MAX

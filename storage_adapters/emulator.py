@@ -308,13 +308,13 @@ class EmulatorStore(LogStore):
 
         return await self._call(run, writes=False)
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
         validate_partition(partition)
         validate_txn(txn)
         checked = validate_writes(writes)
         log = LogId.partition(partition)
 
-        def run(conn: sqlite3.Connection) -> None:
+        def run(conn: sqlite3.Connection) -> bool:
             row = conn.execute(
                 "SELECT state, applied FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)
             ).fetchone()
@@ -322,7 +322,7 @@ class EmulatorStore(LogStore):
                 stored = "absent" if row is None else row[0]
                 raise InvariantViolation(f"apply_redo of txn {txn!r} on {partition!r}: record is {stored}, not COMMIT")
             if row[1]:
-                return  # applied before: see the contract on why it must not be re-written
+                return False  # applied before: see the contract on why it must not be re-written
             for key, value in checked.items():
                 if value is None:
                     conn.execute("DELETE FROM data WHERE partition = ? AND key = ?", (partition, key))
@@ -332,8 +332,9 @@ class EmulatorStore(LogStore):
                         (partition, key, value, value),
                     )
             conn.execute("UPDATE txn_log SET applied = 1 WHERE log = ? AND txn = ?", (log.key, txn))
+            return True
 
-        await self._call(run, writes=True)
+        return await self._call(run, writes=True)
 
     async def delete(self, log: LogId, txn: str) -> bool:
         validate_log(log)

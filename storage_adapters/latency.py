@@ -98,9 +98,9 @@ class LatencyInjectingStore(LogStore):
         await self._delay()
         return await self.inner.read_data(partition, keys)
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
         await self._delay()
-        await self.inner.apply_redo(partition, txn, writes)
+        return await self.inner.apply_redo(partition, txn, writes)
 
     async def delete(self, log: LogId, txn: str) -> bool:
         await self._delay()

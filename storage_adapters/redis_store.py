@@ -97,7 +97,7 @@ return {'OK', ARGV[2]}
 _APPLY_REDO = _SYNC_INDEX + """
 local stored = redis.call('HGET', KEYS[1], 'state')
 if stored ~= 'COMMIT' then return {'NOT_COMMIT', stored or 'absent'} end
-if redis.call('HGET', KEYS[1], 'applied') == '1' then return {'OK', 'COMMIT'} end
+if redis.call('HGET', KEYS[1], 'applied') == '1' then return {'APPLIED_BEFORE', 'COMMIT'} end
 for i = 3, #KEYS do
   local op = ARGV[2 * (i - 2)]
   if op == 's' then
@@ -266,7 +266,7 @@ class RedisStore(LogStore):
         )
         return dict(zip(checked, values, strict=True))
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
         validate_partition(partition)
         validate_txn(txn)
         checked = validate_writes(writes)
@@ -281,7 +281,8 @@ class RedisStore(LogStore):
             raise InvariantViolation(
                 f"apply_redo of txn {txn!r} on {partition!r}: record is {stored.decode()}, not COMMIT"
             )
-        assert verdict == b"OK"
+        assert verdict in (b"OK", b"APPLIED_BEFORE")
+        return verdict == b"OK"
 
     async def delete(self, log: LogId, txn: str) -> bool:
         validate_log(log)

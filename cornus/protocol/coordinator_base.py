@@ -145,9 +145,13 @@ class CoordinatorBase:
         if self.phase is not CoordPhase.GC_WAIT:
             return []
         self.phase = CoordPhase.DONE
-        effects: list[Effect] = [DeleteRecord(LogId.partition(p), self.txn) for p in self.participants]
+        effects: list[Effect] = []
         if self.uses_coordinator_log:
+            # Our own record goes first (the runtime deletes in list order): while it exists a
+            # restart of ours resends its decision, and a participant whose record is already gone
+            # would take a resent COMMIT for a new transaction and apply an old redo again.
             effects.append(DeleteRecord(self.coordinator_log, self.txn))
+        effects += [DeleteRecord(LogId.partition(p), self.txn) for p in self.participants]
         return effects
 
     def _timer(self, kind: str) -> str:

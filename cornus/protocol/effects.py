@@ -74,7 +74,8 @@ class ReleaseLocks:
 
 @dataclass(frozen=True, slots=True)
 class DeleteRecord:
-    """Garbage collection of a finished transaction's record."""
+    """Garbage collection of a finished transaction's record. The DeleteRecords of one effect list
+    are carried out one after another, in list order."""
 
     log: LogId
     txn: str

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from cornus.protocol import redo_bundle
 from cornus.protocol.config import Protocol
 from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.effects import (
@@ -66,7 +67,15 @@ from cornus.runtime.wire import (
     StatusRequest,
     StatusResponse,
 )
-from storage_adapters.contract import DATA_BATCH_COUNT_MAX, REDO_BYTES_MAX, LogId, LogStore, Record, TxnState
+from storage_adapters.contract import (
+    DATA_BATCH_COUNT_MAX,
+    REDO_BYTES_MAX,
+    LogId,
+    LogStore,
+    Record,
+    RecordBody,
+    TxnState,
+)
 from storage_adapters.errors import InvariantViolation, StorageUnavailable, ValidationError
 
 log = logging.getLogger("cornus.node")
@@ -208,14 +217,21 @@ class Node:
                 log.info("termination of %s on %s decided in %.2f ms", txn, host_name, elapsed_ms,
                          extra={"txn": txn})
         self._prune(host, event)
+        decision_logged = isinstance(event, LogReturned) and event.call.state.is_decision
         if (
             host is self.coordinator
-            and isinstance(event, MessageReceived)
-            and isinstance(event.message, Vote)
-            and any(isinstance(e, Reply | Log) or (isinstance(e, Send) and isinstance(e.message, Decision))
-                    for e in effects)
+            and txn is not None
+            and isinstance(event, MessageReceived | LogReturned)
+            and not decision_logged
+            and any(
+                (isinstance(e, Log) and e.state.is_decision) or isinstance(e, Reply)
+                or (isinstance(e, Send) and isinstance(e.message, Decision))
+                for e in effects
+            )
         ):
-            ctx = self._txns.get(event.message.txn)
+            # The outcome is settled by this event (the last vote, or the redo write that was all
+            # coordinator-log still waited for): whatever follows is the commit phase.
+            ctx = self._txns.get(txn)
             if ctx is not None and not ctx.timing.decided:
                 ctx.timing.decided = time.perf_counter()  # the votes are in: prepare ends here
             self.failpoints.hit("coordinator.after_votes")
@@ -236,6 +252,10 @@ class Node:
             del host.machines[txn]
 
     def _execute(self, host_name: str, effects: list[Effect]) -> None:
+        deletes = [effect for effect in effects if isinstance(effect, DeleteRecord)]
+        if deletes:
+            self._spawn(self._delete_in_order(deletes))
+            effects = [effect for effect in effects if not isinstance(effect, DeleteRecord)]
         for index, effect in enumerate(effects):
             if isinstance(effect, ApplyRedo) or (isinstance(effect, Reply) and self._armed("coordinator.after_reply")):
                 # Everything after must wait for this one (locks are released only after the data
@@ -285,8 +305,6 @@ class Node:
             self._on_reply(effect)
         elif isinstance(effect, ReleaseLocks):
             self.partitions[effect.partition].release(effect.txn)
-        elif isinstance(effect, DeleteRecord):
-            self._spawn(self._delete(effect))
         else:
             raise AssertionError(f"unexpected effect {effect!r} here")
 
@@ -330,15 +348,20 @@ class Node:
         await partition.apply(effect.txn, effect.redo, self.config.protocol_config.backoff_ms_min)
         self.failpoints.hit("participant.after_apply")
 
-    async def _delete(self, effect: DeleteRecord) -> None:
-        for attempt in range(DELETE_ATTEMPT_COUNT_MAX):
-            try:
-                await self.store.delete(effect.log, effect.txn)
+    async def _delete_in_order(self, deletes: list[DeleteRecord]) -> None:
+        """Garbage collection, in the order the machine gave (see DeleteRecord). A record that
+        cannot be deleted stops the rest: leaving later ones behind is safe, skipping ahead not."""
+        for effect in deletes:
+            for attempt in range(DELETE_ATTEMPT_COUNT_MAX):
+                try:
+                    await self.store.delete(effect.log, effect.txn)
+                    break
+                except StorageUnavailable:
+                    await asyncio.sleep(self.config.protocol_config.backoff_ms_max / 1000 * (attempt + 1))
+            else:
+                # Decided records left behind are harmless garbage: recovery skips them.
+                log.warning("gave up deleting %s of %s", effect.log.key, effect.txn, extra={"txn": effect.txn})
                 return
-            except StorageUnavailable:
-                await asyncio.sleep(self.config.protocol_config.backoff_ms_max / 1000 * (attempt + 1))
-        # A record left behind is harmless: it is decided and applied, so recovery skips it.
-        log.warning("gave up deleting %s of %s", effect.log.key, effect.txn, extra={"txn": effect.txn})
 
     def _spawn(self, coroutine: object) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)  # type: ignore[arg-type]
@@ -428,6 +451,8 @@ class Node:
                 self.partitions[partition].retake_locks(record.txn, record.body.redo, record.state is TxnState.VOTE_YES)
                 recovered.append((partition, record.txn))
                 self._feed(partition, Recovered(record))
+        if self.protocol is Protocol.COORDINATOR_LOG:
+            recovered += await self._recover_unlogged_votes(set(recovered))
         if self.protocol is not Protocol.CORNUS:
             for record in await self._scan_all(LogId.coordinator(self.node_id)):
                 self._feed(self.node_id, Recovered(record))
@@ -440,6 +465,42 @@ class Node:
         log.info("%s recovered %d transactions, %d still unresolved", self.node_id, len(recovered), unresolved)
         self.counters["recovered"] += len(recovered)
         self.ready = True
+
+    async def _recover_unlogged_votes(self, known: set[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Coordinator-log participants vote without logging, so a restart forgets which
+        transactions they voted yes on, and with it those transactions' locks: another transaction
+        could then overwrite a key that a COMMIT still on its way will write (a lost update). The
+        votes are recoverable from the coordinators' logs, which hold every participant's redo:
+        relock each redo for an owned partition that is not finished there, and wait for its
+        decision like a 2PC participant that logged its vote."""
+        found: list[tuple[str, str]] = []
+        for coordinator in self.config.peers:
+            for record in await self._scan_all(LogId.coordinator(coordinator)):
+                bundle = redo_bundle.decode(record.body.redo)
+                for partition, redo in bundle.items():
+                    if partition not in self.partitions or (partition, record.txn) in known:
+                        continue
+                    own = await self._read_retrying(LogId.partition(partition), record.txn)
+                    if own is not None and own.state.is_decision:
+                        # Decided here already: an unapplied COMMIT came back through the scan of
+                        # this partition's own log; an applied one or an ABORT needs nothing.
+                        continue
+                    vote = Record(LogId.partition(partition), record.txn, TxnState.VOTE_YES,
+                                  RecordBody(record.body.participants, record.body.coordinator, redo))
+                    self.partitions[partition].retake_locks(record.txn, redo, prepared=True)
+                    found.append((partition, record.txn))
+                    self._feed(partition, Recovered(vote))
+        return found
+
+    async def _read_retrying(self, log_id: LogId, txn: str) -> Record | None:
+        delay_ms = self.config.protocol_config.backoff_ms_min
+        while True:
+            try:
+                return await self.store.read(log_id, txn)
+            except StorageUnavailable:
+                # Like the scans: recovery cannot be skipped, and the node is not ready meanwhile.
+                await asyncio.sleep(delay_ms / 1000)
+                delay_ms = min(delay_ms * 2, self.config.protocol_config.backoff_ms_max)
 
     async def _scan_all(self, log_id: LogId) -> list[Record]:
         page_max = self.config.limits.recovery_page_count_max

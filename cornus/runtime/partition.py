@@ -182,7 +182,7 @@ class PartitionRuntime:
         delay_ms = backoff_ms_min
         for attempt in range(APPLY_ATTEMPT_COUNT_MAX):
             try:
-                await self.store.apply_redo(self.name, txn, writes)
+                applied_now = await self.store.apply_redo(self.name, txn, writes)
                 break
             except StorageUnavailable as error:
                 if attempt == 0 or attempt % 20 == 0:
@@ -194,8 +194,11 @@ class PartitionRuntime:
             log.error("apply of %s on %s gave up after %d attempts; recovery will apply it",
                       txn, self.name, APPLY_ATTEMPT_COUNT_MAX, extra={"txn": txn})
             return False
-        for key, value in writes.items():
-            self._cache_put(key, value)
+        if applied_now:
+            # Only now: a redo applied before (a duplicate COMMIT of a finished transaction) is
+            # older than what later transactions wrote, and must not reach the cache either.
+            for key, value in writes.items():
+                self._cache_put(key, value)
         return True
 
     async def read_committed(self, key: str) -> bytes | None:

@@ -173,14 +173,15 @@ class InstrumentedStore(LogStore):
         self._done("read_data", started, None)
         return result
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
         started = time.perf_counter()
         try:
-            await self.inner.apply_redo(partition, txn, writes)
+            applied = await self.inner.apply_redo(partition, txn, writes)
         except Exception as error:
             self._done("apply_redo", started, error, txn)
             raise
         self._done("apply_redo", started, None)
+        return applied
 
     async def delete(self, log: LogId, txn: str) -> bool:
         started = time.perf_counter()

@@ -95,7 +95,7 @@ class _FlakyStore(LogStore):
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
         return dict.fromkeys(keys)
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> None:
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
         raise AssertionError("not used")
 
     async def delete(self, log: LogId, txn: str) -> bool:

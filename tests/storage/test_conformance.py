@@ -173,8 +173,8 @@ async def test_scan_unfinished_respects_limit(store: LogStore, ns: str) -> None:
 async def test_apply_redo_writes_data_and_marks_applied(store: LogStore, ns: str) -> None:
     await store.log_once(LogId.partition(ns), "t1", COMMIT, body(ns))
     writes = {"alpha": b"1", "b\u00e9ta/with spaces": bytes(range(256)), "gone": None}
-    await store.apply_redo(ns, "t1", writes)
-    await store.apply_redo(ns, "t1", writes)  # recovery may repeat it
+    assert await store.apply_redo(ns, "t1", writes) is True
+    assert await store.apply_redo(ns, "t1", writes) is False  # recovery may repeat it: nothing written
     assert await store.read_data(ns, ["alpha", "b\u00e9ta/with spaces", "gone", "never"]) == {
         "alpha": b"1", "b\u00e9ta/with spaces": bytes(range(256)), "gone": None, "never": None
     }
@@ -186,7 +186,7 @@ async def test_apply_redo_writes_data_and_marks_applied(store: LogStore, ns: str
     assert await store.read_data(ns, ["alpha", "gone"]) == {"alpha": None, "gone": b"back"}
 
     # Recovery repeating t1's apply after t2 wrote the same keys must not undo t2.
-    await store.apply_redo(ns, "t1", writes)
+    assert await store.apply_redo(ns, "t1", writes) is False
     assert await store.read_data(ns, ["alpha", "gone"]) == {"alpha": None, "gone": b"back"}
 
 

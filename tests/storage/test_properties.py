@@ -90,7 +90,8 @@ class LogStoreModel(RuleBasedStateMachine):
             except InvariantViolation:
                 return
             raise AssertionError("apply_redo accepted a record that is not COMMIT")
-        self.run(self.store.apply_redo(partition, txn, writes))
+        applied_now = self.run(self.store.apply_redo(partition, txn, writes))
+        assert applied_now is not stored["applied"]
         if stored["applied"]:
             return  # a repeated apply writes nothing
         stored["applied"] = True
