@@ -18,27 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
 import dataclasses
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
-
 from cornus.protocol.config import Protocol
-from cornus.runtime.config import NodeConfig
 from services.client import (
     ClientConfig,
     CornusClient,
@@ -51,6 +39,18 @@ from services.client import (
     TxnInfo,
 )
 from services.client._core import normalize_urls
+from services.local_cluster import (
+    CLUSTER_POLL_S,
+    CLUSTER_TIMEOUT_S_READY,
+    ClusterNode,
+    StopSignals,
+    cluster_ports,
+    dead_node,
+    report_dead,
+    start_node,
+    stop_nodes,
+    wait_cluster_ready,
+)
 from storage_adapters.errors import StorageError, ValidationError
 from storage_adapters.factory import BACKENDS, StoreConfig
 
@@ -103,7 +103,8 @@ def _serve(args: argparse.Namespace) -> int:
     from services.serve import run
 
     overrides: dict[str, object] = {
-        "node_id": args.node_id, "listen": args.listen, "api_listen": args.api_listen, "peers": args.peers,
+        "node_id": args.node_id, "listen": args.listen, "api_listen": args.api_listen,
+        "grpc_api_listen": args.grpc_api_listen, "peers": args.peers,
         "partition_count": args.partition_count, "protocol": args.protocol,
     }
     for name in ("timeout_ms_call", "emulator_path", "redis_url", "azure_connection_string", "azure_container",
@@ -239,165 +240,6 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 # === cluster up ===================================================================================
 
-# A node that is not ready this long after its start has failed to start.
-CLUSTER_TIMEOUT_S_READY = 60.0
-# A node gets this long to stop after SIGTERM (its own graceful shutdown is bounded by 10 s plus
-# the REST server's 2 s) before it is killed.
-CLUSTER_TIMEOUT_S_STOP = 15.0
-CLUSTER_POLL_S = 0.1
-LOG_TAIL_BYTES_MAX = 3_000
-
-
-@dataclass
-class _ClusterNode:
-    config: NodeConfig
-    api_port: int
-    peer_port: int
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.api_port}"
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def log_tail(self) -> str:
-        try:
-            data = self.log_path.read_bytes()[-LOG_TAIL_BYTES_MAX:]
-        except OSError:
-            return ""
-        return data.decode("utf-8", "replace")
-
-
-class _StopSignals:
-    """SIGINT and SIGTERM ask the cluster to stop; a second one while it stops kills the nodes."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.count = 0
-        self.last = ""
-
-    def install(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self._handle)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.count += 1
-        self.last = signal.Signals(signum).name
-        self.event.set()
-
-
-def _cluster_ports(node_count: int, base_port: int | None) -> list[tuple[int, int]]:
-    """(REST port, peer gRPC port) per node: with a base port, REST on base+i and gRPC on
-    base+nodes+i; else ports the kernel picks."""
-    if base_port is None:
-        sockets: list[socket.socket] = []
-        try:
-            # Hold every socket until all are bound, so no port is handed out twice.
-            for _ in range(2 * node_count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", 0))
-            ports = [sock.getsockname()[1] for sock in sockets]
-        finally:
-            for sock in sockets:
-                sock.close()
-        return [(ports[2 * i], ports[2 * i + 1]) for i in range(node_count)]
-    if base_port <= 0 or base_port + 2 * node_count - 1 > 65535:
-        raise ValidationError(f"--base-port {base_port}: ports {base_port}..{base_port + 2 * node_count - 1} "
-                              "must lie in 1..65535")
-    pairs = [(base_port + i, base_port + node_count + i) for i in range(node_count)]
-    for port in (port for pair in pairs for port in pair):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError as error:
-                raise ValidationError(f"port 127.0.0.1:{port} is not free ({error.strerror})") from None
-    return pairs
-
-
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
-    def set_parent_death_signal() -> None:
-        # Runs in the child before exec. If `cluster up` itself is killed with SIGKILL it cannot
-        # stop its nodes; on Linux the kernel then sends them SIGTERM instead of leaving orphans.
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return set_parent_death_signal
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def _start_node(node: _ClusterNode, args: argparse.Namespace, db_path: Path, peers: str) -> None:
-    assert not node.alive
-    argv = [sys.executable, "-m", "services.cli", "serve", "--node-id", node.config.node_id,
-            "--listen", node.config.listen, "--api-listen", node.config.api_listen, "--peers", peers,
-            "--partition-count", str(args.partitions), "--protocol", args.protocol,
-            "--backend", "emulator", "--emulator-path", str(db_path)]
-    for item in args.set or []:
-        argv += ["--set", item]
-    with node.log_path.open("ab") as log:
-        node.process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            # Its own session: a Ctrl-C in the terminal reaches `cluster up` only, which then
-            # stops the nodes in order instead of all of them racing to exit at once.
-            start_new_session=True,
-            # preexec_fn is unsafe only beside other threads; `cluster up` starts none.
-            preexec_fn=_die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None,  # noqa: PLW1509
-        )
-
-
-def _node_ready(http: httpx.Client, node: _ClusterNode) -> bool:
-    try:
-        return http.get(f"{node.url}/readyz", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _dead_node(nodes: Sequence[_ClusterNode]) -> _ClusterNode | None:
-    return next((node for node in nodes if node.process is not None and node.process.poll() is not None), None)
-
-
-def _report_dead(node: _ClusterNode) -> None:
-    assert node.process is not None
-    code = node.process.returncode
-    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-    print(f"cornus: node {node.config.node_id} (pid {node.process.pid}) died: {how}; stopping the cluster\n"
-          f"--- last lines of {node.log_path} ---\n{node.log_tail()}", file=sys.stderr, flush=True)
-
-
-def _stop_nodes(nodes: Sequence[_ClusterNode], stop: _StopSignals) -> bool:
-    """SIGTERM every node, wait (bounded), then SIGKILL the stragglers. True if all stopped on
-    SIGTERM alone. A further signal while waiting skips the wait."""
-    signals_before = stop.count
-    for node in nodes:
-        if node.alive:
-            assert node.process is not None
-            node.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + CLUSTER_TIMEOUT_S_STOP
-    while any(node.alive for node in nodes) and time.monotonic() < deadline and stop.count == signals_before:
-        time.sleep(CLUSTER_POLL_S)
-    clean = True
-    for node in nodes:
-        if node.alive:
-            assert node.process is not None
-            clean = False
-            print(f"cornus: node {node.config.node_id} (pid {node.process.pid}) did not stop; killing it",
-                  file=sys.stderr, flush=True)
-            # The node leads its own process group (start_new_session): kill anything it started too.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.process.pid, signal.SIGKILL)
-        if node.process is not None:
-            node.process.wait(CLUSTER_TIMEOUT_S_STOP)
-    return clean
-
-
 def _cluster_up(args: argparse.Namespace) -> int:
     from cornus.runtime.config import NODE_COUNT_MAX, PARTITION_COUNT_MAX, load_node_config
 
@@ -410,15 +252,16 @@ def _cluster_up(args: argparse.Namespace) -> int:
                               "or some nodes would own nothing")
     if not 0 < args.timeout_s_ready <= 3600:
         raise ValidationError("--timeout-s-ready must be in (0, 3600]")
-    ports = _cluster_ports(args.nodes, args.base_port)
-    peers = ",".join(f"n{i}=127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
+    ports = cluster_ports(args.nodes, args.base_port)
+    peers = ",".join(f"n{i}=127.0.0.1:{peer}" for i, (_, peer, _) in enumerate(ports))
     # Every node's config is built and checked here first, so a bad flag fails before any start.
     configs = [
         load_node_config(environ={}, overrides={
-            "node_id": f"n{i}", "api_listen": f"127.0.0.1:{api}", "peers": peers, "protocol": args.protocol,
+            "node_id": f"n{i}", "api_listen": f"127.0.0.1:{api}", "grpc_api_listen": f"127.0.0.1:{public}",
+            "peers": peers, "protocol": args.protocol,
             "partition_count": args.partitions, **_set_overrides(args.set),
         })
-        for i, (api, _) in enumerate(ports)
+        for i, (api, _, public) in enumerate(ports)
     ]
     made_data_dir = args.data_dir is None
     data_dir = Path(tempfile.mkdtemp(prefix="cornus-cluster-")) if made_data_dir else Path(args.data_dir)
@@ -427,28 +270,28 @@ def _cluster_up(args: argparse.Namespace) -> int:
     except OSError as error:
         raise ValidationError(f"--data-dir {data_dir}: {error.strerror}") from None
     db_path = data_dir / "cornus.db"
-    nodes = [_ClusterNode(config, api, peer, data_dir / f"{config.node_id}.log")
-             for config, (api, peer) in zip(configs, ports, strict=True)]
+    nodes = [ClusterNode(config, api, peer, data_dir / f"{config.node_id}.log")
+             for config, (api, peer, _) in zip(configs, ports, strict=True)]
 
-    stop = _StopSignals()
+    stop = StopSignals()
     stop.install()
     failed = False
     try:
         for node in nodes:
-            _start_node(node, args, db_path, peers)
-        failed = not _wait_cluster_ready(nodes, stop, args.timeout_s_ready)
+            start_node(node, peers, ["--backend", "emulator", "--emulator-path", str(db_path)], args.set or [])
+        failed = not wait_cluster_ready(nodes, stop, args.timeout_s_ready)
         if not failed and not stop.event.is_set():
             _print_cluster(nodes, args, db_path)
             while not stop.event.wait(CLUSTER_POLL_S):
-                dead = _dead_node(nodes)
+                dead = dead_node(nodes)
                 if dead is not None:
-                    _report_dead(dead)
+                    report_dead(dead)
                     failed = True
                     break
     finally:
         if stop.event.is_set() and not failed:
             print(f"cornus: {stop.last}: stopping {len(nodes)} nodes", flush=True)
-        clean = _stop_nodes(nodes, stop)
+        clean = stop_nodes(nodes, stop)
         for node in nodes:
             if node.process is not None:
                 print(f"cornus: node {node.config.node_id} (pid {node.process.pid}) stopped, "
@@ -482,40 +325,15 @@ def _set_overrides(items: Sequence[str] | None) -> dict[str, str]:
     return overrides
 
 
-def _wait_cluster_ready(nodes: Sequence[_ClusterNode], stop: _StopSignals, timeout_s: float) -> bool:
-    """True once every node answers /readyz with 200; False (after reporting why) if a node dies
-    or the deadline passes. A stop signal ends the wait early (True: nothing failed)."""
-    deadline = time.monotonic() + timeout_s
-    waiting = list(nodes)
-    with httpx.Client() as http:
-        while waiting:
-            if stop.event.is_set():
-                return True
-            dead = _dead_node(nodes)
-            if dead is not None:
-                _report_dead(dead)
-                return False
-            if time.monotonic() > deadline:
-                names = ", ".join(node.config.node_id for node in waiting)
-                print(f"cornus: {names} not ready within {timeout_s:g} s; stopping the cluster", file=sys.stderr)
-                for node in waiting:
-                    print(f"--- last lines of {node.log_path} ---\n{node.log_tail()}", file=sys.stderr, flush=True)
-                return False
-            waiting = [node for node in waiting if not _node_ready(http, node)]
-            if waiting:
-                stop.event.wait(CLUSTER_POLL_S)
-    return True
-
-
-def _print_cluster(nodes: Sequence[_ClusterNode], args: argparse.Namespace, db_path: Path) -> None:
+def _print_cluster(nodes: Sequence[ClusterNode], args: argparse.Namespace, db_path: Path) -> None:
     rows = []
     for node in nodes:
         assert node.process is not None
-        rows.append([node.config.node_id, node.url, node.config.listen, ",".join(node.config.owned_partitions),
-                     "yes", str(node.process.pid)])
+        rows.append([node.config.node_id, node.url, node.config.grpc_api_listen, node.config.listen,
+                     ",".join(node.config.owned_partitions), "yes", str(node.process.pid)])
     print(f"Cornus cluster up: {len(nodes)} nodes, {args.partitions} partitions, protocol {args.protocol}, "
           f"emulator storage {db_path}")
-    print(format_table(["NODE", "REST URL", "PEER gRPC", "PARTITIONS", "READY", "PID"], rows))
+    print(format_table(["NODE", "REST URL", "PUBLIC gRPC", "PEER gRPC", "PARTITIONS", "READY", "PID"], rows))
     print(f"logs: {db_path.parent}/<node>.log")
     print(f"try:  cornus txn --url {nodes[0].url} put:greeting=hello get:greeting")
     print("Ctrl-C or SIGTERM stops the cluster.", flush=True)
@@ -549,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--node-id", help="this node's id, e.g. n0")
     serve.add_argument("--listen", help="node-to-node gRPC address host:port (default: this node's peers entry)")
     serve.add_argument("--api-listen", help="REST API address host:port")
+    serve.add_argument("--grpc-api-listen", help="public gRPC API address host:port (off when unset)")
     serve.add_argument("--peers", help="every node: n0=host:port,n1=host:port")
     serve.add_argument("--partition-count", type=int, help="number of partitions p0..pN-1")
     serve.add_argument("--protocol", help="cornus, 2pc or coordinator-log")

@@ -26,13 +26,16 @@ from storage_adapters.errors import ValidationError
 TIMEOUT_S_TABLE = 90.0
 TIMEOUT_S_EXIT = 30.0
 TIMEOUT_S_COMMAND = 60.0
-ROW = re.compile(r"^(n\d+)\s+(http://127\.0\.0\.1:\d+)\s+(127\.0\.0\.1:\d+)\s+(\S+)\s+(yes|no)\s+(\d+)$")
+ROW = re.compile(
+    r"^(n\d+)\s+(http://127\.0\.0\.1:\d+)\s+(127\.0\.0\.1:\d+)\s+(127\.0\.0\.1:\d+)\s+(\S+)\s+(yes|no)\s+(\d+)$"
+)
 
 
 @dataclass
 class Row:
     node: str
     url: str
+    grpc: str
     peer: str
     partitions: list[str]
     pid: int
@@ -67,7 +70,7 @@ class ClusterUp:
             self.output.append(line)
             if line.startswith("Ctrl-C or SIGTERM"):
                 rows = [ROW.match(text) for text in self.output]
-                return [Row(m[1], m[2], m[3], m[4].split(","), int(m[6])) for m in rows if m]
+                return [Row(m[1], m[2], m[3], m[4], m[5].split(","), int(m[7])) for m in rows if m]
         raise AssertionError(f"no table within {TIMEOUT_S_TABLE} s:\n{self.report()}")
 
     def wait(self) -> int:
@@ -149,6 +152,13 @@ def test_cluster_up_txn_inspect_resolve_then_sigterm(cluster_up: list[ClusterUp]
     assert refused.returncode == 2, refused.stdout + refused.stderr
     with CornusClient(urls) as client:
         assert client.get("n") == "1", "no failed or refused command changed anything"
+
+        # The public gRPC address in the table serves the same data (the README's gRPC example).
+        via_grpc = subprocess.run(
+            [sys.executable, "-m", "services.public_api.example", "--target", rows[2].grpc, "get", "greeting"],
+            capture_output=True, text=True, timeout=TIMEOUT_S_COMMAND, check=False,
+        )
+        assert via_grpc.returncode == 0 and "greeting = b'hello=world'" in via_grpc.stdout, via_grpc.stdout
 
         # An interactive transaction in flight shows up in inspect on its coordinator.
         running = client.begin()

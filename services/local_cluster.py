@@ -1,0 +1,211 @@
+"""A local cluster of `cornus serve` processes on 127.0.0.1: ports, start, readiness, death
+watch and a bounded, clean stop. `cornus cluster up` and `cornus bench` run their nodes with it."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from cornus.runtime.config import NodeConfig
+from storage_adapters.errors import ValidationError
+
+
+class StopSignals:
+    """SIGINT and SIGTERM ask the cluster to stop; a second one while it stops kills the nodes."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.count = 0
+        self.last = ""
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.count += 1
+        self.last = signal.Signals(signum).name
+        self.event.set()
+
+
+# A node that is not ready this long after its start has failed to start.
+CLUSTER_TIMEOUT_S_READY = 60.0
+# A node gets this long to stop after SIGTERM (its own graceful shutdown is bounded by 10 s plus
+# the REST server's 2 s) before it is killed.
+CLUSTER_TIMEOUT_S_STOP = 15.0
+CLUSTER_POLL_S = 0.1
+LOG_TAIL_BYTES_MAX = 3_000
+
+
+@dataclass
+class ClusterNode:
+    config: NodeConfig
+    api_port: int
+    peer_port: int
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self) -> str:
+        try:
+            data = self.log_path.read_bytes()[-LOG_TAIL_BYTES_MAX:]
+        except OSError:
+            return ""
+        return data.decode("utf-8", "replace")
+
+
+def cluster_ports(node_count: int, base_port: int | None) -> list[tuple[int, int, int]]:
+    """(REST port, peer gRPC port, public gRPC port) per node: with a base port, REST on base+i,
+    peer gRPC on base+nodes+i and public gRPC on base+2*nodes+i; else ports the kernel picks."""
+    if base_port is None:
+        sockets: list[socket.socket] = []
+        try:
+            # Hold every socket until all are bound, so no port is handed out twice.
+            for _ in range(3 * node_count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", 0))
+            ports = [sock.getsockname()[1] for sock in sockets]
+        finally:
+            for sock in sockets:
+                sock.close()
+        return [(ports[3 * i], ports[3 * i + 1], ports[3 * i + 2]) for i in range(node_count)]
+    if base_port <= 0 or base_port + 3 * node_count - 1 > 65535:
+        raise ValidationError(f"--base-port {base_port}: ports {base_port}..{base_port + 3 * node_count - 1} "
+                              "must lie in 1..65535")
+    pairs = [(base_port + i, base_port + node_count + i, base_port + 2 * node_count + i) for i in range(node_count)]
+    for port in (port for pair in pairs for port in pair):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError as error:
+                raise ValidationError(f"port 127.0.0.1:{port} is not free ({error.strerror})") from None
+    return pairs
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    def set_parent_death_signal() -> None:
+        # Runs in the child before exec. If `cluster up` itself is killed with SIGKILL it cannot
+        # stop its nodes; on Linux the kernel then sends them SIGTERM instead of leaving orphans.
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_parent_death_signal
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def start_node(node: ClusterNode, peers: str, storage_argv: Sequence[str], settings: Sequence[str] = ()) -> None:
+    """Start `node` as a `cornus serve` child. `storage_argv` are its storage flags (e.g.
+    --backend emulator --emulator-path F); `settings` are NAME=VALUE timeouts and limits."""
+    assert not node.alive
+    config = node.config
+    argv = [sys.executable, "-m", "services.cli", "serve", "--node-id", config.node_id,
+            "--listen", config.listen, "--api-listen", config.api_listen,
+            "--grpc-api-listen", config.grpc_api_listen, "--peers", peers,
+            "--partition-count", str(config.partition_count), "--protocol", config.protocol.value, *storage_argv]
+    for item in settings:
+        argv += ["--set", item]
+    with node.log_path.open("ab") as log:
+        node.process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            # Its own session: a Ctrl-C in the terminal reaches the parent only, which then
+            # stops the nodes in order instead of all of them racing to exit at once.
+            start_new_session=True,
+            # preexec_fn is unsafe only beside other threads; callers start nodes before any.
+            preexec_fn=_die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+        )
+
+
+def node_ready(http: httpx.Client, node: ClusterNode) -> bool:
+    try:
+        return http.get(f"{node.url}/readyz", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def dead_node(nodes: Sequence[ClusterNode]) -> ClusterNode | None:
+    return next((node for node in nodes if node.process is not None and node.process.poll() is not None), None)
+
+
+def report_dead(node: ClusterNode) -> None:
+    assert node.process is not None
+    code = node.process.returncode
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    print(f"cornus: node {node.config.node_id} (pid {node.process.pid}) died: {how}; stopping the cluster\n"
+          f"--- last lines of {node.log_path} ---\n{node.log_tail()}", file=sys.stderr, flush=True)
+
+
+def stop_nodes(nodes: Sequence[ClusterNode], stop: StopSignals) -> bool:
+    """SIGTERM every node, wait (bounded), then SIGKILL the stragglers. True if all stopped on
+    SIGTERM alone. A further signal while waiting skips the wait."""
+    signals_before = stop.count
+    for node in nodes:
+        if node.alive:
+            assert node.process is not None
+            node.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + CLUSTER_TIMEOUT_S_STOP
+    while any(node.alive for node in nodes) and time.monotonic() < deadline and stop.count == signals_before:
+        time.sleep(CLUSTER_POLL_S)
+    clean = True
+    for node in nodes:
+        if node.alive:
+            assert node.process is not None
+            clean = False
+            print(f"cornus: node {node.config.node_id} (pid {node.process.pid}) did not stop; killing it",
+                  file=sys.stderr, flush=True)
+            # The node leads its own process group (start_new_session): kill anything it started too.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.process.pid, signal.SIGKILL)
+        if node.process is not None:
+            node.process.wait(CLUSTER_TIMEOUT_S_STOP)
+    return clean
+
+
+def wait_cluster_ready(nodes: Sequence[ClusterNode], stop: StopSignals, timeout_s: float) -> bool:
+    """True once every node answers /readyz with 200; False (after reporting why) if a node dies
+    or the deadline passes. A stop signal ends the wait early (True: nothing failed)."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(nodes)
+    with httpx.Client() as http:
+        while waiting:
+            if stop.event.is_set():
+                return True
+            dead = dead_node(nodes)
+            if dead is not None:
+                report_dead(dead)
+                return False
+            if time.monotonic() > deadline:
+                names = ", ".join(node.config.node_id for node in waiting)
+                print(f"cornus: {names} not ready within {timeout_s:g} s; stopping the cluster", file=sys.stderr)
+                for node in waiting:
+                    print(f"--- last lines of {node.log_path} ---\n{node.log_tail()}", file=sys.stderr, flush=True)
+                return False
+            waiting = [node for node in waiting if not node_ready(http, node)]
+            if waiting:
+                stop.event.wait(CLUSTER_POLL_S)
+    return True
+
+
