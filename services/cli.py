@@ -348,6 +348,35 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"retries of a retryable outcome (default {defaults.retry_count_max})")
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from services.cluster_bench import format_results, run_bench
+
+    protocols = [Protocol(p) for p in (args.protocol or [p.value for p in Protocol])]
+    storage = _store_config(args, args.backend or StoreConfig.from_env().backend)
+    if storage.latency:
+        from storage_adapters.latency import parse_latency
+
+        parse_latency(storage.latency)  # a bad spec fails here, before any node starts
+    defaults = StoreConfig()
+    argv = ["--backend", storage.backend]
+    for name in ("timeout_ms_call", "redis_url", "azure_connection_string", "azure_container",
+                 "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency"):
+        value = getattr(storage, name)
+        if value and value != getattr(defaults, name):
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    print(f"cornus bench: {args.nodes} nodes, {args.partitions} partitions, {args.clients} clients, "
+          f"{args.seconds:g} s per protocol, {args.partitions_per_txn} partitions and {args.ops_per_txn} ops per "
+          f"transaction, storage {storage.backend}" + (f" with injected latency {storage.latency}" if storage.latency
+                                                      else ""), flush=True)
+    results = run_bench(
+        protocols, storage, argv, nodes=args.nodes, partitions=args.partitions, seconds=args.seconds,
+        clients=args.clients, partitions_per_txn=args.partitions_per_txn, ops_per_txn=args.ops_per_txn,
+        settings=[f"{name}={value}" for name, value in _set_overrides(args.set).items()],
+    )
+    print(format_results(results))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cornus", description="Cornus atomic commit middleware")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -378,6 +407,27 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(handler=_serve)
 
     protocols = [protocol.value for protocol in Protocol]
+    bench_cluster = commands.add_parser(
+        "bench", help="compare the commit protocols on a local cluster over your storage",
+        description="For each protocol: start a local cluster of `cornus serve` processes on 127.0.0.1 over "
+                    "the chosen storage, run distributed one-shot transactions from concurrent clients, and "
+                    "print throughput, latency and the commit-path breakdown.",
+    )
+    bench_cluster.add_argument("--protocol", action="append", choices=protocols,
+                               help="protocol to run (repeatable; default: all three)")
+    bench_cluster.add_argument("--nodes", type=int, default=3, help="node processes (default 3)")
+    bench_cluster.add_argument("--partitions", type=int, default=6, help="partitions (default 6)")
+    bench_cluster.add_argument("--seconds", type=float, default=10.0, help="run time per protocol (default 10)")
+    bench_cluster.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
+    bench_cluster.add_argument("--partitions-per-txn", type=int, default=2,
+                               help="partitions each transaction writes (default 2)")
+    bench_cluster.add_argument("--ops-per-txn", type=int, default=8, help="operations per transaction (default 8)")
+    bench_cluster.add_argument("--backend", choices=BACKENDS, help="storage backend (default: emulator)")
+    bench_cluster.add_argument("--set", action="append", metavar="NAME=VALUE",
+                               help="a timeout or limit for every node (repeatable)")
+    _add_storage_flags(bench_cluster)
+    bench_cluster.set_defaults(handler=_bench)
+
     cluster = commands.add_parser("cluster", help="a local multi-node cluster")
     cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)
     up = cluster_commands.add_parser(
