@@ -162,9 +162,7 @@ def run_bench(
     for protocol in protocols:
         with tempfile.TemporaryDirectory(prefix="cornus-bench-") as directory:
             data = Path(directory)
-            argv = list(storage_argv)
-            if storage.backend == "emulator":
-                argv += ["--emulator-path", str(data / "cornus.db")]  # a fresh store per protocol
+            argv = list(storage_argv) + _namespace_argv(storage, protocol, data)
             ports = cluster_ports(nodes, None)
             peers = ",".join(f"n{i}=127.0.0.1:{peer}" for i, (_, peer, _) in enumerate(ports))
             members = [
@@ -191,6 +189,23 @@ def run_bench(
             finally:
                 stop_nodes(members, stop)
     return results
+
+
+def _namespace_argv(storage: StoreConfig, protocol: Protocol, data: Path) -> list[str]:
+    """Each protocol runs on storage of its own: records do not say which protocol wrote them,
+    so a coordinator-log node must never recover a 2PC node's records."""
+    index = list(Protocol).index(protocol)
+    if storage.backend == "emulator":
+        return ["--emulator-path", str(data / "cornus.db")]
+    if storage.backend == "redis":
+        base, _, db = storage.redis_url.rpartition("/")
+        if not db.isdigit():
+            raise ValidationError("bench on redis needs a URL ending in a database number, e.g. redis://host:6379/0; "
+                                  "the protocols use that database and the next two")
+        return ["--redis-url", f"{base}/{int(db) + index}"]
+    if storage.backend == "azure_blob":
+        return ["--azure-container", f"{storage.azure_container}-{protocol.value.replace('-', '')}"]
+    return ["--dynamodb-table", f"{storage.dynamodb_table}-{protocol.value}"]
 
 
 def format_results(results: list[ProtocolResult]) -> str:

@@ -238,8 +238,11 @@ def load_node_config(
     unknown = set(storage_file) - storage_fields
     if unknown:
         raise ValidationError(f"unknown storage settings: {', '.join(sorted(unknown))}")
+    storage_values = {**storage_file, **env_values(environ), **storage_flags}
+    if "timeout_ms_call" in storage_values:
+        storage_values["timeout_ms_call"] = _int(storage_values["timeout_ms_call"], "storage timeout_ms_call")
     try:
-        storage = StoreConfig(**{**storage_file, **env_values(environ), **storage_flags})
+        storage = StoreConfig(**storage_values)
     except TypeError as error:
         raise ValidationError(f"storage settings: {error}") from error
     protocol_values, limit_values = _split_timeouts(timeouts)

@@ -180,6 +180,8 @@ class Node:
         await self.transport.start(self)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="cornus-sweeper")
         self._recovery = asyncio.create_task(self._recover(), name="cornus-recovery")
+        # A recovery that fails must end the process loudly, not leave a node that is never ready.
+        self._recovery.add_done_callback(self._task_done)
         if wait_ready:
             await self._recovery
 

@@ -1,0 +1,37 @@
+"""`cornus bench`, the README's first command, as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+TIMEOUT_S_BENCH = 240
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "services.cli", "bench", *args], capture_output=True, text=True,
+                          timeout=TIMEOUT_S_BENCH, check=False)
+
+
+def test_bench_compares_every_protocol_on_the_emulator() -> None:
+    done = _bench("--seconds", "1.5", "--clients", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()
+            if line.split() and line.split()[0] in ("cornus", "2pc", "coordinator-log")}
+    assert set(rows) == {"cornus", "2pc", "coordinator-log"}, done.stdout
+    for protocol, row in rows.items():
+        commits_per_s, p50_ms = float(row[1]), float(row[3])
+        assert commits_per_s > 0 and p50_ms > 0, (protocol, row)
+        prepare_ms, commit_ms = float(row[7]), float(row[8])
+        assert prepare_ms > 0, (protocol, row)
+        if protocol != "cornus":
+            # 2PC and coordinator-log write a decision before replying; Cornus does not.
+            assert commit_ms > float(rows["cornus"][8]), done.stdout
+
+
+def test_bench_refuses_bad_input_before_starting_anything() -> None:
+    for args, message in ((["--seconds", "0"], "--seconds"), (["--clients", "0"], "--clients"),
+                          (["--partitions-per-txn", "9"], "--partitions-per-txn"),
+                          (["--latency", "soon"], "latency 'soon'"), (["--set", "no_such=1"], "no_such")):
+        done = _bench(*args)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
