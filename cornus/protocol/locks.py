@@ -92,6 +92,19 @@ class LockTable:
     def mark_prepared(self, txn: str) -> None:
         self._prepared.add(txn)
 
+    def retake(self, txn: str, key: str) -> None:
+        """Recovery only: hold `key` exclusively for `txn` even beside another recovered holder.
+        Two recovered transactions may name one key (coordinator-log recovers from the
+        coordinators' logs, which still hold aborted transactions' redo until garbage collection);
+        at most one of them can commit, and both block everyone else until decided."""
+        entry = self._entries.setdefault(key, _Entry())
+        assert not entry.waiters, "recovery relocks before anyone can wait"
+        entry.holders[txn] = LockMode.EXCLUSIVE
+        self._held.setdefault(txn, set()).add(key)
+
+    def holds_any(self, txn: str) -> bool:
+        return bool(self._held.get(txn))
+
     def holders(self, key: str) -> dict[str, LockMode]:
         entry = self._entries.get(key)
         return dict(entry.holders) if entry else {}

@@ -250,8 +250,24 @@ class Node:
         if isinstance(host, CoordinatorHost):
             if machine.phase is CoordPhase.DONE and machine.calls_in_flight == 0:  # type: ignore[union-attr]
                 del host.machines[txn]
-        elif machine.phase is Phase.DONE and machine.calls_in_flight == 0:  # type: ignore[union-attr]
-            del host.machines[txn]
+        else:
+            self._prune_participant(host.partition, txn)
+
+    def _prune_participant(self, partition: str, txn: str) -> None:
+        """A participant machine goes only once its locks are released: until then its redo may
+        still be on its way to storage, and a duplicate decision must meet the machine (which
+        ignores it), not the unknown-transaction path, which would release the locks early and
+        let a reader see the value from before the commit."""
+        machine = self.hosts[partition].machines.get(txn)
+        runtime = self.partitions[partition]
+        if (
+            machine is not None
+            and machine.phase is Phase.DONE
+            and machine.calls_in_flight == 0
+            and txn not in runtime.executions
+            and not runtime.locks.holds_any(txn)
+        ):
+            del self.hosts[partition].machines[txn]
 
     def _execute(self, host_name: str, effects: list[Effect]) -> None:
         deletes = [effect for effect in effects if isinstance(effect, DeleteRecord)]
@@ -307,6 +323,7 @@ class Node:
             self._on_reply(effect)
         elif isinstance(effect, ReleaseLocks):
             self.partitions[effect.partition].release(effect.txn)
+            self._prune_participant(effect.partition, effect.txn)
         else:
             raise AssertionError(f"unexpected effect {effect!r} here")
 

@@ -164,8 +164,7 @@ class PartitionRuntime:
         """Recovery: lock what an unfinished record will write, before anyone else can."""
         self.locks.register(txn, txn_timestamp(txn))
         for key in redo_codec.decode(redo):
-            grant = self.locks.acquire(txn, key, LockMode.EXCLUSIVE, txn_timestamp(txn), _now_ms())
-            assert grant is Grant.GRANTED, f"recovery could not relock {key!r} of {txn}"
+            self.locks.retake(txn, key)
         if prepared:
             self.locks.mark_prepared(txn)
 
@@ -194,6 +193,10 @@ class PartitionRuntime:
             log.error("apply of %s on %s gave up after %d attempts; recovery will apply it",
                       txn, self.name, APPLY_ATTEMPT_COUNT_MAX, extra={"txn": txn})
             return False
+        if log.isEnabledFor(logging.DEBUG):  # the write list is built only when someone reads it
+            shown = {key: None if value is None else value[:16] for key, value in writes.items()}
+            log.debug("apply of %s on %s: %s, writes %s", txn, self.name,
+                      "applied" if applied_now else "applied before", shown, extra={"txn": txn})
         if applied_now:
             # Only now: a redo applied before (a duplicate COMMIT of a finished transaction) is
             # older than what later transactions wrote, and must not reach the cache either.
