@@ -52,6 +52,10 @@ QUEUE_COUNT_MAX = 10_000
 # one transaction never holds the cross-process write lock for long.
 BATCH_COUNT_MAX = 256
 TIMEOUT_MS_CALL_DEFAULT = 5_000
+# Opening retries lock contention between processes that set up a fresh file at once.
+OPEN_RETRY_COUNT_MAX = 64
+OPEN_BACKOFF_MS_MIN = 5
+OPEN_BACKOFF_MS_MAX = 200
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS txn_log (
@@ -105,6 +109,11 @@ def _record_from_row(row: tuple[Any, ...]) -> Record:
     )
 
 
+def _is_lock_contention(error: sqlite3.OperationalError) -> bool:
+    message = str(error).lower()
+    return "locked" in message or "busy" in message
+
+
 def _select_record(conn: sqlite3.Connection, log: LogId, txn: str) -> Record | None:
     row = conn.execute(
         f"SELECT {_RECORD_COLUMNS} FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)
@@ -148,15 +157,46 @@ class EmulatorStore(LogStore):
     # --- worker thread -------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        # Processes that open a fresh file together race to switch it to WAL and create the
+        # schema. Some of those lock upgrades fail with "database is locked" at once, without
+        # waiting on busy_timeout (SQLite refuses to wait where waiting could deadlock), so the
+        # whole setup is retried with backoff until the open deadline.
+        deadline = time.monotonic() + self.timeout_ms_call / 1000
+        backoff_ms = OPEN_BACKOFF_MS_MIN
+        for _attempt in range(OPEN_RETRY_COUNT_MAX):
+            conn = sqlite3.connect(self.path, timeout=self.timeout_ms_call / 1000, isolation_level=None)
+            try:
+                self._set_up(conn)
+                return conn
+            except sqlite3.OperationalError as error:
+                conn.close()
+                if not _is_lock_contention(error) or time.monotonic() + backoff_ms / 1000 > deadline:
+                    raise
+            time.sleep(backoff_ms / 1000)
+            backoff_ms = min(backoff_ms * 2, OPEN_BACKOFF_MS_MAX)
+        raise sqlite3.OperationalError(f"database is locked after {OPEN_RETRY_COUNT_MAX} attempts")
+
+    def _set_up(self, conn: sqlite3.Connection) -> None:
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so batching is explicit.
-        conn = sqlite3.connect(self.path, timeout=self.timeout_ms_call / 1000, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {int(self.timeout_ms_call)}")
-        conn.execute("PRAGMA journal_mode = WAL")
+        # Switching to WAL takes an exclusive lock, so only the first opener of a file does it;
+        # WAL is persistent in the file, and later openers only read the mode.
+        if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            assert mode.lower() == "wal", f"SQLite refused WAL mode: {mode}"
         # FULL: in WAL mode NORMAL may lose the last commits on power loss, and an acknowledged
         # VOTE_YES must never be lost (a terminator could then log ABORT after a COMMIT reply).
         conn.execute("PRAGMA synchronous = FULL")
-        conn.executescript(_SCHEMA)  # idempotent, so racing processes may all run it
-        return conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)  # IF NOT EXISTS: racing processes may all run it
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
 
     def _worker(self) -> None:
         try:
