@@ -1,6 +1,10 @@
 """Per-node routing: one host per partition (participant side) and one per coordinator node. A
 host owns the machines of its transactions, routes events to them by transaction id, and answers
-for transactions it does not know (after a crash, or after a machine finished)."""
+for transactions it does not know (after a crash, or after a machine finished).
+
+A host runs one protocol for every transaction, or, given `protocol_of`, the protocol each
+transaction names: transactions of different protocols then share the host, each with its own
+kind of machine (the runtime lets callers pick the protocol per transaction)."""
 
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from cornus.protocol.participant_blocking import CoordinatorLogParticipant, TwoP
 from cornus.protocol.participant_cornus import CornusParticipant
 from storage_adapters.contract import TxnState
 
+ProtocolOf = Callable[[str], Protocol]
 ParticipantFactory = Callable[[str, str, ProtocolConfig, JitterSource], ParticipantBase]
 CoordinatorFactory = Callable[[str, str, ProtocolConfig, JitterSource], CoordinatorBase]
 
@@ -76,20 +81,28 @@ class PartitionHost:
         protocol: Protocol,
         config: ProtocolConfig,
         jitter: JitterSource,
+        *,
         factory: ParticipantFactory | None = None,
+        protocol_of: ProtocolOf | None = None,
     ) -> None:
+        assert factory is None or protocol_of is None, "a custom factory runs one protocol"
         self.partition = partition
         self.protocol = protocol
         self.config = config
         self.jitter = jitter
-        self.factory = factory or PARTICIPANTS[protocol]
+        self.factory = factory
+        self.protocol_of = protocol_of
         self.machines: dict[str, ParticipantBase] = {}
+
+    def protocol_for(self, txn: str) -> Protocol:
+        return self.protocol if self.protocol_of is None else self.protocol_of(txn)
 
     def handle(self, event: Event) -> list[Effect]:
         txn = _txn_of(event)
         if isinstance(event, Executed | Recovered):
             assert txn not in self.machines, f"{self.partition} already runs {txn}"
-            self.machines[txn] = self.factory(self.partition, txn, self.config, self.jitter)
+            factory = self.factory or PARTICIPANTS[self.protocol_for(txn)]
+            self.machines[txn] = factory(self.partition, txn, self.config, self.jitter)
         if isinstance(event, MessageReceived) and isinstance(event.message, ReleaseReadOnly):
             # A partition only read takes no part in commit: no machine, no log.
             assert event.message.partition == self.partition
@@ -110,7 +123,7 @@ class PartitionHost:
             # Our execution state is gone, so we cannot vote yes.
             return [Send(sender, Vote(txn, self.partition, yes=False))]
         if isinstance(message, Decision):
-            if self.protocol is Protocol.COORDINATOR_LOG and message.decision is TxnState.COMMIT:
+            if self.protocol_for(txn) is Protocol.COORDINATOR_LOG and message.decision is TxnState.COMMIT:
                 # We may have voted yes with nothing logged; the decision carries our redo.
                 machine = CoordinatorLogParticipant.orphan(self.partition, txn, sender, self.config, self.jitter)
                 self.machines[txn] = machine
@@ -136,27 +149,35 @@ class CoordinatorHost:
         protocol: Protocol,
         config: ProtocolConfig,
         jitter: JitterSource,
+        *,
         factory: CoordinatorFactory | None = None,
+        protocol_of: ProtocolOf | None = None,
     ) -> None:
+        assert factory is None or protocol_of is None, "a custom factory runs one protocol"
         self.node = node
         self.protocol = protocol
         self.config = config
         self.jitter = jitter
-        self.factory = factory or COORDINATORS[protocol]
+        self.factory = factory
+        self.protocol_of = protocol_of
         self.machines: dict[str, CoordinatorBase] = {}
+
+    def protocol_for(self, txn: str) -> Protocol:
+        return self.protocol if self.protocol_of is None else self.protocol_of(txn)
 
     def handle(self, event: Event) -> list[Effect]:
         txn = _txn_of(event)
         if isinstance(event, CommitRequested | Recovered):
             assert txn not in self.machines, f"{self.node} already coordinates {txn}"
-            self.machines[txn] = self.factory(self.node, txn, self.config, self.jitter)
+            factory = self.factory or COORDINATORS[self.protocol_for(txn)]
+            self.machines[txn] = factory(self.node, txn, self.config, self.jitter)
         machine = self.machines.get(txn)
         if machine is not None:
             return machine.handle(event)
         if isinstance(event, MessageReceived) and isinstance(event.message, DecisionQuery):
             # Presumed abort: no machine and no record (recovery would have rebuilt it) means
             # COMMIT was never logged, so it never will be.
-            assert self.protocol is not Protocol.CORNUS, "Cornus participants never query"
+            assert self.protocol_for(txn) is not Protocol.CORNUS, "Cornus participants never query"
             query = event.message
             return [Send(query.sender, DecisionAnswer(txn, self.node, TxnState.ABORT))]
         return []

@@ -48,6 +48,7 @@ from cornus.protocol.locks import Policy
 from cornus.protocol.messages import Decision, Prepare, Vote
 from cornus.protocol.participant_base import Phase
 from cornus.runtime import redo as redo_codec
+from cornus.runtime import txn_ids
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.keys import partition_of
@@ -151,11 +152,13 @@ class Node:
         self.counters: collections.Counter[str] = collections.Counter()
         jitter = random.Random(int.from_bytes(os.urandom(8), "big"))
         pc = config.protocol_config
-        self.coordinator = CoordinatorHost(self.node_id, self.protocol, pc, jitter)
+        # Each transaction runs the protocol its id names (txn_ids): the hosts build the matching
+        # machine per transaction, and self.protocol is only the default for callers naming none.
+        self.coordinator = CoordinatorHost(self.node_id, self.protocol, pc, jitter, protocol_of=self.protocol_of)
         self.hosts: dict[str, PartitionHost] = {}
         self.partitions: dict[str, PartitionRuntime] = {}
         for partition in config.owned_partitions:
-            self.hosts[partition] = PartitionHost(partition, self.protocol, pc, jitter)
+            self.hosts[partition] = PartitionHost(partition, self.protocol, pc, jitter, protocol_of=self.protocol_of)
             self.partitions[partition] = PartitionRuntime(
                 partition, store, lock_policy, config.limits.timeout_ms_lock_wait, config.limits.op_count_max
             )
@@ -199,6 +202,12 @@ class Node:
         await self.transport.close()
 
     # === the protocol machines =====================================================================
+
+    def protocol_of(self, txn: str) -> Protocol:
+        """The protocol a transaction runs: the one its id names. Ids without a tag come from
+        builds before the protocol was chosen per transaction, when every transaction ran the
+        cluster's configured protocol; records of theirs may still wait for recovery."""
+        return txn_ids.protocol_of(txn) or self.protocol
 
     def _host(self, name: str) -> CoordinatorHost | PartitionHost | None:
         return self.coordinator if name == self.node_id else self.hosts.get(name)
@@ -470,11 +479,11 @@ class Node:
                 self.partitions[partition].retake_locks(record.txn, record.body.redo, record.state is TxnState.VOTE_YES)
                 recovered.append((partition, record.txn))
                 self._feed(partition, Recovered(record))
-        if self.protocol is Protocol.COORDINATOR_LOG:
-            recovered += await self._recover_unlogged_votes(set(recovered))
-        if self.protocol is not Protocol.CORNUS:
-            for record in await self._scan_all(LogId.coordinator(self.node_id)):
-                self._feed(self.node_id, Recovered(record))
+        # Any protocol may have run here (it is chosen per transaction), so both coordinator-side
+        # recoveries always run; under Cornus alone the coordinator logs are empty and cost a scan.
+        recovered += await self._recover_unlogged_votes(set(recovered))
+        for record in await self._scan_all(LogId.coordinator(self.node_id)):
+            self._feed(self.node_id, Recovered(record))
         deadline = time.monotonic() + TIMEOUT_MS_RECOVERY_RESOLVE / 1000
         # Polling (only at startup, for a few seconds at most): machines finish inside the pure
         # hosts, which have no hook to signal an event.
@@ -495,6 +504,8 @@ class Node:
         found: list[tuple[str, str]] = []
         for coordinator in self.config.peers:
             for record in await self._scan_all(LogId.coordinator(coordinator)):
+                if self.protocol_of(record.txn) is not Protocol.COORDINATOR_LOG:
+                    continue  # a 2PC decision: its participants logged their votes themselves
                 bundle = redo_bundle.decode(record.body.redo)
                 for partition, redo in bundle.items():
                     if partition not in self.partitions or (partition, record.txn) in known:
@@ -543,10 +554,9 @@ class Node:
 
     # === coordinating transactions =================================================================
 
-    def new_txn_id(self) -> str:
+    def new_txn_id(self, protocol: Protocol) -> str:
         self._txn_counter += 1
-        # Begin time first: WAIT_DIE orders transactions by it (see partition.txn_timestamp).
-        return f"{int(time.time() * 1000)}.{self.node_id}.{self._incarnation}.{self._txn_counter}"
+        return txn_ids.new_txn_id(int(time.time() * 1000), self.node_id, self._incarnation, self._txn_counter, protocol)
 
     def begin(self, protocol: Protocol | None = None) -> str:
         if not self.ready:
@@ -554,9 +564,9 @@ class Node:
         if len(self._txns) >= self.config.limits.txn_count_max:
             raise NodeOverloaded(f"{len(self._txns)} transactions in flight on {self.node_id}")
         protocol = protocol or self.protocol
-        if protocol is not self.protocol:
-            raise ValidationError(f"this cluster runs {self.protocol}; per-transaction protocols are not enabled")
-        txn = self.new_txn_id()
+        if not isinstance(protocol, Protocol):
+            raise ValidationError(f"protocol must be one of {', '.join(p.value for p in Protocol)}, got {protocol!r}")
+        txn = self.new_txn_id(protocol)
         self._txns[txn] = CoordinatedTxn(txn, protocol, TxnTiming(protocol.value))
         return txn
 
@@ -620,13 +630,15 @@ class Node:
     async def _execute_on(self, ctx: CoordinatedTxn, partition: str, ops: tuple[Op, ...]) -> ExecuteResponse:
         continued = partition in ctx.touched
         ctx.touched.setdefault(partition, {})
-        request = ExecuteRequest(ctx.txn, partition, self.node_id, ops, continued=continued)
+        return await self._request_partition(ExecuteRequest(ctx.txn, partition, self.node_id, ops, continued=continued))
+
+    async def _request_partition(self, request: ExecuteRequest) -> ExecuteResponse:
         try:
             response = await self.transport.request(
-                self.config.owner_of(partition), request, self.config.limits.timeout_ms_peer_request
+                self.config.owner_of(request.partition), request, self.config.limits.timeout_ms_peer_request
             )
         except PeerUnavailable as error:
-            return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"owner of {partition}: {error}")
+            return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"owner of {request.partition}: {error}")
         assert isinstance(response, ExecuteResponse)
         return response
 
@@ -654,12 +666,8 @@ class Node:
         return outcome
 
     async def _drop_on(self, txn: str, partition: str) -> None:
-        request = ExecuteRequest(txn, partition, self.node_id, (), abort=True)
         # Best effort: a participant that misses it times out its idle execution by itself.
-        with contextlib.suppress(PeerUnavailable):
-            await self.transport.request(
-                self.config.owner_of(partition), request, self.config.limits.timeout_ms_peer_request
-            )
+        await self._request_partition(ExecuteRequest(txn, partition, self.node_id, (), abort=True))
 
     async def abort(self, txn: str) -> Outcome:
         return await self._abort(self._active(txn), AbortReason.CLIENT, "aborted by the caller")
@@ -673,13 +681,23 @@ class Node:
         writes = tuple((p, redo_codec.encode(w)) for p, w in sorted(ctx.touched.items()) if w)
         reads = tuple(sorted(p for p, w in ctx.touched.items() if not w))
         ctx.timing.participant_count = len(writes)
-        if not writes:
-            # Wholly read-only: nothing to make atomic. Release its read locks before replying,
-            # so the caller's next request never meets its own finished transaction's locks.
-            await asyncio.gather(*(self._drop_on(txn, partition) for partition in reads))
+        if reads:
+            # Partitions only read take no part in the vote, but their read locks must have held
+            # until now: a partition that restarted or idled the execution out has lost them, and
+            # what was read there may since have changed. Each confirms and releases (before
+            # anyone votes, so a refusal only needs the abort below); and before the reply, so the
+            # caller's next request never meets its own finished transaction's locks.
+            ended = await asyncio.gather(
+                *(self._request_partition(ExecuteRequest(txn, p, self.node_id, (), end_read_only=True))
+                  for p in reads)
+            )
+            refused = [response for response in ended if response.status is not ExecuteStatus.OK]
+            if refused:
+                return await self._abort_for(ctx, refused[0])
         ctx.reply = asyncio.get_running_loop().create_future()
         self.failpoints.hit("coordinator.before_prepare")
-        self._feed(self.node_id, CommitRequested(txn, writes, reads))
+        # No read-only partitions for the machine: they were released above.
+        self._feed(self.node_id, CommitRequested(txn, writes, ()))
         if writes:
             self.failpoints.hit("coordinator.after_prepare")
         try:
@@ -785,16 +803,17 @@ class Node:
         ]
         for txn, machine in self.coordinator.machines.items():
             if txn not in self._txns:
-                infos.append(TxnInfo(txn, "coordinator", self.node_id, machine.phase.value, self.protocol.value,
+                infos.append(TxnInfo(txn, "coordinator", self.node_id, machine.phase.value, self.protocol_of(txn).value,
                                      tuple(machine.participants), 0))
         for partition, host in self.hosts.items():
             runtime = self.partitions[partition]
             for txn in runtime.executions:
                 if txn not in host.machines:
                     idle_ms = round((now - (runtime.idle_since(txn) or now)) * 1000)
-                    infos.append(TxnInfo(txn, "participant", partition, "executing", self.protocol.value, (), idle_ms))
+                    infos.append(TxnInfo(txn, "participant", partition, "executing", self.protocol_of(txn).value, (),
+                                         idle_ms))
             for txn, machine in host.machines.items():
-                infos.append(TxnInfo(txn, "participant", partition, machine.phase.value, self.protocol.value,
+                infos.append(TxnInfo(txn, "participant", partition, machine.phase.value, self.protocol_of(txn).value,
                                      tuple(machine.participants), 0))
         return infos
 
@@ -811,7 +830,8 @@ class Node:
             return known or Outcome(txn, OutcomeStatus.UNKNOWN, detail="no record of this transaction anywhere")
         participants = next((r.body.participants for r in found if r.body.participants), ())
         coordinator = next((r.body.coordinator for r in found if r.body.coordinator), "")
-        if self.protocol is not Protocol.CORNUS:
+        protocol = self.protocol_of(txn)
+        if protocol is not Protocol.CORNUS:
             decision = await self.store.read(LogId.coordinator(coordinator), txn) if coordinator else None
             states = {r.state for r in found} | ({decision.state} if decision else set())
         else:
@@ -822,7 +842,7 @@ class Node:
             states = {result.state for result in results}
         if TxnState.ABORT in states:
             return Outcome(txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, "resolved from storage")
-        if TxnState.COMMIT in states or (self.protocol is Protocol.CORNUS and states == {TxnState.VOTE_YES}):
+        if TxnState.COMMIT in states or (protocol is Protocol.CORNUS and states == {TxnState.VOTE_YES}):
             return Outcome(txn, OutcomeStatus.COMMITTED, detail="resolved from storage")
         return Outcome(txn, OutcomeStatus.UNKNOWN, detail="in doubt: only the coordinator can decide")
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from cornus.protocol.locks import Grant, LockMode, LockTable, Policy
 from cornus.runtime import redo as redo_codec
+from cornus.runtime.txn_ids import begin_ms_of
 from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind
 from storage_adapters.contract import DATA_VALUE_BYTES_MAX, LogStore, validate_data_key
 from storage_adapters.errors import StorageUnavailable, ValidationError
@@ -42,12 +43,6 @@ class Execution:
     last_active_s: float = field(default_factory=time.monotonic)
 
 
-def txn_timestamp(txn: str) -> int:
-    """WAIT_DIE needs one age order across partitions; txn ids start with their begin time in ms."""
-    head = txn.split(".", 1)[0]
-    return int(head) if head.isdigit() else 0
-
-
 class PartitionRuntime:
     def __init__(
         self, name: str, store: LogStore, policy: Policy, timeout_ms_lock_wait: int, op_count_max: int
@@ -70,6 +65,10 @@ class PartitionRuntime:
         if request.abort:
             self.drop(txn)
             return ExecuteResponse(ExecuteStatus.OK)
+        if request.end_read_only:
+            if request.ops:
+                return ExecuteResponse(ExecuteStatus.INVALID, detail="end_read_only carries no operations")
+            return self._end_read_only(txn)
         if txn in self._aborted:
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} was aborted on {self.name}")
         if len(request.ops) > self.op_count_max:
@@ -88,7 +87,7 @@ class PartitionRuntime:
             )
         if execution is None:
             execution = self.executions[txn] = Execution(request.coordinator)
-            self.locks.register(txn, txn_timestamp(txn))
+            self.locks.register(txn, begin_ms_of(txn))
         execution.last_active_s = time.monotonic()
         values: list[bytes | None] = []
         for op in request.ops:
@@ -116,9 +115,21 @@ class PartitionRuntime:
                 return ExecuteResponse(ExecuteStatus.CHECK_FAILED, detail=f"check of key {op.key!r} failed")
         return ExecuteResponse(ExecuteStatus.OK, tuple(values))
 
+    def _end_read_only(self, txn: str) -> ExecuteResponse:
+        execution = self.executions.get(txn)
+        if execution is None:
+            # Strict 2PL needs the read locks held until the commit point; without them another
+            # transaction may have overwritten what this one read, so it must not commit.
+            return ExecuteResponse(
+                ExecuteStatus.ABORTED, detail=f"{self.name} lost the read locks of {txn} (restart or idle timeout)"
+            )
+        assert not execution.writes, f"{txn} wrote on {self.name}, which its coordinator calls read-only"
+        self.drop(txn)
+        return ExecuteResponse(ExecuteStatus.OK)
+
     async def _lock(self, txn: str, key: str, mode: LockMode) -> bool:
         loop = asyncio.get_running_loop()
-        grant = self.locks.acquire(txn, key, mode, txn_timestamp(txn), _now_ms())
+        grant = self.locks.acquire(txn, key, mode, begin_ms_of(txn), _now_ms())
         if grant is Grant.WAITING:
             future: asyncio.Future[Grant] = loop.create_future()
             self._waiters[(txn, key)] = future
@@ -162,7 +173,7 @@ class PartitionRuntime:
 
     def retake_locks(self, txn: str, redo: bytes, prepared: bool) -> None:
         """Recovery: lock what an unfinished record will write, before anyone else can."""
-        self.locks.register(txn, txn_timestamp(txn))
+        self.locks.register(txn, begin_ms_of(txn))
         for key in redo_codec.decode(redo):
             self.locks.retake(txn, key)
         if prepared:

@@ -144,8 +144,8 @@ class World:
     def _new_host(self, name: str) -> Any:
         jitter = random.Random(hash((self.schedule.seed, name)) & 0xFFFFFFFF)
         if name == COORDINATOR:
-            return CoordinatorHost(name, self.protocol, self.config, jitter, self._coordinator_factory)
-        return PartitionHost(name, self.protocol, self.config, jitter, self._participant_factory)
+            return CoordinatorHost(name, self.protocol, self.config, jitter, factory=self._coordinator_factory)
+        return PartitionHost(name, self.protocol, self.config, jitter, factory=self._participant_factory)
 
     def _push(self, at_ms: int, kind: int, data: Any) -> None:
         self._seq += 1

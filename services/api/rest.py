@@ -96,13 +96,14 @@ TXN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
 TxnId = Annotated[
     str,
     Path(min_length=1, max_length=TXN_ID_LENGTH_MAX, pattern=TXN_ID_PATTERN,
-         description="a transaction id as returned by begin", examples=["1717171717171.n0.a1b2c3.1"]),
+         description="a transaction id as returned by begin", examples=["1717171717171.n0.a1b2c3.1.cornus"]),
 ]
 # Strict models refuse "1" for a bool and 1 for a string; the protocol field is exempt because a
 # strict enum would refuse its own JSON string form.
 ProtocolField = Annotated[
     Protocol | None,
-    Field(default=None, strict=False, description="must be the cluster's protocol (omit: the cluster's)"),
+    Field(default=None, strict=False,
+          description="the commit protocol this transaction runs (omit: the node's configured default)"),
 ]
 
 
@@ -260,7 +261,7 @@ def _op(op: GetOp | PutOp | DeleteOp | CheckOp) -> Op:
 _R: dict[int | str, dict[str, Any]] = {
     202: {"model": OutcomeOut, "description": "outcome unknown: ask GET /v1/txn/{txn}"},
     400: {"model": ErrorOut, "description": "invalid_request: more operations than op_count_max, more writes to "
-                                            "one partition than fit its redo record, a foreign protocol"},
+                                            "one partition than fit its redo record"},
     404: {"model": ErrorOut, "description": "not_found: no such transaction on this node, or no such path"},
     413: {"model": ErrorOut, "description": f"too_large: the body is over {REQUEST_BYTES_MAX} bytes"},
     422: {"model": ErrorOut, "description": "malformed_request: malformed JSON, wrong types, empty or oversized "
@@ -555,7 +556,4 @@ def _publish_node_limits(schema: dict[str, Any], node: Node) -> dict[str, Any]:
     models["ExecuteIn"]["properties"]["ops"]["maxItems"] = op_count_max
     models["ReadIn"]["properties"]["keys"]["maxItems"] = op_count_max
     models["WriteIn"]["properties"]["writes"]["maxProperties"] = op_count_max
-    # node.begin refuses any protocol but the cluster's own (per-transaction protocols are off).
-    assert models["Protocol"]["enum"], models["Protocol"]
-    models["Protocol"]["enum"] = [node.protocol.value]
     return schema

@@ -149,6 +149,7 @@ def _encode_execute_request(envelope: pb.PeerEnvelope, value: ExecuteRequest) ->
     body.coordinator = value.coordinator
     body.abort = value.abort
     body.continued = value.continued
+    body.end_read_only = value.end_read_only
     ops = body.ops
     for op in value.ops:
         wire_op = ops.add()
@@ -289,6 +290,7 @@ def _decode_execute_request(body: pb.ExecuteRequest) -> ExecuteRequest:
         ops=ops,
         abort=body.abort,
         continued=body.continued,
+        end_read_only=body.end_read_only,
     )
 
 

@@ -91,8 +91,6 @@ ONE_SHOT = [
         words=("value", f"at most {DATA_VALUE_BYTES_MAX}")),
     Bad("too many ops", "POST", "/v1/execute", {"ops": [_put("{key}", "x")] * (OP_COUNT_MAX + 1)}, status=400,
         words=(f"{OP_COUNT_MAX + 1} operations", f"limit is {OP_COUNT_MAX}")),
-    Bad("foreign protocol", "POST", "/v1/execute", {"ops": [_put("{key}", "x")], "protocol": "2pc"}, status=400,
-        words=("runs cornus",)),
     Bad("unknown protocol", "POST", "/v1/execute", {"ops": [_put("{key}", "x")], "protocol": "3pc"},
         words=("protocol",)),
     Bad("writes over one redo record", "POST", "/v1/execute",
@@ -105,8 +103,7 @@ ONE_SHOT = [
     Bad("put: key too long", "PUT", "/v1/kv/{key}" + "k" * DATA_KEY_BYTES_MAX, {"value": "x"},
         words=("key", f"at most {DATA_KEY_BYTES_MAX}")),
     Bad("put: wrong method", "PATCH", "/v1/kv/{key}", {"value": "x"}, status=405, words=("PATCH", "GET, PUT")),
-    Bad("begin: foreign protocol", "POST", "/v1/txn", {"protocol": "coordinator-log"}, status=400,
-        words=("runs cornus",)),
+    Bad("begin: unknown protocol", "POST", "/v1/txn", {"protocol": "3pc"}, words=("protocol", "cornus")),
 ]
 
 

@@ -39,6 +39,21 @@ def test_execute_commits_across_partitions_and_status_agrees(cluster: Cluster, s
     assert status.outcome == pb.OUTCOME_COMMITTED and status.txn == outcome.txn
 
 
+@pytest.mark.parametrize("protocol", ["cornus", "2pc", "coordinator-log"])
+def test_protocol_is_chosen_per_transaction(stubs: Stubs, protocol: str) -> None:
+    keys = [keys_on(f"p{i}", 6, 1, prefix=f"proto-{protocol}-")[0] for i in range(3)]
+    outcome = stubs["n0"].Execute(pb.ExecuteRequest(ops=[put(k, protocol.encode()) for k in keys], protocol=protocol),
+                                  timeout=TIMEOUT_S_CALL)
+    assert outcome.outcome == pb.OUTCOME_COMMITTED, outcome
+    tag = {"cornus": "cornus", "2pc": "2pc", "coordinator-log": "clog"}[protocol]
+    assert outcome.txn.endswith("." + tag), outcome.txn  # the id names the protocol it ran
+    txn = stubs["n1"].Begin(pb.BeginRequest(protocol=protocol), timeout=TIMEOUT_S_CALL).txn
+    assert txn.endswith("." + tag), txn
+    stubs["n1"].Write(pb.WriteRequest(txn=txn, writes=[pb.Write(key=keys[0], value=b"again")]), timeout=TIMEOUT_S_CALL)
+    assert stubs["n1"].Commit(pb.TxnRequest(txn=txn), timeout=TIMEOUT_S_CALL).outcome == pb.OUTCOME_COMMITTED
+    assert read_back(stubs["n2"], keys) == {keys[0]: b"again", keys[1]: protocol.encode(), keys[2]: protocol.encode()}
+
+
 def test_single_key_put_and_get_mirror_rest(cluster: Cluster, stubs: Stubs) -> None:
     put_outcome = stubs["n1"].Put(pb.PutRequest(key="single", value=b"one"), timeout=TIMEOUT_S_CALL)
     assert put_outcome.outcome == pb.OUTCOME_COMMITTED, put_outcome

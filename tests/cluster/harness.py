@@ -159,8 +159,11 @@ class Cluster:
     def get(self, node_id: str, path: str) -> httpx.Response:
         return self.client.get(f"{self.nodes[node_id].url}{path}")
 
-    def execute(self, node_id: str, ops: list[dict[str, object]]) -> httpx.Response:
-        return self.post(node_id, "/v1/execute", {"ops": ops})
+    def execute(self, node_id: str, ops: list[dict[str, object]], protocol: str | None = None) -> httpx.Response:
+        body: dict[str, object] = {"ops": ops}
+        if protocol is not None:
+            body["protocol"] = protocol
+        return self.post(node_id, "/v1/execute", body)
 
     def read(self, node_id: str, keys: list[str], timeout_s: float = 30.0) -> dict[str, str | None]:
         """Read committed values, retrying retryable aborts (a lock of an unfinished txn)."""

@@ -1,6 +1,7 @@
 """The bank workload: concurrent clients transfer money between accounts spread over every
 partition while nodes are killed with SIGKILL and restarted. Afterwards the total is unchanged and
-every transfer a client was told committed is visible."""
+every transfer a client was told committed is visible. The "mixed" run picks each transfer's
+protocol at random, so transactions of all three protocols share locks, logs and recovery."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ DOWN_S = 1.0
 HTTP_TIMEOUT_S = 10.0
 SETTLE_TIMEOUT_S = 60.0
 SETTINGS = {"timeout_ms_txn_idle": 1500}
+PROTOCOLS = ["cornus", "2pc", "coordinator-log"]
+MIXED = "mixed"
 
 
 @dataclass
@@ -38,9 +41,11 @@ def _accounts() -> list[str]:
     return [f"acct{i}" for i in range(ACCOUNT_COUNT)]
 
 
-def _transfer(client: httpx.Client, url: str, source: str, target: str, *, amount: int, marker: str) -> str:
+def _transfer(
+    client: httpx.Client, url: str, source: str, target: str, *, amount: int, marker: str, protocol: str | None
+) -> str:
     """One interactive transfer; 'committed', 'aborted', 'unknown' or 'failed' (never reached commit)."""
-    begin = client.post(f"{url}/v1/txn")
+    begin = client.post(f"{url}/v1/txn", json=None if protocol is None else {"protocol": protocol})
     if begin.status_code != 201:
         return "failed"
     txn = begin.json()["txn"]
@@ -59,7 +64,7 @@ def _transfer(client: httpx.Client, url: str, source: str, target: str, *, amoun
     return outcome if outcome in ("committed", "aborted") else "unknown"
 
 
-def _client_loop(cluster: Cluster, index: int, stop: threading.Event, tally: Tally) -> None:
+def _client_loop(cluster: Cluster, index: int, stop: threading.Event, tally: Tally, mixed: bool) -> None:
     rng = random.Random(index)
     accounts = _accounts()
     with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
@@ -69,8 +74,11 @@ def _client_loop(cluster: Cluster, index: int, stop: threading.Event, tally: Tal
             source, target = rng.sample(accounts, 2)
             serial += 1
             marker = f"xfer-{index}-{serial}"
+            protocol = rng.choice(PROTOCOLS) if mixed else None
             try:
-                result = _transfer(client, node.url, source, target, amount=rng.randint(1, 20), marker=marker)
+                result = _transfer(
+                    client, node.url, source, target, amount=rng.randint(1, 20), marker=marker, protocol=protocol
+                )
             except httpx.HTTPError:
                 result = "failed"
             with tally.lock:
@@ -106,16 +114,19 @@ def _settle(cluster: Cluster) -> None:
     raise AssertionError(f"transactions still in flight: {busy}")
 
 
-@pytest.mark.parametrize("protocol", ["cornus", "2pc", "coordinator-log"])
+@pytest.mark.parametrize("protocol", [*PROTOCOLS, MIXED])
 def test_bank_with_kills_and_restarts(protocol: str, storage: dict[str, str]) -> None:
-    with running_cluster(protocol, storage, settings=SETTINGS) as cluster:
+    mixed = protocol == MIXED
+    with running_cluster("cornus" if mixed else protocol, storage, settings=SETTINGS) as cluster:
         cluster.start_all()
         accounts = _accounts()
         setup = cluster.execute("n0", [{"op": "put", "key": a, "value": str(BALANCE_START)} for a in accounts])
         assert setup.status_code == 200, setup.text
 
         stop, tally, kills = threading.Event(), Tally(), []
-        threads = [threading.Thread(target=_client_loop, args=(cluster, i, stop, tally)) for i in range(CLIENT_COUNT)]
+        threads = [
+            threading.Thread(target=_client_loop, args=(cluster, i, stop, tally, mixed)) for i in range(CLIENT_COUNT)
+        ]
         threads.append(threading.Thread(target=_chaos, args=(cluster, stop, kills)))
         for thread in threads:
             thread.start()

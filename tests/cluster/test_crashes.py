@@ -4,6 +4,10 @@ Coordinator killed: under Cornus every participant decides without the coordinat
 under 2PC and coordinator-log, participants that voted yes stay undecided until it restarts
 (asserted: that is the protocol). Participant killed: after a restart its recovery resolves its
 transactions. In every case the transaction ends atomic: all of its writes or none.
+
+The protocol is chosen per transaction, so each case runs its transaction under the protocol it
+tests on a cluster whose configured default is another one: recovery and the participants must
+follow the transaction's protocol, not the node's.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import pytest
 from tests.cluster.harness import Cluster, keys_on, running_cluster
 
 PROTOCOLS = ["cornus", "2pc", "coordinator-log"]
+# The cluster default each case runs under: never the protocol of the transaction under test.
+CLUSTER_DEFAULT = {"cornus": "2pc", "2pc": "coordinator-log", "coordinator-log": "cornus"}
 COORDINATOR_FAILPOINTS = [
     "coordinator.before_prepare",
     "coordinator.after_prepare",
@@ -83,10 +89,10 @@ def _assert_atomic(cluster: Cluster, reader: str, keys: tuple[str, str], acknowl
     return next(iter(values.values()))  # type: ignore[return-value]
 
 
-def _execute_until_crash(cluster: Cluster, node_id: str, keys: tuple[str, str]) -> bool:
+def _execute_until_crash(cluster: Cluster, node_id: str, keys: tuple[str, str], protocol: str) -> bool:
     """Run the transaction on `node_id`; True if the caller was told it committed."""
     try:
-        response = cluster.execute(node_id, [{"op": "put", "key": key, "value": "new"} for key in keys])
+        response = cluster.execute(node_id, [{"op": "put", "key": key, "value": "new"} for key in keys], protocol)
     except httpx.HTTPError:
         return False
     return response.status_code == 200 and response.json()["outcome"] == "committed"
@@ -95,13 +101,13 @@ def _execute_until_crash(cluster: Cluster, node_id: str, keys: tuple[str, str]) 
 @pytest.mark.parametrize(("protocol", "failpoint"), COORDINATOR_CASES)
 def test_coordinator_killed(protocol: str, failpoint: str, storage: dict[str, str]) -> None:
     keys = _keys()
-    with running_cluster(protocol, storage, settings=SETTINGS) as cluster:
+    with running_cluster(CLUSTER_DEFAULT[protocol], storage, settings=SETTINGS) as cluster:
         cluster.start_all()
         assert cluster.execute("n1", [{"op": "put", "key": k, "value": "old"} for k in keys]).status_code == 200
         cluster.kill("n0")
         cluster.start("n0", failpoints=failpoint)
 
-        acknowledged = _execute_until_crash(cluster, "n0", keys)
+        acknowledged = _execute_until_crash(cluster, "n0", keys, protocol)
         assert cluster.wait_exit("n0") == -9, "the failpoint must have killed the coordinator"
         participants = ["n1", "n2"]
         if protocol == "cornus":
@@ -121,18 +127,50 @@ def test_coordinator_killed(protocol: str, failpoint: str, storage: dict[str, st
 @pytest.mark.parametrize(("protocol", "failpoint"), PARTICIPANT_CASES)
 def test_participant_killed_and_recovered(protocol: str, failpoint: str, storage: dict[str, str]) -> None:
     keys = _keys()
-    with running_cluster(protocol, storage, settings=SETTINGS) as cluster:
+    with running_cluster(CLUSTER_DEFAULT[protocol], storage, settings=SETTINGS) as cluster:
         cluster.start_all()
         assert cluster.execute("n0", [{"op": "put", "key": k, "value": "old"} for k in keys]).status_code == 200
         _wait_settled(cluster, ["n1", "n2"])  # or the armed failpoint would fire on this setup txn
         cluster.kill("n1")
         cluster.start("n1", failpoints=failpoint)
 
-        acknowledged = _execute_until_crash(cluster, "n0", keys)
+        acknowledged = _execute_until_crash(cluster, "n0", keys, protocol)
         assert cluster.wait_exit("n1") == -9, "the failpoint must have killed the participant"
         cluster.start("n1")  # recovery runs before it reports ready
         _wait_settled(cluster, ["n1", "n2"])
         _assert_atomic(cluster, "n2", keys, acknowledged)
         # The partition works again: a new transaction on the recovered node's keys commits.
         after = cluster.execute("n2", [{"op": "put", "key": k, "value": "after"} for k in keys])
+        assert after.status_code == 200, after.text
+
+
+@pytest.mark.parametrize("wholly_read_only", [False, True], ids=["read-and-write", "read-only"])
+def test_reads_on_a_restarted_partition_abort_the_transaction(wholly_read_only: bool, storage: dict[str, str]) -> None:
+    """A partition only read takes no part in the vote, but its read locks must hold until the
+    commit: here its owner restarts between the read and the commit, so the locks are gone and
+    another transaction overwrites the value read. Committing would expose a stale read."""
+    read_key, write_key = _keys()  # read on p1 (n1), write on p2 (n2); n0 coordinates
+    # The transaction must outlive n1's restart (recovery waits out the storage deadline first).
+    with running_cluster("cornus", storage, settings={"timeout_ms_txn_idle": 30_000}) as cluster:
+        cluster.start_all()
+        setup = [{"op": "put", "key": k, "value": "old"} for k in (read_key, write_key)]
+        assert cluster.execute("n0", setup).status_code == 200
+        txn = cluster.post("n0", "/v1/txn").json()["txn"]
+        read = cluster.post("n0", f"/v1/txn/{txn}/read", {"keys": [read_key]})
+        assert read.json()["values"] == {read_key: "old"}, read.text
+        if not wholly_read_only:
+            assert cluster.post("n0", f"/v1/txn/{txn}/write", {"writes": {write_key: "new"}}).status_code == 200
+
+        cluster.kill("n1")
+        cluster.start("n1")
+        overwrite = cluster.execute("n2", [{"op": "put", "key": read_key, "value": "changed"}])
+        assert overwrite.status_code == 200, "the restarted partition no longer holds the read lock"
+
+        commit = cluster.post("n0", f"/v1/txn/{txn}/commit")
+        assert commit.status_code == 409, commit.text
+        assert commit.json()["reason"] == "voted_no" and commit.json()["retryable"] is True, commit.text
+        assert "lost the read locks" in commit.json()["detail"], commit.text
+        assert cluster.read("n0", [read_key, write_key]) == {read_key: "changed", write_key: "old"}
+        # Nothing is left locked: the next transaction on both keys commits.
+        after = cluster.execute("n0", [{"op": "put", "key": k, "value": "after"} for k in (read_key, write_key)])
         assert after.status_code == 200, after.text
