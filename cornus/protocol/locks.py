@@ -55,6 +55,10 @@ class LockTable:
         self.timeout_ms_wait = timeout_ms_wait
         self._entries: dict[str, _Entry] = {}
         self._held: dict[str, set[str]] = {}
+        # Keys each transaction waits on, and keys anyone waits on: release and expiry touch only
+        # those, never every locked key (they run once per transaction, on the hot path).
+        self._waiting: dict[str, set[str]] = {}
+        self._keys_waited: set[str] = set()
         # Holders that voted yes: their locks go at the decision, which Cornus sends right after
         # replying, so a conflicting request waits (bounded) instead of aborting (DESIGN 4).
         self._prepared: set[str] = set()
@@ -83,6 +87,8 @@ class LockTable:
         if not waits:
             return Grant.ABORT
         entry.waiters.append(Waiter(txn, key, mode, timestamp, now_ms + self.timeout_ms_wait))
+        self._waiting.setdefault(txn, set()).add(key)
+        self._keys_waited.add(key)
         return Grant.WAITING
 
     def register(self, txn: str, timestamp: int) -> None:
@@ -113,24 +119,32 @@ class LockTable:
         """Release every lock of `txn` (at its decision) and return the waiters now granted."""
         self._prepared.discard(txn)
         self._timestamps.pop(txn, None)
+        touched = self._held.pop(txn, set()) | self._waiting.pop(txn, set())
         granted: list[Waiter] = []
-        for key in sorted(self._held.pop(txn, set())):
+        for key in sorted(touched):
             entry = self._entries[key]
-            del entry.holders[txn]
-            granted += self._grant_waiters(key, entry)
-        for entry in self._entries.values():
+            entry.holders.pop(txn, None)
+            # A waiter leaving the head of a queue may unblock the ones behind it, too.
             entry.waiters = [w for w in entry.waiters if w.txn != txn]
+            granted += self._grant_waiters(key, entry)
         return granted
 
-    def expire(self, now_ms: int) -> list[Waiter]:
-        """Waiters whose bounded wait ran out: they must abort (retryable)."""
+    def expire(self, now_ms: int) -> tuple[list[Waiter], list[Waiter]]:
+        """Waiters whose bounded wait ran out (they must abort, retryable), and the waiters that
+        queued behind them and are granted now that they left."""
         expired: list[Waiter] = []
-        for entry in self._entries.values():
-            keep = []
-            for waiter in entry.waiters:
-                (expired if waiter.deadline_ms <= now_ms else keep).append(waiter)
-            entry.waiters = keep
-        return expired
+        granted: list[Waiter] = []
+        for key in sorted(self._keys_waited):
+            entry = self._entries[key]
+            gone = [w for w in entry.waiters if w.deadline_ms <= now_ms]
+            if not gone:
+                continue
+            entry.waiters = [w for w in entry.waiters if w.deadline_ms > now_ms]
+            for waiter in gone:
+                self._waiting[waiter.txn].discard(key)
+            expired += gone
+            granted += self._grant_waiters(key, entry)
+        return expired, granted
 
     def _grant_waiters(self, key: str, entry: _Entry) -> list[Waiter]:
         granted = []
@@ -138,7 +152,11 @@ class LockTable:
             waiter = entry.waiters.pop(0)
             entry.holders[waiter.txn] = waiter.mode
             self._held.setdefault(waiter.txn, set()).add(key)
+            self._waiting[waiter.txn].discard(key)
             granted.append(waiter)
-        if not entry.holders and not entry.waiters:
+        if not entry.waiters:
+            self._keys_waited.discard(key)
+        if not entry.holders:
+            assert not entry.waiters, f"waiters on {key} with no holder to wait for"
             del self._entries[key]
         return granted

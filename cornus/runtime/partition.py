@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from cornus.protocol.locks import Grant, LockMode, LockTable, Policy
+from cornus.protocol.locks import Grant, LockMode, LockTable, Policy, Waiter
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.txn_ids import begin_ms_of
 from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind
@@ -98,7 +98,7 @@ class PartitionRuntime:
                 return ExecuteResponse(ExecuteStatus.CONFLICT, detail=detail)
             if txn not in self.executions:
                 # Dropped while we waited (the coordinator aborted): do not resurrect it.
-                self.locks.release(txn)
+                self._release_locks(txn)
                 return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} was aborted on {self.name}")
             if op.kind is OpKind.PUT or op.kind is OpKind.DELETE:
                 execution.writes[op.key] = op.value if op.kind is OpKind.PUT else None
@@ -144,10 +144,15 @@ class PartitionRuntime:
         return grant is Grant.GRANTED
 
     def _expire_waiters(self) -> None:
-        for waiter in self.locks.expire(_now_ms()):
+        expired, granted = self.locks.expire(_now_ms())
+        self._wake(expired, Grant.ABORT)
+        self._wake(granted, Grant.GRANTED)
+
+    def _wake(self, waiters: list[Waiter], grant: Grant) -> None:
+        for waiter in waiters:
             future = self._waiters.get((waiter.txn, waiter.key))
             if future is not None and not future.done():
-                future.set_result(Grant.ABORT)
+                future.set_result(grant)
 
     def take_redo(self, txn: str) -> bytes | None:
         """At prepare: the redo of what `txn` wrote here (None if its execution state is gone)."""
@@ -181,10 +186,12 @@ class PartitionRuntime:
 
     def release(self, txn: str) -> None:
         self.executions.pop(txn, None)
-        for waiter in self.locks.release(txn):
-            future = self._waiters.get((waiter.txn, waiter.key))
-            if future is not None and not future.done():
-                future.set_result(Grant.GRANTED)
+        self._release_locks(txn)
+
+    def _release_locks(self, txn: str) -> None:
+        # Every release must wake the waiters it grants: a grant nobody hears of would hold the
+        # key for a request that never learns it got it.
+        self._wake(self.locks.release(txn), Grant.GRANTED)
 
     async def apply(self, txn: str, redo: bytes, backoff_ms_min: int) -> bool:
         """Apply a committed redo; True once it is in storage."""
