@@ -399,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-api-listen", help="public gRPC API address host:port (off when unset)")
     serve.add_argument("--peers", help="every node: n0=host:port,n1=host:port")
     serve.add_argument("--partition-count", type=int, help="number of partitions p0..pN-1")
-    serve.add_argument("--protocol", help="cornus, 2pc or coordinator-log")
+    serve.add_argument("--protocol", help="cornus, 2pc or coordinator-log: the default of transactions naming none")
     serve.add_argument("--backend", choices=BACKENDS, help="storage backend")
     serve.add_argument("--set", action="append", metavar="NAME=VALUE",
                        help="a timeout or limit, e.g. timeout_ms_prepare=400 (repeatable)")
@@ -437,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--nodes", type=int, default=3, help="node processes (default 3)")
     up.add_argument("--partitions", type=int, default=6, help="partitions p0..pN-1 (default 6)")
-    up.add_argument("--protocol", choices=protocols, default=Protocol.CORNUS.value, help="default cornus")
+    up.add_argument("--protocol", choices=protocols, default=Protocol.CORNUS.value,
+                    help="the default of transactions naming none (default cornus)")
     up.add_argument("--base-port", type=int,
                     help="node i serves REST on BASE+i and peer gRPC on BASE+NODES+i (default: free ports)")
     up.add_argument("--data-dir", help="directory of the emulator file and node logs (default: a temporary "
@@ -454,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "or unavailable, 2 bad input.",
     )
     txn.add_argument("--url", required=True, help="a node's REST URL, e.g. http://127.0.0.1:8100")
-    txn.add_argument("--protocol", choices=protocols, help="must match the cluster's (default: the cluster's)")
+    txn.add_argument("--protocol", choices=protocols, help="this transaction's protocol (default: the node's)")
     txn.add_argument("ops", nargs="+", metavar="OP", help=_OP_SYNTAX)
     _add_client_flags(txn)
     txn.set_defaults(handler=_txn)

@@ -51,6 +51,22 @@ def test_commit_read_your_writes_and_status(urls: list[str], prefix: str) -> Non
             client.status("1.n9.none.1")
 
 
+@pytest.mark.parametrize("protocol", ["cornus", "2pc", "coordinator-log"])
+def test_protocol_per_transaction(urls: list[str], prefix: str, protocol: str) -> None:
+    tag = {"cornus": "cornus", "2pc": "2pc", "coordinator-log": "clog"}[protocol]
+    a, b = f"{prefix}{protocol}-a", f"{prefix}{protocol}-b"
+    with CornusClient(urls, config=FAST) as client:
+        outcome = client.execute([Op.put(a, "1"), Op.put(b, "1")], protocol=protocol)
+        assert outcome.committed and outcome.txn.endswith("." + tag), outcome
+        with client.transaction(protocol) as txn:
+            txn.write({a: "2"})
+        assert txn.outcome is not None and txn.outcome.committed and txn.txn.endswith("." + tag)
+        assert client.execute([Op.get(a), Op.get(b)]).reads == {a: "2", b: "1"}
+        with pytest.raises(InvalidRequest):
+            client.execute([Op.put(a, "3")], protocol="3pc")
+        assert client.get(a) == "2"
+
+
 def test_new_transactions_rotate_over_the_nodes(urls: list[str], prefix: str) -> None:
     with CornusClient(urls) as client:
         begun = [client.begin() for _ in urls]
