@@ -2,10 +2,13 @@
 
   serve           run one node (config from --config FILE, CORNUS_* variables and flags)
   storage-bench   p50/p99 `log_once` latency and ops/s per storage backend
+  bench           compare the three commit protocols on a local cluster over your storage
   cluster up      a local multi-node cluster on the embedded emulator, in the foreground
   txn             run one one-shot transaction: put:KEY=VALUE get:KEY delete:KEY check:KEY[=VALUE]
   inspect         a node's in-flight and in-doubt transactions, or one transaction's status
   resolve         run termination for one transaction by hand
+  termination-bench
+                  time Cornus termination after coordinator kills, on your storage
 
 Storage settings come from flags, else from `CORNUS_STORAGE_*` environment variables, else from
 the config file (serve), else from the defaults (the embedded SQLite emulator in ./cornus.db).
@@ -348,15 +351,17 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"retries of a retryable outcome (default {defaults.retry_count_max})")
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from services.cluster_bench import format_results, run_bench
-
-    protocols = [Protocol(p) for p in (args.protocol or [p.value for p in Protocol])]
+def _bench_storage(args: argparse.Namespace) -> StoreConfig:
     storage = _store_config(args, args.backend or StoreConfig.from_env().backend)
     if storage.latency:
         from storage_adapters.latency import parse_latency
 
         parse_latency(storage.latency)  # a bad spec fails here, before any node starts
+    return storage
+
+
+def _storage_argv(storage: StoreConfig) -> list[str]:
+    """The storage flags that hand `storage` on to `cornus serve` children."""
     defaults = StoreConfig()
     argv = ["--backend", storage.backend]
     for name in ("timeout_ms_call", "redis_url", "azure_connection_string", "azure_container",
@@ -364,6 +369,30 @@ def _bench(args: argparse.Namespace) -> int:
         value = getattr(storage, name)
         if value and value != getattr(defaults, name):
             argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv
+
+
+def _termination_bench(args: argparse.Namespace) -> int:
+    from services.termination_bench import format_terminations, run_termination_bench
+
+    storage = _bench_storage(args)
+    print(f"cornus termination-bench: {args.nodes} nodes, {args.rounds} coordinator kills at "
+          f"coordinator.after_votes, storage {storage.backend}"
+          + (f" with injected latency {storage.latency}" if storage.latency else ""), flush=True)
+    rows = run_termination_bench(
+        storage, _storage_argv(storage), nodes=args.nodes, rounds=args.rounds,
+        settings=[f"{name}={value}" for name, value in _set_overrides(args.set).items()],
+    )
+    print(format_terminations(rows))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from services.cluster_bench import format_results, run_bench
+
+    protocols = [Protocol(p) for p in (args.protocol or [p.value for p in Protocol])]
+    storage = _bench_storage(args)
+    argv = _storage_argv(storage)
     print(f"cornus bench: {args.nodes} nodes, {args.partitions} partitions, {args.clients} clients, "
           f"{args.seconds:g} s per protocol, {args.partitions_per_txn} partitions and {args.ops_per_txn} ops per "
           f"transaction, storage {storage.backend}" + (f" with injected latency {storage.latency}" if storage.latency
@@ -427,6 +456,21 @@ def build_parser() -> argparse.ArgumentParser:
                                help="a timeout or limit for every node (repeatable)")
     _add_storage_flags(bench_cluster)
     bench_cluster.set_defaults(handler=_bench)
+
+    termination = commands.add_parser(
+        "termination-bench", help="time Cornus termination after coordinator kills on your storage",
+        description="Start a local Cornus cluster (one partition per node) over the chosen storage; ROUNDS times, "
+                    "kill the coordinator (kill -9 semantics) once every vote is in, and print how long the "
+                    "participants' termination protocol took, per participant node.",
+    )
+    termination.add_argument("--nodes", type=int, default=3,
+                             help="node processes, the coordinator included (default 3)")
+    termination.add_argument("--rounds", type=int, default=10, help="coordinator kills (default 10)")
+    termination.add_argument("--backend", choices=BACKENDS, help="storage backend (default: emulator)")
+    termination.add_argument("--set", action="append", metavar="NAME=VALUE",
+                             help="a timeout or limit for every node (repeatable)")
+    _add_storage_flags(termination)
+    termination.set_defaults(handler=_termination_bench)
 
     cluster = commands.add_parser("cluster", help="a local multi-node cluster")
     cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)

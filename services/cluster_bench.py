@@ -57,7 +57,7 @@ class ProtocolResult:
     termination: dict[str, float] = field(default_factory=dict)
 
 
-def _keys_by_partition(partition_count: int) -> dict[str, list[str]]:
+def keys_by_partition(partition_count: int) -> dict[str, list[str]]:
     """A pool of keys per partition, so a transaction can aim at the partitions it wants."""
     pools: dict[str, list[str]] = {f"p{i}": [] for i in range(partition_count)}
     index = 0
@@ -85,7 +85,7 @@ def _transaction(rng: random.Random, pools: dict[str, list[str]], partitions_per
 
 def _run_clients(nodes: list[ClusterNode], seconds: float, clients: int, *, partitions_per_txn: int,
                  ops_per_txn: int, partition_count: int, result: ProtocolResult) -> None:
-    pools = _keys_by_partition(partition_count)
+    pools = keys_by_partition(partition_count)
     lock = threading.Lock()
     stop_at = time.monotonic() + seconds
 
@@ -162,7 +162,7 @@ def run_bench(
     for protocol in protocols:
         with tempfile.TemporaryDirectory(prefix="cornus-bench-") as directory:
             data = Path(directory)
-            argv = list(storage_argv) + _namespace_argv(storage, protocol, data)
+            argv = list(storage_argv) + namespace_argv(storage, protocol, data)
             ports = cluster_ports(nodes, None)
             peers = ",".join(f"n{i}=127.0.0.1:{peer}" for i, (_, peer, _) in enumerate(ports))
             members = [
@@ -191,9 +191,9 @@ def run_bench(
     return results
 
 
-def _namespace_argv(storage: StoreConfig, protocol: Protocol, data: Path) -> list[str]:
-    """Each protocol runs on storage of its own: records do not say which protocol wrote them,
-    so a coordinator-log node must never recover a 2PC node's records."""
+def namespace_argv(storage: StoreConfig, protocol: Protocol, data: Path) -> list[str]:
+    """Each protocol runs on storage of its own, so what one run leaves behind (records that wait
+    for garbage collection, data) never weighs on the next protocol's measurement."""
     index = list(Protocol).index(protocol)
     if storage.backend == "emulator":
         return ["--emulator-path", str(data / "cornus.db")]

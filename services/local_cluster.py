@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,9 +117,16 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
 PR_SET_PDEATHSIG = 1
 
 
-def start_node(node: ClusterNode, peers: str, storage_argv: Sequence[str], settings: Sequence[str] = ()) -> None:
+def start_node(
+    node: ClusterNode,
+    peers: str,
+    storage_argv: Sequence[str],
+    settings: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> None:
     """Start `node` as a `cornus serve` child. `storage_argv` are its storage flags (e.g.
-    --backend emulator --emulator-path F); `settings` are NAME=VALUE timeouts and limits."""
+    --backend emulator --emulator-path F); `settings` are NAME=VALUE timeouts and limits; `environ`
+    adds to its environment (e.g. CORNUS_FAILPOINTS for this node alone)."""
     assert not node.alive
     config = node.config
     argv = [sys.executable, "-m", "services.cli", "serve", "--node-id", config.node_id,
@@ -130,7 +137,7 @@ def start_node(node: ClusterNode, peers: str, storage_argv: Sequence[str], setti
         argv += ["--set", item]
     with node.log_path.open("ab") as log:
         node.process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(environ or {})},
             # Its own session: a Ctrl-C in the terminal reaches the parent only, which then
             # stops the nodes in order instead of all of them racing to exit at once.
             start_new_session=True,

@@ -64,6 +64,7 @@ class TimingLog:
             values = sorted(self.terminations_ms)
             out["termination"] = {
                 "count": float(len(values)),
+                "min": values[0],
                 "p50": statistics.median(values),
                 "p99": values[min(len(values) - 1, int(0.99 * len(values)))],
                 "max": values[-1],

@@ -35,3 +35,27 @@ def test_bench_refuses_bad_input_before_starting_anything() -> None:
                           (["--latency", "soon"], "latency 'soon'"), (["--set", "no_such=1"], "no_such")):
         done = _bench(*args)
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+
+
+def _termination_bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "services.cli", "termination-bench", *args], capture_output=True,
+                          text=True, timeout=TIMEOUT_S_BENCH, check=False)
+
+
+def test_termination_bench_times_termination_after_coordinator_kills() -> None:
+    rounds = 2
+    # A short storage deadline: each restart of the killed coordinator waits it out before recovery.
+    done = _termination_bench("--rounds", str(rounds), "--timeout-ms-call", "500")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["n1"], ["n2"])}
+    assert set(rows) == {"n1", "n2"}, done.stdout  # every participant ran termination, every round
+    for node, row in rows.items():
+        count, min_ms, p50_ms, max_ms = int(row[1]), float(row[2]), float(row[3]), float(row[5])
+        assert count == rounds, (node, row)
+        assert 0 < min_ms <= p50_ms <= max_ms, (node, row)
+
+
+def test_termination_bench_refuses_bad_input() -> None:
+    for args, message in ((["--nodes", "2"], "--nodes"), (["--rounds", "0"], "--rounds")):
+        done = _termination_bench(*args)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)

@@ -1,0 +1,148 @@
+"""`cornus termination-bench`: how long Cornus participants take to finish a transaction whose
+coordinator died (the paper's Figure 8), on your own storage.
+
+It starts a real local cluster (`cornus serve` processes on 127.0.0.1, one partition per node) and
+repeats a round: restart node n0 with the failpoint `coordinator.after_votes` armed, send it a
+transaction that writes to every other node's partition, and let n0 die with kill -9 semantics the
+moment every vote is in, before any decision leaves it. Each participant then times out waiting
+for the decision and runs the termination protocol (LogOnce(ABORT) on every other participant's
+log); the nodes time each run from its first LogOnce(ABORT) to the decision, and this prints those
+figures per participant node, read from their /v1/admin/timings.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from cornus.protocol.config import Protocol
+from cornus.runtime.config import load_node_config
+from services.cluster_bench import HTTP_TIMEOUT_S, READY_TIMEOUT_S, keys_by_partition, namespace_argv
+from services.local_cluster import ClusterNode, StopSignals, cluster_ports, start_node, stop_nodes, wait_cluster_ready
+from storage_adapters.errors import ValidationError
+from storage_adapters.factory import StoreConfig
+
+FAILPOINT = "coordinator.after_votes"
+ROUNDS_MAX = 1_000
+NODES_MIN = 3  # a coordinator and at least two participants, so termination has peers to ask
+NODES_MAX = 16
+# Bounds on one round: the coordinator must die, then every participant must decide.
+TIMEOUT_S_DEATH = 15.0
+TIMEOUT_S_SETTLE = 60.0
+TIMEOUT_S_LINKS = 30.0
+LINK_PROBE_TXN = "termination-bench-link-probe"
+POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class NodeTermination:
+    node: str
+    count: int
+    min_ms: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+def run_termination_bench(
+    storage: StoreConfig, storage_argv: list[str], *, nodes: int, rounds: int, settings: list[str]
+) -> list[NodeTermination]:
+    if not NODES_MIN <= nodes <= NODES_MAX:
+        raise ValidationError(f"--nodes must be in {NODES_MIN}..{NODES_MAX}")
+    if not 0 < rounds <= ROUNDS_MAX:
+        raise ValidationError(f"--rounds must be in 1..{ROUNDS_MAX}")
+    with tempfile.TemporaryDirectory(prefix="cornus-termination-") as directory:
+        data = Path(directory)
+        ports = cluster_ports(nodes, None)
+        peers = ",".join(f"n{i}=127.0.0.1:{peer}" for i, (_, peer, _) in enumerate(ports))
+        members = [
+            ClusterNode(
+                load_node_config(environ={}, overrides={
+                    "node_id": f"n{i}", "api_listen": f"127.0.0.1:{api}", "grpc_api_listen": f"127.0.0.1:{public}",
+                    "peers": peers, "protocol": Protocol.CORNUS.value, "partition_count": nodes,
+                }),
+                api, peer, data / f"n{i}.log",
+            )
+            for i, (api, peer, public) in enumerate(ports)
+        ]
+        argv = storage_argv + namespace_argv(storage, Protocol.CORNUS, data)
+        coordinator, participants = members[0], members[1:]
+        pools = keys_by_partition(nodes)
+        targets = sorted(p for p in pools if coordinator.config.owner_of(p) != coordinator.config.node_id)
+        stop = StopSignals()
+        try:
+            for member in members:
+                start_node(member, peers, argv, settings)
+            if not wait_cluster_ready(members, stop, READY_TIMEOUT_S):
+                raise RuntimeError("the cluster did not start")
+            with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
+                for round_index in range(rounds):
+                    _restart_armed(coordinator, peers, argv, settings, stop)
+                    _wait_links_up(http, participants)
+                    ops = [{"op": "put", "key": pools[p][round_index], "value": "x"} for p in targets]
+                    _run_round(http, coordinator, participants, ops)
+                return [_read_termination(http, member) for member in participants]
+        finally:
+            stop_nodes(members, stop)
+
+
+def _restart_armed(node: ClusterNode, peers: str, argv: list[str], settings: list[str], stop: StopSignals) -> None:
+    stop_nodes([node], stop)
+    start_node(node, peers, argv, settings, environ={"CORNUS_FAILPOINTS": FAILPOINT})
+    if not wait_cluster_ready([node], stop, READY_TIMEOUT_S):
+        raise RuntimeError(f"{node.config.node_id} did not restart")
+
+
+def _wait_links_up(http: httpx.Client, participants: list[ClusterNode]) -> None:
+    """Until every participant reaches the restarted coordinator again. Their links to it
+    reconnect with backoff; a vote sent before would be lost, the coordinator would time out and
+    decide by termination itself, and the failpoint (which needs the votes) would never fire. A
+    status call asks every node: 404 means all of them answered that they do not know the id."""
+    deadline = time.monotonic() + TIMEOUT_S_LINKS
+    for member in participants:
+        while http.get(f"{member.url}/v1/txn/{LINK_PROBE_TXN}").status_code != 404:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{member.config.node_id} did not reach the restarted coordinator")
+            time.sleep(POLL_S)
+
+
+def _run_round(
+    http: httpx.Client, coordinator: ClusterNode, participants: list[ClusterNode], ops: list[dict[str, str]]
+) -> None:
+    try:
+        response = http.post(f"{coordinator.url}/v1/execute", json={"ops": ops})
+        raise RuntimeError(f"the coordinator answered instead of dying at {FAILPOINT}: {response.text}")
+    except httpx.HTTPError:
+        pass  # it died with the request open, as armed
+    assert coordinator.process is not None
+    code = coordinator.process.wait(TIMEOUT_S_DEATH)
+    if code != -9:
+        raise RuntimeError(f"{coordinator.config.node_id} exited with {code}, not at the failpoint")
+    deadline = time.monotonic() + TIMEOUT_S_SETTLE
+    while time.monotonic() < deadline:
+        rows = [row for member in participants for row in http.get(f"{member.url}/v1/admin/transactions").json()
+                if row["role"] == "participant"]
+        if not rows:
+            return
+        time.sleep(POLL_S)
+    raise RuntimeError(f"participants did not decide within {TIMEOUT_S_SETTLE} s of the coordinator's death")
+
+
+def _read_termination(http: httpx.Client, member: ClusterNode) -> NodeTermination:
+    summary = http.get(f"{member.url}/v1/admin/timings").json().get("termination")
+    if not summary:
+        raise RuntimeError(f"{member.config.node_id} ran no termination")
+    return NodeTermination(member.config.node_id, int(summary["count"]), summary["min"], summary["p50"],
+                           summary["p99"], summary["max"])
+
+
+def format_terminations(rows: list[NodeTermination]) -> str:
+    lines = [f"{'node':<6}{'terminations':>13}{'min ms':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"]
+    for row in rows:
+        lines.append(f"{row.node:<6}{row.count:>13}{row.min_ms:>9.2f}{row.p50_ms:>9.2f}{row.p99_ms:>9.2f}"
+                     f"{row.max_ms:>9.2f}")
+    return "\n".join(lines)
