@@ -71,6 +71,14 @@ def _add_storage_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--latency", help="injected latency per call: fixed:MS, uniform:LO:HI or lognormal:P50:P99")
 
 
+def _add_local_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the commands that start their own local cluster over the chosen storage."""
+    parser.add_argument("--backend", choices=BACKENDS, help="storage backend (default: emulator)")
+    parser.add_argument("--set", action="append", metavar="NAME=VALUE",
+                        help="a timeout or limit for every node (repeatable)")
+    _add_storage_flags(parser)
+
+
 def _store_config(args: argparse.Namespace, backend: str) -> StoreConfig:
     overrides = {
         name: getattr(args, name, None)
@@ -451,10 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cluster.add_argument("--partitions-per-txn", type=int, default=2,
                                help="partitions each transaction writes (default 2)")
     bench_cluster.add_argument("--ops-per-txn", type=int, default=8, help="operations per transaction (default 8)")
-    bench_cluster.add_argument("--backend", choices=BACKENDS, help="storage backend (default: emulator)")
-    bench_cluster.add_argument("--set", action="append", metavar="NAME=VALUE",
-                               help="a timeout or limit for every node (repeatable)")
-    _add_storage_flags(bench_cluster)
+    _add_local_cluster_flags(bench_cluster)
     bench_cluster.set_defaults(handler=_bench)
 
     termination = commands.add_parser(
@@ -466,10 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     termination.add_argument("--nodes", type=int, default=3,
                              help="node processes, the coordinator included (default 3)")
     termination.add_argument("--rounds", type=int, default=10, help="coordinator kills (default 10)")
-    termination.add_argument("--backend", choices=BACKENDS, help="storage backend (default: emulator)")
-    termination.add_argument("--set", action="append", metavar="NAME=VALUE",
-                             help="a timeout or limit for every node (repeatable)")
-    _add_storage_flags(termination)
+    _add_local_cluster_flags(termination)
     termination.set_defaults(handler=_termination_bench)
 
     cluster = commands.add_parser("cluster", help="a local multi-node cluster")

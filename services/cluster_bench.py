@@ -22,12 +22,11 @@ from pathlib import Path
 import httpx
 
 from cornus.protocol.config import Protocol
-from cornus.runtime.config import load_node_config
 from cornus.runtime.keys import partition_of
 from services.local_cluster import (
     ClusterNode,
     StopSignals,
-    cluster_ports,
+    local_members,
     start_node,
     stop_nodes,
     wait_cluster_ready,
@@ -163,18 +162,7 @@ def run_bench(
         with tempfile.TemporaryDirectory(prefix="cornus-bench-") as directory:
             data = Path(directory)
             argv = list(storage_argv) + namespace_argv(storage, protocol, data)
-            ports = cluster_ports(nodes, None)
-            peers = ",".join(f"n{i}=127.0.0.1:{peer}" for i, (_, peer, _) in enumerate(ports))
-            members = [
-                ClusterNode(
-                    load_node_config(environ={}, overrides={
-                        "node_id": f"n{i}", "api_listen": f"127.0.0.1:{api}", "grpc_api_listen": f"127.0.0.1:{public}",
-                        "peers": peers, "protocol": protocol.value, "partition_count": partitions,
-                    }),
-                    api, peer, data / f"n{i}.log",
-                )
-                for i, (api, peer, public) in enumerate(ports)
-            ]
+            members, peers = local_members(nodes, protocol, partitions, data)
             stop = StopSignals()
             try:
                 for member in members:

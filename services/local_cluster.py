@@ -18,7 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from cornus.runtime.config import NodeConfig
+from cornus.protocol.config import Protocol
+from cornus.runtime.config import NodeConfig, load_node_config
 from storage_adapters.errors import ValidationError
 
 
@@ -100,6 +101,26 @@ def cluster_ports(node_count: int, base_port: int | None) -> list[tuple[int, int
             except OSError as error:
                 raise ValidationError(f"port 127.0.0.1:{port} is not free ({error.strerror})") from None
     return pairs
+
+
+def local_members(
+    node_count: int, protocol: Protocol, partition_count: int, data: Path
+) -> tuple[list[ClusterNode], str]:
+    """Nodes n0..n{N-1} on free 127.0.0.1 ports, logging into `data`, with `protocol` as their
+    default and default settings otherwise; and the peers list they all start with."""
+    ports = cluster_ports(node_count, None)
+    peers = ",".join(f"n{i}=127.0.0.1:{peer}" for i, (_, peer, _) in enumerate(ports))
+    members = [
+        ClusterNode(
+            load_node_config(environ={}, overrides={
+                "node_id": f"n{i}", "api_listen": f"127.0.0.1:{api}", "grpc_api_listen": f"127.0.0.1:{public}",
+                "peers": peers, "protocol": protocol.value, "partition_count": partition_count,
+            }),
+            api, peer, data / f"n{i}.log",
+        )
+        for i, (api, peer, public) in enumerate(ports)
+    ]
+    return members, peers
 
 
 def _die_with_parent(parent_pid: int) -> Callable[[], None]:

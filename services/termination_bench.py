@@ -20,9 +20,15 @@ from pathlib import Path
 import httpx
 
 from cornus.protocol.config import Protocol
-from cornus.runtime.config import load_node_config
 from services.cluster_bench import HTTP_TIMEOUT_S, READY_TIMEOUT_S, keys_by_partition, namespace_argv
-from services.local_cluster import ClusterNode, StopSignals, cluster_ports, start_node, stop_nodes, wait_cluster_ready
+from services.local_cluster import (
+    ClusterNode,
+    StopSignals,
+    local_members,
+    start_node,
+    stop_nodes,
+    wait_cluster_ready,
+)
 from storage_adapters.errors import ValidationError
 from storage_adapters.factory import StoreConfig
 
@@ -57,18 +63,8 @@ def run_termination_bench(
         raise ValidationError(f"--rounds must be in 1..{ROUNDS_MAX}")
     with tempfile.TemporaryDirectory(prefix="cornus-termination-") as directory:
         data = Path(directory)
-        ports = cluster_ports(nodes, None)
-        peers = ",".join(f"n{i}=127.0.0.1:{peer}" for i, (_, peer, _) in enumerate(ports))
-        members = [
-            ClusterNode(
-                load_node_config(environ={}, overrides={
-                    "node_id": f"n{i}", "api_listen": f"127.0.0.1:{api}", "grpc_api_listen": f"127.0.0.1:{public}",
-                    "peers": peers, "protocol": Protocol.CORNUS.value, "partition_count": nodes,
-                }),
-                api, peer, data / f"n{i}.log",
-            )
-            for i, (api, peer, public) in enumerate(ports)
-        ]
+        # One partition per node: n0 coordinates, every other node is a participant.
+        members, peers = local_members(nodes, Protocol.CORNUS, nodes, data)
         argv = storage_argv + namespace_argv(storage, Protocol.CORNUS, data)
         coordinator, participants = members[0], members[1:]
         pools = keys_by_partition(nodes)
