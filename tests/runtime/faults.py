@@ -1,0 +1,445 @@
+"""Plumbing for runtime regression tests: a LogStore wrapper that injects storage faults, an
+in-process cluster of real `Node`s over `LocalNetwork` and one emulator file, and polling helpers.
+
+Every assumption the regression tests make about the runtime lives here, so a refactor of the
+runtime changes this module, not the tests:
+
+- a node is `cornus.runtime.node.Node(config, store, transport)`, started with `await start()`
+  (ready after recovery) and stopped with `await stop()`;
+- its configuration is a `NodeConfig` with `ProtocolConfig` and `RuntimeLimits` fields;
+- keys map to partitions with `cornus.runtime.keys.partition_of`;
+- a participant's redo is `cornus.runtime.redo.encode(writes)`;
+- nodes talk through `LocalNetwork`, and a protocol message is delivered as
+  `node.on_message(sender_node, Routed(source_host, dest_host, message))`;
+- an impossible state makes the runtime call `os._exit`, which would end the whole pytest
+  process: inside `local_cluster` it is intercepted and reported as a test failure instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cornus.protocol.config import Protocol, ProtocolConfig
+from cornus.runtime import redo as redo_codec
+from cornus.runtime import txn_ids
+from cornus.runtime.config import NodeConfig, RuntimeLimits
+from cornus.runtime.keys import partition_of
+from cornus.runtime.local_transport import LocalNetwork
+from cornus.runtime.node import Node
+from cornus.runtime.outcome import Outcome, OutcomeStatus
+from cornus.runtime.wire import Op, OpKind
+from storage_adapters.contract import SCAN_PAGE_COUNT_MAX, LogId, LogOnceResult, LogStore, Record, RecordBody, TxnState
+from storage_adapters.errors import StorageUnavailable
+from storage_adapters.factory import StoreConfig, open_store
+
+# Storage call deadline of test clusters: small, so recovery's wait for in-flight calls is short,
+# but well above what a SQLite commit on this machine takes.
+STORAGE_TIMEOUT_MS = 500
+# Protocol timers of test clusters (ProtocolConfig fields). gc_grace_ms stays above the storage
+# deadline, as DESIGN section 4 requires.
+PROTOCOL_DEFAULTS: dict[str, int] = {
+    "timeout_ms_prepare": 400,
+    "timeout_ms_votes": 200,
+    "timeout_ms_decision": 200,
+    "timeout_ms_resend": 100,
+    "backoff_ms_min": 10,
+    "backoff_ms_max": 200,
+    "gc_grace_ms": 1_000,
+}
+LIMIT_DEFAULTS: dict[str, int] = {
+    "timeout_ms_peer_request": 2_000,
+    "timeout_ms_lock_wait": 500,
+}
+POLL_INTERVAL_S = 0.02
+
+
+# === a LogStore that fails on demand ===============================================================
+
+
+class Fault(enum.Enum):
+    FAIL = "fail"  # raise StorageUnavailable without calling the store
+    LAND_THEN_FAIL = "land_then_fail"  # call the store, then raise StorageUnavailable ("timed out but landed")
+    HOLD = "hold"  # wait for the gate to open, then call the store
+
+
+@dataclass(slots=True)
+class _Armed:
+    fault: Fault
+    remaining: int | None  # None: until healed
+    where: Callable[[dict[str, Any]], bool] | None
+    gate: asyncio.Event | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call that reached the wrapper: its arguments by name, and how it ended."""
+
+    seq: int  # completion order
+    method: str
+    args: dict[str, Any]
+    outcome: str  # "ok", "failed" (injected), "landed_then_failed" (injected), "error" (from the store)
+    result: Any = None
+
+
+class FaultyStore(LogStore):
+    """Delegates to `inner`; per method, can fail the next N calls (or all until `heal`), perform a
+    call and then report it failed, or hold calls until released. `where` narrows a fault to calls
+    whose arguments match (e.g. `lambda a: a["txn"] == txn`). Every call is recorded in `calls`."""
+
+    METHODS = ("log_once", "log", "read", "scan_unfinished", "read_data", "apply_redo", "delete")
+
+    def __init__(self, inner: LogStore, name: str = "") -> None:
+        self.inner = inner
+        self.name = name
+        self.backend_name = f"faulty({inner.backend_name})"
+        self.calls: list[Call] = []
+        self._armed: dict[str, list[_Armed]] = {method: [] for method in self.METHODS}
+        self._seq = itertools.count()
+
+    # --- arming ----------------------------------------------------------------------------------
+
+    def fail(self, method: str, count: int | None = 1, where: Callable[[dict[str, Any]], bool] | None = None) -> None:
+        """The next `count` matching calls (None: every one until `heal`) raise StorageUnavailable."""
+        self._arm(method, _Armed(Fault.FAIL, count, where))
+
+    def land_then_fail(
+        self, method: str, count: int | None = 1, where: Callable[[dict[str, Any]], bool] | None = None
+    ) -> None:
+        """The next `count` matching calls take effect, then raise StorageUnavailable."""
+        self._arm(method, _Armed(Fault.LAND_THEN_FAIL, count, where))
+
+    def hold(self, method: str, where: Callable[[dict[str, Any]], bool] | None = None) -> asyncio.Event:
+        """Matching calls wait until the returned event is set (then they run normally)."""
+        gate = asyncio.Event()
+        self._arm(method, _Armed(Fault.HOLD, None, where, gate))
+        return gate
+
+    def heal(self, method: str | None = None) -> None:
+        """Disarm every fault (of `method`, or of all methods) and open every hold."""
+        for name in (method,) if method else self.METHODS:
+            for armed in self._armed[name]:
+                if armed.gate is not None:
+                    armed.gate.set()
+            self._armed[name].clear()
+
+    def _arm(self, method: str, armed: _Armed) -> None:
+        assert method in self.METHODS, f"unknown store method {method!r}"
+        self._armed[method].append(armed)
+
+    # --- inspection ------------------------------------------------------------------------------
+
+    def calls_of(self, method: str, outcome: str | None = None, **match: Any) -> list[Call]:
+        return [
+            call
+            for call in self.calls
+            if call.method == method
+            and (outcome is None or call.outcome == outcome)
+            and all(call.args.get(name) == value for name, value in match.items())
+        ]
+
+    # --- the wrapper -----------------------------------------------------------------------------
+
+    def _take(self, method: str, args: dict[str, Any]) -> _Armed | None:
+        for armed in self._armed[method]:
+            if armed.where is not None and not armed.where(args):
+                continue
+            if armed.remaining is not None:
+                armed.remaining -= 1
+                if armed.remaining <= 0:
+                    self._armed[method].remove(armed)
+            return armed
+        return None
+
+    def _record(self, method: str, args: dict[str, Any], outcome: str, result: Any = None) -> None:
+        self.calls.append(Call(next(self._seq), method, args, outcome, result))
+
+    async def _run(self, method: str, args: dict[str, Any], call: Callable[[], Awaitable[Any]]) -> Any:
+        armed = self._take(method, args)
+        if armed is not None and armed.fault is Fault.HOLD:
+            assert armed.gate is not None
+            await armed.gate.wait()
+        if armed is not None and armed.fault is Fault.FAIL:
+            self._record(method, args, "failed")
+            raise StorageUnavailable(f"injected fault: {method} unavailable")
+        try:
+            result = await call()
+        except Exception as error:
+            self._record(method, args, "error", error)
+            raise
+        if armed is not None and armed.fault is Fault.LAND_THEN_FAIL:
+            self._record(method, args, "landed_then_failed", result)
+            raise StorageUnavailable(f"injected fault: {method} timed out (but it took effect)")
+        self._record(method, args, "ok", result)
+        return result
+
+    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+        args = {"log": log, "txn": txn, "state": state, "body": body}
+        return await self._run("log_once", args, lambda: self.inner.log_once(log, txn, state, body))
+
+    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+        args = {"log": log, "txn": txn, "state": state, "body": body}
+        return await self._run("log", args, lambda: self.inner.log(log, txn, state, body))
+
+    async def read(self, log: LogId, txn: str) -> Record | None:
+        return await self._run("read", {"log": log, "txn": txn}, lambda: self.inner.read(log, txn))
+
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, **more: Any) -> list[Record]:
+        # **more: a later contract may page with a cursor; pass it through untouched.
+        args = {"log": log, "limit": limit, **more}
+        return await self._run("scan_unfinished", args, lambda: self.inner.scan_unfinished(log, limit, **more))
+
+    async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
+        args = {"partition": partition, "keys": tuple(keys)}
+        return await self._run("read_data", args, lambda: self.inner.read_data(partition, keys))
+
+    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
+        args = {"partition": partition, "txn": txn, "writes": dict(writes)}
+        return await self._run("apply_redo", args, lambda: self.inner.apply_redo(partition, txn, writes))
+
+    async def delete(self, log: LogId, txn: str) -> bool:
+        return await self._run("delete", {"log": log, "txn": txn}, lambda: self.inner.delete(log, txn))
+
+    async def close(self) -> None:
+        """The wrapped store belongs to the cluster, which closes it once."""
+
+    def __getattr__(self, name: str) -> Any:
+        # Methods a later contract adds reach the real store unchanged.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+# === an in-process cluster =========================================================================
+
+
+class NodeExited(Exception):
+    """The runtime asked to end the process (an impossible state): reported, not obeyed."""
+
+
+@dataclass
+class LocalCluster:
+    """`node_count` nodes n0.. over one emulator file; node i owns partitions round-robin. Each node
+    reaches storage through its own FaultyStore (`faults[node_id]`); `store` is the real store,
+    for the test to read and write records directly."""
+
+    tmp_path: Path
+    node_count: int = 1
+    partition_count: int = 2
+    protocol: Protocol = Protocol.CORNUS
+    protocols: dict[str, Protocol] = field(default_factory=dict)  # per-node default protocol
+    protocol_config: dict[str, int] = field(default_factory=dict)
+    limits: dict[str, int] = field(default_factory=dict)
+    storage_timeout_ms: int = STORAGE_TIMEOUT_MS
+
+    network: LocalNetwork = field(default_factory=LocalNetwork)
+    store: LogStore | None = None
+    faults: dict[str, FaultyStore] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    exits: list[int] = field(default_factory=list)
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [f"n{index}" for index in range(self.node_count)]
+
+    @property
+    def storage(self) -> StoreConfig:
+        return StoreConfig(
+            backend="emulator", emulator_path=str(self.tmp_path / "cornus.db"), timeout_ms_call=self.storage_timeout_ms
+        )
+
+    def config(self, node_id: str) -> NodeConfig:
+        return NodeConfig(
+            node_id=node_id,
+            peers={node: f"127.0.0.1:{7100 + index}" for index, node in enumerate(self.node_ids)},
+            protocol=self.protocols.get(node_id, self.protocol),
+            partition_count=self.partition_count,
+            storage=self.storage,
+            protocol_config=ProtocolConfig(**{**PROTOCOL_DEFAULTS, **self.protocol_config}),
+            limits=RuntimeLimits(**{**LIMIT_DEFAULTS, **self.limits}),
+        )
+
+    async def open(self) -> None:
+        self.store = await open_store(self.storage)
+        for node_id in self.node_ids:
+            self.faults[node_id] = FaultyStore(self.store, node_id)
+
+    async def start(self, node_id: str | None = None, wait_ready: bool = True) -> None:
+        """Start one node (or every node not running), over the same store as before."""
+        for name in [node_id] if node_id else [n for n in self.node_ids if n not in self.nodes]:
+            assert name not in self.nodes, f"{name} is already running"
+            node = Node(self.config(name), self.faults[name], self.network.transport(name))
+            self.nodes[name] = node
+        names = [node_id] if node_id else list(self.nodes)
+        await asyncio.gather(*(self.nodes[name].start(wait_ready=wait_ready) for name in names
+                               if not self.nodes[name].ready))
+
+    async def stop(self, node_id: str) -> None:
+        node = self.nodes.pop(node_id)
+        await node.stop()
+
+    async def restart(self, node_id: str) -> None:
+        await self.stop(node_id)
+        await self.start(node_id)
+
+    def node(self, node_id: str = "n0") -> Node:
+        return self.nodes[node_id]
+
+    def owner_of(self, partition: str) -> str:
+        return self.config(self.node_ids[0]).owner_of(partition)
+
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        return tuple(f"p{index}" for index in range(self.partition_count))
+
+    def partition_of(self, key: str) -> str:
+        return partition_of(key, self.partition_count)
+
+    def key_in(self, partition: str, prefix: str = "k") -> str:
+        return keys_in(self.partition_count, [partition], prefix)[partition]
+
+    # --- storage, read directly ------------------------------------------------------------------
+
+    @property
+    def real_store(self) -> LogStore:
+        assert self.store is not None, "the cluster is not open"
+        return self.store
+
+    async def record(self, partition: str, txn: str) -> Record | None:
+        return await self.real_store.read(LogId.partition(partition), txn)
+
+    async def coordinator_record(self, node_id: str, txn: str) -> Record | None:
+        return await self.real_store.read(LogId.coordinator(node_id), txn)
+
+    async def value(self, key: str) -> bytes | None:
+        """The committed value of `key` in storage (not through any node's cache)."""
+        return (await self.real_store.read_data(self.partition_of(key), [key]))[key]
+
+    async def close(self) -> None:
+        for node_id in list(self.nodes):
+            with contextlib.suppress(Exception):
+                await self.stop(node_id)
+        if self.store is not None:
+            await self.store.close()
+
+
+@contextlib.asynccontextmanager
+async def local_cluster(tmp_path: Path, **options: Any) -> AsyncIterator[LocalCluster]:
+    """An opened LocalCluster with every node started and ready; stopped and closed on exit. A node
+    that asked to exit the process makes the test fail (after its own failure, if any)."""
+    cluster = LocalCluster(tmp_path, **options)
+    real_exit = os._exit
+
+    def intercepted_exit(code: int) -> None:
+        cluster.exits.append(code)
+        raise NodeExited(code)
+
+    os._exit = intercepted_exit  # type: ignore[assignment]
+    try:
+        await cluster.open()
+        await cluster.start()
+        yield cluster
+    finally:
+        try:
+            await cluster.close()
+        finally:
+            os._exit = real_exit
+    assert not cluster.exits, (
+        f"a node called os._exit{tuple(cluster.exits)}: the runtime hit an impossible state (see the CRITICAL log)"
+    )
+
+
+# === transactions and records ======================================================================
+
+
+def keys_in(partition_count: int, partitions: Sequence[str], prefix: str = "k") -> dict[str, str]:
+    """One key per partition named, each hashing to its partition."""
+    wanted = set(partitions)
+    found: dict[str, str] = {}
+    for index in itertools.count():
+        key = f"{prefix}{index}"
+        partition = partition_of(key, partition_count)
+        if partition in wanted and partition not in found:
+            found[partition] = key
+            if len(found) == len(wanted):
+                return found
+    raise AssertionError("unreachable")
+
+
+def puts(writes: Mapping[str, bytes]) -> list[Op]:
+    return [Op(OpKind.PUT, key, value) for key, value in writes.items()]
+
+
+def gets(keys: Sequence[str]) -> list[Op]:
+    return [Op(OpKind.GET, key) for key in keys]
+
+
+def redo_of(writes: Mapping[str, bytes | None]) -> bytes:
+    """A participant's redo for `writes`, as the runtime logs and ships it."""
+    return redo_codec.encode(writes)
+
+
+def txn_id(node: str, counter: int, protocol: Protocol | None, begin_ms: int | None = None) -> str:
+    """A transaction id as a node would make it; `protocol` None: an untagged id (older builds)."""
+    begin_ms = begin_ms or int(time.time() * 1000)
+    if protocol is None:
+        return f"{begin_ms}.{node}.000000.{counter}"
+    return txn_ids.new_txn_id(begin_ms, node, "000000", counter, protocol)
+
+
+async def commit_writes(node: Node, writes: Mapping[str, bytes], protocol: Protocol | None = None) -> Outcome:
+    """A one-shot write transaction that must commit."""
+    outcome = await node.execute(puts(writes), protocol)
+    assert outcome.status is OutcomeStatus.COMMITTED, f"setup transaction did not commit: {outcome}"
+    return outcome
+
+
+async def read_through(node: Node, key: str, timeout_s: float = 5.0) -> bytes | None:
+    """`key` as a client reads it through `node` (retrying a retryable abort, e.g. a lock still held)."""
+    last: Outcome | None = None
+
+    async def attempt() -> bool:
+        nonlocal last
+        last = await node.execute(gets([key]))
+        return last.status is OutcomeStatus.COMMITTED
+
+    await wait_until(attempt, timeout_s, lambda: f"a read of {key!r} through {node.node_id} never committed: {last}")
+    assert last is not None
+    return dict(last.reads)[key]
+
+
+# === waiting =======================================================================================
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], timeout_s: float) -> bool:
+    """Poll `check` until it returns something truthy (True) or the deadline passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(POLL_INTERVAL_S)
+    return True
+
+
+async def holds(check: Callable[[], Awaitable[Any]], duration_s: float) -> bool:
+    """Poll `check` for `duration_s`: False as soon as it is falsy, True if it never was."""
+    deadline = time.monotonic() + duration_s
+    while await check():
+        if time.monotonic() >= deadline:
+            return True
+        await asyncio.sleep(POLL_INTERVAL_S)
+    return False
+
+
+async def wait_until(check: Callable[[], Awaitable[Any]], timeout_s: float, message: str | Callable[[], str]) -> None:
+    """Poll `check` until it returns something truthy; fail with `message` at the deadline."""
+    if not await eventually(check, timeout_s):
+        raise AssertionError(message() if callable(message) else message)

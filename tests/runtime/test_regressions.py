@@ -1,0 +1,386 @@
+"""Regression tests for bugs an audit reproduced in the node runtime. Each drives real in-process
+nodes (tests/runtime/faults.py) over the emulator store and states what a user may rely on; each
+failed on the code it was written against, for the reason its docstring names."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+
+from cornus.protocol.config import Protocol
+from cornus.protocol.messages import Decision, DecisionQuery
+from cornus.runtime import partition as partition_runtime
+from cornus.runtime.config import load_node_config
+from cornus.runtime.outcome import OutcomeStatus
+from cornus.runtime.wire import Routed
+from services.api.metrics import Metrics
+from services.api.rest import build_app
+from storage_adapters.contract import PARTICIPANT_COUNT_MAX, REDO_BYTES_MAX, LogId, RecordBody, TxnState
+from storage_adapters.errors import ValidationError
+from tests.runtime.faults import (
+    PROTOCOL_DEFAULTS,
+    LocalCluster,
+    commit_writes,
+    eventually,
+    holds,
+    keys_in,
+    local_cluster,
+    puts,
+    read_through,
+    redo_of,
+    txn_id,
+    wait_until,
+)
+
+# A backstop only: every wait below has its own, shorter deadline.
+pytestmark = pytest.mark.timeout(60)
+
+# How long a refusal "at the edge" may take: it needs no protocol round, let alone a timeout.
+REFUSAL_S = 3.0
+
+
+async def _refused(attempt: Callable[[], Awaitable[object]], what: str) -> ValidationError:
+    """The ValidationError `attempt` raises within REFUSAL_S; fails the test otherwise."""
+    result: object = None
+    try:
+        async with asyncio.timeout(REFUSAL_S):
+            result = await attempt()
+    except ValidationError as error:
+        return error
+    except TimeoutError:
+        result = TimeoutError
+    if result is TimeoutError:
+        pytest.fail(f"{what}: neither refused nor finished within {REFUSAL_S} s (it hangs)")
+    pytest.fail(f"{what}: not refused, it returned {result!r}")
+
+
+async def _nothing_changed(cluster: LocalCluster, keys: list[str], what: str) -> None:
+    """None of `keys` was written, and none is still locked: transactions writing them commit."""
+    written = {key: value for key in keys if (value := await cluster.value(key)) is not None}
+    assert not written, f"{what} was refused, yet it wrote {sorted(written)[:5]}..."
+    node = cluster.node()
+    for start in range(0, len(keys), PARTICIPANT_COUNT_MAX // 2):
+        chunk = keys[start : start + PARTICIPANT_COUNT_MAX // 2]
+        async with asyncio.timeout(5):
+            outcome = await node.execute(puts(dict.fromkeys(chunk, b"later")))
+        assert outcome.status is OutcomeStatus.COMMITTED, (
+            f"{what} was refused, but a later transaction on its keys does not commit (locks left behind): {outcome}"
+        )
+
+
+# === 1. recovery pages ============================================================================
+
+
+async def test_recovery_sees_every_page_of_unfinished_records(tmp_path):
+    """Recovery must page through all unfinished records of an owned partition. It read only the
+    first page (its scan has no cursor), leaving the rest in doubt and locked forever."""
+    txn_count = 9
+    async with local_cluster(tmp_path, partition_count=2, limits={"recovery_page_count_max": 2}) as cluster:
+        # A node that crashed after every participant voted yes, before any decision: Cornus
+        # VOTE_YES records in both of its partitions, for more transactions than one page holds.
+        expected: dict[str, bytes] = {}
+        txns = []
+        for index in range(txn_count):
+            txn = txn_id("n0", index + 1, Protocol.CORNUS)
+            txns.append(txn)
+            for partition, key in keys_in(2, ["p0", "p1"], prefix=f"t{index}-").items():
+                value = f"{txn}:{partition}".encode()
+                expected[key] = value
+                body = RecordBody(("p0", "p1"), "n0", redo_of({key: value}))
+                await cluster.real_store.log_once(LogId.partition(partition), txn, TxnState.VOTE_YES, body)
+        await cluster.restart("n0")
+
+        async def unresolved() -> list[str]:
+            return [key for key, value in expected.items() if await cluster.value(key) != value]
+
+        async def all_applied() -> bool:
+            return not await unresolved()
+
+        async def report() -> str:
+            states = {txn: [(r.state.value, r.applied) if (r := await cluster.record(p, txn)) else None
+                            for p in ("p0", "p1")] for txn in txns}
+            left = [txn for txn, per in states.items() if per != [("COMMIT", True)] * 2]
+            return (f"{len(left)} of {txn_count} transactions left unresolved after recovery "
+                    f"(page size 2): {[(txn, states[txn]) for txn in left]}")
+
+        if not await eventually(all_applied, 5):
+            pytest.fail(await report())
+
+
+# === 2. a committed redo is never given up =========================================================
+
+
+async def test_apply_never_gives_up_on_a_committed_redo(tmp_path, monkeypatch):
+    """While storage refuses the data write of a committed transaction, the participant must keep
+    trying, keep its locks and keep the COMMIT record. It gave up after a retry budget, released,
+    acked, and GC deleted the record: once storage healed, nothing applied it; the commit was lost."""
+    budget = 3
+    # Shrink the runtime's retry budget, if it still has one (raising=False: the fix may drop it).
+    monkeypatch.setattr(partition_runtime, "APPLY_ATTEMPT_COUNT_MAX", budget, raising=False)
+    monkeypatch.setattr(partition_runtime, "APPLY_BACKOFF_MS_MAX", 20, raising=False)
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node, faults = cluster.node(), cluster.faults["n0"]
+        keys = keys_in(2, ["p0", "p1"])
+        writes = {key: f"committed-{partition}".encode() for partition, key in keys.items()}
+        txn = node.begin()
+        await node.run_ops(txn, puts(writes))
+        faults.fail("apply_redo", count=None, where=lambda args: args["txn"] == txn)
+        outcome = await node.commit(txn)
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+
+        # The outage outlasts the retry budget and the GC grace period.
+        started = time.monotonic()
+        gc_grace_s = PROTOCOL_DEFAULTS["gc_grace_ms"] / 1000
+
+        async def outage_long_enough() -> bool:
+            if faults.calls_of("delete", txn=txn):
+                return True  # GC ran already: no use waiting longer
+            retried = all(len(faults.calls_of("apply_redo", "failed", partition=p, txn=txn)) > budget for p in keys)
+            return retried and time.monotonic() - started > gc_grace_s + 0.5
+
+        await wait_until(outage_long_enough, 5, "the apply was neither retried past the budget nor given up")
+        faults.heal()
+
+        async def applied() -> bool:
+            return all([await cluster.value(key) == value for key, value in writes.items()])
+
+        problems = []
+        if not await eventually(applied, 5):
+            stored = {key: await cluster.value(key) for key in writes}
+            problems.append(f"the committed writes never reached storage after it healed: storage holds {stored}")
+        for partition in keys:
+            applies = faults.calls_of("apply_redo", "ok", partition=partition, txn=txn)
+            deletes = faults.calls_of("delete", "ok", log=LogId.partition(partition), txn=txn)
+            if deletes and (not applies or deletes[0].seq < applies[0].seq):
+                failed = len(faults.calls_of("apply_redo", "failed", partition=partition, txn=txn))
+                problems.append(f"the COMMIT record of {txn} in {partition} was garbage-collected before its redo "
+                                f"was applied (after {failed} failed applies)")
+        assert not problems, "; ".join(problems)
+
+
+# === 3. cache after an apply that timed out but landed ==========================================
+
+
+async def test_cache_is_fresh_after_an_apply_that_timed_out_but_landed(tmp_path):
+    """The owner caches committed data. An apply that landed but reported a timeout is retried, and
+    the retry says "applied before": the cache must still end up with the new value. It kept the
+    old one, so reads through the owner returned data from before the commit."""
+    async with local_cluster(tmp_path, partition_count=1) as cluster:
+        node, faults = cluster.node(), cluster.faults["n0"]
+        key = "k"
+        await commit_writes(node, {key: b"old"})
+        assert await read_through(node, key) == b"old"
+
+        txn = node.begin()
+        await node.run_ops(txn, puts({key: b"new"}))
+        faults.land_then_fail("apply_redo", where=lambda args: args["txn"] == txn)
+        assert (await node.commit(txn)).status is OutcomeStatus.COMMITTED
+
+        async def landed() -> bool:
+            return await cluster.value(key) == b"new"
+
+        await wait_until(landed, 5, "the committed write never reached storage")
+        seen = await read_through(node, key)
+        assert seen == b"new", (
+            f"a read through the owner returns {seen!r} after the commit of b'new' (storage holds b'new'): "
+            "its cache missed an apply that timed out but landed"
+        )
+
+
+# === 4. a late duplicate COMMIT in coordinator-log ===============================================
+
+
+async def test_late_duplicate_commit_does_not_reapply_old_redo(tmp_path):
+    """A coordinator-log COMMIT that arrives after its transaction was collected must change
+    nothing. The participant took it for a vote it had forgotten: it logged a fresh COMMIT and
+    applied the old redo over a later transaction's write."""
+    async with local_cluster(tmp_path, partition_count=1) as cluster:
+        node = cluster.node()
+        key = "k"
+        partition = cluster.partition_of(key)
+        first = await commit_writes(node, {key: b"1"}, Protocol.COORDINATOR_LOG)
+
+        async def collected() -> bool:
+            return (await cluster.record(partition, first.txn) is None
+                    and await cluster.coordinator_record("n0", first.txn) is None)
+
+        await wait_until(collected, 5, f"the records of {first.txn} were never garbage-collected")
+        await commit_writes(node, {key: b"2"}, Protocol.COORDINATOR_LOG)
+
+        async def second_applied() -> bool:
+            return await cluster.value(key) == b"2"
+
+        await wait_until(second_applied, 5, "the second write never reached storage")
+
+        late = Decision(first.txn, TxnState.COMMIT, redo_of({key: b"1"}))
+        node.on_message("n0", Routed("n0", partition, late))
+
+        async def unchanged() -> bool:
+            return await cluster.value(key) == b"2" and await cluster.record(partition, first.txn) is None
+
+        async def report() -> str:
+            record = await cluster.record(partition, first.txn)
+            return (f"after a late duplicate COMMIT of collected {first.txn}: {key} = {await cluster.value(key)!r} "
+                    f"(the later transaction wrote b'2'); its record in {partition}: "
+                    f"{None if record is None else (record.state.value, 'applied' if record.applied else 'unapplied')}")
+
+        if not await holds(unchanged, 1.0):
+            pytest.fail(await report())
+
+
+# === 5. resolve after a partial GC ================================================================
+
+
+async def test_resolve_after_partial_gc_reports_commit_and_writes_nothing(tmp_path):
+    """GC deletes a committed transaction's records one by one. Resolving it in between must report
+    COMMIT (a COMMIT record remains) and write nothing. Resolve ran LogOnce(ABORT) on every
+    participant, created an ABORT in the emptied slot beside the COMMIT, and reported aborted."""
+    # No GC by the node itself here: the test plays a GC that stopped half-way.
+    no_gc = {"gc_grace_ms": 60_000}
+    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol_config=no_gc) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        outcome = await commit_writes(cluster.node("n0"), {keys["p0"]: b"a", keys["p1"]: b"b"})
+        txn = outcome.txn
+
+        async def both_applied() -> bool:
+            records = [await cluster.record(p, txn) for p in ("p0", "p1")]
+            return all(r is not None and r.state is TxnState.COMMIT and r.applied for r in records)
+
+        await wait_until(both_applied, 5, "the participants never applied the commit")
+        # GC deletes the partition records in participant order: p0 first.
+        await cluster.real_store.delete(LogId.partition("p0"), txn)
+
+        resolved = await cluster.node("n1").resolve(txn)
+        record = await cluster.record("p0", txn)
+        problems = []
+        if resolved.status is not OutcomeStatus.COMMITTED:
+            problems.append(f"resolve reports {resolved.status.value} ({resolved.detail}) for a committed transaction")
+        if record is not None:
+            problems.append(f"resolve wrote {record.state.value} into the collected record slot of p0")
+        assert not problems, "; ".join(problems)
+
+
+# === 6. too many participants ======================================================================
+
+
+def _keys_over_participant_limit(partition_count: int) -> list[str]:
+    partitions = [f"p{index}" for index in range(PARTICIPANT_COUNT_MAX + 1)]
+    return list(keys_in(partition_count, partitions).values())
+
+
+async def test_transaction_over_too_many_partitions_is_refused_at_the_edge(tmp_path):
+    """A transaction writing more partitions than a record can list (PARTICIPANT_COUNT_MAX) must be
+    refused at once, naming the limit, and change nothing. It hung in VOTING (every participant
+    failed to build its vote record) until the commit deadline, with its locks held."""
+    async with local_cluster(tmp_path, partition_count=300) as cluster:
+        node = cluster.node()
+        keys = _keys_over_participant_limit(300)
+        txn = node.begin()
+
+        async def run_and_commit() -> object:
+            await node.run_ops(txn, puts(dict.fromkeys(keys, b"v")))
+            return await node.commit(txn)
+
+        what = f"a transaction writing {len(keys)} partitions"
+        error = await _refused(run_and_commit, what)
+        assert str(PARTICIPANT_COUNT_MAX) in str(error), f"the refusal does not name the limit: {error}"
+        await _nothing_changed(cluster, keys, what)
+
+
+async def test_transaction_over_too_many_partitions_is_refused_at_the_edge_over_rest(tmp_path):
+    """The same through the REST API: a 4xx naming the limit, promptly, and nothing changed."""
+    async with local_cluster(tmp_path, partition_count=300) as cluster:
+        keys = _keys_over_participant_limit(300)
+        app = build_app(cluster.node(), Metrics())
+        body = {"ops": [{"op": "put", "key": key, "value": "v"} for key in keys]}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cornus") as client:
+            response = None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REFUSAL_S):
+                    response = await client.post("/v1/execute", json=body)
+        if response is None:
+            pytest.fail(f"POST /v1/execute writing {len(keys)} partitions: no answer within {REFUSAL_S} s (it hangs)")
+        assert 400 <= response.status_code < 500, (
+            f"POST /v1/execute writing {len(keys)} partitions: {response.status_code} {response.text}"
+        )
+        assert str(PARTICIPANT_COUNT_MAX) in response.text, f"the refusal does not name the limit: {response.text}"
+        await _nothing_changed(cluster, keys, f"a REST transaction writing {len(keys)} partitions")
+
+
+# === 7. GC grace against the storage deadline =====================================================
+
+
+def test_gc_grace_shorter_than_the_storage_deadline_is_refused_at_config_load():
+    """A storage call may land until its deadline; GC that deletes records sooner lets a late
+    LogOnce(ABORT) recreate one beside a returned COMMIT (DESIGN 4). Such a config must not load;
+    it loaded."""
+    settings = {"node_id": "n0", "peers": "n0=127.0.0.1:7100", "partition_count": 2, "storage_timeout_ms_call": 5_000}
+    load_node_config(environ={}, overrides={**settings, "gc_grace_ms": 60_000})  # a sane one loads
+    try:
+        config = load_node_config(environ={}, overrides={**settings, "gc_grace_ms": 1_000})
+    except ValidationError as error:
+        message = str(error)
+    else:
+        pytest.fail(f"loaded gc_grace_ms={config.protocol_config.gc_grace_ms} with storage "
+                    f"timeout_ms_call={config.storage.timeout_ms_call}")
+    assert "gc_grace_ms" in message and "timeout_ms_call" in message, f"the error must name both settings: {message}"
+
+
+# === 8. untagged transaction ids ==================================================================
+
+
+async def test_untagged_txn_id_is_handled_alike_on_every_node(tmp_path):
+    """An id without a protocol tag (from an older build) must mean one protocol on every node.
+    Each node took its own default protocol, so a Cornus-default and a 2PC-default node disagreed,
+    and a 2PC DecisionQuery for such a txn tripped an assert in the Cornus node's coordinator."""
+    protocols = {"n0": Protocol.CORNUS, "n1": Protocol.TWO_PC}
+    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocols=protocols) as cluster:
+        untagged = txn_id("n0", 1, None)
+        problems = []
+        seen = {node_id: cluster.node(node_id).protocol_of(untagged).value for node_id in protocols}
+        if len(set(seen.values())) != 1:
+            problems.append(f"nodes disagree on the protocol of untagged {untagged}: {seen}")
+        node = cluster.node("n0")
+        try:
+            # A 2PC participant (p1, on n1) asks n0's coordinator about a transaction n0 never saw.
+            node.on_message("n1", Routed("p1", "n0", DecisionQuery(untagged, "p1")))
+        except Exception as error:
+            problems.append(f"n0 crashed on a DecisionQuery for unknown untagged {untagged}: {error!r}")
+        outcome = await node.execute(puts({cluster.key_in("p1"): b"v"}))
+        if outcome.status is not OutcomeStatus.COMMITTED:
+            problems.append(f"n0 no longer commits afterwards: {outcome}")
+        assert not problems, "; ".join(problems)
+
+
+# === 9. coordinator-log redo bundle ===============================================================
+
+
+async def test_coordinator_log_redo_bundle_over_the_record_limit_is_refused_at_the_edge(tmp_path):
+    """Coordinator-log logs every participant's redo in ONE coordinator record. Redos that each fit
+    REDO_BYTES_MAX can together exceed it: the transaction must be refused before it takes effect,
+    naming the limit, and change nothing."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        value = b"x" * 60_000
+        keys = [*keys_in(2, ["p0", "p1"], "a").values(), *keys_in(2, ["p0", "p1"], "b").values()]
+        writes = dict.fromkeys(keys, value)
+        per_partition = {
+            p: len(redo_of({k: v for k, v in writes.items() if cluster.partition_of(k) == p})) for p in ("p0", "p1")
+        }
+        assert all(size <= REDO_BYTES_MAX for size in per_partition.values())
+        assert sum(per_partition.values()) > REDO_BYTES_MAX
+        txn = node.begin(Protocol.COORDINATOR_LOG)
+
+        async def run_and_commit() -> object:
+            await node.run_ops(txn, puts(writes))
+            return await node.commit(txn)
+
+        what = f"a coordinator-log transaction whose redos take {per_partition} bytes"
+        error = await _refused(run_and_commit, what)
+        assert str(REDO_BYTES_MAX) in str(error), f"the refusal does not name the limit: {error}"
+        await _nothing_changed(cluster, keys, what)
