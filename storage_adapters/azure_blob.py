@@ -14,9 +14,10 @@ Layout, with transaction state and data under distinct prefixes so access polici
 
 Ids are used verbatim as path segments except that a trailing '.' gets a '~' appended, because
 Azure treats a path segment ending in '.' specially (and '.'/'..' would be path-normalized);
-'~' is outside the id alphabet, so the mapping stays injective. Data keys are arbitrary UTF-8, so
-they are urlsafe base64 (at most 684 characters for 512 bytes, well under the 1024-character name
-limit).
+'~' is outside the id alphabet, so the mapping stays injective. It is not order-preserving, which
+`scan_unfinished` must mend: '~' sorts above every id character, so `a.~` lists after `a.b` though
+the id `a.` sorts before `a.b`. Data keys are arbitrary UTF-8, so they are urlsafe base64 (at most
+684 characters for 512 bytes, well under the 1024-character name limit).
 
 Durability: Azure acknowledges a Put Blob only after it is durably stored (LRS: 3 replicas), which
 is what a vote needs. Azurite keeps blobs on disk too, but is a test double, not a deployment.
@@ -48,6 +49,7 @@ from azure.storage.blob.aio import BlobServiceClient, ContainerClient
 
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
+    SCAN_ROUND_COUNT_MAX,
     LogId,
     LogOnceResult,
     LogStore,
@@ -55,10 +57,12 @@ from storage_adapters.contract import (
     RecordBody,
     TxnState,
     check_log_transition,
+    is_unfinished,
     validate_body,
     validate_data_keys,
     validate_log,
     validate_partition,
+    validate_scan_after,
     validate_scan_limit,
     validate_state,
     validate_txn,
@@ -109,6 +113,18 @@ def _record_prefix(log: LogId) -> str:
     return f"txn/{_segment(log.key)}/"
 
 
+def _txn_of(prefix: str, name: str) -> str:
+    """The txn id of a record blob listed under `prefix`: `_record_name` inverted."""
+    segment = name[len(prefix) :]
+    return segment[:-1] if segment.endswith(".~") else segment
+
+
+def _dotted_prefixes(txn: str) -> list[str]:
+    """The proper prefixes of `txn` that end in '.': the only ids below `txn` whose blob names
+    list after its own (see the module docstring)."""
+    return [txn[: i + 1] for i, char in enumerate(txn[:-1]) if char == "."]
+
+
 def _data_name(partition: str, key: str) -> str:
     encoded = base64.urlsafe_b64encode(key.encode("utf-8")).decode("ascii")
     return f"data/{_segment(partition)}/{encoded}"
@@ -116,10 +132,6 @@ def _data_name(partition: str, key: str) -> str:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _is_unfinished(state: TxnState, applied: bool) -> bool:
-    return state is TxnState.VOTE_YES or (state is TxnState.COMMIT and not applied)
 
 
 def _encode_record(record: Record) -> tuple[bytes, dict[str, str]]:
@@ -361,31 +373,74 @@ class AzureBlobStore(LogStore):
             stored = await self._get(log, txn)
         return stored.record if stored is not None else None
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
+    async def _read_unfinished(self, log: LogId, txns: Sequence[str]) -> dict[str, Record]:
+        """Read each of `txns` (one request each); those still unfinished, by txn id."""
+        stored = await _gather_bounded([lambda txn=txn: self._get(log, txn) for txn in txns])
+        return {
+            s.record.txn: s.record
+            for s in stored
+            if s is not None and is_unfinished(s.record.state, s.record.applied)
+        }
+
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
         validate_log(log)
         validate_scan_limit(limit)
+        validate_scan_after(after)
         prefix = _record_prefix(log)
+        found: dict[str, Record] = {}
         async with self._deadline():
-            # The metadata in the listing lets us skip finished records without reading them.
-            txns: list[str] = []
-            pages = self._container.list_blobs(name_starts_with=prefix, include=["metadata"])
-            async for blob in pages:
-                # Every record this adapter writes carries the metadata; a blob without it (or with
-                # a value we do not know) is read rather than skipped, so nothing unfinished hides.
-                metadata = blob.metadata or {}
-                state_value = metadata.get(_STATE_METADATA, "")
-                applied = metadata.get(_APPLIED_METADATA) == "true"
-                if state_value in TxnState.__members__ and not _is_unfinished(TxnState(state_value), applied):
-                    continue
-                segment = blob.name[len(prefix) :]
-                txns.append(segment[:-1] if segment.endswith(".~") else segment)
-                if len(txns) == limit:
+            # The listing is in name order; startFrom (inclusive) skips the names of earlier pages.
+            # No name is below its own id, so every id above `after` lists at or past it. The id
+            # filter below stays: it drops `after` itself and, were startFrom ignored by a service,
+            # everything before it.
+            blobs = aiter(
+                self._container.list_blobs(
+                    name_starts_with=prefix, include=["metadata"], start_from=prefix + after if after else None
+                )
+            )
+            last_name = ""
+            exhausted = False
+            for _ in range(SCAN_ROUND_COUNT_MAX):
+                txns: list[str] = []
+                while len(found) + len(txns) < limit:
+                    blob = await anext(blobs, None)
+                    if blob is None:
+                        exhausted = True
+                        break
+                    assert blob.name > last_name, "a listing is in name order"
+                    last_name = blob.name
+                    txn = _txn_of(prefix, blob.name)
+                    if txn <= after:
+                        continue
+                    # The metadata lets us skip finished records without reading them. A blob
+                    # without it (or with a value we do not know) is read rather than skipped, so
+                    # nothing unfinished hides.
+                    metadata = blob.metadata or {}
+                    state_value = metadata.get(_STATE_METADATA, "")
+                    applied = metadata.get(_APPLIED_METADATA) == "true"
+                    if state_value in TxnState.__members__ and not is_unfinished(TxnState(state_value), applied):
+                        continue
+                    txns.append(txn)
+                # A record finished or collected since it was listed drops out here; the next
+                # round refills the page from where the listing stopped.
+                found |= await self._read_unfinished(log, txns)
+                if exhausted or len(found) == limit:
                     break
-            reads = [lambda txn=txn: self._get(log, txn) for txn in txns]
-            stored = await _gather_bounded(reads)
-        # A record may have been finished or collected between the listing and its read; recovery
-        # calls again, so returning fewer than `limit` then is harmless.
-        return [s.record for s in stored if s is not None and _is_unfinished(s.record.state, s.record.applied)]
+            else:
+                raise StorageUnavailable(
+                    f"azure_blob: scan of {log.key}: records kept finishing under it for {SCAN_ROUND_COUNT_MAX} rounds"
+                )
+            if not exhausted:
+                # The page stops short of the listing's end, so ids below its last one may still
+                # lie ahead in name order: only that id's dotted prefixes can (module docstring).
+                assert len(found) == limit
+                missed = [
+                    txn
+                    for txn in _dotted_prefixes(max(found))
+                    if txn > after and _record_name(log, txn) > last_name
+                ]
+                found |= await self._read_unfinished(log, missed)
+        return [found[txn] for txn in sorted(found)[:limit]]
 
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
         validate_partition(partition)

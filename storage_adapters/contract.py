@@ -15,6 +15,11 @@ Transitions a record may make, and which call may make them:
 
 `log_once` never changes an existing record: it returns what is stored. That single compare-and-swap
 is the whole of Cornus's requirement on storage, and every backend does it in ONE round trip.
+
+Recovery reads a log's unfinished records in pages keyed by txn id: each page starts strictly after
+the last txn id of the one before, so records that stay unfinished (all of them, until recovery
+resolves them) cannot hold later ones back. Txn ids are ASCII, so every backend's native order
+(SQLite BINARY, Redis lex, DynamoDB bytes) is plain string order.
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ DATA_KEY_BYTES_MAX = 512
 DATA_VALUE_BYTES_MAX = 64 * 1024
 DATA_BATCH_COUNT_MAX = 1024
 SCAN_PAGE_COUNT_MAX = 1000
+# Rounds one scan page may take where a backend reads its index (or listing) and then the records
+# in separate requests: only a record finished or deleted between the two makes another round
+# necessary, to refill the page from further on, so running out means the log churns too fast.
+SCAN_ROUND_COUNT_MAX = 8
 
 # Ids end up in Redis keys, blob names and DynamoDB keys; a conservative alphabet keeps them
 # unambiguous in all three (no '/', no braces that would break Redis hash tags).
@@ -175,6 +184,19 @@ def validate_partition(partition: object) -> str:
     return validate_id(partition, "partition", LOG_NAME_LENGTH_MAX)
 
 
+def validate_scan_after(after: object) -> str:
+    """A scan cursor: "" (from the start) or a txn id."""
+    if isinstance(after, str) and not after:
+        return after
+    return validate_txn(after)
+
+
+def is_unfinished(state: TxnState, applied: bool) -> bool:
+    """Whether a record still needs recovery's work: undecided, or committed with its redo not in
+    the data yet."""
+    return state is TxnState.VOTE_YES or (state is TxnState.COMMIT and not applied)
+
+
 def validate_scan_limit(limit: object) -> int:
     if not isinstance(limit, int) or isinstance(limit, bool):
         raise ValidationError(f"limit must be an int, got {type(limit).__name__}")
@@ -250,9 +272,13 @@ class LogStore(abc.ABC):
         """The stored record, or None."""
 
     @abc.abstractmethod
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
-        """Up to `limit` records of `log` that still need work: VOTE_YES (undecided), or COMMIT whose
-        redo is not applied yet. Recovery calls it, resolves what it got, and calls again."""
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
+        """Up to `limit` records of `log` that still need work (VOTE_YES, or COMMIT not applied), whose
+        txn id sorts strictly after `after` ("" = from the start), in ascending txn-id order. A page
+        with fewer than `limit` records is the last one; to read the next page pass the last txn id
+        of this page as `after`. Each record is as read during the call: one finished or deleted
+        meanwhile is left out and the page refilled from further on, so only the end makes a page
+        short. `after` need not name an existing record."""
 
     @abc.abstractmethod
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:

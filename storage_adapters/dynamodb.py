@@ -10,7 +10,8 @@ One table, keyed by pk (S) and sk (S):
 `ReturnValuesOnConditionCheckFailure=ALL_OLD`, so the loser learns the stored state from the failure
 itself: one round trip for winner and loser alike. `log` is one conditional UpdateItem whose
 condition is the transition rule, so a refused flip writes nothing and still tells us what is
-stored. A log's records share a partition key, so `scan_unfinished` is a Query with a filter.
+stored. A log's records share a partition key, so `scan_unfinished` is a Query with a filter, in sk
+(txn id) order, resuming after a txn id through ExclusiveStartKey.
 
 `apply_redo` is a TransactWriteItems that writes the data and sets `applied` on a COMMIT record,
 atomically when the redo fits one transaction (at most 100 items, a few MB); a larger redo goes in
@@ -46,10 +47,12 @@ from storage_adapters.contract import (
     RecordBody,
     TxnState,
     check_log_transition,
+    is_unfinished,
     validate_body,
     validate_data_keys,
     validate_log,
     validate_partition,
+    validate_scan_after,
     validate_scan_limit,
     validate_state,
     validate_txn,
@@ -155,11 +158,6 @@ def _decode_record(log: LogId, txn: str, item: Mapping[str, Any]) -> Record:
     # Only a COMMIT's redo is ever applied.
     assert not record.applied or record.state is TxnState.COMMIT
     return record
-
-
-def _is_unfinished(record: Record) -> bool:
-    return record.state is TxnState.VOTE_YES or (record.state is TxnState.COMMIT and not record.applied)
-
 
 
 def _error_code(error: ClientError) -> str:
@@ -399,9 +397,10 @@ class DynamoDbStore(LogStore):
             item = await self._get_item(_record_key(log, txn))
         return _decode_record(log, txn, item) if item is not None else None
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
         validate_log(log)
         validate_scan_limit(limit)
+        validate_scan_after(after)
         records: list[Record] = []
         request: dict[str, Any] = {
             "TableName": self._table,
@@ -416,12 +415,17 @@ class DynamoDbStore(LogStore):
             },
             "ConsistentRead": True,
         }
+        if after:
+            # The start key need not name a stored item: DynamoDB resumes at the first sk above it,
+            # and string sort keys compare by their UTF-8 bytes, the contract's order for ASCII ids.
+            request["ExclusiveStartKey"] = _record_key(log, after)
         async with self._deadline():
             for _ in range(QUERY_PAGE_COUNT_MAX):
                 response = await self._client.query(**request)
                 for item in response.get("Items", []):
                     record = _decode_record(log, item["sk"]["S"], item)
-                    assert _is_unfinished(record)
+                    assert is_unfinished(record.state, record.applied)
+                    assert record.txn > after and (not records or record.txn > records[-1].txn)
                     records.append(record)
                     if len(records) == limit:
                         return records

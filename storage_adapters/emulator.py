@@ -38,6 +38,7 @@ from storage_adapters.contract import (
     validate_data_keys,
     validate_log,
     validate_partition,
+    validate_scan_after,
     validate_scan_limit,
     validate_state,
     validate_txn,
@@ -319,15 +320,18 @@ class EmulatorStore(LogStore):
         validate_txn(txn)
         return await self._call(lambda conn: _select_record(conn, log, txn), writes=False)
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
         validate_log(log)
         validate_scan_limit(limit)
+        validate_scan_after(after)
 
         def run(conn: sqlite3.Connection) -> list[Record]:
+            # One statement, so the page is one snapshot; txn is TEXT with the BINARY collation, so
+            # `>` and ORDER BY compare the ASCII ids bytewise, the contract's order.
             rows = conn.execute(
-                f"SELECT {_RECORD_COLUMNS} FROM txn_log WHERE log = ? "
+                f"SELECT {_RECORD_COLUMNS} FROM txn_log WHERE log = ? AND txn > ? "
                 "AND (state = 'VOTE_YES' OR (state = 'COMMIT' AND applied = 0)) ORDER BY txn LIMIT ?",
-                (log.key, limit),
+                (log.key, after, limit),
             ).fetchall()
             return [_record_from_row(row) for row in rows]
 

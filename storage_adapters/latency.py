@@ -90,9 +90,9 @@ class LatencyInjectingStore(LogStore):
         await self._delay()
         return await self.inner.read(log, txn)
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
         await self._delay()
-        return await self.inner.scan_unfinished(log, limit)
+        return await self.inner.scan_unfinished(log, limit, after)
 
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
         await self._delay()

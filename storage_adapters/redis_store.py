@@ -1,11 +1,14 @@
 """Redis backend: every contract call is ONE Lua script run by EVALSHA (redis-py's Script object
 falls back to EVAL on NOSCRIPT, e.g. after a restart flushed the script cache).
 
-Key layout. A record is a hash at `cxtxn:{<log>}:<txn>`; each log keeps a set of its unfinished
-txn ids at `cxtxn:{<log>}:~unfinished` (the `~` cannot occur in a txn id, so the names never
-collide) so recovery scans only what needs work. Data lives at `cxdata:{p.<partition>}:<key>`. The
-braces are a hash tag: a partition's records, index and data share one slot, so the scripts that
-touch several of them run on Redis Cluster, and the `cxtxn:`/`cxdata:` prefixes let Redis ACLs give
+Key layout. A record is a hash at `cxtxn:{<log>}:<txn>`; each log keeps a sorted set of its
+unfinished txn ids at `cxtxn:{<log>}:~unfinished` (the `~` cannot occur in a txn id, so the names
+never collide) so recovery scans only what needs work. Every member has score 0, which orders the
+set by the ids' bytes, so ZRANGE BYLEX resumes a scan strictly after any txn id (earlier versions
+kept a plain set there, which these scripts meet with WRONGTYPE: convert it before upgrading, one
+ZADD with score 0 per SMEMBERS member). Data lives at `cxdata:{p.<partition>}:<key>`. The braces
+are a hash tag: a partition's records, index and data share one slot, so the scripts that touch
+several of them run on Redis Cluster, and the `cxtxn:`/`cxdata:` prefixes let Redis ACLs give
 transaction state and data different permissions (paper section 4.1).
 
 Durability is the server's job: run it with `appendfsync always` (or WAITAOF/WAIT to replicas), or
@@ -26,16 +29,19 @@ from redis.backoff import NoBackoff
 
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
+    SCAN_ROUND_COUNT_MAX,
     LogId,
     LogOnceResult,
     LogStore,
     Record,
     RecordBody,
     TxnState,
+    is_unfinished,
     validate_body,
     validate_data_keys,
     validate_log,
     validate_partition,
+    validate_scan_after,
     validate_scan_limit,
     validate_state,
     validate_txn,
@@ -50,15 +56,16 @@ DATA_PREFIX = "cxdata"
 _UNFINISHED = "~unfinished"
 
 # A record is unfinished while it is VOTE_YES, or COMMIT with its redo not applied yet. Every
-# script keeps the index set in step with that rule in the same atomic step as the state change.
+# script keeps the index in step with that rule in the same atomic step as the state change. The
+# score is always 0: with equal scores a sorted set orders its members bytewise, which BYLEX needs.
 _SYNC_INDEX = """
 local function sync_index(record_key, index_key, txn)
   local state = redis.call('HGET', record_key, 'state')
   local applied = redis.call('HGET', record_key, 'applied')
   if state == 'VOTE_YES' or (state == 'COMMIT' and applied == '0') then
-    redis.call('SADD', index_key, txn)
+    redis.call('ZADD', index_key, 0, txn)
   else
-    redis.call('SREM', index_key, txn)
+    redis.call('ZREM', index_key, txn)
   end
 end
 local function now_ms()
@@ -113,7 +120,7 @@ return {'OK', 'COMMIT'}
 
 # KEYS: record, index. ARGV: txn.
 _DELETE = """
-redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
 return redis.call('DEL', KEYS[1])
 """
 
@@ -233,26 +240,39 @@ class RedisStore(LogStore):
         fields = await self._bounded(self._client.hgetall(_record_key(log, txn)), "read")
         return _record_from_hash(log, txn, fields) if fields else None
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
         validate_log(log)
         validate_scan_limit(limit)
+        validate_scan_after(after)
+        index_key = _index_key(log)
 
         async def scan() -> list[Record]:
-            txns: list[str] = []
-            cursor = 0
-            # SSCAN walks the index in pages; the limit bounds both the pages and the result.
-            while len(txns) < limit:
-                cursor, members = await self._client.sscan(_index_key(log), cursor, count=limit)
-                txns.extend(sorted(member.decode() for member in members))
-                if cursor == 0:
-                    break
-            txns = txns[:limit]
-            pipe = self._client.pipeline(transaction=False)
-            for txn in txns:
-                pipe.hgetall(_record_key(log, txn))
-            rows = await pipe.execute()
-            # A record deleted between the SSCAN and the HGETALL is simply gone: skip it.
-            return [_record_from_hash(log, txn, fields) for txn, fields in zip(txns, rows, strict=True) if fields]
+            records: list[Record] = []
+            start = after
+            for _ in range(SCAN_ROUND_COUNT_MAX):
+                wanted = limit - len(records)
+                # "(" makes the bound exclusive; "-" is the smallest member.
+                members = await self._client.zrange(
+                    index_key, f"({start}" if start else "-", "+", bylex=True, offset=0, num=wanted
+                )
+                txns = [member.decode() for member in members]
+                assert txns == sorted(txns) and all(txn > start for txn in txns)
+                pipe = self._client.pipeline(transaction=False)
+                for txn in txns:
+                    pipe.hgetall(_record_key(log, txn))
+                rows = await pipe.execute()
+                # A record finished or deleted between the two round trips left the index after we
+                # read it: it needs no work, so it is dropped and the page refilled beyond it.
+                for txn, fields in zip(txns, rows, strict=True):
+                    record = _record_from_hash(log, txn, fields) if fields else None
+                    if record is not None and is_unfinished(record.state, record.applied):
+                        records.append(record)
+                if len(txns) < wanted or len(records) == limit:
+                    return records
+                start = txns[-1]
+            raise StorageUnavailable(
+                f"redis scan of {log.key}: records kept finishing under it for {SCAN_ROUND_COUNT_MAX} rounds"
+            )
 
         return await self._bounded(scan(), "scan_unfinished")
 

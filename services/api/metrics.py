@@ -153,10 +153,10 @@ class InstrumentedStore(LogStore):
         self._done("read", started, None)
         return result
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
         started = time.perf_counter()
         try:
-            result = await self.inner.scan_unfinished(log, limit)
+            result = await self.inner.scan_unfinished(log, limit, after)
         except Exception as error:
             self._done("scan_unfinished", started, error)
             raise

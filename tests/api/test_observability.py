@@ -89,7 +89,7 @@ class _FlakyStore(LogStore):
     async def read(self, log: LogId, txn: str) -> Record | None:
         raise StorageUnavailable("flaky: no answer within 1 ms")
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX) -> list[Record]:
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
         return []
 
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:

@@ -19,6 +19,7 @@ from storage_adapters.contract import (
     TXN_ID_LENGTH_MAX,
     LogId,
     LogStore,
+    Record,
     RecordBody,
     TxnState,
 )
@@ -170,6 +171,94 @@ async def test_scan_unfinished_respects_limit(store: LogStore, ns: str) -> None:
     assert len(await store.scan_unfinished(log)) == 12
 
 
+# Pages a walk may take before the test calls it endless: far more than any test log holds.
+SCAN_WALK_PAGE_COUNT_MAX = 200
+
+
+async def _walk(store: LogStore, log: LogId, limit: int, after: str = "") -> list[list[Record]]:
+    """Every page from `after` on, each read with the cursor the page before gives, as recovery does."""
+    pages: list[list[Record]] = []
+    for _ in range(SCAN_WALK_PAGE_COUNT_MAX):
+        page = await store.scan_unfinished(log, limit, after)
+        pages.append(page)
+        if len(page) < limit:
+            return pages
+        after = page[-1].txn
+    pytest.fail(f"scan of {log.key} did not end within {SCAN_WALK_PAGE_COUNT_MAX} pages")
+
+
+async def test_scan_unfinished_pages_return_every_unfinished_record_once_in_order(store: LogStore, ns: str) -> None:
+    log = LogId.partition(ns)
+    unfinished: dict[str, TxnState] = {}
+    to_apply: list[str] = []
+    creates = []
+    for i in range(24):
+        txn = f"t{i:02}"
+        state = (VOTE, COMMIT, ABORT, COMMIT)[i % 4]
+        creates.append(store.log_once(log, txn, state, body(ns)))
+        if i % 4 == 3:
+            to_apply.append(txn)
+        elif state is not ABORT:
+            unfinished[txn] = state
+    # Ids ending in '.' and their extensions, upper case below lower: where a backend's native key
+    # order could part from plain string order.
+    for txn in ["k.", "k..", "k..z", "k.a", "k.b", "T07", "t05.", "t05.x"]:
+        creates.append(store.log_once(log, txn, VOTE, body(ns)))
+        unfinished[txn] = VOTE
+    creates.append(store.log_once(log, "k.c", ABORT, body(ns)))
+    creates.append(store.log_once(LogId.partition(ns + "other"), "t00", VOTE, body()))
+    await asyncio.gather(*creates)
+    await asyncio.gather(*(store.apply_redo(ns, txn, {txn: b"v"}) for txn in to_apply))
+    expected = sorted(unfinished)
+
+    for limit in (1, 3, 5, len(expected), SCAN_PAGE_COUNT_MAX):
+        pages = await _walk(store, log, limit)
+        assert [[record.txn for record in page] for page in pages] == [
+            expected[start : start + limit] for start in range(0, len(expected) + 1, limit)
+        ], f"limit {limit}"
+        for record in (record for page in pages for record in page):
+            assert record.state is unfinished[record.txn] and not record.applied and record.body == body(ns)
+    assert await store.scan_unfinished(log, 5, expected[-1]) == []
+
+
+async def test_scan_unfinished_pages_survive_records_finished_or_deleted_between_pages(
+    store: LogStore, ns: str
+) -> None:
+    log = LogId.partition(ns)
+    await asyncio.gather(*(store.log_once(log, f"r{i:02}", VOTE, body(ns)) for i in range(12)))
+    first = await store.scan_unfinished(log, 4)
+    assert [record.txn for record in first] == ["r00", "r01", "r02", "r03"]
+
+    await store.log(log, "r01", ABORT)  # finished behind the cursor
+    assert await store.delete(log, "r03")  # the cursor's own record is gone
+    await store.log(log, "r05", ABORT)  # finished ahead of it
+    await store.log(log, "r06", COMMIT)
+    await store.apply_redo(ns, "r06", {"k": b"v"})
+    assert await store.delete(log, "r07")
+    await store.log_once(log, "r04a", VOTE, body(ns))  # new, ahead of the cursor
+    await store.log_once(log, "r00a", VOTE, body(ns))  # new, behind it: the next pass finds it
+
+    rest = await _walk(store, log, 4, after=first[-1].txn)
+    assert [[record.txn for record in page] for page in rest] == [["r04", "r04a", "r08", "r09"], ["r10", "r11"]]
+    # A cursor need not name a record.
+    assert [record.txn for record in await store.scan_unfinished(log, 4, "r08x")] == ["r09", "r10", "r11"]
+    assert [record.txn for record in await store.scan_unfinished(log, 3)] == ["r00", "r00a", "r02"]
+
+
+@pytest.mark.parametrize(
+    "after", [7, None, b"r00", ["r00"], "bad txn", "a/b", "a{b}", "~unfinished", "r" * (TXN_ID_LENGTH_MAX + 1)]
+)
+async def test_scan_unfinished_refuses_bad_cursor_and_changes_nothing(store: LogStore, ns: str, after: object) -> None:
+    log = LogId.partition(ns)
+    await store.log_once(log, "r00", VOTE, body(ns))
+    await store.log_once(log, "r01", COMMIT, body(ns))
+    before = await store.scan_unfinished(log)
+    with pytest.raises(ValidationError):
+        await store.scan_unfinished(log, 4, after)  # type: ignore[arg-type]
+    assert await store.scan_unfinished(log) == before
+    assert [record.txn for record in before] == ["r00", "r01"]
+
+
 async def test_apply_redo_writes_data_and_marks_applied(store: LogStore, ns: str) -> None:
     await store.log_once(LogId.partition(ns), "t1", COMMIT, body(ns))
     writes = {"alpha": b"1", "b\u00e9ta/with spaces": bytes(range(256)), "gone": None}
@@ -226,6 +315,7 @@ def _bad_calls(ns: str) -> list[tuple[str, str, tuple[Any, ...]]]:
         ("log body as dict", "log", (log, "t", VOTE, {"redo": b""})),
         ("bad scan limit", "scan_unfinished", (log, 0)),
         ("huge scan limit", "scan_unfinished", (log, SCAN_PAGE_COUNT_MAX + 1)),
+        ("bad scan cursor", "scan_unfinished", (log, SCAN_PAGE_COUNT_MAX, "a/b")),
         ("empty data key", "read_data", (ns, [""])),
         ("keys as string", "read_data", (ns, "abc")),
         ("data key too long", "read_data", (ns, ["k" * (DATA_KEY_BYTES_MAX + 1)])),
