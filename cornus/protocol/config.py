@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 class Protocol(enum.StrEnum):
     CORNUS = "cornus"
     TWO_PC = "2pc"
     COORDINATOR_LOG = "coordinator-log"
+
+
+def gc_grace_ms_min(storage_deadline_ms: int, clock_slack_ms: int) -> int:
+    """The shortest garbage-collection grace that keeps a late storage call harmless.
+
+    A storage call that timed out may still land, up to its deadline plus the slack after it was
+    issued. Records are deleted `gc_grace_ms` after the last participant acknowledged the decision;
+    every call a participant or coordinator makes for the transaction was issued before that, so
+    a grace above one deadline plus slack outlives them all. Manual resolve is not a participant:
+    it reads a record (one deadline) and then writes (another), so the grace must outlive two."""
+    return 2 * storage_deadline_ms + clock_slack_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +30,8 @@ class ProtocolConfig:
     # A participant that hears nothing about its transaction for this long aborts it unilaterally:
     # it has not voted, so nobody can have committed.
     timeout_ms_prepare: int = 400
-    # The coordinator waits this long for votes before it terminates (Cornus) or aborts (2PC, CL).
+    # The coordinator waits this long for votes (and for read-only partitions to confirm their
+    # read locks) before it terminates (Cornus) or aborts (2PC, coordinator-log).
     timeout_ms_votes: int = 200
     # A participant that voted yes waits this long for the decision before it terminates.
     timeout_ms_decision: int = 200
@@ -30,22 +42,34 @@ class ProtocolConfig:
     # transaction do not hammer storage in lockstep.
     backoff_ms_min: int = 10
     backoff_ms_max: int = 320
-    # Records are deleted this long after every participant acknowledged a durable decision, so
-    # that no message or storage call still in flight can recreate a deleted record. It must
-    # exceed the longest message delay and storage call deadline of the deployment.
-    gc_grace_ms: int = 1000
+    # The deadline the runtime puts on every storage call, and how late past it a call that timed
+    # out may still land (requests queued in the network or the server, clock rates of nodes).
+    storage_deadline_ms: int = 5000
+    clock_slack_ms: int = 1000
+    # Records are deleted this long after every participant acknowledged a durable decision.
+    # At least gc_grace_ms_min(): a storage call still in flight must not recreate a deleted record.
+    gc_grace_ms: int = 12_000
+    # A record deletion is retried this often while storage is unreachable, then left in place:
+    # a decided record left behind is garbage, never a wrong answer.
+    gc_attempt_count_max: int = 8
+    # Records one recovery scan call returns.
+    scan_page_count_max: int = 500
 
     def __post_init__(self) -> None:
-        for name in (
-            "timeout_ms_prepare",
-            "timeout_ms_votes",
-            "timeout_ms_decision",
-            "timeout_ms_resend",
-            "backoff_ms_min",
-            "backoff_ms_max",
-            "gc_grace_ms",
-        ):
-            value = getattr(self, name)
-            assert isinstance(value, int), f"{name} must be an int"
-            assert value > 0, f"{name} must be positive, got {value}"
+        for item in fields(self):
+            value = getattr(self, item.name)
+            assert isinstance(value, int) and not isinstance(value, bool), f"{item.name} must be an int"
+            assert value > 0, f"{item.name} must be positive, got {value}"
         assert self.backoff_ms_min <= self.backoff_ms_max
+        assert self.gc_grace_ms >= gc_grace_ms_min(self.storage_deadline_ms, self.clock_slack_ms), (
+            f"gc_grace_ms {self.gc_grace_ms} must be at least twice the storage deadline plus the slack"
+        )
+
+    @property
+    def recovery_settle_ms(self) -> int:
+        """How long a restarted node waits before recovery scans storage. Calls its previous life
+        made land within a deadline plus slack; and a coordinator-log participant keeps no record
+        of its yes vote, which recovery rebuilds from the coordinator's redo record, whose last
+        write is issued within the vote timeout of the prepare that reached the participant before
+        it crashed. Scanning earlier could miss either, and the transaction's locks with it."""
+        return self.timeout_ms_votes + self.storage_deadline_ms + self.clock_slack_ms

@@ -1,5 +1,6 @@
-"""What every coordinator machine shares: announcing a decision, resending it until every
-participant acknowledges, and garbage collection after a grace period (DESIGN section 4)."""
+"""What every coordinator machine shares: confirming the partitions only read, announcing a
+decision, resending it until every participant acknowledges, and garbage collection after a grace
+period that outlives every storage call still in flight (DESIGN section 4)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from cornus.protocol.backoff import Backoff, JitterSource
 from cornus.protocol.config import ProtocolConfig
 from cornus.protocol.effects import (
     CancelTimer,
+    Decided,
     DeleteRecord,
     Effect,
     Log,
@@ -16,16 +18,27 @@ from cornus.protocol.effects import (
     Reply,
     Send,
     StartTimer,
+    Timer,
 )
-from cornus.protocol.events import CommitRequested, Event, LogReturned, MessageReceived, TimerFired
-from cornus.protocol.messages import Decision, DecisionAck, Prepare, ReleaseReadOnly, Vote
-from storage_adapters.contract import LogId, TxnState
+from cornus.protocol.events import (
+    CommitRequested,
+    DeleteReturned,
+    Event,
+    LogReturned,
+    MessageReceived,
+    StorageUnreachable,
+    TimerFired,
+)
+from cornus.protocol.messages import Decision, DecisionAck, Prepare, ReadOnlyReleased, ReleaseReadOnly, Vote
+from storage_adapters.contract import PARTICIPANT_COUNT_MAX, LogId, TxnState
 
 
 class CoordPhase(enum.Enum):
+    VALIDATING = "validating"  # asking the partitions only read whether they still hold their locks
     COLLECTING = "collecting"  # prepares sent, waiting for votes (or terminating, in Cornus)
     DECIDED = "decided"  # outcome known and announced; waiting for acks
-    GC_WAIT = "gc_wait"  # all acked; deleting records after the grace period
+    GC_WAIT = "gc_wait"  # all acked; waiting out the grace period
+    COLLECTING_GARBAGE = "collecting_garbage"  # deleting the records
     DONE = "done"
 
 
@@ -42,6 +55,8 @@ class CoordinatorBase:
         self.coordinator_log = LogId.coordinator(node)
         self.phase = CoordPhase.COLLECTING
         self.participants: tuple[str, ...] = ()
+        self.reads: tuple[str, ...] = ()
+        self.reads_confirmed: set[str] = set()
         self.redo_by_partition: dict[str, bytes] = {}
         self.votes_yes: set[str] = set()
         self.decision: TxnState | None = None
@@ -50,18 +65,25 @@ class CoordinatorBase:
         self.calls_in_flight = 0
         self._backoff = Backoff(config.backoff_ms_min, config.backoff_ms_max, jitter)
         self._resend_backoff = Backoff(config.timeout_ms_resend, config.backoff_ms_max, jitter)
+        self._deletes_waiting: set[DeleteRecord] = set()
+        self._delete_attempts = 0
+        self._settled = False
+
+    @property
+    def finished(self) -> bool:
+        return self.phase is CoordPhase.DONE and self.calls_in_flight == 0
 
     def handle(self, event: Event) -> list[Effect]:
-        if isinstance(event, LogReturned):
-            assert self.calls_in_flight > 0, "a log call returned that this machine never made"
+        if isinstance(event, LogReturned | DeleteReturned):
+            assert self.calls_in_flight > 0, "a storage call returned that this machine never made"
             self.calls_in_flight -= 1
         effects = self._dispatch(event)
         for effect in effects:
-            if isinstance(effect, LogOnce | Log):
+            if isinstance(effect, LogOnce | Log | DeleteRecord):
                 self.calls_in_flight += 1
         if self.phase is CoordPhase.DECIDED and self.calls_in_flight == 0 and self.acked >= set(self.participants):
-            # Every participant holds the decision durably and none of our calls can still land:
-            # nothing will read these records again. The grace period outlives in-flight messages.
+            # Every participant holds the decision durably and none of our calls is unanswered.
+            # Calls that timed out may still land: the grace period outlives them (config.py).
             self.phase = CoordPhase.GC_WAIT
             effects += [CancelTimer(self._timer("resend")), StartTimer(self._timer("gc"), self.config.gc_grace_ms)]
         return effects
@@ -69,40 +91,99 @@ class CoordinatorBase:
     def _dispatch(self, event: Event) -> list[Effect]:
         if isinstance(event, CommitRequested):
             return self._start(event)
-        if isinstance(event, MessageReceived) and isinstance(event.message, DecisionAck):
-            return self._on_ack(event.message)
-        if isinstance(event, MessageReceived) and isinstance(event.message, Vote):
-            return self._on_vote(event.message)
+        if isinstance(event, DeleteReturned):
+            return self._on_deleted(event)
+        if isinstance(event, MessageReceived):
+            message = event.message
+            if isinstance(message, DecisionAck):
+                return self._on_ack(message)
+            if isinstance(message, Vote):
+                return self._on_vote(message)
+            if isinstance(message, ReadOnlyReleased):
+                return self._on_read_only_released(message)
         if isinstance(event, TimerFired):
-            kind = event.name.rsplit("/", 1)[1]
+            kind = event.timer.kind
             if kind == "resend":
                 return self._resend() if self.phase is CoordPhase.DECIDED else []
             if kind == "gc":
                 return self._collect_garbage()
+            if kind == "gc-retry":
+                return self._delete_again()
+            if kind == "votes" and self.phase is CoordPhase.VALIDATING:
+                return self._abort_before_prepare("read-only partitions did not confirm their read locks in time")
             return self._on_timer(kind)
         return self._handle(event)
 
-    # -- shared steps -------------------------------------------------------------------------
+    # -- start: read-only partitions first, then prepare ----------------------------------------
     def _start(self, request: CommitRequested) -> list[Effect]:
         assert self.phase is CoordPhase.COLLECTING and not self.participants, "commit requested twice"
-        assert request.txn == self.txn
+        assert request.txn == self.txn and request.node == self.node
         self.redo_by_partition = dict(request.writes)
         self.participants = tuple(sorted(self.redo_by_partition))
+        self.reads = tuple(sorted(request.reads))
         assert len(self.participants) == len(request.writes), "a partition written twice"
-        assert not set(self.participants) & set(request.reads), "read-only partitions must not write"
-        effects: list[Effect] = [Send(p, ReleaseReadOnly(self.txn, p)) for p in request.reads]
+        assert not set(self.participants) & set(self.reads), "read-only partitions must not write"
+        # The runtime refuses larger transactions at its edge; a record could not hold the list.
+        assert len(self.participants) <= PARTICIPANT_COUNT_MAX, f"{len(self.participants)} participants"
+        if self.reads:
+            # Strict 2PL keeps read locks until the commit point. A partition that restarted or
+            # idled the execution out has lost them, and what was read there may have changed, so
+            # every read-only partition confirms (and releases) before anyone votes: once a Cornus
+            # participant logged its vote, only the participants' logs decide.
+            self.phase = CoordPhase.VALIDATING
+            sends: list[Effect] = [self._send(p, ReleaseReadOnly(self.txn, p)) for p in self.reads]
+            return [*sends, StartTimer(self._timer("votes"), self.config.timeout_ms_votes)]
+        return self._prepare()
+
+    def _on_read_only_released(self, answer: ReadOnlyReleased) -> list[Effect]:
+        if self.phase is not CoordPhase.VALIDATING or answer.partition not in self.reads:
+            return []
+        if not answer.held:
+            return self._abort_before_prepare(f"{answer.partition} lost the read locks (restart or idle timeout)")
+        self.reads_confirmed.add(answer.partition)
+        if self.reads_confirmed != set(self.reads):
+            return []
+        self.phase = CoordPhase.COLLECTING
+        return [CancelTimer(self._timer("votes")), *self._prepare()]
+
+    def _prepare(self) -> list[Effect]:
+        assert self.phase is CoordPhase.COLLECTING
         if not self.participants:
             # Wholly read-only: nothing to make atomic, skip both phases.
             self.decision, self.replied, self.phase = TxnState.COMMIT, True, CoordPhase.DONE
-            return [*effects, Reply(self.txn, TxnState.COMMIT)]
-        effects += [Send(p, self._prepare_message(p)) for p in self.participants]
+            return [*self._settle(TxnState.COMMIT), Reply(self.txn, TxnState.COMMIT)]
+        effects: list[Effect] = [self._send(p, self._prepare_message(p)) for p in self.participants]
         effects.append(StartTimer(self._timer("votes"), self.config.timeout_ms_votes))
         return effects + self._started()
+
+    def _abort_before_prepare(self, reason: str) -> list[Effect]:
+        """Nobody was asked to vote, so nothing is logged anywhere: tell the callers and the
+        partitions (which drop their execution state), and forget the transaction."""
+        assert self.phase is CoordPhase.VALIDATING
+        self.decision, self.replied, self.phase = TxnState.ABORT, True, CoordPhase.DONE
+        unconfirmed = [p for p in (*self.participants, *self.reads) if p not in self.reads_confirmed]
+        return [
+            CancelTimer(self._timer("votes")),
+            *self._settle(TxnState.ABORT),
+            Reply(self.txn, TxnState.ABORT, reason),
+            *(self._send(p, Decision(self.txn, TxnState.ABORT)) for p in unconfirmed),
+        ]
 
     def _prepare_message(self, participant: str) -> Prepare:
         return Prepare(self.txn, self.participants, self.node)
 
-    def _announce(self, decision: TxnState, reply: bool = True) -> list[Effect]:
+    # -- the decision ----------------------------------------------------------------------------
+    def _settle(self, outcome: TxnState) -> list[Effect]:
+        """Mark the moment this coordinator's outcome is settled (once): the votes are in, or a
+        termination or a participant told it. What follows is the commit phase."""
+        if self._settled:
+            return []
+        self._settled = True
+        return [Decided(self.txn, outcome)]
+
+    def _announce(self, decision: TxnState, reply: bool = True, reason: str = "") -> list[Effect]:
+        """Tell the caller (unless this is a restarted coordinator, whose caller is gone) and the
+        participants, until each acknowledges."""
         assert decision.is_decision
         assert self.phase is CoordPhase.COLLECTING, f"announcing in phase {self.phase}"
         assert self.decision in (None, decision)
@@ -110,11 +191,12 @@ class CoordinatorBase:
             assert self.votes_yes <= set(self.participants)
         self.decision = decision
         self.phase = CoordPhase.DECIDED
-        effects: list[Effect] = [CancelTimer(self._timer("votes"))]
+        effects: list[Effect] = [*self._settle(decision)] if reply else []
+        effects.append(CancelTimer(self._timer("votes")))
         if reply and not self.replied:
             self.replied = True
-            effects.append(Reply(self.txn, decision))
-        effects += [Send(p, self._decision_message(p)) for p in self.participants if p not in self.acked]
+            effects.append(Reply(self.txn, decision, reason))
+        effects += [self._send(p, self._decision_message(p)) for p in self.participants if p not in self.acked]
         effects.append(StartTimer(self._timer("resend"), self._resend_backoff.next_delay_ms()))
         return effects
 
@@ -124,7 +206,7 @@ class CoordinatorBase:
 
     def _resend(self) -> list[Effect]:
         unacked = [p for p in self.participants if p not in self.acked]
-        effects: list[Effect] = [Send(p, self._decision_message(p)) for p in unacked]
+        effects: list[Effect] = [self._send(p, self._decision_message(p)) for p in unacked]
         return [*effects, StartTimer(self._timer("resend"), self._resend_backoff.next_delay_ms())]
 
     def _on_ack(self, ack: DecisionAck) -> list[Effect]:
@@ -141,21 +223,60 @@ class CoordinatorBase:
             return self._announce(ack.decision)
         return []
 
+    # -- garbage collection ----------------------------------------------------------------------
     def _collect_garbage(self) -> list[Effect]:
         if self.phase is not CoordPhase.GC_WAIT:
             return []
-        self.phase = CoordPhase.DONE
-        effects: list[Effect] = []
+        self.phase = CoordPhase.COLLECTING_GARBAGE
         if self.uses_coordinator_log:
-            # Our own record goes first (the runtime deletes in list order): while it exists a
-            # restart of ours resends its decision, and a participant whose record is already gone
-            # would take a resent COMMIT for a new transaction and apply an old redo again.
-            effects.append(DeleteRecord(self.coordinator_log, self.txn))
-        effects += [DeleteRecord(LogId.partition(p), self.txn) for p in self.participants]
-        return effects
+            # Our own record goes first and alone: while it exists a restart of ours resends its
+            # decision, which participants whose records are gone would take for a new transaction.
+            return self._delete({DeleteRecord(self.node, self.coordinator_log, self.txn)})
+        return self._delete_participants()
 
-    def _timer(self, kind: str) -> str:
-        return f"{self.node}/{self.txn}/{kind}"
+    def _delete_participants(self) -> list[Effect]:
+        return self._delete({DeleteRecord(self.node, LogId.partition(p), self.txn) for p in self.participants})
+
+    def _delete(self, deletes: set[DeleteRecord]) -> list[Effect]:
+        self._deletes_waiting = set(deletes)
+        self._delete_attempts = 1
+        return sorted(deletes, key=lambda call: call.log.key)  # type: ignore[return-value]
+
+    def _on_deleted(self, event: DeleteReturned) -> list[Effect]:
+        assert self.phase is CoordPhase.COLLECTING_GARBAGE and event.call in self._deletes_waiting
+        if isinstance(event.result, StorageUnreachable):
+            if self.calls_in_flight == 0:
+                return self._retry_deletes()
+            return []
+        self._deletes_waiting.discard(event.call)
+        if self.calls_in_flight:
+            return []
+        if self._deletes_waiting:
+            return self._retry_deletes()
+        if event.call.log == self.coordinator_log:
+            return self._delete_participants()
+        self.phase = CoordPhase.DONE
+        return []
+
+    def _retry_deletes(self) -> list[Effect]:
+        if self._delete_attempts >= self.config.gc_attempt_count_max:
+            # Left behind: decided records that recovery skips and resolve reads correctly. Not
+            # skipping ahead, though: partition records stay while the coordinator's record does.
+            self.phase = CoordPhase.DONE
+            return []
+        return [StartTimer(self._timer("gc-retry"), self._backoff.next_delay_ms())]
+
+    def _delete_again(self) -> list[Effect]:
+        assert self.phase is CoordPhase.COLLECTING_GARBAGE and self._deletes_waiting
+        self._delete_attempts += 1
+        return sorted(self._deletes_waiting, key=lambda call: call.log.key)  # type: ignore[return-value]
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _timer(self, kind: str) -> Timer:
+        return Timer(self.node, self.txn, kind)
+
+    def _send(self, to: str, message: object) -> Send:
+        return Send(self.node, to, message)  # type: ignore[arg-type]
 
     # -- for subclasses -----------------------------------------------------------------------
     def _started(self) -> list[Effect]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from cornus.protocol import redo_bundle
 from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
-from cornus.protocol.effects import CancelTimer, Effect, Log, Send, StartTimer
+from cornus.protocol.effects import CancelTimer, Effect, Log, StartTimer
 from cornus.protocol.events import Event, LogReturned, MessageReceived, Recovered, StorageUnreachable
-from cornus.protocol.messages import Decision, DecisionAnswer, DecisionQuery, Vote
+from cornus.protocol.messages import DecisionAnswer, DecisionQuery, Vote
 from storage_adapters.contract import LogOnceResult, Record, RecordBody, TxnState
 
 
@@ -25,7 +25,8 @@ class TwoPhaseCoordinator(CoordinatorBase):
         self._redo_durable = False
         bundle = redo_bundle.encode(self.redo_by_partition)
         self._redo_call = Log(
-            self.coordinator_log, self.txn, TxnState.VOTE_YES, RecordBody(self.participants, self.node, bundle)
+            self.node, self.coordinator_log, self.txn, TxnState.VOTE_YES,
+            RecordBody(self.participants, self.node, bundle),
         )
         return [self._redo_call]
 
@@ -35,7 +36,7 @@ class TwoPhaseCoordinator(CoordinatorBase):
         if self._commit_call is not None:
             return []  # every vote was yes already
         if not vote.yes:
-            return self._announce(TxnState.ABORT)
+            return self._announce(TxnState.ABORT, reason=f"{vote.partition} voted no")
         self.votes_yes.add(vote.partition)
         return self._maybe_commit()
 
@@ -43,8 +44,8 @@ class TwoPhaseCoordinator(CoordinatorBase):
         if self.votes_yes != set(self.participants) or not self._redo_durable or self._commit_call:
             return []
         body = None if self.logs_redo else RecordBody(self.participants, self.node)
-        self._commit_call = Log(self.coordinator_log, self.txn, TxnState.COMMIT, body)
-        return [CancelTimer(self._timer("votes")), self._commit_call]
+        self._commit_call = Log(self.node, self.coordinator_log, self.txn, TxnState.COMMIT, body)
+        return [*self._settle(TxnState.COMMIT), CancelTimer(self._timer("votes")), self._commit_call]
 
     def _may_adopt(self, decision: TxnState) -> bool:
         # Once COMMIT is being logged only its result decides; an abort ack then is impossible.
@@ -56,7 +57,9 @@ class TwoPhaseCoordinator(CoordinatorBase):
             return []
         if kind == "votes":
             # 2PC cannot terminate through the participants' logs: not hearing means abort.
-            return [] if self._commit_call is not None else self._announce(TxnState.ABORT)
+            if self._commit_call is not None:
+                return []
+            return self._announce(TxnState.ABORT, reason="votes missing at the vote timeout")
         assert kind == "retry", kind
         if self._commit_call is not None:
             return [self._commit_call]
@@ -88,15 +91,9 @@ class TwoPhaseCoordinator(CoordinatorBase):
         effects: list[Effect] = []
         if self.phase is CoordPhase.COLLECTING and self._commit_call is None:
             # Undecided and COMMIT not being logged: abort now rather than keep the asker waiting.
-            effects = self._announce(TxnState.ABORT)
-        known = None if self.phase is CoordPhase.COLLECTING else self.decision
-        return [*effects, Send(query.sender, DecisionAnswer(self.txn, self.node, known))]
-
-    def _decision_message(self, participant: str) -> Decision:
-        assert self.decision is not None
-        if self.logs_redo and self.decision is TxnState.COMMIT:
-            return Decision(self.txn, self.decision, self.redo_by_partition[participant])
-        return Decision(self.txn, self.decision)
+            effects = self._announce(TxnState.ABORT, reason=f"{query.sender} asked before every vote was in")
+        known = None if self.phase in (CoordPhase.VALIDATING, CoordPhase.COLLECTING) else self.decision
+        return [*effects, self._send(query.sender, DecisionAnswer(self.txn, self.node, known))]
 
     def _recover(self, record: Record) -> list[Effect]:
         assert self.phase is CoordPhase.COLLECTING and not self.participants

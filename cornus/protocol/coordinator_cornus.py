@@ -4,7 +4,7 @@ send decisions asynchronously, and on a vote timeout terminate through the parti
 from __future__ import annotations
 
 from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
-from cornus.protocol.effects import Effect
+from cornus.protocol.effects import Effect, TerminationEnded, TerminationStarted
 from cornus.protocol.events import Event, LogReturned, StorageUnreachable
 from cornus.protocol.messages import Vote
 from cornus.protocol.termination import Termination
@@ -18,7 +18,7 @@ class CornusCoordinator(CoordinatorBase):
         if vote.partition not in self.participants or self.phase is not CoordPhase.COLLECTING:
             return []
         if not vote.yes:
-            return self._announce(TxnState.ABORT)
+            return self._announce(TxnState.ABORT, reason=f"{vote.partition} voted no")
         self.votes_yes.add(vote.partition)
         if self.votes_yes == set(self.participants):
             return self._announce(TxnState.COMMIT)
@@ -32,8 +32,10 @@ class CornusCoordinator(CoordinatorBase):
             # vote we received is a VOTE_YES in that participant's log already.
             silent = tuple(LogId.partition(p) for p in self.participants if p not in self.votes_yes)
             body = RecordBody(self.participants, self.node)
-            self.termination = Termination(self.txn, silent, body, self._backoff, self._timer("termination"))
-            return self.termination.start()
+            self.termination = Termination(
+                self.node, self.txn, silent, body, backoff=self._backoff, timer=self._timer("termination")
+            )
+            return [TerminationStarted(self.txn, self.node), *self.termination.start()]
         assert kind == "termination", kind
         assert self.termination is not None
         return self.termination.on_timer()
@@ -47,6 +49,8 @@ class CornusCoordinator(CoordinatorBase):
         result = event.result
         assert isinstance(result, LogOnceResult | StorageUnreachable)
         effects = self.termination.on_result(event.call, result)  # type: ignore[arg-type]
-        if self.termination.outcome is not None:
-            effects += self._announce(self.termination.outcome)
+        outcome = self.termination.outcome
+        if outcome is not None:
+            reason = "" if outcome is TxnState.COMMIT else "votes missing; termination found the transaction aborted"
+            effects += [TerminationEnded(self.txn, self.node, outcome), *self._announce(outcome, reason=reason)]
         return effects

@@ -1,9 +1,13 @@
-"""What a protocol machine asks its runtime to do. Frozen values, mapped 1:1 onto runtime actions.
+"""What the core asks its runtime (or the simulator) to do. Frozen values, mapped 1:1 onto actions.
 
-Ordering contract: the runtime starts effects in list order. Sends, log calls and timers may then
-proceed concurrently, but an `ApplyRedo` must have completed before a `ReleaseLocks` that follows
-it for the same transaction (otherwise a reader could see the old value after the lock is gone).
-Every `LogOnce`/`Log` is answered by exactly one `LogReturned` event unless the node crashes.
+Ordering contract: the runtime starts effects in list order; sends, storage calls and timers may
+then proceed concurrently. Every storage call (`LogOnce`, `Log`, `ApplyRedo`, `DeleteRecord`,
+`ReadRecord`, `ScanLog`) is answered by exactly one result event naming the call (events.py),
+unless the node crashes; a call that timed out is answered `StorageUnreachable` and may still land
+later, up to the storage deadline plus the clock slack (ProtocolConfig). Lock effects
+(`ReleaseLocks`, `RetakeLocks`, `LocksPrepared`) and `CacheRedo` take effect before the next
+effect starts. Storage calls name their `owner`, the host (partition or coordinator node) or the
+recovery that made them: their answer goes back there.
 """
 
 from __future__ import annotations
@@ -15,13 +19,25 @@ from storage_adapters.contract import LogId, RecordBody, TxnState
 
 
 @dataclass(frozen=True, slots=True)
+class Timer:
+    """A named timer of one host: `owner` is the host (partition or node), `txn` the transaction
+    ("" for node-wide timers such as recovery's), `kind` what it is for."""
+
+    owner: str
+    txn: str
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
 class Send:
+    source: str
     to: str
     message: Message
 
 
 @dataclass(frozen=True, slots=True)
 class LogOnce:
+    owner: str
     log: LogId
     txn: str
     state: TxnState
@@ -32,6 +48,7 @@ class LogOnce:
 class Log:
     """`body` None keeps the stored body (a decision over a vote)."""
 
+    owner: str
     log: LogId
     txn: str
     state: TxnState
@@ -39,47 +56,150 @@ class Log:
 
 
 @dataclass(frozen=True, slots=True)
+class ApplyRedo:
+    """Write a committed redo into the partition's data and mark its record applied. Answered by
+    ApplyReturned; the participant holds the locks of the redo until it succeeds."""
+
+    owner: str
+    partition: str
+    txn: str
+    redo: bytes
+
+    @property
+    def log(self) -> LogId:
+        """The log whose record the apply marks."""
+        return LogId.partition(self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecord:
+    """Garbage collection of a finished transaction's record; answered by DeleteReturned."""
+
+    owner: str
+    log: LogId
+    txn: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRecord:
+    """Read one record (recovery, resolve); answered by RecordRead."""
+
+    owner: str
+    log: LogId
+    txn: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScanLog:
+    """One page of a log's unfinished records whose txn sorts after `after`; answered by
+    ScanReturned. A page shorter than `limit` is the last."""
+
+    owner: str
+    log: LogId
+    after: str
+    limit: int
+
+
+StorageCall = LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog
+LogCall = LogOnce | Log
+
+
+@dataclass(frozen=True, slots=True)
 class Reply:
-    """The outcome for the transaction's caller. At most one per transaction and coordinator."""
+    """The outcome for the transaction's caller. At most one per transaction and coordinator.
+    `reason` says why an ABORT was chosen, for the caller and the logs."""
 
     txn: str
     outcome: TxnState
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class StartTimer:
-    """(Re)start the named timer; starting a running timer restarts it."""
+    """(Re)start the timer; starting a running timer restarts it."""
 
-    name: str
+    timer: Timer
     duration_ms: int
 
 
 @dataclass(frozen=True, slots=True)
 class CancelTimer:
-    name: str
+    timer: Timer
 
 
 @dataclass(frozen=True, slots=True)
-class ApplyRedo:
+class ReleaseLocks:
+    """Drop the transaction's locks and execution state on the partition."""
+
+    partition: str
+    txn: str
+
+
+@dataclass(frozen=True, slots=True)
+class LocksPrepared:
+    """The transaction voted yes here: its locks go at the decision, so a conflicting request
+    waits for it (bounded) instead of aborting (DESIGN 4)."""
+
+    partition: str
+    txn: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetakeLocks:
+    """Recovery: hold exclusively every key `redo` writes, before anyone else can, for a
+    transaction that voted yes (or committed) and has not finished."""
+
     partition: str
     txn: str
     redo: bytes
 
 
 @dataclass(frozen=True, slots=True)
-class ReleaseLocks:
+class CacheRedo:
+    """The redo is in storage and its keys are still locked by the transaction: it is the newest
+    committed data of those keys, so the owner's cache may hold it."""
+
     partition: str
     txn: str
+    redo: bytes
 
 
 @dataclass(frozen=True, slots=True)
-class DeleteRecord:
-    """Garbage collection of a finished transaction's record. The DeleteRecords of one effect list
-    are carried out one after another, in list order."""
+class Decided:
+    """A coordinator has what decides the outcome: every vote (2PC and coordinator-log then log
+    their decision, which a crash before it lands still turns into an abort), or a termination or
+    a participant's durable decision. What follows is the commit phase. For timing and
+    failpoints; it asks for no action."""
 
-    log: LogId
     txn: str
+    outcome: TxnState
 
 
-LogCall = LogOnce | Log
-Effect = Send | LogOnce | Log | Reply | StartTimer | CancelTimer | ApplyRedo | ReleaseLocks | DeleteRecord
+@dataclass(frozen=True, slots=True)
+class TerminationStarted:
+    """`where` (a partition or a coordinator node) began the termination protocol."""
+
+    txn: str
+    where: str
+
+
+@dataclass(frozen=True, slots=True)
+class TerminationEnded:
+    txn: str
+    where: str
+    outcome: TxnState
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryFinished:
+    """Every unfinished transaction found at start has its machine and its locks again: the node
+    may answer for transactions it does not know from now on."""
+
+    transaction_count: int
+
+
+Effect = (
+    Send | LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog | Reply | StartTimer | CancelTimer
+    | ReleaseLocks | LocksPrepared | RetakeLocks | CacheRedo | Decided | TerminationStarted | TerminationEnded
+    | RecoveryFinished
+)

@@ -1,51 +1,101 @@
-"""What happens to a protocol machine: requests, messages, returned log calls, fired timers."""
+"""What happens to the core: requests, messages, answered storage calls, fired timers.
+
+Every event knows its transaction (`txn`; "" for node-wide events such as a recovery scan) and
+which host it is for (`host`): the node core routes on those two and nothing else.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cornus.protocol.effects import LogCall
+from cornus.protocol.effects import (
+    ApplyRedo,
+    DeleteRecord,
+    Log,
+    LogCall,
+    LogOnce,
+    ReadRecord,
+    ScanLog,
+    StorageCall,
+    Timer,
+)
 from cornus.protocol.messages import Message
-from storage_adapters.contract import LogOnceResult, Record, TxnState
+from storage_adapters.contract import LogKind, LogOnceResult, Record, TxnState
 
 
 @dataclass(frozen=True, slots=True)
 class StorageUnreachable:
-    """A log call failed with StorageUnavailable: it may or may not have taken effect."""
+    """A storage call failed with StorageUnavailable: it may or may not have taken effect."""
 
     reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class CommitRequested:
-    """The caller asks the coordinator to commit. `writes` maps each written partition to its redo
-    (the coordinator needs it only for coordinator-log); `reads` are partitions only read."""
+    """The caller asks the coordinator `node` to commit. `writes` maps each written partition to its
+    redo (the coordinator needs it only for coordinator-log); `reads` are partitions only read."""
 
+    node: str
     txn: str
     writes: tuple[tuple[str, bytes], ...]
     reads: tuple[str, ...] = ()
 
+    @property
+    def host(self) -> str:
+        return self.node
+
 
 @dataclass(frozen=True, slots=True)
 class Executed:
-    """The execution phase finished on a partition: it holds the locks and the redo, and has made
-    up its mind about its vote (a runtime votes no when, e.g., validation failed)."""
+    """The execution phase ended on a partition, which still holds the transaction's locks: a writer
+    with its redo and its mind made up about its vote (a runtime votes no when, e.g., validation
+    failed), or a partition the transaction only read (`read_only`, no redo)."""
 
     txn: str
     partition: str
     coordinator: str
     redo: bytes
     vote_yes: bool = True
+    read_only: bool = False
+
+    @property
+    def host(self) -> str:
+        return self.partition
 
 
 @dataclass(frozen=True, slots=True)
 class MessageReceived:
     sender: str
+    to: str
     message: Message
+
+    @property
+    def txn(self) -> str:
+        return self.message.txn
+
+    @property
+    def host(self) -> str:
+        return self.to
+
+
+class _Answer:
+    """An answer to a storage call: it belongs to the call's transaction and goes back to the host
+    (or recovery, or resolve) that made the call."""
+
+    __slots__ = ()
+    call: StorageCall
+
+    @property
+    def txn(self) -> str:
+        return self.call.txn  # type: ignore[union-attr]
+
+    @property
+    def host(self) -> str:
+        return self.call.owner
 
 
 @dataclass(frozen=True, slots=True)
-class LogReturned:
+class LogReturned(_Answer):
     """The answer to `call`: a LogOnceResult for LogOnce, the stored state for Log."""
 
     call: LogCall
@@ -53,15 +103,88 @@ class LogReturned:
 
 
 @dataclass(frozen=True, slots=True)
+class ApplyReturned(_Answer):
+    """The answer to an ApplyRedo: True if this call applied it, False if it was applied before
+    (both mean the redo is in storage), or StorageUnreachable (it may have landed)."""
+
+    call: ApplyRedo
+    result: bool | StorageUnreachable
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteReturned(_Answer):
+    call: DeleteRecord
+    result: bool | StorageUnreachable
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRead(_Answer):
+    call: ReadRecord
+    result: Record | StorageUnreachable | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScanReturned(_Answer):
+    call: ScanLog
+    result: tuple[Record, ...] | StorageUnreachable
+
+    @property
+    def txn(self) -> str:
+        return ""  # a scan belongs to no transaction
+
+
+@dataclass(frozen=True, slots=True)
 class TimerFired:
-    name: str
+    timer: Timer
+
+    @property
+    def txn(self) -> str:
+        return self.timer.txn
+
+    @property
+    def host(self) -> str:
+        return self.timer.owner
 
 
 @dataclass(frozen=True, slots=True)
 class Recovered:
-    """At node start, one record that recovery's scan found unfinished in a log the node owns."""
+    """At node start, one transaction recovery found unfinished: a record of an owned partition's
+    log, of this node's coordinator log, or a coordinator-log vote rebuilt from a coordinator's
+    redo (a record that storage never held in the partition's log)."""
 
     record: Record
 
+    @property
+    def txn(self) -> str:
+        return self.record.txn
 
-Event = CommitRequested | Executed | MessageReceived | LogReturned | TimerFired | Recovered
+    @property
+    def host(self) -> str:
+        # A coordinator's log is named after its node, which is the coordinator host's name.
+        return self.record.log.name
+
+    @property
+    def coordinator_side(self) -> bool:
+        return self.record.log.kind is LogKind.COORDINATOR
+
+
+Event = (
+    CommitRequested | Executed | MessageReceived | LogReturned | ApplyReturned | DeleteReturned | RecordRead
+    | ScanReturned | TimerFired | Recovered
+)
+
+# Answers to storage calls, and the state a plain Log answers with.
+StorageResult = LogOnceResult | TxnState | bool | Record | None | tuple[Record, ...] | StorageUnreachable
+
+
+def answer(call: StorageCall, result: StorageResult) -> Event:
+    """The event that answers a storage call with what storage returned (or StorageUnreachable)."""
+    if isinstance(call, LogOnce | Log):
+        return LogReturned(call, result)  # type: ignore[arg-type]
+    if isinstance(call, ApplyRedo):
+        return ApplyReturned(call, result)  # type: ignore[arg-type]
+    if isinstance(call, DeleteRecord):
+        return DeleteReturned(call, result)  # type: ignore[arg-type]
+    if isinstance(call, ReadRecord):
+        return RecordRead(call, result)  # type: ignore[arg-type]
+    return ScanReturned(call, result)  # type: ignore[arg-type]

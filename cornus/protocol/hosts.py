@@ -1,13 +1,11 @@
-"""Per-node routing: one host per partition (participant side) and one per coordinator node. A
-host owns the machines of its transactions, routes events to them by transaction id, and answers
-for transactions it does not know (after a crash, or after a machine finished).
-
-A host runs one protocol for every transaction, or, given `protocol_of`, the protocol each
-transaction names: transactions of different protocols then share the host, each with its own
-kind of machine (the runtime lets callers pick the protocol per transaction)."""
+"""Per-host routing: one host per partition (participant side) and one per coordinator node. A host
+owns the machines of its transactions, builds each with the protocol its transaction id names,
+answers for transactions it does not know (never executed, lost in a crash before any vote of ours
+was durable, or finished and forgotten), and forgets machines once they have finished."""
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 
 from cornus.protocol.backoff import JitterSource
@@ -16,31 +14,23 @@ from cornus.protocol.coordinator_base import CoordinatorBase
 from cornus.protocol.coordinator_blocking import CoordinatorLogCoordinator, TwoPhaseCoordinator
 from cornus.protocol.coordinator_cornus import CornusCoordinator
 from cornus.protocol.effects import Effect, ReleaseLocks, Send
-from cornus.protocol.events import (
-    CommitRequested,
-    Event,
-    Executed,
-    LogReturned,
-    MessageReceived,
-    Recovered,
-    TimerFired,
-)
+from cornus.protocol.events import CommitRequested, Event, Executed, MessageReceived, Recovered
 from cornus.protocol.messages import (
     Decision,
     DecisionAck,
     DecisionAnswer,
     DecisionQuery,
-    Message,
     Prepare,
+    ReadOnlyReleased,
     ReleaseReadOnly,
     Vote,
 )
-from cornus.protocol.participant_base import ParticipantBase
+from cornus.protocol.participant_base import ParticipantBase, ReadOnlyParticipant
 from cornus.protocol.participant_blocking import CoordinatorLogParticipant, TwoPhaseParticipant
 from cornus.protocol.participant_cornus import CornusParticipant
 from storage_adapters.contract import TxnState
 
-ProtocolOf = Callable[[str], Protocol]
+ProtocolOf = Callable[[str], "Protocol | None"]
 ParticipantFactory = Callable[[str, str, ProtocolConfig, JitterSource], ParticipantBase]
 CoordinatorFactory = Callable[[str, str, ProtocolConfig, JitterSource], CoordinatorBase]
 
@@ -56,88 +46,87 @@ COORDINATORS: dict[Protocol, CoordinatorFactory] = {
 }
 
 
-def _txn_of(event: Event) -> str:
-    if isinstance(event, MessageReceived):
-        return event.message.txn
-    if isinstance(event, LogReturned):
-        return event.call.txn
-    if isinstance(event, TimerFired):
-        # Timer names are "<owner>/<txn>/<kind>"; ids cannot hold '/'.
-        parts = event.name.split("/")
-        assert len(parts) == 3, f"malformed timer name {event.name!r}"
-        return parts[1]
-    if isinstance(event, Recovered):
-        return event.record.txn
-    assert isinstance(event, CommitRequested | Executed)
-    return event.txn
+def _protocol(protocol_of: ProtocolOf, txn: str) -> Protocol:
+    protocol = protocol_of(txn)
+    # Ids are checked where they enter (execution requests, recovery): none untagged gets here.
+    assert protocol is not None, f"{txn} names no protocol"
+    return protocol
 
 
 class PartitionHost:
-    """The participant side of one partition."""
+    """The participant side of one partition. `factory`, if given, builds every participant (tests
+    and the simulator use it to try variants of a machine)."""
 
     def __init__(
         self,
         partition: str,
-        protocol: Protocol,
         config: ProtocolConfig,
         jitter: JitterSource,
+        protocol_of: ProtocolOf,
         *,
         factory: ParticipantFactory | None = None,
-        protocol_of: ProtocolOf | None = None,
     ) -> None:
-        assert factory is None or protocol_of is None, "a custom factory runs one protocol"
         self.partition = partition
-        self.protocol = protocol
         self.config = config
         self.jitter = jitter
-        self.factory = factory
         self.protocol_of = protocol_of
-        self.machines: dict[str, ParticipantBase] = {}
-
-    def protocol_for(self, txn: str) -> Protocol:
-        return self.protocol if self.protocol_of is None else self.protocol_of(txn)
+        self.factory = factory
+        self.machines: dict[str, ParticipantBase | ReadOnlyParticipant] = {}
+        self.counters: collections.Counter[str] = collections.Counter()
 
     def handle(self, event: Event) -> list[Effect]:
-        txn = _txn_of(event)
-        if isinstance(event, Executed | Recovered):
+        txn = event.txn
+        if isinstance(event, Executed):
+            assert event.partition == self.partition
             assert txn not in self.machines, f"{self.partition} already runs {txn}"
-            factory = self.factory or PARTICIPANTS[self.protocol_for(txn)]
-            self.machines[txn] = factory(self.partition, txn, self.config, self.jitter)
-        if isinstance(event, MessageReceived) and isinstance(event.message, ReleaseReadOnly):
-            # A partition only read takes no part in commit: no machine, no log.
-            assert event.message.partition == self.partition
-            return [ReleaseLocks(self.partition, txn)]
+            if event.read_only:
+                self.machines[txn] = ReadOnlyParticipant(self.partition, txn, event.coordinator)
+            else:
+                self.machines[txn] = self._participant(txn)
+        elif isinstance(event, Recovered):
+            assert txn not in self.machines, f"{self.partition} recovered {txn} twice"
+            self.machines[txn] = self._participant(txn)
         machine = self.machines.get(txn)
-        if machine is not None:
-            return machine.handle(event)
-        if isinstance(event, MessageReceived):
-            return self._unknown(event.sender, event.message)
-        return []  # a timer or log answer of a machine that no longer exists
+        if machine is None:
+            if isinstance(event, MessageReceived):
+                return self._unknown(event.sender, event.message)
+            return []  # a timer or storage answer of a machine that no longer exists
+        effects = machine.handle(event)
+        if machine.finished:
+            del self.machines[txn]
+        return effects
 
-    def _unknown(self, sender: str, message: Message) -> list[Effect]:
-        """We hold no machine for the transaction: we never executed it, lost it in a crash
-        before any vote of ours was durable (recovery would have rebuilt the machine otherwise),
-        or finished it and forgot."""
-        txn = message.txn
+    def _participant(self, txn: str) -> ParticipantBase:
+        factory = self.factory or PARTICIPANTS[_protocol(self.protocol_of, txn)]
+        return factory(self.partition, txn, self.config, self.jitter)
+
+    def _unknown(self, sender: str, message: object) -> list[Effect]:
+        """No machine for the transaction: we never executed it, lost its execution in a crash
+        before any vote of ours was durable (recovery rebuilds every machine that voted yes, from
+        our log or a coordinator's redo record), or finished it and forgot."""
+        self.counters["unknown_txn_messages"] += 1
+        txn = message.txn  # type: ignore[attr-defined]
         if isinstance(message, Prepare):
             # Our execution state is gone, so we cannot vote yes.
-            return [Send(sender, Vote(txn, self.partition, yes=False))]
+            return [self._send(sender, Vote(txn, self.partition, yes=False))]
+        if isinstance(message, ReleaseReadOnly):
+            return [self._send(sender, ReadOnlyReleased(txn, self.partition, held=False))]
         if isinstance(message, Decision):
-            if self.protocol_for(txn) is Protocol.COORDINATOR_LOG and message.decision is TxnState.COMMIT:
-                # We may have voted yes with nothing logged; the decision carries our redo.
-                machine = CoordinatorLogParticipant.orphan(self.partition, txn, sender, self.config, self.jitter)
-                self.machines[txn] = machine
-                return machine.handle(MessageReceived(sender, message))
-            # Cornus/2PC: no record means we never voted yes, so the decision is ABORT (or we
-            # applied COMMIT and our record is durable); nothing to write either way.
-            return [Send(sender, DecisionAck(txn, self.partition, message.decision))]
+            # Never voted yes (the decision is ABORT: drop the execution state, if any, that the
+            # coordinator gave up on) or finished before (our record holds the decision durably).
+            # Either way nothing to write, and above all nothing to apply: a late COMMIT of a
+            # finished transaction must not bring its old redo back over newer data.
+            effects: list[Effect] = [ReleaseLocks(self.partition, txn)] if message.decision is TxnState.ABORT else []
+            return [*effects, self._send(sender, DecisionAck(txn, self.partition, message.decision))]
         if isinstance(message, DecisionQuery):
             # "Unknown" does NOT mean "never voted yes": we may have committed, applied and
-            # restarted (recovery skips finished records). Presuming ABORT here let a 2PC
-            # participant abort beside a returned COMMIT (found by the simulator), so we say
-            # we do not know and the asker keeps asking the coordinator.
-            return [Send(message.sender, DecisionAnswer(txn, self.partition, None))]
+            # forgotten. Presuming ABORT here let a 2PC participant abort beside a returned COMMIT
+            # (found by the simulator), so we say we do not know; the asker keeps asking.
+            return [self._send(message.sender, DecisionAnswer(txn, self.partition, None))]
         return []
+
+    def _send(self, to: str, message: object) -> Send:
+        return Send(self.partition, to, message)  # type: ignore[arg-type]
 
 
 class CoordinatorHost:
@@ -146,38 +135,46 @@ class CoordinatorHost:
     def __init__(
         self,
         node: str,
-        protocol: Protocol,
         config: ProtocolConfig,
         jitter: JitterSource,
+        protocol_of: ProtocolOf,
         *,
         factory: CoordinatorFactory | None = None,
-        protocol_of: ProtocolOf | None = None,
     ) -> None:
-        assert factory is None or protocol_of is None, "a custom factory runs one protocol"
         self.node = node
-        self.protocol = protocol
         self.config = config
         self.jitter = jitter
-        self.factory = factory
         self.protocol_of = protocol_of
+        self.factory = factory
         self.machines: dict[str, CoordinatorBase] = {}
-
-    def protocol_for(self, txn: str) -> Protocol:
-        return self.protocol if self.protocol_of is None else self.protocol_of(txn)
+        self.counters: collections.Counter[str] = collections.Counter()
 
     def handle(self, event: Event) -> list[Effect]:
-        txn = _txn_of(event)
+        txn = event.txn
         if isinstance(event, CommitRequested | Recovered):
             assert txn not in self.machines, f"{self.node} already coordinates {txn}"
-            factory = self.factory or COORDINATORS[self.protocol_for(txn)]
+            factory = self.factory or COORDINATORS[_protocol(self.protocol_of, txn)]
             self.machines[txn] = factory(self.node, txn, self.config, self.jitter)
         machine = self.machines.get(txn)
-        if machine is not None:
-            return machine.handle(event)
-        if isinstance(event, MessageReceived) and isinstance(event.message, DecisionQuery):
-            # Presumed abort: no machine and no record (recovery would have rebuilt it) means
-            # COMMIT was never logged, so it never will be.
-            assert self.protocol_for(txn) is not Protocol.CORNUS, "Cornus participants never query"
-            query = event.message
-            return [Send(query.sender, DecisionAnswer(txn, self.node, TxnState.ABORT))]
-        return []
+        if machine is None:
+            if isinstance(event, MessageReceived):
+                return self._unknown(event.message)
+            return []
+        effects = machine.handle(event)
+        if machine.finished:
+            del self.machines[txn]
+        return effects
+
+    def _unknown(self, message: object) -> list[Effect]:
+        self.counters["unknown_txn_messages"] += 1
+        if not isinstance(message, DecisionQuery):
+            return []  # a late vote, ack or answer: the transaction is over here
+        if self.protocol_of(message.txn) not in (Protocol.TWO_PC, Protocol.COORDINATOR_LOG):
+            # Cornus participants never ask a coordinator, and an id without a protocol tag names
+            # no transaction of ours: a stray query gets no answer rather than a guess.
+            self.counters["stray_queries"] += 1
+            return []
+        # Presumed abort: no machine and no record (recovery would have rebuilt it) means COMMIT
+        # was never logged, so it never will be.
+        answer = DecisionAnswer(message.txn, self.node, TxnState.ABORT)
+        return [Send(self.node, message.sender, answer)]

@@ -23,10 +23,22 @@ class Prepare:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseReadOnly:
-    """To a partition the transaction only read: release its locks; it takes no part in commit."""
+    """To a partition the transaction only read, before any prepare: confirm that the read locks
+    are still held (a restart or an idle timeout loses them, and then what was read may have
+    changed since) and release them; the partition takes no other part in the commit."""
 
     txn: str
     partition: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOnlyReleased:
+    """The answer to ReleaseReadOnly: `held` False means the locks were lost, so the transaction
+    must abort."""
+
+    txn: str
+    partition: str
+    held: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +50,13 @@ class Vote:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The outcome. In coordinator-log the coordinator holds the participant's redo, so a COMMIT
-    carries it: a participant that crashed after voting has lost its own copy."""
+    """The outcome. It carries no redo, in any protocol: a coordinator-log participant that
+    crashed after voting gets its redo back from the coordinator's log at recovery, with its
+    locks, before it serves anything (recovery.py); applying a redo that arrives in a message,
+    without those locks, could overwrite newer data."""
 
     txn: str
     decision: TxnState
-    redo: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,4 +86,6 @@ class DecisionAnswer:
     decision: TxnState | None
 
 
-Message = Prepare | ReleaseReadOnly | Vote | Decision | DecisionAck | DecisionQuery | DecisionAnswer
+Message = (
+    Prepare | ReleaseReadOnly | ReadOnlyReleased | Vote | Decision | DecisionAck | DecisionQuery | DecisionAnswer
+)

@@ -4,21 +4,10 @@ cooperative termination: asking the coordinator and the other participants until
 
 from __future__ import annotations
 
-from cornus.protocol.backoff import JitterSource
-from cornus.protocol.config import ProtocolConfig
-from cornus.protocol.effects import ApplyRedo, CancelTimer, Effect, Log, Send, StartTimer
-from cornus.protocol.events import (
-    Event,
-    Executed,
-    LogReturned,
-    MessageReceived,
-    Recovered,
-    StorageUnreachable,
-    TimerFired,
-)
+from cornus.protocol.effects import CancelTimer, Effect, LocksPrepared, Log, StartTimer
 from cornus.protocol.messages import Decision, DecisionAnswer, DecisionQuery, Prepare
 from cornus.protocol.participant_base import ParticipantBase, Phase
-from storage_adapters.contract import LogOnceResult, Record, RecordBody, TxnState
+from storage_adapters.contract import RecordBody, TxnState
 
 __all__ = ["CoordinatorLogParticipant", "TwoPhaseParticipant"]
 
@@ -28,32 +17,18 @@ class TwoPhaseParticipant(ParticipantBase):
     _own_call: Log | None = None
     _heard: TxnState | None = None
 
-    def _handle(self, event: Event) -> list[Effect]:
-        if isinstance(event, Executed):
-            assert self.phase is Phase.WORKING and not self.coordinator, "executed twice"
-            self.coordinator, self.redo, self.vote_yes = event.coordinator, event.redo, event.vote_yes
-            return [StartTimer(self._timer("prepare"), self.config.timeout_ms_prepare)]
-        if isinstance(event, Recovered):
-            return self._recover(event.record)
-        if isinstance(event, MessageReceived):
-            message = event.message
-            if isinstance(message, Prepare):
-                return self._on_prepare(message)
-            if isinstance(message, Decision):
-                if message.redo:
-                    self.redo = message.redo
-                return self._on_decision(message.decision)
-            if isinstance(message, DecisionAnswer):
-                if message.decision is None or self.phase is not Phase.VOTED:
-                    return []
-                return self._decide(message.decision)
-            if isinstance(message, DecisionQuery):
-                return self._on_query(message)
-            return []
-        if isinstance(event, LogReturned):
-            return self._on_log_returned(event)
-        assert isinstance(event, TimerFired)
-        return self._on_timer(event.name.rsplit("/", 1)[1])
+    def _on_message(self, sender: str, message: object) -> list[Effect]:
+        if isinstance(message, Prepare):
+            return self._on_prepare(message)
+        if isinstance(message, Decision):
+            return self._on_decision(message.decision)
+        if isinstance(message, DecisionAnswer):
+            if message.decision is None or self.phase is not Phase.VOTED:
+                return []
+            return self._decide(message.decision)
+        if isinstance(message, DecisionQuery):
+            return self._on_query(message)
+        return []
 
     def _on_prepare(self, prepare: Prepare) -> list[Effect]:
         if self.phase is not Phase.WORKING:
@@ -65,15 +40,16 @@ class TwoPhaseParticipant(ParticipantBase):
             return effects + self._abort_unilaterally()
         if self.logs_vote:
             self.phase = Phase.VOTING
-            self._own_call = Log(self.log, self.txn, TxnState.VOTE_YES, self._body())
+            self._own_call = Log(self.partition, self.log, self.txn, TxnState.VOTE_YES, self._body())
             return [*effects, self._own_call]
         return effects + self._voted()
 
     def _voted(self) -> list[Effect]:
         self.phase = Phase.VOTED
+        prepared: list[Effect] = [LocksPrepared(self.partition, self.txn)]
         if self._heard is not None:
-            return self._decide(self._heard)
-        return [*self._vote(True), StartTimer(self._timer("decision"), self.config.timeout_ms_decision)]
+            return prepared + self._decide(self._heard)
+        return [*prepared, *self._vote(True), StartTimer(self._timer("decision"), self.config.timeout_ms_decision)]
 
     def _abort_unilaterally(self) -> list[Effect]:
         # Presumed abort: no record needed, since we never voted yes nobody can commit.
@@ -100,8 +76,8 @@ class TwoPhaseParticipant(ParticipantBase):
         if self.phase is Phase.WORKING:
             # Not voted yet: abort now, so the asker can stop waiting.
             effects = [CancelTimer(self._timer("prepare")), *self._abort_unilaterally()]
-        known = self.decision if self.phase in (Phase.DECIDING, Phase.DONE) else None
-        return [*effects, Send(query.sender, DecisionAnswer(self.txn, self.partition, known))]
+        known = self.decision if self.phase in (Phase.DECIDING, Phase.APPLYING, Phase.DONE) else None
+        return [*effects, self._send(query.sender, DecisionAnswer(self.txn, self.partition, known))]
 
     def _decide(self, decision: TxnState) -> list[Effect]:
         assert self.phase is Phase.VOTED
@@ -114,26 +90,14 @@ class TwoPhaseParticipant(ParticipantBase):
         self.phase = Phase.DECIDING
         # Coordinator-log: our first record is the decision, with the redo recovery must apply.
         body = None if self.logs_vote else RecordBody(self.participants, self.coordinator, self.redo)
-        self._own_call = Log(self.log, self.txn, decision, body)
+        self._own_call = Log(self.partition, self.log, self.txn, decision, body)
         return [*effects, self._own_call]
 
-    def _on_log_returned(self, event: LogReturned) -> list[Effect]:
-        call, result = event.call, event.result
-        assert call.log == self.log, "blocking protocols write only their own log"
-        if isinstance(result, StorageUnreachable):
-            return [StartTimer(self._timer("retry"), self._backoff.next_delay_ms())]
-        self._backoff.reset()
-        state = result.state if isinstance(result, LogOnceResult) else result
+    def _on_own_log(self, state: TxnState) -> list[Effect]:
         if self.phase is Phase.VOTING:
             assert state is TxnState.VOTE_YES, f"our vote came back as {state}"
             return self._voted()
-        assert self.phase is Phase.DECIDING, f"own log answered in phase {self.phase}"
-        assert state is self.decision
-        self.phase = Phase.DONE
-        effects: list[Effect] = []
-        if state is TxnState.COMMIT:
-            effects.append(ApplyRedo(self.partition, self.txn, self.redo))
-        return effects + self._release()
+        return self._decision_durable(state)
 
     def _on_timer(self, kind: str) -> list[Effect]:
         if kind == "prepare":
@@ -142,40 +106,16 @@ class TwoPhaseParticipant(ParticipantBase):
             assert self._own_call is not None and self.phase in (Phase.VOTING, Phase.DECIDING)
             return [self._own_call]
         assert kind == "decision", kind
-        return self._ask_around() if self.phase is Phase.VOTED else []
+        return self._uncertain() if self.phase is Phase.VOTED else []
 
-    def _ask_around(self) -> list[Effect]:
+    def _uncertain(self) -> list[Effect]:
         # Blocking by design: until the coordinator or a participant that knows answers, we ask
         # again after a capped backoff.
         query = DecisionQuery(self.txn, self.partition)
         asked = [self.coordinator, *(p for p in self.participants if p != self.partition)]
-        sends: list[Effect] = [Send(to, query) for to in asked if to]
+        sends: list[Effect] = [self._send(to, query) for to in asked if to]
         return [*sends, StartTimer(self._timer("decision"), self._backoff.next_delay_ms())]
-
-    def _recover(self, record: Record) -> list[Effect]:
-        assert self.phase is Phase.WORKING and record.log == self.log
-        self.participants, self.coordinator = record.body.participants, record.body.coordinator
-        self.redo = record.body.redo
-        if record.state is TxnState.VOTE_YES:
-            self.phase = Phase.VOTED
-            return self._ask_around()
-        self._learned(record.state)
-        self.phase = Phase.DONE
-        if record.state is TxnState.COMMIT and not record.applied:
-            return [ApplyRedo(self.partition, self.txn, self.redo), *self._release()]
-        return self._release()
 
 
 class CoordinatorLogParticipant(TwoPhaseParticipant):
     logs_vote = False
-
-    @classmethod
-    def orphan(
-        cls, partition: str, txn: str, coordinator: str, config: ProtocolConfig, jitter: JitterSource
-    ) -> CoordinatorLogParticipant:
-        """A participant that voted yes, crashed (it logs nothing before the decision, so it
-        forgot the transaction) and now receives the COMMIT with its redo."""
-        machine = cls(partition, txn, config, jitter)
-        machine.coordinator = coordinator
-        machine.phase = Phase.VOTED
-        return machine

@@ -1,34 +1,48 @@
-"""Cornus termination: LogOnce(ABORT) on other participants' logs until the outcome is known.
+"""Cornus termination: LogOnce(ABORT) on participants' logs until the outcome is known.
 
-Any ABORT -> ABORT; any COMMIT -> COMMIT; VOTE_YES everywhere -> COMMIT. Logs that storage could
-not reach are retried after a capped, jittered backoff, forever: the transaction is in doubt, not
-lost, and deciding without an answer from every log could contradict a COMMIT already returned.
+The rule, owned here and nowhere else: any ABORT -> ABORT; any COMMIT -> COMMIT; VOTE_YES in every
+participant's log -> COMMIT. Logs that storage could not reach are asked again after a capped,
+jittered backoff, forever: the transaction is in doubt, not lost, and deciding without an answer
+from every log could contradict a COMMIT already returned.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from cornus.protocol.backoff import Backoff
-from cornus.protocol.effects import Effect, LogOnce, StartTimer
+from cornus.protocol.effects import Effect, LogOnce, StartTimer, Timer
 from cornus.protocol.events import StorageUnreachable
 from storage_adapters.contract import LogId, LogOnceResult, RecordBody, TxnState
 
 
-class Termination:
-    """One participant's (or the coordinator's) termination of one transaction."""
+def decision_among(states: Iterable[TxnState]) -> TxnState | None:
+    """The decision some log already holds, if any. Two different decisions in one transaction's
+    logs would mean the protocol broke: crash rather than pick one."""
+    decided = {state for state in states if state.is_decision}
+    assert len(decided) <= 1, f"both COMMIT and ABORT are logged: {sorted(decided)}"
+    return next(iter(decided), None)
 
-    __slots__ = ("_backoff", "_body", "_logs_unknown", "_logs_waiting", "outcome", "timer_name", "txn")
+
+class Termination:
+    """One participant's (or the coordinator's, or a manual resolve's) termination of one txn."""
+
+    __slots__ = ("_backoff", "_body", "_logs_unknown", "_logs_waiting", "outcome", "owner", "timer", "txn")
 
     def __init__(
         self,
+        owner: str,
         txn: str,
         logs: tuple[LogId, ...],
         body: RecordBody,
+        *,
         backoff: Backoff,
-        timer_name: str,
+        timer: Timer,
     ) -> None:
         assert len(set(logs)) == len(logs), "a log must not be asked twice in one round"
+        self.owner = owner
         self.txn = txn
-        self.timer_name = timer_name
+        self.timer = timer
         self._body = body
         self._backoff = backoff
         # Logs whose state we have not learned yet, and of those the ones with a call in flight.
@@ -39,6 +53,11 @@ class Termination:
     @property
     def in_doubt(self) -> bool:
         return self.outcome is None
+
+    @property
+    def waiting(self) -> bool:
+        """Some call of the current round is still unanswered."""
+        return bool(self._logs_waiting)
 
     def start(self) -> list[Effect]:
         return self._ask(sorted(self._logs_unknown, key=lambda log: log.key))
@@ -52,7 +71,7 @@ class Termination:
         self._logs_waiting.discard(call.log)
         if isinstance(result, StorageUnreachable):
             if not self._logs_waiting:
-                return [StartTimer(self.timer_name, self._backoff.next_delay_ms())]
+                return [StartTimer(self.timer, self._backoff.next_delay_ms())]
             return []
         if result.state is TxnState.VOTE_YES:
             self._logs_unknown.discard(call.log)
@@ -63,7 +82,7 @@ class Termination:
             self.outcome = result.state
         if self.outcome is None and not self._logs_waiting:
             # Some log was unreachable earlier in this round and its retry is due after backoff.
-            return [StartTimer(self.timer_name, self._backoff.next_delay_ms())]
+            return [StartTimer(self.timer, self._backoff.next_delay_ms())]
         return []
 
     def on_timer(self) -> list[Effect]:
@@ -73,4 +92,4 @@ class Termination:
 
     def _ask(self, logs: list[LogId]) -> list[Effect]:
         self._logs_waiting.update(logs)
-        return [LogOnce(log, self.txn, TxnState.ABORT, self._body) for log in logs]
+        return [LogOnce(self.owner, log, self.txn, TxnState.ABORT, self._body) for log in logs]

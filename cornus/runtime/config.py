@@ -34,8 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cornus.protocol.config import Protocol, ProtocolConfig
-from storage_adapters.contract import LOG_NAME_LENGTH_MAX, NODE_ID_LENGTH_MAX, validate_id
+from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min
+from storage_adapters.contract import (
+    LOG_NAME_LENGTH_MAX,
+    NODE_ID_LENGTH_MAX,
+    PARTICIPANT_COUNT_MAX,
+    SCAN_PAGE_COUNT_MAX,
+    validate_id,
+)
 from storage_adapters.errors import ValidationError
 from storage_adapters.factory import StoreConfig, env_values
 
@@ -59,14 +65,25 @@ class RuntimeLimits:
     txn_count_max: int = 10_000
     # Operations in one execute request.
     op_count_max: int = 1_000
-    # Records one recovery scan page reads.
-    recovery_page_count_max: int = 500
+    # Operations in one transaction, over all its requests.
+    txn_op_count_max: int = 10_000
+    # Partitions one transaction touches (written or read): every one is a message of the commit,
+    # and the written ones are listed in every vote record, which holds at most
+    # PARTICIPANT_COUNT_MAX.
+    txn_partition_count_max: int = PARTICIPANT_COUNT_MAX
 
     def __post_init__(self) -> None:
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValidationError(f"{item.name} must be a positive integer, got {value!r}")
+        if self.txn_partition_count_max > PARTICIPANT_COUNT_MAX:
+            raise ValidationError(
+                f"txn_partition_count_max is {self.txn_partition_count_max}; a vote record lists at most "
+                f"{PARTICIPANT_COUNT_MAX} participants"
+            )
+        if self.op_count_max > self.txn_op_count_max:
+            raise ValidationError("op_count_max (per request) must not exceed txn_op_count_max (per transaction)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +120,11 @@ class NodeConfig:
             raise ValidationError(f"protocol must be one of {', '.join(p.value for p in Protocol)}")
         if not isinstance(self.partition_count, int) or not 0 < self.partition_count <= PARTITION_COUNT_MAX:
             raise ValidationError(f"partition_count must be an integer in 1..{PARTITION_COUNT_MAX}")
+        if self.protocol_config.storage_deadline_ms != self.storage.timeout_ms_call:
+            raise ValidationError(
+                f"protocol_config.storage_deadline_ms ({self.protocol_config.storage_deadline_ms}) must equal the "
+                f"storage timeout_ms_call ({self.storage.timeout_ms_call}): it is the deadline of every storage call"
+            )
         for partition, owner in self.partition_owners.items():
             validate_id(partition, "partition", LOG_NAME_LENGTH_MAX)
             if partition not in self.partitions:
@@ -178,13 +200,26 @@ def timeout_names_all() -> set[str]:
     }
 
 
-def _protocol_config(values: Mapping[str, int]) -> ProtocolConfig:
-    # ProtocolConfig guards itself with asserts (it is the pure core's); user input must get a
-    # clear error instead, so the one cross-field rule is checked here first.
-    merged = {**dataclasses.asdict(ProtocolConfig()), **values}
+def _protocol_config(values: Mapping[str, int], storage: StoreConfig) -> ProtocolConfig:
+    """ProtocolConfig guards itself with asserts (it is the pure core's); user input must get a
+    clear error instead, so its cross-field rules are checked here first. The storage deadline is
+    the storage's own call timeout, never set twice."""
+    if "storage_deadline_ms" in values:
+        raise ValidationError("storage_deadline_ms is the storage timeout_ms_call; set that one instead")
+    merged = {**dataclasses.asdict(ProtocolConfig()), **values, "storage_deadline_ms": storage.timeout_ms_call}
     if merged["backoff_ms_min"] > merged["backoff_ms_max"]:
         raise ValidationError("backoff_ms_min must not exceed backoff_ms_max")
-    return ProtocolConfig(**values)
+    grace_min = gc_grace_ms_min(merged["storage_deadline_ms"], merged["clock_slack_ms"])
+    if merged["gc_grace_ms"] < grace_min:
+        raise ValidationError(
+            f"gc_grace_ms is {merged['gc_grace_ms']}, but a storage call may land up to its deadline (storage "
+            f"timeout_ms_call {merged['storage_deadline_ms']}) plus clock_slack_ms ({merged['clock_slack_ms']}) "
+            f"after it was made, and a manual resolve makes two in a row: gc_grace_ms must be at least "
+            f"2 * timeout_ms_call + clock_slack_ms = {grace_min}, or a late call could recreate a collected record"
+        )
+    if merged["scan_page_count_max"] > SCAN_PAGE_COUNT_MAX:
+        raise ValidationError(f"scan_page_count_max must be at most {SCAN_PAGE_COUNT_MAX}")
+    return ProtocolConfig(**merged)
 
 
 def load_node_config(
@@ -267,6 +302,6 @@ def load_node_config(
         partition_count=_int(raw.get("partition_count", 0), "partition_count"),
         partition_owners=dict(raw.get("partition_owners", {})),
         storage=storage,
-        protocol_config=_protocol_config(protocol_values),
+        protocol_config=_protocol_config(protocol_values, storage),
         limits=RuntimeLimits(**limit_values),
     )

@@ -2,8 +2,8 @@
 buffers until it commits, and a write-through cache of committed data (the owner is the only
 writer of its partition, so its cache is never stale).
 
-The protocol machines decide; this module only runs operations, applies committed redo and
-releases locks when told to.
+The protocol machines decide; this module only runs operations, and applies committed redo,
+takes locks back, releases them and caches data when the machines' effects say so.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cornus.protocol.locks import Grant, LockMode, LockTable, Policy, Waiter
+from cornus.protocol.txn_ids import begin_ms_of
 from cornus.runtime import redo as redo_codec
-from cornus.runtime.txn_ids import begin_ms_of
 from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind
 from storage_adapters.contract import DATA_VALUE_BYTES_MAX, LogStore, validate_data_key
 from storage_adapters.errors import StorageUnavailable, ValidationError
@@ -27,11 +28,6 @@ log = logging.getLogger("cornus.partition")
 CACHE_KEY_COUNT_MAX = 100_000
 # Transactions remembered as aborted here, so a late execute for one is refused, not restarted.
 ABORTED_REMEMBERED_COUNT_MAX = 10_000
-# Applying a committed redo retries while storage is unreachable: the data must get there, and the
-# locks stay held until it does. Past this many attempts the node gives up on this redo; the record
-# stays COMMIT-unapplied and the next recovery applies it.
-APPLY_ATTEMPT_COUNT_MAX = 200
-APPLY_BACKOFF_MS_MAX = 2_000
 
 
 @dataclass(slots=True)
@@ -65,10 +61,6 @@ class PartitionRuntime:
         if request.abort:
             self.drop(txn)
             return ExecuteResponse(ExecuteStatus.OK)
-        if request.end_read_only:
-            if request.ops:
-                return ExecuteResponse(ExecuteStatus.INVALID, detail="end_read_only carries no operations")
-            return self._end_read_only(txn)
         if txn in self._aborted:
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} was aborted on {self.name}")
         if len(request.ops) > self.op_count_max:
@@ -115,18 +107,6 @@ class PartitionRuntime:
                 return ExecuteResponse(ExecuteStatus.CHECK_FAILED, detail=f"check of key {op.key!r} failed")
         return ExecuteResponse(ExecuteStatus.OK, tuple(values))
 
-    def _end_read_only(self, txn: str) -> ExecuteResponse:
-        execution = self.executions.get(txn)
-        if execution is None:
-            # Strict 2PL needs the read locks held until the commit point; without them another
-            # transaction may have overwritten what this one read, so it must not commit.
-            return ExecuteResponse(
-                ExecuteStatus.ABORTED, detail=f"{self.name} lost the read locks of {txn} (restart or idle timeout)"
-            )
-        assert not execution.writes, f"{txn} wrote on {self.name}, which its coordinator calls read-only"
-        self.drop(txn)
-        return ExecuteResponse(ExecuteStatus.OK)
-
     async def _lock(self, txn: str, key: str, mode: LockMode) -> bool:
         loop = asyncio.get_running_loop()
         grant = self.locks.acquire(txn, key, mode, begin_ms_of(txn), _now_ms())
@@ -154,10 +134,14 @@ class PartitionRuntime:
             if future is not None and not future.done():
                 future.set_result(grant)
 
-    def take_redo(self, txn: str) -> bytes | None:
-        """At prepare: the redo of what `txn` wrote here (None if its execution state is gone)."""
+    def ended_execution(self, txn: str) -> tuple[str, bytes] | None:
+        """At prepare (or the release of a partition only read): the coordinator and the redo of
+        what `txn` wrote here, empty if it only read; None if its execution state is gone. The
+        execution stays until the machine releases it, with its locks."""
         execution = self.executions.get(txn)
-        return None if execution is None else redo_codec.encode(execution.writes)
+        if execution is None:
+            return None
+        return execution.coordinator, redo_codec.encode(execution.writes) if execution.writes else b""
 
     def abort_execution(self, txn: str) -> None:
         """Abort before prepare: nobody can have voted for it here, so nothing is logged."""
@@ -176,13 +160,13 @@ class PartitionRuntime:
 
     # --- commit side -------------------------------------------------------------------------
 
-    def retake_locks(self, txn: str, redo: bytes, prepared: bool) -> None:
-        """Recovery: lock what an unfinished record will write, before anyone else can."""
+    def retake_locks(self, txn: str, redo: bytes) -> None:
+        """Recovery: lock what an unfinished record will write, before anyone else can. It voted
+        yes (or committed), so its locks go at the decision: conflicting requests wait."""
         self.locks.register(txn, begin_ms_of(txn))
         for key in redo_codec.decode(redo):
             self.locks.retake(txn, key)
-        if prepared:
-            self.locks.mark_prepared(txn)
+        self.locks.mark_prepared(txn)
 
     def release(self, txn: str) -> None:
         self.executions.pop(txn, None)
@@ -193,34 +177,30 @@ class PartitionRuntime:
         # key for a request that never learns it got it.
         self._wake(self.locks.release(txn), Grant.GRANTED)
 
-    async def apply(self, txn: str, redo: bytes, backoff_ms_min: int) -> bool:
-        """Apply a committed redo; True once it is in storage."""
+    async def apply(self, txn: str, redo: bytes) -> bool:
+        """One attempt to apply a committed redo: True if this call applied it, False if an earlier
+        one did (StorageUnavailable: unknown; the participant machine retries)."""
         writes = redo_codec.decode(redo)
-        delay_ms = backoff_ms_min
-        for attempt in range(APPLY_ATTEMPT_COUNT_MAX):
-            try:
-                applied_now = await self.store.apply_redo(self.name, txn, writes)
-                break
-            except StorageUnavailable as error:
-                if attempt == 0 or attempt % 20 == 0:
-                    log.warning("apply of %s on %s: storage unavailable (%s), retrying", txn, self.name, error,
-                                extra={"txn": txn})
-                await asyncio.sleep(delay_ms / 1000)
-                delay_ms = min(delay_ms * 2, APPLY_BACKOFF_MS_MAX)
-        else:
-            log.error("apply of %s on %s gave up after %d attempts; recovery will apply it",
-                      txn, self.name, APPLY_ATTEMPT_COUNT_MAX, extra={"txn": txn})
-            return False
+        applied_now = await self.store.apply_redo(self.name, txn, writes)
         if log.isEnabledFor(logging.DEBUG):  # the write list is built only when someone reads it
             shown = {key: None if value is None else value[:16] for key, value in writes.items()}
             log.debug("apply of %s on %s: %s, writes %s", txn, self.name,
                       "applied" if applied_now else "applied before", shown, extra={"txn": txn})
-        if applied_now:
-            # Only now: a redo applied before (a duplicate COMMIT of a finished transaction) is
-            # older than what later transactions wrote, and must not reach the cache either.
-            for key, value in writes.items():
-                self._cache_put(key, value)
-        return True
+        return applied_now
+
+    def cache_redo(self, redo: bytes) -> None:
+        """The machine says this redo is in storage and its keys are still locked by it."""
+        for key, value in redo_codec.decode(redo).items():
+            self._cache_put(key, value)
+
+    def sweep_idle(self, idle_s: float, busy: Callable[[str], bool]) -> int:
+        """Drop executions idle longer than `idle_s` that no machine owns (`busy`): their
+        coordinator is gone or gave up. Returns how many were dropped."""
+        now = time.monotonic()
+        idle = [txn for txn, e in self.executions.items() if now - e.last_active_s > idle_s and not busy(txn)]
+        for txn in idle:
+            self.abort_execution(txn)
+        return len(idle)
 
     async def read_committed(self, key: str) -> bytes | None:
         if key in self._cache:

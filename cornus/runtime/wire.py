@@ -53,10 +53,6 @@ class ExecuteRequest:
     # partition must still hold that execution state. A partition that restarted in between has
     # lost the txn's locks, so what the txn read there may have changed: it must refuse.
     continued: bool = False
-    # True with no ops: the transaction is committing and only read here. The partition confirms
-    # it still holds the execution (its read locks) and releases it; one that lost it (restart,
-    # idle timeout) refuses, because what the transaction read there may have changed since.
-    end_read_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)

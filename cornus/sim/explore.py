@@ -1,14 +1,18 @@
-"""Explorer: run many random schedules of one protocol and report invariant violations.
+"""Explorer: run many random schedules and report invariant violations.
 
     python -m cornus.sim.explore --protocol cornus --schedules 100000 --seed 1
+    python -m cornus.sim.explore --protocol mixed --schedules 100000 --seed 1 --workers 2
 
-Exits non-zero if any schedule violates an invariant, printing the first few with their schedule
-so they can be replayed (a run is a pure function of its schedule).
+`mixed` gives each transaction of a world its own protocol. Exits non-zero if any schedule
+violates an invariant, printing the first few with their schedule so they can be replayed (a run
+is a pure function of its schedule).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import multiprocessing
 import random
 import sys
 import time
@@ -17,10 +21,14 @@ from cornus.protocol.config import Protocol
 from cornus.sim.invariants import check
 from cornus.sim.schedule import Schedule, random_schedule
 from cornus.sim.world import World
+from storage_adapters.contract import TxnState
+
+MIXED = "mixed"
+REPORT_COUNT_MAX = 5
 
 
-def run_schedule(protocol: Protocol, schedule: Schedule, **world_options: object) -> list[str]:
-    world = World(protocol, schedule, **world_options)  # type: ignore[arg-type]
+def run_schedule(schedule: Schedule, **world_options: object) -> list[str]:
+    world = World(schedule, **world_options)  # type: ignore[arg-type]
     world.run()
     return check(world)
 
@@ -29,36 +37,85 @@ Failures = list[tuple[Schedule, list[str]]]
 
 
 def explore(
-    protocol: Protocol, schedules: int, seed: int, report_max: int = 5, **world_options: object
+    protocol: Protocol | None, schedules: int, seed: int, report_max: int = REPORT_COUNT_MAX, **world_options: object
 ) -> tuple[int, Failures]:
+    """Run `schedules` random schedules (`protocol` None: mixed); stop early after `report_max`
+    failures. Returns how many ran and the failures."""
     rng = random.Random(seed)
-    failures: list[tuple[Schedule, list[str]]] = []
+    failures: Failures = []
+    count = 0
     for _ in range(schedules):
-        schedule = random_schedule(rng)
-        violations = run_schedule(protocol, schedule, **world_options)
+        schedule = random_schedule(rng, protocol)
+        count += 1
+        violations = run_schedule(schedule, **world_options)
         if violations:
             failures.append((schedule, violations))
             if len(failures) >= report_max:
                 break
-    return schedules, failures
+    return count, failures
+
+
+def _explore_share(args: tuple[str, int, int]) -> tuple[int, Failures, dict[str, int]]:
+    name, schedules, seed = args
+    protocol = None if name == MIXED else Protocol(name)
+    rng = random.Random(seed)
+    failures: Failures = []
+    faults: collections.Counter[str] = collections.Counter()
+    for _ in range(schedules):
+        schedule = random_schedule(rng, protocol)
+        world = World(schedule)
+        world.run()
+        violations = check(world)
+        faults["crashes"] += len(schedule.crashes)
+        faults["outages"] += len(schedule.outages)
+        faults["resolves"] += len(schedule.resolves)
+        faults["transactions"] += len(schedule.txns)
+        faults["committed"] += sum(
+            1 for txn in world.txns if TxnState.COMMIT in world.storage.decisions_seen.get(txn, set())
+        )
+        faults["terminations"] += world.outcome.terminations
+        faults["small_scan_pages"] += schedule.scan_page_max < 500
+        if violations:
+            faults["violating_schedules"] += 1
+            if len(failures) < REPORT_COUNT_MAX:
+                failures.append((schedule, violations))
+    return schedules, failures, dict(faults)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--protocol", choices=[p.value for p in Protocol], required=True)
+    parser.add_argument("--protocol", choices=[*(p.value for p in Protocol), MIXED], required=True)
     parser.add_argument("--schedules", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1, help="processes sharing the schedules")
     args = parser.parse_args(argv)
+    if args.schedules < 1 or args.workers < 1:
+        parser.error("--schedules and --workers must be at least 1")
     started = time.perf_counter()
-    count, failures = explore(Protocol(args.protocol), args.schedules, args.seed)
+    shares = [
+        (args.protocol, args.schedules // args.workers + (i < args.schedules % args.workers), args.seed * 1000 + i)
+        for i in range(args.workers)
+    ]
+    if args.workers == 1:
+        results = [_explore_share(shares[0])]
+    else:
+        with multiprocessing.Pool(args.workers) as pool:
+            results = pool.map(_explore_share, shares)
     elapsed = time.perf_counter() - started
-    print(f"protocol={args.protocol} seed={args.seed} schedules={count} "
-          f"time={elapsed:.1f}s ({count / elapsed:.0f}/s) violations={len(failures)}")
-    for schedule, violations in failures:
+    count = sum(r[0] for r in results)
+    failures = [f for r in results for f in r[1]]
+    totals: collections.Counter[str] = collections.Counter()
+    for r in results:
+        totals.update(r[2])
+    violating = totals.pop("violating_schedules", 0)
+    print(f"protocol={args.protocol} seed={args.seed} schedules={count} time={elapsed:.1f}s "
+          f"({count / elapsed:.0f}/s) violations={violating}")
+    print("  " + " ".join(f"{name}={value}" for name, value in sorted(totals.items())))
+    for schedule, violations in failures[:REPORT_COUNT_MAX]:
         print(f"  {schedule}")
         for violation in violations:
             print(f"    - {violation}")
-    return 1 if failures else 0
+    return 1 if violating else 0
 
 
 if __name__ == "__main__":

@@ -1,14 +1,53 @@
 """A schedule: everything that varies between simulator runs, drawn from one seeded RNG (the
-explorer) or built by hypothesis (the tests). Times are simulated milliseconds."""
+explorer) or built by hand or by hypothesis (the tests). Times are simulated milliseconds.
+
+A world runs a few transactions over a few partitions, on coordinator nodes c0, c1 and one node per
+partition (n0 owns p0, ...). Transactions may share keys (and so locks) and may each run another
+protocol. Faults: crashes and restarts, storage outages (some longer than any retry budget),
+storage calls that time out but land later, lost, delayed and duplicated messages (some copies
+arrive long after garbage collection), tiny recovery scan pages, and manual resolves.
+"""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-# Faults (crashes, outages, message loss for the blocking protocols) happen only before this time;
-# afterwards every node is up and storage is reachable, so liveness can be judged.
+from cornus.protocol.config import Protocol
+
+# Faults (crashes, outages, slow calls, message loss for the blocking protocols) happen only before
+# this time; afterwards every node is up and storage is reachable, so liveness can be judged.
 FAULTS_END_MS = 1000
+KEYS_PER_PARTITION = 2
+PARTITION_COUNT_MAX = 8
+COORDINATORS = ("c0", "c1")
+
+
+@dataclass(frozen=True, slots=True)
+class TxnPlan:
+    """One transaction: it increments one key per written partition and reads one key per
+    partition it only reads; `votes` says, per written partition, whether it wants to commit."""
+
+    coordinator: str
+    protocol: Protocol
+    start_ms: int
+    writes: tuple[tuple[str, int], ...]
+    reads: tuple[tuple[str, int], ...] = ()
+    votes: tuple[bool, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert self.coordinator in COORDINATORS
+        written = [p for p, _ in self.writes]
+        read = [p for p, _ in self.reads]
+        assert written and len(set(written)) == len(written), "one key per written partition"
+        assert len(set(read)) == len(read) and not set(read) & set(written)
+        assert not self.votes or len(self.votes) == len(self.writes)
+        assert all(0 <= key < KEYS_PER_PARTITION for _, key in (*self.writes, *self.reads))
+
+    @property
+    def vote_of(self) -> dict[str, bool]:
+        votes = self.votes or (True,) * len(self.writes)
+        return {p: yes for (p, _), yes in zip(self.writes, votes, strict=True)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,56 +67,127 @@ class Outage:
 
 
 @dataclass(frozen=True, slots=True)
+class Resolve:
+    """An operator resolves transaction number `txn_index` by hand at `at_ms`."""
+
+    at_ms: int
+    txn_index: int
+
+
+@dataclass(frozen=True, slots=True)
 class Schedule:
     seed: int
-    votes: tuple[bool, ...]  # one per written partition: does it want to commit?
-    read_only_count: int = 0
+    partition_count: int
+    txns: tuple[TxnPlan, ...]
     loss_probability: float = 0.0
     delay_ms_max: int = 20
     storage_ms_max: int = 10
     # An unreachable storage call takes effect anyway with this probability (it timed out after
     # the write landed), which is what makes retries and terminations subtle.
     ambiguous_probability: float = 0.5
+    # A call outside any outage is slow with this probability: its caller is told "unreachable"
+    # at the deadline, and the call lands (or not) up to the clock slack after it.
+    late_call_probability: float = 0.0
+    # A message is delivered twice with this probability; half the second copies come after the
+    # garbage-collection grace, when the transaction may be long gone.
+    duplicate_probability: float = 0.0
+    scan_page_max: int = 500
     crashes: tuple[Crash, ...] = ()
     outages: tuple[Outage, ...] = ()
+    resolves: tuple[Resolve, ...] = ()
 
     def __post_init__(self) -> None:
-        assert 1 <= len(self.votes) <= 8
+        assert 1 <= self.partition_count <= PARTITION_COUNT_MAX
+        assert self.txns
+        for plan in self.txns:
+            assert all(int(p[1:]) < self.partition_count for p, _ in (*plan.writes, *plan.reads))
         assert 0.0 <= self.loss_probability < 1.0
-        assert self.delay_ms_max >= 1 and self.storage_ms_max >= 1
+        assert self.delay_ms_max >= 1 and self.storage_ms_max >= 1 and self.scan_page_max >= 1
         for crash in self.crashes:
             assert 0 <= crash.at_ms <= FAULTS_END_MS and crash.down_ms >= 1
         for outage in self.outages:
             assert 0 <= outage.start_ms <= outage.end_ms <= FAULTS_END_MS
+        for resolve in self.resolves:
+            assert 0 <= resolve.txn_index < len(self.txns)
 
     @property
     def partitions(self) -> tuple[str, ...]:
-        return tuple(f"p{i}" for i in range(len(self.votes)))
+        return tuple(f"p{i}" for i in range(self.partition_count))
+
+    @property
+    def protocols(self) -> frozenset[Protocol]:
+        return frozenset(plan.protocol for plan in self.txns)
+
+    @classmethod
+    def single(
+        cls,
+        protocol: Protocol,
+        votes: tuple[bool, ...],
+        *,
+        seed: int = 7,
+        read_only_count: int = 0,
+        **faults: object,
+    ) -> Schedule:
+        """One transaction at time 0, coordinated by c0, writing p0..p(n-1) and only reading the
+        next `read_only_count` partitions: the paper's single-transaction scenarios."""
+        writes = tuple((f"p{i}", 0) for i in range(len(votes)))
+        reads = tuple((f"p{len(votes) + i}", 0) for i in range(read_only_count))
+        plan = TxnPlan("c0", protocol, 0, writes, reads, votes)
+        return cls(seed=seed, partition_count=len(votes) + read_only_count, txns=(plan,), **faults)  # type: ignore[arg-type]
 
 
-def random_schedule(rng: random.Random) -> Schedule:
-    """A cheap, varied schedule: small clusters, mostly yes votes, frequent faults."""
-    count = rng.choice((1, 2, 2, 3, 3, 3, 4, 5))
-    votes = tuple(rng.random() < 0.9 for _ in range(count))
-    partitions = [f"p{i}" for i in range(count)]
-    nodes = ["c0", *partitions]
+def node_of(partition: str) -> str:
+    """The simulated node that owns a partition."""
+    return "n" + partition[1:]
+
+
+def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
+    """A cheap, varied schedule: small clusters, mostly yes votes, frequent faults. `protocol`
+    None mixes the protocols, one per transaction."""
+    partition_count = rng.choice((1, 2, 2, 3, 3, 3, 4, 5))
+    partitions = [f"p{i}" for i in range(partition_count)]
+    txns = []
+    for index in range(rng.choice((1, 1, 2, 2, 3, 4))):
+        chosen = rng.sample(partitions, rng.randrange(1, min(3, partition_count) + 1))
+        others = [p for p in partitions if p not in chosen]
+        reads = [rng.choice(others)] if others and rng.random() < 0.3 else []
+        txns.append(TxnPlan(
+            coordinator=rng.choice(COORDINATORS),
+            protocol=protocol or rng.choice(list(Protocol)),
+            start_ms=0 if index == 0 else rng.randrange(0, 400),
+            writes=tuple((p, rng.randrange(KEYS_PER_PARTITION)) for p in chosen),
+            reads=tuple((p, rng.randrange(KEYS_PER_PARTITION)) for p in reads),
+            votes=tuple(rng.random() < 0.9 for _ in chosen),
+        ))
+    nodes = [*COORDINATORS, *(node_of(p) for p in partitions)]
     crashes = tuple(
         Crash(rng.choice(nodes), rng.randrange(0, 400 if rng.random() < 0.7 else FAULTS_END_MS), rng.randrange(1, 600))
         for _ in range(rng.choice((0, 1, 1, 2, 3)))
     )
-    logs = ["c.c0", *(f"p.{p}" for p in partitions)]
+    logs = [*(f"c.{c}" for c in COORDINATORS), *(f"p.{p}" for p in partitions)]
     outages = []
     for _ in range(rng.choice((0, 0, 1, 2))):
         start = rng.randrange(0, 600)
-        chosen = tuple(sorted(rng.sample(logs, rng.randrange(1, len(logs) + 1))))
-        outages.append(Outage(chosen, start, min(FAULTS_END_MS, start + rng.randrange(1, 500))))
+        chosen_logs = tuple(sorted(rng.sample(logs, rng.randrange(1, len(logs) + 1))))
+        # Some outages last until faults end: longer than any bounded retry of the runtime.
+        length = FAULTS_END_MS if rng.random() < 0.2 else rng.randrange(1, 500)
+        outages.append(Outage(chosen_logs, start, min(FAULTS_END_MS, start + length)))
+    resolves = tuple(
+        Resolve(rng.randrange(0, 3 * FAULTS_END_MS), rng.randrange(len(txns)))
+        for _ in range(rng.choice((0, 0, 0, 1, 2)))
+    )
     return Schedule(
         seed=rng.getrandbits(32),
-        votes=votes,
-        read_only_count=rng.choice((0, 0, 1)),
+        partition_count=partition_count,
+        txns=tuple(txns),
         loss_probability=rng.choice((0.0, 0.0, 0.05, 0.2)),
         delay_ms_max=rng.choice((2, 20, 60)),
         storage_ms_max=rng.choice((2, 10, 40)),
+        ambiguous_probability=rng.choice((0.0, 0.5, 1.0)),
+        late_call_probability=rng.choice((0.0, 0.0, 0.05, 0.2)),
+        duplicate_probability=rng.choice((0.0, 0.0, 0.1, 0.3)),
+        scan_page_max=rng.choice((1, 1, 2, 3, 500)),
         crashes=crashes,
         outages=tuple(outages),
+        resolves=resolves,
     )

@@ -1,11 +1,17 @@
-"""In-memory model of the LogStore contract: log_once, log (refusing decision flips), apply,
-delete and scan_unfinished, plus the history the invariant checker needs."""
+"""In-memory model of the LogStore contract (log_once, log refusing decision flips, read, paged
+scan of unfinished records, apply of a redo to the data, delete), plus the history the invariant
+checker needs. It records a violation instead of raising, so a run reports everything it broke."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cornus.sim import redo
 from storage_adapters.contract import LogId, LogKind, LogOnceResult, Record, RecordBody, TxnState
+
+
+class WriteRefused(Exception):
+    """`log` was asked to flip a decision (or turn one back into a vote); nothing was written."""
 
 
 @dataclass(slots=True)
@@ -18,24 +24,25 @@ class StoredRecord:
 @dataclass(slots=True)
 class StorageModel:
     records: dict[tuple[LogId, str], StoredRecord] = field(default_factory=dict)
+    # Committed data: (partition, key) -> value (a version number: every write increments it).
+    data: dict[tuple[str, str], int] = field(default_factory=dict)
     # Last state of every deleted record, so the checker can still judge the participant.
     deleted: dict[tuple[LogId, str], TxnState] = field(default_factory=dict)
-    # Every decision state any partition or coordinator log ever held, and every log that ever
-    # held VOTE_YES.
-    decisions_seen: set[TxnState] = field(default_factory=set)
-    voted_yes: set[LogId] = field(default_factory=set)
+    # Per transaction, every decision any log ever held; every (log, txn) that ever held VOTE_YES.
+    decisions_seen: dict[str, set[TxnState]] = field(default_factory=dict)
+    voted_yes: set[tuple[LogId, str]] = field(default_factory=set)
     violations: list[str] = field(default_factory=list)
 
     def _created(self, log: LogId, txn: str, state: TxnState) -> None:
         if (log, txn) in self.deleted:
             self.violations.append(f"record {log.key}/{txn} recreated as {state} after garbage collection")
-        self._saw(log, state)
+        self._saw(log, txn, state)
 
-    def _saw(self, log: LogId, state: TxnState) -> None:
+    def _saw(self, log: LogId, txn: str, state: TxnState) -> None:
         if state is TxnState.VOTE_YES:
-            self.voted_yes.add(log)
+            self.voted_yes.add((log, txn))
         else:
-            self.decisions_seen.add(state)
+            self.decisions_seen.setdefault(txn, set()).add(state)
 
     def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
         stored = self.records.get((log, txn))
@@ -52,43 +59,62 @@ class StorageModel:
             self._created(log, txn, state)
             return state
         if stored.state is not TxnState.VOTE_YES and stored.state is not state:
-            # The contract refuses this write; a correct protocol never asks for it.
-            self.violations.append(f"log({state}) over {stored.state} refused for {log.key}/{txn}")
-            return stored.state
+            # The contract refuses this write and writes nothing. A late landing of a call its
+            # caller retried meets this harmlessly; an answered one would crash the runtime.
+            raise WriteRefused(f"log({state}) over {stored.state} refused for {log.key}/{txn}")
         stored.state = state
         if body is not None:
             stored.body = body
-        self._saw(log, state)
+        self._saw(log, txn, state)
         return state
 
-    def apply(self, log: LogId, txn: str) -> None:
+    def read(self, log: LogId, txn: str) -> Record | None:
+        stored = self.records.get((log, txn))
+        if stored is None:
+            return None
+        return Record(log, txn, stored.state, stored.body, stored.applied)
+
+    def apply(self, partition: str, txn: str, redo_bytes: bytes) -> bool:
+        """The contract's apply_redo: data and the applied mark together; a record applied before
+        is left alone (False)."""
+        log = LogId.partition(partition)
         stored = self.records.get((log, txn))
         if stored is None or stored.state is not TxnState.COMMIT:
             state = None if stored is None else stored.state
             self.violations.append(f"redo applied to {log.key}/{txn} whose record is {state}")
-            return
+            return False
+        if stored.applied:
+            return False
+        for key, value in redo.decode(redo_bytes).items():
+            self.data[(partition, key)] = value
         stored.applied = True
+        return True
 
-    def delete(self, log: LogId, txn: str) -> None:
+    def delete(self, log: LogId, txn: str) -> bool:
         stored = self.records.pop((log, txn), None)
-        if stored is not None:
-            # A coordinator-log redo record of an aborted transaction may go; a vote may not.
-            if stored.state is TxnState.VOTE_YES and log.kind is LogKind.PARTITION:
-                self.violations.append(f"garbage collection deleted undecided record {log.key}/{txn}")
-            self.deleted[(log, txn)] = stored.state
+        if stored is None:
+            return False
+        # A coordinator-log redo record of an aborted transaction may go; a vote may not.
+        if stored.state is TxnState.VOTE_YES and log.kind is LogKind.PARTITION:
+            self.violations.append(f"garbage collection deleted undecided record {log.key}/{txn}")
+        if stored.state is TxnState.COMMIT and log.kind is LogKind.PARTITION and not stored.applied:
+            self.violations.append(f"garbage collection deleted {log.key}/{txn}, a COMMIT never applied")
+        self.deleted[(log, txn)] = stored.state
+        return True
 
     def state(self, log: LogId, txn: str) -> TxnState | None:
         stored = self.records.get((log, txn))
         return None if stored is None else stored.state
 
-    def scan_unfinished(self, log: LogId) -> list[Record]:
-        found = []
-        for (record_log, txn), stored in sorted(self.records.items(), key=lambda item: item[0][1]):
-            if record_log != log:
-                continue
-            unfinished = stored.state is TxnState.VOTE_YES or (
-                stored.state is TxnState.COMMIT and not stored.applied
-            )
-            if unfinished:
-                found.append(Record(log, txn, stored.state, stored.body, stored.applied))
-        return found
+    def final_state(self, log: LogId, txn: str) -> TxnState | None:
+        """What the log ends with for the transaction, counting a collected record's last state."""
+        state = self.state(log, txn)
+        return self.deleted.get((log, txn)) if state is None else state
+
+    def scan_unfinished(self, log: LogId, after: str, limit: int) -> tuple[Record, ...]:
+        found = sorted(
+            (txn, stored) for (record_log, txn), stored in self.records.items()
+            if record_log == log and txn > after
+            and (stored.state is TxnState.VOTE_YES or (stored.state is TxnState.COMMIT and not stored.applied))
+        )
+        return tuple(Record(log, txn, stored.state, stored.body, stored.applied) for txn, stored in found[:limit])

@@ -1,83 +1,144 @@
-"""The simulated world: nodes running protocol hosts, a lossy reordering network, an in-memory
-LogStore with outages, crashes and restarts, all driven by one seeded RNG and a time-ordered queue.
-A run is a pure function of (protocol, schedule, config, hooks)."""
+"""The simulated world: nodes running the very `NodeCore` the runtime runs, a lossy, reordering,
+duplicating network, an in-memory LogStore with outages and calls that land after their caller gave
+up, crashes and restarts through the core's own recovery, manual resolves, and a model of what the
+runtime does outside the core (execution with the shared lock tables, the owner's cache, idle
+executions timing out). All driven by one seeded RNG and a time-ordered queue: a run is a pure
+function of (schedule, config, hooks)."""
 
 from __future__ import annotations
 
 import heapq
 import random
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cornus.protocol.config import Protocol, ProtocolConfig
+from cornus.protocol.backoff import JitterSource
+from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min
 from cornus.protocol.effects import (
     ApplyRedo,
+    CacheRedo,
     CancelTimer,
+    Decided,
     DeleteRecord,
     Effect,
+    LocksPrepared,
     Log,
     LogOnce,
+    ReadRecord,
+    RecoveryFinished,
     ReleaseLocks,
     Reply,
+    RetakeLocks,
+    ScanLog,
     Send,
     StartTimer,
+    StorageCall,
+    TerminationEnded,
+    TerminationStarted,
+    Timer,
 )
 from cornus.protocol.events import (
     CommitRequested,
     Event,
     Executed,
-    LogReturned,
     MessageReceived,
-    Recovered,
     StorageUnreachable,
     TimerFired,
+    answer,
 )
-from cornus.protocol.hosts import CoordinatorFactory, CoordinatorHost, ParticipantFactory, PartitionHost
-from cornus.sim.schedule import FAULTS_END_MS, Schedule
-from cornus.sim.storage_model import StorageModel
+from cornus.protocol.hosts import CoordinatorFactory, ParticipantFactory
+from cornus.protocol.locks import Grant, LockMode, LockTable
+from cornus.protocol.messages import Prepare, ReleaseReadOnly
+from cornus.protocol.node_core import NodeCore
+from cornus.protocol.participant_base import ParticipantBase, Phase
+from cornus.protocol.participant_blocking import CoordinatorLogParticipant
+from cornus.protocol.resolve import Resolver
+from cornus.protocol.txn_ids import PROTOCOL_TAGS, begin_ms_of, protocol_of
+from cornus.sim import redo
+from cornus.sim.schedule import COORDINATORS, FAULTS_END_MS, Schedule, node_of
+from cornus.sim.storage_model import StorageModel, WriteRefused
 from storage_adapters.contract import LogId, TxnState
-
-TXN = "t1"
-COORDINATOR = "c0"
-# A restarting node retries its recovery scan this often while its log is unreachable.
-RESTART_RETRY_MS = 25
 
 # Hook a test installs to force a failure at an exact point: called before each effect a node
 # executes; "crash" crashes the node before the effect, "drop" skips it (a lost message).
 EffectHook = Callable[["World", str, Effect], str | None]
 
-_DELIVER, _STORE_ARRIVE, _STORE_RETURN, _TIMER, _CRASH, _RESTART, _COMMIT, _CHECK = range(8)
+# How late past its deadline a timed-out storage call may land, and how long an execution that
+# never reached prepare keeps its locks before the owner drops it (the runtime's idle timeout).
+CLOCK_SLACK_MS = 20
+EXECUTION_IDLE_MS = 600
+
+_DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED = range(12)
 
 
 def _prune(paths: frozenset[tuple[int, int]]) -> frozenset[tuple[int, int]]:
     """Keep only the (round trips, writes) pairs no other pair dominates."""
-    return frozenset(
-        p for p in paths if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in paths)
+    return frozenset(p for p in paths if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in paths))
+
+
+def config_for(schedule: Schedule) -> ProtocolConfig:
+    """The protocol configuration matching the schedule's storage: a deadline just above the
+    slowest round trip, and the smallest grace the rule allows (or 1 s, whichever is longer)."""
+    deadline = 2 * schedule.storage_ms_max + 1
+    return ProtocolConfig(
+        storage_deadline_ms=deadline,
+        clock_slack_ms=CLOCK_SLACK_MS,
+        gc_grace_ms=max(1000, gc_grace_ms_min(deadline, CLOCK_SLACK_MS)),
+        scan_page_count_max=schedule.scan_page_max,
     )
+
+
+@dataclass(slots=True)
+class Execution:
+    """A transaction's state on a partition between its first operation and prepare."""
+
+    coordinator: str
+    redo: bytes
+    vote_yes: bool
+    read_only: bool
 
 
 @dataclass
 class Node:
     name: str
-    host: Any
+    core: NodeCore | None
+    partitions: tuple[str, ...]
     alive: bool = True
     incarnation: int = 0
-    timers: dict[str, int] = field(default_factory=dict)
+    timers: dict[Timer, int] = field(default_factory=dict)
     timer_generation: int = 0
+    locks: dict[str, LockTable] = field(default_factory=dict)
+    executions: dict[str, dict[str, Execution]] = field(default_factory=dict)
+    cache: dict[tuple[str, str], int] = field(default_factory=dict)
     path: frozenset[tuple[int, int]] = frozenset({(0, 0)})
+
+    def reset_memory(self) -> None:
+        self.timers.clear()
+        self.cache.clear()
+        self.locks = {p: LockTable() for p in self.partitions}
+        self.executions = {p: {} for p in self.partitions}
+
+    @property
+    def ready(self) -> bool:
+        return self.alive and self.core is not None and self.core.recovered
 
 
 @dataclass
 class Outcome:
     """What a run produced, for the invariant checker."""
 
-    replies: list[TxnState] = field(default_factory=list)
+    replies: dict[str, list[TxnState]] = field(default_factory=dict)
     reply_paths: list[frozenset[tuple[int, int]]] = field(default_factory=list)
-    machine_decisions: dict[str, set[TxnState]] = field(default_factory=dict)
-    coordinator_decisions: set[TxnState] = field(default_factory=set)
-    applied: set[str] = field(default_factory=set)
-    released_read_only: set[str] = field(default_factory=set)
+    decisions: dict[str, set[TxnState]] = field(default_factory=dict)  # every machine decision seen
+    executed: set[str] = field(default_factory=set)  # reached commit: every lock was granted
+    reads: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)  # version each txn read
+    writes: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)  # version it wrote
+    applied: set[tuple[str, str]] = field(default_factory=set)  # (partition, txn) applies that succeeded
+    released_read_only: set[tuple[str, str]] = field(default_factory=set)
+    resolves: list[tuple[str, TxnState | None, str]] = field(default_factory=list)
+    terminations: int = 0
     violations: list[str] = field(default_factory=list)
     undecided_at_liveness_check: list[str] = field(default_factory=list)
     log_writes: int = 0
@@ -87,7 +148,6 @@ class Outcome:
 class World:
     def __init__(
         self,
-        protocol: Protocol,
         schedule: Schedule,
         *,
         config: ProtocolConfig | None = None,
@@ -95,15 +155,19 @@ class World:
         participant_factory: ParticipantFactory | None = None,
         coordinator_factory: CoordinatorFactory | None = None,
         trace_paths: bool = False,
+        trace: list[str] | None = None,
     ) -> None:
-        self.protocol = protocol
         self.schedule = schedule
-        self.config = config or ProtocolConfig()
-        # GC may delete only once nothing in flight can touch the record again.
-        assert self.config.gc_grace_ms > schedule.delay_ms_max + 2 * schedule.storage_ms_max
+        # When given, every event a node handles and every effect it executes is appended here,
+        # one line each, to read a failing schedule step by step.
+        self.trace = trace
+        self.config = config or config_for(schedule)
+        # The deadline after which a caller hears "unreachable"; a slow call may land up to the
+        # slack after it. The core's own rules are derived from these two numbers.
+        self.deadline_ms = self.config.storage_deadline_ms
+        assert self.deadline_ms > 2 * schedule.storage_ms_max, "a normal round trip must beat the deadline"
         self.hook = hook
-        # How long a node crashed by the hook stays down.
-        self.hook_crash_down_ms = 1
+        self.hook_crash_down_ms = 1  # how long a node crashed by the hook stays down
         self.trace_paths = trace_paths
         self.rng = random.Random(schedule.seed)
         self.storage = StorageModel()
@@ -115,37 +179,59 @@ class World:
         self._participant_factory = participant_factory
         self._coordinator_factory = coordinator_factory
         self.partitions = schedule.partitions
-        self.read_only = tuple(f"r{i}" for i in range(schedule.read_only_count))
-        self.nodes: dict[str, Node] = {COORDINATOR: Node(COORDINATOR, self._new_host(COORDINATOR))}
-        for name in (*self.partitions, *self.read_only):
-            self.nodes[name] = Node(name, self._new_host(name))
-        self.logs = {name: LogId.partition(name) for name in self.partitions}
-        self.logs[COORDINATOR] = LogId.coordinator(COORDINATOR)
+        self.txns = tuple(
+            f"{plan.start_ms + 1}.{plan.coordinator}.sim.{index}.{PROTOCOL_TAGS[plan.protocol]}"
+            for index, plan in enumerate(schedule.txns)
+        )
+        self.plans = dict(zip(self.txns, schedule.txns, strict=True))
+        self.nodes: dict[str, Node] = {}
+        for name in COORDINATORS:
+            self.nodes[name] = Node(name, None, ())
+        for partition in self.partitions:
+            self.nodes[node_of(partition)] = Node(node_of(partition), None, (partition,))
+        for node in self.nodes.values():
+            node.reset_memory()
+        self._partition_set = frozenset(self.partitions)
         self._down_logs: dict[str, list[tuple[int, int]]] = {}
         for outage in schedule.outages:
             for key in outage.logs:
                 self._down_logs.setdefault(key, []).append((outage.start_ms, outage.end_ms))
+        self._resolvers: dict[int, Resolver] = {}
         self.liveness_check_ms = FAULTS_END_MS + self.liveness_bound_ms()
-        self.end_ms = self.liveness_check_ms + 2 * self.config.gc_grace_ms
-        for p in self.partitions:
-            self.outcome.machine_decisions[p] = set()
+        # Late duplicates arrive up to two graces after they were sent: let them, and the garbage
+        # collection they may race with, play out before the end.
+        self.end_ms = self.liveness_check_ms + 4 * self.config.gc_grace_ms + schedule.delay_ms_max
 
     # -- setup ----------------------------------------------------------------------------------
     def liveness_bound_ms(self) -> int:
-        """How long after faults stop every participant must have decided (Cornus's promise;
-        the blocking protocols are held to it too, once their coordinator is back)."""
+        """How long after faults stop every participant must have decided (Cornus's promise; the
+        blocking protocols are held to it too, once their coordinator is back)."""
         c = self.config
-        slowest_call = 2 * self.schedule.storage_ms_max + self.schedule.delay_ms_max
+        slowest_call = self.deadline_ms + c.clock_slack_ms + self.schedule.delay_ms_max
         return (
-            c.timeout_ms_prepare + c.timeout_ms_votes + c.timeout_ms_decision
-            + 4 * c.backoff_ms_max + 20 * slowest_call + c.timeout_ms_resend
+            c.recovery_settle_ms + c.timeout_ms_prepare + c.timeout_ms_votes + c.timeout_ms_decision
+            + c.timeout_ms_resend + 6 * c.backoff_ms_max + 30 * slowest_call + EXECUTION_IDLE_MS
         )
 
-    def _new_host(self, name: str) -> Any:
-        jitter = random.Random(hash((self.schedule.seed, name)) & 0xFFFFFFFF)
-        if name == COORDINATOR:
-            return CoordinatorHost(name, self.protocol, self.config, jitter, factory=self._coordinator_factory)
-        return PartitionHost(name, self.protocol, self.config, jitter, factory=self._participant_factory)
+    def _new_core(self, node: Node) -> NodeCore:
+        # zlib.crc32, not hash(): str hashes differ from process to process, and a run must be a
+        # pure function of its schedule wherever it is replayed.
+        seed = zlib.crc32(f"{self.schedule.seed}/{node.name}/{node.incarnation}".encode())
+        jitter: JitterSource = random.Random(seed)
+        return NodeCore(
+            node.name, node.partitions, (*COORDINATORS, *((node.name,) if node.partitions else ())),
+            self.config, jitter,
+            participant_factory=self._participant_factory, coordinator_factory=self._coordinator_factory,
+        )
+
+    def node_of_host(self, host: str) -> Node:
+        return self.nodes[node_of(host)] if host in self._partition_set else self.nodes[host]
+
+    @property
+    def boot_ms(self) -> int:
+        """Nodes start this long before time 0, so that their recovery (of empty storage) is over
+        when the first transaction begins; no fault happens before 0."""
+        return self.config.recovery_settle_ms + 4 * self.schedule.storage_ms_max + 10
 
     def _push(self, at_ms: int, kind: int, data: Any) -> None:
         self._seq += 1
@@ -167,104 +253,198 @@ class World:
         return self.outcome
 
     def _begin(self) -> None:
-        redo = {p: f"redo-{p}".encode() for p in self.partitions}
-        for p, vote in zip(self.partitions, self.schedule.votes, strict=True):
-            self._deliver_event(p, Executed(TXN, p, COORDINATOR, redo[p], vote), self.nodes[p].path)
-        writes = tuple((p, redo[p]) for p in self.partitions)
-        self._push(1, _COMMIT, CommitRequested(TXN, writes, self.read_only))
+        self.now_ms = -self.boot_ms
+        self._push(0, _BOOTED, None)  # first at time 0: before any crash due then
+        for node in self.nodes.values():
+            node.core = self._new_core(node)
+            for effect in node.core.start():
+                self._execute(node, effect)
+        for index, plan in enumerate(self.schedule.txns):
+            self._push(plan.start_ms, _EXECUTE, self.txns[index])
         for crash in self.schedule.crashes:
             self._push(crash.at_ms, _CRASH, crash)
+        for index, resolve in enumerate(self.schedule.resolves):
+            self._push(resolve.at_ms, _RESOLVE, index)
         self._push(self.liveness_check_ms, _CHECK, None)
 
     def _step(self, kind: int, data: Any) -> None:
         if kind == _DELIVER:
-            to, sender, message, path = data
-            node = self.nodes[to]
-            if node.alive:
-                self._deliver_event(to, MessageReceived(sender, message), path)
-        elif kind == _STORE_ARRIVE:
-            self._storage_arrive(*data)
-        elif kind == _STORE_RETURN:
-            name, incarnation, call, result, path = data
+            self._deliver(*data)
+        elif kind == _ARRIVE:
+            self._arrive(*data)
+        elif kind == _RETURN:
+            name, incarnation, event, path = data
+            if name.startswith("~resolve/"):
+                self._resolver_step(int(name.rsplit("/", 1)[1]), event)
+                return
             node = self.nodes[name]
             if node.alive and node.incarnation == incarnation:
-                self._deliver_event(name, LogReturned(call, result), path)
+                self._feed(node, event, path)
         elif kind == _TIMER:
             name, incarnation, timer, generation, path = data
             node = self.nodes[name]
             if node.alive and node.incarnation == incarnation and node.timers.get(timer) == generation:
                 del node.timers[timer]
-                self._deliver_event(name, TimerFired(timer), path)
+                self._feed(node, TimerFired(timer), path)
+        elif kind == _EXECUTE:
+            self._execute_txn(data)
+        elif kind == _COMMIT:
+            txn, writes, reads = data
+            node = self.nodes[self.plans[txn].coordinator]
+            if node.ready:
+                self._feed(node, CommitRequested(node.name, txn, writes, reads), node.path)
         elif kind == _CRASH:
-            self._crash(data.node, data.down_ms)
+            self.crash(data.node, data.down_ms)
         elif kind == _RESTART:
             self._restart(data)
-        elif kind == _COMMIT:
-            if self.nodes[COORDINATOR].alive:
-                self._deliver_event(COORDINATOR, data, self.nodes[COORDINATOR].path)
+        elif kind == _RESOLVE:
+            self._start_resolve(data)
+        elif kind == _IDLE:
+            name, incarnation, partition, txn = data
+            node = self.nodes[name]
+            if node.alive and node.incarnation == incarnation:
+                self._drop_idle(node, partition, txn)
+        elif kind == _BOOTED:
+            booting = [node.name for node in self.nodes.values() if not node.ready]
+            if booting:
+                self.outcome.violations.append(f"recovery of an empty cluster did not finish on {booting}")
         else:
             assert kind == _CHECK
             self._check_liveness()
 
+    # -- the execution phase (the runtime's, outside the core) ------------------------------------
+    def _execute_txn(self, txn: str) -> None:
+        """Take every lock (NO_WAIT), read the current values through the owners' caches, and hand
+        the coordinator its commit request; any refusal aborts before commit, as the runtime's
+        coordinator does when an execute request fails."""
+        plan = self.plans[txn]
+        if not self.nodes[plan.coordinator].ready:
+            return
+        taken: list[tuple[Node, str]] = []
+        reads: dict[tuple[str, str], int] = {}
+        for partition, key_index in (*plan.writes, *plan.reads):
+            node = self.nodes[node_of(partition)]
+            key = f"k{key_index}"
+            mode = LockMode.EXCLUSIVE if (partition, key_index) in plan.writes else LockMode.SHARED
+            grant = node.locks[partition].acquire(txn, key, mode, plan.start_ms, self.now_ms) if node.ready else None
+            if grant is not Grant.GRANTED:
+                if grant is Grant.WAITING:
+                    node.locks[partition].release(txn)
+                for held_node, held_partition in taken:
+                    held_node.locks[held_partition].release(txn)
+                    held_node.executions[held_partition].pop(txn, None)
+                return
+            taken.append((node, partition))
+            reads[(partition, key)] = self._read_committed(node, partition, key)
+        self.outcome.executed.add(txn)
+        self.outcome.reads[txn] = reads
+        votes = plan.vote_of
+        writes: list[tuple[str, bytes]] = []
+        self.outcome.writes[txn] = {}
+        for partition, key_index in plan.writes:
+            key = f"k{key_index}"
+            value = reads[(partition, key)] + 1
+            self.outcome.writes[txn][(partition, key)] = value
+            redo_bytes = redo.encode({key: value})
+            writes.append((partition, redo_bytes))
+            self._remember(partition, txn, Execution(plan.coordinator, redo_bytes, votes[partition], False))
+        for partition, _ in plan.reads:
+            self._remember(partition, txn, Execution(plan.coordinator, b"", True, True))
+        self._push(self.now_ms + 1, _COMMIT, (txn, tuple(writes), tuple(p for p, _ in plan.reads)))
+
+    def _remember(self, partition: str, txn: str, execution: Execution) -> None:
+        node = self.nodes[node_of(partition)]
+        node.executions[partition][txn] = execution
+        self._push(self.now_ms + EXECUTION_IDLE_MS, _IDLE, (node.name, node.incarnation, partition, txn))
+
+    def _read_committed(self, node: Node, partition: str, key: str) -> int:
+        if (partition, key) not in node.cache:
+            node.cache[(partition, key)] = self.storage.data.get((partition, key), 0)
+        return node.cache[(partition, key)]
+
+    def _drop_idle(self, node: Node, partition: str, txn: str) -> None:
+        assert node.core is not None
+        if txn in node.executions[partition] and txn not in node.core.partitions[partition].machines:
+            del node.executions[partition][txn]
+            node.locks[partition].release(txn)
+
     # -- nodes ------------------------------------------------------------------------------------
-    def _deliver_event(self, name: str, event: Event, path: frozenset[tuple[int, int]]) -> None:
-        node = self.nodes[name]
+    def _deliver(self, to: str, sender: str, message: Any, path: frozenset[tuple[int, int]]) -> None:
+        node = self.node_of_host(to)
+        if not node.alive or node.core is None:
+            return
+        host = node.core.host(to)
+        if (
+            isinstance(message, Prepare | ReleaseReadOnly)
+            and host is not None
+            and node.core.recovered
+            and message.txn not in host.machines
+        ):
+            # As the runtime does: the execution phase ends when prepare (or the read-only release)
+            # arrives, and the machine learns what the execution left.
+            execution = node.executions[to].get(message.txn)
+            if execution is not None:
+                executed = Executed(message.txn, to, execution.coordinator, execution.redo, execution.vote_yes,
+                                    execution.read_only)
+                self._feed(node, executed, path)
+                if not node.alive:
+                    return
+        self._feed(node, MessageReceived(sender, to, message), path)
+
+    def _feed(self, node: Node, event: Event, path: frozenset[tuple[int, int]]) -> None:
+        assert node.core is not None
         if self.trace_paths:
             node.path = _prune(node.path | path)
+        if self.trace is not None:
+            self.trace.append(f"{self.now_ms:6d} {node.name:>3} <- {event}")
         try:
-            effects = node.host.handle(event)
+            effects = node.core.handle(event)
         except AssertionError as error:
-            self.outcome.violations.append(f"assertion in {name} on {type(event).__name__}: {error}")
+            self.outcome.violations.append(f"assertion in {node.name} on {type(event).__name__}: {error}")
             return
-        self._observe(name, node)
+        self._observe(node, event.host, event.txn)
         for effect in effects:
             if self.hook is not None:
-                action = self.hook(self, name, effect)
+                action = self.hook(self, node.name, effect)
                 if action == "crash":
-                    self._crash(name, self.hook_crash_down_ms)
+                    self.crash(node.name, self.hook_crash_down_ms)
                     return
                 if action == "drop":
                     continue
             self._execute(node, effect)
+            if not node.alive:
+                return
 
-    def _observe(self, name: str, node: Node) -> None:
-        machine = node.host.machines.get(TXN)
-        if machine is None or machine.decision is None:
-            return
-        if name == COORDINATOR:
-            self.outcome.coordinator_decisions.add(machine.decision)
-        elif name in self.outcome.machine_decisions:
-            self.outcome.machine_decisions[name].add(machine.decision)
+    def _observe(self, node: Node, host_name: str, txn: str) -> None:
+        assert node.core is not None
+        host = node.core.host(host_name)
+        machine = host.machines.get(txn) if host is not None and txn else None
+        if machine is not None and machine.decision is not None:
+            self.outcome.decisions.setdefault(txn, set()).add(machine.decision)
 
-    def _crash(self, name: str, down_ms: int) -> None:
+    def crash(self, name: str, down_ms: int) -> None:
+        """Crash a node now (its memory is lost); it restarts after `down_ms`, by faults end at latest."""
         node = self.nodes[name]
         if not node.alive:
             return
+        if self.trace is not None:
+            self.trace.append(f"{self.now_ms:6d} {name:>3} CRASH for {down_ms} ms")
         node.alive = False
         node.incarnation += 1
-        node.timers.clear()
-        node.host = None
-        # Recovery must not scan before the dead incarnation's storage calls have landed or
-        # expired (a runtime waits out its call deadline), else a late VOTE_YES goes unseen.
-        settle_ms = 2 * self.schedule.storage_ms_max + 1
-        restart_at = self.now_ms + max(down_ms, settle_ms)
+        node.core = None
+        node.reset_memory()
+        restart_at = self.now_ms + max(1, down_ms)
         # Every node is back when faults end, so liveness can be judged from then on.
-        restart_at = min(restart_at, max(FAULTS_END_MS, self.now_ms + settle_ms))
-        self._push(restart_at, _RESTART, name)
+        self._push(min(restart_at, max(FAULTS_END_MS, self.now_ms + 1)), _RESTART, name)
 
     def _restart(self, name: str) -> None:
         node = self.nodes[name]
         assert not node.alive
-        log = self.logs.get(name)
-        if log is not None and self._unreachable(log):
-            self._push(self.now_ms + RESTART_RETRY_MS, _RESTART, name)
-            return
         node.alive = True
-        node.host = self._new_host(name)
+        node.core = self._new_core(node)
         node.path = frozenset({(0, 0)})
-        if log is not None:
-            for record in self.storage.scan_unfinished(log):
-                self._deliver_event(name, Recovered(record), node.path)
+        for effect in node.core.start():
+            self._execute(node, effect)
 
     def _unreachable(self, log: LogId) -> bool:
         windows = self._down_logs.get(log.key)
@@ -272,82 +452,183 @@ class World:
 
     # -- effects ----------------------------------------------------------------------------------
     def _execute(self, node: Node, effect: Effect) -> None:
+        if self.trace is not None:
+            self.trace.append(f"{self.now_ms:6d} {node.name:>3} -> {effect}")
         if isinstance(effect, Send):
-            self.outcome.messages += 1
-            lossy = self.now_ms < FAULTS_END_MS or self.protocol is Protocol.CORNUS
-            if lossy and self.rng.random() < self.schedule.loss_probability:
-                return
-            delay = self.rng.randint(1, self.schedule.delay_ms_max)
-            path = frozenset((h + 1, w) for h, w in node.path) if self.trace_paths else node.path
-            self._push(self.now_ms + delay, _DELIVER, (effect.to, node.name, effect.message, path))
-        elif isinstance(effect, LogOnce | Log):
-            self.outcome.log_writes += 1
-            latency = self.rng.randint(1, self.schedule.storage_ms_max)
-            data = (node.name, node.incarnation, effect, node.path)
-            self._push(self.now_ms + latency, _STORE_ARRIVE, data)
+            self._send(node, effect)
+        elif isinstance(effect, LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog):
+            if isinstance(effect, LogOnce | Log):
+                self.outcome.log_writes += 1
+            self._call(node.name, node.incarnation, effect, node.path)
         elif isinstance(effect, StartTimer):
             node.timer_generation += 1
-            node.timers[effect.name] = node.timer_generation
-            data = (node.name, node.incarnation, effect.name, node.timer_generation, node.path)
+            node.timers[effect.timer] = node.timer_generation
+            data = (node.name, node.incarnation, effect.timer, node.timer_generation, node.path)
             self._push(self.now_ms + effect.duration_ms, _TIMER, data)
         elif isinstance(effect, CancelTimer):
-            node.timers.pop(effect.name, None)
+            node.timers.pop(effect.timer, None)
         elif isinstance(effect, Reply):
-            assert effect.txn == TXN
-            self.outcome.replies.append(effect.outcome)
+            self.outcome.replies.setdefault(effect.txn, []).append(effect.outcome)
             self.outcome.reply_paths.append(node.path)
-        elif isinstance(effect, ApplyRedo):
-            self.storage.apply(self.logs[effect.partition], effect.txn)
-            self.outcome.applied.add(effect.partition)
         elif isinstance(effect, ReleaseLocks):
-            if effect.partition in self.read_only:
-                self.outcome.released_read_only.add(effect.partition)
+            execution = node.executions[effect.partition].pop(effect.txn, None)
+            if execution is not None and execution.read_only:
+                self.outcome.released_read_only.add((effect.partition, effect.txn))
+            node.locks[effect.partition].release(effect.txn)
+        elif isinstance(effect, LocksPrepared):
+            node.locks[effect.partition].mark_prepared(effect.txn)
+        elif isinstance(effect, RetakeLocks):
+            table = node.locks[effect.partition]
+            table.register(effect.txn, begin_ms_of(effect.txn))
+            for key in redo.decode(effect.redo):
+                table.retake(effect.txn, key)
+            table.mark_prepared(effect.txn)
+        elif isinstance(effect, CacheRedo):
+            for key, value in redo.decode(effect.redo).items():
+                node.cache[(effect.partition, key)] = value
+        elif isinstance(effect, TerminationStarted):
+            self.outcome.terminations += 1
         else:
-            assert isinstance(effect, DeleteRecord)
-            self._check_collectable(effect)
-            self.storage.delete(effect.log, effect.txn)
+            # Decided marks a moment for timing (a 2PC coordinator emits it when it starts logging
+            # COMMIT, which a crash can still undo); the machines' own decisions are observed.
+            assert isinstance(effect, Decided | TerminationEnded | RecoveryFinished), effect
 
-    def _storage_arrive(self, name: str, incarnation: int, call: LogOnce | Log, path: Any) -> None:
-        # The call reaches storage even if its caller died meanwhile; only the answer is lost.
-        latency = self.rng.randint(1, self.schedule.storage_ms_max)
-        if self._unreachable(call.log):
-            if self.rng.random() < self.schedule.ambiguous_probability:
-                self._apply(call)
-            result: Any = StorageUnreachable("outage")
-        else:
-            result = self._apply(call)
-        if self.trace_paths:
+    def _send(self, node: Node, effect: Send) -> None:
+        self.outcome.messages += 1
+        lossy = 0 <= self.now_ms < FAULTS_END_MS or protocol_of(effect.message.txn) is Protocol.CORNUS
+        if lossy and self.rng.random() < self.schedule.loss_probability:
+            return
+        path = frozenset((h + 1, w) for h, w in node.path) if self.trace_paths else node.path
+        data = (effect.to, effect.source, effect.message, path)
+        self._push(self.now_ms + self.rng.randint(1, self.schedule.delay_ms_max), _DELIVER, data)
+        if self.rng.random() < self.schedule.duplicate_probability:
+            late = self.rng.random() < 0.5
+            delay = self.config.gc_grace_ms + self.rng.randint(0, self.config.gc_grace_ms) if late else 0
+            self._push(self.now_ms + delay + self.rng.randint(1, self.schedule.delay_ms_max), _DELIVER, data)
+
+    def _call(self, owner: str, incarnation: int, call: StorageCall, path: Any) -> None:
+        """A storage call: it reaches storage even if its caller dies meanwhile (only the answer is
+        lost). A slow one answers "unreachable" at the deadline and may land up to the slack later."""
+        if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
+            unreachable = answer(call, StorageUnreachable("the call outlived its deadline"))
+            self._push(self.now_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path))
+            if self.rng.random() < 0.5:
+                landing = self.now_ms + self.deadline_ms + self.rng.randint(0, self.config.clock_slack_ms)
+                self._push(landing, _ARRIVE, (owner, incarnation, call, path, False))
+            return
+        self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _ARRIVE,
+                   (owner, incarnation, call, path, True))
+
+    def _arrive(self, owner: str, incarnation: int, call: StorageCall, path: Any, answered: bool) -> None:
+        result: Any = StorageUnreachable("outage")
+        landed = not self._unreachable(call.log) or self.rng.random() < self.schedule.ambiguous_probability
+        if landed:
+            try:
+                outcome = self._apply(call)
+            except WriteRefused as refused:
+                outcome = StorageUnreachable("refused")
+                if answered and not self._unreachable(call.log):
+                    # The runtime treats a refusal it hears as an impossible state and stops.
+                    self.outcome.violations.append(f"storage refused an answered call: {refused}")
+            if not self._unreachable(call.log):
+                result = outcome
+        if self.trace is not None:
+            self.trace.append(f"{self.now_ms:6d} storage {'LANDS' if landed else 'misses'}"
+                              f"{'' if answered else ' LATE'}: {call} -> {result}")
+        if not answered:
+            return  # a late landing: its caller was told "unreachable" long ago
+        if self.trace_paths and isinstance(call, LogOnce | Log):
             path = frozenset((h, w + 1) for h, w in path)
-        self._push(self.now_ms + latency, _STORE_RETURN, (name, incarnation, call, result, path))
+        latency = self.rng.randint(1, self.schedule.storage_ms_max)
+        self._push(self.now_ms + latency, _RETURN, (owner, incarnation, answer(call, result), path))
 
-    def _apply(self, call: LogOnce | Log) -> Any:
+    def _apply(self, call: StorageCall) -> Any:
+        storage = self.storage
         if isinstance(call, LogOnce):
-            return self.storage.log_once(call.log, call.txn, call.state, call.body)
-        return self.storage.log(call.log, call.txn, call.state, call.body)
+            return storage.log_once(call.log, call.txn, call.state, call.body)
+        if isinstance(call, Log):
+            return storage.log(call.log, call.txn, call.state, call.body)
+        if isinstance(call, ApplyRedo):
+            applied = storage.apply(call.partition, call.txn, call.redo)
+            self.outcome.applied.add((call.partition, call.txn))
+            return applied
+        if isinstance(call, DeleteRecord):
+            self._check_collectable(call)
+            return storage.delete(call.log, call.txn)
+        if isinstance(call, ReadRecord):
+            return storage.read(call.log, call.txn)
+        return storage.scan_unfinished(call.log, call.after, call.limit)
+
+    # -- manual resolve ---------------------------------------------------------------------------
+    def _start_resolve(self, index: int) -> None:
+        txn = self.txns[self.schedule.resolves[index].txn_index]
+        resolver = Resolver(txn, self.partitions, self.config, random.Random(index))
+        self._resolvers[index] = resolver
+        self._resolver_effects(index, resolver.start())
+
+    def _resolver_step(self, index: int, event: Event) -> None:
+        resolver = self._resolvers[index]
+        if resolver.done:
+            return  # the answer to a call the finished round no longer needed
+        try:
+            effects = resolver.handle(event)
+        except AssertionError as error:
+            self.outcome.violations.append(f"assertion in resolve of {resolver.txn}: {error}")
+            return
+        self._resolver_effects(index, effects)
+
+    def _resolver_effects(self, index: int, effects: list[Effect]) -> None:
+        resolver = self._resolvers[index]
+        for effect in effects:
+            if isinstance(effect, StartTimer):
+                self._push(self.now_ms + effect.duration_ms, _RETURN,
+                           (f"~resolve/{index}", 0, TimerFired(effect.timer), frozenset()))
+                continue
+            assert isinstance(effect, LogOnce | ReadRecord), effect
+            self._call(f"~resolve/{index}", 0, effect, frozenset())
+        if resolver.done:
+            self.outcome.resolves.append((resolver.txn, resolver.outcome, resolver.detail))
 
     # -- checks made during the run -----------------------------------------------------------------
-    def _check_collectable(self, effect: DeleteRecord) -> None:
+    def _check_collectable(self, call: DeleteRecord) -> None:
         """DESIGN 4: no record may go while someone could still run termination against it."""
-        for name in self.partitions:
-            node = self.nodes[name]
-            machine = node.host.machines.get(effect.txn) if node.alive else None
-            if machine is not None and (not machine.decided_durably or machine.calls_in_flight):
+        plan = self.plans.get(call.txn)
+        if plan is None:
+            return
+        for partition, _ in plan.writes:
+            node = self.nodes[node_of(partition)]
+            host = node.core.partitions[partition] if node.alive and node.core is not None else None
+            machine = host.machines.get(call.txn) if host is not None else None
+            if isinstance(machine, CoordinatorLogParticipant) and machine.phase is Phase.VOTED:
+                # Recovery rebuilds a vote from the coordinator's redo record whenever the
+                # partition's own log holds no decision, which is also what an abort leaves; such a
+                # machine asks, learns ABORT and writes nothing.
+                continue
+            if isinstance(machine, ParticipantBase) and (not machine.decided_durably or machine.calls_in_flight):
                 self.outcome.violations.append(
-                    f"GC of {effect.log.key} while {name} is {machine.phase.value} "
+                    f"GC of {call.log.key}/{call.txn} while {partition} is {machine.phase.value} "
                     f"with {machine.calls_in_flight} calls in flight"
                 )
-            if not node.alive and self.storage.state(self.logs[name], effect.txn) is TxnState.VOTE_YES:
-                self.outcome.violations.append(f"GC of {effect.log.key} while {name} is down undecided")
-        for _, _, kind, data in self._queue:
-            if kind == _STORE_ARRIVE and data[2].txn == effect.txn:
-                self.outcome.violations.append(f"GC of {effect.log.key} with a storage call in flight")
 
     def _check_liveness(self) -> None:
-        """Faults ended a bound ago: every participant must hold a durable decision by now."""
-        for name in self.partitions:
-            node = self.nodes[name]
-            machine = node.host.machines.get(TXN) if node.alive else None
-            if machine is not None and not machine.decided_durably:
-                self.outcome.undecided_at_liveness_check.append(f"{name} is {machine.phase.value}")
-            if self.storage.state(self.logs[name], TXN) is TxnState.VOTE_YES:
-                self.outcome.undecided_at_liveness_check.append(f"{name}'s log still holds VOTE_YES")
+        """Faults ended a bound ago: every participant must hold a durable decision by now, every
+        commit must be applied, and no lock may be left behind."""
+        undecided = self.outcome.undecided_at_liveness_check
+        for node in self.nodes.values():
+            if not node.ready:
+                undecided.append(f"{node.name} is not recovered")
+                continue
+            assert node.core is not None
+            for partition in node.partitions:
+                for txn, machine in node.core.partitions[partition].machines.items():
+                    undecided.append(f"{partition} still runs {txn} ({machine.phase.value})")
+                held = [txn for txn in self.txns if node.locks[partition].holds_any(txn)]
+                if held:
+                    undecided.append(f"{partition} still locks for {held}")
+        for txn in self.outcome.executed:
+            for partition, _ in self.plans[txn].writes:
+                log = LogId.partition(partition)
+                record = self.storage.read(log, txn)
+                if record is not None and (record.state is TxnState.VOTE_YES
+                                           or (record.state is TxnState.COMMIT and not record.applied)):
+                    undecided.append(f"{log.key} still holds {record.state} of {txn} (applied={record.applied})")

@@ -29,13 +29,12 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 
 from cornus.protocol.config import Protocol
-from cornus.runtime.keys import partition_of
 from cornus.runtime.node import Node, TxnAborted, ops_for_writes
 from cornus.runtime.outcome import NodeOverloaded, Outcome, OutcomeStatus, TxnNotFound, TxnWrongState
 from cornus.runtime.wire import Op, OpKind
 from services.api.logs import txn_context
 from services.api.metrics import Metrics
-from storage_adapters.contract import DATA_KEY_BYTES_MAX, DATA_VALUE_BYTES_MAX, REDO_BYTES_MAX, TXN_ID_LENGTH_MAX
+from storage_adapters.contract import DATA_KEY_BYTES_MAX, DATA_VALUE_BYTES_MAX, TXN_ID_LENGTH_MAX
 from storage_adapters.errors import StorageUnavailable, ValidationError
 
 log = logging.getLogger("cornus.api")
@@ -44,9 +43,6 @@ log = logging.getLogger("cornus.api")
 # of a few partitions; JSON escaping (\uXXXX) can inflate a value six-fold. Beyond this, a client
 # is either broken or hostile, and reading it would cost memory before any validation could run.
 REQUEST_BYTES_MAX = 8 * 1024 * 1024
-# A participant logs its redo (keys and values written in its partition, plus framing) as one
-# record no larger than REDO_BYTES_MAX; this is the framing per write (see cornus.runtime.redo).
-REDO_FRAMING_BYTES_PER_WRITE = 9
 
 _STATUS_CODES = {
     OutcomeStatus.COMMITTED: 200,
@@ -397,20 +393,6 @@ def build_app(node: Node, metrics: Metrics | None = None) -> FastAPI:
         if count > limits.op_count_max:
             raise ValidationError(f"{count} operations, the limit is {limits.op_count_max} (op_count_max)")
 
-    def check_redo_size(writes: list[tuple[str, bytes | None]]) -> None:
-        """A participant's redo must fit one log record; refuse here rather than at prepare."""
-        per_partition: dict[str, int] = {}
-        for key, value in writes:
-            partition = partition_of(key, node.config.partition_count)
-            size = len(key.encode("utf-8")) + (0 if value is None else len(value)) + REDO_FRAMING_BYTES_PER_WRITE
-            per_partition[partition] = per_partition.get(partition, 0) + size
-        for partition, size in sorted(per_partition.items()):
-            if size > REDO_BYTES_MAX:
-                raise ValidationError(
-                    f"the writes to partition {partition} take {size} bytes, the limit per partition is "
-                    f"{REDO_BYTES_MAX} (REDO_BYTES_MAX): split the transaction"
-                )
-
     outcome_codes = _responses(202, 400, 413, 422, extra={200: _COMMITTED, 409: _ABORTED, 503: _UNAVAILABLE})
 
     @app.post("/v1/execute", operation_id="execute", response_model=OutcomeOut, summary="Run a one-shot transaction",
@@ -423,7 +405,6 @@ def build_app(node: Node, metrics: Metrics | None = None) -> FastAPI:
     })]) -> JSONResponse:
         check_op_count(len(body.ops))
         ops = [_op(op) for op in body.ops]
-        check_redo_size([(op.key, op.value) for op in ops if op.kind in (OpKind.PUT, OpKind.DELETE)])
         return _ended(await node.execute(ops, body.protocol))
 
     @app.post("/v1/txn", operation_id="begin", response_model=BeginOut, status_code=201,
@@ -458,7 +439,6 @@ def build_app(node: Node, metrics: Metrics | None = None) -> FastAPI:
             check_op_count(len(body.writes))
             writes = {k: None if v is None else v.encode("utf-8") for k, v in body.writes.items()}
             # Only this request's writes: earlier ones of the same transaction are not visible here.
-            check_redo_size(list(writes.items()))
             try:
                 await node.run_ops(txn, ops_for_writes(writes))
             except TxnAborted as aborted:

@@ -20,6 +20,7 @@ from cornus.protocol.messages import (
     DecisionQuery,
     Message,
     Prepare,
+    ReadOnlyReleased,
     ReleaseReadOnly,
     Vote,
 )
@@ -101,6 +102,14 @@ def _encode_release_read_only(envelope: pb.PeerEnvelope, value: ReleaseReadOnly)
     body.partition = value.partition
 
 
+def _encode_read_only_released(envelope: pb.PeerEnvelope, value: ReadOnlyReleased) -> None:
+    body = envelope.read_only_released
+    body.SetInParent()
+    body.txn = value.txn
+    body.partition = value.partition
+    body.held = value.held
+
+
 def _encode_vote(envelope: pb.PeerEnvelope, value: Vote) -> None:
     body = envelope.vote
     body.SetInParent()
@@ -114,7 +123,6 @@ def _encode_decision(envelope: pb.PeerEnvelope, value: Decision) -> None:
     body.SetInParent()
     body.txn = value.txn
     body.decision = _TXN_STATE_TO_PB[value.decision]
-    body.redo = value.redo
 
 
 def _encode_decision_ack(envelope: pb.PeerEnvelope, value: DecisionAck) -> None:
@@ -149,7 +157,6 @@ def _encode_execute_request(envelope: pb.PeerEnvelope, value: ExecuteRequest) ->
     body.coordinator = value.coordinator
     body.abort = value.abort
     body.continued = value.continued
-    body.end_read_only = value.end_read_only
     ops = body.ops
     for op in value.ops:
         wire_op = ops.add()
@@ -199,6 +206,7 @@ def _encode_status_response(envelope: pb.PeerEnvelope, value: StatusResponse) ->
 _ENCODERS: dict[type, Callable[[pb.PeerEnvelope, Any], None]] = {
     Prepare: _encode_prepare,
     ReleaseReadOnly: _encode_release_read_only,
+    ReadOnlyReleased: _encode_read_only_released,
     Vote: _encode_vote,
     Decision: _encode_decision,
     DecisionAck: _encode_decision_ack,
@@ -209,7 +217,9 @@ _ENCODERS: dict[type, Callable[[pb.PeerEnvelope, Any], None]] = {
     StatusRequest: _encode_status_request,
     StatusResponse: _encode_status_response,
 }
-MESSAGE_TYPES: tuple[type, ...] = (Prepare, ReleaseReadOnly, Vote, Decision, DecisionAck, DecisionQuery, DecisionAnswer)
+MESSAGE_TYPES: tuple[type, ...] = (
+    Prepare, ReleaseReadOnly, ReadOnlyReleased, Vote, Decision, DecisionAck, DecisionQuery, DecisionAnswer
+)
 _MESSAGE_TYPE_SET = frozenset(MESSAGE_TYPES)
 REQUEST_TYPES: tuple[type, ...] = (ExecuteRequest, StatusRequest)
 RESPONSE_TYPES: tuple[type, ...] = (ExecuteResponse, StatusResponse)
@@ -243,14 +253,16 @@ def _decode_release_read_only(body: pb.ReleaseReadOnly) -> ReleaseReadOnly:
     return ReleaseReadOnly(txn=body.txn, partition=body.partition)
 
 
+def _decode_read_only_released(body: pb.ReadOnlyReleased) -> ReadOnlyReleased:
+    return ReadOnlyReleased(txn=body.txn, partition=body.partition, held=body.held)
+
+
 def _decode_vote(body: pb.Vote) -> Vote:
     return Vote(txn=body.txn, partition=body.partition, yes=body.yes)
 
 
 def _decode_decision(body: pb.Decision) -> Decision:
-    return Decision(
-        txn=body.txn, decision=_enum_from_pb(_TXN_STATE_FROM_PB, body.decision, "Decision.decision"), redo=body.redo
-    )
+    return Decision(txn=body.txn, decision=_enum_from_pb(_TXN_STATE_FROM_PB, body.decision, "Decision.decision"))
 
 
 def _decode_decision_ack(body: pb.DecisionAck) -> DecisionAck:
@@ -290,7 +302,6 @@ def _decode_execute_request(body: pb.ExecuteRequest) -> ExecuteRequest:
         ops=ops,
         abort=body.abort,
         continued=body.continued,
-        end_read_only=body.end_read_only,
     )
 
 
@@ -324,6 +335,7 @@ def decode_status_response(body: pb.StatusResponse) -> StatusResponse:
 _MESSAGE_DECODERS: dict[str, Callable[[Any], Message]] = {
     "prepare": _decode_prepare,
     "release_read_only": _decode_release_read_only,
+    "read_only_released": _decode_read_only_released,
     "vote": _decode_vote,
     "decision": _decode_decision,
     "decision_ack": _decode_decision_ack,

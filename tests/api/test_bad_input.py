@@ -96,7 +96,7 @@ ONE_SHOT = [
     Bad("writes over one redo record", "POST", "/v1/execute",
         {"ops": [_put("{key}", "v" * DATA_VALUE_BYTES_MAX)]
          + [_put(f"{{key}}-{i}", "v" * DATA_VALUE_BYTES_MAX) for i in range(FULL_VALUE_COUNT)]},
-        status=400, words=("limit per partition", str(REDO_BYTES_MAX))),
+        status=400, words=("per partition", str(REDO_BYTES_MAX))),
     Bad("body too large", "POST", "/v1/execute", raw=b" " * BODY_BYTES_OVER, status=413, words=("limit",)),
     Bad("put: value not a string", "PUT", "/v1/kv/{key}", {"value": 1}, words=("value", "string")),
     Bad("put: no body", "PUT", "/v1/kv/{key}", words=("body", "Field required")),

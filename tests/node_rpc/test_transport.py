@@ -102,7 +102,7 @@ async def test_messages_flow_both_ways_in_order(pair: tuple[GrpcTransport, Recor
     transport, recorder, _ = pair
     sent: list[Routed | Message] = [Vote(txn=f"t{index}", partition="p", yes=index % 2 == 0) for index in range(300)]
     sent.append(Prepare(txn="t", participants=("p1", "p2"), coordinator="a"))
-    sent.append(Routed(source="p-b", dest="a", message=Decision(txn="t", decision=TxnState.COMMIT, redo=b"r" * 100)))
+    sent.append(Routed(source="p-b", dest="a", message=Decision(txn="t", decision=TxnState.COMMIT)))
     for message in sent:
         transport.send("b", message)
     # "b" echoes each message back over ITS outbound stream to us.
@@ -267,7 +267,8 @@ async def test_full_queue_drops_and_counts(local_pair: tuple[GrpcTransport, Grpc
 
 async def test_oversized_message_and_request(local_pair: tuple[GrpcTransport, GrpcTransport, Recorder]) -> None:
     a, _, recorder_b = local_pair
-    big = Decision(txn="big", decision=TxnState.COMMIT, redo=b"x" * (100 * 1024))
+    # A participant list no vote record could hold, but the transport must refuse it by its size.
+    big = Prepare(txn="big", participants=tuple(f"p{i:0>60}" for i in range(2_000)), coordinator="a")
     small = Decision(txn="small", decision=TxnState.ABORT)
     a.send("b", big)
     a.send("b", small)  # shares a frame with the big one until the frame is split

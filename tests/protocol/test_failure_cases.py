@@ -11,10 +11,10 @@ from cornus.protocol.participant_base import Phase
 from cornus.sim.explore import explore
 from cornus.sim.invariants import check
 from cornus.sim.schedule import Schedule
-from cornus.sim.world import TXN, World
+from cornus.sim.world import World
 from storage_adapters.contract import TxnState
 
-from .helpers import assert_clean, crash_on, run
+from .helpers import assert_clean, crash_on, replies, run, txn
 
 CORNUS = Protocol.CORNUS
 
@@ -26,49 +26,49 @@ def _sends(kind: type) -> object:
 # -- coordinator failures ---------------------------------------------------------------------
 def test_coordinator_case1_fails_before_protocol_starts() -> None:
     world = run(CORNUS, hook=crash_on("c0", _sends(Prepare), nth=1), down_ms=2000)
-    assert world.outcome.replies == []
+    assert replies(world) == []
     assert_clean(world, TxnState.ABORT)
 
 
 def test_coordinator_case2_fails_after_some_vote_requests() -> None:
     world = run(CORNUS, votes=(True, True, True), hook=crash_on("c0", _sends(Prepare), nth=2), down_ms=2000)
-    assert world.outcome.replies == []
+    assert replies(world) == []
     assert_clean(world, TxnState.ABORT)
 
 
 def test_coordinator_case3_fails_before_any_decision_is_sent() -> None:
     world = run(CORNUS, votes=(True, True, True), hook=crash_on("c0", _sends(Decision), nth=1), down_ms=2000)
     # The reply went out before the decisions: the participants' termination must honour it.
-    assert world.outcome.replies == [TxnState.COMMIT]
+    assert replies(world) == [TxnState.COMMIT]
     assert_clean(world, TxnState.COMMIT)
 
 
 def test_coordinator_case4_fails_after_some_decisions() -> None:
     world = run(CORNUS, votes=(True, True, True), hook=crash_on("c0", _sends(Decision), nth=2), down_ms=2000)
-    assert world.outcome.replies == [TxnState.COMMIT]
+    assert replies(world) == [TxnState.COMMIT]
     assert_clean(world, TxnState.COMMIT)
 
 
 def test_coordinator_case5_fails_after_all_decisions() -> None:
-    resend_timer = crash_on("c0", lambda e: isinstance(e, StartTimer) and e.name.endswith("/resend"))
+    resend_timer = crash_on("c0", lambda e: isinstance(e, StartTimer) and e.timer.kind == "resend")
     world = run(CORNUS, votes=(True, True, True), hook=resend_timer, down_ms=2000)
-    assert world.outcome.replies == [TxnState.COMMIT]
+    assert replies(world) == [TxnState.COMMIT]
     assert_clean(world, TxnState.COMMIT)
 
 
 # -- participant failures ---------------------------------------------------------------------
 def test_participant_case1_fails_before_vote_request() -> None:
-    before_prepare = crash_on("p1", lambda e: isinstance(e, StartTimer) and e.name.endswith("/prepare"))
+    before_prepare = crash_on("p1", lambda e: isinstance(e, StartTimer) and e.timer.kind == "prepare")
     world = run(CORNUS, hook=before_prepare, down_ms=600)
     # The coordinator times out and logs ABORT on p1's behalf via LogOnce.
-    assert world.outcome.replies == [TxnState.ABORT]
+    assert replies(world) == [TxnState.ABORT]
     assert_clean(world, TxnState.ABORT)
 
 
 def test_participant_case2_fails_before_logging_vote() -> None:
     before_vote_log = crash_on("p1", lambda e: isinstance(e, LogOnce) and e.state is TxnState.VOTE_YES)
     world = run(CORNUS, hook=before_vote_log, down_ms=600)
-    assert world.outcome.replies == [TxnState.ABORT]
+    assert replies(world) == [TxnState.ABORT]
     assert_clean(world, TxnState.ABORT)
 
 
@@ -76,14 +76,14 @@ def test_participant_case3_fails_after_logging_vote_before_replying() -> None:
     before_reply = crash_on("p1", _sends(Vote))
     world = run(CORNUS, hook=before_reply, down_ms=600)
     # The coordinator's termination finds VOTE_YES in every log: COMMIT, without p1's message.
-    assert world.outcome.replies == [TxnState.COMMIT]
+    assert replies(world) == [TxnState.COMMIT]
     assert_clean(world, TxnState.COMMIT)
 
 
 def test_participant_case4_fails_after_sending_vote() -> None:
-    after_vote = crash_on("p1", lambda e: isinstance(e, StartTimer) and e.name.endswith("/decision"))
+    after_vote = crash_on("p1", lambda e: isinstance(e, StartTimer) and e.timer.kind == "decision")
     world = run(CORNUS, hook=after_vote, down_ms=600)
-    assert world.outcome.replies == [TxnState.COMMIT]
+    assert replies(world) == [TxnState.COMMIT]
     assert_clean(world, TxnState.COMMIT)
 
 
@@ -116,16 +116,21 @@ def test_checker_catches_artifact_bug_in_random_schedules() -> None:
 # -- blocking, honestly -----------------------------------------------------------------------
 def _coordinator_dies_after_votes(protocol: Protocol) -> World:
     if protocol is Protocol.CORNUS:
-        hook = crash_on("c0", lambda e: isinstance(e, CancelTimer) and e.name.endswith("/votes"))
+        hook = crash_on("c0", lambda e: isinstance(e, CancelTimer) and e.timer.kind == "votes")
     else:
         hook = crash_on("c0", lambda e: isinstance(e, Log) and e.state is TxnState.COMMIT)
-    world = World(protocol, Schedule(seed=11, votes=(True, True)), hook=hook)
+    world = World(Schedule.single(protocol, (True, True), seed=11), hook=hook)
     world.hook_crash_down_ms = 900  # back at t=1000, when faults end
     return world
 
 
 def _phases(world: World) -> list[Phase]:
-    return [world.nodes[p].host.machines[TXN].phase for p in world.partitions]
+    phases = []
+    for partition in world.partitions:
+        host = world.node_of_host(partition).core.partitions[partition]  # type: ignore[union-attr]
+        machine = host.machines.get(txn(world))
+        phases.append(Phase.DONE if machine is None else machine.phase)  # a finished machine is forgotten
+    return phases
 
 
 def test_2pc_blocks_while_coordinator_is_down() -> None:

@@ -7,14 +7,17 @@ from __future__ import annotations
 import pytest
 
 from cornus.protocol.config import Protocol, ProtocolConfig
-from cornus.protocol.effects import LogOnce, Reply, Send
-from cornus.protocol.events import CommitRequested
-from cornus.protocol.hosts import CoordinatorHost
-from cornus.protocol.messages import ReleaseReadOnly
+from cornus.protocol.effects import CancelTimer, Decided, Log, LogOnce, Reply, Send, StartTimer, Timer
+from cornus.protocol.events import CommitRequested, MessageReceived
+from cornus.protocol.hosts import CoordinatorHost, PartitionHost
+from cornus.protocol.messages import Decision, ReadOnlyReleased, ReleaseReadOnly
+from cornus.protocol.txn_ids import PROTOCOL_TAGS, protocol_of
 from cornus.sim.invariants import check
 from cornus.sim.schedule import Schedule
 from cornus.sim.world import World
 from storage_adapters.contract import TxnState
+
+from .helpers import replies, txn
 
 # (message hops, sequential log writes) on each critical path; 2 hops = 1 round trip.
 EXPECTED = {
@@ -27,26 +30,43 @@ EXPECTED = {
 @pytest.mark.parametrize("protocol", list(Protocol))
 @pytest.mark.parametrize("participants", [1, 2, 4])
 def test_commit_path_matches_paper(protocol: Protocol, participants: int) -> None:
-    world = World(protocol, Schedule(seed=1, votes=(True,) * participants), trace_paths=True)
+    world = World(Schedule.single(protocol, (True,) * participants, seed=1), trace_paths=True)
     world.run()
     assert check(world) == []
-    assert world.outcome.replies == [TxnState.COMMIT]
+    assert replies(world) == [TxnState.COMMIT]
     assert set(world.outcome.reply_paths[0]) == EXPECTED[protocol]
+
+
+@pytest.mark.parametrize("protocol", list(Protocol))
+def test_read_only_partitions_cost_one_round_trip_before_prepare(protocol: Protocol) -> None:
+    """Their read locks must still be held when the votes are asked for (a restart would have lost
+    them): one round trip to confirm them, then the protocol's own path."""
+    world = World(Schedule.single(protocol, (True, True), seed=1, read_only_count=1), trace_paths=True)
+    world.run()
+    assert check(world) == []
+    assert replies(world) == [TxnState.COMMIT]
+    assert set(world.outcome.reply_paths[0]) == {(hops + 2, writes) for hops, writes in EXPECTED[protocol]}
 
 
 def test_wholly_read_only_transaction_skips_both_phases() -> None:
     for protocol in Protocol:
-        host = CoordinatorHost("c0", protocol, ProtocolConfig(), jitter=_Fixed())
-        effects = host.handle(CommitRequested("t9", writes=(), reads=("r0", "r1")))
+        txn = f"9.c0.x.1.{PROTOCOL_TAGS[protocol]}"
+        host = CoordinatorHost("c0", ProtocolConfig(), _Fixed(), protocol_of)
+        effects = host.handle(CommitRequested("c0", txn, writes=(), reads=("r0", "r1")))
+        votes = Timer("c0", txn, "votes")
         assert effects == [
-            Send("r0", ReleaseReadOnly("t9", "r0")),
-            Send("r1", ReleaseReadOnly("t9", "r1")),
-            Reply("t9", TxnState.COMMIT),
+            Send("c0", "r0", ReleaseReadOnly(txn, "r0")),
+            Send("c0", "r1", ReleaseReadOnly(txn, "r1")),
+            StartTimer(votes, ProtocolConfig().timeout_ms_votes),
         ]
+        assert host.handle(MessageReceived("r0", "c0", ReadOnlyReleased(txn, "r0", held=True))) == []
+        effects = host.handle(MessageReceived("r1", "c0", ReadOnlyReleased(txn, "r1", held=True)))
+        assert effects == [CancelTimer(votes), Decided(txn, TxnState.COMMIT), Reply(txn, TxnState.COMMIT)]
+        assert txn not in host.machines, "nothing to collect: the machine is forgotten at once"
 
 
 def test_read_only_participant_is_released_without_logging() -> None:
-    world = World(Protocol.CORNUS, Schedule(seed=1, votes=(True, True), read_only_count=1))
+    world = World(Schedule.single(Protocol.CORNUS, (True, True), seed=1, read_only_count=1))
     logged: list[str] = []
 
     def spy(world: World, name: str, effect: object) -> None:
@@ -56,8 +76,35 @@ def test_read_only_participant_is_released_without_logging() -> None:
     world.hook = spy
     world.run()
     assert check(world) == []
-    assert world.outcome.released_read_only == {"r0"}
-    assert "r0" not in logged
+    assert world.outcome.released_read_only == {("p2", txn(world))}
+    assert "p2" not in logged
+
+
+def test_a_read_only_partition_that_lost_its_locks_aborts_the_transaction() -> None:
+    """A crash between the read and the commit loses the read locks; what was read may have
+    changed since, so the transaction must abort, and nobody logs anything for it."""
+    world = World(Schedule.single(Protocol.CORNUS, (True, True), seed=1, read_only_count=1))
+    world.run(until_ms=1)
+    world.crash(world.node_of_host("p2").name, 1)
+    world.run()
+    assert check(world) == []
+    assert replies(world) == [TxnState.ABORT]
+    assert not world.storage.voted_yes, "no participant may vote before the reads are confirmed"
+
+
+def test_a_partition_without_the_execution_says_its_read_locks_are_gone() -> None:
+    txn = "9.c0.x.1.cornus"
+    host = PartitionHost("r0", ProtocolConfig(), _Fixed(), protocol_of)
+    effects = host.handle(MessageReceived("c0", "r0", ReleaseReadOnly(txn, "r0")))
+    assert effects == [Send("r0", "c0", ReadOnlyReleased(txn, "r0", held=False))]
+    coordinator = CoordinatorHost("c0", ProtocolConfig(), _Fixed(), protocol_of)
+    coordinator.handle(CommitRequested("c0", txn, writes=(("p0", b"redo"),), reads=("r0",)))
+    effects = coordinator.handle(MessageReceived("r0", "c0", ReadOnlyReleased(txn, "r0", held=False)))
+    replies_sent = [e for e in effects if isinstance(e, Reply)]
+    assert [r.outcome for r in replies_sent] == [TxnState.ABORT] and "lost the read locks" in replies_sent[0].reason
+    # The writer never got a prepare: it is told to drop its execution, and nothing was logged.
+    assert Send("c0", "p0", Decision(txn, TxnState.ABORT)) in effects
+    assert not [e for e in effects if isinstance(e, LogOnce | Log)]
 
 
 class _Fixed:

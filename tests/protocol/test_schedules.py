@@ -1,7 +1,11 @@
-"""Random schedules for every protocol: hypothesis builds fault plans (crashes, outages, loss,
-delays, votes); a seeded batch adds breadth. CI's share; the explorer runs >= 100,000 each."""
+"""Random schedules for every protocol and for worlds that mix them: hypothesis builds fault plans
+(transactions sharing keys, crashes, outages, slow calls that land late, lost and duplicated
+messages, tiny recovery pages, manual resolves); a seeded batch adds breadth. CI's share; the
+explorer runs >= 100,000 each (python -m cornus.sim.explore)."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -9,60 +13,92 @@ from hypothesis import strategies as st
 
 from cornus.protocol.config import Protocol
 from cornus.sim.explore import explore, run_schedule
-from cornus.sim.schedule import FAULTS_END_MS, Crash, Outage, Schedule
+from cornus.sim.schedule import (
+    COORDINATORS,
+    FAULTS_END_MS,
+    KEYS_PER_PARTITION,
+    Crash,
+    Outage,
+    Resolve,
+    Schedule,
+    TxnPlan,
+    node_of,
+    random_schedule,
+)
 from cornus.sim.world import World
 
-NODES = ("c0", "p0", "p1", "p2", "p3")
-LOGS = ("c.c0", "p.p0", "p.p1", "p.p2", "p.p3")
+PARTITIONS = ("p0", "p1", "p2", "p3")
+PROTOCOL_CHOICES = [*Protocol, None]  # None: every transaction draws its own
 
 
 @st.composite
-def schedules(draw: st.DrawFn) -> Schedule:
-    votes = tuple(draw(st.lists(st.sampled_from((True, True, True, False)), min_size=1, max_size=4)))
-    nodes = NODES[: len(votes) + 1]
+def txn_plans(draw: st.DrawFn, protocol: Protocol | None, partition_count: int) -> TxnPlan:
+    partitions = list(PARTITIONS[:partition_count])
+    written = draw(st.lists(st.sampled_from(partitions), min_size=1, max_size=3, unique=True))
+    others = [p for p in partitions if p not in written]
+    read = draw(st.lists(st.sampled_from(others), max_size=1, unique=True)) if others else []
+    keys = st.integers(0, KEYS_PER_PARTITION - 1)
+    return TxnPlan(
+        coordinator=draw(st.sampled_from(COORDINATORS)),
+        protocol=protocol or draw(st.sampled_from(list(Protocol))),
+        start_ms=draw(st.integers(0, 300)),
+        writes=tuple((p, draw(keys)) for p in written),
+        reads=tuple((p, draw(keys)) for p in read),
+        votes=tuple(draw(st.sampled_from((True, True, True, False))) for _ in written),
+    )
+
+
+@st.composite
+def schedules(draw: st.DrawFn, protocol: Protocol | None) -> Schedule:
+    partition_count = draw(st.integers(1, len(PARTITIONS)))
+    txns = draw(st.lists(txn_plans(protocol, partition_count), min_size=1, max_size=3))
+    nodes = [*COORDINATORS, *(node_of(p) for p in PARTITIONS[:partition_count])]
     crashes = draw(st.lists(
-        st.builds(Crash, st.sampled_from(nodes), st.integers(0, FAULTS_END_MS), st.integers(1, 700)),
-        max_size=3,
+        st.builds(Crash, st.sampled_from(nodes), st.integers(0, FAULTS_END_MS), st.integers(1, 700)), max_size=3,
     ))
+    logs = [*(f"c.{c}" for c in COORDINATORS), *(f"p.{p}" for p in PARTITIONS[:partition_count])]
     outages = []
-    some_logs = st.sets(st.sampled_from(LOGS[: len(votes) + 1]), min_size=1)
-    windows = st.lists(st.tuples(st.integers(0, 700), st.integers(1, 300), some_logs), max_size=2)
-    for start, length, logs in draw(windows):
-        outages.append(Outage(tuple(sorted(logs)), start, min(FAULTS_END_MS, start + length)))
+    windows = st.lists(st.tuples(st.integers(0, 700), st.integers(1, FAULTS_END_MS), st.sets(st.sampled_from(logs),
+                                                                                             min_size=1)), max_size=2)
+    for start, length, chosen in draw(windows):
+        outages.append(Outage(tuple(sorted(chosen)), start, min(FAULTS_END_MS, start + length)))
+    resolves = draw(st.lists(st.builds(Resolve, st.integers(0, 3 * FAULTS_END_MS), st.integers(0, len(txns) - 1)),
+                             max_size=2))
     return Schedule(
         seed=draw(st.integers(0, 2**32 - 1)),
-        votes=votes,
-        read_only_count=draw(st.integers(0, 1)),
+        partition_count=partition_count,
+        txns=tuple(txns),
         loss_probability=draw(st.sampled_from((0.0, 0.05, 0.3))),
         delay_ms_max=draw(st.sampled_from((1, 20, 60))),
         storage_ms_max=draw(st.sampled_from((1, 10, 40))),
         ambiguous_probability=draw(st.sampled_from((0.0, 0.5, 1.0))),
+        late_call_probability=draw(st.sampled_from((0.0, 0.1, 0.3))),
+        duplicate_probability=draw(st.sampled_from((0.0, 0.2, 0.5))),
+        scan_page_max=draw(st.sampled_from((1, 2, 500))),
         crashes=tuple(crashes),
         outages=tuple(outages),
+        resolves=tuple(resolves),
     )
 
 
-@pytest.mark.parametrize("protocol", list(Protocol))
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(schedule=schedules())
-def test_hypothesis_schedules_keep_every_invariant(protocol: Protocol, schedule: Schedule) -> None:
-    assert run_schedule(protocol, schedule) == []
+@pytest.mark.parametrize("protocol", PROTOCOL_CHOICES, ids=lambda p: p.value if p else "mixed")
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_hypothesis_schedules_keep_every_invariant(protocol: Protocol | None, data: st.DataObject) -> None:
+    schedule = data.draw(schedules(protocol))
+    assert run_schedule(schedule) == []
 
 
-@pytest.mark.parametrize("protocol", list(Protocol))
-def test_seeded_random_schedules_keep_every_invariant(protocol: Protocol) -> None:
-    count, failures = explore(protocol, 4000, seed=20240601)
-    assert count == 4000
+@pytest.mark.parametrize("protocol", PROTOCOL_CHOICES, ids=lambda p: p.value if p else "mixed")
+def test_seeded_random_schedules_keep_every_invariant(protocol: Protocol | None) -> None:
+    count, failures = explore(protocol, 1500, seed=20240601)
+    assert count == 1500
     assert failures == []
 
 
 def test_same_seed_same_run() -> None:
-    import random
-
-    from cornus.sim.schedule import random_schedule
-
-    schedule = random_schedule(random.Random(99))
-    first, second = World(Protocol.CORNUS, schedule), World(Protocol.CORNUS, schedule)
+    schedule = random_schedule(random.Random(99), None)
+    first, second = World(schedule), World(schedule)
     first.run()
     second.run()
     assert first.outcome == second.outcome

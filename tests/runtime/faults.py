@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.runtime import redo as redo_codec
-from cornus.runtime import txn_ids
 from cornus.runtime.config import NodeConfig, RuntimeLimits
 from cornus.runtime.keys import partition_of
 from cornus.runtime.local_transport import LocalNetwork
@@ -44,8 +44,10 @@ from storage_adapters.factory import StoreConfig, open_store
 # Storage call deadline of test clusters: small, so recovery's wait for in-flight calls is short,
 # but well above what a SQLite commit on this machine takes.
 STORAGE_TIMEOUT_MS = 500
-# Protocol timers of test clusters (ProtocolConfig fields). gc_grace_ms stays above the storage
-# deadline, as DESIGN section 4 requires.
+# How late past its deadline a call may land here (one process, one SQLite file: little).
+CLOCK_SLACK_MS = 100
+# Protocol timers of test clusters (ProtocolConfig fields). gc_grace_ms is the least the rule allows
+# (twice the storage deadline plus the slack), as DESIGN section 4 requires.
 PROTOCOL_DEFAULTS: dict[str, int] = {
     "timeout_ms_prepare": 400,
     "timeout_ms_votes": 200,
@@ -53,7 +55,9 @@ PROTOCOL_DEFAULTS: dict[str, int] = {
     "timeout_ms_resend": 100,
     "backoff_ms_min": 10,
     "backoff_ms_max": 200,
-    "gc_grace_ms": 1_000,
+    "storage_deadline_ms": STORAGE_TIMEOUT_MS,
+    "clock_slack_ms": CLOCK_SLACK_MS,
+    "gc_grace_ms": 2 * STORAGE_TIMEOUT_MS + CLOCK_SLACK_MS,
 }
 LIMIT_DEFAULTS: dict[str, int] = {
     "timeout_ms_peer_request": 2_000,
@@ -192,10 +196,9 @@ class FaultyStore(LogStore):
     async def read(self, log: LogId, txn: str) -> Record | None:
         return await self._run("read", {"log": log, "txn": txn}, lambda: self.inner.read(log, txn))
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, **more: Any) -> list[Record]:
-        # **more: a later contract may page with a cursor; pass it through untouched.
-        args = {"log": log, "limit": limit, **more}
-        return await self._run("scan_unfinished", args, lambda: self.inner.scan_unfinished(log, limit, **more))
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
+        args = {"log": log, "limit": limit, "after": after}
+        return await self._run("scan_unfinished", args, lambda: self.inner.scan_unfinished(log, limit, after))
 
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
         args = {"partition": partition, "keys": tuple(keys)}
@@ -263,7 +266,9 @@ class LocalCluster:
             protocol=self.protocols.get(node_id, self.protocol),
             partition_count=self.partition_count,
             storage=self.storage,
-            protocol_config=ProtocolConfig(**{**PROTOCOL_DEFAULTS, **self.protocol_config}),
+            protocol_config=ProtocolConfig(
+                **{**PROTOCOL_DEFAULTS, **self.protocol_config, "storage_deadline_ms": self.storage_timeout_ms}
+            ),
             limits=RuntimeLimits(**{**LIMIT_DEFAULTS, **self.limits}),
         )
 

@@ -80,7 +80,7 @@ async def test_recovery_sees_every_page_of_unfinished_records(tmp_path):
     """Recovery must page through all unfinished records of an owned partition. It read only the
     first page (its scan has no cursor), leaving the rest in doubt and locked forever."""
     txn_count = 9
-    async with local_cluster(tmp_path, partition_count=2, limits={"recovery_page_count_max": 2}) as cluster:
+    async with local_cluster(tmp_path, partition_count=2, protocol_config={"scan_page_count_max": 2}) as cluster:
         # A node that crashed after every participant voted yes, before any decision: Cornus
         # VOTE_YES records in both of its partitions, for more transactions than one page holds.
         expected: dict[str, bytes] = {}
@@ -217,7 +217,9 @@ async def test_late_duplicate_commit_does_not_reapply_old_redo(tmp_path):
 
         await wait_until(second_applied, 5, "the second write never reached storage")
 
-        late = Decision(first.txn, TxnState.COMMIT, redo_of({key: b"1"}))
+        # Decisions carried the coordinator-log redo when this bug was found; they no longer do, and
+        # a late COMMIT must change nothing either way.
+        late = Decision(first.txn, TxnState.COMMIT)
         node.on_message("n0", Routed("n0", partition, late))
 
         async def unchanged() -> bool:
@@ -342,7 +344,7 @@ async def test_untagged_txn_id_is_handled_alike_on_every_node(tmp_path):
     async with local_cluster(tmp_path, node_count=2, partition_count=2, protocols=protocols) as cluster:
         untagged = txn_id("n0", 1, None)
         problems = []
-        seen = {node_id: cluster.node(node_id).protocol_of(untagged).value for node_id in protocols}
+        seen = {node_id: cluster.node(node_id).protocol_of(untagged) for node_id in protocols}
         if len(set(seen.values())) != 1:
             problems.append(f"nodes disagree on the protocol of untagged {untagged}: {seen}")
         node = cluster.node("n0")

@@ -29,7 +29,9 @@ def new_txn_id(begin_ms: int, node: str, incarnation: str, counter: int, protoco
 
 def protocol_of(txn: str) -> Protocol | None:
     """The protocol an id names; None for an id this runtime did not make (the tag is last, so a
-    node id holding dots cannot confuse it)."""
+    node id holding dots cannot confuse it). There is no fallback to a node's default protocol:
+    nodes with different defaults would then run different machines for one transaction. An id
+    without a tag is refused wherever it enters."""
     return _PROTOCOL_BY_TAG.get(txn.rsplit(".", 1)[-1])
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
-from cornus.runtime import txn_ids
 from storage_adapters.contract import validate_txn
 
 

@@ -1,0 +1,215 @@
+"""Recovery at node start, as a pure machine: which logs to scan, page by page, and what the
+records found mean. The runtime (or the simulator) only carries out its scans and reads.
+
+1. Wait `recovery_settle_ms`: storage calls of the previous life, and the coordinator-log redo
+   writes that could still commit a yes vote of ours, land within it (ProtocolConfig).
+2. Scan every page of: each owned partition's log, this node's coordinator log, and every
+   coordinator's log (coordinator-log participants log nothing before the decision, so their yes
+   votes live only in the coordinators' redo records). A page shorter than the limit is the last;
+   the next page starts after the last txn of the one before (a scan without a cursor would see
+   the first page again and again, since its records stay unfinished until resolved).
+3. For each coordinator-log redo naming an owned partition that its own log did not bring back,
+   read the partition's record, then the coordinator's again: decided means finished; absent, with
+   the coordinator's record still there, means a yes vote that may still commit (or an abort that
+   left no record), rebuilt as a VOTE_YES record that asks the coordinator.
+4. Result: the records to rebuild machines from, and the keys to lock again first.
+
+Storage that cannot be reached is retried after a capped backoff, forever: a node that skipped
+recovery could answer "unknown" for a transaction it voted yes on. It is not ready meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cornus.protocol import redo_bundle
+from cornus.protocol.backoff import Backoff, JitterSource
+from cornus.protocol.config import Protocol, ProtocolConfig
+from cornus.protocol.effects import Effect, ReadRecord, ScanLog, StartTimer, Timer
+from cornus.protocol.events import Event, RecordRead, ScanReturned, StorageUnreachable, TimerFired
+from storage_adapters.contract import LogId, LogKind, Record, RecordBody, TxnState
+
+# The owner of recovery's storage calls and timers. '~' cannot appear in a partition or node id,
+# so it never names a host.
+RECOVERY = "~recovery"
+
+ProtocolOf = Callable[[str], "Protocol | None"]
+
+# Recovery's steps after the settle wait: scans, then reads of possible coordinator-log votes in
+# the partitions' own logs, then in the coordinators' logs.
+_SCANS, _OWN_READS, _COORDINATOR_READS = range(3)
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryResult:
+    """`records` in the order their machines are rebuilt: owned partitions' records (from their
+    logs, or rebuilt coordinator-log votes), then this node's coordinator records."""
+
+    records: tuple[Record, ...]
+
+    @property
+    def partition_records(self) -> tuple[Record, ...]:
+        return tuple(r for r in self.records if r.log.kind is LogKind.PARTITION)
+
+
+class Recovery:
+    def __init__(
+        self,
+        node: str,
+        partitions: tuple[str, ...],
+        coordinators: tuple[str, ...],
+        config: ProtocolConfig,
+        jitter: JitterSource,
+        *,
+        protocol_of: ProtocolOf,
+    ) -> None:
+        assert node in coordinators, "every node coordinates, this one too"
+        self.node = node
+        self.partitions = partitions
+        self.config = config
+        self.protocol_of = protocol_of
+        self.result: RecoveryResult | None = None
+        self._backoff = Backoff(config.backoff_ms_min, config.backoff_ms_max, jitter)
+        self._logs = (
+            *(LogId.partition(p) for p in partitions),
+            *(LogId.coordinator(c) for c in coordinators),
+        )
+        self._found: dict[LogId, list[Record]] = {log: [] for log in self._logs}
+        self._scans_waiting: set[ScanLog] = set()
+        self._reads_waiting: set[ReadRecord] = set()
+        self._failed: list[ScanLog | ReadRecord] = []
+        self._votes: dict[tuple[str, str], Record] = {}  # (partition, txn) -> rebuilt vote, if still open
+        self._started = False
+        self._step = _SCANS
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    def start(self) -> list[Effect]:
+        return [StartTimer(self._timer("settle"), self.config.recovery_settle_ms)]
+
+    def handle(self, event: Event) -> list[Effect]:
+        assert not self.done, f"{type(event).__name__} after recovery finished"
+        if isinstance(event, TimerFired):
+            if event.timer.kind == "settle":
+                assert not self._started
+                self._started = True
+                return self._issue([self._scan(log, "") for log in self._logs])
+            assert event.timer.kind == "retry", event.timer
+            failed, self._failed = self._failed, []
+            return self._issue(failed)
+        if isinstance(event, ScanReturned):
+            self._scans_waiting.remove(event.call)
+            if isinstance(event.result, StorageUnreachable):
+                self._failed.append(event.call)
+                return self._after_answer()
+            self._backoff.reset()
+            return self._issue(self._on_page(event.call, event.result)) + self._after_answer()
+        assert isinstance(event, RecordRead), f"{type(event).__name__} reached recovery"
+        self._reads_waiting.remove(event.call)
+        if isinstance(event.result, StorageUnreachable):
+            self._failed.append(event.call)
+            return self._after_answer()
+        self._on_vote_read(event.call, event.result)
+        return self._after_answer()
+
+    # -- steps -------------------------------------------------------------------------------------
+    def _on_page(self, call: ScanLog, page: tuple[Record, ...]) -> list[ScanLog]:
+        assert len(page) <= call.limit, f"{len(page)} records in a page of {call.limit}"
+        previous = call.after
+        for record in page:
+            assert record.log == call.log and record.txn > previous, "a page must ascend past its cursor"
+            assert not record.state.is_decision or (record.state is TxnState.COMMIT and not record.applied), (
+                f"scan returned a finished record {record.txn} ({record.state})"
+            )
+            # An id without a protocol tag was made by an earlier build; no machine may guess it.
+            assert self.protocol_of(record.txn) is not None, (
+                f"{call.log.key} holds {record.txn}, whose id names no protocol: resolve it by hand"
+            )
+            previous = record.txn
+        self._found[call.log].extend(page)
+        if len(page) < call.limit:
+            return []
+        return [self._scan(call.log, page[-1].txn)]
+
+    def _on_vote_read(self, call: ReadRecord, record: Record | None) -> None:
+        """Step 3, for the possible coordinator-log votes: first every partition's own record, then
+        (once all of those are in) each coordinator's record again. Garbage collection deletes the
+        coordinator's record first and the partitions' after it, so a coordinator record still
+        there after our own record was found missing means nothing was collected yet: the vote may
+        be open. Gone means the transaction finished, and was collected, meanwhile."""
+        if call.log.kind is LogKind.PARTITION:
+            if record is not None and record.state.is_decision:
+                # Decided here already: an unapplied COMMIT came back through this partition's own
+                # log; an applied one or an ABORT needs nothing.
+                del self._votes[(call.log.name, call.txn)]
+        elif record is None:
+            for key in [key for key in self._votes if key[1] == call.txn]:
+                del self._votes[key]
+
+    def _after_answer(self) -> list[Effect]:
+        if self._scans_waiting or self._reads_waiting:
+            return []
+        if self._failed:
+            return [StartTimer(self._timer("retry"), self._backoff.next_delay_ms())]
+        self._step += 1
+        reads: list[ReadRecord] = []
+        if self._step == _OWN_READS:
+            reads = self._votes_to_check()
+        elif self._step == _COORDINATOR_READS:
+            coordinators = {txn: vote.body.coordinator for (_, txn), vote in self._votes.items()}
+            reads = [ReadRecord(RECOVERY, LogId.coordinator(c), txn) for txn, c in sorted(coordinators.items())]
+        if reads:
+            return self._issue(reads)
+        if self._step < _COORDINATOR_READS:
+            return self._after_answer()
+        self.result = self._assemble()
+        return []
+
+    def _votes_to_check(self) -> list[ReadRecord]:
+        """Coordinator-log redo records naming owned partitions whose own logs did not bring the
+        transaction back: each may hide a yes vote; reading the partition's record tells."""
+        own = {(record.log.name, record.txn) for p in self.partitions for record in self._found[LogId.partition(p)]}
+        reads: list[ReadRecord] = []
+        for log in self._logs:
+            if log.kind is not LogKind.COORDINATOR:
+                continue
+            for record in self._found[log]:
+                if self.protocol_of(record.txn) is not Protocol.COORDINATOR_LOG:
+                    continue  # a 2PC decision: its participants logged their votes themselves
+                for partition, redo in redo_bundle.decode(record.body.redo).items():
+                    if partition not in self.partitions or (partition, record.txn) in own:
+                        continue
+                    vote = Record(
+                        LogId.partition(partition), record.txn, TxnState.VOTE_YES,
+                        RecordBody(record.body.participants, record.body.coordinator, redo),
+                    )
+                    self._votes[(partition, record.txn)] = vote
+                    reads.append(ReadRecord(RECOVERY, vote.log, record.txn))
+        return reads
+
+    def _assemble(self) -> RecoveryResult:
+        records: list[Record] = []
+        for partition in self.partitions:
+            records += self._found[LogId.partition(partition)]
+            records += sorted(
+                (vote for (p, _), vote in self._votes.items() if p == partition), key=lambda r: r.txn
+            )
+        records += self._found[LogId.coordinator(self.node)]
+        return RecoveryResult(tuple(records))
+
+    def _scan(self, log: LogId, after: str) -> ScanLog:
+        return ScanLog(RECOVERY, log, after, self.config.scan_page_count_max)
+
+    def _issue(self, calls: list[ScanLog] | list[ReadRecord] | list[ScanLog | ReadRecord]) -> list[Effect]:
+        for call in calls:
+            if isinstance(call, ScanLog):
+                self._scans_waiting.add(call)
+            else:
+                self._reads_waiting.add(call)
+        return list(calls)
+
+    def _timer(self, kind: str) -> Timer:
+        return Timer(RECOVERY, "", kind)

@@ -1,0 +1,125 @@
+"""Manual resolve of one transaction from storage (the admin API), as a pure machine: any node can
+run it, it needs only storage, and it decides by the same rules as the protocol.
+
+One round, never retried by itself:
+1. Read the transaction's record in every candidate partition's log.
+2. A decision found in any of them is the outcome, and nothing is written. (A record may be
+   missing because garbage collection has begun: it deletes only after every participant holds
+   the decision, so the records left say it. Writing into the emptied slots would put an ABORT
+   beside a COMMIT.)
+3. Only VOTE_YES found: no participant has acknowledged a decision, so nothing is collected yet.
+   Cornus runs termination (`Termination`, the one owner of the decision rule) over every
+   participant's log, right away. The VOTE_YES seen means that participant had not acknowledged
+   a decision when the read was served, so garbage collection cannot delete anything until a
+   grace period after that; the writes must land before it ends. They are issued only while the
+   round's window is open (`gc_grace_ms` minus one storage deadline and the slack, counted from
+   the first read) and land within a deadline plus the slack. A round that cannot finish in its
+   window, or whose storage does not answer, reports "in doubt" instead of retrying later, when
+   that bound would no longer hold. 2PC and coordinator-log may be decided only by their
+   coordinator, whose log is read instead.
+"""
+
+from __future__ import annotations
+
+from cornus.protocol import txn_ids
+from cornus.protocol.backoff import Backoff, JitterSource
+from cornus.protocol.config import Protocol, ProtocolConfig
+from cornus.protocol.effects import Effect, LogOnce, ReadRecord, StartTimer, Timer
+from cornus.protocol.events import Event, LogReturned, RecordRead, StorageUnreachable, TimerFired
+from cornus.protocol.termination import Termination, decision_among
+from storage_adapters.contract import LogId, LogKind, Record, TxnState
+
+# The owner of a resolve's storage calls. '~' cannot appear in a partition or node id.
+RESOLVE = "~resolve"
+
+
+class Resolver:
+    def __init__(self, txn: str, partitions: tuple[str, ...], config: ProtocolConfig, jitter: JitterSource) -> None:
+        assert partitions, "resolve needs the partitions to look in"
+        self.txn = txn
+        self.protocol = txn_ids.protocol_of(txn)
+        self.partitions = partitions
+        self.outcome: TxnState | None = None
+        self.detail = ""
+        self.done = False
+        self.wrote = False  # whether this resolve logged anything (Cornus termination)
+        self._backoff = Backoff(config.backoff_ms_min, config.backoff_ms_max, jitter)
+        self._reads_waiting: set[ReadRecord] = set()
+        self._found: list[Record] = []
+        self._unreachable: list[str] = []
+        self._termination: Termination | None = None
+        self._window_ms = config.gc_grace_ms - config.storage_deadline_ms - config.clock_slack_ms
+        assert self._window_ms >= config.storage_deadline_ms, "the grace leaves no time to read, then write"
+        self._window_open = True
+
+    @property
+    def found_records(self) -> bool:
+        """Whether any partition's log held a record of the transaction."""
+        return bool(self._found)
+
+    def start(self) -> list[Effect]:
+        if self.protocol is None:
+            return self._finish(None, "the id names no protocol, so no rule can decide it")
+        reads = [ReadRecord(RESOLVE, LogId.partition(p), self.txn) for p in self.partitions]
+        self._reads_waiting = set(reads)
+        return [StartTimer(Timer(RESOLVE, self.txn, "window"), self._window_ms), *reads]
+
+    def handle(self, event: Event) -> list[Effect]:
+        assert not self.done, f"{type(event).__name__} after the resolve finished"
+        if isinstance(event, TimerFired):
+            assert event.timer.kind == "window", event.timer
+            self._window_open = False
+            return []
+        if isinstance(event, RecordRead):
+            return self._on_read(event)
+        assert isinstance(event, LogReturned) and self._termination is not None, type(event).__name__
+        result = event.result
+        assert isinstance(event.call, LogOnce) and not isinstance(result, TxnState)
+        self._termination.on_result(event.call, result)
+        if self._termination.outcome is not None:
+            return self._finish(self._termination.outcome, "termination over the participants' logs")
+        if not self._termination.waiting:
+            return self._finish(None, "in doubt: storage did not answer for every participant; try again")
+        return []
+
+    def _on_read(self, event: RecordRead) -> list[Effect]:
+        self._reads_waiting.remove(event.call)
+        if isinstance(event.result, StorageUnreachable):
+            self._unreachable.append(event.call.log.key)
+        elif event.result is not None:
+            self._found.append(event.result)
+        if self._reads_waiting:
+            return []
+        if self._unreachable:
+            return self._finish(None, f"storage did not answer for {', '.join(sorted(self._unreachable))}")
+        if event.call.log.kind is LogKind.COORDINATOR:
+            # The blocking protocols' last word: their coordinator's log.
+            committed = isinstance(event.result, Record) and event.result.state is TxnState.COMMIT
+            if committed:
+                return self._finish(TxnState.COMMIT, "the coordinator's log holds COMMIT")
+            return self._finish(None, "in doubt: participants voted, and only the coordinator can decide")
+        partition_records = [r for r in self._found if r.log.kind is LogKind.PARTITION]
+        if not partition_records:
+            return self._finish(None, "no record of this transaction in any partition's log")
+        decision = decision_among(r.state for r in partition_records)
+        if decision is not None:
+            return self._finish(decision, "a participant's record holds the decision")
+        body = partition_records[0].body
+        if self.protocol is Protocol.CORNUS:
+            if not self._window_open:
+                return self._finish(None, "in doubt: the reads took too long to write safely now; try again")
+            self.wrote = True
+            logs = tuple(LogId.partition(p) for p in body.participants)
+            timer = Timer(RESOLVE, self.txn, "termination")  # never started: one round only
+            self._termination = Termination(RESOLVE, self.txn, logs, body, backoff=self._backoff, timer=timer)
+            return self._termination.start()
+        if not body.coordinator:
+            return self._finish(None, "in doubt: the records name no coordinator")
+        read = ReadRecord(RESOLVE, LogId.coordinator(body.coordinator), self.txn)
+        self._reads_waiting = {read}
+        return [read]
+
+    def _finish(self, outcome: TxnState | None, detail: str) -> list[Effect]:
+        self.outcome, self.detail, self.done = outcome, detail, True
+        return []
+

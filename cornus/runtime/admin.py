@@ -1,0 +1,208 @@
+"""What a node tells operators and peers about transactions: the outcome of one (from its own memory,
+its peers', or the records in storage), the listing of what is in flight or in doubt here, the
+status answer to a peer, and the manual resolve (the core's `Resolver`, run against storage)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cornus.protocol import txn_ids
+from cornus.protocol.coordinator_base import CoordPhase
+from cornus.protocol.effects import Effect, LogOnce, ReadRecord, StartTimer
+from cornus.protocol.events import Event, StorageUnreachable, TimerFired, answer
+from cornus.protocol.node_core import NodeCore
+from cornus.protocol.resolve import Resolver
+from cornus.protocol.termination import decision_among
+from cornus.runtime.config import NodeConfig
+from cornus.runtime.coordination import Coordination
+from cornus.runtime.outcome import AbortReason, Outcome, OutcomeStatus
+from cornus.runtime.partition import PartitionRuntime
+from cornus.runtime.transport import Transport
+from cornus.runtime.wire import StatusRequest, StatusResponse
+from storage_adapters.contract import LogId, LogStore, TxnState
+from storage_adapters.errors import StorageUnavailable
+
+# Storage calls one manual resolve keeps in flight (it reads every partition's log).
+RESOLVE_CALLS_IN_FLIGHT_MAX = 256
+_FINISHED = frozenset({CoordPhase.GC_WAIT, CoordPhase.COLLECTING_GARBAGE, CoordPhase.DONE})
+
+
+@dataclass(frozen=True, slots=True)
+class TxnInfo:
+    txn: str
+    role: str  # "coordinator" or "participant"
+    where: str  # node id (coordinator) or partition (participant)
+    phase: str
+    protocol: str
+    partitions: tuple[str, ...]
+    idle_ms: int
+
+
+class Admin:
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        core: NodeCore,
+        store: LogStore,
+        transport: Transport,
+        coordination: Coordination,
+        partitions: Mapping[str, PartitionRuntime],
+    ) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.core = core
+        self.store = store
+        self.transport = transport
+        self.coordination = coordination
+        self.partitions = partitions
+
+    # -- outcomes ----------------------------------------------------------------------------------
+    def status(self, txn: str) -> Outcome | None:
+        """What this node knows of a transaction it coordinated (None: nothing)."""
+        known = self.coordination.known(txn)
+        if known is not None and known.status is not OutcomeStatus.UNKNOWN:
+            return known
+        machine = self.core.coordinator.machines.get(txn)
+        if machine is not None and machine.decision is not None:
+            if machine.decision is TxnState.COMMIT:
+                return Outcome(txn, OutcomeStatus.COMMITTED)
+            return Outcome(txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO)
+        return known
+
+    async def resolve_status(self, txn: str) -> Outcome | None:
+        """The true outcome of any transaction the cluster still knows: its coordinator's memory,
+        else the participants' records (the decision any of them holds is the outcome; VOTE_YES
+        alone means in doubt). None if no node knows it (never seen, or finished and forgotten)."""
+        known = self.status(txn)
+        if known is not None:
+            return known
+        responses = await asyncio.gather(
+            *(self.transport.request(node, StatusRequest(txn), self.config.limits.timeout_ms_peer_request)
+              for node in self.config.peers),
+            return_exceptions=True,
+        )
+        answered = [r for r in responses if isinstance(r, StatusResponse)]
+        outcomes = {r.txn_outcome for r in answered if r.txn_outcome}
+        for status in (OutcomeStatus.COMMITTED, OutcomeStatus.ABORTED, OutcomeStatus.ACTIVE):
+            if status.value in outcomes:
+                return Outcome(txn, status, AbortReason.VOTED_NO if status is OutcomeStatus.ABORTED else None)
+        states = [state for r in answered for _, state in r.txn_states]
+        decision = decision_among(states)
+        if decision is TxnState.COMMIT:
+            return Outcome(txn, OutcomeStatus.COMMITTED)
+        if decision is TxnState.ABORT:
+            return Outcome(txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO)
+        if states or outcomes:
+            return Outcome(txn, OutcomeStatus.UNKNOWN, detail="in doubt: participants voted, no decision yet")
+        if len(answered) < len(responses):
+            return Outcome(txn, OutcomeStatus.UNKNOWN, detail="some nodes did not answer")
+        return None
+
+    async def status_response(self, request: StatusRequest, ready: bool) -> StatusResponse:
+        states: list[tuple[str, TxnState]] = []
+        if request.txn:
+            for partition in self.partitions:
+                record = await self.store.read(LogId.partition(partition), request.txn)
+                if record is not None:
+                    states.append((partition, record.state))
+        known = self.status(request.txn) if request.txn else None
+        return StatusResponse(
+            node=self.node_id,
+            ready=ready,
+            partitions=tuple(self.partitions),
+            txn_states=tuple(states),
+            in_doubt_count=self.core.in_doubt_count(),
+            txn_outcome="" if known is None else known.status.value,
+        )
+
+    # -- the listing -------------------------------------------------------------------------------
+    def transactions(self) -> list[TxnInfo]:
+        """What is in flight here: transactions this node coordinates, and the participant side
+        of every owned partition (phase "voted" is in doubt: voted yes, no decision known;
+        "applying" is committed, its redo not in storage yet)."""
+        now = time.monotonic()
+        protocol_of = _protocol_name
+        infos = [
+            TxnInfo(ctx.txn, "coordinator", self.node_id, ctx.state.value, ctx.protocol.value,
+                    tuple(sorted(ctx.touched)), round((now - ctx.last_active_s) * 1000))
+            for ctx in self.coordination.txns.values()
+        ]
+        for txn, machine in self.core.coordinator.machines.items():
+            # Decided and acknowledged everywhere, its records waiting out the grace: over.
+            if txn not in self.coordination.txns and machine.phase not in _FINISHED:
+                infos.append(TxnInfo(txn, "coordinator", self.node_id, machine.phase.value, protocol_of(txn),
+                                     tuple(machine.participants), 0))
+        for partition, host in self.core.partitions.items():
+            runtime = self.partitions[partition]
+            for txn in runtime.executions:
+                if txn not in host.machines:
+                    idle_ms = round((now - (runtime.idle_since(txn) or now)) * 1000)
+                    infos.append(TxnInfo(txn, "participant", partition, "executing", protocol_of(txn), (), idle_ms))
+            for txn, machine in host.machines.items():
+                infos.append(TxnInfo(txn, "participant", partition, machine.phase.value, protocol_of(txn),
+                                     tuple(machine.participants), 0))
+        return infos
+
+    # -- manual resolve ----------------------------------------------------------------------------
+    async def resolve(self, txn: str) -> Outcome:
+        """Finish a transaction by hand from any node, reading storage directly (every node can),
+        by the core's rules (cornus.protocol.resolve)."""
+        pc = self.config.protocol_config
+        resolver = Resolver(txn, self.config.partitions, pc, random.Random())
+        window: asyncio.TimerHandle | None = None
+        window_closed = asyncio.Event()
+        limit = asyncio.Semaphore(RESOLVE_CALLS_IN_FLIGHT_MAX)
+
+        async def call(effect: LogOnce | ReadRecord) -> Event:
+            async with limit:
+                try:
+                    if isinstance(effect, ReadRecord):
+                        return answer(effect, await self.store.read(effect.log, effect.txn))
+                    return answer(effect, await self.store.log_once(effect.log, effect.txn, effect.state, effect.body))
+                except StorageUnavailable as error:
+                    return answer(effect, StorageUnreachable(str(error)))
+
+        effects: list[Effect] = resolver.start()
+        try:
+            while not resolver.done:
+                calls: list[LogOnce | ReadRecord] = []
+                for effect in effects:
+                    if isinstance(effect, StartTimer):
+                        window = asyncio.get_running_loop().call_later(effect.duration_ms / 1000, window_closed.set)
+                        timer = effect.timer
+                    else:
+                        assert isinstance(effect, LogOnce | ReadRecord), effect
+                        calls.append(effect)
+                events = await asyncio.gather(*(call(c) for c in calls))
+                effects = []
+                if window_closed.is_set() and not resolver.done:
+                    resolver.handle(TimerFired(timer))
+                for event in events:
+                    if resolver.done:
+                        break  # answers a finished round no longer needs
+                    effects += resolver.handle(event)
+                assert resolver.done or effects, "a resolve round asked for nothing and did not finish"
+        finally:
+            if window is not None:
+                window.cancel()
+        detail = f"resolved from storage: {resolver.detail}"
+        if resolver.outcome is TxnState.COMMIT:
+            return Outcome(txn, OutcomeStatus.COMMITTED, detail=detail)
+        if resolver.outcome is TxnState.ABORT:
+            return Outcome(txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, detail)
+        if not resolver.found_records:
+            # Nothing in storage: never voted anywhere, or finished and collected. Memory may know.
+            known = await self.resolve_status(txn)
+            if known is not None:
+                return known
+        return Outcome(txn, OutcomeStatus.UNKNOWN, detail=resolver.detail)
+
+
+def _protocol_name(txn: str) -> str:
+    protocol = txn_ids.protocol_of(txn)
+    return protocol.value if protocol is not None else "unknown"

@@ -1,0 +1,69 @@
+"""Limits at the edge: what one transaction may grow to, checked before any of its operations run.
+
+A transaction that would outgrow what a record or a commit can hold is refused here, with nothing
+changed, naming the limit; past this point nothing may discover it (a machine that met an
+oversized participant list or redo could only hang or crash)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from cornus.protocol.config import Protocol
+from cornus.runtime import redo as redo_codec
+from cornus.runtime.config import RuntimeLimits
+from cornus.runtime.wire import Op, OpKind
+from storage_adapters.contract import DATA_BATCH_COUNT_MAX, REDO_BYTES_MAX
+from storage_adapters.errors import ValidationError
+
+# The framing redo_bundle adds per partition: a length prefix for the name and one for the redo.
+_BUNDLE_BYTES_PER_PARTITION = 8
+
+Writes = Mapping[str, Mapping[str, bytes | None]]
+
+
+def check_growth(
+    protocol: Protocol,
+    limits: RuntimeLimits,
+    touched: Writes,
+    op_count: int,
+    ops_by_partition: Mapping[str, Sequence[Op]],
+) -> None:
+    """Raise ValidationError unless the transaction, having run `op_count` operations with the
+    writes `touched` (partition -> key -> value; an empty map for a partition only read), may run
+    `ops_by_partition` as well."""
+    new_ops = sum(len(ops) for ops in ops_by_partition.values())
+    if op_count + new_ops > limits.txn_op_count_max:
+        raise ValidationError(
+            f"the transaction would run {op_count + new_ops} operations; the limit is "
+            f"{limits.txn_op_count_max} (txn_op_count_max): split it"
+        )
+    partitions = set(touched) | set(ops_by_partition)
+    if len(partitions) > limits.txn_partition_count_max:
+        raise ValidationError(
+            f"the transaction would touch {len(partitions)} partitions; the limit is "
+            f"{limits.txn_partition_count_max} (txn_partition_count_max): split it"
+        )
+    redo_sizes: dict[str, int] = {}
+    for partition in sorted(partitions):
+        projected = dict(touched.get(partition, {}))
+        projected.update(
+            (op.key, op.value) for op in ops_by_partition.get(partition, ()) if op.kind in (OpKind.PUT, OpKind.DELETE)
+        )
+        if not projected:
+            continue
+        size = len(redo_codec.encode(projected))
+        if size > REDO_BYTES_MAX or len(projected) > DATA_BATCH_COUNT_MAX:
+            raise ValidationError(
+                f"the writes of this transaction to partition {partition} would take {size} bytes and "
+                f"{len(projected)} keys; the limits are {REDO_BYTES_MAX} bytes (REDO_BYTES_MAX) and "
+                f"{DATA_BATCH_COUNT_MAX} keys (DATA_BATCH_COUNT_MAX) per partition: split it"
+            )
+        redo_sizes[partition] = size
+    if protocol is Protocol.COORDINATOR_LOG:
+        bundle = sum(size + len(p.encode()) + _BUNDLE_BYTES_PER_PARTITION for p, size in redo_sizes.items())
+        if bundle > REDO_BYTES_MAX:
+            raise ValidationError(
+                f"coordinator-log keeps the redo of every written partition in one coordinator record, which "
+                f"would take {bundle} bytes; the limit is {REDO_BYTES_MAX} (REDO_BYTES_MAX): write less, or "
+                f"use the cornus or 2pc protocol, which keep each partition's redo in its own record"
+            )

@@ -1,0 +1,285 @@
+"""The transactions a node coordinates for its clients: begin, operations routed to the partitions'
+owners (the execution phase), commit through the core's coordinator machine, abort, and what the
+caller is told. Every limit a transaction could outgrow is checked before it runs (admission.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from cornus.protocol import txn_ids
+from cornus.protocol.config import Protocol
+from cornus.protocol.effects import Decided, Reply
+from cornus.protocol.events import CommitRequested, Event
+from cornus.runtime import redo as redo_codec
+from cornus.runtime.admission import check_growth
+from cornus.runtime.config import NodeConfig
+from cornus.runtime.failpoints import Failpoints
+from cornus.runtime.keys import partition_of
+from cornus.runtime.outcome import AbortReason, NodeOverloaded, Outcome, OutcomeStatus, TxnNotFound, TxnWrongState
+from cornus.runtime.timing import TimingLog, TxnTiming
+from cornus.runtime.transport import PeerUnavailable, Transport
+from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind
+from storage_adapters.contract import TxnState
+from storage_adapters.errors import ValidationError
+
+log = logging.getLogger("cornus.node")
+
+# Outcomes remembered for the status call after a transaction left memory.
+OUTCOME_REMEMBERED_COUNT_MAX = 100_000
+# A commit waits at most this long for its outcome before it reports UNKNOWN. It covers the vote
+# timeout, a termination round or two and a decision write.
+TIMEOUT_MS_COMMIT = 10_000
+
+_ABORT_REASONS = {
+    ExecuteStatus.CONFLICT: AbortReason.CONFLICT,
+    ExecuteStatus.CHECK_FAILED: AbortReason.CHECK_FAILED,
+    ExecuteStatus.NOT_READY: AbortReason.NOT_READY,
+    ExecuteStatus.UNAVAILABLE: AbortReason.PEER_UNAVAILABLE,
+    ExecuteStatus.NOT_OWNER: AbortReason.PEER_UNAVAILABLE,
+    ExecuteStatus.INVALID: AbortReason.CLIENT,
+}
+
+
+class TxnAborted(Exception):
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(f"transaction {outcome.txn} aborted: {outcome.reason} {outcome.detail}")
+        self.outcome = outcome
+
+
+@dataclass(slots=True)
+class CoordinatedTxn:
+    txn: str
+    protocol: Protocol
+    timing: TxnTiming
+    # partition -> its writes in order (empty dict: only read)
+    touched: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
+    op_count: int = 0
+    state: OutcomeStatus = OutcomeStatus.ACTIVE
+    last_active_s: float = field(default_factory=time.monotonic)
+    reply: asyncio.Future[Reply] | None = None
+    busy: int = 0  # operations in flight; an idle sweep must not abort under them
+
+
+class Coordination:
+    """`feed` hands an event to the node's core; `ready` says whether recovery has run."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        transport: Transport,
+        failpoints: Failpoints,
+        timings: TimingLog,
+        counters: collections.Counter[str],
+    ) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.transport = transport
+        self.failpoints = failpoints
+        self.timings = timings
+        self.counters = counters
+        self.feed: Callable[[Event], None] = _unwired
+        self.ready: Callable[[], bool] = lambda: False
+        self.txns: dict[str, CoordinatedTxn] = {}
+        self.outcomes: collections.OrderedDict[str, Outcome] = collections.OrderedDict()
+        # Called with (protocol, outcome) whenever a coordinated transaction ends: metrics hook in.
+        self.outcome_observers: list[Callable[[str, Outcome], None]] = []
+        self._txn_counter = 0
+        # Tells this life's transaction ids from a previous one's (the counter restarts at zero).
+        self._incarnation = os.urandom(3).hex()
+
+    # -- begin and operations ----------------------------------------------------------------------
+    def begin(self, protocol: Protocol | None = None) -> str:
+        if not self.ready():
+            raise NodeOverloaded(f"{self.node_id} is still recovering")
+        if len(self.txns) >= self.config.limits.txn_count_max:
+            raise NodeOverloaded(f"{len(self.txns)} transactions in flight on {self.node_id}")
+        protocol = protocol or self.config.protocol
+        if not isinstance(protocol, Protocol):
+            raise ValidationError(f"protocol must be one of {', '.join(p.value for p in Protocol)}, got {protocol!r}")
+        self._txn_counter += 1
+        txn = txn_ids.new_txn_id(int(time.time() * 1000), self.node_id, self._incarnation, self._txn_counter, protocol)
+        self.txns[txn] = CoordinatedTxn(txn, protocol, TxnTiming(protocol.value))
+        return txn
+
+    def active(self, txn: str) -> CoordinatedTxn:
+        ctx = self.txns.get(txn)
+        if ctx is None:
+            if txn in self.outcomes:
+                raise TxnWrongState(f"transaction {txn} already ended: {self.outcomes[txn].status}")
+            raise TxnNotFound(f"no transaction {txn} on {self.node_id}")
+        if ctx.state is not OutcomeStatus.ACTIVE:
+            raise TxnWrongState(f"transaction {txn} is {ctx.state}, not active")
+        return ctx
+
+    async def run_ops(self, txn: str, ops: Sequence[Op]) -> list[bytes | None]:
+        """Run operations of an interactive transaction; the values of its GETs, in order. Raises
+        TxnAborted (the transaction is then over) or ValidationError (nothing happened)."""
+        ctx = self.active(txn)
+        by_partition: dict[str, list[Op]] = {}
+        positions: list[tuple[str, int]] = []
+        for op in ops:
+            if not isinstance(op, Op) or not isinstance(op.kind, OpKind):
+                raise ValidationError(f"not an operation: {op!r}")
+            partition = partition_of(op.key, self.config.partition_count)
+            group = by_partition.setdefault(partition, [])
+            if op.kind is OpKind.GET:
+                positions.append((partition, sum(o.kind is OpKind.GET for o in group)))
+            group.append(op)
+        # Refused now, with nothing changed: at commit it could only fail, and a retry the same way.
+        check_growth(ctx.protocol, self.config.limits, ctx.touched, ctx.op_count, by_partition)
+        ctx.busy += 1
+        try:
+            responses = await asyncio.gather(
+                *(self._execute_on(ctx, partition, tuple(group)) for partition, group in by_partition.items())
+            )
+        finally:
+            ctx.busy -= 1
+            ctx.last_active_s = time.monotonic()
+        values = dict(zip(by_partition, responses, strict=True))
+        failed = [(p, r) for p, r in values.items() if r.status is not ExecuteStatus.OK]
+        if failed:
+            partition, response = failed[0]
+            if response.status is ExecuteStatus.INVALID and len(failed) == len(values):
+                raise ValidationError(response.detail)
+            raise TxnAborted(await self._abort_for(ctx, response))
+        ctx.op_count += len(ops)
+        for partition, group in by_partition.items():
+            writes = ctx.touched.setdefault(partition, {})
+            for op in group:
+                if op.kind is OpKind.PUT or op.kind is OpKind.DELETE:
+                    writes[op.key] = op.value
+        return [values[partition].values[index] for partition, index in positions]
+
+    async def _execute_on(self, ctx: CoordinatedTxn, partition: str, ops: tuple[Op, ...]) -> ExecuteResponse:
+        continued = partition in ctx.touched
+        ctx.touched.setdefault(partition, {})
+        return await self._request_partition(ExecuteRequest(ctx.txn, partition, self.node_id, ops, continued=continued))
+
+    async def _request_partition(self, request: ExecuteRequest) -> ExecuteResponse:
+        try:
+            response = await self.transport.request(
+                self.config.owner_of(request.partition), request, self.config.limits.timeout_ms_peer_request
+            )
+        except PeerUnavailable as error:
+            return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"owner of {request.partition}: {error}")
+        assert isinstance(response, ExecuteResponse)
+        return response
+
+    # -- abort -------------------------------------------------------------------------------------
+    async def _abort_for(self, ctx: CoordinatedTxn, response: ExecuteResponse) -> Outcome:
+        reason = _ABORT_REASONS.get(response.status, AbortReason.VOTED_NO)
+        return await self._abort(ctx, reason, response.detail)
+
+    async def _abort(self, ctx: CoordinatedTxn, reason: AbortReason, detail: str) -> Outcome:
+        """Abort before commit: no participant voted, so telling them to drop state is enough."""
+        ctx.state = OutcomeStatus.ABORTED
+        await asyncio.gather(*(self._drop_on(ctx.txn, partition) for partition in ctx.touched), return_exceptions=True)
+        outcome = Outcome(ctx.txn, OutcomeStatus.ABORTED, reason, detail)
+        self._finish(ctx, outcome)
+        return outcome
+
+    async def _drop_on(self, txn: str, partition: str) -> None:
+        # Best effort: a participant that misses it times out its idle execution by itself.
+        await self._request_partition(ExecuteRequest(txn, partition, self.node_id, (), abort=True))
+
+    async def abort(self, txn: str) -> Outcome:
+        return await self._abort(self.active(txn), AbortReason.CLIENT, "aborted by the caller")
+
+    # -- commit ------------------------------------------------------------------------------------
+    async def commit(self, txn: str) -> Outcome:
+        ctx = self.active(txn)
+        if ctx.busy:
+            raise TxnWrongState(f"transaction {txn} still has operations running")
+        ctx.state = OutcomeStatus.UNKNOWN  # until the machine replies
+        ctx.timing.commit_requested = time.perf_counter()
+        writes = tuple((p, redo_codec.encode(w)) for p, w in sorted(ctx.touched.items()) if w)
+        reads = tuple(sorted(p for p, w in ctx.touched.items() if not w))
+        ctx.timing.participant_count = len(writes)
+        ctx.reply = asyncio.get_running_loop().create_future()
+        self.failpoints.hit("coordinator.before_prepare")
+        # The machine confirms (and releases) the partitions only read, then runs the protocol.
+        self.feed(CommitRequested(self.node_id, txn, writes, reads))
+        if writes:
+            self.failpoints.hit("coordinator.after_prepare")
+        try:
+            async with asyncio.timeout(TIMEOUT_MS_COMMIT / 1000):
+                reply = await ctx.reply
+        except TimeoutError:
+            outcome = Outcome(txn, OutcomeStatus.UNKNOWN, detail="no outcome within the commit deadline; ask status")
+            self._finish(ctx, outcome, remember=False)
+            return outcome
+        if reply.outcome is TxnState.COMMIT:
+            return self._finish(ctx, Outcome(txn, OutcomeStatus.COMMITTED))
+        return self._finish(ctx, Outcome(txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, reply.reason))
+
+    def on_reply(self, effect: Reply) -> None:
+        ctx = self.txns.get(effect.txn)
+        if ctx is None or ctx.reply is None or ctx.reply.done():
+            return  # the caller gave up (deadline); the status call still gives the outcome
+        if not ctx.timing.decided:
+            ctx.timing.decided = time.perf_counter()
+        ctx.reply.set_result(effect)
+
+    def on_decided(self, effect: Decided) -> None:
+        ctx = self.txns.get(effect.txn)
+        if ctx is not None and not ctx.timing.decided:
+            ctx.timing.decided = time.perf_counter()  # the votes are in: prepare ends here
+
+    def _finish(self, ctx: CoordinatedTxn, outcome: Outcome, remember: bool = True) -> Outcome:
+        ctx.state = outcome.status
+        ctx.timing.replied = time.perf_counter()
+        if ctx.timing.commit_requested:
+            phases = self.timings.record(ctx.timing)
+            outcome = Outcome(outcome.txn, outcome.status, outcome.reason, outcome.detail, outcome.reads, phases)
+        self.txns.pop(ctx.txn, None)
+        if remember:
+            self.outcomes[ctx.txn] = outcome
+            while len(self.outcomes) > OUTCOME_REMEMBERED_COUNT_MAX:
+                self.outcomes.popitem(last=False)
+        self.counters[f"outcome_{outcome.status}"] += 1
+        if outcome.reason is not None:
+            self.counters[f"abort_{outcome.reason}"] += 1
+        for observer in self.outcome_observers:
+            observer(ctx.protocol.value, outcome)
+        return outcome
+
+    async def execute(self, ops: Sequence[Op], protocol: Protocol | None = None) -> Outcome:
+        """A one-shot transaction: one execute request per partition, then commit."""
+        txn = self.begin(protocol)
+        try:
+            values = await self.run_ops(txn, ops)
+        except TxnAborted as aborted:
+            return aborted.outcome
+        except ValidationError:
+            await self._abort(self.txns[txn], AbortReason.CLIENT, "invalid request")
+            raise
+        outcome = await self.commit(txn)
+        gets = [op.key for op in ops if op.kind is OpKind.GET]
+        reads = tuple(zip(gets, values, strict=True)) if outcome.status is OutcomeStatus.COMMITTED else ()
+        return Outcome(outcome.txn, outcome.status, outcome.reason, outcome.detail, reads, outcome.timing_ms)
+
+    # -- what this node knows, and housekeeping ------------------------------------------------------
+    def known(self, txn: str) -> Outcome | None:
+        """What this node knows of a transaction it coordinates or coordinated (None: nothing)."""
+        ctx = self.txns.get(txn)
+        if ctx is not None:
+            return Outcome(txn, OutcomeStatus.ACTIVE if ctx.state is OutcomeStatus.ACTIVE else OutcomeStatus.UNKNOWN)
+        return self.outcomes.get(txn)
+
+    def sweep_idle(self, spawn: Callable[..., None]) -> None:
+        """Abort transactions idle past timeout_ms_txn_idle (their clients are gone)."""
+        now = time.monotonic()
+        idle_s = self.config.limits.timeout_ms_txn_idle / 1000
+        for ctx in list(self.txns.values()):
+            if ctx.state is OutcomeStatus.ACTIVE and not ctx.busy and now - ctx.last_active_s > idle_s:
+                spawn(self._abort(ctx, AbortReason.TIMEOUT, "idle past timeout_ms_txn_idle"))
+
+
+def _unwired(_: object) -> None:
+    raise AssertionError("Coordination used before the node wired it")

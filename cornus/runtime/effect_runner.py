@@ -1,0 +1,247 @@
+"""Carries out the core's effects on one node: storage calls (their answers come back as events),
+messages to peers, timers, locks and the owner's cache, replies to callers, and the timing marks.
+It decides nothing: every rule is in `cornus.protocol`; this maps each effect to one action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from cornus.protocol.effects import (
+    ApplyRedo,
+    CacheRedo,
+    CancelTimer,
+    Decided,
+    DeleteRecord,
+    Effect,
+    LocksPrepared,
+    Log,
+    LogOnce,
+    ReadRecord,
+    RecoveryFinished,
+    ReleaseLocks,
+    Reply,
+    RetakeLocks,
+    ScanLog,
+    Send,
+    StartTimer,
+    StorageCall,
+    TerminationEnded,
+    TerminationStarted,
+    Timer,
+)
+from cornus.protocol.events import Event, LogReturned, StorageUnreachable, TimerFired, answer
+from cornus.runtime.failpoints import Failpoints
+from cornus.runtime.partition import PartitionRuntime
+from cornus.runtime.timing import TimingLog
+from cornus.runtime.transport import Transport
+from cornus.runtime.wire import Routed
+from storage_adapters.contract import LogKind, LogStore, TxnState
+from storage_adapters.errors import InvariantViolation, StorageUnavailable
+
+log = logging.getLogger("cornus.node")
+
+# How long the coordinator.after_reply failpoint lets the reply reach the caller before dying.
+FAILPOINT_REPLY_FLUSH_S = 0.2
+# An apply that keeps failing is logged at its first failure and then every this many attempts.
+APPLY_FAILURE_LOG_EVERY = 20
+
+
+def fatal(message: str) -> None:
+    """An impossible state: crash loudly rather than run on with a broken invariant."""
+    log.critical("FATAL: %s", message)
+    os._exit(70)
+
+
+class EffectRunner:
+    """`feed` takes the event that answers a storage call or a timer; `owners` maps every partition
+    to the node that owns it (a host that is no partition is a node); the hooks tell the rest of
+    the node about replies, decisions and the end of recovery."""
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        store: LogStore,
+        transport: Transport,
+        partitions: Mapping[str, PartitionRuntime],
+        owners: Mapping[str, str],
+        failpoints: Failpoints,
+        timings: TimingLog,
+        counters: dict[str, int],
+    ) -> None:
+        self.node_id = node_id
+        self.store = store
+        self.transport = transport
+        self.partitions = partitions
+        self.owners = owners
+        self.failpoints = failpoints
+        self.timings = timings
+        self.counters = counters
+        self.feed: Callable[[Event], None] = _unwired
+        self.on_reply: Callable[[Reply], None] = _unwired
+        self.on_decided: Callable[[Decided], None] = _unwired
+        self.on_recovered: Callable[[RecoveryFinished], None] = _unwired
+        self.stopped = False
+        self._timers: dict[Timer, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        # (where, txn) -> when its termination protocol began (perf_counter seconds).
+        self._terminating: dict[tuple[str, str], float] = {}
+
+    # -- the one entry point ---------------------------------------------------------------------
+    def run(self, effects: list[Effect]) -> None:
+        for index, effect in enumerate(effects):
+            if self.stopped:
+                return
+            if isinstance(effect, Reply) and self.failpoints.armed("coordinator.after_reply"):
+                # The caller hears the outcome, and the process dies before the decisions go out.
+                self.on_reply(effect)
+                self.spawn(self._die_after_reply(effects[index + 1 :]))
+                return
+            self._run_one(effect)
+
+    def _run_one(self, effect: Effect) -> None:
+        if isinstance(effect, Send):
+            self.transport.send(self.owners.get(effect.to, effect.to), Routed(effect.source, effect.to, effect.message))
+        elif isinstance(effect, LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog):
+            if _is_vote_write(effect):
+                self.failpoints.hit("participant.before_log_vote")
+            self.spawn(self._call(effect))
+        elif isinstance(effect, StartTimer):
+            old = self._timers.pop(effect.timer, None)
+            if old is not None:
+                old.cancel()
+            loop = asyncio.get_running_loop()
+            self._timers[effect.timer] = loop.call_later(effect.duration_ms / 1000, self._fire, effect.timer)
+        elif isinstance(effect, CancelTimer):
+            handle = self._timers.pop(effect.timer, None)
+            if handle is not None:
+                handle.cancel()
+        elif isinstance(effect, ReleaseLocks):
+            self.partitions[effect.partition].release(effect.txn)
+        elif isinstance(effect, LocksPrepared):
+            self.partitions[effect.partition].locks.mark_prepared(effect.txn)
+        elif isinstance(effect, RetakeLocks):
+            self.partitions[effect.partition].retake_locks(effect.txn, effect.redo)
+        elif isinstance(effect, CacheRedo):
+            self.partitions[effect.partition].cache_redo(effect.redo)
+        elif isinstance(effect, Reply):
+            self.on_reply(effect)
+        elif isinstance(effect, Decided):
+            self.on_decided(effect)
+            self.failpoints.hit("coordinator.after_votes")
+        elif isinstance(effect, TerminationStarted):
+            self._terminating.setdefault((effect.where, effect.txn), time.perf_counter())
+        elif isinstance(effect, TerminationEnded):
+            self._termination_ended(effect)
+        else:
+            assert isinstance(effect, RecoveryFinished), f"unexpected effect {effect!r}"
+            self.on_recovered(effect)
+
+    # -- storage ---------------------------------------------------------------------------------
+    async def _call(self, call: StorageCall) -> None:
+        try:
+            event = await self._answer(call)
+        except StorageUnavailable as error:
+            self.counters["storage_unavailable"] += 1
+            event = answer(call, StorageUnreachable(str(error)))
+        except InvariantViolation as error:
+            fatal(f"storage refused {call!r}: {error}")
+            return
+        if isinstance(event, LogReturned) and not isinstance(event.result, StorageUnreachable):
+            if _is_vote_write(call):
+                self.failpoints.hit("participant.after_log_vote")
+            if call.owner == self.node_id and isinstance(call, Log) and call.state.is_decision:
+                self.failpoints.hit("coordinator.after_decision_log")
+        if not self.stopped:
+            self.feed(event)
+
+    async def _answer(self, call: StorageCall) -> Event:
+        store = self.store
+        if isinstance(call, LogOnce):
+            return answer(call, await store.log_once(call.log, call.txn, call.state, call.body))
+        if isinstance(call, Log):
+            return answer(call, await store.log(call.log, call.txn, call.state, call.body))
+        if isinstance(call, ApplyRedo):
+            return await self._apply(call)
+        if isinstance(call, DeleteRecord):
+            return answer(call, await store.delete(call.log, call.txn))
+        if isinstance(call, ReadRecord):
+            return answer(call, await store.read(call.log, call.txn))
+        return answer(call, tuple(await store.scan_unfinished(call.log, call.limit, call.after)))
+
+    async def _apply(self, call: ApplyRedo) -> Event:
+        self.failpoints.hit("participant.before_apply")
+        try:
+            applied_now = await self.partitions[call.partition].apply(call.txn, call.redo)
+        except StorageUnavailable as error:
+            self.counters["apply_retries"] += 1
+            if self.counters["apply_retries"] % APPLY_FAILURE_LOG_EVERY == 1:
+                # Said out loud: the transaction stays locked, and shows as "applying", until it lands.
+                log.warning("apply of %s on %s: storage unavailable (%s); retrying, its keys stay locked",
+                            call.txn, call.partition, error, extra={"txn": call.txn})
+            raise
+        self.failpoints.hit("participant.after_apply")
+        return answer(call, applied_now)
+
+    # -- timers, tasks, timing -------------------------------------------------------------------
+    def _fire(self, timer: Timer) -> None:
+        self._timers.pop(timer, None)
+        if not self.stopped:
+            self.feed(TimerFired(timer))
+
+    def _termination_ended(self, effect: TerminationEnded) -> None:
+        started = self._terminating.pop((effect.where, effect.txn), None)
+        if started is None:
+            return
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        self.timings.terminations_ms.append(elapsed_ms)
+        log.info("termination of %s on %s decided %s in %.2f ms", effect.txn, effect.where, effect.outcome,
+                 elapsed_ms, extra={"txn": effect.txn})
+
+    async def _die_after_reply(self, rest: list[Effect]) -> None:
+        await asyncio.sleep(FAILPOINT_REPLY_FLUSH_S)  # let the reply reach the caller
+        self.failpoints.hit("coordinator.after_reply")
+        self.run(rest)
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            fatal(f"runtime task failed: {task.exception()!r}")
+
+    async def stop(self) -> None:
+        self.stopped = True
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def _is_vote_write(call: Effect) -> bool:
+    """A participant logging its own yes vote (the failpoints around it name that moment)."""
+    return (
+        isinstance(call, LogOnce | Log)
+        and call.state is TxnState.VOTE_YES
+        and call.log.kind is LogKind.PARTITION
+        and call.log.name == call.owner
+    )
+
+
+def _unwired(_: object) -> None:
+    raise AssertionError("EffectRunner used before the node wired its hooks")
