@@ -4,6 +4,8 @@
   commit, total), from the Outcome's timing_ms of every transaction that asked to commit.
 - `cornus_txn_outcomes_total{protocol,outcome}` and `cornus_txn_aborts_total{protocol,reason}`.
 - `cornus_in_doubt_transactions`: voted yes here, no decision known yet. Read at scrape time.
+- `cornus_applying_transactions`: committed here, redo not in storage yet (retried until it is;
+  its keys stay locked). Read at scrape time.
 - `cornus_storage_call_seconds{backend,call}` and `cornus_storage_errors_total{backend,call,error}`:
   every LogStore call, measured by `InstrumentedStore`, which serve.py wraps around the store before
   the Node gets it, so protocol, recovery and data calls are all seen.
@@ -59,6 +61,10 @@ class Metrics:
             "cornus_in_doubt_transactions", "Transactions this node's partitions voted yes on, no decision yet",
             registry=self.registry,
         )
+        self.applying = Gauge(
+            "cornus_applying_transactions", "Committed transactions whose redo is not in storage yet (retried)",
+            registry=self.registry,
+        )
         self.ready = Gauge("cornus_ready", "1 once recovery has run", registry=self.registry)
         self.storage_call_seconds = Histogram(
             "cornus_storage_call_seconds", "LogStore call latency, errors included", ["backend", "call"],
@@ -76,6 +82,7 @@ class Metrics:
         self._node = node
         node.outcome_observers.append(self.observe_outcome)
         self.in_doubt.set_function(node.in_doubt_count)
+        self.applying.set_function(node.core.applying_count)
         self.ready.set_function(lambda: 1.0 if node.ready else 0.0)
         self.registry.register(_NodeCounters(node.counters))
 

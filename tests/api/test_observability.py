@@ -66,6 +66,7 @@ def test_metrics_after_transactions(api_cluster: Cluster) -> None:
     assert _value(samples, "cornus_txn_aborts_total", protocol="cornus", reason="client") >= 1
     assert _value(samples, "cornus_txn_aborts_total", protocol="cornus", reason="conflict") >= 1
     assert _value(samples, "cornus_in_doubt_transactions") == 0
+    assert _value(samples, "cornus_applying_transactions") == 0
     assert _value(samples, "cornus_ready") == 1
     for call in ("log_once", "read_data", "apply_redo", "scan_unfinished"):
         assert _value(samples, "cornus_storage_call_seconds_count", backend="emulator", call=call) >= 1, call

@@ -13,7 +13,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from services.public_api._generated import public_pb2 as pb
 from services.public_api._generated import public_pb2_grpc
-from storage_adapters.contract import DATA_KEY_BYTES_MAX, DATA_VALUE_BYTES_MAX
+from storage_adapters.contract import DATA_KEY_BYTES_MAX, DATA_VALUE_BYTES_MAX, REDO_BYTES_MAX
 from tests.api_grpc.conftest import TIMEOUT_S_CALL, get, put, read_back
 from tests.cluster.harness import Cluster, keys_on
 
@@ -164,6 +164,16 @@ BAD_INPUT: dict[str, tuple[BadCall, grpc.StatusCode, str]] = {
     "too many ops": (_execute(lambda k: [put(k, b"bad")] + [put(f"many{i}", b"bad") for i in range(OP_COUNT_MAX)]),
                      INVALID, f"{OP_COUNT_MAX + 1} operations, the limit is {OP_COUNT_MAX}"),
     "no ops": (_execute(lambda k: []), INVALID, "no operations"),
+    # Each redo fits its partition's record; all of them together do not fit the one coordinator
+    # record coordinator-log keeps them in (and the same writes fit cornus or 2pc).
+    "coordinator-log redo bundle over one record": (
+        _execute(lambda k: [put(k, b"bad")] + [put(keys_on(f"p{i}", 6, 1, prefix="bundle")[0], b"x" * 60_000)
+                                               for i in range(3)], protocol="coordinator-log"),
+        INVALID, "in one coordinator record, which would take"),
+    "writes over one redo record": (
+        _execute(lambda k: [put(k, b"bad")] + [put(key, b"x" * DATA_VALUE_BYTES_MAX)
+                                               for key in keys_on("p0", 6, 3, prefix="redo")]),
+        INVALID, f"{REDO_BYTES_MAX} bytes (REDO_BYTES_MAX)"),
     "execute put without value": (_execute(lambda k: [pb.Op(kind=pb.OP_KIND_PUT, key=k)]),
                                   INVALID, "a put op needs a value"),
     "get with value": (_execute(lambda k: [put(k, b"bad"), pb.Op(kind=pb.OP_KIND_GET, key=k, value=b"x")]),

@@ -1,0 +1,173 @@
+"""The node runtime in process: real `Node`s over the in-memory transport and one emulator file
+(tests/runtime/faults.py), one test per concern of the split runtime: the effect loop (every
+protocol commits across nodes, storage answers and timers come back as events), read-only
+validation, recovery and readiness, the limits at the edge, the admin listing and manual resolve."""
+
+from __future__ import annotations
+
+import pytest
+
+from cornus.protocol.config import Protocol
+from cornus.protocol.coordinator_base import CoordPhase
+from cornus.protocol.effects import CancelTimer, StartTimer, Timer
+from cornus.protocol.participant_base import Phase
+from cornus.runtime.outcome import AbortReason, OutcomeStatus
+from cornus.runtime.wire import Op, OpKind
+from storage_adapters.contract import LogId, RecordBody, TxnState
+from storage_adapters.errors import ValidationError
+from tests.runtime.faults import (
+    commit_writes,
+    gets,
+    keys_in,
+    local_cluster,
+    puts,
+    read_through,
+    redo_of,
+    txn_id,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("protocol", list(Protocol))
+async def test_every_protocol_commits_across_nodes_and_collects_its_records(tmp_path, protocol):
+    async with local_cluster(tmp_path, node_count=3, partition_count=3) as cluster:
+        keys = keys_in(3, ["p0", "p1", "p2"])
+        outcome = await commit_writes(cluster.node("n1"), {key: b"v" for key in keys.values()}, protocol)
+        for key in keys.values():
+            assert await read_through(cluster.node("n2"), key) == b"v"
+
+        async def collected() -> bool:
+            records = [await cluster.record(p, outcome.txn) for p in keys]
+            return all(r is None for r in records) and await cluster.coordinator_record("n1", outcome.txn) is None
+
+        await wait_until(collected, 10, f"the records of {outcome.txn} were never collected")
+        assert not cluster.node("n1").core.coordinator.machines, "the coordinator forgets a collected transaction"
+
+
+async def test_storage_answers_and_timers_come_back_as_events(tmp_path):
+    """A vote write that fails is retried after the machine's backoff timer: the runner turns the
+    StorageUnavailable into an event and the fired timer into another."""
+    async with local_cluster(tmp_path, node_count=1, partition_count=2) as cluster:
+        node = cluster.node()
+        key = cluster.key_in("p0")
+        cluster.faults["n0"].fail("log_once", count=2, where=lambda args: args["state"] is TxnState.VOTE_YES)
+        outcome = await node.execute(puts({key: b"v"}), Protocol.CORNUS)
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+        failed = cluster.faults["n0"].calls_of("log_once", outcome="failed", txn=outcome.txn)
+        assert len(failed) == 2, "both injected failures were met, and retried past"
+        assert node.counters["storage_unavailable"] >= 2
+
+
+async def test_a_timer_restarted_replaces_the_running_one(tmp_path):
+    async with local_cluster(tmp_path, node_count=1, partition_count=1) as cluster:
+        runner = cluster.node().runner
+        fired: list[object] = []
+        runner.feed = fired.append
+        timer = Timer("p0", "t", "probe")
+        runner.run([StartTimer(timer, 10_000), StartTimer(timer, 1)])
+        await wait_until(_async(lambda: len(fired) == 1), 2, "the restarted timer never fired")
+        runner.run([StartTimer(timer, 30), CancelTimer(timer)])
+        await wait_until(_async(lambda: True), 0.1, "")
+        assert len(fired) == 1, "a cancelled timer fired"
+
+
+@pytest.mark.parametrize("protocol", list(Protocol))
+async def test_reads_on_a_partition_that_restarted_abort_the_commit(tmp_path, protocol):
+    """The read-only partition confirms its read locks at commit; one that restarted since the
+    read has lost them, and the transaction must abort without any participant voting."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        coordinator = cluster.node("n0")
+        read_key, write_key = cluster.key_in("p1"), cluster.key_in("p0")  # p1 belongs to n1
+        txn = coordinator.begin(protocol)
+        assert await coordinator.run_ops(txn, gets([read_key])) == [None]
+        await coordinator.run_ops(txn, puts({write_key: b"w"}))
+        await cluster.restart("n1")
+        outcome = await coordinator.commit(txn)
+        assert outcome.status is OutcomeStatus.ABORTED and outcome.reason is AbortReason.VOTED_NO, outcome
+        assert "lost the read locks" in outcome.detail
+        assert await cluster.record("p0", txn) is None, "nobody may vote before the reads are confirmed"
+        assert await read_through(coordinator, write_key) is None
+        # And with nothing restarted, the same shape commits.
+        again = coordinator.begin(protocol)
+        await coordinator.run_ops(again, gets([read_key]))
+        await coordinator.run_ops(again, puts({write_key: b"w"}))
+        assert (await coordinator.commit(again)).status is OutcomeStatus.COMMITTED
+
+
+async def test_recovery_relocks_and_finishes_before_ready(tmp_path):
+    """Recovery rebuilds the machine of a voted transaction with its locks, before the node
+    serves; the recovered transaction then resolves (Cornus: termination finds every vote)."""
+    async with local_cluster(tmp_path, node_count=1, partition_count=2) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        txn = txn_id("n9", 1, Protocol.CORNUS)
+        for partition, key in keys.items():
+            body = RecordBody(("p0", "p1"), "n9", redo_of({key: b"recovered"}))
+            await cluster.real_store.log_once(LogId.partition(partition), txn, TxnState.VOTE_YES, body)
+        await cluster.restart("n0")
+        node = cluster.node()
+        assert node.ready and node.counters["recovered"] == 2
+        for key in keys.values():
+            assert await cluster.value(key) == b"recovered"
+            assert await read_through(node, key) == b"recovered"
+
+
+async def test_applying_is_retried_with_the_locks_held_and_listed(tmp_path):
+    async with local_cluster(tmp_path, node_count=1, partition_count=1) as cluster:
+        node = cluster.node()
+        key = cluster.key_in("p0")
+        cluster.faults["n0"].fail("apply_redo", count=None)
+        outcome = await node.execute(puts({key: b"v"}))
+        assert outcome.status is OutcomeStatus.COMMITTED  # Cornus replies before the apply
+
+        async def applying() -> bool:
+            return any(i.phase == Phase.APPLYING.value for i in node.transactions())
+
+        await wait_until(applying, 5, "the stuck apply is not listed as applying")
+        blocked = await node.execute(gets([key]))
+        assert blocked.status is OutcomeStatus.ABORTED and blocked.reason is AbortReason.CONFLICT, blocked
+        cluster.faults["n0"].heal()
+        assert await read_through(node, key) == b"v"
+
+
+async def test_limits_are_refused_before_anything_runs(tmp_path):
+    limits = {"txn_op_count_max": 8, "op_count_max": 8, "txn_partition_count_max": 2}
+    async with local_cluster(tmp_path, node_count=1, partition_count=4, limits=limits) as cluster:
+        node = cluster.node()
+        keys = keys_in(4, ["p0", "p1", "p2"])
+        with pytest.raises(ValidationError, match="txn_partition_count_max"):
+            await node.execute(puts({key: b"v" for key in keys.values()}))
+        txn = node.begin()
+        await node.run_ops(txn, puts({keys["p0"]: b"1"}))
+        with pytest.raises(ValidationError, match="txn_op_count_max"):
+            await node.run_ops(txn, [Op(OpKind.PUT, keys["p0"], b"2")] * 8)
+        # Refused, and nothing changed: the transaction goes on and commits what it had.
+        assert (await node.commit(txn)).status is OutcomeStatus.COMMITTED
+        assert await read_through(node, keys["p0"]) == b"1"
+
+
+async def test_admin_listing_and_resolve_of_a_voted_transaction(tmp_path):
+    """A Cornus transaction whose coordinator vanished after the votes: listed as voted (in
+    doubt) on its partition until resolved; resolve from any node finishes it by termination."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2,
+                             protocol_config={"timeout_ms_decision": 60_000}) as cluster:
+        txn = txn_id("n9", 7, Protocol.CORNUS)
+        key = cluster.key_in("p1")
+        body = RecordBody(("p0", "p1"), "n9", redo_of({key: b"r"}))
+        await cluster.real_store.log_once(LogId.partition("p1"), txn, TxnState.VOTE_YES, body)
+        await cluster.restart("n1")  # owns p1: recovery finds the vote and terminates at once
+        outcome = await cluster.node("n0").resolve(txn)
+        # p0 never voted: termination (recovery's or resolve's) logs ABORT there.
+        assert outcome.status is OutcomeStatus.ABORTED, outcome
+        assert (await cluster.record("p0", txn)).state is TxnState.ABORT  # type: ignore[union-attr]
+        listed = {i.txn for i in cluster.node("n0").transactions()}
+        assert txn not in listed
+        assert not [m for m in cluster.node("n0").core.coordinator.machines.values() if m.phase is CoordPhase.DECIDED]
+
+
+def _async(check):  # type: ignore[no-untyped-def]
+    async def wrapped() -> bool:
+        return bool(check())
+
+    return wrapped
