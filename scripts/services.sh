@@ -13,6 +13,9 @@ redis_port=${CORNUS_REDIS_PORT:-16379}
 azurite_port=${CORNUS_AZURITE_PORT:-10010}
 moto_port=${CORNUS_MOTO_PORT:-15000}
 azurite_version=3.37.0
+# Redis databases: the conformance suite uses db 0 and each pytest-xdist worker empties a db of its
+# own for cluster tests (tests/worker.py), so this bounds the worker count; 16 is Redis' default.
+redis_database_count=64
 # Seconds to wait for a service to answer before giving up: generous for a cold npm cache.
 ready_timeout_s=60
 # Azurite's fixed development account; it is public and only ever used on 127.0.0.1.
@@ -65,6 +68,7 @@ start_redis() {
   if port_open "$redis_port"; then return 0; fi
   # appendfsync always: an acknowledged VOTE_YES must survive a restart (DESIGN section 3).
   redis-server --bind 127.0.0.1 --port "$redis_port" --daemonize yes --save '' \
+    --databases "$redis_database_count" \
     --appendonly yes --appendfsync always --dir "$dir" --appendfilename redis.aof \
     --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
   wait_port redis "$redis_port" "$dir/redis.pid"

@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from tests.cluster.harness import Cluster
-from tests.storage.servers import free_port
+from tests.worker import free_port
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 # Per operation and phase: about 40 s for the whole schema on these machines (2 cores).

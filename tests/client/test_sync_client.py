@@ -18,7 +18,7 @@ from services.client import (
     Unavailable,
     WrongState,
 )
-from tests.storage.servers import free_port
+from tests.worker import free_port
 
 # Short backoff keeps retried tests fast; the bound on retries is what is under test.
 FAST = ClientConfig(backoff_ms_min=5, backoff_ms_max=50, retry_count_max=3)

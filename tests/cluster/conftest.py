@@ -1,5 +1,6 @@
 """Storage for cluster tests: the emulator (a SQLite file the node processes share) and Redis
-(a database of the shared test server that each test empties first)."""
+(a database of the shared test server that each test empties first: one per xdist worker, since
+workers run cluster tests at the same time and every cluster names its partitions p0..pN-1)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,23 @@ import pytest
 import redis
 
 from tests.conftest import Services
-
-CLUSTER_REDIS_DB = 1  # the conformance suite uses db 0; cluster tests own this one
+from tests.worker import redis_db_cluster
 
 
 def storage_for(backend: str, services: Services, tmp_path: Path) -> dict[str, str]:
     if backend == "emulator":
         return {"backend": "emulator", "emulator_path": str(tmp_path / "cluster.db"), "timeout_ms_call": "2000"}
     assert backend == "redis"
-    url = services.redis_url.rsplit("/", 1)[0] + f"/{CLUSTER_REDIS_DB}"
+    db = redis_db_cluster()
+    url = services.redis_url.rsplit("/", 1)[0] + f"/{db}"
+    client = redis.Redis.from_url(services.redis_url, socket_timeout=5)
+    try:
+        database_count = int(client.config_get("databases")["databases"])
+    finally:
+        client.close()
+    if db >= database_count:
+        pytest.fail(f"this xdist worker needs Redis database {db}, the server has {database_count}: "
+                    "run fewer workers or restart it with a larger --databases (scripts/services.sh)")
     client = redis.Redis.from_url(url, socket_timeout=5)
     client.flushdb()
     client.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.storage.servers import free_port
+from tests.worker import free_port
 
 READY_TIMEOUT_S = 60.0
 HTTP_TIMEOUT_S = 15.0

@@ -1,10 +1,11 @@
-"""Fixtures for the transport tests: free loopback ports and peer nodes in their own OS processes."""
+"""Fixtures for the transport tests: peer nodes in their own OS processes (on ports from
+`tests.worker.free_port`: a peer killed and restarted on its port needs one outside the kernel's
+ephemeral range, and one no other xdist worker hands out)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,12 +17,6 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent.parent
 # A child must print READY within this long; generous for a loaded 2-core CI box.
 PEER_START_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class PeerProcess:

@@ -32,7 +32,8 @@ from services.node_rpc._generated import node_pb2 as pb
 from services.node_rpc._generated import node_pb2_grpc
 from services.node_rpc.transport import GrpcTransport, LinkState, MessageTooLarge, TransportLimits
 from storage_adapters.contract import TxnState
-from tests.node_rpc.conftest import PeerProcess, free_port
+from tests.node_rpc.conftest import PeerProcess
+from tests.worker import free_port
 
 CONNECT_WAIT_MS = 20_000
 RECEIVE_WAIT_S = 20.0

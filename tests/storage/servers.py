@@ -7,7 +7,6 @@ freezes a server starts its own on a free loopback port with the same binaries.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -16,28 +15,9 @@ import time
 from pathlib import Path
 
 from tests.conftest import Services
+from tests.worker import free_port
 
 READY_TIMEOUT_S = 60.0
-
-
-# Ports handed to servers that a test kills and restarts on the same port come from below the
-# kernel's ephemeral range (32768-60999 on Linux): a port from that range, left free while its
-# server is down, can be taken as the source port of any outgoing connection meanwhile.
-_STABLE_PORT_RANGE = (20_000, 32_000)
-_PORT_ATTEMPT_COUNT_MAX = 1_000
-_rng = random.Random()
-
-
-def free_port() -> int:
-    for _ in range(_PORT_ATTEMPT_COUNT_MAX):
-        port = _rng.randrange(*_STABLE_PORT_RANGE)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {_STABLE_PORT_RANGE} after {_PORT_ATTEMPT_COUNT_MAX} attempts")
 
 
 class ServerProcess:
