@@ -15,8 +15,14 @@ scripts/services.sh up
 
 ruff check .
 
+# pytest-xdist worker processes (from the `test` extra). The suite mostly waits on node processes
+# starting and recovering, storage deadlines and timeouts, so more workers than CI's 2 cores keep
+# both busy; each worker gets its own ports and Redis database (tests/worker.py). Arguments given
+# to this script come after, so `-n 0` runs serially and `-n 8` overrides the count.
+test_worker_count=${CORNUS_TEST_WORKERS:-4}
+
 set +e
-python3 -m pytest "$@"
+python3 -m pytest -n "$test_worker_count" --dist loadgroup "$@"
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then

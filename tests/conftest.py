@@ -79,3 +79,16 @@ class Services:
 @pytest.fixture(scope="session")
 def services() -> Services:
     return Services()
+
+
+# Fixtures that start a real cluster once per session (or module) and share it between tests.
+# Under pytest-xdist every worker running one of those tests would start its own: the tests
+# sharing one form an xdist group (`--dist loadgroup`, scripts/test.sh), so it starts once. Named
+# after the fixture and its directory, as tests/client and tests/api_grpc each define `cluster`.
+SHARED_CLUSTER_FIXTURES = frozenset({"api_cluster", "cluster"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for name in SHARED_CLUSTER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(f"{item.path.parent.name}-{name}"))
