@@ -24,6 +24,7 @@ DEADLINE_S_SHORT = 0.15
 # Under injected latency a read may still see the value before a commit for about two storage
 # calls after the commit's reply (a runtime issue, reproduced over REST too); reads wait this out.
 LAG_S_READ_AFTER_COMMIT = LATENCY_MS_STORAGE / 1000 * 5
+POLL_INTERVAL_S = 0.05
 
 
 def test_health_is_not_serving_until_ready_and_calls_are_unavailable_meanwhile(tmp_path: Path) -> None:
@@ -74,11 +75,15 @@ def test_a_one_shot_whose_deadline_passes_is_aborted_not_committed(tmp_path: Pat
             deadline = time.monotonic() + TIMEOUT_S_CALL
             while cluster.get("n0", "/v1/admin/transactions").json():
                 assert time.monotonic() < deadline, cluster.get("n0", "/v1/admin/transactions").json()
-                time.sleep(0.05)
+                time.sleep(POLL_INTERVAL_S)
+            # What must be seen is the absence of a write, so no poll can end this wait early.
             time.sleep(LAG_S_READ_AFTER_COMMIT)
             assert read_back(stub, ["late"]) == {"late": None}
             # With time to spare, the same transaction commits.
             done = stub.Execute(pb.ExecuteRequest(ops=[get("late"), put("late", b"in time")]), timeout=TIMEOUT_S_CALL)
             assert done.outcome == pb.OUTCOME_COMMITTED, done
-            time.sleep(LAG_S_READ_AFTER_COMMIT)
-            assert read_back(stub, ["late"]) == {"late": b"in time"}
+            # Here the value to see is known, so poll for it rather than sleep out the whole lag.
+            deadline = time.monotonic() + LAG_S_READ_AFTER_COMMIT
+            while (seen := read_back(stub, ["late"])) != {"late": b"in time"} and time.monotonic() < deadline:
+                time.sleep(POLL_INTERVAL_S)
+            assert seen == {"late": b"in time"}

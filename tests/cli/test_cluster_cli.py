@@ -53,7 +53,8 @@ class ClusterUp:
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
         assert self.process.stdout is not None
-        threading.Thread(target=self._pump, args=(self.process.stdout,), daemon=True).start()
+        self._pump_thread = threading.Thread(target=self._pump, args=(self.process.stdout,), daemon=True)
+        self._pump_thread.start()
 
     def _pump(self, stream: object) -> None:
         for line in stream:  # type: ignore[attr-defined]
@@ -75,7 +76,8 @@ class ClusterUp:
 
     def wait(self) -> int:
         code = self.process.wait(TIMEOUT_S_EXIT)
-        time.sleep(0.1)  # let the pump thread take the last lines
+        # The pump ends at the pipe's end of file, so once it has, every last line is queued.
+        self._pump_thread.join(TIMEOUT_S_EXIT)
         while not self.lines.empty():
             self.output.append(self.lines.get())
         return code

@@ -40,6 +40,7 @@ RECEIVE_WAIT_S = 20.0
 REQUEST_TIMEOUT_MS = 10_000
 # Slack on deadline bounds for a loaded 2-core box.
 DEADLINE_SLACK_S = 2.0
+POLL_INTERVAL_S = 0.01
 
 
 class Recorder:
@@ -74,6 +75,16 @@ async def wait_inbound_streams(transport: GrpcTransport, count: int) -> None:
         # A plain counter, polled: the transport has no event for it, and tests should not add one.
         while transport.inbound.stream_count < count:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+
+
+async def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Until `condition()` holds, polled: a plain counter or list, the transport has no event for it."""
+    try:
+        async with asyncio.timeout(RECEIVE_WAIT_S):
+            while not condition():  # noqa: ASYNC110
+                await asyncio.sleep(POLL_INTERVAL_S)
+    except TimeoutError:
+        raise AssertionError(f"not within {RECEIVE_WAIT_S} s: {what}") from None
 
 
 PeerFactory = Callable[[str, int, dict[str, str]], PeerProcess]
@@ -171,8 +182,9 @@ async def test_kill_9_and_restart_on_the_same_port_reconnects(
     pair: tuple[GrpcTransport, Recorder, PeerProcess],
 ) -> None:
     transport, recorder, peer = pair
+    written_before = transport.peer_counters("b").item_sent_count
     slow = asyncio.create_task(transport.request("b", _execute("sleep:30000"), 30_000))
-    await asyncio.sleep(0.2)
+    await wait_until(lambda: transport.peer_counters("b").item_sent_count > written_before, "the request is sent")
     started = time.monotonic()
     peer.kill()
     # A request in flight on the dead stream fails at once, not at its 30 s deadline.
@@ -357,9 +369,9 @@ async def test_oversized_frame_count_ends_the_stream(
 
 
 async def test_close_fails_pending_requests(local_pair: tuple[GrpcTransport, GrpcTransport, Recorder]) -> None:
-    a, _, _ = local_pair
+    a, _, recorder_b = local_pair
     pending = asyncio.create_task(a.request("b", _execute("sleep:30000"), 30_000))
-    await asyncio.sleep(0.1)
+    await wait_until(lambda: bool(recorder_b.requests), "b is serving the request")
     await a.close()
     with pytest.raises(PeerUnavailable):
         await pending
