@@ -18,9 +18,14 @@ from tests.cluster.harness import Cluster, running_cluster
 ACCOUNT_COUNT = 12
 BALANCE_START = 100
 CLIENT_COUNT = 4
-WORKLOAD_S = 20.0
-KILL_EVERY_S = 2.5
+# Kill/restart cycles the workload runs through: counted rather than timed, so a loaded machine
+# (slower restarts) cannot quietly run fewer; 3 is what the former fixed 20 s workload got.
+KILL_COUNT = 3
+# Every node up between a restart and the next kill (and after the last restart), so transfers
+# also run on a whole cluster, the recovered node included.
+ALL_UP_S = 1.5
 DOWN_S = 1.0
+WORKLOAD_TIMEOUT_S = 180.0
 HTTP_TIMEOUT_S = 10.0
 SETTLE_TIMEOUT_S = 60.0
 SETTINGS = {"timeout_ms_txn_idle": 1500}
@@ -94,14 +99,17 @@ def _client_loop(cluster: Cluster, index: int, stop: threading.Event, tally: Tal
                 time.sleep(0.05)  # the node is probably down: do not spin on it
 
 
-def _chaos(cluster: Cluster, stop: threading.Event, kills: list[str]) -> None:
+def _chaos(cluster: Cluster, kills: list[str], restarts: list[str]) -> None:
     rng = random.Random(7)
-    while not stop.wait(KILL_EVERY_S):
+    for _ in range(KILL_COUNT):
+        time.sleep(ALL_UP_S)
         victim = rng.choice(sorted(cluster.nodes))
         cluster.kill(victim)
         kills.append(victim)
         time.sleep(DOWN_S)
         cluster.start(victim)
+        restarts.append(victim)
+    time.sleep(ALL_UP_S)
 
 
 def _settle(cluster: Cluster) -> None:
@@ -123,16 +131,16 @@ def test_bank_with_kills_and_restarts(protocol: str, storage: dict[str, str]) ->
         setup = cluster.execute("n0", [{"op": "put", "key": a, "value": str(BALANCE_START)} for a in accounts])
         assert setup.status_code == 200, setup.text
 
-        stop, tally, kills = threading.Event(), Tally(), []
-        threads = [
+        stop, tally, kills, restarts = threading.Event(), Tally(), [], []
+        clients = [
             threading.Thread(target=_client_loop, args=(cluster, i, stop, tally, mixed)) for i in range(CLIENT_COUNT)
         ]
-        threads.append(threading.Thread(target=_chaos, args=(cluster, stop, kills)))
-        for thread in threads:
+        chaos = threading.Thread(target=_chaos, args=(cluster, kills, restarts))
+        for thread in [*clients, chaos]:
             thread.start()
-        time.sleep(WORKLOAD_S)
+        chaos.join(WORKLOAD_TIMEOUT_S)  # the workload lasts as long as the kills and restarts take
         stop.set()
-        for thread in threads:
+        for thread in [chaos, *clients]:
             thread.join(120)
             assert not thread.is_alive()
 
@@ -146,7 +154,7 @@ def test_bank_with_kills_and_restarts(protocol: str, storage: dict[str, str]) ->
             markers.update(cluster.read("n1", tally.committed[start : start + 500]))
         print(f"{protocol}: {len(tally.committed)} committed, {tally.aborted} aborted, {tally.unknown} unknown, "
               f"{tally.failed_before_commit} failed before commit; kills {kills}; total {total}")
-        assert kills, "the chaos thread killed nobody"
+        assert len(kills) == len(restarts) == KILL_COUNT, f"kills {kills}, restarts {restarts}"
         assert len(tally.committed) > 20, "too few transfers committed to mean anything"
         assert total == ACCOUNT_COUNT * BALANCE_START, f"money was created or lost: {balances}"
         missing = [marker for marker, value in markers.items() if value != "done"]
