@@ -26,6 +26,10 @@ from storage_adapters.errors import ValidationError
 TIMEOUT_S_TABLE = 90.0
 TIMEOUT_S_EXIT = 30.0
 TIMEOUT_S_COMMAND = 60.0
+# The interactive transaction below stays open across several `cornus` commands, each a Python
+# process of its own, which a loaded 2-core box (parallel test workers) can stretch past the
+# node's 30 s default idle timeout; the idle abort is not what that test is about.
+TIMEOUT_MS_TXN_IDLE = 600_000
 ROW = re.compile(
     r"^(n\d+)\s+(http://127\.0\.0\.1:\d+)\s+(127\.0\.0\.1:\d+)\s+(127\.0\.0\.1:\d+)\s+(\S+)\s+(yes|no)\s+(\d+)$"
 )
@@ -123,7 +127,8 @@ def wait_gone(pids: list[int]) -> list[int]:
 
 
 def test_cluster_up_txn_inspect_resolve_then_sigterm(cluster_up: list[ClusterUp], tmp_path: Path) -> None:
-    cluster = ClusterUp("--nodes", "3", "--partitions", "6", "--data-dir", str(tmp_path))
+    cluster = ClusterUp("--nodes", "3", "--partitions", "6", "--data-dir", str(tmp_path),
+                        "--set", f"timeout_ms_txn_idle={TIMEOUT_MS_TXN_IDLE}")
     cluster_up.append(cluster)
     rows = cluster.table()
     assert [row.node for row in rows] == ["n0", "n1", "n2"], cluster.report()
