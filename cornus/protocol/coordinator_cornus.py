@@ -17,6 +17,10 @@ class CornusCoordinator(CoordinatorBase):
     def _on_vote(self, vote: Vote) -> list[Effect]:
         if vote.partition not in self.participants or self.phase is not CoordPhase.COLLECTING:
             return []
+        if vote.unknown:
+            # The participant may have voted yes, terminated and forgotten (a late copy of our
+            # prepare reached it): only its log can tell, so ask the logs now rather than wait.
+            return [] if self.termination is not None else self._terminate()
         if not vote.yes:
             return self._announce(TxnState.ABORT, reason=f"{vote.partition} voted no")
         self.votes_yes.add(vote.partition)
@@ -28,17 +32,22 @@ class CornusCoordinator(CoordinatorBase):
         if self.phase is not CoordPhase.COLLECTING:
             return []
         if kind == "votes":
-            # Paper case "participant fails": ask the logs of those we did not hear from; a yes
-            # vote we received is a VOTE_YES in that participant's log already.
-            silent = tuple(LogId.partition(p) for p in self.participants if p not in self.votes_yes)
-            body = RecordBody(self.participants, self.node)
-            self.termination = Termination(
-                self.node, self.txn, silent, body, backoff=self._backoff, timer=self._timer("termination")
-            )
-            return [TerminationStarted(self.txn, self.node), *self.termination.start()]
+            return [] if self.termination is not None else self._terminate()
         assert kind == "termination", kind
         assert self.termination is not None
         return self.termination.on_timer()
+
+    def _terminate(self) -> list[Effect]:
+        """Paper case "participant fails": ask the logs of those we did not hear yes from; a yes
+        vote we received is a VOTE_YES in that participant's log already."""
+        silent = tuple(LogId.partition(p) for p in self.participants if p not in self.votes_yes)
+        body = RecordBody(self.participants, self.node)
+        self.termination = Termination(
+            self.node, self.txn, silent, body, backoff=self._backoff, timer=self._timer("termination")
+        )
+        effects: list[Effect] = [TerminationStarted(self.txn, self.node), *self.termination.start()]
+        assert self.termination.outcome is None, "a vote is missing, so some log is asked"
+        return effects
 
     def _handle(self, event: Event) -> list[Effect]:
         if not isinstance(event, LogReturned):

@@ -107,8 +107,9 @@ class PartitionHost:
         self.counters["unknown_txn_messages"] += 1
         txn = message.txn  # type: ignore[attr-defined]
         if isinstance(message, Prepare):
-            # Our execution state is gone, so we cannot vote yes.
-            return [self._send(sender, Vote(txn, self.partition, yes=False))]
+            # Our execution state is gone, so we cannot vote yes; and we cannot say we never did:
+            # this may be a late copy of a prepare we voted yes on, and finished.
+            return [self._send(sender, Vote(txn, self.partition, yes=False, unknown=True))]
         if isinstance(message, ReleaseReadOnly):
             return [self._send(sender, ReadOnlyReleased(txn, self.partition, held=False))]
         if isinstance(message, Decision):

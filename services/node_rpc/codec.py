@@ -116,6 +116,7 @@ def _encode_vote(envelope: pb.PeerEnvelope, value: Vote) -> None:
     body.txn = value.txn
     body.partition = value.partition
     body.yes = value.yes
+    body.unknown = value.unknown
 
 
 def _encode_decision(envelope: pb.PeerEnvelope, value: Decision) -> None:
@@ -258,7 +259,9 @@ def _decode_read_only_released(body: pb.ReadOnlyReleased) -> ReadOnlyReleased:
 
 
 def _decode_vote(body: pb.Vote) -> Vote:
-    return Vote(txn=body.txn, partition=body.partition, yes=body.yes)
+    if body.yes and body.unknown:
+        raise MalformedEnvelope("Vote: yes and unknown at once")
+    return Vote(txn=body.txn, partition=body.partition, yes=body.yes, unknown=body.unknown)
 
 
 def _decode_decision(body: pb.Decision) -> Decision:

@@ -3,11 +3,16 @@ the honest comparison: 2PC blocks on a coordinator crash where Cornus does not."
 
 from __future__ import annotations
 
-from cornus.protocol.config import Protocol
+import random
+
+from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.coordinator_cornus import CornusCoordinator
-from cornus.protocol.effects import CancelTimer, Log, LogOnce, Send, StartTimer
+from cornus.protocol.effects import CancelTimer, Log, LogOnce, Reply, Send, StartTimer
+from cornus.protocol.events import CommitRequested, MessageReceived
+from cornus.protocol.hosts import CoordinatorHost
 from cornus.protocol.messages import Decision, Prepare, Vote
 from cornus.protocol.participant_base import Phase
+from cornus.protocol.txn_ids import protocol_of
 from cornus.sim.explore import explore
 from cornus.sim.invariants import check
 from cornus.sim.schedule import Schedule
@@ -152,3 +157,15 @@ def test_cornus_does_not_block_while_coordinator_is_down() -> None:
     assert _phases(world) == [Phase.DONE, Phase.DONE]
     world.run()
     assert_clean(world, TxnState.COMMIT)
+
+
+def test_an_unknown_vote_makes_a_cornus_coordinator_ask_the_logs_not_abort() -> None:
+    """A participant without the transaction cannot vote yes, but may have voted yes before,
+    decided by termination and forgotten: the coordinator must ask its log, not abort."""
+    txn = "5.c0.x.1.cornus"
+    host = CoordinatorHost("c0", ProtocolConfig(), random.Random(1), protocol_of)
+    host.handle(CommitRequested("c0", txn, writes=(("p0", b"a"), ("p1", b"b"))))
+    host.handle(MessageReceived("p0", "c0", Vote(txn, "p0", yes=True)))
+    effects = host.handle(MessageReceived("p1", "c0", Vote(txn, "p1", yes=False, unknown=True)))
+    assert not [e for e in effects if isinstance(e, Reply)], "no outcome before p1's log is asked"
+    assert [e.log.name for e in effects if isinstance(e, LogOnce)] == ["p1"]

@@ -103,3 +103,27 @@ def test_same_seed_same_run() -> None:
     second.run()
     assert first.outcome == second.outcome
     assert first.now_ms == second.now_ms
+
+
+# Schedules the explorer found violating an invariant, kept as they were found (a run is a pure
+# function of its schedule) with the rule each one broke.
+FOUND = {
+    # A late copy of a Cornus prepare reached a participant that had voted yes, decided COMMIT by
+    # termination and forgotten the transaction; its "unknown transaction, so no" vote made the
+    # coordinator, still terminating, abort beside that COMMIT. An unknown vote is not a no.
+    "late prepare copy after a commit by termination": Schedule(
+        seed=103135385, partition_count=5,
+        txns=(TxnPlan("c0", Protocol.CORNUS, 0, (("p3", 1), ("p2", 0)), (), (True, True)),
+              TxnPlan("c1", Protocol.COORDINATOR_LOG, 265, (("p0", 1),), (), (True,))),
+        loss_probability=0.2, delay_ms_max=2, storage_ms_max=40, ambiguous_probability=1.0,
+        late_call_probability=0.2, duplicate_probability=0.1, scan_page_max=3,
+        crashes=(Crash("n4", 158, 72),),
+        outages=(Outage(("c.c0", "c.c1", "p.p0", "p.p1", "p.p2", "p.p3", "p.p4"), 488, 853),
+                 Outage(("p.p2",), 233, 683)),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(FOUND))
+def test_schedules_the_explorer_found(name: str) -> None:
+    assert run_schedule(FOUND[name]) == []
