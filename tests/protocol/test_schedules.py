@@ -82,7 +82,7 @@ def schedules(draw: st.DrawFn, protocol: Protocol | None) -> Schedule:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOL_CHOICES, ids=lambda p: p.value if p else "mixed")
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_hypothesis_schedules_keep_every_invariant(protocol: Protocol | None, data: st.DataObject) -> None:
     schedule = data.draw(schedules(protocol))
@@ -91,8 +91,8 @@ def test_hypothesis_schedules_keep_every_invariant(protocol: Protocol | None, da
 
 @pytest.mark.parametrize("protocol", PROTOCOL_CHOICES, ids=lambda p: p.value if p else "mixed")
 def test_seeded_random_schedules_keep_every_invariant(protocol: Protocol | None) -> None:
-    count, failures = explore(protocol, 1500, seed=20240601)
-    assert count == 1500
+    count, failures = explore(protocol, 1000, seed=20240601)
+    assert count == 1000
     assert failures == []
 
 
