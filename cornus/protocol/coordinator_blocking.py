@@ -35,7 +35,9 @@ class TwoPhaseCoordinator(CoordinatorBase):
             return []
         if self._commit_call is not None:
             return []  # every vote was yes already
-        if not vote.yes:
+        if vote.unknown or not vote.yes:
+            # A 2PC or coordinator-log participant learns the decision only through us, so one
+            # that no longer knows the transaction never voted yes while we are collecting.
             return self._announce(TxnState.ABORT, reason=f"{vote.partition} voted no")
         self.votes_yes.add(vote.partition)
         return self._maybe_commit()

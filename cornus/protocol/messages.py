@@ -46,15 +46,12 @@ class Vote:
     """`unknown`: the partition holds nothing of the transaction (never executed it, lost it in a
     crash, or voted yes, finished and forgot it), so it cannot vote yes now, but cannot say either
     that it never did: a Cornus participant may have decided by termination without the
-    coordinator. Only the participant's log can tell."""
+    coordinator. Only the participant's log can tell. When set, `yes` means nothing."""
 
     txn: str
     partition: str
     yes: bool
     unknown: bool = False
-
-    def __post_init__(self) -> None:
-        assert not (self.yes and self.unknown), "an unknown vote is not a yes"
 
 
 @dataclass(frozen=True, slots=True)

@@ -259,8 +259,6 @@ def _decode_read_only_released(body: pb.ReadOnlyReleased) -> ReadOnlyReleased:
 
 
 def _decode_vote(body: pb.Vote) -> Vote:
-    if body.yes and body.unknown:
-        raise MalformedEnvelope("Vote: yes and unknown at once")
     return Vote(txn=body.txn, partition=body.partition, yes=body.yes, unknown=body.unknown)
 
 
