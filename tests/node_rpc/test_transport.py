@@ -272,6 +272,10 @@ async def test_full_queue_drops_and_counts(local_pair: tuple[GrpcTransport, Grpc
     assert a.drop_count == 100 - 64
     received = [await recorder_b.next_message() for _ in range(64)]
     assert [message.txn for _, message in received] == [f"t{index}" for index in range(64)]
+    # The sender counts a frame once its write returns, which may be after the peer read it.
+    async with asyncio.timeout(5):
+        while a.peer_counters("b").item_sent_count < 64:  # noqa: ASYNC110 - a counter, no event to wait on
+            await asyncio.sleep(0.01)
     counters = a.peer_counters("b")
     # frame_item_count_max bounds every frame.
     assert counters.frame_sent_count >= 64 // 16
