@@ -240,7 +240,6 @@ class ReadOnlyParticipant:
         self.decision: TxnState | None = None
         self.participants: tuple[str, ...] = ()
         self.calls_in_flight = 0
-        self.decided_durably = False
 
     @property
     def finished(self) -> bool:
