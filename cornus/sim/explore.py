@@ -74,6 +74,8 @@ def _explore_share(args: tuple[str, int, int]) -> tuple[int, Failures, dict[str,
             1 for txn in world.txns if TxnState.COMMIT in world.storage.decisions_seen.get(txn, set())
         )
         faults["terminations"] += world.outcome.terminations
+        faults["late_landings"] += world.outcome.late_landings
+        faults["late_duplicates"] += world.outcome.late_duplicates
         faults["small_scan_pages"] += schedule.scan_page_max < 500
         if violations:
             faults["violating_schedules"] += 1

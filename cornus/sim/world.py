@@ -139,6 +139,8 @@ class Outcome:
     released_read_only: set[tuple[str, str]] = field(default_factory=set)
     resolves: list[tuple[str, TxnState | None, str]] = field(default_factory=list)
     terminations: int = 0
+    late_landings: int = 0  # storage calls that landed after their caller was told "unreachable"
+    late_duplicates: int = 0  # second copies of messages sent to arrive after the GC grace
     violations: list[str] = field(default_factory=list)
     undecided_at_liveness_check: list[str] = field(default_factory=list)
     log_writes: int = 0
@@ -503,6 +505,7 @@ class World:
         self._push(self.now_ms + self.rng.randint(1, self.schedule.delay_ms_max), _DELIVER, data)
         if self.rng.random() < self.schedule.duplicate_probability:
             late = self.rng.random() < 0.5
+            self.outcome.late_duplicates += late
             delay = self.config.gc_grace_ms + self.rng.randint(0, self.config.gc_grace_ms) if late else 0
             self._push(self.now_ms + delay + self.rng.randint(1, self.schedule.delay_ms_max), _DELIVER, data)
 
@@ -536,6 +539,7 @@ class World:
             self.trace.append(f"{self.now_ms:6d} storage {'LANDS' if landed else 'misses'}"
                               f"{'' if answered else ' LATE'}: {call} -> {result}")
         if not answered:
+            self.outcome.late_landings += landed
             return  # a late landing: its caller was told "unreachable" long ago
         if self.trace_paths and isinstance(call, LogOnce | Log):
             path = frozenset((h, w + 1) for h, w in path)
