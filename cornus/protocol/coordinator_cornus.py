@@ -61,5 +61,13 @@ class CornusCoordinator(CoordinatorBase):
         outcome = self.termination.outcome
         if outcome is not None:
             reason = "" if outcome is TxnState.COMMIT else "votes missing; termination found the transaction aborted"
-            effects += [TerminationEnded(self.txn, self.node, outcome), *self._announce(outcome, reason=reason)]
+            effects += self._announce(outcome, reason=reason)
+        return effects
+
+    def _announce(self, decision: TxnState, reply: bool = True, reason: str = "") -> list[Effect]:
+        effects = super()._announce(decision, reply, reason)
+        if self.termination is not None:
+            # However the outcome came (termination, a late vote, a participant's ack), the
+            # termination this coordinator started is over.
+            effects.insert(0, TerminationEnded(self.txn, self.node, decision))
         return effects

@@ -180,8 +180,9 @@ class Admin:
                         calls.append(effect)
                 events = await asyncio.gather(*(call(c) for c in calls))
                 effects = []
-                if window_closed.is_set() and not resolver.done:
+                if window is not None and window_closed.is_set() and not resolver.done:
                     resolver.handle(TimerFired(timer))
+                    window = None  # told once
                 for event in events:
                     if resolver.done:
                         break  # answers a finished round no longer needs

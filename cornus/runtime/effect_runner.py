@@ -6,6 +6,7 @@ It decides nothing: every rule is in `cornus.protocol`; this maps each effect to
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -51,6 +52,9 @@ log = logging.getLogger("cornus.node")
 FAILPOINT_REPLY_FLUSH_S = 0.2
 # An apply that keeps failing is logged at its first failure and then every this many attempts.
 APPLY_FAILURE_LOG_EVERY = 20
+# Terminations timed at once; past it the oldest is dropped. Every termination a machine starts
+# also ends, so this only bounds the table against a machine that forgot to say so.
+TERMINATIONS_TIMED_MAX = 10_000
 
 
 def fatal(message: str) -> None:
@@ -74,7 +78,7 @@ class EffectRunner:
         owners: Mapping[str, str],
         failpoints: Failpoints,
         timings: TimingLog,
-        counters: dict[str, int],
+        counters: collections.Counter[str],
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -138,6 +142,8 @@ class EffectRunner:
             self.failpoints.hit("coordinator.after_votes")
         elif isinstance(effect, TerminationStarted):
             self._terminating.setdefault((effect.where, effect.txn), time.perf_counter())
+            while len(self._terminating) > TERMINATIONS_TIMED_MAX:
+                del self._terminating[next(iter(self._terminating))]
         elif isinstance(effect, TerminationEnded):
             self._termination_ended(effect)
         else:

@@ -7,8 +7,18 @@ import random
 
 from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.coordinator_cornus import CornusCoordinator
-from cornus.protocol.effects import CancelTimer, Log, LogOnce, Reply, Send, StartTimer
-from cornus.protocol.events import CommitRequested, MessageReceived
+from cornus.protocol.effects import (
+    CancelTimer,
+    Log,
+    LogOnce,
+    Reply,
+    Send,
+    StartTimer,
+    TerminationEnded,
+    TerminationStarted,
+    Timer,
+)
+from cornus.protocol.events import CommitRequested, MessageReceived, TimerFired
 from cornus.protocol.hosts import CoordinatorHost
 from cornus.protocol.messages import Decision, Prepare, Vote
 from cornus.protocol.participant_base import Phase
@@ -169,3 +179,17 @@ def test_an_unknown_vote_makes_a_cornus_coordinator_ask_the_logs_not_abort() -> 
     effects = host.handle(MessageReceived("p1", "c0", Vote(txn, "p1", yes=False, unknown=True)))
     assert not [e for e in effects if isinstance(e, Reply)], "no outcome before p1's log is asked"
     assert [e.log.name for e in effects if isinstance(e, LogOnce)] == ["p1"]
+
+
+def test_a_coordinator_whose_termination_is_overtaken_still_ends_it() -> None:
+    """A Cornus coordinator terminating on a vote timeout may learn the outcome another way (the
+    last vote arrives late): its termination must still end, or the runtime keeps timing it forever."""
+    txn = "5.c0.x.2.cornus"
+    host = CoordinatorHost("c0", ProtocolConfig(), random.Random(1), protocol_of)
+    host.handle(CommitRequested("c0", txn, writes=(("p0", b"a"), ("p1", b"b"))))
+    host.handle(MessageReceived("p0", "c0", Vote(txn, "p0", yes=True)))
+    started = host.handle(TimerFired(Timer("c0", txn, "votes")))
+    assert TerminationStarted(txn, "c0") in started
+    effects = host.handle(MessageReceived("p1", "c0", Vote(txn, "p1", yes=True)))
+    assert TerminationEnded(txn, "c0", TxnState.COMMIT) in effects
+    assert Reply(txn, TxnState.COMMIT) in effects
