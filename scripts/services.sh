@@ -84,7 +84,9 @@ start_azurite() {
 
 start_moto() {
   if port_open "$moto_port"; then return 0; fi
-  nohup "$(moto_bin)" -H 127.0.0.1 -p "$moto_port" >"$dir/moto.log" 2>&1 &
+  # Through our launcher, which serves one request at a time: moto's threaded server races on
+  # concurrent transactional writes (scripts/moto_serial.py says how).
+  nohup python3 "$repo/scripts/moto_serial.py" -H 127.0.0.1 -p "$moto_port" >"$dir/moto.log" 2>&1 &
   echo $! >"$dir/moto.pid"
   wait_port moto "$moto_port" "$dir/moto.pid"
 }
@@ -97,7 +99,7 @@ CORNUS_TEST_AZURE_CONNECTION_STRING='DefaultEndpointsProtocol=http;AccountName=d
 CORNUS_TEST_DYNAMODB_ENDPOINT='http://127.0.0.1:$moto_port'
 CORNUS_REDIS_SERVER_BIN='$(command -v redis-server)'
 CORNUS_AZURITE_BLOB_BIN='$(azurite_bin)'
-CORNUS_MOTO_SERVER_BIN='$(moto_bin)'
+CORNUS_MOTO_LAUNCHER='$repo/scripts/moto_serial.py'
 EOF
 }
 

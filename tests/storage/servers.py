@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -70,7 +71,8 @@ def start_azurite(services: Services, directory: Path) -> ServerProcess:
 
 def start_moto(services: Services) -> ServerProcess:
     port = free_port()
-    return ServerProcess([services.get("CORNUS_MOTO_SERVER_BIN"), "-H", "127.0.0.1", "-p", str(port)], port)
+    argv = [sys.executable, services.get("CORNUS_MOTO_LAUNCHER"), "-H", "127.0.0.1", "-p", str(port)]
+    return ServerProcess(argv, port)
 
 
 def azurite_connection_string(services: Services, port: int) -> str:
