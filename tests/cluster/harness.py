@@ -23,8 +23,15 @@ READY_TIMEOUT_S = 60.0
 HTTP_TIMEOUT_S = 15.0
 # Every node of a test cluster runs on this machine, and a killed one takes its calls with it: a
 # storage call lands at most a scheduling hiccup after its deadline. The production default slack
-# (1 s, for networks and clock rates) would add 750 ms to every restart's recovery wait.
-DEFAULT_SETTINGS = {"clock_slack_ms": 250}
+# (1 s, for networks and clock rates) would add 750 ms to every restart's recovery wait. Leases
+# are short for the same reason: a node killed with SIGKILL waits out its own old leases.
+DEFAULT_SETTINGS = {
+    "clock_slack_ms": 250,
+    "lease_ms": 1_000,
+    "renew_interval_ms": 250,
+    "failover_delay_ms": 1_000,
+    "drain_ms_max": 1_000,
+}
 
 
 @dataclass
@@ -34,8 +41,9 @@ class NodeProcess:
     api_port: int
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # on top of the cluster's, for this node only
     grpc_api_port: int = 0  # 0: no public gRPC API
+    config_path: Path | None = None  # a TOML file of this node's own (`cornus serve --config`)
 
     @property
     def grpc_target(self) -> str:
@@ -94,11 +102,13 @@ class Cluster:
             env[f"CORNUS_{name.upper()}"] = str(value)
         if node.grpc_api_port:
             env["CORNUS_GRPC_API_LISTEN"] = f"127.0.0.1:{node.grpc_api_port}"
+        env.update(node.env)
         node.log_path = self.directory / f"{node_id}.log"
         log = node.log_path.open("ab")
+        config = ["--config", str(node.config_path)] if node.config_path else []
         node.process = subprocess.Popen(
             [sys.executable, "-m", "services.cli", "serve", "--node-id", node_id,
-             "--api-listen", f"127.0.0.1:{node.api_port}"],
+             "--api-listen", f"127.0.0.1:{node.api_port}", *config],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
