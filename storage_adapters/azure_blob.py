@@ -7,10 +7,12 @@ stored. (The paper's artifact wrote two blobs, the second conditional; one blob 
 true LogOnce cost one write.) Every later change of a record (`log`'s decisions, `apply_redo`'s
 applied marker) is an `If-Match` on the ETag read just before, retried a bounded number of times.
 
-Layout, with transaction state and data under distinct prefixes so access policies can split them:
+Layout, with transaction state, data and ownership under distinct prefixes so access policies can
+split them:
 
     txn/<log.key>/<txn>             JSON record; metadata {state, applied} for scans
     data/<partition>/<b64url(key)>  raw value bytes
+    own/<partition>                 JSON ownership record; metadata {ownership} for listings
 
 Ids are used verbatim as path segments except that a trailing '.' gets a '~' appended, because
 Azure treats a path segment ending in '.' specially (and '.'/'..' would be path-normalized);
@@ -18,6 +20,29 @@ Azure treats a path segment ending in '.' specially (and '.'/'..' would be path-
 `scan_unfinished` must mend: '~' sorts above every id character, so `a.~` lists after `a.b` though
 the id `a.` sorts before `a.b`. Data keys are arbitrary UTF-8, so they are urlsafe base64 (at most
 684 characters for 512 bytes, well under the 1024-character name limit).
+
+Ownership. `write_owner` of a first record is a Put Blob with `If-None-Match: *`, one request. A
+later one must match the stored (epoch, version), which Azure cannot test in a condition, so it
+reads the blob (learning its ETag), compares, and puts with `If-Match` on that ETag: a write lands
+only on the very blob that was compared, so the compare-and-swap is exact, at two requests. A
+loser of the put pays a third to read what won. `read_owners` reads a few partitions' blobs
+directly, all at once; for more it lists the blobs under the names' common prefix, with their
+metadata, which holds the same record as the body (one Put Blob writes both): one request per
+5000 blobs, where one request per partition would not fit 4096 partitions in a call's deadline.
+
+Fencing is WEAKER on Azure than on the other three backends, and this is why. A fenced write must
+land only while the partition's ownership record names the fence's owner and epoch, but the
+ownership record and the record or data written are different blobs, and Azure Blob has no
+condition (nor transaction) that spans two blobs. So a fenced call here reads the ownership blob
+and refuses with Fenced, writing nothing, unless it admits the fence, and only THEN writes: the
+check and the write are two requests (`log` and `apply_redo` read the ownership blob concurrently
+with the record they read anyway; `log_once` and `delete` pay one request more than unfenced). A
+writer that passes the check and then stalls (a process pause, a slow network) for longer than the
+lease margin can still land its write after another node has taken the partition. The node
+runtime checks its lease before each write, which narrows the window to a stall between that
+check and the write's arrival, but storage does not refuse such a late write as Redis, DynamoDB
+and the emulator do: on Azure, single ownership rests on leases and bounded stalls, not on storage
+alone.
 
 Durability: Azure acknowledges a Put Blob only after it is durably stored (LRS: 3 replicas), which
 is what a vote needs. Azurite keeps blobs on disk too, but is a test double, not a deployment.
@@ -48,11 +73,15 @@ from azure.core.exceptions import (
 from azure.storage.blob.aio import BlobServiceClient, ContainerClient
 
 from storage_adapters.contract import (
+    OWNER_READ_COUNT_MAX,
     SCAN_PAGE_COUNT_MAX,
     SCAN_ROUND_COUNT_MAX,
+    Fence,
     LogId,
     LogOnceResult,
     LogStore,
+    Ownership,
+    OwnerWriteResult,
     Record,
     RecordBody,
     TxnState,
@@ -60,7 +89,11 @@ from storage_adapters.contract import (
     is_unfinished,
     validate_body,
     validate_data_keys,
+    validate_fence,
     validate_log,
+    validate_log_fence,
+    validate_owner_partitions,
+    validate_owner_write,
     validate_partition,
     validate_scan_after,
     validate_scan_limit,
@@ -68,7 +101,7 @@ from storage_adapters.contract import (
     validate_txn,
     validate_writes,
 )
-from storage_adapters.errors import InvariantViolation, StorageError, StorageUnavailable, ValidationError
+from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
 
 # How often a read-modify-write may lose an ETag race before we give up and report contention as
 # unavailability (retryable). Writers of one record are few (a coordinator and the terminators of
@@ -85,9 +118,20 @@ SDK_RETRY_COUNT_MAX = 0
 # Only an unexpected layout change could make a stored record fail to parse; the format carries a
 # version so such a change is detected rather than misread.
 RECORD_FORMAT_VERSION = 1
+OWNER_FORMAT_VERSION = 1
+# read_owners reads at most this many ownership blobs one by one, in one round of concurrent
+# requests; more are listed instead.
+OWNER_GET_COUNT_MAX = DATA_CONCURRENCY_MAX
+# Ownership blobs one read_owners listing may walk. Records are never deleted, so the prefix holds
+# every partition ever owned; a deployment has at most OWNER_READ_COUNT_MAX at once, and this
+# leaves room for many renamings before the listing would outgrow a call's deadline.
+OWNER_LIST_BLOB_COUNT_MAX = 16 * OWNER_READ_COUNT_MAX
 
 _STATE_METADATA = "state"
 _APPLIED_METADATA = "applied"
+# The ownership record, urlsafe base64 of the body, so a listing carries it.
+_OWNER_METADATA = "ownership"
+_OWNER_PREFIX = "own/"
 
 T = TypeVar("T")
 
@@ -97,6 +141,14 @@ class _Stored:
     """A record as read, with the ETag that a conditional overwrite must match."""
 
     record: Record
+    etag: str
+
+
+@dataclass(frozen=True, slots=True)
+class _StoredOwner:
+    """An ownership record as read, with the ETag that a conditional overwrite must match."""
+
+    ownership: Ownership
     etag: str
 
 
@@ -128,6 +180,50 @@ def _dotted_prefixes(txn: str) -> list[str]:
 def _data_name(partition: str, key: str) -> str:
     encoded = base64.urlsafe_b64encode(key.encode("utf-8")).decode("ascii")
     return f"data/{_segment(partition)}/{encoded}"
+
+
+def _owner_name(partition: str) -> str:
+    return _OWNER_PREFIX + _segment(partition)
+
+
+def _partition_of_owner_name(name: str) -> str:
+    """`_owner_name` inverted."""
+    assert name.startswith(_OWNER_PREFIX), name
+    segment = name[len(_OWNER_PREFIX) :]
+    return segment[:-1] if segment.endswith(".~") else segment
+
+
+def _encode_owner(ownership: Ownership) -> bytes:
+    content = {
+        "v": OWNER_FORMAT_VERSION,
+        "partition": ownership.partition,
+        "owner": ownership.owner,
+        "epoch": ownership.epoch,
+        "version": ownership.version,
+        "lease_ms": ownership.lease_ms,
+        "wanted_by": ownership.wanted_by,
+    }
+    return json.dumps(content, separators=(",", ":")).encode("utf-8")
+
+
+def _decode_owner(partition: str, data: bytes) -> Ownership:
+    try:
+        content = json.loads(data)
+        if content["v"] != OWNER_FORMAT_VERSION:
+            raise InvariantViolation(f"ownership of {partition} has format version {content['v']!r}")
+        if content["partition"] != partition:
+            raise InvariantViolation(f"blob for the ownership of {partition} holds {content['partition']}'s")
+        return Ownership(
+            partition=partition,
+            owner=content["owner"],
+            epoch=content["epoch"],
+            version=content["version"],
+            lease_ms=content["lease_ms"],
+            wanted_by=content["wanted_by"],
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        # ValidationError is a ValueError: a stored record that no longer validates is corruption.
+        raise InvariantViolation(f"ownership of {partition} is unreadable: {error}") from error
 
 
 def _now_ms() -> int:
@@ -181,6 +277,10 @@ def _decode_record(log: LogId, txn: str, data: bytes) -> Record:
     assert not record.applied or record.state is TxnState.COMMIT
     return record
 
+
+
+def _owner_metadata(content: bytes) -> dict[str, str]:
+    return {_OWNER_METADATA: base64.urlsafe_b64encode(content).decode("ascii")}
 
 
 async def _gather_bounded(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
@@ -316,15 +416,76 @@ class AzureBlobStore(LogStore):
             return False
         return True
 
+    async def _get_owner(self, partition: str) -> _StoredOwner | None:
+        blob = self._container.get_blob_client(_owner_name(partition))
+        try:
+            downloader = await blob.download_blob()
+            data = await downloader.readall()
+        except ResourceNotFoundError:
+            return None
+        etag = downloader.properties.etag
+        assert etag
+        return _StoredOwner(_decode_owner(partition, data), etag)
+
+    async def _put_owner(self, ownership: Ownership, etag: str | None) -> bool:
+        """Put the ownership record if the blob's ETag is still `etag` (None: if there is no blob);
+        False if that precondition failed."""
+        blob = self._container.get_blob_client(_owner_name(ownership.partition))
+        try:
+            content = _encode_owner(ownership)
+            if etag is None:
+                # overwrite=False is what sends If-None-Match: *.
+                await blob.upload_blob(content, overwrite=False, metadata=_owner_metadata(content))
+            else:
+                await blob.upload_blob(
+                    content,
+                    overwrite=True,
+                    metadata=_owner_metadata(content),
+                    etag=etag,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+        except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError):
+            return False
+        return True
+
+    async def _check_fence(self, fence: Fence) -> None:
+        """Raise Fenced unless the ownership record admits `fence`. A request of its own, BEFORE the
+        write it guards: see the module docstring for what that leaves open."""
+        stored = await self._get_owner(fence.partition)
+        owner = stored.ownership if stored is not None else None
+        if not fence.admits(owner):
+            raise Fenced(fence, owner)
+
+    async def _get_fenced(self, log: LogId, txn: str, fence: Fence | None) -> _Stored | None:
+        """The record, as `_get`; with a fence, the fence checked too, in a request run alongside
+        (so a fenced read-modify-write costs no more round trips than an unfenced one)."""
+        if fence is None:
+            return await self._get(log, txn)
+        try:
+            async with asyncio.TaskGroup() as group:
+                checked = group.create_task(self._check_fence(fence))
+                read = group.create_task(self._get(log, txn))
+        except BaseExceptionGroup as errors:
+            raise _first_leaf(errors) from None
+        assert checked.done() and checked.exception() is None
+        return read.result()
+
     # The contract.
 
-    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+    async def log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
+    ) -> LogOnceResult:
         validate_log(log)
         validate_txn(txn)
         validate_state(state)
         validate_body(body)
+        validate_log_fence(fence, log)
         record = Record(log=log, txn=txn, state=state, body=body, applied=False, created_at_ms=_now_ms())
         async with self._deadline():
+            if fence is not None:
+                # Before the create, and not alongside it, so a refused fence writes nothing and
+                # wins over an existing record, as the contract orders.
+                await self._check_fence(fence)
             if await self._create(record):
                 return LogOnceResult(state=state, created=True)
             # Someone else won: learn what they stored. Records are only deleted by garbage
@@ -333,15 +494,20 @@ class AzureBlobStore(LogStore):
             assert stored is not None, f"{log.key}/{txn}: 409 on create, yet no blob on read-back"
             return LogOnceResult(state=stored.record.state, created=False)
 
-    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+    async def log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
+    ) -> TxnState:
         validate_log(log)
         validate_txn(txn)
         validate_state(state)
         if body is not None:
             validate_body(body)
+        validate_log_fence(fence, log)
         async with self._deadline():
             for _ in range(ETAG_RETRY_COUNT_MAX):
-                stored = await self._get(log, txn)
+                # The fence is checked again on every attempt, so the gap between check and write
+                # stays one round trip however many ETag races came before.
+                stored = await self._get_fenced(log, txn, fence)
                 if stored is None:
                     record = Record(
                         log=log,
@@ -459,10 +625,13 @@ class AzureBlobStore(LogStore):
             values = await _gather_bounded([lambda key=key: get(key) for key in unique])
         return dict(zip(unique, values, strict=True))
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
+    async def apply_redo(
+        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
+    ) -> bool:
         validate_partition(partition)
         validate_txn(txn)
         checked = validate_writes(writes)
+        validate_fence(fence, partition)
         log = LogId.partition(partition)
 
         async def put(key: str, value: bytes | None) -> None:
@@ -474,7 +643,11 @@ class AzureBlobStore(LogStore):
                 await blob.upload_blob(value, overwrite=True)
 
         async with self._deadline():
-            stored = await self._get(log, txn)
+            # The fence is checked once, before any data is written: the data writes are the ones
+            # that could clobber a new owner's, and checking again before the marker would not
+            # stop them. A redo refused here writes nothing; one deposed mid-way is the case the
+            # module docstring describes.
+            stored = await self._get_fenced(log, txn, fence)
             self._check_committed(log, txn, stored)
             assert stored is not None
             if stored.record.applied:
@@ -502,16 +675,92 @@ class AzureBlobStore(LogStore):
         if stored.record.state is not TxnState.COMMIT:
             raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {stored.record.state}")
 
-    async def delete(self, log: LogId, txn: str) -> bool:
+    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
         validate_log(log)
         validate_txn(txn)
+        validate_log_fence(fence, log)
         blob = self._container.get_blob_client(_record_name(log, txn))
         async with self._deadline():
+            if fence is not None:
+                await self._check_fence(fence)
             try:
                 await blob.delete_blob()
             except ResourceNotFoundError:
                 return False
         return True
+
+    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
+        checked = validate_owner_partitions(partitions)
+        async with self._deadline():
+            if len(checked) <= OWNER_GET_COUNT_MAX:
+                stored = await _gather_bounded([lambda p=p: self._get_owner(p) for p in checked])
+                return {s.ownership.partition: s.ownership for s in stored if s is not None}
+            found = await self._list_owners(checked)
+        return {partition: found[partition] for partition in checked if partition in found}
+
+    async def _list_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
+        """The ownership records of `partitions` that exist, from a listing of the blobs under the
+        partitions' common prefix (every `_owner_name(p)` starts with `own/` + p)."""
+        wanted = set(partitions)
+        # The common prefix of all names is that of the lowest and the highest.
+        low, high = min(partitions), max(partitions)
+        common_count = 0
+        while common_count < min(len(low), len(high)) and low[common_count] == high[common_count]:
+            common_count += 1
+        prefix = _OWNER_PREFIX + low[:common_count]
+        found: dict[str, Ownership] = {}
+        unlisted: list[str] = []
+        walked_count = 0
+        async for blob in self._container.list_blobs(name_starts_with=prefix, include=["metadata"]):
+            walked_count += 1
+            if walked_count > OWNER_LIST_BLOB_COUNT_MAX:
+                raise StorageError(
+                    f"azure_blob: more than {OWNER_LIST_BLOB_COUNT_MAX} ownership blobs under {prefix!r}"
+                )
+            partition = _partition_of_owner_name(blob.name)
+            if partition not in wanted:
+                continue
+            encoded = (blob.metadata or {}).get(_OWNER_METADATA)
+            if encoded is None:
+                # Not written by this adapter's put: read it rather than take it for absent.
+                unlisted.append(partition)
+                continue
+            try:
+                content = base64.urlsafe_b64decode(encoded.encode("ascii"))
+            except (ValueError, binascii.Error) as error:
+                raise InvariantViolation(f"ownership metadata of {partition} is unreadable: {error}") from error
+            found[partition] = _decode_owner(partition, content)
+        for stored in await _gather_bounded([lambda p=p: self._get_owner(p) for p in unlisted]):
+            if stored is not None:
+                found[stored.ownership.partition] = stored.ownership
+        return found
+
+    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        expected, new = validate_owner_write(expected, new)
+        async with self._deadline():
+            if expected is None:
+                if await self._put_owner(new, None):
+                    return OwnerWriteResult(stored=new, written=True)
+            else:
+                current = await self._get_owner(new.partition)
+                if current is None or (current.ownership.epoch, current.ownership.version) != (
+                    expected.epoch,
+                    expected.version,
+                ):
+                    return OwnerWriteResult(stored=current.ownership if current is not None else None, written=False)
+                # If-Match on the ETag of the blob just compared: the put lands only if nothing
+                # was written in between, which makes read-compare-put one compare-and-swap.
+                if await self._put_owner(new, current.etag):
+                    return OwnerWriteResult(stored=new, written=True)
+            # Lost a race: learn what won. Ownership blobs are never deleted and their version
+            # only rises, so the winner's record is there and is not the one we expected.
+            won = await self._get_owner(new.partition)
+            assert won is not None, f"ownership of {new.partition}: precondition failed, yet no blob"
+            assert expected is None or (won.ownership.epoch, won.ownership.version) != (
+                expected.epoch,
+                expected.version,
+            ), f"ownership of {new.partition}: precondition failed on the expected record"
+            return OwnerWriteResult(stored=won.ownership, written=False)
 
     async def close(self) -> None:
         # Container and blob clients share the service's transport; closing it closes them all.

@@ -20,6 +20,22 @@ Recovery reads a log's unfinished records in pages keyed by txn id: each page st
 the last txn id of the one before, so records that stay unfinished (all of them, until recovery
 resolves them) cannot hold later ones back. Txn ids are ASCII, so every backend's native order
 (SQLite BINARY, Redis lex, DynamoDB bytes) is plain string order.
+
+Ownership. Each partition has exactly one writer, its owner, named by an ownership record that
+`write_owner` changes by compare-and-swap in one round trip (as `log_once` does records):
+
+    absent --write_owner(None, epoch 1)--> owned by n, epoch 1, version 1
+    (e, v) --write_owner((e, v), (e, v+1))--> renewed, hand-off asked, or released (owner "")
+    (e, v) --write_owner((e, v), (e+1, v+1))--> taken by another node: a new epoch
+
+Every write a partition owner makes for its partition (`log_once`, `log`, `delete` on the
+partition's log, `apply_redo` on its data) may carry a `Fence` (owner, epoch). The backend checks
+the ownership record in the SAME round trip as the write and refuses with `Fenced`, writing
+nothing, unless the record still names that owner and epoch. So a deposed owner's late write
+(its lease clock wrong, its process paused, its request slow) cannot land after a new owner has
+taken the partition, whatever the clocks say. Writes without a fence (a terminator's
+LogOnce(ABORT) on another partition's log, a coordinator's own log) are the protocol's and stay
+allowed. Azure Blob has no condition that spans two blobs; its adapter says how it fences.
 """
 
 from __future__ import annotations
@@ -48,6 +64,10 @@ SCAN_PAGE_COUNT_MAX = 1000
 # in separate requests: only a record finished or deleted between the two makes another round
 # necessary, to refill the page from further on, so running out means the log churns too fast.
 SCAN_ROUND_COUNT_MAX = 8
+# Ownership records one `read_owners` call may return: the runtime's partition count limit.
+OWNER_READ_COUNT_MAX = 4096
+# A lease longer than this would leave a dead owner's partitions unserved for minutes.
+OWNER_LEASE_MS_MAX = 600_000
 
 # Ids end up in Redis keys, blob names and DynamoDB keys; a conservative alphabet keeps them
 # unambiguous in all three (no '/', no braces that would break Redis hash tags).
@@ -158,6 +178,112 @@ class LogOnceResult:
     created: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    """A partition's ownership record. `owner` "" means released: free to take. `epoch` rises by
+    one with every take and is what fences the owner's writes; `version` rises by one with every
+    write of the record (take, renewal, hand-off request, release), so a node that watches the
+    same (epoch, version) for longer than `lease_ms` plus clock slack, by its own clock, knows the
+    owner has stopped renewing. `wanted_by` names a node that asks the owner to hand over."""
+
+    partition: str
+    owner: str
+    epoch: int
+    version: int
+    lease_ms: int
+    wanted_by: str = ""
+
+    def __post_init__(self) -> None:
+        validate_partition(self.partition)
+        for what, value in (("owner", self.owner), ("wanted_by", self.wanted_by)):
+            if value != "":
+                validate_id(value, what, NODE_ID_LENGTH_MAX)
+        for what, number in (("epoch", self.epoch), ("version", self.version), ("lease_ms", self.lease_ms)):
+            if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+                raise ValidationError(f"{what} must be an integer >= 1, got {number!r}")
+        if self.lease_ms > OWNER_LEASE_MS_MAX:
+            raise ValidationError(f"lease_ms is {self.lease_ms}, the limit is {OWNER_LEASE_MS_MAX}")
+
+    def fence(self) -> Fence:
+        assert self.owner, f"{self.partition} is released: no owner to fence writes with"
+        return Fence(self.partition, self.owner, self.epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What a partition owner's write is conditioned on: storage refuses it (`Fenced`) unless the
+    partition's ownership record names `owner` at `epoch`."""
+
+    partition: str
+    owner: str
+    epoch: int
+
+    def __post_init__(self) -> None:
+        validate_partition(self.partition)
+        validate_id(self.owner, "fence owner", NODE_ID_LENGTH_MAX)
+        if not isinstance(self.epoch, int) or isinstance(self.epoch, bool) or self.epoch < 1:
+            raise ValidationError(f"fence epoch must be an integer >= 1, got {self.epoch!r}")
+
+    def admits(self, stored: Ownership | None) -> bool:
+        return stored is not None and stored.owner == self.owner and stored.epoch == self.epoch
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerWriteResult:
+    """What `write_owner` found or made: `stored` is the record after the call (None: absent),
+    `written` is True if this call's record is the one stored."""
+
+    stored: Ownership | None
+    written: bool
+
+
+def validate_owner_write(expected: object, new: object) -> tuple[Ownership | None, Ownership]:
+    """The transitions `write_owner` allows: the first record is epoch 1 version 1; every later
+    one raises the version by one and keeps the epoch or raises it by one."""
+    if expected is not None and not isinstance(expected, Ownership):
+        raise ValidationError(f"expected must be an Ownership or None, got {type(expected).__name__}")
+    if not isinstance(new, Ownership):
+        raise ValidationError(f"new must be an Ownership, got {type(new).__name__}")
+    if expected is None:
+        if (new.epoch, new.version) != (1, 1):
+            raise ValidationError(f"a first ownership record is epoch 1 version 1, got {new.epoch}/{new.version}")
+        return expected, new
+    if new.partition != expected.partition:
+        raise ValidationError(f"ownership of {new.partition} cannot replace that of {expected.partition}")
+    if new.version != expected.version + 1:
+        raise ValidationError(f"version must rise by one: {expected.version} -> {new.version}")
+    if new.epoch not in (expected.epoch, expected.epoch + 1):
+        raise ValidationError(f"epoch may stay or rise by one: {expected.epoch} -> {new.epoch}")
+    if new.epoch == expected.epoch and new.owner not in ("", expected.owner):
+        raise ValidationError(f"{new.owner} may take {new.partition} from {expected.owner!r} only in a new epoch")
+    return expected, new
+
+
+def validate_fence(fence: object, partition: str) -> Fence | None:
+    """A write's fence must be for the partition written (None: an unfenced write)."""
+    if fence is None:
+        return None
+    if not isinstance(fence, Fence):
+        raise ValidationError(f"fence must be a Fence, got {type(fence).__name__}")
+    if fence.partition != partition:
+        raise ValidationError(f"a fence for {fence.partition} cannot guard a write to {partition}")
+    return fence
+
+
+def validate_log_fence(fence: object, log: LogId) -> Fence | None:
+    if fence is not None and log.kind is not LogKind.PARTITION:
+        raise ValidationError(f"only a partition's log is fenced, not {log.key}")
+    return validate_fence(fence, log.name)
+
+
+def validate_owner_partitions(partitions: object) -> tuple[str, ...]:
+    if isinstance(partitions, str | bytes) or not isinstance(partitions, Sequence):
+        raise ValidationError("partitions must be a sequence of partition names")
+    if len(partitions) > OWNER_READ_COUNT_MAX:
+        raise ValidationError(f"{len(partitions)} partitions in one call, the limit is {OWNER_READ_COUNT_MAX}")
+    return tuple(dict.fromkeys(validate_partition(p) for p in partitions))
+
+
 def validate_txn(txn: object) -> str:
     return validate_id(txn, "txn id", TXN_ID_LENGTH_MAX)
 
@@ -259,13 +385,19 @@ class LogStore(abc.ABC):
     backend_name: str = "abstract"
 
     @abc.abstractmethod
-    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
-        """Create the record with `state` if it is absent; return what is stored now. One round trip."""
+    async def log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
+    ) -> LogOnceResult:
+        """Create the record with `state` if it is absent; return what is stored now. One round trip.
+        With a fence, raise Fenced (writing nothing) unless the fence holds."""
 
     @abc.abstractmethod
-    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+    async def log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
+    ) -> TxnState:
         """Plain write: create, or move VOTE_YES to a decision, or rewrite the same state. `body`
-        None keeps the stored body. Refuses COMMIT<->ABORT and decision->VOTE_YES."""
+        None keeps the stored body. Refuses COMMIT<->ABORT and decision->VOTE_YES; Fenced as
+        `log_once`."""
 
     @abc.abstractmethod
     async def read(self, log: LogId, txn: str) -> Record | None:
@@ -285,16 +417,28 @@ class LogStore(abc.ABC):
         """Committed values of `keys` in `partition` (None for absent keys)."""
 
     @abc.abstractmethod
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
+    async def apply_redo(
+        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
+    ) -> bool:
         """Apply a committed redo to the data and mark the partition's record applied, atomically
         where the backend allows. The record must be COMMIT. A record already marked applied is
         left alone and nothing is written: re-writing an old redo could undo a later transaction's
         writes to the same keys. So recovery may repeat the call safely. True if this call applied
-        the redo, False if it was applied before (a caller caching data must not cache it then)."""
+        the redo, False if it was applied before (a caller caching data must not cache it then).
+        With a fence, raise Fenced (writing nothing) unless the fence holds."""
 
     @abc.abstractmethod
-    async def delete(self, log: LogId, txn: str) -> bool:
-        """Remove the record (garbage collection); True if it existed."""
+    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
+        """Remove the record (garbage collection); True if it existed. Fenced as `log_once`."""
+
+    @abc.abstractmethod
+    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
+        """The ownership records of `partitions` that exist (absent ones are left out)."""
+
+    @abc.abstractmethod
+    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        """Store `new` if the partition's record is still `expected` (same epoch and version; None:
+        no record). One round trip; returns the record stored after the call either way."""
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -5,6 +5,8 @@ One table, keyed by pk (S) and sk (S):
     pk = "txn#" + log.key,      sk = txn     a record: state, participants, coordinator, redo,
                                              applied, created_at_ms
     pk = "data#" + partition,   sk = key     a committed value: v (B)
+    pk = "own#" + partition,    sk = "owner" a partition's ownership record: owner, epoch, version,
+                                             lease_ms, wanted_by
 
 `log_once` is one conditional PutItem (`attribute_not_exists(pk)`) with
 `ReturnValuesOnConditionCheckFailure=ALL_OLD`, so the loser learns the stored state from the failure
@@ -17,6 +19,22 @@ stored. A log's records share a partition key, so `scan_unfinished` is a Query w
 atomically when the redo fits one transaction (at most 100 items, a few MB); a larger redo goes in
 data chunks first and the marker last, so a crash in between leaves the record unapplied and
 recovery repeats the (idempotent) whole.
+
+Ownership. `write_owner` is one PutItem conditioned on the stored (epoch, version)
+(`attribute_not_exists(pk)` for the first record), with ALL_OLD on failure so the loser learns the
+winner's record from the failure. Each partition's record has a partition key of its own: every
+fenced write checks it, and one key shared by all partitions would take the whole cluster's checks.
+A fenced write is a TransactWriteItems whose FIRST item is a ConditionCheck on the ownership item
+(owner and epoch) and whose other items are the unfenced call's write(s), with the same conditions;
+DynamoDB writes all or nothing, so the fence is checked in the same round trip as the write. The
+cancellation reasons come back per item in request order: a failed first item means Fenced (put
+before the write's own condition, as the contract asks), a failed later one is the write's own
+condition (a record that exists, a refused flip). Unfenced calls keep their single-item requests;
+a transactional write costs twice the capacity units of a plain one. A redo too big for one
+transaction carries the check in every chunk (see `apply_redo`). A transaction that meets another
+on the ownership item (a renewal's PutItem; perhaps another fenced write's check: moto, serving one
+request at a time, cannot show which) is cancelled with TransactionConflict, which is reported as
+StorageUnavailable: retryable, nothing written.
 
 Durability: DynamoDB acknowledges a write after it is durable in several AZs, and every read here
 is strongly consistent, so a loser can never read past an acknowledged vote.
@@ -40,9 +58,12 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from storage_adapters.contract import (
     LOG_NAME_LENGTH_MAX,
     SCAN_PAGE_COUNT_MAX,
+    Fence,
     LogId,
     LogOnceResult,
     LogStore,
+    Ownership,
+    OwnerWriteResult,
     Record,
     RecordBody,
     TxnState,
@@ -50,7 +71,11 @@ from storage_adapters.contract import (
     is_unfinished,
     validate_body,
     validate_data_keys,
+    validate_fence,
     validate_log,
+    validate_log_fence,
+    validate_owner_partitions,
+    validate_owner_write,
     validate_partition,
     validate_scan_after,
     validate_scan_limit,
@@ -58,7 +83,7 @@ from storage_adapters.contract import (
     validate_txn,
     validate_writes,
 )
-from storage_adapters.errors import InvariantViolation, StorageError, StorageUnavailable, ValidationError
+from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
 
 # DynamoDB's own limits on one TransactWriteItems: 100 items and 4 MB. We stay under the bytes
 # limit with room for attribute names and the record's update.
@@ -70,6 +95,9 @@ BATCH_GET_KEY_COUNT_MAX = 100
 # report the backend as unavailable rather than spin.
 BATCH_GET_RETRY_COUNT_MAX = 8
 BATCH_GET_RETRY_BACKOFF_MS = 20
+# BatchGetItem requests one call keeps in flight: read_owners may ask for 4096 records (41
+# batches), and firing all at once on one partition-key range invites throttling for no gain.
+BATCH_GET_CONCURRENCY_MAX = 16
 # A Query page holds at most 1 MB; this bounds the pages one scan may walk (1000 pages is 1 GB of
 # one log's records, far past anything garbage collection lets accumulate).
 QUERY_PAGE_COUNT_MAX = 1000
@@ -103,6 +131,9 @@ _RETRYABLE_CANCELLATION_CODES = frozenset(
 
 _TXN_PK_PREFIX = "txn#"
 _DATA_PK_PREFIX = "data#"
+_OWNER_PK_PREFIX = "own#"
+# Key attributes may not be empty, so the ownership item's sort key is a constant.
+_OWNER_SK = "owner"
 
 # Attribute names; `#state` because "state" is not reserved but keeping all names aliased makes
 # every expression safe against DynamoDB's long reserved-word list.
@@ -127,6 +158,38 @@ def _record_key(log: LogId, txn: str) -> dict[str, Any]:
 
 def _data_key(partition: str, key: str) -> dict[str, Any]:
     return {"pk": {"S": _DATA_PK_PREFIX + partition}, "sk": {"S": key}}
+
+
+def _owner_key(partition: str) -> dict[str, Any]:
+    return {"pk": {"S": _OWNER_PK_PREFIX + partition}, "sk": {"S": _OWNER_SK}}
+
+
+def _owner_item(ownership: Ownership) -> dict[str, Any]:
+    return {
+        **_owner_key(ownership.partition),
+        "owner": {"S": ownership.owner},
+        "epoch": {"N": str(ownership.epoch)},
+        "version": {"N": str(ownership.version)},
+        "lease_ms": {"N": str(ownership.lease_ms)},
+        "wanted_by": {"S": ownership.wanted_by},
+    }
+
+
+def _decode_owner(item: Mapping[str, Any]) -> Ownership:
+    try:
+        pk = item["pk"]["S"]
+        assert pk.startswith(_OWNER_PK_PREFIX) and item["sk"]["S"] == _OWNER_SK, f"not an ownership item: {pk}"
+        return Ownership(
+            partition=pk[len(_OWNER_PK_PREFIX) :],
+            owner=item["owner"]["S"],
+            epoch=int(item["epoch"]["N"]),
+            version=int(item["version"]["N"]),
+            lease_ms=int(item["lease_ms"]["N"]),
+            wanted_by=item["wanted_by"]["S"],
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        # ValidationError is a ValueError: a stored record that no longer validates is corruption.
+        raise InvariantViolation(f"ownership item {item.get('pk')} is unreadable: {error!r}") from error
 
 
 def _body_attributes(body: RecordBody) -> dict[str, Any]:
@@ -162,6 +225,18 @@ def _decode_record(log: LogId, txn: str, item: Mapping[str, Any]) -> Record:
 
 def _error_code(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
+
+
+def _failed_condition(error: ClientError, index: int) -> dict[str, Any] | None:
+    """The cancellation reason of item `index` of a TransactWriteItems if that item's condition
+    failed; None if the transaction failed for another reason (to be handled as an error)."""
+    if _error_code(error) != "TransactionCanceledException":
+        return None
+    reasons = error.response.get("CancellationReasons") or []
+    if not -len(reasons) <= index < len(reasons):
+        return None
+    reason: dict[str, Any] = reasons[index]
+    return reason if reason.get("Code") == "ConditionalCheckFailed" else None
 
 
 def _is_local(endpoint_url: str | None) -> bool:
@@ -290,11 +365,14 @@ class DynamoDbStore(LogStore):
 
     # The contract.
 
-    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+    async def log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
+    ) -> LogOnceResult:
         validate_log(log)
         validate_txn(txn)
         validate_state(state)
         validate_body(body)
+        validate_log_fence(fence, log)
         item = {
             **_record_key(log, txn),
             "state": {"S": state.value},
@@ -302,19 +380,30 @@ class DynamoDbStore(LogStore):
             "applied": {"BOOL": False},
             "created_at_ms": {"N": str(_now_ms())},
         }
+        put: dict[str, Any] = {
+            "TableName": self._table,
+            "Item": item,
+            "ConditionExpression": "attribute_not_exists(#pk)",
+            "ExpressionAttributeNames": {"#pk": "pk"},
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
         async with self._deadline():
             try:
-                await self._client.put_item(
-                    TableName=self._table,
-                    Item=item,
-                    ConditionExpression="attribute_not_exists(#pk)",
-                    ExpressionAttributeNames={"#pk": "pk"},
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+                if fence is None:
+                    await self._client.put_item(**put)
+                else:
+                    await self._transact([self._fence_check(fence), {"Put": put}])
             except ClientError as error:
-                if _error_code(error) != "ConditionalCheckFailedException":
-                    raise
-                stored = error.response.get("Item")
+                if fence is None:
+                    if _error_code(error) != "ConditionalCheckFailedException":
+                        raise
+                    stored = error.response.get("Item")
+                else:
+                    await self._raise_if_fenced(error, fence)
+                    reason = _failed_condition(error, 1)
+                    if reason is None:
+                        raise
+                    stored = reason.get("Item")
                 if stored is None:
                     # Only an emulator that ignores ReturnValuesOnConditionCheckFailure gets here;
                     # the read costs a second round trip but keeps the answer right.
@@ -325,12 +414,15 @@ class DynamoDbStore(LogStore):
                 return LogOnceResult(state=_decode_record(log, txn, stored).state, created=False)
         return LogOnceResult(state=state, created=True)
 
-    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+    async def log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
+    ) -> TxnState:
         validate_log(log)
         validate_txn(txn)
         validate_state(state)
         if body is not None:
             validate_body(body)
+        validate_log_fence(fence, log)
         values: dict[str, Any] = {
             ":state": {"S": state.value},
             ":vote": {"S": TxnState.VOTE_YES.value},
@@ -357,23 +449,34 @@ class DynamoDbStore(LogStore):
             values |= {":participants": given["participants"], ":coordinator": given["coordinator"]}
             values[":redo"] = given["redo"]
             sets += ["#participants = :participants", "#coordinator = :coordinator", "#redo = :redo"]
+        update: dict[str, Any] = {
+            "TableName": self._table,
+            "Key": _record_key(log, txn),
+            "UpdateExpression": "SET " + ", ".join(sets),
+            # The transition rule of contract.check_log_transition, enforced by storage itself so
+            # that a racing writer cannot slip between a read and our write.
+            "ConditionExpression": "attribute_not_exists(#pk) OR #state = :vote OR #state = :state",
+            "ExpressionAttributeNames": _NAMES,
+            "ExpressionAttributeValues": values,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
         async with self._deadline():
             try:
-                await self._client.update_item(
-                    TableName=self._table,
-                    Key=_record_key(log, txn),
-                    UpdateExpression="SET " + ", ".join(sets),
-                    # The transition rule of contract.check_log_transition, enforced by storage
-                    # itself so that a racing writer cannot slip between a read and our write.
-                    ConditionExpression="attribute_not_exists(#pk) OR #state = :vote OR #state = :state",
-                    ExpressionAttributeNames=_NAMES,
-                    ExpressionAttributeValues=values,
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+                if fence is None:
+                    await self._client.update_item(**update)
+                else:
+                    await self._transact([self._fence_check(fence), {"Update": update}])
             except ClientError as error:
-                if _error_code(error) != "ConditionalCheckFailedException":
-                    raise
-                stored = error.response.get("Item")
+                if fence is None:
+                    if _error_code(error) != "ConditionalCheckFailedException":
+                        raise
+                    stored = error.response.get("Item")
+                else:
+                    await self._raise_if_fenced(error, fence)
+                    reason = _failed_condition(error, 1)
+                    if reason is None:
+                        raise
+                    stored = reason.get("Item")
                 if stored is None:
                     stored = await self._get_item(_record_key(log, txn))
                 assert stored is not None, f"{log.key}/{txn}: condition failed, yet no item"
@@ -440,49 +543,60 @@ class DynamoDbStore(LogStore):
         checked = validate_data_keys(keys)
         # BatchGetItem rejects a request that names one key twice.
         unique = list(dict.fromkeys(checked))
-        found: dict[str, bytes] = {}
+        async with self._deadline():
+            items = await self._batch_get([_data_key(partition, key) for key in unique], "sk, v")
+        found = {item["sk"]["S"]: bytes(item["v"]["B"]) for item in items}
+        assert set(found) <= set(unique)
+        return {key: found.get(key) for key in unique}
 
-        async def batch(chunk: list[str]) -> None:
-            request_items: dict[str, Any] = {
-                self._table: {
-                    "Keys": [_data_key(partition, key) for key in chunk],
-                    "ConsistentRead": True,
-                    "ProjectionExpression": "sk, v",
-                }
-            }
-            for attempt in range(BATCH_GET_RETRY_COUNT_MAX + 1):
-                response = await self._client.batch_get_item(RequestItems=request_items)
-                for item in response.get("Responses", {}).get(self._table, []):
-                    found[item["sk"]["S"]] = bytes(item["v"]["B"])
-                request_items = response.get("UnprocessedKeys") or {}
-                if not request_items:
-                    return
-                await asyncio.sleep(BATCH_GET_RETRY_BACKOFF_MS * (attempt + 1) / 1000)
+    async def _batch_get(self, keys: list[dict[str, Any]], projection: str | None) -> list[dict[str, Any]]:
+        """The items stored under `keys` (distinct), absent ones left out, in no particular order:
+        BatchGetItems of at most BATCH_GET_KEY_COUNT_MAX keys each, BATCH_GET_CONCURRENCY_MAX at once."""
+        found: list[dict[str, Any]] = []
+        semaphore = asyncio.Semaphore(BATCH_GET_CONCURRENCY_MAX)
+
+        async def batch(chunk: list[dict[str, Any]]) -> None:
+            request: dict[str, Any] = {"Keys": chunk, "ConsistentRead": True}
+            if projection is not None:
+                request["ProjectionExpression"] = projection
+            request_items: dict[str, Any] = {self._table: request}
+            async with semaphore:
+                for attempt in range(BATCH_GET_RETRY_COUNT_MAX + 1):
+                    response = await self._client.batch_get_item(RequestItems=request_items)
+                    found.extend(response.get("Responses", {}).get(self._table, []))
+                    request_items = response.get("UnprocessedKeys") or {}
+                    if not request_items:
+                        return
+                    await asyncio.sleep(BATCH_GET_RETRY_BACKOFF_MS * (attempt + 1) / 1000)
             raise StorageUnavailable(
                 f"dynamodb: keys still unprocessed after {BATCH_GET_RETRY_COUNT_MAX} retries"
             )
 
-        chunks = [unique[i : i + BATCH_GET_KEY_COUNT_MAX] for i in range(0, len(unique), BATCH_GET_KEY_COUNT_MAX)]
-        async with self._deadline():
-            try:
-                async with asyncio.TaskGroup() as group:
-                    for chunk in chunks:
-                        group.create_task(batch(chunk))
-            except BaseExceptionGroup as errors:
-                # One plain exception, as from a sequential loop, so the error mapping sees it.
-                leaf: BaseException = errors
-                while isinstance(leaf, BaseExceptionGroup):
-                    leaf = leaf.exceptions[0]
-                raise leaf from None
-        assert set(found) <= set(unique)
-        return {key: found.get(key) for key in unique}
+        chunks = [keys[i : i + BATCH_GET_KEY_COUNT_MAX] for i in range(0, len(keys), BATCH_GET_KEY_COUNT_MAX)]
+        try:
+            async with asyncio.TaskGroup() as group:
+                for chunk in chunks:
+                    group.create_task(batch(chunk))
+        except BaseExceptionGroup as errors:
+            # One plain exception, as from a sequential loop, so the error mapping sees it.
+            leaf: BaseException = errors
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            raise leaf from None
+        assert len(found) <= len(keys)
+        return found
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
+    async def apply_redo(
+        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
+    ) -> bool:
         validate_partition(partition)
         validate_txn(txn)
         checked = validate_writes(writes)
+        validate_fence(fence, partition)
         log = LogId.partition(partition)
         record_key = _record_key(log, txn)
+        # The fence's ConditionCheck leads every transaction (where _raise_if_fenced looks for it).
+        head = [self._fence_check(fence)] if fence is not None else []
 
         operations: list[tuple[dict[str, Any], int]] = []
         for key, value in checked.items():
@@ -494,16 +608,18 @@ class DynamoDbStore(LogStore):
                 operation = {"Put": {"TableName": self._table, "Item": item}}
                 size = len(key.encode("utf-8")) + len(value) + 128
             operations.append((operation, size))
-        # Every chunk leaves room for the marker, so the last one can always carry it.
+        # Every chunk leaves room for the head and the marker, so any chunk can carry both. The
+        # head's few hundred bytes fit in what TRANSACT_BYTES_MAX leaves below DynamoDB's 4 MB.
+        reserved_count = len(head) + 1
         chunks: list[list[dict[str, Any]]] = [[]]
         chunk_bytes = 0
         for operation, size in operations:
-            if len(chunks[-1]) + 1 >= TRANSACT_ITEM_COUNT_MAX or chunk_bytes + size > TRANSACT_BYTES_MAX:
+            if len(chunks[-1]) + reserved_count >= TRANSACT_ITEM_COUNT_MAX or chunk_bytes + size > TRANSACT_BYTES_MAX:
                 chunks.append([])
                 chunk_bytes = 0
             chunks[-1].append(operation)
             chunk_bytes += size
-        assert all(len(chunk) < TRANSACT_ITEM_COUNT_MAX for chunk in chunks)
+        assert all(len(chunk) + reserved_count <= TRANSACT_ITEM_COUNT_MAX for chunk in chunks)
 
         def marker(*, require_unapplied: bool) -> dict[str, Any]:
             condition = "#state = :commit"
@@ -526,11 +642,14 @@ class DynamoDbStore(LogStore):
         async with self._deadline():
             if len(chunks) == 1:
                 # The common case, fully atomic in one round trip: the data lands only together
-                # with the marker, and only if the record is a COMMIT not yet applied. Writing an
-                # applied redo again could undo a later txn's writes to the same keys.
+                # with the marker, and only if the record is a COMMIT not yet applied (and the
+                # fence holds). Writing an applied redo again could undo a later txn's writes to
+                # the same keys.
                 try:
-                    await self._transact([*chunks[0], marker(require_unapplied=True)])
+                    await self._transact([*head, *chunks[0], marker(require_unapplied=True)])
                 except ClientError as error:
+                    if fence is not None:
+                        await self._raise_if_fenced(error, fence)
                     stored = self._marker_failure(error, log, txn)
                     if stored is None:
                         raise
@@ -540,23 +659,87 @@ class DynamoDbStore(LogStore):
                 return True
             # Too big for one transaction: check first, then data, then the marker, so the record
             # says applied only once all data is in.
-            item = await self._get_item(record_key)
+            if fence is None:
+                item = await self._get_item(record_key)
+            else:
+                # The fence too, in the same read, so that a deposed owner is refused before it
+                # writes any chunk, as a one-transaction redo would be.
+                item, owner_item = await self._get_items_together(record_key, _owner_key(partition))
+                owner = _decode_owner(owner_item) if owner_item is not None else None
+                if not fence.admits(owner):
+                    raise Fenced(fence, owner)
             stored = _decode_record(log, txn, item) if item is not None else None
             if stored is None or stored.state is not TxnState.COMMIT:
                 state = stored.state if stored is not None else "absent"
                 raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {state}")
             if stored.applied:
                 return False
+            # Every chunk carries the fence's check, not only the one with the marker: a chunk
+            # lands only while the fence holds, so all data of a deposed owner lands before the
+            # take that deposed it (transactions serialize with write_owner's PutItem). If the
+            # partition is taken between chunks, the next chunk is refused with Fenced and the
+            # record stays unapplied, so the new owner's recovery re-applies the whole redo over
+            # the chunks that landed before it lets any later txn at those keys. Unlike a
+            # one-transaction redo, then, a Fenced here may follow chunks that did land (as a
+            # crash between chunks leaves them); what the fence guarantees is that none lands late.
             for chunk in chunks[:-1]:
-                await self._transact(chunk)
+                try:
+                    await self._transact([*head, *chunk])
+                except ClientError as error:
+                    if fence is not None:
+                        await self._raise_if_fenced(error, fence)
+                    raise
             try:
-                await self._transact([*chunks[-1], marker(require_unapplied=False)])
+                await self._transact([*head, *chunks[-1], marker(require_unapplied=False)])
             except ClientError as error:
+                if fence is not None:
+                    await self._raise_if_fenced(error, fence)
                 stored = self._marker_failure(error, log, txn)
                 if stored is None:
                     raise
                 raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {stored.state}") from error
             return True
+
+    async def _get_items_together(
+        self, first: dict[str, Any], second: dict[str, Any]
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Two items as they stood at one instant (TransactGetItems), in one round trip."""
+        response = await self._client.transact_get_items(
+            TransactItems=[{"Get": {"TableName": self._table, "Key": key}} for key in (first, second)]
+        )
+        responses = response.get("Responses") or []
+        assert len(responses) == 2, f"TransactGetItems of 2 keys answered {len(responses)}"
+        return responses[0].get("Item"), responses[1].get("Item")
+
+    def _fence_check(self, fence: Fence) -> dict[str, Any]:
+        """The ConditionCheck that makes a transaction's writes land only while `fence` holds."""
+        return {
+            "ConditionCheck": {
+                "TableName": self._table,
+                "Key": _owner_key(fence.partition),
+                # False on an absent item too: no record means no owner.
+                "ConditionExpression": "#owner = :fence_owner AND #epoch = :fence_epoch",
+                "ExpressionAttributeNames": {"#owner": "owner", "#epoch": "epoch"},
+                "ExpressionAttributeValues": {
+                    ":fence_owner": {"S": fence.owner},
+                    ":fence_epoch": {"N": str(fence.epoch)},
+                },
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+
+    async def _raise_if_fenced(self, error: ClientError, fence: Fence) -> None:
+        """Raise Fenced if `error` is a fenced transaction's ConditionCheck (its first item)
+        failing; return if the transaction failed for another reason."""
+        reason = _failed_condition(error, 0)
+        if reason is None:
+            return
+        item = reason.get("Item")
+        if item is None:
+            # DynamoDB sends no item when there is none, and neither does an emulator that ignores
+            # ReturnValuesOnConditionCheckFailure: a read tells the two apart, on a refusal only.
+            item = await self._get_item(_owner_key(fence.partition))
+        raise Fenced(fence, _decode_owner(item) if item is not None else None) from error
 
     async def _transact(self, items: list[dict[str, Any]]) -> None:
         assert 0 < len(items) <= TRANSACT_ITEM_COUNT_MAX
@@ -576,14 +759,79 @@ class DynamoDbStore(LogStore):
             raise InvariantViolation(f"apply_redo of {log.key}/{txn}: no record") from error
         return _decode_record(log, txn, item)
 
-    async def delete(self, log: LogId, txn: str) -> bool:
+    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
         validate_log(log)
         validate_txn(txn)
+        validate_log_fence(fence, log)
         async with self._deadline():
-            response = await self._client.delete_item(
-                TableName=self._table, Key=_record_key(log, txn), ReturnValues="ALL_OLD"
-            )
-        return "Attributes" in response
+            if fence is None:
+                response = await self._client.delete_item(
+                    TableName=self._table, Key=_record_key(log, txn), ReturnValues="ALL_OLD"
+                )
+                return "Attributes" in response
+            # A transaction's Delete cannot return the old item; its condition says whether there
+            # was one instead, in the same round trip.
+            delete = {
+                "TableName": self._table,
+                "Key": _record_key(log, txn),
+                "ConditionExpression": "attribute_exists(#pk)",
+                "ExpressionAttributeNames": {"#pk": "pk"},
+            }
+            try:
+                await self._transact([self._fence_check(fence), {"Delete": delete}])
+            except ClientError as error:
+                await self._raise_if_fenced(error, fence)
+                if _failed_condition(error, 1) is None:
+                    raise
+                return False
+            return True
+
+    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
+        checked = validate_owner_partitions(partitions)
+        async with self._deadline():
+            items = await self._batch_get([_owner_key(partition) for partition in checked], None)
+        found = {owner.partition: owner for owner in map(_decode_owner, items)}
+        assert set(found) <= set(checked), f"BatchGetItem answered keys not asked: {set(found) - set(checked)}"
+        return {partition: found[partition] for partition in checked if partition in found}
+
+    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        expected, new = validate_owner_write(expected, new)
+        put: dict[str, Any] = {
+            "TableName": self._table,
+            "Item": _owner_item(new),
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        if expected is None:
+            put["ConditionExpression"] = "attribute_not_exists(#pk)"
+            put["ExpressionAttributeNames"] = {"#pk": "pk"}
+        else:
+            put["ConditionExpression"] = "#epoch = :epoch AND #version = :version"
+            put["ExpressionAttributeNames"] = {"#epoch": "epoch", "#version": "version"}
+            put["ExpressionAttributeValues"] = {
+                ":epoch": {"N": str(expected.epoch)},
+                ":version": {"N": str(expected.version)},
+            }
+        async with self._deadline():
+            try:
+                await self._client.put_item(**put)
+            except ClientError as error:
+                if _error_code(error) != "ConditionalCheckFailedException":
+                    raise
+                item = error.response.get("Item")
+                if item is None:
+                    # No record (DynamoDB sends no item then), or an emulator that ignores
+                    # ReturnValuesOnConditionCheckFailure: the loser pays a read.
+                    item = await self._get_item(_owner_key(new.partition))
+                stored = _decode_owner(item) if item is not None else None
+                # Ownership records are never deleted and their version only rises, so what beat
+                # us can neither be absent (when we expected none) nor be the one we expected.
+                assert stored is not None or expected is not None, f"{new.partition}: condition failed, yet no record"
+                assert stored is None or expected is None or (stored.epoch, stored.version) != (
+                    expected.epoch,
+                    expected.version,
+                ), f"{new.partition}: condition failed on the expected record"
+                return OwnerWriteResult(stored=stored, written=False)
+        return OwnerWriteResult(stored=new, written=True)
 
     async def close(self) -> None:
         await self._exit_stack.aclose()

@@ -26,17 +26,24 @@ from typing import Any
 
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
+    Fence,
     LogId,
     LogKind,
     LogOnceResult,
     LogStore,
+    Ownership,
+    OwnerWriteResult,
     Record,
     RecordBody,
     TxnState,
     check_log_transition,
     validate_body,
     validate_data_keys,
+    validate_fence,
     validate_log,
+    validate_log_fence,
+    validate_owner_partitions,
+    validate_owner_write,
     validate_partition,
     validate_scan_after,
     validate_scan_limit,
@@ -44,7 +51,7 @@ from storage_adapters.contract import (
     validate_txn,
     validate_writes,
 )
-from storage_adapters.errors import InvariantViolation, StorageError, StorageUnavailable
+from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable
 
 # Calls waiting for the worker thread; past this the store answers StorageUnavailable at once
 # instead of letting an overloaded caller queue without bound.
@@ -72,6 +79,14 @@ CREATE TABLE IF NOT EXISTS txn_log (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS txn_log_unfinished ON txn_log (log)
     WHERE state = 'VOTE_YES' OR (state = 'COMMIT' AND applied = 0);
+CREATE TABLE IF NOT EXISTS ownership (
+    partition TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    lease_ms INTEGER NOT NULL,
+    wanted_by TEXT NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS data (
     partition TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -128,6 +143,24 @@ def _insert_record(conn: sqlite3.Connection, log: LogId, txn: str, state: TxnSta
         (log.key, txn, state.value, json.dumps(body.participants), body.coordinator, body.redo, _now_ms()),
     )
     return cursor.rowcount == 1
+
+
+def _select_owner(conn: sqlite3.Connection, partition: str) -> Ownership | None:
+    row = conn.execute(
+        "SELECT partition, owner, epoch, version, lease_ms, wanted_by FROM ownership WHERE partition = ?",
+        (partition,),
+    ).fetchone()
+    return None if row is None else Ownership(*row)
+
+
+def _check_fence(conn: sqlite3.Connection, fence: Fence | None) -> None:
+    """Raise Fenced unless the fence holds. Every write runs under the write lock taken by
+    BEGIN IMMEDIATE, so no take of the partition can slip between this read and the write."""
+    if fence is None:
+        return
+    stored = _select_owner(conn, fence.partition)
+    if not fence.admits(stored):
+        raise Fenced(fence, stored)
 
 
 class EmulatorStore(LogStore):
@@ -274,13 +307,17 @@ class EmulatorStore(LogStore):
                 f"SQLite {self.path} did not answer within {self.timeout_ms_call} ms"
             ) from None
 
-    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+    async def log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
+    ) -> LogOnceResult:
         validate_log(log)
         validate_txn(txn)
         validate_state(state)
         validate_body(body)
+        validate_log_fence(fence, log)
 
         def run(conn: sqlite3.Connection) -> LogOnceResult:
+            _check_fence(conn, fence)
             if _insert_record(conn, log, txn, state, body):
                 return LogOnceResult(state, created=True)
             row = conn.execute("SELECT state FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).fetchone()
@@ -289,14 +326,18 @@ class EmulatorStore(LogStore):
 
         return await self._call(run, writes=True)
 
-    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+    async def log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
+    ) -> TxnState:
         validate_log(log)
         validate_txn(txn)
         validate_state(state)
         if body is not None:
             validate_body(body)
+        validate_log_fence(fence, log)
 
         def run(conn: sqlite3.Connection) -> TxnState:
+            _check_fence(conn, fence)
             row = conn.execute("SELECT state FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).fetchone()
             stored = None if row is None else TxnState(row[0])
             check_log_transition(log, txn, stored, state)
@@ -352,13 +393,17 @@ class EmulatorStore(LogStore):
 
         return await self._call(run, writes=False)
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
+    async def apply_redo(
+        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
+    ) -> bool:
         validate_partition(partition)
         validate_txn(txn)
         checked = validate_writes(writes)
+        validate_fence(fence, partition)
         log = LogId.partition(partition)
 
         def run(conn: sqlite3.Connection) -> bool:
+            _check_fence(conn, fence)
             row = conn.execute(
                 "SELECT state, applied FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)
             ).fetchone()
@@ -380,12 +425,43 @@ class EmulatorStore(LogStore):
 
         return await self._call(run, writes=True)
 
-    async def delete(self, log: LogId, txn: str) -> bool:
+    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
         validate_log(log)
         validate_txn(txn)
+        validate_log_fence(fence, log)
 
         def run(conn: sqlite3.Connection) -> bool:
+            _check_fence(conn, fence)
             return conn.execute("DELETE FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).rowcount == 1
+
+        return await self._call(run, writes=True)
+
+    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
+        checked = validate_owner_partitions(partitions)
+
+        def run(conn: sqlite3.Connection) -> dict[str, Ownership]:
+            found = (_select_owner(conn, partition) for partition in checked)
+            return {record.partition: record for record in found if record is not None}
+
+        return await self._call(run, writes=False)
+
+    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        validate_owner_write(expected, new)
+
+        def run(conn: sqlite3.Connection) -> OwnerWriteResult:
+            stored = _select_owner(conn, new.partition)
+            matches = (stored is None) if expected is None else (
+                stored is not None and (stored.epoch, stored.version) == (expected.epoch, expected.version)
+            )
+            if not matches:
+                return OwnerWriteResult(stored, written=False)
+            conn.execute(
+                "INSERT INTO ownership VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (partition) DO UPDATE SET "
+                "owner = excluded.owner, epoch = excluded.epoch, version = excluded.version, "
+                "lease_ms = excluded.lease_ms, wanted_by = excluded.wanted_by",
+                (new.partition, new.owner, new.epoch, new.version, new.lease_ms, new.wanted_by),
+            )
+            return OwnerWriteResult(new, written=True)
 
         return await self._call(run, writes=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from storage_adapters.contract import LogId, TxnState
+    from storage_adapters.contract import Fence, LogId, Ownership, TxnState
 
 
 class StorageError(Exception):
@@ -36,3 +36,18 @@ class DecisionFlipRefused(InvariantViolation):
         self.txn = txn
         self.stored = stored
         self.wanted = wanted
+
+
+class Fenced(StorageError):
+    """A partition owner's write carried a fence (its node id and epoch) that the partition's
+    ownership record no longer matches: another node took the partition, or this one released it.
+    Nothing was written; `stored` is the ownership record found (None if there is none). Not
+    retryable: the writer is deposed and must stop writing for the partition."""
+
+    def __init__(self, fence: Fence, stored: Ownership | None) -> None:
+        found = "no ownership record" if stored is None else f"owner {stored.owner or '(none)'!r} epoch {stored.epoch}"
+        super().__init__(
+            f"write to {fence.partition} by {fence.owner!r} at epoch {fence.epoch} refused: storage holds {found}"
+        )
+        self.fence = fence
+        self.stored = stored

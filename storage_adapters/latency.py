@@ -16,7 +16,18 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from storage_adapters.contract import SCAN_PAGE_COUNT_MAX, LogId, LogOnceResult, LogStore, Record, RecordBody, TxnState
+from storage_adapters.contract import (
+    SCAN_PAGE_COUNT_MAX,
+    Fence,
+    LogId,
+    LogOnceResult,
+    LogStore,
+    Ownership,
+    OwnerWriteResult,
+    Record,
+    RecordBody,
+    TxnState,
+)
 from storage_adapters.errors import ValidationError
 
 # A sampled delay never exceeds this: a lognormal tail must not stall a benchmark for minutes.
@@ -78,13 +89,17 @@ class LatencyInjectingStore(LogStore):
         if delay_ms > 0:
             await asyncio.sleep(delay_ms / 1000)
 
-    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+    async def log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
+    ) -> LogOnceResult:
         await self._delay()
-        return await self.inner.log_once(log, txn, state, body)
+        return await self.inner.log_once(log, txn, state, body, fence)
 
-    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+    async def log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
+    ) -> TxnState:
         await self._delay()
-        return await self.inner.log(log, txn, state, body)
+        return await self.inner.log(log, txn, state, body, fence)
 
     async def read(self, log: LogId, txn: str) -> Record | None:
         await self._delay()
@@ -98,13 +113,23 @@ class LatencyInjectingStore(LogStore):
         await self._delay()
         return await self.inner.read_data(partition, keys)
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
+    async def apply_redo(
+        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
+    ) -> bool:
         await self._delay()
-        return await self.inner.apply_redo(partition, txn, writes)
+        return await self.inner.apply_redo(partition, txn, writes, fence)
 
-    async def delete(self, log: LogId, txn: str) -> bool:
+    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
         await self._delay()
-        return await self.inner.delete(log, txn)
+        return await self.inner.delete(log, txn, fence)
+
+    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
+        await self._delay()
+        return await self.inner.read_owners(partitions)
+
+    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        await self._delay()
+        return await self.inner.write_owner(expected, new)
 
     async def close(self) -> None:
         await self.inner.close()

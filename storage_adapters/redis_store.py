@@ -9,7 +9,9 @@ kept a plain set there, which these scripts meet with WRONGTYPE: convert it befo
 ZADD with score 0 per SMEMBERS member). Data lives at `cxdata:{p.<partition>}:<key>`. The braces
 are a hash tag: a partition's records, index and data share one slot, so the scripts that touch
 several of them run on Redis Cluster, and the `cxtxn:`/`cxdata:` prefixes let Redis ACLs give
-transaction state and data different permissions (paper section 4.1).
+transaction state and data different permissions (paper section 4.1). A partition's ownership
+record is a hash at `cxown:{p.<partition>}`, in the same slot, so a fenced write's script checks
+it and writes in one atomic step.
 
 Durability is the server's job: run it with `appendfsync always` (or WAITAOF/WAIT to replicas), or
 a failover may lose an acknowledged VOTE_YES.
@@ -30,16 +32,23 @@ from redis.backoff import NoBackoff
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
     SCAN_ROUND_COUNT_MAX,
+    Fence,
     LogId,
     LogOnceResult,
     LogStore,
+    Ownership,
+    OwnerWriteResult,
     Record,
     RecordBody,
     TxnState,
     is_unfinished,
     validate_body,
     validate_data_keys,
+    validate_fence,
     validate_log,
+    validate_log_fence,
+    validate_owner_partitions,
+    validate_owner_write,
     validate_partition,
     validate_scan_after,
     validate_scan_limit,
@@ -47,12 +56,13 @@ from storage_adapters.contract import (
     validate_txn,
     validate_writes,
 )
-from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, StorageUnavailable
+from storage_adapters.errors import DecisionFlipRefused, Fenced, InvariantViolation, StorageUnavailable
 
 TIMEOUT_MS_CALL_DEFAULT = 5_000
 CONNECTION_COUNT_MAX = 64
 TXN_PREFIX = "cxtxn"
 DATA_PREFIX = "cxdata"
+OWNER_PREFIX = "cxown"
 _UNFINISHED = "~unfinished"
 
 # A record is unfinished while it is VOTE_YES, or COMMIT with its redo not applied yet. Every
@@ -124,6 +134,32 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 return redis.call('DEL', KEYS[1])
 """
 
+# Prepended to a script to make its fenced variant: the caller appends the ownership record's key
+# to KEYS and the fence's owner and epoch to ARGV; they are taken off again here, so the script
+# below sees the same KEYS and ARGV as its unfenced form (and unfenced calls pay nothing).
+_FENCE = """
+local fence_epoch = table.remove(ARGV)
+local fence_owner = table.remove(ARGV)
+local owner_key = table.remove(KEYS)
+local held = redis.call('HMGET', owner_key, 'owner', 'epoch')
+if held[1] ~= fence_owner or held[2] ~= fence_epoch then
+  return {'FENCED', redis.call('HGETALL', owner_key)}
+end
+"""
+
+# KEYS: ownership record. ARGV: expected epoch and version ('' for none: the record must be
+# absent), then the new owner, epoch, version, lease_ms, wanted_by.
+_WRITE_OWNER = """
+local stored = redis.call('HMGET', KEYS[1], 'epoch', 'version')
+local matches
+if ARGV[1] == '' then matches = not stored[1] else matches = stored[1] == ARGV[1] and stored[2] == ARGV[2] end
+if matches then
+  redis.call('HSET', KEYS[1], 'owner', ARGV[3], 'epoch', ARGV[4], 'version', ARGV[5], 'lease_ms', ARGV[6],
+             'wanted_by', ARGV[7])
+end
+return {matches and 1 or 0, redis.call('HGETALL', KEYS[1])}
+"""
+
 T = TypeVar("T")
 
 
@@ -141,6 +177,21 @@ def _index_key(log: LogId) -> str:
 
 def _data_key(partition: str, key: str) -> str:
     return f"{DATA_PREFIX}:{_tag(LogId.partition(partition))}:{key}"
+
+
+def _owner_key(partition: str) -> str:
+    return f"{OWNER_PREFIX}:{_tag(LogId.partition(partition))}"
+
+
+def _owner_from_flat(partition: str, flat: Sequence[bytes]) -> Ownership | None:
+    """An ownership record from HGETALL's reply (a dict, or a flat list inside a script reply)."""
+    fields = dict(flat) if isinstance(flat, dict) else dict(zip(flat[::2], flat[1::2], strict=True))
+    if not fields:
+        return None
+    return Ownership(
+        partition, fields[b"owner"].decode(), int(fields[b"epoch"]), int(fields[b"version"]),
+        int(fields[b"lease_ms"]), fields[b"wanted_by"].decode(),
+    )
 
 
 def _record_from_hash(log: LogId, txn: str, fields: dict[bytes, bytes]) -> Record:
@@ -169,6 +220,10 @@ class RedisStore(LogStore):
         self._log = client.register_script(_LOG)
         self._apply_redo = client.register_script(_APPLY_REDO)
         self._delete = client.register_script(_DELETE)
+        self._fenced = {
+            script: client.register_script(_FENCE + script) for script in (_LOG_ONCE, _LOG, _APPLY_REDO, _DELETE)
+        }
+        self._write_owner = client.register_script(_WRITE_OWNER)
 
     @classmethod
     async def open(cls, url: str, *, timeout_ms_call: int = TIMEOUT_MS_CALL_DEFAULT) -> RedisStore:
@@ -198,36 +253,54 @@ class RedisStore(LogStore):
         except redis.exceptions.BusyLoadingError as error:
             raise StorageUnavailable(f"redis {what}: server is loading its data") from error
 
-    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+    async def _run(self, source: str, keys: list[str], args: list[Any], fence: Fence | None, what: str) -> Any:
+        """Run a contract script, or its fenced variant when there is a fence; Fenced if refused."""
+        if fence is None:
+            script = {_LOG_ONCE: self._log_once, _LOG: self._log, _APPLY_REDO: self._apply_redo, _DELETE: self._delete}
+            return await self._bounded(script[source](keys=keys, args=args), what)
+        fenced_keys = [*keys, _owner_key(fence.partition)]
+        reply = await self._bounded(
+            self._fenced[source](keys=fenced_keys, args=[*args, fence.owner, str(fence.epoch)]), what
+        )
+        if isinstance(reply, list) and reply and reply[0] == b"FENCED":
+            raise Fenced(fence, _owner_from_flat(fence.partition, reply[1]))
+        return reply
+
+    async def log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
+    ) -> LogOnceResult:
         validate_log(log)
         validate_txn(txn)
         validate_state(state)
         validate_body(body)
-        reply = await self._bounded(
-            self._log_once(
-                keys=[_record_key(log, txn), _index_key(log)],
-                args=[txn, state.value, json.dumps(body.participants), body.coordinator, body.redo],
-            ),
+        validate_log_fence(fence, log)
+        reply = await self._run(
+            _LOG_ONCE,
+            [_record_key(log, txn), _index_key(log)],
+            [txn, state.value, json.dumps(body.participants), body.coordinator, body.redo],
+            fence,
             "log_once",
         )
         stored, created = TxnState(reply[0].decode()), reply[1] == 1
         assert stored is state or not created, "a created record holds what we wrote"
         return LogOnceResult(stored, created)
 
-    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+    async def log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
+    ) -> TxnState:
         validate_log(log)
         validate_txn(txn)
         validate_state(state)
         if body is not None:
             validate_body(body)
+        validate_log_fence(fence, log)
         body_args: list[Any] = (
             ["0", "", "", b""]
             if body is None
             else ["1", json.dumps(body.participants), body.coordinator, body.redo]
         )
-        verdict, stored = await self._bounded(
-            self._log(keys=[_record_key(log, txn), _index_key(log)], args=[txn, state.value, *body_args]),
-            "log",
+        verdict, stored = await self._run(
+            _LOG, [_record_key(log, txn), _index_key(log)], [txn, state.value, *body_args], fence, "log"
         )
         if verdict == b"REFUSED":
             raise DecisionFlipRefused(log, txn, TxnState(stored.decode()), state)
@@ -286,17 +359,20 @@ class RedisStore(LogStore):
         )
         return dict(zip(checked, values, strict=True))
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
+    async def apply_redo(
+        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
+    ) -> bool:
         validate_partition(partition)
         validate_txn(txn)
         checked = validate_writes(writes)
+        validate_fence(fence, partition)
         log = LogId.partition(partition)
         keys = [_record_key(log, txn), _index_key(log)]
         args: list[Any] = [txn]
         for key, value in checked.items():
             keys.append(_data_key(partition, key))
             args.extend(["d", b""] if value is None else ["s", value])
-        verdict, stored = await self._bounded(self._apply_redo(keys=keys, args=args), "apply_redo")
+        verdict, stored = await self._run(_APPLY_REDO, keys, args, fence, "apply_redo")
         if verdict == b"NOT_COMMIT":
             raise InvariantViolation(
                 f"apply_redo of txn {txn!r} on {partition!r}: record is {stored.decode()}, not COMMIT"
@@ -304,13 +380,34 @@ class RedisStore(LogStore):
         assert verdict in (b"OK", b"APPLIED_BEFORE")
         return verdict == b"OK"
 
-    async def delete(self, log: LogId, txn: str) -> bool:
+    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
         validate_log(log)
         validate_txn(txn)
-        removed = await self._bounded(
-            self._delete(keys=[_record_key(log, txn), _index_key(log)], args=[txn]), "delete"
-        )
+        validate_log_fence(fence, log)
+        removed = await self._run(_DELETE, [_record_key(log, txn), _index_key(log)], [txn], fence, "delete")
         return removed == 1
+
+    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
+        checked = validate_owner_partitions(partitions)
+        # One pipeline: one round trip, whatever the count (OWNER_READ_COUNT_MAX bounds it).
+        pipeline = self._client.pipeline(transaction=False)
+        for partition in checked:
+            pipeline.hgetall(_owner_key(partition))
+        replies = await self._bounded(pipeline.execute(), "read_owners")
+        found = (_owner_from_flat(p, reply) for p, reply in zip(checked, replies, strict=True))
+        return {record.partition: record for record in found if record is not None}
+
+    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        validate_owner_write(expected, new)
+        expected_args = ["", ""] if expected is None else [str(expected.epoch), str(expected.version)]
+        written, stored = await self._bounded(
+            self._write_owner(
+                keys=[_owner_key(new.partition)],
+                args=[*expected_args, new.owner, str(new.epoch), str(new.version), str(new.lease_ms), new.wanted_by],
+            ),
+            "write_owner",
+        )
+        return OwnerWriteResult(_owner_from_flat(new.partition, stored), written == 1)
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -28,7 +28,18 @@ from prometheus_client.registry import Collector
 from cornus.runtime.node import Node
 from cornus.runtime.outcome import Outcome
 from services.api.logs import current_txn
-from storage_adapters.contract import SCAN_PAGE_COUNT_MAX, LogId, LogOnceResult, LogStore, Record, RecordBody, TxnState
+from storage_adapters.contract import (
+    SCAN_PAGE_COUNT_MAX,
+    Fence,
+    LogId,
+    LogOnceResult,
+    LogStore,
+    Ownership,
+    OwnerWriteResult,
+    Record,
+    RecordBody,
+    TxnState,
+)
 
 # From 100 us (a cached emulator read) to 10 s (a commit that waited out termination): the range
 # between loopback storage and a slow cloud region, in roughly 2.5x steps.
@@ -38,7 +49,9 @@ LATENCY_BUCKETS_S = (
 PHASES = ("execution", "prepare", "commit", "total")
 _storage_log = logging.getLogger("cornus.storage")
 
-STORAGE_CALLS = ("log_once", "log", "read", "scan_unfinished", "read_data", "apply_redo", "delete")
+STORAGE_CALLS = (
+    "log_once", "log", "read", "scan_unfinished", "read_data", "apply_redo", "delete", "read_owners", "write_owner",
+)
 
 
 class Metrics:
@@ -130,20 +143,24 @@ class InstrumentedStore(LogStore):
             self._log.warning("storage %s %s failed: %s", self.backend_name, call, error,
                               extra={"txn": txn or current_txn.get()})
 
-    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+    async def log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
+    ) -> LogOnceResult:
         started = time.perf_counter()
         try:
-            result = await self.inner.log_once(log, txn, state, body)
+            result = await self.inner.log_once(log, txn, state, body, fence)
         except Exception as error:
             self._done("log_once", started, error, txn)
             raise
         self._done("log_once", started, None)
         return result
 
-    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+    async def log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
+    ) -> TxnState:
         started = time.perf_counter()
         try:
-            result = await self.inner.log(log, txn, state, body)
+            result = await self.inner.log(log, txn, state, body, fence)
         except Exception as error:
             self._done("log", started, error, txn)
             raise
@@ -180,24 +197,46 @@ class InstrumentedStore(LogStore):
         self._done("read_data", started, None)
         return result
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
+    async def apply_redo(
+        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
+    ) -> bool:
         started = time.perf_counter()
         try:
-            applied = await self.inner.apply_redo(partition, txn, writes)
+            applied = await self.inner.apply_redo(partition, txn, writes, fence)
         except Exception as error:
             self._done("apply_redo", started, error, txn)
             raise
         self._done("apply_redo", started, None)
         return applied
 
-    async def delete(self, log: LogId, txn: str) -> bool:
+    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
         started = time.perf_counter()
         try:
-            result = await self.inner.delete(log, txn)
+            result = await self.inner.delete(log, txn, fence)
         except Exception as error:
             self._done("delete", started, error, txn)
             raise
         self._done("delete", started, None)
+        return result
+
+    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
+        started = time.perf_counter()
+        try:
+            result = await self.inner.read_owners(partitions)
+        except Exception as error:
+            self._done("read_owners", started, error)
+            raise
+        self._done("read_owners", started, None)
+        return result
+
+    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        started = time.perf_counter()
+        try:
+            result = await self.inner.write_owner(expected, new)
+        except Exception as error:
+            self._done("write_owner", started, error)
+            raise
+        self._done("write_owner", started, None)
         return result
 
     async def close(self) -> None:

@@ -14,7 +14,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.api.metrics import PHASES, InstrumentedStore, Metrics
-from storage_adapters.contract import SCAN_PAGE_COUNT_MAX, LogId, LogOnceResult, LogStore, Record, RecordBody, TxnState
+from storage_adapters.contract import (
+    SCAN_PAGE_COUNT_MAX,
+    Fence,
+    LogId,
+    LogOnceResult,
+    LogStore,
+    Ownership,
+    OwnerWriteResult,
+    Record,
+    RecordBody,
+    TxnState,
+)
 from storage_adapters.errors import StorageUnavailable
 from tests.api.conftest import API_PARTITION_COUNT, emulator_storage
 from tests.cluster.harness import Cluster, keys_on, running_cluster
@@ -81,10 +92,14 @@ class _FlakyStore(LogStore):
 
     backend_name = "flaky"
 
-    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+    async def log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
+    ) -> LogOnceResult:
         raise AssertionError("not used")
 
-    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
+    async def log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
+    ) -> TxnState:
         raise AssertionError("not used")
 
     async def read(self, log: LogId, txn: str) -> Record | None:
@@ -96,10 +111,18 @@ class _FlakyStore(LogStore):
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
         return dict.fromkeys(keys)
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
+    async def apply_redo(
+        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
+    ) -> bool:
         raise AssertionError("not used")
 
-    async def delete(self, log: LogId, txn: str) -> bool:
+    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
+        raise AssertionError("not used")
+
+    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
+        raise AssertionError("not used")
+
+    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
         raise AssertionError("not used")
 
     async def close(self) -> None:
@@ -173,7 +196,11 @@ def test_healthz_and_readyz(api_cluster: Cluster) -> None:
     health = api_cluster.get("n1", "/healthz")
     assert health.status_code == 200 and health.json() == {"status": "ok", "node": "n1"}
     ready = api_cluster.get("n1", "/readyz")
-    assert ready.status_code == 200 and ready.json() == {"ready": True, "node": "n1", "in_doubt": 0}
+    # n1 serves the partitions it prefers (round-robin over n0, n1, ...), and was never deposed.
+    serving = [f"p{i}" for i in range(API_PARTITION_COUNT) if i % len(api_cluster.nodes) == 1]
+    assert ready.status_code == 200 and ready.json() == {
+        "ready": True, "node": "n1", "in_doubt": 0, "serving": serving, "deposed": 0, "fenced_writes": 0,
+    }
 
 
 def test_published_openapi_and_docs(api_cluster: Cluster) -> None:

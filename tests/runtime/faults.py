@@ -30,6 +30,7 @@ from typing import Any
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol, ProtocolConfig
+from cornus.protocol.ownership import OwnershipConfig
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.config import NodeConfig, RuntimeLimits
 from cornus.runtime.keys import partition_of
@@ -37,7 +38,18 @@ from cornus.runtime.local_transport import LocalNetwork
 from cornus.runtime.node import Node
 from cornus.runtime.outcome import Outcome, OutcomeStatus
 from cornus.runtime.wire import Op, OpKind
-from storage_adapters.contract import SCAN_PAGE_COUNT_MAX, LogId, LogOnceResult, LogStore, Record, RecordBody, TxnState
+from storage_adapters.contract import (
+    SCAN_PAGE_COUNT_MAX,
+    Fence,
+    LogId,
+    LogOnceResult,
+    LogStore,
+    Ownership,
+    OwnerWriteResult,
+    Record,
+    RecordBody,
+    TxnState,
+)
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
 
@@ -46,6 +58,15 @@ from storage_adapters.factory import StoreConfig, open_store
 STORAGE_TIMEOUT_MS = 500
 # How late past its deadline a call may land here (one process, one SQLite file: little).
 CLOCK_SLACK_MS = 100
+# Leases of test clusters: short, so a node that restarts after a crash waits little for its own
+# old leases to run out.
+OWNERSHIP_DEFAULTS: dict[str, int] = {
+    "lease_ms": 1_000,
+    "renew_interval_ms": 200,
+    "clock_slack_ms": CLOCK_SLACK_MS,
+    "failover_delay_ms": 1_000,
+    "drain_ms_max": 1_000,
+}
 # Protocol timers of test clusters (ProtocolConfig fields). gc_grace_ms is the least the rule allows
 # (twice the storage deadline plus the slack), as DESIGN section 4 requires.
 PROTOCOL_DEFAULTS: dict[str, int] = {
@@ -99,7 +120,9 @@ class FaultyStore(LogStore):
     call and then report it failed, or hold calls until released. `where` narrows a fault to calls
     whose arguments match (e.g. `lambda a: a["txn"] == txn`). Every call is recorded in `calls`."""
 
-    METHODS = ("log_once", "log", "read", "scan_unfinished", "read_data", "apply_redo", "delete")
+    METHODS = (
+        "log_once", "log", "read", "scan_unfinished", "read_data", "apply_redo", "delete", "read_owners", "write_owner",
+    )
 
     def __init__(self, inner: LogStore, name: str = "") -> None:
         self.inner = inner
@@ -185,13 +208,17 @@ class FaultyStore(LogStore):
         self._record(method, args, "ok", result)
         return result
 
-    async def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
-        args = {"log": log, "txn": txn, "state": state, "body": body}
-        return await self._run("log_once", args, lambda: self.inner.log_once(log, txn, state, body))
+    async def log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
+    ) -> LogOnceResult:
+        args = {"log": log, "txn": txn, "state": state, "body": body, "fence": fence}
+        return await self._run("log_once", args, lambda: self.inner.log_once(log, txn, state, body, fence))
 
-    async def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None) -> TxnState:
-        args = {"log": log, "txn": txn, "state": state, "body": body}
-        return await self._run("log", args, lambda: self.inner.log(log, txn, state, body))
+    async def log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
+    ) -> TxnState:
+        args = {"log": log, "txn": txn, "state": state, "body": body, "fence": fence}
+        return await self._run("log", args, lambda: self.inner.log(log, txn, state, body, fence))
 
     async def read(self, log: LogId, txn: str) -> Record | None:
         return await self._run("read", {"log": log, "txn": txn}, lambda: self.inner.read(log, txn))
@@ -204,12 +231,23 @@ class FaultyStore(LogStore):
         args = {"partition": partition, "keys": tuple(keys)}
         return await self._run("read_data", args, lambda: self.inner.read_data(partition, keys))
 
-    async def apply_redo(self, partition: str, txn: str, writes: Mapping[str, bytes | None]) -> bool:
-        args = {"partition": partition, "txn": txn, "writes": dict(writes)}
-        return await self._run("apply_redo", args, lambda: self.inner.apply_redo(partition, txn, writes))
+    async def apply_redo(
+        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
+    ) -> bool:
+        args = {"partition": partition, "txn": txn, "writes": dict(writes), "fence": fence}
+        return await self._run("apply_redo", args, lambda: self.inner.apply_redo(partition, txn, writes, fence))
 
-    async def delete(self, log: LogId, txn: str) -> bool:
-        return await self._run("delete", {"log": log, "txn": txn}, lambda: self.inner.delete(log, txn))
+    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
+        args = {"log": log, "txn": txn, "fence": fence}
+        return await self._run("delete", args, lambda: self.inner.delete(log, txn, fence))
+
+    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
+        args = {"partitions": tuple(partitions)}
+        return await self._run("read_owners", args, lambda: self.inner.read_owners(partitions))
+
+    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        args = {"expected": expected, "new": new}
+        return await self._run("write_owner", args, lambda: self.inner.write_owner(expected, new))
 
     async def close(self) -> None:
         """The wrapped store belongs to the cluster, which closes it once."""
@@ -241,6 +279,7 @@ class LocalCluster:
     protocols: dict[str, Protocol] = field(default_factory=dict)  # per-node default protocol
     protocol_config: dict[str, int] = field(default_factory=dict)
     limits: dict[str, int] = field(default_factory=dict)
+    ownership: dict[str, int] = field(default_factory=dict)
     storage_timeout_ms: int = STORAGE_TIMEOUT_MS
 
     network: LocalNetwork = field(default_factory=LocalNetwork)
@@ -270,6 +309,7 @@ class LocalCluster:
                 **{**PROTOCOL_DEFAULTS, **self.protocol_config, "storage_deadline_ms": self.storage_timeout_ms}
             ),
             limits=RuntimeLimits(**{**LIMIT_DEFAULTS, **self.limits}),
+            ownership=OwnershipConfig(**{**OWNERSHIP_DEFAULTS, **self.ownership}),
         )
 
     async def open(self) -> None:
@@ -299,7 +339,8 @@ class LocalCluster:
         return self.nodes[node_id]
 
     def owner_of(self, partition: str) -> str:
-        return self.config(self.node_ids[0]).owner_of(partition)
+        """The partition's preferred owner, which holds it once the cluster is ready."""
+        return self.config(self.node_ids[0]).preferred_owner(partition)
 
     @property
     def partitions(self) -> tuple[str, ...]:
