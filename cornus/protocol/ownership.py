@@ -1,0 +1,343 @@
+"""Partition ownership as a pure machine: which partitions this node holds, and when it renews,
+takes, asks for, hands over and gives up each one. The runtime (or a simulator) carries out its
+storage calls and feeds the answers back with the time; the machine reads no clock itself.
+
+Each partition has one ownership record in storage (storage_adapters.contract.Ownership), changed
+only by compare-and-swap. The rules:
+
+- Holding. The owner renews its record every `renew_interval_ms`. Its lease is good until the
+  time it SENT its last successful renewal (or take) plus `lease_ms`, by its own clock; from then
+  on it serves nothing of the partition (`Lost(expired)`), renewed or not.
+- Taking. Another node takes the partition only with a new epoch, and only when the record is
+  released, or has shown the same (epoch, version) for `lease_ms + clock_slack_ms` by the taker's
+  clock. The owner's renewal landed after it was sent, and was seen after it landed, so the owner's
+  lease ends before any taker's wait does: two nodes never both believe they hold a lease, with no
+  clock shared between them (only their rates may differ, by less than the slack).
+- Fencing. A lease is belief; the epoch is proof. Every write an owner makes for its partition
+  carries its (node, epoch), and storage refuses it once the record names someone else, so a
+  deposed owner whose clock or process stalled still cannot write (`fenced()`).
+- Preference and hand-over. Each partition has a preferred node (configuration). The preferred
+  node takes a free or expired partition at once; any other waits `failover_delay_ms` more, so a
+  restarting preferred node gets its partitions back without a hand-over. A preferred node that
+  finds its partition held by a live owner asks for it (`wanted_by`); an owner that is not the
+  preferred node and is asked drains (stops admitting transactions, waits for those in flight up
+  to `drain_ms_max`), then releases; the asker takes it at once. Two nodes that both prefer a
+  partition (configurations out of step during a rollout) never take it from each other: the
+  holder keeps it until its lease ends.
+- Shutdown releases every held partition, so a rolling restart moves nothing by lease expiry.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from storage_adapters.contract import Ownership, OwnerWriteResult
+
+# The owner of ownership's calls, for logs and counters; '~' names no partition or node.
+OWNERSHIP = "~ownership"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnershipConfig:
+    """Milliseconds of the node's monotonic clock."""
+
+    # A holder that cannot renew for this long stops serving; a dead holder's partitions wait this
+    # (plus the slack) before another node takes them.
+    lease_ms: int = 4_000
+    # How often the holder renews and every node reads all ownership records: a few renewals per
+    # lease, so one lost or slow renewal does not end it.
+    renew_interval_ms: int = 1_000
+    # How much faster one node's clock may run than another's over a lease (rates, not offsets).
+    clock_slack_ms: int = 1_000
+    # A node that is not a partition's preferred node waits this much longer before it takes it
+    # free or expired: the preferred node, restarting, gets there first.
+    failover_delay_ms: int = 4_000
+    # A hand-over waits at most this long for the partition's transactions to finish before it
+    # releases anyway (the next owner recovers whatever is left from the log).
+    drain_ms_max: int = 5_000
+
+    def __post_init__(self) -> None:
+        for name in ("lease_ms", "renew_interval_ms", "clock_slack_ms", "failover_delay_ms", "drain_ms_max"):
+            value = getattr(self, name)
+            assert isinstance(value, int) and not isinstance(value, bool) and value > 0, f"{name} must be positive"
+        # Two renewals per lease at least: a single slow one must not end it.
+        assert 2 * self.renew_interval_ms <= self.lease_ms, "renew_interval_ms must be at most half of lease_ms"
+
+
+class LostReason(enum.StrEnum):
+    EXPIRED = "expired"  # no renewal landed within the lease
+    TAKEN = "taken"  # the record names another owner or epoch
+    FENCED = "fenced"  # storage refused a write of ours
+    RELEASED = "released"  # we handed it over
+    SHUTDOWN = "shutdown"
+
+
+# --- effects ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOwners:
+    """Read every partition's ownership record; answer with `owners_read`."""
+
+    partitions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOwner:
+    """Compare-and-swap one record; answer with `owner_written`. `sent_ms` is when the machine
+    asked for it: a lease counts from no later than the write left."""
+
+    expected: Ownership | None
+    new: Ownership
+    sent_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    """This node holds `ownership.partition` now: recover its log, then serve it."""
+
+    ownership: Ownership
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """Stop serving the partition at once, and drop its transactions, locks and cache. The lease
+    ended (or ends) at `until_ms` on this node's clock."""
+
+    partition: str
+    epoch: int
+    reason: LostReason
+    until_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Admit no new transaction on the partition; answer with `drained` once none is in flight."""
+
+    partition: str
+
+
+OwnershipEffect = ReadOwners | WriteOwner | Acquired | Lost | Drain
+
+
+@dataclass(slots=True)
+class _Held:
+    record: Ownership  # as stored after our last successful write, or as last read
+    valid_until_ms: int
+    drain_started_ms: int | None = None
+
+
+@dataclass(slots=True)
+class _Watch:
+    """What a node that does not hold a partition last saw of its record, and since when."""
+
+    seen: tuple[str, int, int] | None  # (owner, epoch, version); None: no record
+    since_ms: int
+
+
+@dataclass(slots=True)
+class OwnershipMachine:
+    node: str
+    preferred: Mapping[str, str]  # partition -> its preferred node (configuration)
+    config: OwnershipConfig = field(default_factory=OwnershipConfig)
+    held: dict[str, _Held] = field(default_factory=dict)
+    _watch: dict[str, _Watch] = field(default_factory=dict)
+    _writing: dict[str, WriteOwner] = field(default_factory=dict)  # one write per partition at a time
+    _reading: bool = False
+    _last_read_ms: int | None = None
+    _stopping: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.preferred, "ownership of no partition"
+
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        return tuple(sorted(self.preferred))
+
+    # --- what the node asks ------------------------------------------------------------------
+    def holds(self, partition: str, now_ms: int) -> bool:
+        """Whether the node's lease on the partition is good now: it may go on with the
+        transactions it has there (a draining partition included)."""
+        held = self.held.get(partition)
+        return held is not None and now_ms < held.valid_until_ms
+
+    def admits(self, partition: str, now_ms: int) -> bool:
+        """Whether the node may start new transactions on the partition now: it holds it, and is
+        not handing it over."""
+        return self.holds(partition, now_ms) and self.held[partition].drain_started_ms is None
+
+    def epoch(self, partition: str) -> int | None:
+        held = self.held.get(partition)
+        return None if held is None else held.record.epoch
+
+    # --- events ------------------------------------------------------------------------------
+    def tick(self, now_ms: int) -> list[OwnershipEffect]:
+        """Called every `renew_interval_ms` or sooner: lease ends, forced releases, and the poll."""
+        effects: list[OwnershipEffect] = []
+        for partition, held in list(self.held.items()):
+            if now_ms >= held.valid_until_ms:
+                effects.append(self._lose(partition, LostReason.EXPIRED, held.valid_until_ms))
+            elif held.drain_started_ms is not None and now_ms - held.drain_started_ms >= self.config.drain_ms_max:
+                effects += self._release(partition, now_ms)
+        if self._stopping or self._reading:
+            return effects
+        if self._last_read_ms is None or now_ms - self._last_read_ms >= self.config.renew_interval_ms:
+            self._reading = True
+            self._last_read_ms = now_ms
+            effects.append(ReadOwners(self.partitions))
+        return effects
+
+    def owners_read(self, now_ms: int, records: Mapping[str, Ownership] | None) -> list[OwnershipEffect]:
+        """The poll's answer; None if storage did not answer (the next tick asks again)."""
+        assert self._reading, "an answer to a read never asked"
+        self._reading = False
+        if records is None or self._stopping:
+            return []
+        effects: list[OwnershipEffect] = []
+        for partition in self.partitions:
+            if partition in self._writing:
+                continue  # the write's answer says more than this read, which it may have passed
+            record = records.get(partition)
+            if partition in self.held:
+                effects += self._on_read_held(partition, record, now_ms)
+            else:
+                effects += self._on_read_other(partition, record, now_ms)
+        return effects
+
+    def owner_written(self, now_ms: int, call: WriteOwner, result: OwnerWriteResult | None) -> list[OwnershipEffect]:
+        """A write's answer; None if storage did not answer (it may or may not have landed)."""
+        partition = call.new.partition
+        assert self._writing.get(partition) is call, f"an answer to a write of {partition} never asked"
+        del self._writing[partition]
+        held = self.held.get(partition)
+        mine = call.new.owner == self.node
+        if result is None:
+            # Unknown. A renewal that did not land leaves the lease where it was; a take that
+            # landed shows up in the next read as a record of ours we do not hold, which we treat
+            # as anyone's: it expires before we take it again, in a new epoch.
+            return []
+        if result.written:
+            assert result.stored == call.new
+            if not mine or self._stopping:
+                return []  # a release, or a hand-over request: nothing held changes
+            taken = call.expected is None or call.new.epoch != call.expected.epoch
+            if held is None:
+                if not taken:
+                    # A renewal that landed after our lease had run out here: the record names us,
+                    # but what we served under it is dropped. Like anyone's, it expires before we
+                    # take the partition again, in a new epoch, so no write of the old life can
+                    # land in the new one.
+                    return []
+                if now_ms >= call.sent_ms + self.config.lease_ms:
+                    # The answer came after the lease it began had run out (the node stalled):
+                    # another node may hold the partition by now. Treated as a record of anyone's.
+                    return []
+                self.held[partition] = _Held(call.new, call.sent_ms + self.config.lease_ms)
+                self._watch.pop(partition, None)
+                return [Acquired(call.new)]
+            assert held.record.epoch == call.new.epoch, f"renewed {partition} in another epoch"
+            held.record = call.new
+            held.valid_until_ms = max(held.valid_until_ms, call.sent_ms + self.config.lease_ms)
+            return []
+        # Lost the compare-and-swap: someone wrote the record after we last read it.
+        stored = result.stored
+        if held is None:
+            self._observe(partition, stored, now_ms)
+            return []
+        if stored is not None and stored.owner == self.node and stored.epoch == held.record.epoch:
+            # Still ours: a node asked for it in between. Renew over what it wrote.
+            held.record = stored
+            return self._on_read_held(partition, stored, now_ms)
+        return [self._lose(partition, LostReason.TAKEN, min(now_ms, held.valid_until_ms))]
+
+    def drained(self, now_ms: int, partition: str) -> list[OwnershipEffect]:
+        held = self.held.get(partition)
+        if held is None or held.drain_started_ms is None:
+            return []  # lost meanwhile
+        return self._release(partition, now_ms)
+
+    def fenced(self, now_ms: int, partition: str, epoch: int) -> list[OwnershipEffect]:
+        """Storage refused a write carrying (this node, `epoch`): whoever holds it now, not us."""
+        held = self.held.get(partition)
+        if held is None or held.record.epoch != epoch:
+            return []  # already lost, or a write of an older epoch
+        return [self._lose(partition, LostReason.FENCED, min(now_ms, held.valid_until_ms))]
+
+    def shutdown(self, now_ms: int) -> list[OwnershipEffect]:
+        """Release everything held; no more reads or takes."""
+        self._stopping = True
+        effects: list[OwnershipEffect] = []
+        for partition in list(self.held):
+            effects += self._release(partition, now_ms, LostReason.SHUTDOWN)
+        return effects
+
+    # --- rules -------------------------------------------------------------------------------
+    def _on_read_held(self, partition: str, record: Ownership | None, now_ms: int) -> list[OwnershipEffect]:
+        held = self.held[partition]
+        if record is None or record.owner != self.node or record.epoch != held.record.epoch:
+            return [self._lose(partition, LostReason.TAKEN, min(now_ms, held.valid_until_ms))]
+        held.record = record
+        effects: list[OwnershipEffect] = []
+        asked = record.wanted_by not in ("", self.node)
+        if asked and held.drain_started_ms is None and self.preferred[partition] != self.node:
+            held.drain_started_ms = now_ms
+            effects.append(Drain(partition))
+        # Every read renews: reads come every renew_interval_ms, a few per lease.
+        effects.append(self._write(record, replace(record, version=record.version + 1), now_ms))
+        return effects
+
+    def _on_read_other(self, partition: str, record: Ownership | None, now_ms: int) -> list[OwnershipEffect]:
+        watch = self._observe(partition, record, now_ms)
+        waited_ms = now_ms - watch.since_ms
+        preferred = self.preferred[partition] == self.node or (record is not None and record.wanted_by == self.node)
+        extra_ms = 0 if preferred else self.config.failover_delay_ms
+        if record is None:
+            if waited_ms >= extra_ms:
+                new = Ownership(partition, self.node, 1, 1, self.config.lease_ms)
+                return [self._write(None, new, now_ms)]
+            return []
+        if record.owner == "":
+            free = True
+        else:
+            free = waited_ms >= record.lease_ms + self.config.clock_slack_ms
+            extra_ms += record.lease_ms + self.config.clock_slack_ms
+        if free and waited_ms >= extra_ms:
+            new = Ownership(partition, self.node, record.epoch + 1, record.version + 1, self.config.lease_ms)
+            return [self._write(record, new, now_ms)]
+        held_by_other = record.owner not in ("", self.node)
+        if self.preferred[partition] == self.node and held_by_other and record.wanted_by != self.node:
+            # Ask once per record the owner writes without our request in it (its renewals keep
+            # what we wrote, so this is once per owner, not once per read).
+            return [self._write(record, replace(record, version=record.version + 1, wanted_by=self.node), now_ms)]
+        return []
+
+    def _observe(self, partition: str, record: Ownership | None, now_ms: int) -> _Watch:
+        seen = None if record is None else (record.owner, record.epoch, record.version)
+        watch = self._watch.get(partition)
+        if watch is None or watch.seen != seen:
+            watch = self._watch[partition] = _Watch(seen, now_ms)
+        return watch
+
+    def _write(self, expected: Ownership | None, new: Ownership, now_ms: int) -> WriteOwner:
+        assert new.partition not in self._writing, f"two writes of {new.partition} at once"
+        call = WriteOwner(expected, new, now_ms)
+        self._writing[new.partition] = call
+        return call
+
+    def _lose(self, partition: str, reason: LostReason, until_ms: int) -> Lost:
+        held = self.held.pop(partition)
+        return Lost(partition, held.record.epoch, reason, until_ms)
+
+    def _release(self, partition: str, now_ms: int, reason: LostReason = LostReason.RELEASED) -> list[OwnershipEffect]:
+        """Stop serving first, then write the release: a write of ours still in flight is fenced
+        by the release itself, since the next owner takes it in a new epoch."""
+        held = self.held[partition]
+        effects: list[OwnershipEffect] = [self._lose(partition, reason, now_ms)]
+        if partition not in self._writing:
+            record = held.record
+            effects.append(self._write(record, replace(record, owner="", version=record.version + 1), now_ms))
+        # Else a renewal is in flight: its answer finds the partition not held, and the lease
+        # runs out instead; nothing of ours can be written meanwhile, since we serve nothing.
+        return effects

@@ -1,0 +1,134 @@
+"""The ownership machine: its rules one by one, and the ownership world's schedules, which must
+find no two owners of a partition at once, and must find them when a rule is broken."""
+
+from __future__ import annotations
+
+import pytest
+
+from cornus.protocol.ownership import (
+    Acquired,
+    Drain,
+    Lost,
+    LostReason,
+    OwnershipMachine,
+    ReadOwners,
+    WriteOwner,
+)
+from cornus.sim import ownership_world
+from storage_adapters.contract import Ownership, OwnerWriteResult
+
+CONFIG = ownership_world.CONFIG
+
+
+def _read(machine: OwnershipMachine, now_ms: int, records: dict[str, Ownership]) -> list[object]:
+    effects = machine.tick(now_ms)
+    assert any(isinstance(e, ReadOwners) for e in effects)
+    return [e for e in effects if not isinstance(e, ReadOwners)] + machine.owners_read(now_ms, records)
+
+
+def _write(machine: OwnershipMachine, now_ms: int, call: WriteOwner, records: dict[str, Ownership]) -> list[object]:
+    stored = records.get(call.new.partition)
+    expected = call.expected
+    ok = stored is None if expected is None else stored is not None and stored.version == expected.version
+    if ok:
+        records[call.new.partition] = call.new
+    return machine.owner_written(now_ms, call, OwnerWriteResult(records.get(call.new.partition), ok))
+
+
+def test_preferred_node_takes_a_fresh_partition_and_holds_it_by_renewing() -> None:
+    records: dict[str, Ownership] = {}
+    machine = OwnershipMachine("n0", {"p0": "n0"}, CONFIG)
+    (take,) = _read(machine, 0, records)
+    assert isinstance(take, WriteOwner) and take.expected is None and take.new.epoch == 1
+    (acquired,) = _write(machine, 5, take, records)
+    assert isinstance(acquired, Acquired) and machine.admits("p0", 5)
+    now = 0
+    for _ in range(10):
+        now += CONFIG.renew_interval_ms
+        (renew,) = _read(machine, now, records)
+        assert isinstance(renew, WriteOwner) and renew.new.epoch == 1
+        assert _write(machine, now + 5, renew, records) == []
+    assert machine.holds("p0", now + CONFIG.lease_ms - 1)
+    # Renewals stop landing: the lease ends by the holder's own clock, counted from the last send.
+    effects = machine.tick(now + CONFIG.lease_ms)
+    assert effects[0] == Lost("p0", 1, LostReason.EXPIRED, now + CONFIG.lease_ms)
+
+
+def test_another_node_waits_lease_and_slack_after_the_record_stops_changing() -> None:
+    records = {"p0": Ownership("p0", "n1", 3, 7, CONFIG.lease_ms)}
+    machine = OwnershipMachine("n0", {"p0": "n0"}, CONFIG)
+    # Preferred, and the holder is alive as far as it knows: it asks for the partition.
+    (ask,) = _read(machine, 1000, records)
+    assert isinstance(ask, WriteOwner) and ask.new.wanted_by == "n0" and ask.new.owner == "n1"
+    assert _write(machine, 1001, ask, records) == []
+    # The holder writes nothing more (it died). The first read after our request sees it unchanged.
+    now = 1000
+    for _ in range(100):
+        now += CONFIG.renew_interval_ms
+        effects = _read(machine, now, records)
+        if effects:
+            break
+    (take,) = effects
+    assert now >= 1100 + CONFIG.lease_ms + CONFIG.clock_slack_ms, f"took at {now}, before the lease and slack passed"
+    assert isinstance(take, WriteOwner) and take.new.owner == "n0" and take.new.epoch == 4 and take.expected == ask.new
+
+
+def test_a_holder_that_is_not_preferred_drains_and_releases_when_asked() -> None:
+    records: dict[str, Ownership] = {}
+    holder = OwnershipMachine("n1", {"p0": "n0"}, CONFIG)
+    holder.tick(0)
+    assert holder.owners_read(0, records) == []  # not preferred: waits the failover delay
+    now = max(CONFIG.failover_delay_ms, CONFIG.renew_interval_ms)
+    holder.tick(now)
+    (take,) = holder.owners_read(now, records)
+    assert isinstance(_write(holder, now, take, records)[0], Acquired)
+    records["p0"] = Ownership("p0", "n1", 1, 2, CONFIG.lease_ms, wanted_by="n0")
+    now += CONFIG.renew_interval_ms
+    drain, renew = _read(holder, now, records)
+    assert drain == Drain("p0") and not holder.admits("p0", now) and holder.holds("p0", now)
+    _write(holder, now, renew, records)
+    lost, release = holder.drained(now + 1, "p0")
+    assert lost == Lost("p0", 1, LostReason.RELEASED, now + 1)
+    assert isinstance(release, WriteOwner) and release.new.owner == "" and release.new.wanted_by == "n0"
+
+
+def test_a_fenced_write_ends_the_lease_at_once() -> None:
+    records: dict[str, Ownership] = {}
+    machine = OwnershipMachine("n0", {"p0": "n0"}, CONFIG)
+    (take,) = _read(machine, 0, records)
+    _write(machine, 1, take, records)
+    assert machine.fenced(2, "p0", epoch=1) == [Lost("p0", 1, LostReason.FENCED, 2)]
+    assert not machine.holds("p0", 3)
+
+
+def test_ownership_world_finds_no_two_owners_at_once() -> None:
+    ran, totals = ownership_world.explore(400, seed=7)
+    assert totals["violations"] == 0 and ran == 400
+    assert totals["takes"] > 400 and totals["pauses"] > 0 and totals["crashes"] > 0 and totals["isolations"] > 0
+
+
+@pytest.mark.parametrize("broken", ["taker_skips_the_lease", "lease_counted_from_the_answer"])
+def test_ownership_world_finds_a_broken_rule(broken: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if broken == "taker_skips_the_lease":
+        observe = OwnershipMachine._observe
+
+        def hasty(self: OwnershipMachine, partition: str, record: Ownership | None, now_ms: int) -> object:
+            watch = observe(self, partition, record, now_ms)
+            watch.since_ms = min(watch.since_ms, now_ms - CONFIG.lease_ms // 2)
+            return watch
+
+        monkeypatch.setattr(OwnershipMachine, "_observe", hasty)
+    else:
+        written = OwnershipMachine.owner_written
+
+        def from_answer(self: OwnershipMachine, now_ms: int, call: WriteOwner, result: object) -> list[object]:
+            effects = written(self, now_ms, call, result)  # type: ignore[arg-type]
+            held = self.held.get(call.new.partition)
+            if held is not None and result is not None:
+                # As if a lease counted from when the renewal's answer came back, not when it left.
+                held.valid_until_ms = max(held.valid_until_ms, now_ms + CONFIG.lease_ms)
+            return effects
+
+        monkeypatch.setattr(OwnershipMachine, "owner_written", from_answer)
+    ran, totals = ownership_world.explore(2000, seed=7)
+    assert totals["violations"] == 1, f"{broken}: not found in {ran} schedules"
