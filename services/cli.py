@@ -7,6 +7,9 @@
   txn             run one one-shot transaction: put:KEY=VALUE get:KEY delete:KEY check:KEY[=VALUE]
   inspect         a node's in-flight and in-doubt transactions, or one transaction's status
   resolve         run termination for one transaction by hand
+  partitions      who owns each partition: owner, epoch, lease, the preferred owner
+  rebalance       wait until every partition is held by its preferred node (hand-overs are
+                  automatic; run it after changing the node set, e.g. as a Helm post-upgrade hook)
   termination-bench
                   time Cornus termination after coordinator kills, on your storage
 
@@ -26,6 +29,7 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,6 +42,7 @@ from services.client import (
     NotFound,
     Op,
     Outcome,
+    PartitionInfo,
     Status,
     TxnInfo,
 )
@@ -241,6 +246,53 @@ def _resolve(args: argparse.Namespace) -> int:
     return 0 if outcome.status in (Status.COMMITTED, Status.ABORTED) else 1
 
 
+def _partition_rows(rows: Sequence[PartitionInfo]) -> str:
+    return format_table(
+        ["PARTITION", "OWNER", "EPOCH", "LEASE_MS", "WANTED_BY", "PREFERRED", "PLACED"],
+        [[row.partition, row.owner or ("(released)" if row.epoch else "(never taken)"), str(row.epoch),
+          str(row.lease_ms), row.wanted_by or "-", row.preferred, "yes" if row.placed else "no"] for row in rows],
+    )
+
+
+def _partitions(args: argparse.Namespace) -> int:
+    with CornusClient(args.url, config=_client_config(args)) as client:
+        rows = client.partitions(args.url)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(row) for row in rows], indent=2))
+    else:
+        print(_partition_rows(rows))
+    return 0
+
+
+# Seconds between two looks at the partitions while waiting for placement, and the longest wait.
+REBALANCE_POLL_S = 0.5
+REBALANCE_TIMEOUT_S_MAX = 3600.0
+
+
+def _rebalance(args: argparse.Namespace) -> int:
+    """Wait for placement: the preferred nodes ask for their partitions, the holders drain and
+    release them, and the preferred nodes take them; this only watches, and reports."""
+    if not 0 < args.timeout_s <= REBALANCE_TIMEOUT_S_MAX:
+        raise ValidationError(f"--timeout-s must be in (0, {REBALANCE_TIMEOUT_S_MAX}]")
+    deadline = time.monotonic() + args.timeout_s
+    moving: list[str] = []
+    with CornusClient(args.url, config=_client_config(args)) as client:
+        while True:
+            rows = client.partitions(args.url)
+            unplaced = [row for row in rows if not row.placed]
+            now_moving = [f"{row.partition} {row.owner or '-'}->{row.preferred}" for row in unplaced]
+            if now_moving != moving:
+                moving = now_moving
+                print(f"{len(rows) - len(unplaced)} of {len(rows)} partitions placed"
+                      + (f"; moving: {', '.join(moving)}" if moving else ""), flush=True)
+            if not unplaced:
+                return 0
+            if time.monotonic() >= deadline:
+                print(f"cornus: not placed within {args.timeout_s} s:\n{_partition_rows(unplaced)}", file=sys.stderr)
+                return 1
+            time.sleep(REBALANCE_POLL_S)
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     assert all(len(row) == len(headers) for row in rows)
     widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
@@ -341,7 +393,7 @@ def _print_cluster(nodes: Sequence[ClusterNode], args: argparse.Namespace, db_pa
     for node in nodes:
         assert node.process is not None
         rows.append([node.config.node_id, node.url, node.config.grpc_api_listen, node.config.listen,
-                     ",".join(node.config.owned_partitions), "yes", str(node.process.pid)])
+                     ",".join(node.config.preferred_partitions), "yes", str(node.process.pid)])
     print(f"Cornus cluster up: {len(nodes)} nodes, {args.partitions} partitions, protocol {args.protocol}, "
           f"emulator storage {db_path}")
     print(format_table(["NODE", "REST URL", "PUBLIC gRPC", "PEER gRPC", "PARTITIONS", "READY", "PID"], rows))
@@ -526,6 +578,28 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument("txn", help="a transaction id")
     _add_client_flags(resolve)
     resolve.set_defaults(handler=_resolve)
+
+    partitions = commands.add_parser(
+        "partitions", help="who owns each partition",
+        description="Each partition's ownership record as storage holds it now: owner, epoch (raised by every "
+                    "take; it fences the owner's writes), lease, a pending hand-over request (WANTED_BY), and the "
+                    "owner the asked node's configuration prefers.",
+    )
+    partitions.add_argument("--url", required=True, help="a node's REST URL")
+    _add_client_flags(partitions)
+    partitions.set_defaults(handler=_partitions)
+
+    rebalance = commands.add_parser(
+        "rebalance", help="wait until every partition is held by its preferred node",
+        description="After the node set or partition_owners changed (and the nodes restarted with it), each "
+                    "preferred node asks for its partitions and their holders hand them over: drain, release, "
+                    "take, recover. This waits for that to finish and reports what still moves. Exit 0 once "
+                    "every partition is placed, 1 at the timeout. Ask a node that runs the new configuration.",
+    )
+    rebalance.add_argument("--url", required=True, help="a node's REST URL")
+    rebalance.add_argument("--timeout-s", type=float, default=120.0, help="give up after this long (default 120)")
+    _add_client_flags(rebalance)
+    rebalance.set_defaults(handler=_rebalance)
     return parser
 
 

@@ -68,7 +68,7 @@ def run_termination_bench(
         argv = storage_argv + namespace_argv(storage, Protocol.CORNUS, data)
         coordinator, participants = members[0], members[1:]
         pools = keys_by_partition(nodes)
-        targets = sorted(p for p in pools if coordinator.config.owner_of(p) != coordinator.config.node_id)
+        targets = sorted(p for p in pools if coordinator.config.preferred_owner(p) != coordinator.config.node_id)
         stop = StopSignals()
         try:
             for member in members:

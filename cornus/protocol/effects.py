@@ -192,10 +192,16 @@ class TerminationEnded:
 
 @dataclass(frozen=True, slots=True)
 class RecoveryFinished:
-    """Every unfinished transaction found at start has its machine and its locks again: the node
-    may answer for transactions it does not know from now on."""
+    """Every unfinished transaction a recovery found has its machine and its locks again: the
+    hosts it covered may answer for transactions they do not know from now on. `node` is True for
+    the recovery at start (this node's coordinator, and the partitions it held from the start);
+    `partitions` are the partitions it covered (a partition taken later has a recovery of its own)."""
 
     transaction_count: int
+    partitions: tuple[str, ...] = ()
+    node: bool = True
+    # (host, txn) of every transaction rebuilt, for the runtime to watch them resolve.
+    transactions: tuple[tuple[str, str], ...] = ()
 
 
 Effect = (

@@ -10,6 +10,10 @@ Until recovery has rebuilt every unfinished transaction, "I do not know it" is n
 node may give: a coordinator would presume ABORT for a logged COMMIT, and a participant would
 acknowledge a decision whose record recovery has not seen yet. Messages for unknown transactions
 are dropped meanwhile; their senders repeat (decisions are resent, queries re-asked).
+
+Partitions come and go with ownership (cornus.protocol.ownership): one taken after start gets a
+recovery of its own (`add_partition`), under the same rule until it finishes; one lost is dropped
+with its machines (`drop_partition`), since its next owner recovers them from its log.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ from cornus.protocol.events import Event, MessageReceived, Recovered
 from cornus.protocol.hosts import CoordinatorFactory, CoordinatorHost, ParticipantFactory, PartitionHost, ProtocolOf
 from cornus.protocol.participant_base import Phase
 from cornus.protocol.recovery import RECOVERY, Recovery
+
+
+def recovery_owner(partition: str) -> str:
+    """The owner name of the recovery of a partition taken after start."""
+    return f"{RECOVERY}:{partition}"
 
 
 class NodeCore:
@@ -45,13 +54,18 @@ class NodeCore:
         partitions = tuple(partitions)
         # Hosts are addressed by name; a node named like a partition would be ambiguous.
         assert node not in partitions, f"node id {node} collides with a partition name"
+        self.jitter = jitter
+        self.protocol_of = protocol_of
+        self.participant_factory = participant_factory
+        self.coordinators = tuple(sorted(coordinators))
         self.coordinator = CoordinatorHost(node, config, jitter, protocol_of, factory=coordinator_factory)
-        self.partitions = {
-            p: PartitionHost(p, config, jitter, protocol_of, factory=participant_factory) for p in partitions
-        }
-        self.recovery = Recovery(
-            node, partitions, tuple(sorted(coordinators)), config, jitter, protocol_of=protocol_of
-        )
+        self.partitions = {p: self._host(p) for p in partitions}
+        self.recovery = Recovery(node, partitions, self.coordinators, config, jitter, protocol_of=protocol_of)
+        # Partitions whose transactions are not all rebuilt yet, and the recoveries of those taken
+        # after start, by owner name.
+        self._recovering: set[str] = set(partitions)
+        self._partition_recoveries: dict[str, Recovery] = {}
+        self._dropped: set[str] = set()
         self.counters: collections.Counter[str] = collections.Counter()
 
     @property
@@ -64,34 +78,82 @@ class NodeCore:
     def host(self, name: str) -> CoordinatorHost | PartitionHost | None:
         return self.coordinator if name == self.node else self.partitions.get(name)
 
+    def partition_recovered(self, partition: str) -> bool:
+        return partition in self.partitions and partition not in self._recovering
+
+    def add_partition(self, partition: str) -> list[Effect]:
+        """This node holds `partition` now: host it, and recover its log before it answers for
+        transactions it does not know."""
+        assert partition not in self.partitions, f"{partition} is hosted already"
+        assert partition != self.node, f"partition {partition} is named like this node"
+        self.partitions[partition] = self._host(partition)
+        self._recovering.add(partition)
+        self._dropped.discard(partition)
+        owner = recovery_owner(partition)
+        recovery = Recovery(
+            self.node, (partition,), self.coordinators, self.config, self.jitter,
+            protocol_of=self.protocol_of, owner=owner, coordinator_records=False,
+        )
+        self._partition_recoveries[owner] = recovery
+        return recovery.start()
+
+    def drop_partition(self, partition: str) -> None:
+        """This node no longer holds `partition`: forget its machines and its recovery. Answers and
+        timers of theirs that still arrive are dropped (the runtime cancels what it can)."""
+        assert partition in self.partitions, f"{partition} is not hosted"
+        del self.partitions[partition]
+        self._recovering.discard(partition)
+        self._partition_recoveries.pop(recovery_owner(partition), None)
+        self._dropped.add(partition)
+
     def handle(self, event: Event) -> list[Effect]:
         if event.host == RECOVERY:
             effects = self.recovery.handle(event)
             if self.recovery.done:
-                effects += self._rebuild()
+                effects += self._rebuild(self.recovery, self.recovery.partitions, node=True)
+            return effects
+        if event.host.startswith(RECOVERY):
+            recovery = self._partition_recoveries.get(event.host)
+            if recovery is None:
+                assert event.host[len(RECOVERY) + 1 :] in self._dropped, f"{event.host} never ran"
+                self.counters["events_of_dropped_partitions"] += 1
+                return []
+            effects = recovery.handle(event)
+            if recovery.done:
+                del self._partition_recoveries[event.host]
+                effects += self._rebuild(recovery, recovery.partitions, node=False)
             return effects
         host = self.host(event.host)
         if host is None:
-            assert isinstance(event, MessageReceived), f"{type(event).__name__} for unknown host {event.host}"
-            self.counters["misrouted_messages"] += 1
+            if isinstance(event, MessageReceived):
+                self.counters["misrouted_messages"] += 1
+                return []
+            assert event.host in self._dropped, f"{type(event).__name__} for unknown host {event.host}"
+            self.counters["events_of_dropped_partitions"] += 1
             return []
-        if isinstance(event, MessageReceived) and not self.recovered and event.txn not in host.machines:
+        recovering = event.host in self._recovering if host is not self.coordinator else not self.recovered
+        if isinstance(event, MessageReceived) and recovering and event.txn not in host.machines:
             self.counters["messages_dropped_recovering"] += 1
             return []
         return host.handle(event)
 
-    def _rebuild(self) -> list[Effect]:
+    def _rebuild(self, recovery: Recovery, partitions: tuple[str, ...], *, node: bool) -> list[Effect]:
         """Locks first (no request may slip in before a recovered transaction holds its keys
         again), then a machine per recovered transaction."""
-        result = self.recovery.result
+        result = recovery.result
         assert result is not None
         effects: list[Effect] = [
             RetakeLocks(record.log.name, record.txn, record.body.redo) for record in result.partition_records
         ]
         for record in result.records:
             effects += self.handle(Recovered(record))
-        effects.append(RecoveryFinished(len(result.records)))
+        self._recovering.difference_update(partitions)
+        transactions = tuple((record.log.name, record.txn) for record in result.records)
+        effects.append(RecoveryFinished(len(result.records), partitions, node, transactions))
         return effects
+
+    def _host(self, partition: str) -> PartitionHost:
+        return PartitionHost(partition, self.config, self.jitter, self.protocol_of, factory=self.participant_factory)
 
     # -- what the node reports about itself ------------------------------------------------------
     def in_doubt_count(self) -> int:

@@ -63,17 +63,28 @@ class Recovery:
         jitter: JitterSource,
         *,
         protocol_of: ProtocolOf,
+        owner: str = RECOVERY,
+        coordinator_records: bool = True,
     ) -> None:
+        """`owner` names this recovery's calls and timers (a node runs one at start, and one for
+        each partition it takes later). `coordinator_records`: whether this node's own
+        coordinator log is recovered too (at start), or only the partitions' (a later take)."""
         assert node in coordinators, "every node coordinates, this one too"
+        assert owner.startswith(RECOVERY), f"recovery owner {owner} must not name a host"
+        assert partitions or coordinator_records, "a recovery of nothing"
         self.node = node
+        self.owner = owner
+        self.coordinator_records = coordinator_records
         self.partitions = partitions
         self.config = config
         self.protocol_of = protocol_of
         self.result: RecoveryResult | None = None
         self._backoff = Backoff(config.backoff_ms_min, config.backoff_ms_max, jitter)
+        # Other coordinators' logs hold nothing for us but coordinator-log votes of our partitions.
+        scanned = coordinators if partitions else (node,)
         self._logs = (
             *(LogId.partition(p) for p in partitions),
-            *(LogId.coordinator(c) for c in coordinators),
+            *(LogId.coordinator(c) for c in scanned),
         )
         self._found: dict[LogId, list[Record]] = {log: [] for log in self._logs}
         self._scans_waiting: set[ScanLog] = set()
@@ -160,7 +171,7 @@ class Recovery:
             reads = self._votes_to_check()
         elif self._step == _COORDINATOR_READS:
             coordinators = {txn: vote.body.coordinator for (_, txn), vote in self._votes.items()}
-            reads = [ReadRecord(RECOVERY, LogId.coordinator(c), txn) for txn, c in sorted(coordinators.items())]
+            reads = [ReadRecord(self.owner, LogId.coordinator(c), txn) for txn, c in sorted(coordinators.items())]
         if reads:
             return self._issue(reads)
         if self._step < _COORDINATOR_READS:
@@ -187,7 +198,7 @@ class Recovery:
                         RecordBody(record.body.participants, record.body.coordinator, redo),
                     )
                     self._votes[(partition, record.txn)] = vote
-                    reads.append(ReadRecord(RECOVERY, vote.log, record.txn))
+                    reads.append(ReadRecord(self.owner, vote.log, record.txn))
         return reads
 
     def _assemble(self) -> RecoveryResult:
@@ -197,11 +208,12 @@ class Recovery:
             records += sorted(
                 (vote for (p, _), vote in self._votes.items() if p == partition), key=lambda r: r.txn
             )
-        records += self._found[LogId.coordinator(self.node)]
+        if self.coordinator_records:
+            records += self._found[LogId.coordinator(self.node)]
         return RecoveryResult(tuple(records))
 
     def _scan(self, log: LogId, after: str) -> ScanLog:
-        return ScanLog(RECOVERY, log, after, self.config.scan_page_count_max)
+        return ScanLog(self.owner, log, after, self.config.scan_page_count_max)
 
     def _issue(self, calls: list[ScanLog] | list[ReadRecord] | list[ScanLog | ReadRecord]) -> list[Effect]:
         for call in calls:
@@ -212,4 +224,4 @@ class Recovery:
         return list(calls)
 
     def _timer(self, kind: str) -> Timer:
-        return Timer(RECOVERY, "", kind)
+        return Timer(self.owner, "", kind)

@@ -1,6 +1,7 @@
 """What a node tells operators and peers about transactions: the outcome of one (from its own memory,
 its peers', or the records in storage), the listing of what is in flight or in doubt here, the
-status answer to a peer, and the manual resolve (the core's `Resolver`, run against storage)."""
+status answer to a peer, the manual resolve (the core's `Resolver`, run against storage), and who
+owns which partition (the ownership records in storage)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,22 @@ class TxnInfo:
     idle_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """One partition's ownership record as stored now (owner "" and epoch 0: never taken; owner ""
+    otherwise: released), the node this node's configuration prefers for it, and whether this
+    node serves it."""
+
+    partition: str
+    owner: str
+    epoch: int
+    version: int
+    lease_ms: int
+    wanted_by: str
+    preferred: str
+    served_here: bool
+
+
 class Admin:
     def __init__(
         self,
@@ -52,7 +69,9 @@ class Admin:
         transport: Transport,
         coordination: Coordination,
         partitions: Mapping[str, PartitionRuntime],
+        serving: Mapping[str, int],
     ) -> None:
+        self.serving = serving
         self.config = config
         self.node_id = config.node_id
         self.core = core
@@ -106,7 +125,7 @@ class Admin:
     async def status_response(self, request: StatusRequest, ready: bool) -> StatusResponse:
         states: list[tuple[str, TxnState]] = []
         if request.txn:
-            for partition in self.partitions:
+            for partition in list(self.partitions):  # partitions come and go while we read
                 record = await self.store.read(LogId.partition(partition), request.txn)
                 if record is not None:
                     states.append((partition, record.state))
@@ -119,6 +138,21 @@ class Admin:
             in_doubt_count=self.core.in_doubt_count(),
             txn_outcome="" if known is None else known.status.value,
         )
+
+    # -- ownership ---------------------------------------------------------------------------------
+    async def partitions_info(self) -> list[PartitionInfo]:
+        """Read from storage, not from this node's last poll: an operator wants what is true now."""
+        records = await self.store.read_owners(self.config.partitions)
+        infos = []
+        for partition in self.config.partitions:
+            record = records.get(partition)
+            owner, epoch, version, lease_ms, wanted_by = (
+                ("", 0, 0, 0, "") if record is None
+                else (record.owner, record.epoch, record.version, record.lease_ms, record.wanted_by)
+            )
+            infos.append(PartitionInfo(partition, owner, epoch, version, lease_ms, wanted_by,
+                                       self.config.preferred_owner(partition), partition in self.serving))
+        return infos
 
     # -- the listing -------------------------------------------------------------------------------
     def transactions(self) -> list[TxnInfo]:

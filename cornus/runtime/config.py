@@ -6,17 +6,21 @@ then command-line flags (each overriding the one before), and checked before any
     api_listen = "127.0.0.1:8100"      # public REST API
     grpc_api_listen = "127.0.0.1:9100" # public gRPC API (optional)
     protocol = "cornus"                # default per transaction: cornus | 2pc | coordinator-log
-    partition_count = 6                # partitions p0..p5, owned round-robin by sorted node id
+    partition_count = 6                # partitions p0..p5, preferred owners round-robin by node id
     [peers]                            # every node, this one included
     n0 = "127.0.0.1:7100"
     n1 = "127.0.0.1:7101"
-    [partition_owners]                 # optional explicit map, overrides round-robin
+    [partition_owners]                 # optional preferred owners, override round-robin
     p0 = "n1"
     [storage]                          # storage_adapters.factory.StoreConfig fields
     backend = "redis"
     redis_url = "redis://127.0.0.1:6379/0"
-    [timeouts]                         # ProtocolConfig and RuntimeLimits fields
+    [timeouts]                         # ProtocolConfig, RuntimeLimits and OwnershipConfig fields
     timeout_ms_prepare = 400
+    lease_ms = 4000
+
+Which node owns a partition is decided at run time, by leases in storage (cornus.protocol.ownership);
+the configuration only names each partition's preferred owner, which gets it when it is alive.
 
 Environment: CORNUS_NODE_ID, CORNUS_LISTEN, CORNUS_API_LISTEN, CORNUS_GRPC_API_LISTEN, CORNUS_PROTOCOL,
 CORNUS_PARTITION_COUNT, CORNUS_PEERS ("n0=host:port,n1=host:port"), CORNUS_STORAGE_<FIELD>, and
@@ -35,9 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min
+from cornus.protocol.ownership import OwnershipConfig
 from storage_adapters.contract import (
     LOG_NAME_LENGTH_MAX,
     NODE_ID_LENGTH_MAX,
+    OWNER_LEASE_MS_MAX,
     PARTICIPANT_COUNT_MAX,
     SCAN_PAGE_COUNT_MAX,
     validate_id,
@@ -99,6 +105,7 @@ class NodeConfig:
     storage: StoreConfig = field(default_factory=StoreConfig)
     protocol_config: ProtocolConfig = field(default_factory=ProtocolConfig)
     limits: RuntimeLimits = field(default_factory=RuntimeLimits)
+    ownership: OwnershipConfig = field(default_factory=OwnershipConfig)
 
     def __post_init__(self) -> None:
         validate_id(self.node_id, "node_id", NODE_ID_LENGTH_MAX)
@@ -136,7 +143,8 @@ class NodeConfig:
     def partitions(self) -> tuple[str, ...]:
         return tuple(f"p{index}" for index in range(self.partition_count))
 
-    def owner_of(self, partition: str) -> str:
+    def preferred_owner(self, partition: str) -> str:
+        """The node that should hold `partition` while it is alive (who holds it is in storage)."""
         if partition in self.partition_owners:
             return self.partition_owners[partition]
         nodes = sorted(self.peers)
@@ -144,8 +152,8 @@ class NodeConfig:
         return nodes[index % len(nodes)]
 
     @property
-    def owned_partitions(self) -> tuple[str, ...]:
-        return tuple(p for p in self.partitions if self.owner_of(p) == self.node_id)
+    def preferred_partitions(self) -> tuple[str, ...]:
+        return tuple(p for p in self.partitions if self.preferred_owner(p) == self.node_id)
 
 
 def _check_address(address: object, what: str) -> None:
@@ -176,28 +184,50 @@ def _int(value: object, what: str) -> int:
     raise ValidationError(f"{what} must be an integer, got {value!r}")
 
 
-def _split_timeouts(values: Mapping[str, object]) -> tuple[dict[str, int], dict[str, int]]:
+def _ownership_names() -> set[str]:
+    # The clock slack is the protocol's; ownership takes it from there.
+    return {item.name for item in dataclasses.fields(OwnershipConfig)} - {"clock_slack_ms"}
+
+
+def _split_timeouts(values: Mapping[str, object]) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     protocol_names = {item.name for item in dataclasses.fields(ProtocolConfig)}
     limit_names = {item.name for item in dataclasses.fields(RuntimeLimits)}
     protocol_values: dict[str, int] = {}
     limit_values: dict[str, int] = {}
+    ownership_values: dict[str, int] = {}
     for name, value in values.items():
-        if name in protocol_names:
-            protocol_values[name] = _int(value, name)
-            if protocol_values[name] <= 0:
+        if name in protocol_names or name in _ownership_names():
+            target = protocol_values if name in protocol_names else ownership_values
+            target[name] = _int(value, name)
+            if target[name] <= 0:
                 raise ValidationError(f"{name} must be positive, got {value!r}")
         elif name in limit_names:
             limit_values[name] = _int(value, name)
         else:
             raise ValidationError(f"unknown timeout or limit {name!r}")
-    return protocol_values, limit_values
+    return protocol_values, limit_values, ownership_values
 
 
 def timeout_names_all() -> set[str]:
-    """Every timeout and limit a node takes (ProtocolConfig and RuntimeLimits fields)."""
-    return {item.name for item in dataclasses.fields(ProtocolConfig)} | {
-        item.name for item in dataclasses.fields(RuntimeLimits)
-    }
+    """Every timeout and limit a node takes (ProtocolConfig, RuntimeLimits, OwnershipConfig fields)."""
+    return (
+        {item.name for item in dataclasses.fields(ProtocolConfig)}
+        | {item.name for item in dataclasses.fields(RuntimeLimits)}
+        | _ownership_names()
+    )
+
+
+def _ownership_config(values: Mapping[str, int], protocol_config: ProtocolConfig) -> OwnershipConfig:
+    """OwnershipConfig asserts its rules (it is the pure core's); user input gets clear errors."""
+    merged = {**dataclasses.asdict(OwnershipConfig()), **values, "clock_slack_ms": protocol_config.clock_slack_ms}
+    if merged["lease_ms"] > OWNER_LEASE_MS_MAX:
+        raise ValidationError(f"lease_ms is {merged['lease_ms']}, the limit is {OWNER_LEASE_MS_MAX}")
+    if 2 * merged["renew_interval_ms"] > merged["lease_ms"]:
+        raise ValidationError(
+            f"renew_interval_ms ({merged['renew_interval_ms']}) must be at most half of lease_ms "
+            f"({merged['lease_ms']}): one slow renewal must not end a lease"
+        )
+    return OwnershipConfig(**merged)
 
 
 def _protocol_config(values: Mapping[str, int], storage: StoreConfig) -> ProtocolConfig:
@@ -280,7 +310,7 @@ def load_node_config(
         storage = StoreConfig(**storage_values)
     except TypeError as error:
         raise ValidationError(f"storage settings: {error}") from error
-    protocol_values, limit_values = _split_timeouts(timeouts)
+    protocol_values, limit_values, ownership_values = _split_timeouts(timeouts)
     if "node_id" not in raw:
         raise ValidationError("node_id is required (file, CORNUS_NODE_ID or --node-id)")
     if "peers" not in raw:
@@ -302,6 +332,7 @@ def load_node_config(
         partition_count=_int(raw.get("partition_count", 0), "partition_count"),
         partition_owners=dict(raw.get("partition_owners", {})),
         storage=storage,
-        protocol_config=_protocol_config(protocol_values, storage),
+        protocol_config=(protocol_config := _protocol_config(protocol_values, storage)),
         limits=RuntimeLimits(**limit_values),
+        ownership=_ownership_config(ownership_values, protocol_config),
     )

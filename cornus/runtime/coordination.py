@@ -76,7 +76,10 @@ class Coordination:
         failpoints: Failpoints,
         timings: TimingLog,
         counters: collections.Counter[str],
+        *,
+        owner_of: Callable[[str], str | None],
     ) -> None:
+        self.owner_of = owner_of
         self.config = config
         self.node_id = config.node_id
         self.transport = transport
@@ -162,10 +165,12 @@ class Coordination:
         return await self._request_partition(ExecuteRequest(ctx.txn, partition, self.node_id, ops, continued=continued))
 
     async def _request_partition(self, request: ExecuteRequest) -> ExecuteResponse:
+        owner = self.owner_of(request.partition)
+        if owner is None:
+            # Nobody holds it as far as this node knows (a take or hand-over is under way).
+            return ExecuteResponse(ExecuteStatus.NOT_OWNER, detail=f"no node holds {request.partition} now")
         try:
-            response = await self.transport.request(
-                self.config.owner_of(request.partition), request, self.config.limits.timeout_ms_peer_request
-            )
+            response = await self.transport.request(owner, request, self.config.limits.timeout_ms_peer_request)
         except PeerUnavailable as error:
             return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"owner of {request.partition}: {error}")
         assert isinstance(response, ExecuteResponse)

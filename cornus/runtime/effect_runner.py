@@ -43,8 +43,8 @@ from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.timing import TimingLog
 from cornus.runtime.transport import Transport
 from cornus.runtime.wire import Routed
-from storage_adapters.contract import LogKind, LogStore, TxnState
-from storage_adapters.errors import InvariantViolation, StorageUnavailable
+from storage_adapters.contract import Fence, LogKind, LogStore, TxnState
+from storage_adapters.errors import Fenced, InvariantViolation, StorageUnavailable
 
 log = logging.getLogger("cornus.node")
 
@@ -64,9 +64,10 @@ def fatal(message: str) -> None:
 
 
 class EffectRunner:
-    """`feed` takes the event that answers a storage call or a timer; `owners` maps every partition
-    to the node that owns it (a host that is no partition is a node); the hooks tell the rest of
-    the node about replies, decisions and the end of recovery."""
+    """`feed` takes the event that answers a storage call or a timer; `route` names the node a
+    host's messages go to (None: nobody holds that partition now); `fence_of` gives the fence of a
+    partition this node holds (None: its lease is not good now); the hooks tell the rest of the
+    node about replies, decisions, recoveries and refused (fenced) writes."""
 
     def __init__(
         self,
@@ -75,7 +76,8 @@ class EffectRunner:
         store: LogStore,
         transport: Transport,
         partitions: Mapping[str, PartitionRuntime],
-        owners: Mapping[str, str],
+        route: Callable[[str], str | None],
+        fence_of: Callable[[str], Fence | None],
         failpoints: Failpoints,
         timings: TimingLog,
         counters: collections.Counter[str],
@@ -84,7 +86,8 @@ class EffectRunner:
         self.store = store
         self.transport = transport
         self.partitions = partitions
-        self.owners = owners
+        self.route = route
+        self.fence_of = fence_of
         self.failpoints = failpoints
         self.timings = timings
         self.counters = counters
@@ -92,9 +95,10 @@ class EffectRunner:
         self.on_reply: Callable[[Reply], None] = _unwired
         self.on_decided: Callable[[Decided], None] = _unwired
         self.on_recovered: Callable[[RecoveryFinished], None] = _unwired
+        self.on_fenced: Callable[[str, int], None] = _unwired  # (partition, epoch)
         self.stopped = False
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], str] = {}  # task -> the owner of its storage call ("": none)
         # (where, txn) -> when its termination protocol began (perf_counter seconds).
         self._terminating: dict[tuple[str, str], float] = {}
 
@@ -112,11 +116,16 @@ class EffectRunner:
 
     def _run_one(self, effect: Effect) -> None:
         if isinstance(effect, Send):
-            self.transport.send(self.owners.get(effect.to, effect.to), Routed(effect.source, effect.to, effect.message))
+            node = self.route(effect.to)
+            if node is None:
+                # Nobody holds the partition now; the sender's timers repeat what matters.
+                self.counters["messages_unroutable"] += 1
+                return
+            self.transport.send(node, Routed(effect.source, effect.to, effect.message))
         elif isinstance(effect, LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog):
             if _is_vote_write(effect):
                 self.failpoints.hit("participant.before_log_vote")
-            self.spawn(self._call(effect))
+            self.spawn(self._call(effect), owner=effect.owner)
         elif isinstance(effect, StartTimer):
             old = self._timers.pop(effect.timer, None)
             if old is not None:
@@ -152,8 +161,25 @@ class EffectRunner:
 
     # -- storage ---------------------------------------------------------------------------------
     async def _call(self, call: StorageCall) -> None:
+        partition = _fenced_partition(call)
+        fence = None
+        if partition is not None:
+            fence = self.fence_of(partition)
+            if fence is None:
+                # The lease is not good now: the host is being dropped, and nobody waits for this
+                # answer. Not written at all, since storage would refuse it (on Azure: might not).
+                self.counters["writes_skipped_not_held"] += 1
+                return
+            self.failpoints.hit("owner.before_fenced_write")
         try:
-            event = await self._answer(call)
+            if fence is None:
+                event = await self._answer(call, fence)
+            else:
+                event = await self._fenced_write(call, fence)
+        except Fenced as error:
+            assert partition is not None and error.fence == fence
+            self.on_fenced(partition, error.fence.epoch)
+            return
         except StorageUnavailable as error:
             self.counters["storage_unavailable"] += 1
             event = answer(call, StorageUnreachable(str(error)))
@@ -168,24 +194,45 @@ class EffectRunner:
         if not self.stopped:
             self.feed(event)
 
-    async def _answer(self, call: StorageCall) -> Event:
+    async def _answer(self, call: StorageCall, fence: Fence | None) -> Event:
         store = self.store
         if isinstance(call, LogOnce):
-            return answer(call, await store.log_once(call.log, call.txn, call.state, call.body))
+            return answer(call, await store.log_once(call.log, call.txn, call.state, call.body, fence))
         if isinstance(call, Log):
-            return answer(call, await store.log(call.log, call.txn, call.state, call.body))
+            return answer(call, await store.log(call.log, call.txn, call.state, call.body, fence))
         if isinstance(call, ApplyRedo):
-            return await self._apply(call)
+            assert fence is not None
+            return await self._apply(call, fence)
         if isinstance(call, DeleteRecord):
-            return answer(call, await store.delete(call.log, call.txn))
+            return answer(call, await store.delete(call.log, call.txn, fence))
         if isinstance(call, ReadRecord):
             return answer(call, await store.read(call.log, call.txn))
         return answer(call, tuple(await store.scan_unfinished(call.log, call.limit, call.after)))
 
-    async def _apply(self, call: ApplyRedo) -> Event:
+    async def _fenced_write(self, call: StorageCall, fence: Fence) -> Event:
+        """A partition owner's write. If its host is dropped meanwhile (the lease ended), this
+        task is cancelled but the write is left to finish, unanswered: once sent it may land or
+        be refused either way, and a refusal is what tells the node it was deposed."""
+        write = asyncio.ensure_future(self._answer(call, fence))
+        try:
+            return await asyncio.shield(write)
+        except asyncio.CancelledError:
+            write.add_done_callback(lambda done: self._dropped_write_done(done, fence))
+            raise
+
+    def _dropped_write_done(self, write: asyncio.Future[Event], fence: Fence) -> None:
+        if write.cancelled():
+            return
+        error = write.exception()
+        if isinstance(error, Fenced):
+            self.on_fenced(fence.partition, fence.epoch)
+        elif error is not None and not isinstance(error, StorageUnavailable):
+            fatal(f"a write of dropped {fence.partition} failed: {error!r}")
+
+    async def _apply(self, call: ApplyRedo, fence: Fence) -> Event:
         self.failpoints.hit("participant.before_apply")
         try:
-            applied_now = await self.partitions[call.partition].apply(call.txn, call.redo)
+            applied_now = await self.partitions[call.partition].apply(call.txn, call.redo, fence)
         except StorageUnavailable as error:
             self.counters["apply_retries"] += 1
             if self.counters["apply_retries"] % APPLY_FAILURE_LOG_EVERY == 1:
@@ -216,13 +263,22 @@ class EffectRunner:
         self.failpoints.hit("coordinator.after_reply")
         self.run(rest)
 
-    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coroutine: Coroutine[Any, Any, None], owner: str = "") -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
+        self._tasks[task] = owner
         task.add_done_callback(self._task_done)
 
+    def cancel_owned(self, owners: set[str]) -> None:
+        """Cancel the timers and storage calls of hosts that are gone (a partition lost): their
+        answers must not reach a host of the same name that a later take makes."""
+        for timer in [timer for timer in self._timers if timer.owner in owners]:
+            self._timers.pop(timer).cancel()
+        for task, owner in list(self._tasks.items()):
+            if owner in owners:
+                task.cancel()
+
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+        self._tasks.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             fatal(f"runtime task failed: {task.exception()!r}")
 
@@ -237,6 +293,19 @@ class EffectRunner:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def _fenced_partition(call: StorageCall) -> str | None:
+    """The partition whose owner's fence a call must carry: a write by a partition's host to its
+    own log or data. Writes to other partitions' logs (termination's LogOnce(ABORT)) and to
+    coordinator logs are the protocol's, and anyone may make them."""
+    if isinstance(call, ApplyRedo):
+        assert call.owner == call.partition, f"{call.owner} applies to {call.partition}"
+        return call.partition
+    own_log = call.log.kind is LogKind.PARTITION and call.log.name == call.owner
+    if isinstance(call, LogOnce | Log | DeleteRecord) and own_log:
+        return call.owner
+    return None
 
 
 def _is_vote_write(call: Effect) -> bool:

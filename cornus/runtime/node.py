@@ -4,8 +4,13 @@ timer, a client's commit) goes into the core; every effect that comes out goes t
 
 The parts, each in its own module: effect execution (effect_runner.py), the client transactions
 this node coordinates (coordination.py), the partitions' execution phase, locks and cache
-(partition.py), readiness after recovery (readiness.py), and what operators and peers ask about
-transactions (admin.py). This module wires them and carries inbound traffic to them.
+(partition.py), partition ownership (ownership.py), readiness after recovery (readiness.py), and
+what operators and peers ask about transactions (admin.py). This module wires them and carries
+inbound traffic to them.
+
+A partition is served here only while this node holds its lease: from the end of the recovery
+that follows its take until the lease ends, it is handed over, or storage refuses a write of ours
+(fenced). Then its machines, locks, cache and executions are dropped at once.
 """
 
 from __future__ import annotations
@@ -20,16 +25,20 @@ from collections.abc import Callable, Mapping, Sequence
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
+from cornus.protocol.effects import RecoveryFinished
 from cornus.protocol.events import Event, Executed, MessageReceived
 from cornus.protocol.locks import Policy
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
-from cornus.protocol.node_core import NodeCore
-from cornus.runtime.admin import Admin, TxnInfo
+from cornus.protocol.node_core import NodeCore, recovery_owner
+from cornus.protocol.ownership import Lost, OwnershipMachine
+from cornus.runtime.admin import Admin, PartitionInfo, TxnInfo
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination, TxnAborted
 from cornus.runtime.effect_runner import EffectRunner, fatal
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.outcome import Outcome
+from cornus.runtime.ownership import OwnershipRuntime, unix_ms_of
+from cornus.runtime.ownership import now_ms as monotonic_ms
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.readiness import Readiness
 from cornus.runtime.timing import TimingLog
@@ -45,14 +54,19 @@ from cornus.runtime.wire import (
     Routed,
     StatusRequest,
 )
-from storage_adapters.contract import LogStore
+from storage_adapters.contract import LogStore, Ownership
 
-__all__ = ["Node", "TxnAborted", "TxnInfo", "ops_for_writes"]
+__all__ = ["Node", "PartitionInfo", "TxnAborted", "TxnInfo", "ops_for_writes"]
 
 log = logging.getLogger("cornus.node")
 
 # How often idle executions and transactions are looked for.
 SWEEP_INTERVAL_MS = 200
+# How often a readiness wait, or a hand-over waiting for its transactions to end, looks again.
+POLL_MS = 20
+# A clean stop waits at most this long for its partitions' releases to land; one that does not
+# expires instead (the next owner waits out the lease).
+TIMEOUT_MS_RELEASE = 2_000
 
 
 class Node:
@@ -75,28 +89,36 @@ class Node:
         self.failpoints = failpoints or Failpoints({})
         self.timings = TimingLog()
         self.counters: collections.Counter[str] = collections.Counter()
-        limits = config.limits
-        self.partitions = {
-            p: PartitionRuntime(p, store, lock_policy, limits.timeout_ms_lock_wait, limits.op_count_max)
-            for p in config.owned_partitions
-        }
+        self.lock_policy = lock_policy
+        # The partitions this node holds now: taken and dropped as ownership says.
+        self.partitions: dict[str, PartitionRuntime] = {}
+        # Of those, the ones recovered and served; with the wall-clock time serving began.
+        self.serving: dict[str, int] = {}
         jitter = random.Random(int.from_bytes(os.urandom(8), "big"))
-        self.core = NodeCore(self.node_id, self.partitions, config.peers, config.protocol_config, jitter)
-        self.runner = EffectRunner(
-            self.node_id, store=store, transport=transport, partitions=self.partitions,
-            owners={p: config.owner_of(p) for p in config.partitions}, failpoints=self.failpoints,
-            timings=self.timings, counters=self.counters,
+        self.core = NodeCore(self.node_id, (), config.peers, config.protocol_config, jitter)
+        preferred = {p: config.preferred_owner(p) for p in config.partitions}
+        self.ownership = OwnershipRuntime(
+            self.node_id, store, OwnershipMachine(self.node_id, preferred, config.ownership), self.counters,
+            acquired=self._acquired, lost=self._lost, drain=self._drain,
         )
-        self.coordination = Coordination(config, transport, self.failpoints, self.timings, self.counters)
+        self.runner = EffectRunner(
+            self.node_id, store=store, transport=transport, partitions=self.partitions, route=self._route,
+            fence_of=self.ownership.fence, failpoints=self.failpoints, timings=self.timings, counters=self.counters,
+        )
+        self.coordination = Coordination(
+            config, transport, self.failpoints, self.timings, self.counters, owner_of=self._owner_of
+        )
         self.readiness = Readiness(self.core, self.counters)
         self.admin = Admin(
             config, core=self.core, store=store, transport=transport, coordination=self.coordination,
-            partitions=self.partitions,
+            partitions=self.partitions, serving=self.serving,
         )
         self.runner.feed = self.coordination.feed = self._feed
         self.runner.on_reply = self.coordination.on_reply
         self.runner.on_decided = self.coordination.on_decided
         self.runner.on_recovered = self.readiness.recovered
+        self.readiness.settled = self._recovered
+        self.runner.on_fenced = self.ownership.fenced
         self.coordination.ready = lambda: self.ready
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -104,16 +126,34 @@ class Node:
 
     @property
     def ready(self) -> bool:
-        return self.readiness.ready
+        """Recovered, and every partition this node prefers is served by it or held by another
+        node (which hands it over, or is its owner while configurations disagree)."""
+        if not self.readiness.ready or not self.ownership.records_known:
+            return False
+        for partition in self.config.preferred_partitions:
+            if partition in self.serving:
+                continue
+            record = self.ownership.records.get(partition)
+            if record is None or record.owner in ("", self.node_id):
+                return False
+        return True
 
     async def start(self, wait_ready: bool = True) -> None:
         await self.transport.start(self)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="cornus-sweeper")
         self.runner.run(self.core.start())
+        self.ownership.start()
         if wait_ready:
-            await self.readiness.wait()
+            await self.wait_ready()
+
+    async def wait_ready(self) -> None:
+        # Polled: readiness depends on ownership records, recoveries and peers alike, and a
+        # restart that waits out its own old leases takes seconds, not milliseconds.
+        while not self.ready:  # noqa: ASYNC110
+            await asyncio.sleep(POLL_MS / 1000)
 
     async def stop(self) -> None:
+        await self.ownership.stop(TIMEOUT_MS_RELEASE / 1000)
         await self.runner.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
@@ -121,6 +161,64 @@ class Node:
                 await self._sweeper
         self.readiness.stop()
         await self.transport.close()
+
+    # === ownership =================================================================================
+
+    def _route(self, host: str) -> str | None:
+        """The node a host's messages go to: a node is itself; a partition, its holder."""
+        return host if host in self.config.peers else self._owner_of(host)
+
+    def _owner_of(self, partition: str) -> str | None:
+        owner = self.ownership.owner_of(partition)
+        if owner is not None and owner not in self.config.peers:
+            # Held by a node this one's configuration does not list (a node set changing, and
+            # this node not restarted with the new one yet): unreachable from here until then.
+            self.counters["owner_not_a_peer"] += 1
+            return None
+        return owner
+
+    def _acquired(self, ownership: Ownership) -> None:
+        partition = ownership.partition
+        limits = self.config.limits
+        self.partitions[partition] = PartitionRuntime(
+            partition, self.store, self.lock_policy, limits.timeout_ms_lock_wait, limits.op_count_max
+        )
+        self.runner.run(self.core.add_partition(partition))
+
+    def _recovered(self, effect: RecoveryFinished) -> None:
+        """A recovery settled: serve the partitions it covered (those still held: the lease may
+        have ended while its transactions resolved)."""
+        for partition in effect.partitions:
+            epoch = self.ownership.machine.epoch(partition)
+            if epoch is None or not self.core.partition_recovered(partition):
+                continue  # lost meanwhile (and maybe taken again, its new recovery not done)
+            self.serving[partition] = at_unix_ms = unix_ms_of(monotonic_ms())
+            log.info("ownership serve partition=%s epoch=%d node=%s at_unix_ms=%d", partition, epoch, self.node_id,
+                     at_unix_ms)
+
+    def _lost(self, lost: Lost) -> None:
+        partition = lost.partition
+        self.serving.pop(partition, None)
+        if partition in self.core.partitions:
+            self.core.drop_partition(partition)
+        self.runner.cancel_owned({partition, recovery_owner(partition)})
+        runtime = self.partitions.pop(partition, None)
+        if runtime is not None:
+            runtime.close()
+
+    def _drain(self, partition: str) -> None:
+        self.runner.spawn(self._drain_when_idle(partition))
+
+    async def _drain_when_idle(self, partition: str) -> None:
+        """Hand over once no transaction is in flight on the partition. The ownership machine
+        releases it anyway after its drain_ms_max, so this loop ends by then."""
+        while self.ownership.holds(partition):
+            host = self.core.partitions.get(partition)
+            runtime = self.partitions.get(partition)
+            if host is not None and runtime is not None and not host.machines and not runtime.executions:
+                self.ownership.drained(partition)
+                return
+            await asyncio.sleep(POLL_MS / 1000)
 
     def _feed(self, event: Event) -> None:
         if self.runner.stopped:
@@ -142,11 +240,13 @@ class Node:
             # defaults would guess differently), and no id we make lacks it.
             self.counters["untagged_messages"] += 1
             return
+        if message.dest not in self.config.peers:
+            self.ownership.check(message.dest)  # a lease that ran out drops the partition first
         partition = self.partitions.get(message.dest)
         if (
             partition is not None
             and isinstance(inner, Prepare | ReleaseReadOnly)
-            and self.core.recovered
+            and self.core.partition_recovered(message.dest)
             and inner.txn not in self.core.partitions[message.dest].machines
         ):
             ended = partition.ended_execution(inner.txn)
@@ -162,13 +262,14 @@ class Node:
         if isinstance(request, StatusRequest):
             return await self.admin.status_response(request, self.ready)
         assert isinstance(request, ExecuteRequest)
+        self.ownership.check(request.partition)
         partition = self.partitions.get(request.partition)
-        if partition is None:
+        if partition is None or not (request.abort or self.ownership.admits(request.partition)):
             return ExecuteResponse(ExecuteStatus.NOT_OWNER, detail=f"{self.node_id} does not own {request.partition}")
         if txn_ids.protocol_of(request.txn) is None:
             return ExecuteResponse(ExecuteStatus.INVALID, detail=f"txn id {request.txn!r} names no protocol")
-        if not self.ready and not request.abort:
-            return ExecuteResponse(ExecuteStatus.NOT_READY, detail=f"{self.node_id} is recovering")
+        if request.partition not in self.serving and not request.abort:
+            return ExecuteResponse(ExecuteStatus.NOT_READY, detail=f"{self.node_id} is recovering {request.partition}")
         if request.txn in self.core.partitions[request.partition].machines and not request.abort:
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{request.txn} is already committing")
         return await partition.execute(request)
@@ -201,6 +302,9 @@ class Node:
 
     def transactions(self) -> list[TxnInfo]:
         return self.admin.transactions()
+
+    async def partitions_info(self) -> list[PartitionInfo]:
+        return await self.admin.partitions_info()
 
     def in_doubt_count(self) -> int:
         return self.core.in_doubt_count()

@@ -19,7 +19,7 @@ from cornus.protocol.locks import Grant, LockMode, LockTable, Policy, Waiter
 from cornus.protocol.txn_ids import begin_ms_of
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind
-from storage_adapters.contract import DATA_VALUE_BYTES_MAX, LogStore, validate_data_key
+from storage_adapters.contract import DATA_VALUE_BYTES_MAX, Fence, LogStore, validate_data_key
 from storage_adapters.errors import StorageUnavailable, ValidationError
 
 log = logging.getLogger("cornus.partition")
@@ -177,11 +177,12 @@ class PartitionRuntime:
         # key for a request that never learns it got it.
         self._wake(self.locks.release(txn), Grant.GRANTED)
 
-    async def apply(self, txn: str, redo: bytes) -> bool:
+    async def apply(self, txn: str, redo: bytes, fence: Fence) -> bool:
         """One attempt to apply a committed redo: True if this call applied it, False if an earlier
-        one did (StorageUnavailable: unknown; the participant machine retries)."""
+        one did (StorageUnavailable: unknown; the participant machine retries; Fenced: this node
+        is no longer the owner)."""
         writes = redo_codec.decode(redo)
-        applied_now = await self.store.apply_redo(self.name, txn, writes)
+        applied_now = await self.store.apply_redo(self.name, txn, writes, fence)
         if log.isEnabledFor(logging.DEBUG):  # the write list is built only when someone reads it
             shown = {key: None if value is None else value[:16] for key, value in writes.items()}
             log.debug("apply of %s on %s: %s, writes %s", txn, self.name,
@@ -192,6 +193,13 @@ class PartitionRuntime:
         """The machine says this redo is in storage and its keys are still locked by it."""
         for key, value in redo_codec.decode(redo).items():
             self._cache_put(key, value)
+
+    def close(self) -> None:
+        """The partition is lost: every request waiting for a lock here is refused, now."""
+        for future in self._waiters.values():
+            if not future.done():
+                future.set_result(Grant.ABORT)
+        self.executions.clear()
 
     def sweep_idle(self, idle_s: float, busy: Callable[[str], bool]) -> int:
         """Drop executions idle longer than `idle_s` that no machine owns (`busy`): their

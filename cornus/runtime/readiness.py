@@ -1,7 +1,8 @@
-"""When a starting node reports ready. The core decides when recovery is done (every unfinished
-transaction has its machine and its locks again, `RecoveryFinished`); the node then gives those
-transactions a bounded while to resolve, so that the first requests after a restart meet few of
-their locks, and reports ready. Requests for its partitions are refused (retryable) until then."""
+"""When recovered transactions count as settled. The core decides when a recovery is done (every
+unfinished transaction it found has its machine and its locks again, `RecoveryFinished`); the node
+then gives those transactions a bounded while to resolve, so that the first requests after a
+restart, or after a partition is taken, meet few of their locks. The node reports ready once the
+recovery at start has settled, and serves a partition it took once that partition's has."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Callable
 
 from cornus.protocol.effects import RecoveryFinished
 from cornus.protocol.node_core import NodeCore
@@ -22,41 +24,41 @@ RESOLVE_POLL_MS = 10
 
 
 class Readiness:
+    """`settled(effect)` is called once each recovery's transactions resolved, or its wait ran out."""
+
     def __init__(self, core: NodeCore, counters: collections.Counter[str]) -> None:
         self.core = core
         self.counters = counters
         self.ready = False
-        self._ready_event = asyncio.Event()
-        self._waiter: asyncio.Task[None] | None = None
+        self.settled: Callable[[RecoveryFinished], None] = lambda effect: None
+        self._waiters: set[asyncio.Task[None]] = set()
 
     def recovered(self, effect: RecoveryFinished) -> None:
         self.counters["recovered"] += effect.transaction_count
-        self._waiter = asyncio.get_running_loop().create_task(self._settle(), name="cornus-readiness")
-
-    async def wait(self) -> None:
-        await self._ready_event.wait()
+        task = asyncio.get_running_loop().create_task(self._settle(effect), name="cornus-readiness")
+        self._waiters.add(task)
+        task.add_done_callback(self._waiters.discard)
 
     def stop(self) -> None:
-        if self._waiter is not None:
-            self._waiter.cancel()
+        for task in list(self._waiters):
+            task.cancel()
 
-    def _unresolved(self, recovered: list[tuple[str, str]]) -> int:
+    def _unresolved(self, recovered: tuple[tuple[str, str], ...]) -> int:
         unresolved = 0
         for host_name, txn in recovered:
             host = self.core.host(host_name)
             unresolved += host is not None and txn in host.machines
         return unresolved
 
-    async def _settle(self) -> None:
-        result = self.core.recovery.result
-        assert result is not None
-        recovered = [(record.log.name, record.txn) for record in result.records]
+    async def _settle(self, effect: RecoveryFinished) -> None:
         deadline = time.monotonic() + TIMEOUT_MS_RECOVERY_RESOLVE / 1000
-        # Polling, at startup only and for a few seconds at most: the machines finish inside the
-        # pure core, which has no hook to signal it.
-        while self._unresolved(recovered) and time.monotonic() < deadline:  # noqa: ASYNC110
+        # Polling, for a few seconds at most after a recovery: the machines finish inside the pure
+        # core, which has no hook to signal it.
+        while self._unresolved(effect.transactions) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(RESOLVE_POLL_MS / 1000)
-        log.info("%s recovered %d transactions, %d still unresolved", self.core.node, len(recovered),
-                 self._unresolved(recovered))
-        self.ready = True
-        self._ready_event.set()
+        what = "its coordinator log" if effect.node else ", ".join(effect.partitions)
+        log.info("%s recovered %d transactions of %s, %d still unresolved", self.core.node,
+                 effect.transaction_count, what, self._unresolved(effect.transactions))
+        if effect.node:
+            self.ready = True
+        self.settled(effect)

@@ -15,6 +15,7 @@ never aborts the interactive transaction it names.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -199,6 +200,26 @@ class ReadyOut(BaseModel):
     ready: bool
     node: str
     in_doubt: int
+    serving: list[str] = Field(description="partitions this node serves now (it holds their leases)")
+    deposed: int = Field(description="times this node stopped serving a partition it had not released: its "
+                                     "lease ran out, another node took it, or storage refused a write (fenced)")
+    fenced_writes: int = Field(description="writes storage refused because another node holds the partition now")
+
+
+class PartitionOut(BaseModel):
+    partition: str
+    owner: str = Field(description="the node holding the lease; empty: released, or never taken (epoch 0)")
+    epoch: int = Field(description="raised by every take; fences the owner's writes")
+    version: int
+    lease_ms: int
+    wanted_by: str = Field(description="a node that asked the owner to hand the partition over")
+    preferred: str = Field(description="the owner this node's configuration prefers")
+    served_here: bool
+
+
+class PartitionsOut(BaseModel):
+    node: str
+    partitions: list[PartitionOut]
 
 
 class TxnInfoOut(BaseModel):
@@ -488,8 +509,18 @@ def build_app(node: Node, metrics: Metrics | None = None) -> FastAPI:
              summary="Readiness: false until recovery has run",
              responses={503: {"model": ReadyOut, "description": "not ready: recovery is still running"}})
     async def readyz() -> JSONResponse:
-        body = ReadyOut(ready=node.ready, node=node.node_id, in_doubt=node.in_doubt_count())
+        deposed = sum(node.counters[f"ownership_lost_{reason}"] for reason in ("expired", "taken", "fenced"))
+        body = ReadyOut(ready=node.ready, node=node.node_id, in_doubt=node.in_doubt_count(),
+                        serving=sorted(node.serving), deposed=deposed,
+                        fenced_writes=node.counters["ownership_fenced_writes"])
         return JSONResponse(body.model_dump(), status_code=200 if node.ready else 503)
+
+    @app.get("/v1/partitions", operation_id="partitions", response_model=PartitionsOut,
+             summary="Who owns each partition, as storage says now",
+             responses={503: _STORAGE_UNAVAILABLE})
+    async def partitions() -> PartitionsOut:
+        infos = await node.partitions_info()
+        return PartitionsOut(node=node.node_id, partitions=[PartitionOut(**dataclasses.asdict(i)) for i in infos])
 
     @app.get("/metrics", operation_id="metrics", summary="Prometheus metrics", response_class=Response,
              responses={200: {"description": "the Prometheus text exposition format",

@@ -47,6 +47,7 @@ from services.client.types import (
     CornusError,
     Op,
     Outcome,
+    PartitionInfo,
     ServerError,
     TransactionAborted,
     TransactionFailed,
@@ -313,6 +314,22 @@ class CornusClient:
                 raise ServerError(200, "bad_response", f"{node_url}: listing is not a list: {body!r}"[:400])
             rows.extend(TxnInfo.from_json(node_url, item) for item in body)
         return rows
+
+    def partitions(self, url: str | None = None) -> list[PartitionInfo]:
+        """Who owns each partition, as storage says now (asked of `url`, else of the first node
+        that answers)."""
+        failures: list[str] = []
+        for node_url in [normalize_url(url)] if url else self.urls:
+            try:
+                response = self._get(node_url + "/v1/partitions")
+            except httpx.TransportError as error:
+                failures.append(f"{node_url} ({describe(error)})")
+                continue
+            body = parse_ok(node_url, response, 200)
+            if not isinstance(body, dict) or not isinstance(body.get("partitions"), list):
+                raise ServerError(200, "bad_response", f"{node_url}: not a partition listing: {body!r}"[:400])
+            return [PartitionInfo.from_json(node_url, row) for row in body["partitions"]]
+        raise Unavailable(unreachable("", "", f"no node reachable: {', '.join(failures)}"))
 
     def resolve(self, txn: str, url: str | None = None) -> Outcome:
         """Run termination for `txn` by hand (any node can: it reads storage directly)."""

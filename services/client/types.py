@@ -132,6 +132,36 @@ class TxnInfo:
             raise ServerError(200, "bad_response", f"{node_url}: not a transaction listing row: {body!r}") from error
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """One partition's ownership, as storage says when the node was asked. `owner` "" is a
+    released partition (or one never taken: `epoch` 0); `preferred` is the owner the asked node's
+    configuration prefers; `placed` means the preferred node holds it."""
+
+    node_url: str
+    partition: str
+    owner: str
+    epoch: int
+    version: int
+    lease_ms: int
+    wanted_by: str
+    preferred: str
+    served_here: bool
+
+    @property
+    def placed(self) -> bool:
+        return self.owner == self.preferred
+
+    @classmethod
+    def from_json(cls, node_url: str, body: Mapping[str, Any]) -> PartitionInfo:
+        try:
+            return cls(node_url, str(body["partition"]), str(body["owner"]), int(body["epoch"]), int(body["version"]),
+                       int(body["lease_ms"]), str(body["wanted_by"]), str(body["preferred"]),
+                       bool(body["served_here"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ServerError(200, "bad_response", f"{node_url}: not a partition row: {body!r}") from error
+
+
 # === errors =======================================================================================
 
 

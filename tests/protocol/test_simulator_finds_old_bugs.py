@@ -156,4 +156,5 @@ def test_grace_shorter_than_a_late_call(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(sim_world, "config_for", short_grace)
     monkeypatch.setattr(explore_module, "random_schedule", slow_calls)
     violations = _found()
-    assert any("recreated" in v or "GC of" in v for v in violations), violations
+    # A late call lands on a collected record: recreating it, or applying its redo with no record.
+    assert any("recreated" in v or "GC of" in v or "whose record is None" in v for v in violations), violations
