@@ -1,0 +1,3 @@
+from loadtests.chaos.cli import main
+
+raise SystemExit(main())
