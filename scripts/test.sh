@@ -6,6 +6,12 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 
+# The chaos test's Toxiproxy (Go) builds while pip and the services get ready: a cold build takes
+# about a minute of CPU that the tests would otherwise wait for. The test waits on the same lock
+# (scripts/toxiproxy.sh), so a build still running by then is awaited, and a failed one is retried
+# there with its error shown.
+scripts/toxiproxy.sh >/dev/null 2>&1 &
+
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 
 if ! scripts/services.sh status >/dev/null 2>&1; then

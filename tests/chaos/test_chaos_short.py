@@ -36,7 +36,9 @@ def toxiproxy_bin() -> str:
 
 
 @pytest.mark.services
-@pytest.mark.parametrize("backend", ["emulator", "redis"])
+# Redis only in the suite: it has both kinds of link to break (node-node and node-storage), and the
+# suite's time is bounded; the emulator run is the same command with --backend emulator.
+@pytest.mark.parametrize("backend", ["redis"])
 def test_chaos_short_run_passes_every_check(
     backend: str, services: Services, tmp_path: Path, toxiproxy_bin: str
 ) -> None:

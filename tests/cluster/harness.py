@@ -29,7 +29,9 @@ DEFAULT_SETTINGS = {
     "clock_slack_ms": 250,
     "lease_ms": 1_000,
     "renew_interval_ms": 250,
-    "failover_delay_ms": 1_000,
+    # Longer than a killed node takes to restart here, so it gets its partitions back itself
+    # rather than by a hand-over from a node that took them meanwhile.
+    "failover_delay_ms": 3_000,
     "drain_ms_max": 1_000,
 }
 
@@ -178,6 +180,16 @@ class Cluster:
         if protocol is not None:
             body["protocol"] = protocol
         return self.post(node_id, "/v1/execute", body)
+
+    def execute_retrying(self, node_id: str, ops: list[dict[str, object]], timeout_s: float = 30.0) -> httpx.Response:
+        """`execute`, again while the outcome is a retryable abort (a lock held, a partition moving)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            response = self.execute(node_id, ops)
+            retryable = response.status_code in (409, 503) and response.json().get("retryable", False)
+            if not retryable or time.monotonic() >= deadline:
+                return response
+            time.sleep(0.05)
 
     def read(self, node_id: str, keys: list[str], timeout_s: float = 30.0) -> dict[str, str | None]:
         """Read committed values, retrying retryable aborts (a lock of an unfinished txn)."""
