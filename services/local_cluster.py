@@ -123,7 +123,7 @@ def local_members(
     return members, peers
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+def die_with_parent(parent_pid: int) -> Callable[[], None]:
     def set_parent_death_signal() -> None:
         # Runs in the child before exec. If `cluster up` itself is killed with SIGKILL it cannot
         # stop its nodes; on Linux the kernel then sends them SIGTERM instead of leaving orphans.
@@ -163,7 +163,7 @@ def start_node(
             # stops the nodes in order instead of all of them racing to exit at once.
             start_new_session=True,
             # preexec_fn is unsafe only beside other threads; callers start nodes before any.
-            preexec_fn=_die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+            preexec_fn=die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None,  # noqa: PLW1509
         )
 
 

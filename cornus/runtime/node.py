@@ -119,7 +119,9 @@ class Node:
         self.runner.on_recovered = self.readiness.recovered
         self.readiness.settled = self._recovered
         self.runner.on_fenced = self.ownership.fenced
-        self.coordination.ready = lambda: self.ready
+        # Coordinating needs only this node's own recovery: where the partitions are is the
+        # owners' business (a partition moving aborts the transactions that touch it, retryable).
+        self.coordination.ready = lambda: self.readiness.ready
         self._sweeper: asyncio.Task[None] | None = None
 
     # === lifecycle =================================================================================

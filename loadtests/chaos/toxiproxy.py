@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from services.local_cluster import _die_with_parent
+from services.local_cluster import die_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "scripts" / "toxiproxy.sh"
@@ -71,7 +71,7 @@ class Toxiproxy:
                 start_new_session=True,
                 # Started before any harness thread exists, so preexec_fn is safe here; if the harness
                 # is killed with SIGKILL the kernel still stops the proxy.
-                preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509
+                preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
