@@ -388,30 +388,9 @@ class DynamoDbStore(LogStore):
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
         async with self._deadline():
-            try:
-                if fence is None:
-                    await self._client.put_item(**put)
-                else:
-                    await self._transact([self._fence_check(fence), {"Put": put}])
-            except ClientError as error:
-                if fence is None:
-                    if _error_code(error) != "ConditionalCheckFailedException":
-                        raise
-                    stored = error.response.get("Item")
-                else:
-                    await self._raise_if_fenced(error, fence)
-                    reason = _failed_condition(error, 1)
-                    if reason is None:
-                        raise
-                    stored = reason.get("Item")
-                if stored is None:
-                    # Only an emulator that ignores ReturnValuesOnConditionCheckFailure gets here;
-                    # the read costs a second round trip but keeps the answer right.
-                    stored = await self._get_item(_record_key(log, txn))
-                # The item that failed our condition exists; garbage collection only removes
-                # long-finished txns, so it cannot have vanished in between.
-                assert stored is not None, f"{log.key}/{txn}: condition failed, yet no item"
-                return LogOnceResult(state=_decode_record(log, txn, stored).state, created=False)
+            stored = await self._conditional_write("Put", put, fence, log, txn)
+        if stored is not None:
+            return LogOnceResult(state=_decode_record(log, txn, stored).state, created=False)
         return LogOnceResult(state=state, created=True)
 
     async def log(
@@ -461,33 +440,49 @@ class DynamoDbStore(LogStore):
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
         async with self._deadline():
-            try:
-                if fence is None:
-                    await self._client.update_item(**update)
-                else:
-                    await self._transact([self._fence_check(fence), {"Update": update}])
-            except ClientError as error:
-                if fence is None:
-                    if _error_code(error) != "ConditionalCheckFailedException":
-                        raise
-                    stored = error.response.get("Item")
-                else:
-                    await self._raise_if_fenced(error, fence)
-                    reason = _failed_condition(error, 1)
-                    if reason is None:
-                        raise
-                    stored = reason.get("Item")
-                if stored is None:
-                    stored = await self._get_item(_record_key(log, txn))
-                assert stored is not None, f"{log.key}/{txn}: condition failed, yet no item"
+            stored = await self._conditional_write("Update", update, fence, log, txn)
+            if stored is not None:
                 stored_state = _decode_record(log, txn, stored).state
                 check_log_transition(log, txn, stored_state, state)
                 # The condition failed, so the rule must refuse this pair; it did not, which
                 # means storage and contract disagree about the rule.
                 raise InvariantViolation(
                     f"dynamodb refused {stored_state} -> {state} for {log.key}/{txn}, the contract allows it"
-                ) from error
+                )
         return state
+
+    async def _conditional_write(
+        self, kind: str, request: dict[str, Any], fence: Fence | None, log: LogId, txn: str
+    ) -> dict[str, Any] | None:
+        """One conditional Put or Update of a record (`kind`), in a transaction behind the fence's
+        ConditionCheck when there is one. None when written; else the item its condition failed
+        on (Fenced is raised first, when the fence failed)."""
+        try:
+            if fence is None:
+                write = self._client.put_item if kind == "Put" else self._client.update_item
+                await write(**request)
+            else:
+                await self._transact([self._fence_check(fence), {kind: request}])
+            return None
+        except ClientError as error:
+            if fence is None:
+                if _error_code(error) != "ConditionalCheckFailedException":
+                    raise
+                stored = error.response.get("Item")
+            else:
+                await self._raise_if_fenced(error, fence)
+                reason = _failed_condition(error, 1)
+                if reason is None:
+                    raise
+                stored = reason.get("Item")
+        if stored is None:
+            # Only an emulator that ignores ReturnValuesOnConditionCheckFailure gets here; the
+            # read costs a second round trip but keeps the answer right.
+            stored = await self._get_item(_record_key(log, txn))
+        # The item that failed our condition exists; garbage collection only removes long-finished
+        # txns, so it cannot have vanished in between.
+        assert stored is not None, f"{log.key}/{txn}: condition failed, yet no item"
+        return stored
 
     async def _get_item(self, key: dict[str, Any]) -> dict[str, Any] | None:
         response = await self._client.get_item(TableName=self._table, Key=key, ConsistentRead=True)
