@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 
 import uvicorn
 
@@ -19,12 +20,36 @@ from services.api.logs import configure_json_logging, level_from_env
 from services.api.metrics import InstrumentedStore, Metrics
 from services.api.rest import build_app
 from services.node_rpc.transport import GrpcTransport
-from storage_adapters.factory import open_store
+from storage_adapters.contract import LogStore
+from storage_adapters.errors import StorageUnavailable
+from storage_adapters.factory import StoreConfig, open_store
 
 log = logging.getLogger("cornus.serve")
 
 # How long a clean shutdown may take before the process just exits.
 SHUTDOWN_TIMEOUT_S = 10.0
+# A node that starts while its storage cannot be reached (a network blip, storage restarting, a
+# node restarted in the middle of a partition) tries again with backoff for this long before it
+# gives up and exits for its supervisor: a node without storage can do nothing, but exiting at the
+# first refused connection turns every short outage into a restart loop.
+STORAGE_OPEN_TIMEOUT_S = 60.0
+STORAGE_OPEN_BACKOFF_S_MIN = 0.1
+STORAGE_OPEN_BACKOFF_S_MAX = 2.0
+
+
+async def open_store_patiently(storage: StoreConfig) -> LogStore:
+    """`open_store`, retried while storage is unavailable, up to STORAGE_OPEN_TIMEOUT_S."""
+    deadline = time.monotonic() + STORAGE_OPEN_TIMEOUT_S
+    delay_s = STORAGE_OPEN_BACKOFF_S_MIN
+    while True:
+        try:
+            return await open_store(storage)
+        except StorageUnavailable as error:
+            if time.monotonic() + delay_s > deadline:
+                raise
+            log.warning("storage is unreachable at start (%s); trying again in %.1f s", error, delay_s)
+            await asyncio.sleep(delay_s)
+            delay_s = min(2 * delay_s, STORAGE_OPEN_BACKOFF_S_MAX)
 
 
 async def serve(config: NodeConfig) -> None:
@@ -33,7 +58,7 @@ async def serve(config: NodeConfig) -> None:
     failpoints = Failpoints.from_env()
     # Wrapped before the Node gets it, so every storage call of the node is measured.
     metrics = Metrics()
-    store = InstrumentedStore(await open_store(config.storage), metrics)
+    store = InstrumentedStore(await open_store_patiently(config.storage), metrics)
     transport = GrpcTransport(config.node_id, config.listen, config.peers)
     node = Node(config, store, transport, failpoints)
     host, port = config.api_listen.rsplit(":", 1)

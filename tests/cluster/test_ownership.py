@@ -4,8 +4,11 @@ writes refused by storage, and the node set changed from 3 to 4 and back under t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -193,14 +196,22 @@ def _roll(cluster: Cluster, members: list[str], to_restart: list[str]) -> None:
 
 
 def _wait_placed(cluster: Cluster, members: list[str]) -> float:
-    """Wait until every partition is held by its preferred node among `members`."""
+    """`cornus rebalance` until every partition is held by its preferred node among `members`, then
+    `cornus partitions` shows it so; the seconds it took."""
     started = time.monotonic()
+    url = cluster.nodes[members[0]].url
+    cli = [sys.executable, "-m", "services.cli"]
+    waited = subprocess.run([*cli, "rebalance", "--url", url, "--timeout-s", str(TAKEOVER_TIMEOUT_S)],
+                            capture_output=True, text=True, timeout=TAKEOVER_TIMEOUT_S + 30, check=False)
+    assert waited.returncode == 0, f"rebalance: {waited.stdout}{waited.stderr}"
+    took_s = time.monotonic() - started
+    shown = subprocess.run([*cli, "partitions", "--url", url, "--json"],
+                           capture_output=True, text=True, timeout=30, check=True)
     preferred = {f"p{i}": sorted(members)[i % len(members)] for i in range(PARTITIONS)}
-    while time.monotonic() - started < TAKEOVER_TIMEOUT_S:
-        if {p: owner for p, (owner, _) in _owners(cluster, members[0]).items()} == preferred:
-            return time.monotonic() - started
-        time.sleep(0.1)
-    raise AssertionError(f"not placed on {members} within {TAKEOVER_TIMEOUT_S} s: {_owners(cluster, members[0])}")
+    rows = json.loads(shown.stdout)
+    assert {row["partition"]: row["owner"] for row in rows} == preferred, shown.stdout
+    assert all(row["preferred"] == row["owner"] and row["epoch"] >= 1 for row in rows), shown.stdout
+    return took_s
 
 
 @pytest.mark.parametrize("storage", ["emulator"], indirect=True)
