@@ -11,12 +11,16 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.cluster.harness import Cluster, keys_on, running_cluster
 from tests.cluster.test_bank import ACCOUNT_COUNT, BALANCE_START, CLIENT_COUNT, Tally, _accounts, _client_loop, _settle
+from tests.conftest import Services
+from tests.storage import servers
+from tests.worker import free_port
 
 HTTP_TIMEOUT_S = 10.0
 # A deposit conflicts with the other (NO_WAIT locks) and is retried; far more than two need.
@@ -266,3 +270,24 @@ def test_scale_from_three_nodes_to_four_and_back_under_the_bank_workload(storage
         assert total == ACCOUNT_COUNT * BALANCE_START, f"money was created or lost: {balances}"
         missing = [marker for marker, value in markers.items() if value != "done"]
         assert not missing, f"acknowledged transfers are not visible: {missing}"
+
+
+def test_a_node_started_while_its_storage_is_down_waits_for_it(services: Services, tmp_path: Path) -> None:
+    """A node (re)started inside a storage outage keeps trying, and serves once storage is back,
+    instead of exiting at the first refused connection."""
+    port = free_port()
+    storage = {"backend": "redis", "redis_url": f"redis://127.0.0.1:{port}/0", "timeout_ms_call": "1000"}
+    with running_cluster("cornus", storage, node_count=1, partition_count=2) as cluster:
+        cluster.start("n0", wait=False)
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while "storage is unreachable at start" not in cluster.log("n0"):
+            assert cluster.nodes["n0"].alive, cluster.log("n0")
+            assert time.monotonic() < deadline, cluster.log("n0")
+            time.sleep(0.05)
+        server = servers.start_redis(services, tmp_path, port=port)
+        try:
+            cluster.wait_ready("n0")
+            response = cluster.execute("n0", [{"op": "put", "key": "k", "value": "v"}])
+            assert response.status_code == 200, response.text
+        finally:
+            server.kill()

@@ -55,8 +55,8 @@ class ServerProcess:
             os.unlink(self._log.name)
 
 
-def start_redis(services: Services, directory: Path) -> ServerProcess:
-    port = free_port()
+def start_redis(services: Services, directory: Path, port: int | None = None) -> ServerProcess:
+    port = port or free_port()
     argv = [services.get("CORNUS_REDIS_SERVER_BIN"), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
             "--appendonly", "no", "--dir", str(directory)]
     return ServerProcess(argv, port)
