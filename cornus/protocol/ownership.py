@@ -33,7 +33,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from storage_adapters.contract import Ownership, OwnerWriteResult
+from cornus.protocol.effects import ApplyRedo, DeleteRecord, Log, LogOnce, StorageCall
+from storage_adapters.contract import LogKind, Ownership, OwnerWriteResult
 
 # The owner of ownership's calls, for logs and counters; '~' names no partition or node.
 OWNERSHIP = "~ownership"
@@ -72,6 +73,19 @@ class LostReason(enum.StrEnum):
     FENCED = "fenced"  # storage refused a write of ours
     RELEASED = "released"  # we handed it over
     SHUTDOWN = "shutdown"
+
+
+def fenced_partition(call: StorageCall) -> str | None:
+    """The partition whose owner's fence a storage call must carry: a write by a partition's host
+    to its own log or data. Writes to other partitions' logs (termination's LogOnce(ABORT)) and to
+    coordinator logs are the protocol's, and anyone may make them."""
+    if isinstance(call, ApplyRedo):
+        assert call.owner == call.partition, f"{call.owner} applies to {call.partition}"
+        return call.partition
+    own_log = call.log.kind is LogKind.PARTITION and call.log.name == call.owner
+    if isinstance(call, LogOnce | Log | DeleteRecord) and own_log:
+        return call.owner
+    return None
 
 
 # --- effects ----------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from cornus.protocol.effects import (
     Timer,
 )
 from cornus.protocol.events import Event, LogReturned, StorageUnreachable, TimerFired, answer
+from cornus.protocol.ownership import fenced_partition
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.timing import TimingLog
@@ -161,7 +162,7 @@ class EffectRunner:
 
     # -- storage ---------------------------------------------------------------------------------
     async def _call(self, call: StorageCall) -> None:
-        partition = _fenced_partition(call)
+        partition = fenced_partition(call)
         fence = None
         if partition is not None:
             fence = self.fence_of(partition)
@@ -293,19 +294,6 @@ class EffectRunner:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-
-
-def _fenced_partition(call: StorageCall) -> str | None:
-    """The partition whose owner's fence a call must carry: a write by a partition's host to its
-    own log or data. Writes to other partitions' logs (termination's LogOnce(ABORT)) and to
-    coordinator logs are the protocol's, and anyone may make them."""
-    if isinstance(call, ApplyRedo):
-        assert call.owner == call.partition, f"{call.owner} applies to {call.partition}"
-        return call.partition
-    own_log = call.log.kind is LogKind.PARTITION and call.log.name == call.owner
-    if isinstance(call, LogOnce | Log | DeleteRecord) and own_log:
-        return call.owner
-    return None
 
 
 def _is_vote_write(call: Effect) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from cornus.protocol.effects import ApplyRedo, DeleteRecord, Log, LogOnce, ReadRecord
 from cornus.protocol.ownership import (
     Acquired,
     Drain,
@@ -13,9 +14,10 @@ from cornus.protocol.ownership import (
     OwnershipMachine,
     ReadOwners,
     WriteOwner,
+    fenced_partition,
 )
 from cornus.sim import ownership_world
-from storage_adapters.contract import Ownership, OwnerWriteResult
+from storage_adapters.contract import LogId, Ownership, OwnerWriteResult, RecordBody, TxnState
 
 CONFIG = ownership_world.CONFIG
 
@@ -132,3 +134,15 @@ def test_ownership_world_finds_a_broken_rule(broken: str, monkeypatch: pytest.Mo
         monkeypatch.setattr(OwnershipMachine, "owner_written", from_answer)
     ran, totals = ownership_world.explore(2000, seed=7)
     assert totals["violations"] == 1, f"{broken}: not found in {ran} schedules"
+
+
+def test_only_a_partition_host_s_writes_to_its_own_log_and_data_carry_its_fence() -> None:
+    body = RecordBody(("p0", "p1"), "n0", b"")
+    assert fenced_partition(LogOnce("p0", LogId.partition("p0"), "t", TxnState.VOTE_YES, body)) == "p0"
+    assert fenced_partition(Log("p0", LogId.partition("p0"), "t", TxnState.COMMIT)) == "p0"
+    assert fenced_partition(DeleteRecord("p0", LogId.partition("p0"), "t")) == "p0"
+    assert fenced_partition(ApplyRedo("p0", "p0", "t", b"")) == "p0"
+    # Termination's LogOnce(ABORT) on another partition's log, and coordinator-log writes: anyone's.
+    assert fenced_partition(LogOnce("p0", LogId.partition("p1"), "t", TxnState.ABORT, body)) is None
+    assert fenced_partition(Log("n0", LogId.coordinator("n0"), "t", TxnState.COMMIT)) is None
+    assert fenced_partition(ReadRecord("p0", LogId.partition("p0"), "t")) is None
