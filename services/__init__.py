@@ -1,1 +1,1 @@
-"""Front ends and composition: the node-to-node gRPC transport, the public APIs, the CLI."""
+"""Front ends and composition: the node-to-node transport, the public APIs, the CLI."""

@@ -396,7 +396,7 @@ def _print_cluster(nodes: Sequence[ClusterNode], args: argparse.Namespace, db_pa
                      ",".join(node.config.preferred_partitions), "yes", str(node.process.pid)])
     print(f"Cornus cluster up: {len(nodes)} nodes, {args.partitions} partitions, protocol {args.protocol}, "
           f"emulator storage {db_path}")
-    print(format_table(["NODE", "REST URL", "PUBLIC gRPC", "PEER gRPC", "PARTITIONS", "READY", "PID"], rows))
+    print(format_table(["NODE", "REST URL", "PUBLIC gRPC", "PEER TCP", "PARTITIONS", "READY", "PID"], rows))
     print(f"logs: {db_path.parent}/<node>.log")
     print(f"try:  cornus txn --url {nodes[0].url} put:greeting=hello get:greeting")
     print("Ctrl-C or SIGTERM stops the cluster.", flush=True)
@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run one node")
     serve.add_argument("--config", help="TOML config file (see cornus/runtime/config.py)")
     serve.add_argument("--node-id", help="this node's id, e.g. n0")
-    serve.add_argument("--listen", help="node-to-node gRPC address host:port (default: this node's peers entry)")
+    serve.add_argument("--listen", help="peer transport address host:port (default: this node's peers entry)")
     serve.add_argument("--api-listen", help="REST API address host:port")
     serve.add_argument("--grpc-api-listen", help="public gRPC API address host:port (off when unset)")
     serve.add_argument("--peers", help="every node: n0=host:port,n1=host:port")
@@ -538,7 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--protocol", choices=protocols, default=Protocol.CORNUS.value,
                     help="the default of transactions naming none (default cornus)")
     up.add_argument("--base-port", type=int,
-                    help="node i serves REST on BASE+i and peer gRPC on BASE+NODES+i (default: free ports)")
+                    help="node i serves REST on BASE+i and the peer transport on BASE+NODES+i (default: free ports)")
     up.add_argument("--data-dir", help="directory of the emulator file and node logs (default: a temporary "
                                        "directory, removed on a clean stop)")
     up.add_argument("--timeout-s-ready", type=float, default=CLUSTER_TIMEOUT_S_READY,

@@ -6,23 +6,32 @@ has its answer).
 
 Every transaction touches `--partitions-per-txn` partitions and writes to each of them; its
 operations alternate puts and gets over keys drawn uniformly from 2,000 per partition, so conflicts
-exist but are rare (NO_WAIT aborts them; the abort count is printed).
+exist but are rare (NO_WAIT aborts them; the abort count is printed). Every key is written once
+before the clock starts (a YCSB-style load phase), so the owners serve reads from memory as the
+paper's nodes do; the cache hit ratio printed says whether they did.
+
+Beside throughput and latency it prints, per committed transaction of the measured window, the CPU
+time of the node processes and of the load generator (each process's own CPU clock), the storage
+calls by kind and the messages that crossed a socket between nodes (from the nodes' /metrics).
 """
 
 from __future__ import annotations
 
-import random
+import asyncio
+import collections
+import os
 import statistics
 import tempfile
-import threading
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 from cornus.protocol.config import Protocol
-from cornus.runtime.keys import partition_of
+from services.bench_load import keys_by_partition, load_keys, run_clients
 from services.local_cluster import (
     ClusterNode,
     StopSignals,
@@ -34,14 +43,14 @@ from services.local_cluster import (
 from storage_adapters.errors import ValidationError
 from storage_adapters.factory import StoreConfig
 
+T = TypeVar("T")
+
 SECONDS_MAX = 3600
 CLIENTS_MAX = 256
 OPS_PER_TXN_MAX = 64
 HTTP_TIMEOUT_S = 15.0
 READY_TIMEOUT_S = 60.0
-# Keys per partition the generator picks from: enough that concurrent clients rarely collide.
-KEYS_PER_PARTITION = 2_000
-VALUE_BYTES = 100
+_CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass
@@ -54,66 +63,95 @@ class ProtocolResult:
     wall_s: float = 0.0
     breakdown: dict[str, float] = field(default_factory=dict)
     termination: dict[str, float] = field(default_factory=dict)
+    # Per committed transaction, over the measured window (the load phase excluded):
+    node_cpu_ms: float | None = None  # the node processes' own CPU time (None: not on Linux)
+    client_cpu_ms: float = 0.0  # this process, the load generator
+    storage_calls: dict[str, float] = field(default_factory=dict)  # by LogStore call
+    peer_messages: float = 0.0  # messages and responses that crossed a socket between nodes
+    cache_hit_ratio: float | None = None  # reads the owners served from memory
+    keys_loaded: int = 0
+    # Unfinished transactions an earlier run left in this storage, which the nodes recovered at
+    # start: their clean-up (garbage collection) then runs inside the measured window.
+    recovered_at_start: int = 0
 
 
-def keys_by_partition(partition_count: int) -> dict[str, list[str]]:
-    """A pool of keys per partition, so a transaction can aim at the partitions it wants."""
-    pools: dict[str, list[str]] = {f"p{i}": [] for i in range(partition_count)}
-    index = 0
-    while min(len(pool) for pool in pools.values()) < KEYS_PER_PARTITION:
-        key = f"k{index}"
-        pools[partition_of(key, partition_count)].append(key)
-        index += 1
-    return pools
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds `pid` has used, from /proc (None where there is no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces; the fields after its closing parenthesis do not.
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS_PER_S
 
 
-def _transaction(rng: random.Random, pools: dict[str, list[str]], partitions_per_txn: int,
-                 ops_per_txn: int) -> list[dict[str, str]]:
-    """Ops spread round-robin over the chosen partitions; each partition's first op is a put, so
-    every touched partition is a participant (a distributed commit), then gets and puts alternate."""
-    partitions = rng.sample(sorted(pools), partitions_per_txn)
-    ops: list[dict[str, str]] = []
-    for index in range(max(ops_per_txn, partitions_per_txn)):
-        key = rng.choice(pools[partitions[index % partitions_per_txn]])
-        if (index // partitions_per_txn) % 2 == 0:
-            ops.append({"op": "put", "key": key, "value": "x" * VALUE_BYTES})
-        else:
-            ops.append({"op": "get", "key": key})
-    return ops
+def scrape_counts(http: httpx.Client, nodes: list[ClusterNode]) -> collections.Counter[str]:
+    """The work counters of every node summed over the cluster: storage calls by kind, transport
+    messages, cache hits and misses (read from each node's /metrics)."""
+    totals: collections.Counter[str] = collections.Counter()
+    for node in nodes:
+        for line in http.get(f"{node.url}/metrics").text.splitlines():
+            if line.startswith("#"):
+                continue
+            series, _, value = line.rpartition(" ")
+            if series.startswith("cornus_storage_call_seconds_count{"):
+                totals["storage:" + _label(series, "call")] += int(float(value))
+            elif series.startswith("cornus_transport_events_total{"):
+                totals["transport:" + _label(series, "event")] += int(float(value))
+            elif series.startswith("cornus_node_events_total{"):
+                totals["node:" + _label(series, "event")] += int(float(value))
+    return totals
 
 
-def _run_clients(nodes: list[ClusterNode], seconds: float, clients: int, *, partitions_per_txn: int,
-                 ops_per_txn: int, partition_count: int, result: ProtocolResult) -> None:
+def _label(series: str, name: str) -> str:
+    start = series.index(f'{name}="') + len(name) + 2
+    return series[start:series.index('"', start)]
+
+
+def _address(node: ClusterNode) -> tuple[str, int]:
+    return "127.0.0.1", node.api_port
+
+
+def _measure(nodes: list[ClusterNode], seconds: float, clients: int, *, partitions_per_txn: int,
+             ops_per_txn: int, partition_count: int, result: ProtocolResult) -> None:
+    """Load the keys, then run the clients for `seconds`, and charge the nodes' and the
+    generator's CPU and the nodes' work counters of that window to its committed transactions."""
     pools = keys_by_partition(partition_count)
-    lock = threading.Lock()
-    stop_at = time.monotonic() + seconds
+    addresses = [_address(node) for node in nodes]
+    result.keys_loaded = _run_async(load_keys(addresses, pools))
+    with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
+        counts_before = scrape_counts(http, nodes)
+        node_cpu_before = [process_cpu_s(node.process.pid) for node in nodes if node.process is not None]
+        client_cpu_before = time.process_time()
+        load = _run_async(run_clients(addresses, pools, seconds=seconds, clients=clients,
+                                      partitions_per_txn=partitions_per_txn, ops_per_txn=ops_per_txn))
+        client_cpu_s = time.process_time() - client_cpu_before
+        node_cpu_after = [process_cpu_s(node.process.pid) for node in nodes if node.process is not None]
+        counts = scrape_counts(http, nodes)
+    result.recovered_at_start = counts_before["node:recovered"]
+    counts.subtract(counts_before)
+    result.committed, result.aborted, result.other = load.committed, load.aborted, load.other
+    result.latencies_ms, result.wall_s = load.latencies_ms, load.wall_s
+    committed = max(load.committed, 1)
+    result.client_cpu_ms = 1000 * client_cpu_s / committed
+    pairs = list(zip(node_cpu_before, node_cpu_after, strict=True))
+    if all(before is not None and after is not None for before, after in pairs):
+        result.node_cpu_ms = 1000 * sum(after - before for before, after in pairs) / committed  # type: ignore[operator]
+    result.storage_calls = {name.removeprefix("storage:"): count / committed
+                            for name, count in sorted(counts.items()) if name.startswith("storage:") and count}
+    result.peer_messages = counts["transport:messages_sent"] / committed
+    hits, misses = counts["node:cache_hits"], counts["node:cache_misses"]
+    result.cache_hit_ratio = hits / (hits + misses) if hits + misses else None
 
-    def client(index: int) -> None:
-        rng = random.Random(index)
-        with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
-            while time.monotonic() < stop_at:
-                node = nodes[rng.randrange(len(nodes))]
-                ops = _transaction(rng, pools, partitions_per_txn, ops_per_txn)
-                started = time.perf_counter()
-                response = http.post(f"{node.url}/v1/execute", json={"ops": ops})
-                elapsed_ms = (time.perf_counter() - started) * 1000
-                outcome = response.json().get("outcome") if response.status_code in (200, 409, 202, 503) else None
-                with lock:
-                    if outcome == "committed":
-                        result.committed += 1
-                        result.latencies_ms.append(elapsed_ms)
-                    elif outcome == "aborted":
-                        result.aborted += 1
-                    else:
-                        result.other += 1
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    started = time.monotonic()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(seconds + 2 * HTTP_TIMEOUT_S)
-    result.wall_s = time.monotonic() - started
+def _run_async(coroutine: Coroutine[object, object, T]) -> T:
+    """On uvloop when installed: the generator's own cost per request is then lowest."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
 
 
 def _merge_breakdowns(nodes: list[ClusterNode], protocol: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -170,8 +208,8 @@ def run_bench(
                 if not wait_cluster_ready(members, stop, READY_TIMEOUT_S):
                     raise RuntimeError(f"the {protocol} cluster did not start")
                 result = ProtocolResult(protocol.value)
-                _run_clients(members, seconds, clients, partitions_per_txn=partitions_per_txn,
-                             ops_per_txn=ops_per_txn, partition_count=partitions, result=result)
+                _measure(members, seconds, clients, partitions_per_txn=partitions_per_txn,
+                         ops_per_txn=ops_per_txn, partition_count=partitions, result=result)
                 result.breakdown, result.termination = _merge_breakdowns(members, protocol.value)
                 results.append(result)
             finally:
@@ -196,18 +234,47 @@ def namespace_argv(storage: StoreConfig, protocol: Protocol, data: Path) -> list
     return ["--dynamodb-table", f"{storage.dynamodb_table}-{protocol.value}"]
 
 
+def _p50(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
 def format_results(results: list[ProtocolResult]) -> str:
     header = (f"{'protocol':<16} {'commits/s':>9} {'aborts':>6} {'p50 ms':>7} {'p99 ms':>7} | "
               f"{'node p50: execution':>19} {'prepare':>7} {'commit':>7} {'total':>7}")
     lines = [header]
     for r in results:
         latencies = sorted(r.latencies_ms)
-        p50 = statistics.median(latencies) if latencies else 0.0
         p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else 0.0
         b = r.breakdown
         lines.append(
-            f"{r.protocol:<16} {r.committed / r.wall_s if r.wall_s else 0:>9.0f} {r.aborted:>6} {p50:>7.2f} "
-            f"{p99:>7.2f} | {b.get('execution_p50', 0):>19.2f} {b.get('prepare_p50', 0):>7.2f} "
-            f"{b.get('commit_p50', 0):>7.2f} {b.get('total_p50', 0):>7.2f}"
+            f"{r.protocol:<16} {r.committed / r.wall_s if r.wall_s else 0:>9.0f} {r.aborted:>6} "
+            f"{_p50(latencies):>7.2f} {p99:>7.2f} | {b.get('execution_p50', 0):>19.2f} "
+            f"{b.get('prepare_p50', 0):>7.2f} {b.get('commit_p50', 0):>7.2f} {b.get('total_p50', 0):>7.2f}"
         )
+    lines += ["", "per committed transaction (measured window; the nodes' and this generator's own CPU time):",
+              f"{'protocol':<16} {'node CPU ms':>11} {'client CPU ms':>13} {'storage calls':>13} "
+              f"{'peer msgs':>9} {'cache hits':>10}"]
+    for r in results:
+        node_cpu = f"{r.node_cpu_ms:.2f}" if r.node_cpu_ms is not None else "n/a"
+        hits = f"{100 * r.cache_hit_ratio:.1f}%" if r.cache_hit_ratio is not None else "n/a"
+        lines.append(f"{r.protocol:<16} {node_cpu:>11} {r.client_cpu_ms:>13.2f} {sum(r.storage_calls.values()):>13.2f} "
+                     f"{r.peer_messages:>9.2f} {hits:>10}")
+    for r in results:
+        calls = ", ".join(f"{call} {count:.2f}" for call, count in r.storage_calls.items())
+        lines.append(f"  storage calls of {r.protocol}: {calls or 'none'} ({r.keys_loaded} keys loaded first)")
+    for r in results:
+        if r.recovered_at_start:
+            lines.append(f"  note: the {r.protocol} nodes recovered {r.recovered_at_start} unfinished transactions "
+                         "that an earlier run left in this storage; their clean-up ran during the measurement "
+                         "(start from empty storage for clean figures)")
+    by_name = {r.protocol: r for r in results}
+    cornus, two_pc = by_name.get(Protocol.CORNUS.value), by_name.get(Protocol.TWO_PC.value)
+    if cornus and two_pc and _p50(cornus.latencies_ms) and cornus.breakdown.get("total_p50"):
+        commit_path = {name: r.breakdown.get("prepare_p50", 0) + r.breakdown.get("commit_p50", 0)
+                       for name, r in by_name.items()}
+        lines.append(
+            f"2PC/Cornus: client p50 {_p50(two_pc.latencies_ms) / _p50(cornus.latencies_ms):.2f}x, "
+            f"node total p50 {two_pc.breakdown.get('total_p50', 0) / cornus.breakdown['total_p50']:.2f}x, "
+            f"commit path (prepare + commit) p50 "
+            f"{commit_path[two_pc.protocol] / max(commit_path[cornus.protocol], 1e-9):.2f}x")
     return "\n".join(lines)

@@ -75,8 +75,8 @@ class ClusterNode:
 
 
 def cluster_ports(node_count: int, base_port: int | None) -> list[tuple[int, int, int]]:
-    """(REST port, peer gRPC port, public gRPC port) per node: with a base port, REST on base+i,
-    peer gRPC on base+nodes+i and public gRPC on base+2*nodes+i; else ports the kernel picks."""
+    """(REST port, peer port, public gRPC port) per node: with a base port, REST on base+i,
+    peers on base+nodes+i and public gRPC on base+2*nodes+i; else ports the kernel picks."""
     if base_port is None:
         sockets: list[socket.socket] = []
         try:

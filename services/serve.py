@@ -1,4 +1,4 @@
-"""`cornus serve`: one node process. It opens the configured storage, joins its peers over gRPC,
+"""`cornus serve`: one node process. It opens the configured storage, joins its peers over TCP,
 recovers its partitions, and serves the REST API (and the public gRPC API when `grpc_api_listen` is
 set), until SIGTERM or SIGINT ends it cleanly.
 """
@@ -19,7 +19,7 @@ from cornus.runtime.node import Node
 from services.api.logs import configure_json_logging, level_from_env
 from services.api.metrics import InstrumentedStore, Metrics
 from services.api.rest import build_app
-from services.node_rpc.transport import GrpcTransport
+from services.node_rpc.transport import PeerTransport
 from storage_adapters.contract import LogStore
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
@@ -59,7 +59,7 @@ async def serve(config: NodeConfig) -> None:
     # Wrapped before the Node gets it, so every storage call of the node is measured.
     metrics = Metrics()
     store = InstrumentedStore(await open_store_patiently(config.storage), metrics)
-    transport = GrpcTransport(config.node_id, config.listen, config.peers)
+    transport = PeerTransport(config.node_id, config.listen, config.peers)
     node = Node(config, store, transport, failpoints)
     host, port = config.api_listen.rsplit(":", 1)
     server = uvicorn.Server(

@@ -2,7 +2,7 @@
 then command-line flags (each overriding the one before), and checked before anything starts.
 
     node_id = "n0"
-    listen = "127.0.0.1:7100"          # node-to-node gRPC
+    listen = "127.0.0.1:7100"          # node-to-node transport (TCP)
     api_listen = "127.0.0.1:8100"      # public REST API
     grpc_api_listen = "127.0.0.1:9100" # public gRPC API (optional)
     protocol = "cornus"                # default per transaction: cornus | 2pc | coordinator-log

@@ -183,7 +183,8 @@ class Node:
         partition = ownership.partition
         limits = self.config.limits
         self.partitions[partition] = PartitionRuntime(
-            partition, self.store, self.lock_policy, limits.timeout_ms_lock_wait, limits.op_count_max
+            partition, self.store, self.lock_policy, limits.timeout_ms_lock_wait, limits.op_count_max,
+            counters=self.counters,
         )
         self.runner.run(self.core.add_partition(partition))
 

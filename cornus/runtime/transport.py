@@ -1,6 +1,6 @@
 """How a node reaches its peers: the interface the runtime drives, whatever carries the bytes.
 
-`services/node_rpc` implements it over gRPC (one long-lived bidirectional stream per peer pair);
+`services/node_rpc` implements it over TCP (one long-lived connection per peer and direction);
 tests may implement it in memory. Protocol messages are one-way and may be lost (the protocol's
 timers recover); requests get exactly one response or `PeerUnavailable` within their deadline.
 A node addressing itself is served in-process (no socket), asynchronously, like any peer.
@@ -47,3 +47,8 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop serving and drop connections."""
+
+    def counts(self) -> dict[str, int]:
+        """Monotonic counts of what went through (frames and messages each way); metrics read them.
+        A transport that counts nothing reports nothing."""
+        return {}

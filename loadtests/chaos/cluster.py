@@ -3,8 +3,8 @@ services.local_cluster) whose links run through Toxiproxy.
 
 Links. Node i's peers list names, for every other node j, the listen port of proxy `ni-nj`, whose
 upstream is j's real peer port; its own entry is its real listen address (cornus/runtime/config.py:
-the own entry is only the default of `listen`, and the gRPC transport serves it in process; the
-harness passes --listen explicitly too). A node opens one outbound stream per peer and gets its
+the own entry is only the default of `listen`, and the peer transport serves it in process; the
+harness passes --listen explicitly too). A node opens one outbound connection per peer and gets its
 answers back on it, so proxy `ni-nj` carries i's messages to j and j's answers to i's requests;
 j's own messages to i go over `nj-ni`. With Redis, node i's storage URL points at proxy
 `ni-storage`. The emulator is a SQLite file each node opens itself: there is no storage link to

@@ -9,7 +9,10 @@
 - `cornus_storage_call_seconds{backend,call}` and `cornus_storage_errors_total{backend,call,error}`:
   every LogStore call, measured by `InstrumentedStore`, which serve.py wraps around the store before
   the Node gets it, so protocol, recovery and data calls are all seen.
-- `cornus_node_events_total{event}`: the Node's own counters (storage_unavailable, recovered, ...).
+- `cornus_node_events_total{event}`: the Node's own counters (storage_unavailable, recovered,
+  cache_hits, cache_misses, ...).
+- `cornus_transport_events_total{event}`: frames and messages sent to and received from peers, and
+  those a node addressed to itself (served in-process); `cornus bench` divides them by commits.
 
 Each app gets its own CollectorRegistry: the global one would make a second app in one process (a
 test) fail with duplicate series.
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
@@ -97,7 +100,10 @@ class Metrics:
         self.in_doubt.set_function(node.in_doubt_count)
         self.applying.set_function(node.core.applying_count)
         self.ready.set_function(lambda: 1.0 if node.ready else 0.0)
-        self.registry.register(_NodeCounters(node.counters))
+        self.registry.register(_EventCounters("cornus_node_events", "The node runtime's event counters",
+                                              lambda: node.counters))
+        self.registry.register(_EventCounters("cornus_transport_events", "Frames and messages between the nodes",
+                                              node.transport.counts))
 
     def observe_outcome(self, protocol: str, outcome: Outcome) -> None:
         self.txn_outcomes.labels(protocol, outcome.status.value).inc()
@@ -109,19 +115,23 @@ class Metrics:
             self.txn_phase_seconds.labels(protocol, phase).observe(elapsed_ms / 1000)
 
 
-class _NodeCounters(Collector):
-    def __init__(self, counters: Mapping[str, int]) -> None:
-        self.counters = counters
+class _EventCounters(Collector):
+    """A family of counters labelled by event, read from `read()` at scrape time."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], Mapping[str, int]]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.read = read
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily("cornus_node_events", "The node runtime's event counters", labels=["event"])
-        for event, count in sorted(self.counters.items()):
+        family = CounterMetricFamily(self.name, self.documentation, labels=["event"])
+        for event, count in sorted(self.read().items()):
             family.add_metric([event], count)
         yield family
 
     def describe(self) -> Iterator[CounterMetricFamily]:
         # Registration must not read the live counters (auto_describe would call collect()).
-        yield CounterMetricFamily("cornus_node_events", "The node runtime's event counters", labels=["event"])
+        yield CounterMetricFamily(self.name, self.documentation, labels=["event"])
 
 
 class InstrumentedStore(LogStore):

@@ -1,4 +1,4 @@
-"""Node-to-node transport over gRPC: `node.proto`, its codec and `GrpcTransport`.
+"""Node-to-node transport: `node.proto` (the wire format), its codec and `PeerTransport` (plain TCP).
 
 Importing the package builds the generated protobuf code when it is missing or stale (see
 `codegen`), so a fresh clone needs no separate build step.

@@ -1,9 +1,8 @@
-"""Micro-benchmark of GrpcTransport: `python -m services.node_rpc.bench [--seconds S]`.
+"""Micro-benchmark of PeerTransport: `python -m services.node_rpc.bench [--seconds S]`.
 
 Starts an echo node in a child process and, from this process, measures request/response round
-trips of 100-byte payloads over the node stream: latency at 1 in flight, throughput at 16 and 256
-in flight, and a unary Status call for comparison with DESIGN 5's figures. Prints figures; it
-asserts nothing about speed.
+trips of 100-byte payloads over the node connection: latency at 1 in flight and throughput at 16
+and 256 in flight. Prints figures; it asserts nothing about speed.
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from cornus.protocol.messages import Message
 from cornus.runtime.wire import (
     ExecuteRequest,
@@ -35,9 +32,7 @@ from cornus.runtime.wire import (
     StatusRequest,
     StatusResponse,
 )
-from services.node_rpc._generated import node_pb2 as pb
-from services.node_rpc._generated import node_pb2_grpc
-from services.node_rpc.transport import GrpcTransport
+from services.node_rpc.transport import PeerTransport
 
 PAYLOAD_BYTES = 100
 LATENCY_WARMUP_COUNT = 1_000
@@ -71,7 +66,7 @@ def _run(main: Callable[[], Coroutine[Any, Any, None]]) -> str:
 
 
 async def _serve(port: int, client_port: int) -> None:
-    transport = GrpcTransport("server", f"127.0.0.1:{port}", {"client": f"127.0.0.1:{client_port}"})
+    transport = PeerTransport("server", f"127.0.0.1:{port}", {"client": f"127.0.0.1:{client_port}"})
     await transport.start(EchoHandler())
     print("READY", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
@@ -83,7 +78,7 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
 
 
 async def _measure(port: int, client_port: int, seconds: float) -> None:
-    transport = GrpcTransport("client", f"127.0.0.1:{client_port}", {"server": f"127.0.0.1:{port}"})
+    transport = PeerTransport("client", f"127.0.0.1:{client_port}", {"server": f"127.0.0.1:{port}"})
     await transport.start(EchoHandler())
     try:
         assert await transport.wait_connected("server", CONNECT_TIMEOUT_MS), "server did not come up"
@@ -124,20 +119,6 @@ async def _measure(port: int, client_port: int, seconds: float) -> None:
                 f"{counters.item_sent_count / max(1, counters.frame_sent_count):.1f} items/frame so far"
             )
 
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = node_pb2_grpc.NodePeerStub(channel)
-            for _ in range(LATENCY_WARMUP_COUNT):
-                await stub.Status(pb.StatusRequest())
-            unary_ms: list[float] = []
-            for _ in range(LATENCY_SAMPLE_COUNT // 2):
-                started = time.perf_counter()
-                await stub.Status(pb.StatusRequest())
-                unary_ms.append((time.perf_counter() - started) * 1000)
-            unary_ms.sort()
-            print(
-                f"unary Status, 1 in flight (for comparison): p50 {_percentile(unary_ms, 0.5):.3f} ms, "
-                f"p99 {_percentile(unary_ms, 0.99):.3f} ms"
-            )
         assert transport.drop_count == 0
     finally:
         await transport.close()

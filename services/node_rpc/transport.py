@@ -1,32 +1,45 @@
-"""`GrpcTransport`: the runtime's `Transport` over gRPC (grpc.aio), one long-lived stream per peer.
+"""`PeerTransport`: the runtime's `Transport` over plain TCP, one long-lived connection per peer
+and direction, carrying length-prefixed `PeerFrame`s (node.proto).
 
-Why streams: a unary call costs about twice the latency of a frame on an open stream and caps
-a node at a few thousand calls/s (DESIGN 5). So each node opens ONE outbound bidirectional
-stream to each peer and sends every one-way message and request on it; the peer sends the
-responses back on that same stream. Traffic from B to A uses B's own outbound stream, so each
-direction of a pair has exactly one stream, and ownership of reconnection is never shared.
+Why not gRPC: nodes used grpc.aio streams until a profile of a node under load (docs/performance.md)
+showed gRPC's stream writes and its poller thread taking about 40% of a node's CPU, for about
+eight messages per transaction. A frame on a plain connection costs one protobuf encode and one
+socket write, so the same messages now cost a few percent.
 
-Why frames: everything queued for a peer during one event-loop tick goes out as one `PeerFrame`,
-which amortises gRPC's per-message cost over many protocol messages.
+Why one connection per direction: each node opens ONE outbound connection to each peer and sends
+every one-way message and request on it; the peer sends the responses back on that same
+connection. Traffic from B to A uses B's own outbound connection, so each direction of a pair has
+exactly one connection, and ownership of reconnection is never shared.
+
+Why frames: everything queued for a peer during one event-loop tick goes out as one frame (the
+first message of a tick schedules the flush), in one write, which amortises the per-write cost over
+many protocol messages.
+
+Wire: a frame is a 4-byte big-endian length, then that many bytes of an encoded `PeerFrame`. The
+connecting side sends a hello (a frame naming only its `sender`), the accepting side answers with
+its own hello; then the connecting side sends messages and requests and the accepting side
+answers with responses. An empty frame (length 0) is a heartbeat: each side writes one when it
+has been quiet for half of `keepalive_interval_ms`, and ends a connection it has heard nothing
+on for `keepalive_interval_ms + keepalive_timeout_ms`: a killed VM sends no RST.
 
 Failure model: the protocol tolerates lost messages and has its own timers, so the transport
 never retries a message. A link is CONNECTING (first attempt: sends queue, bounded), UP, or DOWN
-(sends drop and are counted, requests fail fast). A broken stream fails its pending requests at
-once and reconnects with capped exponential backoff and jitter. Every queue, frame, message and
+(sends drop and are counted, requests fail fast). A broken connection fails its pending requests
+at once and reconnects with capped exponential backoff and jitter. Every queue, frame, message and
 in-flight set is bounded by `TransportLimits`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import random
+import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-
-import grpc
 
 from cornus.protocol.messages import Message
 from cornus.runtime.transport import InboundHandler, PeerUnavailable, Transport
@@ -45,18 +58,10 @@ from storage_adapters.contract import NODE_ID_LENGTH_MAX, validate_id
 
 logger = logging.getLogger(__name__)
 
-SERVICE_NAME = "cornus.node.v1.NodePeer"
-_STREAM_METHOD = f"/{SERVICE_NAME}/Stream"
-_SERVICE = pb.DESCRIPTOR.services_by_name["NodePeer"]
-# The handlers are registered by name rather than through the generated servicer (to control
-# serialization, see _write_loop); fail at import if the .proto and these names drift apart.
-assert _SERVICE.full_name == SERVICE_NAME
-assert set(_SERVICE.methods_by_name) == {"Stream", "Status"}
-
 PEER_COUNT_MAX = 1024
 PORT_MAX = 65535
-# The unary Status call's metadata key naming the caller, for handlers that care who probes.
-STATUS_SENDER_METADATA_KEY = "cornus-sender"
+_LENGTH_BYTES = 4
+_HEARTBEAT = bytes(_LENGTH_BYTES)  # an empty frame
 
 _REQUEST_TO_RESPONSE: dict[type, type] = {ExecuteRequest: ExecuteResponse, StatusRequest: StatusResponse}
 
@@ -69,9 +74,12 @@ class TransportLimits:
     send_queue_count_max: int = 8192
     # Envelopes per PeerFrame; larger frames from a peer end its stream as malformed.
     frame_item_count_max: int = 512
-    # gRPC max send/receive message length: a frame never exceeds it (frames split to fit), and
-    # a single envelope over it is refused.
+    # A frame never exceeds it (frames split to fit), a single envelope over it is refused, and a
+    # peer announcing a longer frame is cut off as malformed.
     message_bytes_max: int = 16 * 1024 * 1024
+    # Bytes a connection may hold in its socket buffer before it stops flushing (backpressure);
+    # what waits meanwhile stays in the bounded send queue.
+    write_buffer_bytes_max: int = 4 * 1024 * 1024
     # Requests awaiting a response, per peer, and requests being served, per inbound stream.
     request_inflight_count_max: int = 4096
     request_timeout_ms_max: int = 300_000
@@ -79,8 +87,8 @@ class TransportLimits:
     connect_timeout_ms: int = 2_000
     reconnect_backoff_ms_min: int = 20
     reconnect_backoff_ms_max: int = 2_000
-    # HTTP/2 pings: a peer that stops answering is declared dead after about interval + timeout,
-    # even when no traffic flows (a killed VM sends no RST).
+    # Heartbeats: a peer that stops sending is declared dead after about interval + timeout, even
+    # when no traffic flows (a killed VM sends no RST).
     keepalive_interval_ms: int = 5_000
     keepalive_timeout_ms: int = 5_000
     status_timeout_ms: int = 5_000
@@ -89,12 +97,13 @@ class TransportLimits:
     def __post_init__(self) -> None:
         assert 1 <= self.send_queue_count_max <= 1_000_000
         assert 1 <= self.frame_item_count_max <= 65_536
-        assert 1024 <= self.message_bytes_max <= 1024 * 1024 * 1024
+        assert 1024 <= self.message_bytes_max < 2 ** (8 * _LENGTH_BYTES)
+        assert self.write_buffer_bytes_max >= 1024
         assert 1 <= self.request_inflight_count_max <= 1_000_000
         assert 1 <= self.request_timeout_ms_max <= 2**32 - 1  # carried as uint32 on the wire
         assert self.connect_timeout_ms >= 1
         assert 1 <= self.reconnect_backoff_ms_min <= self.reconnect_backoff_ms_max <= 600_000
-        assert self.keepalive_interval_ms >= 1_000  # gRPC refuses pings much faster than this
+        assert self.keepalive_interval_ms >= 100  # a heartbeat per tick would be traffic for nothing
         assert self.keepalive_timeout_ms >= 1
         assert self.status_timeout_ms >= 1
         assert self.close_grace_ms >= 0
@@ -131,7 +140,7 @@ class PeerCounters:
 
 @dataclass(slots=True)
 class InboundCounters:
-    """What happened on the streams peers opened to this node."""
+    """What happened on the connections peers opened to this node."""
 
     stream_count: int = 0
     frame_received_count: int = 0
@@ -141,31 +150,38 @@ class InboundCounters:
     overload_count: int = 0
     request_expired_count: int = 0
     response_drop_count: int = 0
+    # Responses written back on inbound connections.
+    frame_sent_count: int = 0
+    item_sent_count: int = 0
 
 
 def parse_address(address: str) -> tuple[str, int]:
+    """(host, port) of "host:port"; an IPv6 host comes bracketed ("[::]:7000") and leaves bare."""
     host, sep, port_text = address.rpartition(":")
     if not sep or not host or not port_text.isdigit():
         raise ValueError(f"address {address!r} must be host:port")
     port = int(port_text)
     if not 0 <= port <= PORT_MAX:
         raise ValueError(f"address {address!r}: port out of range")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
     return host, port
 
 
 class _Outbox:
-    """Envelopes waiting for one stream's writer, already grouped into frames as they are queued.
+    """Envelopes waiting for one connection's flush, already grouped into frames as they are queued.
 
     Envelopes are added in place inside the frame that will be written, so queuing costs no copy.
+    `wake` is called on every add: its owner schedules one flush per event-loop tick.
     """
 
     __slots__ = ("_count_max", "_frames", "_item_count_max", "_wake", "count")
 
-    def __init__(self, count_max: int, item_count_max: int) -> None:
+    def __init__(self, count_max: int, item_count_max: int, wake: Callable[[], None]) -> None:
         self._count_max = count_max
         self._item_count_max = item_count_max
         self._frames: deque[pb.PeerFrame] = deque()
-        self._wake = asyncio.Event()
+        self._wake = wake
         self.count = 0
 
     def add(self) -> pb.PeerEnvelope | None:
@@ -176,8 +192,7 @@ class _Outbox:
         if not frames or len(frames[-1].items) >= self._item_count_max:
             frames.append(pb.PeerFrame())
         self.count += 1
-        if not self._wake.is_set():
-            self._wake.set()
+        self._wake()
         return frames[-1].items.add()
 
     def discard_last(self) -> None:
@@ -186,10 +201,9 @@ class _Outbox:
         del self._frames[-1].items[-1]
         self.count -= 1
 
-    async def take(self) -> pb.PeerFrame:
-        while not self._frames:
-            self._wake.clear()
-            await self._wake.wait()
+    def pop(self) -> pb.PeerFrame | None:
+        if not self._frames:
+            return None
         frame = self._frames.popleft()
         self.count -= len(frame.items)
         assert self.count >= 0
@@ -226,26 +240,131 @@ def _serialize_bounded(
     return _serialize_bounded(head, bytes_max, on_oversized) + _serialize_bounded(tail, bytes_max, on_oversized)
 
 
-async def _write_loop(
+class _FrameConnection(asyncio.Protocol):
+    """One TCP connection carrying length-prefixed frames both ways, with heartbeats.
+
+    Frames are parsed and handed to `on_frame` as bytes arrive, inside the event loop's read
+    callback: no task and no await per frame. `lost` resolves with the reason once the connection
+    is gone, whoever ended it.
+    """
+
+    def __init__(self, limits: TransportLimits, on_frame: Callable[[pb.PeerFrame], None],
+                 on_writable: Callable[[], None]) -> None:
+        self.limits = limits
+        self.on_frame = on_frame
+        self.on_writable = on_writable
+        self.loop = asyncio.get_running_loop()
+        self.lost: asyncio.Future[str] = self.loop.create_future()
+        self.closed = False
+        self.paused = False
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._reason = ""
+        self._last_read_s = self._last_write_s = time.monotonic()
+        self._heartbeat: asyncio.TimerHandle | None = None
+
+    # --- asyncio.Protocol ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's TCP transport does not derive from asyncio.Transport; it has the same methods.
+        self._transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=self.limits.write_buffer_bytes_max)
+        self._heartbeat = self.loop.call_later(self.limits.keepalive_interval_ms / 2000, self._beat)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read_s = time.monotonic()
+        buffer = self._buffer
+        buffer += data
+        position = 0
+        end = len(buffer)
+        bytes_max = self.limits.message_bytes_max
+        while end - position >= _LENGTH_BYTES and not self.closed:
+            size = int.from_bytes(buffer[position:position + _LENGTH_BYTES], "big")
+            if size > bytes_max:
+                self.fail(f"frame of {size} bytes announced, the limit is {bytes_max}")
+                return
+            start = position + _LENGTH_BYTES
+            if end - start < size:
+                break
+            position = start + size
+            if size == 0:
+                continue  # a heartbeat
+            try:
+                frame = pb.PeerFrame.FromString(bytes(buffer[start:position]))
+            except Exception:  # protobuf's DecodeError; the peer is not speaking our wire format
+                self.fail("undecodable frame")
+                return
+            self.on_frame(frame)
+        del buffer[:position]
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.on_writable()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        if not self.lost.done():
+            reason = self._reason or (f"{type(exc).__name__}: {exc}" if exc else "connection closed by the peer")
+            self.lost.set_result(reason)
+
+    # --- ours ---
+
+    def write_frames(self, frames: list[bytes]) -> None:
+        if self.closed or self._transport is None:
+            return
+        parts: list[bytes] = []
+        for data in frames:
+            parts.append(len(data).to_bytes(_LENGTH_BYTES, "big"))
+            parts.append(data)
+        self._transport.writelines(parts)
+        self._last_write_s = time.monotonic()
+
+    def fail(self, reason: str) -> None:
+        """End the connection at once; `lost` will say `reason`."""
+        if not self.closed:
+            self._reason = reason
+            self.closed = True
+            if self._transport is not None:
+                self._transport.abort()
+
+    def _beat(self) -> None:
+        if self.closed or self._transport is None:
+            return
+        now = time.monotonic()
+        limits = self.limits
+        silent_ms = (now - self._last_read_s) * 1000
+        if silent_ms > limits.keepalive_interval_ms + limits.keepalive_timeout_ms:
+            self.fail(f"nothing heard from the peer for {silent_ms:.0f} ms")
+            return
+        # Every half interval, so the peer hears something well within its interval + timeout.
+        if (now - self._last_write_s) * 1000 >= limits.keepalive_interval_ms / 2:
+            self._transport.write(_HEARTBEAT)
+            self._last_write_s = now
+        self._heartbeat = self.loop.call_later(limits.keepalive_interval_ms / 2000, self._beat)
+
+
+def _flush(
     outbox: _Outbox,
-    write: Callable[[bytes], Awaitable[None]],
+    connection: _FrameConnection,
     bytes_max: int,
     on_oversized: Callable[[pb.PeerEnvelope, int], None],
     on_written: Callable[[int], None],
 ) -> None:
-    # Frames reach gRPC already serialized (the method has no serializer), so the size check
-    # above costs no second encoding.
-    while True:
-        frame = await outbox.take()
-        item_count = len(frame.items)
-        for data in _serialize_bounded(frame, bytes_max, on_oversized):
-            await write(data)
-        on_written(item_count)
+    """Everything queued, in one write."""
+    encoded: list[bytes] = []
+    while (frame := outbox.pop()) is not None:
+        encoded += _serialize_bounded(frame, bytes_max, on_oversized)
+        on_written(len(frame.items))
+    if encoded:
+        connection.write_frames(encoded)
 
 
 def _describe(error: BaseException) -> str:
-    if isinstance(error, grpc.aio.AioRpcError):
-        return f"{error.code().name}: {error.details()}"
     return f"{type(error).__name__}: {error}"
 
 
@@ -254,11 +373,11 @@ class _DeadlinePassed(PeerUnavailable):
 
 
 class _LinkBroken(Exception):
-    """The stream ended or the peer answered as someone else."""
+    """The connection ended or the peer answered as someone else."""
 
 
 class _PeerLink:
-    """The outbound stream to one peer: its queue, its pending requests and its reconnect loop."""
+    """The outbound connection to one peer: its queue, its pending requests and its reconnect loop."""
 
     def __init__(self, node_id: str, peer_id: str, address: str, limits: TransportLimits) -> None:
         self.node_id = node_id
@@ -268,13 +387,15 @@ class _PeerLink:
         self.state = LinkState.CONNECTING
         self.counters = PeerCounters()
         self.down_reason = "not connected yet"
-        self._outbox = _Outbox(limits.send_queue_count_max, limits.frame_item_count_max)
+        self._outbox = _Outbox(limits.send_queue_count_max, limits.frame_item_count_max, self._wake)
         # correlation id -> (future, the response type the request expects)
         self._pending: dict[int, tuple[asyncio.Future[PeerResponse], type]] = {}
         self._correlation_id_last = 0
         self._up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._hello = pb.PeerFrame(sender=node_id).SerializeToString()
+        self._connection: _FrameConnection | None = None
+        self._flush_scheduled = False
 
     def start(self) -> None:
         assert self._task is None
@@ -349,6 +470,19 @@ class _PeerLink:
             if not future.done():
                 future.set_exception(PeerUnavailable(f"peer {self.peer_id} at {self.address}: {reason}"))
 
+    def _wake(self) -> None:
+        # One flush per tick, and none before the connection is up (CONNECTING queues).
+        if not self._flush_scheduled and self._connection is not None:
+            self._flush_scheduled = True
+            self._connection.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        connection = self._connection
+        if connection is None or connection.closed or connection.paused:
+            return  # resume_writing wakes us again; a lost connection's queue is cleared
+        _flush(self._outbox, connection, self.limits.message_bytes_max, self._on_oversized, self._on_written)
+
     def _set_up(self) -> None:
         assert self.state is not LinkState.CLOSED
         if self.counters.connect_count > 0:
@@ -384,63 +518,51 @@ class _PeerLink:
             await asyncio.sleep(random.uniform(backoff_ms / 2, backoff_ms) / 1000)
 
     async def _connect_and_serve(self) -> bool:
-        # A fresh channel per attempt: gRPC's own channel backoff would otherwise hold us off a
-        # peer that has already restarted.
-        channel = grpc.aio.insecure_channel(self.address, options=_channel_options(self.limits))
-        call = None
-        tasks: list[asyncio.Task[None]] = []
+        loop = asyncio.get_running_loop()
+        host, port = parse_address(self.address)
+        hello: asyncio.Future[pb.PeerFrame] = loop.create_future()
+
+        def on_hello(frame: pb.PeerFrame) -> None:
+            if not hello.done():
+                hello.set_result(frame)
+
+        connection = _FrameConnection(self.limits, on_hello, self._wake)
         reached_up = False
-        reason = "stream ended"
+        reason = "connection ended"
         try:
-            stream = channel.stream_stream(_STREAM_METHOD, response_deserializer=pb.PeerFrame.FromString)
-            call = stream(wait_for_ready=False)
-            await call.write(self._hello)
             async with asyncio.timeout(self.limits.connect_timeout_ms / 1000):
-                hello = await call.read()
-            if hello is grpc.aio.EOF:
-                raise _LinkBroken("peer ended the stream before its hello")
-            if hello.sender != self.peer_id:
-                raise _LinkBroken(f"{self.address} is node {hello.sender!r}, expected {self.peer_id!r}")
+                await loop.create_connection(lambda: connection, host, port)
+                connection.write_frames([self._hello])
+                await asyncio.wait((hello, connection.lost), return_when=asyncio.FIRST_COMPLETED)
+            if not hello.done():
+                raise _LinkBroken(f"peer ended the connection before its hello ({connection.lost.result()})")
+            answer = hello.result()
+            if answer.sender != self.peer_id:
+                raise _LinkBroken(f"{self.address} is node {answer.sender!r}, expected {self.peer_id!r}")
+            connection.on_frame = self._on_frame
+            self._connection = connection
             self._set_up()
             reached_up = True
-            tasks.append(asyncio.create_task(self._read_loop(call)))
-            tasks.append(
-                asyncio.create_task(
-                    _write_loop(
-                        self._outbox, call.write, self.limits.message_bytes_max, self._on_oversized, self._on_written
-                    )
-                )
-            )
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                error = task.exception()
-                if error is not None:
-                    reason = _describe(error)
-        except (Exception, TimeoutError) as error:
+            self._wake()  # what queued while CONNECTING
+            reason = await connection.lost
+        except (OSError, TimeoutError, _LinkBroken) as error:
             reason = _describe(error)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if call is not None:
-                call.cancel()
+            self._connection = None
+            connection.fail(reason)
             self._set_down(reason)
-            await channel.close(grace=None)
         if reached_up:
             logger.info("link %s -> %s lost: %s", self.node_id, self.peer_id, reason)
         return reached_up
 
-    async def _read_loop(self, call: grpc.aio.StreamStreamCall) -> None:
-        item_count_max = self.limits.frame_item_count_max
-        while True:
-            frame = await call.read()
-            if frame is grpc.aio.EOF:
-                raise _LinkBroken("peer ended the stream")
-            if len(frame.items) > item_count_max:
-                self.counters.malformed_count += 1
-                raise _LinkBroken(f"frame of {len(frame.items)} items, the limit is {item_count_max}")
-            for envelope in frame.items:
-                self._on_response(envelope)
+    def _on_frame(self, frame: pb.PeerFrame) -> None:
+        if len(frame.items) > self.limits.frame_item_count_max:
+            self.counters.malformed_count += 1
+            assert self._connection is not None
+            self._connection.fail(f"frame of {len(frame.items)} items, the limit is {self.limits.frame_item_count_max}")
+            return
+        for envelope in frame.items:
+            self._on_response(envelope)
 
     def _on_response(self, envelope: pb.PeerEnvelope) -> None:
         if envelope.kind != pb.ENVELOPE_KIND_RESPONSE:
@@ -482,42 +604,77 @@ class _PeerLink:
         self.counters.item_sent_count += item_count
 
 
-def _channel_options(limits: TransportLimits) -> list[tuple[str, int]]:
-    return [
-        ("grpc.max_send_message_length", limits.message_bytes_max),
-        ("grpc.max_receive_message_length", limits.message_bytes_max),
-        ("grpc.keepalive_time_ms", limits.keepalive_interval_ms),
-        ("grpc.keepalive_timeout_ms", limits.keepalive_timeout_ms),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-        # Our reconnect loop owns backoff; a private subchannel keeps gRPC's shared subchannel
-        # pool from carrying an old failure's backoff into a new attempt.
-        ("grpc.use_local_subchannel_pool", 1),
-        ("grpc.initial_reconnect_backoff_ms", limits.reconnect_backoff_ms_min),
-        ("grpc.min_reconnect_backoff_ms", limits.reconnect_backoff_ms_min),
-        ("grpc.max_reconnect_backoff_ms", limits.reconnect_backoff_ms_max),
-        ("grpc.enable_retries", 0),
-    ]
+class _InboundStream:
+    """The accepting end of a connection a peer opened: its hello, then its messages and requests,
+    with the responses going back on the same connection."""
+
+    def __init__(self, owner: PeerTransport) -> None:
+        limits = owner.limits
+        self.owner = owner
+        self.sender = ""
+        self.connection = _FrameConnection(limits, self._on_hello, self._wake)
+        # Each request gets exactly one reply, so responses are bounded by the requests in flight
+        # plus the immediate refusals of one frame.
+        self.outbox = _Outbox(
+            limits.request_inflight_count_max + limits.frame_item_count_max, limits.frame_item_count_max, self._wake
+        )
+        self.serving: set[asyncio.Task[None]] = set()
+        self._flush_scheduled = False
+        self.connection.lost.add_done_callback(self._on_lost)
+
+    def _on_hello(self, frame: pb.PeerFrame) -> None:
+        if not frame.sender:
+            self.owner.inbound.malformed_count += 1
+            logger.warning("an inbound connection's first frame names no sender; closing it")
+            self.connection.fail("no sender in the hello")
+            return
+        self.sender = frame.sender
+        self.owner.inbound.stream_count += 1
+        self.connection.write_frames([self.owner.hello])
+        self.connection.on_frame = self._on_frame
+        if frame.items:
+            self._on_frame(frame)
+
+    def _on_frame(self, frame: pb.PeerFrame) -> None:
+        limits = self.owner.limits
+        if len(frame.items) > limits.frame_item_count_max:
+            self.owner.inbound.malformed_count += 1
+            logger.warning("node %s sent a frame of %d items; ending its connection", self.sender, len(frame.items))
+            self.connection.fail(f"frame of {len(frame.items)} items, the limit is {limits.frame_item_count_max}")
+            return
+        self.owner.inbound.frame_received_count += 1
+        self.owner.inbound.item_received_count += len(frame.items)
+        self.owner.dispatch(self.sender, frame, self.outbox, self.serving)
+
+    def _wake(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.connection.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.connection.closed or self.connection.paused:
+            return
+        _flush(self.outbox, self.connection, self.owner.limits.message_bytes_max, self._on_oversized,
+               self.owner.on_inbound_written)
+
+    def _on_oversized(self, envelope: pb.PeerEnvelope, size_bytes: int) -> None:
+        self.owner.inbound.response_drop_count += 1
+        self.owner.reply_failed(self.outbox, envelope.correlation_id,
+                                f"response of {size_bytes} bytes, limit {self.owner.limits.message_bytes_max}")
+
+    def _on_lost(self, _: asyncio.Future[str]) -> None:
+        for task in self.serving:
+            task.cancel()
+        self.outbox.clear()
+        self.owner.forget(self)
+
+    def close(self) -> None:
+        self.connection.fail("transport closed")
 
 
-def _server_options(limits: TransportLimits) -> list[tuple[str, int]]:
-    return [
-        ("grpc.max_send_message_length", limits.message_bytes_max),
-        ("grpc.max_receive_message_length", limits.message_bytes_max),
-        ("grpc.keepalive_time_ms", limits.keepalive_interval_ms),
-        ("grpc.keepalive_timeout_ms", limits.keepalive_timeout_ms),
-        ("grpc.keepalive_permit_without_calls", 1),
-        # Accept the clients' keepalive pings (the default minimum is 5 minutes, and a client
-        # pinging faster gets a GOAWAY).
-        ("grpc.http2.min_ping_interval_without_data_ms", limits.keepalive_interval_ms // 2),
-        ("grpc.http2.max_ping_strikes", 0),
-        # Without this, a second node started on the same port would silently share it.
-        ("grpc.so_reuseport", 0),
-    ]
-
-
-class GrpcTransport(Transport):
-    """One node's end of the mesh: a server for inbound streams and one link per peer."""
+class PeerTransport(Transport):
+    """One node's end of the mesh: a listener for inbound connections and one link per peer."""
 
     def __init__(
         self,
@@ -536,18 +693,20 @@ class GrpcTransport(Transport):
         self.node_id = node_id
         self.listen_address = listen_address
         self.limits = limits if limits is not None else TransportLimits()
+        self.hello = pb.PeerFrame(sender=node_id).SerializeToString()
         # The node's own entry (a shared cluster map lists everyone) is served in-process.
         self._peer_addresses = {peer_id: address for peer_id, address in peers.items() if peer_id != node_id}
         self._links: dict[str, _PeerLink] = {}
         self._handler: InboundHandler | None = None
-        self._server: grpc.aio.Server | None = None
-        self._inbound_tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+        self._inbound: set[_InboundStream] = set()
         self._self_pending_count = 0
         self._closed = False
         self.bound_port = 0
         self.inbound = InboundCounters()
         self.drop_count_unknown_peer = 0
         self.drop_count_self_queue_full = 0
+        self.self_item_count = 0  # messages and requests this node addressed to itself
 
     # --- Transport ---
 
@@ -555,28 +714,17 @@ class GrpcTransport(Transport):
         assert self._handler is None, "start() called twice"
         assert not self._closed
         self._handler = handler
-        server = grpc.aio.server(options=_server_options(self.limits))
-        server.add_generic_rpc_handlers(
-            (
-                grpc.method_handlers_generic_handler(
-                    SERVICE_NAME,
-                    {
-                        "Stream": grpc.stream_stream_rpc_method_handler(
-                            self._serve_stream, request_deserializer=pb.PeerFrame.FromString
-                        ),
-                        "Status": grpc.unary_unary_rpc_method_handler(
-                            self._serve_status,
-                            request_deserializer=pb.StatusRequest.FromString,
-                            response_serializer=pb.StatusResponse.SerializeToString,
-                        ),
-                    },
-                ),
-            )
-        )
-        self.bound_port = server.add_insecure_port(self.listen_address)
+        host, port = parse_address(self.listen_address)
+
+        def accept() -> asyncio.Protocol:
+            stream = _InboundStream(self)
+            self._inbound.add(stream)
+            return stream.connection
+
+        # reuse_port stays off: a second node started on the same port must fail, not share it.
+        self._server = await asyncio.get_running_loop().create_server(accept, host, port, reuse_port=False)
+        self.bound_port = self._server.sockets[0].getsockname()[1]
         assert self.bound_port > 0, f"could not bind {self.listen_address}"
-        await server.start()
-        self._server = server
         for peer_id, address in self._peer_addresses.items():
             link = _PeerLink(self.node_id, peer_id, address, self.limits)
             self._links[peer_id] = link
@@ -607,13 +755,30 @@ class GrpcTransport(Transport):
             return
         self._closed = True
         await asyncio.gather(*(link.close() for link in self._links.values()))
-        for task in list(self._inbound_tasks):
-            task.cancel()
-        await asyncio.gather(*self._inbound_tasks, return_exceptions=True)
         if self._server is not None:
-            await self._server.stop(self.limits.close_grace_ms / 1000)
+            self._server.close()
+        streams = list(self._inbound)
+        tasks = [task for stream in streams for task in stream.serving]
+        for stream in streams:
+            stream.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.limits.close_grace_ms / 1000):
+                    await self._server.wait_closed()
 
-    # --- Introspection for the runtime, tests and (later) metrics ---
+    def counts(self) -> dict[str, int]:
+        links = [link.counters for link in self._links.values()]
+        return {
+            "frames_sent": sum(counters.frame_sent_count for counters in links) + self.inbound.frame_sent_count,
+            # Requests and one-way messages on our connections, responses on those peers opened.
+            "messages_sent": sum(counters.item_sent_count for counters in links) + self.inbound.item_sent_count,
+            "frames_received": self.inbound.frame_received_count,
+            "messages_received": self.inbound.item_received_count,
+            "messages_to_self": self.self_item_count,
+        }
+
+    # --- Introspection for the runtime, tests and metrics ---
 
     def peer_ids(self) -> tuple[str, ...]:
         return tuple(self._peer_addresses)
@@ -657,6 +822,7 @@ class GrpcTransport(Transport):
             self.drop_count_self_queue_full += 1
             return
         self._self_pending_count += 1
+        self.self_item_count += 1
         # Delivered on a later tick, as a peer's message would be: the caller's state machine
         # must not be re-entered from inside its own send.
         asyncio.get_running_loop().call_soon(self._deliver_self, message)
@@ -676,12 +842,12 @@ class GrpcTransport(Transport):
 
     async def _request_self(self, request: PeerRequest, timeout_ms: int) -> PeerResponse:
         assert self._handler is not None, "request() before start()"
+        self.self_item_count += 1
         await asyncio.sleep(0)  # never run the handler inside the caller's step, as for a peer
         return await self._call_handler(self.node_id, request, timeout_ms)
 
     async def _call_handler(self, sender: str, request: PeerRequest, timeout_ms: int) -> PeerResponse:
-        """The handler's response, or PeerUnavailable: past the deadline the handler is cancelled,
-        as gRPC cancels a unary handler whose deadline passed."""
+        """The handler's response, or PeerUnavailable: past the deadline the handler is cancelled."""
         assert self._handler is not None
         deadline = asyncio.timeout(timeout_ms / 1000)
         try:
@@ -706,70 +872,16 @@ class GrpcTransport(Transport):
             )
         return response
 
-    # --- Inbound: streams and probes opened by peers ---
+    # --- Inbound: connections opened by peers ---
 
-    async def _serve_stream(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
-        # The work runs in a task we own, so close() can end it and let the RPC finish cleanly
-        # instead of waiting out the server's grace period.
-        task = asyncio.create_task(self._serve_stream_frames(context))
-        self._inbound_tasks.add(task)
-        try:
-            await task
-        except asyncio.CancelledError:
-            task.cancel()
-            if not self._closed:
-                raise
-        finally:
-            self._inbound_tasks.discard(task)
+    def forget(self, stream: _InboundStream) -> None:
+        self._inbound.discard(stream)
 
-    async def _serve_stream_frames(self, context: grpc.aio.ServicerContext) -> None:
-        hello = await context.read()
-        if hello is grpc.aio.EOF:
-            return
-        sender = hello.sender
-        if not sender:
-            self.inbound.malformed_count += 1
-            logger.warning("inbound stream from %s has no sender in its first frame", context.peer())
-            return
-        self.inbound.stream_count += 1
-        limits = self.limits
-        # Each request gets exactly one reply, so responses are bounded by the requests in flight
-        # plus the immediate refusals of one frame.
-        outbox = _Outbox(limits.request_inflight_count_max + limits.frame_item_count_max, limits.frame_item_count_max)
-        serving: set[asyncio.Task[None]] = set()
-        await context.write(pb.PeerFrame(sender=self.node_id).SerializeToString())
+    def on_inbound_written(self, item_count: int) -> None:
+        self.inbound.frame_sent_count += 1
+        self.inbound.item_sent_count += item_count
 
-        def on_oversized(envelope: pb.PeerEnvelope, size_bytes: int) -> None:
-            self.inbound.response_drop_count += 1
-            self._reply_failed(
-                outbox, envelope.correlation_id, f"response of {size_bytes} bytes, limit {limits.message_bytes_max}"
-            )
-
-        writer = asyncio.create_task(
-            _write_loop(outbox, context.write, limits.message_bytes_max, on_oversized, lambda _count: None)
-        )
-        try:
-            frame = hello
-            while True:
-                if len(frame.items) > limits.frame_item_count_max:
-                    self.inbound.malformed_count += 1
-                    logger.warning("node %s sent a frame of %d items; ending its stream", sender, len(frame.items))
-                    return
-                self.inbound.frame_received_count += 1
-                self.inbound.item_received_count += len(frame.items)
-                self._dispatch(sender, frame, outbox, serving)
-                if writer.done():
-                    return  # the stream broke under the writer; the peer will reconnect
-                frame = await context.read()
-                if frame is grpc.aio.EOF:
-                    return
-        finally:
-            writer.cancel()
-            for task in serving:
-                task.cancel()
-            await asyncio.gather(writer, *serving, return_exceptions=True)
-
-    def _dispatch(self, sender: str, frame: pb.PeerFrame, outbox: _Outbox, serving: set[asyncio.Task[None]]) -> None:
+    def dispatch(self, sender: str, frame: pb.PeerFrame, outbox: _Outbox, serving: set[asyncio.Task[None]]) -> None:
         handler = self._handler
         assert handler is not None
         for envelope in frame.items:
@@ -784,7 +896,7 @@ class GrpcTransport(Transport):
                 try:
                     handler.on_message(sender, message)
                 except Exception:
-                    # One bad message must not take down the stream every other message rides on.
+                    # One bad message must not take down the connection every other message rides on.
                     self.inbound.handler_error_count += 1
                     logger.exception("on_message failed for %s from %s", type(message).__name__, sender)
             elif kind == pb.ENVELOPE_KIND_REQUEST:
@@ -792,24 +904,24 @@ class GrpcTransport(Transport):
                 timeout_ms = envelope.timeout_ms
                 if len(serving) >= self.limits.request_inflight_count_max:
                     self.inbound.overload_count += 1
-                    self._reply_failed(outbox, correlation_id, f"overloaded: {len(serving)} requests in flight")
+                    self.reply_failed(outbox, correlation_id, f"overloaded: {len(serving)} requests in flight")
                     continue
                 if not 0 < timeout_ms <= self.limits.request_timeout_ms_max:
                     self.inbound.malformed_count += 1
-                    self._reply_failed(outbox, correlation_id, f"timeout_ms {timeout_ms} out of range")
+                    self.reply_failed(outbox, correlation_id, f"timeout_ms {timeout_ms} out of range")
                     continue
                 try:
                     request = codec.decode_request(envelope)
                 except codec.MalformedEnvelope as error:
                     self.inbound.malformed_count += 1
-                    self._reply_failed(outbox, correlation_id, f"malformed request: {error}")
+                    self.reply_failed(outbox, correlation_id, f"malformed request: {error}")
                     continue
                 task = asyncio.create_task(self._serve_request(sender, correlation_id, timeout_ms, request, outbox))
                 serving.add(task)
                 task.add_done_callback(serving.discard)
             else:
                 self.inbound.malformed_count += 1
-                logger.warning("envelope of kind %d from %s on an inbound stream", kind, sender)
+                logger.warning("envelope of kind %d from %s on an inbound connection", kind, sender)
 
     async def _serve_request(
         self, sender: str, correlation_id: int, timeout_ms: int, request: PeerRequest, outbox: _Outbox
@@ -819,7 +931,7 @@ class GrpcTransport(Transport):
         except _DeadlinePassed:
             return  # the requester has given up by now: a reply would only be discarded
         except PeerUnavailable as error:
-            self._reply_failed(outbox, correlation_id, str(error))
+            self.reply_failed(outbox, correlation_id, str(error))
             return
         envelope = outbox.add()
         if envelope is None:
@@ -829,7 +941,7 @@ class GrpcTransport(Transport):
         envelope.correlation_id = correlation_id
         codec.encode(envelope, response)
 
-    def _reply_failed(self, outbox: _Outbox, correlation_id: int, detail: str) -> None:
+    def reply_failed(self, outbox: _Outbox, correlation_id: int, detail: str) -> None:
         envelope = outbox.add()
         if envelope is None:
             self.inbound.response_drop_count += 1
@@ -837,20 +949,3 @@ class GrpcTransport(Transport):
         envelope.kind = pb.ENVELOPE_KIND_RESPONSE
         envelope.correlation_id = correlation_id
         envelope.request_failed.detail = detail
-
-    async def _serve_status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusResponse:
-        metadata = {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
-        sender = metadata.get(STATUS_SENDER_METADATA_KEY, "")
-        timeout_ms = self.limits.status_timeout_ms
-        remaining_s = context.time_remaining()
-        if remaining_s is not None:
-            timeout_ms = max(1, min(timeout_ms, int(remaining_s * 1000)))
-        try:
-            response = await self._call_handler(sender, StatusRequest(txn=request.txn), timeout_ms)
-        except PeerUnavailable as error:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
-            raise AssertionError("abort() returned") from error
-        assert isinstance(response, StatusResponse)
-        body = pb.StatusResponse()
-        codec.encode_status_response(body, response)
-        return body

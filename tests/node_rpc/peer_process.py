@@ -23,14 +23,14 @@ from cornus.runtime.wire import (
     StatusRequest,
     StatusResponse,
 )
-from services.node_rpc.transport import GrpcTransport
+from services.node_rpc.transport import PeerTransport
 from storage_adapters.contract import TxnState
 
 NESTED_TIMEOUT_MS = 5_000
 
 
 class EchoHandler:
-    def __init__(self, transport: GrpcTransport) -> None:
+    def __init__(self, transport: PeerTransport) -> None:
         self.transport = transport
         self.message_count = 0
 
@@ -63,7 +63,7 @@ class EchoHandler:
 
 
 async def serve(node_id: str, listen: str, peers: dict[str, str]) -> None:
-    transport = GrpcTransport(node_id, listen, peers)
+    transport = PeerTransport(node_id, listen, peers)
     await transport.start(EchoHandler(transport))
     print(f"READY {transport.bound_port}", flush=True)
     loop = asyncio.get_running_loop()

@@ -1,4 +1,4 @@
-"""GrpcTransport between real OS processes over loopback sockets, and its failure behaviour.
+"""PeerTransport between real OS processes over loopback sockets, and its failure behaviour.
 
 The peer runs `tests.node_rpc.peer_process`, which echoes messages back over its own outbound
 stream. Deadlines are asserted only as upper bounds with generous slack; nothing here measures
@@ -8,10 +8,10 @@ speed (the bench does).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-import grpc
 import pytest
 
 from cornus.protocol.messages import Decision, Message, Prepare, Vote
@@ -29,8 +29,7 @@ from cornus.runtime.wire import (
     StatusResponse,
 )
 from services.node_rpc._generated import node_pb2 as pb
-from services.node_rpc._generated import node_pb2_grpc
-from services.node_rpc.transport import GrpcTransport, LinkState, MessageTooLarge, TransportLimits
+from services.node_rpc.transport import LinkState, MessageTooLarge, PeerTransport, TransportLimits
 from storage_adapters.contract import TxnState
 from tests.node_rpc.conftest import PeerProcess
 from tests.worker import free_port
@@ -68,7 +67,7 @@ class Recorder:
         return await asyncio.wait_for(self.messages.get(), RECEIVE_WAIT_S)
 
 
-async def wait_inbound_streams(transport: GrpcTransport, count: int) -> None:
+async def wait_inbound_streams(transport: PeerTransport, count: int) -> None:
     """Until `count` peers have opened their stream to `transport`. A peer started before us
     found nobody listening, so its link is DOWN (dropping) until its next reconnect attempt."""
     async with asyncio.timeout(CONNECT_WAIT_MS / 1000):
@@ -91,12 +90,12 @@ PeerFactory = Callable[[str, int, dict[str, str]], PeerProcess]
 
 
 @pytest.fixture
-async def pair(peer_factory: PeerFactory) -> AsyncIterator[tuple[GrpcTransport, Recorder, PeerProcess]]:
+async def pair(peer_factory: PeerFactory) -> AsyncIterator[tuple[PeerTransport, Recorder, PeerProcess]]:
     """Node "a" in this process, node "b" in a child process, each knowing the other."""
     port_a, port_b = free_port(), free_port()
     address_a = f"127.0.0.1:{port_a}"
     peer = peer_factory("b", port_b, {"a": address_a})
-    transport = GrpcTransport("a", address_a, {"b": peer.address, "a": address_a})
+    transport = PeerTransport("a", address_a, {"b": peer.address, "a": address_a})
     recorder = Recorder("a")
     await transport.start(recorder)
     assert await transport.wait_connected("b", CONNECT_WAIT_MS)
@@ -110,7 +109,7 @@ def _execute(txn: str, *values: bytes) -> ExecuteRequest:
     return ExecuteRequest(txn=txn, partition="p-b", coordinator="a", ops=ops)
 
 
-async def test_messages_flow_both_ways_in_order(pair: tuple[GrpcTransport, Recorder, PeerProcess]) -> None:
+async def test_messages_flow_both_ways_in_order(pair: tuple[PeerTransport, Recorder, PeerProcess]) -> None:
     transport, recorder, _ = pair
     sent: list[Routed | Message] = [Vote(txn=f"t{index}", partition="p", yes=index % 2 == 0) for index in range(300)]
     sent.append(Prepare(txn="t", participants=("p1", "p2"), coordinator="a"))
@@ -128,7 +127,7 @@ async def test_messages_flow_both_ways_in_order(pair: tuple[GrpcTransport, Recor
     assert transport.drop_count == 0
 
 
-async def test_requests_get_their_own_responses(pair: tuple[GrpcTransport, Recorder, PeerProcess]) -> None:
+async def test_requests_get_their_own_responses(pair: tuple[PeerTransport, Recorder, PeerProcess]) -> None:
     transport, _, _ = pair
     requests = [_execute(f"t{index}", f"v{index}".encode(), None) for index in range(200)]
     responses = await asyncio.gather(*(transport.request("b", request, REQUEST_TIMEOUT_MS) for request in requests))
@@ -142,7 +141,7 @@ async def test_requests_get_their_own_responses(pair: tuple[GrpcTransport, Recor
     )
 
 
-async def test_peer_requests_us_over_its_own_stream(pair: tuple[GrpcTransport, Recorder, PeerProcess]) -> None:
+async def test_peer_requests_us_over_its_own_stream(pair: tuple[PeerTransport, Recorder, PeerProcess]) -> None:
     transport, recorder, _ = pair
     # "b" handles this by requesting Status from "a" (us) before it answers.
     response = await transport.request("b", _execute("ask:a"), REQUEST_TIMEOUT_MS)
@@ -151,7 +150,7 @@ async def test_peer_requests_us_over_its_own_stream(pair: tuple[GrpcTransport, R
     assert recorder.requests == [("b", StatusRequest())]
 
 
-async def test_handler_failure_is_peer_unavailable(pair: tuple[GrpcTransport, Recorder, PeerProcess]) -> None:
+async def test_handler_failure_is_peer_unavailable(pair: tuple[PeerTransport, Recorder, PeerProcess]) -> None:
     transport, _, _ = pair
     with pytest.raises(PeerUnavailable, match="handler failed"):
         await transport.request("b", _execute("raise"), REQUEST_TIMEOUT_MS)
@@ -159,7 +158,7 @@ async def test_handler_failure_is_peer_unavailable(pair: tuple[GrpcTransport, Re
     assert isinstance(await transport.request("b", _execute("ok"), REQUEST_TIMEOUT_MS), ExecuteResponse)
 
 
-async def test_request_times_out_within_its_deadline(pair: tuple[GrpcTransport, Recorder, PeerProcess]) -> None:
+async def test_request_times_out_within_its_deadline(pair: tuple[PeerTransport, Recorder, PeerProcess]) -> None:
     transport, _, _ = pair
     started = time.monotonic()
     with pytest.raises(PeerUnavailable, match="within 300 ms"):
@@ -168,18 +167,49 @@ async def test_request_times_out_within_its_deadline(pair: tuple[GrpcTransport, 
     assert isinstance(await transport.request("b", _execute("ok"), REQUEST_TIMEOUT_MS), ExecuteResponse)
 
 
-async def test_status_probe_is_unary(pair: tuple[GrpcTransport, Recorder, PeerProcess]) -> None:
+async def _raw_connection(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, _, port = address.rpartition(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+def _write_frame(writer: asyncio.StreamWriter, frame: pb.PeerFrame) -> None:
+    data = frame.SerializeToString()
+    writer.write(len(data).to_bytes(4, "big") + data)
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> pb.PeerFrame | None:
+    """The next non-empty frame, or None at the end of the connection."""
+    while True:
+        try:
+            size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), RECEIVE_WAIT_S), "big")
+            data = await asyncio.wait_for(reader.readexactly(size), RECEIVE_WAIT_S)
+        except asyncio.IncompleteReadError:
+            return None
+        if size:
+            return pb.PeerFrame.FromString(data)
+
+
+async def test_status_probe_from_a_raw_client(pair: tuple[PeerTransport, Recorder, PeerProcess]) -> None:
+    """A tool can probe a node with nothing but a socket: hello, then a StatusRequest."""
     _, _, peer = pair
-    async with grpc.aio.insecure_channel(peer.address) as channel:
-        stub = node_pb2_grpc.NodePeerStub(channel)
-        reply = await stub.Status(pb.StatusRequest(), timeout=REQUEST_TIMEOUT_MS / 1000)
-    assert reply.node == "b"
-    assert reply.ready
-    assert list(reply.partitions) == ["p-b"]
+    reader, writer = await _raw_connection(peer.address)
+    frame = pb.PeerFrame(sender="probe")
+    probe = frame.items.add(kind=pb.ENVELOPE_KIND_REQUEST, correlation_id=1, timeout_ms=REQUEST_TIMEOUT_MS)
+    probe.status_request.SetInParent()
+    _write_frame(writer, frame)
+    hello = await _read_frame(reader)
+    assert hello is not None and hello.sender == "b"
+    reply = await _read_frame(reader)
+    assert reply is not None and reply.items[0].correlation_id == 1
+    status = reply.items[0].status_response
+    assert status.node == "b"
+    assert status.ready
+    assert list(status.partitions) == ["p-b"]
+    writer.close()
 
 
 async def test_kill_9_and_restart_on_the_same_port_reconnects(
-    pair: tuple[GrpcTransport, Recorder, PeerProcess],
+    pair: tuple[PeerTransport, Recorder, PeerProcess],
 ) -> None:
     transport, recorder, peer = pair
     written_before = transport.peer_counters("b").item_sent_count
@@ -215,7 +245,7 @@ async def test_kill_9_and_restart_on_the_same_port_reconnects(
 
 async def test_request_to_a_dead_peer_fails_within_its_deadline() -> None:
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
-    transport = GrpcTransport("a", f"127.0.0.1:{free_port()}", {"dead": dead})
+    transport = PeerTransport("a", f"127.0.0.1:{free_port()}", {"dead": dead})
     await transport.start(Recorder("a"))
     try:
         for _ in range(3):  # first attempt (CONNECTING), then DOWN while it keeps retrying
@@ -233,7 +263,7 @@ async def test_peer_answering_as_someone_else_is_refused(peer_factory: PeerFacto
     port = free_port()
     peer_factory("b", port, {})
     # We think "c" lives at b's address: the hello gives the mistake away.
-    transport = GrpcTransport("a", f"127.0.0.1:{free_port()}", {"c": f"127.0.0.1:{port}"})
+    transport = PeerTransport("a", f"127.0.0.1:{free_port()}", {"c": f"127.0.0.1:{port}"})
     await transport.start(Recorder("a"))
     try:
         assert not await transport.wait_connected("c", 1_000)
@@ -248,11 +278,11 @@ async def test_peer_answering_as_someone_else_is_refused(peer_factory: PeerFacto
 
 
 @pytest.fixture
-async def local_pair() -> AsyncIterator[tuple[GrpcTransport, GrpcTransport, Recorder]]:
+async def local_pair() -> AsyncIterator[tuple[PeerTransport, PeerTransport, Recorder]]:
     address_a, address_b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     limits = TransportLimits(send_queue_count_max=64, frame_item_count_max=16, message_bytes_max=64 * 1024)
-    a = GrpcTransport("a", address_a, {"b": address_b}, limits)
-    b = GrpcTransport("b", address_b, {"a": address_a}, limits)
+    a = PeerTransport("a", address_a, {"b": address_b}, limits)
+    b = PeerTransport("b", address_b, {"a": address_a}, limits)
     recorder_b = Recorder("b")
     await a.start(Recorder("a"))
     await b.start(recorder_b)
@@ -263,7 +293,7 @@ async def local_pair() -> AsyncIterator[tuple[GrpcTransport, GrpcTransport, Reco
     await b.close()
 
 
-async def test_full_queue_drops_and_counts(local_pair: tuple[GrpcTransport, GrpcTransport, Recorder]) -> None:
+async def test_full_queue_drops_and_counts(local_pair: tuple[PeerTransport, PeerTransport, Recorder]) -> None:
     a, b, recorder_b = local_pair
     # All in one tick: the writer cannot drain in between, so the queue holds exactly its bound.
     for index in range(100):
@@ -282,7 +312,7 @@ async def test_full_queue_drops_and_counts(local_pair: tuple[GrpcTransport, Grpc
     assert b.inbound.item_received_count == 64
 
 
-async def test_oversized_message_and_request(local_pair: tuple[GrpcTransport, GrpcTransport, Recorder]) -> None:
+async def test_oversized_message_and_request(local_pair: tuple[PeerTransport, PeerTransport, Recorder]) -> None:
     a, _, recorder_b = local_pair
     # A participant list no vote record could hold, but the transport must refuse it by its size.
     big = Prepare(txn="big", participants=tuple(f"p{i:0>60}" for i in range(2_000)), coordinator="a")
@@ -296,7 +326,7 @@ async def test_oversized_message_and_request(local_pair: tuple[GrpcTransport, Gr
     assert isinstance(await a.request("b", _execute("ok"), REQUEST_TIMEOUT_MS), ExecuteResponse)
 
 
-async def test_unknown_peer(local_pair: tuple[GrpcTransport, GrpcTransport, Recorder]) -> None:
+async def test_unknown_peer(local_pair: tuple[PeerTransport, PeerTransport, Recorder]) -> None:
     a, _, _ = local_pair
     a.send("nobody", Vote(txn="t", partition="p", yes=True))
     assert a.drop_count_unknown_peer == 1
@@ -308,7 +338,7 @@ async def test_unknown_peer(local_pair: tuple[GrpcTransport, GrpcTransport, Reco
 
 
 async def test_self_send_and_request_stay_in_process(
-    local_pair: tuple[GrpcTransport, GrpcTransport, Recorder],
+    local_pair: tuple[PeerTransport, PeerTransport, Recorder],
 ) -> None:
     _, b, recorder_b = local_pair
     message = Routed(source="p1", dest="p2", message=Vote(txn="t", partition="p1", yes=True))
@@ -323,56 +353,92 @@ async def test_self_send_and_request_stay_in_process(
 
 
 async def test_malformed_frames_from_a_raw_client(
-    local_pair: tuple[GrpcTransport, GrpcTransport, Recorder],
+    local_pair: tuple[PeerTransport, PeerTransport, Recorder],
 ) -> None:
     _, b, recorder_b = local_pair
-    async with grpc.aio.insecure_channel(b.listen_address) as channel:
-        call = channel.stream_stream(
-            "/cornus.node.v1.NodePeer/Stream",
-            request_serializer=pb.PeerFrame.SerializeToString,
-            response_deserializer=pb.PeerFrame.FromString,
-        )()
-        frame = pb.PeerFrame(sender="raw")
-        frame.items.add(kind=pb.ENVELOPE_KIND_MESSAGE)  # no body
-        frame.items.add(kind=pb.ENVELOPE_KIND_REQUEST, correlation_id=7, timeout_ms=1_000)  # no body
-        frame.items.add(kind=pb.ENVELOPE_KIND_REQUEST, correlation_id=8, timeout_ms=0).status_request.txn = "x"
-        request = frame.items.add(kind=pb.ENVELOPE_KIND_REQUEST, correlation_id=9, timeout_ms=1_000)
-        request.status_request.SetInParent()
-        await call.write(frame)
-        hello = await asyncio.wait_for(call.read(), RECEIVE_WAIT_S)
-        assert hello.sender == "b"
-        replies: dict[int, pb.PeerEnvelope] = {}
-        while len(replies) < 3:
-            reply = await asyncio.wait_for(call.read(), RECEIVE_WAIT_S)
-            replies.update({item.correlation_id: item for item in reply.items})
-        assert replies[7].WhichOneof("body") == "request_failed"
-        assert replies[8].WhichOneof("body") == "request_failed"
-        assert replies[9].status_response.node == "b"
-        call.cancel()
+    reader, writer = await _raw_connection(b.listen_address)
+    frame = pb.PeerFrame(sender="raw")
+    frame.items.add(kind=pb.ENVELOPE_KIND_MESSAGE)  # no body
+    frame.items.add(kind=pb.ENVELOPE_KIND_REQUEST, correlation_id=7, timeout_ms=1_000)  # no body
+    frame.items.add(kind=pb.ENVELOPE_KIND_REQUEST, correlation_id=8, timeout_ms=0).status_request.txn = "x"
+    request = frame.items.add(kind=pb.ENVELOPE_KIND_REQUEST, correlation_id=9, timeout_ms=1_000)
+    request.status_request.SetInParent()
+    _write_frame(writer, frame)
+    hello = await _read_frame(reader)
+    assert hello is not None and hello.sender == "b"
+    replies: dict[int, pb.PeerEnvelope] = {}
+    while len(replies) < 3:
+        reply = await _read_frame(reader)
+        assert reply is not None
+        replies.update({item.correlation_id: item for item in reply.items})
+    assert replies[7].WhichOneof("body") == "request_failed"
+    assert replies[8].WhichOneof("body") == "request_failed"
+    assert replies[9].status_response.node == "b"
+    writer.close()
     assert b.inbound.malformed_count == 3
     assert recorder_b.messages.empty()
 
 
-async def test_oversized_frame_count_ends_the_stream(
-    local_pair: tuple[GrpcTransport, GrpcTransport, Recorder],
+async def test_oversized_frame_count_ends_the_connection(
+    local_pair: tuple[PeerTransport, PeerTransport, Recorder],
 ) -> None:
     _, b, _ = local_pair
-    async with grpc.aio.insecure_channel(b.listen_address) as channel:
-        call = channel.stream_stream(
-            "/cornus.node.v1.NodePeer/Stream",
-            request_serializer=pb.PeerFrame.SerializeToString,
-            response_deserializer=pb.PeerFrame.FromString,
-        )()
-        frame = pb.PeerFrame(sender="raw")
-        for _ in range(b.limits.frame_item_count_max + 1):
-            frame.items.add(kind=pb.ENVELOPE_KIND_MESSAGE).vote.txn = "t"
-        await call.write(frame)
-        assert (await asyncio.wait_for(call.read(), RECEIVE_WAIT_S)).sender == "b"
-        assert await asyncio.wait_for(call.read(), RECEIVE_WAIT_S) is grpc.aio.EOF
+    reader, writer = await _raw_connection(b.listen_address)
+    frame = pb.PeerFrame(sender="raw")
+    for _ in range(b.limits.frame_item_count_max + 1):
+        frame.items.add(kind=pb.ENVELOPE_KIND_MESSAGE).vote.txn = "t"
+    _write_frame(writer, frame)
+    hello = await _read_frame(reader)
+    assert hello is not None and hello.sender == "b"
+    assert await _read_frame(reader) is None
     assert b.inbound.malformed_count == 1
 
 
-async def test_close_fails_pending_requests(local_pair: tuple[GrpcTransport, GrpcTransport, Recorder]) -> None:
+async def test_garbage_and_oversized_lengths_end_the_connection(
+    local_pair: tuple[PeerTransport, PeerTransport, Recorder],
+) -> None:
+    """Bytes that are not our wire format cost the sender its connection, and nothing else."""
+    a, b, recorder_b = local_pair
+    for garbage in (b"GET / HTTP/1.1\r\n\r\n", (b.limits.message_bytes_max + 1).to_bytes(4, "big")):
+        reader, writer = await _raw_connection(b.listen_address)
+        writer.write(garbage)
+        assert await _read_frame(reader) is None  # closed without a hello
+        writer.close()
+    # The real peer's connection is untouched.
+    a.send("b", Vote(txn="after-garbage", partition="p", yes=True))
+    assert (await recorder_b.next_message())[1] == Vote(txn="after-garbage", partition="p", yes=True)
+
+
+async def test_a_silent_peer_is_cut_off_by_heartbeats(caplog: pytest.LogCaptureFixture) -> None:
+    """A peer that accepts the connection and answers the hello but then sends nothing (a hung
+    VM) is declared dead after about keepalive interval + timeout, with no traffic needed."""
+    limits = TransportLimits(keepalive_interval_ms=200, keepalive_timeout_ms=200)
+    server_port = free_port()
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def hung_peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(4)
+        hello = pb.PeerFrame(sender="hung").SerializeToString()
+        writer.write(len(hello).to_bytes(4, "big") + hello)
+        accepted.append(writer)  # then silence: no heartbeats, no reads
+
+    server = await asyncio.start_server(hung_peer, "127.0.0.1", server_port)
+    transport = PeerTransport("a", f"127.0.0.1:{free_port()}", {"hung": f"127.0.0.1:{server_port}"}, limits)
+    await transport.start(Recorder("a"))
+    try:
+        assert await transport.wait_connected("hung", CONNECT_WAIT_MS)
+        caplog.set_level(logging.INFO, logger="services.node_rpc.transport")
+        await wait_until(lambda: transport.peer_counters("hung").disconnect_count >= 1,
+                         "the silent link is declared down")
+        assert any("nothing heard from the peer" in record.getMessage() for record in caplog.records)
+    finally:
+        await transport.close()
+        for writer in accepted:
+            writer.close()
+        server.close()
+
+
+async def test_close_fails_pending_requests(local_pair: tuple[PeerTransport, PeerTransport, Recorder]) -> None:
     a, _, recorder_b = local_pair
     pending = asyncio.create_task(a.request("b", _execute("sleep:30000"), 30_000))
     await wait_until(lambda: bool(recorder_b.requests), "b is serving the request")

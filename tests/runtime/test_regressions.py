@@ -386,3 +386,43 @@ async def test_coordinator_log_redo_bundle_over_the_record_limit_is_refused_at_t
         error = await _refused(run_and_commit, what)
         assert str(REDO_BYTES_MAX) in str(error), f"the refusal does not name the limit: {error}"
         await _nothing_changed(cluster, keys, what)
+
+
+# === the owner's cache across a lost and regained partition ========================================
+
+
+async def test_cache_is_not_served_after_the_partition_moved_away_and_back(tmp_path):
+    """The owner serves reads from memory because it is the only writer of its partition. Once it
+    loses the partition, another node may write; when it gets the partition back, what it cached
+    before is stale and must never be served. (`cornus bench` now loads every key first so that
+    nearly every read is a cache hit: this is the case that makes a hit wrong.)"""
+    async with local_cluster(tmp_path, node_count=2, partition_count=1) as cluster:
+        assert cluster.owner_of("p0") == "n0"
+        n0, n1 = cluster.node("n0"), cluster.node("n1")
+        key = cluster.key_in("p0")
+        await commit_writes(n0, {key: b"old"})
+        assert await read_through(n0, key) == b"old"  # cached by n0
+
+        # n0 stays up but cannot renew its lease: it is deposed, and n1 takes the partition.
+        cluster.faults["n0"].fail("write_owner", count=None)
+
+        async def n1_serves() -> bool:
+            return "p0" in n1.serving and "p0" not in n0.serving
+
+        await wait_until(n1_serves, 20, "n1 never took p0 from the deposed n0")
+        await commit_writes(n1, {key: b"new"})
+
+        async def applied() -> bool:
+            return await cluster.value(key) == b"new"
+
+        await wait_until(applied, 10, "n1's commit of b'new' never reached storage")
+
+        # n0 heals; as p0's preferred owner it asks for it back and n1 hands it over.
+        cluster.faults["n0"].heal("write_owner")
+
+        async def n0_serves_again() -> bool:
+            return "p0" in n0.serving and "p0" not in n1.serving
+
+        await wait_until(n0_serves_again, 20, "p0 never came back to its preferred owner n0")
+        seen = await read_through(n0, key)
+        assert seen == b"new", f"n0 served {seen!r} from before it lost p0; storage holds b'new'"
