@@ -57,6 +57,7 @@ from storage_adapters.contract import (
     validate_writes,
 )
 from storage_adapters.errors import DecisionFlipRefused, Fenced, InvariantViolation, StorageUnavailable
+from storage_adapters.redis_batch import ScriptBatcher
 
 TIMEOUT_MS_CALL_DEFAULT = 5_000
 CONNECTION_COUNT_MAX = 64
@@ -220,6 +221,8 @@ class RedisStore(LogStore):
         self._log = client.register_script(_LOG)
         self._apply_redo = client.register_script(_APPLY_REDO)
         self._delete = client.register_script(_DELETE)
+        # Concurrent writes go to Redis as one pipeline per event-loop tick (redis_batch.py).
+        self._batcher = ScriptBatcher(client, timeout_ms_call)
         self._fenced = {
             script: client.register_script(_FENCE + script) for script in (_LOG_ONCE, _LOG, _APPLY_REDO, _DELETE)
         }
@@ -228,16 +231,21 @@ class RedisStore(LogStore):
     @classmethod
     async def open(cls, url: str, *, timeout_ms_call: int = TIMEOUT_MS_CALL_DEFAULT) -> RedisStore:
         timeout_s = timeout_ms_call / 1000
-        client = aioredis.Redis.from_url(
+        # A blocking pool: a burst of calls beyond CONNECTION_COUNT_MAX waits for a connection
+        # (within the call's deadline) instead of failing at once with "Too many connections"
+        # (a recovery that collects thousands of old records did exactly that).
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=CONNECTION_COUNT_MAX,
+            timeout=timeout_s,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             # The caller owns retries (it knows whether the call is idempotent at its level); a
             # hidden client retry would also stretch a call past its deadline.
             retry=Retry(NoBackoff(), 0),
-            max_connections=CONNECTION_COUNT_MAX,
             decode_responses=False,
         )
+        client = aioredis.Redis.from_pool(pool)  # the client owns the pool: closing it closes the pool
         store = cls(client, timeout_ms_call)
         await store._bounded(client.ping(), "PING")
         return store
@@ -257,10 +265,10 @@ class RedisStore(LogStore):
         """Run a contract script, or its fenced variant when there is a fence; Fenced if refused."""
         if fence is None:
             script = {_LOG_ONCE: self._log_once, _LOG: self._log, _APPLY_REDO: self._apply_redo, _DELETE: self._delete}
-            return await self._bounded(script[source](keys=keys, args=args), what)
+            return await self._bounded(self._batcher.run(script[source], keys, args), what)
         fenced_keys = [*keys, _owner_key(fence.partition)]
         reply = await self._bounded(
-            self._fenced[source](keys=fenced_keys, args=[*args, fence.owner, str(fence.epoch)]), what
+            self._batcher.run(self._fenced[source], fenced_keys, [*args, fence.owner, str(fence.epoch)]), what
         )
         if isinstance(reply, list) and reply and reply[0] == b"FENCED":
             raise Fenced(fence, _owner_from_flat(fence.partition, reply[1]))
@@ -410,4 +418,5 @@ class RedisStore(LogStore):
         return OwnerWriteResult(_owner_from_flat(new.partition, stored), written == 1)
 
     async def close(self) -> None:
+        await self._batcher.close()
         await self._client.aclose()
