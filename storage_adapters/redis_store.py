@@ -26,8 +26,10 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 import redis.exceptions
+from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
@@ -57,7 +59,7 @@ from storage_adapters.contract import (
     validate_writes,
 )
 from storage_adapters.errors import DecisionFlipRefused, Fenced, InvariantViolation, StorageUnavailable
-from storage_adapters.redis_batch import ScriptBatcher
+from storage_adapters.resp_pipe import RespAddress, RespPipe
 
 TIMEOUT_MS_CALL_DEFAULT = 5_000
 CONNECTION_COUNT_MAX = 64
@@ -221,8 +223,9 @@ class RedisStore(LogStore):
         self._log = client.register_script(_LOG)
         self._apply_redo = client.register_script(_APPLY_REDO)
         self._delete = client.register_script(_DELETE)
-        # Concurrent writes go to Redis as one pipeline per event-loop tick (redis_batch.py).
-        self._batcher = ScriptBatcher(client, timeout_ms_call)
+        # The hot scripts go over one pipelined connection (resp_pipe.py); None: a TLS or Unix
+        # socket URL, where they go through redis-py like every other call.
+        self._pipe: RespPipe | None = None
         self._fenced = {
             script: client.register_script(_FENCE + script) for script in (_LOG_ONCE, _LOG, _APPLY_REDO, _DELETE)
         }
@@ -247,6 +250,13 @@ class RedisStore(LogStore):
         )
         client = aioredis.Redis.from_pool(pool)  # the client owns the pool: closing it closes the pool
         store = cls(client, timeout_ms_call)
+        address = parse_url(url)
+        if "connection_class" not in address:  # plain TCP
+            store._pipe = RespPipe(
+                RespAddress(address["host"], address["port"], address.get("db", 0), address.get("username"),
+                            address.get("password")),
+                timeout_ms_call,
+            )
         await store._bounded(client.ping(), "PING")
         return store
 
@@ -265,14 +275,19 @@ class RedisStore(LogStore):
         """Run a contract script, or its fenced variant when there is a fence; Fenced if refused."""
         if fence is None:
             script = {_LOG_ONCE: self._log_once, _LOG: self._log, _APPLY_REDO: self._apply_redo, _DELETE: self._delete}
-            return await self._bounded(self._batcher.run(script[source], keys, args), what)
+            return await self._bounded(self._script(script[source], keys, args), what)
         fenced_keys = [*keys, _owner_key(fence.partition)]
         reply = await self._bounded(
-            self._batcher.run(self._fenced[source], fenced_keys, [*args, fence.owner, str(fence.epoch)]), what
+            self._script(self._fenced[source], fenced_keys, [*args, fence.owner, str(fence.epoch)]), what
         )
         if isinstance(reply, list) and reply and reply[0] == b"FENCED":
             raise Fenced(fence, _owner_from_flat(fence.partition, reply[1]))
         return reply
+
+    async def _script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        if self._pipe is None:
+            return await script(keys=keys, args=args)
+        return await self._pipe.evalsha(script.sha, script.script, keys, args)
 
     async def log_once(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
@@ -418,5 +433,6 @@ class RedisStore(LogStore):
         return OwnerWriteResult(_owner_from_flat(new.partition, stored), written == 1)
 
     async def close(self) -> None:
-        await self._batcher.close()
+        if self._pipe is not None:
+            await self._pipe.close()
         await self._client.aclose()
