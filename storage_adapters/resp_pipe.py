@@ -188,8 +188,11 @@ class RespPipe:
                 load: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                 # Its error, if any, reaches the caller through the resent call's own NOSCRIPT.
                 load.add_done_callback(lambda done: done.cancelled() or done.exception())
-                self._send(protocol, ["SCRIPT", "LOAD", source], _Reply(load, None))
-                self._send(protocol, command, _Reply(future, None))
+                try:
+                    self._send(protocol, ["SCRIPT", "LOAD", source], _Reply(load, None))
+                    self._send(protocol, command, _Reply(future, None))
+                except redis.exceptions.ConnectionError as error:  # too many unanswered calls
+                    future.set_exception(error)
                 return
             error: Exception = (redis.exceptions.NoScriptError(message) if message.startswith("NOSCRIPT")
                                 else redis.exceptions.ResponseError(message))
