@@ -278,6 +278,23 @@ def _error(
                            txn if len(txn) <= TXN_ID_LENGTH_MAX and re.fullmatch(TXN_ID_PATTERN, txn) else "")
 
 
+# The exceptions the node raises for a request that cannot run, and how REST answers each:
+# (status, error code, extra headers). The app's handlers and the fast path share it.
+_RETRY_LATER = {"Retry-After": "1"}
+_ERROR_ANSWERS: dict[type[Exception], tuple[int, str, dict[str, str] | None]] = {
+    ValidationError: (400, "invalid_request", None),
+    TxnNotFound: (404, "not_found", None),
+    TxnWrongState: (409, "wrong_state", None),
+    NodeOverloaded: (503, "unavailable", _RETRY_LATER),
+    StorageUnavailable: (503, "storage_unavailable", _RETRY_LATER),
+}
+
+
+def _answer_for(error: Exception) -> tuple[int, str, dict[str, str] | None]:
+    """The answer for `error`, found by its class or the nearest base class listed."""
+    return next(_ERROR_ANSWERS[kind] for kind in type(error).__mro__ if kind in _ERROR_ANSWERS)
+
+
 def _error_response(
     status: int, error: str, detail: str, headers: dict[str, str] | None = None, txn: str = ""
 ) -> JSONResponse:
@@ -334,10 +351,11 @@ def _responses(*codes: int, extra: dict[int, dict[str, Any]] | None = None) -> d
 class _ExecuteFastPath:
     """Every one-shot transaction arrives as POST /v1/execute, and FastAPI's routing, dependency
     solving and middleware stack cost more CPU than the rest of the node's HTTP handling. This ASGI
-    middleware answers the common case itself: a JSON body with a Content-Length within the limit
-    that validates against ExecuteIn (the same pydantic model, from JSON). Anything else (another
-    route, no Content-Length, a body that does not validate, more ops than op_count_max) goes to
-    the FastAPI app untouched, with the body replayed, so every error keeps its one shape."""
+    middleware answers the common case itself: a JSON body (by Content-Type, as FastAPI decides)
+    with a Content-Length within the limit that validates against ExecuteIn (the same pydantic
+    model, from JSON). Anything else (another route, no Content-Length, another content type, a
+    body that does not validate, more ops than op_count_max) goes to the FastAPI app untouched,
+    with the body replayed, so every error keeps its one shape."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], node: Node, limit_bytes: int) -> None:
         self.app = app
@@ -351,10 +369,15 @@ class _ExecuteFastPath:
             await self.app(scope, receive, send)
             return
         length = -1
+        json_body = True  # FastAPI reads a body without a Content-Type as JSON too
         for name, value in scope["headers"]:
             if name == b"content-length":
                 length = int(value) if value.isdigit() else -1
-        if not 0 < length <= self.limit_bytes:
+            elif name == b"content-type":
+                media_type = value.split(b";", 1)[0].strip().lower()
+                json_body = media_type == b"application/json" or (
+                    media_type.startswith(b"application/") and media_type.endswith(b"+json"))
+        if not 0 < length <= self.limit_bytes or not json_body:
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []
@@ -375,12 +398,9 @@ class _ExecuteFastPath:
             return
         try:
             response = _ended(await self.node.execute([_op(op) for op in request.ops], request.protocol))
-        except ValidationError as error:
-            response = _error_response(400, "invalid_request", str(error))
-        except NodeOverloaded as error:
-            response = _error_response(503, "unavailable", str(error), {"Retry-After": "1"})
-        except StorageUnavailable as error:
-            response = _error_response(503, "storage_unavailable", str(error), {"Retry-After": "1"})
+        except tuple(_ERROR_ANSWERS) as error:
+            status, code, headers = _answer_for(error)
+            response = _error_response(status, code, str(error), headers)
         except Exception as error:  # as the app's own handler answers it
             log.exception("internal error on POST /v1/execute")
             response = JSONResponse({"error": "internal", "detail": f"{type(error).__name__}: {error}"},
@@ -455,25 +475,12 @@ def build_app(node: Node, metrics: Metrics | None = None) -> FastAPI:
         )
         return _error(request, 422, "malformed_request", problems or "the request does not fit the schema")
 
-    @app.exception_handler(ValidationError)
-    async def _invalid(request: Request, exc: ValidationError) -> JSONResponse:
-        return _error(request, 400, "invalid_request", str(exc))
+    async def _answered(request: Request, exc: Exception) -> JSONResponse:
+        status, error, headers = _answer_for(exc)
+        return _error(request, status, error, str(exc), headers)
 
-    @app.exception_handler(TxnNotFound)
-    async def _not_found(request: Request, exc: TxnNotFound) -> JSONResponse:
-        return _error(request, 404, "not_found", str(exc))
-
-    @app.exception_handler(TxnWrongState)
-    async def _wrong_state(request: Request, exc: TxnWrongState) -> JSONResponse:
-        return _error(request, 409, "wrong_state", str(exc))
-
-    @app.exception_handler(NodeOverloaded)
-    async def _overloaded(request: Request, exc: NodeOverloaded) -> JSONResponse:
-        return _error(request, 503, "unavailable", str(exc), {"Retry-After": "1"})
-
-    @app.exception_handler(StorageUnavailable)
-    async def _storage(request: Request, exc: StorageUnavailable) -> JSONResponse:
-        return _error(request, 503, "storage_unavailable", str(exc), {"Retry-After": "1"})
+    for exception_type in _ERROR_ANSWERS:
+        app.add_exception_handler(exception_type, _answered)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:

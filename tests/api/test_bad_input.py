@@ -5,6 +5,7 @@ the bad call named is still active and still commits)."""
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass
 
 import httpx
@@ -199,3 +200,18 @@ def test_unknown_paths_answer_in_the_error_shape(api_cluster: Cluster) -> None:
     response = api_cluster.get("n0", "/v1/kv/a%2Fb")
     assert response.status_code == 404 and response.json()["error"] == "not_found", response.text
     assert "/v1/kv/a/b" in response.json()["detail"]
+
+
+def test_execute_takes_json_bodies_only_by_content_type_as_fastapi_does(api_cluster: Cluster) -> None:
+    """POST /v1/execute skips FastAPI's stack when its body validates (rest._ExecuteFastPath); the
+    content types it accepts must be FastAPI's: JSON, application/*+json, or none given."""
+    key = keys_on("p0", API_PARTITION_COUNT, 1, prefix=f"ctype{next(_fresh)}-")[0]
+    body = json.dumps({"ops": [_put(key, "v")]}).encode()
+    url = api_cluster.nodes["n0"].url + "/v1/execute"
+    refused = api_cluster.client.post(url, content=body, headers={"content-type": "text/plain"})
+    assert refused.status_code == 422 and refused.json()["error"] == "malformed_request", refused.text
+    assert api_cluster.execute("n0", [{"op": "get", "key": key}]).json()["reads"] == {key: None}
+    for content_type in ("application/json; charset=utf-8", "application/vnd.cornus+json", None):
+        headers = {"content-type": content_type} if content_type else {}
+        answer = api_cluster.client.post(url, content=body, headers=headers)
+        assert answer.status_code == 200 and answer.json()["outcome"] == "committed", (content_type, answer.text)
