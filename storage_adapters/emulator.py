@@ -1,8 +1,10 @@
 """The embedded default backend: a SQLite file in WAL mode, shared safely by many processes.
 
-No server to install. Each store owns one connection on one worker thread; calls queue to it and
-the worker runs everything queued so far in ONE SQLite transaction (group commit), because the
-fsync at commit is this backend's bottleneck and one fsync can make a whole batch durable. Each
+No server to install. Each store has two worker threads, one for writes and one for reads, each
+with its own connection and queue (WAL lets readers run beside the writer, so a read never waits
+behind a write that waits for the write lock). A worker runs everything queued so far in ONE
+SQLite transaction (group commit), because the fsync at commit is this backend's bottleneck and
+one fsync can make a whole batch durable. Each
 call still gets exactly the answer it would get alone: calls in a batch run one after another
 inside the transaction, each under its own savepoint, so a refused call writes nothing.
 
@@ -10,8 +12,10 @@ Several processes may open the same file: `BEGIN IMMEDIATE` takes SQLite's write
 read, so a `log_once` read-then-insert is atomic across processes too. Before it, a writer takes
 an exclusive `flock` on `<file>.writer-lock`: SQLite's own wait for a busy lock sleeps 1, 2, 5,
 10 ms between attempts, so processes taking turns at the write lock spent most of their time
-asleep; the flock hands the turn over as soon as it is free. It only orders our own writers: a
-process that does not take it is still serialized by SQLite's lock, only more slowly.
+asleep; the flock (blocking, so the thread waits without the GIL) hands the turn over as soon as
+it is free. It only orders our own writers: a process that does not take it is still serialized
+by SQLite's lock, only more slowly. A write whose caller's deadline passed while it waited for the
+flock is dropped unwritten, so no write lands after its caller was told it failed.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +70,6 @@ QUEUE_COUNT_MAX = 10_000
 # one transaction never holds the cross-process write lock for long.
 BATCH_COUNT_MAX = 256
 TIMEOUT_MS_CALL_DEFAULT = 5_000
-# Waiting for the writer lock polls from this interval up to the max (doubling), within the call
-# deadline: a lock freed is seen within about the max.
-WRITER_LOCK_POLL_US_MIN = 50
-WRITER_LOCK_POLL_US_MAX = 1_000
 # Opening retries lock contention between processes that set up a fresh file at once.
 OPEN_RETRY_COUNT_MAX = 64
 OPEN_BACKOFF_MS_MIN = 5
@@ -116,6 +116,18 @@ class _Call:
     writes: bool
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
+    deadline_s: float  # time.monotonic() past which its caller has given up
+
+
+@dataclass
+class _Lane:
+    """A worker thread of the store, with its queue: one lane for writes, one for reads."""
+
+    writes: bool
+    queue: queue.Queue[_Call | None] = field(default_factory=lambda: queue.Queue(maxsize=QUEUE_COUNT_MAX))
+    ready: threading.Event = field(default_factory=threading.Event)
+    open_error: BaseException | None = None
+    thread: threading.Thread | None = None
 
 
 def _now_ms() -> int:
@@ -182,21 +194,24 @@ class EmulatorStore(LogStore):
         assert timeout_ms_call > 0
         self.path = path
         self.timeout_ms_call = timeout_ms_call
-        self._queue: queue.Queue[_Call | None] = queue.Queue(maxsize=QUEUE_COUNT_MAX)
         self._closed = False
-        self._ready = threading.Event()
-        self._open_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._worker, name=f"cornus-sqlite-{path.name}", daemon=True)
-        self._lock_fd = -1  # the writer flock's file, opened by the worker
+        self._lanes = {writes: _Lane(writes) for writes in (True, False)}
+        for lane in self._lanes.values():
+            lane.thread = threading.Thread(target=self._worker, args=(lane,), daemon=True,
+                                           name=f"cornus-sqlite-{'writer' if lane.writes else 'reader'}-{path.name}")
+        self._lock_fd = -1  # the writer flock's file, opened by the writer
 
     @classmethod
     async def open(cls, path: str | Path, *, timeout_ms_call: int = TIMEOUT_MS_CALL_DEFAULT) -> EmulatorStore:
         store = cls(Path(path), timeout_ms_call)
-        store._thread.start()
-        ready = await asyncio.to_thread(store._ready.wait, timeout_ms_call / 1000)
-        if not ready or store._open_error is not None:
-            await store.close()
-            raise StorageUnavailable(f"cannot open SQLite file {path}: {store._open_error or 'timed out'}")
+        for lane in store._lanes.values():
+            lane.thread.start()
+        deadline = time.monotonic() + timeout_ms_call / 1000
+        for lane in store._lanes.values():
+            ready = await asyncio.to_thread(lane.ready.wait, max(0.0, deadline - time.monotonic()))
+            if not ready or lane.open_error is not None:
+                await store.close()
+                raise StorageUnavailable(f"cannot open SQLite file {path}: {lane.open_error or 'timed out'}")
         return store
 
     # --- worker thread -------------------------------------------------------------------------
@@ -243,47 +258,56 @@ class EmulatorStore(LogStore):
                 conn.execute("ROLLBACK")
             raise
 
-    def _worker(self) -> None:
+    def _worker(self, lane: _Lane) -> None:
         try:
             conn = self._connect()
-            self._lock_fd = os.open(f"{self.path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o644)
+            if lane.writes:
+                self._lock_fd = os.open(f"{self.path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o644)
         except BaseException as error:
-            self._open_error = error
-            self._ready.set()
+            lane.open_error = error
+            lane.ready.set()
             return
-        self._ready.set()
+        lane.ready.set()
         try:
             while True:
-                first = self._queue.get()
+                first = lane.queue.get()
                 if first is None:
                     return
                 batch = [first]
                 while len(batch) < BATCH_COUNT_MAX:
                     try:
-                        more = self._queue.get_nowait()
+                        more = lane.queue.get_nowait()
                     except queue.Empty:
                         break
                     if more is None:
-                        self._queue.put(None)  # finish this batch, then stop
+                        lane.queue.put(None)  # finish this batch, then stop
                         break
                     batch.append(more)
-                self._run_batch(conn, batch)
+                self._run_batch(conn, batch, lane.writes)
         finally:
             conn.close()
-            os.close(self._lock_fd)
+            if lane.writes:
+                os.close(self._lock_fd)
 
-    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Call]) -> None:
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Call], writes: bool) -> None:
         # A caller that gave up (deadline) is skipped, so a stale call never runs late.
         live = [call for call in batch if not call.future.cancelled()]
         if not live:
             return
         results: list[tuple[bool, Any]] = []
-        writes = any(call.writes for call in live)
-        if writes and not self._lock_writer():
-            unavailable = StorageUnavailable(f"SQLite {self.path}: another process held the write lock for "
-                                             f"{self.timeout_ms_call} ms")
-            self._settle_all(live, [(False, unavailable)] * len(live))
-            return
+        if writes:
+            # Blocking: the thread waits without the GIL and wakes as the lock frees (module doc).
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            now = time.monotonic()
+            late = [call for call in live if now > call.deadline_s or call.future.cancelled()]
+            if late:
+                unavailable = StorageUnavailable(f"SQLite {self.path}: waited past the deadline for the write lock")
+                self._settle_all(late, [(False, unavailable)] * len(late))
+                late_ids = {id(call) for call in late}
+                live = [call for call in live if id(call) not in late_ids]
+            if not live:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                return
         try:
             conn.execute("BEGIN IMMEDIATE" if writes else "BEGIN")
             for call in live:
@@ -308,20 +332,6 @@ class EmulatorStore(LogStore):
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         self._settle_all(live, results)
 
-    def _lock_writer(self) -> bool:
-        """Take the writer flock within the call deadline (False: not within it)."""
-        deadline = time.monotonic() + self.timeout_ms_call / 1000
-        poll_us = WRITER_LOCK_POLL_US_MIN
-        while True:
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    return False
-            time.sleep(poll_us / 1_000_000)
-            poll_us = min(2 * poll_us, WRITER_LOCK_POLL_US_MAX)
-
     @staticmethod
     def _settle_all(calls: list[_Call], results: list[tuple[bool, Any]]) -> None:
         # One wake-up of each caller's loop for the whole batch, not one per call.
@@ -341,7 +351,9 @@ class EmulatorStore(LogStore):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         try:
-            self._queue.put_nowait(_Call(run, writes, future, loop))
+            self._lanes[writes].queue.put_nowait(
+                _Call(run, writes, future, loop, time.monotonic() + self.timeout_ms_call / 1000)
+            )
         except queue.Full:
             raise StorageUnavailable(f"SQLite queue is full ({QUEUE_COUNT_MAX} calls waiting)") from None
         try:
@@ -514,10 +526,11 @@ class EmulatorStore(LogStore):
         if self._closed:
             return
         self._closed = True
-        if self._thread.is_alive():
-            # put() may block only if the queue is full; the worker is draining it, so it frees.
-            await asyncio.to_thread(self._queue.put, None)
-            await asyncio.to_thread(self._thread.join, self.timeout_ms_call / 1000)
+        for lane in self._lanes.values():
+            if lane.thread is not None and lane.thread.is_alive():
+                # put() may block only if the queue is full; the worker is draining it, so it frees.
+                await asyncio.to_thread(lane.queue.put, None)
+                await asyncio.to_thread(lane.thread.join, self.timeout_ms_call / 1000)
 
 
 def _settle_batch(settled: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:

@@ -1,5 +1,7 @@
 """The emulator's writer flock (storage_adapters/emulator.py): writers of several processes take
-turns through it, and a writer that holds it too long costs the others their deadline, not a hang."""
+turns through it; a writer that holds it too long costs the others' writes their deadline, never
+their reads (a separate reader thread), and a write whose caller gave up while it waited for the
+lock is dropped, never written late."""
 
 from __future__ import annotations
 
@@ -31,9 +33,11 @@ async def test_a_held_writer_lock_costs_a_write_its_deadline_then_writes_go_on(t
         except StorageUnavailable:
             pass
         assert time.monotonic() - started < TIMEOUT_MS_CALL / 1000 + DEADLINE_SLACK_S
-        # Reads take no writer lock.
+        # Reads take no writer lock and do not queue behind the waiting write (one queued there
+        # would miss its own deadline: the lock is released only below).
         assert await store.read(log, "t1.cornus") is None
         fcntl.flock(holder, fcntl.LOCK_UN)
+        # The refused write did not land once the lock was free: this one creates the record.
         result = await store.log_once(log, "t1.cornus", TxnState.VOTE_YES, body)
         assert result.created
     finally:
