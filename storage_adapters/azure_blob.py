@@ -7,6 +7,13 @@ stored. (The paper's artifact wrote two blobs, the second conditional; one blob 
 true LogOnce cost one write.) Every later change of a record (`log`'s decisions, `apply_redo`'s
 applied marker) is an `If-Match` on the ETag read just before, retried a bounded number of times.
 
+`apply_redo` cannot write data blobs and the record in one atomic step. It reads the record (it
+must be VOTE_YES or COMMIT, not applied), writes the data blobs, and only then replaces the record
+with COMMIT and applied (`If-Match`). A crash in between leaves the record as it was: a VOTE_YES
+(the participant's own commit, see LogStore.apply_redo) that recovery resolves to COMMIT, or an
+unapplied COMMIT, and either way recovery applies the same redo again over the blobs that landed,
+which is harmless because the redo's keys stay locked until the record says applied.
+
 Layout, with transaction state, data and ownership under distinct prefixes so access policies can
 split them:
 
@@ -648,31 +655,34 @@ class AzureBlobStore(LogStore):
             # stop them. A redo refused here writes nothing; one deposed mid-way is the case the
             # module docstring describes.
             stored = await self._get_fenced(log, txn, fence)
-            self._check_committed(log, txn, stored)
+            self._check_appliable(log, txn, stored)
             assert stored is not None
             if stored.record.applied:
                 # Writing again could undo a later txn's writes to the same keys.
                 return False
             await _gather_bounded([lambda k=k, v=v: put(k, v) for k, v in checked.items()])
-            # The data is in; now the marker. Losing its ETag race (a concurrent applier, or an
-            # idempotent log(COMMIT) rewrite) only means we read again and retry the marker.
+            # The data is in; now the record, COMMIT (if it was still our VOTE_YES) and applied.
+            # Losing its ETag race (a concurrent applier, or an idempotent log(COMMIT) rewrite)
+            # only means we read again and retry the marker. Nothing can have turned the record
+            # into ABORT meanwhile (only its participant decides over its own vote); if something
+            # did, the data is already written and the InvariantViolation says so.
             for _ in range(ETAG_RETRY_COUNT_MAX):
                 assert stored is not None
                 if stored.record.applied:
                     return True  # a concurrent applier of this same redo set it: the data is ours too
-                if await self._replace(replace(stored.record, applied=True), stored.etag):
+                if await self._replace(replace(stored.record, state=TxnState.COMMIT, applied=True), stored.etag):
                     return True
                 stored = await self._get(log, txn)
-                self._check_committed(log, txn, stored)
+                self._check_appliable(log, txn, stored)
             raise StorageUnavailable(
                 f"azure_blob: apply_redo {log.key}/{txn} lost {ETAG_RETRY_COUNT_MAX} ETag races in a row"
             )
 
     @staticmethod
-    def _check_committed(log: LogId, txn: str, stored: _Stored | None) -> None:
+    def _check_appliable(log: LogId, txn: str, stored: _Stored | None) -> None:
         if stored is None:
             raise InvariantViolation(f"apply_redo of {log.key}/{txn}: no record")
-        if stored.record.state is not TxnState.COMMIT:
+        if stored.record.state is TxnState.ABORT:
             raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {stored.record.state}")
 
     async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:

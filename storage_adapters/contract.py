@@ -10,6 +10,8 @@ Transitions a record may make, and which call may make them:
 
     absent   --log_once(s)/log(s)-->  s            (s in VOTE_YES, COMMIT, ABORT)
     VOTE_YES --log(COMMIT|ABORT)--->  decision
+    VOTE_YES --apply_redo---------->  COMMIT, applied   (the participant's own commit: see apply_redo)
+    COMMIT   --apply_redo---------->  COMMIT, applied
     s        --log(s)-------------->  s            (idempotent rewrite of the same state)
     COMMIT  <-/-> ABORT, decision -/-> VOTE_YES    (refused with DecisionFlipRefused, nothing written)
 
@@ -420,12 +422,29 @@ class LogStore(abc.ABC):
     async def apply_redo(
         self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
     ) -> bool:
-        """Apply a committed redo to the data and mark the partition's record applied, atomically
-        where the backend allows. The record must be COMMIT. A record already marked applied is
-        left alone and nothing is written: re-writing an old redo could undo a later transaction's
-        writes to the same keys. So recovery may repeat the call safely. True if this call applied
-        the redo, False if it was applied before (a caller caching data must not cache it then).
-        With a fence, raise Fenced (writing nothing) unless the fence holds."""
+        """Apply a committed redo to the data and mark the partition's record COMMIT and applied,
+        atomically where the backend allows.
+
+        The record must be VOTE_YES or COMMIT. A VOTE_YES record becomes COMMIT in the same step
+        as the data is written, so a participant that learns COMMIT records its decision and
+        applies in ONE call instead of `log(COMMIT)` and then this. That is safe because only the
+        participant itself ever moves its own record from VOTE_YES to a decision (a terminator
+        only does log_once(ABORT), which never overwrites a record), and it applies only once it
+        knows the decision is COMMIT. Until the call lands the record still says VOTE_YES, which
+        every termination reads as a yes vote, and all voted yes, so nothing can decide ABORT. A
+        crash before it lands leaves VOTE_YES: recovery finds the record unfinished, resolves it
+        to COMMIT and applies then. Where a backend cannot make the two one atomic step (Azure
+        Blob; a DynamoDB redo too big for one transaction) it writes the data first and the record,
+        COMMIT and applied, last, so a crash in between leaves VOTE_YES (or an unapplied COMMIT)
+        and recovery applies the same redo again over it, which is harmless while its keys stay
+        locked.
+
+        An ABORT or absent record is an InvariantViolation: raised, nothing written. A record
+        already marked applied is left alone and nothing is written: re-writing an old redo could
+        undo a later transaction's writes to the same keys. So recovery may repeat the call
+        safely. True if this call applied the redo, False if it was applied before (a caller
+        caching data must not cache it then). With a fence, raise Fenced (writing nothing) unless
+        the fence holds."""
 
     @abc.abstractmethod
     async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:

@@ -15,10 +15,11 @@ condition is the transition rule, so a refused flip writes nothing and still tel
 stored. A log's records share a partition key, so `scan_unfinished` is a Query with a filter, in sk
 (txn id) order, resuming after a txn id through ExclusiveStartKey.
 
-`apply_redo` is a TransactWriteItems that writes the data and sets `applied` on a COMMIT record,
-atomically when the redo fits one transaction (at most 100 items, a few MB); a larger redo goes in
-data chunks first and the marker last, so a crash in between leaves the record unapplied and
-recovery repeats the (idempotent) whole.
+`apply_redo` is a TransactWriteItems that writes the data and, conditioned on `state IN (VOTE_YES,
+COMMIT) AND applied = false`, sets the record to COMMIT and applied, atomically when the redo fits
+one transaction (at most 100 items, a few MB); a larger redo goes in data chunks first and the
+marker last, so a crash in between leaves the record as it was (VOTE_YES, or COMMIT unapplied) and
+recovery resolves it and repeats the (idempotent) whole.
 
 Ownership. `write_owner` is one PutItem conditioned on the stored (epoch, version)
 (`attribute_not_exists(pk)` for the first record), with ALL_OLD on failure so the loser learns the
@@ -617,8 +618,14 @@ class DynamoDbStore(LogStore):
         assert all(len(chunk) + reserved_count <= TRANSACT_ITEM_COUNT_MAX for chunk in chunks)
 
         def marker(*, require_unapplied: bool) -> dict[str, Any]:
-            condition = "#state = :commit"
-            values: dict[str, Any] = {":commit": {"S": TxnState.COMMIT.value}, ":true": {"BOOL": True}}
+            # A VOTE_YES is the participant's own record, which it applies only once it knows the
+            # decision is COMMIT (see LogStore.apply_redo): the marker records that COMMIT too.
+            condition = "#state IN (:vote, :commit)"
+            values: dict[str, Any] = {
+                ":vote": {"S": TxnState.VOTE_YES.value},
+                ":commit": {"S": TxnState.COMMIT.value},
+                ":true": {"BOOL": True},
+            }
             if require_unapplied:
                 condition += " AND #applied = :false"
                 values[":false"] = {"BOOL": False}
@@ -626,7 +633,7 @@ class DynamoDbStore(LogStore):
                 "Update": {
                     "TableName": self._table,
                     "Key": record_key,
-                    "UpdateExpression": "SET #applied = :true",
+                    "UpdateExpression": "SET #state = :commit, #applied = :true",
                     "ConditionExpression": condition,
                     "ExpressionAttributeNames": {"#state": "state", "#applied": "applied"},
                     "ExpressionAttributeValues": values,
@@ -637,9 +644,9 @@ class DynamoDbStore(LogStore):
         async with self._deadline():
             if len(chunks) == 1:
                 # The common case, fully atomic in one round trip: the data lands only together
-                # with the marker, and only if the record is a COMMIT not yet applied (and the
-                # fence holds). Writing an applied redo again could undo a later txn's writes to
-                # the same keys.
+                # with the marker, and only if the record is a vote or COMMIT not yet applied (and
+                # the fence holds). Writing an applied redo again could undo a later txn's writes
+                # to the same keys.
                 try:
                     await self._transact([*head, *chunks[0], marker(require_unapplied=True)])
                 except ClientError as error:
@@ -653,7 +660,8 @@ class DynamoDbStore(LogStore):
                     raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {stored.state}") from error
                 return True
             # Too big for one transaction: check first, then data, then the marker, so the record
-            # says applied only once all data is in.
+            # says COMMIT and applied only once all data is in; a crash before the marker leaves a
+            # VOTE_YES, which recovery resolves and then applies again.
             if fence is None:
                 item = await self._get_item(record_key)
             else:
@@ -664,7 +672,7 @@ class DynamoDbStore(LogStore):
                 if not fence.admits(owner):
                     raise Fenced(fence, owner)
             stored = _decode_record(log, txn, item) if item is not None else None
-            if stored is None or stored.state is not TxnState.COMMIT:
+            if stored is None or stored.state is TxnState.ABORT:
                 state = stored.state if stored is not None else "absent"
                 raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {state}")
             if stored.applied:

@@ -464,9 +464,11 @@ class EmulatorStore(LogStore):
             row = conn.execute(
                 "SELECT state, applied FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)
             ).fetchone()
-            if row is None or row[0] != TxnState.COMMIT.value:
+            if row is None or row[0] not in (TxnState.VOTE_YES.value, TxnState.COMMIT.value):
                 stored = "absent" if row is None else row[0]
-                raise InvariantViolation(f"apply_redo of txn {txn!r} on {partition!r}: record is {stored}, not COMMIT")
+                raise InvariantViolation(
+                    f"apply_redo of txn {txn!r} on {partition!r}: record is {stored}, not VOTE_YES or COMMIT"
+                )
             if row[1]:
                 return False  # applied before: see the contract on why it must not be re-written
             for key, value in checked.items():
@@ -477,7 +479,12 @@ class EmulatorStore(LogStore):
                         "INSERT INTO data VALUES (?, ?, ?) ON CONFLICT (partition, key) DO UPDATE SET value = ?",
                         (partition, key, value, value),
                     )
-            conn.execute("UPDATE txn_log SET applied = 1 WHERE log = ? AND txn = ?", (log.key, txn))
+            # A VOTE_YES becomes COMMIT here, in the transaction that writes the data (the
+            # participant's own commit, see LogStore.apply_redo).
+            conn.execute(
+                "UPDATE txn_log SET state = ?, applied = 1 WHERE log = ? AND txn = ?",
+                (TxnState.COMMIT.value, log.key, txn),
+            )
             return True
 
         return await self._call(run, writes=True)

@@ -114,10 +114,13 @@ return {'OK', ARGV[2]}
 """
 
 # KEYS: record, index, data keys... ARGV: txn, then per data key an op ('s'|'d') and a value.
+# A VOTE_YES record is the participant's own, which it applies only once it knows the decision is
+# COMMIT (see LogStore.apply_redo): the script records that COMMIT with the data, so the record
+# leaves the unfinished index in the same step.
 _APPLY_REDO = _SYNC_INDEX + """
 local stored = redis.call('HGET', KEYS[1], 'state')
-if stored ~= 'COMMIT' then return {'NOT_COMMIT', stored or 'absent'} end
-if redis.call('HGET', KEYS[1], 'applied') == '1' then return {'APPLIED_BEFORE', 'COMMIT'} end
+if stored ~= 'COMMIT' and stored ~= 'VOTE_YES' then return {'NOT_COMMIT', stored or 'absent'} end
+if redis.call('HGET', KEYS[1], 'applied') == '1' then return {'APPLIED_BEFORE', stored} end
 for i = 3, #KEYS do
   local op = ARGV[2 * (i - 2)]
   if op == 's' then
@@ -126,7 +129,7 @@ for i = 3, #KEYS do
     redis.call('DEL', KEYS[i])
   end
 end
-redis.call('HSET', KEYS[1], 'applied', '1')
+redis.call('HSET', KEYS[1], 'state', 'COMMIT', 'applied', '1')
 sync_index(KEYS[1], KEYS[2], ARGV[1])
 return {'OK', 'COMMIT'}
 """
@@ -398,7 +401,7 @@ class RedisStore(LogStore):
         verdict, stored = await self._run(_APPLY_REDO, keys, args, fence, "apply_redo")
         if verdict == b"NOT_COMMIT":
             raise InvariantViolation(
-                f"apply_redo of txn {txn!r} on {partition!r}: record is {stored.decode()}, not COMMIT"
+                f"apply_redo of txn {txn!r} on {partition!r}: record is {stored.decode()}, not VOTE_YES or COMMIT"
             )
         assert verdict in (b"OK", b"APPLIED_BEFORE")
         return verdict == b"OK"

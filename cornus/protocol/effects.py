@@ -57,8 +57,11 @@ class Log:
 
 @dataclass(frozen=True, slots=True)
 class ApplyRedo:
-    """Write a committed redo into the partition's data and mark its record applied. Answered by
-    ApplyReturned; the participant holds the locks of the redo until it succeeds."""
+    """Write a committed redo into the partition's data and mark its record COMMIT and applied.
+    The record may still hold the participant's own VOTE_YES: the apply then records the COMMIT in
+    the same storage call, so a participant that learns COMMIT needs no Log(COMMIT) before it (see
+    LogStore.apply_redo for why that is safe). Answered by ApplyReturned; the participant holds
+    the locks of the redo until it succeeds, and acks the decision only after."""
 
     owner: str
     partition: str
@@ -129,10 +132,14 @@ class CancelTimer:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseLocks:
-    """Drop the transaction's locks and execution state on the partition."""
+    """Drop the transaction's locks and execution state on the partition. `refuse_later`: and
+    refuse any execution of it from now on (bounded memory, as the runtime's), because a one-shot's
+    request that carries its prepare may still be on its way, or running, and must not vote after
+    the partition acknowledged the ABORT it knew nothing of."""
 
     partition: str
     txn: str
+    refuse_later: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,8 @@ class TwoPhaseParticipant(ParticipantBase):
         effects: list[Effect] = [CancelTimer(self._timer("prepare"))]
         if not self.vote_yes:
             return effects + self._abort_unilaterally()
+        # Our locks go only at the decision from here on (see CornusParticipant._on_prepare).
+        effects.append(LocksPrepared(self.partition, self.txn))
         if self.logs_vote:
             self.phase = Phase.VOTING
             self._own_call = Log(self.partition, self.log, self.txn, TxnState.VOTE_YES, self._body())
@@ -46,10 +48,9 @@ class TwoPhaseParticipant(ParticipantBase):
 
     def _voted(self) -> list[Effect]:
         self.phase = Phase.VOTED
-        prepared: list[Effect] = [LocksPrepared(self.partition, self.txn)]
         if self._heard is not None:
-            return prepared + self._decide(self._heard)
-        return [*prepared, *self._vote(True), StartTimer(self._timer("decision"), self.config.timeout_ms_decision)]
+            return self._decide(self._heard)
+        return [*self._vote(True), StartTimer(self._timer("decision"), self.config.timeout_ms_decision)]
 
     def _abort_unilaterally(self) -> list[Effect]:
         # Presumed abort: no record needed, since we never voted yes nobody can commit.
@@ -87,6 +88,10 @@ class TwoPhaseParticipant(ParticipantBase):
             # Coordinator-log participants keep no record of an abort (absence means abort).
             self.phase = Phase.DONE
             return effects + self._release()
+        if decision is TxnState.COMMIT and self.logs_vote:
+            # 2PC: our record holds our VOTE_YES, so the apply records the COMMIT with the data.
+            # (Coordinator-log has no record of ours yet, so it logs the COMMIT with the redo.)
+            return effects + self._commit_over_vote()
         self.phase = Phase.DECIDING
         # Coordinator-log: our first record is the decision, with the redo recovery must apply.
         body = None if self.logs_vote else RecordBody(self.participants, self.coordinator, self.redo)

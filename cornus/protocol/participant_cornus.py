@@ -42,7 +42,11 @@ class CornusParticipant(ParticipantBase):
             return effects + self._abort_unilaterally()
         self.phase = Phase.VOTING
         self._own_call = LogOnce(self.partition, self.log, self.txn, TxnState.VOTE_YES, self._body())
-        return [*effects, self._own_call]
+        # From our vote on, our locks go only at the decision, and we take no more: a request that
+        # meets them may wait (bounded) without any risk of deadlock, rather than abort. Marked
+        # now, not once the vote is durable: a one-shot's retry after an abort would otherwise
+        # meet its own previous attempt's locks while that attempt's vote is still in flight.
+        return [*effects, LocksPrepared(self.partition, self.txn), self._own_call]
 
     def _abort_unilaterally(self) -> list[Effect]:
         # LogOnce, not Log: if a terminator got there first it already wrote ABORT, which is fine;
@@ -69,11 +73,14 @@ class CornusParticipant(ParticipantBase):
     def _decide(self, decision: TxnState) -> list[Effect]:
         assert self.phase is Phase.VOTED
         self._learned(decision)
-        self.phase = Phase.DECIDING
-        self._own_call = Log(self.partition, self.log, self.txn, decision)
         effects: list[Effect] = [CancelTimer(self._timer("decision"))]
         if self.termination is not None:
             effects += [CancelTimer(self._timer("termination")), TerminationEnded(self.txn, self.partition, decision)]
+        if decision is TxnState.COMMIT:
+            # Our record holds our VOTE_YES: the apply records the COMMIT with the data.
+            return effects + self._commit_over_vote()
+        self.phase = Phase.DECIDING
+        self._own_call = Log(self.partition, self.log, self.txn, decision)
         return [*effects, self._own_call]
 
     def _on_other_log(self, event: LogReturned) -> list[Effect]:
@@ -99,10 +106,9 @@ class CornusParticipant(ParticipantBase):
             self.phase = Phase.DONE
             return self._vote(False) + self._release()
         self.phase = Phase.VOTED
-        prepared: list[Effect] = [LocksPrepared(self.partition, self.txn)]
         if self._heard is not None:
-            return prepared + self._decide(self._heard)
-        return [*prepared, *self._vote(True), StartTimer(self._timer("decision"), self.config.timeout_ms_decision)]
+            return self._decide(self._heard)
+        return [*self._vote(True), StartTimer(self._timer("decision"), self.config.timeout_ms_decision)]
 
     def _on_timer(self, kind: str) -> list[Effect]:
         if kind == "prepare":

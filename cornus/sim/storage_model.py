@@ -1,6 +1,7 @@
 """In-memory model of the LogStore contract (log_once, log refusing decision flips, read, paged
-scan of unfinished records, apply of a redo to the data, delete), plus the history the invariant
-checker needs. It records a violation instead of raising, so a run reports everything it broke."""
+scan of unfinished records, apply of a redo to the data and to its vote, delete), plus the history
+the invariant checker needs. It records a violation instead of raising, so a run reports everything
+it broke."""
 
 from __future__ import annotations
 
@@ -75,16 +76,22 @@ class StorageModel:
         return Record(log, txn, stored.state, stored.body, stored.applied)
 
     def apply(self, partition: str, txn: str, redo_bytes: bytes) -> bool:
-        """The contract's apply_redo: data and the applied mark together; a record applied before
-        is left alone (False)."""
+        """The contract's apply_redo: data, COMMIT and the applied mark together; a record applied
+        before is left alone (False). A VOTE_YES record is the participant's own, applied once it
+        knows of the COMMIT: the apply is where its log records that decision, so the checker
+        counts it as a COMMIT seen, and an apply over a vote of a transaction that aborted shows
+        up as a disagreement."""
         log = LogId.partition(partition)
         stored = self.records.get((log, txn))
-        if stored is None or stored.state is not TxnState.COMMIT:
+        if stored is None or stored.state is TxnState.ABORT:
             state = None if stored is None else stored.state
             self.violations.append(f"redo applied to {log.key}/{txn} whose record is {state}")
             return False
         if stored.applied:
             return False
+        if stored.state is TxnState.VOTE_YES:
+            stored.state = TxnState.COMMIT
+            self._saw(log, txn, TxnState.COMMIT)
         for key, value in redo.decode(redo_bytes).items():
             self.data[(partition, key)] = value
         stored.applied = True

@@ -279,13 +279,48 @@ async def test_apply_redo_writes_data_and_marks_applied(store: LogStore, ns: str
     assert await store.read_data(ns, ["alpha", "gone"]) == {"alpha": None, "gone": b"back"}
 
 
-@pytest.mark.parametrize("state", [None, VOTE, ABORT])
-async def test_apply_redo_requires_commit_and_writes_nothing(store: LogStore, ns: str, state: TxnState | None) -> None:
+async def test_apply_redo_on_a_vote_records_the_commit_with_the_data(store: LogStore, ns: str) -> None:
+    # A participant that learns COMMIT applies straight over its VOTE_YES: one call decides its
+    # record and writes the data, instead of Log(COMMIT) and then the apply. (A redo too big for
+    # one DynamoDB transaction is applied over a vote in test_ownership.py's large fenced apply.)
+    log = LogId.partition(ns)
+    await store.log_once(log, "t", VOTE, body(ns, ns + "-b"))
+    await store.log_once(log, "other", VOTE, body(ns))
+    await store.log_once(log, "old", COMMIT, body(ns))
+    await store.apply_redo(ns, "old", {"k000": b"old"})
+    writes: dict[str, bytes | None] = {"k000": None, "k001": b"one", "k\u00e9 2": bytes(range(256))}
+
+    assert await store.apply_redo(ns, "t", writes) is True
+    record = await store.read(log, "t")
+    assert record is not None
+    assert (record.state, record.applied, record.body) == (COMMIT, True, body(ns, ns + "-b"))
+    assert await store.read_data(ns, list(writes)) == writes
+    assert [record.txn for record in await store.scan_unfinished(log)] == ["other"]
+
+    # A repeat (recovery, or a retry after a timeout that landed) writes nothing.
+    assert await store.apply_redo(ns, "t", {"k000": b"again", "k001": None}) is False
+    assert await store.read_data(ns, list(writes)) == writes
+    # The record is a real COMMIT: an idempotent Log(COMMIT) keeps it applied, an ABORT is refused.
+    assert await store.log(log, "t", COMMIT) is COMMIT
+    with pytest.raises(DecisionFlipRefused):
+        await store.log(log, "t", ABORT)
+    assert await store.read(log, "t") == record
+    assert (await store.read(log, "other")).state is VOTE  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("state", [None, ABORT])
+async def test_apply_redo_requires_a_vote_or_commit_and_writes_nothing(
+    store: LogStore, ns: str, state: TxnState | None
+) -> None:
+    log = LogId.partition(ns)
     if state is not None:
-        await store.log_once(LogId.partition(ns), "t", state, body(ns))
+        await store.log_once(log, "t", state, body(ns))
+    before = await store.read(log, "t")
     with pytest.raises(InvariantViolation):
         await store.apply_redo(ns, "t", {"k": b"v"})
     assert await store.read_data(ns, ["k"]) == {"k": None}
+    assert await store.read(log, "t") == before
+    assert await store.scan_unfinished(log) == []
 
 
 async def test_delete_removes_record(store: LogStore, ns: str) -> None:

@@ -84,16 +84,18 @@ class LogStoreModel(RuleBasedStateMachine):
     @rule(partition=st.sampled_from(PARTITIONS), txn=st.sampled_from(TXNS), writes=writes_strategy)
     def apply_redo(self, partition: str, txn: str, writes: dict[str, bytes | None]) -> None:
         stored = self.records.get((LogId.partition(partition), txn))
-        if stored is None or stored["state"] is not TxnState.COMMIT:
+        if stored is None or stored["state"] is TxnState.ABORT:
             try:
                 self.run(self.store.apply_redo(partition, txn, writes))
             except InvariantViolation:
                 return
-            raise AssertionError("apply_redo accepted a record that is not COMMIT")
+            raise AssertionError("apply_redo accepted a record that is neither VOTE_YES nor COMMIT")
         applied_now = self.run(self.store.apply_redo(partition, txn, writes))
         assert applied_now is not stored["applied"]
         if stored["applied"]:
             return  # a repeated apply writes nothing
+        # A vote is committed by the apply itself, in the same step as the data.
+        stored["state"] = TxnState.COMMIT
         stored["applied"] = True
         for key, value in writes.items():
             if value is None:
