@@ -14,7 +14,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cornus.runtime.keys import partition_of
@@ -176,8 +176,13 @@ async def load_keys(addresses: Sequence[tuple[str, int]], pools: dict[str, list[
 
 
 async def run_clients(addresses: Sequence[tuple[str, int]], pools: dict[str, list[str]], *, seconds: float,
-                      clients: int, partitions_per_txn: int, ops_per_txn: int) -> LoadResult:
-    """`clients` closed-loop clients for `seconds`, each sending to a node picked at random."""
+                      clients: int, partitions_per_txn: int, ops_per_txn: int,
+                      home: Mapping[str, int] | None = None) -> LoadResult:
+    """`clients` closed-loop clients for `seconds`. Each transaction goes to the node that holds its
+    first partition (`home`: partition -> index in `addresses`), as the paper's clients send each
+    transaction to its home node, which then coordinates it and is one of its participants; without
+    `home`, or for a partition it does not name, to a node picked at random."""
+    partition_count = len(pools)
     result = LoadResult()
     stop_at = time.monotonic() + seconds
 
@@ -186,8 +191,10 @@ async def run_clients(addresses: Sequence[tuple[str, int]], pools: dict[str, lis
         connections = [HttpConnection(host, port) for host, port in addresses]
         try:
             while time.monotonic() < stop_at:
-                connection = connections[rng.randrange(len(connections))]
-                body = json.dumps({"ops": transaction(rng, pools, partitions_per_txn, ops_per_txn)}).encode()
+                ops = transaction(rng, pools, partitions_per_txn, ops_per_txn)
+                target = home.get(partition_of(ops[0]["key"], partition_count)) if home else None
+                connection = connections[rng.randrange(len(connections)) if target is None else target]
+                body = json.dumps({"ops": ops}).encode()
                 started = time.perf_counter()
                 try:
                     status, data = await connection.post("/v1/execute", body)

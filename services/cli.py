@@ -455,12 +455,13 @@ def _bench(args: argparse.Namespace) -> int:
     argv = _storage_argv(storage)
     print(f"cornus bench: {args.nodes} nodes, {args.partitions} partitions, {args.clients} clients, "
           f"{args.seconds:g} s per protocol, {args.partitions_per_txn} partitions and {args.ops_per_txn} ops per "
-          f"transaction, storage {storage.backend}" + (f" with injected latency {storage.latency}" if storage.latency
-                                                      else ""), flush=True)
+          f"transaction, routed to the {args.route} node, storage {storage.backend}"
+          + (f" with injected latency {storage.latency}" if storage.latency else ""), flush=True)
     results = run_bench(
         protocols, storage, argv, nodes=args.nodes, partitions=args.partitions, seconds=args.seconds,
         clients=args.clients, partitions_per_txn=args.partitions_per_txn, ops_per_txn=args.ops_per_txn,
         settings=[f"{name}={value}" for name, value in _set_overrides(args.set).items()],
+        route_to_owner=args.route == "owner",
     )
     print(format_results(results))
     return 0
@@ -511,6 +512,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cluster.add_argument("--partitions-per-txn", type=int, default=2,
                                help="partitions each transaction writes (default 2)")
     bench_cluster.add_argument("--ops-per-txn", type=int, default=8, help="operations per transaction (default 8)")
+    bench_cluster.add_argument(
+        "--route", choices=("owner", "random"), default="owner",
+        help="which node coordinates a transaction: the owner of its first partition, as the paper's clients "
+             "send each transaction to its home node (default), or any node at random",
+    )
     _add_local_cluster_flags(bench_cluster)
     bench_cluster.set_defaults(handler=_bench)
 

@@ -114,18 +114,19 @@ def _address(node: ClusterNode) -> tuple[str, int]:
 
 
 def _measure(nodes: list[ClusterNode], seconds: float, clients: int, *, partitions_per_txn: int,
-             ops_per_txn: int, partition_count: int, result: ProtocolResult) -> None:
+             ops_per_txn: int, partition_count: int, result: ProtocolResult, route_to_owner: bool) -> None:
     """Load the keys, then run the clients for `seconds`, and charge the nodes' and the
     generator's CPU and the nodes' work counters of that window to its committed transactions."""
     pools = keys_by_partition(partition_count)
     addresses = [_address(node) for node in nodes]
     result.keys_loaded = _run_async(load_keys(addresses, pools))
     with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
+        home = _owners(http, nodes) if route_to_owner else None
         counts_before = scrape_counts(http, nodes)
         node_cpu_before = [process_cpu_s(node.process.pid) for node in nodes if node.process is not None]
         client_cpu_before = time.process_time()
         load = _run_async(run_clients(addresses, pools, seconds=seconds, clients=clients,
-                                      partitions_per_txn=partitions_per_txn, ops_per_txn=ops_per_txn))
+                                      partitions_per_txn=partitions_per_txn, ops_per_txn=ops_per_txn, home=home))
         client_cpu_s = time.process_time() - client_cpu_before
         node_cpu_after = [process_cpu_s(node.process.pid) for node in nodes if node.process is not None]
         counts = scrape_counts(http, nodes)
@@ -143,6 +144,14 @@ def _measure(nodes: list[ClusterNode], seconds: float, clients: int, *, partitio
     result.peer_messages = counts["transport:messages_sent"] / committed
     hits, misses = counts["node:cache_hits"], counts["node:cache_misses"]
     result.cache_hit_ratio = hits / (hits + misses) if hits + misses else None
+
+
+def _owners(http: httpx.Client, nodes: list[ClusterNode]) -> dict[str, int]:
+    """Partition -> the index in `nodes` of the node that holds it now (from the ownership records)."""
+    index_of = {node.config.node_id: index for index, node in enumerate(nodes)}
+    answer = http.get(f"{nodes[0].url}/v1/partitions")
+    answer.raise_for_status()
+    return {p["partition"]: index_of[p["owner"]] for p in answer.json()["partitions"] if p["owner"] in index_of}
 
 
 def _run_async(coroutine: Coroutine[object, object, T]) -> T:
@@ -186,6 +195,7 @@ def run_bench(
     partitions_per_txn: int,
     ops_per_txn: int,
     settings: list[str],
+    route_to_owner: bool = True,
 ) -> list[ProtocolResult]:
     if not 0 < seconds <= SECONDS_MAX:
         raise ValidationError(f"--seconds must be in (0, {SECONDS_MAX}]")
@@ -209,7 +219,8 @@ def run_bench(
                     raise RuntimeError(f"the {protocol} cluster did not start")
                 result = ProtocolResult(protocol.value)
                 _measure(members, seconds, clients, partitions_per_txn=partitions_per_txn,
-                         ops_per_txn=ops_per_txn, partition_count=partitions, result=result)
+                         ops_per_txn=ops_per_txn, partition_count=partitions, result=result,
+                         route_to_owner=route_to_owner)
                 result.breakdown, result.termination = _merge_breakdowns(members, protocol.value)
                 results.append(result)
             finally:

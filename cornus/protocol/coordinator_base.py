@@ -24,6 +24,7 @@ from cornus.protocol.events import (
     CommitRequested,
     DeleteReturned,
     Event,
+    ExecuteFailed,
     LogReturned,
     MessageReceived,
     StorageUnreachable,
@@ -65,6 +66,8 @@ class CoordinatorBase:
         self.calls_in_flight = 0
         self._backoff = Backoff(config.backoff_ms_min, config.backoff_ms_max, jitter)
         self._resend_backoff = Backoff(config.timeout_ms_resend, config.backoff_ms_max, jitter)
+        # The runtime carried the prepares with a one-shot's operations (CommitRequested).
+        self.prepare_sent = False
         self._deletes_waiting: set[DeleteRecord] = set()
         self._delete_attempts = 0
         self._settled = False
@@ -93,6 +96,8 @@ class CoordinatorBase:
             return self._start(event)
         if isinstance(event, DeleteReturned):
             return self._on_deleted(event)
+        if isinstance(event, ExecuteFailed):
+            return self._on_execute_failed(event)
         if isinstance(event, MessageReceived):
             message = event.message
             if isinstance(message, DecisionAck):
@@ -125,6 +130,10 @@ class CoordinatorBase:
         assert not set(self.participants) & set(self.reads), "read-only partitions must not write"
         # The runtime refuses larger transactions at its edge; a record could not hold the list.
         assert len(self.participants) <= PARTICIPANT_COUNT_MAX, f"{len(self.participants)} participants"
+        assert not (request.prepare_sent and (self.reads or not self.participants)), (
+            "prepares carried with the operations need every partition to be a participant"
+        )
+        self.prepare_sent = request.prepare_sent
         if self.reads:
             # Strict 2PL keeps read locks until the commit point. A partition that restarted or
             # idled the execution out has lost them, and what was read there may have changed, so
@@ -152,9 +161,19 @@ class CoordinatorBase:
             # Wholly read-only: nothing to make atomic, skip both phases.
             self.decision, self.replied, self.phase = TxnState.COMMIT, True, CoordPhase.DONE
             return [*self._settle(TxnState.COMMIT), Reply(self.txn, TxnState.COMMIT)]
-        effects: list[Effect] = [self._send(p, self._prepare_message(p)) for p in self.participants]
+        effects: list[Effect] = []
+        if not self.prepare_sent:
+            effects = [self._send(p, self._prepare_message(p)) for p in self.participants]
         effects.append(StartTimer(self._timer("votes"), self.config.timeout_ms_votes))
         return effects + self._started()
+
+    def _on_execute_failed(self, failed: ExecuteFailed) -> list[Effect]:
+        assert self.prepare_sent, f"{failed.txn}: an execution failure reported for a prepare the machine sent"
+        if failed.partition not in self.participants or self.phase is not CoordPhase.COLLECTING:
+            return []  # decided already (e.g. another partition refused first)
+        # A refusal means no vote of that partition can exist (ExecuteFailed), so none arrived.
+        assert not (failed.refused and failed.partition in self.votes_yes), f"{failed.partition} refused but voted"
+        return self._on_execution_failed(failed)
 
     def _abort_before_prepare(self, reason: str) -> list[Effect]:
         """Nobody was asked to vote, so nothing is logged anywhere: tell the callers and the
@@ -286,6 +305,10 @@ class CoordinatorBase:
         return True
 
     def _on_vote(self, vote: Vote) -> list[Effect]:
+        raise NotImplementedError
+
+    def _on_execution_failed(self, failed: ExecuteFailed) -> list[Effect]:
+        """A one-shot's execution failed on a participant, which carried its prepare."""
         raise NotImplementedError
 
     def _on_timer(self, kind: str) -> list[Effect]:

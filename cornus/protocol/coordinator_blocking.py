@@ -7,7 +7,7 @@ from __future__ import annotations
 from cornus.protocol import redo_bundle
 from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
 from cornus.protocol.effects import CancelTimer, Effect, Log, StartTimer
-from cornus.protocol.events import Event, LogReturned, MessageReceived, Recovered, StorageUnreachable
+from cornus.protocol.events import Event, ExecuteFailed, LogReturned, MessageReceived, Recovered, StorageUnreachable
 from cornus.protocol.messages import DecisionAnswer, DecisionQuery, Vote
 from storage_adapters.contract import LogOnceResult, Record, RecordBody, TxnState
 
@@ -41,6 +41,15 @@ class TwoPhaseCoordinator(CoordinatorBase):
             return self._announce(TxnState.ABORT, reason=f"{vote.partition} voted no")
         self.votes_yes.add(vote.partition)
         return self._maybe_commit()
+
+    def _on_execution_failed(self, failed: ExecuteFailed) -> list[Effect]:
+        if self._commit_call is not None:
+            # Every vote was yes (its answer was lost, its vote was not): COMMIT is being logged.
+            assert not failed.refused
+            return []
+        # Presumed abort: until COMMIT is logged, ABORT is ours to choose, whatever that
+        # partition did; a participant that voted yes learns it from us.
+        return self._announce(TxnState.ABORT, reason=f"{failed.partition}: {failed.detail}")
 
     def _maybe_commit(self) -> list[Effect]:
         if self.votes_yes != set(self.participants) or not self._redo_durable or self._commit_call:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
 from cornus.protocol.effects import Effect, TerminationEnded, TerminationStarted
-from cornus.protocol.events import Event, LogReturned, StorageUnreachable
+from cornus.protocol.events import Event, ExecuteFailed, LogReturned, StorageUnreachable
 from cornus.protocol.messages import Vote
 from cornus.protocol.termination import Termination
 from storage_adapters.contract import LogId, LogOnceResult, RecordBody, TxnState
@@ -27,6 +27,16 @@ class CornusCoordinator(CoordinatorBase):
         if self.votes_yes == set(self.participants):
             return self._announce(TxnState.COMMIT)
         return []
+
+    def _on_execution_failed(self, failed: ExecuteFailed) -> list[Effect]:
+        if failed.refused:
+            # That partition never voted and never will, so no log can ever hold all VOTE_YES:
+            # abort without asking any log, as on a no vote.
+            return self._announce(TxnState.ABORT, reason=f"{failed.partition}: {failed.detail}")
+        if failed.partition in self.votes_yes:
+            return []  # its answer was lost, but its vote came: nothing is missing
+        # It may have voted yes: only its log can tell, so ask the logs now, not at the vote timeout.
+        return [] if self.termination is not None else self._terminate()
 
     def _on_timer(self, kind: str) -> list[Effect]:
         if self.phase is not CoordPhase.COLLECTING:

@@ -33,12 +33,39 @@ class StorageUnreachable:
 @dataclass(frozen=True, slots=True)
 class CommitRequested:
     """The caller asks the coordinator `node` to commit. `writes` maps each written partition to its
-    redo (the coordinator needs it only for coordinator-log); `reads` are partitions only read."""
+    redo (the coordinator needs it only for coordinator-log); `reads` are partitions only read.
+
+    `prepare_sent`: a one-shot transaction whose runtime sent each participant its Prepare inside
+    the request that carries its operations (one message and one round trip fewer per partition),
+    at the same time as this request. The machine then sends no Prepare of its own and hears of an
+    execution that failed through `ExecuteFailed`. Only without partitions that are only read:
+    those must keep their read locks until every other partition holds its locks (strict 2PL), so
+    their release, and hence every prepare, waits for the whole execution phase."""
 
     node: str
     txn: str
     writes: tuple[tuple[str, bytes], ...]
     reads: tuple[str, ...] = ()
+    prepare_sent: bool = False
+
+    @property
+    def host(self) -> str:
+        return self.node
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteFailed:
+    """A one-shot's request to `partition`, which carried the prepare (CommitRequested.prepare_sent),
+    did not execute. `refused`: the partition's owner answered that it did not run it; the prepare
+    travelled only inside that request and no machine ever resends it, so no vote of that
+    partition can exist, now or later. Not refused: no answer came (a lost connection, a
+    deadline), and the partition may have executed and voted yes."""
+
+    node: str
+    txn: str
+    partition: str
+    refused: bool
+    detail: str = ""
 
     @property
     def host(self) -> str:
@@ -169,8 +196,8 @@ class Recovered:
 
 
 Event = (
-    CommitRequested | Executed | MessageReceived | LogReturned | ApplyReturned | DeleteReturned | RecordRead
-    | ScanReturned | TimerFired | Recovered
+    CommitRequested | ExecuteFailed | Executed | MessageReceived | LogReturned | ApplyReturned | DeleteReturned
+    | RecordRead | ScanReturned | TimerFired | Recovered
 )
 
 # Answers to storage calls, and the state a plain Log answers with.

@@ -116,8 +116,12 @@ class PartitionHost:
             # Never voted yes (the decision is ABORT: drop the execution state, if any, that the
             # coordinator gave up on) or finished before (our record holds the decision durably).
             # Either way nothing to write, and above all nothing to apply: a late COMMIT of a
-            # finished transaction must not bring its old redo back over newer data.
-            effects: list[Effect] = [ReleaseLocks(self.partition, txn)] if message.decision is TxnState.ABORT else []
+            # finished transaction must not bring its old redo back over newer data. Or a one-shot's
+            # request, which carries the prepare, is still running or on its way (the decision
+            # overtook it): it must then find the transaction refused, since our ack lets the
+            # coordinator collect the records, and a vote after that would outlive them.
+            abort = message.decision is TxnState.ABORT
+            effects: list[Effect] = [ReleaseLocks(self.partition, txn, refuse_later=True)] if abort else []
             return [*effects, self._send(sender, DecisionAck(txn, self.partition, message.decision))]
         if isinstance(message, DecisionQuery):
             # "Unknown" does NOT mean "never voted yes": we may have committed, applied and

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
 from cornus.protocol.effects import Decided, Reply
-from cornus.protocol.events import CommitRequested, Event
+from cornus.protocol.events import CommitRequested, Event, ExecuteFailed
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.admission import check_growth
 from cornus.runtime.config import NodeConfig
@@ -24,7 +24,7 @@ from cornus.runtime.keys import partition_of
 from cornus.runtime.outcome import AbortReason, NodeOverloaded, Outcome, OutcomeStatus, TxnNotFound, TxnWrongState
 from cornus.runtime.timing import TimingLog, TxnTiming
 from cornus.runtime.transport import PeerUnavailable, Transport
-from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind
+from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind, validate_op
 from storage_adapters.contract import TxnState
 from storage_adapters.errors import ValidationError
 
@@ -44,6 +44,9 @@ _ABORT_REASONS = {
     ExecuteStatus.NOT_OWNER: AbortReason.PEER_UNAVAILABLE,
     ExecuteStatus.INVALID: AbortReason.CLIENT,
 }
+
+
+_WRITES = (OpKind.PUT, OpKind.DELETE)
 
 
 class TxnAborted(Exception):
@@ -124,18 +127,7 @@ class Coordination:
         """Run operations of an interactive transaction; the values of its GETs, in order. Raises
         TxnAborted (the transaction is then over) or ValidationError (nothing happened)."""
         ctx = self.active(txn)
-        by_partition: dict[str, list[Op]] = {}
-        positions: list[tuple[str, int]] = []
-        for op in ops:
-            if not isinstance(op, Op) or not isinstance(op.kind, OpKind):
-                raise ValidationError(f"not an operation: {op!r}")
-            partition = partition_of(op.key, self.config.partition_count)
-            group = by_partition.setdefault(partition, [])
-            if op.kind is OpKind.GET:
-                positions.append((partition, sum(o.kind is OpKind.GET for o in group)))
-            group.append(op)
-        # Refused now, with nothing changed: at commit it could only fail, and a retry the same way.
-        check_growth(ctx.protocol, self.config.limits, ctx.touched, ctx.op_count, by_partition)
+        by_partition, positions = self._group(ctx, ops)
         ctx.busy += 1
         try:
             responses = await asyncio.gather(
@@ -147,17 +139,38 @@ class Coordination:
         values = dict(zip(by_partition, responses, strict=True))
         failed = [(p, r) for p, r in values.items() if r.status is not ExecuteStatus.OK]
         if failed:
-            partition, response = failed[0]
+            _, response = failed[0]
             if response.status is ExecuteStatus.INVALID and len(failed) == len(values):
                 raise ValidationError(response.detail)
             raise TxnAborted(await self._abort_for(ctx, response))
-        ctx.op_count += len(ops)
+        self._record_writes(ctx, by_partition)
+        return [values[partition].values[index] for partition, index in positions]
+
+    def _group(self, ctx: CoordinatedTxn, ops: Sequence[Op]) -> tuple[dict[str, list[Op]], list[tuple[str, int]]]:
+        """The operations by partition, and where each GET's value will be: (partition, its index
+        among that partition's GETs). Raises ValidationError, with nothing changed, for what could
+        only fail later (at commit, and again on a retry)."""
+        by_partition: dict[str, list[Op]] = {}
+        positions: list[tuple[str, int]] = []
+        for op in ops:
+            if not isinstance(op, Op) or not isinstance(op.kind, OpKind):
+                raise ValidationError(f"not an operation: {op!r}")
+            partition = partition_of(op.key, self.config.partition_count)
+            group = by_partition.setdefault(partition, [])
+            if op.kind is OpKind.GET:
+                positions.append((partition, sum(o.kind is OpKind.GET for o in group)))
+            group.append(op)
+        check_growth(ctx.protocol, self.config.limits, ctx.touched, ctx.op_count, by_partition)
+        return by_partition, positions
+
+    @staticmethod
+    def _record_writes(ctx: CoordinatedTxn, by_partition: dict[str, list[Op]]) -> None:
         for partition, group in by_partition.items():
+            ctx.op_count += len(group)
             writes = ctx.touched.setdefault(partition, {})
             for op in group:
                 if op.kind is OpKind.PUT or op.kind is OpKind.DELETE:
                     writes[op.key] = op.value
-        return [values[partition].values[index] for partition, index in positions]
 
     async def _execute_on(self, ctx: CoordinatedTxn, partition: str, ops: tuple[Op, ...]) -> ExecuteResponse:
         continued = partition in ctx.touched
@@ -201,27 +214,40 @@ class Coordination:
         ctx = self.active(txn)
         if ctx.busy:
             raise TxnWrongState(f"transaction {txn} still has operations running")
-        ctx.state = OutcomeStatus.UNKNOWN  # until the machine replies
         ctx.timing.commit_requested = time.perf_counter()
         writes = tuple((p, redo_codec.encode(w)) for p, w in sorted(ctx.touched.items()) if w)
         reads = tuple(sorted(p for p, w in ctx.touched.items() if not w))
-        ctx.timing.participant_count = len(writes)
-        ctx.reply = asyncio.get_running_loop().create_future()
-        self.failpoints.hit("coordinator.before_prepare")
         # The machine confirms (and releases) the partitions only read, then runs the protocol.
-        self.feed(CommitRequested(self.node_id, txn, writes, reads))
+        self._request_commit(ctx, CommitRequested(self.node_id, txn, writes, reads))
         if writes:
             self.failpoints.hit("coordinator.after_prepare")
-        try:
-            async with asyncio.timeout(TIMEOUT_MS_COMMIT / 1000):
-                reply = await ctx.reply
-        except TimeoutError:
-            outcome = Outcome(txn, OutcomeStatus.UNKNOWN, detail="no outcome within the commit deadline; ask status")
-            self._finish(ctx, outcome, remember=False)
-            return outcome
+        reply = await self._await_reply(ctx)
+        if reply is None:
+            return self._unknown(ctx)
         if reply.outcome is TxnState.COMMIT:
             return self._finish(ctx, Outcome(txn, OutcomeStatus.COMMITTED))
         return self._finish(ctx, Outcome(txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, reply.reason))
+
+    def _request_commit(self, ctx: CoordinatedTxn, request: CommitRequested) -> None:
+        ctx.state = OutcomeStatus.UNKNOWN  # until the machine replies
+        ctx.timing.participant_count = len(request.writes)
+        ctx.reply = asyncio.get_running_loop().create_future()
+        self.failpoints.hit("coordinator.before_prepare")
+        self.feed(request)
+
+    async def _await_reply(self, ctx: CoordinatedTxn) -> Reply | None:
+        """The machine's reply, or None if none came within the commit deadline."""
+        assert ctx.reply is not None
+        try:
+            async with asyncio.timeout(TIMEOUT_MS_COMMIT / 1000):
+                return await ctx.reply
+        except TimeoutError:
+            return None
+
+    def _unknown(self, ctx: CoordinatedTxn) -> Outcome:
+        outcome = Outcome(ctx.txn, OutcomeStatus.UNKNOWN, detail="no outcome within the commit deadline; ask status")
+        self._finish(ctx, outcome, remember=False)
+        return outcome
 
     def on_reply(self, effect: Reply) -> None:
         ctx = self.txns.get(effect.txn)
@@ -255,19 +281,94 @@ class Coordination:
         return outcome
 
     async def execute(self, ops: Sequence[Op], protocol: Protocol | None = None) -> Outcome:
-        """A one-shot transaction: one execute request per partition, then commit."""
+        """A one-shot transaction. When it writes on every partition it touches, each partition's
+        request carries its prepare too (one message and one round trip fewer per partition);
+        otherwise one execute request per partition, then commit."""
         txn = self.begin(protocol)
+        ctx = self.txns[txn]
         try:
-            values = await self.run_ops(txn, ops)
-        except TxnAborted as aborted:
-            return aborted.outcome
+            by_partition, positions = self._group(ctx, ops)
+            for op in ops:
+                # Checked here, not only by the owners: a bad operation must change nothing, and
+                # the other partitions of a one-shot vote as soon as their operations ran.
+                validate_op(op)
         except ValidationError:
-            await self._abort(self.txns[txn], AbortReason.CLIENT, "invalid request")
+            await self._abort(ctx, AbortReason.CLIENT, "invalid request")
             raise
-        outcome = await self.commit(txn)
         gets = [op.key for op in ops if op.kind is OpKind.GET]
+        if by_partition and all(any(op.kind in _WRITES for op in group) for group in by_partition.values()):
+            outcome, values = await self._execute_prepared(ctx, by_partition, positions)
+        else:
+            try:
+                values = await self.run_ops(txn, ops)
+            except TxnAborted as aborted:
+                return aborted.outcome
+            except ValidationError:
+                await self._abort(ctx, AbortReason.CLIENT, "invalid request")
+                raise
+            outcome = await self.commit(txn)
         reads = tuple(zip(gets, values, strict=True)) if outcome.status is OutcomeStatus.COMMITTED else ()
         return Outcome(outcome.txn, outcome.status, outcome.reason, outcome.detail, reads, outcome.timing_ms)
+
+    async def _execute_prepared(
+        self, ctx: CoordinatedTxn, by_partition: dict[str, list[Op]], positions: list[tuple[str, int]]
+    ) -> tuple[Outcome, list[bytes | None]]:
+        """Every partition is a participant: its operations and its prepare go in one request, and
+        the commit request goes to the machine at the same moment (CommitRequested.prepare_sent).
+        A failed request is reported to the machine, which decides; the caller hears the machine."""
+        self._record_writes(ctx, by_partition)
+        writes = tuple((p, redo_codec.encode(w)) for p, w in sorted(ctx.touched.items()))
+        participants = tuple(p for p, _ in writes)
+        # First the machine, then the requests: a participant's vote must find it.
+        self._request_commit(ctx, CommitRequested(self.node_id, ctx.txn, writes, (), prepare_sent=True))
+        requests = [
+            ExecuteRequest(ctx.txn, p, self.node_id, tuple(group), participants=participants)
+            for p, group in by_partition.items()
+        ]
+        self.failpoints.hit("coordinator.after_prepare")
+        answers = await asyncio.gather(*(self._request_prepared(request) for request in requests))
+        # The execution phase, as the caller sees it, ends with the last answer; the prepare
+        # overlapped it, and what is left of it is measured from here.
+        ctx.timing.commit_requested = time.perf_counter()
+        first_refusal: ExecuteResponse | None = None
+        for request, (response, refused) in zip(requests, answers, strict=True):
+            if response.status is ExecuteStatus.OK:
+                continue
+            if refused and first_refusal is None:
+                first_refusal = response
+            self.feed(ExecuteFailed(self.node_id, ctx.txn, request.partition, refused, response.detail))
+        reply = await self._await_reply(ctx)
+        if reply is None:
+            return self._unknown(ctx), []
+        if reply.outcome is TxnState.COMMIT:
+            assert first_refusal is None, f"{ctx.txn} committed although a partition refused it"
+            committed = self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.COMMITTED))
+            values = {request.partition: response for request, (response, _) in zip(requests, answers, strict=True)}
+            lost = sorted(p for p, response in values.items() if response.status is not ExecuteStatus.OK)
+            if lost:
+                # Committed (every participant's log holds its yes vote, and the status call says
+                # so) but an owner's answer, and what was read there, was lost: the caller is sent
+                # to the status call rather than handed values nobody read.
+                detail = f"committed, but the values read on {', '.join(lost)} were lost with the owners' answers"
+                return Outcome(ctx.txn, OutcomeStatus.UNKNOWN, detail=detail, timing_ms=committed.timing_ms), []
+            return committed, [values[partition].values[index] for partition, index in positions]
+        if first_refusal is not None:
+            reason = _ABORT_REASONS.get(first_refusal.status, AbortReason.VOTED_NO)
+            return self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, reason, first_refusal.detail)), []
+        return self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, reply.reason)), []
+
+    async def _request_prepared(self, request: ExecuteRequest) -> tuple[ExecuteResponse, bool]:
+        """The owner's answer, and whether a failure was the owner's refusal (it did not run the
+        request, so it will never vote) rather than no answer (it may have voted)."""
+        owner = self.owner_of(request.partition)
+        if owner is None:
+            return ExecuteResponse(ExecuteStatus.NOT_OWNER, detail=f"no node holds {request.partition} now"), True
+        try:
+            response = await self.transport.request(owner, request, self.config.limits.timeout_ms_peer_request)
+        except PeerUnavailable as error:
+            return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"owner of {request.partition}: {error}"), False
+        assert isinstance(response, ExecuteResponse)
+        return response, True
 
     # -- what this node knows, and housekeeping ------------------------------------------------------
     def known(self, txn: str) -> Outcome | None:

@@ -138,7 +138,11 @@ class EffectRunner:
             if handle is not None:
                 handle.cancel()
         elif isinstance(effect, ReleaseLocks):
-            self.partitions[effect.partition].release(effect.txn)
+            partition = self.partitions[effect.partition]
+            if effect.refuse_later:
+                partition.abort_execution(effect.txn)
+            else:
+                partition.release(effect.txn)
         elif isinstance(effect, LocksPrepared):
             self.partitions[effect.partition].locks.mark_prepared(effect.txn)
         elif isinstance(effect, RetakeLocks):
@@ -232,8 +236,13 @@ class EffectRunner:
 
     async def _apply(self, call: ApplyRedo, fence: Fence) -> Event:
         self.failpoints.hit("participant.before_apply")
+        partition = self.partitions.get(call.partition)
+        if partition is None:
+            # Dropped (lease lost, or the node stopping) between the effect and this write, which
+            # has not left: nothing landed, and only a dropped write's bookkeeping hears of it.
+            raise StorageUnavailable(f"{call.partition} was dropped before its apply of {call.txn} was sent")
         try:
-            applied_now = await self.partitions[call.partition].apply(call.txn, call.redo, fence)
+            applied_now = await partition.apply(call.txn, call.redo, fence)
         except StorageUnavailable as error:
             self.counters["apply_retries"] += 1
             if self.counters["apply_retries"] % APPLY_FAILURE_LOG_EVERY == 1:

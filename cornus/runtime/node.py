@@ -54,7 +54,7 @@ from cornus.runtime.wire import (
     Routed,
     StatusRequest,
 )
-from storage_adapters.contract import LogStore, Ownership
+from storage_adapters.contract import PARTICIPANT_COUNT_MAX, LogStore, Ownership
 
 __all__ = ["Node", "PartitionInfo", "TxnAborted", "TxnInfo", "ops_for_writes"]
 
@@ -275,7 +275,17 @@ class Node:
             return ExecuteResponse(ExecuteStatus.NOT_READY, detail=f"{self.node_id} is recovering {request.partition}")
         if request.txn in self.core.partitions[request.partition].machines and not request.abort:
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{request.txn} is already committing")
-        return await partition.execute(request)
+        if request.participants:
+            problem = _carried_prepare_problem(request)
+            if problem:
+                return ExecuteResponse(ExecuteStatus.INVALID, detail=problem)
+        response = await partition.execute(request)
+        if request.participants and response.status is ExecuteStatus.OK:
+            # The request carried its prepare: the execution phase ends here, as when a separate
+            # Prepare arrives. A failed execution drops it, so this partition never votes.
+            prepare = Prepare(request.txn, request.participants, request.coordinator)
+            self.on_message(request.coordinator, Routed(request.coordinator, request.partition, prepare))
+        return response
 
     # === the client API (coordination) and operators' (admin) ======================================
 
@@ -332,6 +342,19 @@ class Node:
             for name, partition in self.partitions.items():
                 machines = self.core.partitions[name].machines
                 self.counters["executions_idled_out"] += partition.sweep_idle(idle_s, machines.__contains__)
+
+
+def _carried_prepare_problem(request: ExecuteRequest) -> str:
+    """What is wrong with the prepare a request carries ("" if nothing): a machine asserts what
+    a prepare says, so a malformed one from a peer must stop here."""
+    participants = request.participants
+    if request.abort or request.continued:
+        return "a request that carries a prepare runs a one-shot's operations, once"
+    if request.partition not in participants:
+        return f"the prepare's participants {participants} leave out {request.partition}"
+    if len(participants) > PARTICIPANT_COUNT_MAX or list(participants) != sorted(set(participants)):
+        return f"the prepare's participants must be sorted, unique and at most {PARTICIPANT_COUNT_MAX}"
+    return ""
 
 
 def ops_for_writes(writes: Mapping[str, bytes | None]) -> list[Op]:

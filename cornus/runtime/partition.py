@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from cornus.protocol.locks import Grant, LockMode, LockTable, Policy, Waiter
 from cornus.protocol.txn_ids import begin_ms_of
 from cornus.runtime import redo as redo_codec
-from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind
-from storage_adapters.contract import DATA_VALUE_BYTES_MAX, Fence, LogStore, validate_data_key
+from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind, validate_op
+from storage_adapters.contract import Fence, LogStore
 from storage_adapters.errors import StorageUnavailable, ValidationError
 
 log = logging.getLogger("cornus.partition")
@@ -71,7 +71,7 @@ class PartitionRuntime:
             return ExecuteResponse(ExecuteStatus.INVALID, detail=detail)
         try:
             for op in request.ops:
-                _validate_op(op)
+                validate_op(op)
         except ValidationError as error:
             return ExecuteResponse(ExecuteStatus.INVALID, detail=str(error))
         execution = self.executions.get(txn)
@@ -250,18 +250,6 @@ class PartitionRuntime:
         self._cache.move_to_end(key)
         while len(self._cache) > CACHE_KEY_COUNT_MAX:
             self._cache.popitem(last=False)
-
-
-def _validate_op(op: Op) -> None:
-    if not isinstance(op.kind, OpKind):
-        raise ValidationError(f"unknown op {op.kind!r}")
-    validate_data_key(op.key)
-    if op.kind is OpKind.PUT and op.value is None:
-        raise ValidationError(f"put of {op.key!r} needs a value")
-    if op.kind in (OpKind.GET, OpKind.DELETE) and op.value is not None:
-        raise ValidationError(f"{op.kind} of {op.key!r} takes no value")
-    if op.value is not None and len(op.value) > DATA_VALUE_BYTES_MAX:
-        raise ValidationError(f"value of {op.key!r} is {len(op.value)} bytes, the limit is {DATA_VALUE_BYTES_MAX}")
 
 
 def _now_ms() -> int:

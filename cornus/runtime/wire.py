@@ -11,7 +11,8 @@ import enum
 from dataclasses import dataclass
 
 from cornus.protocol.messages import Message
-from storage_adapters.contract import TxnState
+from storage_adapters.contract import DATA_VALUE_BYTES_MAX, TxnState, validate_data_key
+from storage_adapters.errors import ValidationError
 
 
 class OpKind(enum.StrEnum):
@@ -26,6 +27,19 @@ class Op:
     kind: OpKind
     key: str
     value: bytes | None = None
+
+
+def validate_op(op: Op) -> None:
+    """Raise ValidationError unless `op` is well formed (its kind, key and value)."""
+    if not isinstance(op.kind, OpKind):
+        raise ValidationError(f"unknown op {op.kind!r}")
+    validate_data_key(op.key)
+    if op.kind is OpKind.PUT and op.value is None:
+        raise ValidationError(f"put of {op.key!r} needs a value")
+    if op.kind in (OpKind.GET, OpKind.DELETE) and op.value is not None:
+        raise ValidationError(f"{op.kind} of {op.key!r} takes no value")
+    if op.value is not None and len(op.value) > DATA_VALUE_BYTES_MAX:
+        raise ValidationError(f"value of {op.key!r} is {len(op.value)} bytes, the limit is {DATA_VALUE_BYTES_MAX}")
 
 
 class ExecuteStatus(enum.StrEnum):
@@ -53,6 +67,10 @@ class ExecuteRequest:
     # partition must still hold that execution state. A partition that restarted in between has
     # lost the txn's locks, so what the txn read there may have changed: it must refuse.
     continued: bool = False
+    # Non-empty: a one-shot transaction's request that carries its prepare as well
+    # (CommitRequested.prepare_sent). Once `ops` ran, the partition takes
+    # Prepare(txn, participants, coordinator) as if it had arrived; if they did not run, it drops it.
+    participants: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ arrive long after garbage collection), tiny recovery scan pages, and manual reso
 from __future__ import annotations
 
 import random
+import zlib
 from dataclasses import dataclass
 
 from cornus.protocol.config import Protocol
@@ -34,9 +35,14 @@ class TxnPlan:
     writes: tuple[tuple[str, int], ...]
     reads: tuple[tuple[str, int], ...] = ()
     votes: tuple[bool, ...] = ()
+    # A one-shot whose requests carry the prepare (CommitRequested.prepare_sent): the caller
+    # names each write's value up front, so each key is checked to hold the version the caller
+    # expects and then set to the next one, all in the one request per partition.
+    one_shot: bool = False
 
     def __post_init__(self) -> None:
         assert self.coordinator in COORDINATORS
+        assert not (self.one_shot and self.reads), "a one-shot carries prepares only when every partition writes"
         written = [p for p, _ in self.writes]
         read = [p for p, _ in self.reads]
         assert written and len(set(written)) == len(written), "one key per written partition"
@@ -158,6 +164,8 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
             writes=tuple((p, rng.randrange(KEYS_PER_PARTITION)) for p in chosen),
             reads=tuple((p, rng.randrange(KEYS_PER_PARTITION)) for p in reads),
             votes=tuple(rng.random() < 0.9 for _ in chosen),
+            # Not drawn from `rng`: the schedules of every seed stay what they were before one-shots.
+            one_shot=not reads and zlib.crc32(f"{index}/{chosen}/{partition_count}".encode()) % 2 == 0,
         ))
     nodes = [*COORDINATORS, *(node_of(p) for p in partitions)]
     crashes = tuple(

@@ -43,6 +43,7 @@ from cornus.protocol.events import (
     CommitRequested,
     Event,
     Executed,
+    ExecuteFailed,
     MessageReceived,
     StorageUnreachable,
     TimerFired,
@@ -70,7 +71,14 @@ EffectHook = Callable[["World", str, Effect], str | None]
 CLOCK_SLACK_MS = 20
 EXECUTION_IDLE_MS = 600
 
-_DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED = range(12)
+# How long a coordinator waits for the answer to a one-shot's request before it reports the
+# partition's execution as failed without an answer (the runtime's peer request deadline).
+TIMEOUT_MS_EXECUTE = 200
+
+(
+    _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
+    _EXECUTE_PREPARED, _EXECUTE_ANSWER,
+) = range(14)
 
 
 def _prune(paths: frozenset[tuple[int, int]]) -> frozenset[tuple[int, int]]:
@@ -100,6 +108,20 @@ class Execution:
     read_only: bool
 
 
+@dataclass(frozen=True, slots=True)
+class _Carried:
+    """A one-shot's request to one partition: its write (the key, the version the caller expects
+    there) and its prepare, from the coordinator's incarnation that sent it."""
+
+    txn: str
+    partition: str
+    key: str
+    expected: int
+    participants: tuple[str, ...]
+    incarnation: int
+    owner_incarnation: int  # of the partition's owner when sent: a restart loses the request
+
+
 @dataclass
 class Node:
     name: str
@@ -112,11 +134,14 @@ class Node:
     locks: dict[str, LockTable] = field(default_factory=dict)
     executions: dict[str, dict[str, Execution]] = field(default_factory=dict)
     cache: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Per partition, the transactions whose execution it refuses (ReleaseLocks.refuse_later).
+    refused: dict[str, set[str]] = field(default_factory=dict)
     path: frozenset[tuple[int, int]] = frozenset({(0, 0)})
 
     def reset_memory(self) -> None:
         self.timers.clear()
         self.cache.clear()
+        self.refused = {p: set() for p in self.partitions}
         self.locks = {p: LockTable() for p in self.partitions}
         self.executions = {p: {} for p in self.partitions}
 
@@ -133,6 +158,8 @@ class Outcome:
     reply_paths: list[frozenset[tuple[int, int]]] = field(default_factory=list)
     decisions: dict[str, set[TxnState]] = field(default_factory=dict)  # every machine decision seen
     executed: set[str] = field(default_factory=set)  # reached commit: every lock was granted
+    # One-shots: the partitions whose operations ran (every one of them: then it is `executed`).
+    executed_on: dict[str, set[str]] = field(default_factory=dict)
     reads: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)  # version each txn read
     writes: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)  # version it wrote
     applied: set[tuple[str, str]] = field(default_factory=set)  # (partition, txn) applies that succeeded
@@ -290,6 +317,13 @@ class World:
                 self._feed(node, TimerFired(timer), path)
         elif kind == _EXECUTE:
             self._execute_txn(data)
+        elif kind == _EXECUTE_PREPARED:
+            self._execute_prepared(data)
+        elif kind == _EXECUTE_ANSWER:
+            name, incarnation, event = data
+            node = self.nodes[name]
+            if node.alive and node.incarnation == incarnation:
+                self._feed(node, event, node.path)
         elif kind == _COMMIT:
             txn, writes, reads = data
             node = self.nodes[self.plans[txn].coordinator]
@@ -322,6 +356,9 @@ class World:
         plan = self.plans[txn]
         if not self.nodes[plan.coordinator].ready:
             return
+        if plan.one_shot:
+            self._start_one_shot(txn)
+            return
         taken: list[tuple[Node, str]] = []
         reads: dict[tuple[str, str], int] = {}
         for partition, key_index in (*plan.writes, *plan.reads):
@@ -353,6 +390,81 @@ class World:
         for partition, _ in plan.reads:
             self._remember(partition, txn, Execution(plan.coordinator, b"", True, True))
         self._push(self.now_ms + 1, _COMMIT, (txn, tuple(writes), tuple(p for p, _ in plan.reads)))
+
+    def _start_one_shot(self, txn: str) -> None:
+        """The runtime's one-shot with the prepares carried by the requests: the caller names each
+        write's value (the version after the one it expects, read now from the owner's cache),
+        the coordinator's machine starts at once, and each partition's request travels like any
+        message (late, lost, or to a node that is down)."""
+        plan = self.plans[txn]
+        coordinator = self.nodes[plan.coordinator]
+        expected = {p: self._read_committed(self.nodes[node_of(p)], p, f"k{k}") for p, k in plan.writes}
+        writes = tuple(sorted((p, redo.encode({f"k{k}": expected[p] + 1})) for p, k in plan.writes))
+        self.outcome.reads[txn], self.outcome.writes[txn] = {}, {}
+        self.outcome.executed_on[txn] = set()
+        self._feed(coordinator, CommitRequested(coordinator.name, txn, writes, (), prepare_sent=True), coordinator.path)
+        participants = tuple(p for p, _ in writes)
+        for partition, key_index in plan.writes:
+            owner = self.nodes[node_of(partition)]
+            sent = _Carried(txn, partition, f"k{key_index}", expected[partition], participants,
+                            coordinator.incarnation, owner.incarnation)
+            if self.rng.random() < self.schedule.loss_probability and 0 <= self.now_ms < FAULTS_END_MS:
+                self._answer_execute(txn, partition, coordinator.incarnation, None)  # lost on the way
+                continue
+            self._push(self.now_ms + self.rng.randint(1, self.schedule.delay_ms_max), _EXECUTE_PREPARED, sent)
+
+    def _execute_prepared(self, carried: _Carried) -> None:
+        """A one-shot's request reaches the partition's owner: check the version, take the lock,
+        and hand the machine its execution and prepare; a refusal drops the prepare."""
+        txn, partition, key, expected = carried.txn, carried.partition, carried.key, carried.expected
+        incarnation = carried.incarnation
+        plan = self.plans[txn]
+        node = self.nodes[node_of(partition)]
+        if not node.alive or node.incarnation != carried.owner_incarnation:
+            # Sent over a connection to a process that is gone: lost with it.
+            self._answer_execute(txn, partition, incarnation, None)
+            return
+        assert node.core is not None
+        host = node.core.host(partition)
+        if not node.ready or host is None or txn in host.machines:
+            self._answer_execute(txn, partition, incarnation, "not ready")
+            return
+        if txn in node.refused[partition]:
+            self._answer_execute(txn, partition, incarnation, "aborted here already")
+            return
+        table = node.locks[partition]
+        grant = table.acquire(txn, key, LockMode.EXCLUSIVE, plan.start_ms, self.now_ms)
+        if grant is not Grant.GRANTED:
+            table.release(txn)
+            self._answer_execute(txn, partition, incarnation, "conflict")
+            return
+        if self._read_committed(node, partition, key) != expected:
+            table.release(txn)
+            self._answer_execute(txn, partition, incarnation, "check failed")
+            return
+        self.outcome.reads[txn][(partition, key)] = expected
+        self.outcome.writes[txn][(partition, key)] = expected + 1
+        executed_on = self.outcome.executed_on[txn]
+        executed_on.add(partition)
+        if len(executed_on) == len(plan.writes):
+            self.outcome.executed.add(txn)
+        self._remember(partition, txn, Execution(plan.coordinator, redo.encode({key: expected + 1}),
+                                                 plan.vote_of[partition], False))
+        self._deliver(partition, plan.coordinator, Prepare(txn, carried.participants, plan.coordinator), node.path)
+        if node.alive:
+            self._answer_execute(txn, partition, incarnation, "")
+
+    def _answer_execute(self, txn: str, partition: str, incarnation: int, refusal: str | None) -> None:
+        """The owner's answer reaches the coordinator ("" executed; a reason: refused), or, for
+        None or a lost answer, the coordinator's request deadline passes with no answer."""
+        coordinator = self.plans[txn].coordinator
+        if refusal is None or (self.rng.random() < self.schedule.loss_probability and self.now_ms < FAULTS_END_MS):
+            failed = ExecuteFailed(coordinator, txn, partition, refused=False, detail="no answer")
+            self._push(self.now_ms + TIMEOUT_MS_EXECUTE, _EXECUTE_ANSWER, (coordinator, incarnation, failed))
+        elif refusal:
+            failed = ExecuteFailed(coordinator, txn, partition, refused=True, detail=refusal)
+            delay = self.rng.randint(1, self.schedule.delay_ms_max)
+            self._push(self.now_ms + delay, _EXECUTE_ANSWER, (coordinator, incarnation, failed))
 
     def _remember(self, partition: str, txn: str, execution: Execution) -> None:
         node = self.nodes[node_of(partition)]
@@ -473,6 +585,8 @@ class World:
             self.outcome.replies.setdefault(effect.txn, []).append(effect.outcome)
             self.outcome.reply_paths.append(node.path)
         elif isinstance(effect, ReleaseLocks):
+            if effect.refuse_later:
+                node.refused[effect.partition].add(effect.txn)
             execution = node.executions[effect.partition].pop(effect.txn, None)
             if execution is not None and execution.read_only:
                 self.outcome.released_read_only.add((effect.partition, effect.txn))

@@ -158,6 +158,7 @@ def _encode_execute_request(envelope: pb.PeerEnvelope, value: ExecuteRequest) ->
     body.coordinator = value.coordinator
     body.abort = value.abort
     body.continued = value.continued
+    body.participants.extend(value.participants)
     ops = body.ops
     for op in value.ops:
         wire_op = ops.add()
@@ -303,6 +304,7 @@ def _decode_execute_request(body: pb.ExecuteRequest) -> ExecuteRequest:
         ops=ops,
         abort=body.abort,
         continued=body.continued,
+        participants=tuple(body.participants),
     )
 
 

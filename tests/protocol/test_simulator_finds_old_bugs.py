@@ -13,7 +13,7 @@ import pytest
 
 from cornus.protocol import node_core, resolve
 from cornus.protocol.config import Protocol, ProtocolConfig
-from cornus.protocol.effects import Effect, Log, ScanLog, Timer
+from cornus.protocol.effects import Effect, Log, ReleaseLocks, ScanLog, Timer
 from cornus.protocol.events import RecordRead, StorageUnreachable
 from cornus.protocol.hosts import PartitionHost
 from cornus.protocol.messages import Decision, DecisionAck
@@ -23,8 +23,8 @@ from cornus.protocol.termination import Termination
 from cornus.protocol.txn_ids import protocol_of
 from cornus.sim import explore as explore_module
 from cornus.sim import world as sim_world
-from cornus.sim.explore import explore
-from cornus.sim.schedule import Schedule
+from cornus.sim.explore import explore, run_schedule
+from cornus.sim.schedule import FAULTS_END_MS, Outage, Schedule, TxnPlan
 from storage_adapters.contract import LogId, Record, RecordBody, TxnState
 
 # Schedules each old rule gets before the test gives up on the simulator (found in far fewer).
@@ -158,3 +158,33 @@ def test_grace_shorter_than_a_late_call(monkeypatch: pytest.MonkeyPatch) -> None
     violations = _found()
     # A late call lands on a collected record: recreating it, or applying its redo with no record.
     assert any("recreated" in v or "GC of" in v or "whose record is None" in v for v in violations), violations
+
+
+# -- 7. an ABORT that overtook a one-shot's request, which carries the prepare -------------------
+def test_unknown_abort_that_does_not_refuse_the_carried_prepare(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the explorer while one-shot requests learned to carry their prepare: a partition
+    acknowledged an ABORT it knew nothing of, then ran the request that the ABORT had overtaken and
+    voted yes; the coordinator, holding every ack, collected the records under the vote."""
+    original = PartitionHost._unknown
+
+    def forgetful(self: PartitionHost, sender: str, message: object) -> list[Effect]:
+        effects = original(self, sender, message)
+        return [dataclasses.replace(e, refuse_later=False) if isinstance(e, ReleaseLocks) else e for e in effects]
+
+    def violations() -> list[str]:
+        # The race in its plainest form: p1 votes no at once, and the coordinator's ABORT may
+        # reach p0 before p0's own request does (the network reorders up to 60 ms). p1's log then
+        # goes unreachable, so p0's late vote stays undecided until after the grace.
+        plan = TxnPlan("c0", Protocol.CORNUS, 0, (("p0", 0), ("p1", 0)), (), (True, False), one_shot=True)
+        outage = Outage(("p.p1",), 200, FAULTS_END_MS)
+        for seed in range(SCHEDULE_COUNT_MAX):
+            schedule = Schedule(seed=seed, partition_count=2, txns=(plan,), delay_ms_max=60, outages=(outage,))
+            found = run_schedule(schedule)
+            if found:
+                return found
+        return []
+
+    assert violations() == [], "the real core breaks an invariant"
+    monkeypatch.setattr(PartitionHost, "_unknown", forgetful)
+    found = violations()
+    assert any(word in v for v in found for word in ("voted", "undecided", "recreated")), found

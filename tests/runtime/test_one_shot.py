@@ -1,0 +1,138 @@
+"""One-shot transactions whose requests carry the prepare (CommitRequested.prepare_sent): real
+`Node`s over the in-memory transport and one emulator file. The protocol side of these rules is
+explored by the simulator (cornus/sim/world.py, one-shot plans); these check the runtime does what
+the core says: no separate Prepare on the wire, a refusal aborts at once with its reason, a request
+that got no answer ends through termination, and an ABORT that overtook the request refuses it."""
+
+from __future__ import annotations
+
+import pytest
+
+from cornus.protocol.config import Protocol
+from cornus.protocol.messages import Decision, Prepare
+from cornus.runtime.local_transport import LocalTransport
+from cornus.runtime.outcome import AbortReason, OutcomeStatus
+from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, Routed
+from storage_adapters.contract import TxnState
+from tests.runtime.faults import gets, keys_in, local_cluster, puts, read_through, txn_id
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("protocol", list(Protocol))
+async def test_each_partition_gets_one_request_that_carries_its_prepare(tmp_path, monkeypatch, protocol):
+    sent: list[object] = []
+    requests: list[ExecuteRequest] = []
+    real_send, real_request = LocalTransport.send, LocalTransport.request
+
+    def send(self: LocalTransport, to_node: str, message: Routed) -> None:
+        sent.append(message.message)
+        real_send(self, to_node, message)
+
+    async def request(self: LocalTransport, to_node: str, request: ExecuteRequest, timeout_ms: int) -> object:
+        requests.append(request)
+        return await real_request(self, to_node, request, timeout_ms)
+
+    monkeypatch.setattr(LocalTransport, "send", send)
+    monkeypatch.setattr(LocalTransport, "request", request)
+    async with local_cluster(tmp_path, node_count=3, partition_count=3) as cluster:
+        keys = keys_in(3, ["p0", "p1", "p2"])
+        node = cluster.node("n1")
+        first = await node.execute(puts({key: b"old" for key in keys.values()}), protocol)
+        assert first.status is OutcomeStatus.COMMITTED, first
+        requests.clear()
+        sent.clear()
+        ops = [*gets(list(keys.values())), *puts({key: b"new" for key in keys.values()})]
+        outcome = await node.execute(ops, protocol)
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+        assert outcome.reads == tuple((key, b"old") for key in keys.values())
+        assert sorted(r.partition for r in requests) == ["p0", "p1", "p2"]
+        assert all(r.participants == ("p0", "p1", "p2") for r in requests), requests
+        assert not [m for m in sent if isinstance(m, Prepare)], "a prepare went out beside the requests"
+        for key in keys.values():
+            assert await read_through(cluster.node("n0"), key) == b"new"
+
+
+async def test_a_one_shot_that_reads_a_partition_it_does_not_write_prepares_after_executing(tmp_path, monkeypatch):
+    """Its read locks must stay until every other partition holds its locks (strict 2PL), so it
+    takes the two-step path: no request carries a prepare."""
+    requests: list[ExecuteRequest] = []
+    real_request = LocalTransport.request
+
+    async def request(self: LocalTransport, to_node: str, request: ExecuteRequest, timeout_ms: int) -> object:
+        requests.append(request)
+        return await real_request(self, to_node, request, timeout_ms)
+
+    monkeypatch.setattr(LocalTransport, "request", request)
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        outcome = await cluster.node().execute([Op(OpKind.GET, keys["p0"]), Op(OpKind.PUT, keys["p1"], b"v")])
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+        assert requests and not any(r.participants for r in requests)
+
+
+@pytest.mark.parametrize("protocol", list(Protocol))
+async def test_a_refusal_aborts_at_once_with_its_reason(tmp_path, protocol):
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        holder = cluster.node("n1")
+        blocking = holder.begin(Protocol.CORNUS)
+        await holder.run_ops(blocking, puts({keys["p1"]: b"held"}))  # p1's key is locked (NO_WAIT)
+        node = cluster.node("n0")
+        outcome = await node.execute(puts({keys["p0"]: b"a", keys["p1"]: b"b"}), protocol)
+        assert outcome.status is OutcomeStatus.ABORTED and outcome.reason is AbortReason.CONFLICT, outcome
+        assert outcome.retryable
+        # Decided from the refusal: no termination was needed, and p0 let its lock go.
+        assert not node.timings.terminations_ms
+        await holder.abort(blocking)
+        again = await node.execute(puts({keys["p0"]: b"a2", keys["p1"]: b"b2"}), protocol)
+        assert again.status is OutcomeStatus.COMMITTED, again
+        p1_record = await cluster.record("p1", outcome.txn)
+        assert p1_record is None or p1_record.state is TxnState.ABORT
+
+
+async def test_a_request_that_got_no_answer_ends_through_the_logs(tmp_path):
+    """The owner of p1 is unreachable: it may have voted, so Cornus asks p1's log at once
+    (LogOnce(ABORT)) instead of waiting for the vote timeout."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        node = cluster.node("n0")
+        cluster.network.down.add("n1")
+        outcome = await node.execute(puts({keys["p0"]: b"a", keys["p1"]: b"b"}), Protocol.CORNUS)
+        assert outcome.status is OutcomeStatus.ABORTED, outcome
+        assert node.timings.terminations_ms, "the coordinator terminated"
+        record = await cluster.record("p1", outcome.txn)
+        assert record is not None and record.state is TxnState.ABORT
+
+
+async def test_an_abort_that_overtook_the_request_refuses_it(tmp_path):
+    """The coordinator aborted (another partition refused) and its ABORT reached p1 before p1 ran
+    the request that carries p1's prepare: p1 acknowledged an ABORT it knew nothing of, which lets
+    the coordinator collect the records, so the request must not run and vote after it."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        owner = cluster.node(cluster.owner_of("p1"))
+        txn = txn_id("n0", 1, Protocol.CORNUS)
+        owner.on_message("n0", Routed("n0", "p1", Decision(txn, TxnState.ABORT)))
+        request = ExecuteRequest(txn, "p1", "n0", tuple(puts({keys["p1"]: b"late"})), participants=("p0", "p1"))
+        response = await owner.on_request("n0", request)
+        assert response.status is ExecuteStatus.ABORTED, response
+        assert txn not in owner.core.partitions["p1"].machines
+        assert await cluster.record("p1", txn) is None, "the refused request logged a vote"
+        # The key is free again: nothing of the refused request holds it.
+        outcome = await owner.execute(puts({keys["p1"]: b"next"}))
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+
+
+async def test_a_malformed_carried_prepare_is_refused_and_changes_nothing(tmp_path):
+    async with local_cluster(tmp_path, node_count=1, partition_count=2) as cluster:
+        node = cluster.node()
+        key = keys_in(2, ["p0"])["p0"]
+        for counter, participants in enumerate((("p1",), ("p1", "p0"), ("p0", "p0"))):
+            txn = txn_id("n0", counter + 1, Protocol.CORNUS)
+            request = ExecuteRequest(txn, "p0", "n0", tuple(puts({key: b"x"})), participants=participants)
+            response = await node.on_request("n0", request)
+            assert response.status is ExecuteStatus.INVALID, (participants, response)
+            assert txn not in node.core.partitions["p0"].machines
+        outcome = await node.execute(puts({key: b"y"}))
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
