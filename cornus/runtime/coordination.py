@@ -19,6 +19,7 @@ from cornus.protocol.events import CommitRequested, Event, ExecuteFailed
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.admission import check_growth
 from cornus.runtime.config import NodeConfig
+from cornus.runtime.effect_runner import fatal
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.keys import partition_of
 from cornus.runtime.outcome import AbortReason, NodeOverloaded, Outcome, OutcomeStatus, TxnNotFound, TxnWrongState
@@ -325,37 +326,49 @@ class Coordination:
             ExecuteRequest(ctx.txn, p, self.node_id, tuple(group), participants=participants)
             for p, group in by_partition.items()
         ]
+        answers: dict[str, tuple[ExecuteResponse, bool]] = {}  # partition -> (response, refused), as they come
+
+        async def ask(request: ExecuteRequest) -> None:
+            answer = answers[request.partition] = await self._request_prepared(request)
+            response, refused = answer
+            if response.status is not ExecuteStatus.OK:
+                # The machine hears of it at once: a refusal decides without the others' answers.
+                self.feed(ExecuteFailed(self.node_id, ctx.txn, request.partition, refused, response.detail))
+            if len(answers) == len(requests):
+                # The execution phase, as the caller sees it, ends with the last answer; the
+                # prepare overlapped it, and what is left of it is measured from here.
+                ctx.timing.commit_requested = time.perf_counter()
+
+        asking = asyncio.gather(*(ask(request) for request in requests))
+        asking.add_done_callback(_crash_on_error)
         self.failpoints.hit("coordinator.after_prepare")
-        answers = await asyncio.gather(*(self._request_prepared(request) for request in requests))
-        # The execution phase, as the caller sees it, ends with the last answer; the prepare
-        # overlapped it, and what is left of it is measured from here.
-        ctx.timing.commit_requested = time.perf_counter()
-        first_refusal: ExecuteResponse | None = None
-        for request, (response, refused) in zip(requests, answers, strict=True):
-            if response.status is ExecuteStatus.OK:
-                continue
-            if refused and first_refusal is None:
-                first_refusal = response
-            self.feed(ExecuteFailed(self.node_id, ctx.txn, request.partition, refused, response.detail))
         reply = await self._await_reply(ctx)
+        if not ctx.timing.commit_requested:
+            ctx.timing.commit_requested = time.perf_counter()  # decided before every answer came
         if reply is None:
             return self._unknown(ctx), []
-        if reply.outcome is TxnState.COMMIT:
-            assert first_refusal is None, f"{ctx.txn} committed although a partition refused it"
-            committed = self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.COMMITTED))
-            values = {request.partition: response for request, (response, _) in zip(requests, answers, strict=True)}
-            lost = sorted(p for p, response in values.items() if response.status is not ExecuteStatus.OK)
-            if lost:
-                # Committed (every participant's log holds its yes vote, and the status call says
-                # so) but an owner's answer, and what was read there, was lost: the caller is sent
-                # to the status call rather than handed values nobody read.
-                detail = f"committed, but the values read on {', '.join(lost)} were lost with the owners' answers"
-                return Outcome(ctx.txn, OutcomeStatus.UNKNOWN, detail=detail, timing_ms=committed.timing_ms), []
-            return committed, [values[partition].values[index] for partition, index in positions]
-        if first_refusal is not None:
-            reason = _ABORT_REASONS.get(first_refusal.status, AbortReason.VOTED_NO)
-            return self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, reason, first_refusal.detail)), []
-        return self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, reply.reason)), []
+        if reply.outcome is TxnState.ABORT:
+            # Not waiting for the other answers: the participants that ran learn ABORT from the
+            # machine, and a request still on its way is refused where the ABORT overtook it.
+            refusal = next((r for r, refused in answers.values() if refused and r.status is not ExecuteStatus.OK), None)
+            if refusal is not None:
+                reason = _ABORT_REASONS.get(refusal.status, AbortReason.VOTED_NO)
+                return self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, reason, refusal.detail)), []
+            return self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, reply.reason)), []
+        # Every participant voted yes, so every request ran; its answer left before its vote.
+        await asking
+        assert all(refused is False or r.status is ExecuteStatus.OK for r, refused in answers.values()), (
+            f"{ctx.txn} committed although a partition refused it: {answers}"
+        )
+        committed = self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.COMMITTED))
+        lost = sorted(p for p, (response, _) in answers.items() if response.status is not ExecuteStatus.OK)
+        if lost:
+            # Committed (every participant's log holds its yes vote, and the status call says
+            # so) but an owner's answer, and what was read there, was lost: the caller is sent
+            # to the status call rather than handed values nobody read.
+            detail = f"committed, but the values read on {', '.join(lost)} were lost with the owners' answers"
+            return Outcome(ctx.txn, OutcomeStatus.UNKNOWN, detail=detail, timing_ms=committed.timing_ms), []
+        return committed, [answers[partition][0].values[index] for partition, index in positions]
 
     async def _request_prepared(self, request: ExecuteRequest) -> tuple[ExecuteResponse, bool]:
         """The owner's answer, and whether a failure was the owner's refusal (it did not run the
@@ -385,6 +398,13 @@ class Coordination:
         for ctx in list(self.txns.values()):
             if ctx.state is OutcomeStatus.ACTIVE and not ctx.busy and now - ctx.last_active_s > idle_s:
                 spawn(self._abort(ctx, AbortReason.TIMEOUT, "idle past timeout_ms_txn_idle"))
+
+
+def _crash_on_error(done: asyncio.Future[object]) -> None:
+    """A one-shot's requests outlive its caller when it aborts early: a failure of theirs (a bug,
+    since request failures are answers) must still be heard."""
+    if not done.cancelled() and done.exception() is not None:
+        fatal(f"a one-shot's request failed: {done.exception()!r}")
 
 
 def _unwired(_: object) -> None:

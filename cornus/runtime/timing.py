@@ -24,7 +24,9 @@ class TxnTiming:
     def phases_ms(self) -> dict[str, float]:
         """execution: begin -> commit asked; prepare: -> outcome known; commit: -> reply sent."""
         assert self.commit_requested >= self.began
-        decided = self.decided or self.replied
+        # A one-shot's prepare rides with its operations, so its outcome may be known before the
+        # last answer (the end of execution) comes: its prepare then took no time of its own.
+        decided = max(self.decided or self.replied, self.commit_requested) if self.decided or self.replied else 0.0
         return {
             "execution": (self.commit_requested - self.began) * 1000,
             "prepare": (decided - self.commit_requested) * 1000 if decided else 0.0,
