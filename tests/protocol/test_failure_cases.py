@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.coordinator_cornus import CornusCoordinator
 from cornus.protocol.effects import (
+    ApplyRedo,
+    CacheRedo,
     CancelTimer,
     Log,
     LogOnce,
@@ -27,7 +31,7 @@ from cornus.sim.explore import explore
 from cornus.sim.invariants import check
 from cornus.sim.schedule import Schedule
 from cornus.sim.world import World
-from storage_adapters.contract import TxnState
+from storage_adapters.contract import LogId, TxnState
 
 from .helpers import assert_clean, crash_on, replies, run, txn
 
@@ -98,6 +102,41 @@ def test_participant_case3_fails_after_logging_vote_before_replying() -> None:
 def test_participant_case4_fails_after_sending_vote() -> None:
     after_vote = crash_on("p1", lambda e: isinstance(e, StartTimer) and e.timer.kind == "decision")
     world = run(CORNUS, hook=after_vote, down_ms=600)
+    assert replies(world) == [TxnState.COMMIT]
+    assert_clean(world, TxnState.COMMIT)
+
+
+# -- a participant that commits by applying over its own vote ---------------------------------
+@pytest.mark.parametrize("protocol", [CORNUS, Protocol.TWO_PC])
+def test_participant_fails_before_its_apply_over_the_vote(protocol: Protocol) -> None:
+    """The COMMIT is known, but the apply that would record it in p1's log never leaves: the record
+    still says VOTE_YES. Recovery must find it unfinished, resolve it to COMMIT (Cornus: termination
+    over the others' logs; 2PC: the coordinator) and only then apply."""
+    found: list[object] = []
+
+    def hook(world: World, name: str, effect: object) -> str | None:
+        if found or not isinstance(effect, ApplyRedo) or effect.partition != "p1":
+            return None
+        found.append(world.storage.read(LogId.partition("p1"), effect.txn))
+        return "crash"
+
+    world = run(protocol, votes=(True, True, True), hook=hook, down_ms=600)
+    (record,) = found
+    assert record is not None and record.state is TxnState.VOTE_YES and not record.applied  # type: ignore[attr-defined]
+    assert replies(world) == [TxnState.COMMIT]
+    assert_clean(world, TxnState.COMMIT)
+    assert ("p1", txn(world)) in world.outcome.applied
+    if protocol is CORNUS:
+        assert world.outcome.terminations >= 1, "p1's recovery resolves its vote by termination"
+
+
+@pytest.mark.parametrize("protocol", [CORNUS, Protocol.TWO_PC])
+def test_participant_fails_after_its_apply_over_the_vote_returned(protocol: Protocol) -> None:
+    """The apply landed (record COMMIT and applied), the node dies before releasing or acking:
+    recovery has nothing to do, and the coordinator's resent decision meets an unknown, finished
+    transaction, which acks without applying again."""
+    after_apply = crash_on("p1", lambda e: isinstance(e, CacheRedo))
+    world = run(protocol, votes=(True, True, True), hook=after_apply, down_ms=600)
     assert replies(world) == [TxnState.COMMIT]
     assert_clean(world, TxnState.COMMIT)
 

@@ -7,7 +7,19 @@ from __future__ import annotations
 import pytest
 
 from cornus.protocol.config import Protocol, ProtocolConfig
-from cornus.protocol.effects import CancelTimer, Decided, Log, LogOnce, Reply, Send, StartTimer, Timer
+from cornus.protocol.effects import (
+    ApplyRedo,
+    CancelTimer,
+    Decided,
+    DeleteRecord,
+    Effect,
+    Log,
+    LogOnce,
+    Reply,
+    Send,
+    StartTimer,
+    Timer,
+)
 from cornus.protocol.events import CommitRequested, MessageReceived
 from cornus.protocol.hosts import CoordinatorHost, PartitionHost
 from cornus.protocol.messages import Decision, ReadOnlyReleased, ReleaseReadOnly
@@ -15,7 +27,7 @@ from cornus.protocol.txn_ids import PROTOCOL_TAGS, protocol_of
 from cornus.sim.invariants import check
 from cornus.sim.schedule import Schedule
 from cornus.sim.world import World
-from storage_adapters.contract import TxnState
+from storage_adapters.contract import LogId, TxnState
 
 from .helpers import replies, txn
 
@@ -35,6 +47,62 @@ def test_commit_path_matches_paper(protocol: Protocol, participants: int) -> Non
     assert check(world) == []
     assert replies(world) == [TxnState.COMMIT]
     assert set(world.outcome.reply_paths[0]) == EXPECTED[protocol]
+
+
+# The storage calls each participant makes for its own record and data in a fault-free run, in
+# order. On COMMIT a participant whose record holds its VOTE_YES (Cornus, 2PC) makes no Log(COMMIT):
+# its ApplyRedo turns the vote into COMMIT in the same call as it writes the data (safe because only
+# it ever decides over its own vote, see LogStore.apply_redo). That is 2 calls where it used to be
+# 3 (vote, Log(COMMIT), apply). A coordinator-log participant has no record before the decision,
+# so it still logs the COMMIT with its redo first. An ABORT is still logged.
+STORAGE_CALLS_ON_COMMIT = {
+    Protocol.CORNUS: ["LogOnce(VOTE_YES)", "ApplyRedo"],
+    Protocol.TWO_PC: ["Log(VOTE_YES)", "ApplyRedo"],
+    Protocol.COORDINATOR_LOG: ["Log(COMMIT)", "ApplyRedo"],
+}
+STORAGE_CALLS_OF_A_YES_VOTER_ON_ABORT = {
+    Protocol.CORNUS: ["LogOnce(VOTE_YES)", "Log(ABORT)"],
+    Protocol.TWO_PC: ["Log(VOTE_YES)", "Log(ABORT)"],
+    Protocol.COORDINATOR_LOG: [],  # presumed abort: no record of its own at all
+}
+
+
+def _own_storage_calls(protocol: Protocol, votes: tuple[bool, ...]) -> tuple[World, dict[str, list[str]]]:
+    """Run one transaction; return each partition's storage calls that it made itself."""
+    calls: dict[str, list[str]] = {}
+
+    def spy(world: World, name: str, effect: Effect) -> None:
+        if isinstance(effect, LogOnce | Log) and effect.owner.startswith("p"):
+            calls.setdefault(effect.owner, []).append(f"{type(effect).__name__}({effect.state.value})")
+        elif isinstance(effect, ApplyRedo | DeleteRecord) and effect.owner.startswith("p"):
+            calls.setdefault(effect.owner, []).append(type(effect).__name__)
+
+    world = World(Schedule.single(protocol, votes, seed=1))
+    world.hook = spy
+    world.run()
+    assert check(world) == []
+    return world, calls
+
+
+@pytest.mark.parametrize("protocol", list(Protocol))
+@pytest.mark.parametrize("participants", [1, 2, 3])
+def test_a_committing_participant_makes_two_storage_calls(protocol: Protocol, participants: int) -> None:
+    world, calls = _own_storage_calls(protocol, (True,) * participants)
+    assert replies(world) == [TxnState.COMMIT]
+    assert calls == {f"p{i}": STORAGE_CALLS_ON_COMMIT[protocol] for i in range(participants)}
+    for i in range(participants):
+        record = world.storage.read(LogId.partition(f"p{i}"), txn(world))
+        # Collected by the coordinator after every ack, or still there: COMMIT and applied.
+        assert record is None or (record.state, record.applied) == (TxnState.COMMIT, True)
+        assert (f"p{i}", txn(world)) in world.outcome.applied
+
+
+@pytest.mark.parametrize("protocol", list(Protocol))
+def test_an_aborting_participant_still_logs_the_abort(protocol: Protocol) -> None:
+    world, calls = _own_storage_calls(protocol, (True, False))
+    assert replies(world) == [TxnState.ABORT]
+    assert calls.get("p0", []) == STORAGE_CALLS_OF_A_YES_VOTER_ON_ABORT[protocol]
+    assert not world.outcome.applied
 
 
 @pytest.mark.parametrize("protocol", list(Protocol))
