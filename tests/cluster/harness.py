@@ -83,7 +83,9 @@ class Cluster:
         if grpc_api:
             for node in self.nodes.values():
                 node.grpc_api_port = free_port()
-        self.client = httpx.Client(timeout=HTTP_TIMEOUT_S)
+        # Pooled connections go after 1 s idle: uvicorn closes an idle keep-alive connection after
+        # 5 s, and a request sent on one just as it closes fails with "Server disconnected".
+        self.client = httpx.Client(timeout=HTTP_TIMEOUT_S, limits=httpx.Limits(keepalive_expiry=1.0))
 
     @property
     def peers(self) -> str:
