@@ -26,7 +26,9 @@ class TxnTiming:
         assert self.commit_requested >= self.began
         # A one-shot's prepare rides with its operations, so its outcome may be known before the
         # last answer (the end of execution) comes: its prepare then took no time of its own.
-        decided = max(self.decided or self.replied, self.commit_requested) if self.decided or self.replied else 0.0
+        decided = self.decided or self.replied
+        if decided:
+            decided = max(decided, self.commit_requested)
         return {
             "execution": (self.commit_requested - self.began) * 1000,
             "prepare": (decided - self.commit_requested) * 1000 if decided else 0.0,

@@ -9,12 +9,24 @@ from __future__ import annotations
 import pytest
 
 from cornus.protocol.config import Protocol
+from cornus.protocol.effects import ApplyRedo
 from cornus.protocol.messages import Decision, Prepare
 from cornus.runtime.local_transport import LocalTransport
 from cornus.runtime.outcome import AbortReason, OutcomeStatus
+from cornus.runtime.transport import PeerUnavailable
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, Routed
 from storage_adapters.contract import TxnState
-from tests.runtime.faults import gets, keys_in, local_cluster, puts, read_through, txn_id
+from storage_adapters.errors import StorageUnavailable
+from tests.runtime.faults import (
+    LocalCluster,
+    gets,
+    keys_in,
+    local_cluster,
+    puts,
+    read_through,
+    txn_id,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -136,3 +148,52 @@ async def test_a_malformed_carried_prepare_is_refused_and_changes_nothing(tmp_pa
             assert txn not in node.core.partitions["p0"].machines
         outcome = await node.execute(puts({key: b"y"}))
         assert outcome.status is OutcomeStatus.COMMITTED, outcome
+
+
+async def test_a_commit_whose_answer_was_lost_sends_the_caller_to_the_status_call(tmp_path, monkeypatch):
+    """p1 ran its request and voted yes, but its answer (with what it read) was lost: the
+    transaction commits (p1's vote reaches the coordinator, or its termination finds the vote in
+    p1's log). The caller must not be handed
+    values nobody read: it hears "unknown" and is sent to the status call, which says committed."""
+    real_request = LocalTransport.request
+    clusters: list[LocalCluster] = []
+
+    async def lose_p1_answer(self: LocalTransport, to_node: str, request: ExecuteRequest, timeout_ms: int) -> object:
+        response = await real_request(self, to_node, request, timeout_ms)
+        if isinstance(request, ExecuteRequest) and request.partition == "p1" and request.participants:
+            # Lost only once p1's vote is durable, so the coordinator's termination finds it
+            # (before that, its LogOnce(ABORT) could win and abort, which is also correct).
+            async def voted() -> bool:
+                return await clusters[0].record("p1", request.txn) is not None
+
+            await wait_until(voted, 10, "p1 never logged its vote")
+            raise PeerUnavailable("the answer was lost")
+        return response
+
+    monkeypatch.setattr(LocalTransport, "request", lose_p1_answer)
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        clusters.append(cluster)
+        keys = keys_in(2, ["p0", "p1"])
+        node = cluster.node("n0")
+        outcome = await node.execute([*puts({keys["p0"]: b"a", keys["p1"]: b"b"}), *gets([keys["p1"]])])
+        assert outcome.status is OutcomeStatus.UNKNOWN and not outcome.reads, outcome
+        assert "committed" in outcome.detail and "p1" in outcome.detail, outcome.detail
+        status = node.status(outcome.txn)
+        assert status is not None and status.status is OutcomeStatus.COMMITTED, status
+        assert await read_through(cluster.node("n1"), keys["p1"]) == b"b"
+
+
+async def test_an_apply_of_a_partition_dropped_before_it_left_is_not_sent(tmp_path):
+    """The lease still held when the apply was started, but the partition's runtime was dropped
+    before the write left (the node stopping, a lease lost): it counts as a write not sent, which
+    a dropped write's bookkeeping ignores. It was a KeyError, which the runtime took as fatal."""
+    async with local_cluster(tmp_path, node_count=1, partition_count=1) as cluster:
+        node = cluster.node()
+        fence = node.ownership.fence("p0")
+        assert fence is not None
+        runtime = node.partitions.pop("p0")
+        try:
+            with pytest.raises(StorageUnavailable, match="dropped before its apply"):
+                await node.runner._apply(ApplyRedo("p0", "p0", txn_id("n0", 1, Protocol.CORNUS), b""), fence)
+        finally:
+            node.partitions["p0"] = runtime
