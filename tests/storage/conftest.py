@@ -15,6 +15,11 @@ from tests.conftest import Services
 # thread, once took over 5 s to answer a burst of 64 concurrent calls while the suite's other
 # workers ran node processes), short enough that a hang shows up as a failure quickly.
 TIMEOUT_MS_CALL_TEST = 10_000
+# moto copies the whole table for every TransactWriteItems (a correctness double, not a performance
+# one), and the suite's table grows over the run: a redo of 250 writes, applied in chunks of
+# transactions, took about 5 s late in a run and once over 10 s on a loaded CI box. Its calls get
+# more time; a real hang still fails well within the test's own timeout.
+TIMEOUT_MS_CALL_MOTO = 30_000
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +46,7 @@ def config_for(backend: str, services: Services, run_id: str, tmp_dir: str) -> S
         backend="dynamodb",
         dynamodb_endpoint=services.dynamodb_endpoint,
         dynamodb_table=f"conformance-{run_id}",
-        timeout_ms_call=TIMEOUT_MS_CALL_TEST,
+        timeout_ms_call=TIMEOUT_MS_CALL_MOTO,
     )
 
 
