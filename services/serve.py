@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import time
@@ -35,6 +36,13 @@ SHUTDOWN_TIMEOUT_S = 10.0
 STORAGE_OPEN_TIMEOUT_S = 60.0
 STORAGE_OPEN_BACKOFF_S_MIN = 0.1
 STORAGE_OPEN_BACKOFF_S_MAX = 2.0
+# Allocations (less deallocations) between two young-generation collections of the cyclic GC;
+# Python's default is 700. A committed transaction allocates thousands of short-lived objects,
+# nearly all freed by reference counting, so at 700 the collector ran several times per
+# transaction and took about 5% of a node's CPU (perf, Redis bench). 20,000 keeps a young
+# collection's work bounded (it only walks objects allocated since the last one) while running
+# it ten to thirty times less often.
+GC_GEN0_ALLOCATIONS_MAX = 20_000
 
 
 async def open_store_patiently(storage: StoreConfig) -> LogStore:
@@ -74,6 +82,10 @@ async def serve(config: NodeConfig) -> None:
     grpc_api = None
     try:
         await node.start(wait_ready=False)
+        # What exists now (modules, the app, the node's tables) lives as long as the process: kept
+        # out of every later collection, so the old generation's full walks stay short.
+        gc.freeze()
+        gc.set_threshold(GC_GEN0_ALLOCATIONS_MAX, *gc.get_threshold()[1:])
         if config.grpc_api_listen:
             # Imported only when enabled: its health and reflection packages are needed only then.
             from services.public_api.server import PublicGrpcServer

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import time
+import typing
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
@@ -102,6 +103,22 @@ class EffectRunner:
         self._tasks: dict[asyncio.Task[None], str] = {}  # task -> the owner of its storage call ("": none)
         # (where, txn) -> when its termination protocol began (perf_counter seconds).
         self._terminating: dict[tuple[str, str], float] = {}
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            Send: self._send,
+            **dict.fromkeys((LogOnce, Log, ApplyRedo, DeleteRecord, ReadRecord, ScanLog), self._storage),
+            StartTimer: self._start_timer,
+            CancelTimer: self._cancel_timer,
+            ReleaseLocks: self._release_locks,
+            LocksPrepared: lambda e: self.partitions[e.partition].locks.mark_prepared(e.txn),
+            RetakeLocks: lambda e: self.partitions[e.partition].retake_locks(e.txn, e.redo),
+            CacheRedo: lambda e: self.partitions[e.partition].cache_redo(e.redo),
+            Reply: self._reply,
+            Decided: self._decided,
+            TerminationStarted: self._termination_started,
+            TerminationEnded: self._termination_ended,
+            RecoveryFinished: self._recovered,
+        }
+        assert set(self._handlers) == set(typing.get_args(Effect)), "an effect has no handler"
 
     # -- the one entry point ---------------------------------------------------------------------
     def run(self, effects: list[Effect]) -> None:
@@ -116,53 +133,59 @@ class EffectRunner:
             self._run_one(effect)
 
     def _run_one(self, effect: Effect) -> None:
-        if isinstance(effect, Send):
-            node = self.route(effect.to)
-            if node is None:
-                # Nobody holds the partition now; the sender's timers repeat what matters.
-                self.counters["messages_unroutable"] += 1
-                return
-            self.transport.send(node, Routed(effect.source, effect.to, effect.message))
-        elif isinstance(effect, LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog):
-            if _is_vote_write(effect):
-                self.failpoints.hit("participant.before_log_vote")
-            self.spawn(self._call(effect), owner=effect.owner)
-        elif isinstance(effect, StartTimer):
-            old = self._timers.pop(effect.timer, None)
-            if old is not None:
-                old.cancel()
-            loop = asyncio.get_running_loop()
-            self._timers[effect.timer] = loop.call_later(effect.duration_ms / 1000, self._fire, effect.timer)
-        elif isinstance(effect, CancelTimer):
-            handle = self._timers.pop(effect.timer, None)
-            if handle is not None:
-                handle.cancel()
-        elif isinstance(effect, ReleaseLocks):
-            partition = self.partitions[effect.partition]
-            if effect.refuse_later:
-                partition.abort_execution(effect.txn)
-            else:
-                partition.release(effect.txn)
-        elif isinstance(effect, LocksPrepared):
-            self.partitions[effect.partition].locks.mark_prepared(effect.txn)
-        elif isinstance(effect, RetakeLocks):
-            self.partitions[effect.partition].retake_locks(effect.txn, effect.redo)
-        elif isinstance(effect, CacheRedo):
-            self.partitions[effect.partition].cache_redo(effect.redo)
-        elif isinstance(effect, Reply):
-            self.on_reply(effect)
-        elif isinstance(effect, Decided):
-            self.on_decided(effect)
-            self.failpoints.hit("coordinator.after_votes")
-        elif isinstance(effect, TerminationStarted):
-            self._terminating.setdefault((effect.where, effect.txn), time.perf_counter())
-            while len(self._terminating) > TERMINATIONS_TIMED_MAX:
-                del self._terminating[next(iter(self._terminating))]
-        elif isinstance(effect, TerminationEnded):
-            self._termination_ended(effect)
+        # By exact type, one dict lookup: an isinstance chain cost ~8 checks per effect, and a
+        # transaction runs some 30 effects over its nodes. Effect classes are final dataclasses.
+        handler = self._handlers.get(type(effect))
+        assert handler is not None, f"unexpected effect {effect!r}"
+        handler(effect)
+
+    def _send(self, effect: Send) -> None:
+        node = self.route(effect.to)
+        if node is None:
+            # Nobody holds the partition now; the sender's timers repeat what matters.
+            self.counters["messages_unroutable"] += 1
+            return
+        self.transport.send(node, Routed(effect.source, effect.to, effect.message))
+
+    def _storage(self, effect: StorageCall) -> None:
+        if _is_vote_write(effect):
+            self.failpoints.hit("participant.before_log_vote")
+        self.spawn(self._call(effect), owner=effect.owner)
+
+    def _start_timer(self, effect: StartTimer) -> None:
+        old = self._timers.pop(effect.timer, None)
+        if old is not None:
+            old.cancel()
+        loop = asyncio.get_running_loop()
+        self._timers[effect.timer] = loop.call_later(effect.duration_ms / 1000, self._fire, effect.timer)
+
+    def _cancel_timer(self, effect: CancelTimer) -> None:
+        handle = self._timers.pop(effect.timer, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _release_locks(self, effect: ReleaseLocks) -> None:
+        partition = self.partitions[effect.partition]
+        if effect.refuse_later:
+            partition.abort_execution(effect.txn)
         else:
-            assert isinstance(effect, RecoveryFinished), f"unexpected effect {effect!r}"
-            self.on_recovered(effect)
+            partition.release(effect.txn)
+
+    # Through self at call time: the node wires these hooks after construction.
+    def _reply(self, effect: Reply) -> None:
+        self.on_reply(effect)
+
+    def _recovered(self, effect: RecoveryFinished) -> None:
+        self.on_recovered(effect)
+
+    def _decided(self, effect: Decided) -> None:
+        self.on_decided(effect)
+        self.failpoints.hit("coordinator.after_votes")
+
+    def _termination_started(self, effect: TerminationStarted) -> None:
+        self._terminating.setdefault((effect.where, effect.txn), time.perf_counter())
+        while len(self._terminating) > TERMINATIONS_TIMED_MAX:
+            del self._terminating[next(iter(self._terminating))]
 
     # -- storage ---------------------------------------------------------------------------------
     async def _call(self, call: StorageCall) -> None:
