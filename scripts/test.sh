@@ -11,6 +11,11 @@ cd "$repo"
 # (scripts/toxiproxy.sh), so a build still running by then is awaited, and a failed one is retried
 # there with its error shown.
 scripts/toxiproxy.sh >/dev/null 2>&1 &
+# Likewise the helm CLI (Go, about 2 minutes cold) and checkov (its own virtual environment) for
+# the deployment checks (tests/deploy), which wait on the same locks (scripts/helm.sh,
+# scripts/checkov.sh) and show the error of a failed install.
+scripts/helm.sh >/dev/null 2>&1 &
+scripts/checkov.sh >/dev/null 2>&1 &
 
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 

@@ -1,0 +1,68 @@
+# syntax=docker/dockerfile:1
+# The Cornus node image: `docker build -t cornus .` at the repository root.
+#
+# Two stages. `build` has the compilers: it builds a wheel of the project and of every dependency
+# (a dependency without a wheel for the target platform compiles here), installs them into a
+# virtual environment, and generates the protobuf code there, since the node's packages build it on
+# first import and a read-only image (readOnlyRootFilesystem in the Helm chart) could not. The final
+# stage copies only that environment: no compiler, no wheel cache, no source tree.
+
+# Pinned by version: a rebuild gets the same Python. The same base in both stages, because the
+# virtual environment's interpreter is a link to the base image's /usr/local/bin/python3.
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# bookworm's build-essential is 12.9 for the life of the release; the pin makes a drift visible.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential=12.9 \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# Only what the wheel is made of (.dockerignore keeps the rest out of the context too).
+COPY pyproject.toml README.md ./
+COPY cornus ./cornus
+COPY services ./services
+COPY storage_adapters ./storage_adapters
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# From the wheels just built only (--no-index): what was resolved above is what gets installed.
+# Importing the two protobuf packages generates their code (services/node_rpc/codegen.py);
+# `python -P` keeps /src off sys.path, so that happens inside the installed packages, the ones
+# the image ships, and the node finds it fresh and never writes at run time.
+RUN python -m venv /opt/cornus \
+    && /opt/cornus/bin/pip install --no-cache-dir --no-index --find-links /wheels /wheels/cornus-*.whl \
+    && /opt/cornus/bin/python -P -c "import services.node_rpc, services.public_api"
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="cornus" \
+      org.opencontainers.image.description="Cornus atomic commit middleware: one node (cornus serve)"
+# HOME=/tmp: the root filesystem is read-only in the chart and /tmp is its one writable mount.
+# The listen addresses are the chart's defaults too, so `docker run` needs only the node id, the
+# peers and the partition count (and storage settings beyond the emulator).
+ENV PATH=/opt/cornus/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    CORNUS_LISTEN=0.0.0.0:7100 \
+    CORNUS_API_LISTEN=0.0.0.0:8100 \
+    CORNUS_GRPC_API_LISTEN=0.0.0.0:9100
+# A fixed uid/gid, so Kubernetes' runAsUser/fsGroup (helm/cornus) name the same user.
+RUN groupadd --system --gid 10001 cornus \
+    && useradd --system --uid 10001 --gid cornus --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin cornus \
+    && mkdir -p /var/lib/cornus \
+    && chown cornus:cornus /var/lib/cornus
+COPY --from=build /opt/cornus /opt/cornus
+# The emulator backend's default file (cornus.db) lands here, in the working directory.
+WORKDIR /var/lib/cornus
+USER 10001:10001
+# 7100 node-to-node stream, 8100 REST (/healthz, /readyz, /metrics), 9100 public gRPC.
+EXPOSE 7100 8100 9100
+# Liveness on the REST port the node was given (CORNUS_API_LISTEN), asked on loopback. Python,
+# because the slim base has no curl or wget and the image adds none. The start period covers a
+# node that waits for its storage (services/serve.py STORAGE_OPEN_TIMEOUT_S, 60 s).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=90s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; port = os.environ['CORNUS_API_LISTEN'].rsplit(':', 1)[1]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)"]
+ENTRYPOINT ["cornus"]
+CMD ["serve"]

@@ -1,0 +1,171 @@
+{{/*
+Names, labels and the values every template derives from. The checks that refuse a bad
+combination of values at install time (beyond what values.schema.json can say) are in
+"cornus.validate", included once from the StatefulSet.
+*/}}
+
+{{/* The chart name, capped so that derived names stay DNS labels. */}}
+{{- define "cornus.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The StatefulSet's name, and so every pod's ("<fullname>-<ordinal>", which is also the node id).
+52 characters at most: the StatefulSet controller labels each pod with
+"<name>-<10-character revision hash>", and a label value holds 63.
+*/}}
+{{- define "cornus.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The headless Service that gives each pod the DNS name its peers dial. */}}
+{{- define "cornus.peerService" -}}
+{{- printf "%s-peer" (include "cornus.fullname" .) }}
+{{- end }}
+
+{{- define "cornus.devRedisName" -}}
+{{- printf "%s-redis" (include "cornus.fullname" .) }}
+{{- end }}
+
+{{- define "cornus.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "cornus.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "cornus.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of everything in the release; each resource adds its app.kubernetes.io/component. */}}
+{{- define "cornus.commonLabels" -}}
+helm.sh/chart: {{ include "cornus.chart" . }}
+app.kubernetes.io/name: {{ include "cornus.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Labels of the nodes' resources (StatefulSet, Services, PodDisruptionBudget, ...). */}}
+{{- define "cornus.labels" -}}
+{{ include "cornus.commonLabels" . }}
+app.kubernetes.io/component: node
+{{- end }}
+
+{{/* What selects the node pods (Services, PodDisruptionBudget, NetworkPolicy). */}}
+{{- define "cornus.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cornus.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: node
+{{- end }}
+
+{{/*
+The StatefulSet's own selector: the pods' labels plus the partition count. A StatefulSet's
+selector cannot change after creation, so an upgrade that changes partitionCount is refused by the
+API server even where "cornus.validate" cannot look at the cluster (helm template piped to
+kubectl, GitOps controllers that render offline). Changing the partition count re-maps every key
+(crc32(key) mod partitionCount) and would hide all existing data, so it must never just happen.
+*/}}
+{{- define "cornus.statefulSetSelectorLabels" -}}
+{{ include "cornus.selectorLabels" . }}
+cornus.dev/partition-count: {{ .Values.partitionCount | quote }}
+{{- end }}
+
+{{/* The host part of in-cluster DNS names. */}}
+{{- define "cornus.svcDomain" -}}
+{{- printf "%s.svc.%s" .Release.Namespace .Values.clusterDomain }}
+{{- end }}
+
+{{/*
+CORNUS_PEERS: every node, this one included, as "<pod>=<pod>.<peer service>.<ns>.svc.<domain>:<port>".
+Every pod gets the same list from the same template, so the nodes agree on the node set, and
+with it on each partition's preferred owner (round-robin over the sorted node ids).
+*/}}
+{{- define "cornus.peers" -}}
+{{- $fullname := include "cornus.fullname" . }}
+{{- $peerService := include "cornus.peerService" . }}
+{{- $domain := include "cornus.svcDomain" . }}
+{{- $peers := list }}
+{{- range $ordinal := until (int .Values.replicaCount) }}
+{{- $pod := printf "%s-%d" $fullname $ordinal }}
+{{- $peers = append $peers (printf "%s=%s.%s.%s:%d" $pod $pod $peerService $domain (int $.Values.ports.peer)) }}
+{{- end }}
+{{- join "," $peers }}
+{{- end }}
+
+{{/* The client Service's in-cluster REST URL. */}}
+{{- define "cornus.clientUrl" -}}
+{{- printf "http://%s.%s:%d" (include "cornus.fullname" .) (include "cornus.svcDomain" .) (int .Values.service.ports.http) }}
+{{- end }}
+
+{{- define "cornus.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s:%s@%s" .Values.image.repository $tag .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* The port storage is reached on, for the NetworkPolicy's egress rule. */}}
+{{- define "cornus.storagePorts" -}}
+{{- $backend := .Values.storage.backend }}
+{{- if .Values.networkPolicy.storagePorts }}
+{{- toJson .Values.networkPolicy.storagePorts }}
+{{- else if eq $backend "redis" }}
+{{- toJson (list 6379 6380) }}
+{{- else if eq $backend "emulator" }}
+{{- toJson list }}
+{{- else }}
+{{- toJson (list 443) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Install-time checks of what values.schema.json cannot express (relations between values, and the
+release already in the cluster). Each fails with a message that says what to change.
+*/}}
+{{- define "cornus.validate" -}}
+{{- $replicas := int .Values.replicaCount }}
+{{- $partitions := int .Values.partitionCount }}
+{{- if gt $replicas $partitions }}
+{{- fail (printf "replicaCount (%d) exceeds partitionCount (%d): every node should be the preferred owner of at least one partition; raise partitionCount at install time (it cannot change later) or lower replicaCount" $replicas $partitions) }}
+{{- end }}
+{{- if and (eq .Values.storage.backend "emulator") (gt $replicas 1) }}
+{{- fail (printf "storage.backend=emulator is a SQLite file on one pod's volume: it serves one replica only (replicaCount is %d); use redis, azure_blob or dynamodb for more" $replicas) }}
+{{- end }}
+{{- if .Values.devRedis.enabled }}
+{{- if ne .Values.storage.backend "redis" }}
+{{- fail "devRedis.enabled=true needs storage.backend=redis" }}
+{{- end }}
+{{- if or .Values.storage.redis.existingSecret .Values.storage.redis.url }}
+{{- fail "devRedis.enabled=true supplies the Redis URL itself: leave storage.redis.existingSecret and storage.redis.url empty" }}
+{{- end }}
+{{- else if eq .Values.storage.backend "redis" }}
+{{- if not (or .Values.storage.redis.existingSecret .Values.storage.redis.url) }}
+{{- fail "storage.backend=redis needs storage.redis.existingSecret (a Secret holding the redis:// or rediss:// URL, password included) or storage.redis.url (a URL without credentials), or devRedis.enabled=true" }}
+{{- end }}
+{{- end }}
+{{- if and (eq .Values.storage.backend "azure_blob") (not .Values.storage.azureBlob.existingSecret) }}
+{{- fail "storage.backend=azure_blob needs storage.azureBlob.existingSecret: a Secret holding the storage account's connection string" }}
+{{- end }}
+{{- /* The release in the cluster, when there is one (lookup is empty under helm template). */}}
+{{- $previous := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "cornus.fullname" .) }}
+{{- if $previous }}
+{{- $was := index $previous.spec.selector.matchLabels "cornus.dev/partition-count" | default "" }}
+{{- if and $was (ne $was (toString $partitions)) }}
+{{- fail (printf "partitionCount cannot change (installed with %s, asked for %d): keys are placed by crc32(key) mod partitionCount, so a new count would hide every key already written. Keep partitionCount=%s; a different count needs a new release over empty storage" $was $partitions $was) }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,9 @@
+output "client_service" {
+  description = "The in-cluster REST URL of Cornus."
+  value       = "http://${helm_release.cornus.name}.${helm_release.cornus.namespace}.svc.cluster.local:8100"
+}
+
+output "storage_account_name" {
+  description = "The storage account holding Cornus's records and data."
+  value       = module.storage.storage_account_name
+}

@@ -1,0 +1,46 @@
+output "table_name" {
+  description = "The DynamoDB table: the chart's storage.dynamodb.table."
+  value       = aws_dynamodb_table.cornus.name
+}
+
+output "table_arn" {
+  description = "The table's ARN."
+  value       = aws_dynamodb_table.cornus.arn
+}
+
+output "role_arn" {
+  description = "The IRSA role: the chart's serviceAccount.annotations.\"eks.amazonaws.com/role-arn\"."
+  value       = aws_iam_role.cornus.arn
+}
+
+output "policy_arn" {
+  description = "The policy with the adapter's DynamoDB calls, to attach elsewhere too (e.g. EKS Pod Identity)."
+  value       = aws_iam_policy.dynamodb.arn
+}
+
+output "redis_url" {
+  description = "rediss:// URL of the ElastiCache primary, AUTH token included (for the Secret of storage.redis.existingSecret); null without elasticache_enabled."
+  value       = var.elasticache_enabled ? "rediss://:${var.elasticache_auth_token}@${aws_elasticache_replication_group.cornus[0].primary_endpoint_address}:6379/0" : null
+  sensitive   = true
+}
+
+output "helm_values" {
+  description = "Chart values for the dynamodb backend with IRSA (pass storage.dynamodb.region yourself: the provider's region)."
+  value = {
+    storage = {
+      backend = "dynamodb"
+      dynamodb = {
+        table = aws_dynamodb_table.cornus.name
+      }
+    }
+    serviceAccount = {
+      name = var.service_account_name
+      annotations = {
+        "eks.amazonaws.com/role-arn" = aws_iam_role.cornus.arn
+      }
+    }
+    devRedis = {
+      enabled = false
+    }
+  }
+}

@@ -1,0 +1,41 @@
+output "resource_group_name" {
+  description = "The resource group holding Cornus's storage."
+  value       = azurerm_resource_group.cornus.name
+}
+
+output "storage_account_name" {
+  description = "The storage account of the azure_blob backend."
+  value       = azurerm_storage_account.cornus.name
+}
+
+output "container_name" {
+  description = "The container: the chart's storage.azureBlob.container."
+  value       = azurerm_storage_container.cornus.name
+}
+
+output "storage_connection_string" {
+  description = "The account's connection string, for the Kubernetes Secret that the chart's storage.azureBlob.existingSecret names (key connection-string)."
+  value       = azurerm_storage_account.cornus.primary_connection_string
+  sensitive   = true
+}
+
+output "redis_url" {
+  description = "rediss:// URL of the Azure Cache for Redis, password included (for the Secret of storage.redis.existingSecret); null without redis_enabled."
+  value       = var.redis_enabled ? "rediss://:${azurerm_redis_cache.cornus[0].primary_access_key}@${azurerm_redis_cache.cornus[0].hostname}:${azurerm_redis_cache.cornus[0].ssl_port}/0" : null
+  sensitive   = true
+}
+
+output "helm_values" {
+  description = "Chart values for the azure_blob backend (add storage.azureBlob.existingSecret, the Secret holding storage_connection_string)."
+  value = {
+    storage = {
+      backend = "azure_blob"
+      azureBlob = {
+        container = azurerm_storage_container.cornus.name
+      }
+    }
+    devRedis = {
+      enabled = false
+    }
+  }
+}

@@ -1,0 +1,192 @@
+"""The Terraform of terraform/, checked offline (no provider can be downloaded here, so no
+`terraform validate`): every .tf parses (python-hcl2), every module variable has a description and
+a type and every output a description, each example root passes every variable its module
+requires, checkov passes (each skip justified in a `#checkov:skip` comment on its resource), and
+what the modules create matches what the storage adapters do: the DynamoDB key schema, no TTL
+attribute, an IAM policy with exactly the adapter's calls, a lifecycle rule on the record blobs only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import hcl2
+import pytest
+
+from storage_adapters import azure_blob
+from storage_adapters.contract import LogId
+from tests.deploy.conftest import REPO, TERRAFORM
+
+CHECKOV_TIMEOUT_S = 300.0
+MODULES = TERRAFORM / "modules"
+EXAMPLES = TERRAFORM / "examples"
+DYNAMODB_ADAPTER = REPO / "storage_adapters" / "dynamodb.py"
+# What IAM authorizes each DynamoDB client call (and each TransactWriteItems/TransactGetItems item)
+# of storage_adapters/dynamodb.py as.
+IAM_ACTION_OF_CALL = {
+    "describe_table": "dynamodb:DescribeTable",
+    "get_item": "dynamodb:GetItem",
+    "put_item": "dynamodb:PutItem",
+    "update_item": "dynamodb:UpdateItem",
+    "delete_item": "dynamodb:DeleteItem",
+    "query": "dynamodb:Query",
+    "batch_get_item": "dynamodb:BatchGetItem",
+    "transact_get_items": "dynamodb:GetItem",
+    # Authorized per item (IAM_ACTION_OF_TRANSACT_ITEM); there is no IAM action of its own.
+    "transact_write_items": "",
+}
+IAM_ACTION_OF_TRANSACT_ITEM = {
+    "Put": "dynamodb:PutItem",
+    "Update": "dynamodb:UpdateItem",
+    "Delete": "dynamodb:DeleteItem",
+    "ConditionCheck": "dynamodb:ConditionCheckItem",
+    "Get": "dynamodb:GetItem",
+}
+# Calls the node never makes on a table Terraform created: create_table runs only when the table
+# is missing, delete_table is a test helper.
+CALLS_NOT_GRANTED = {"create_table", "delete_table"}
+
+
+def unquote(value: Any) -> Any:
+    """python-hcl2 keeps the quotes of string literals (and of block labels)."""
+    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"':
+        return value[1:-1]
+    return value
+
+
+def load(path: Path) -> dict[str, Any]:
+    with path.open() as handle:
+        return hcl2.load(handle)
+
+
+def blocks(directory: Path, kind: str) -> dict[str, dict[str, Any]]:
+    """Every `kind` block (variable, output, module) of a directory, by name."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(directory.glob("*.tf")):
+        for block in load(path).get(kind, []):
+            for name, body in block.items():
+                found[unquote(name)] = body
+    return found
+
+
+def resources(directory: Path, kind: str) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(directory.glob("*.tf")):
+        for block in [*load(path).get("resource", []), *load(path).get("data", [])]:
+            for resource_type, named in block.items():
+                if unquote(resource_type) == kind:
+                    found.update({unquote(name): body for name, body in named.items()})
+    return found
+
+
+def test_every_tf_file_parses() -> None:
+    paths = sorted(TERRAFORM.rglob("*.tf"))
+    assert len(paths) >= 16, paths
+    for path in paths:
+        assert load(path), f"{path} parsed to nothing"
+
+
+@pytest.mark.parametrize("directory", sorted(p.name for p in MODULES.iterdir()))
+def test_module_interface_is_described(directory: str) -> None:
+    for where in (MODULES / directory, EXAMPLES / directory):
+        variables = blocks(where, "variable")
+        assert variables, where
+        for name, body in variables.items():
+            assert unquote(body.get("description", "")).strip(), f"{where}: variable {name} has no description"
+            assert "type" in body, f"{where}: variable {name} has no type"
+        for name, body in blocks(where, "output").items():
+            assert unquote(body.get("description", "")).strip(), f"{where}: output {name} has no description"
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.iterdir()))
+def test_example_root_passes_every_required_variable(example: str) -> None:
+    root = EXAMPLES / example
+    modules = blocks(root, "module")
+    assert modules, f"{root} calls no module"
+    for name, call in modules.items():
+        source = (root / unquote(call["source"])).resolve()
+        required = {v for v, body in blocks(source, "variable").items() if "default" not in body}
+        meta = {"source", "version", "providers", "count", "for_each", "depends_on"}
+        passed = {key for key in call if not key.startswith("__")} - meta
+        assert required <= passed, f"{root}: module {name} lacks {sorted(required - passed)}"
+        assert passed <= set(blocks(source, "variable")), f"{root}: module {name} gets unknown {passed}"
+    release = resources(root, "helm_release")["cornus"]
+    chart = (root / unquote(release["chart"]).replace("${path.module}/", "")).resolve()
+    assert chart == REPO / "helm" / "cornus"
+
+
+def test_dynamodb_table_matches_the_adapter() -> None:
+    source = DYNAMODB_ADAPTER.read_text()
+    schema = dict(re.findall(r'\{"AttributeName": "(\w+)", "KeyType": "(HASH|RANGE)"\}', source))
+    types = dict(re.findall(r'\{"AttributeName": "(\w+)", "AttributeType": "(\w)"\}', source))
+    table = resources(MODULES / "aws", "aws_dynamodb_table")["cornus"]
+    key_names = {"HASH": unquote(table["hash_key"]), "RANGE": unquote(table["range_key"])}
+    assert {name: kind for kind, name in key_names.items()} == schema
+    assert {unquote(a["name"]): unquote(a["type"]) for a in table["attribute"]} == types
+    assert unquote(table["billing_mode"]) == "PAY_PER_REQUEST"
+    assert table["point_in_time_recovery"][0]["enabled"] is True
+    assert table["server_side_encryption"][0]["enabled"] is True
+    # The adapter writes no expiry attribute, so the table has no TTL.
+    assert "ttl" not in table
+    assert not re.search(r"time_?to_?live|\bttl\b", source, re.IGNORECASE)
+
+
+def test_iam_policy_grants_exactly_the_adapters_calls() -> None:
+    source = DYNAMODB_ADAPTER.read_text()
+    calls = set(re.findall(r"self\._client\.(\w+)", source)) - CALLS_NOT_GRANTED
+    unmapped = calls - set(IAM_ACTION_OF_CALL)
+    assert not unmapped, f"DynamoDB calls this test does not map to IAM actions: {unmapped}"
+    items = set(re.findall(r'"(Put|Update|Delete|ConditionCheck|Get)": \{', source))
+    expected = {IAM_ACTION_OF_CALL[call] for call in calls} - {""}
+    expected |= {IAM_ACTION_OF_TRANSACT_ITEM[item] for item in items}
+    document = resources(MODULES / "aws", "aws_iam_policy_document")["dynamodb"]
+    (statement,) = document["statement"]
+    granted = {unquote(action) for action in statement["actions"]}
+    assert granted == expected
+    assert [unquote(r) for r in statement["resources"]] == ["${aws_dynamodb_table.cornus.arn}"]
+
+
+def test_azure_lifecycle_rule_deletes_only_transaction_records() -> None:
+    # The adapter's record blobs: txn/<log>/<txn>; data/ and own/ must never expire.
+    record_prefix = azure_blob._record_prefix(LogId.partition("p0")).split("/", 1)[0] + "/"
+    assert record_prefix == "txn/"
+    main = (MODULES / "azure" / "main.tf").read_text()
+    assert 'record_prefix = "${var.container_name}/' + record_prefix + '"' in main
+    (policy,) = resources(MODULES / "azure", "azurerm_storage_management_policy").values()
+    (rule,) = policy["rule"]
+    assert rule["filters"][0]["prefix_match"] == ["${local.record_prefix}"]
+    assert "delete_after_days_since_modification_greater_than" in rule["actions"][0]["base_blob"][0]
+    account = resources(MODULES / "azure", "azurerm_storage_account")["cornus"]
+    assert unquote(account["account_kind"]) == "StorageV2"
+    assert unquote(account["min_tls_version"]) == "TLS1_2"
+    assert account["allow_nested_items_to_be_public"] is False
+    container = resources(MODULES / "azure", "azurerm_storage_container")["cornus"]
+    assert unquote(container["container_access_type"]) == "private"
+    cache = resources(MODULES / "azure", "azurerm_redis_cache")["cornus"]
+    assert unquote(cache["sku_name"]) == "Premium"
+    assert cache["redis_configuration"][0]["aof_backup_enabled"] is True
+
+
+def test_checkov_terraform(checkov_bin: str) -> None:
+    done = subprocess.run([checkov_bin, "-d", str(TERRAFORM), "--framework", "terraform", "--quiet", "--compact",
+                           "--skip-download", "-o", "json"],
+                          capture_output=True, text=True, timeout=CHECKOV_TIMEOUT_S, check=False)
+    try:
+        reports = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"checkov printed no JSON (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    reports = reports if isinstance(reports, list) else [reports]
+    failed = [f"{check['check_id']} {check['resource']} ({check['file_path']})"
+              for report in reports for check in report["results"]["failed_checks"]]
+    assert not failed, "checkov failed checks:\n" + "\n".join(failed)
+    assert sum(r["summary"]["passed"] for r in reports) > 0
+    # Every skip is a `#checkov:skip=ID:reason` comment on its resource, and gives its reason.
+    skips = [line.strip() for path in TERRAFORM.rglob("*.tf") for line in path.read_text().splitlines()
+             if "checkov:skip" in line]
+    assert sum(r["summary"]["skipped"] for r in reports) <= len(skips)
+    for skip in skips:
+        assert re.fullmatch(r"#checkov:skip=CKV2?_\w+:.{40,}", skip), f"a skip without its reason: {skip}"
