@@ -263,8 +263,13 @@ class RedisStore(LogStore):
         await store._bounded(client.ping(), "PING")
         return store
 
-    async def _bounded(self, call: Awaitable[T], what: str) -> T:
+    async def _bounded(self, call: Awaitable[T], what: str, deadline_inside: bool = False) -> T:
+        """`call`'s result within timeout_ms_call, its failures as StorageUnavailable.
+        `deadline_inside`: the call enforces the deadline itself (the pipe's calls: a bare timer
+        per call, where an asyncio.timeout costs a context, a task lookup and a handle)."""
         try:
+            if deadline_inside:
+                return await call
             async with asyncio.timeout(self.timeout_ms_call / 1000):
                 return await call
         except TimeoutError:
@@ -278,10 +283,11 @@ class RedisStore(LogStore):
         """Run a contract script, or its fenced variant when there is a fence; Fenced if refused."""
         if fence is None:
             script = {_LOG_ONCE: self._log_once, _LOG: self._log, _APPLY_REDO: self._apply_redo, _DELETE: self._delete}
-            return await self._bounded(self._script(script[source], keys, args), what)
+            return await self._bounded(self._script(script[source], keys, args), what, self._pipe is not None)
         fenced_keys = [*keys, _owner_key(fence.partition)]
         reply = await self._bounded(
-            self._script(self._fenced[source], fenced_keys, [*args, fence.owner, str(fence.epoch)]), what
+            self._script(self._fenced[source], fenced_keys, [*args, fence.owner, str(fence.epoch)]), what,
+            self._pipe is not None,
         )
         if isinstance(reply, list) and reply and reply[0] == b"FENCED":
             raise Fenced(fence, _owner_from_flat(fence.partition, reply[1]))
@@ -290,7 +296,7 @@ class RedisStore(LogStore):
     async def _script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         if self._pipe is None:
             return await script(keys=keys, args=args)
-        return await self._pipe.evalsha(script.sha, script.script, keys, args)
+        return await self._pipe.evalsha(script.sha, script.script, keys, args, self.timeout_ms_call / 1000)
 
     async def log_once(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
