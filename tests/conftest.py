@@ -13,6 +13,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+from tests.worker import claim_redis_slot
+
 REPO = Path(__file__).resolve().parent.parent
 SERVICES_ENV = Path(os.environ.get("CORNUS_SERVICES_DIR", REPO / ".services")) / "env"
 
@@ -86,6 +88,11 @@ def services() -> Services:
 # sharing one form an xdist group (`--dist loadgroup`, scripts/test.sh), so it starts once. Named
 # after the fixture and its directory, as tests/client and tests/api_grpc each define `cluster`.
 SHARED_CLUSTER_FIXTURES = frozenset({"api_cluster", "cluster"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before xdist starts its workers, so they inherit the run's slot (tests/worker.py).
+    claim_redis_slot()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

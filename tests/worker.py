@@ -9,9 +9,13 @@ allocator let go of it) is split here by worker index.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import socket
+import tempfile
+from pathlib import Path
+from typing import TextIO
 
 # Ports handed to servers that a test kills and restarts on the same port come from below the
 # kernel's ephemeral range (32768-60999 on Linux): a port from that range, left free while its
@@ -80,7 +84,37 @@ def free_port() -> int:
 # Redis database 0 holds the conformance suite's records (unique key prefixes per test, never
 # flushed); cluster tests empty their database before each test, so each worker has its own.
 REDIS_DB_CLUSTER_FIRST = 1
+# scripts/services.sh starts redis-server with this many databases.
+REDIS_DB_COUNT = 64
+# Databases one run takes, one per worker: the most workers a run may have. Two runs on one
+# machine (a CI clone beside a developer's run, two checkouts) share the redis-server, so each
+# run takes a slot of databases of its own, or one would empty the other's mid-test.
+REDIS_DB_SLOT_WIDTH = 8
+REDIS_DB_SLOT_COUNT = (REDIS_DB_COUNT - REDIS_DB_CLUSTER_FIRST) // REDIS_DB_SLOT_WIDTH
+_REDIS_SLOT_ENV = "CORNUS_TEST_REDIS_SLOT"
+_redis_slot_locks: list[TextIO] = []  # held open for the run: the slot is ours while it is
+
+
+def claim_redis_slot() -> int:
+    """The run's slot of Redis databases. The process that starts the run (xdist's controller,
+    or the only process) takes the first slot no other run holds, by an exclusive file lock that
+    lasts as long as the process; its workers inherit the slot through the environment."""
+    if _REDIS_SLOT_ENV in os.environ:
+        return int(os.environ[_REDIS_SLOT_ENV])
+    for slot in range(REDIS_DB_SLOT_COUNT):
+        lock = open(Path(tempfile.gettempdir()) / f"cornus-tests-redis-slot-{slot}.lock", "w")  # noqa: SIM115
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        _redis_slot_locks.append(lock)
+        os.environ[_REDIS_SLOT_ENV] = str(slot)
+        return slot
+    raise RuntimeError(f"all {REDIS_DB_SLOT_COUNT} slots of Redis databases are held by other test runs")
 
 
 def redis_db_cluster() -> int:
-    return REDIS_DB_CLUSTER_FIRST + worker_index()
+    index = worker_index()
+    assert index < REDIS_DB_SLOT_WIDTH, f"worker {index}: a run has at most {REDIS_DB_SLOT_WIDTH} workers"
+    return REDIS_DB_CLUSTER_FIRST + claim_redis_slot() * REDIS_DB_SLOT_WIDTH + index
