@@ -121,7 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides: dict[str, object] = {
         "node_id": args.node_id, "listen": args.listen, "api_listen": args.api_listen,
         "grpc_api_listen": args.grpc_api_listen, "peers": args.peers,
-        "partition_count": args.partition_count, "protocol": args.protocol,
+        "partition_count": args.partition_count, "protocol": args.protocol, "lock_policy": args.lock_policy,
     }
     for name in ("timeout_ms_call", "emulator_path", "redis_url", "azure_connection_string", "azure_container",
                  "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency", "backend"):
@@ -490,6 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--peers", help="every node: n0=host:port,n1=host:port")
     serve.add_argument("--partition-count", type=int, help="number of partitions p0..pN-1")
     serve.add_argument("--protocol", help="cornus, 2pc or coordinator-log: the default of transactions naming none")
+    serve.add_argument("--lock-policy", help="no_wait (abort on a lock conflict, the default) or wait_die "
+                                             "(an older transaction waits for younger holders)")
     serve.add_argument("--backend", choices=BACKENDS, help="storage backend")
     serve.add_argument("--set", action="append", metavar="NAME=VALUE",
                        help="a timeout or limit, e.g. timeout_ms_prepare=400 (repeatable)")
