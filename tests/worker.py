@@ -84,3 +84,14 @@ REDIS_DB_CLUSTER_FIRST = 1
 
 def redis_db_cluster() -> int:
     return REDIS_DB_CLUSTER_FIRST + worker_index()
+
+
+# `cornus bench` on Redis runs each protocol in its own database: the URL's and the next two. Each
+# worker gets three of its own from here (databases 20-43 for up to 8 workers).
+REDIS_DB_BENCH_FIRST = 20
+REDIS_DB_BENCH_PER_WORKER = 3
+
+
+def redis_db_bench() -> int:
+    """The first of this worker's three bench databases."""
+    return REDIS_DB_BENCH_FIRST + REDIS_DB_BENCH_PER_WORKER * worker_index()

@@ -1,38 +1,30 @@
-"""The load generator of `cornus bench`: concurrent clients on one asyncio loop, each holding one
-keep-alive HTTP/1.1 connection to a node and posting one-shot transactions to `/v1/execute`.
+"""The built-in driver's HTTP side: one keep-alive HTTP/1.1 connection per client and node, and the
+translation of a workload program's requests (loadtests.workloads.base) into the REST API's calls
+and of the answers into Replies.
 
 Why not httpx: a request through httpx costs a few hundred microseconds of CPU, so at the rates we
 measure the generator would take a core away from the nodes it measures. The exchange here is the
 smallest correct HTTP/1.1 client for a server we know (uvicorn: every response has a
-Content-Length): tens of microseconds per transaction. Every request has a deadline and every
-retry loop a bound.
+Content-Length): tens of microseconds per request. Every request has a deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import random
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from typing import Any
 
-from cornus.runtime.keys import partition_of
+from loadtests.workloads.base import Commit, Execute, Program, Read, Reply, Request, Write
 
-# Deadline of one HTTP exchange; a node that does not answer within it is counted as failing.
+# Deadline of one HTTP exchange; a node that does not answer within it is counted as failing. A
+# commit waits up to 10 s for its outcome before the node answers 202, so this is above that.
 TIMEOUT_S_REQUEST = 15.0
 # Response heads are a few hundred bytes; a larger one is not uvicorn talking to us.
 RESPONSE_HEAD_BYTES_MAX = 16 * 1024
 RESPONSE_BODY_BYTES_MAX = 16 * 1024 * 1024
-# Keys per partition the generator picks from: enough that concurrent clients rarely collide.
-KEYS_PER_PARTITION = 2_000
-VALUE_BYTES = 100
-# The load phase writes this many keys per transaction (one partition each: no commit protocol
-# round, so loading is quick), and tries an aborted batch again at most this often.
-LOAD_OPS_PER_TXN = 200
-LOAD_ATTEMPT_COUNT_MAX = 5
-LOAD_CONCURRENCY = 8
-FAILURE_PAUSE_S = 0.01
+# The answers a one-shot or a commit gets, by HTTP status (anything else is a failure).
+_OUTCOME_STATUSES = (200, 202, 409, 503)
+TRANSPORT_ERRORS = (OSError, TimeoutError, asyncio.IncompleteReadError)
 
 
 class BenchHttpError(Exception):
@@ -97,126 +89,94 @@ class HttpConnection:
         self._reader = self._writer = None
 
 
-def keys_by_partition(partition_count: int) -> dict[str, list[str]]:
-    """A pool of keys per partition, so a transaction can aim at the partitions it wants."""
-    pools: dict[str, list[str]] = {f"p{i}": [] for i in range(partition_count)}
-    index = 0
-    while min(len(pool) for pool in pools.values()) < KEYS_PER_PARTITION:
-        key = f"k{index}"
-        pools[partition_of(key, partition_count)].append(key)
-        index += 1
-    return pools
-
-
-def transaction(rng: random.Random, pools: dict[str, list[str]], partitions_per_txn: int,
-                ops_per_txn: int) -> list[dict[str, str]]:
-    """Ops spread round-robin over the chosen partitions; each partition's first op is a put, so
-    every touched partition is a participant (a distributed commit), then gets and puts alternate."""
-    partitions = rng.sample(sorted(pools), partitions_per_txn)
-    ops: list[dict[str, str]] = []
-    for index in range(max(ops_per_txn, partitions_per_txn)):
-        key = rng.choice(pools[partitions[index % partitions_per_txn]])
-        if (index // partitions_per_txn) % 2 == 0:
-            ops.append({"op": "put", "key": key, "value": "x" * VALUE_BYTES})
-        else:
-            ops.append({"op": "get", "key": key})
-    return ops
-
-
-@dataclass
-class LoadResult:
-    committed: int = 0
-    aborted: int = 0
-    other: int = 0
-    latencies_ms: list[float] = field(default_factory=list)
-    wall_s: float = 0.0
-
-
-def _outcome(status: int, data: bytes) -> str | None:
-    if status not in (200, 202, 409, 503):
-        return None
+def _json(data: bytes) -> dict[str, Any]:
     try:
-        return json.loads(data).get("outcome")
+        parsed = json.loads(data)
     except ValueError:
-        return None
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
 
 
-async def load_keys(addresses: Sequence[tuple[str, int]], pools: dict[str, list[str]]) -> int:
-    """Write every key of the pools once (the YCSB load phase), so the measured run reads what its
-    owners hold in memory, as the paper's nodes do. Returns how many keys were written."""
-    batches = [pool[start:start + LOAD_OPS_PER_TXN] for pool in pools.values()
-               for start in range(0, len(pool), LOAD_OPS_PER_TXN)]
-    queue: asyncio.Queue[list[str]] = asyncio.Queue()
-    for batch in batches:
-        queue.put_nowait(batch)
-    value = "x" * VALUE_BYTES
+def outcome_reply(status: int, data: bytes) -> Reply:
+    """The Reply of a one-shot or a commit: the API's outcome, by its documented statuses."""
+    body = _json(data)
+    outcome = body.get("outcome")
+    if status not in _OUTCOME_STATUSES or outcome not in ("committed", "aborted", "unavailable", "unknown"):
+        return Reply("failed", str(body.get("error") or status))
+    reads = body.get("reads") or {}
+    timing = body.get("timing_ms") or {}
+    return Reply(outcome, str(body.get("reason") or ""), bool(body.get("retryable", False)),
+                 dict(reads) if isinstance(reads, dict) else {}, dict(timing) if isinstance(timing, dict) else {})
 
-    async def loader(index: int) -> int:
-        host, port = addresses[index % len(addresses)]
-        connection = HttpConnection(host, port)
-        written = 0
-        try:
-            while not queue.empty():
-                batch = queue.get_nowait()
-                body = json.dumps({"ops": [{"op": "put", "key": key, "value": value} for key in batch]}).encode()
-                for _attempt in range(LOAD_ATTEMPT_COUNT_MAX):
-                    status, data = await connection.post("/v1/execute", body)
-                    if _outcome(status, data) == "committed":
-                        written += len(batch)
-                        break
+
+def step_reply(status: int, data: bytes) -> Reply:
+    """The Reply of a read or write inside a transaction: `active` on 200, else how it ended."""
+    if status == 200:
+        values = _json(data).get("values") or {}
+        return Reply("active", values=dict(values) if isinstance(values, dict) else {})
+    if status == 409 and _json(data).get("outcome") == "aborted":
+        return outcome_reply(status, data)
+    body = _json(data)
+    return Reply("failed", str(body.get("error") or status))
+
+
+async def run_program(connection: HttpConnection, program: Program) -> Reply:
+    """Run one attempt of a transaction program over `connection` and return its last reply. A
+    transport failure before the commit request is `failed` (nothing can have committed), during
+    it `unknown`. An interactive transaction the program leaves early is aborted (best effort)."""
+    txn = ""
+    reply = Reply("failed", "no request")
+    try:
+        request: Request = next(program)
+        while True:
+            final = isinstance(request, Execute | Commit)
+            try:
+                if isinstance(request, Execute):
+                    status, data = await connection.post("/v1/execute", json.dumps({"ops": request.ops}).encode())
+                    reply = outcome_reply(status, data)
                 else:
-                    raise RuntimeError(f"load phase: a batch of {len(batch)} keys did not commit in "
-                                       f"{LOAD_ATTEMPT_COUNT_MAX} attempts (last answer {status})")
-        finally:
-            connection.close()
-        return written
-
-    counts = await asyncio.gather(*(loader(i) for i in range(LOAD_CONCURRENCY)))
-    return sum(counts)
-
-
-async def run_clients(addresses: Sequence[tuple[str, int]], pools: dict[str, list[str]], *, seconds: float,
-                      clients: int, partitions_per_txn: int, ops_per_txn: int,
-                      home: Mapping[str, int] | None = None) -> LoadResult:
-    """`clients` closed-loop clients for `seconds`. Each transaction goes to the node that holds its
-    first partition (`home`: partition -> index in `addresses`), as the paper's clients send each
-    transaction to its home node, which then coordinates it and is one of its participants; without
-    `home`, or for a partition it does not name, to a node picked at random."""
-    partition_count = len(pools)
-    result = LoadResult()
-    stop_at = time.monotonic() + seconds
-
-    async def client(index: int) -> None:
-        rng = random.Random(index)
-        connections = [HttpConnection(host, port) for host, port in addresses]
-        try:
-            while time.monotonic() < stop_at:
-                ops = transaction(rng, pools, partitions_per_txn, ops_per_txn)
-                target = home.get(partition_of(ops[0]["key"], partition_count)) if home else None
-                connection = connections[rng.randrange(len(connections)) if target is None else target]
-                body = json.dumps({"ops": ops}).encode()
-                started = time.perf_counter()
+                    if not txn:
+                        status, data = await connection.post("/v1/txn", b"{}")
+                        txn = str(_json(data).get("txn", "")) if status == 201 else ""
+                        if not txn:
+                            return Reply("unavailable" if status == 503 else "failed", f"begin {status}",
+                                         retryable=status == 503)
+                    if isinstance(request, Read):
+                        status, data = await connection.post(f"/v1/txn/{txn}/read",
+                                                             json.dumps({"keys": request.keys}).encode())
+                        reply = step_reply(status, data)
+                    elif isinstance(request, Write):
+                        status, data = await connection.post(f"/v1/txn/{txn}/write",
+                                                             json.dumps({"writes": dict(request.writes)}).encode())
+                        reply = step_reply(status, data)
+                    else:
+                        status, data = await connection.post(f"/v1/txn/{txn}/commit", b"")
+                        txn = ""  # ended, whatever the answer
+                        reply = outcome_reply(status, data)
+            except (*TRANSPORT_ERRORS, BenchHttpError) as error:
+                if isinstance(request, Commit):
+                    txn = ""
+                return Reply("unknown" if final else "failed", type(error).__name__)
+            if final:
                 try:
-                    status, data = await connection.post("/v1/execute", body)
-                except (OSError, TimeoutError, BenchHttpError, asyncio.IncompleteReadError):
-                    result.other += 1
-                    # A node that refuses connections must not turn this client into a busy loop.
-                    await asyncio.sleep(FAILURE_PAUSE_S)
-                    continue
-                elapsed_ms = (time.perf_counter() - started) * 1000
-                outcome = _outcome(status, data)
-                if outcome == "committed":
-                    result.committed += 1
-                    result.latencies_ms.append(elapsed_ms)
-                elif outcome == "aborted":
-                    result.aborted += 1
-                else:
-                    result.other += 1
-        finally:
-            for connection in connections:
-                connection.close()
+                    program.send(reply)
+                except StopIteration:
+                    return reply
+                raise RuntimeError("a workload program made a request after its transaction ended")
+            if reply.outcome != "active":
+                txn = ""  # the node ended it
+                return reply
+            request = program.send(reply)
+    finally:
+        program.close()
+        if txn:
+            await _abort_quietly(connection, txn)
 
-    started = time.monotonic()
-    await asyncio.gather(*(client(i) for i in range(clients)))
-    result.wall_s = time.monotonic() - started
-    return result
+
+async def _abort_quietly(connection: HttpConnection, txn: str) -> None:
+    # Frees the transaction's locks now rather than at the node's idle timeout; if this fails too,
+    # that timeout still ends it.
+    try:
+        await connection.post(f"/v1/txn/{txn}/abort", b"")
+    except (*TRANSPORT_ERRORS, BenchHttpError):
+        pass
