@@ -43,6 +43,8 @@ NODES_MAX = 16
 PARTITIONS_MAX = 256
 HTTP_TIMEOUT_S = 15.0
 READY_TIMEOUT_S = 60.0
+OWNERS_ATTEMPT_COUNT_MAX = 20
+OWNERS_PAUSE_S = 0.25
 _CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -140,9 +142,16 @@ def run_async(coroutine: Coroutine[object, object, T]) -> T:
 
 
 def owners(http: httpx.Client, nodes: Sequence[ClusterNode]) -> dict[str, int]:
-    """Partition -> the index in `nodes` of the node that holds it now (from the ownership records)."""
+    """Partition -> the index in `nodes` of the node that holds it now (from the ownership records,
+    which a node reads from storage: a slow backend may answer 503 at first, so ask again)."""
     index_of = {node.config.node_id: index for index, node in enumerate(nodes)}
-    answer = http.get(f"{nodes[0].url}/v1/partitions")
+    answer = None
+    for attempt in range(OWNERS_ATTEMPT_COUNT_MAX):
+        answer = http.get(f"{nodes[attempt % len(nodes)].url}/v1/partitions")
+        if answer.status_code != 503:
+            break
+        time.sleep(OWNERS_PAUSE_S)
+    assert answer is not None
     answer.raise_for_status()
     return {p["partition"]: index_of[p["owner"]] for p in answer.json()["partitions"] if p["owner"] in index_of}
 
