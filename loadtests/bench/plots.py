@@ -92,7 +92,7 @@ def plot_sweep(rows: Sequence[dict[str, Any]], out_dir: Path, title: str) -> lis
     axis.set_xlabel(param)
     axis.set_ylabel("ms (average, distributed txns)")
     axis.set_title("latency breakdown (bars: C Cornus, 2 2PC, L coordinator log)")
-    axis.legend()
+    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=len(PHASE_COLORS))
     axis.grid(alpha=0.3, axis="y")
     figure.suptitle(title)
     figure.tight_layout()
