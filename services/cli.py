@@ -520,9 +520,9 @@ _KNOB_FLAGS = ("theta", "read_fraction", "read_only_perc", "remote_fraction", "r
 
 
 def _bench_knobs(args: argparse.Namespace) -> dict[str, str]:
-    from loadtests.bench.sweep import _knob_names
+    from loadtests.bench.sweep import knob_names
 
-    known = _knob_names(args.workload)
+    known = knob_names(args.workload)
     knobs: dict[str, str] = {}
     for name in _KNOB_FLAGS:
         value = getattr(args, name)

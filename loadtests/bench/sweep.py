@@ -56,7 +56,7 @@ def parse_sweep(text: str, workload: str) -> tuple[str, list[str]]:
     param, sep, raw = text.partition("=")
     param = param.strip().replace("-", "_")
     values = [value.strip() for value in raw.split(",") if value.strip()]
-    knobs = _knob_names(workload)
+    knobs = knob_names(workload)
     if not sep or not values:
         raise ValidationError(f"--sweep {text!r}: expected PARAM=V1,V2,... e.g. nodes=2,4,8")
     if param not in SETTING_PARAMS and param not in knobs:
@@ -69,7 +69,7 @@ def parse_sweep(text: str, workload: str) -> tuple[str, list[str]]:
     return param, values
 
 
-def _knob_names(workload: str) -> set[str]:
+def knob_names(workload: str) -> set[str]:
     module = sys.modules[WORKLOADS[workload].__module__]
     return set(module.KNOBS)
 
