@@ -23,12 +23,12 @@ TIMEOUT_S_LOCUST = 120
 KNOBS = {"ycsb": "rows_per_partition=500", "tpcc": "warehouses=2,items=100,customers=5",
          "bank": "accounts=20,audit_clients=1"}
 
-# One cluster for the module, so its tests share one xdist worker (--dist loadgroup).
-pytestmark = [pytest.mark.timeout(TIMEOUT_S_LOCUST * 4), pytest.mark.xdist_group("loadtests-locust")]
+# One cluster for the module: tests/conftest.py puts the tests of a `cluster` fixture in one xdist group.
+pytestmark = pytest.mark.timeout(TIMEOUT_S_LOCUST * 4)
 
 
 @pytest.fixture(scope="module")
-def locust_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     storage = {"backend": "emulator", "emulator_path": str(tmp_path_factory.mktemp("locust") / "cornus.db")}
     with running_cluster("cornus", storage, node_count=2, partition_count=2, grpc_api=True) as cluster:
         cluster.start_all()
@@ -65,16 +65,16 @@ def _check_csv(out: Path, kinds: set[str], call_type: str) -> None:
 @pytest.mark.parametrize(("workload", "kinds"), [
     ("ycsb", {"ycsb"}), ("tpcc", {"new_order", "payment"}), ("bank", {"transfer", "audit"}),
 ])
-def test_rest_locustfile_commits_with_no_failure_but_aborts(locust_cluster, tmp_path, workload, kinds):
-    done = _locust(locust_cluster, tmp_path, f"{workload}.py", locust_cluster.nodes["n0"].url,
-                   env={"CORNUS_WORKLOAD_KNOBS": KNOBS[workload], "CORNUS_HOSTS": locust_cluster.nodes["n1"].url})
+def test_rest_locustfile_commits_with_no_failure_but_aborts(cluster, tmp_path, workload, kinds):
+    done = _locust(cluster, tmp_path, f"{workload}.py", cluster.nodes["n0"].url,
+                   env={"CORNUS_WORKLOAD_KNOBS": KNOBS[workload], "CORNUS_HOSTS": cluster.nodes["n1"].url})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "cornus: loaded" in done.stdout + done.stderr
     _check_csv(tmp_path, kinds, "POST")
 
 
-def test_grpc_users_commit_with_no_failure_but_aborts(locust_cluster, tmp_path):
-    done = _locust(locust_cluster, tmp_path, "grpc_users.py", locust_cluster.nodes["n0"].grpc_target, "TpccGrpcUser",
+def test_grpc_users_commit_with_no_failure_but_aborts(cluster, tmp_path):
+    done = _locust(cluster, tmp_path, "grpc_users.py", cluster.nodes["n0"].grpc_target, "TpccGrpcUser",
                    env={"CORNUS_WORKLOAD_KNOBS": KNOBS["tpcc"], "CORNUS_PARTITIONS": "2"})
     assert done.returncode == 0, done.stdout + done.stderr
     _check_csv(tmp_path, {"new_order", "payment"}, "gRPC")
