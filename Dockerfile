@@ -25,6 +25,7 @@ COPY pyproject.toml README.md ./
 COPY cornus ./cornus
 COPY services ./services
 COPY storage_adapters ./storage_adapters
+COPY loadtests ./loadtests
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 # From the wheels just built only (--no-index): what was resolved above is what gets installed.
 # Importing the two protobuf packages generates their code (services/node_rpc/codegen.py);

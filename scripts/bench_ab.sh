@@ -9,6 +9,9 @@
 # processes the bench starts inherit (no `pip install -e` of a second checkout, which would
 # repoint the `cornus` script). A Redis URL among the flags is flushed before every run, so no run
 # recovers and collects another's leftovers. Prints each run's throughput and per-transaction rows.
+# Both sides get the same flags, so both must know them: a base from before the paper's workloads
+# (issue 11) knows only the old default shape, which is `--workload uniform --partitions 6` now; for
+# such a base compare a work tree on its last commit before them, or pass flags both know.
 set -euo pipefail
 base="${1:?usage: bench_ab.sh BASE_REV [ROUNDS] [bench flags...]}"
 rounds="${2:-3}"

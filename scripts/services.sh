@@ -13,9 +13,10 @@ redis_port=${CORNUS_REDIS_PORT:-16379}
 azurite_port=${CORNUS_AZURITE_PORT:-10010}
 moto_port=${CORNUS_MOTO_PORT:-15000}
 azurite_version=3.37.0
-# Redis databases: the conformance suite uses db 0 and each pytest-xdist worker empties a db of its
-# own for cluster tests (tests/worker.py), so this bounds the worker count; 16 is Redis' default.
-redis_database_count=64
+# Redis databases: the conformance suite uses db 0; each pytest-xdist worker of a run empties dbs of
+# its own, and each concurrent run takes a slot of them (tests/worker.py: REDIS_DB_COUNT). A server
+# already running with fewer (an older checkout's) is reported, not used.
+redis_database_count=256
 # Seconds to wait for a service to answer before giving up: generous for a cold npm cache.
 ready_timeout_s=60
 # Azurite's fixed development account; it is public and only ever used on 127.0.0.1.
@@ -65,7 +66,15 @@ install_moto() {
 }
 
 start_redis() {
-  if port_open "$redis_port"; then return 0; fi
+  if port_open "$redis_port"; then
+    local count
+    count=$(redis-cli -p "$redis_port" config get databases 2>/dev/null | tail -n 1)
+    if [ "${count:-0}" -lt "$redis_database_count" ] 2>/dev/null; then
+      log "the redis-server on port $redis_port has ${count:-an unknown number of} databases; the tests need $redis_database_count: stop it (scripts/services.sh down) and run up again"
+      return 1
+    fi
+    return 0
+  fi
   # appendfsync always: an acknowledged VOTE_YES must survive a restart (DESIGN section 3).
   redis-server --bind 127.0.0.1 --port "$redis_port" --daemonize yes --save '' \
     --databases "$redis_database_count" \

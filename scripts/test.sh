@@ -29,7 +29,7 @@ ruff check .
 # The suite starts some 300 node and CLI processes. Where PYTHONDONTWRITEBYTECODE is set (it is on
 # these machines) none of them would save the bytecode it compiles, so each would compile the
 # project again (~0.15 s of CPU a process, on a CPU-bound run). Compiled once here, they all read it.
-python3 -m compileall -q -j 0 cornus services storage_adapters tests >/dev/null
+python3 -m compileall -q -j 0 cornus services storage_adapters loadtests tests >/dev/null
 
 # pytest-xdist worker processes (from the `test` extra). The suite mostly waits on node processes
 # starting and recovering, storage deadlines and timeouts, so more workers than CI's 2 cores keep

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -94,7 +95,7 @@ def _store_config(args: argparse.Namespace, backend: str) -> StoreConfig:
 
 
 def _storage_bench(args: argparse.Namespace) -> int:
-    from cornus.storage_bench import CONCURRENCY_MAX, OPS_MAX, format_results, run_storage_bench
+    from loadtests.bench.storage import CONCURRENCY_MAX, OPS_MAX, format_results, run_storage_bench
 
     if not 0 < args.ops <= OPS_MAX:
         raise ValidationError(f"--ops must be in 1..{OPS_MAX}")
@@ -121,7 +122,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides: dict[str, object] = {
         "node_id": args.node_id, "listen": args.listen, "api_listen": args.api_listen,
         "grpc_api_listen": args.grpc_api_listen, "peers": args.peers,
-        "partition_count": args.partition_count, "protocol": args.protocol,
+        "partition_count": args.partition_count, "protocol": args.protocol, "lock_policy": args.lock_policy,
     }
     for name in ("timeout_ms_call", "emulator_path", "redis_url", "azure_connection_string", "azure_container",
                  "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency", "backend"):
@@ -411,13 +412,28 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"retries of a retryable outcome (default {defaults.retry_count_max})")
 
 
-def _bench_storage(args: argparse.Namespace) -> StoreConfig:
-    storage = _store_config(args, args.backend or StoreConfig.from_env().backend)
-    if storage.latency:
-        from storage_adapters.latency import parse_latency
+def _bench_storage(args: argparse.Namespace) -> tuple[StoreConfig, str]:
+    """The storage the bench's nodes use, without its latency; and the latency as given (a profile
+    such as azure-blob, or a spec), checked here, before any node starts."""
+    from loadtests.bench.profiles import resolve_latency
 
-        parse_latency(storage.latency)  # a bad spec fails here, before any node starts
-    return storage
+    storage = _store_config(args, args.backend or StoreConfig.from_env().backend)
+    resolve_latency(storage.latency)
+    if args.timeout_ms_call is None and "CORNUS_STORAGE_TIMEOUT_MS_CALL" not in os.environ:
+        # A starting node waits out one storage deadline before it serves (a call of its previous
+        # life may still land): the production default would add seconds to every run.
+        storage = dataclasses.replace(storage, timeout_ms_call=BENCH_TIMEOUT_MS_CALL)
+    return dataclasses.replace(storage, latency=""), storage.latency
+
+
+# The bench's nodes all run on this machine: a storage deadline of 2 s is far above any call a
+# loopback backend with an injected cloud latency takes, and clocks do not drift between them.
+BENCH_TIMEOUT_MS_CALL = 2_000
+BENCH_NODE_SETTINGS = {"clock_slack_ms": "250"}
+
+
+def _bench_node_settings(args: argparse.Namespace) -> list[str]:
+    return [f"{name}={value}" for name, value in {**BENCH_NODE_SETTINGS, **_set_overrides(args.set)}.items()]
 
 
 def _storage_argv(storage: StoreConfig) -> list[str]:
@@ -432,39 +448,134 @@ def _storage_argv(storage: StoreConfig) -> list[str]:
     return argv
 
 
-def _termination_bench(args: argparse.Namespace) -> int:
-    from services.termination_bench import format_terminations, run_termination_bench
+def _out_dir(args: argparse.Namespace) -> Path:
+    from loadtests.bench.sweep import default_out_dir
 
-    storage = _bench_storage(args)
-    print(f"cornus termination-bench: {args.nodes} nodes, {args.rounds} coordinator kills at "
-          f"coordinator.after_votes, storage {storage.backend}"
-          + (f" with injected latency {storage.latency}" if storage.latency else ""), flush=True)
-    rows = run_termination_bench(
-        storage, _storage_argv(storage), nodes=args.nodes, rounds=args.rounds,
-        settings=[f"{name}={value}" for name, value in _set_overrides(args.set).items()],
+    return Path(args.out) if args.out else default_out_dir()
+
+
+def _termination_bench(args: argparse.Namespace) -> int:
+    from loadtests.bench.profiles import latency_label, resolve_latency
+    from loadtests.bench.sweep import machine_description, write_csv
+    from loadtests.bench.termination import (
+        NODES_MAX,
+        NODES_MIN,
+        ROUNDS_MAX,
+        format_terminations,
+        run_termination_bench,
+        sweep_row,
     )
-    print(format_terminations(rows))
+
+    base, latency = _bench_storage(args)
+    storage = dataclasses.replace(base, latency=resolve_latency(latency))
+    node_counts = [args.nodes]
+    if args.sweep:
+        name, _, raw = args.sweep.partition("=")
+        if name.strip() != "nodes" or not raw.strip():
+            raise ValidationError(f"--sweep {args.sweep!r}: termination-bench sweeps nodes only, e.g. nodes=3,4,6,8")
+        try:
+            node_counts = [int(value) for value in raw.split(",") if value.strip()]
+        except ValueError:
+            raise ValidationError(f"--sweep {args.sweep!r}: node counts must be integers") from None
+    if not 0 < args.rounds <= ROUNDS_MAX:
+        raise ValidationError(f"--rounds must be in 1..{ROUNDS_MAX}")
+    for count in node_counts:
+        if not NODES_MIN <= count <= NODES_MAX:
+            raise ValidationError(f"--nodes must be in {NODES_MIN}..{NODES_MAX}, got {count}")
+    settings = _bench_node_settings(args)
+    summary_rows = []
+    for count in node_counts:
+        print(f"cornus termination-bench: {count} nodes, {args.rounds} coordinator kills at coordinator.after_votes, "
+              f"storage {storage.backend}, injected latency {latency_label(latency)}", flush=True)
+        rows = run_termination_bench(storage, _storage_argv(storage), nodes=count, rounds=args.rounds,
+                                     settings=settings)
+        print(format_terminations(rows), flush=True)
+        summary_rows.append(sweep_row(count, rows))
+    if args.sweep or args.out:
+        out = _out_dir(args)
+        out.mkdir(parents=True, exist_ok=True)
+        files = [out / "termination.csv"]
+        write_csv(summary_rows, files[0], list(summary_rows[0]))
+        try:
+            from loadtests.bench.plots import plot_termination
+        except ImportError:  # pragma: no cover - matplotlib is in the bench extra
+            print("cornus termination-bench: matplotlib is not installed; no plot", file=sys.stderr)
+        else:
+            files.append(plot_termination(summary_rows, out / "termination.png",
+                                          f"Cornus termination after coordinator failure, {storage.backend}, "
+                                          f"latency {latency_label(latency)}"))
+        print(f"{'nodes':>5} {'terminations':>12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+        for row in summary_rows:
+            print(f"{row['nodes']:>5} {row['terminations']:>12} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
+                  f"{row['max_ms']:>8.2f}")
+        print(f"machine: {machine_description()}")
+        print("files: " + ", ".join(str(path) for path in files))
     return 0
+
+
+# Workload knob flags of `cornus bench`: flag dest -> knob name (each workload refuses knobs it lacks).
+_KNOB_FLAGS = ("theta", "read_fraction", "read_only_perc", "remote_fraction", "requests_per_txn",
+               "rows_per_partition", "warehouses", "items", "accounts", "audit_clients", "partitions_per_txn",
+               "ops_per_txn")
+
+
+def _bench_knobs(args: argparse.Namespace) -> dict[str, str]:
+    from loadtests.bench.sweep import knob_names
+
+    known = knob_names(args.workload)
+    knobs: dict[str, str] = {}
+    for name in _KNOB_FLAGS:
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if name not in known:
+            raise ValidationError(f"--{name.replace('_', '-')} is not a knob of the {args.workload} workload "
+                                  f"(its knobs: {', '.join(sorted(known))})")
+        knobs[name] = str(value)
+    for item in args.knob or []:
+        name, sep, value = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in known:
+            raise ValidationError(f"--knob {item!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(known))}")
+        knobs[name] = value.strip()
+    return knobs
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from services.cluster_bench import format_results, run_bench
+    from loadtests.bench.cluster import RunSettings
+    from loadtests.bench.profiles import latency_label
+    from loadtests.bench.sweep import BenchPlan, command_line, parse_sweep, print_results, run_plan, write_outputs
 
     protocols = [Protocol(p) for p in (args.protocol or [p.value for p in Protocol])]
-    storage = _bench_storage(args)
-    argv = _storage_argv(storage)
-    print(f"cornus bench: {args.nodes} nodes, {args.partitions} partitions, {args.clients} clients, "
-          f"{args.seconds:g} s per protocol, {args.partitions_per_txn} partitions and {args.ops_per_txn} ops per "
-          f"transaction, routed to the {args.route} node, storage {storage.backend}"
-          + (f" with injected latency {storage.latency}" if storage.latency else ""), flush=True)
-    results = run_bench(
-        protocols, storage, argv, nodes=args.nodes, partitions=args.partitions, seconds=args.seconds,
-        clients=args.clients, partitions_per_txn=args.partitions_per_txn, ops_per_txn=args.ops_per_txn,
-        settings=[f"{name}={value}" for name, value in _set_overrides(args.set).items()],
-        route_to_owner=args.route == "owner",
+    storage, latency = _bench_storage(args)
+    if args.flush_redis and storage.backend != "redis":
+        raise ValidationError("--flush-redis is for --backend redis")
+    knobs = _bench_knobs(args)
+    sweep_param, sweep_values = parse_sweep(args.sweep, args.workload) if args.sweep else ("", [])
+    partitions = args.partitions if args.partitions is not None else args.nodes
+    if sweep_param == "nodes" and args.partitions is not None:
+        raise ValidationError("--sweep nodes runs one partition per node; leave --partitions out")
+    base = RunSettings(
+        workload=args.workload, knobs=tuple(sorted(knobs.items())), nodes=args.nodes, partitions=partitions,
+        clients=args.clients, seconds=args.seconds, route_to_owner=args.route == "owner",
+        lock_policy=args.lock_policy.lower(),
+        node_settings=tuple(_bench_node_settings(args)),
     )
-    print(format_results(results))
-    return 0
+    out = _out_dir(args)
+    plan = BenchPlan(protocols=protocols, storage=storage, storage_argv=_storage_argv, base=base, latency=latency,
+                     sweep_param=sweep_param, sweep_values=sweep_values, out_dir=out, flush_redis=args.flush_redis,
+                     plots=not args.no_plots, command=command_line())
+    what = f"sweep {sweep_param} over {', '.join(sweep_values)}" if sweep_param else "one point"
+    print(f"cornus bench: {args.workload} {dict(knobs) or '(defaults)'}, {args.nodes} nodes, {partitions} partitions, "
+          f"{args.clients} clients, {args.seconds:g} s per run, {', '.join(p.value for p in protocols)}, {what}, "
+          f"storage {storage.backend}, injected latency {latency_label(latency)}, lock policy {base.lock_policy}, "
+          f"routed to the {args.route} node", flush=True)
+    rows, results = run_plan(plan)
+    print_results(rows, results)
+    files = write_outputs(plan, rows, results)
+    print("files: " + ", ".join(str(path) for path in files))
+    bad = any(result.violations or result.driver.errors for result in results)
+    return 1 if bad else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -490,6 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--peers", help="every node: n0=host:port,n1=host:port")
     serve.add_argument("--partition-count", type=int, help="number of partitions p0..pN-1")
     serve.add_argument("--protocol", help="cornus, 2pc or coordinator-log: the default of transactions naming none")
+    serve.add_argument("--lock-policy", help="no_wait (abort on a lock conflict, the default) or wait_die "
+                                             "(an older transaction waits for younger holders)")
     serve.add_argument("--backend", choices=BACKENDS, help="storage backend")
     serve.add_argument("--set", action="append", metavar="NAME=VALUE",
                        help="a timeout or limit, e.g. timeout_ms_prepare=400 (repeatable)")
@@ -498,25 +611,62 @@ def build_parser() -> argparse.ArgumentParser:
 
     protocols = [protocol.value for protocol in Protocol]
     bench_cluster = commands.add_parser(
-        "bench", help="compare the commit protocols on a local cluster over your storage",
-        description="For each protocol: start a local cluster of `cornus serve` processes on 127.0.0.1 over "
-                    "the chosen storage, run distributed one-shot transactions from concurrent clients, and "
-                    "print throughput, latency and the commit-path breakdown.",
+        "bench", help="compare the commit protocols on a local cluster over your storage (the paper's experiments)",
+        description="For each protocol (and each point of --sweep): start a local cluster of `cornus serve` "
+                    "processes on 127.0.0.1 over the chosen storage, load the workload's data, run it from "
+                    "closed-loop clients, check its invariants, and print throughput, the latency of distributed "
+                    "transactions (average, p99) and its breakdown (execution, prepare, commit), what each commit "
+                    "cost (node and driver CPU, storage calls, peer messages), and the 2PC/Cornus and "
+                    "coordinator-log/Cornus ratios. Writes results.csv, latency.png, breakdown.png, throughput.png "
+                    "and summary.md to --out.",
     )
+    bench_cluster.add_argument("--workload", choices=("ycsb", "tpcc", "bank", "uniform"), default="ycsb",
+                               help="ycsb (the paper's, default), tpcc (NewOrder + Payment), bank (transfers and "
+                                    "audits), uniform (every transaction distributed; docs/performance.md's)")
     bench_cluster.add_argument("--protocol", action="append", choices=protocols,
                                help="protocol to run (repeatable; default: all three)")
     bench_cluster.add_argument("--nodes", type=int, default=3, help="node processes (default 3)")
-    bench_cluster.add_argument("--partitions", type=int, default=6, help="partitions (default 6)")
-    bench_cluster.add_argument("--seconds", type=float, default=10.0, help="run time per protocol (default 10)")
-    bench_cluster.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
-    bench_cluster.add_argument("--partitions-per-txn", type=int, default=2,
-                               help="partitions each transaction writes (default 2)")
-    bench_cluster.add_argument("--ops-per-txn", type=int, default=8, help="operations per transaction (default 8)")
+    bench_cluster.add_argument("--partitions", type=int,
+                               help="partitions (default: one per node, as in the paper)")
+    bench_cluster.add_argument("--seconds", type=float, default=10.0, help="run time per protocol and point "
+                                                                          "(default 10; the first tenth, at most 2 s, "
+                                                                          "is warm-up, left out of the figures)")
+    bench_cluster.add_argument("--clients", type=int, default=8, help="concurrent closed-loop clients (default 8)")
     bench_cluster.add_argument(
         "--route", choices=("owner", "random"), default="owner",
-        help="which node coordinates a transaction: the owner of its first partition, as the paper's clients "
+        help="which node coordinates a transaction: the owner of its home partition, as the paper's clients "
              "send each transaction to its home node (default), or any node at random",
     )
+    bench_cluster.add_argument("--lock-policy", default="no_wait",
+                               choices=("no_wait", "wait_die", "NO_WAIT", "WAIT_DIE"),
+                               help="the nodes' lock policy (default no_wait, the paper's)")
+    bench_cluster.add_argument("--sweep", metavar="PARAM=V1,V2,...",
+                               help="run every protocol at each value of one parameter: nodes, clients, latency, "
+                                    "lock_policy, or a workload knob (theta, read_fraction, read_only_perc, "
+                                    "warehouses, accounts, ...), e.g. nodes=2,4,6,8")
+    bench_cluster.add_argument("--out", help="directory for results.csv, the plots and summary.md "
+                                             "(default bench-results/<date-time>)")
+    bench_cluster.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    bench_cluster.add_argument("--flush-redis", action="store_true",
+                               help="with --backend redis: empty the databases the runs use before each run")
+    knobs = bench_cluster.add_argument_group("workload knobs (each belongs to one workload)")
+    knobs.add_argument("--theta", type=float, help="ycsb: Zipfian skew in [0, 0.99] (default 0, uniform)")
+    knobs.add_argument("--read-fraction", type=float, help="ycsb: probability a request reads (default 0.5)")
+    knobs.add_argument("--read-only-perc", type=float,
+                       help="ycsb: percentage of transactions that only read (default 0)")
+    knobs.add_argument("--remote-fraction", type=float,
+                       help="ycsb: probability a request goes to another partition (default 0.05)")
+    knobs.add_argument("--requests-per-txn", type=int, help="ycsb: requests per transaction (default 16)")
+    knobs.add_argument("--rows-per-partition", type=int, help="ycsb: rows per partition (default 10000)")
+    knobs.add_argument("--warehouses", type=int, help="tpcc: warehouses (default: one per partition)")
+    knobs.add_argument("--items", type=int, help="tpcc: items (default 1000)")
+    knobs.add_argument("--accounts", type=int, help="bank: accounts (default 60)")
+    knobs.add_argument("--audit-clients", type=int,
+                       help="bank: clients that run audits (read every account) instead of transfers (default 0)")
+    knobs.add_argument("--partitions-per-txn", type=int, help="uniform: partitions each transaction writes (default 2)")
+    knobs.add_argument("--ops-per-txn", type=int, help="uniform: operations per transaction (default 8)")
+    knobs.add_argument("--knob", action="append", metavar="NAME=VALUE",
+                       help="any other knob of the workload, e.g. customers=30 or payment_perc=50 (repeatable)")
     _add_local_cluster_flags(bench_cluster)
     bench_cluster.set_defaults(handler=_bench)
 
@@ -529,6 +679,10 @@ def build_parser() -> argparse.ArgumentParser:
     termination.add_argument("--nodes", type=int, default=3,
                              help="node processes, the coordinator included (default 3)")
     termination.add_argument("--rounds", type=int, default=10, help="coordinator kills (default 10)")
+    termination.add_argument("--sweep", metavar="nodes=N1,N2,...",
+                             help="run at each node count and plot the time to terminate against it (Figure 8)")
+    termination.add_argument("--out", help="directory for termination.csv and termination.png "
+                                           "(default bench-results/<date-time>; written with --sweep or --out)")
     _add_local_cluster_flags(termination)
     termination.set_defaults(handler=_termination_bench)
 

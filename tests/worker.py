@@ -85,11 +85,15 @@ def free_port() -> int:
 # flushed); cluster tests empty their database before each test, so each worker has its own.
 REDIS_DB_CLUSTER_FIRST = 1
 # scripts/services.sh starts redis-server with this many databases.
-REDIS_DB_COUNT = 64
-# Databases one run takes, one per worker: the most workers a run may have. Two runs on one
-# machine (a CI clone beside a developer's run, two checkouts) share the redis-server, so each
-# run takes a slot of databases of its own, or one would empty the other's mid-test.
-REDIS_DB_SLOT_WIDTH = 8
+REDIS_DB_COUNT = 256
+# A worker's databases: the cluster tests' one, then the bench's three (redis_db_bench).
+REDIS_DB_PER_WORKER = 4
+# Workers one run may have.
+REDIS_WORKER_COUNT_MAX = 8
+# Databases one run takes. Two runs on one machine (a CI clone beside a developer's run, two
+# checkouts) share the redis-server, so each run takes a slot of databases of its own, or one
+# would empty the other's mid-test.
+REDIS_DB_SLOT_WIDTH = REDIS_DB_PER_WORKER * REDIS_WORKER_COUNT_MAX
 REDIS_DB_SLOT_COUNT = (REDIS_DB_COUNT - REDIS_DB_CLUSTER_FIRST) // REDIS_DB_SLOT_WIDTH
 _REDIS_SLOT_ENV = "CORNUS_TEST_REDIS_SLOT"
 _redis_slot_locks: list[TextIO] = []  # held open for the run: the slot is ours while it is
@@ -114,7 +118,18 @@ def claim_redis_slot() -> int:
     raise RuntimeError(f"all {REDIS_DB_SLOT_COUNT} slots of Redis databases are held by other test runs")
 
 
-def redis_db_cluster() -> int:
+def _worker_db_first() -> int:
     index = worker_index()
-    assert index < REDIS_DB_SLOT_WIDTH, f"worker {index}: a run has at most {REDIS_DB_SLOT_WIDTH} workers"
-    return REDIS_DB_CLUSTER_FIRST + claim_redis_slot() * REDIS_DB_SLOT_WIDTH + index
+    assert index < REDIS_WORKER_COUNT_MAX, f"worker {index}: a run has at most {REDIS_WORKER_COUNT_MAX} workers"
+    return REDIS_DB_CLUSTER_FIRST + claim_redis_slot() * REDIS_DB_SLOT_WIDTH + index * REDIS_DB_PER_WORKER
+
+
+def redis_db_cluster() -> int:
+    """This worker's database for cluster tests (emptied before each)."""
+    return _worker_db_first()
+
+
+def redis_db_bench() -> int:
+    """The first of this worker's three bench databases: `cornus bench` on Redis runs each
+    protocol in its own database, the URL's and the next two."""
+    return _worker_db_first() + 1

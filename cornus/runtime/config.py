@@ -6,6 +6,7 @@ then command-line flags (each overriding the one before), and checked before any
     api_listen = "127.0.0.1:8100"      # public REST API
     grpc_api_listen = "127.0.0.1:9100" # public gRPC API (optional)
     protocol = "cornus"                # default per transaction: cornus | 2pc | coordinator-log
+    lock_policy = "no_wait"            # strict 2PL on a conflict: no_wait (abort, the paper's) | wait_die
     partition_count = 6                # partitions p0..p5, preferred owners round-robin by node id
     [peers]                            # every node, this one included
     n0 = "127.0.0.1:7100"
@@ -23,7 +24,7 @@ Which node owns a partition is decided at run time, by leases in storage (cornus
 the configuration only names each partition's preferred owner, which gets it when it is alive.
 
 Environment: CORNUS_NODE_ID, CORNUS_LISTEN, CORNUS_API_LISTEN, CORNUS_GRPC_API_LISTEN, CORNUS_PROTOCOL,
-CORNUS_PARTITION_COUNT, CORNUS_PEERS ("n0=host:port,n1=host:port"), CORNUS_STORAGE_<FIELD>, and
+CORNUS_LOCK_POLICY, CORNUS_PARTITION_COUNT, CORNUS_PEERS ("n0=host:port,n1=host:port"), CORNUS_STORAGE_<FIELD>, and
 CORNUS_<TIMEOUT FIELD> (e.g. CORNUS_TIMEOUT_MS_PREPARE).
 """
 
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min
+from cornus.protocol.locks import Policy
 from cornus.protocol.ownership import OwnershipConfig
 from storage_adapters.contract import (
     LOG_NAME_LENGTH_MAX,
@@ -106,6 +108,9 @@ class NodeConfig:
     protocol_config: ProtocolConfig = field(default_factory=ProtocolConfig)
     limits: RuntimeLimits = field(default_factory=RuntimeLimits)
     ownership: OwnershipConfig = field(default_factory=OwnershipConfig)
+    # What a lock request that meets a conflicting holder does: abort at once (NO_WAIT, the
+    # paper's setting) or, when older than every holder, wait for them (WAIT_DIE).
+    lock_policy: Policy = Policy.NO_WAIT
 
     def __post_init__(self) -> None:
         validate_id(self.node_id, "node_id", NODE_ID_LENGTH_MAX)
@@ -125,6 +130,8 @@ class NodeConfig:
             _check_address(self.grpc_api_listen, "grpc_api_listen")
         if not isinstance(self.protocol, Protocol):
             raise ValidationError(f"protocol must be one of {', '.join(p.value for p in Protocol)}")
+        if not isinstance(self.lock_policy, Policy):
+            raise ValidationError(f"lock_policy must be one of {', '.join(p.value for p in Policy)}")
         if not isinstance(self.partition_count, int) or not 0 < self.partition_count <= PARTITION_COUNT_MAX:
             raise ValidationError(f"partition_count must be an integer in 1..{PARTITION_COUNT_MAX}")
         if self.protocol_config.storage_deadline_ms != self.storage.timeout_ms_call:
@@ -252,6 +259,18 @@ def _protocol_config(values: Mapping[str, int], storage: StoreConfig) -> Protoco
     return ProtocolConfig(**merged)
 
 
+def parse_lock_policy(value: object) -> Policy:
+    """`no_wait` or `wait_die`, in either case (`NO_WAIT` is how the paper spells it)."""
+    if isinstance(value, Policy):
+        return value
+    try:
+        return Policy(str(value).strip().lower())
+    except ValueError:
+        raise ValidationError(
+            f"lock_policy {value!r} is not one of {', '.join(p.value for p in Policy)}"
+        ) from None
+
+
 def load_node_config(
     path: str | Path | None = None,
     environ: Mapping[str, str] | None = None,
@@ -265,12 +284,12 @@ def load_node_config(
             raw = tomllib.loads(Path(path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as error:
             raise ValidationError(f"config file {path}: {error}") from error
-    known = {"node_id", "listen", "api_listen", "grpc_api_listen", "protocol", "partition_count", "peers",
-             "partition_owners", "storage", "timeouts"}
+    known = {"node_id", "listen", "api_listen", "grpc_api_listen", "protocol", "lock_policy", "partition_count",
+             "peers", "partition_owners", "storage", "timeouts"}
     unknown = set(raw) - known
     if unknown:
         raise ValidationError(f"config file {path}: unknown keys {', '.join(sorted(unknown))}")
-    for name in ("node_id", "listen", "api_listen", "grpc_api_listen", "protocol", "partition_count"):
+    for name in ("node_id", "listen", "api_listen", "grpc_api_listen", "protocol", "lock_policy", "partition_count"):
         if f"CORNUS_{name.upper()}" in environ:
             raw[name] = environ[f"CORNUS_{name.upper()}"]
     if "CORNUS_PEERS" in environ:
@@ -323,6 +342,7 @@ def load_node_config(
             f"protocol {protocol_raw!r} is not one of {', '.join(p.value for p in Protocol)}"
         ) from None
     return NodeConfig(
+        lock_policy=parse_lock_policy(raw.get("lock_policy", Policy.NO_WAIT.value)),
         node_id=raw["node_id"],
         peers=dict(raw["peers"]),
         listen=raw.get("listen", ""),

@@ -78,7 +78,7 @@ class Node:
         store: LogStore,
         transport: Transport,
         failpoints: Failpoints | None = None,
-        lock_policy: Policy = Policy.NO_WAIT,
+        lock_policy: Policy | None = None,
     ) -> None:
         assert transport.node_id == config.node_id
         self.config = config
@@ -89,7 +89,8 @@ class Node:
         self.failpoints = failpoints or Failpoints({})
         self.timings = TimingLog()
         self.counters: collections.Counter[str] = collections.Counter()
-        self.lock_policy = lock_policy
+        # The configured policy unless a caller (a test) names one.
+        self.lock_policy = config.lock_policy if lock_policy is None else lock_policy
         # The partitions this node holds now: taken and dropped as ownership says.
         self.partitions: dict[str, PartitionRuntime] = {}
         # Of those, the ones recovered and served; with the wall-clock time serving began.

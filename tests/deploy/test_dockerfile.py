@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+import tomllib
 
 import pytest
 
@@ -53,5 +54,10 @@ def test_image_matches_what_the_chart_runs(helm_bin: str) -> None:
     assert len(bases) == 2 and all(base.split()[0] == "${PYTHON_IMAGE}" for base in bases)
     (base_arg,) = instruction("ARG")
     assert re.fullmatch(r"PYTHON_IMAGE=python:3\.11\.\d+-slim-\w+", base_arg)
+    # Every package the wheel is built from reaches the build stage (a missing one would make
+    # an image whose `cornus` fails on import of it).
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    copied = {arguments.split()[0] for arguments in instruction("COPY") if "--from" not in arguments}
+    assert {pattern.rstrip("*") for pattern in packages["include"]} <= copied, (packages, copied)
     final_stage = DOCKERFILE.read_text().rsplit("\nFROM ", 1)[1]
     assert "build-essential" not in final_stage and "apt-get" not in final_stage

@@ -30,6 +30,7 @@ from typing import Any
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol, ProtocolConfig
+from cornus.protocol.locks import Policy
 from cornus.protocol.ownership import OwnershipConfig
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.config import NodeConfig, RuntimeLimits
@@ -281,6 +282,7 @@ class LocalCluster:
     limits: dict[str, int] = field(default_factory=dict)
     ownership: dict[str, int] = field(default_factory=dict)
     storage_timeout_ms: int = STORAGE_TIMEOUT_MS
+    lock_policy: Policy = Policy.NO_WAIT
 
     network: LocalNetwork = field(default_factory=LocalNetwork)
     store: LogStore | None = None
@@ -310,6 +312,7 @@ class LocalCluster:
             ),
             limits=RuntimeLimits(**{**LIMIT_DEFAULTS, **self.limits}),
             ownership=OwnershipConfig(**{**OWNERSHIP_DEFAULTS, **self.ownership}),
+            lock_policy=self.lock_policy,
         )
 
     async def open(self) -> None:

@@ -1,4 +1,4 @@
-"""Micro-benchmark of PeerTransport: `python -m services.node_rpc.bench [--seconds S]`.
+"""Micro-benchmark of PeerTransport: `python -m loadtests.bench.transport [--seconds S]`.
 
 Starts an echo node in a child process and, from this process, measures request/response round
 trips of 100-byte payloads over the node connection: latency at 1 in flight and throughput at 16
@@ -144,7 +144,7 @@ def main() -> None:
     port, client_port = _free_port(), _free_port()
     server_args = ["--serve", "--port", str(port), "--client-port", str(client_port)]
     child = subprocess.Popen(
-        [sys.executable, "-m", "services.node_rpc.bench", *server_args],
+        [sys.executable, "-m", "loadtests.bench.transport", *server_args],
         cwd=REPO_DIR,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

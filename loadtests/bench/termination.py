@@ -20,7 +20,8 @@ from pathlib import Path
 import httpx
 
 from cornus.protocol.config import Protocol
-from services.cluster_bench import HTTP_TIMEOUT_S, READY_TIMEOUT_S, keys_by_partition, namespace_argv
+from loadtests.bench.cluster import HTTP_TIMEOUT_S, READY_TIMEOUT_S, namespace_argv
+from loadtests.workloads.base import KeyPinner
 from services.local_cluster import (
     ClusterNode,
     StopSignals,
@@ -67,8 +68,9 @@ def run_termination_bench(
         members, peers = local_members(nodes, Protocol.CORNUS, nodes, data)
         argv = storage_argv + namespace_argv(storage, Protocol.CORNUS, data)
         coordinator, participants = members[0], members[1:]
-        pools = keys_by_partition(nodes)
-        targets = sorted(p for p in pools if coordinator.config.preferred_owner(p) != coordinator.config.node_id)
+        pinner = KeyPinner(nodes)
+        targets = sorted(p for p in coordinator.config.partitions
+                         if coordinator.config.preferred_owner(p) != coordinator.config.node_id)
         stop = StopSignals()
         try:
             for member in members:
@@ -79,7 +81,8 @@ def run_termination_bench(
                 for round_index in range(rounds):
                     _restart_armed(coordinator, peers, argv, settings, stop)
                     _wait_links_up(http, participants)
-                    ops = [{"op": "put", "key": pools[p][round_index], "value": "x"} for p in targets]
+                    ops = [{"op": "put", "key": pinner.key(f"t{round_index}", int(p[1:])), "value": "x"}
+                           for p in targets]
                     _run_round(http, coordinator, participants, ops)
                 return [_read_termination(http, member) for member in participants]
         finally:
@@ -134,6 +137,20 @@ def _read_termination(http: httpx.Client, member: ClusterNode) -> NodeTerminatio
         raise RuntimeError(f"{member.config.node_id} ran no termination")
     return NodeTermination(member.config.node_id, int(summary["count"]), summary["min"], summary["p50"],
                            summary["p99"], summary["max"])
+
+
+def sweep_row(nodes: int, rows: list[NodeTermination]) -> dict[str, float | int]:
+    """One node count's figures over every participant's runs: the median (the participants'
+    medians weighted by their counts), the worst 99th percentile and the maximum."""
+    count = sum(row.count for row in rows)
+    return {
+        "nodes": nodes,
+        "terminations": count,
+        "p50_ms": round(sum(row.p50_ms * row.count for row in rows) / count, 3) if count else 0.0,
+        "p99_ms": round(max((row.p99_ms for row in rows), default=0.0), 3),
+        "max_ms": round(max((row.max_ms for row in rows), default=0.0), 3),
+        "min_ms": round(min((row.min_ms for row in rows), default=0.0), 3),
+    }
 
 
 def format_terminations(rows: list[NodeTermination]) -> str:

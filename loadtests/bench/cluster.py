@@ -1,0 +1,256 @@
+"""One measurement of `cornus bench`: start a real local cluster (`cornus serve` processes on
+127.0.0.1) for one protocol over the chosen storage, load the workload's data, run the closed-loop
+driver for a fixed time, check the workload's invariants, and collect what a reader needs to trust
+the numbers: the nodes' and the driver's CPU per committed transaction, storage calls by kind and
+peer messages per transaction, the owners' cache hit ratio, and the mean storage write latency the
+nodes saw (W in the paper's formulas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import tempfile
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from cornus.protocol.config import Protocol
+from cornus.runtime.keys import partition_of
+from loadtests.bench.driver import DriverResult, load_data, read_keys, run_clients
+from loadtests.workloads import make_workload
+from services.local_cluster import (
+    ClusterNode,
+    StopSignals,
+    local_members,
+    start_node,
+    stop_nodes,
+    wait_cluster_ready,
+)
+from storage_adapters.errors import ValidationError
+from storage_adapters.factory import StoreConfig
+
+T = TypeVar("T")
+
+SECONDS_MAX = 3600
+CLIENTS_MAX = 256
+NODES_MAX = 16
+PARTITIONS_MAX = 256
+HTTP_TIMEOUT_S = 15.0
+READY_TIMEOUT_S = 60.0
+OWNERS_ATTEMPT_COUNT_MAX = 20
+OWNERS_PAUSE_S = 0.25
+_CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    """What one measurement runs: the workload and its knobs, the cluster's shape, the load."""
+
+    workload: str = "ycsb"
+    knobs: tuple[tuple[str, Any], ...] = ()
+    nodes: int = 3
+    partitions: int = 3
+    clients: int = 8
+    seconds: float = 10.0
+    route_to_owner: bool = True
+    lock_policy: str = "no_wait"
+    node_settings: tuple[str, ...] = ()  # --set NAME=VALUE for every node
+
+    def validate(self) -> None:
+        if not 0 < self.seconds <= SECONDS_MAX:
+            raise ValidationError(f"--seconds must be in (0, {SECONDS_MAX}]")
+        if not 0 < self.clients <= CLIENTS_MAX:
+            raise ValidationError(f"--clients must be in 1..{CLIENTS_MAX}")
+        if not 1 <= self.nodes <= NODES_MAX:
+            raise ValidationError(f"--nodes must be in 1..{NODES_MAX}")
+        if not self.nodes <= self.partitions <= PARTITIONS_MAX:
+            raise ValidationError(f"--partitions must be in {self.nodes}..{PARTITIONS_MAX} (at least one per node)")
+        if self.lock_policy not in ("no_wait", "wait_die"):
+            raise ValidationError(f"--lock-policy must be no_wait or wait_die, got {self.lock_policy!r}")
+
+
+@dataclass
+class RunResult:
+    protocol: str
+    settings: RunSettings
+    storage: str  # backend and injected latency, as the report names them
+    driver: DriverResult
+    warmup_s: float = 0.0
+    keys_loaded: int = 0
+    load_s: float = 0.0
+    # Per committed transaction of the measured window (the load phase excluded):
+    node_cpu_ms: float | None = None  # the node processes' own CPU time (None: not on Linux)
+    client_cpu_ms: float = 0.0  # the driver (this process)
+    storage_calls: dict[str, float] = field(default_factory=dict)  # by LogStore call
+    peer_messages: float = 0.0
+    cache_hit_ratio: float | None = None
+    storage_mean_ms: dict[str, float] = field(default_factory=dict)  # mean latency per LogStore call, at the nodes
+    violations: list[str] = field(default_factory=list)  # the workload's invariant check
+    recovered_at_start: int = 0
+    workload_knobs: dict[str, Any] = field(default_factory=dict)
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds `pid` has used, from /proc (None where there is no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces; the fields after its closing parenthesis do not.
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS_PER_S
+
+
+def scrape_counts(http: httpx.Client, nodes: Sequence[ClusterNode]) -> collections.Counter[str]:
+    """The work counters of every node summed over the cluster, from each node's /metrics: storage
+    calls by kind and the seconds they took, transport messages, cache hits and misses."""
+    totals: collections.Counter[str] = collections.Counter()
+    for node in nodes:
+        for line in http.get(f"{node.url}/metrics").text.splitlines():
+            if line.startswith("#"):
+                continue
+            series, _, value = line.rpartition(" ")
+            if series.startswith("cornus_storage_call_seconds_count{"):
+                totals["storage:" + _label(series, "call")] += int(float(value))
+            elif series.startswith("cornus_storage_call_seconds_sum{"):
+                totals["storage_ms:" + _label(series, "call")] += float(value) * 1000  # type: ignore[assignment]
+            elif series.startswith("cornus_transport_events_total{"):
+                totals["transport:" + _label(series, "event")] += int(float(value))
+            elif series.startswith("cornus_node_events_total{"):
+                totals["node:" + _label(series, "event")] += int(float(value))
+    return totals
+
+
+def _label(series: str, name: str) -> str:
+    start = series.index(f'{name}="') + len(name) + 2
+    return series[start:series.index('"', start)]
+
+
+def run_async(coroutine: Coroutine[object, object, T]) -> T:
+    """On uvloop when installed: the driver's own cost per request is then lowest."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
+def owners(http: httpx.Client, nodes: Sequence[ClusterNode]) -> dict[str, int]:
+    """Partition -> the index in `nodes` of the node that holds it now (from the ownership records,
+    which a node reads from storage: a slow backend may answer 503 at first, so ask again)."""
+    index_of = {node.config.node_id: index for index, node in enumerate(nodes)}
+    answer = None
+    for attempt in range(OWNERS_ATTEMPT_COUNT_MAX):
+        answer = http.get(f"{nodes[attempt % len(nodes)].url}/v1/partitions")
+        if answer.status_code != 503:
+            break
+        time.sleep(OWNERS_PAUSE_S)
+    assert answer is not None
+    answer.raise_for_status()
+    return {p["partition"]: index_of[p["owner"]] for p in answer.json()["partitions"] if p["owner"] in index_of}
+
+
+def warmup_s_for(seconds: float) -> float:
+    """The start of a run left out of its figures (connections opening, first lock-table and cache
+    entries): a tenth of the run, at most 2 s."""
+    return min(2.0, seconds / 10)
+
+
+def measure(nodes: Sequence[ClusterNode], protocol: Protocol, settings: RunSettings, storage: str) -> RunResult:
+    """Load, run, check; charge the nodes' and the driver's CPU and the nodes' work counters of
+    the measured window to its committed transactions."""
+    workload = make_workload(settings.workload, settings.partitions, dict(settings.knobs))
+    addresses = [("127.0.0.1", node.api_port) for node in nodes]
+    result = RunResult(protocol.value, settings, storage, DriverResult(), warmup_s=warmup_s_for(settings.seconds),
+                       workload_knobs=workload.describe())
+    data = workload.initial_data()
+    started = time.monotonic()
+    result.keys_loaded = run_async(load_data(addresses, data, {key: partition_of(key, settings.partitions)
+                                                               for key in data}))
+    result.load_s = time.monotonic() - started
+    with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
+        home = owners(http, nodes) if settings.route_to_owner else None
+        counts_before = scrape_counts(http, nodes)
+        node_cpu_before = [process_cpu_s(node.process.pid) for node in nodes if node.process is not None]
+        driver = run_async(run_clients(addresses, workload, seconds=settings.seconds, clients=settings.clients,
+                                       home=home))
+        node_cpu_after = [process_cpu_s(node.process.pid) for node in nodes if node.process is not None]
+        counts = scrape_counts(http, nodes)
+    result.driver = driver
+    result.recovered_at_start = counts_before["node:recovered"]
+    counts.subtract(counts_before)
+    committed = max(1, sum(1 for record in driver.records if record.outcome == "committed"))
+    result.client_cpu_ms = 1000 * driver.cpu_s / committed
+    pairs = list(zip(node_cpu_before, node_cpu_after, strict=True))
+    if all(before is not None and after is not None for before, after in pairs):
+        result.node_cpu_ms = 1000 * sum(after - before for before, after in pairs) / committed  # type: ignore[operator]
+    result.storage_calls = {name.removeprefix("storage:"): count / committed
+                            for name, count in sorted(counts.items()) if name.startswith("storage:") and count}
+    result.storage_mean_ms = {call: counts["storage_ms:" + call] / count for call, count in
+                              ((name.removeprefix("storage:"), count) for name, count in counts.items()
+                               if name.startswith("storage:") and count > 0)}
+    result.peer_messages = counts["transport:messages_sent"] / committed
+    hits, misses = counts["node:cache_hits"], counts["node:cache_misses"]
+    result.cache_hit_ratio = hits / (hits + misses) if hits + misses else None
+    result.violations = workload.check(lambda keys: run_async(read_keys(addresses[0], keys)))
+    return result
+
+
+def namespace_argv(storage: StoreConfig, protocol: Protocol, data: Path, run_index: int = 0) -> list[str]:
+    """Each protocol (and each point of a sweep) runs on storage of its own where the backend
+    allows it, so what one run leaves behind (records that wait for garbage collection, data)
+    never weighs on the next one's measurement. Redis has only numbered databases: each protocol
+    gets its own, and the runs of a sweep reuse them (`--flush-redis` empties them first)."""
+    index = list(Protocol).index(protocol)
+    if storage.backend == "emulator":
+        return ["--emulator-path", str(data / "cornus.db")]
+    if storage.backend == "redis":
+        base, _, db = storage.redis_url.rpartition("/")
+        if not db.isdigit():
+            raise ValidationError("bench on redis needs a URL ending in a database number, e.g. "
+                                  "redis://host:6379/0; the protocols use that database and the next two")
+        return ["--redis-url", f"{base}/{int(db) + index}"]
+    suffix = f"{protocol.value.replace('-', '')}{run_index}"
+    if storage.backend == "azure_blob":
+        return ["--azure-container", f"{storage.azure_container}-{suffix}"]
+    return ["--dynamodb-table", f"{storage.dynamodb_table}-{suffix}"]
+
+
+def flush_redis(url: str) -> None:
+    """Empty one benchmark database (only with --flush-redis: the user named it as theirs to use)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=HTTP_TIMEOUT_S, socket_connect_timeout=HTTP_TIMEOUT_S)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+def run_protocol(protocol: Protocol, storage: StoreConfig, storage_argv: list[str], settings: RunSettings, *,
+                 run_index: int = 0, flush: bool = False, storage_label: str = "") -> RunResult:
+    """Start a cluster for `protocol`, measure it, stop it."""
+    settings.validate()
+    with tempfile.TemporaryDirectory(prefix="cornus-bench-") as directory:
+        data = Path(directory)
+        namespace = namespace_argv(storage, protocol, data, run_index)
+        if flush and storage.backend == "redis":
+            flush_redis(namespace[1])
+        argv = list(storage_argv) + namespace
+        members, peers = local_members(settings.nodes, protocol, settings.partitions, data)
+        stop = StopSignals()
+        try:
+            for member in members:
+                start_node(member, peers, argv, list(settings.node_settings),
+                           environ={"CORNUS_LOCK_POLICY": settings.lock_policy})
+            if not wait_cluster_ready(members, stop, READY_TIMEOUT_S):
+                raise RuntimeError(f"the {protocol.value} cluster did not start")
+            return measure(members, protocol, settings, storage_label or storage.backend)
+        finally:
+            stop_nodes(members, stop)

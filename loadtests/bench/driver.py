@@ -1,0 +1,192 @@
+"""The built-in closed-loop driver: `clients` concurrent clients on one asyncio loop (uvloop), each
+with a keep-alive HTTP/1.1 connection to every node, each running the workload's next transaction
+as soon as its previous one ended, for a fixed time.
+
+As in the paper's testbed, a client sends each transaction to its home node (the owner of the
+transaction's home partition), and a transaction aborted for a retryable reason (a lock conflict
+under NO_WAIT, a node still recovering) runs again, the same transaction, after a short random
+pause, until it commits or the clock runs out; its latency runs from its first attempt to its
+commit, so under contention it includes the time lost to aborts (the paper's Figure 7). Every
+attempt is counted, so the abort rate is aborted attempts over attempts.
+
+The driver measures its own CPU time (this process's clock) so a reader can tell whether it, not
+the cluster, was the bottleneck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from loadtests.bench.http import HttpConnection, run_program
+from loadtests.workloads.base import Reply, Workload, one_shot
+
+# Pause before running an aborted transaction again: uniform in [0, min(cap, base * 2^attempt)].
+RETRY_PAUSE_MS_BASE = 0.5
+RETRY_PAUSE_MS_MAX = 10.0
+# Attempts of one transaction before the driver gives up on it (counted as not committed).
+ATTEMPT_COUNT_MAX = 1_000
+# After a failure the node is probably down: do not spin on it.
+FAILURE_PAUSE_S = 0.01
+# Program errors (a workload bug, or data that breaks its assumptions) kept for the report.
+ERROR_COUNT_MAX = 5
+_RETRYABLE = ("aborted", "unavailable")
+
+
+@dataclass(slots=True)
+class TxnRecord:
+    """One transaction, after its last attempt."""
+
+    kind: str
+    distributed: bool
+    read_only: bool
+    outcome: str
+    reason: str
+    attempts: int
+    started_s: float  # since the run's start
+    latency_ms: float  # first attempt's start to the last attempt's answer
+    timing_ms: dict[str, float]  # the node's breakdown of the last attempt (execution, prepare, commit, total)
+
+
+@dataclass(slots=True)
+class DriverResult:
+    records: list[TxnRecord] = field(default_factory=list)
+    attempts: Counter[str] = field(default_factory=Counter)  # by kind
+    aborted_attempts: Counter[str] = field(default_factory=Counter)  # by kind
+    abort_reasons: Counter[str] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time over the run
+
+
+def _retry_pause_s(rng: random.Random, attempt: int) -> float:
+    return rng.uniform(0, min(RETRY_PAUSE_MS_MAX, RETRY_PAUSE_MS_BASE * 2 ** min(attempt, 16))) / 1000
+
+
+async def run_clients(addresses: Sequence[tuple[str, int]], workload: Workload, *, seconds: float, clients: int,
+                      home: Mapping[str, int] | None = None, seed: int = 0) -> DriverResult:
+    """Run `clients` closed-loop clients for `seconds`. `home` maps a partition to the index in
+    `addresses` of the node that owns it; a transaction whose home partition it does not name goes
+    to a node picked at random."""
+    result = DriverResult()
+    started = time.monotonic()
+    stop_at = started + seconds
+
+    async def client(index: int) -> None:
+        rng = random.Random(f"{seed}/{index}")
+        connections = [HttpConnection(host, port) for host, port in addresses]
+        try:
+            while time.monotonic() < stop_at:
+                txn = workload.next_txn(rng, index)
+                target = home.get(txn.home) if home else None
+                connection = connections[rng.randrange(len(connections)) if target is None else target]
+                first = time.perf_counter()
+                started_s = time.monotonic() - started
+                reply = Reply("failed", "not run")
+                attempts = 0
+                while attempts < ATTEMPT_COUNT_MAX:
+                    attempts += 1
+                    result.attempts[txn.kind] += 1
+                    try:
+                        reply = await run_program(connection, txn.program())
+                    except Exception as error:
+                        # A workload program that raised: keep the first few for the report.
+                        reply = Reply("failed", f"program error: {type(error).__name__}")
+                        if len(result.errors) < ERROR_COUNT_MAX:
+                            result.errors.append(f"{txn.kind}: {type(error).__name__}: {error}")
+                    if reply.outcome == "aborted":
+                        result.aborted_attempts[txn.kind] += 1
+                        result.abort_reasons[reply.reason or "unknown"] += 1
+                    if reply.outcome not in _RETRYABLE or not reply.retryable or time.monotonic() >= stop_at:
+                        break
+                    await asyncio.sleep(_retry_pause_s(rng, attempts))
+                latency_ms = (time.perf_counter() - first) * 1000
+                result.records.append(TxnRecord(txn.kind, txn.distributed, txn.read_only, reply.outcome, reply.reason,
+                                                attempts, started_s, latency_ms, reply.timing_ms))
+                if reply.outcome in ("failed", "unknown"):
+                    await asyncio.sleep(FAILURE_PAUSE_S)
+        finally:
+            for connection in connections:
+                connection.close()
+
+    cpu_before = time.process_time()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    result.cpu_s = time.process_time() - cpu_before
+    result.wall_s = time.monotonic() - started
+    return result
+
+
+# === load phase and end-of-run reads ==============================================================
+
+LOAD_OPS_PER_TXN = 200
+LOAD_ATTEMPT_COUNT_MAX = 20
+LOAD_CONCURRENCY = 8
+READ_ATTEMPT_COUNT_MAX = 50
+
+
+async def load_data(addresses: Sequence[tuple[str, int]], data: Mapping[str, str],
+                    partition_of_key: Mapping[str, str] | None = None) -> int:
+    """Write every key of `data` once before the clock starts (the YCSB load phase, the TPC-C
+    loader), so the measured run reads what the owners hold in memory, as the paper's nodes do.
+    Keys go in batches of one partition each when `partition_of_key` is given (no commit protocol
+    round: loading is quick). Returns how many keys were written."""
+    by_partition: dict[str, list[str]] = {}
+    for key in data:
+        by_partition.setdefault(partition_of_key.get(key, "") if partition_of_key else "", []).append(key)
+    batches = [keys[start:start + LOAD_OPS_PER_TXN] for keys in by_partition.values()
+               for start in range(0, len(keys), LOAD_OPS_PER_TXN)]
+    queue: asyncio.Queue[list[str]] = asyncio.Queue()
+    for batch in batches:
+        queue.put_nowait(batch)
+
+    async def loader(index: int) -> int:
+        host, port = addresses[index % len(addresses)]
+        connection = HttpConnection(host, port)
+        rng = random.Random(index)
+        written = 0
+        try:
+            while not queue.empty():
+                batch = queue.get_nowait()
+                ops = tuple({"op": "put", "key": key, "value": data[key]} for key in batch)
+                reply = Reply("failed", "not run")
+                for attempt in range(LOAD_ATTEMPT_COUNT_MAX):
+                    reply = await _one_shot(connection, ops)
+                    if reply.committed:
+                        written += len(batch)
+                        break
+                    await asyncio.sleep(_retry_pause_s(rng, attempt))
+                else:
+                    raise RuntimeError(f"load phase: a batch of {len(batch)} keys did not commit in "
+                                       f"{LOAD_ATTEMPT_COUNT_MAX} attempts (last: {reply.outcome} {reply.reason})")
+        finally:
+            connection.close()
+        return written
+
+    counts = await asyncio.gather(*(loader(i) for i in range(LOAD_CONCURRENCY)))
+    return sum(counts)
+
+
+async def _one_shot(connection: HttpConnection, ops: tuple[dict[str, str], ...]) -> Reply:
+    return await run_program(connection, one_shot(ops)())
+
+
+async def read_keys(address: tuple[str, int], keys: Sequence[str]) -> dict[str, str | None]:
+    """The committed values of `keys`, in one read-only transaction, retried while it conflicts
+    with transactions still finishing (the end-of-run check reads after the clients stopped)."""
+    connection = HttpConnection(*address)
+    rng = random.Random(0)
+    try:
+        ops = tuple({"op": "get", "key": key} for key in keys)
+        reply = Reply("failed", "not run")
+        for attempt in range(READ_ATTEMPT_COUNT_MAX):
+            reply = await _one_shot(connection, ops)
+            if reply.committed:
+                return dict(reply.values)
+            await asyncio.sleep(_retry_pause_s(rng, attempt + 4))
+        raise RuntimeError(f"end-of-run read of {len(keys)} keys did not commit (last: {reply.outcome} {reply.reason})")
+    finally:
+        connection.close()

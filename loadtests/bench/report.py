@@ -1,0 +1,217 @@
+"""Figures of a `cornus bench` run: one flat row per (sweep point, protocol) for the CSV and the
+plots, the table printed to the terminal, and the markdown summary with the latency ratios of 2PC
+and coordinator-log over Cornus.
+
+Latencies are the paper's: of committed distributed transactions (touching more than one
+partition), as the client saw them from the first attempt to the commit (aborted attempts and
+their retries included), averaged, with the 99th percentile beside. The phase breakdown
+(execution, prepare, commit) is the coordinating node's own timing of each transaction's last
+attempt, averaged over the same transactions. The commit path is prepare + commit, over the
+distributed transactions that wrote (read-only ones skip both phases).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from loadtests.bench.cluster import RunResult
+
+PROTOCOL_ORDER = ("cornus", "2pc", "coordinator-log")
+CSV_FIELDS = (
+    "param", "value", "protocol", "workload", "storage", "nodes", "partitions", "clients", "seconds", "lock_policy",
+    "commits", "commits_per_s", "attempts", "aborted_attempts", "abort_rate", "dist_commits", "dist_avg_ms",
+    "dist_p50_ms", "dist_p99_ms", "all_avg_ms", "all_p99_ms", "execution_ms", "prepare_ms", "commit_ms",
+    "node_total_ms", "rw_dist_commits", "rw_dist_avg_ms", "rw_commit_path_ms", "w_log_once_ms", "w_log_ms",
+    "node_cpu_ms", "driver_cpu_ms", "driver_cpu_pct", "storage_calls", "peer_messages", "cache_hit_pct",
+    "kinds", "violations", "errors",
+)
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+def summarize(result: RunResult, param: str = "", value: str = "") -> dict[str, Any]:
+    """The row of one measurement (see CSV_FIELDS)."""
+    driver = result.driver
+    measured = [r for r in driver.records if r.started_s >= result.warmup_s]
+    window_s = max(driver.wall_s - result.warmup_s, 1e-9)
+    committed = [r for r in measured if r.outcome == "committed"]
+    distributed = [r for r in committed if r.distributed]
+    read_write = [r for r in distributed if not r.read_only]
+    attempts = sum(driver.attempts.values())
+    aborted = sum(driver.aborted_attempts.values())
+    kinds = []
+    for kind in sorted(driver.attempts):
+        kind_commits = sum(1 for r in driver.records if r.kind == kind and r.outcome == "committed")
+        kinds.append(f"{kind}:{kind_commits}/{driver.attempts[kind]}")
+    settings = result.settings
+    return {
+        "param": param, "value": value, "protocol": result.protocol, "workload": settings.workload,
+        "storage": result.storage, "nodes": settings.nodes, "partitions": settings.partitions,
+        "clients": settings.clients, "seconds": settings.seconds, "lock_policy": settings.lock_policy,
+        "commits": len(committed), "commits_per_s": round(len(committed) / window_s, 1),
+        "attempts": attempts, "aborted_attempts": aborted,
+        "abort_rate": round(aborted / attempts, 4) if attempts else 0,
+        "dist_commits": len(distributed),
+        "dist_avg_ms": round(_mean([r.latency_ms for r in distributed]), 3),
+        "dist_p50_ms": round(percentile([r.latency_ms for r in distributed], 0.5), 3),
+        "dist_p99_ms": round(percentile([r.latency_ms for r in distributed], 0.99), 3),
+        "all_avg_ms": round(_mean([r.latency_ms for r in committed]), 3),
+        "all_p99_ms": round(percentile([r.latency_ms for r in committed], 0.99), 3),
+        "execution_ms": round(_mean([r.timing_ms.get("execution", 0.0) for r in distributed]), 3),
+        "prepare_ms": round(_mean([r.timing_ms.get("prepare", 0.0) for r in distributed]), 3),
+        "commit_ms": round(_mean([r.timing_ms.get("commit", 0.0) for r in distributed]), 3),
+        "node_total_ms": round(_mean([r.timing_ms.get("total", 0.0) for r in distributed]), 3),
+        "rw_dist_commits": len(read_write),
+        "rw_dist_avg_ms": round(_mean([r.latency_ms for r in read_write]), 3),
+        "rw_commit_path_ms": round(_mean([r.timing_ms.get("prepare", 0.0) + r.timing_ms.get("commit", 0.0)
+                                          for r in read_write]), 3),
+        "w_log_once_ms": round(result.storage_mean_ms.get("log_once", 0.0), 3),
+        "w_log_ms": round(result.storage_mean_ms.get("log", 0.0), 3),
+        "node_cpu_ms": "" if result.node_cpu_ms is None else round(result.node_cpu_ms, 3),
+        "driver_cpu_ms": round(result.client_cpu_ms, 3),
+        "driver_cpu_pct": round(100 * driver.cpu_s / driver.wall_s, 1) if driver.wall_s else 0,
+        "storage_calls": round(sum(result.storage_calls.values()), 2),
+        "peer_messages": round(result.peer_messages, 2),
+        "cache_hit_pct": "" if result.cache_hit_ratio is None else round(100 * result.cache_hit_ratio, 1),
+        "kinds": " ".join(kinds),
+        "violations": len(result.violations),
+        "errors": len(driver.errors),
+    }
+
+
+def vote_write_ms(row: dict[str, Any]) -> float:
+    """W of a row: the mean vote write at its nodes (Cornus votes with log_once, the others with log)."""
+    return float(row["w_log_once_ms"] or row["w_log_ms"] or 0.0)
+
+
+def format_rows(rows: Sequence[dict[str, Any]]) -> str:
+    """The terminal table: throughput and latency, then what each committed transaction cost. The
+    point column appears only in a sweep, so a single run's lines start with the protocol's name."""
+    swept = any(row["param"] for row in rows)
+    point_head = f"{'point':<18} " if swept else ""
+    lines = [f"{point_head}{'protocol':<16} {'commits/s':>9} {'abort%':>6} {'dist avg':>8} {'dist p99':>8} | "
+             f"{'execution':>9} {'prepare':>7} {'commit':>7} | {'W ms':>6} {'node CPU':>8} {'driver CPU':>10} "
+             f"{'storage':>7} {'peer msg':>8} {'cache':>6}"]
+    for row in rows:
+        point = f"{row['param']}={row['value']:<{17 - len(row['param'])}} " if swept else ""
+        cache = f"{row['cache_hit_pct']}%" if row["cache_hit_pct"] != "" else "n/a"
+        node_cpu = f"{row['node_cpu_ms']:.2f}" if row["node_cpu_ms"] != "" else "n/a"
+        lines.append(
+            f"{point}{row['protocol']:<16} {row['commits_per_s']:>9.0f} {100 * row['abort_rate']:>6.1f} "
+            f"{row['dist_avg_ms']:>8.2f} {row['dist_p99_ms']:>8.2f} | {row['execution_ms']:>9.2f} "
+            f"{row['prepare_ms']:>7.2f} {row['commit_ms']:>7.2f} | {vote_write_ms(row):>6.2f} {node_cpu:>8} "
+            f"{row['driver_cpu_ms']:>10.2f} {row['storage_calls']:>7.2f} {row['peer_messages']:>8.2f} {cache:>6}")
+    lines.append("latencies in ms, of committed distributed transactions (client side, retries included); phases: "
+                 "the coordinator's own timing; W: mean vote write at the nodes (log_once, or log for 2PC and "
+                 "coordinator-log); CPU ms, storage calls and peer messages per committed transaction; driver CPU is "
+                 "this process's")
+    return "\n".join(lines)
+
+
+def _points(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    return list(dict.fromkeys((row["param"], row["value"]) for row in rows))
+
+
+def ratio_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per sweep point: 2PC/Cornus and coordinator-log/Cornus on average and p99 distributed
+    latency and on the commit path, and the limit (RTT + 2W) / (RTT + W) for 2PC/Cornus's commit
+    path, with W the mean log_once the Cornus nodes saw and RTT the rest of Cornus's commit path."""
+    out = []
+    for param, value in _points(rows):
+        at = {row["protocol"]: row for row in rows if (row["param"], row["value"]) == (param, value)}
+        cornus = at.get("cornus")
+        if cornus is None or not cornus["dist_commits"]:
+            continue
+        entry: dict[str, Any] = {"param": param, "value": value}
+        for other, name in (("2pc", "2pc"), ("coordinator-log", "clog")):
+            row = at.get(other)
+            if row is None or not row["dist_commits"]:
+                continue
+            entry[f"{name}_avg"] = _ratio(row["dist_avg_ms"], cornus["dist_avg_ms"])
+            entry[f"{name}_p99"] = _ratio(row["dist_p99_ms"], cornus["dist_p99_ms"])
+            entry[f"{name}_rw_avg"] = _ratio(row["rw_dist_avg_ms"], cornus["rw_dist_avg_ms"])
+            entry[f"{name}_commit_path"] = _ratio(row["rw_commit_path_ms"], cornus["rw_commit_path_ms"])
+        w = cornus["w_log_once_ms"]
+        path = cornus["rw_commit_path_ms"]
+        if w and path and "2pc_commit_path" in entry:
+            rtt = max(path - w, 0.0)
+            entry["w_ms"] = w
+            entry["rtt_ms"] = round(rtt, 3)
+            entry["limit"] = round((rtt + 2 * w) / (rtt + w), 3)
+            entry["of_limit_pct"] = round(100 * entry["2pc_commit_path"] / entry["limit"], 1)
+        out.append(entry)
+    return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 3) if b else 0.0
+
+
+def markdown_summary(rows: Sequence[dict[str, Any]], *, title: str, command: str, machine: str,
+                     violations: Sequence[str], files: Sequence[str]) -> str:
+    lines = [f"# {title}", "", f"Command: `{command}`", "", f"Machine: {machine}", ""]
+    lines += ["| point | protocol | commits/s | abort % | dist avg ms | dist p99 ms | execution | prepare | commit "
+              "| W ms | node CPU ms/txn | driver CPU % |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        point = f"{row['param']}={row['value']}" if row["param"] else "-"
+        lines.append(f"| {point} | {row['protocol']} | {row['commits_per_s']:.0f} | {100 * row['abort_rate']:.1f} "
+                     f"| {row['dist_avg_ms']:.2f} | {row['dist_p99_ms']:.2f} | {row['execution_ms']:.2f} "
+                     f"| {row['prepare_ms']:.2f} | {row['commit_ms']:.2f} | {vote_write_ms(row):.2f} "
+                     f"| {row['node_cpu_ms']} | {row['driver_cpu_pct']} |")
+    ratios = ratio_rows(rows)
+    if ratios:
+        lines += ["", "Latency ratios over Cornus (distributed transactions; commit path: prepare + commit of the "
+                  "ones that wrote; limit: (RTT + 2W) / (RTT + W) with W the mean log_once at the Cornus nodes and "
+                  "RTT the rest of Cornus's commit path):", "",
+                  "| point | 2PC/Cornus avg | 2PC/Cornus p99 | 2PC/Cornus commit path | limit | % of limit "
+                  "| coord-log/Cornus avg | coord-log/Cornus p99 | coord-log/Cornus commit path |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for entry in ratios:
+            point = f"{entry['param']}={entry['value']}" if entry["param"] else "-"
+            lines.append(f"| {point} | {entry.get('2pc_avg', '')} | {entry.get('2pc_p99', '')} "
+                         f"| {entry.get('2pc_commit_path', '')} | {entry.get('limit', '')} "
+                         f"| {entry.get('of_limit_pct', '')} | {entry.get('clog_avg', '')} "
+                         f"| {entry.get('clog_p99', '')} | {entry.get('clog_commit_path', '')} |")
+    kinds = [row for row in rows if " " in row["kinds"] or row["workload"] == "bank"]
+    if kinds:
+        lines += ["", "Commits / attempts by transaction kind:", ""]
+        lines += [f"- {row['param']}={row['value']} {row['protocol']}: {row['kinds']}" if row["param"]
+                  else f"- {row['protocol']}: {row['kinds']}" for row in kinds]
+    lines += ["", "Invariant checks: " + ("all passed" if not violations else f"{len(violations)} violations")]
+    lines += [f"- {violation}" for violation in violations[:20]]
+    if files:
+        lines += ["", "Files: " + ", ".join(f"`{name}`" for name in files)]
+    return "\n".join(lines) + "\n"
+
+
+def format_ratios(rows: Sequence[dict[str, Any]]) -> str:
+    """The ratio lines printed under the table."""
+    lines = []
+    for entry in ratio_rows(rows):
+        point = f"{entry['param']}={entry['value']}: " if entry["param"] else ""
+        parts = []
+        if "2pc_avg" in entry:
+            parts.append(f"2PC/Cornus avg {entry['2pc_avg']:.2f}x, p99 {entry['2pc_p99']:.2f}x, commit path "
+                         f"{entry['2pc_commit_path']:.2f}x")
+            if "limit" in entry:
+                parts[-1] += (f" (limit (RTT+2W)/(RTT+W) = {entry['limit']:.2f} with W {entry['w_ms']:.2f} ms, "
+                              f"RTT {entry['rtt_ms']:.2f} ms: {entry['of_limit_pct']:.0f}% of it)")
+        if "clog_avg" in entry:
+            parts.append(f"coordinator-log/Cornus avg {entry['clog_avg']:.2f}x, p99 {entry['clog_p99']:.2f}x, "
+                         f"commit path {entry['clog_commit_path']:.2f}x")
+        if parts:
+            lines.append(point + "; ".join(parts))
+    return "\n".join(lines)

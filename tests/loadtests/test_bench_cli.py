@@ -1,0 +1,126 @@
+"""`cornus bench` and `cornus termination-bench` as a user runs them, on the embedded emulator:
+the README's first command (the three protocols on YCSB with the azure-blob latency profile), the
+TPC-C and bank workloads with their invariant checks, files written, and bad input refused before
+anything starts. Short runs: these check that the figures are produced and hang together, never
+how fast anything is."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TIMEOUT_S_BENCH = 240
+# A starting node waits out one storage deadline before it serves; a short one keeps tests short.
+FAST_START = ("--timeout-ms-call", "500")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+pytestmark = pytest.mark.timeout(TIMEOUT_S_BENCH + 30)
+
+
+def _cornus(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
+                          timeout=TIMEOUT_S_BENCH, check=False)
+
+
+def _rows(out: Path) -> list[dict[str, str]]:
+    with (out / "results.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def _assert_plots(out: Path, *names: str) -> None:
+    for name in names:
+        assert (out / name).read_bytes().startswith(PNG_MAGIC), name
+
+
+def test_readme_headline_compares_the_three_protocols_with_the_azure_blob_profile(tmp_path):
+    out = tmp_path / "out"
+    done = _cornus("bench", "--latency", "azure-blob", "--seconds", "2", "--clients", "3", "--out", str(out),
+                   *FAST_START)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "injected latency azure-blob (fixed:10.4)" in done.stdout
+    rows = {row["protocol"]: row for row in _rows(out)}
+    assert set(rows) == {"cornus", "2pc", "coordinator-log"}, rows
+    for protocol, row in rows.items():
+        assert float(row["commits_per_s"]) > 0 and int(row["dist_commits"]) > 0, (protocol, row)
+        assert float(row["dist_avg_ms"]) <= float(row["dist_p99_ms"]), (protocol, row)
+        # The injected 10.4 ms is inside every vote write the nodes timed.
+        assert max(float(row["w_log_once_ms"]), float(row["w_log_ms"])) >= 10.4, (protocol, row)
+        assert float(row["node_cpu_ms"]) > 0 and float(row["driver_cpu_ms"]) > 0, (protocol, row)
+        assert float(row["cache_hit_pct"]) > 0, (protocol, row)  # the load phase filled the owners' caches
+        assert row["violations"] == "0" and row["errors"] == "0", (protocol, row)
+    # 2PC and coordinator-log log a decision before replying; Cornus does not.
+    assert float(rows["2pc"]["commit_ms"]) > 10 > float(rows["cornus"]["commit_ms"]), rows
+    assert float(rows["coordinator-log"]["commit_ms"]) > 10, rows
+    assert "2PC/Cornus avg" in done.stdout and "coordinator-log/Cornus avg" in done.stdout
+    summary = (out / "summary.md").read_text()
+    assert "2PC/Cornus commit path" in summary and "Invariant checks: all passed" in summary
+    _assert_plots(out, "latency.png", "breakdown.png", "throughput.png")
+    assert str(out / "results.csv") in done.stdout
+
+
+@pytest.mark.parametrize(("workload", "extra", "kinds"), [
+    ("tpcc", ("--warehouses", "2", "--knob", "customers=5", "--items", "100"), {"new_order", "payment"}),
+    ("bank", ("--accounts", "12", "--audit-clients", "1"), {"transfer", "audit"}),
+])
+def test_workloads_run_and_pass_their_invariant_checks(tmp_path, workload, extra, kinds):
+    out = tmp_path / "out"
+    done = _cornus("bench", "--workload", workload, "--protocol", "cornus", "--nodes", "2", "--seconds", "1.5",
+                   "--clients", "3", "--out", str(out), "--no-plots", *extra, *FAST_START)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [row] = _rows(out)
+    committed = {kind.split(":")[0]: int(kind.split(":")[1].split("/")[0]) for kind in row["kinds"].split()}
+    assert set(committed) == kinds and all(committed.values()), row
+    assert row["violations"] == "0" and row["errors"] == "0", row
+    assert "Invariant checks: all passed" in (out / "summary.md").read_text()
+    assert not list(out.glob("*.png"))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--seconds", "0"], "--seconds"),
+    (["--clients", "0"], "--clients"),
+    (["--latency", "soon"], "latency 'soon'"),
+    (["--set", "no_such=1"], "no_such"),
+    (["--theta", "2"], "theta must be a number in [0, 0.99]"),
+    (["--workload", "tpcc", "--theta", "0.5"], "--theta is not a knob of the tpcc workload"),
+    (["--sweep", "bogus=1,2"], "--sweep bogus: not a parameter of ycsb"),
+    (["--sweep", "theta=0.1,1.5"], "theta must be a number in [0, 0.99]"),
+    (["--sweep", "nodes=2,x"], "'x' is not an integer"),
+    (["--knob", "warehouses=3"], "--knob 'warehouses=3'"),
+    (["--workload", "uniform", "--partitions-per-txn", "9"], "partitions_per_txn must be an integer in 1..3"),
+    (["--flush-redis"], "--flush-redis is for --backend redis"),
+])
+def test_bench_refuses_bad_input_before_starting_anything(tmp_path, args, message):
+    done = _cornus("bench", "--out", str(tmp_path / "out"), *args)
+    assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "out").exists()
+
+
+def test_termination_bench_times_termination_after_coordinator_kills(tmp_path):
+    rounds = 2
+    out = tmp_path / "out"
+    done = _cornus("termination-bench", "--rounds", str(rounds), "--sweep", "nodes=3", "--out", str(out), *FAST_START)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["n1"], ["n2"])}
+    assert set(rows) == {"n1", "n2"}, done.stdout  # every participant ran termination, every round
+    for node, row in rows.items():
+        count, min_ms, p50_ms, max_ms = int(row[1]), float(row[2]), float(row[3]), float(row[5])
+        assert count == rounds, (node, row)
+        assert 0 < min_ms <= p50_ms <= max_ms, (node, row)
+    with (out / "termination.csv").open() as handle:
+        [summary] = list(csv.DictReader(handle))
+    assert summary["nodes"] == "3" and int(summary["terminations"]) == 2 * rounds, summary
+    assert 0 < float(summary["p50_ms"]) <= float(summary["max_ms"]), summary
+    _assert_plots(out, "termination.png")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--nodes", "2"], "--nodes"), (["--rounds", "0"], "--rounds"), (["--sweep", "theta=1"], "sweeps nodes only"),
+    (["--sweep", "nodes=3,99"], "--nodes must be in 3..16"),
+])
+def test_termination_bench_refuses_bad_input(args, message):
+    done = _cornus("termination-bench", *args)
+    assert done.returncode == 2 and message in done.stderr, (args, done.stderr)

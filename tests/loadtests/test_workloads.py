@@ -1,0 +1,156 @@
+"""The workload definitions without a cluster: each program is run against an in-memory key-value
+store that executes transactions one at a time (so every one commits), then the workload's own
+invariant check must pass; and the same check must catch a store someone tampered with. Also the
+shape of what each workload draws: YCSB's request count, read fraction, remote probability,
+read-only percentage and Zipfian skew; key placement; knob validation."""
+
+from __future__ import annotations
+
+import collections
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from cornus.runtime.keys import partition_of
+from loadtests.workloads import make_workload
+from loadtests.workloads.base import Commit, Execute, Read, Reply, Txn, Workload, WorkloadError, Write, Zipf
+
+
+class MemoryStore:
+    """Runs a transaction program to its end against a dict: the serial execution every
+    workload's invariants must hold under."""
+
+    def __init__(self, data: dict[str, str]) -> None:
+        self.data = dict(data)
+
+    def run(self, txn: Txn) -> Reply:
+        program = txn.program()
+        request = next(program)
+        pending: dict[str, str | None] = {}
+        while True:
+            if isinstance(request, Execute):
+                reads = {}
+                for op in request.ops:
+                    if op["op"] == "get":
+                        reads[op["key"]] = self.data.get(op["key"])
+                    else:
+                        self.data[op["key"]] = op["value"]
+                reply = Reply("committed", values=reads)
+            elif isinstance(request, Read):
+                reply = Reply("active", values={key: self.data.get(key) for key in request.keys})
+            elif isinstance(request, Write):
+                pending.update(request.writes)
+                reply = Reply("active")
+            else:
+                assert isinstance(request, Commit)
+                for key, value in pending.items():
+                    if value is None:
+                        self.data.pop(key, None)
+                    else:
+                        self.data[key] = value
+                reply = Reply("committed")
+            try:
+                request = program.send(reply)
+            except StopIteration:
+                assert reply.committed, "a program returns only after its final request"
+                return reply
+
+    def read(self, keys: Sequence[str]) -> dict[str, str | None]:
+        return {key: self.data.get(key) for key in keys}
+
+
+def _run(workload: Workload, count: int, clients: int = 4) -> MemoryStore:
+    store = MemoryStore(workload.initial_data())
+    rng = random.Random(7)
+    for index in range(count):
+        store.run(workload.next_txn(rng, index % clients))
+    return store
+
+
+@pytest.mark.parametrize(("name", "knobs"), [
+    ("ycsb", {}), ("tpcc", {"warehouses": 4}), ("bank", {"audit_clients": 1}), ("uniform", {}),
+])
+def test_serial_runs_keep_every_invariant(name, knobs):
+    workload = make_workload(name, 3, knobs)
+    store = _run(workload, 300)
+    assert workload.check(store.read) == []
+
+
+def test_tpcc_check_catches_a_lost_payment_and_a_lost_order():
+    workload = make_workload("tpcc", 2, {"warehouses": 2})
+    store = _run(workload, 200)
+    warehouse = workload.warehouse_key(0)
+    ytd, tax = store.data[warehouse].split("|")
+    store.data[warehouse] = f"{int(ytd) + 1}|{tax}"
+    district = workload.district_key(1, 3)
+    d_ytd, d_tax, next_order = store.data[district].split("|")
+    store.data[district] = f"{d_ytd}|{d_tax}|{int(next_order) + 1}"
+    violations = workload.check(store.read)
+    assert any("warehouse 0" in v and "condition 1" in v for v in violations), violations
+    assert any("district 1.3" in v for v in violations), violations
+
+
+def test_bank_check_catches_money_created():
+    workload = make_workload("bank", 3)
+    store = _run(workload, 50)
+    store.data[workload.accounts[5]] = str(int(store.data[workload.accounts[5]]) + 1)
+    assert workload.check(store.read) == [f"the balances add up to {workload.total + 1}, not {workload.total}"]
+
+
+def test_keys_land_on_the_partition_their_workload_chose():
+    ycsb = make_workload("ycsb", 4)
+    for partition in range(4):
+        assert partition_of(ycsb.row_key(17, partition), 4) == f"p{partition}"
+    tpcc = make_workload("tpcc", 3, {"warehouses": 5})
+    for warehouse in range(5):
+        assert partition_of(tpcc.stock_key(warehouse, 9), 3) == f"p{warehouse % 3}"
+
+
+def test_ycsb_draws_the_paper_shape():
+    workload = make_workload("ycsb", 4, {"rows_per_partition": 100_000})
+    rng = random.Random(3)
+    txns = [workload.next_txn(rng, client=1) for _ in range(4000)]
+    programs = [next(txn.program()) for txn in txns]
+    ops = [op for request in programs for op in request.ops]
+    # 16 requests, less a duplicate key now and then (dropped, as Sundial does).
+    assert sum(len(request.ops) == 16 for request in programs) > 0.99 * len(programs)
+    reads = sum(op["op"] == "get" for op in ops) / len(ops)
+    assert 0.47 < reads < 0.53
+    remote = sum(partition_of(op["key"], 4) != "p1" for op in ops) / len(ops)
+    assert 0.04 < remote < 0.06
+    distributed = sum(txn.distributed for txn in txns) / len(txns)
+    assert abs(distributed - (1 - 0.95 ** 16)) < 0.04
+    assert all(txn.home == "p1" for txn in txns)
+
+
+def test_ycsb_read_only_percentage_and_read_fraction():
+    rng = random.Random(5)
+    workload = make_workload("ycsb", 2, {"read_only_perc": 30})
+    share = sum(workload.next_txn(rng, 0).read_only for _ in range(3000)) / 3000
+    assert 0.27 < share < 0.33
+    everything_read = make_workload("ycsb", 2, {"read_fraction": 1})
+    assert all(everything_read.next_txn(rng, 0).read_only for _ in range(100))
+
+
+def test_zipf_skews_toward_the_first_ranks():
+    rng = random.Random(11)
+    uniform = collections.Counter(Zipf(1000, 0.0).next(rng) for _ in range(20_000))
+    skewed = collections.Counter(Zipf(1000, 0.99).next(rng) for _ in range(20_000))
+    assert max(uniform.values()) < 60
+    assert skewed[0] > 0.1 * 20_000 and skewed[0] > skewed[1] > skewed[10]
+    assert all(0 <= rank < 1000 for rank in skewed)
+
+
+@pytest.mark.parametrize(("name", "knobs", "message"), [
+    ("ycsb", {"theta": 1.0}, "theta must be a number in [0, 0.99]"),
+    ("ycsb", {"read_fraction": "half"}, "read_fraction must be a number"),
+    ("ycsb", {"requests_per_txn": 0}, "requests_per_txn must be an integer in 1..64"),
+    ("tpcc", {"warehouses": 0}, "warehouses must be an integer in 1..256"),
+    ("bank", {"accounts": 5000, "audit_clients": 1}, "accounts must be at most 1000"),
+    ("bank", {"shards": 3}, "bank has no knob shards"),
+    ("nosuch", {}, "no workload 'nosuch'"),
+])
+def test_bad_knobs_are_refused_by_name(name, knobs, message):
+    with pytest.raises(WorkloadError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        make_workload(name, 2, knobs)
