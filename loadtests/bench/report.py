@@ -185,6 +185,7 @@ def markdown_summary(rows: Sequence[dict[str, Any]], *, title: str, command: str
                          f"| {entry.get('2pc_commit_path', '')} | {entry.get('limit', '')} "
                          f"| {entry.get('of_limit_pct', '')} | {entry.get('clog_avg', '')} "
                          f"| {entry.get('clog_p99', '')} | {entry.get('clog_commit_path', '')} |")
+    lines += _missing_ratios(rows)
     kinds = [row for row in rows if " " in row["kinds"] or row["workload"] == "bank"]
     if kinds:
         lines += ["", "Commits / attempts by transaction kind:", ""]
@@ -195,6 +196,24 @@ def markdown_summary(rows: Sequence[dict[str, Any]], *, title: str, command: str
     if files:
         lines += ["", "Files: " + ", ".join(f"`{name}`" for name in files)]
     return "\n".join(lines) + "\n"
+
+
+def _missing_ratios(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Said, not left out: the ratios a point cannot have because a protocol committed no
+    distributed transaction in its measured window (a slow backend under load, a short run)."""
+    lines = []
+    names = {"2pc": "2PC/Cornus", "coordinator-log": "coordinator-log/Cornus"}
+    for param, value in _points(rows):
+        at = {row["protocol"]: row for row in rows if (row["param"], row["value"]) == (param, value)}
+        point = f"{param}={value}: " if param else ""
+        for other, name in names.items():
+            if other not in at or "cornus" not in at:
+                continue
+            idle = [protocol for protocol in ("cornus", other) if not at[protocol]["dist_commits"]]
+            if idle:
+                lines.append(f"- {point}{name} n/a: {' and '.join(idle)} committed no distributed transaction "
+                             f"in the measured window")
+    return ["", *lines] if lines else []
 
 
 def format_ratios(rows: Sequence[dict[str, Any]]) -> str:

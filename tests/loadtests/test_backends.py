@@ -67,4 +67,5 @@ def test_a_sweep_runs_and_plots_on_each_backend(services, tmp_path: Path, backen
             assert max(float(row["w_log_once_ms"]), float(row["w_log_ms"])) >= 2, row
     for name in ("latency.png", "breakdown.png", "throughput.png"):
         assert (out / name).read_bytes().startswith(PNG_MAGIC), name
+    # Each point has its ratio, or says why not (a protocol with no commit in its window).
     assert "2PC/Cornus" in (out / "summary.md").read_text()
