@@ -403,8 +403,13 @@ class Coordination:
 def _crash_on_error(done: asyncio.Future[object]) -> None:
     """A one-shot's requests outlive its caller when it aborts early: a failure of theirs (a bug,
     since request failures are answers) must still be heard."""
-    if not done.cancelled() and done.exception() is not None:
-        fatal(f"a one-shot's request failed: {done.exception()!r}")
+    if done.cancelled():
+        return
+    error = done.exception()
+    # A request cancelled is the event loop stopping with an answer still on its way (the
+    # process is ending), not a failure.
+    if error is not None and not isinstance(error, asyncio.CancelledError):
+        fatal(f"a one-shot's request failed: {error!r}")
 
 
 def _unwired(_: object) -> None:

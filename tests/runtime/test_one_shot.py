@@ -6,11 +6,15 @@ that got no answer ends through termination, and an ABORT that overtook the requ
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import pytest
 
 from cornus.protocol.config import Protocol
 from cornus.protocol.effects import ApplyRedo
 from cornus.protocol.messages import Decision, Prepare
+from cornus.runtime import coordination
 from cornus.runtime.local_transport import LocalTransport
 from cornus.runtime.outcome import AbortReason, OutcomeStatus
 from cornus.runtime.transport import PeerUnavailable
@@ -197,3 +201,30 @@ async def test_an_apply_of_a_partition_dropped_before_it_left_is_not_sent(tmp_pa
                 await node.runner._apply(ApplyRedo("p0", "p0", txn_id("n0", 1, Protocol.CORNUS), b""), fence)
         finally:
             node.partitions["p0"] = runtime
+
+
+async def test_a_one_shot_request_cancelled_at_shutdown_is_not_a_fatal_error(monkeypatch):
+    """A one-shot that aborted early leaves its other requests running; when the process then
+    stops, the event loop cancels them. That is shutdown, not a failed request: it must not end
+    the process with exit 70 (it did, through the gather's done callback)."""
+    fatal_messages: list[str] = []
+    monkeypatch.setattr(coordination, "fatal", fatal_messages.append)
+    pending = asyncio.ensure_future(asyncio.sleep(60))
+    asking = asyncio.gather(pending)
+    asking.add_done_callback(coordination._crash_on_error)
+    pending.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asking
+    await asyncio.sleep(0)  # the done callback runs
+    assert not fatal_messages, fatal_messages
+    # A real failure still is fatal.
+    failing = asyncio.gather(asyncio.ensure_future(_raise()))
+    failing.add_done_callback(coordination._crash_on_error)
+    with contextlib.suppress(RuntimeError):
+        await failing
+    await asyncio.sleep(0)
+    assert fatal_messages and "boom" in fatal_messages[0], fatal_messages
+
+
+async def _raise() -> None:
+    raise RuntimeError("boom")
