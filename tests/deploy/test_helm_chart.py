@@ -82,6 +82,7 @@ def test_template_gives_every_pod_a_config_the_node_accepts(helm_bin: str, value
         assert sorted(config.peers) == [f"cornus-{i}" for i in range(replicas)]
         expected_backend = "redis" if values == "dev_redis" else values
         assert config.storage.backend == expected_backend
+        assert config.lock_policy.value == "no_wait"
     # Storage credentials only by reference: no literal value of a credential variable.
     for item in container["env"]:
         if item["name"] in ("CORNUS_STORAGE_AZURE_CONNECTION_STRING", "AWS_SECRET_ACCESS_KEY"):
@@ -161,6 +162,8 @@ def test_schema_timeouts_are_the_nodes() -> None:
         (["storage.backend=dynamodb", "devRedis.enabled=true"], "devRedis.enabled=true needs storage.backend=redis"),
         (["storage.redis.existingSecret="], "storage.backend=redis needs storage.redis.existingSecret"),
         (["image.digest=latest"], "digest"),
+        (["listenHost=::"], "listenHost"),
+        (["lockPolicy=wound_wait"], "lockPolicy"),
     ],
 )
 def test_bad_values_are_refused_with_a_message(helm_bin: str, sets: list[str], message: str) -> None:
@@ -224,3 +227,15 @@ def test_checkov_chart(helm_bin: str, checkov_bin: str) -> None:
     skips = [*checkov_skips(), "CKV_K8S_21"]
     env = {**os.environ, "PATH": f"{Path(helm_bin).parent}{os.pathsep}{os.environ['PATH']}"}
     run_checkov(checkov_bin, ["-d", str(CHART), "--framework", "helm", "--skip-check", ",".join(skips)], env)
+
+
+def test_large_limits_from_a_values_file_reach_the_node_as_integers(helm_bin: str, tmp_path: Path) -> None:
+    """Helm reads numbers of a values file as floats, and a float of a million prints as 1e+06,
+    which the node refuses: a pod given `txn_count_max: 1000000` in a -f file crash-looped."""
+    values = tmp_path / "big.yaml"
+    values.write_text("timeouts:\n  txn_count_max: 1000000\n  timeout_ms_txn_idle: 3600000\n")
+    docs = render(helm_bin, values)
+    env = {item["name"]: item.get("value") for item in node_container(docs)["env"]}
+    assert env["CORNUS_TXN_COUNT_MAX"] == "1000000" and env["CORNUS_TIMEOUT_MS_TXN_IDLE"] == "3600000", env
+    config = load_node_config(environ=pod_environ(node_container(docs), "cornus-0"))
+    assert config.limits.txn_count_max == 1_000_000 and config.limits.timeout_ms_txn_idle == 3_600_000

@@ -33,7 +33,8 @@ The StatefulSet's name, and so every pod's ("<fullname>-<ordinal>", which is als
 {{- end }}
 
 {{- define "cornus.devRedisName" -}}
-{{- printf "%s-redis" (include "cornus.fullname" .) }}
+{{- /* 46 + "-redis": the pod's controller-revision-hash label adds 11 and must stay within 63 */}}
+{{- printf "%s-redis" (include "cornus.fullname" . | trunc 46 | trimSuffix "-") }}
 {{- end }}
 
 {{- define "cornus.serviceAccountName" -}}
