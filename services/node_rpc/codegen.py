@@ -1,7 +1,8 @@
 """Builds the Python code for `node.proto` so that generated code is never committed.
 
-The package calls `ensure_generated()` on import, so a fresh clone just works; image builds run
-`python -m services.node_rpc.codegen` once so that a read-only image never writes at runtime.
+The package calls `ensure_generated()` on import, so a fresh clone just works; the image build
+imports `services.node_rpc` and `services.public_api` once (Dockerfile), so a read-only image
+never writes at runtime.
 
 The output folder holds a stamp: a hash of the .proto, of the code generator's version and of
 this module's output format. Output whose stamp differs is rebuilt. Two processes may import at

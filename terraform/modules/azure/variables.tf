@@ -68,7 +68,7 @@ variable "redis_capacity" {
 }
 
 variable "redis_subnet_id" {
-  description = "Subnet to inject the cache into (Premium VNet injection), so only that network reaches it; null keeps it on a public endpoint that public_network_access turns off."
+  description = "Subnet to inject the cache into (Premium VNet injection), so only that network reaches it; null leaves it on its public endpoint (public network access on, TLS only; reach it only with its access key from a Secret)."
   type        = string
   default     = null
 }
