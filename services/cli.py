@@ -28,11 +28,14 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import httpx
 
 from cornus.protocol.config import Protocol
 from services.client import (
@@ -432,15 +435,25 @@ BENCH_TIMEOUT_MS_CALL = 2_000
 BENCH_NODE_SETTINGS = {"clock_slack_ms": "250"}
 
 
-def _bench_node_settings(args: argparse.Namespace) -> list[str]:
-    return [f"{name}={value}" for name, value in {**BENCH_NODE_SETTINGS, **_set_overrides(args.set)}.items()]
+def _bench_node_settings(args: argparse.Namespace, storage: StoreConfig) -> list[str]:
+    from cornus.runtime.config import load_node_config
+
+    settings = {**BENCH_NODE_SETTINGS, **_set_overrides(args.set)}
+    # The nodes read their settings only once started: a bad value would start nodes that die at
+    # once. Checked here as a node checks them (on this storage's deadline), before any start.
+    load_node_config(environ={}, overrides={
+        "node_id": "n0", "peers": "n0=127.0.0.1:1", "partition_count": 1,
+        "storage_timeout_ms_call": storage.timeout_ms_call, **settings,
+    })
+    return [f"{name}={value}" for name, value in settings.items()]
 
 
 def _storage_argv(storage: StoreConfig) -> list[str]:
-    """The storage flags that hand `storage` on to `cornus serve` children."""
+    """The storage flags that hand `storage` on to `cornus serve` children (the connection string
+    goes by _storage_environ)."""
     defaults = StoreConfig()
     argv = ["--backend", storage.backend]
-    for name in ("timeout_ms_call", "redis_url", "azure_connection_string", "azure_container",
+    for name in ("timeout_ms_call", "redis_url", "azure_container",
                  "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency"):
         value = getattr(storage, name)
         if value and value != getattr(defaults, name):
@@ -448,13 +461,39 @@ def _storage_argv(storage: StoreConfig) -> list[str]:
     return argv
 
 
+def _storage_environ(storage: StoreConfig) -> dict[str, str]:
+    """The storage secrets for `cornus serve` children, by environment: any user of the machine can
+    read a process's argv (ps), only its owner its environment."""
+    if not storage.azure_connection_string:
+        return {}
+    return {"CORNUS_STORAGE_AZURE_CONNECTION_STRING": storage.azure_connection_string}
+
+
+def _run_failed(command: str, error: Exception) -> int:
+    """A run that failed once started (a cluster that did not start, a load phase that did not
+    finish, a node that stopped answering): one line instead of a traceback, with where the
+    nodes' logs were kept, if they were."""
+    notes = "".join(f"; {note}" for note in getattr(error, "__notes__", []))
+    print(f"cornus: {command} failed: {str(error) or type(error).__name__}{notes}", file=sys.stderr, flush=True)
+    return 1
+
+
 def _out_dir(args: argparse.Namespace) -> Path:
     from loadtests.bench.sweep import default_out_dir
 
-    return Path(args.out) if args.out else default_out_dir()
+    out = Path(args.out) if args.out else default_out_dir()
+    # The files are written only after the first measurement: a path that cannot be a directory
+    # is refused before anything starts. The nearest existing one decides.
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise ValidationError(f"--out {out}: {path} is not a directory")
+            break
+    return out
 
 
 def _termination_bench(args: argparse.Namespace) -> int:
+    from loadtests.bench.plots import NO_MATPLOTLIB, matplotlib_missing, plot_termination
     from loadtests.bench.profiles import latency_label, resolve_latency
     from loadtests.bench.sweep import machine_description, write_csv
     from loadtests.bench.termination import (
@@ -477,33 +516,38 @@ def _termination_bench(args: argparse.Namespace) -> int:
             node_counts = [int(value) for value in raw.split(",") if value.strip()]
         except ValueError:
             raise ValidationError(f"--sweep {args.sweep!r}: node counts must be integers") from None
+        if not node_counts:
+            raise ValidationError(f"--sweep {args.sweep!r}: no node count, e.g. nodes=3,4,6,8")
     if not 0 < args.rounds <= ROUNDS_MAX:
         raise ValidationError(f"--rounds must be in 1..{ROUNDS_MAX}")
     for count in node_counts:
         if not NODES_MIN <= count <= NODES_MAX:
             raise ValidationError(f"--nodes must be in {NODES_MIN}..{NODES_MAX}, got {count}")
-    settings = _bench_node_settings(args)
+    settings = _bench_node_settings(args, storage)
+    out = _out_dir(args) if args.sweep or args.out else None
     summary_rows = []
     for count in node_counts:
         print(f"cornus termination-bench: {count} nodes, {args.rounds} coordinator kills at coordinator.after_votes, "
               f"storage {storage.backend}, injected latency {latency_label(latency)}", flush=True)
-        rows = run_termination_bench(storage, _storage_argv(storage), nodes=count, rounds=args.rounds,
-                                     settings=settings)
+        try:
+            rows = run_termination_bench(storage, _storage_argv(storage), nodes=count, rounds=args.rounds,
+                                         settings=settings, storage_environ=_storage_environ(storage))
+        except (RuntimeError, httpx.HTTPError, subprocess.TimeoutExpired) as error:
+            return _run_failed("termination-bench", error)
         print(format_terminations(rows), flush=True)
         summary_rows.append(sweep_row(count, rows))
-    if args.sweep or args.out:
-        out = _out_dir(args)
+    if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         files = [out / "termination.csv"]
         write_csv(summary_rows, files[0], list(summary_rows[0]))
         try:
-            from loadtests.bench.plots import plot_termination
-        except ImportError:  # pragma: no cover - matplotlib is in the bench extra
-            print("cornus termination-bench: matplotlib is not installed; no plot", file=sys.stderr)
-        else:
             files.append(plot_termination(summary_rows, out / "termination.png",
                                           f"Cornus termination after coordinator failure, {storage.backend}, "
                                           f"latency {latency_label(latency)}"))
+        except ImportError as error:
+            if not matplotlib_missing(error):
+                raise
+            print(f"cornus termination-bench: {NO_MATPLOTLIB}", file=sys.stderr)
         print(f"{'nodes':>5} {'terminations':>12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
         for row in summary_rows:
             print(f"{row['nodes']:>5} {row['terminations']:>12} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
@@ -559,18 +603,22 @@ def _bench(args: argparse.Namespace) -> int:
         workload=args.workload, knobs=tuple(sorted(knobs.items())), nodes=args.nodes, partitions=partitions,
         clients=args.clients, seconds=args.seconds, route_to_owner=args.route == "owner",
         lock_policy=args.lock_policy.lower(),
-        node_settings=tuple(_bench_node_settings(args)),
+        node_settings=tuple(_bench_node_settings(args, storage)),
     )
     out = _out_dir(args)
-    plan = BenchPlan(protocols=protocols, storage=storage, storage_argv=_storage_argv, base=base, latency=latency,
-                     sweep_param=sweep_param, sweep_values=sweep_values, out_dir=out, flush_redis=args.flush_redis,
-                     plots=not args.no_plots, command=command_line())
+    plan = BenchPlan(protocols=protocols, storage=storage, storage_argv=_storage_argv, base=base,
+                     storage_environ=_storage_environ(storage), latency=latency, sweep_param=sweep_param,
+                     sweep_values=sweep_values, out_dir=out, flush_redis=args.flush_redis, plots=not args.no_plots,
+                     command=command_line())
     what = f"sweep {sweep_param} over {', '.join(sweep_values)}" if sweep_param else "one point"
     print(f"cornus bench: {args.workload} {dict(knobs) or '(defaults)'}, {args.nodes} nodes, {partitions} partitions, "
           f"{args.clients} clients, {args.seconds:g} s per run, {', '.join(p.value for p in protocols)}, {what}, "
           f"storage {storage.backend}, injected latency {latency_label(latency)}, lock policy {base.lock_policy}, "
           f"routed to the {args.route} node", flush=True)
-    rows, results = run_plan(plan)
+    try:
+        rows, results = run_plan(plan)
+    except (RuntimeError, httpx.HTTPError, subprocess.TimeoutExpired) as error:
+        return _run_failed("bench", error)
     print_results(rows, results)
     files = write_outputs(plan, rows, results)
     print("files: " + ", ".join(str(path) for path in files))

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import shutil
 import tempfile
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -179,13 +180,13 @@ def measure(nodes: Sequence[ClusterNode], protocol: Protocol, settings: RunSetti
         counts_before = scrape_counts(http, nodes)
         node_cpu_before = [process_cpu_s(node.process.pid) for node in nodes if node.process is not None]
         driver = run_async(run_clients(addresses, workload, seconds=settings.seconds, clients=settings.clients,
-                                       home=home))
+                                       home=home, warmup_s=result.warmup_s))
         node_cpu_after = [process_cpu_s(node.process.pid) for node in nodes if node.process is not None]
         counts = scrape_counts(http, nodes)
     result.driver = driver
     result.recovered_at_start = counts_before["node:recovered"]
     counts.subtract(counts_before)
-    committed = max(1, sum(1 for record in driver.records if record.outcome == "committed"))
+    committed = max(1, driver.committed())
     result.client_cpu_ms = 1000 * driver.cpu_s / committed
     pairs = list(zip(node_cpu_before, node_cpu_after, strict=True))
     if all(before is not None and after is not None for before, after in pairs):
@@ -234,11 +235,15 @@ def flush_redis(url: str) -> None:
 
 
 def run_protocol(protocol: Protocol, storage: StoreConfig, storage_argv: list[str], settings: RunSettings, *,
-                 run_index: int = 0, flush: bool = False, storage_label: str = "") -> RunResult:
-    """Start a cluster for `protocol`, measure it, stop it."""
+                 storage_environ: Mapping[str, str] | None = None, run_index: int = 0, flush: bool = False,
+                 storage_label: str = "") -> RunResult:
+    """Start a cluster for `protocol`, measure it, stop it. `storage_environ` goes to the nodes'
+    environment (secrets: their argv is visible to every user of the machine)."""
     settings.validate()
-    with tempfile.TemporaryDirectory(prefix="cornus-bench-") as directory:
-        data = Path(directory)
+    data = Path(tempfile.mkdtemp(prefix="cornus-bench-"))
+    members: list[ClusterNode] = []
+    keep = False
+    try:
         namespace = namespace_argv(storage, protocol, data, run_index)
         if flush and storage.backend == "redis":
             flush_redis(namespace[1])
@@ -248,9 +253,24 @@ def run_protocol(protocol: Protocol, storage: StoreConfig, storage_argv: list[st
         try:
             for member in members:
                 start_node(member, peers, argv, list(settings.node_settings),
-                           environ={"CORNUS_LOCK_POLICY": settings.lock_policy})
+                           environ={**(storage_environ or {}), "CORNUS_LOCK_POLICY": settings.lock_policy})
             if not wait_cluster_ready(members, stop, READY_TIMEOUT_S):
                 raise RuntimeError(f"the {protocol.value} cluster did not start")
             return measure(members, protocol, settings, storage_label or storage.backend)
         finally:
             stop_nodes(members, stop)
+    except Exception as error:
+        keep = keep_logs(error, data, members)
+        raise
+    finally:
+        if not keep:
+            shutil.rmtree(data, ignore_errors=True)
+
+
+def keep_logs(error: Exception, data: Path, members: Sequence[ClusterNode]) -> bool:
+    """Whether a failed run keeps its directory: once its nodes started, their logs in it say why
+    it failed, and `error` gets a note naming it (the command line prints it)."""
+    if not any(member.process is not None for member in members):
+        return False
+    error.add_note(f"node logs kept in {data}")
+    return True

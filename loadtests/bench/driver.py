@@ -34,6 +34,10 @@ ATTEMPT_COUNT_MAX = 1_000
 FAILURE_PAUSE_S = 0.01
 # Program errors (a workload bug, or data that breaks its assumptions) kept for the report.
 ERROR_COUNT_MAX = 5
+# Transactions kept for the latency figures. A run may last an hour at thousands of commits a
+# second: a record each would grow without bound, so past this many a uniform sample of them is
+# kept (reservoir sampling), whose averages and percentiles stand for all; counts stay exact.
+TXN_RECORD_COUNT_MAX = 200_000
 _RETRYABLE = ("aborted", "unavailable")
 
 
@@ -54,13 +58,37 @@ class TxnRecord:
 
 @dataclass(slots=True)
 class DriverResult:
-    records: list[TxnRecord] = field(default_factory=list)
+    records: list[TxnRecord] = field(default_factory=list)  # every transaction, or a uniform sample of them
+    record_count: int = 0  # transactions ended, whether or not records keeps them
+    # Committed transactions by (kind, distributed, read_only, started after warmup_s): exact.
+    commits: Counter[tuple[str, bool, bool, bool]] = field(default_factory=Counter)
     attempts: Counter[str] = field(default_factory=Counter)  # by kind
     aborted_attempts: Counter[str] = field(default_factory=Counter)  # by kind
     abort_reasons: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     cpu_s: float = 0.0  # this process's CPU time over the run
+    warmup_s: float = 0.0  # the start of the run left out of the figures
+
+    def add(self, record: TxnRecord, rng: random.Random) -> None:
+        """Count `record` and keep it, or past TXN_RECORD_COUNT_MAX keep it in place of a kept one
+        with the odds that leave every transaction equally likely kept (Algorithm R)."""
+        if record.outcome == "committed":
+            self.commits[record.kind, record.distributed, record.read_only, record.started_s >= self.warmup_s] += 1
+        self.record_count += 1
+        if len(self.records) < TXN_RECORD_COUNT_MAX:
+            self.records.append(record)
+        else:
+            slot = rng.randrange(self.record_count)
+            if slot < len(self.records):
+                self.records[slot] = record
+
+    def committed(self, *, measured: bool | None = None, distributed: bool | None = None,
+                  read_only: bool | None = None, kind: str | None = None) -> int:
+        """Committed transactions that match every condition given (measured: started after warmup_s)."""
+        return sum(count for (k, d, r, m), count in self.commits.items()
+                   if (kind is None or k == kind) and (distributed is None or d == distributed)
+                   and (read_only is None or r == read_only) and (measured is None or m == measured))
 
 
 def _retry_pause_s(rng: random.Random, attempt: int) -> float:
@@ -68,11 +96,12 @@ def _retry_pause_s(rng: random.Random, attempt: int) -> float:
 
 
 async def run_clients(addresses: Sequence[tuple[str, int]], workload: Workload, *, seconds: float, clients: int,
-                      home: Mapping[str, int] | None = None, seed: int = 0) -> DriverResult:
+                      home: Mapping[str, int] | None = None, seed: int = 0, warmup_s: float = 0.0) -> DriverResult:
     """Run `clients` closed-loop clients for `seconds`. `home` maps a partition to the index in
     `addresses` of the node that owns it; a transaction whose home partition it does not name goes
-    to a node picked at random."""
-    result = DriverResult()
+    to a node picked at random. Transactions started in the first `warmup_s` are counted apart."""
+    result = DriverResult(warmup_s=warmup_s)
+    sampler = random.Random(f"{seed}/records")
     started = time.monotonic()
     stop_at = started + seconds
 
@@ -105,8 +134,8 @@ async def run_clients(addresses: Sequence[tuple[str, int]], workload: Workload, 
                         break
                     await asyncio.sleep(_retry_pause_s(rng, attempts))
                 latency_ms = (time.perf_counter() - first) * 1000
-                result.records.append(TxnRecord(txn.kind, txn.distributed, txn.read_only, reply.outcome, reply.reason,
-                                                attempts, started_s, latency_ms, reply.timing_ms))
+                result.add(TxnRecord(txn.kind, txn.distributed, txn.read_only, reply.outcome, reply.reason, attempts,
+                                     started_s, latency_ms, reply.timing_ms), sampler)
                 if reply.outcome in ("failed", "unknown"):
                     await asyncio.sleep(FAILURE_PAUSE_S)
         finally:

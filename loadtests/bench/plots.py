@@ -18,6 +18,13 @@ PROTOCOL_STYLE = {
 }
 PHASE_COLORS = {"execution": "#9ecae1", "prepare": "#fdae6b", "commit": "#e6550d"}
 DPI = 110
+NO_MATPLOTLIB = "plots skipped: matplotlib is not installed (pip install -e '.[bench]')"
+
+
+def matplotlib_missing(error: ImportError) -> bool:
+    """Whether `error` is matplotlib's absence. The plot functions import it only when they draw, so
+    callers see it from the call (after the measurements), not from importing this module."""
+    return (error.name or "").partition(".")[0] == "matplotlib"
 
 
 def _pyplot() -> Any:

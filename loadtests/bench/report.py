@@ -44,6 +44,8 @@ def _mean(values: Sequence[float]) -> float:
 def summarize(result: RunResult, param: str = "", value: str = "") -> dict[str, Any]:
     """The row of one measurement (see CSV_FIELDS)."""
     driver = result.driver
+    # Latencies from the driver's records (all transactions, or a uniform sample of them past
+    # TXN_RECORD_COUNT_MAX); counts from its exact counters.
     measured = [r for r in driver.records if r.started_s >= result.warmup_s]
     window_s = max(driver.wall_s - result.warmup_s, 1e-9)
     committed = [r for r in measured if r.outcome == "committed"]
@@ -51,19 +53,17 @@ def summarize(result: RunResult, param: str = "", value: str = "") -> dict[str, 
     read_write = [r for r in distributed if not r.read_only]
     attempts = sum(driver.attempts.values())
     aborted = sum(driver.aborted_attempts.values())
-    kinds = []
-    for kind in sorted(driver.attempts):
-        kind_commits = sum(1 for r in driver.records if r.kind == kind and r.outcome == "committed")
-        kinds.append(f"{kind}:{kind_commits}/{driver.attempts[kind]}")
+    commit_count = driver.committed(measured=True)
+    kinds = [f"{kind}:{driver.committed(kind=kind)}/{driver.attempts[kind]}" for kind in sorted(driver.attempts)]
     settings = result.settings
     return {
         "param": param, "value": value, "protocol": result.protocol, "workload": settings.workload,
         "storage": result.storage, "nodes": settings.nodes, "partitions": settings.partitions,
         "clients": settings.clients, "seconds": settings.seconds, "lock_policy": settings.lock_policy,
-        "commits": len(committed), "commits_per_s": round(len(committed) / window_s, 1),
+        "commits": commit_count, "commits_per_s": round(commit_count / window_s, 1),
         "attempts": attempts, "aborted_attempts": aborted,
         "abort_rate": round(aborted / attempts, 4) if attempts else 0,
-        "dist_commits": len(distributed),
+        "dist_commits": driver.committed(measured=True, distributed=True),
         "dist_avg_ms": round(_mean([r.latency_ms for r in distributed]), 3),
         "dist_p50_ms": round(percentile([r.latency_ms for r in distributed], 0.5), 3),
         "dist_p99_ms": round(percentile([r.latency_ms for r in distributed], 0.99), 3),
@@ -73,7 +73,7 @@ def summarize(result: RunResult, param: str = "", value: str = "") -> dict[str, 
         "prepare_ms": round(_mean([r.timing_ms.get("prepare", 0.0) for r in distributed]), 3),
         "commit_ms": round(_mean([r.timing_ms.get("commit", 0.0) for r in distributed]), 3),
         "node_total_ms": round(_mean([r.timing_ms.get("total", 0.0) for r in distributed]), 3),
-        "rw_dist_commits": len(read_write),
+        "rw_dist_commits": driver.committed(measured=True, distributed=True, read_only=False),
         "rw_dist_avg_ms": round(_mean([r.latency_ms for r in read_write]), 3),
         "rw_commit_path_ms": round(_mean([r.timing_ms.get("prepare", 0.0) + r.timing_ms.get("commit", 0.0)
                                           for r in read_write]), 3),

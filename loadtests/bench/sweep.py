@@ -25,12 +25,14 @@ from typing import Any
 
 from cornus.protocol.config import Protocol
 from loadtests.bench.cluster import RunResult, RunSettings, run_protocol
+from loadtests.bench.plots import NO_MATPLOTLIB, matplotlib_missing, plot_sweep
 from loadtests.bench.profiles import latency_label, resolve_latency
 from loadtests.bench.report import CSV_FIELDS, format_ratios, format_rows, markdown_summary, summarize
 from loadtests.workloads import WORKLOADS, make_workload
 from loadtests.workloads.base import WorkloadError
 from storage_adapters.errors import ValidationError
 from storage_adapters.factory import StoreConfig
+from storage_adapters.latency import parse_latency
 
 SWEEP_VALUE_COUNT_MAX = 32
 SETTING_PARAMS = ("nodes", "clients", "lock_policy", "latency")
@@ -42,6 +44,7 @@ class BenchPlan:
     storage: StoreConfig
     storage_argv: Callable[[StoreConfig], list[str]]  # the flags that hand a storage config to the nodes
     base: RunSettings
+    storage_environ: dict[str, str] = field(default_factory=dict)  # and its secrets, by environment
     latency: str = ""  # the spec or profile as given ("" none)
     sweep_param: str = ""
     sweep_values: list[str] = field(default_factory=list)
@@ -64,9 +67,31 @@ def parse_sweep(text: str, workload: str) -> tuple[str, list[str]]:
                               f"{', '.join(sorted(set(SETTING_PARAMS) | knobs))}")
     if len(values) > SWEEP_VALUE_COUNT_MAX:
         raise ValidationError(f"--sweep {param}: at most {SWEEP_VALUE_COUNT_MAX} values")
-    if len(set(values)) != len(values):
-        raise ValidationError(f"--sweep {param}: a value appears twice")
+    # Values that differ only in spelling (NO_WAIT and no_wait, 0.1 and 0.10) would run one point twice.
+    seen: dict[object, str] = {}
+    for value in values:
+        key = _point_key(param, value)
+        if key in seen:
+            raise ValidationError(f"--sweep {param}: {seen[key]!r} and {value!r} are the same point")
+        seen[key] = value
     return param, values
+
+
+def _point_key(param: str, value: str) -> object:
+    """What a sweep value means, for telling two spellings of one point apart; a value this cannot
+    read stands for itself (validate_plan refuses it with its own message)."""
+    if param == "lock_policy":
+        return value.lower()
+    if param == "latency":
+        try:
+            spec = resolve_latency(value)
+        except ValidationError:
+            return value
+        return parse_latency(spec) if spec else None
+    try:
+        return float(value)  # nodes, clients and the knobs are numbers
+    except ValueError:
+        return value
 
 
 def knob_names(workload: str) -> set[str]:
@@ -145,6 +170,9 @@ class Progress:
                 from tqdm import tqdm
             except ImportError:
                 return
+            # tqdm's monitor is a thread, and the nodes start with a preexec_fn, which is unsafe
+            # beside other threads (services/local_cluster.py): no monitor.
+            tqdm.monitor_interval = 0
             self.bar = tqdm(total=total, unit="run", desc="cornus bench", file=sys.stderr, dynamic_ncols=True,
                             bar_format="{desc}: {n_fmt}/{total_fmt} runs |{bar}| {elapsed}<{remaining} {postfix}")
 
@@ -182,7 +210,8 @@ def run_plan(plan: BenchPlan) -> tuple[list[dict[str, Any]], list[RunResult]]:
             for protocol in plan.protocols:
                 point = f"{plan.sweep_param}={value} " if value is not None else ""
                 progress.start(f"{point}{protocol.value}")
-                result = run_protocol(protocol, storage, plan.storage_argv(storage), settings, run_index=point_index,
+                result = run_protocol(protocol, storage, plan.storage_argv(storage), settings,
+                                      storage_environ=plan.storage_environ, run_index=point_index,
                                       flush=plan.flush_redis, storage_label=label)
                 row = summarize(result, plan.sweep_param if value is not None else "", value or "")
                 rows.append(row)
@@ -223,11 +252,11 @@ def write_outputs(plan: BenchPlan, rows: list[dict[str, Any]], results: Sequence
     title = title_of(plan, rows)
     if plan.plots and rows:
         try:
-            from loadtests.bench.plots import plot_sweep
-        except ImportError:  # pragma: no cover - matplotlib is in the bench extra
-            print("cornus bench: matplotlib is not installed (pip install -e '.[bench]'); no plots", file=sys.stderr)
-        else:
             files += plot_sweep(rows, out, title)
+        except ImportError as error:
+            if not matplotlib_missing(error):
+                raise
+            print(f"cornus bench: {NO_MATPLOTLIB}", file=sys.stderr)
     violations = [f"{result.protocol} {violation}" for result in results for violation in result.violations]
     violations += [f"{result.protocol} program error: {error}" for result in results for error in result.driver.errors]
     summary = markdown_summary(rows, title=title, command=plan.command, machine=machine_description(),

@@ -12,15 +12,17 @@ figures per participant node, read from their /v1/admin/timings.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from cornus.protocol.config import Protocol
-from loadtests.bench.cluster import HTTP_TIMEOUT_S, READY_TIMEOUT_S, namespace_argv
+from loadtests.bench.cluster import HTTP_TIMEOUT_S, READY_TIMEOUT_S, keep_logs, namespace_argv
 from loadtests.workloads.base import KeyPinner
 from services.local_cluster import (
     ClusterNode,
@@ -56,14 +58,19 @@ class NodeTermination:
 
 
 def run_termination_bench(
-    storage: StoreConfig, storage_argv: list[str], *, nodes: int, rounds: int, settings: list[str]
+    storage: StoreConfig, storage_argv: list[str], *, nodes: int, rounds: int, settings: list[str],
+    storage_environ: Mapping[str, str] | None = None,
 ) -> list[NodeTermination]:
+    """`storage_environ` goes to the nodes' environment (secrets: argv is visible to every user)."""
     if not NODES_MIN <= nodes <= NODES_MAX:
         raise ValidationError(f"--nodes must be in {NODES_MIN}..{NODES_MAX}")
     if not 0 < rounds <= ROUNDS_MAX:
         raise ValidationError(f"--rounds must be in 1..{ROUNDS_MAX}")
-    with tempfile.TemporaryDirectory(prefix="cornus-termination-") as directory:
-        data = Path(directory)
+    environ = dict(storage_environ or {})
+    data = Path(tempfile.mkdtemp(prefix="cornus-termination-"))
+    members: list[ClusterNode] = []
+    keep = False
+    try:
         # One partition per node: n0 coordinates, every other node is a participant.
         members, peers = local_members(nodes, Protocol.CORNUS, nodes, data)
         argv = storage_argv + namespace_argv(storage, Protocol.CORNUS, data)
@@ -74,12 +81,12 @@ def run_termination_bench(
         stop = StopSignals()
         try:
             for member in members:
-                start_node(member, peers, argv, settings)
+                start_node(member, peers, argv, settings, environ=environ)
             if not wait_cluster_ready(members, stop, READY_TIMEOUT_S):
                 raise RuntimeError("the cluster did not start")
             with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
                 for round_index in range(rounds):
-                    _restart_armed(coordinator, peers, argv, settings, stop)
+                    _restart_armed(coordinator, peers, argv, settings, stop, environ=environ)
                     _wait_links_up(http, participants)
                     ops = [{"op": "put", "key": pinner.key(f"t{round_index}", int(p[1:])), "value": "x"}
                            for p in targets]
@@ -87,11 +94,18 @@ def run_termination_bench(
                 return [_read_termination(http, member) for member in participants]
         finally:
             stop_nodes(members, stop)
+    except Exception as error:
+        keep = keep_logs(error, data, members)
+        raise
+    finally:
+        if not keep:
+            shutil.rmtree(data, ignore_errors=True)
 
 
-def _restart_armed(node: ClusterNode, peers: str, argv: list[str], settings: list[str], stop: StopSignals) -> None:
+def _restart_armed(node: ClusterNode, peers: str, argv: list[str], settings: list[str], stop: StopSignals, *,
+                   environ: dict[str, str]) -> None:
     stop_nodes([node], stop)
-    start_node(node, peers, argv, settings, environ={"CORNUS_FAILPOINTS": FAILPOINT})
+    start_node(node, peers, argv, settings, environ={**environ, "CORNUS_FAILPOINTS": FAILPOINT})
     if not wait_cluster_ready([node], stop, READY_TIMEOUT_S):
         raise RuntimeError(f"{node.config.node_id} did not restart")
 

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import select
 import socket
 import statistics
 import subprocess
@@ -153,6 +154,12 @@ def main() -> None:
     )
     try:
         assert child.stdout is not None and child.stdin is not None
+        # A child that hangs before it serves must not hang this process too.
+        readable, _, _ = select.select([child.stdout], [], [], CHILD_START_TIMEOUT_S)
+        if not readable:
+            child.kill()
+            raise RuntimeError(f"echo server (child process {child.pid}) did not say READY within "
+                               f"{CHILD_START_TIMEOUT_S:g} s")
         line = child.stdout.readline()
         assert line.startswith("READY"), f"echo server did not start: {line!r}"
         print(f"{os.cpu_count()} CPUs, {PAYLOAD_BYTES}-byte payloads, server in child process {child.pid}")

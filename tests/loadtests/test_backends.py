@@ -6,6 +6,7 @@ figures, never how fast anything is."""
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 import uuid
@@ -67,5 +68,10 @@ def test_a_sweep_runs_and_plots_on_each_backend(services, tmp_path: Path, backen
             assert max(float(row["w_log_once_ms"]), float(row["w_log_ms"])) >= 2, row
     for name in ("latency.png", "breakdown.png", "throughput.png"):
         assert (out / name).read_bytes().startswith(PNG_MAGIC), name
-    # Each point has its ratio, or says why not (a protocol with no commit in its window).
-    assert "2PC/Cornus" in (out / "summary.md").read_text()
+    # Each point has its ratio row, or says why not (a protocol with no commit in its window);
+    # Redis, fast enough under any load, always has the ratio.
+    summary = (out / "summary.md").read_text()
+    for value in ("none", "fixed:2"):
+        ratio_row = re.search(rf"^\| latency={re.escape(value)} \| [0-9.]+ \|", summary, re.MULTILINE)
+        said_why = f"- latency={value}: 2PC/Cornus n/a: " in summary
+        assert ratio_row or (said_why and backend != "redis"), summary

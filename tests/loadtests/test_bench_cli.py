@@ -9,11 +9,20 @@ from __future__ import annotations
 import csv
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import httpx
 import pytest
 
+from cornus.protocol.config import Protocol
+from loadtests.bench import cluster, termination
+from loadtests.bench.cluster import RunSettings
 from loadtests.bench.report import markdown_summary
+from loadtests.bench.sweep import BenchPlan, write_outputs
+from loadtests.bench.termination import NodeTermination
+from services.cli import main
+from storage_adapters.factory import StoreConfig
 
 TIMEOUT_S_BENCH = 240
 # A starting node waits out one storage deadline before it serves; a short one keeps tests short.
@@ -94,6 +103,12 @@ def test_workloads_run_and_pass_their_invariant_checks(tmp_path, workload, extra
     (["--knob", "warehouses=3"], "--knob 'warehouses=3'"),
     (["--workload", "uniform", "--partitions-per-txn", "9"], "partitions_per_txn must be an integer in 1..3"),
     (["--flush-redis"], "--flush-redis is for --backend redis"),
+    (["--set", "timeout_ms_prepare=abc"], "timeout_ms_prepare must be an integer"),
+    (["--set", "timeout_ms_prepare=0"], "timeout_ms_prepare must be positive"),
+    (["--out", __file__], f"{__file__} is not a directory"),
+    (["--out", f"{__file__}/out"], f"{__file__} is not a directory"),
+    (["--sweep", "lock_policy=NO_WAIT,no_wait"], "'NO_WAIT' and 'no_wait' are the same point"),
+    (["--sweep", "theta=0.1,0.10"], "'0.1' and '0.10' are the same point"),
 ])
 def test_bench_refuses_bad_input_before_starting_anything(tmp_path, args, message):
     done = _cornus("bench", "--out", str(tmp_path / "out"), *args)
@@ -121,20 +136,90 @@ def test_termination_bench_times_termination_after_coordinator_kills(tmp_path):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--nodes", "2"], "--nodes"), (["--rounds", "0"], "--rounds"), (["--sweep", "theta=1"], "sweeps nodes only"),
-    (["--sweep", "nodes=3,99"], "--nodes must be in 3..16"),
+    (["--sweep", "nodes=3,99"], "--nodes must be in 3..16"), (["--sweep", "nodes=,"], "no node count"),
+    (["--set", "timeout_ms_prepare=abc"], "timeout_ms_prepare must be an integer"),
+    (["--out", __file__], f"{__file__} is not a directory"),
 ])
 def test_termination_bench_refuses_bad_input(args, message):
     done = _cornus("termination-bench", *args)
     assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
 
 
+# One results row, as loadtests.bench.report.summarize makes them, for the tests without a cluster.
+ROW = {"param": "latency", "value": "none", "workload": "ycsb", "kinds": "", "commits_per_s": 1.0,
+       "abort_rate": 0.0, "dist_avg_ms": 5.0, "dist_p99_ms": 9.0, "execution_ms": 1.0, "prepare_ms": 2.0,
+       "commit_ms": 0.1, "w_log_once_ms": 2.0, "w_log_ms": 0.0, "rw_dist_avg_ms": 5.0, "rw_commit_path_ms": 2.1,
+       "node_cpu_ms": 1.0, "driver_cpu_pct": 5.0}
+
+
 def test_a_summary_says_why_a_point_has_no_ratio():
     """A protocol that committed no distributed transaction in its window (moto under a loaded
     suite, say) leaves its point without a ratio; the summary says so instead of leaving it out."""
-    row = {"param": "latency", "value": "none", "workload": "ycsb", "kinds": "", "commits_per_s": 1.0,
-           "abort_rate": 0.0, "dist_avg_ms": 5.0, "dist_p99_ms": 9.0, "execution_ms": 1.0, "prepare_ms": 2.0,
-           "commit_ms": 0.1, "w_log_once_ms": 2.0, "w_log_ms": 0.0, "rw_dist_avg_ms": 5.0, "rw_commit_path_ms": 2.1,
-           "node_cpu_ms": 1.0, "driver_cpu_pct": 5.0}
+    row = ROW
     rows = [{**row, "protocol": "cornus", "dist_commits": 4}, {**row, "protocol": "2pc", "dist_commits": 0}]
     summary = markdown_summary(rows, title="t", command="c", machine="m", violations=[], files=[])
     assert "latency=none: 2PC/Cornus n/a: 2pc committed no distributed transaction" in summary, summary
+
+
+def test_without_matplotlib_the_results_are_written_and_the_plots_said_skipped(tmp_path, monkeypatch, capsys):
+    """plots.py imports matplotlib only when it draws, so a missing matplotlib shows at the drawing
+    call, after the measurements: the CSV and the summary must still be written."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    plan = BenchPlan(protocols=[Protocol.CORNUS], storage=StoreConfig(), storage_argv=lambda storage: [],
+                     base=RunSettings(), out_dir=tmp_path / "bench", command="c")
+    files = write_outputs(plan, [{**ROW, "protocol": "cornus", "dist_commits": 4}], [])
+    assert [path.name for path in files] == ["results.csv", "summary.md"]
+    assert "plots skipped: matplotlib is not installed (pip install -e '.[bench]')" in capsys.readouterr().err
+
+    rows = [NodeTermination("n1", 2, 1.0, 2.0, 3.0, 3.0), NodeTermination("n2", 2, 1.0, 2.0, 3.0, 3.0)]
+    monkeypatch.setattr(termination, "run_termination_bench", lambda *args, **kwargs: rows)
+    out = tmp_path / "termination"
+    assert main(["termination-bench", "--rounds", "2", "--out", str(out)]) == 0
+    assert (out / "termination.csv").exists() and not (out / "termination.png").exists()
+    assert "plots skipped: matplotlib is not installed (pip install -e '.[bench]')" in capsys.readouterr().err
+
+
+def test_a_bench_whose_cluster_does_not_start_exits_1_with_one_line_naming_the_logs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the run's node logs go
+    def start(node: cluster.ClusterNode, *args: object, **kwargs: object) -> None:
+        node.process = subprocess.Popen([sys.executable, "-c", "pass"])  # a node that exits at once
+
+    monkeypatch.setattr(cluster, "start_node", start)
+    monkeypatch.setattr(cluster, "wait_cluster_ready", lambda *args: False)
+    assert main(["bench", "--protocol", "cornus", "--seconds", "1", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    last = err.splitlines()[-1]
+    assert last.startswith("cornus: bench failed: the cornus cluster did not start; node logs kept in "), err
+    assert Path(last.rsplit(" ", 1)[1]).parent == tmp_path, last
+
+
+@pytest.mark.parametrize("error", [RuntimeError("n0 did not restart"), httpx.ConnectError("connection refused"),
+                                   subprocess.TimeoutExpired(["cornus", "serve"], 15)])
+def test_a_termination_bench_that_fails_exits_1_with_one_line(monkeypatch, capsys, error):
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(termination, "run_termination_bench", fail)
+    assert main(["termination-bench", "--rounds", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"cornus: termination-bench failed: {error}"], err
+
+
+@pytest.mark.parametrize("command", ["bench", "termination-bench"])
+def test_the_azure_connection_string_reaches_the_nodes_in_their_environment_not_argv(tmp_path, monkeypatch, command):
+    """Anyone on the machine may read a process's argv (ps); its environment, only its owner."""
+    secret = "DefaultEndpointsProtocol=http;AccountName=a;AccountKey=c2VjcmV0"
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the failed run's node logs stay
+    started = []
+    module = cluster if command == "bench" else termination
+    monkeypatch.setattr(module, "start_node", lambda node, peers, argv, settings=(), environ=None:
+                        started.append((list(argv), dict(environ or {}))))
+    monkeypatch.setattr(module, "wait_cluster_ready", lambda *args: False)
+    assert main([command, "--backend", "azure_blob", "--azure-connection-string", secret, "--azure-container", "c",
+                 "--out", str(tmp_path / "out"),
+                 *(["--protocol", "cornus", "--seconds", "1", "--no-plots"] if command == "bench" else [])]) == 1
+    assert started
+    for argv, environ in started:
+        assert not any(secret in arg for arg in argv), argv
+        assert environ["CORNUS_STORAGE_AZURE_CONNECTION_STRING"] == secret, environ
