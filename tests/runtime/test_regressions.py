@@ -270,6 +270,14 @@ async def test_resolve_after_partial_gc_reports_commit_and_writes_nothing(tmp_pa
 # === 6. too many participants ======================================================================
 
 
+# The check after a refusal (_nothing_changed) commits PARTICIPANT_COUNT_MAX // 2 partitions per
+# transaction through one SQLite file; on a loaded CI machine that execution alone outlasted the
+# 200 ms vote timeout of test clusters, and termination rightly aborted it. A longer vote timeout
+# leaves a lock left behind (refused after timeout_ms_lock_wait) as the only way that check fails.
+# Not longer still: a restarted or starting node waits out recovery_settle_ms, which includes it.
+WIDE_TXN_PROTOCOL: dict[str, int] = {"timeout_ms_prepare": 4_000, "timeout_ms_votes": 2_000}
+
+
 def _keys_over_participant_limit(partition_count: int) -> list[str]:
     partitions = [f"p{index}" for index in range(PARTICIPANT_COUNT_MAX + 1)]
     return list(keys_in(partition_count, partitions).values())
@@ -279,7 +287,7 @@ async def test_transaction_over_too_many_partitions_is_refused_at_the_edge(tmp_p
     """A transaction writing more partitions than a record can list (PARTICIPANT_COUNT_MAX) must be
     refused at once, naming the limit, and change nothing. It hung in VOTING (every participant
     failed to build its vote record) until the commit deadline, with its locks held."""
-    async with local_cluster(tmp_path, partition_count=300) as cluster:
+    async with local_cluster(tmp_path, partition_count=300, protocol_config=WIDE_TXN_PROTOCOL) as cluster:
         node = cluster.node()
         keys = _keys_over_participant_limit(300)
         txn = node.begin()
@@ -296,7 +304,7 @@ async def test_transaction_over_too_many_partitions_is_refused_at_the_edge(tmp_p
 
 async def test_transaction_over_too_many_partitions_is_refused_at_the_edge_over_rest(tmp_path):
     """The same through the REST API: a 4xx naming the limit, promptly, and nothing changed."""
-    async with local_cluster(tmp_path, partition_count=300) as cluster:
+    async with local_cluster(tmp_path, partition_count=300, protocol_config=WIDE_TXN_PROTOCOL) as cluster:
         keys = _keys_over_participant_limit(300)
         app = build_app(cluster.node(), Metrics())
         body = {"ops": [{"op": "put", "key": key, "value": "v"} for key in keys]}
