@@ -239,3 +239,29 @@ def test_large_limits_from_a_values_file_reach_the_node_as_integers(helm_bin: st
     assert env["CORNUS_TXN_COUNT_MAX"] == "1000000" and env["CORNUS_TIMEOUT_MS_TXN_IDLE"] == "3600000", env
     config = load_node_config(environ=pod_environ(node_container(docs), "cornus-0"))
     assert config.limits.txn_count_max == 1_000_000 and config.limits.timeout_ms_txn_idle == 3_600_000
+
+
+def _egress_allows(policy: dict[str, Any], cidr: str, port: int) -> bool:
+    """Whether an egress rule of `policy` admits TCP to `cidr`:`port` (a rule without `to` admits
+    any address; without `ports`, any port)."""
+    for rule in policy["spec"]["egress"]:
+        ports = [item["port"] for item in rule.get("ports", []) if item.get("protocol", "TCP") == "TCP"]
+        blocks = [peer["ipBlock"]["cidr"] for peer in rule.get("to", []) if "ipBlock" in peer]
+        if (not rule.get("ports") or port in ports) and (not rule.get("to") or cidr in blocks):
+            return True
+    return False
+
+
+@pytest.mark.parametrize(("backend", "reaches"), [("dynamodb", True), ("redis", False), ("azure_blob", False)])
+def test_network_policy_lets_dynamodb_nodes_reach_the_eks_pod_identity_agent(
+    helm_bin: str, backend: str, reaches: bool
+) -> None:
+    """values.yaml offers EKS Pod Identity for DynamoDB credentials; the SDK fetches them from the
+    node-local agent at 169.254.170.23:80 (fd00:ec2::23 on IPv6), which the NetworkPolicy blocked,
+    so such pods could never sign a request. Other backends have no reason to reach it."""
+    policy = find(render(helm_bin, VALUES_FILES[backend]), "NetworkPolicy", "cornus")
+    for cidr in ("169.254.170.23/32", "fd00:ec2::23/128"):
+        assert _egress_allows(policy, cidr, 80) is reaches, (
+            f"{backend}: egress to the EKS Pod Identity agent {cidr}:80 {'blocked' if reaches else 'allowed'}: "
+            f"{policy['spec']['egress']}"
+        )
