@@ -171,6 +171,28 @@ def test_azure_lifecycle_rule_deletes_only_transaction_records() -> None:
     assert cache["redis_configuration"][0]["aof_backup_enabled"] is True
 
 
+def test_azure_redis_persists_its_aof_through_the_storage_firewall() -> None:
+    """The AOF account denies by default and admits Azure services by the trusted-service bypass,
+    which admits a cache only when it writes with its managed identity: with the account key (SAS,
+    the default) every AOF write is refused and the cache runs without persistence. So the cache
+    has a system-assigned identity, writes with it, and holds Storage Blob Data Contributor on the
+    AOF account."""
+    cache = resources(MODULES / "azure", "azurerm_redis_cache")["cornus"]
+    account = resources(MODULES / "azure", "azurerm_storage_account")["aof"]
+    rules = account["network_rules"][0]
+    assert unquote(rules["default_action"]) == "Deny" and [unquote(b) for b in rules["bypass"]] == ["AzureServices"]
+    config = cache["redis_configuration"][0]
+    assert unquote(config.get("data_persistence_authentication_method")) == "ManagedIdentity", config
+    assert unquote(cache["identity"][0]["type"]) == "SystemAssigned"
+    grants = [
+        grant for grant in resources(MODULES / "azure", "azurerm_role_assignment").values()
+        if unquote(grant["role_definition_name"]) == "Storage Blob Data Contributor"
+        and unquote(grant["scope"]) == "${azurerm_storage_account.aof[0].id}"
+    ]
+    assert len(grants) == 1, "the cache's identity needs Storage Blob Data Contributor on the AOF account"
+    assert unquote(grants[0]["principal_id"]) == "${azurerm_redis_cache.cornus[0].identity[0].principal_id}"
+
+
 def test_checkov_terraform(checkov_bin: str) -> None:
     done = subprocess.run([checkov_bin, "-d", str(TERRAFORM), "--framework", "terraform", "--quiet", "--compact",
                            "--skip-download", "-o", "json"],

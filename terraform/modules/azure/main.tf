@@ -98,11 +98,19 @@ resource "azurerm_redis_cache" "cornus" {
   public_network_access_enabled = var.redis_subnet_id == null
   subnet_id                     = var.redis_subnet_id
 
+  # The AOF account below denies by default; its trusted-service bypass admits the cache only
+  # when the cache writes with its managed identity, never with the account key.
+  identity {
+    type = "SystemAssigned"
+  }
+
   redis_configuration {
     # AOF persistence to the storage account below. Azure writes the AOF once per second, not
     # per write (no appendfsync always): see docs/deploy.md, "Durability", before relying on it.
-    aof_backup_enabled              = true
-    aof_storage_connection_string_0 = azurerm_storage_account.aof[0].primary_blob_connection_string
+    aof_backup_enabled                     = true
+    aof_storage_connection_string_0        = azurerm_storage_account.aof[0].primary_blob_connection_string
+    data_persistence_authentication_method = "ManagedIdentity"
+    storage_account_subscription_id        = split("/", azurerm_storage_account.aof[0].id)[2]
   }
 
   tags = var.tags
@@ -110,9 +118,9 @@ resource "azurerm_redis_cache" "cornus" {
 
 resource "azurerm_storage_account" "aof" {
   #checkov:skip=CKV_AZURE_206:The AOF copy of a cache in the same region; geo-replication would not make the cache's own acknowledgements any more durable.
-  #checkov:skip=CKV2_AZURE_40:Azure Cache for Redis writes its AOF with the account's key (aof_storage_connection_string_0 takes a connection string).
+  #checkov:skip=CKV2_AZURE_40:The cache writes with its managed identity, but aof_storage_connection_string_0 is still a connection string, which the provider reads from the account's keys.
   #checkov:skip=CKV2_AZURE_1:Microsoft-managed keys, as for the main account.
-  #checkov:skip=CKV2_AZURE_33:Only the Redis service writes here, through the trusted-service bypass.
+  #checkov:skip=CKV2_AZURE_33:Only the Redis service writes here, with its managed identity, through the trusted-service bypass.
   #checkov:skip=CKV_AZURE_33:Queue service logging: this account holds only the cache's AOF blobs, no queues.
   #checkov:skip=CKV_AZURE_59:Public network access is on only for the trusted-service bypass; default_action is Deny.
   #checkov:skip=CKV2_AZURE_38:Soft delete would keep every rewritten AOF file; the cache owns these blobs.
@@ -127,7 +135,8 @@ resource "azurerm_storage_account" "aof" {
   https_traffic_only_enabled      = true
   allow_nested_items_to_be_public = false
   local_user_enabled              = false
-  # The cache writes its AOF with the account key (aof_storage_connection_string_0).
+  # The cache writes with its managed identity, but the provider builds
+  # aof_storage_connection_string_0 from the account's keys.
   shared_access_key_enabled = true
 
   network_rules {
@@ -140,4 +149,12 @@ resource "azurerm_storage_account" "aof" {
   }
 
   tags = var.tags
+}
+
+# The cache's own identity writes its AOF (azurerm_redis_cache.cornus above).
+resource "azurerm_role_assignment" "aof_writer" {
+  count                = var.redis_enabled ? 1 : 0
+  scope                = azurerm_storage_account.aof[0].id
+  role_definition_name = "Storage Blob Data Contributor"
+  principal_id         = azurerm_redis_cache.cornus[0].identity[0].principal_id
 }
