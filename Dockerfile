@@ -1,9 +1,9 @@
 # syntax=docker/dockerfile:1
 # The Cornus node image: `docker build -t cornus .` at the repository root.
 #
-# Two stages. `build` has the compilers: it builds a wheel of the project and of every dependency
-# (a dependency without a wheel for the target platform compiles here), installs them into a
-# virtual environment, and generates the protobuf code there, since the node's packages build it on
+# Two stages. `build` has the compilers: it installs the locked dependencies into a virtual
+# environment (one without a wheel for the target platform compiles here), then a wheel of the
+# project, and generates the protobuf code there, since the node's packages build it on
 # first import and a read-only image (readOnlyRootFilesystem in the Helm chart) could not. The final
 # stage copies only that environment: no compiler, no wheel cache, no source tree.
 
@@ -20,19 +20,26 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends build-essential=12.9 \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+# The dependencies first, exactly as locked (docker/requirements.lock, scripts/lock_image.sh):
+# every version pinned and every file checked against its sha256, so a rebuild installs what was
+# tested or fails; and this layer stays cached while only the project's own code changes.
+COPY docker/requirements.lock /src/docker/requirements.lock
+RUN python -m venv /opt/cornus \
+    && /opt/cornus/bin/pip install --no-cache-dir --require-hashes -r /src/docker/requirements.lock
 # Only what the wheel is made of (.dockerignore keeps the rest out of the context too).
 COPY pyproject.toml README.md ./
 COPY cornus ./cornus
 COPY services ./services
 COPY storage_adapters ./storage_adapters
 COPY loadtests ./loadtests
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
-# From the wheels just built only (--no-index): what was resolved above is what gets installed.
-# Importing the two protobuf packages generates their code (services/node_rpc/codegen.py);
-# `python -P` keeps /src off sys.path, so that happens inside the installed packages, the ones
-# the image ships, and the node finds it fresh and never writes at run time.
-RUN python -m venv /opt/cornus \
-    && /opt/cornus/bin/pip install --no-cache-dir --no-index --find-links /wheels /wheels/cornus-*.whl \
+# --no-deps: everything it needs is installed above; `pip check` fails the build if the lock no
+# longer satisfies pyproject.toml. Importing the two protobuf packages generates their code
+# (services/node_rpc/codegen.py); `python -P` keeps /src off sys.path, so that happens inside the
+# installed packages, the ones the image ships, and the node finds it fresh and never writes at
+# run time.
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+    && /opt/cornus/bin/pip install --no-cache-dir --no-deps /wheels/cornus-*.whl \
+    && /opt/cornus/bin/pip check \
     && /opt/cornus/bin/python -P -c "import services.node_rpc, services.public_api"
 
 FROM ${PYTHON_IMAGE}

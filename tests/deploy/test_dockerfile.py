@@ -13,6 +13,8 @@ import subprocess
 import tomllib
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.deploy.conftest import REPO, VALUES_FILES, find, render
 
@@ -61,3 +63,40 @@ def test_image_matches_what_the_chart_runs(helm_bin: str) -> None:
     assert {pattern.rstrip("*") for pattern in packages["include"]} <= copied, (packages, copied)
     final_stage = DOCKERFILE.read_text().rsplit("\nFROM ", 1)[1]
     assert "build-essential" not in final_stage and "apt-get" not in final_stage
+
+
+LOCK = REPO / "docker" / "requirements.lock"
+
+
+def _locked() -> dict[str, tuple[str, int]]:
+    """docker/requirements.lock's pins: canonical name -> (version, number of hashes)."""
+    pins: dict[str, tuple[str, int]] = {}
+    for entry in LOCK.read_text().replace("\\\n", " ").splitlines():
+        if not entry.strip() or entry.lstrip().startswith("#"):
+            continue
+        requirement, *options = entry.split()
+        name, version = requirement.split("==")
+        pins[canonicalize_name(name)] = (version, sum(1 for option in options if option.startswith("--hash=sha256:")))
+    return pins
+
+
+def test_image_installs_its_dependencies_from_a_hash_checked_lock() -> None:
+    """The image's dependencies were resolved at build time, so two builds of one commit could
+    ship different (untested) versions. They come from docker/requirements.lock now: every
+    runtime dependency of pyproject.toml pinned to a version its specifier admits, with hashes."""
+    pins = _locked()
+    unhashed = sorted(name for name, (_, hashes) in pins.items() if hashes == 0)
+    assert not unhashed, f"pinned without a hash: {unhashed}"
+    for dependency in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+        requirement = Requirement(dependency)
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{requirement.name} (pyproject.toml) is not in {LOCK.name}: run scripts/lock_image.sh"
+        version = pins[name][0]
+        assert requirement.specifier.contains(version, prereleases=True), (
+            f"{LOCK.name} pins {name}=={version}, outside pyproject.toml's {requirement}: run scripts/lock_image.sh"
+        )
+    runs = " ".join(instruction("RUN"))
+    assert "--require-hashes -r /src/docker/requirements.lock" in runs
+    # The project itself adds nothing unlocked, and the lock must still satisfy it.
+    assert "--no-deps /wheels/cornus-" in runs and "pip check" in runs
+    assert "!docker/requirements.lock" in (REPO / ".dockerignore").read_text().splitlines()
