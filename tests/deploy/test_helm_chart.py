@@ -265,3 +265,32 @@ def test_network_policy_lets_dynamodb_nodes_reach_the_eks_pod_identity_agent(
             f"{backend}: egress to the EKS Pod Identity agent {cidr}:80 {'blocked' if reaches else 'allowed'}: "
             f"{policy['spec']['egress']}"
         )
+
+
+def _pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every pod spec a render creates (workloads' templates, hook jobs, bare pods), by kind/name."""
+    specs = {}
+    for doc in docs:
+        name = f"{doc['kind']}/{doc['metadata']['name']}"
+        if doc["kind"] == "Pod":
+            specs[name] = doc["spec"]
+        elif doc["kind"] in ("StatefulSet", "Deployment", "Job"):
+            specs[name] = doc["spec"]["template"]["spec"]
+    return specs
+
+
+def test_every_pod_of_the_release_is_placed_by_node_selector_and_tolerations(helm_bin: str) -> None:
+    """nodeSelector and tolerations reached the node pods only: the rebalance hook, the helm test
+    pod and the dev Redis could land where the nodes may not (an amd64 node for an arm64 image)
+    or wait unschedulable on a cluster whose every node is tainted."""
+    sets = ["nodeSelector.kubernetes\\.io/arch=arm64", "tolerations[0].key=dedicated",
+            "tolerations[0].operator=Equal", "tolerations[0].value=cornus", "tolerations[0].effect=NoSchedule"]
+    specs = _pod_specs(render(helm_bin, VALUES_FILES["dev_redis"], sets))
+    assert {"StatefulSet/cornus", "Job/cornus-rebalance", "Pod/cornus-test-commit"} <= set(specs), sorted(specs)
+    assert any("redis" in name and name != "StatefulSet/cornus" for name in specs), sorted(specs)
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "cornus", "effect": "NoSchedule"}
+    misplaced = {
+        name: (spec.get("nodeSelector"), spec.get("tolerations")) for name, spec in specs.items()
+        if spec.get("nodeSelector") != {"kubernetes.io/arch": "arm64"} or spec.get("tolerations") != [toleration]
+    }
+    assert not misplaced, f"pods that ignore nodeSelector/tolerations: {misplaced}"

@@ -170,3 +170,20 @@ release already in the cluster). Each fails with a message that says what to cha
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+Where the release's other pods (the dev Redis, the rebalance hook, the helm test pod) may run: the
+nodes' nodeSelector and tolerations, so they land where the node pods can (an arm64 image on
+arm64 nodes; a node pool every node of which is tainted). Not the affinity: the node pods' own
+spreads them from each other.
+*/}}
+{{- define "cornus.placement" -}}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
