@@ -193,6 +193,22 @@ def test_azure_redis_persists_its_aof_through_the_storage_firewall() -> None:
     assert unquote(grants[0]["principal_id"]) == "${azurerm_redis_cache.cornus[0].identity[0].principal_id}"
 
 
+def test_azure_example_signs_in_to_the_cluster_with_entra_id() -> None:
+    """The example's kubernetes and helm providers used the cluster's client certificate, which an
+    AKS cluster with local accounts disabled (Entra ID only, as AKS recommends) does not issue,
+    so `terraform apply` could not reach it. Both sign in through kubelogin now."""
+    providers = {}
+    for path in sorted((EXAMPLES / "azure").glob("*.tf")):
+        for block in load(path).get("provider", []):
+            providers.update({unquote(name): body for name, body in block.items()})
+    kubernetes = {"kubernetes": providers["kubernetes"], "helm": providers["helm"]["kubernetes"][0]}
+    for name, connection in kubernetes.items():
+        assert "client_certificate" not in connection and "client_key" not in connection, name
+        assert connection["exec"][0]["command"] == "${local.kube_exec.command}", name
+    main = (EXAMPLES / "azure" / "main.tf").read_text()
+    assert 'command     = "kubelogin"' in main and '"get-token", "--login", "azurecli"' in main
+
+
 def test_checkov_terraform(checkov_bin: str) -> None:
     done = subprocess.run([checkov_bin, "-d", str(TERRAFORM), "--framework", "terraform", "--quiet", "--compact",
                            "--skip-download", "-o", "json"],

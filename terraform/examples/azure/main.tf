@@ -13,21 +13,36 @@ data "azurerm_kubernetes_cluster" "aks" {
 
 locals {
   kube = data.azurerm_kubernetes_cluster.aks.kube_config[0]
+  # Entra ID sign-in through kubelogin and the Azure CLI's login, as AKS recommends: a cluster
+  # with Entra ID integration and local accounts disabled issues no client certificate, and one
+  # that does issues a cluster-wide credential that should not sit in Terraform state. The
+  # server id is the AKS Entra ID server application's, the same in every tenant.
+  kube_exec = {
+    api_version = "client.authentication.k8s.io/v1beta1"
+    command     = "kubelogin"
+    args        = ["get-token", "--login", "azurecli", "--server-id", "6dae42f8-4368-4678-94ff-3960e28e3630"]
+  }
 }
 
 provider "kubernetes" {
   host                   = local.kube.host
-  client_certificate     = base64decode(local.kube.client_certificate)
-  client_key             = base64decode(local.kube.client_key)
   cluster_ca_certificate = base64decode(local.kube.cluster_ca_certificate)
+  exec {
+    api_version = local.kube_exec.api_version
+    command     = local.kube_exec.command
+    args        = local.kube_exec.args
+  }
 }
 
 provider "helm" {
   kubernetes {
     host                   = local.kube.host
-    client_certificate     = base64decode(local.kube.client_certificate)
-    client_key             = base64decode(local.kube.client_key)
     cluster_ca_certificate = base64decode(local.kube.cluster_ca_certificate)
+    exec {
+      api_version = local.kube_exec.api_version
+      command     = local.kube_exec.command
+      args        = local.kube_exec.args
+    }
   }
 }
 
