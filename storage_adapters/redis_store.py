@@ -421,12 +421,12 @@ class RedisStore(LogStore):
     ) -> None:
         """Delete `requests[i]` for i in `indexes` (all of `log`) in one script; answers to `outcomes`."""
         keys = [_index_key(log)]
+        record_prefix = _record_key(log, "")  # the tag's formatting once per log, not per record
         args: list[str] = []
         fenced = False
         for index in indexes:
             request = requests[index]
-            assert request.log == log
-            keys.append(_record_key(log, request.txn))
+            keys.append(record_prefix + request.txn)
             if request.fence is None:
                 args += [request.txn, "", ""]
             else:
