@@ -51,6 +51,11 @@ check and the write's arrival, but storage does not refuse such a late write as 
 and the emulator do: on Azure, single ownership rests on leases and bounded stalls, not on storage
 alone.
 
+Garbage collection's deletes of one event-loop tick (the contract's base joins them) go in ONE
+Blob Batch request (up to 256 subrequests; each answers 202 or 404 on its own, so each caller
+still learns whether its record existed), after one read per fenced partition's ownership blob
+shared by the batch's fenced deletes: the same check-then-write as a lone fenced delete.
+
 Durability: Azure acknowledges a Put Blob only after it is durably stored (LRS: 3 replicas), which
 is what a vote needs. Azurite keeps blobs on disk too, but is a test double, not a deployment.
 """
@@ -63,7 +68,7 @@ import binascii
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -80,9 +85,10 @@ from azure.core.exceptions import (
 from azure.storage.blob.aio import BlobServiceClient, ContainerClient
 
 from storage_adapters.contract import (
+    DELETE_BATCH_COUNT_MAX,
     OWNER_READ_COUNT_MAX,
-    SCAN_PAGE_COUNT_MAX,
     SCAN_ROUND_COUNT_MAX,
+    DeleteRequest,
     Fence,
     LogId,
     LogOnceResult,
@@ -94,19 +100,6 @@ from storage_adapters.contract import (
     TxnState,
     check_log_transition,
     is_unfinished,
-    validate_body,
-    validate_data_keys,
-    validate_fence,
-    validate_log,
-    validate_log_fence,
-    validate_owner_partitions,
-    validate_owner_write,
-    validate_partition,
-    validate_scan_after,
-    validate_scan_limit,
-    validate_state,
-    validate_txn,
-    validate_writes,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
 
@@ -133,6 +126,9 @@ OWNER_GET_COUNT_MAX = DATA_CONCURRENCY_MAX
 # every partition ever owned; a deployment has at most OWNER_READ_COUNT_MAX at once, and this
 # leaves room for many renamings before the listing would outgrow a call's deadline.
 OWNER_LIST_BLOB_COUNT_MAX = 16 * OWNER_READ_COUNT_MAX
+# The Blob service's limit on subrequests in one Blob Batch request.
+BLOB_BATCH_COUNT_MAX = 256
+assert DELETE_BATCH_COUNT_MAX <= BLOB_BATCH_COUNT_MAX
 
 _STATE_METADATA = "state"
 _APPLIED_METADATA = "applied"
@@ -286,6 +282,13 @@ def _decode_record(log: LogId, txn: str, data: bytes) -> Record:
 
 
 
+def _status_error(status: int, code: str, message: str | None, what: str) -> StorageError:
+    """The contract's error for an HTTP error status: the retryable ones are StorageUnavailable."""
+    if status >= 500 or status in (408, 429):
+        return StorageUnavailable(f"azure_blob {what}: HTTP {status} {code}")
+    return StorageError(f"azure_blob {what}: HTTP {status} {code}: {message}")
+
+
 def _owner_metadata(content: bytes) -> dict[str, str]:
     return {_OWNER_METADATA: base64.urlsafe_b64encode(content).decode("ascii")}
 
@@ -318,12 +321,14 @@ def _first_leaf(errors: BaseExceptionGroup[BaseException]) -> BaseException:
 
 class AzureBlobStore(LogStore):
     backend_name = "azure_blob"
+    # A tick's deletes go in one Blob Batch request (see _delete_many).
+    coalesces_deletes = True
 
     def __init__(self, service: BlobServiceClient, container: ContainerClient, timeout_ms_call: int) -> None:
-        assert timeout_ms_call > 0
+        super().__init__(timeout_ms_call)
         self._service = service
         self._container = container
-        self._timeout_s = timeout_ms_call / 1000
+        self._blob_batch_refused = False  # see _delete_many
 
     @classmethod
     async def open(
@@ -355,31 +360,24 @@ class AzureBlobStore(LogStore):
         store = cls(service, service.get_container_client(container), timeout_ms_call)
         if create_container:
             try:
-                async with store._deadline():
-                    with contextlib.suppress(ResourceExistsError):
-                        await store._container.create_container()
+                await store._bounded(store._create_container(), "create_container")
             except BaseException:
                 await service.close()
                 raise
         return store
 
-    @contextlib.asynccontextmanager
-    async def _deadline(self) -> AsyncIterator[None]:
-        """Bound a call by the store's deadline and turn transport failures into the contract's
-        typed errors, so callers never see an SDK exception or wait forever."""
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                yield
-        except TimeoutError as error:
-            # Before OSError: TimeoutError is one.
-            raise StorageUnavailable(f"azure_blob: no answer within {self._timeout_s}s") from error
-        except (ServiceRequestError, ServiceResponseError, aiohttp.ClientError, OSError) as error:
-            raise StorageUnavailable(f"azure_blob: {type(error).__name__}: {error}") from error
-        except HttpResponseError as error:
-            status = error.status_code or 0
-            if status >= 500 or status in (408, 429):
-                raise StorageUnavailable(f"azure_blob: HTTP {status} {error.error_code}") from error
-            raise StorageError(f"azure_blob: HTTP {status} {error.error_code}: {error.message}") from error
+    def _storage_error(self, error: Exception, what: str) -> StorageError | None:
+        """Transport failures and the service's errors as the contract's typed errors, so callers
+        never see an SDK exception (the template bounds the call and maps TimeoutError)."""
+        if isinstance(error, ServiceRequestError | ServiceResponseError | aiohttp.ClientError | OSError):
+            return StorageUnavailable(f"azure_blob {what}: {type(error).__name__}: {error}")
+        if isinstance(error, HttpResponseError):
+            return _status_error(error.status_code or 0, str(error.error_code), error.message, what)
+        return None
+
+    async def _create_container(self) -> None:
+        with contextlib.suppress(ResourceExistsError):
+            await self._container.create_container()
 
     # Requests. Each is one HTTP round trip.
 
@@ -479,71 +477,55 @@ class AzureBlobStore(LogStore):
 
     # The contract.
 
-    async def log_once(
-        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
+    async def _log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None
     ) -> LogOnceResult:
-        validate_log(log)
-        validate_txn(txn)
-        validate_state(state)
-        validate_body(body)
-        validate_log_fence(fence, log)
         record = Record(log=log, txn=txn, state=state, body=body, applied=False, created_at_ms=_now_ms())
-        async with self._deadline():
-            if fence is not None:
-                # Before the create, and not alongside it, so a refused fence writes nothing and
-                # wins over an existing record, as the contract orders.
-                await self._check_fence(fence)
-            if await self._create(record):
-                return LogOnceResult(state=state, created=True)
-            # Someone else won: learn what they stored. Records are only deleted by garbage
-            # collection of long-finished txns, so the blob that beat us must still be there.
-            stored = await self._get(log, txn)
-            assert stored is not None, f"{log.key}/{txn}: 409 on create, yet no blob on read-back"
-            return LogOnceResult(state=stored.record.state, created=False)
+        if fence is not None:
+            # Before the create, and not alongside it, so a refused fence writes nothing and
+            # wins over an existing record, as the contract orders.
+            await self._check_fence(fence)
+        if await self._create(record):
+            return LogOnceResult(state=state, created=True)
+        # Someone else won: learn what they stored. Records are only deleted by garbage
+        # collection of long-finished txns, so the blob that beat us must still be there.
+        stored = await self._get(log, txn)
+        assert stored is not None, f"{log.key}/{txn}: 409 on create, yet no blob on read-back"
+        return LogOnceResult(state=stored.record.state, created=False)
 
-    async def log(
-        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
+    async def _log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None, fence: Fence | None
     ) -> TxnState:
-        validate_log(log)
-        validate_txn(txn)
-        validate_state(state)
-        if body is not None:
-            validate_body(body)
-        validate_log_fence(fence, log)
-        async with self._deadline():
-            for _ in range(ETAG_RETRY_COUNT_MAX):
-                # The fence is checked again on every attempt, so the gap between check and write
-                # stays one round trip however many ETag races came before.
-                stored = await self._get_fenced(log, txn, fence)
-                if stored is None:
-                    record = Record(
-                        log=log,
-                        txn=txn,
-                        state=state,
-                        body=body if body is not None else RecordBody(),
-                        applied=False,
-                        created_at_ms=_now_ms(),
-                    )
-                    if await self._create(record):
-                        return state
-                    continue  # Created under us: judge the transition against what won.
-                check_log_transition(log, txn, stored.record.state, state)
-                wanted = replace(
-                    stored.record, state=state, body=body if body is not None else stored.record.body
+        for _ in range(ETAG_RETRY_COUNT_MAX):
+            # The fence is checked again on every attempt, so the gap between check and write
+            # stays one round trip however many ETag races came before.
+            stored = await self._get_fenced(log, txn, fence)
+            if stored is None:
+                record = Record(
+                    log=log,
+                    txn=txn,
+                    state=state,
+                    body=body if body is not None else RecordBody(),
+                    applied=False,
+                    created_at_ms=_now_ms(),
                 )
-                if wanted == stored.record:
-                    return state  # Already stored exactly: an idempotent rewrite costs no write.
-                if await self._replace(wanted, stored.etag):
+                if await self._create(record):
                     return state
-            raise StorageUnavailable(
-                f"azure_blob: log {log.key}/{txn} lost {ETAG_RETRY_COUNT_MAX} ETag races in a row"
+                continue  # Created under us: judge the transition against what won.
+            check_log_transition(log, txn, stored.record.state, state)
+            wanted = replace(
+                stored.record, state=state, body=body if body is not None else stored.record.body
             )
+            if wanted == stored.record:
+                return state  # Already stored exactly: an idempotent rewrite costs no write.
+            if await self._replace(wanted, stored.etag):
+                return state
+        raise StorageUnavailable(
+            f"azure_blob: log {log.key}/{txn} lost {ETAG_RETRY_COUNT_MAX} ETag races in a row"
+        )
 
-    async def read(self, log: LogId, txn: str) -> Record | None:
-        validate_log(log)
-        validate_txn(txn)
-        async with self._deadline():
-            stored = await self._get(log, txn)
+    async def _read(self, log: LogId, txn: str) -> Record | None:
+        stored = await self._get(log, txn)
         return stored.record if stored is not None else None
 
     async def _read_unfinished(self, log: LogId, txns: Sequence[str]) -> dict[str, Record]:
@@ -555,70 +537,64 @@ class AzureBlobStore(LogStore):
             if s is not None and is_unfinished(s.record.state, s.record.applied)
         }
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
-        validate_log(log)
-        validate_scan_limit(limit)
-        validate_scan_after(after)
+    async def _scan_unfinished(self, log: LogId, limit: int, after: str) -> list[Record]:
         prefix = _record_prefix(log)
         found: dict[str, Record] = {}
-        async with self._deadline():
-            # The listing is in name order; startFrom (inclusive) skips the names of earlier pages.
-            # No name is below its own id, so every id above `after` lists at or past it. The id
-            # filter below stays: it drops `after` itself and, were startFrom ignored by a service,
-            # everything before it.
-            blobs = aiter(
-                self._container.list_blobs(
-                    name_starts_with=prefix, include=["metadata"], start_from=prefix + after if after else None
-                )
+        # The listing is in name order; startFrom (inclusive) skips the names of earlier pages.
+        # No name is below its own id, so every id above `after` lists at or past it. The id
+        # filter below stays: it drops `after` itself and, were startFrom ignored by a service,
+        # everything before it.
+        blobs = aiter(
+            self._container.list_blobs(
+                name_starts_with=prefix, include=["metadata"], start_from=prefix + after if after else None
             )
-            last_name = ""
-            exhausted = False
-            for _ in range(SCAN_ROUND_COUNT_MAX):
-                txns: list[str] = []
-                while len(found) + len(txns) < limit:
-                    blob = await anext(blobs, None)
-                    if blob is None:
-                        exhausted = True
-                        break
-                    assert blob.name > last_name, "a listing is in name order"
-                    last_name = blob.name
-                    txn = _txn_of(prefix, blob.name)
-                    if txn <= after:
-                        continue
-                    # The metadata lets us skip finished records without reading them. A blob
-                    # without it (or with a value we do not know) is read rather than skipped, so
-                    # nothing unfinished hides.
-                    metadata = blob.metadata or {}
-                    state_value = metadata.get(_STATE_METADATA, "")
-                    applied = metadata.get(_APPLIED_METADATA) == "true"
-                    if state_value in TxnState.__members__ and not is_unfinished(TxnState(state_value), applied):
-                        continue
-                    txns.append(txn)
-                # A record finished or collected since it was listed drops out here; the next
-                # round refills the page from where the listing stopped.
-                found |= await self._read_unfinished(log, txns)
-                if exhausted or len(found) == limit:
+        )
+        last_name = ""
+        exhausted = False
+        for _ in range(SCAN_ROUND_COUNT_MAX):
+            txns: list[str] = []
+            while len(found) + len(txns) < limit:
+                blob = await anext(blobs, None)
+                if blob is None:
+                    exhausted = True
                     break
-            else:
-                raise StorageUnavailable(
-                    f"azure_blob: scan of {log.key}: records kept finishing under it for {SCAN_ROUND_COUNT_MAX} rounds"
-                )
-            if not exhausted:
-                # The page stops short of the listing's end, so ids below its last one may still
-                # lie ahead in name order: only that id's dotted prefixes can (module docstring).
-                assert len(found) == limit
-                missed = [
-                    txn
-                    for txn in _dotted_prefixes(max(found))
-                    if txn > after and _record_name(log, txn) > last_name
-                ]
-                found |= await self._read_unfinished(log, missed)
+                assert blob.name > last_name, "a listing is in name order"
+                last_name = blob.name
+                txn = _txn_of(prefix, blob.name)
+                if txn <= after:
+                    continue
+                # The metadata lets us skip finished records without reading them. A blob
+                # without it (or with a value we do not know) is read rather than skipped, so
+                # nothing unfinished hides.
+                metadata = blob.metadata or {}
+                state_value = metadata.get(_STATE_METADATA, "")
+                applied = metadata.get(_APPLIED_METADATA) == "true"
+                if state_value in TxnState.__members__ and not is_unfinished(TxnState(state_value), applied):
+                    continue
+                txns.append(txn)
+            # A record finished or collected since it was listed drops out here; the next
+            # round refills the page from where the listing stopped.
+            found |= await self._read_unfinished(log, txns)
+            if exhausted or len(found) == limit:
+                break
+        else:
+            raise StorageUnavailable(
+                f"azure_blob: scan of {log.key}: records kept finishing under it for {SCAN_ROUND_COUNT_MAX} rounds"
+            )
+        if not exhausted:
+            # The page stops short of the listing's end, so ids below its last one may still
+            # lie ahead in name order: only that id's dotted prefixes can (module docstring).
+            assert len(found) == limit
+            missed = [
+                txn
+                for txn in _dotted_prefixes(max(found))
+                if txn > after and _record_name(log, txn) > last_name
+            ]
+            found |= await self._read_unfinished(log, missed)
         return [found[txn] for txn in sorted(found)[:limit]]
 
-    async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
-        validate_partition(partition)
-        checked = validate_data_keys(keys)
-        unique = list(dict.fromkeys(checked))
+    async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
+        unique = list(dict.fromkeys(keys))
 
         async def get(key: str) -> bytes | None:
             blob = self._container.get_blob_client(_data_name(partition, key))
@@ -628,17 +604,12 @@ class AzureBlobStore(LogStore):
             except ResourceNotFoundError:
                 return None
 
-        async with self._deadline():
-            values = await _gather_bounded([lambda key=key: get(key) for key in unique])
+        values = await _gather_bounded([lambda key=key: get(key) for key in unique])
         return dict(zip(unique, values, strict=True))
 
-    async def apply_redo(
-        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
+    async def _apply_redo(
+        self, partition: str, txn: str, writes: dict[str, bytes | None], fence: Fence | None
     ) -> bool:
-        validate_partition(partition)
-        validate_txn(txn)
-        checked = validate_writes(writes)
-        validate_fence(fence, partition)
         log = LogId.partition(partition)
 
         async def put(key: str, value: bytes | None) -> None:
@@ -649,34 +620,33 @@ class AzureBlobStore(LogStore):
             else:
                 await blob.upload_blob(value, overwrite=True)
 
-        async with self._deadline():
-            # The fence is checked once, before any data is written: the data writes are the ones
-            # that could clobber a new owner's, and checking again before the marker would not
-            # stop them. A redo refused here writes nothing; one deposed mid-way is the case the
-            # module docstring describes.
-            stored = await self._get_fenced(log, txn, fence)
-            self._check_appliable(log, txn, stored)
+        # The fence is checked once, before any data is written: the data writes are the ones
+        # that could clobber a new owner's, and checking again before the marker would not
+        # stop them. A redo refused here writes nothing; one deposed mid-way is the case the
+        # module docstring describes.
+        stored = await self._get_fenced(log, txn, fence)
+        self._check_appliable(log, txn, stored)
+        assert stored is not None
+        if stored.record.applied:
+            # Writing again could undo a later txn's writes to the same keys.
+            return False
+        await _gather_bounded([lambda k=k, v=v: put(k, v) for k, v in writes.items()])
+        # The data is in; now the record, COMMIT (if it was still our VOTE_YES) and applied.
+        # Losing its ETag race (a concurrent applier, or an idempotent log(COMMIT) rewrite)
+        # only means we read again and retry the marker. Nothing can have turned the record
+        # into ABORT meanwhile (only its participant decides over its own vote); if something
+        # did, the data is already written and the InvariantViolation says so.
+        for _ in range(ETAG_RETRY_COUNT_MAX):
             assert stored is not None
             if stored.record.applied:
-                # Writing again could undo a later txn's writes to the same keys.
-                return False
-            await _gather_bounded([lambda k=k, v=v: put(k, v) for k, v in checked.items()])
-            # The data is in; now the record, COMMIT (if it was still our VOTE_YES) and applied.
-            # Losing its ETag race (a concurrent applier, or an idempotent log(COMMIT) rewrite)
-            # only means we read again and retry the marker. Nothing can have turned the record
-            # into ABORT meanwhile (only its participant decides over its own vote); if something
-            # did, the data is already written and the InvariantViolation says so.
-            for _ in range(ETAG_RETRY_COUNT_MAX):
-                assert stored is not None
-                if stored.record.applied:
-                    return True  # a concurrent applier of this same redo set it: the data is ours too
-                if await self._replace(replace(stored.record, state=TxnState.COMMIT, applied=True), stored.etag):
-                    return True
-                stored = await self._get(log, txn)
-                self._check_appliable(log, txn, stored)
-            raise StorageUnavailable(
-                f"azure_blob: apply_redo {log.key}/{txn} lost {ETAG_RETRY_COUNT_MAX} ETag races in a row"
-            )
+                return True  # a concurrent applier of this same redo set it: the data is ours too
+            if await self._replace(replace(stored.record, state=TxnState.COMMIT, applied=True), stored.etag):
+                return True
+            stored = await self._get(log, txn)
+            self._check_appliable(log, txn, stored)
+        raise StorageUnavailable(
+            f"azure_blob: apply_redo {log.key}/{txn} lost {ETAG_RETRY_COUNT_MAX} ETag races in a row"
+        )
 
     @staticmethod
     def _check_appliable(log: LogId, txn: str, stored: _Stored | None) -> None:
@@ -685,28 +655,71 @@ class AzureBlobStore(LogStore):
         if stored.record.state is TxnState.ABORT:
             raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {stored.record.state}")
 
-    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
-        validate_log(log)
-        validate_txn(txn)
-        validate_log_fence(fence, log)
-        blob = self._container.get_blob_client(_record_name(log, txn))
-        async with self._deadline():
-            if fence is not None:
-                await self._check_fence(fence)
-            try:
-                await blob.delete_blob()
-            except ResourceNotFoundError:
-                return False
+    async def _delete(self, log: LogId, txn: str, fence: Fence | None) -> bool:
+        if fence is not None:
+            await self._check_fence(fence)
+        return await self._delete_blob(DeleteRequest(log, txn, fence))
+
+    async def _delete_blob(self, request: DeleteRequest) -> bool:
+        """Delete the record's blob (its fence already checked); True if it existed."""
+        try:
+            await self._container.get_blob_client(_record_name(request.log, request.txn)).delete_blob()
+        except ResourceNotFoundError:
+            return False
         return True
 
-    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
-        checked = validate_owner_partitions(partitions)
-        async with self._deadline():
-            if len(checked) <= OWNER_GET_COUNT_MAX:
-                stored = await _gather_bounded([lambda p=p: self._get_owner(p) for p in checked])
-                return {s.ownership.partition: s.ownership for s in stored if s is not None}
-            found = await self._list_owners(checked)
-        return {partition: found[partition] for partition in checked if partition in found}
+    async def _delete_many(self, requests: Sequence[DeleteRequest]) -> list[bool | StorageError]:
+        """One Blob Batch request for the deletes (a single one goes alone, cheaper than a batch),
+        after one read of each fenced partition's ownership blob: the check-then-write of a fenced
+        delete, as in `_delete`, with the reads shared."""
+        assert 0 < len(requests) <= min(DELETE_BATCH_COUNT_MAX, BLOB_BATCH_COUNT_MAX)
+        fenced = list(dict.fromkeys(request.fence.partition for request in requests if request.fence is not None))
+        owners = await _gather_bounded([lambda p=p: self._get_owner(p) for p in fenced])
+        held = {p: stored.ownership if stored is not None else None for p, stored in zip(fenced, owners, strict=True)}
+        outcomes: list[bool | StorageError] = [False] * len(requests)
+        admitted: list[int] = []
+        for index, request in enumerate(requests):
+            fence = request.fence
+            if fence is not None and not fence.admits(held[fence.partition]):
+                outcomes[index] = Fenced(fence, held[fence.partition])
+            else:
+                admitted.append(index)
+        if len(admitted) == 1 or (admitted and self._blob_batch_refused):
+            answers = await _gather_bounded([lambda i=i: self._delete_blob(requests[i]) for i in admitted])
+            for index, answer in zip(admitted, answers, strict=True):
+                outcomes[index] = answer
+        elif admitted:
+            names = [_record_name(requests[index].log, requests[index].txn) for index in admitted]
+            try:
+                # One response per blob, in the order asked (the SDK pairs them by Content-ID).
+                responses = [response async for response in await self._container.delete_blobs(
+                    *names, raise_on_any_failure=False
+                )]
+            except HttpResponseError as error:
+                if isinstance(_status_error(error.status_code or 0, "", None, "delete"), StorageUnavailable):
+                    raise
+                # The account refuses Blob Batch as such (a kind or feature that lacks it): the
+                # deletes go one by one, as they did before batches, from now on.
+                self._blob_batch_refused = True
+                return await self._delete_many(requests)
+            assert len(responses) == len(admitted), f"a batch of {len(admitted)} deletes answered {len(responses)}"
+            for index, response in zip(admitted, responses, strict=True):
+                status = response.status_code
+                if status == 202:
+                    outcomes[index] = True
+                elif status == 404:
+                    outcomes[index] = False
+                else:
+                    code = response.headers.get("x-ms-error-code", "")
+                    outcomes[index] = _status_error(status, code, response.reason, "delete")
+        return outcomes
+
+    async def _read_owners(self, partitions: tuple[str, ...]) -> dict[str, Ownership]:
+        if len(partitions) <= OWNER_GET_COUNT_MAX:
+            stored = await _gather_bounded([lambda p=p: self._get_owner(p) for p in partitions])
+            return {s.ownership.partition: s.ownership for s in stored if s is not None}
+        found = await self._list_owners(partitions)
+        return {partition: found[partition] for partition in partitions if partition in found}
 
     async def _list_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
         """The ownership records of `partitions` that exist, from a listing of the blobs under the
@@ -745,32 +758,30 @@ class AzureBlobStore(LogStore):
                 found[stored.ownership.partition] = stored.ownership
         return found
 
-    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
-        expected, new = validate_owner_write(expected, new)
-        async with self._deadline():
-            if expected is None:
-                if await self._put_owner(new, None):
-                    return OwnerWriteResult(stored=new, written=True)
-            else:
-                current = await self._get_owner(new.partition)
-                if current is None or (current.ownership.epoch, current.ownership.version) != (
-                    expected.epoch,
-                    expected.version,
-                ):
-                    return OwnerWriteResult(stored=current.ownership if current is not None else None, written=False)
-                # If-Match on the ETag of the blob just compared: the put lands only if nothing
-                # was written in between, which makes read-compare-put one compare-and-swap.
-                if await self._put_owner(new, current.etag):
-                    return OwnerWriteResult(stored=new, written=True)
-            # Lost a race: learn what won. Ownership blobs are never deleted and their version
-            # only rises, so the winner's record is there and is not the one we expected.
-            won = await self._get_owner(new.partition)
-            assert won is not None, f"ownership of {new.partition}: precondition failed, yet no blob"
-            assert expected is None or (won.ownership.epoch, won.ownership.version) != (
+    async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        if expected is None:
+            if await self._put_owner(new, None):
+                return OwnerWriteResult(stored=new, written=True)
+        else:
+            current = await self._get_owner(new.partition)
+            if current is None or (current.ownership.epoch, current.ownership.version) != (
                 expected.epoch,
                 expected.version,
-            ), f"ownership of {new.partition}: precondition failed on the expected record"
-            return OwnerWriteResult(stored=won.ownership, written=False)
+            ):
+                return OwnerWriteResult(stored=current.ownership if current is not None else None, written=False)
+            # If-Match on the ETag of the blob just compared: the put lands only if nothing
+            # was written in between, which makes read-compare-put one compare-and-swap.
+            if await self._put_owner(new, current.etag):
+                return OwnerWriteResult(stored=new, written=True)
+        # Lost a race: learn what won. Ownership blobs are never deleted and their version
+        # only rises, so the winner's record is there and is not the one we expected.
+        won = await self._get_owner(new.partition)
+        assert won is not None, f"ownership of {new.partition}: precondition failed, yet no blob"
+        assert expected is None or (won.ownership.epoch, won.ownership.version) != (
+            expected.epoch,
+            expected.version,
+        ), f"ownership of {new.partition}: precondition failed on the expected record"
+        return OwnerWriteResult(stored=won.ownership, written=False)
 
     async def close(self) -> None:
         # Container and blob clients share the service's transport; closing it closes them all.
@@ -780,9 +791,12 @@ class AzureBlobStore(LogStore):
 
     async def delete_container(self) -> None:
         """Drop the whole container (test teardown)."""
-        async with self._deadline():
+
+        async def drop() -> None:
             with contextlib.suppress(ResourceNotFoundError):
                 await self._container.delete_container()
+
+        await self._bounded(drop(), "delete_container")
 
 
 __all__ = ["AzureBlobStore"]

@@ -46,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -58,7 +58,6 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from storage_adapters.contract import (
     LOG_NAME_LENGTH_MAX,
-    SCAN_PAGE_COUNT_MAX,
     Fence,
     LogId,
     LogOnceResult,
@@ -70,19 +69,6 @@ from storage_adapters.contract import (
     TxnState,
     check_log_transition,
     is_unfinished,
-    validate_body,
-    validate_data_keys,
-    validate_fence,
-    validate_log,
-    validate_log_fence,
-    validate_owner_partitions,
-    validate_owner_write,
-    validate_partition,
-    validate_scan_after,
-    validate_scan_limit,
-    validate_state,
-    validate_txn,
-    validate_writes,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
 
@@ -248,11 +234,10 @@ class DynamoDbStore(LogStore):
     backend_name = "dynamodb"
 
     def __init__(self, client: Any, exit_stack: contextlib.AsyncExitStack, table: str, timeout_ms_call: int) -> None:
-        assert timeout_ms_call > 0
+        super().__init__(timeout_ms_call)
         self._client = client
         self._exit_stack = exit_stack
         self._table = table
-        self._timeout_s = timeout_ms_call / 1000
 
     @classmethod
     async def open(
@@ -304,76 +289,68 @@ class DynamoDbStore(LogStore):
         return store
 
     async def _create_table(self) -> None:
-        async with self._deadline():
-            try:
-                description = await self._client.describe_table(TableName=self._table)
-                status = description["Table"]["TableStatus"]
-            except ClientError as error:
-                if _error_code(error) != "ResourceNotFoundException":
-                    raise
-                try:
-                    await self._client.create_table(
-                        TableName=self._table,
-                        KeySchema=[
-                            {"AttributeName": "pk", "KeyType": "HASH"},
-                            {"AttributeName": "sk", "KeyType": "RANGE"},
-                        ],
-                        AttributeDefinitions=[
-                            {"AttributeName": "pk", "AttributeType": "S"},
-                            {"AttributeName": "sk", "AttributeType": "S"},
-                        ],
-                        BillingMode="PAY_PER_REQUEST",
-                    )
-                except ClientError as create_error:
-                    # Another process created it first: fine, wait for it like for our own.
-                    if _error_code(create_error) != "ResourceInUseException":
-                        raise
-                status = "CREATING"
+        status = await self._bounded(self._describe_or_create_table(), "create_table")
         # Creation takes seconds on AWS, longer than one call's deadline, so the wait has its own
         # bound and each poll its own deadline.
         for _ in range(TABLE_ACTIVE_WAIT_MS_MAX // TABLE_ACTIVE_POLL_MS):
             if status == "ACTIVE":
                 return
             await asyncio.sleep(TABLE_ACTIVE_POLL_MS / 1000)
-            async with self._deadline():
-                description = await self._client.describe_table(TableName=self._table)
+            description = await self._bounded(self._client.describe_table(TableName=self._table), "describe_table")
             status = description["Table"]["TableStatus"]
         raise StorageUnavailable(
             f"dynamodb: table {self._table} not ACTIVE after {TABLE_ACTIVE_WAIT_MS_MAX}ms (status {status})"
         )
 
-    @contextlib.asynccontextmanager
-    async def _deadline(self) -> AsyncIterator[None]:
-        """Bound a call by the store's deadline and turn transport failures into the contract's
-        typed errors, so callers never see a botocore exception or wait forever."""
+    async def _describe_or_create_table(self) -> str:
+        """The table's status, once it is created if it was not there."""
         try:
-            async with asyncio.timeout(self._timeout_s):
-                yield
-        except TimeoutError as error:
-            # Before OSError: TimeoutError is one.
-            raise StorageUnavailable(f"dynamodb: no answer within {self._timeout_s}s") from error
-        except (BotoConnectionError, HTTPClientError, aiohttp.ClientError, OSError) as error:
-            raise StorageUnavailable(f"dynamodb: {type(error).__name__}: {error}") from error
+            description = await self._client.describe_table(TableName=self._table)
+            status = description["Table"]["TableStatus"]
         except ClientError as error:
+            if _error_code(error) != "ResourceNotFoundException":
+                raise
+            try:
+                await self._client.create_table(
+                    TableName=self._table,
+                    KeySchema=[
+                        {"AttributeName": "pk", "KeyType": "HASH"},
+                        {"AttributeName": "sk", "KeyType": "RANGE"},
+                    ],
+                    AttributeDefinitions=[
+                        {"AttributeName": "pk", "AttributeType": "S"},
+                        {"AttributeName": "sk", "AttributeType": "S"},
+                    ],
+                    BillingMode="PAY_PER_REQUEST",
+                )
+            except ClientError as create_error:
+                # Another process created it first: fine, wait for it like for our own.
+                if _error_code(create_error) != "ResourceInUseException":
+                    raise
+            status = "CREATING"
+        return status
+
+    def _storage_error(self, error: Exception, what: str) -> StorageError | None:
+        """Transport failures and the service's errors as the contract's typed errors, so callers
+        never see a botocore exception (the template bounds the call and maps TimeoutError)."""
+        if isinstance(error, BotoConnectionError | HTTPClientError | aiohttp.ClientError | OSError):
+            return StorageUnavailable(f"dynamodb {what}: {type(error).__name__}: {error}")
+        if isinstance(error, ClientError):
             code = _error_code(error)
             status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
             reasons = {r.get("Code") for r in error.response.get("CancellationReasons") or []}
             if code in _RETRYABLE_ERROR_CODES or status >= 500 or reasons & _RETRYABLE_CANCELLATION_CODES:
-                raise StorageUnavailable(f"dynamodb: {code}: {error}") from error
-            raise StorageError(f"dynamodb: {code}: {error}") from error
-        except BotoCoreError as error:
-            raise StorageError(f"dynamodb: {type(error).__name__}: {error}") from error
+                return StorageUnavailable(f"dynamodb {what}: {code}: {error}")
+            return StorageError(f"dynamodb {what}: {code}: {error}")
+        if isinstance(error, BotoCoreError):
+            return StorageError(f"dynamodb {what}: {type(error).__name__}: {error}")
+        return None
 
     # The contract.
 
-    async def log_once(
-        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
+    async def _log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None
     ) -> LogOnceResult:
-        validate_log(log)
-        validate_txn(txn)
-        validate_state(state)
-        validate_body(body)
-        validate_log_fence(fence, log)
         item = {
             **_record_key(log, txn),
             "state": {"S": state.value},
@@ -388,21 +365,14 @@ class DynamoDbStore(LogStore):
             "ExpressionAttributeNames": {"#pk": "pk"},
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
-        async with self._deadline():
-            stored = await self._conditional_write("Put", put, fence, log, txn)
+        stored = await self._conditional_write("Put", put, fence, log, txn)
         if stored is not None:
             return LogOnceResult(state=_decode_record(log, txn, stored).state, created=False)
         return LogOnceResult(state=state, created=True)
 
-    async def log(
-        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
+    async def _log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None, fence: Fence | None
     ) -> TxnState:
-        validate_log(log)
-        validate_txn(txn)
-        validate_state(state)
-        if body is not None:
-            validate_body(body)
-        validate_log_fence(fence, log)
         values: dict[str, Any] = {
             ":state": {"S": state.value},
             ":vote": {"S": TxnState.VOTE_YES.value},
@@ -440,16 +410,15 @@ class DynamoDbStore(LogStore):
             "ExpressionAttributeValues": values,
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
-        async with self._deadline():
-            stored = await self._conditional_write("Update", update, fence, log, txn)
-            if stored is not None:
-                stored_state = _decode_record(log, txn, stored).state
-                check_log_transition(log, txn, stored_state, state)
-                # The condition failed, so the rule must refuse this pair; it did not, which
-                # means storage and contract disagree about the rule.
-                raise InvariantViolation(
-                    f"dynamodb refused {stored_state} -> {state} for {log.key}/{txn}, the contract allows it"
-                )
+        stored = await self._conditional_write("Update", update, fence, log, txn)
+        if stored is not None:
+            stored_state = _decode_record(log, txn, stored).state
+            check_log_transition(log, txn, stored_state, state)
+            # The condition failed, so the rule must refuse this pair; it did not, which
+            # means storage and contract disagree about the rule.
+            raise InvariantViolation(
+                f"dynamodb refused {stored_state} -> {state} for {log.key}/{txn}, the contract allows it"
+            )
         return state
 
     async def _conditional_write(
@@ -489,17 +458,11 @@ class DynamoDbStore(LogStore):
         response = await self._client.get_item(TableName=self._table, Key=key, ConsistentRead=True)
         return response.get("Item")
 
-    async def read(self, log: LogId, txn: str) -> Record | None:
-        validate_log(log)
-        validate_txn(txn)
-        async with self._deadline():
-            item = await self._get_item(_record_key(log, txn))
+    async def _read(self, log: LogId, txn: str) -> Record | None:
+        item = await self._get_item(_record_key(log, txn))
         return _decode_record(log, txn, item) if item is not None else None
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
-        validate_log(log)
-        validate_scan_limit(limit)
-        validate_scan_after(after)
+    async def _scan_unfinished(self, log: LogId, limit: int, after: str) -> list[Record]:
         records: list[Record] = []
         request: dict[str, Any] = {
             "TableName": self._table,
@@ -518,29 +481,25 @@ class DynamoDbStore(LogStore):
             # The start key need not name a stored item: DynamoDB resumes at the first sk above it,
             # and string sort keys compare by their UTF-8 bytes, the contract's order for ASCII ids.
             request["ExclusiveStartKey"] = _record_key(log, after)
-        async with self._deadline():
-            for _ in range(QUERY_PAGE_COUNT_MAX):
-                response = await self._client.query(**request)
-                for item in response.get("Items", []):
-                    record = _decode_record(log, item["sk"]["S"], item)
-                    assert is_unfinished(record.state, record.applied)
-                    assert record.txn > after and (not records or record.txn > records[-1].txn)
-                    records.append(record)
-                    if len(records) == limit:
-                        return records
-                last = response.get("LastEvaluatedKey")
-                if last is None:
+        for _ in range(QUERY_PAGE_COUNT_MAX):
+            response = await self._client.query(**request)
+            for item in response.get("Items", []):
+                record = _decode_record(log, item["sk"]["S"], item)
+                assert is_unfinished(record.state, record.applied)
+                assert record.txn > after and (not records or record.txn > records[-1].txn)
+                records.append(record)
+                if len(records) == limit:
                     return records
-                request["ExclusiveStartKey"] = last
+            last = response.get("LastEvaluatedKey")
+            if last is None:
+                return records
+            request["ExclusiveStartKey"] = last
         raise StorageUnavailable(f"dynamodb: scan of {log.key} walked {QUERY_PAGE_COUNT_MAX} pages")
 
-    async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
-        validate_partition(partition)
-        checked = validate_data_keys(keys)
+    async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
         # BatchGetItem rejects a request that names one key twice.
-        unique = list(dict.fromkeys(checked))
-        async with self._deadline():
-            items = await self._batch_get([_data_key(partition, key) for key in unique], "sk, v")
+        unique = list(dict.fromkeys(keys))
+        items = await self._batch_get([_data_key(partition, key) for key in unique], "sk, v")
         found = {item["sk"]["S"]: bytes(item["v"]["B"]) for item in items}
         assert set(found) <= set(unique)
         return {key: found.get(key) for key in unique}
@@ -582,20 +541,16 @@ class DynamoDbStore(LogStore):
         assert len(found) <= len(keys)
         return found
 
-    async def apply_redo(
-        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
+    async def _apply_redo(
+        self, partition: str, txn: str, writes: dict[str, bytes | None], fence: Fence | None
     ) -> bool:
-        validate_partition(partition)
-        validate_txn(txn)
-        checked = validate_writes(writes)
-        validate_fence(fence, partition)
         log = LogId.partition(partition)
         record_key = _record_key(log, txn)
         # The fence's ConditionCheck leads every transaction (where _raise_if_fenced looks for it).
         head = [self._fence_check(fence)] if fence is not None else []
 
         operations: list[tuple[dict[str, Any], int]] = []
-        for key, value in checked.items():
+        for key, value in writes.items():
             if value is None:
                 operation = {"Delete": {"TableName": self._table, "Key": _data_key(partition, key)}}
                 size = len(key.encode("utf-8")) + 128
@@ -641,67 +596,66 @@ class DynamoDbStore(LogStore):
                 }
             }
 
-        async with self._deadline():
-            if len(chunks) == 1:
-                # The common case, fully atomic in one round trip: the data lands only together
-                # with the marker, and only if the record is a vote or COMMIT not yet applied (and
-                # the fence holds). Writing an applied redo again could undo a later txn's writes
-                # to the same keys.
-                try:
-                    await self._transact([*head, *chunks[0], marker(require_unapplied=True)])
-                except ClientError as error:
-                    if fence is not None:
-                        await self._raise_if_fenced(error, fence)
-                    stored = self._marker_failure(error, log, txn)
-                    if stored is None:
-                        raise
-                    if stored.applied:
-                        return False
-                    raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {stored.state}") from error
-                return True
-            # Too big for one transaction: check first, then data, then the marker, so the record
-            # says COMMIT and applied only once all data is in; a crash before the marker leaves a
-            # VOTE_YES, which recovery resolves and then applies again.
-            if fence is None:
-                item = await self._get_item(record_key)
-            else:
-                # The fence too, in the same read, so that a deposed owner is refused before it
-                # writes any chunk, as a one-transaction redo would be.
-                item, owner_item = await self._get_items_together(record_key, _owner_key(partition))
-                owner = _decode_owner(owner_item) if owner_item is not None else None
-                if not fence.admits(owner):
-                    raise Fenced(fence, owner)
-            stored = _decode_record(log, txn, item) if item is not None else None
-            if stored is None or stored.state is TxnState.ABORT:
-                state = stored.state if stored is not None else "absent"
-                raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {state}")
-            if stored.applied:
-                return False
-            # Every chunk carries the fence's check, not only the one with the marker: a chunk
-            # lands only while the fence holds, so all data of a deposed owner lands before the
-            # take that deposed it (transactions serialize with write_owner's PutItem). If the
-            # partition is taken between chunks, the next chunk is refused with Fenced and the
-            # record stays unapplied, so the new owner's recovery re-applies the whole redo over
-            # the chunks that landed before it lets any later txn at those keys. Unlike a
-            # one-transaction redo, then, a Fenced here may follow chunks that did land (as a
-            # crash between chunks leaves them); what the fence guarantees is that none lands late.
-            for chunk in chunks[:-1]:
-                try:
-                    await self._transact([*head, *chunk])
-                except ClientError as error:
-                    if fence is not None:
-                        await self._raise_if_fenced(error, fence)
-                    raise
+        if len(chunks) == 1:
+            # The common case, fully atomic in one round trip: the data lands only together
+            # with the marker, and only if the record is a vote or COMMIT not yet applied (and
+            # the fence holds). Writing an applied redo again could undo a later txn's writes
+            # to the same keys.
             try:
-                await self._transact([*head, *chunks[-1], marker(require_unapplied=False)])
+                await self._transact([*head, *chunks[0], marker(require_unapplied=True)])
             except ClientError as error:
                 if fence is not None:
                     await self._raise_if_fenced(error, fence)
                 stored = self._marker_failure(error, log, txn)
                 if stored is None:
                     raise
+                if stored.applied:
+                    return False
                 raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {stored.state}") from error
             return True
+        # Too big for one transaction: check first, then data, then the marker, so the record
+        # says COMMIT and applied only once all data is in; a crash before the marker leaves a
+        # VOTE_YES, which recovery resolves and then applies again.
+        if fence is None:
+            item = await self._get_item(record_key)
+        else:
+            # The fence too, in the same read, so that a deposed owner is refused before it
+            # writes any chunk, as a one-transaction redo would be.
+            item, owner_item = await self._get_items_together(record_key, _owner_key(partition))
+            owner = _decode_owner(owner_item) if owner_item is not None else None
+            if not fence.admits(owner):
+                raise Fenced(fence, owner)
+        stored = _decode_record(log, txn, item) if item is not None else None
+        if stored is None or stored.state is TxnState.ABORT:
+            state = stored.state if stored is not None else "absent"
+            raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {state}")
+        if stored.applied:
+            return False
+        # Every chunk carries the fence's check, not only the one with the marker: a chunk
+        # lands only while the fence holds, so all data of a deposed owner lands before the
+        # take that deposed it (transactions serialize with write_owner's PutItem). If the
+        # partition is taken between chunks, the next chunk is refused with Fenced and the
+        # record stays unapplied, so the new owner's recovery re-applies the whole redo over
+        # the chunks that landed before it lets any later txn at those keys. Unlike a
+        # one-transaction redo, then, a Fenced here may follow chunks that did land (as a
+        # crash between chunks leaves them); what the fence guarantees is that none lands late.
+        for chunk in chunks[:-1]:
+            try:
+                await self._transact([*head, *chunk])
+            except ClientError as error:
+                if fence is not None:
+                    await self._raise_if_fenced(error, fence)
+                raise
+        try:
+            await self._transact([*head, *chunks[-1], marker(require_unapplied=False)])
+        except ClientError as error:
+            if fence is not None:
+                await self._raise_if_fenced(error, fence)
+            stored = self._marker_failure(error, log, txn)
+            if stored is None:
+                raise
+            raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {stored.state}") from error
+        return True
 
     async def _get_items_together(
         self, first: dict[str, Any], second: dict[str, Any]
@@ -762,43 +716,40 @@ class DynamoDbStore(LogStore):
             raise InvariantViolation(f"apply_redo of {log.key}/{txn}: no record") from error
         return _decode_record(log, txn, item)
 
-    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
-        validate_log(log)
-        validate_txn(txn)
-        validate_log_fence(fence, log)
-        async with self._deadline():
-            if fence is None:
-                response = await self._client.delete_item(
-                    TableName=self._table, Key=_record_key(log, txn), ReturnValues="ALL_OLD"
-                )
-                return "Attributes" in response
-            # A transaction's Delete cannot return the old item; its condition says whether there
-            # was one instead, in the same round trip.
-            delete = {
-                "TableName": self._table,
-                "Key": _record_key(log, txn),
-                "ConditionExpression": "attribute_exists(#pk)",
-                "ExpressionAttributeNames": {"#pk": "pk"},
-            }
-            try:
-                await self._transact([self._fence_check(fence), {"Delete": delete}])
-            except ClientError as error:
-                await self._raise_if_fenced(error, fence)
-                if _failed_condition(error, 1) is None:
-                    raise
-                return False
-            return True
+    # Deletes are not coalesced here: BatchWriteItem carries no condition (so no fence) and
+    # returns no old items (so no "did it exist"), and a TransactWriteItems of several deletes is
+    # all or nothing (one fenced or absent record would cancel the rest) at twice the capacity
+    # cost. Each delete stays one DeleteItem (or one fenced transaction) of its own.
+    async def _delete(self, log: LogId, txn: str, fence: Fence | None) -> bool:
+        if fence is None:
+            response = await self._client.delete_item(
+                TableName=self._table, Key=_record_key(log, txn), ReturnValues="ALL_OLD"
+            )
+            return "Attributes" in response
+        # A transaction's Delete cannot return the old item; its condition says whether there
+        # was one instead, in the same round trip.
+        delete = {
+            "TableName": self._table,
+            "Key": _record_key(log, txn),
+            "ConditionExpression": "attribute_exists(#pk)",
+            "ExpressionAttributeNames": {"#pk": "pk"},
+        }
+        try:
+            await self._transact([self._fence_check(fence), {"Delete": delete}])
+        except ClientError as error:
+            await self._raise_if_fenced(error, fence)
+            if _failed_condition(error, 1) is None:
+                raise
+            return False
+        return True
 
-    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
-        checked = validate_owner_partitions(partitions)
-        async with self._deadline():
-            items = await self._batch_get([_owner_key(partition) for partition in checked], None)
+    async def _read_owners(self, partitions: tuple[str, ...]) -> dict[str, Ownership]:
+        items = await self._batch_get([_owner_key(partition) for partition in partitions], None)
         found = {owner.partition: owner for owner in map(_decode_owner, items)}
-        assert set(found) <= set(checked), f"BatchGetItem answered keys not asked: {set(found) - set(checked)}"
-        return {partition: found[partition] for partition in checked if partition in found}
+        assert set(found) <= set(partitions), f"BatchGetItem answered keys not asked: {set(found) - set(partitions)}"
+        return {partition: found[partition] for partition in partitions if partition in found}
 
-    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
-        expected, new = validate_owner_write(expected, new)
+    async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
         put: dict[str, Any] = {
             "TableName": self._table,
             "Item": _owner_item(new),
@@ -814,26 +765,25 @@ class DynamoDbStore(LogStore):
                 ":epoch": {"N": str(expected.epoch)},
                 ":version": {"N": str(expected.version)},
             }
-        async with self._deadline():
-            try:
-                await self._client.put_item(**put)
-            except ClientError as error:
-                if _error_code(error) != "ConditionalCheckFailedException":
-                    raise
-                item = error.response.get("Item")
-                if item is None:
-                    # No record (DynamoDB sends no item then), or an emulator that ignores
-                    # ReturnValuesOnConditionCheckFailure: the loser pays a read.
-                    item = await self._get_item(_owner_key(new.partition))
-                stored = _decode_owner(item) if item is not None else None
-                # Ownership records are never deleted and their version only rises, so what beat
-                # us can neither be absent (when we expected none) nor be the one we expected.
-                assert stored is not None or expected is not None, f"{new.partition}: condition failed, yet no record"
-                assert stored is None or expected is None or (stored.epoch, stored.version) != (
-                    expected.epoch,
-                    expected.version,
-                ), f"{new.partition}: condition failed on the expected record"
-                return OwnerWriteResult(stored=stored, written=False)
+        try:
+            await self._client.put_item(**put)
+        except ClientError as error:
+            if _error_code(error) != "ConditionalCheckFailedException":
+                raise
+            item = error.response.get("Item")
+            if item is None:
+                # No record (DynamoDB sends no item then), or an emulator that ignores
+                # ReturnValuesOnConditionCheckFailure: the loser pays a read.
+                item = await self._get_item(_owner_key(new.partition))
+            stored = _decode_owner(item) if item is not None else None
+            # Ownership records are never deleted and their version only rises, so what beat
+            # us can neither be absent (when we expected none) nor be the one we expected.
+            assert stored is not None or expected is not None, f"{new.partition}: condition failed, yet no record"
+            assert stored is None or expected is None or (stored.epoch, stored.version) != (
+                expected.epoch,
+                expected.version,
+            ), f"{new.partition}: condition failed on the expected record"
+            return OwnerWriteResult(stored=stored, written=False)
         return OwnerWriteResult(stored=new, written=True)
 
     async def close(self) -> None:
@@ -843,12 +793,15 @@ class DynamoDbStore(LogStore):
 
     async def delete_table(self) -> None:
         """Drop the whole table (test teardown)."""
-        async with self._deadline():
+
+        async def drop() -> None:
             try:
                 await self._client.delete_table(TableName=self._table)
             except ClientError as error:
                 if _error_code(error) != "ResourceNotFoundException":
                     raise
+
+        await self._bounded(drop(), "delete_table")
 
 
 # The pk prefixes plus a log key or partition stay far inside DynamoDB's 2048-byte partition key.

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
+    DelegatingStore,
     Fence,
     LogId,
     LogOnceResult,
@@ -73,14 +74,14 @@ def parse_latency(spec: str) -> LatencyDistribution:
     )
 
 
-class LatencyInjectingStore(LogStore):
+class LatencyInjectingStore(DelegatingStore):
     """A LogStore that delays every call by a sample of `distribution`, then delegates. Validation
-    errors still come from the inner store, so bad input behaves exactly as without the wrapper."""
+    errors still come from the inner store, so bad input behaves exactly as without the wrapper;
+    the delay stands for the trip to remote storage, outside the inner store's call deadline."""
 
     def __init__(self, inner: LogStore, distribution: LatencyDistribution, seed: int | None = None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.distribution = distribution
-        self.backend_name = inner.backend_name
         self._sample_ms = distribution.sampler(random.Random(seed))
 
     async def _delay(self) -> None:
@@ -130,6 +131,3 @@ class LatencyInjectingStore(LogStore):
     async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
         await self._delay()
         return await self.inner.write_owner(expected, new)
-
-    async def close(self) -> None:
-        await self.inner.close()

@@ -1,5 +1,7 @@
 """Redis backend: every contract call is ONE Lua script run by EVALSHA (redis-py's Script object
-falls back to EVAL on NOSCRIPT, e.g. after a restart flushed the script cache).
+falls back to EVAL on NOSCRIPT, e.g. after a restart flushed the script cache). Deletes go further:
+the contract's base hands over those of one event-loop tick together, and one script deletes all
+of one log's (at most DELETE_BATCH_COUNT_MAX), each record under its own fence check.
 
 Key layout. A record is a hash at `cxtxn:{<log>}:<txn>`; each log keeps a sorted set of its
 unfinished txn ids at `cxtxn:{<log>}:~unfinished` (the `~` cannot occur in a txn id, so the names
@@ -21,8 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -32,8 +34,9 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 
 from storage_adapters.contract import (
-    SCAN_PAGE_COUNT_MAX,
+    DELETE_BATCH_COUNT_MAX,
     SCAN_ROUND_COUNT_MAX,
+    DeleteRequest,
     Fence,
     LogId,
     LogOnceResult,
@@ -44,21 +47,14 @@ from storage_adapters.contract import (
     RecordBody,
     TxnState,
     is_unfinished,
-    validate_body,
-    validate_data_keys,
-    validate_fence,
-    validate_log,
-    validate_log_fence,
-    validate_owner_partitions,
-    validate_owner_write,
-    validate_partition,
-    validate_scan_after,
-    validate_scan_limit,
-    validate_state,
-    validate_txn,
-    validate_writes,
 )
-from storage_adapters.errors import DecisionFlipRefused, Fenced, InvariantViolation, StorageUnavailable
+from storage_adapters.errors import (
+    DecisionFlipRefused,
+    Fenced,
+    InvariantViolation,
+    StorageError,
+    StorageUnavailable,
+)
 from storage_adapters.resp_pipe import RespAddress, RespPipe
 
 TIMEOUT_MS_CALL_DEFAULT = 5_000
@@ -134,10 +130,34 @@ sync_index(KEYS[1], KEYS[2], ARGV[1])
 return {'OK', 'COMMIT'}
 """
 
-# KEYS: record, index. ARGV: txn.
-_DELETE = """
-redis.call('ZREM', KEYS[2], ARGV[1])
-return redis.call('DEL', KEYS[1])
+# Several deletes of ONE log (a script may only touch one hash slot, and a log's keys share one),
+# each with its own fence check: what a tick's coalesced deletes cost instead of a script each.
+# KEYS: index, then each record, then (only when some delete is fenced) the partition's ownership
+# record. ARGV: per delete its txn, and its fence's owner and epoch ('' and '' unfenced). Replies
+# {results, ownership}: per delete 1 (deleted), 0 (absent) or -1 (fenced: nothing written), and
+# the ownership record's fields if any delete was fenced.
+_DELETE_MANY = """
+local count = #ARGV / 3
+local owner_key = KEYS[count + 2]
+local held
+local refused = false
+local results = {}
+for i = 1, count do
+  local fence_owner = ARGV[3 * i - 1]
+  if fence_owner ~= '' then
+    held = held or redis.call('HMGET', owner_key, 'owner', 'epoch')
+    if held[1] ~= fence_owner or held[2] ~= ARGV[3 * i] then
+      results[i] = -1
+      refused = true
+    end
+  end
+  if not results[i] then
+    redis.call('ZREM', KEYS[1], ARGV[3 * i - 2])
+    results[i] = redis.call('DEL', KEYS[i + 1])
+  end
+end
+if refused then return {results, redis.call('HGETALL', owner_key)} end
+return {results, {}}
 """
 
 # Prepended to a script to make its fenced variant: the caller appends the ownership record's key
@@ -166,7 +186,8 @@ end
 return {matches and 1 or 0, redis.call('HGETALL', KEYS[1])}
 """
 
-T = TypeVar("T")
+# The calls whose scripts go over the pipelined connection, which bounds each by its own timer.
+_PIPED_CALLS = frozenset({"log_once", "log", "apply_redo", "delete"})
 
 
 def _tag(log: LogId) -> str:
@@ -217,22 +238,23 @@ class RedisStore(LogStore):
     """LogStore over Redis. Open with `await RedisStore.open("redis://127.0.0.1:6379/0")`."""
 
     backend_name = "redis"
+    coalesces_deletes = True
 
     def __init__(self, client: aioredis.Redis, timeout_ms_call: int) -> None:
-        assert timeout_ms_call > 0
-        self.timeout_ms_call = timeout_ms_call
+        super().__init__(timeout_ms_call)
         self._client = client
-        self._log_once = client.register_script(_LOG_ONCE)
-        self._log = client.register_script(_LOG)
-        self._apply_redo = client.register_script(_APPLY_REDO)
-        self._delete = client.register_script(_DELETE)
+        self._scripts = {source: client.register_script(source) for source in (_LOG_ONCE, _LOG, _APPLY_REDO)}
+        self._fenced = {source: client.register_script(_FENCE + source) for source in (_LOG_ONCE, _LOG, _APPLY_REDO)}
+        self._delete_many_script = client.register_script(_DELETE_MANY)
+        self._write_owner_script = client.register_script(_WRITE_OWNER)
         # The hot scripts go over one pipelined connection (resp_pipe.py); None: a TLS or Unix
         # socket URL, where they go through redis-py like every other call.
         self._pipe: RespPipe | None = None
-        self._fenced = {
-            script: client.register_script(_FENCE + script) for script in (_LOG_ONCE, _LOG, _APPLY_REDO, _DELETE)
-        }
-        self._write_owner = client.register_script(_WRITE_OWNER)
+
+    @property
+    def _calls_bounded_by_io(self) -> frozenset[str]:  # type: ignore[override]
+        # The pipe's bare timer per call is the deadline (see LogStore._calls_bounded_by_io).
+        return _PIPED_CALLS if self._pipe is not None else frozenset()
 
     @classmethod
     async def open(cls, url: str, *, timeout_ms_call: int = TIMEOUT_MS_CALL_DEFAULT) -> RedisStore:
@@ -263,31 +285,20 @@ class RedisStore(LogStore):
         await store._bounded(client.ping(), "PING")
         return store
 
-    async def _bounded(self, call: Awaitable[T], what: str, deadline_inside: bool = False) -> T:
-        """`call`'s result within timeout_ms_call, its failures as StorageUnavailable.
-        `deadline_inside`: the call enforces the deadline itself (the pipe's calls: a bare timer
-        per call, where an asyncio.timeout costs a context, a task lookup and a handle)."""
-        try:
-            if deadline_inside:
-                return await call
-            async with asyncio.timeout(self.timeout_ms_call / 1000):
-                return await call
-        except TimeoutError:
-            raise StorageUnavailable(f"redis {what} did not answer within {self.timeout_ms_call} ms") from None
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as error:
-            raise StorageUnavailable(f"redis {what}: {error}") from error
-        except redis.exceptions.BusyLoadingError as error:
-            raise StorageUnavailable(f"redis {what}: server is loading its data") from error
+    def _storage_error(self, error: Exception, what: str) -> StorageError | None:
+        # BusyLoadingError is a ConnectionError: first, for its plainer message.
+        if isinstance(error, redis.exceptions.BusyLoadingError):
+            return StorageUnavailable(f"redis {what}: server is loading its data")
+        if isinstance(error, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | OSError):
+            return StorageUnavailable(f"redis {what}: {error}")
+        return None
 
-    async def _run(self, source: str, keys: list[str], args: list[Any], fence: Fence | None, what: str) -> Any:
+    async def _run(self, source: str, keys: list[str], args: list[Any], fence: Fence | None) -> Any:
         """Run a contract script, or its fenced variant when there is a fence; Fenced if refused."""
         if fence is None:
-            script = {_LOG_ONCE: self._log_once, _LOG: self._log, _APPLY_REDO: self._apply_redo, _DELETE: self._delete}
-            return await self._bounded(self._script(script[source], keys, args), what, self._pipe is not None)
-        fenced_keys = [*keys, _owner_key(fence.partition)]
-        reply = await self._bounded(
-            self._script(self._fenced[source], fenced_keys, [*args, fence.owner, str(fence.epoch)]), what,
-            self._pipe is not None,
+            return await self._script(self._scripts[source], keys, args)
+        reply = await self._script(
+            self._fenced[source], [*keys, _owner_key(fence.partition)], [*args, fence.owner, str(fence.epoch)]
         )
         if isinstance(reply, list) and reply and reply[0] == b"FENCED":
             raise Fenced(fence, _owner_from_flat(fence.partition, reply[1]))
@@ -296,115 +307,86 @@ class RedisStore(LogStore):
     async def _script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         if self._pipe is None:
             return await script(keys=keys, args=args)
-        return await self._pipe.evalsha(script.sha, script.script, keys, args, self.timeout_ms_call / 1000)
+        return await self._pipe.evalsha(script.sha, script.script, keys, args, self._timeout_s)
 
-    async def log_once(
-        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
+    async def _log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None
     ) -> LogOnceResult:
-        validate_log(log)
-        validate_txn(txn)
-        validate_state(state)
-        validate_body(body)
-        validate_log_fence(fence, log)
         reply = await self._run(
             _LOG_ONCE,
             [_record_key(log, txn), _index_key(log)],
             [txn, state.value, json.dumps(body.participants), body.coordinator, body.redo],
             fence,
-            "log_once",
         )
         stored, created = TxnState(reply[0].decode()), reply[1] == 1
         assert stored is state or not created, "a created record holds what we wrote"
         return LogOnceResult(stored, created)
 
-    async def log(
-        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
+    async def _log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None, fence: Fence | None
     ) -> TxnState:
-        validate_log(log)
-        validate_txn(txn)
-        validate_state(state)
-        if body is not None:
-            validate_body(body)
-        validate_log_fence(fence, log)
         body_args: list[Any] = (
             ["0", "", "", b""]
             if body is None
             else ["1", json.dumps(body.participants), body.coordinator, body.redo]
         )
         verdict, stored = await self._run(
-            _LOG, [_record_key(log, txn), _index_key(log)], [txn, state.value, *body_args], fence, "log"
+            _LOG, [_record_key(log, txn), _index_key(log)], [txn, state.value, *body_args], fence
         )
         if verdict == b"REFUSED":
             raise DecisionFlipRefused(log, txn, TxnState(stored.decode()), state)
         assert verdict == b"OK" and stored.decode() == state.value
         return state
 
-    async def read(self, log: LogId, txn: str) -> Record | None:
-        validate_log(log)
-        validate_txn(txn)
-        fields = await self._bounded(self._client.hgetall(_record_key(log, txn)), "read")
+    async def _read(self, log: LogId, txn: str) -> Record | None:
+        fields = await self._client.hgetall(_record_key(log, txn))
         return _record_from_hash(log, txn, fields) if fields else None
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
-        validate_log(log)
-        validate_scan_limit(limit)
-        validate_scan_after(after)
+    async def _scan_unfinished(self, log: LogId, limit: int, after: str) -> list[Record]:
         index_key = _index_key(log)
-
-        async def scan() -> list[Record]:
-            records: list[Record] = []
-            start = after
-            for _ in range(SCAN_ROUND_COUNT_MAX):
-                wanted = limit - len(records)
-                # "(" makes the bound exclusive; "-" is the smallest member.
-                members = await self._client.zrange(
-                    index_key, f"({start}" if start else "-", "+", bylex=True, offset=0, num=wanted
-                )
-                txns = [member.decode() for member in members]
-                assert txns == sorted(txns) and all(txn > start for txn in txns)
-                pipe = self._client.pipeline(transaction=False)
-                for txn in txns:
-                    pipe.hgetall(_record_key(log, txn))
-                rows = await pipe.execute()
-                # A record finished or deleted between the two round trips left the index after we
-                # read it: it needs no work, so it is dropped and the page refilled beyond it.
-                for txn, fields in zip(txns, rows, strict=True):
-                    record = _record_from_hash(log, txn, fields) if fields else None
-                    if record is not None and is_unfinished(record.state, record.applied):
-                        records.append(record)
-                if len(txns) < wanted or len(records) == limit:
-                    return records
-                start = txns[-1]
-            raise StorageUnavailable(
-                f"redis scan of {log.key}: records kept finishing under it for {SCAN_ROUND_COUNT_MAX} rounds"
+        records: list[Record] = []
+        start = after
+        for _ in range(SCAN_ROUND_COUNT_MAX):
+            wanted = limit - len(records)
+            # "(" makes the bound exclusive; "-" is the smallest member.
+            members = await self._client.zrange(
+                index_key, f"({start}" if start else "-", "+", bylex=True, offset=0, num=wanted
             )
-
-        return await self._bounded(scan(), "scan_unfinished")
-
-    async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
-        validate_partition(partition)
-        checked = validate_data_keys(keys)
-        if not checked:
-            return {}
-        values = await self._bounded(
-            self._client.mget([_data_key(partition, key) for key in checked]), "read_data"
+            txns = [member.decode() for member in members]
+            assert txns == sorted(txns) and all(txn > start for txn in txns)
+            pipe = self._client.pipeline(transaction=False)
+            for txn in txns:
+                pipe.hgetall(_record_key(log, txn))
+            rows = await pipe.execute()
+            # A record finished or deleted between the two round trips left the index after we
+            # read it: it needs no work, so it is dropped and the page refilled beyond it.
+            for txn, fields in zip(txns, rows, strict=True):
+                record = _record_from_hash(log, txn, fields) if fields else None
+                if record is not None and is_unfinished(record.state, record.applied):
+                    records.append(record)
+            if len(txns) < wanted or len(records) == limit:
+                return records
+            start = txns[-1]
+        raise StorageUnavailable(
+            f"redis scan of {log.key}: records kept finishing under it for {SCAN_ROUND_COUNT_MAX} rounds"
         )
-        return dict(zip(checked, values, strict=True))
 
-    async def apply_redo(
-        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
+    async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
+        if not keys:
+            return {}
+        values = await self._client.mget([_data_key(partition, key) for key in keys])
+        return dict(zip(keys, values, strict=True))
+
+    async def _apply_redo(
+        self, partition: str, txn: str, writes: dict[str, bytes | None], fence: Fence | None
     ) -> bool:
-        validate_partition(partition)
-        validate_txn(txn)
-        checked = validate_writes(writes)
-        validate_fence(fence, partition)
         log = LogId.partition(partition)
         keys = [_record_key(log, txn), _index_key(log)]
         args: list[Any] = [txn]
-        for key, value in checked.items():
+        for key, value in writes.items():
             keys.append(_data_key(partition, key))
             args.extend(["d", b""] if value is None else ["s", value])
-        verdict, stored = await self._run(_APPLY_REDO, keys, args, fence, "apply_redo")
+        verdict, stored = await self._run(_APPLY_REDO, keys, args, fence)
         if verdict == b"NOT_COMMIT":
             raise InvariantViolation(
                 f"apply_redo of txn {txn!r} on {partition!r}: record is {stored.decode()}, not VOTE_YES or COMMIT"
@@ -412,32 +394,74 @@ class RedisStore(LogStore):
         assert verdict in (b"OK", b"APPLIED_BEFORE")
         return verdict == b"OK"
 
-    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
-        validate_log(log)
-        validate_txn(txn)
-        validate_log_fence(fence, log)
-        removed = await self._run(_DELETE, [_record_key(log, txn), _index_key(log)], [txn], fence, "delete")
-        return removed == 1
+    async def _delete(self, log: LogId, txn: str, fence: Fence | None) -> bool:
+        [outcome] = await self._delete_many([DeleteRequest(log, txn, fence)])
+        if isinstance(outcome, StorageError):
+            raise outcome
+        return outcome
 
-    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
-        checked = validate_owner_partitions(partitions)
+    async def _delete_many(self, requests: Sequence[DeleteRequest]) -> list[bool | StorageError]:
+        assert 0 < len(requests) <= DELETE_BATCH_COUNT_MAX
+        by_log: dict[LogId, list[int]] = {}
+        for index, request in enumerate(requests):
+            by_log.setdefault(request.log, []).append(index)
+        outcomes: list[bool | StorageError] = [False] * len(requests)
+        if len(by_log) == 1:
+            await self._delete_in_log(requests, requests[0].log, range(len(requests)), outcomes)
+        else:
+            # A script per log (one hash slot each); the pipe sends them all in this tick's write.
+            await asyncio.gather(*(
+                self._delete_in_log(requests, log, indexes, outcomes) for log, indexes in by_log.items()
+            ))
+        return outcomes
+
+    async def _delete_in_log(
+        self, requests: Sequence[DeleteRequest], log: LogId, indexes: Sequence[int],
+        outcomes: list[bool | StorageError],
+    ) -> None:
+        """Delete `requests[i]` for i in `indexes` (all of `log`) in one script; answers to `outcomes`."""
+        keys = [_index_key(log)]
+        record_prefix = _record_key(log, "")  # the tag's formatting once per log, not per record
+        args: list[str] = []
+        fenced = False
+        for index in indexes:
+            request = requests[index]
+            keys.append(record_prefix + request.txn)
+            if request.fence is None:
+                args += [request.txn, "", ""]
+            else:
+                # Validated: a fence guards only its own partition's log, so all share one owner key.
+                assert request.fence.partition == log.name
+                args += [request.txn, request.fence.owner, str(request.fence.epoch)]
+                fenced = True
+        if fenced:
+            keys.append(_owner_key(log.name))
+        results, owner_fields = await self._script(self._delete_many_script, keys, args)
+        assert len(results) == len(indexes), f"{len(indexes)} deletes, {len(results)} answers"
+        stored: Ownership | None = _owner_from_flat(log.name, owner_fields) if owner_fields else None
+        for index, result in zip(indexes, results, strict=True):
+            fence = requests[index].fence
+            if result == -1:
+                assert fence is not None, "only a fenced delete is refused"
+                outcomes[index] = Fenced(fence, stored)
+            else:
+                assert result in (0, 1), result
+                outcomes[index] = result == 1
+
+    async def _read_owners(self, partitions: tuple[str, ...]) -> dict[str, Ownership]:
         # One pipeline: one round trip, whatever the count (OWNER_READ_COUNT_MAX bounds it).
         pipeline = self._client.pipeline(transaction=False)
-        for partition in checked:
+        for partition in partitions:
             pipeline.hgetall(_owner_key(partition))
-        replies = await self._bounded(pipeline.execute(), "read_owners")
-        found = (_owner_from_flat(p, reply) for p, reply in zip(checked, replies, strict=True))
+        replies = await pipeline.execute()
+        found = (_owner_from_flat(p, reply) for p, reply in zip(partitions, replies, strict=True))
         return {record.partition: record for record in found if record is not None}
 
-    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
-        validate_owner_write(expected, new)
+    async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
         expected_args = ["", ""] if expected is None else [str(expected.epoch), str(expected.version)]
-        written, stored = await self._bounded(
-            self._write_owner(
-                keys=[_owner_key(new.partition)],
-                args=[*expected_args, new.owner, str(new.epoch), str(new.version), str(new.lease_ms), new.wanted_by],
-            ),
-            "write_owner",
+        written, stored = await self._write_owner_script(
+            keys=[_owner_key(new.partition)],
+            args=[*expected_args, new.owner, str(new.epoch), str(new.version), str(new.lease_ms), new.wanted_by],
         )
         return OwnerWriteResult(_owner_from_flat(new.partition, stored), written == 1)
 

@@ -34,6 +34,7 @@ from cornus.runtime.outcome import Outcome
 from services.api.logs import current_txn
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
+    DelegatingStore,
     Fence,
     LogId,
     LogOnceResult,
@@ -144,23 +145,22 @@ class _EventCounters(Collector):
         yield CounterMetricFamily(self.name, self.documentation, labels=["event"])
 
 
-class InstrumentedStore(LogStore):
+class InstrumentedStore(DelegatingStore):
     """A LogStore that times every call and counts the ones that raise, then re-raises unchanged:
     the Node must see exactly what it would see without the wrapper."""
 
     def __init__(self, inner: LogStore, metrics: Metrics) -> None:
-        self.inner = inner
-        self.backend_name = inner.backend_name
+        super().__init__(inner)
         self._seconds = {call: metrics.storage_call_seconds.labels(inner.backend_name, call) for call in STORAGE_CALLS}
         self._errors = metrics.storage_errors
-        self._log = _storage_log
+        self._logger = _storage_log
 
     def _done(self, call: str, started: float, error: BaseException | None, txn: str = "") -> None:
         self._seconds[call].observe(time.perf_counter() - started)
         if error is not None:
             self._errors.labels(self.backend_name, call, type(error).__name__).inc()
             # The store's txn argument names the transaction even when no handler set the context.
-            self._log.warning("storage %s %s failed: %s", self.backend_name, call, error,
+            self._logger.warning("storage %s %s failed: %s", self.backend_name, call, error,
                               extra={"txn": txn or current_txn.get()})
 
     async def log_once(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -15,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.api.metrics import PHASES, InstrumentedStore, Metrics
 from storage_adapters.contract import (
-    SCAN_PAGE_COUNT_MAX,
     Fence,
     LogId,
     LogOnceResult,
@@ -92,37 +90,40 @@ class _FlakyStore(LogStore):
 
     backend_name = "flaky"
 
-    async def log_once(
-        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
+    def __init__(self) -> None:
+        super().__init__(timeout_ms_call=1_000)
+
+    async def _log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None
     ) -> LogOnceResult:
         raise AssertionError("not used")
 
-    async def log(
-        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
+    async def _log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None, fence: Fence | None
     ) -> TxnState:
         raise AssertionError("not used")
 
-    async def read(self, log: LogId, txn: str) -> Record | None:
+    async def _read(self, log: LogId, txn: str) -> Record | None:
         raise StorageUnavailable("flaky: no answer within 1 ms")
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
+    async def _scan_unfinished(self, log: LogId, limit: int, after: str) -> list[Record]:
         return []
 
-    async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
+    async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
         return dict.fromkeys(keys)
 
-    async def apply_redo(
-        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
+    async def _apply_redo(
+        self, partition: str, txn: str, writes: dict[str, bytes | None], fence: Fence | None
     ) -> bool:
         raise AssertionError("not used")
 
-    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
+    async def _delete(self, log: LogId, txn: str, fence: Fence | None) -> bool:
         raise AssertionError("not used")
 
-    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
+    async def _read_owners(self, partitions: tuple[str, ...]) -> dict[str, Ownership]:
         raise AssertionError("not used")
 
-    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+    async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
         raise AssertionError("not used")
 
     async def close(self) -> None:

@@ -41,6 +41,7 @@ from cornus.runtime.outcome import Outcome, OutcomeStatus
 from cornus.runtime.wire import Op, OpKind
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
+    DelegatingStore,
     Fence,
     LogId,
     LogOnceResult,
@@ -116,7 +117,7 @@ class Call:
     result: Any = None
 
 
-class FaultyStore(LogStore):
+class FaultyStore(DelegatingStore):
     """Delegates to `inner`; per method, can fail the next N calls (or all until `heal`), perform a
     call and then report it failed, or hold calls until released. `where` narrows a fault to calls
     whose arguments match (e.g. `lambda a: a["txn"] == txn`). Every call is recorded in `calls`."""
@@ -126,7 +127,7 @@ class FaultyStore(LogStore):
     )
 
     def __init__(self, inner: LogStore, name: str = "") -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.name = name
         self.backend_name = f"faulty({inner.backend_name})"
         self.calls: list[Call] = []

@@ -21,6 +21,7 @@ from tests.storage.conftest import TIMEOUT_MS_CALL_TEST
 from tests.worker import free_port
 
 RACER_COUNT = 60
+DELETES_PER_LOG = 20
 # Well past the connection pool, so a pool that refused instead of waiting would fail calls.
 BURST_COUNT = 5 * CONNECTION_COUNT_MAX
 SILENT_TIMEOUT_MS = 500
@@ -42,24 +43,71 @@ async def stores(services: Services) -> AsyncIterator[tuple[RedisStore, RedisSto
         await second.close()
 
 
-async def test_racing_log_once_creates_exactly_one_record(stores: tuple[RedisStore, RedisStore], ns: str) -> None:
+@pytest.mark.parametrize("fenced", [False, True])
+async def test_racing_log_once_creates_exactly_one_record(
+    stores: tuple[RedisStore, RedisStore], ns: str, fenced: bool
+) -> None:
+    """Racers on one record from two stores, all pipelined (and, fenced, a third of them with a
+    stale fence), with coalesced deletes of other records of the log in the same ticks: exactly
+    one racer creates the record, every admitted racer is told what it stored, and no stale
+    racer writes."""
     first, second = stores
     log = LogId.partition(f"{ns}-p")
     txn = f"{ns}.t"
+    current = stale = None
+    if fenced:
+        old = Ownership(log.name, "n1", 1, 1, 10_000)
+        assert (await first.write_owner(None, old)).written
+        taken = Ownership(log.name, "n2", 2, 2, 10_000)
+        assert (await first.write_owner(old, taken)).written
+        current, stale = taken.fence(), old.fence()
+    await asyncio.gather(*(first.log_once(log, f"{ns}.old{index}", TxnState.ABORT, body(log.name))
+                           for index in range(RACER_COUNT // 4)))
     assert first._pipe is not None
     writes_before = first._pipe.write_count
     states = [TxnState.VOTE_YES if index % 2 else TxnState.ABORT for index in range(RACER_COUNT)]
-    results = await asyncio.gather(*(
-        (first if index % 2 else second).log_once(log, txn, state, body(log.name))
+    fences = [stale if fenced and index % 3 == 0 else current for index in range(RACER_COUNT)]
+    racers = [
+        (first if index % 2 else second).log_once(log, txn, state, body(log.name), fences[index])
         for index, state in enumerate(states)
-    ))
-    created = [result for result in results if result.created]
+    ]
+    deletes = [(second if index % 2 else first).delete(log, f"{ns}.old{index}", current)
+               for index in range(RACER_COUNT // 4)]
+    results = await asyncio.gather(*racers, *deletes, return_exceptions=True)
+    results, deleted = results[:RACER_COUNT], results[RACER_COUNT:]
+    assert deleted == [True] * len(deletes), deleted
+    admitted = [result for result, fence in zip(results, fences, strict=True) if fence is None or fence == current]
+    refused = [result for result, fence in zip(results, fences, strict=True) if fenced and fence == stale]
+    assert all(isinstance(result, Fenced) and result.fence == stale for result in refused), refused
+    created = [result for result in admitted if result.created]
     assert len(created) == 1, results
-    assert {result.state for result in results} == {created[0].state}
+    assert {result.state for result in admitted} == {created[0].state}
     record = await first.read(log, txn)
     assert record is not None and record.state is created[0].state
     # The racers of one store went in fewer socket writes than calls: they were batched.
     assert first._pipe.write_count - writes_before < RACER_COUNT // 2
+
+
+async def test_a_ticks_deletes_go_in_one_script_per_log(stores: tuple[RedisStore, RedisStore], ns: str) -> None:
+    store, _ = stores
+    logs = [LogId.partition(f"{ns}-p{index}") for index in range(3)] + [LogId.coordinator(f"{ns}-c")]
+    await asyncio.gather(*(store.log_once(log, f"{ns}.t{index}", TxnState.ABORT, body(log.name))
+                           for log in logs for index in range(0, DELETES_PER_LOG, 2)))
+    owner = Ownership(logs[0].name, "n1", 1, 1, 10_000)
+    assert (await store.write_owner(None, owner)).written
+    assert store._pipe is not None
+    calls_before, writes_before = store._pipe.call_count, store._pipe.write_count
+    deleted = await asyncio.gather(*(
+        store.delete(log, f"{ns}.t{index}", owner.fence() if log == logs[0] and index % 3 else None)
+        for log in logs for index in range(DELETES_PER_LOG)
+    ))
+    assert deleted == [index % 2 == 0 for _ in logs for index in range(DELETES_PER_LOG)]
+    # One script call per log, where there was one per delete; and one socket write for all.
+    assert store._pipe.call_count - calls_before == len(logs)
+    assert store._pipe.write_count - writes_before <= 2  # one more if Redis had to load the script
+    for log in logs:
+        assert await store.scan_unfinished(log) == []
+        assert await store.read(log, f"{ns}.t0") is None
 
 
 async def test_each_caller_of_a_batch_gets_its_own_answer(stores: tuple[RedisStore, RedisStore], ns: str) -> None:
@@ -144,7 +192,7 @@ async def test_every_caller_of_a_batch_hears_of_a_silent_redis_within_its_deadli
     try:
         outcomes = await asyncio.gather(*(
             store.log_once(log, f"silent.t{index}", TxnState.VOTE_YES, body(log.name)) for index in range(5)
-        ), return_exceptions=True)
+        ), *(store.delete(log, f"silent.d{index}") for index in range(5)), return_exceptions=True)
     finally:
         await store.close()
         for writer in accepted:
