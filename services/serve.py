@@ -21,9 +21,9 @@ from services.api.logs import configure_json_logging, level_from_env
 from services.api.metrics import InstrumentedStore, Metrics
 from services.api.rest import build_app
 from services.node_rpc.transport import PeerTransport
-from storage_adapters.contract import LogStore
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
+from storage_adapters.store import LogStore
 
 log = logging.getLogger("cornus.serve")
 

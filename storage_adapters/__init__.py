@@ -1,33 +1,5 @@
-"""Storage adapters: the LogStore contract and its backends (emulator, redis, azure_blob, dynamodb)."""
+"""Storage adapters: the LogStore contract (contract.py: value types and rules; store.py: the
+template every backend fills in) and its backends (emulator, redis, azure_blob, dynamodb).
 
-from storage_adapters.contract import (
-    LogId,
-    LogKind,
-    LogOnceResult,
-    LogStore,
-    Record,
-    RecordBody,
-    TxnState,
-)
-from storage_adapters.errors import (
-    DecisionFlipRefused,
-    InvariantViolation,
-    StorageError,
-    StorageUnavailable,
-    ValidationError,
-)
-
-__all__ = [
-    "DecisionFlipRefused",
-    "InvariantViolation",
-    "LogId",
-    "LogKind",
-    "LogOnceResult",
-    "LogStore",
-    "Record",
-    "RecordBody",
-    "StorageError",
-    "StorageUnavailable",
-    "TxnState",
-    "ValidationError",
-]
+Import from the modules themselves. This package imports nothing, so that the protocol core,
+which imports contract.py's value types, does not load asyncio through store.py."""

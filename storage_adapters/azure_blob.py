@@ -85,14 +85,11 @@ from azure.core.exceptions import (
 from azure.storage.blob.aio import BlobServiceClient, ContainerClient
 
 from storage_adapters.contract import (
-    DELETE_BATCH_COUNT_MAX,
     OWNER_READ_COUNT_MAX,
     SCAN_ROUND_COUNT_MAX,
-    DeleteRequest,
     Fence,
     LogId,
     LogOnceResult,
-    LogStore,
     Ownership,
     OwnerWriteResult,
     Record,
@@ -102,6 +99,7 @@ from storage_adapters.contract import (
     is_unfinished,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
+from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore
 
 # How often a read-modify-write may lose an ETag race before we give up and report contention as
 # unavailability (retryable). Writers of one record are few (a coordinator and the terminators of

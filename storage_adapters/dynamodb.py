@@ -61,7 +61,6 @@ from storage_adapters.contract import (
     Fence,
     LogId,
     LogOnceResult,
-    LogStore,
     Ownership,
     OwnerWriteResult,
     Record,
@@ -71,6 +70,7 @@ from storage_adapters.contract import (
     is_unfinished,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
+from storage_adapters.store import LogStore
 
 # DynamoDB's own limits on one TransactWriteItems: 100 items and 4 MB. We stay under the bytes
 # limit with room for attribute names and the record's update.

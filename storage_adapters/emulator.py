@@ -35,12 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from storage_adapters.contract import (
-    DeleteRequest,
     Fence,
     LogId,
     LogKind,
     LogOnceResult,
-    LogStore,
     Ownership,
     OwnerWriteResult,
     Record,
@@ -49,6 +47,7 @@ from storage_adapters.contract import (
     check_log_transition,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable
+from storage_adapters.store import DeleteRequest, LogStore
 
 # Calls waiting for the worker thread; past this the store answers StorageUnavailable at once
 # instead of letting an overloaded caller queue without bound.

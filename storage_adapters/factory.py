@@ -10,8 +10,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from storage_adapters.contract import LogStore
 from storage_adapters.errors import ValidationError
+from storage_adapters.store import LogStore
 
 BACKENDS = ("emulator", "redis", "azure_blob", "dynamodb")
 TIMEOUT_MS_CALL_MAX = 600_000

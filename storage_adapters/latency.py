@@ -18,11 +18,9 @@ from dataclasses import dataclass
 
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
-    DelegatingStore,
     Fence,
     LogId,
     LogOnceResult,
-    LogStore,
     Ownership,
     OwnerWriteResult,
     Record,
@@ -30,6 +28,7 @@ from storage_adapters.contract import (
     TxnState,
 )
 from storage_adapters.errors import ValidationError
+from storage_adapters.store import DelegatingStore, LogStore
 
 # A sampled delay never exceeds this: a lognormal tail must not stall a benchmark for minutes.
 DELAY_MS_MAX = 10_000

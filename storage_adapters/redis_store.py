@@ -34,13 +34,10 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 
 from storage_adapters.contract import (
-    DELETE_BATCH_COUNT_MAX,
     SCAN_ROUND_COUNT_MAX,
-    DeleteRequest,
     Fence,
     LogId,
     LogOnceResult,
-    LogStore,
     Ownership,
     OwnerWriteResult,
     Record,
@@ -56,6 +53,7 @@ from storage_adapters.errors import (
     StorageUnavailable,
 )
 from storage_adapters.resp_pipe import RespAddress, RespPipe
+from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore
 
 TIMEOUT_MS_CALL_DEFAULT = 5_000
 CONNECTION_COUNT_MAX = 64

@@ -24,8 +24,9 @@ from cornus.runtime.outcome import AbortReason, Outcome, OutcomeStatus
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.transport import Transport
 from cornus.runtime.wire import StatusRequest, StatusResponse
-from storage_adapters.contract import LogId, LogStore, TxnState
+from storage_adapters.contract import LogId, TxnState
 from storage_adapters.errors import StorageUnavailable
+from storage_adapters.store import LogStore
 
 # Storage calls one manual resolve keeps in flight (it reads every partition's log).
 RESOLVE_CALLS_IN_FLIGHT_MAX = 256

@@ -45,8 +45,9 @@ from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.timing import TimingLog
 from cornus.runtime.transport import Transport
 from cornus.runtime.wire import Routed
-from storage_adapters.contract import Fence, LogKind, LogStore, TxnState
+from storage_adapters.contract import Fence, LogKind, TxnState
 from storage_adapters.errors import Fenced, InvariantViolation, StorageUnavailable
+from storage_adapters.store import LogStore
 
 log = logging.getLogger("cornus.node")
 

@@ -54,7 +54,8 @@ from cornus.runtime.wire import (
     Routed,
     StatusRequest,
 )
-from storage_adapters.contract import PARTICIPANT_COUNT_MAX, LogStore, Ownership
+from storage_adapters.contract import PARTICIPANT_COUNT_MAX, Ownership
+from storage_adapters.store import LogStore
 
 __all__ = ["Node", "PartitionInfo", "TxnAborted", "TxnInfo", "ops_for_writes"]
 

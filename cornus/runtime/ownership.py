@@ -31,8 +31,9 @@ from cornus.protocol.ownership import (
     WriteOwner,
 )
 from cornus.runtime.effect_runner import fatal
-from storage_adapters.contract import Fence, LogStore, Ownership
+from storage_adapters.contract import Fence, Ownership
 from storage_adapters.errors import StorageUnavailable
+from storage_adapters.store import LogStore
 
 log = logging.getLogger("cornus.ownership")
 

@@ -19,8 +19,9 @@ from cornus.protocol.locks import Grant, LockMode, LockTable, Policy, Waiter
 from cornus.protocol.txn_ids import begin_ms_of
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind, validate_op
-from storage_adapters.contract import Fence, LogStore
+from storage_adapters.contract import Fence
 from storage_adapters.errors import StorageUnavailable, ValidationError
+from storage_adapters.store import LogStore
 
 log = logging.getLogger("cornus.partition")
 

@@ -14,8 +14,9 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 
-from storage_adapters.contract import LogId, LogStore, RecordBody, TxnState
+from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.factory import StoreConfig, open_store
+from storage_adapters.store import LogStore
 
 OPS_MAX = 1_000_000
 CONCURRENCY_MAX = 1024

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 
 import redis
 
-from storage_adapters.contract import LogId, LogKind, LogStore, TxnState
+from storage_adapters.contract import LogId, LogKind, TxnState
 from storage_adapters.errors import StorageError
 from storage_adapters.factory import StoreConfig, open_store
 from storage_adapters.redis_store import TXN_PREFIX
+from storage_adapters.store import LogStore
 
 GONE = "GONE"
 REDIS_SCAN_COUNT = 1_000

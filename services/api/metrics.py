@@ -34,17 +34,16 @@ from cornus.runtime.outcome import Outcome
 from services.api.logs import current_txn
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
-    DelegatingStore,
     Fence,
     LogId,
     LogOnceResult,
-    LogStore,
     Ownership,
     OwnerWriteResult,
     Record,
     RecordBody,
     TxnState,
 )
+from storage_adapters.store import DelegatingStore, LogStore
 
 # From 100 us (a cached emulator read) to 10 s (a commit that waited out termination): the range
 # between loopback storage and a slow cloud region, in roughly 2.5x steps.

@@ -17,7 +17,6 @@ from storage_adapters.contract import (
     Fence,
     LogId,
     LogOnceResult,
-    LogStore,
     Ownership,
     OwnerWriteResult,
     Record,
@@ -25,6 +24,7 @@ from storage_adapters.contract import (
     TxnState,
 )
 from storage_adapters.errors import StorageUnavailable
+from storage_adapters.store import LogStore
 from tests.api.conftest import API_PARTITION_COUNT, emulator_storage
 from tests.cluster.harness import Cluster, keys_on, running_cluster
 

@@ -41,11 +41,9 @@ from cornus.runtime.outcome import Outcome, OutcomeStatus
 from cornus.runtime.wire import Op, OpKind
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
-    DelegatingStore,
     Fence,
     LogId,
     LogOnceResult,
-    LogStore,
     Ownership,
     OwnerWriteResult,
     Record,
@@ -54,6 +52,7 @@ from storage_adapters.contract import (
 )
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
+from storage_adapters.store import DelegatingStore, LogStore
 
 # Storage call deadline of test clusters: small, so recovery's wait for in-flight calls is short,
 # but well above what a SQLite commit on this machine takes.

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from storage_adapters.contract import LogStore
 from storage_adapters.factory import BACKENDS, StoreConfig, open_store
+from storage_adapters.store import LogStore
 from tests.conftest import Services
 
 # Per-call deadline in the suite: long enough for a loaded 2-core CI box (Azurite, one Node.js

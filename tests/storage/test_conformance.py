@@ -18,13 +18,13 @@ from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
     TXN_ID_LENGTH_MAX,
     LogId,
-    LogStore,
     Record,
     RecordBody,
     TxnState,
 )
 from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, ValidationError
 from storage_adapters.factory import StoreConfig, open_store
+from storage_adapters.store import LogStore
 
 VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
 

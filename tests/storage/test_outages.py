@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from storage_adapters.contract import LogId, LogStore, RecordBody, TxnState
+from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
+from storage_adapters.store import LogStore
 from tests.conftest import Services
 from tests.storage import servers
 

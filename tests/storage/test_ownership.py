@@ -18,12 +18,12 @@ from storage_adapters.contract import (
     OWNER_READ_COUNT_MAX,
     Fence,
     LogId,
-    LogStore,
     Ownership,
     RecordBody,
     TxnState,
 )
 from storage_adapters.errors import Fenced, ValidationError
+from storage_adapters.store import LogStore
 
 VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
 LEASE_MS = 10_000

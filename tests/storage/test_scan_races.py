@@ -11,9 +11,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from storage_adapters import azure_blob, redis_store
-from storage_adapters.contract import SCAN_ROUND_COUNT_MAX, LogId, LogStore, RecordBody, TxnState
+from storage_adapters.contract import SCAN_ROUND_COUNT_MAX, LogId, RecordBody, TxnState
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import open_store
+from storage_adapters.store import LogStore
 from tests.conftest import Services
 from tests.storage.conftest import config_for
 

@@ -14,14 +14,11 @@ from typing import Any
 import pytest
 
 from storage_adapters.contract import (
-    DELETE_BATCH_COUNT_MAX,
     OWNER_READ_COUNT_MAX,
     SCAN_PAGE_COUNT_MAX,
-    DeleteRequest,
     Fence,
     LogId,
     LogOnceResult,
-    LogStore,
     Ownership,
     OwnerWriteResult,
     Record,
@@ -30,6 +27,7 @@ from storage_adapters.contract import (
 )
 from storage_adapters.errors import Fenced, StorageError, StorageUnavailable, ValidationError
 from storage_adapters.factory import open_store
+from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore
 from tests.conftest import Services
 from tests.storage.conftest import config_for
 

@@ -1,0 +1,383 @@
+"""`LogStore`, the storage contract's interface (storage_adapters/contract.py says what each
+call must do), as a template that every backend fills in: the public methods validate their
+arguments, bound each call by the store's deadline, map the backend's errors and coalesce the
+deletes of one event-loop tick, once, here; a backend implements only its I/O. Apart from the
+value types of contract.py because this needs asyncio, and the protocol core, which imports
+those, must not."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+from storage_adapters.contract import (
+    SCAN_PAGE_COUNT_MAX,
+    Fence,
+    LogId,
+    LogOnceResult,
+    Ownership,
+    OwnerWriteResult,
+    Record,
+    RecordBody,
+    TxnState,
+    validate_body,
+    validate_data_keys,
+    validate_fence,
+    validate_log,
+    validate_log_fence,
+    validate_owner_partitions,
+    validate_owner_write,
+    validate_partition,
+    validate_scan_after,
+    validate_scan_limit,
+    validate_state,
+    validate_txn,
+    validate_writes,
+)
+from storage_adapters.errors import StorageError, StorageUnavailable
+
+# Deletes one coalesced backend request may carry. A Redis script blocks the server for everyone
+# while it runs (about 3 us per record deleted, so ~0.4 ms at this size), an Azure batch takes at
+# most 256, and past a few dozen the per-request cost is already spread thin: garbage collection
+# gains little from bigger batches and other clients' latency would pay for them.
+DELETE_BATCH_COUNT_MAX = 128
+
+T = TypeVar("T")
+
+
+class DeleteRequest(NamedTuple):
+    """One caller's `delete`, validated, as a backend's `_delete_many` gets it in a batch."""
+
+    log: LogId
+    txn: str
+    fence: Fence | None
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
+class LogStore(abc.ABC):
+    """The storage contract. Every method has a deadline (the store's `timeout_ms_call`) and raises
+    StorageUnavailable when the backend does not answer within it; ValidationError (before any
+    I/O) for bad arguments; DecisionFlipRefused for a refused `log`.
+
+    A template: the public methods validate their arguments, bound the call by the deadline and
+    map the backend's errors, once, here; a backend implements the protected methods of the same
+    names (`_log_once`, ...), which get validated arguments and do only the I/O, and
+    `_storage_error`, its error mapping. Deletes issued in one event-loop tick are joined here
+    into `_delete_many` batches where the backend says it can carry several in one request
+    (`coalesces_deletes`). A store that wraps another (`DelegatingStore`) forwards whole calls
+    instead, so the inner store's template does all of that, once."""
+
+    backend_name: str = "abstract"
+    # Calls (by method name) that the backend's I/O layer already bounds by timeout_ms_call with
+    # a timer of its own, raising TimeoutError: the base adds no second timer to those. Redis's
+    # pipelined scripts are: a bare timer per call there, where asyncio.timeout costs ~3 us.
+    _calls_bounded_by_io: frozenset[str] = frozenset()
+    # Whether `_delete_many` carries several records in fewer requests than one each: then the
+    # deletes of a tick are batched, else each goes to `_delete` alone, as cheaply as any call.
+    coalesces_deletes: bool = False
+
+    def __init__(self, timeout_ms_call: int) -> None:
+        assert timeout_ms_call > 0, timeout_ms_call
+        self.timeout_ms_call = timeout_ms_call
+        self._timeout_s = timeout_ms_call / 1000
+        # Deletes waiting for the end of their tick, per event loop: a store may serve several
+        # loops (the emulator settles each call on its caller's loop), and a batch is one loop's.
+        self._deletes_waiting: dict[asyncio.AbstractEventLoop, list[tuple[DeleteRequest, asyncio.Future[bool]]]] = {}
+        # Batches in flight: the event loop keeps only weak references to tasks.
+        self._delete_batches: set[asyncio.Task[None]] = set()
+
+    # --- the template ------------------------------------------------------------------------
+
+    async def _bounded(self, call: Awaitable[T], what: str) -> T:
+        """`call`'s result within the call deadline; TimeoutError (ours or the I/O layer's) as
+        StorageUnavailable, the backend's own errors as `_storage_error` maps them."""
+        try:
+            if what in self._calls_bounded_by_io:
+                return await call
+            async with asyncio.timeout(self._timeout_s):
+                return await call
+        except TimeoutError as error:
+            raise StorageUnavailable(
+                f"{self.backend_name} {what} did not answer within {self.timeout_ms_call} ms",
+            ) from error
+        except StorageError:
+            raise
+        except Exception as error:
+            mapped = self._storage_error(error, what)
+            if mapped is None:
+                raise
+            raise mapped from error
+
+    def _storage_error(self, error: Exception, what: str) -> StorageError | None:
+        """The contract's error for a backend's exception (a transport failure is
+        StorageUnavailable), or None to let it through unchanged. TimeoutError never gets here."""
+        return None
+
+    async def log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None,
+    ) -> LogOnceResult:
+        """Create the record with `state` if it is absent; return what is stored now. One round trip.
+        With a fence, raise Fenced (writing nothing) unless the fence holds."""
+        validate_log(log)
+        validate_txn(txn)
+        validate_state(state)
+        validate_body(body)
+        validate_log_fence(fence, log)
+        return await self._bounded(self._log_once(log, txn, state, body, fence), "log_once")
+
+    async def log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None,
+    ) -> TxnState:
+        """Plain write: create, or move VOTE_YES to a decision, or rewrite the same state. `body`
+        None keeps the stored body. Refuses COMMIT<->ABORT and decision->VOTE_YES; Fenced as
+        `log_once`."""
+        validate_log(log)
+        validate_txn(txn)
+        validate_state(state)
+        if body is not None:
+            validate_body(body)
+        validate_log_fence(fence, log)
+        return await self._bounded(self._log(log, txn, state, body, fence), "log")
+
+    async def read(self, log: LogId, txn: str) -> Record | None:
+        """The stored record, or None."""
+        validate_log(log)
+        validate_txn(txn)
+        return await self._bounded(self._read(log, txn), "read")
+
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
+        """Up to `limit` records of `log` that still need work (VOTE_YES, or COMMIT not applied), whose
+        txn id sorts strictly after `after` ("" = from the start), in ascending txn-id order. A page
+        with fewer than `limit` records is the last one; to read the next page pass the last txn id
+        of this page as `after`. Each record is as read during the call: one finished or deleted
+        meanwhile is left out and the page refilled from further on, so only the end makes a page
+        short. `after` need not name an existing record."""
+        validate_log(log)
+        validate_scan_limit(limit)
+        validate_scan_after(after)
+        return await self._bounded(self._scan_unfinished(log, limit, after), "scan_unfinished")
+
+    async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
+        """Committed values of `keys` in `partition` (None for absent keys)."""
+        validate_partition(partition)
+        checked = validate_data_keys(keys)
+        return await self._bounded(self._read_data(partition, checked), "read_data")
+
+    async def apply_redo(
+        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None,
+    ) -> bool:
+        """Apply a committed redo to the data and mark the partition's record COMMIT and applied,
+        atomically where the backend allows.
+
+        The record must be VOTE_YES or COMMIT. A VOTE_YES record becomes COMMIT in the same step
+        as the data is written, so a participant that learns COMMIT records its decision and
+        applies in ONE call instead of `log(COMMIT)` and then this. That is safe because only the
+        participant itself ever moves its own record from VOTE_YES to a decision (a terminator
+        only does log_once(ABORT), which never overwrites a record), and it applies only once it
+        knows the decision is COMMIT. Until the call lands the record still says VOTE_YES, which
+        every termination reads as a yes vote, and all voted yes, so nothing can decide ABORT. A
+        crash before it lands leaves VOTE_YES: recovery finds the record unfinished, resolves it
+        to COMMIT and applies then. Where a backend cannot make the two one atomic step (Azure
+        Blob; a DynamoDB redo too big for one transaction) it writes the data first and the record,
+        COMMIT and applied, last, so a crash in between leaves VOTE_YES (or an unapplied COMMIT)
+        and recovery applies the same redo again over it, which is harmless while its keys stay
+        locked.
+
+        An ABORT or absent record is an InvariantViolation: raised, nothing written. A record
+        already marked applied is left alone and nothing is written: re-writing an old redo could
+        undo a later transaction's writes to the same keys. So recovery may repeat the call
+        safely. True if this call applied the redo, False if it was applied before (a caller
+        caching data must not cache it then). With a fence, raise Fenced (writing nothing) unless
+        the fence holds."""
+        validate_partition(partition)
+        validate_txn(txn)
+        checked = validate_writes(writes)
+        validate_fence(fence, partition)
+        return await self._bounded(self._apply_redo(partition, txn, checked, fence), "apply_redo")
+
+    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
+        """Remove the record (garbage collection); True if it existed. Fenced as `log_once`.
+
+        Where the backend `coalesces_deletes`, the deletes of one event-loop tick go to storage
+        together, at most DELETE_BATCH_COUNT_MAX per request, and each caller still gets its own
+        answer, its own Fenced and its own deadline (counted from its call)."""
+        validate_log(log)
+        validate_txn(txn)
+        validate_log_fence(fence, log)
+        if not self.coalesces_deletes:
+            return await self._bounded(self._delete(log, txn, fence), "delete")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        waiting = self._deletes_waiting.get(loop)
+        if waiting is None:
+            waiting = self._deletes_waiting[loop] = []
+            loop.call_soon(self._flush_deletes, loop)
+        waiting.append((DeleteRequest(log, txn, fence), future))
+        # A bare timer per caller (the batch's request has its own bound as well): a caller's
+        # deadline counts from its own call, and costs a heap entry rather than a timeout context.
+        expiry = loop.call_at(loop.time() + self._timeout_s, _expire, future)
+        try:
+            return await future
+        except TimeoutError as error:
+            raise StorageUnavailable(
+                f"{self.backend_name} delete did not answer within {self.timeout_ms_call} ms",
+            ) from error
+        finally:
+            expiry.cancel()
+
+    def _flush_deletes(self, loop: asyncio.AbstractEventLoop) -> None:
+        waiting = self._deletes_waiting.pop(loop)
+        # A caller that gave up (cancelled) before its batch left is not sent at all.
+        live = [(request, future) for request, future in waiting if not future.done()]
+        for start in range(0, len(live), DELETE_BATCH_COUNT_MAX):
+            task = loop.create_task(self._delete_batch(live[start : start + DELETE_BATCH_COUNT_MAX]))
+            self._delete_batches.add(task)
+            task.add_done_callback(self._delete_batches.discard)
+
+    async def _delete_batch(self, batch: list[tuple[DeleteRequest, asyncio.Future[bool]]]) -> None:
+        assert 0 < len(batch) <= DELETE_BATCH_COUNT_MAX
+        try:
+            outcomes = await self._bounded(self._delete_many([request for request, _ in batch]), "delete")
+        except Exception as error:
+            # The whole request failed (unavailable, or of unknown effect): so did every delete in it.
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        except asyncio.CancelledError:
+            # The loop is shutting down: the callers were not cancelled, so they hear of it as an
+            # answer that never came, rather than as a cancellation of their own.
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(StorageUnavailable(f"{self.backend_name} delete: batch cancelled"))
+            raise
+        assert len(outcomes) == len(batch), f"{len(batch)} deletes answered {len(outcomes)} times"
+        for (_, future), outcome in zip(batch, outcomes, strict=True):
+            if future.done():  # its caller's deadline passed first
+                continue
+            if isinstance(outcome, bool):
+                future.set_result(outcome)
+            else:
+                future.set_exception(outcome)
+
+    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
+        """The ownership records of `partitions` that exist (absent ones are left out)."""
+        checked = validate_owner_partitions(partitions)
+        return await self._bounded(self._read_owners(checked), "read_owners")
+
+    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        """Store `new` if the partition's record is still `expected` (same epoch and version; None:
+        no record). One round trip; returns the record stored after the call either way."""
+        expected, new = validate_owner_write(expected, new)
+        return await self._bounded(self._write_owner(expected, new), "write_owner")
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections. The store is unusable afterwards."""
+
+    async def __aenter__(self) -> LogStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # --- what a backend implements: its I/O, given validated arguments, under the deadline -----
+
+    @abc.abstractmethod
+    async def _log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None,
+    ) -> LogOnceResult: ...
+
+    @abc.abstractmethod
+    async def _log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None, fence: Fence | None,
+    ) -> TxnState: ...
+
+    @abc.abstractmethod
+    async def _read(self, log: LogId, txn: str) -> Record | None: ...
+
+    @abc.abstractmethod
+    async def _scan_unfinished(self, log: LogId, limit: int, after: str) -> list[Record]: ...
+
+    @abc.abstractmethod
+    async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]: ...
+
+    @abc.abstractmethod
+    async def _apply_redo(
+        self, partition: str, txn: str, writes: dict[str, bytes | None], fence: Fence | None,
+    ) -> bool: ...
+
+    @abc.abstractmethod
+    async def _delete(self, log: LogId, txn: str, fence: Fence | None) -> bool: ...
+
+    async def _delete_many(self, requests: Sequence[DeleteRequest]) -> list[bool | StorageError]:
+        """Each request's answer, in order: whether its record existed, or its own error (Fenced);
+        raise only when the whole request failed. At most DELETE_BATCH_COUNT_MAX requests. Called
+        only where the backend `coalesces_deletes`, which then implements it."""
+        raise NotImplementedError(f"{type(self).__name__} coalesces deletes, so it must implement _delete_many")
+
+    @abc.abstractmethod
+    async def _read_owners(self, partitions: tuple[str, ...]) -> dict[str, Ownership]: ...
+
+    @abc.abstractmethod
+    async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult: ...
+
+
+class DelegatingStore(LogStore):
+    """A store that wraps another (injected latency, metrics, fault injection) and forwards each
+    call whole to `inner`, whose template validates and bounds it: once, not once per layer. A
+    subclass overrides the public methods it adds something to."""
+
+    def __init__(self, inner: LogStore) -> None:
+        # No LogStore.__init__: the deadline and the delete batches are the inner store's.
+        self.inner = inner
+        self.backend_name = inner.backend_name
+
+    async def log_once(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None,
+    ) -> LogOnceResult:
+        return await self.inner.log_once(log, txn, state, body, fence)
+
+    async def log(
+        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None,
+    ) -> TxnState:
+        return await self.inner.log(log, txn, state, body, fence)
+
+    async def read(self, log: LogId, txn: str) -> Record | None:
+        return await self.inner.read(log, txn)
+
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
+        return await self.inner.scan_unfinished(log, limit, after)
+
+    async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
+        return await self.inner.read_data(partition, keys)
+
+    async def apply_redo(
+        self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None,
+    ) -> bool:
+        return await self.inner.apply_redo(partition, txn, writes, fence)
+
+    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
+        return await self.inner.delete(log, txn, fence)
+
+    async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
+        return await self.inner.read_owners(partitions)
+
+    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        return await self.inner.write_owner(expected, new)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    # The public methods above never reach these: the inner store's own do the I/O.
+    async def _unreachable(self, *args: object) -> Any:
+        raise AssertionError(f"{type(self).__name__} forwards whole calls to its inner store")
+
+    _log_once = _log = _read = _scan_unfinished = _read_data = _unreachable
+    _apply_redo = _delete = _read_owners = _write_owner = _unreachable
