@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 import httpx
 
 from cornus.protocol.config import Protocol
-from cornus.runtime.keys import partition_of
 from loadtests.bench.driver import DriverResult, load_data, read_keys, run_clients
 from loadtests.workloads import make_workload
 from services.local_cluster import (
@@ -170,10 +169,8 @@ def measure(nodes: Sequence[ClusterNode], protocol: Protocol, settings: RunSetti
     addresses = [("127.0.0.1", node.api_port) for node in nodes]
     result = RunResult(protocol.value, settings, storage, DriverResult(), warmup_s=warmup_s_for(settings.seconds),
                        workload_knobs=workload.describe())
-    data = workload.initial_data()
     started = time.monotonic()
-    result.keys_loaded = run_async(load_data(addresses, data, {key: partition_of(key, settings.partitions)
-                                                               for key in data}))
+    result.keys_loaded = run_async(load_data(addresses, workload))
     result.load_s = time.monotonic() - started
     with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
         home = owners(http, nodes) if settings.route_to_owner else None

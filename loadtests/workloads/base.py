@@ -80,6 +80,7 @@ class Reply:
     retryable: bool = False
     values: dict[str, str | None] = field(default_factory=dict)  # reads of Read and Execute
     timing_ms: dict[str, float] = field(default_factory=dict)  # the node's commit-path breakdown
+    txn: str = ""  # the id a begin answered with (loadtests.api.exchange)
 
     @property
     def committed(self) -> bool:
