@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from cornus.protocol.config import Protocol
-from loadtests.bench import cluster, termination
+from loadtests.bench import lifecycle, termination
 from loadtests.bench.cluster import RunSettings
 from loadtests.bench.report import markdown_summary
 from loadtests.bench.sweep import BenchPlan, write_outputs
@@ -181,11 +181,11 @@ def test_without_matplotlib_the_results_are_written_and_the_plots_said_skipped(t
 
 def test_a_bench_whose_cluster_does_not_start_exits_1_with_one_line_naming_the_logs(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the run's node logs go
-    def start(node: cluster.ClusterNode, *args: object, **kwargs: object) -> None:
+    def start(node: lifecycle.ClusterNode, *args: object, **kwargs: object) -> None:
         node.process = subprocess.Popen([sys.executable, "-c", "pass"])  # a node that exits at once
 
-    monkeypatch.setattr(cluster, "start_node", start)
-    monkeypatch.setattr(cluster, "wait_cluster_ready", lambda *args: False)
+    monkeypatch.setattr(lifecycle, "start_node", start)
+    monkeypatch.setattr(lifecycle, "wait_cluster_ready", lambda *args: False)
     assert main(["bench", "--protocol", "cornus", "--seconds", "1", "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
@@ -212,10 +212,9 @@ def test_the_azure_connection_string_reaches_the_nodes_in_their_environment_not_
     secret = "DefaultEndpointsProtocol=http;AccountName=a;AccountKey=c2VjcmV0"
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the failed run's node logs stay
     started = []
-    module = cluster if command == "bench" else termination
-    monkeypatch.setattr(module, "start_node", lambda node, peers, argv, settings=(), environ=None:
+    monkeypatch.setattr(lifecycle, "start_node", lambda node, peers, argv, settings=(), environ=None:
                         started.append((list(argv), dict(environ or {}))))
-    monkeypatch.setattr(module, "wait_cluster_ready", lambda *args: False)
+    monkeypatch.setattr(lifecycle, "wait_cluster_ready", lambda *args: False)
     assert main([command, "--backend", "azure_blob", "--azure-connection-string", secret, "--azure-container", "c",
                  "--out", str(tmp_path / "out"),
                  *(["--protocol", "cornus", "--seconds", "1", "--no-plots"] if command == "bench" else [])]) == 1
