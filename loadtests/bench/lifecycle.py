@@ -3,7 +3,7 @@
 own storage (loadtests.bench.namespaces), started and waited for until they serve, one of them
 restarted with a failpoint armed when asked, all stopped at the end. Then the clean-up: the run's
 directory goes, unless the run failed once its nodes had started (their logs in it say why, and
-the error gets a note naming it).
+the error gets a note naming it); the container or table the run created goes too.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class ClusterSpec:
     environ: Mapping[str, str] = field(default_factory=dict)
     run_index: int = 0  # the sweep point, which names the run's storage
     flush_redis: bool = False
+    keep_storage: bool = False  # leave the container or table the run created
     label: str = "the cluster"  # how errors name it
 
 
@@ -81,6 +82,7 @@ def bench_cluster(spec: ClusterSpec, *, prefix: str = "cornus-bench-") -> Iterat
     on the way out, whatever happened."""
     data = Path(tempfile.mkdtemp(prefix=prefix))
     members: list[ClusterNode] = []
+    run: namespaces.RunStorage | None = None
     keep_data = False
     try:
         run = namespaces.run_storage(spec.storage, spec.protocol, data, spec.run_index)
@@ -95,6 +97,8 @@ def bench_cluster(spec: ClusterSpec, *, prefix: str = "cornus-bench-") -> Iterat
         keep_data = keep_logs(error, data, members)
         raise
     finally:
+        if run is not None:
+            namespaces.release(run, keep=spec.keep_storage)
         if not keep_data:
             shutil.rmtree(data, ignore_errors=True)
 

@@ -4,14 +4,19 @@ its measurement. The emulator: a file in the run's directory. Azure Blob and Dyn
 or table named after the one the user gave, `<name>-<protocol><point>` (cornus-cornus0,
 cornus-2pc1, ...). Redis has only numbered databases: each protocol gets its own, the URL's and the
 next two, and the runs of a sweep reuse them (`--flush-redis` empties them first).
+
+A container or table the run's nodes created is deleted when the run ends, unless the user asked
+to keep it (--keep-storage); one that existed before the run is the user's and stays.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from cornus.protocol.config import Protocol
+from loadtests.bench import cloud
 from storage_adapters.errors import ValidationError
 from storage_adapters.factory import StoreConfig
 
@@ -26,6 +31,7 @@ class RunStorage:
     storage: StoreConfig
     argv: list[str]  # the flags that point the nodes there
     cloud_name: str = ""  # the container or table, "" on the emulator and Redis
+    existed: bool = True  # it was there before the run (so it is not the run's to delete)
 
 
 def run_storage(storage: StoreConfig, protocol: Protocol, data: Path, run_index: int = 0) -> RunStorage:
@@ -48,10 +54,27 @@ def run_storage(storage: StoreConfig, protocol: Protocol, data: Path, run_index:
 
 
 def prepare(run: RunStorage, *, flush_redis: bool = False) -> None:
-    """Before the nodes start: with `flush_redis` empty the run's Redis database (the user named
-    it as theirs to use)."""
-    if flush_redis and run.storage.backend == "redis":
+    """Before the nodes start: note whether the run's container or table is already there (the
+    user's), and with `flush_redis` empty the run's Redis database (the user named it as theirs
+    to use)."""
+    if run.cloud_name:
+        run.existed = cloud.exists(run.storage, run.cloud_name)
+    elif flush_redis and run.storage.backend == "redis":
         _flush_redis(run.argv[1])
+
+
+def release(run: RunStorage, *, keep: bool = False) -> None:
+    """After the nodes stopped: delete the container or table the run created, unless `keep`. A
+    delete that fails is said on stderr, not raised: the measurement stands, and the line names
+    what to delete by hand."""
+    if not run.cloud_name or run.existed or keep:
+        return
+    try:
+        cloud.delete(run.storage, run.cloud_name)
+    except Exception as error:  # any SDK or network error: reported, the run's result kept
+        what = "container" if run.storage.backend == "azure_blob" else "table"
+        print(f"cornus: could not delete the bench's {what} {run.cloud_name} ({type(error).__name__}: {error}); "
+              "delete it yourself", file=sys.stderr, flush=True)
 
 
 def _flush_redis(url: str) -> None:

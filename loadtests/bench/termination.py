@@ -50,7 +50,7 @@ class NodeTermination:
 
 def run_termination_bench(
     storage: StoreConfig, storage_argv: list[str], *, nodes: int, rounds: int, settings: list[str],
-    storage_environ: Mapping[str, str] | None = None,
+    storage_environ: Mapping[str, str] | None = None, keep_storage: bool = False,
 ) -> list[NodeTermination]:
     """`storage_environ` goes to the nodes' environment (secrets: argv is visible to every user)."""
     if not NODES_MIN <= nodes <= NODES_MAX:
@@ -59,7 +59,8 @@ def run_termination_bench(
         raise ValidationError(f"--rounds must be in 1..{ROUNDS_MAX}")
     # One partition per node: n0 coordinates, every other node is a participant.
     spec = ClusterSpec(nodes=nodes, partitions=nodes, protocol=Protocol.CORNUS, storage=storage,
-                       storage_argv=storage_argv, settings=settings, environ=dict(storage_environ or {}))
+                       storage_argv=storage_argv, settings=settings, environ=dict(storage_environ or {}),
+                       keep_storage=keep_storage)
     with bench_cluster(spec, prefix="cornus-termination-") as cluster, \
             httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
         coordinator, participants = cluster.members[0], cluster.members[1:]

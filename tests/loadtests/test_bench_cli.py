@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from cornus.protocol.config import Protocol
-from loadtests.bench import lifecycle, termination
+from loadtests.bench import cloud, lifecycle, termination
 from loadtests.bench.cluster import RunSettings
 from loadtests.bench.report import markdown_summary
 from loadtests.bench.sweep import BenchPlan, write_outputs
@@ -103,6 +103,7 @@ def test_workloads_run_and_pass_their_invariant_checks(tmp_path, workload, extra
     (["--knob", "warehouses=3"], "--knob 'warehouses=3'"),
     (["--workload", "uniform", "--partitions-per-txn", "9"], "partitions_per_txn must be an integer in 1..3"),
     (["--flush-redis"], "--flush-redis is for --backend redis"),
+    (["--keep-storage"], "--keep-storage is for --backend azure_blob or dynamodb"),
     (["--set", "timeout_ms_prepare=abc"], "timeout_ms_prepare must be an integer"),
     (["--set", "timeout_ms_prepare=0"], "timeout_ms_prepare must be positive"),
     (["--out", __file__], f"{__file__} is not a directory"),
@@ -139,6 +140,7 @@ def test_termination_bench_times_termination_after_coordinator_kills(tmp_path):
     (["--sweep", "nodes=3,99"], "--nodes must be in 3..16"), (["--sweep", "nodes=,"], "no node count"),
     (["--set", "timeout_ms_prepare=abc"], "timeout_ms_prepare must be an integer"),
     (["--out", __file__], f"{__file__} is not a directory"),
+    (["--keep-storage"], "--keep-storage is for --backend azure_blob or dynamodb"),
 ])
 def test_termination_bench_refuses_bad_input(args, message):
     done = _cornus("termination-bench", *args)
@@ -215,6 +217,9 @@ def test_the_azure_connection_string_reaches_the_nodes_in_their_environment_not_
     monkeypatch.setattr(lifecycle, "start_node", lambda node, peers, argv, settings=(), environ=None:
                         started.append((list(argv), dict(environ or {}))))
     monkeypatch.setattr(lifecycle, "wait_cluster_ready", lambda *args: False)
+    # No Azure account behind this connection string: the run's container is taken as new.
+    monkeypatch.setattr(cloud, "exists", lambda storage, name: False)
+    monkeypatch.setattr(cloud, "delete", lambda storage, name: None)
     assert main([command, "--backend", "azure_blob", "--azure-connection-string", secret, "--azure-container", "c",
                  "--out", str(tmp_path / "out"),
                  *(["--protocol", "cornus", "--seconds", "1", "--no-plots"] if command == "bench" else [])]) == 1
