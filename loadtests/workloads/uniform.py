@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from loadtests.workloads.base import Txn, Workload, WorkloadError, knob_int, refuse_unknown
+from loadtests.workloads.base import DataSize, Txn, Workload, WorkloadError, knob_int, refuse_unknown
 from loadtests.workloads.last_writes import LastWrites, WriteValues, tracked_one_shot
 
 KEYS_PER_PARTITION = 2_000
@@ -41,6 +41,10 @@ class UniformWorkload(Workload):
 
     def initial_data(self) -> dict[str, str]:
         return {self.key(i, p): self.value for p in range(self.partition_count) for i in range(KEYS_PER_PARTITION)}
+
+    def data_size(self) -> DataSize:
+        return DataSize(KEYS_PER_PARTITION * self.partition_count,
+                        f"{KEYS_PER_PARTITION:,} keys per partition x {self.partition_count} partitions")
 
     def next_txn(self, rng: random.Random, client: int) -> Txn:
         partitions = rng.sample(range(self.partition_count), self.partitions_per_txn)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from loadtests.workloads.base import (
+    DataSize,
     Txn,
     Workload,
     WorkloadError,
@@ -69,6 +70,10 @@ class YcsbWorkload(Workload):
     def initial_data(self) -> dict[str, str]:
         return {self.row_key(row, p): self.value
                 for p in range(self.partition_count) for row in range(self.rows_per_partition)}
+
+    def data_size(self) -> DataSize:
+        return DataSize(self.rows_per_partition * self.partition_count,
+                        f"{self.rows_per_partition:,} rows_per_partition x {self.partition_count} partitions")
 
     def next_txn(self, rng: random.Random, client: int) -> Txn:
         home = self.home_partition(client)

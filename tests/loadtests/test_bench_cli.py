@@ -110,6 +110,9 @@ def test_workloads_run_and_pass_their_invariant_checks(tmp_path, workload, extra
     (["--out", f"{__file__}/out"], f"{__file__} is not a directory"),
     (["--sweep", "lock_policy=NO_WAIT,no_wait"], "'NO_WAIT' and 'no_wait' are the same point"),
     (["--sweep", "theta=0.1,0.10"], "'0.1' and '0.10' are the same point"),
+    (["--rows-per-partition", "400000"], "ycsb would load 1,200,000 keys (400,000 rows_per_partition x 3"),
+    # The first point is within the bound, the second is not: nothing runs at all.
+    (["--rows-per-partition", "300000", "--sweep", "nodes=2,4"], "ycsb would load 1,200,000 keys"),
 ])
 def test_bench_refuses_bad_input_before_starting_anything(tmp_path, args, message):
     done = _cornus("bench", "--out", str(tmp_path / "out"), *args)

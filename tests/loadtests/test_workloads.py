@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import pytest
 
 from cornus.runtime.keys import partition_of
-from loadtests.workloads import last_writes, make_workload
+from loadtests.workloads import WORKLOAD_KEY_COUNT_MAX, last_writes, make_workload
 from loadtests.workloads.base import Commit, Execute, Read, Reply, Txn, Workload, WorkloadError, Write, Zipf
 from loadtests.workloads.last_writes import LastWrites
 
@@ -221,3 +221,24 @@ def test_zipf_skews_toward_the_first_ranks():
 def test_bad_knobs_are_refused_by_name(name, knobs, message):
     with pytest.raises(WorkloadError, match=message.replace("[", r"\[").replace("]", r"\]")):
         make_workload(name, 2, knobs)
+
+
+@pytest.mark.parametrize(("name", "partitions", "knobs"), [
+    ("ycsb", 3, {"rows_per_partition": 70}), ("tpcc", 2, {"warehouses": 3, "items": 40, "customers": 4}),
+    ("bank", 4, {"accounts": 33}), ("uniform", 2, {}),
+])
+def test_a_workload_knows_its_key_count_without_building_its_data(name, partitions, knobs):
+    workload = make_workload(name, partitions, knobs)
+    assert workload.data_size().keys == len(workload.initial_data())
+
+
+@pytest.mark.parametrize(("name", "partitions", "knobs", "message"), [
+    ("ycsb", 2, {"rows_per_partition": 500_001}, "ycsb would load 1,000,002 keys (500,001 rows_per_partition x 2"),
+    ("tpcc", 16, {"items": 100_000}, "tpcc would load 3,204,976 keys (100,000 items x 16 partitions + 16 warehouses"),
+])
+def test_a_workload_of_more_keys_than_the_bound_is_refused_naming_what_makes_them(name, partitions, knobs, message):
+    with pytest.raises(WorkloadError) as refused:
+        make_workload(name, partitions, knobs)
+    assert message in str(refused.value) and f"at most {WORKLOAD_KEY_COUNT_MAX:,}" in str(refused.value)
+    knobs = {"rows_per_partition": WORKLOAD_KEY_COUNT_MAX // 2} if name == "ycsb" else {"items": 100_000}
+    make_workload(name, 2, knobs)  # at the bound, or under it: accepted
