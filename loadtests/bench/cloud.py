@@ -15,6 +15,9 @@ from storage_adapters.factory import StoreConfig
 
 # Deadline of each call: a probe or a delete is one small request.
 CLOUD_TIMEOUT_S_CALL = 30.0
+# Attempts of each call: one retry rides out a dropped connection; a service that does not answer
+# twice is down, and the SDKs' own defaults (4 and 5 attempts) would keep the user waiting minutes.
+CLOUD_ATTEMPT_COUNT_MAX = 2
 # Local emulators (moto, DynamoDB Local) accept any credentials but botocore insists on some, and
 # moto keys its accounts by them: these are the ones storage_adapters.dynamodb gives the nodes.
 _LOCAL_DYNAMODB_CREDENTIALS = ("testing", "testing")
@@ -57,7 +60,8 @@ def _container(storage: StoreConfig, name: str) -> Any:
     from azure.storage.blob import BlobServiceClient
 
     service = BlobServiceClient.from_connection_string(
-        storage.azure_connection_string, connection_timeout=CLOUD_TIMEOUT_S_CALL, read_timeout=CLOUD_TIMEOUT_S_CALL)
+        storage.azure_connection_string, connection_timeout=CLOUD_TIMEOUT_S_CALL, read_timeout=CLOUD_TIMEOUT_S_CALL,
+        retry_total=CLOUD_ATTEMPT_COUNT_MAX - 1)
     return service.get_container_client(name)
 
 
@@ -70,4 +74,5 @@ def _dynamodb(storage: StoreConfig) -> Any:
     return botocore.session.get_session().create_client(
         "dynamodb", endpoint_url=storage.dynamodb_endpoint, region_name=storage.dynamodb_region,
         aws_access_key_id=key_id, aws_secret_access_key=secret,
-        config=Config(connect_timeout=CLOUD_TIMEOUT_S_CALL, read_timeout=CLOUD_TIMEOUT_S_CALL))
+        config=Config(connect_timeout=CLOUD_TIMEOUT_S_CALL, read_timeout=CLOUD_TIMEOUT_S_CALL,
+                      retries={"total_max_attempts": CLOUD_ATTEMPT_COUNT_MAX, "mode": "standard"}))

@@ -58,7 +58,11 @@ def prepare(run: RunStorage, *, flush_redis: bool = False) -> None:
     user's), and with `flush_redis` empty the run's Redis database (the user named it as theirs
     to use)."""
     if run.cloud_name:
-        run.existed = cloud.exists(run.storage, run.cloud_name)
+        try:
+            run.existed = cloud.exists(run.storage, run.cloud_name)
+        except Exception as error:  # any SDK or network error: the run cannot start, said in one line
+            raise RuntimeError(f"could not ask {run.storage.backend} whether {_kind(run)} {run.cloud_name} exists "
+                               f"({type(error).__name__}: {error})") from error
     elif flush_redis and run.storage.backend == "redis":
         _flush_redis(run.argv[1])
 
@@ -72,9 +76,12 @@ def release(run: RunStorage, *, keep: bool = False) -> None:
     try:
         cloud.delete(run.storage, run.cloud_name)
     except Exception as error:  # any SDK or network error: reported, the run's result kept
-        what = "container" if run.storage.backend == "azure_blob" else "table"
-        print(f"cornus: could not delete the bench's {what} {run.cloud_name} ({type(error).__name__}: {error}); "
+        print(f"cornus: could not delete the bench's {_kind(run)} {run.cloud_name} ({type(error).__name__}: {error}); "
               "delete it yourself", file=sys.stderr, flush=True)
+
+
+def _kind(run: RunStorage) -> str:
+    return "container" if run.storage.backend == "azure_blob" else "table"
 
 
 def _flush_redis(url: str) -> None:

@@ -230,3 +230,20 @@ def test_the_azure_connection_string_reaches_the_nodes_in_their_environment_not_
     for argv, environ in started:
         assert not any(secret in arg for arg in argv), argv
         assert environ["CORNUS_STORAGE_AZURE_CONNECTION_STRING"] == secret, environ
+
+
+def test_a_bench_that_cannot_reach_its_cloud_storage_exits_1_with_one_line_and_starts_nothing(tmp_path, monkeypatch,
+                                                                                             capsys):
+    def unreachable(storage: StoreConfig, name: str) -> bool:
+        raise TimeoutError("read timed out")
+
+    started = []
+    monkeypatch.setattr(cloud, "exists", unreachable)
+    monkeypatch.setattr(lifecycle, "start_node", lambda *args, **kwargs: started.append(args))
+    assert main(["bench", "--backend", "azure_blob", "--azure-connection-string", "UseDevelopmentStorage=true",
+                 "--azure-container", "c", "--protocol", "cornus", "--seconds", "1", "--no-plots",
+                 "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == ("cornus: bench failed: could not ask azure_blob whether container c-cornus0 "
+                                    "exists (TimeoutError: read timed out)"), err
+    assert not started and not (tmp_path / "out").exists()
