@@ -80,6 +80,13 @@ def _add_storage_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--latency", help="injected latency per call: fixed:MS, uniform:LO:HI or lognormal:P50:P99")
 
 
+def _add_keep_storage_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--keep-storage", action="store_true",
+                        help="with --backend azure_blob or dynamodb: keep the container or table each run creates "
+                             "(<name>-<protocol><point>); by default it is deleted when the run ends, and one that "
+                             "existed before the run is always kept")
+
+
 def _add_local_cluster_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of the commands that start their own local cluster over the chosen storage."""
     parser.add_argument("--backend", choices=BACKENDS, help="storage backend (default: emulator)")
@@ -469,6 +476,12 @@ def _storage_environ(storage: StoreConfig) -> dict[str, str]:
     return {"CORNUS_STORAGE_AZURE_CONNECTION_STRING": storage.azure_connection_string}
 
 
+def _check_keep_storage(args: argparse.Namespace, storage: StoreConfig) -> None:
+    if args.keep_storage and storage.backend not in ("azure_blob", "dynamodb"):
+        raise ValidationError("--keep-storage is for --backend azure_blob or dynamodb (the runs' own containers "
+                              "or tables); the emulator's files go with the run, Redis keeps its databases")
+
+
 def _run_failed(command: str, error: Exception) -> int:
     """A run that failed once started (a cluster that did not start, a load phase that did not
     finish, a node that stopped answering): one line instead of a traceback, with where the
@@ -507,6 +520,7 @@ def _termination_bench(args: argparse.Namespace) -> int:
 
     base, latency = _bench_storage(args)
     storage = dataclasses.replace(base, latency=resolve_latency(latency))
+    _check_keep_storage(args, storage)
     node_counts = [args.nodes]
     if args.sweep:
         name, _, raw = args.sweep.partition("=")
@@ -531,7 +545,8 @@ def _termination_bench(args: argparse.Namespace) -> int:
               f"storage {storage.backend}, injected latency {latency_label(latency)}", flush=True)
         try:
             rows = run_termination_bench(storage, _storage_argv(storage), nodes=count, rounds=args.rounds,
-                                         settings=settings, storage_environ=_storage_environ(storage))
+                                         settings=settings, storage_environ=_storage_environ(storage),
+                                         keep_storage=args.keep_storage)
         except (RuntimeError, httpx.HTTPError, subprocess.TimeoutExpired) as error:
             return _run_failed("termination-bench", error)
         print(format_terminations(rows), flush=True)
@@ -594,6 +609,7 @@ def _bench(args: argparse.Namespace) -> int:
     storage, latency = _bench_storage(args)
     if args.flush_redis and storage.backend != "redis":
         raise ValidationError("--flush-redis is for --backend redis")
+    _check_keep_storage(args, storage)
     knobs = _bench_knobs(args)
     sweep_param, sweep_values = parse_sweep(args.sweep, args.workload) if args.sweep else ("", [])
     partitions = args.partitions if args.partitions is not None else args.nodes
@@ -608,7 +624,8 @@ def _bench(args: argparse.Namespace) -> int:
     out = _out_dir(args)
     plan = BenchPlan(protocols=protocols, storage=storage, storage_argv=_storage_argv, base=base,
                      storage_environ=_storage_environ(storage), latency=latency, sweep_param=sweep_param,
-                     sweep_values=sweep_values, out_dir=out, flush_redis=args.flush_redis, plots=not args.no_plots,
+                     sweep_values=sweep_values, out_dir=out, flush_redis=args.flush_redis,
+                     keep_storage=args.keep_storage, plots=not args.no_plots,
                      command=command_line())
     what = f"sweep {sweep_param} over {', '.join(sweep_values)}" if sweep_param else "one point"
     print(f"cornus bench: {args.workload} {dict(knobs) or '(defaults)'}, {args.nodes} nodes, {partitions} partitions, "
@@ -697,6 +714,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cluster.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     bench_cluster.add_argument("--flush-redis", action="store_true",
                                help="with --backend redis: empty the databases the runs use before each run")
+    _add_keep_storage_flag(bench_cluster)
     knobs = bench_cluster.add_argument_group("workload knobs (each belongs to one workload)")
     knobs.add_argument("--theta", type=float, help="ycsb: Zipfian skew in [0, 0.99] (default 0, uniform)")
     knobs.add_argument("--read-fraction", type=float, help="ycsb: probability a request reads (default 0.5)")
@@ -731,6 +749,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="run at each node count and plot the time to terminate against it (Figure 8)")
     termination.add_argument("--out", help="directory for termination.csv and termination.png "
                                            "(default bench-results/<date-time>; written with --sweep or --out)")
+    _add_keep_storage_flag(termination)
     _add_local_cluster_flags(termination)
     termination.set_defaults(handler=_termination_bench)
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,17 +20,10 @@ from typing import Any, TypeVar
 import httpx
 
 from cornus.protocol.config import Protocol
-from cornus.runtime.keys import partition_of
 from loadtests.bench.driver import DriverResult, load_data, read_keys, run_clients
+from loadtests.bench.lifecycle import ClusterSpec, bench_cluster
 from loadtests.workloads import make_workload
-from services.local_cluster import (
-    ClusterNode,
-    StopSignals,
-    local_members,
-    start_node,
-    stop_nodes,
-    wait_cluster_ready,
-)
+from services.local_cluster import ClusterNode
 from storage_adapters.errors import ValidationError
 from storage_adapters.factory import StoreConfig
 
@@ -43,7 +34,6 @@ CLIENTS_MAX = 256
 NODES_MAX = 16
 PARTITIONS_MAX = 256
 HTTP_TIMEOUT_S = 15.0
-READY_TIMEOUT_S = 60.0
 OWNERS_ATTEMPT_COUNT_MAX = 20
 OWNERS_PAUSE_S = 0.25
 _CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -170,10 +160,8 @@ def measure(nodes: Sequence[ClusterNode], protocol: Protocol, settings: RunSetti
     addresses = [("127.0.0.1", node.api_port) for node in nodes]
     result = RunResult(protocol.value, settings, storage, DriverResult(), warmup_s=warmup_s_for(settings.seconds),
                        workload_knobs=workload.describe())
-    data = workload.initial_data()
     started = time.monotonic()
-    result.keys_loaded = run_async(load_data(addresses, data, {key: partition_of(key, settings.partitions)
-                                                               for key in data}))
+    result.keys_loaded = run_async(load_data(addresses, workload))
     result.load_s = time.monotonic() - started
     with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
         home = owners(http, nodes) if settings.route_to_owner else None
@@ -203,74 +191,18 @@ def measure(nodes: Sequence[ClusterNode], protocol: Protocol, settings: RunSetti
     return result
 
 
-def namespace_argv(storage: StoreConfig, protocol: Protocol, data: Path, run_index: int = 0) -> list[str]:
-    """Each protocol (and each point of a sweep) runs on storage of its own where the backend
-    allows it, so what one run leaves behind (records that wait for garbage collection, data)
-    never weighs on the next one's measurement. Redis has only numbered databases: each protocol
-    gets its own, and the runs of a sweep reuse them (`--flush-redis` empties them first)."""
-    index = list(Protocol).index(protocol)
-    if storage.backend == "emulator":
-        return ["--emulator-path", str(data / "cornus.db")]
-    if storage.backend == "redis":
-        base, _, db = storage.redis_url.rpartition("/")
-        if not db.isdigit():
-            raise ValidationError("bench on redis needs a URL ending in a database number, e.g. "
-                                  "redis://host:6379/0; the protocols use that database and the next two")
-        return ["--redis-url", f"{base}/{int(db) + index}"]
-    suffix = f"{protocol.value.replace('-', '')}{run_index}"
-    if storage.backend == "azure_blob":
-        return ["--azure-container", f"{storage.azure_container}-{suffix}"]
-    return ["--dynamodb-table", f"{storage.dynamodb_table}-{suffix}"]
-
-
-def flush_redis(url: str) -> None:
-    """Empty one benchmark database (only with --flush-redis: the user named it as theirs to use)."""
-    import redis
-
-    client = redis.Redis.from_url(url, socket_timeout=HTTP_TIMEOUT_S, socket_connect_timeout=HTTP_TIMEOUT_S)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
-
-
 def run_protocol(protocol: Protocol, storage: StoreConfig, storage_argv: list[str], settings: RunSettings, *,
                  storage_environ: Mapping[str, str] | None = None, run_index: int = 0, flush: bool = False,
-                 storage_label: str = "") -> RunResult:
-    """Start a cluster for `protocol`, measure it, stop it. `storage_environ` goes to the nodes'
-    environment (secrets: their argv is visible to every user of the machine)."""
+                 keep_storage: bool = False, storage_label: str = "") -> RunResult:
+    """Start a cluster for `protocol` (loadtests.bench.lifecycle), measure it, stop it.
+    `storage_environ` goes to the nodes' environment (secrets: their argv is visible to every
+    user of the machine)."""
     settings.validate()
-    data = Path(tempfile.mkdtemp(prefix="cornus-bench-"))
-    members: list[ClusterNode] = []
-    keep = False
-    try:
-        namespace = namespace_argv(storage, protocol, data, run_index)
-        if flush and storage.backend == "redis":
-            flush_redis(namespace[1])
-        argv = list(storage_argv) + namespace
-        members, peers = local_members(settings.nodes, protocol, settings.partitions, data)
-        stop = StopSignals()
-        try:
-            for member in members:
-                start_node(member, peers, argv, list(settings.node_settings),
-                           environ={**(storage_environ or {}), "CORNUS_LOCK_POLICY": settings.lock_policy})
-            if not wait_cluster_ready(members, stop, READY_TIMEOUT_S):
-                raise RuntimeError(f"the {protocol.value} cluster did not start")
-            return measure(members, protocol, settings, storage_label or storage.backend)
-        finally:
-            stop_nodes(members, stop)
-    except Exception as error:
-        keep = keep_logs(error, data, members)
-        raise
-    finally:
-        if not keep:
-            shutil.rmtree(data, ignore_errors=True)
-
-
-def keep_logs(error: Exception, data: Path, members: Sequence[ClusterNode]) -> bool:
-    """Whether a failed run keeps its directory: once its nodes started, their logs in it say why
-    it failed, and `error` gets a note naming it (the command line prints it)."""
-    if not any(member.process is not None for member in members):
-        return False
-    error.add_note(f"node logs kept in {data}")
-    return True
+    spec = ClusterSpec(nodes=settings.nodes, partitions=settings.partitions, protocol=protocol, storage=storage,
+                       storage_argv=storage_argv, settings=settings.node_settings,
+                       environ={**(storage_environ or {}), "CORNUS_LOCK_POLICY": settings.lock_policy},
+                       run_index=run_index, flush_redis=flush, keep_storage=keep_storage,
+                       label=f"the {protocol.value} cluster")
+    with bench_cluster(spec) as cluster:
+        cluster.start()
+        return measure(cluster.members, protocol, settings, storage_label or storage.backend)

@@ -16,12 +16,14 @@ the cluster, was the bottleneck.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from loadtests.api.load import load_async, load_batches
 from loadtests.bench.http import HttpConnection, run_program
 from loadtests.workloads.base import Reply, Workload, one_shot
 
@@ -151,52 +153,22 @@ async def run_clients(addresses: Sequence[tuple[str, int]], workload: Workload, 
 
 # === load phase and end-of-run reads ==============================================================
 
-LOAD_OPS_PER_TXN = 200
-LOAD_ATTEMPT_COUNT_MAX = 20
+# Loaders of the load phase at once: enough to keep every node of a bench cluster busy.
 LOAD_CONCURRENCY = 8
+# Attempts of an end-of-run read; it conflicts only with transactions still finishing.
 READ_ATTEMPT_COUNT_MAX = 50
 
 
-async def load_data(addresses: Sequence[tuple[str, int]], data: Mapping[str, str],
-                    partition_of_key: Mapping[str, str] | None = None) -> int:
-    """Write every key of `data` once before the clock starts (the YCSB load phase, the TPC-C
-    loader), so the measured run reads what the owners hold in memory, as the paper's nodes do.
-    Keys go in batches of one partition each when `partition_of_key` is given (no commit protocol
-    round: loading is quick). Returns how many keys were written."""
-    by_partition: dict[str, list[str]] = {}
-    for key in data:
-        by_partition.setdefault(partition_of_key.get(key, "") if partition_of_key else "", []).append(key)
-    batches = [keys[start:start + LOAD_OPS_PER_TXN] for keys in by_partition.values()
-               for start in range(0, len(keys), LOAD_OPS_PER_TXN)]
-    queue: asyncio.Queue[list[str]] = asyncio.Queue()
-    for batch in batches:
-        queue.put_nowait(batch)
-
-    async def loader(index: int) -> int:
-        host, port = addresses[index % len(addresses)]
-        connection = HttpConnection(host, port)
-        rng = random.Random(index)
-        written = 0
-        try:
-            while not queue.empty():
-                batch = queue.get_nowait()
-                ops = tuple({"op": "put", "key": key, "value": data[key]} for key in batch)
-                reply = Reply("failed", "not run")
-                for attempt in range(LOAD_ATTEMPT_COUNT_MAX):
-                    reply = await _one_shot(connection, ops)
-                    if reply.committed:
-                        written += len(batch)
-                        break
-                    await asyncio.sleep(_retry_pause_s(rng, attempt))
-                else:
-                    raise RuntimeError(f"load phase: a batch of {len(batch)} keys did not commit in "
-                                       f"{LOAD_ATTEMPT_COUNT_MAX} attempts (last: {reply.outcome} {reply.reason})")
-        finally:
+async def load_data(addresses: Sequence[tuple[str, int]], workload: Workload) -> int:
+    """The load phase (loadtests.api.load) of `workload` over the nodes at `addresses`, with
+    LOAD_CONCURRENCY loaders spread over them. Returns how many keys were written."""
+    connections = [HttpConnection(*addresses[index % len(addresses)]) for index in range(LOAD_CONCURRENCY)]
+    try:
+        return await load_async(load_batches(workload),
+                                [functools.partial(_one_shot, connection) for connection in connections])
+    finally:
+        for connection in connections:
             connection.close()
-        return written
-
-    counts = await asyncio.gather(*(loader(i) for i in range(LOAD_CONCURRENCY)))
-    return sum(counts)
 
 
 async def _one_shot(connection: HttpConnection, ops: tuple[dict[str, str], ...]) -> Reply:

@@ -1,6 +1,6 @@
-"""The built-in driver's HTTP side: one keep-alive HTTP/1.1 connection per client and node, and the
-translation of a workload program's requests (loadtests.workloads.base) into the REST API's calls
-and of the answers into Replies.
+"""The built-in driver's HTTP side: one keep-alive HTTP/1.1 connection per client and node, over
+which it runs a workload program's steps (loadtests.api.exchange), each the REST call
+loadtests.api.rest names, its answer read by loadtests.api.replies.
 
 Why not httpx: a request through httpx costs a few hundred microseconds of CPU, so at the rates we
 measure the generator would take a core away from the nodes it measures. The exchange here is the
@@ -11,19 +11,20 @@ Content-Length): tens of microseconds per request. Every request has a deadline.
 from __future__ import annotations
 
 import asyncio
-import json
-from typing import Any
 
-from loadtests.workloads.base import Commit, Execute, Program, Read, Reply, Request, Write
+from loadtests.api.exchange import Step, run_async
+from loadtests.api.replies import no_answer, rest_reply
+from loadtests.api.rest import rest_call
+from loadtests.workloads.base import Program, Reply
 
 # Deadline of one HTTP exchange; a node that does not answer within it is counted as failing. A
 # commit waits up to 10 s for its outcome before the node answers 202, so this is above that.
 TIMEOUT_S_REQUEST = 15.0
 # Response heads are a few hundred bytes; a larger one is not uvicorn talking to us.
 RESPONSE_HEAD_BYTES_MAX = 16 * 1024
+# The largest answer is an end-of-run read of CHECK_BATCH_KEY_COUNT_MAX values, well under a
+# megabyte; a body this large is not an answer of ours.
 RESPONSE_BODY_BYTES_MAX = 16 * 1024 * 1024
-# The answers a one-shot or a commit gets, by HTTP status (anything else is a failure).
-_OUTCOME_STATUSES = (200, 202, 409, 503)
 TRANSPORT_ERRORS = (OSError, TimeoutError, asyncio.IncompleteReadError)
 
 
@@ -89,94 +90,16 @@ class HttpConnection:
         self._reader = self._writer = None
 
 
-def _json(data: bytes) -> dict[str, Any]:
+async def call(connection: HttpConnection, step: Step) -> Reply:
+    """One step of loadtests.api.exchange over `connection`."""
+    request = rest_call(step)
     try:
-        parsed = json.loads(data)
-    except ValueError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
-
-
-def outcome_reply(status: int, data: bytes) -> Reply:
-    """The Reply of a one-shot or a commit: the API's outcome, by its documented statuses."""
-    body = _json(data)
-    outcome = body.get("outcome")
-    if status not in _OUTCOME_STATUSES or outcome not in ("committed", "aborted", "unavailable", "unknown"):
-        return Reply("failed", str(body.get("error") or status))
-    reads = body.get("reads") or {}
-    timing = body.get("timing_ms") or {}
-    return Reply(outcome, str(body.get("reason") or ""), bool(body.get("retryable", False)),
-                 dict(reads) if isinstance(reads, dict) else {}, dict(timing) if isinstance(timing, dict) else {})
-
-
-def step_reply(status: int, data: bytes) -> Reply:
-    """The Reply of a read or write inside a transaction: `active` on 200, else how it ended."""
-    if status == 200:
-        values = _json(data).get("values") or {}
-        return Reply("active", values=dict(values) if isinstance(values, dict) else {})
-    if status == 409 and _json(data).get("outcome") == "aborted":
-        return outcome_reply(status, data)
-    body = _json(data)
-    return Reply("failed", str(body.get("error") or status))
+        status, data = await connection.post(request.path, request.body)
+    except (*TRANSPORT_ERRORS, BenchHttpError) as error:
+        return no_answer(step, type(error).__name__)
+    return rest_reply(step, status, data)
 
 
 async def run_program(connection: HttpConnection, program: Program) -> Reply:
-    """Run one attempt of a transaction program over `connection` and return its last reply. A
-    transport failure before the commit request is `failed` (nothing can have committed), during
-    it `unknown`. An interactive transaction the program leaves early is aborted (best effort)."""
-    txn = ""
-    reply = Reply("failed", "no request")
-    try:
-        request: Request = next(program)
-        while True:
-            final = isinstance(request, Execute | Commit)
-            try:
-                if isinstance(request, Execute):
-                    status, data = await connection.post("/v1/execute", json.dumps({"ops": request.ops}).encode())
-                    reply = outcome_reply(status, data)
-                else:
-                    if not txn:
-                        status, data = await connection.post("/v1/txn", b"{}")
-                        txn = str(_json(data).get("txn", "")) if status == 201 else ""
-                        if not txn:
-                            return Reply("unavailable" if status == 503 else "failed", f"begin {status}",
-                                         retryable=status == 503)
-                    if isinstance(request, Read):
-                        status, data = await connection.post(f"/v1/txn/{txn}/read",
-                                                             json.dumps({"keys": request.keys}).encode())
-                        reply = step_reply(status, data)
-                    elif isinstance(request, Write):
-                        status, data = await connection.post(f"/v1/txn/{txn}/write",
-                                                             json.dumps({"writes": dict(request.writes)}).encode())
-                        reply = step_reply(status, data)
-                    else:
-                        status, data = await connection.post(f"/v1/txn/{txn}/commit", b"")
-                        txn = ""  # ended, whatever the answer
-                        reply = outcome_reply(status, data)
-            except (*TRANSPORT_ERRORS, BenchHttpError) as error:
-                if isinstance(request, Commit):
-                    txn = ""
-                return Reply("unknown" if final else "failed", type(error).__name__)
-            if final:
-                try:
-                    program.send(reply)
-                except StopIteration:
-                    return reply
-                raise RuntimeError("a workload program made a request after its transaction ended")
-            if reply.outcome != "active":
-                txn = ""  # the node ended it
-                return reply
-            request = program.send(reply)
-    finally:
-        program.close()
-        if txn:
-            await _abort_quietly(connection, txn)
-
-
-async def _abort_quietly(connection: HttpConnection, txn: str) -> None:
-    # Frees the transaction's locks now rather than at the node's idle timeout; if this fails too,
-    # that timeout still ends it.
-    try:
-        await connection.post(f"/v1/txn/{txn}/abort", b"")
-    except (*TRANSPORT_ERRORS, BenchHttpError):
-        pass
+    """Run one attempt of a transaction program over `connection` and return its last reply."""
+    return await run_async(program, lambda step: call(connection, step))

@@ -50,6 +50,7 @@ class BenchPlan:
     sweep_values: list[str] = field(default_factory=list)
     out_dir: Path | None = None
     flush_redis: bool = False
+    keep_storage: bool = False  # leave the containers or tables the runs created (loadtests.bench.namespaces)
     plots: bool = True
     command: str = ""
 
@@ -212,7 +213,8 @@ def run_plan(plan: BenchPlan) -> tuple[list[dict[str, Any]], list[RunResult]]:
                 progress.start(f"{point}{protocol.value}")
                 result = run_protocol(protocol, storage, plan.storage_argv(storage), settings,
                                       storage_environ=plan.storage_environ, run_index=point_index,
-                                      flush=plan.flush_redis, storage_label=label)
+                                      flush=plan.flush_redis, keep_storage=plan.keep_storage,
+                                      storage_label=label)
                 row = summarize(result, plan.sweep_param if value is not None else "", value or "")
                 rows.append(row)
                 results.append(result)

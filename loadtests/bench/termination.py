@@ -12,26 +12,17 @@ figures per participant node, read from their /v1/admin/timings.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 
 from cornus.protocol.config import Protocol
-from loadtests.bench.cluster import HTTP_TIMEOUT_S, READY_TIMEOUT_S, keep_logs, namespace_argv
+from loadtests.bench.cluster import HTTP_TIMEOUT_S
+from loadtests.bench.lifecycle import ClusterSpec, bench_cluster
 from loadtests.workloads.base import KeyPinner
-from services.local_cluster import (
-    ClusterNode,
-    StopSignals,
-    local_members,
-    start_node,
-    stop_nodes,
-    wait_cluster_ready,
-)
+from services.local_cluster import ClusterNode
 from storage_adapters.errors import ValidationError
 from storage_adapters.factory import StoreConfig
 
@@ -59,55 +50,30 @@ class NodeTermination:
 
 def run_termination_bench(
     storage: StoreConfig, storage_argv: list[str], *, nodes: int, rounds: int, settings: list[str],
-    storage_environ: Mapping[str, str] | None = None,
+    storage_environ: Mapping[str, str] | None = None, keep_storage: bool = False,
 ) -> list[NodeTermination]:
     """`storage_environ` goes to the nodes' environment (secrets: argv is visible to every user)."""
     if not NODES_MIN <= nodes <= NODES_MAX:
         raise ValidationError(f"--nodes must be in {NODES_MIN}..{NODES_MAX}")
     if not 0 < rounds <= ROUNDS_MAX:
         raise ValidationError(f"--rounds must be in 1..{ROUNDS_MAX}")
-    environ = dict(storage_environ or {})
-    data = Path(tempfile.mkdtemp(prefix="cornus-termination-"))
-    members: list[ClusterNode] = []
-    keep = False
-    try:
-        # One partition per node: n0 coordinates, every other node is a participant.
-        members, peers = local_members(nodes, Protocol.CORNUS, nodes, data)
-        argv = storage_argv + namespace_argv(storage, Protocol.CORNUS, data)
-        coordinator, participants = members[0], members[1:]
+    # One partition per node: n0 coordinates, every other node is a participant.
+    spec = ClusterSpec(nodes=nodes, partitions=nodes, protocol=Protocol.CORNUS, storage=storage,
+                       storage_argv=storage_argv, settings=settings, environ=dict(storage_environ or {}),
+                       keep_storage=keep_storage)
+    with bench_cluster(spec, prefix="cornus-termination-") as cluster, \
+            httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
+        coordinator, participants = cluster.members[0], cluster.members[1:]
         pinner = KeyPinner(nodes)
         targets = sorted(p for p in coordinator.config.partitions
                          if coordinator.config.preferred_owner(p) != coordinator.config.node_id)
-        stop = StopSignals()
-        try:
-            for member in members:
-                start_node(member, peers, argv, settings, environ=environ)
-            if not wait_cluster_ready(members, stop, READY_TIMEOUT_S):
-                raise RuntimeError("the cluster did not start")
-            with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
-                for round_index in range(rounds):
-                    _restart_armed(coordinator, peers, argv, settings, stop, environ=environ)
-                    _wait_links_up(http, participants)
-                    ops = [{"op": "put", "key": pinner.key(f"t{round_index}", int(p[1:])), "value": "x"}
-                           for p in targets]
-                    _run_round(http, coordinator, participants, ops)
-                return [_read_termination(http, member) for member in participants]
-        finally:
-            stop_nodes(members, stop)
-    except Exception as error:
-        keep = keep_logs(error, data, members)
-        raise
-    finally:
-        if not keep:
-            shutil.rmtree(data, ignore_errors=True)
-
-
-def _restart_armed(node: ClusterNode, peers: str, argv: list[str], settings: list[str], stop: StopSignals, *,
-                   environ: dict[str, str]) -> None:
-    stop_nodes([node], stop)
-    start_node(node, peers, argv, settings, environ={**environ, "CORNUS_FAILPOINTS": FAILPOINT})
-    if not wait_cluster_ready([node], stop, READY_TIMEOUT_S):
-        raise RuntimeError(f"{node.config.node_id} did not restart")
+        cluster.start()
+        for round_index in range(rounds):
+            cluster.restart(coordinator, environ={"CORNUS_FAILPOINTS": FAILPOINT})
+            _wait_links_up(http, participants)
+            ops = [{"op": "put", "key": pinner.key(f"t{round_index}", int(p[1:])), "value": "x"} for p in targets]
+            _run_round(http, coordinator, participants, ops)
+        return [_read_termination(http, member) for member in participants]
 
 
 def _wait_links_up(http: httpx.Client, participants: list[ClusterNode]) -> None:

@@ -1,5 +1,7 @@
-"""What the Locust files share: a user class per transport that runs the workloads of
-loadtests.workloads (the same definitions `cornus bench` runs), the load phase, and the settings.
+"""What the Locust files share: the REST user class that runs the workloads of
+loadtests.workloads (the same definitions `cornus bench` runs), the settings, and the reporting.
+How a transaction runs as calls, what an answer means and the load phase are loadtests.api's,
+shared with the built-in driver and the gRPC users (grpc_users.py).
 
 Every transaction is one Locust request of type `TXN` named after its kind (`ycsb`, `new_order`,
 `payment`, `transfer`, `audit`): its response time is the whole transaction's, and it fails only
@@ -41,24 +43,15 @@ import requests  # noqa: E402
 from locust import HttpUser, User, events, task  # noqa: E402
 from locust.exception import StopUser  # noqa: E402
 
+from loadtests.api.exchange import Step, run  # noqa: E402
+from loadtests.api.load import Ops, load, load_batches  # noqa: E402
+from loadtests.api.replies import no_answer, rest_reply  # noqa: E402
+from loadtests.api.rest import JSON_HEADERS, rest_call  # noqa: E402
 from loadtests.workloads import make_workload  # noqa: E402
-from loadtests.workloads.base import (  # noqa: E402
-    Commit,
-    Execute,
-    Program,
-    Read,
-    Reply,
-    Request,
-    Workload,
-    Write,
-    parse_knobs,
-)
+from loadtests.workloads.base import Program, Reply, Workload, one_shot, parse_knobs  # noqa: E402
 
 # Deadline of one call; a commit waits up to 10 s for its outcome before the node answers 202.
 TIMEOUT_S_CALL = 15.0
-LOAD_KEYS_PER_REQUEST = 200
-LOAD_ATTEMPT_COUNT_MAX = 20
-_OUTCOME_STATUSES = (200, 202, 409, 503)
 
 
 class TxnNotCommitted(Exception):
@@ -92,33 +85,10 @@ def partition_count_from(rest_url: str) -> int:
     return len(answer.json()["partitions"])
 
 
-def drive(program: Program, call: Callable[[Request, str], tuple[Reply, str]]) -> Reply:
-    """Run one transaction program to its end. `call(request, txn)` performs one request inside
-    transaction `txn` ("" before the first begins; the caller begins it) and returns the reply
-    and the transaction id now. Synchronous: under Locust, gevent makes the waits cooperative."""
-    txn = ""
-    reply = Reply("failed", "no request")
-    try:
-        request = next(program)
-        while True:
-            reply, txn = call(request, txn)
-            if isinstance(request, Execute | Commit):
-                txn = ""
-                try:
-                    program.send(reply)
-                except StopIteration:
-                    return reply
-                raise RuntimeError("a workload program made a request after its transaction ended")
-            if reply.outcome != "active":
-                txn = ""
-                return reply
-            request = program.send(reply)
-    finally:
-        program.close()
-        if txn:
-            call_abort = getattr(call, "abort", None)
-            if call_abort is not None:
-                call_abort(txn)
+def drive(program: Program, call: Callable[[Step], Reply]) -> Reply:
+    """Run one transaction program to its end over `call` (loadtests.api.exchange). Synchronous:
+    under Locust, gevent makes the waits cooperative."""
+    return run(program, call)
 
 
 def report(environment: Any, kind: str, started: float, reply: Reply) -> None:
@@ -128,66 +98,58 @@ def report(environment: Any, kind: str, started: float, reply: Reply) -> None:
                                     response_length=0, exception=exception, context={})
 
 
+def load_workload(workload_name: str, partition_count: int, execute: Callable[[Ops], Reply]) -> int:
+    """The load phase (loadtests.api.load) of the named workload, each batch committed by
+    `execute`. Returns how many keys were written."""
+    return load(load_batches(workload_for(workload_name, partition_count)), execute)
+
+
+def executor(call: Callable[[Step], Reply]) -> Callable[[Ops], Reply]:
+    """Run one one-shot transaction of `ops` over `call`."""
+    return lambda ops: drive(one_shot(ops)(), call)
+
+
 # === REST ========================================================================================
 
 
-def _json(response: Any) -> dict[str, Any]:
-    try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-def _outcome(status: int, body: dict[str, Any]) -> Reply:
-    outcome = body.get("outcome")
-    if status not in _OUTCOME_STATUSES or outcome not in ("committed", "aborted", "unavailable", "unknown"):
-        return Reply("failed", str(body.get("error") or status))
-    return Reply(outcome, str(body.get("reason") or body.get("detail") or ""), bool(body.get("retryable")),
-                 dict(body.get("reads") or {}), dict(body.get("timing_ms") or {}))
-
-
 class RestCalls:
-    """A transaction's calls over Locust's HTTP client (one session per user)."""
+    """A transaction's calls over Locust's HTTP client (one session per user), each reported to
+    Locust under its endpoint: failed only on an answer the API does not promise, or none."""
 
     def __init__(self, client: Any, base: str) -> None:
         self.client = client
         self.base = base.rstrip("/")
 
-    def _post(self, path: str, name: str, body: Any, ok: tuple[int, ...]) -> tuple[int, dict[str, Any]]:
-        with self.client.post(f"{self.base}{path}", json=body, name=name, catch_response=True,
-                              timeout=TIMEOUT_S_CALL) as response:
-            if response.status_code in ok:
+    def __call__(self, step: Step) -> Reply:
+        call = rest_call(step)
+        with self.client.post(f"{self.base}{call.path}", data=call.body, headers=JSON_HEADERS, name=call.name,
+                              catch_response=True, timeout=TIMEOUT_S_CALL) as response:
+            if response.status_code == 0:  # Locust's way of saying no answer came
+                response.failure(f"no answer: {response.error!r}")
+                return no_answer(step, type(response.error).__name__)
+            if response.status_code in call.promised:
                 response.success()
             else:
                 response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
-            return response.status_code, _json(response)
+            return rest_reply(step, response.status_code, response.content)
 
-    def __call__(self, request: Request, txn: str) -> tuple[Reply, str]:
-        if isinstance(request, Execute):
-            status, body = self._post("/v1/execute", "/v1/execute", {"ops": list(request.ops)}, _OUTCOME_STATUSES)
-            return _outcome(status, body), ""
-        if not txn:
-            status, body = self._post("/v1/txn", "/v1/txn (begin)", {}, (201, 503))
-            txn = str(body.get("txn", "")) if status == 201 else ""
-            if not txn:
-                return Reply("unavailable" if status == 503 else "failed", f"begin {status}"), ""
-        if isinstance(request, Commit):
-            status, body = self._post(f"/v1/txn/{txn}/commit", "/v1/txn/[id]/commit", None, _OUTCOME_STATUSES)
-            return _outcome(status, body), ""
-        if isinstance(request, Read):
-            status, body = self._post(f"/v1/txn/{txn}/read", "/v1/txn/[id]/read", {"keys": list(request.keys)},
-                                      (200, 409))
-        else:
-            assert isinstance(request, Write)
-            status, body = self._post(f"/v1/txn/{txn}/write", "/v1/txn/[id]/write",
-                                      {"writes": dict(request.writes)}, (200, 409))
-        if status == 200:
-            return Reply("active", values=dict(body.get("values") or {})), txn
-        return _outcome(status, body), ""
 
-    def abort(self, txn: str) -> None:
-        self._post(f"/v1/txn/{txn}/abort", "/v1/txn/[id]/abort", None, (200, 404, 409))
+class PlainRestCalls:
+    """The same calls over a plain requests session, reported nowhere (the load phase runs before
+    the test and is not part of its statistics)."""
+
+    def __init__(self, session: requests.Session, base: str) -> None:
+        self.session = session
+        self.base = base.rstrip("/")
+
+    def __call__(self, step: Step) -> Reply:
+        call = rest_call(step)
+        try:
+            answer = self.session.post(f"{self.base}{call.path}", data=call.body, headers=JSON_HEADERS,
+                                       timeout=TIMEOUT_S_CALL)
+        except requests.RequestException as error:
+            return no_answer(step, type(error).__name__)
+        return rest_reply(step, answer.status_code, answer.content)
 
 
 class CornusHttpUser(HttpUser):
@@ -212,31 +174,10 @@ class CornusHttpUser(HttpUser):
 
 
 def load_over_rest(rest_url: str, workload_name: str) -> int:
-    """The load phase over the REST API: every key of the workload's data, in one-shot batches of
-    one partition each. Returns how many keys were written."""
-    from cornus.runtime.keys import partition_of
-
-    workload = workload_for(workload_name, partition_count_from(rest_url))
-    data = workload.initial_data()
-    by_partition: dict[str, list[str]] = {}
-    for key in data:
-        by_partition.setdefault(partition_of(key, workload.partition_count), []).append(key)
-    written = 0
+    """The load phase over the REST API. Returns how many keys were written."""
     with requests.Session() as session:
-        for keys in by_partition.values():
-            for start in range(0, len(keys), LOAD_KEYS_PER_REQUEST):
-                batch = keys[start:start + LOAD_KEYS_PER_REQUEST]
-                ops = [{"op": "put", "key": key, "value": data[key]} for key in batch]
-                for _ in range(LOAD_ATTEMPT_COUNT_MAX):
-                    answer = session.post(f"{rest_url.rstrip('/')}/v1/execute", json={"ops": ops},
-                                          timeout=TIMEOUT_S_CALL)
-                    if answer.status_code == 200:
-                        written += len(batch)
-                        break
-                    time.sleep(0.05)
-                else:
-                    raise RuntimeError(f"load: a batch of {len(batch)} keys did not commit (last {answer.status_code})")
-    return written
+        return load_workload(workload_name, partition_count_from(rest_url),
+                             executor(PlainRestCalls(session, rest_url)))
 
 
 def install_rest_load(workload_name: str) -> None:

@@ -7,8 +7,9 @@
 --host is a node's public gRPC address (grpc_api_listen; `grpc://` in front is accepted). The gRPC
 API has no partition listing: set CORNUS_PARTITIONS to the cluster's partition count (the keys are
 placed by it), or CORNUS_REST_URL to a node's REST URL to ask it. The load phase runs over gRPC
-(CORNUS_LOAD=0 skips it). Transactions report as in common.py: one `TXN` request each, failed
-exactly when it did not commit; every call as type `gRPC`, failed only on an error status.
+(CORNUS_LOAD=0 skips it; loadtests.api.load, as every driver's). Transactions run and report as in
+common.py: one `TXN` request each, failed exactly when it did not commit; every call as type
+`gRPC`, failed only on an error status.
 """
 
 from __future__ import annotations
@@ -29,19 +30,22 @@ if str(Path(__file__).resolve().parents[2]) not in sys.path:
 import grpc
 import grpc.experimental.gevent as grpc_gevent
 
-from cornus.runtime.keys import partition_of
+from loadtests.api.exchange import Abort, Begin, Call, Step
+from loadtests.api.replies import no_answer, outcome_reply
 from loadtests.locust.common import (
     TIMEOUT_S_CALL,
     User,
     _Shared,
     drive,
     events,
+    executor,
+    load_workload,
     partition_count_from,
     report,
     task,
     workload_for,
 )
-from loadtests.workloads.base import Commit, Execute, Read, Reply, Request, Write
+from loadtests.workloads.base import Commit, Execute, Read, Reply
 
 grpc_gevent.init_gevent()
 
@@ -50,10 +54,12 @@ from services.public_api._generated import public_pb2 as pb  # noqa: E402
 from services.public_api._generated import public_pb2_grpc  # noqa: E402
 
 _OUTCOMES = {pb.OUTCOME_COMMITTED: "committed", pb.OUTCOME_ABORTED: "aborted", pb.OUTCOME_UNAVAILABLE: "unavailable",
-             pb.OUTCOME_UNKNOWN: "unknown", pb.OUTCOME_ACTIVE: "active"}
+             pb.OUTCOME_UNKNOWN: "unknown"}
 _KINDS = {"get": pb.OP_KIND_GET, "put": pb.OP_KIND_PUT, "delete": pb.OP_KIND_DELETE}
-LOAD_KEYS_PER_REQUEST = 200
-LOAD_ATTEMPT_COUNT_MAX = 20
+# Statuses only the node sends, for a call it refused without changing anything (public.proto);
+# any other error status may come from the transport itself (UNAVAILABLE, DEADLINE_EXCEEDED), so
+# the call's answer is as good as lost.
+_REFUSED = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 def _target(host: str) -> str:
@@ -61,10 +67,12 @@ def _target(host: str) -> str:
 
 
 def _reply(outcome: Any) -> Reply:
+    """A TxnOutcome message as a Reply; ACTIVE (a Read or Write that did not end the
+    transaction) is for the caller to handle."""
     reason = "" if outcome.reason == pb.ABORT_REASON_UNSPECIFIED else \
         pb.AbortReason.Name(outcome.reason).removeprefix("ABORT_REASON_").lower()
-    return Reply(_OUTCOMES.get(outcome.outcome, "failed"), reason or outcome.detail, outcome.retryable,
-                 _values(outcome.reads), dict(outcome.timing_ms))
+    return outcome_reply(_OUTCOMES.get(outcome.outcome, str(outcome.outcome)), reason, outcome.detail,
+                         outcome.retryable, reads=_values(outcome.reads), timing_ms=dict(outcome.timing_ms))
 
 
 def _values(pairs: Any) -> dict[str, str | None]:
@@ -72,59 +80,65 @@ def _values(pairs: Any) -> dict[str, str | None]:
 
 
 class GrpcCalls:
-    """A transaction's calls over one channel, each reported to Locust as a `gRPC` request."""
+    """A transaction's steps (loadtests.api.exchange) over one channel, each reported to Locust as
+    a `gRPC` request, failed only on an error status."""
 
-    def __init__(self, stub: Any, environment: Any) -> None:
+    def __init__(self, stub: Any, environment: Any | None) -> None:
         self.stub = stub
-        self.environment = environment
+        self.environment = environment  # None: report nothing (the load phase)
 
     def _call(self, name: str, method: Any, message: Any) -> Any:
+        """The answer, or the RpcError."""
         started = time.perf_counter()
         try:
             answer = method(message, timeout=TIMEOUT_S_CALL)
         except grpc.RpcError as error:
-            self.environment.events.request.fire(request_type="gRPC", name=name,
-                                                 response_time=(time.perf_counter() - started) * 1000,
-                                                 response_length=0, exception=error, context={})
-            return None
-        self.environment.events.request.fire(request_type="gRPC", name=name,
-                                             response_time=(time.perf_counter() - started) * 1000,
-                                             response_length=answer.ByteSize(), exception=None, context={})
+            self._report(name, started, 0, error)
+            return error
+        self._report(name, started, answer.ByteSize(), None)
         return answer
 
-    def __call__(self, request: Request, txn: str) -> tuple[Reply, str]:
+    def _report(self, name: str, started: float, length: int, error: Exception | None) -> None:
+        if self.environment is not None:
+            self.environment.events.request.fire(request_type="gRPC", name=name,
+                                                 response_time=(time.perf_counter() - started) * 1000,
+                                                 response_length=length, exception=error, context={})
+
+    def __call__(self, step: Step) -> Reply:
+        name, method, message = self._message(step)
+        answer = self._call(name, method, message)
+        if isinstance(answer, grpc.RpcError):
+            code = answer.code() if isinstance(answer, grpc.Call) else None
+            if code in _REFUSED:
+                return Reply("failed", code.name.lower())
+            if isinstance(step, Begin) and code == grpc.StatusCode.UNAVAILABLE:
+                return Reply("unavailable", "unavailable", retryable=True)  # as REST's 503: nothing began
+            return no_answer(step, f"rpc {code.name.lower() if code else 'error'}")
+        if isinstance(step, Begin):
+            return Reply("active", txn=answer.txn)
+        if isinstance(step, Call) and not step.final:
+            if answer.outcome.outcome == pb.OUTCOME_ACTIVE:
+                return Reply("active", values=_values(getattr(answer, "values", ())))
+            return _reply(answer.outcome)
+        return _reply(answer)
+
+    def _message(self, step: Step) -> tuple[str, Any, Any]:
+        if isinstance(step, Begin):
+            return "Begin", self.stub.Begin, pb.BeginRequest()
+        if isinstance(step, Abort):
+            return "Abort", self.stub.Abort, pb.TxnRequest(txn=step.txn)
+        request = step.request
         if isinstance(request, Execute):
             ops = [pb.Op(kind=_KINDS[op["op"]], key=op["key"],
                          value=op["value"].encode() if "value" in op else None) for op in request.ops]
-            answer = self._call("Execute", self.stub.Execute, pb.ExecuteRequest(ops=ops))
-            return (_reply(answer) if answer is not None else Reply("unknown", "rpc error")), ""
-        if not txn:
-            began = self._call("Begin", self.stub.Begin, pb.BeginRequest())
-            if began is None:
-                return Reply("failed", "begin rpc error"), ""
-            txn = began.txn
+            return "Execute", self.stub.Execute, pb.ExecuteRequest(ops=ops)
         if isinstance(request, Commit):
-            answer = self._call("Commit", self.stub.Commit, pb.TxnRequest(txn=txn))
-            return (_reply(answer) if answer is not None else Reply("unknown", "rpc error")), ""
+            return "Commit", self.stub.Commit, pb.TxnRequest(txn=step.txn)
         if isinstance(request, Read):
-            answer = self._call("Read", self.stub.Read, pb.ReadRequest(txn=txn, keys=list(request.keys)))
-            if answer is None:
-                return Reply("failed", "rpc error"), txn
-            if answer.outcome.outcome != pb.OUTCOME_ACTIVE:
-                return _reply(answer.outcome), ""
-            return Reply("active", values=_values(answer.values)), txn
-        assert isinstance(request, Write)
+            return "Read", self.stub.Read, pb.ReadRequest(txn=step.txn, keys=list(request.keys))
         writes = [pb.Write(key=key, delete=True) if value is None else pb.Write(key=key, value=value.encode())
                   for key, value in request.writes.items()]
-        answer = self._call("Write", self.stub.Write, pb.WriteRequest(txn=txn, writes=writes))
-        if answer is None:
-            return Reply("failed", "rpc error"), txn
-        if answer.outcome.outcome != pb.OUTCOME_ACTIVE:
-            return _reply(answer.outcome), ""
-        return Reply("active"), txn
-
-    def abort(self, txn: str) -> None:
-        self._call("Abort", self.stub.Abort, pb.TxnRequest(txn=txn))
+        return "Write", self.stub.Write, pb.WriteRequest(txn=step.txn, writes=writes)
 
 
 def _partition_count() -> int:
@@ -171,24 +185,11 @@ class BankGrpcUser(CornusGrpcUser):
 
 
 def load_over_grpc(target: str, workload_name: str) -> int:
-    workload = workload_for(workload_name, _partition_count())
-    data = workload.initial_data()
-    keys = sorted(data, key=lambda key: partition_of(key, workload.partition_count))
-    written = 0
+    """The load phase (loadtests.api.load) over the public gRPC API. Returns how many keys were
+    written."""
     with grpc.insecure_channel(target) as channel:
-        stub = public_pb2_grpc.CornusStub(channel)
-        for start in range(0, len(keys), LOAD_KEYS_PER_REQUEST):
-            batch = keys[start:start + LOAD_KEYS_PER_REQUEST]
-            request = pb.ExecuteRequest(ops=[pb.Op(kind=pb.OP_KIND_PUT, key=key, value=data[key].encode())
-                                             for key in batch])
-            for _ in range(LOAD_ATTEMPT_COUNT_MAX):
-                if stub.Execute(request, timeout=TIMEOUT_S_CALL).outcome == pb.OUTCOME_COMMITTED:
-                    written += len(batch)
-                    break
-                time.sleep(0.05)
-            else:
-                raise RuntimeError(f"load: a batch of {len(batch)} keys did not commit")
-    return written
+        calls = GrpcCalls(public_pb2_grpc.CornusStub(channel), None)
+        return load_workload(workload_name, _partition_count(), executor(calls))
 
 
 @events.test_start.add_listener

@@ -20,12 +20,26 @@ WORKLOADS: dict[str, type[Workload]] = {
 }
 
 
+# Keys a workload may load. Its load phase builds every key and value in the driver's memory
+# (about 500 MB per million keys, in each Locust process too) and writes each over the API before
+# the clock starts (a minute or more per million): beyond this a typo, not a benchmark.
+WORKLOAD_KEY_COUNT_MAX = 1_000_000
+
+
 def make_workload(name: str, partition_count: int, knobs: Mapping[str, object] | None = None) -> Workload:
+    """The named workload over `partition_count` partitions with `knobs`; WorkloadError (naming
+    the knob or the bound) before anything is built when they cannot run."""
     try:
         cls = WORKLOADS[name]
     except KeyError:
         raise WorkloadError(f"no workload {name!r}; one of {', '.join(WORKLOADS)}") from None
-    return cls(partition_count, knobs)  # type: ignore[call-arg]
+    workload = cls(partition_count, knobs)  # type: ignore[call-arg]
+    size = workload.data_size()
+    if size.keys > WORKLOAD_KEY_COUNT_MAX:
+        raise WorkloadError(f"{name} would load {size.keys:,} keys ({size.formula}); at most "
+                            f"{WORKLOAD_KEY_COUNT_MAX:,} (WORKLOAD_KEY_COUNT_MAX: the load phase holds every key in "
+                            "the driver's memory and writes each before the run starts)")
+    return workload
 
 
-__all__ = ["WORKLOADS", "Workload", "WorkloadError", "make_workload"]
+__all__ = ["WORKLOADS", "WORKLOAD_KEY_COUNT_MAX", "Workload", "WorkloadError", "make_workload"]

@@ -18,6 +18,7 @@ from typing import Any
 
 from loadtests.workloads.base import (
     Commit,
+    DataSize,
     Program,
     Read,
     Txn,
@@ -62,6 +63,9 @@ class BankWorkload(Workload):
 
     def initial_data(self) -> dict[str, str]:
         return dict.fromkeys(self.accounts, str(BALANCE_START))
+
+    def data_size(self) -> DataSize:
+        return DataSize(self.account_count, f"{self.account_count:,} accounts")
 
     def next_txn(self, rng: random.Random, client: int) -> Txn:
         if client < self.audit_clients:

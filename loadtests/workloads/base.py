@@ -80,6 +80,7 @@ class Reply:
     retryable: bool = False
     values: dict[str, str | None] = field(default_factory=dict)  # reads of Read and Execute
     timing_ms: dict[str, float] = field(default_factory=dict)  # the node's commit-path breakdown
+    txn: str = ""  # the id a begin answered with (loadtests.api.exchange)
 
     @property
     def committed(self) -> bool:
@@ -166,6 +167,12 @@ class Zipf:
         return min(self.n - 1, int(self.n * (self.eta * u - self.eta + 1.0) ** self.alpha))
 
 
+@dataclass(frozen=True, slots=True)
+class DataSize:
+    keys: int
+    formula: str  # what makes that many, in the knobs' names: "10,000 rows_per_partition x 3 partitions"
+
+
 class Workload(ABC):
     """One benchmark workload over a cluster of `partition_count` partitions. Drivers call
     `initial_data` once (the load phase), `next_txn` for every transaction, and `check` at the end.
@@ -183,6 +190,10 @@ class Workload(ABC):
     @abstractmethod
     def initial_data(self) -> dict[str, str]:
         """Every key the run expects to exist, with its first value (loaded before the clock starts)."""
+
+    @abstractmethod
+    def data_size(self) -> DataSize:
+        """How many keys initial_data() holds, and what makes that many, without building it."""
 
     @abstractmethod
     def next_txn(self, rng: random.Random, client: int) -> Txn:

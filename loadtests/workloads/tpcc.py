@@ -31,6 +31,7 @@ from typing import Any
 
 from loadtests.workloads.base import (
     Commit,
+    DataSize,
     Program,
     Read,
     Txn,
@@ -113,6 +114,13 @@ class TpccWorkload(Workload):
 
     def order_key(self, w: int, d: int, o: int) -> str:
         return self._key(f"o{w}.{d}.{o}", w)
+
+    def data_size(self) -> DataSize:
+        per_warehouse = 1 + DISTRICTS_PER_WAREHOUSE * (1 + self.customers) + self.items
+        return DataSize(self.items * self.partition_count + self.warehouses * per_warehouse,
+                        f"{self.items:,} items x {self.partition_count} partitions + {self.warehouses} warehouses x "
+                        f"(1 + {DISTRICTS_PER_WAREHOUSE} districts x (1 + {self.customers:,} customers) + "
+                        f"{self.items:,} stock)")
 
     def initial_data(self) -> dict[str, str]:
         rng = random.Random(0)

@@ -10,24 +10,28 @@ as one one-shot request, as the paper's stored procedures do.
 the paper's Figure 6 varies `read_fraction` instead, which makes a transaction read-only with
 probability read_fraction^16. Rows are `rows_per_partition` per partition (the paper's are 10 GB of
 1 KB tuples; ours are loaded over the API before the run, so fewer and smaller: VALUE_BYTES each).
+
+Every write carries a value of its own, and the end-of-run check is loadtests.workloads.last_writes':
+each key written holds what its last committed write wrote.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from loadtests.workloads.base import (
+    DataSize,
     Txn,
     Workload,
     WorkloadError,
     Zipf,
     knob_float,
     knob_int,
-    one_shot,
     refuse_unknown,
 )
+from loadtests.workloads.last_writes import LastWrites, WriteValues, tracked_one_shot
 
 REQUESTS_PER_TXN = 16
 REQUESTS_PER_TXN_MAX = 64
@@ -55,7 +59,9 @@ class YcsbWorkload(Workload):
         if self.remote_fraction > 0 and partition_count < 2:
             raise WorkloadError("remote_fraction > 0 needs at least 2 partitions")
         self.zipf = Zipf(self.rows_per_partition, self.theta)
-        self.value = "y" * VALUE_BYTES
+        self.value = "y" * VALUE_BYTES  # every row's value when loaded
+        self.write_values = WriteValues(VALUE_BYTES, "y")
+        self.last_writes = LastWrites(self.value)
 
     def row_key(self, row: int, partition: int) -> str:
         """Row `row` of partition `partition`: global row id row * P + partition (round-robin)."""
@@ -65,12 +71,17 @@ class YcsbWorkload(Workload):
         return {self.row_key(row, p): self.value
                 for p in range(self.partition_count) for row in range(self.rows_per_partition)}
 
+    def data_size(self) -> DataSize:
+        return DataSize(self.rows_per_partition * self.partition_count,
+                        f"{self.rows_per_partition:,} rows_per_partition x {self.partition_count} partitions")
+
     def next_txn(self, rng: random.Random, client: int) -> Txn:
         home = self.home_partition(client)
         read_only = rng.random() * 100 < self.read_only_perc
         ops: list[dict[str, str]] = []
         seen: set[str] = set()
         partitions: set[int] = set()
+        value = self.write_values.next()
         for _ in range(self.requests_per_txn):
             partition = home
             if self.partition_count > 1 and rng.random() < self.remote_fraction:
@@ -81,9 +92,12 @@ class YcsbWorkload(Workload):
                 continue
             seen.add(key)
             partitions.add(partition)
-            ops.append({"op": "get", "key": key} if reads else {"op": "put", "key": key, "value": self.value})
+            ops.append({"op": "get", "key": key} if reads else {"op": "put", "key": key, "value": value})
         return Txn(kind="ycsb", home=f"p{home}", partitions=frozenset(f"p{p}" for p in partitions),
-                   read_only=all(op["op"] == "get" for op in ops), program=one_shot(ops))
+                   read_only=all(op["op"] == "get" for op in ops), program=tracked_one_shot(ops, self.last_writes))
+
+    def check(self, read: Callable[[Sequence[str]], dict[str, str | None]]) -> list[str]:
+        return self.last_writes.check(read)
 
     def describe(self) -> dict[str, Any]:
         return {"requests_per_txn": self.requests_per_txn, "read_fraction": self.read_fraction,

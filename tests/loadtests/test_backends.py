@@ -5,7 +5,9 @@ figures, never how fast anything is."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
+import dataclasses
 import re
 import subprocess
 import sys
@@ -14,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from cornus.protocol.config import Protocol
+from loadtests.bench import cloud, namespaces
+from storage_adapters.factory import StoreConfig, open_store
 from tests.conftest import Services
 from tests.worker import redis_db_bench
 
@@ -23,7 +28,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 pytestmark = [pytest.mark.services, pytest.mark.timeout(TIMEOUT_S_BENCH + 30)]
 
 
-def _storage_args(services: Services, backend: str) -> list[str]:
+def _storage_args(services: Services, backend: str, name: str) -> list[str]:
     if backend == "redis":
         base = services.redis_url.rsplit("/", 1)[0]
         # A short storage deadline: a starting node waits one out before it serves.
@@ -31,7 +36,6 @@ def _storage_args(services: Services, backend: str) -> list[str]:
                 "--timeout-ms-call", "500"]
     # Azurite and moto take tens of milliseconds a call (moto one call at a time): the bench's
     # default deadline, 2 s.
-    name = f"bench{uuid.uuid4().hex[:10]}"
     if backend == "azure_blob":
         return ["--backend", "azure_blob", "--azure-connection-string", services.azure_connection_string,
                 "--azure-container", name]
@@ -44,10 +48,11 @@ def _storage_args(services: Services, backend: str) -> list[str]:
 @pytest.mark.parametrize("backend", ["redis", "azure_blob", "dynamodb"])
 def test_a_sweep_runs_and_plots_on_each_backend(services, tmp_path: Path, backend: str) -> None:
     out = tmp_path / "out"
+    storage_name = f"bench{uuid.uuid4().hex[:10]}"
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "bench", *_storage_args(services, backend), "--protocol", "cornus",
-         "--protocol", "2pc", "--sweep", "latency=none,fixed:2", "--nodes", "2", "--clients", "2", "--seconds", "2",
-         "--rows-per-partition", "200", "--out", str(out)],
+        [sys.executable, "-m", "services.cli", "bench", *_storage_args(services, backend, storage_name),
+         "--protocol", "cornus", "--protocol", "2pc", "--sweep", "latency=none,fixed:2", "--nodes", "2",
+         "--clients", "2", "--seconds", "2", "--rows-per-partition", "200", "--out", str(out)],
         capture_output=True, text=True, timeout=TIMEOUT_S_BENCH, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -75,3 +80,52 @@ def test_a_sweep_runs_and_plots_on_each_backend(services, tmp_path: Path, backen
         ratio_row = re.search(rf"^\| latency={re.escape(value)} \| [0-9.]+ \|", summary, re.MULTILINE)
         said_why = f"- latency={value}: 2PC/Cornus n/a: " in summary
         assert ratio_row or (said_why and backend != "redis"), summary
+    if backend != "redis":  # each run created its own container or table, and deleted it
+        storage = _cloud_storage(services, backend, storage_name)
+        for row in rows:
+            index = ["none", "fixed:2"].index(row["value"])
+            run = namespaces.run_storage(storage, Protocol(row["protocol"]), tmp_path, index)
+            assert not cloud.exists(storage, run.cloud_name), run.cloud_name
+
+
+def _cloud_storage(services: Services, backend: str, name: str) -> StoreConfig:
+    if backend == "azure_blob":
+        return StoreConfig(backend=backend, azure_connection_string=services.azure_connection_string,
+                           azure_container=name)
+    return StoreConfig(backend=backend, dynamodb_endpoint=services.dynamodb_endpoint, dynamodb_table=name)
+
+
+def _open_as_a_node_does(run: namespaces.RunStorage) -> None:
+    """What each node of a run does first: open its storage, creating the container or table."""
+    where = {"azure_container" if run.storage.backend == "azure_blob" else "dynamodb_table": run.cloud_name}
+
+    async def open_and_close() -> None:
+        store = await open_store(dataclasses.replace(run.storage, **where))
+        await store.close()
+
+    asyncio.run(open_and_close())
+
+
+@pytest.mark.parametrize("backend", ["azure_blob", "dynamodb"])
+def test_a_run_deletes_the_container_or_table_it_created_unless_kept_and_never_one_it_found(
+        services, tmp_path: Path, backend: str) -> None:
+    storage = _cloud_storage(services, backend, f"bench{uuid.uuid4().hex[:10]}")
+    created = namespaces.run_storage(storage, Protocol.CORNUS, tmp_path, 0)
+    kept = namespaces.run_storage(storage, Protocol.TWO_PC, tmp_path, 1)
+    found = namespaces.run_storage(storage, Protocol.COORDINATOR_LOG, tmp_path, 0)
+    assert len({created.cloud_name, kept.cloud_name, found.cloud_name}) == 3
+    _open_as_a_node_does(found)  # the user's, there before the run
+    try:
+        for run in (created, kept, found):
+            namespaces.prepare(run)
+            _open_as_a_node_does(run)
+            assert cloud.exists(storage, run.cloud_name), run
+        assert (created.existed, kept.existed, found.existed) == (False, False, True)
+        namespaces.release(created)
+        namespaces.release(kept, keep=True)
+        namespaces.release(found)
+        assert not cloud.exists(storage, created.cloud_name)
+        assert cloud.exists(storage, kept.cloud_name) and cloud.exists(storage, found.cloud_name)
+    finally:
+        for run in (created, kept, found):
+            cloud.delete(storage, run.cloud_name)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from cornus.protocol.config import Protocol
-from loadtests.bench import cluster, termination
+from loadtests.bench import cloud, lifecycle, termination
 from loadtests.bench.cluster import RunSettings
 from loadtests.bench.report import markdown_summary
 from loadtests.bench.sweep import BenchPlan, write_outputs
@@ -103,12 +103,16 @@ def test_workloads_run_and_pass_their_invariant_checks(tmp_path, workload, extra
     (["--knob", "warehouses=3"], "--knob 'warehouses=3'"),
     (["--workload", "uniform", "--partitions-per-txn", "9"], "partitions_per_txn must be an integer in 1..3"),
     (["--flush-redis"], "--flush-redis is for --backend redis"),
+    (["--keep-storage"], "--keep-storage is for --backend azure_blob or dynamodb"),
     (["--set", "timeout_ms_prepare=abc"], "timeout_ms_prepare must be an integer"),
     (["--set", "timeout_ms_prepare=0"], "timeout_ms_prepare must be positive"),
     (["--out", __file__], f"{__file__} is not a directory"),
     (["--out", f"{__file__}/out"], f"{__file__} is not a directory"),
     (["--sweep", "lock_policy=NO_WAIT,no_wait"], "'NO_WAIT' and 'no_wait' are the same point"),
     (["--sweep", "theta=0.1,0.10"], "'0.1' and '0.10' are the same point"),
+    (["--rows-per-partition", "400000"], "ycsb would load 1,200,000 keys (400,000 rows_per_partition x 3"),
+    # The first point is within the bound, the second is not: nothing runs at all.
+    (["--rows-per-partition", "300000", "--sweep", "nodes=2,4"], "ycsb would load 1,200,000 keys"),
 ])
 def test_bench_refuses_bad_input_before_starting_anything(tmp_path, args, message):
     done = _cornus("bench", "--out", str(tmp_path / "out"), *args)
@@ -139,6 +143,7 @@ def test_termination_bench_times_termination_after_coordinator_kills(tmp_path):
     (["--sweep", "nodes=3,99"], "--nodes must be in 3..16"), (["--sweep", "nodes=,"], "no node count"),
     (["--set", "timeout_ms_prepare=abc"], "timeout_ms_prepare must be an integer"),
     (["--out", __file__], f"{__file__} is not a directory"),
+    (["--keep-storage"], "--keep-storage is for --backend azure_blob or dynamodb"),
 ])
 def test_termination_bench_refuses_bad_input(args, message):
     done = _cornus("termination-bench", *args)
@@ -181,11 +186,11 @@ def test_without_matplotlib_the_results_are_written_and_the_plots_said_skipped(t
 
 def test_a_bench_whose_cluster_does_not_start_exits_1_with_one_line_naming_the_logs(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the run's node logs go
-    def start(node: cluster.ClusterNode, *args: object, **kwargs: object) -> None:
+    def start(node: lifecycle.ClusterNode, *args: object, **kwargs: object) -> None:
         node.process = subprocess.Popen([sys.executable, "-c", "pass"])  # a node that exits at once
 
-    monkeypatch.setattr(cluster, "start_node", start)
-    monkeypatch.setattr(cluster, "wait_cluster_ready", lambda *args: False)
+    monkeypatch.setattr(lifecycle, "start_node", start)
+    monkeypatch.setattr(lifecycle, "wait_cluster_ready", lambda *args: False)
     assert main(["bench", "--protocol", "cornus", "--seconds", "1", "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
@@ -212,10 +217,12 @@ def test_the_azure_connection_string_reaches_the_nodes_in_their_environment_not_
     secret = "DefaultEndpointsProtocol=http;AccountName=a;AccountKey=c2VjcmV0"
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the failed run's node logs stay
     started = []
-    module = cluster if command == "bench" else termination
-    monkeypatch.setattr(module, "start_node", lambda node, peers, argv, settings=(), environ=None:
+    monkeypatch.setattr(lifecycle, "start_node", lambda node, peers, argv, settings=(), environ=None:
                         started.append((list(argv), dict(environ or {}))))
-    monkeypatch.setattr(module, "wait_cluster_ready", lambda *args: False)
+    monkeypatch.setattr(lifecycle, "wait_cluster_ready", lambda *args: False)
+    # No Azure account behind this connection string: the run's container is taken as new.
+    monkeypatch.setattr(cloud, "exists", lambda storage, name: False)
+    monkeypatch.setattr(cloud, "delete", lambda storage, name: None)
     assert main([command, "--backend", "azure_blob", "--azure-connection-string", secret, "--azure-container", "c",
                  "--out", str(tmp_path / "out"),
                  *(["--protocol", "cornus", "--seconds", "1", "--no-plots"] if command == "bench" else [])]) == 1
@@ -223,3 +230,20 @@ def test_the_azure_connection_string_reaches_the_nodes_in_their_environment_not_
     for argv, environ in started:
         assert not any(secret in arg for arg in argv), argv
         assert environ["CORNUS_STORAGE_AZURE_CONNECTION_STRING"] == secret, environ
+
+
+def test_a_bench_that_cannot_reach_its_cloud_storage_exits_1_with_one_line_and_starts_nothing(tmp_path, monkeypatch,
+                                                                                             capsys):
+    def unreachable(storage: StoreConfig, name: str) -> bool:
+        raise TimeoutError("read timed out")
+
+    started = []
+    monkeypatch.setattr(cloud, "exists", unreachable)
+    monkeypatch.setattr(lifecycle, "start_node", lambda *args, **kwargs: started.append(args))
+    assert main(["bench", "--backend", "azure_blob", "--azure-connection-string", "UseDevelopmentStorage=true",
+                 "--azure-container", "c", "--protocol", "cornus", "--seconds", "1", "--no-plots",
+                 "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == ("cornus: bench failed: could not ask azure_blob whether container c-cornus0 "
+                                    "exists (TimeoutError: read timed out)"), err
+    assert not started and not (tmp_path / "out").exists()

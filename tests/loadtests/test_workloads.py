@@ -13,8 +13,9 @@ from collections.abc import Sequence
 import pytest
 
 from cornus.runtime.keys import partition_of
-from loadtests.workloads import make_workload
+from loadtests.workloads import WORKLOAD_KEY_COUNT_MAX, last_writes, make_workload
 from loadtests.workloads.base import Commit, Execute, Read, Reply, Txn, Workload, WorkloadError, Write, Zipf
+from loadtests.workloads.last_writes import LastWrites
 
 
 class MemoryStore:
@@ -98,6 +99,72 @@ def test_bank_check_catches_money_created():
     assert workload.check(store.read) == [f"the balances add up to {workload.total + 1}, not {workload.total}"]
 
 
+def _written_keys(workload: Workload, store: MemoryStore) -> list[str]:
+    """Keys a run's committed writes changed (their value is no longer the loaded one)."""
+    initial = workload.initial_data()
+    return sorted(key for key, value in store.data.items() if value != initial[key])
+
+
+@pytest.mark.parametrize("name", ["ycsb", "uniform"])
+def test_the_last_write_check_catches_a_lost_a_corrupted_and_a_vanished_commit(name):
+    workload = make_workload(name, 3, {"rows_per_partition": 50} if name == "ycsb" else {})
+    store = _run(workload, 200)
+    lost, corrupted, vanished = _written_keys(workload, store)[:3]
+    store.data[lost] = workload.initial_data()[lost]  # as if the commit never reached storage
+    store.data[corrupted] = store.data[corrupted][:-1] + "?"
+    del store.data[vanished]
+    violations = workload.check(store.read)
+    assert len(violations) == 3, violations
+    assert any(f"key {lost} holds '{'y' if name == 'ycsb' else 'x'}" in v for v in violations), violations
+    assert any(f"key {corrupted} holds" in v for v in violations), violations
+    assert any(f"key {vanished} holds nothing" in v for v in violations), violations
+
+
+def test_the_last_write_check_catches_an_abort_that_left_its_value():
+    workload = make_workload("ycsb", 2, {"rows_per_partition": 50, "read_fraction": 0, "requests_per_txn": 3})
+    store = MemoryStore(workload.initial_data())
+    rng = random.Random(1)
+    for _ in range(20):
+        store.run(workload.next_txn(rng, 0))
+    txn = workload.next_txn(rng, 0)
+    program = txn.program()
+    ops = next(program).ops
+    for op in ops:
+        store.data[op["key"]] = op["value"]  # applied, yet the client is told it aborted
+    with pytest.raises(StopIteration):
+        program.send(Reply("aborted", "conflict", True))
+    assert len(workload.check(store.read)) == len(ops)
+
+
+def test_writes_that_overlapped_may_end_either_way_but_an_overwritten_one_may_not():
+    tracker = LastWrites("init")
+
+    def holds(value: str) -> list[str]:
+        return tracker.check(lambda keys: dict.fromkeys(keys, value))
+
+    # Replies arrive in any order: c (4..5) started after a (0..2) and b (1..3) ended.
+    tracker.record({"k": "c"}, "committed", 4.0, 5.0)
+    tracker.record({"k": "a"}, "committed", 0.0, 2.0)
+    tracker.record({"k": "b"}, "committed", 1.0, 3.0)
+    assert holds("c") == []
+    assert holds("a") and holds("b") and holds("init")
+    tracker.record({"k": "d"}, "committed", 4.5, 6.0)  # overlapped c: either may be last
+    assert holds("c") == [] and holds("d") == []
+    tracker.record({"k": "e"}, "aborted", 7.0, 8.0)
+    assert holds("e") and holds("d") == []
+
+
+def test_a_write_whose_outcome_is_unknown_leaves_its_key_unchecked_and_the_keys_tracked_are_bounded(monkeypatch):
+    monkeypatch.setattr(last_writes, "CHECKED_KEY_COUNT_MAX", 3)
+    tracker = LastWrites("init")
+    tracker.record({"k0": "a", "k1": "a"}, "committed", 0.0, 1.0)
+    tracker.record({"k1": "b"}, "unknown", 2.0, 3.0)
+    tracker.record({"k2": "c", "k3": "c", "k4": "c"}, "committed", 2.0, 3.0)
+    read: list[str] = []
+    assert tracker.check(lambda keys: read.extend(keys) or {"k0": "a", "k2": "c"}) == []
+    assert sorted(read) == ["k0", "k2"] and tracker.unchecked_keys == 1 and tracker.untracked_writes == 2
+
+
 def test_keys_land_on_the_partition_their_workload_chose():
     ycsb = make_workload("ycsb", 4)
     for partition in range(4):
@@ -154,3 +221,24 @@ def test_zipf_skews_toward_the_first_ranks():
 def test_bad_knobs_are_refused_by_name(name, knobs, message):
     with pytest.raises(WorkloadError, match=message.replace("[", r"\[").replace("]", r"\]")):
         make_workload(name, 2, knobs)
+
+
+@pytest.mark.parametrize(("name", "partitions", "knobs"), [
+    ("ycsb", 3, {"rows_per_partition": 70}), ("tpcc", 2, {"warehouses": 3, "items": 40, "customers": 4}),
+    ("bank", 4, {"accounts": 33}), ("uniform", 2, {}),
+])
+def test_a_workload_knows_its_key_count_without_building_its_data(name, partitions, knobs):
+    workload = make_workload(name, partitions, knobs)
+    assert workload.data_size().keys == len(workload.initial_data())
+
+
+@pytest.mark.parametrize(("name", "partitions", "knobs", "message"), [
+    ("ycsb", 2, {"rows_per_partition": 500_001}, "ycsb would load 1,000,002 keys (500,001 rows_per_partition x 2"),
+    ("tpcc", 16, {"items": 100_000}, "tpcc would load 3,204,976 keys (100,000 items x 16 partitions + 16 warehouses"),
+])
+def test_a_workload_of_more_keys_than_the_bound_is_refused_naming_what_makes_them(name, partitions, knobs, message):
+    with pytest.raises(WorkloadError) as refused:
+        make_workload(name, partitions, knobs)
+    assert message in str(refused.value) and f"at most {WORKLOAD_KEY_COUNT_MAX:,}" in str(refused.value)
+    knobs = {"rows_per_partition": WORKLOAD_KEY_COUNT_MAX // 2} if name == "ycsb" else {"items": 100_000}
+    make_workload(name, 2, knobs)  # at the bound, or under it: accepted

@@ -1,0 +1,112 @@
+"""The bench's local clusters, from start to clean-up, for `cornus bench` (cluster.py) and
+`cornus termination-bench` (termination.py): `cornus serve` processes on 127.0.0.1 over the run's
+own storage (loadtests.bench.namespaces), started and waited for until they serve, one of them
+restarted with a failpoint armed when asked, all stopped at the end. Then the clean-up: the run's
+directory goes, unless the run failed once its nodes had started (their logs in it say why, and
+the error gets a note naming it); the container or table the run created goes too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cornus.protocol.config import Protocol
+from loadtests.bench import namespaces
+from services.local_cluster import (
+    ClusterNode,
+    StopSignals,
+    local_members,
+    start_node,
+    stop_nodes,
+    wait_cluster_ready,
+)
+from storage_adapters.factory import StoreConfig
+
+# A node that does not serve this long after its start has failed to start: it waits one storage
+# deadline out first, then takes its partitions over on storage that may be a remote service.
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """What a bench cluster runs: its shape, its protocol, its storage and the nodes' settings."""
+
+    nodes: int
+    partitions: int
+    protocol: Protocol
+    storage: StoreConfig
+    storage_argv: Sequence[str]  # the flags that hand `storage` to the nodes
+    settings: Sequence[str] = ()  # --set NAME=VALUE for every node
+    # Added to every node's environment: storage secrets (argv is visible to every user of the
+    # machine), the lock policy.
+    environ: Mapping[str, str] = field(default_factory=dict)
+    run_index: int = 0  # the sweep point, which names the run's storage
+    flush_redis: bool = False
+    keep_storage: bool = False  # leave the container or table the run created
+    label: str = "the cluster"  # how errors name it
+
+
+@dataclass
+class BenchCluster:
+    spec: ClusterSpec
+    members: list[ClusterNode]
+    peers: str
+    argv: list[str]
+    stop: StopSignals
+
+    def start(self, nodes: Sequence[ClusterNode] | None = None, *, environ: Mapping[str, str] | None = None,
+              failure: str = "") -> None:
+        """Start `nodes` (every member by default) and wait until they serve; RuntimeError
+        (`failure`, or that the cluster did not start) if one dies or the wait times out."""
+        chosen = list(self.members if nodes is None else nodes)
+        for node in chosen:
+            start_node(node, self.peers, self.argv, list(self.spec.settings),
+                       environ={**self.spec.environ, **(environ or {})})
+        if not wait_cluster_ready(chosen, self.stop, READY_TIMEOUT_S):
+            raise RuntimeError(failure or f"{self.spec.label} did not start")
+
+    def restart(self, node: ClusterNode, *, environ: Mapping[str, str] | None = None) -> None:
+        """Stop `node` and start it again, with `environ` added to its environment."""
+        stop_nodes([node], self.stop)
+        self.start([node], environ=environ, failure=f"{node.config.node_id} did not restart")
+
+
+@contextlib.contextmanager
+def bench_cluster(spec: ClusterSpec, *, prefix: str = "cornus-bench-") -> Iterator[BenchCluster]:
+    """A cluster of `spec` whose nodes are not started yet (`start` them); stopped and cleaned up
+    on the way out, whatever happened."""
+    data = Path(tempfile.mkdtemp(prefix=prefix))
+    members: list[ClusterNode] = []
+    run: namespaces.RunStorage | None = None
+    keep_data = False
+    try:
+        run = namespaces.run_storage(spec.storage, spec.protocol, data, spec.run_index)
+        namespaces.prepare(run, flush_redis=spec.flush_redis)
+        members, peers = local_members(spec.nodes, spec.protocol, spec.partitions, data)
+        cluster = BenchCluster(spec, members, peers, [*spec.storage_argv, *run.argv], StopSignals())
+        try:
+            yield cluster
+        finally:
+            stop_nodes(members, cluster.stop)
+    except Exception as error:
+        keep_data = keep_logs(error, data, members)
+        raise
+    finally:
+        if run is not None:
+            namespaces.release(run, keep=spec.keep_storage)
+        if not keep_data:
+            shutil.rmtree(data, ignore_errors=True)
+
+
+def keep_logs(error: Exception, data: Path, members: Sequence[ClusterNode]) -> bool:
+    """Whether a failed run keeps its directory: once its nodes started, their logs in it say why
+    it failed, and `error` gets a note naming it (the command line prints it)."""
+    if not any(member.process is not None for member in members):
+        return False
+    error.add_note(f"node logs kept in {data}")
+    return True
