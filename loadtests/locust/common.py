@@ -180,15 +180,21 @@ def load_over_rest(rest_url: str, workload_name: str) -> int:
                              executor(PlainRestCalls(session, rest_url)))
 
 
+def loads_here(environment: Any) -> bool:
+    """Whether this Locust process loads the workload's data at test start: not when CORNUS_LOAD=0
+    or no host is given, and only the master of a distributed run (it loads once for all)."""
+    if os.environ.get("CORNUS_LOAD", "1") == "0" or environment.host is None:
+        return False
+    return type(environment.runner).__name__ != "WorkerRunner"
+
+
 def install_rest_load(workload_name: str) -> None:
     """Load the workload's data when the test starts (CORNUS_LOAD=0 skips it)."""
 
     @events.test_start.add_listener
     def _load(environment: Any, **_: Any) -> None:
-        if os.environ.get("CORNUS_LOAD", "1") == "0" or environment.host is None:
+        if not loads_here(environment):
             return
-        if type(environment.runner).__name__ == "WorkerRunner":
-            return  # the master loads, once
         started = time.monotonic()
         count = load_over_rest(environment.host, workload_name)
         print(f"cornus: loaded {count} keys of {workload_name} in {time.monotonic() - started:.1f} s", flush=True)

@@ -40,6 +40,7 @@ from loadtests.locust.common import (
     events,
     executor,
     load_workload,
+    loads_here,
     partition_count_from,
     report,
     task,
@@ -194,10 +195,8 @@ def load_over_grpc(target: str, workload_name: str) -> int:
 
 @events.test_start.add_listener
 def _load(environment: Any, **_: Any) -> None:
-    if os.environ.get("CORNUS_LOAD", "1") == "0" or environment.host is None:
+    if not loads_here(environment):
         return
-    if type(environment.runner).__name__ == "WorkerRunner":
-        return  # the master loads, once
     chosen = [cls for cls in environment.user_classes if issubclass(cls, CornusGrpcUser)]
     for name in dict.fromkeys(cls.workload_name for cls in chosen):
         started = time.monotonic()

@@ -14,19 +14,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.api.metrics import PHASES, InstrumentedStore, Metrics
 from storage_adapters.contract import (
-    Fence,
     LogId,
-    LogOnceResult,
-    Ownership,
-    OwnerWriteResult,
     Record,
-    RecordBody,
-    TxnState,
 )
 from storage_adapters.errors import StorageUnavailable
-from storage_adapters.store import LogStore
 from tests.api.conftest import API_PARTITION_COUNT, emulator_storage
 from tests.cluster.harness import Cluster, keys_on, running_cluster
+from tests.unused_store import UnusedStore
 
 READY_POLL_TIMEOUT_S = 30.0
 
@@ -85,23 +79,13 @@ def test_metrics_after_transactions(api_cluster: Cluster) -> None:
     assert _value(other, "cornus_storage_call_seconds_count", backend="emulator", call="log_once") >= commit_count
 
 
-class _FlakyStore(LogStore):
+class _FlakyStore(UnusedStore):
     """Reads fail with StorageUnavailable; everything else is not reached by the test."""
 
     backend_name = "flaky"
 
     def __init__(self) -> None:
         super().__init__(timeout_ms_call=1_000)
-
-    async def _log_once(
-        self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None
-    ) -> LogOnceResult:
-        raise AssertionError("not used")
-
-    async def _log(
-        self, log: LogId, txn: str, state: TxnState, body: RecordBody | None, fence: Fence | None
-    ) -> TxnState:
-        raise AssertionError("not used")
 
     async def _read(self, log: LogId, txn: str) -> Record | None:
         raise StorageUnavailable("flaky: no answer within 1 ms")
@@ -111,23 +95,6 @@ class _FlakyStore(LogStore):
 
     async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
         return dict.fromkeys(keys)
-
-    async def _apply_redo(
-        self, partition: str, txn: str, writes: dict[str, bytes | None], fence: Fence | None
-    ) -> bool:
-        raise AssertionError("not used")
-
-    async def _delete(self, log: LogId, txn: str, fence: Fence | None) -> bool:
-        raise AssertionError("not used")
-
-    async def _read_owners(self, partitions: tuple[str, ...]) -> dict[str, Ownership]:
-        raise AssertionError("not used")
-
-    async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
-        raise AssertionError("not used")
-
-    async def close(self) -> None:
-        pass
 
 
 def test_instrumented_store_counts_errors_by_type_and_reraises_them() -> None:

@@ -20,8 +20,6 @@ from storage_adapters.contract import (
     LogId,
     LogOnceResult,
     Ownership,
-    OwnerWriteResult,
-    Record,
     RecordBody,
     TxnState,
 )
@@ -30,6 +28,7 @@ from storage_adapters.factory import open_store
 from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore
 from tests.conftest import Services
 from tests.storage.conftest import config_for
+from tests.unused_store import UnusedStore
 
 VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
 LEASE_MS = 10_000
@@ -234,7 +233,7 @@ DEADLINE_MS = 300
 SLACK_S = 1.0
 
 
-class _SilentStore(LogStore):
+class _SilentStore(UnusedStore):
     """A backend whose deletes never answer, and that says it coalesces them."""
 
     backend_name = "silent"
@@ -253,35 +252,6 @@ class _SilentStore(LogStore):
                         fence: Fence | None) -> LogOnceResult:
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
-
-    async def _log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None,
-                   fence: Fence | None) -> TxnState:
-        raise AssertionError("not used")
-
-    async def _read(self, log: LogId, txn: str) -> Record | None:
-        raise AssertionError("not used")
-
-    async def _scan_unfinished(self, log: LogId, limit: int, after: str) -> list[Record]:
-        raise AssertionError("not used")
-
-    async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
-        raise AssertionError("not used")
-
-    async def _apply_redo(self, partition: str, txn: str, writes: dict[str, bytes | None],
-                          fence: Fence | None) -> bool:
-        raise AssertionError("not used")
-
-    async def _delete(self, log: LogId, txn: str, fence: Fence | None) -> bool:
-        raise AssertionError("coalesced: deletes go through _delete_many")
-
-    async def _read_owners(self, partitions: tuple[str, ...]) -> dict[str, Ownership]:
-        raise AssertionError("not used")
-
-    async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
-        raise AssertionError("not used")
-
-    async def close(self) -> None:
-        pass
 
 
 async def test_each_coalesced_delete_times_out_at_its_own_deadline() -> None:
