@@ -33,9 +33,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SWEEP_POINTS = {"redis": ["none", "fixed:2"], "azure_blob": ["fixed:2"], "dynamodb": ["fixed:2"]}
 RUN_ARGS = {
     "redis": ["--seconds", "2", "--rows-per-partition", "200"],
-    # A starting node waits one storage deadline out before it serves: 1 s (the bench's default
-    # is 2) is still ten times what an Azurite or moto call takes on a loaded machine.
-    "cloud": ["--seconds", "1.5", "--rows-per-partition", "100", "--timeout-ms-call", "1000"],
+    # The bench's default storage deadline (2 s). 1 s saved a second of start-up, but on a loaded
+    # CI machine an Azurite call outlasted it now and then, a lease renewal failed, the partition
+    # lapsed, and the end-of-run read aborted with peer_unavailable.
+    "cloud": ["--seconds", "1.5", "--rows-per-partition", "100"],
 }
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(TIMEOUT_S_BENCH + 30)]
