@@ -39,6 +39,7 @@ from cornus.protocol.effects import (
     Timer,
 )
 from cornus.protocol.events import Event, LogReturned, StorageUnreachable, TimerFired, answer
+from cornus.protocol.messages import DecisionAck
 from cornus.protocol.ownership import fenced_partition
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.partition import PartitionRuntime
@@ -101,7 +102,7 @@ class EffectRunner:
         self.on_fenced: Callable[[str, int], None] = _unwired  # (partition, epoch)
         self.stopped = False
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
-        self._tasks: dict[asyncio.Task[None], str] = {}  # task -> the owner of its storage call ("": none)
+        self._tasks: dict[asyncio.Task[None], _Flight] = {}  # task -> whose call it is
         # (where, txn) -> when its termination protocol began (perf_counter seconds).
         self._terminating: dict[tuple[str, str], float] = {}
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -146,12 +147,15 @@ class EffectRunner:
             # Nobody holds the partition now; the sender's timers repeat what matters.
             self.counters["messages_unroutable"] += 1
             return
-        self.transport.send(node, Routed(effect.source, effect.to, effect.message))
+        # An acknowledgement only garbage collection waits for may ride with the next message.
+        self.transport.send(node, Routed(effect.source, effect.to, effect.message),
+                            may_wait=type(effect.message) is DecisionAck)
 
     def _storage(self, effect: StorageCall) -> None:
         if _is_vote_write(effect):
             self.failpoints.hit("participant.before_log_vote")
-        self.spawn(self._call(effect), owner=effect.owner)
+        flight = _Flight(effect.owner, fenced_partition(effect))
+        self._track(asyncio.get_running_loop().create_task(self._call(effect, flight)), flight)
 
     def _start_timer(self, effect: StartTimer) -> None:
         old = self._timers.pop(effect.timer, None)
@@ -189,8 +193,8 @@ class EffectRunner:
             del self._terminating[next(iter(self._terminating))]
 
     # -- storage ---------------------------------------------------------------------------------
-    async def _call(self, call: StorageCall) -> None:
-        partition = fenced_partition(call)
+    async def _call(self, call: StorageCall, flight: _Flight) -> None:
+        partition = flight.partition
         fence = None
         if partition is not None:
             fence = self.fence_of(partition)
@@ -201,20 +205,23 @@ class EffectRunner:
                 return
             self.failpoints.hit("owner.before_fenced_write")
         try:
-            if fence is None:
-                event = await self._answer(call, fence)
-            else:
-                event = await self._fenced_write(call, fence)
+            event = await self._answer(call, fence)
         except Fenced as error:
+            # Heard even when the host was dropped meanwhile: a refusal is what tells the node it
+            # was deposed.
             assert partition is not None and error.fence == fence
             self.on_fenced(partition, error.fence.epoch)
             return
         except StorageUnavailable as error:
+            if flight.dropped:
+                return
             self.counters["storage_unavailable"] += 1
             event = answer(call, StorageUnreachable(str(error)))
         except InvariantViolation as error:
             fatal(f"storage refused {call!r}: {error}")
             return
+        if flight.dropped:
+            return  # its host is gone; a later host of the same name must not hear this answer
         if isinstance(event, LogReturned) and not isinstance(event.result, StorageUnreachable):
             if _is_vote_write(call):
                 self.failpoints.hit("participant.after_log_vote")
@@ -237,26 +244,6 @@ class EffectRunner:
         if isinstance(call, ReadRecord):
             return answer(call, await store.read(call.log, call.txn))
         return answer(call, tuple(await store.scan_unfinished(call.log, call.limit, call.after)))
-
-    async def _fenced_write(self, call: StorageCall, fence: Fence) -> Event:
-        """A partition owner's write. If its host is dropped meanwhile (the lease ended), this
-        task is cancelled but the write is left to finish, unanswered: once sent it may land or
-        be refused either way, and a refusal is what tells the node it was deposed."""
-        write = asyncio.ensure_future(self._answer(call, fence))
-        try:
-            return await asyncio.shield(write)
-        except asyncio.CancelledError:
-            write.add_done_callback(lambda done: self._dropped_write_done(done, fence))
-            raise
-
-    def _dropped_write_done(self, write: asyncio.Future[Event], fence: Fence) -> None:
-        if write.cancelled():
-            return
-        error = write.exception()
-        if isinstance(error, Fenced):
-            self.on_fenced(fence.partition, fence.epoch)
-        elif error is not None and not isinstance(error, StorageUnavailable):
-            fatal(f"a write of dropped {fence.partition} failed: {error!r}")
 
     async def _apply(self, call: ApplyRedo, fence: Fence) -> Event:
         self.failpoints.hit("participant.before_apply")
@@ -297,19 +284,26 @@ class EffectRunner:
         self.failpoints.hit("coordinator.after_reply")
         self.run(rest)
 
-    def spawn(self, coroutine: Coroutine[Any, Any, None], owner: str = "") -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks[task] = owner
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        self._track(asyncio.get_running_loop().create_task(coroutine), _UNOWNED)
+
+    def _track(self, task: asyncio.Task[None], flight: _Flight) -> None:
+        self._tasks[task] = flight
         task.add_done_callback(self._task_done)
 
     def cancel_owned(self, owners: set[str]) -> None:
-        """Cancel the timers and storage calls of hosts that are gone (a partition lost): their
-        answers must not reach a host of the same name that a later take makes."""
+        """Drop the timers and storage calls of hosts that are gone (a partition lost): their
+        answers must not reach a host of the same name that a later take makes. A partition
+        owner's write is not cancelled but left to finish unanswered: once sent it may land or be
+        refused either way, and a refusal is what tells the node it was deposed."""
+        assert "" not in owners, "the empty name is _UNOWNED's, no host's"
         for timer in [timer for timer in self._timers if timer.owner in owners]:
             self._timers.pop(timer).cancel()
-        for task, owner in list(self._tasks.items()):
-            if owner in owners:
-                task.cancel()
+        for task, flight in list(self._tasks.items()):
+            if flight.owner in owners:
+                flight.dropped = True
+                if flight.partition is None:
+                    task.cancel()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
@@ -327,6 +321,22 @@ class EffectRunner:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+class _Flight:
+    """A storage call in flight: the host it is for, the partition whose fence it carries (None:
+    not a partition owner's write), and whether the host was dropped since (its answer then goes
+    nowhere)."""
+
+    __slots__ = ("dropped", "owner", "partition")
+
+    def __init__(self, owner: str, partition: str | None) -> None:
+        self.owner = owner
+        self.partition = partition
+        self.dropped = False
+
+
+_UNOWNED = _Flight("", None)  # a task of no host's (no cancel_owned names "")
 
 
 def _is_vote_write(call: Effect) -> bool:

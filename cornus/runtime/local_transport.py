@@ -33,7 +33,7 @@ class LocalTransport(Transport):
         self.network.handlers[self.node_id] = handler
         self.network.down.discard(self.node_id)
 
-    def send(self, to_node: str, message: Routed) -> None:
+    def send(self, to_node: str, message: Routed, may_wait: bool = False) -> None:  # delivered at once either way
         handler = self.network.handlers.get(to_node)
         if handler is None or to_node in self.network.down or self.node_id in self.network.down:
             self.network.counters["dropped"] += 1

@@ -36,9 +36,11 @@ class Transport(abc.ABC):
         """Start serving inbound traffic and connecting to peers."""
 
     @abc.abstractmethod
-    def send(self, to_node: str, message: Routed) -> None:
+    def send(self, to_node: str, message: Routed, may_wait: bool = False) -> None:
         """Queue a one-way message. Never blocks; if the peer's bounded queue is full or the peer
-        is unknown, the message is dropped and counted (the protocol tolerates loss)."""
+        is unknown, the message is dropped and counted (the protocol tolerates loss). `may_wait`:
+        nothing urgent waits for it, so it may wait a few milliseconds (a bound of the transport's)
+        to leave together with the next message to that node."""
 
     @abc.abstractmethod
     async def request(self, to_node: str, request: PeerRequest, timeout_ms: int) -> PeerResponse:

@@ -93,6 +93,10 @@ class TransportLimits:
     keepalive_timeout_ms: int = 5_000
     status_timeout_ms: int = 5_000
     close_grace_ms: int = 200
+    # A message sent with may_wait (an acknowledgement only garbage collection waits for) stays
+    # queued until the next message to that peer takes it along, or this long: alone it would
+    # cost a write, and a wake-up and a read at the peer, of its own.
+    may_wait_delay_ms_max: int = 5
 
     def __post_init__(self) -> None:
         assert 1 <= self.send_queue_count_max <= 1_000_000
@@ -107,6 +111,8 @@ class TransportLimits:
         assert self.keepalive_timeout_ms >= 1
         assert self.status_timeout_ms >= 1
         assert self.close_grace_ms >= 0
+        # Well below the protocol's resend timeouts (100 ms by default): a late ack must not look lost.
+        assert 0 <= self.may_wait_delay_ms_max <= 50
 
 
 class MessageTooLarge(ValueError):
@@ -184,15 +190,17 @@ class _Outbox:
         self._wake = wake
         self.count = 0
 
-    def add(self) -> pb.PeerEnvelope | None:
-        """A fresh envelope at the tail, or None when the outbox is full."""
+    def add(self, wake: bool = True) -> pb.PeerEnvelope | None:
+        """A fresh envelope at the tail, or None when the outbox is full. Without `wake` it waits
+        for the next flush that something else asks for."""
         if self.count >= self._count_max:
             return None
         frames = self._frames
         if not frames or len(frames[-1].items) >= self._item_count_max:
             frames.append(pb.PeerFrame())
         self.count += 1
-        self._wake()
+        if wake:
+            self._wake()
         return frames[-1].items.add()
 
     def discard_last(self) -> None:
@@ -396,6 +404,7 @@ class _PeerLink:
         self._hello = pb.PeerFrame(sender=node_id).SerializeToString()
         self._connection: _FrameConnection | None = None
         self._flush_scheduled = False
+        self._may_wait_timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         assert self._task is None
@@ -403,6 +412,9 @@ class _PeerLink:
 
     async def close(self) -> None:
         self.state = LinkState.CLOSED
+        if self._may_wait_timer is not None:
+            self._may_wait_timer.cancel()
+            self._may_wait_timer = None
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -412,11 +424,11 @@ class _PeerLink:
     async def wait_up(self) -> None:
         await self._up.wait()
 
-    def send(self, message: Routed | Message) -> None:
+    def send(self, message: Routed | Message, may_wait: bool = False) -> None:
         if self.state is LinkState.DOWN or self.state is LinkState.CLOSED:
             self.counters.drop_count_peer_down += 1
             return
-        envelope = self._outbox.add()
+        envelope = self._outbox.add(wake=not may_wait)
         if envelope is None:
             self.counters.drop_count_queue_full += 1
             return
@@ -426,6 +438,13 @@ class _PeerLink:
         except BaseException:
             self._outbox.discard_last()
             raise
+        if may_wait and not self._flush_scheduled and self._may_wait_timer is None:
+            self._may_wait_timer = asyncio.get_running_loop().call_later(
+                self.limits.may_wait_delay_ms_max / 1000, self._may_wait_expired)
+
+    def _may_wait_expired(self) -> None:
+        self._may_wait_timer = None
+        self._wake()
 
     async def request(self, request: PeerRequest, timeout_ms: int) -> PeerResponse:
         if self.state is LinkState.DOWN or self.state is LinkState.CLOSED:
@@ -478,6 +497,9 @@ class _PeerLink:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._may_wait_timer is not None:
+            self._may_wait_timer.cancel()  # what waited leaves now
+            self._may_wait_timer = None
         connection = self._connection
         if connection is None or connection.closed or connection.paused:
             return  # resume_writing wakes us again; a lost connection's queue is cleared
@@ -730,10 +752,10 @@ class PeerTransport(Transport):
             self._links[peer_id] = link
             link.start()
 
-    def send(self, to_node: str, message: Routed | Message) -> None:
+    def send(self, to_node: str, message: Routed | Message, may_wait: bool = False) -> None:
         link = self._links.get(to_node)
         if link is not None:
-            link.send(message)
+            link.send(message, may_wait)
         elif to_node == self.node_id and not self._closed:
             self._send_self(message)
         else:

@@ -447,3 +447,44 @@ async def test_close_fails_pending_requests(local_pair: tuple[PeerTransport, Pee
         await pending
     with pytest.raises(PeerUnavailable, match="closed"):
         await a.request("b", _execute("x"), 1_000)
+
+
+@pytest.fixture
+async def patient_pair() -> AsyncIterator[tuple[PeerTransport, PeerTransport, Recorder]]:
+    """Nodes "a" and "b", both in this process over real loopback sockets, so the test can count
+    the frames "b" receives. "a" lets a may_wait message wait up to 50 ms."""
+    address_a, address_b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    peers = {"a": address_a, "b": address_b}
+    a = PeerTransport("a", address_a, peers, TransportLimits(may_wait_delay_ms_max=50))
+    b = PeerTransport("b", address_b, peers)
+    received_b = Recorder("b")
+    await b.start(received_b)
+    await a.start(Recorder("a"))
+    assert await a.wait_connected("b", CONNECT_WAIT_MS)
+    await wait_inbound_streams(b, 1)
+    yield a, b, received_b
+    await a.close()
+    await b.close()
+
+
+async def test_a_may_wait_message_leaves_with_the_next_one(
+    patient_pair: tuple[PeerTransport, PeerTransport, Recorder],
+) -> None:
+    a, b, received_b = patient_pair
+    frames_before = b.inbound.frame_received_count
+    a.send("b", Vote(txn="acked", partition="p", yes=True), may_wait=True)
+    await asyncio.sleep(0)  # a tick ends with nothing urgent queued: the message waits
+    await asyncio.sleep(0)
+    a.send("b", Decision(txn="urgent", decision=TxnState.COMMIT))
+    first, second = await received_b.next_message(), await received_b.next_message()
+    assert [message.txn for _, message in (first, second)] == ["acked", "urgent"]  # type: ignore[union-attr]
+    assert b.inbound.frame_received_count == frames_before + 1, "both messages in one frame"
+
+
+async def test_a_may_wait_message_alone_still_leaves(
+    patient_pair: tuple[PeerTransport, PeerTransport, Recorder],
+) -> None:
+    a, _, received_b = patient_pair
+    a.send("b", Vote(txn="alone", partition="p", yes=True), may_wait=True)
+    sender, message = await received_b.next_message()  # after the 50 ms bound, not never
+    assert sender == "a" and message == Vote(txn="alone", partition="p", yes=True)

@@ -41,9 +41,9 @@ async def test_each_partition_gets_one_request_that_carries_its_prepare(tmp_path
     requests: list[ExecuteRequest] = []
     real_send, real_request = LocalTransport.send, LocalTransport.request
 
-    def send(self: LocalTransport, to_node: str, message: Routed) -> None:
+    def send(self: LocalTransport, to_node: str, message: Routed, may_wait: bool = False) -> None:
         sent.append(message.message)
-        real_send(self, to_node, message)
+        real_send(self, to_node, message, may_wait)
 
     async def request(self: LocalTransport, to_node: str, request: ExecuteRequest, timeout_ms: int) -> object:
         requests.append(request)

@@ -1,0 +1,123 @@
+"""EffectRunner: a partition owner's write in flight when its host is dropped is left to finish,
+its answer is never fed to the core (a later host of the same name must not hear it), and a
+refusal still tells the node it was deposed; other storage calls of the host are cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import Any
+
+import pytest
+
+from cornus.protocol import txn_ids
+from cornus.protocol.config import Protocol
+from cornus.protocol.effects import LogOnce, ReadRecord
+from cornus.protocol.events import Event
+from cornus.runtime.effect_runner import EffectRunner
+from cornus.runtime.failpoints import Failpoints
+from cornus.runtime.timing import TimingLog
+from storage_adapters.contract import Fence, LogId, LogOnceResult, Record, RecordBody, TxnState
+from storage_adapters.errors import Fenced, StorageUnavailable
+from tests.unused_store import UnusedStore
+
+PARTITION = "p0"
+FENCE = Fence(PARTITION, "n0", 1)
+TXN = txn_ids.new_txn_id(int(time.time() * 1000), "n0", "abc123", 1, Protocol.CORNUS)
+
+
+class _HeldStore(UnusedStore):
+    """Each call waits until the test settles it with a result or an error."""
+
+    def __init__(self) -> None:
+        super().__init__(timeout_ms_call=30_000)
+        self.calls: list[asyncio.Future[Any]] = []
+        self.fences: list[Fence | None] = []
+        self.arrived = asyncio.Event()
+
+    async def _held(self, fence: Fence | None) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.calls.append(future)
+        self.fences.append(fence)
+        self.arrived.set()
+        return await future
+
+    async def _log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody,
+                        fence: Fence | None) -> LogOnceResult:
+        return await self._held(fence)
+
+    async def _read(self, log: LogId, txn: str) -> Record | None:
+        return await self._held(None)
+
+
+class _Harness:
+    def __init__(self) -> None:
+        self.store = _HeldStore()
+        self.fed: list[Event] = []
+        self.fenced: list[tuple[str, int]] = []
+        self.runner = EffectRunner(
+            "n0", store=self.store, transport=None,  # type: ignore[arg-type]  # nothing is sent here
+            partitions={}, route=lambda host: None, fence_of=lambda partition: FENCE,
+            failpoints=Failpoints({}), timings=TimingLog(), counters=collections.Counter(),
+        )
+        self.runner.feed = self.fed.append
+        self.runner.on_fenced = lambda partition, epoch: self.fenced.append((partition, epoch))
+
+    async def vote_in_flight(self) -> asyncio.Future[Any]:
+        self.store.arrived.clear()
+        self.runner.run([LogOnce(PARTITION, LogId.partition(PARTITION), TXN, TxnState.VOTE_YES, RecordBody())])
+        await asyncio.wait_for(self.store.arrived.wait(), 5)
+        assert self.store.fences[-1] == FENCE, "an owner's write to its own log carries its fence"
+        return self.store.calls[-1]
+
+    async def settle(self) -> None:
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+
+@pytest.fixture
+def harness() -> _Harness:
+    return _Harness()
+
+
+async def test_an_owned_write_is_answered_while_its_host_stays(harness: _Harness) -> None:
+    write = await harness.vote_in_flight()
+    write.set_result(LogOnceResult(TxnState.VOTE_YES, created=True))
+    await harness.settle()
+    assert len(harness.fed) == 1 and harness.fenced == []
+
+
+async def test_a_dropped_hosts_write_finishes_unanswered(harness: _Harness) -> None:
+    write = await harness.vote_in_flight()
+    harness.runner.cancel_owned({PARTITION})
+    await harness.settle()
+    assert not write.cancelled(), "a write once sent may land either way: it is left to finish"
+    write.set_result(LogOnceResult(TxnState.VOTE_YES, created=True))
+    await harness.settle()
+    assert harness.fed == [] and harness.fenced == []
+
+
+async def test_a_dropped_hosts_refused_write_still_reports_the_fence(harness: _Harness) -> None:
+    write = await harness.vote_in_flight()
+    harness.runner.cancel_owned({PARTITION})
+    write.set_exception(Fenced(FENCE, None))
+    await harness.settle()
+    assert harness.fed == [] and harness.fenced == [(PARTITION, 1)]
+
+
+async def test_a_dropped_hosts_unavailable_write_is_forgotten(harness: _Harness) -> None:
+    write = await harness.vote_in_flight()
+    harness.runner.cancel_owned({PARTITION})
+    write.set_exception(StorageUnavailable("storage went away"))
+    await harness.settle()
+    assert harness.fed == [] and harness.fenced == []
+
+
+async def test_a_dropped_hosts_read_is_cancelled(harness: _Harness) -> None:
+    harness.runner.run([ReadRecord(PARTITION, LogId.partition(PARTITION), TXN)])
+    await asyncio.wait_for(harness.store.arrived.wait(), 5)
+    read = harness.store.calls[-1]
+    harness.runner.cancel_owned({PARTITION})
+    await harness.settle()
+    assert read.cancelled() and harness.fed == []
