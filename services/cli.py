@@ -603,7 +603,15 @@ def _bench_knobs(args: argparse.Namespace) -> dict[str, str]:
 def _bench(args: argparse.Namespace) -> int:
     from loadtests.bench.cluster import RunSettings
     from loadtests.bench.profiles import latency_label
-    from loadtests.bench.sweep import BenchPlan, command_line, parse_sweep, print_results, run_plan, write_outputs
+    from loadtests.bench.sweep import (
+        BenchPlan,
+        command_line,
+        parse_sweep,
+        print_results,
+        run_plan,
+        validate_plan,
+        write_outputs,
+    )
 
     protocols = [Protocol(p) for p in (args.protocol or [p.value for p in Protocol])]
     storage, latency = _bench_storage(args)
@@ -626,8 +634,11 @@ def _bench(args: argparse.Namespace) -> int:
                      storage_environ=_storage_environ(storage), latency=latency, sweep_param=sweep_param,
                      sweep_values=sweep_values, out_dir=out, flush_redis=args.flush_redis,
                      keep_storage=args.keep_storage, plots=not args.no_plots,
-                     command=command_line())
+                     command=command_line(), trials=args.trials)
+    validate_plan(plan)  # bad input is refused before the header says what will run
     what = f"sweep {sweep_param} over {', '.join(sweep_values)}" if sweep_param else "one point"
+    if args.trials > 1:
+        what += f", {args.trials} trials each (the median kept)"
     print(f"cornus bench: {args.workload} {dict(knobs) or '(defaults)'}, {args.nodes} nodes, {partitions} partitions, "
           f"{args.clients} clients, {args.seconds:g} s per run, {', '.join(p.value for p in protocols)}, {what}, "
           f"storage {storage.backend}, injected latency {latency_label(latency)}, lock policy {base.lock_policy}, "
@@ -709,6 +720,10 @@ def build_parser() -> argparse.ArgumentParser:
                                help="run every protocol at each value of one parameter: nodes, clients, latency, "
                                     "lock_policy, or a workload knob (theta, read_fraction, read_only_perc, "
                                     "warehouses, accounts, ...), e.g. nodes=2,4,6,8")
+    bench_cluster.add_argument("--trials", type=int, default=1,
+                               help="run each protocol at each point this many times, the protocols alternating, "
+                                    "and keep the trial with the median dist avg (the paper kept the median of 5); "
+                                    "every trial's figures go to the CSV and the summary (default 1, at most 9)")
     bench_cluster.add_argument("--out", help="directory for results.csv, the plots and summary.md "
                                              "(default bench-results/<date-time>)")
     bench_cluster.add_argument("--no-plots", action="store_true", help="write no PNG plots")

@@ -45,7 +45,7 @@ class ClusterSpec:
     # Added to every node's environment: storage secrets (argv is visible to every user of the
     # machine), the lock policy.
     environ: Mapping[str, str] = field(default_factory=dict)
-    run_index: int = 0  # the sweep point, which names the run's storage
+    run_index: int = 0  # the sweep point and trial, which name the run's storage
     flush_redis: bool = False
     keep_storage: bool = False  # leave the container or table the run created
     label: str = "the cluster"  # how errors name it

@@ -35,7 +35,8 @@ class RunStorage:
 
 
 def run_storage(storage: StoreConfig, protocol: Protocol, data: Path, run_index: int = 0) -> RunStorage:
-    """The storage of the run of `protocol` at sweep point `run_index`; nothing is created yet."""
+    """The storage of run `run_index` (sweep point times trials, plus the trial) of `protocol`;
+    nothing is created yet."""
     index = list(Protocol).index(protocol)
     if storage.backend == "emulator":
         return RunStorage(storage, ["--emulator-path", str(data / "cornus.db")])

@@ -27,7 +27,7 @@ from cornus.protocol.config import Protocol
 from loadtests.bench.cluster import RunResult, RunSettings, run_protocol
 from loadtests.bench.plots import NO_MATPLOTLIB, matplotlib_missing, plot_sweep
 from loadtests.bench.profiles import latency_label, resolve_latency
-from loadtests.bench.report import CSV_FIELDS, format_ratios, format_rows, markdown_summary, summarize
+from loadtests.bench.report import CSV_FIELDS, format_ratios, format_rows, markdown_summary, median_trial, summarize
 from loadtests.workloads import WORKLOADS, make_workload
 from loadtests.workloads.base import WorkloadError
 from storage_adapters.errors import ValidationError
@@ -35,6 +35,8 @@ from storage_adapters.factory import StoreConfig
 from storage_adapters.latency import parse_latency
 
 SWEEP_VALUE_COUNT_MAX = 32
+# Trials of each protocol at each point: 9 already makes a 10-point sweep of three protocols 270 runs.
+TRIAL_COUNT_MAX = 9
 SETTING_PARAMS = ("nodes", "clients", "lock_policy", "latency")
 
 
@@ -53,6 +55,7 @@ class BenchPlan:
     keep_storage: bool = False  # leave the containers or tables the runs created (loadtests.bench.namespaces)
     plots: bool = True
     command: str = ""
+    trials: int = 1  # runs of each protocol at each point; the median one is kept (report.median_trial)
 
 
 def parse_sweep(text: str, workload: str) -> tuple[str, list[str]]:
@@ -129,6 +132,8 @@ def point_settings(plan: BenchPlan, value: str | None) -> tuple[RunSettings, str
 
 def validate_plan(plan: BenchPlan) -> None:
     """Every point's settings, knobs and latency checked before any node starts."""
+    if not 1 <= plan.trials <= TRIAL_COUNT_MAX:
+        raise ValidationError(f"--trials {plan.trials}: between 1 and {TRIAL_COUNT_MAX}")
     for value in plan.sweep_values or [None]:
         settings, latency = point_settings(plan, value)
         settings.validate()
@@ -197,10 +202,12 @@ class Progress:
 
 
 def run_plan(plan: BenchPlan) -> tuple[list[dict[str, Any]], list[RunResult]]:
-    """Run every point x protocol; write the CSV after each run (partial results survive a stop)."""
+    """Run every point x protocol, `plan.trials` times each with the protocols alternating (so a
+    drift of the machine's speed weighs on every protocol alike), and keep each one's median trial;
+    write the CSV after each point (partial results survive a stop)."""
     validate_plan(plan)
     values: list[str | None] = list(plan.sweep_values) or [None]
-    progress = Progress(len(values) * len(plan.protocols))
+    progress = Progress(len(values) * len(plan.protocols) * plan.trials)
     rows: list[dict[str, Any]] = []
     results: list[RunResult] = []
     try:
@@ -208,20 +215,28 @@ def run_plan(plan: BenchPlan) -> tuple[list[dict[str, Any]], list[RunResult]]:
             settings, latency = point_settings(plan, value)
             storage = dataclasses.replace(plan.storage, latency=resolve_latency(latency))
             label = f"{plan.storage.backend}, latency {latency_label(latency)}"
+            point = f"{plan.sweep_param}={value} " if value is not None else ""
+            trials: dict[Protocol, list[tuple[dict[str, Any], RunResult]]] = {p: [] for p in plan.protocols}
+            for trial in range(plan.trials):
+                of = f" (trial {trial + 1}/{plan.trials})" if plan.trials > 1 else ""
+                for protocol in plan.protocols:
+                    progress.start(f"{point}{protocol.value}{of}")
+                    # Each trial has storage of its own on the clouds: a container being deleted
+                    # cannot be made again at once.
+                    result = run_protocol(protocol, storage, plan.storage_argv(storage), settings,
+                                          storage_environ=plan.storage_environ,
+                                          run_index=point_index * plan.trials + trial, flush=plan.flush_redis,
+                                          keep_storage=plan.keep_storage, storage_label=label)
+                    row = summarize(result, plan.sweep_param if value is not None else "", value or "")
+                    trials[protocol].append((row, result))
+                    progress.finish(f"{point}{protocol.value}{of}: {row['commits_per_s']:.0f} commits/s, dist avg "
+                                    f"{row['dist_avg_ms']:.2f} ms")
             for protocol in plan.protocols:
-                point = f"{plan.sweep_param}={value} " if value is not None else ""
-                progress.start(f"{point}{protocol.value}")
-                result = run_protocol(protocol, storage, plan.storage_argv(storage), settings,
-                                      storage_environ=plan.storage_environ, run_index=point_index,
-                                      flush=plan.flush_redis, keep_storage=plan.keep_storage,
-                                      storage_label=label)
-                row = summarize(result, plan.sweep_param if value is not None else "", value or "")
+                row, result = median_trial(trials[protocol])
                 rows.append(row)
                 results.append(result)
-                progress.finish(f"{point}{protocol.value}: {row['commits_per_s']:.0f} commits/s, dist avg "
-                                f"{row['dist_avg_ms']:.2f} ms")
-                if plan.out_dir is not None:
-                    write_csv(rows, plan.out_dir / "results.csv")
+            if plan.out_dir is not None:
+                write_csv(rows, plan.out_dir / "results.csv")
     finally:
         progress.close()
     return rows, results

@@ -17,8 +17,9 @@ import pytest
 
 from cornus.protocol.config import Protocol
 from loadtests.bench import cloud, lifecycle, termination
-from loadtests.bench.cluster import RunSettings
-from loadtests.bench.report import markdown_summary
+from loadtests.bench.cluster import RunResult, RunSettings
+from loadtests.bench.driver import DriverResult
+from loadtests.bench.report import markdown_summary, median_trial
 from loadtests.bench.sweep import BenchPlan, write_outputs
 from loadtests.bench.termination import NodeTermination
 from services.cli import main
@@ -247,3 +248,49 @@ def test_a_bench_that_cannot_reach_its_cloud_storage_exits_1_with_one_line_and_s
     assert err.splitlines()[-1] == ("cornus: bench failed: could not ask azure_blob whether container c-cornus0 "
                                     "exists (TimeoutError: read timed out)"), err
     assert not started and not (tmp_path / "out").exists()
+
+
+def _trial(dist_avg_ms: float, dist_commits: int = 10, violations: tuple[str, ...] = (),
+           errors: tuple[str, ...] = ()) -> tuple[dict[str, object], RunResult]:
+    row = {**ROW, "protocol": "cornus", "dist_avg_ms": dist_avg_ms, "dist_commits": dist_commits,
+           "commits_per_s": 100 / dist_avg_ms if dist_avg_ms else 0.0, "violations": len(violations), "trials": 1}
+    result = RunResult("cornus", RunSettings(), "emulator", DriverResult(errors=list(errors)),
+                       violations=list(violations))
+    return row, result
+
+
+def test_the_median_trial_is_kept_and_every_trial_is_reported():
+    fast, middle, slow = _trial(3.0), _trial(5.0, violations=("lost a transfer",)), _trial(9.0, errors=("boom",))
+    row, result = median_trial([slow, middle, fast])
+    assert result is middle[1] and row["dist_avg_ms"] == 5.0
+    assert row["trials"] == 3 and row["trial_dist_avg_ms"] == "9.00;5.00;3.00", row
+    assert row["trial_commits_per_s"] == "11;20;33", row
+    # A violation or program error of a trial that was not kept is still reported.
+    assert result.violations == ["lost a transfer", "(trial 1) program error: boom"] and row["violations"] == 2
+    # Even counts keep the lower middle; a trial that committed no distributed transaction is the slowest.
+    assert median_trial([_trial(4.0), _trial(2.0)])[0]["dist_avg_ms"] == 2.0
+    assert median_trial([_trial(0.0, dist_commits=0), _trial(7.0), _trial(8.0)])[0]["dist_avg_ms"] == 8.0
+
+
+def test_trials_alternate_the_protocols_and_keep_the_median(tmp_path):
+    out = tmp_path / "out"
+    done = _cornus("bench", "--workload", "uniform", "--protocol", "cornus", "--protocol", "2pc", "--trials", "2",
+                   "--seconds", "1", "--clients", "2", "--no-plots", "--out", str(out), *FAST_START)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 trials each (the median kept)" in done.stdout
+    order = [line.split("] ", 1)[1].split(" ...")[0] for line in done.stderr.splitlines() if line.endswith(" ...")]
+    assert order == ["cornus (trial 1/2)", "2pc (trial 1/2)", "cornus (trial 2/2)", "2pc (trial 2/2)"], order
+    rows = {row["protocol"]: row for row in _rows(out)}
+    assert set(rows) == {"cornus", "2pc"}, rows
+    for protocol, row in rows.items():
+        trial_avgs = [float(value) for value in row["trial_dist_avg_ms"].split(";")]
+        assert row["trials"] == "2" and len(trial_avgs) == 2, row
+        assert float(row["dist_avg_ms"]) == pytest.approx(min(trial_avgs), abs=0.01), (protocol, row)
+    assert "median dist avg of 2 trials" in (out / "summary.md").read_text()
+
+
+def test_a_trial_count_out_of_bounds_is_refused_before_anything_runs(tmp_path):
+    for trials in ("0", "10"):
+        done = _cornus("bench", "--trials", trials, "--out", str(tmp_path / trials))
+        assert done.returncode == 2 and f"--trials {trials}: between 1 and 9" in done.stderr, done.stderr
+        assert "cornus bench:" not in done.stdout and not (tmp_path / trials).exists()
