@@ -290,9 +290,12 @@ def print_results(rows: Sequence[dict[str, Any]], results: Sequence[RunResult]) 
         print(ratios)
     for result in results:
         calls = ", ".join(f"{call} {count:.2f}" for call, count in result.storage_calls.items())
+        row = summarize(result)
         print(f"  {result.protocol} ({dict(result.settings.knobs) or 'defaults'}): storage calls per commit: "
               f"{calls or 'none'}; {result.keys_loaded} keys loaded first in {result.load_s:.1f} s; "
-              f"kinds (commits/attempts) {summarize(result)['kinds']}")
+              f"kinds (commits/attempts) {row['kinds']}; p50 ms of distributed transactions: client "
+              f"{row['dist_p50_ms']:.2f}, node total {row['node_total_p50_ms']:.2f}, "
+              f"prepare {row['prepare_p50_ms']:.2f}")
         if result.recovered_at_start:
             print(f"  note: the {result.protocol} nodes recovered {result.recovered_at_start} unfinished transactions "
                   "that an earlier run left in this storage (start from empty storage for clean figures)")
