@@ -25,7 +25,7 @@ from cornus.runtime.keys import partition_of
 from cornus.runtime.outcome import AbortReason, NodeOverloaded, Outcome, OutcomeStatus, TxnNotFound, TxnWrongState
 from cornus.runtime.timing import TimingLog, TxnTiming
 from cornus.runtime.transport import PeerUnavailable, Transport
-from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind, validate_op
+from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind, PeerResponse, validate_op
 from storage_adapters.contract import TxnState
 from storage_adapters.errors import ValidationError
 
@@ -331,20 +331,22 @@ class Coordination:
             key=lambda request: self.owner_of(request.partition) == self.node_id,
         )
         answers: dict[str, tuple[ExecuteResponse, bool]] = {}  # partition -> (response, refused), as they come
+        all_answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-        async def ask(request: ExecuteRequest) -> None:
-            answer = answers[request.partition] = await self._request_prepared(request)
-            response, refused = answer
+        def answered(partition: str, response: ExecuteResponse, refused: bool) -> None:
+            answers[partition] = (response, refused)
             if response.status is not ExecuteStatus.OK:
                 # The machine hears of it at once: a refusal decides without the others' answers.
-                self.feed(ExecuteFailed(self.node_id, ctx.txn, request.partition, refused, response.detail))
+                self.feed(ExecuteFailed(self.node_id, ctx.txn, partition, refused, response.detail))
             if len(answers) == len(requests):
                 # The execution phase, as the caller sees it, ends with the last answer; the
                 # prepare overlapped it, and what is left of it is measured from here.
                 ctx.timing.commit_requested = time.perf_counter()
+                all_answered.set_result(None)
 
-        asking = asyncio.gather(*(ask(request) for request in requests))
-        asking.add_done_callback(_crash_on_error)
+        # Queued now, each without a task of its own: they leave together at the end of this tick.
+        for request in requests:
+            self._start_prepared(request, answered)
         self.failpoints.hit("coordinator.after_prepare")
         reply = await self._await_reply(ctx)
         if not ctx.timing.commit_requested:
@@ -360,7 +362,7 @@ class Coordination:
                 return self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, reason, refusal.detail)), []
             return self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, reply.reason)), []
         # Every participant voted yes, so every request ran; its answer left before its vote.
-        await asking
+        await all_answered
         assert all(refused is False or r.status is ExecuteStatus.OK for r, refused in answers.values()), (
             f"{ctx.txn} committed although a partition refused it: {answers}"
         )
@@ -374,18 +376,39 @@ class Coordination:
             return Outcome(ctx.txn, OutcomeStatus.UNKNOWN, detail=detail, timing_ms=committed.timing_ms), []
         return committed, [answers[partition][0].values[index] for partition, index in positions]
 
-    async def _request_prepared(self, request: ExecuteRequest) -> tuple[ExecuteResponse, bool]:
-        """The owner's answer, and whether a failure was the owner's refusal (it did not run the
-        request, so it will never vote) rather than no answer (it may have voted)."""
-        owner = self.owner_of(request.partition)
+    def _start_prepared(self, request: ExecuteRequest, answered: Callable[[str, ExecuteResponse, bool], None]) -> None:
+        """Send `request`; `answered` gets the owner's answer, and whether a failure was the
+        owner's refusal (it did not run the request, so it will never vote) rather than no answer
+        (it may have voted). A node that stops with the request unanswered calls nothing."""
+        partition = request.partition
+        owner = self.owner_of(partition)
         if owner is None:
-            return ExecuteResponse(ExecuteStatus.NOT_OWNER, detail=f"no node holds {request.partition} now"), True
+            answered(partition, ExecuteResponse(ExecuteStatus.NOT_OWNER, detail=f"no node holds {partition} now"), True)
+            return
         try:
-            response = await self.transport.request(owner, request, self.config.limits.timeout_ms_peer_request)
+            future = self.transport.start_request(owner, request, self.config.limits.timeout_ms_peer_request)
         except PeerUnavailable as error:
-            return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"owner of {request.partition}: {error}"), False
-        assert isinstance(response, ExecuteResponse)
-        return response, True
+            answered(partition, ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"owner of {partition}: {error}"),
+                     False)
+            return
+
+        def done(future: asyncio.Future[PeerResponse]) -> None:
+            if future.cancelled():
+                return  # the event loop is stopping: the process is ending
+            error = future.exception()
+            if error is None:
+                response = future.result()
+                assert isinstance(response, ExecuteResponse)
+                answered(partition, response, True)
+            elif isinstance(error, PeerUnavailable):
+                answered(partition, ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"owner of {partition}: {error}"),
+                         False)
+            else:
+                # A one-shot's requests outlive its caller when it aborts early: a failure of
+                # theirs (a bug, since request failures are answers) must still be heard.
+                fatal(f"a one-shot's request failed: {error!r}")
+
+        future.add_done_callback(done)
 
     # -- what this node knows, and housekeeping ------------------------------------------------------
     def known(self, txn: str) -> Outcome | None:
@@ -402,18 +425,6 @@ class Coordination:
         for ctx in list(self.txns.values()):
             if ctx.state is OutcomeStatus.ACTIVE and not ctx.busy and now - ctx.last_active_s > idle_s:
                 spawn(self._abort(ctx, AbortReason.TIMEOUT, "idle past timeout_ms_txn_idle"))
-
-
-def _crash_on_error(done: asyncio.Future[object]) -> None:
-    """A one-shot's requests outlive its caller when it aborts early: a failure of theirs (a bug,
-    since request failures are answers) must still be heard."""
-    if done.cancelled():
-        return
-    error = done.exception()
-    # A request cancelled is the event loop stopping with an answer still on its way (the
-    # process is ending), not a failure.
-    if error is not None and not isinstance(error, asyncio.CancelledError):
-        fatal(f"a one-shot's request failed: {error!r}")
 
 
 def _unwired(_: object) -> None:

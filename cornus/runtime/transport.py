@@ -9,6 +9,7 @@ A node addressing itself is served in-process (no socket), asynchronously, like 
 from __future__ import annotations
 
 import abc
+import asyncio
 from typing import Protocol
 
 from cornus.runtime.wire import PeerRequest, PeerResponse, Routed
@@ -45,6 +46,12 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def request(self, to_node: str, request: PeerRequest, timeout_ms: int) -> PeerResponse:
         """Send a request and wait for its response; PeerUnavailable past `timeout_ms`."""
+
+    def start_request(self, to_node: str, request: PeerRequest, timeout_ms: int) -> asyncio.Future[PeerResponse]:
+        """Start a request and return its response's future (failing with PeerUnavailable past
+        `timeout_ms`); may raise PeerUnavailable at once. For a caller that sends several at a
+        time: a transport that can queue the request right away spares it a task per request."""
+        return asyncio.ensure_future(self.request(to_node, request, timeout_ms))
 
     @abc.abstractmethod
     async def close(self) -> None:

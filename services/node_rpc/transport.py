@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import random
 import time
@@ -447,6 +448,12 @@ class _PeerLink:
         self._wake()
 
     async def request(self, request: PeerRequest, timeout_ms: int) -> PeerResponse:
+        return await self.start_request(request, timeout_ms)
+
+    def start_request(self, request: PeerRequest, timeout_ms: int) -> asyncio.Future[PeerResponse]:
+        """Queue `request` now; its future resolves with the response, or fails with
+        PeerUnavailable past `timeout_ms` or when the link is lost. Raises PeerUnavailable at once
+        if it cannot even be queued. Cancelling the future forgets the request."""
         if self.state is LinkState.DOWN or self.state is LinkState.CLOSED:
             raise PeerUnavailable(f"peer {self.peer_id} at {self.address} is {self.state.value}: {self.down_reason}")
         if len(self._pending) >= self.limits.request_inflight_count_max:
@@ -474,11 +481,12 @@ class _PeerLink:
         # A bare timer, not asyncio.timeout: this is the hot path and a timer is the cheapest
         # deadline asyncio has.
         timer = loop.call_later(timeout_ms / 1000, self._expire, future, timeout_ms)
-        try:
-            return await future
-        finally:
-            timer.cancel()
-            self._pending.pop(correlation_id, None)
+        future.add_done_callback(functools.partial(self._request_done, correlation_id, timer))
+        return future
+
+    def _request_done(self, correlation_id: int, timer: asyncio.TimerHandle, _: asyncio.Future[PeerResponse]) -> None:
+        timer.cancel()
+        self._pending.pop(correlation_id, None)
 
     def _expire(self, future: asyncio.Future[PeerResponse], timeout_ms: int) -> None:
         if not future.done():
@@ -770,6 +778,17 @@ class PeerTransport(Transport):
             return await link.request(request, timeout_ms)
         if to_node == self.node_id:
             return await self._request_self(request, timeout_ms)
+        raise PeerUnavailable(f"unknown peer {to_node!r}")
+
+    def start_request(self, to_node: str, request: PeerRequest, timeout_ms: int) -> asyncio.Future[PeerResponse]:
+        assert 0 < timeout_ms <= self.limits.request_timeout_ms_max, f"timeout_ms {timeout_ms} out of range"
+        if self._closed:
+            raise PeerUnavailable("transport closed")
+        link = self._links.get(to_node)
+        if link is not None:
+            return link.start_request(request, timeout_ms)  # queued now, no task
+        if to_node == self.node_id:
+            return asyncio.ensure_future(self._request_self(request, timeout_ms))
         raise PeerUnavailable(f"unknown peer {to_node!r}")
 
     async def close(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -23,6 +24,9 @@ from tests.cluster.harness import Cluster, keys_on, running_cluster
 from tests.unused_store import UnusedStore
 
 READY_POLL_TIMEOUT_S = 30.0
+# In-doubt and applying transactions drain within this once the last commit's apply lands.
+DRAIN_WAIT_S = 10.0
+DRAIN_POLL_S = 0.05
 
 
 def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -38,6 +42,19 @@ def _value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **
     matching = [value for found, value in samples.get(name, []) if labels.items() <= found.items()]
     assert matching, f"no sample {name}{labels}; have {sorted(samples)}"
     return sum(matching)
+
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def _samples_once(cluster: Cluster, node: str, condition: Callable[[Samples], bool]) -> Samples:
+    """The node's metrics once `condition` holds of them, polled up to DRAIN_WAIT_S (then the last)."""
+    deadline = time.monotonic() + DRAIN_WAIT_S
+    while True:
+        found = _samples(cluster.get(node, "/metrics").text)
+        if condition(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(DRAIN_POLL_S)
 
 
 def test_metrics_after_transactions(api_cluster: Cluster) -> None:
@@ -68,8 +85,12 @@ def test_metrics_after_transactions(api_cluster: Cluster) -> None:
     assert _value(samples, "cornus_txn_outcomes_total", protocol="cornus", outcome="aborted") >= 2
     assert _value(samples, "cornus_txn_aborts_total", protocol="cornus", reason="client") >= 1
     assert _value(samples, "cornus_txn_aborts_total", protocol="cornus", reason="conflict") >= 1
-    assert _value(samples, "cornus_in_doubt_transactions") == 0
-    assert _value(samples, "cornus_applying_transactions") == 0
+    # Both drain once the last commit's decision and apply have landed, which the commit's reply
+    # does not wait for (its apply is in the emulator's write queue behind the other node's writes).
+    drained = _samples_once(api_cluster, "n0", lambda found: _value(found, "cornus_in_doubt_transactions") == 0
+                            and _value(found, "cornus_applying_transactions") == 0)
+    assert _value(drained, "cornus_in_doubt_transactions") == 0
+    assert _value(drained, "cornus_applying_transactions") == 0
     assert _value(samples, "cornus_ready") == 1
     for call in ("log_once", "read_data", "apply_redo", "scan_unfinished"):
         assert _value(samples, "cornus_storage_call_seconds_count", backend="emulator", call=call) >= 1, call

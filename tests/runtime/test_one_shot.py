@@ -7,7 +7,7 @@ that got no answer ends through termination, and an ABORT that overtook the requ
 from __future__ import annotations
 
 import asyncio
-import contextlib
+from types import SimpleNamespace
 
 import pytest
 
@@ -206,25 +206,32 @@ async def test_an_apply_of_a_partition_dropped_before_it_left_is_not_sent(tmp_pa
 async def test_a_one_shot_request_cancelled_at_shutdown_is_not_a_fatal_error(monkeypatch):
     """A one-shot that aborted early leaves its other requests running; when the process then
     stops, the event loop cancels them. That is shutdown, not a failed request: it must not end
-    the process with exit 70 (it did, through the gather's done callback)."""
+    the process with exit 70 (it did, through the requests' done callback). A real failure still
+    is fatal, and a peer that did not answer is an answer (UNAVAILABLE, not a refusal)."""
     fatal_messages: list[str] = []
     monkeypatch.setattr(coordination, "fatal", fatal_messages.append)
-    pending = asyncio.ensure_future(asyncio.sleep(60))
-    asking = asyncio.gather(pending)
-    asking.add_done_callback(coordination._crash_on_error)
-    pending.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await asking
-    await asyncio.sleep(0)  # the done callback runs
-    assert not fatal_messages, fatal_messages
-    # A real failure still is fatal.
-    failing = asyncio.gather(asyncio.ensure_future(_raise()))
-    failing.add_done_callback(coordination._crash_on_error)
-    with contextlib.suppress(RuntimeError):
-        await failing
-    await asyncio.sleep(0)
-    assert fatal_messages and "boom" in fatal_messages[0], fatal_messages
+    loop = asyncio.get_running_loop()
+    started: list[asyncio.Future[object]] = []
 
+    def start_request(to_node: str, request: object, timeout_ms: int) -> asyncio.Future[object]:
+        started.append(loop.create_future())
+        return started[-1]
 
-async def _raise() -> None:
-    raise RuntimeError("boom")
+    limits = SimpleNamespace(timeout_ms_peer_request=1_000)
+    node = SimpleNamespace(owner_of=lambda partition: "n1", transport=SimpleNamespace(start_request=start_request),
+                           config=SimpleNamespace(limits=limits))
+    answers: list[tuple[str, ExecuteStatus, bool]] = []
+
+    def answered(partition: str, response: object, refused: bool) -> None:
+        answers.append((partition, response.status, refused))  # type: ignore[attr-defined]
+
+    request = ExecuteRequest("t1", "p1", "n0", ())
+    for _ in range(3):
+        coordination.Coordination._start_prepared(node, request, answered)  # type: ignore[arg-type]
+    cancelled, failed, unanswered = started
+    cancelled.cancel()
+    failed.set_exception(RuntimeError("boom"))
+    unanswered.set_exception(PeerUnavailable("no response within 1000 ms"))
+    await asyncio.sleep(0)  # the done callbacks run
+    assert fatal_messages == ["a one-shot's request failed: RuntimeError('boom')"], fatal_messages
+    assert answers == [("p1", ExecuteStatus.UNAVAILABLE, False)], answers
