@@ -447,9 +447,6 @@ class _PeerLink:
         self._may_wait_timer = None
         self._wake()
 
-    async def request(self, request: PeerRequest, timeout_ms: int) -> PeerResponse:
-        return await self.start_request(request, timeout_ms)
-
     def start_request(self, request: PeerRequest, timeout_ms: int) -> asyncio.Future[PeerResponse]:
         """Queue `request` now; its future resolves with the response, or fails with
         PeerUnavailable past `timeout_ms` or when the link is lost. Raises PeerUnavailable at once
@@ -770,15 +767,7 @@ class PeerTransport(Transport):
             self.drop_count_unknown_peer += 1
 
     async def request(self, to_node: str, request: PeerRequest, timeout_ms: int) -> PeerResponse:
-        assert 0 < timeout_ms <= self.limits.request_timeout_ms_max, f"timeout_ms {timeout_ms} out of range"
-        if self._closed:
-            raise PeerUnavailable("transport closed")
-        link = self._links.get(to_node)
-        if link is not None:
-            return await link.request(request, timeout_ms)
-        if to_node == self.node_id:
-            return await self._request_self(request, timeout_ms)
-        raise PeerUnavailable(f"unknown peer {to_node!r}")
+        return await self.start_request(to_node, request, timeout_ms)
 
     def start_request(self, to_node: str, request: PeerRequest, timeout_ms: int) -> asyncio.Future[PeerResponse]:
         assert 0 < timeout_ms <= self.limits.request_timeout_ms_max, f"timeout_ms {timeout_ms} out of range"
