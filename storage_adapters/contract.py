@@ -113,30 +113,49 @@ def validate_id(value: object, what: str, length_max: int) -> str:
     return value
 
 
+# LogIds kept by `LogId.partition` and `LogId.coordinator`: a node names the same few logs in every
+# storage call (some 16 a transaction), and each new one is validated. Names come from config and
+# from peers' messages, so the table is bounded all the same, and emptied when full.
+_LOG_IDS_INTERNED_COUNT_MAX = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class LogId:
     """Which log a record lives in: a partition's log or a coordinator node's log."""
 
     kind: LogKind
     name: str
+    # A stable string form, usable inside every backend's key space (made once: every call keys on it).
+    key: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, LogKind):
             raise ValidationError(f"log kind must be a LogKind, got {self.kind!r}")
         validate_id(self.name, "log name", LOG_NAME_LENGTH_MAX)
+        object.__setattr__(self, "key", f"{self.kind.value}.{self.name}")
 
     @classmethod
     def partition(cls, name: str) -> LogId:
-        return cls(LogKind.PARTITION, name)
+        return _interned(LogKind.PARTITION, name)
 
     @classmethod
     def coordinator(cls, name: str) -> LogId:
-        return cls(LogKind.COORDINATOR, name)
+        return _interned(LogKind.COORDINATOR, name)
 
-    @property
-    def key(self) -> str:
-        """A stable string form, usable inside every backend's key space."""
-        return f"{self.kind.value}.{self.name}"
+
+_log_ids: dict[tuple[LogKind, str], LogId] = {}
+
+
+def _interned(kind: LogKind, name: str) -> LogId:
+    if not isinstance(name, str):
+        return LogId(kind, name)  # raises the ValidationError (and an unhashable name never gets here)
+    log_id = _log_ids.get((kind, name))
+    if log_id is None:
+        log_id = LogId(kind, name)  # validates: an invalid name raises and is not kept
+        if len(_log_ids) >= _LOG_IDS_INTERNED_COUNT_MAX:
+            _log_ids.clear()
+        _log_ids[(kind, name)] = log_id
+    return log_id
 
 
 @dataclass(frozen=True, slots=True)

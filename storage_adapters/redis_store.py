@@ -184,6 +184,8 @@ end
 return {matches and 1 or 0, redis.call('HGETALL', KEYS[1])}
 """
 
+# A stored state as Redis answers it (a dict lookup: TxnState(...) is two Python calls).
+_STATES = {state.value.encode(): state for state in TxnState}
 # The calls whose scripts go over the pipelined connection, which bounds each by its own timer.
 _PIPED_CALLS = frozenset({"log_once", "log", "apply_redo", "delete"})
 
@@ -316,7 +318,7 @@ class RedisStore(LogStore):
             [txn, state.value, json.dumps(body.participants), body.coordinator, body.redo],
             fence,
         )
-        stored, created = TxnState(reply[0].decode()), reply[1] == 1
+        stored, created = _STATES[reply[0]], reply[1] == 1
         assert stored is state or not created, "a created record holds what we wrote"
         return LogOnceResult(stored, created)
 

@@ -68,7 +68,10 @@ class _Protocol(asyncio.Protocol):
         self.pipe = pipe
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader()
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Kept: asyncio.get_running_loop() makes a getpid system call on Python 3.11, and every call
+        # of the pipe needs the loop.
+        self.loop = asyncio.get_running_loop()
+        self.lost: asyncio.Future[None] = self.loop.create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -105,10 +108,15 @@ class RespPipe:
         redis.exceptions.ConnectionError when the connection broke first, or TimeoutError when
         no reply came within `timeout_s` of this call (connecting included)."""
         assert timeout_s > 0
-        loop = asyncio.get_running_loop()
-        deadline_s = loop.time() + timeout_s
+        protocol = self._protocol
+        if protocol is None:
+            loop = asyncio.get_running_loop()
+            deadline_s = loop.time() + timeout_s
+            protocol = await self._connect()
+        else:
+            loop = protocol.loop
+            deadline_s = loop.time() + timeout_s
         command = ["EVALSHA", sha, len(keys), *keys, *args]
-        protocol = self._protocol if self._protocol is not None else await self._connect()
         future: asyncio.Future[Any] = loop.create_future()
         self._send(protocol, command, _Reply(future, (source, command)))
         self.call_count += 1
@@ -127,7 +135,7 @@ class RespPipe:
         self._pending.append(reply)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            protocol.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

@@ -107,31 +107,32 @@ class NodeCore:
         self._dropped.add(partition)
 
     def handle(self, event: Event) -> list[Effect]:
-        if event.host == RECOVERY:
+        name = event.host  # a property on most events: read once, every event comes through here
+        if name == RECOVERY:
             effects = self.recovery.handle(event)
             if self.recovery.done:
                 effects += self._rebuild(self.recovery, self.recovery.partitions, node=True)
             return effects
-        if event.host.startswith(RECOVERY):
-            recovery = self._partition_recoveries.get(event.host)
+        if name.startswith(RECOVERY):
+            recovery = self._partition_recoveries.get(name)
             if recovery is None:
-                assert event.host[len(RECOVERY) + 1 :] in self._dropped, f"{event.host} never ran"
+                assert name[len(RECOVERY) + 1 :] in self._dropped, f"{name} never ran"
                 self.counters["events_of_dropped_partitions"] += 1
                 return []
             effects = recovery.handle(event)
             if recovery.done:
-                del self._partition_recoveries[event.host]
+                del self._partition_recoveries[name]
                 effects += self._rebuild(recovery, recovery.partitions, node=False)
             return effects
-        host = self.host(event.host)
+        host = self.coordinator if name == self.node else self.partitions.get(name)
         if host is None:
             if isinstance(event, MessageReceived):
                 self.counters["misrouted_messages"] += 1
                 return []
-            assert event.host in self._dropped, f"{type(event).__name__} for unknown host {event.host}"
+            assert name in self._dropped, f"{type(event).__name__} for unknown host {name}"
             self.counters["events_of_dropped_partitions"] += 1
             return []
-        recovering = event.host in self._recovering if host is not self.coordinator else not self.recovered
+        recovering = name in self._recovering if host is not self.coordinator else not self.recovered
         if isinstance(event, MessageReceived) and recovering and event.txn not in host.machines:
             self.counters["messages_dropped_recovering"] += 1
             return []

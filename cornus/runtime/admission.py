@@ -51,7 +51,7 @@ def check_growth(
         )
         if not projected:
             continue
-        size = len(redo_codec.encode(projected))
+        size = redo_codec.encoded_size(projected)
         if size > REDO_BYTES_MAX or len(projected) > DATA_BATCH_COUNT_MAX:
             raise ValidationError(
                 f"the writes of this transaction to partition {partition} would take {size} bytes and "

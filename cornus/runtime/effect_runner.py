@@ -101,6 +101,9 @@ class EffectRunner:
         self.on_recovered: Callable[[RecoveryFinished], None] = _unwired
         self.on_fenced: Callable[[str, int], None] = _unwired  # (partition, epoch)
         self.stopped = False
+        # The node's event loop, kept at first use: asyncio.get_running_loop() makes a getpid system
+        # call on Python 3.11, and every storage call and timer of a transaction needs the loop.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
         self._tasks: dict[asyncio.Task[None], _Flight] = {}  # task -> whose call it is
         # (where, txn) -> when its termination protocol began (perf_counter seconds).
@@ -155,14 +158,14 @@ class EffectRunner:
         if _is_vote_write(effect):
             self.failpoints.hit("participant.before_log_vote")
         flight = _Flight(effect.owner, fenced_partition(effect))
-        self._track(asyncio.get_running_loop().create_task(self._call(effect, flight)), flight)
+        self._track(self._running_loop().create_task(self._call(effect, flight)), flight)
 
     def _start_timer(self, effect: StartTimer) -> None:
         old = self._timers.pop(effect.timer, None)
         if old is not None:
             old.cancel()
-        loop = asyncio.get_running_loop()
-        self._timers[effect.timer] = loop.call_later(effect.duration_ms / 1000, self._fire, effect.timer)
+        timer = effect.timer
+        self._timers[timer] = self._running_loop().call_later(effect.duration_ms / 1000, self._fire, timer)
 
     def _cancel_timer(self, effect: CancelTimer) -> None:
         handle = self._timers.pop(effect.timer, None)
@@ -285,7 +288,13 @@ class EffectRunner:
         self.run(rest)
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        self._track(asyncio.get_running_loop().create_task(coroutine), _UNOWNED)
+        self._track(self._running_loop().create_task(coroutine), _UNOWNED)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _track(self, task: asyncio.Task[None], flight: _Flight) -> None:
         self._tasks[task] = flight

@@ -144,9 +144,9 @@ class PartitionRuntime:
         return committed
 
     async def _lock(self, txn: str, key: str, mode: LockMode) -> bool:
-        loop = asyncio.get_running_loop()
         grant = self.locks.acquire(txn, key, mode, begin_ms_of(txn), _now_ms())
         if grant is Grant.WAITING:
+            loop = asyncio.get_running_loop()
             future: asyncio.Future[Grant] = loop.create_future()
             self._waiters[(txn, key)] = future
             # The lock table bounds the wait; this timer makes the expiry happen on time.

@@ -4,39 +4,65 @@ values may hold any bytes, and it round-trips exactly."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 
-_LENGTH_BYTES = 4
+_LENGTH = struct.Struct(">I")
+_LENGTH_BYTES = _LENGTH.size
 _PUT, _DELETE = 1, 0
+_PUT_BYTE, _DELETE_BYTE = bytes([_PUT]), bytes([_DELETE])
 
 
 def encode(writes: Mapping[str, bytes | None]) -> bytes:
-    out = bytearray()
+    # One join over prepacked pieces: every transaction encodes its redo on each participant and
+    # the coordinator, so this runs several times per commit.
+    pack = _LENGTH.pack
+    parts: list[bytes] = []
     for key, value in writes.items():
         key_bytes = key.encode("utf-8")
-        out += len(key_bytes).to_bytes(_LENGTH_BYTES, "big") + key_bytes
+        parts.append(pack(len(key_bytes)))
+        parts.append(key_bytes)
         if value is None:
-            out.append(_DELETE)
+            parts.append(_DELETE_BYTE)
         else:
-            out.append(_PUT)
-            out += len(value).to_bytes(_LENGTH_BYTES, "big") + value
-    return bytes(out)
+            parts.append(_PUT_BYTE)
+            parts.append(pack(len(value)))
+            parts.append(value)
+    return b"".join(parts)
+
+
+def encoded_size(writes: Mapping[str, bytes | None]) -> int:
+    """`len(encode(writes))`, without building it (the edge checks every transaction's size)."""
+    size = 0
+    for key, value in writes.items():
+        size += _LENGTH_BYTES + len(key.encode("utf-8")) + 1
+        if value is not None:
+            size += _LENGTH_BYTES + len(value)
+    return size
 
 
 def decode(redo: bytes) -> dict[str, bytes | None]:
     writes: dict[str, bytes | None] = {}
+    unpack_from = _LENGTH.unpack_from
+    end = len(redo)
     offset = 0
-
-    def take(size: int) -> bytes:
-        nonlocal offset
-        assert offset + size <= len(redo), "truncated redo"
-        chunk = redo[offset : offset + size]
-        offset += size
-        return chunk
-
-    while offset < len(redo):
-        key = take(int.from_bytes(take(_LENGTH_BYTES), "big")).decode("utf-8")
-        flag = take(1)[0]
-        assert flag in (_PUT, _DELETE), f"bad redo flag {flag}"
-        writes[key] = take(int.from_bytes(take(_LENGTH_BYTES), "big")) if flag == _PUT else None
+    while offset < end:
+        assert offset + _LENGTH_BYTES <= end, "truncated redo"
+        (size,) = unpack_from(redo, offset)
+        offset += _LENGTH_BYTES
+        key_end = offset + size
+        assert key_end < end, "truncated redo"  # the flag byte follows the key
+        key = redo[offset:key_end].decode("utf-8")
+        flag = redo[key_end]
+        offset = key_end + 1
+        if flag == _PUT:
+            assert offset + _LENGTH_BYTES <= end, "truncated redo"
+            (size,) = unpack_from(redo, offset)
+            offset += _LENGTH_BYTES
+            assert offset + size <= end, "truncated redo"
+            writes[key] = redo[offset : offset + size]
+            offset += size
+        else:
+            assert flag == _DELETE, f"bad redo flag {flag}"
+            writes[key] = None
     return writes

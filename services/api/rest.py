@@ -302,9 +302,12 @@ def _error_response(
     return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
 
 
+_OP_KINDS = {kind.value: kind for kind in OpKind}  # a dict lookup: OpKind(...) is two Python calls
+
+
 def _op(op: GetOp | PutOp | DeleteOp | CheckOp) -> Op:
     value = op.value if isinstance(op, PutOp | CheckOp) else None
-    return Op(OpKind(op.op), op.key, None if value is None else value.encode("utf-8"))
+    return Op(_OP_KINDS[op.op], op.key, None if value is None else value.encode("utf-8"))
 
 
 # --- what each route can answer, for the published OpenAPI -------------------------------------

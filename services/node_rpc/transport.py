@@ -406,6 +406,9 @@ class _PeerLink:
         self._connection: _FrameConnection | None = None
         self._flush_scheduled = False
         self._may_wait_timer: asyncio.TimerHandle | None = None
+        # Kept: asyncio.get_running_loop() makes a getpid system call on Python 3.11, and every
+        # request needs the loop.
+        self._loop = asyncio.get_running_loop()
 
     def start(self) -> None:
         assert self._task is None
@@ -440,7 +443,7 @@ class _PeerLink:
             self._outbox.discard_last()
             raise
         if may_wait and not self._flush_scheduled and self._may_wait_timer is None:
-            self._may_wait_timer = asyncio.get_running_loop().call_later(
+            self._may_wait_timer = self._loop.call_later(
                 self.limits.may_wait_delay_ms_max / 1000, self._may_wait_expired)
 
     def _may_wait_expired(self) -> None:
@@ -471,7 +474,7 @@ class _PeerLink:
         except BaseException:
             self._outbox.discard_last()
             raise
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         future: asyncio.Future[PeerResponse] = loop.create_future()
         assert correlation_id not in self._pending
         self._pending[correlation_id] = (future, _REQUEST_TO_RESPONSE[type(request)])
@@ -725,6 +728,7 @@ class PeerTransport(Transport):
         self._peer_addresses = {peer_id: address for peer_id, address in peers.items() if peer_id != node_id}
         self._links: dict[str, _PeerLink] = {}
         self._handler: InboundHandler | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # start() keeps it
         self._server: asyncio.Server | None = None
         self._inbound: set[_InboundStream] = set()
         self._self_pending_count = 0
@@ -741,6 +745,7 @@ class PeerTransport(Transport):
         assert self._handler is None, "start() called twice"
         assert not self._closed
         self._handler = handler
+        self._loop = asyncio.get_running_loop()  # kept, as _PeerLink keeps it
         host, port = parse_address(self.listen_address)
 
         def accept() -> asyncio.Protocol:
@@ -749,7 +754,7 @@ class PeerTransport(Transport):
             return stream.connection
 
         # reuse_port stays off: a second node started on the same port must fail, not share it.
-        self._server = await asyncio.get_running_loop().create_server(accept, host, port, reuse_port=False)
+        self._server = await self._loop.create_server(accept, host, port, reuse_port=False)
         self.bound_port = self._server.sockets[0].getsockname()[1]
         assert self.bound_port > 0, f"could not bind {self.listen_address}"
         for peer_id, address in self._peer_addresses.items():
@@ -855,7 +860,8 @@ class PeerTransport(Transport):
         self.self_item_count += 1
         # Delivered on a later tick, as a peer's message would be: the caller's state machine
         # must not be re-entered from inside its own send.
-        asyncio.get_running_loop().call_soon(self._deliver_self, message)
+        assert self._loop is not None, "send() before start()"
+        self._loop.call_soon(self._deliver_self, message)
 
     def _deliver_self(self, message: Routed | Message) -> None:
         self._self_pending_count -= 1
