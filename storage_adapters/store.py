@@ -100,6 +100,11 @@ class LogStore(abc.ABC):
         try:
             if what in self._calls_bounded_by_io:
                 return await call
+            if asyncio.current_task() is None:
+                # Called by code run eagerly, outside any task (cornus.runtime.eager: a peer's
+                # request served in the step that read it). asyncio.timeout needs a task to
+                # cancel, and so do the client libraries' own timeouts: wait_for makes one.
+                return await asyncio.wait_for(call, self._timeout_s)
             async with asyncio.timeout(self._timeout_s):
                 return await call
         except TimeoutError as error:

@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cornus.protocol.messages import Message
+from cornus.runtime import eager
 from cornus.runtime.transport import InboundHandler, PeerUnavailable, Transport
 from cornus.runtime.wire import (
     ExecuteRequest,
@@ -375,10 +376,6 @@ def _flush(
 
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
-
-
-class _DeadlinePassed(PeerUnavailable):
-    """The handler ran past the request's deadline and was cancelled."""
 
 
 class _LinkBroken(Exception):
@@ -782,7 +779,7 @@ class PeerTransport(Transport):
         if link is not None:
             return link.start_request(request, timeout_ms)  # queued now, no task
         if to_node == self.node_id:
-            return asyncio.ensure_future(self._request_self(request, timeout_ms))
+            return self._request_self(request, timeout_ms)
         raise PeerUnavailable(f"unknown peer {to_node!r}")
 
     async def close(self) -> None:
@@ -876,26 +873,50 @@ class PeerTransport(Transport):
             self.inbound.handler_error_count += 1
             logger.exception("on_message failed for a self-addressed %s", type(message).__name__)
 
-    async def _request_self(self, request: PeerRequest, timeout_ms: int) -> PeerResponse:
-        assert self._handler is not None, "request() before start()"
+    def _request_self(self, request: PeerRequest, timeout_ms: int) -> asyncio.Future[PeerResponse]:
+        assert self._handler is not None and self._loop is not None, "request() before start()"
         self.self_item_count += 1
-        await asyncio.sleep(0)  # never run the handler inside the caller's step, as for a peer
-        return await self._call_handler(self.node_id, request, timeout_ms)
+        future: asyncio.Future[PeerResponse] = self._loop.create_future()
+        # Served on a later tick, as a peer's request would be: never inside the caller's step.
+        self._loop.call_soon(self._serve_self, request, timeout_ms, future)
+        return future
 
-    async def _call_handler(self, sender: str, request: PeerRequest, timeout_ms: int) -> PeerResponse:
-        """The handler's response, or PeerUnavailable: past the deadline the handler is cancelled."""
+    def _serve_self(self, request: PeerRequest, timeout_ms: int, future: asyncio.Future[PeerResponse]) -> None:
+        if future.done():
+            return  # its caller gave up first
+        if self._closed:
+            future.set_exception(PeerUnavailable("transport closed"))
+            return
+        assert self._loop is not None
+        served = eager.start(self._loop, self._handle(self.node_id, request))
+        if served.done():
+            _settle(future, served)
+            return
+        expiry = self._loop.call_later(timeout_ms / 1000, self._expire_self, served, future, timeout_ms)
+        served.add_done_callback(functools.partial(self._served_self, future, expiry))
+        # A caller that gives up (cancels) stops the handler, as a peer's deadline would.
+        future.add_done_callback(functools.partial(_cancel_if_cancelled, served))
+
+    def _served_self(self, future: asyncio.Future[PeerResponse], expiry: asyncio.TimerHandle,
+                     served: asyncio.Future[PeerResponse]) -> None:
+        expiry.cancel()
+        if not future.done():
+            _settle(future, served)
+
+    def _expire_self(self, served: asyncio.Future[PeerResponse], future: asyncio.Future[PeerResponse],
+                     timeout_ms: int) -> None:
+        self.inbound.request_expired_count += 1
+        served.cancel()
+        if not future.done():
+            future.set_exception(PeerUnavailable(f"node {self.node_id}: no response within {timeout_ms} ms"))
+
+    async def _handle(self, sender: str, request: PeerRequest) -> PeerResponse:
+        """The handler's response, or PeerUnavailable when it failed. Its deadline is the caller's:
+        the handler runs eagerly (cornus.runtime.eager), and only one that waits gets a task, and
+        with it a timer that cancels it at the deadline."""
         assert self._handler is not None
-        deadline = asyncio.timeout(timeout_ms / 1000)
         try:
-            async with deadline:
-                response = await self._handler.on_request(sender, request)
-        except TimeoutError:
-            if deadline.expired():
-                self.inbound.request_expired_count += 1
-                raise _DeadlinePassed(f"node {self.node_id}: no response within {timeout_ms} ms") from None
-            self.inbound.handler_error_count += 1
-            logger.exception("on_request failed for %s from %s", type(request).__name__, sender)
-            raise PeerUnavailable(f"node {self.node_id}: handler failed") from None
+            response = await self._handler.on_request(sender, request)
         except Exception as error:
             self.inbound.handler_error_count += 1
             logger.exception("on_request failed for %s from %s", type(request).__name__, sender)
@@ -952,21 +973,40 @@ class PeerTransport(Transport):
                     self.inbound.malformed_count += 1
                     self.reply_failed(outbox, correlation_id, f"malformed request: {error}")
                     continue
-                task = asyncio.create_task(self._serve_request(sender, correlation_id, timeout_ms, request, outbox))
-                serving.add(task)
-                task.add_done_callback(serving.discard)
+                self._serve(sender, (correlation_id, timeout_ms), request, outbox, serving)
             else:
                 self.inbound.malformed_count += 1
                 logger.warning("envelope of kind %d from %s on an inbound connection", kind, sender)
 
-    async def _serve_request(
-        self, sender: str, correlation_id: int, timeout_ms: int, request: PeerRequest, outbox: _Outbox
-    ) -> None:
-        try:
-            response = await self._call_handler(sender, request, timeout_ms)
-        except _DeadlinePassed:
-            return  # the requester has given up by now: a reply would only be discarded
-        except PeerUnavailable as error:
+    def _serve(self, sender: str, envelope_ids: tuple[int, int], request: PeerRequest, outbox: _Outbox,
+               serving: set[asyncio.Task[None]]) -> None:
+        correlation_id, timeout_ms = envelope_ids
+        assert self._loop is not None
+        served = eager.start(self._loop, self._handle(sender, request))
+        if served.done():
+            if not served.cancelled():
+                self._reply(outbox, correlation_id, served)
+            return
+        assert isinstance(served, asyncio.Task)
+        serving.add(served)  # type: ignore[arg-type]
+        served.add_done_callback(serving.discard)  # type: ignore[arg-type]
+        expiry = self._loop.call_later(timeout_ms / 1000, self._expire_served, served)
+        served.add_done_callback(functools.partial(self._served, outbox, correlation_id, expiry))
+
+    def _served(self, outbox: _Outbox, correlation_id: int, expiry: asyncio.TimerHandle,
+                served: asyncio.Future[PeerResponse]) -> None:
+        expiry.cancel()
+        if not served.cancelled():  # past its deadline (the requester gave up) or the transport closing
+            self._reply(outbox, correlation_id, served)
+
+    def _expire_served(self, served: asyncio.Task[PeerResponse]) -> None:
+        self.inbound.request_expired_count += 1
+        served.cancel()
+
+    def _reply(self, outbox: _Outbox, correlation_id: int, served: asyncio.Future[PeerResponse]) -> None:
+        error = served.exception()
+        if error is not None:
+            assert isinstance(error, PeerUnavailable), f"_handle raised {error!r}"
             self.reply_failed(outbox, correlation_id, str(error))
             return
         envelope = outbox.add()
@@ -975,7 +1015,7 @@ class PeerTransport(Transport):
             return
         envelope.kind = pb.ENVELOPE_KIND_RESPONSE
         envelope.correlation_id = correlation_id
-        codec.encode(envelope, response)
+        codec.encode(envelope, served.result())
 
     def reply_failed(self, outbox: _Outbox, correlation_id: int, detail: str) -> None:
         envelope = outbox.add()
@@ -985,3 +1025,20 @@ class PeerTransport(Transport):
         envelope.kind = pb.ENVELOPE_KIND_RESPONSE
         envelope.correlation_id = correlation_id
         envelope.request_failed.detail = detail
+
+
+def _settle(future: asyncio.Future[PeerResponse], served: asyncio.Future[PeerResponse]) -> None:
+    """`future` ends as `served` did (a handler's outcome handed to the one who asked)."""
+    if served.cancelled():  # the loop is closing under it
+        future.set_exception(PeerUnavailable("the request's handler was cancelled"))
+        return
+    error = served.exception()
+    if error is None:
+        future.set_result(served.result())
+    else:
+        future.set_exception(error)
+
+
+def _cancel_if_cancelled(served: asyncio.Future[PeerResponse], future: asyncio.Future[PeerResponse]) -> None:
+    if future.cancelled():
+        served.cancel()

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -49,15 +50,22 @@ class Recorder:
         self.node_id = node_id
         self.messages: asyncio.Queue[tuple[str, Routed | Message]] = asyncio.Queue()
         self.requests: list[tuple[str, PeerRequest]] = []
+        self.tasks: list[asyncio.Task[Any] | None] = []  # the task each request was served in
+        self.cancelled: list[str] = []  # txns whose handler was cancelled
 
     def on_message(self, sender: str, message: Routed | Message) -> None:
         self.messages.put_nowait((sender, message))
 
     async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
         self.requests.append((sender, request))
+        self.tasks.append(asyncio.current_task())
         if isinstance(request, ExecuteRequest):
             if request.txn.startswith("sleep:"):
-                await asyncio.sleep(int(request.txn.removeprefix("sleep:")) / 1000)
+                try:
+                    await asyncio.sleep(int(request.txn.removeprefix("sleep:")) / 1000)
+                except asyncio.CancelledError:
+                    self.cancelled.append(request.txn)
+                    raise
             if request.txn == "raise":
                 raise RuntimeError("asked to fail")
             return ExecuteResponse(status=ExecuteStatus.OK, detail=f"{self.node_id} from {sender}")
@@ -350,6 +358,26 @@ async def test_self_send_and_request_stay_in_process(
     with pytest.raises(PeerUnavailable, match="within 100 ms"):
         await b.request("b", _execute("sleep:5000"), 100)
     assert b.inbound.stream_count == 1  # only a's stream: nothing of ours went through a socket
+
+
+async def test_a_handler_that_never_waits_gets_no_task_and_one_that_waits_keeps_its_deadline(
+    local_pair: tuple[PeerTransport, PeerTransport, Recorder],
+) -> None:
+    a, b, recorder_b = local_pair
+    # Answered within the step that read it (cornus.runtime.eager): no task, from a peer or itself.
+    assert isinstance(await a.request("b", _execute("fast"), REQUEST_TIMEOUT_MS), ExecuteResponse)
+    assert isinstance(await b.request("b", _execute("fast-self"), REQUEST_TIMEOUT_MS), ExecuteResponse)
+    assert recorder_b.tasks == [None, None]
+    # One that waits goes on in a task, and is cancelled at its deadline, on both paths.
+    with pytest.raises(PeerUnavailable, match="within 200 ms"):
+        await a.request("b", _execute("sleep:5000"), 200)
+    with pytest.raises(PeerUnavailable, match="within 200 ms"):
+        await b.request("b", _execute("sleep:4000"), 200)
+    await wait_until(lambda: sorted(recorder_b.cancelled) == ["sleep:4000", "sleep:5000"], "both handlers cancelled")
+    assert b.inbound.request_expired_count == 2
+    # A waiting handler that finishes in time answers from its task.
+    assert isinstance(await a.request("b", _execute("sleep:10"), REQUEST_TIMEOUT_MS), ExecuteResponse)
+    assert isinstance(await b.request("b", _execute("sleep:10"), REQUEST_TIMEOUT_MS), ExecuteResponse)
 
 
 async def test_malformed_frames_from_a_raw_client(
