@@ -85,9 +85,13 @@ class PartitionRuntime:
             execution = self.executions[txn] = Execution(request.coordinator)
             self.locks.register(txn, begin_ms_of(txn))
         execution.last_active_s = time.monotonic()
+        begin_ms = begin_ms_of(txn)
         for op in request.ops:
-            mode = LockMode.EXCLUSIVE if op.kind in (OpKind.PUT, OpKind.DELETE) else LockMode.SHARED
-            if not await self._lock(txn, op.key, mode):
+            mode = LockMode.EXCLUSIVE if op.kind is OpKind.PUT or op.kind is OpKind.DELETE else LockMode.SHARED
+            grant = self.locks.acquire(txn, op.key, mode, begin_ms, _now_ms())
+            if grant is Grant.WAITING:  # a coroutine only for a wait: most locks are free
+                grant = await self._wait_for_lock(txn, op.key)
+            if grant is not Grant.GRANTED:
                 self.abort_execution(txn)
                 detail = f"key {op.key!r} is locked by another transaction"
                 return ExecuteResponse(ExecuteStatus.CONFLICT, detail=detail)
@@ -143,21 +147,20 @@ class PartitionRuntime:
                 self._cache_put(key, found[key])
         return committed
 
-    async def _lock(self, txn: str, key: str, mode: LockMode) -> bool:
-        grant = self.locks.acquire(txn, key, mode, begin_ms_of(txn), _now_ms())
-        if grant is Grant.WAITING:
-            loop = asyncio.get_running_loop()
-            future: asyncio.Future[Grant] = loop.create_future()
-            self._waiters[(txn, key)] = future
-            # The lock table bounds the wait; this timer makes the expiry happen on time.
-            handle = loop.call_later(self.timeout_ms_lock_wait / 1000 + 0.001, self._expire_waiters)
-            try:
-                grant = await future
-            finally:
-                handle.cancel()
-                self._waiters.pop((txn, key), None)
+    async def _wait_for_lock(self, txn: str, key: str) -> Grant:
+        """The grant of a lock request the table queued (WAITING): GRANTED or ABORT, in time."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Grant] = loop.create_future()
+        self._waiters[(txn, key)] = future
+        # The lock table bounds the wait; this timer makes the expiry happen on time.
+        handle = loop.call_later(self.timeout_ms_lock_wait / 1000 + 0.001, self._expire_waiters)
+        try:
+            grant = await future
+        finally:
+            handle.cancel()
+            self._waiters.pop((txn, key), None)
         assert grant is not Grant.WAITING
-        return grant is Grant.GRANTED
+        return grant
 
     def _expire_waiters(self) -> None:
         expired, granted = self.locks.expire(_now_ms())
