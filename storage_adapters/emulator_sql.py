@@ -32,6 +32,11 @@ from storage_adapters.errors import Fenced, InvariantViolation, StorageError, St
 OPEN_RETRY_COUNT_MAX = 64
 OPEN_BACKOFF_MS_MIN = 5
 OPEN_BACKOFF_MS_MAX = 200
+# A write whose deadline is closer than this when its turn comes in a batch is refused unwritten.
+# The batch's COMMIT must start before the deadline of every write in it (else the whole batch is
+# rolled back, see `run_batch`), so a write admitted with less time left than the rest of its
+# batch takes would cost every other write of the batch its answer.
+TURN_TIME_LEFT_MS_MIN = 5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS txn_log (
@@ -62,6 +67,8 @@ CREATE TABLE IF NOT EXISTS data (
     PRIMARY KEY (partition, key)
 ) WITHOUT ROWID;
 """
+
+_SCHEMA_NAMES = frozenset({"txn_log", "txn_log_unfinished", "ownership", "data"})
 
 _RECORD_COLUMNS = "log, txn, state, participants, coordinator, redo, applied, created_at_ms"
 
@@ -104,6 +111,11 @@ def _set_up(conn: sqlite3.Connection, timeout_ms: int) -> None:
     # FULL: in WAL mode NORMAL may lose the last commits on power loss, and an acknowledged
     # VOTE_YES must never be lost (a terminator could then log ABORT after a COMMIT reply).
     conn.execute("PRAGMA synchronous = FULL")
+    # A file that has the schema needs no write lock to open: a store (or the writer process)
+    # opens it while another program holds SQLite's write lock, and waits only when it writes.
+    present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    if present >= _SCHEMA_NAMES:
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         for statement in _SCHEMA.split(";"):
@@ -117,31 +129,63 @@ def _set_up(conn: sqlite3.Connection, timeout_ms: int) -> None:
 
 
 def run_batch(
-    conn: sqlite3.Connection, calls: Sequence[Callable[[sqlite3.Connection], Any]], *, writes: bool
+    conn: sqlite3.Connection,
+    calls: Sequence[Callable[[sqlite3.Connection], Any]],
+    *,
+    writes: bool,
+    deadlines: Sequence[float] | None = None,
 ) -> list[tuple[bool, Any]]:
     """Run `calls` in ONE SQLite transaction (group commit: one fsync makes the batch durable),
     each under its own savepoint, so each gets exactly the answer it would get alone and a
-    refused call writes nothing. Returns (ok, result or error) per call, in order."""
+    refused call writes nothing. Returns (ok, result or error) per call, in order.
+
+    With `deadlines` (one per call, `time.monotonic()` seconds), a call whose deadline has passed
+    (or is closer than TURN_TIME_LEFT_MS_MIN) when its turn comes is refused unwritten, and the
+    COMMIT starts only before the deadline of every call that wrote, else the whole batch is
+    rolled back and every call refused. So a write lands no later than its deadline plus the
+    COMMIT of its batch (its WAL append and fsync: about a millisecond, and for the largest legal
+    call, a 64 MiB redo, a few hundred ms), well inside the clock slack that
+    cornus/protocol/config.py `gc_grace_ms_min` allows a late storage call (1000 ms by default).
+
+    A call that raises StorageError (refused) or AssertionError (a bug: it crashes its caller
+    loudly) answers with it; any other exception is a bug too, answered as a StorageError that
+    names it, since its caller may live in another process that cannot rebuild it. A SQLite error
+    leaves the transaction in doubt: every call of the batch is then StorageUnavailable."""
+    assert deadlines is None or len(deadlines) == len(calls)
+    turn_left_s = TURN_TIME_LEFT_MS_MIN / 1000
     results: list[tuple[bool, Any]] = []
     try:
         conn.execute("BEGIN IMMEDIATE" if writes else "BEGIN")
-        for call in calls:
+        for index, call in enumerate(calls):
+            if deadlines is not None and time.monotonic() > deadlines[index] - turn_left_s:
+                results.append((False, StorageUnavailable("the write waited past its deadline for its turn")))
+                continue
             conn.execute("SAVEPOINT call")
             try:
                 results.append((True, call(conn)))
                 conn.execute("RELEASE call")
-            except (StorageError, AssertionError) as error:
-                # A refused call writes nothing and is its caller's error alone; an assertion
-                # is a bug and goes to the caller too, so it crashes there loudly.
+            except sqlite3.Error:
+                raise  # the transaction is in doubt: the whole batch fails below
+            except Exception as error:
+                # A refused call writes nothing and is its caller's error alone.
                 conn.execute("ROLLBACK TO call")
                 conn.execute("RELEASE call")
+                if not isinstance(error, StorageError | AssertionError):
+                    error = StorageError(f"emulator: the call raised {type(error).__name__}: {error}")
                 results.append((False, error))
+        if deadlines is not None:
+            wrote = [deadline for deadline, (ok, _) in zip(deadlines, results, strict=True) if ok]
+            if wrote and time.monotonic() > min(wrote):
+                conn.execute("ROLLBACK")
+                late = "the emulator's batch ran past a write's deadline: nothing of it was written"
+                return [(False, StorageUnavailable(late)) for _ in calls]
         conn.execute("COMMIT")
     except sqlite3.Error as error:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
-        unavailable = StorageUnavailable(f"SQLite: {error}")
-        return [(False, unavailable)] * len(calls)
+        # One exception per call: an exception raised in several callers would collect all their
+        # tracebacks.
+        return [(False, StorageUnavailable(f"SQLite: {error}")) for _ in calls]
     assert len(results) == len(calls)
     return results
 

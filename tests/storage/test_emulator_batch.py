@@ -1,11 +1,14 @@
 """The emulator's group commit (storage_adapters/emulator_sql.py `run_batch`): calls run together
 in one SQLite transaction, and each still gets the answer it would get alone: a refused call in a
-batch writes nothing, and the others land."""
+batch writes nothing, and the others land; a call past its deadline at its turn is refused, and a
+batch that would commit past a deadline of one of its writes writes nothing at all; a call that
+raises what no call should still gets an answer."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -13,9 +16,11 @@ import pytest
 from storage_adapters import emulator_sql
 from storage_adapters.contract import Fence, LogId, RecordBody, TxnState
 from storage_adapters.emulator import EmulatorStore
-from storage_adapters.errors import Fenced
+from storage_adapters.errors import Fenced, StorageError, StorageUnavailable
 
 TIMEOUT_MS_CALL = 5_000
+# A call that takes this long makes its batch overrun a deadline set at half of it.
+OVERRUN_S = 0.2
 LOG = LogId.partition("p0")
 BODY = RecordBody(("p0",), "n0", b"")
 
@@ -68,3 +73,59 @@ async def test_calls_sent_together_each_get_their_own_answer(store: EmulatorStor
     # The second LogOnce of t1 found the first one's vote: exactly once.
     assert not outcomes[2].created and outcomes[2].state is TxnState.VOTE_YES, outcomes  # type: ignore[union-attr]
     assert await store.read(LOG, "t2.cornus") is None
+
+
+def test_a_call_past_its_deadline_at_its_turn_is_refused_and_a_batch_that_overran_a_deadline_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    conn = emulator_sql.connect(tmp_path / "cornus.db", TIMEOUT_MS_CALL)
+    try:
+        now = time.monotonic()
+
+        def log_once(txn: str) -> Callable[[object], object]:
+            return lambda c: emulator_sql.log_once(c, LOG, txn, TxnState.VOTE_YES, BODY, None)  # type: ignore[arg-type]
+
+        # Its deadline passed before its turn: refused, and the others land.
+        results = emulator_sql.run_batch(
+            conn, [log_once("t1.cornus"), log_once("t2.cornus")], writes=True, deadlines=[now + 60, now - 1],
+        )
+        assert [ok for ok, _ in results] == [True, False], results
+        assert isinstance(results[1][1], StorageUnavailable)
+        assert emulator_sql.read(conn, LOG, "t2.cornus") is None
+
+        def slow(c: object) -> object:
+            time.sleep(OVERRUN_S)  # the batch runs past the first call's deadline
+            return log_once("t4.cornus")(c)
+
+        # The first call was on time at its turn, but the batch would commit after its deadline:
+        # nothing of the batch is written, and every call hears so.
+        results = emulator_sql.run_batch(
+            conn, [log_once("t3.cornus"), slow], writes=True, deadlines=[now + OVERRUN_S / 2, now + 60],
+        )
+        assert [ok for ok, _ in results] == [False, False], results
+        assert all(isinstance(error, StorageUnavailable) for _, error in results)
+        assert results[0][1] is not results[1][1]
+        assert emulator_sql.read(conn, LOG, "t3.cornus") is None
+        assert emulator_sql.read(conn, LOG, "t4.cornus") is None
+    finally:
+        conn.close()
+
+
+def test_a_call_that_raises_an_unexpected_error_writes_nothing_and_is_answered_with_a_storage_error(
+    tmp_path: Path,
+) -> None:
+    conn = emulator_sql.connect(tmp_path / "cornus.db", TIMEOUT_MS_CALL)
+    try:
+        def broken(c: object) -> object:
+            emulator_sql.log_once(c, LOG, "t1.cornus", TxnState.VOTE_YES, BODY, None)  # type: ignore[arg-type]
+            raise KeyError("a bug")
+
+        results = emulator_sql.run_batch(conn, [
+            broken, lambda c: emulator_sql.log_once(c, LOG, "t2.cornus", TxnState.VOTE_YES, BODY, None),
+        ], writes=True)
+        assert [ok for ok, _ in results] == [False, True], results
+        assert type(results[0][1]) is StorageError and "KeyError" in str(results[0][1])
+        assert emulator_sql.read(conn, LOG, "t1.cornus") is None
+        assert emulator_sql.read(conn, LOG, "t2.cornus") is not None
+    finally:
+        conn.close()
