@@ -2,10 +2,13 @@
 
 No server to install. Writes and reads take different paths:
 - Every write of every process that shares the file goes to the file's single writer process
-  (storage_adapters/emulator_writer.py), which a store starts when it finds none. It runs
-  everything waiting in ONE SQLite transaction (group commit: the fsync at commit is this
-  backend's cost, and one fsync makes the whole batch durable), each call under its own
-  savepoint, so each gets exactly the answer it would get alone and a refused call writes nothing.
+  (storage_adapters/emulator_writer.py), over a Unix socket beside the file; a store starts one
+  (as its child) when it finds none, within a start budget of its own. The writer runs everything
+  waiting in ONE SQLite transaction (group commit: the fsync at commit is this backend's cost,
+  and one fsync makes the whole batch durable), each call under its own savepoint, so each gets
+  exactly the answer it would get alone and a refused call writes nothing. A write carries the
+  deadline its caller is held to, fixed when the call started (LogStore's `call_deadline`): the
+  writer refuses it past that, so it lands no later than its deadline plus one batch's COMMIT.
 - Reads run in the store's own reader thread with its own connection (WAL lets readers run beside
   the writer), also batched per transaction. A write is committed before it is answered, so a
   read that follows it sees it.
@@ -19,7 +22,6 @@ import contextlib
 import itertools
 import os
 import queue
-import socket
 import subprocess
 import threading
 import time
@@ -40,7 +42,7 @@ from storage_adapters.contract import (
     TxnState,
 )
 from storage_adapters.errors import StorageError, StorageUnavailable
-from storage_adapters.store import DeleteRequest, LogStore
+from storage_adapters.store import DeleteRequest, LogStore, call_deadline
 
 # Reads waiting for the reader thread, and writes waiting for the writer's answer; past this the
 # store answers StorageUnavailable at once instead of letting an overloaded caller queue without
@@ -49,12 +51,25 @@ QUEUE_COUNT_MAX = 10_000
 # Reads folded into one SQLite read transaction.
 BATCH_COUNT_MAX = 256
 TIMEOUT_MS_CALL_DEFAULT = 5_000
-# Finding the writer: a fresh one takes a Python start (about 0.1 s) before it listens.
+# How much earlier than its caller's timer a write's deadline at the writer is. The timer fires
+# once the loop's clock reaches the deadline, and that clock never runs ahead of time.monotonic(),
+# the writer's (asserted in `_write`); but uvloop rounds a timer's delay to whole milliseconds, so
+# its timer may fire up to half a millisecond before the deadline.
+WRITE_DEADLINE_MARGIN_MS = 2
+# Finding the writer: a fresh one takes a Python start (about 0.2 s) before it listens.
 CONNECT_POLL_MS_MIN = 2
 CONNECT_POLL_MS_MAX = 50
+# Attempts of one search for the writer: at CONNECT_POLL_MS_MAX apiece, past any caller's
+# patience (open's is emulator_writer.WRITER_START_MS_MAX).
 CONNECT_ATTEMPT_COUNT_MAX = 1_000
-# Starting a writer again when the one started has not come up (it found another one leaving).
+# A store starts a writer again no sooner than this after its last start, and only once the one
+# it started has exited (it found another one serving, or failed: see its log) or has had
+# WRITER_START_MS_MAX to come up: however many callers wait, one store starts one writer at a time.
 SPAWN_INTERVAL_MS = 500
+# Requests the link's transport may hold unsent (the writer reads none: it is stopped, or
+# overloaded) before calls fail at once with StorageUnavailable instead of queueing memory. Room
+# for the largest legal request beside the others.
+LINK_OUT_BYTES_MAX = 2 * emulator_writer.FRAME_BYTES_MAX
 
 
 @dataclass(slots=True)
@@ -73,9 +88,10 @@ class _WriterLink(asyncio.Protocol):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.transport: asyncio.Transport | None = None
-        self.hello: asyncio.Future[int] = loop.create_future()
+        self.hello: asyncio.Future[Any] = loop.create_future()
         self.pending: dict[int, asyncio.Future[Any]] = {}
-        self.lost: StorageUnavailable | None = None
+        self.lost: str | None = None  # why the link is gone
+        self.paused = False  # the transport holds more than LINK_OUT_BYTES_MAX unsent
         self._reader = emulator_writer.FrameReader()
         self._out: list[bytes] = []
         self._ids = itertools.count(1)
@@ -83,12 +99,19 @@ class _WriterLink(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's Unix transport does not derive from asyncio.Transport; it has the same methods.
         self.transport = transport  # type: ignore[assignment]
+        self.transport.set_write_buffer_limits(high=LINK_OUT_BYTES_MAX)  # type: ignore[union-attr]
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
 
     def data_received(self, data: bytes) -> None:
         try:
             messages = self._reader.feed(data)
         except Exception as error:  # a writer that sends garbage is as good as gone
-            self._fail(StorageUnavailable(f"emulator writer sent a broken frame: {error}"))
+            self._fail(f"emulator writer sent a broken frame: {error!r}")
             return
         for call_id, ok, value in messages:
             if call_id == 0:
@@ -104,27 +127,33 @@ class _WriterLink(asyncio.Protocol):
                 future.set_exception(value)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(StorageUnavailable(f"emulator writer connection lost: {exc or 'closed'}"))
+        self._fail(f"emulator writer connection lost: {exc or 'closed'}")
 
-    def _fail(self, error: StorageUnavailable) -> None:
+    def _fail(self, reason: str) -> None:
         if self.lost is None:
-            self.lost = error
+            self.lost = reason
         if self.transport is not None:
             self.transport.abort()
+        # One exception per caller: one raised in several would collect all their tracebacks.
         for future in (self.hello, *self.pending.values()):
             if not future.done():
-                future.set_exception(error)
+                future.set_exception(StorageUnavailable(reason))
         self.pending.clear()
 
     def call(self, name: str, args: tuple[Any, ...], deadline_s: float) -> asyncio.Future[Any]:
+        """Send one write; its answer settles the future. Raises at once (nothing sent, nothing
+        registered) when the link is gone, the writer reads nothing, or the request is too large."""
         if self.lost is not None:
-            raise self.lost
+            raise StorageUnavailable(self.lost)
+        if self.paused:
+            raise StorageUnavailable(f"the emulator writer reads no requests ({LINK_OUT_BYTES_MAX} bytes unsent)")
         if len(self.pending) >= QUEUE_COUNT_MAX:
             raise StorageUnavailable(f"{QUEUE_COUNT_MAX} emulator writes waiting for the writer")
         call_id = next(self._ids)
+        frame = emulator_writer.encode_frame((call_id, deadline_s, name, args))  # ValidationError: too large
         future = self.loop.create_future()
         self.pending[call_id] = future
-        self._out.append(emulator_writer.encode_frame((call_id, deadline_s, name, args)))
+        self._out.append(frame)
         if len(self._out) == 1:
             self.loop.call_soon(self._flush)
         return future
@@ -135,12 +164,13 @@ class _WriterLink(asyncio.Protocol):
         self._out.clear()
 
     def close(self) -> None:
-        self._fail(StorageUnavailable("store is closed"))
+        self._fail("store is closed")
 
 
 class EmulatorStore(LogStore):
     """LogStore over a SQLite file. Open with `await EmulatorStore.open(path)`; one event loop
-    uses it (the one that opened it)."""
+    uses it (the one that opened it: its writes are asserted to come from that loop). The file
+    is not to be replaced under an open store: its reader keeps reading the file it opened."""
 
     backend_name = "emulator"
     # The writer already commits a whole batch in one transaction, but each call still pays its
@@ -161,40 +191,51 @@ class EmulatorStore(LogStore):
         )
         self._link: _WriterLink | None = None
         self._connecting: asyncio.Lock = asyncio.Lock()
+        # The writer this store started last, and when: kept across calls, so callers that give
+        # up one after another while no writer is up do not each start one.
+        self._spawned: subprocess.Popen[bytes] | None = None
+        self._spawned_at = -float("inf")
+        # Why the last search for a writer found none to use (for open's error).
+        self._no_writer_because = "nobody listens"
 
     @classmethod
     async def open(cls, path: str | Path, *, timeout_ms_call: int = TIMEOUT_MS_CALL_DEFAULT) -> EmulatorStore:
         store = cls(Path(path), timeout_ms_call, asyncio.get_running_loop())
-        deadline = time.monotonic() + timeout_ms_call / 1000
+        # Opening is a start, not a call: it has the start's budget, however short the calls'
+        # deadline (a thread start and SQLite's setup of a fresh file, then a writer's start).
+        start_s = emulator_writer.WRITER_START_MS_MAX / 1000
         store._reader.start()
         try:
-            ready = await asyncio.to_thread(store._reader_ready.wait, max(0.0, deadline - time.monotonic()))
+            ready = await asyncio.to_thread(store._reader_ready.wait, start_s)
             if not ready or store._reader_error is not None:
                 raise StorageUnavailable(f"cannot open SQLite file {path}: {store._reader_error or 'timed out'}")
             # The writer is found (or started) now, so a node's first write pays no process start.
-            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+            async with asyncio.timeout(start_s):
                 await store._writer_link()
         except BaseException as error:
             await store.close()
             if isinstance(error, TimeoutError):
-                raise StorageUnavailable(f"cannot open SQLite file {path}: no writer within {timeout_ms_call} ms "
-                                         f"(see {path}.writer.log)") from None
+                raise StorageUnavailable(
+                    f"cannot open SQLite file {path}: no writer within {emulator_writer.WRITER_START_MS_MAX} ms "
+                    f"({store._no_writer_because}; see {path}{emulator_writer.LOG_SUFFIX})"
+                ) from None
             raise
         return store
 
     @property
     def writer_pid(self) -> int | None:
-        """The process id of the writer this store is connected to (None before it said hello)."""
+        """The process id of the writer this store is connected to (None while it is not)."""
         link = self._link
-        if link is None or not link.hello.done() or link.hello.exception() is not None:
+        if link is None or link.lost is not None or not link.hello.done() or link.hello.exception() is not None:
             return None
-        return link.hello.result()
+        return int(link.hello.result()[1])
 
     # --- reads: the reader thread ---------------------------------------------------------------
 
     def _read_forever(self) -> None:
         try:
-            conn = emulator_sql.connect(self.path, self.timeout_ms_call)
+            conn = emulator_sql.connect(self.path, emulator_writer.WRITER_START_MS_MAX)
+            conn.execute(f"PRAGMA busy_timeout = {self.timeout_ms_call}")  # a read waits no longer than its caller
         except BaseException as error:
             self._reader_error = error
             self._reader_ready.set()
@@ -242,54 +283,87 @@ class EmulatorStore(LogStore):
         if self._closed:
             raise StorageUnavailable("store is closed")
         assert asyncio.get_running_loop() is self._loop, "an EmulatorStore serves the loop that opened it"
+        # The writer refuses the write past this deadline, fixed before any await (finding the
+        # writer may take a while): the template's own, so no write lands after its caller was
+        # told that it failed, but by one batch's COMMIT (emulator_sql.run_batch). The writer
+        # compares it with its time.monotonic(): the loop's clock must be that clock, or lag it.
+        deadline_s = call_deadline() - WRITE_DEADLINE_MARGIN_MS / 1000
+        assert self._loop.time() <= time.monotonic(), "the event loop's clock runs ahead of time.monotonic()"
         link = self._link
         if link is None or link.lost is not None:
             link = await self._writer_link()
-        # The writer refuses the write once this deadline has passed, so a write never lands after
-        # the template told its caller that it failed.
-        return await link.call(name, args, time.monotonic() + self._timeout_s)
+        return await link.call(name, args, deadline_s)
 
     async def _writer_link(self) -> _WriterLink:
-        """The link to a writer that said hello, connecting (and starting a writer) if needed.
-        Bounded by the caller's deadline (the template's, or open's)."""
+        """The link to a writer that said hello and serves this file, connecting (and starting a
+        writer) if needed. Bounded by the caller's deadline (the template's, or open's)."""
         async with self._connecting:
             if self._link is not None and self._link.lost is None:
                 return self._link
-            address = emulator_writer.socket_address(self.path)
-            spawned_at = -float("inf")
             poll_ms = CONNECT_POLL_MS_MIN
             for _attempt in range(CONNECT_ATTEMPT_COUNT_MAX):
                 if self._closed:
                     raise StorageUnavailable("store is closed")
-                link = await self._try_connect(address)
+                link, anyone_there = await self._try_connect()
                 if link is not None:
                     self._link = link
                     return link
-                if time.monotonic() - spawned_at > SPAWN_INTERVAL_MS / 1000:
-                    await asyncio.to_thread(_spawn_writer, self.path, self.timeout_ms_call)
-                    spawned_at = time.monotonic()
+                if not anyone_there:
+                    # A writer that answers but must not be used (another file, another version)
+                    # keeps the lock: one started now would only see it and leave.
+                    await self._spawn_writer()
                 await asyncio.sleep(poll_ms / 1000)
                 poll_ms = min(poll_ms * 2, CONNECT_POLL_MS_MAX)
             raise StorageUnavailable(f"no emulator writer for {self.path} after {CONNECT_ATTEMPT_COUNT_MAX} attempts")
 
-    async def _try_connect(self, address: bytes) -> _WriterLink | None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.setblocking(False)
+    async def _try_connect(self) -> tuple[_WriterLink | None, bool]:
+        """(a link to the file's writer once it said hello, whether a writer answered). No link
+        when nobody listens, or the writer was leaving, or serves another file or runs other code
+        (`emulator_writer.hello_problem`). Whatever it opened is closed unless it is returned,
+        also when the caller gives up (cancellation) half way."""
+        link: _WriterLink | None = None
+        kept = False
         try:
-            await self._loop.sock_connect(sock, address)
-            # Only this user's writer is trusted with the pickles it answers (abstract names
-            # have no file permissions).
-            if emulator_writer.peer_uid(sock) != os.getuid():
+            try:
+                # The loop makes and owns the socket, so it also closes it when the connect fails
+                # or is cancelled half way; once there is a link, closing the link closes it.
+                with emulator_writer.socket_address(self.path) as address:
+                    _transport, link = await self._loop.create_unix_connection(lambda: _WriterLink(self._loop), address)
+            except OSError as error:
+                self._no_writer_because = f"nobody listens ({error.strerror or error})"
+                return None, False  # the caller starts a writer
+            # Only this user's writer is trusted with the pickles it answers.
+            peer = link.transport.get_extra_info("socket")  # type: ignore[union-attr]
+            if emulator_writer.peer_uid(peer) != os.getuid():
                 raise StorageUnavailable(f"the emulator writer socket of {self.path} belongs to another user")
-            _transport, link = await self._loop.create_unix_connection(lambda: _WriterLink(self._loop), sock=sock)
-        except OSError:
-            sock.close()
-            return None  # nobody listens: the caller starts a writer
-        try:
-            await link.hello
-        except StorageUnavailable:
-            return None  # that writer was leaving (idle) as this one connected
-        return link
+            try:
+                hello = await link.hello
+            except StorageUnavailable:
+                self._no_writer_because = "the writer was leaving"
+                return None, False  # it was leaving (idle, or its file replaced) as this one connected
+            problem = emulator_writer.hello_problem(hello, self.path)
+            if problem is not None:
+                self._no_writer_because = problem
+                return None, True
+            if self._closed:  # closed while this connected: close() did not see this link
+                raise StorageUnavailable("store is closed")
+            kept = True
+            return link, True
+        finally:
+            if link is not None and not kept:
+                link.close()
+
+    async def _spawn_writer(self) -> None:
+        """Start a writer for the file, unless this store started one that may still come up."""
+        now = time.monotonic()
+        spawned = self._spawned
+        starting = spawned is not None and spawned.returncode is None
+        if starting and now - self._spawned_at < emulator_writer.WRITER_START_MS_MAX / 1000:
+            return
+        if now - self._spawned_at < SPAWN_INTERVAL_MS / 1000:
+            return
+        self._spawned_at = now
+        self._spawned = await asyncio.to_thread(_start_writer, self.path)
 
     # --- the contract's calls -------------------------------------------------------------------
 
@@ -341,23 +415,27 @@ class EmulatorStore(LogStore):
             await asyncio.to_thread(self._reader.join, self.timeout_ms_call / 1000)
 
 
-def _spawn_writer(path: Path, timeout_ms_call: int) -> None:
-    """Start a writer for `path` and wait for its first process, which forks the writer and exits
-    at once (so no zombie stays in this process when the writer leaves)."""
-    command = emulator_writer.spawn_command(path, timeout_ms_call)
-    package_root = str(Path(emulator_writer.__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
-    with open(f"{path}.writer.log", "ab") as log_file:
+def _start_writer(path: Path) -> subprocess.Popen[bytes]:
+    """Start a writer for `path` as this process's child, and a thread that reaps it when it exits
+    (so no zombie stays, also where this process is PID 1 of a container and so would inherit
+    and never reap a detached one)."""
+    # Its code is this process's: PYTHONPATH names this package's directory first, and `-P`
+    # (spawn_command) keeps the working directory off the module path; that directory is the
+    # root, so the writer holds no node's directory busy either.
+    env = emulator_writer.spawn_environment()
+    log_path = Path(f"{path}{emulator_writer.LOG_SUFFIX}")
+    with contextlib.suppress(OSError):
+        if log_path.stat().st_size > emulator_writer.WRITER_LOG_BYTES_MAX:
+            log_path.write_bytes(b"")
+    with open(log_path, "ab") as log_file:
         # Its own session: a signal to this node's process group does not reach the writer that
         # the other nodes share.
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True, env=env,
+            emulator_writer.spawn_command(path), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+            start_new_session=True, env=env, cwd="/",
         )
-    try:
-        process.wait(timeout_ms_call / 1000)
-    except subprocess.TimeoutExpired:
-        process.kill()  # a first process that never forked serves nobody
-        process.wait()
+    threading.Thread(target=process.wait, daemon=True, name=f"cornus-writer-reaper-{process.pid}").start()
+    return process
 
 
 def _settle_all(reads: list[_Read], results: list[tuple[bool, Any]]) -> None:
