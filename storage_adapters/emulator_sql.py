@@ -128,6 +128,12 @@ def _set_up(conn: sqlite3.Connection, timeout_ms: int) -> None:
         raise
 
 
+# SQLite errors that a call's own arguments cause (a value SQLite cannot bind, a constraint): the
+# statement did not run, so the call alone fails. Any other (locked, I/O, full disk) leaves the
+# transaction in doubt, and the batch with it.
+_CALLS_OWN_SQLITE_ERRORS = (sqlite3.InterfaceError, sqlite3.ProgrammingError, sqlite3.DataError, sqlite3.IntegrityError)
+
+
 def run_batch(
     conn: sqlite3.Connection,
     calls: Sequence[Callable[[sqlite3.Connection], Any]],
@@ -148,9 +154,10 @@ def run_batch(
     cornus/protocol/config.py `gc_grace_ms_min` allows a late storage call (1000 ms by default).
 
     A call that raises StorageError (refused) or AssertionError (a bug: it crashes its caller
-    loudly) answers with it; any other exception is a bug too, answered as a StorageError that
-    names it, since its caller may live in another process that cannot rebuild it. A SQLite error
-    leaves the transaction in doubt: every call of the batch is then StorageUnavailable."""
+    loudly) answers with it; any other exception is a bug too (a bad argument, one SQLite could
+    not bind among them), answered as a StorageError that names it, since its caller may live in
+    another process that cannot rebuild it. Any other SQLite error leaves the transaction in
+    doubt: every call of the batch is then StorageUnavailable."""
     assert deadlines is None or len(deadlines) == len(calls)
     turn_left_s = TURN_TIME_LEFT_MS_MIN / 1000
     results: list[tuple[bool, Any]] = []
@@ -164,9 +171,9 @@ def run_batch(
             try:
                 results.append((True, call(conn)))
                 conn.execute("RELEASE call")
-            except sqlite3.Error:
-                raise  # the transaction is in doubt: the whole batch fails below
             except Exception as error:
+                if isinstance(error, sqlite3.Error) and not isinstance(error, _CALLS_OWN_SQLITE_ERRORS):
+                    raise  # the transaction is in doubt: the whole batch fails below
                 # A refused call writes nothing and is its caller's error alone.
                 conn.execute("ROLLBACK TO call")
                 conn.execute("RELEASE call")

@@ -70,10 +70,14 @@ async def test_a_bad_request_gets_an_error_and_the_writer_serves_the_others_on(s
             emulator_writer.encode_frame((2, deadline, "log_once", ("too", "few"))),
             emulator_writer.encode_frame((3, "soon", "log_once", ())),
             emulator_writer.encode_frame((4, deadline, "log", ["not", "a", "tuple"])),
+            # A value SQLite cannot bind, in one batch with a good write of the same client.
+            emulator_writer.encode_frame((5, deadline, "log_once", (LOG, {"a": 1}, TxnState.VOTE_YES, BODY, None))),
+            emulator_writer.encode_frame((6, deadline, "log_once", (LOG, "t-raw", TxnState.VOTE_YES, BODY, None))),
         ]))
-        answers = {call_id: (ok, value) for call_id, ok, value in _receive(raw, reader, 4)}
-        assert set(answers) == {1, 2, 3, 4}
-        assert all(not ok for ok, _ in answers.values()), answers
+        answers = {call_id: (ok, value) for call_id, ok, value in _receive(raw, reader, 6)}
+        assert set(answers) == {1, 2, 3, 4, 5, 6}
+        assert [ok for _, (ok, _) in sorted(answers.items())] == [False] * 5 + [True], answers
+        assert type(answers[5][1]) is StorageError and "ProgrammingError" in str(answers[5][1]), answers
         assert isinstance(answers[1][1], ValidationError), answers
         assert isinstance(answers[2][1], StorageError), answers  # the write itself raised TypeError
         assert isinstance(answers[3][1], ValidationError), answers
