@@ -72,5 +72,9 @@ EXPOSE 7100 8100 9100
 # node that waits for its storage (services/serve.py STORAGE_OPEN_TIMEOUT_S, 60 s).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=90s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; port = os.environ['CORNUS_API_LISTEN'].rsplit(':', 1)[1]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)"]
+# No init before the node: the node is PID 1, so it would inherit any orphaned process and have to
+# reap it. It starts one kind of process, the emulator backend's writer
+# (storage_adapters/emulator_writer.py), as its own child, and reaps it itself when it exits; that
+# writer runs in this container's cgroup and ends with it. `cornus serve` starts no other process.
 ENTRYPOINT ["cornus"]
 CMD ["serve"]

@@ -37,6 +37,11 @@ class DecisionFlipRefused(InvariantViolation):
         self.stored = stored
         self.wanted = wanted
 
+    def __reduce__(self) -> tuple[type, tuple[LogId, str, TxnState, TxnState]]:
+        # Pickled by the emulator's writer process (its answers cross a socket): rebuilt from the
+        # fields, since the default would call __init__ with the message alone.
+        return type(self), (self.log, self.txn, self.stored, self.wanted)
+
 
 class Fenced(StorageError):
     """A partition owner's write carried a fence (its node id and epoch) that the partition's
@@ -51,3 +56,6 @@ class Fenced(StorageError):
         )
         self.fence = fence
         self.stored = stored
+
+    def __reduce__(self) -> tuple[type, tuple[Fence, Ownership | None]]:
+        return type(self), (self.fence, self.stored)  # as DecisionFlipRefused.__reduce__

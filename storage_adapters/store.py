@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -47,6 +48,21 @@ DELETE_BATCH_COUNT_MAX = 128
 T = TypeVar("T")
 
 
+# The deadline of the call that the running task is inside, in its event loop's clock
+# (`loop.time()`): the moment the template's timer tells the caller that the call failed. Set by
+# `_bounded` around a backend's protected method, so a backend whose I/O may still land after its
+# caller stopped waiting (the emulator's writer process) can bound that I/O by the very deadline
+# the caller is held to, fixed when the call started, before any await.
+_call_deadline: contextvars.ContextVar[float] = contextvars.ContextVar("cornus_storage_call_deadline")
+
+
+def call_deadline() -> float:
+    """The `loop.time()` at which the caller of the running storage call is told that it failed.
+    Only inside a backend's protected method under the template's own timer (not one of
+    `_calls_bounded_by_io`)."""
+    return _call_deadline.get()
+
+
 class DeleteRequest(NamedTuple):
     """One caller's `delete`, validated, as a backend's `_delete_many` gets it in a batch."""
 
@@ -60,6 +76,14 @@ def _expire(future: asyncio.Future[Any]) -> None:
         future.set_exception(TimeoutError())
 
 
+class _WaitingDelete(NamedTuple):
+    """A caller's delete waiting for the end of its tick, with its own deadline (loop clock)."""
+
+    request: DeleteRequest
+    future: asyncio.Future[bool]
+    deadline: float
+
+
 class LogStore(abc.ABC):
     """The storage contract. Every method has a deadline (the store's `timeout_ms_call`) and raises
     StorageUnavailable when the backend does not answer within it; ValidationError (before any
@@ -71,12 +95,18 @@ class LogStore(abc.ABC):
     `_storage_error`, its error mapping. Deletes issued in one event-loop tick are joined here
     into `_delete_many` batches where the backend says it can carry several in one request
     (`coalesces_deletes`). A store that wraps another (`DelegatingStore`) forwards whole calls
-    instead, so the inner store's template does all of that, once."""
+    instead, so the inner store's template does all of that, once.
+
+    A call's deadline is fixed when it starts, before its first await, and `call_deadline()`
+    tells it to the backend's protected method: a backend whose I/O could land after its caller
+    gave up (a request queued in another process) sends it along, so storage refuses the request
+    past the very moment its caller is told that it failed."""
 
     backend_name: str = "abstract"
     # Calls (by method name) that the backend's I/O layer already bounds by timeout_ms_call with
     # a timer of its own, raising TimeoutError: the base adds no second timer to those. Redis's
     # pipelined scripts are: a bare timer per call there, where asyncio.timeout costs ~3 us.
+    # Their protected methods get no `call_deadline()`.
     _calls_bounded_by_io: frozenset[str] = frozenset()
     # Whether `_delete_many` carries several records in fewer requests than one each: then the
     # deletes of a tick are batched, else each goes to `_delete` alone, as cheaply as any call.
@@ -86,27 +116,37 @@ class LogStore(abc.ABC):
         assert timeout_ms_call > 0, timeout_ms_call
         self.timeout_ms_call = timeout_ms_call
         self._timeout_s = timeout_ms_call / 1000
-        # Deletes waiting for the end of their tick, per event loop: a store may serve several
-        # loops (the emulator settles each call on its caller's loop), and a batch is one loop's.
-        self._deletes_waiting: dict[asyncio.AbstractEventLoop, list[tuple[DeleteRequest, asyncio.Future[bool]]]] = {}
+        # Deletes waiting for the end of their tick, per event loop: a batch is one loop's. (The
+        # template serves any loop; a backend may allow only one, as the emulator does.)
+        self._deletes_waiting: dict[asyncio.AbstractEventLoop, list[_WaitingDelete]] = {}
         # Batches in flight: the event loop keeps only weak references to tasks.
         self._delete_batches: set[asyncio.Task[None]] = set()
 
     # --- the template ------------------------------------------------------------------------
 
-    async def _bounded(self, call: Awaitable[T], what: str) -> T:
-        """`call`'s result within the call deadline; TimeoutError (ours or the I/O layer's) as
-        StorageUnavailable, the backend's own errors as `_storage_error` maps them."""
+    async def _bounded(self, call: Awaitable[T], what: str, deadline: float | None = None) -> T:
+        """`call`'s result within the call deadline (`deadline` in the loop's clock, or
+        timeout_ms_call from now); TimeoutError (ours or the I/O layer's) as StorageUnavailable,
+        the backend's own errors as `_storage_error` maps them. The deadline is fixed here, before
+        `call` first runs, and `call_deadline()` tells it to the backend."""
         try:
             if what in self._calls_bounded_by_io:
                 return await call
-            if asyncio.current_task() is None:
-                # Called by code run eagerly, outside any task (cornus.runtime.eager: a peer's
-                # request served in the step that read it). asyncio.timeout needs a task to
-                # cancel, and so do the client libraries' own timeouts: wait_for makes one.
-                return await asyncio.wait_for(call, self._timeout_s)
-            async with asyncio.timeout(self._timeout_s):
-                return await call
+            loop = asyncio.get_running_loop()
+            if deadline is None:
+                deadline = loop.time() + self._timeout_s
+            token = _call_deadline.set(deadline)
+            try:
+                if asyncio.current_task() is None:
+                    # Called by code run eagerly, outside any task (cornus.runtime.eager: a peer's
+                    # request served in the step that read it). asyncio.timeout needs a task to
+                    # cancel, and so do the client libraries' own timeouts: wait_for makes one
+                    # (which inherits the deadline's context).
+                    return await asyncio.wait_for(call, max(0.0, deadline - loop.time()))
+                async with asyncio.timeout_at(deadline):
+                    return await call
+            finally:
+                _call_deadline.reset(token)
         except TimeoutError as error:
             raise StorageUnavailable(
                 f"{self.backend_name} {what} did not answer within {self.timeout_ms_call} ms",
@@ -223,10 +263,12 @@ class LogStore(abc.ABC):
         if waiting is None:
             waiting = self._deletes_waiting[loop] = []
             loop.call_soon(self._flush_deletes, loop)
-        waiting.append((DeleteRequest(log, txn, fence), future))
-        # A bare timer per caller (the batch's request has its own bound as well): a caller's
-        # deadline counts from its own call, and costs a heap entry rather than a timeout context.
-        expiry = loop.call_at(loop.time() + self._timeout_s, _expire, future)
+        deadline = loop.time() + self._timeout_s
+        waiting.append(_WaitingDelete(DeleteRequest(log, txn, fence), future, deadline))
+        # A bare timer per caller (the batch's request is bounded by the earliest of its callers'
+        # deadlines): a caller's deadline counts from its own call, and costs a heap entry rather
+        # than a timeout context.
+        expiry = loop.call_at(deadline, _expire, future)
         try:
             return await future
         except TimeoutError as error:
@@ -239,31 +281,34 @@ class LogStore(abc.ABC):
     def _flush_deletes(self, loop: asyncio.AbstractEventLoop) -> None:
         waiting = self._deletes_waiting.pop(loop)
         # A caller that gave up (cancelled) before its batch left is not sent at all.
-        live = [(request, future) for request, future in waiting if not future.done()]
+        live = [entry for entry in waiting if not entry.future.done()]
         for start in range(0, len(live), DELETE_BATCH_COUNT_MAX):
             task = loop.create_task(self._delete_batch(live[start : start + DELETE_BATCH_COUNT_MAX]))
             self._delete_batches.add(task)
             task.add_done_callback(self._delete_batches.discard)
 
-    async def _delete_batch(self, batch: list[tuple[DeleteRequest, asyncio.Future[bool]]]) -> None:
+    async def _delete_batch(self, batch: list[_WaitingDelete]) -> None:
         assert 0 < len(batch) <= DELETE_BATCH_COUNT_MAX
+        # The earliest caller's deadline bounds the request: no delete of it may land after its
+        # caller was told that it failed.
+        deadline = min(entry.deadline for entry in batch)
         try:
-            outcomes = await self._bounded(self._delete_many([request for request, _ in batch]), "delete")
+            outcomes = await self._bounded(self._delete_many([entry.request for entry in batch]), "delete", deadline)
         except Exception as error:
             # The whole request failed (unavailable, or of unknown effect): so did every delete in it.
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(error)
+            for entry in batch:
+                if not entry.future.done():
+                    entry.future.set_exception(error)
             return
         except asyncio.CancelledError:
             # The loop is shutting down: the callers were not cancelled, so they hear of it as an
             # answer that never came, rather than as a cancellation of their own.
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(StorageUnavailable(f"{self.backend_name} delete: batch cancelled"))
+            for entry in batch:
+                if not entry.future.done():
+                    entry.future.set_exception(StorageUnavailable(f"{self.backend_name} delete: batch cancelled"))
             raise
         assert len(outcomes) == len(batch), f"{len(batch)} deletes answered {len(outcomes)} times"
-        for (_, future), outcome in zip(batch, outcomes, strict=True):
+        for (_, future, _), outcome in zip(batch, outcomes, strict=True):
             if future.done():  # its caller's deadline passed first
                 continue
             if isinstance(outcome, bool):

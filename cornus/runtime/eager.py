@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import contextvars
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -65,9 +66,11 @@ class _Continuation(collections.abc.Coroutine):  # type: ignore[type-arg]
 
 def start(loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
     """Run `coroutine` now until it first waits. If it finished, a done future with its result
-    (or exception); else the task that runs the rest."""
+    (or exception); else the task that runs the rest. It runs in a copy of the caller's context,
+    as a task would: a context variable it sets (and resets, maybe in its task) stays its own."""
+    context = contextvars.copy_context()
     try:
-        yielded = coroutine.send(None)
+        yielded = context.run(coroutine.send, None)
     except StopIteration as stop:
         future: asyncio.Future[T] = loop.create_future()
         future.set_result(stop.value)
@@ -80,4 +83,4 @@ def start(loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, T]) ->
         future = loop.create_future()
         future.set_exception(error)
         return future
-    return loop.create_task(_Continuation(coroutine, yielded))  # type: ignore[arg-type]
+    return loop.create_task(_Continuation(coroutine, yielded), context=context)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ import asyncio
 import collections
 import os
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -77,6 +77,9 @@ class RunResult:
     load_s: float = 0.0
     # Per committed transaction of the measured window (the load phase excluded):
     node_cpu_ms: float | None = None  # the node processes' own CPU time (None: not on Linux)
+    # The storage's own process on this machine: the emulator's writer, which runs every node's
+    # writes (None: another backend, not on Linux, or the writer changed during the window).
+    storage_cpu_ms: float | None = None
     client_cpu_ms: float = 0.0  # the driver (this process)
     storage_calls: dict[str, float] = field(default_factory=dict)  # by LogStore call
     peer_messages: float = 0.0
@@ -96,6 +99,32 @@ def process_cpu_s(pid: int) -> float | None:
     # The command name (field 2) may hold spaces; the fields after its closing parenthesis do not.
     fields = stat[stat.rindex(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS_PER_S
+
+
+# How an emulator writer process shows in its command line (storage_adapters/emulator_writer.py).
+_EMULATOR_WRITER_MODULE = b"storage_adapters.emulator_writer"
+
+
+def emulator_writer_pids(parents: Collection[int]) -> list[int]:
+    """The emulator writer processes that `parents` (the nodes) started, from /proc: found by
+    their command line and parent, since the nodes' own CPU figure no longer holds their writes."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            arguments = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # Past the command name's closing parenthesis: state, then the parent's pid.
+        if _EMULATOR_WRITER_MODULE in arguments and int(stat[stat.rindex(")") + 2:].split()[1]) in parents:
+            found.append(int(entry))
+    return sorted(found)
 
 
 def scrape_counts(http: httpx.Client, nodes: Sequence[ClusterNode]) -> collections.Counter[str]:
@@ -166,10 +195,13 @@ def measure(nodes: Sequence[ClusterNode], protocol: Protocol, settings: RunSetti
     with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
         home = owners(http, nodes) if settings.route_to_owner else None
         counts_before = scrape_counts(http, nodes)
-        node_cpu_before = [process_cpu_s(node.process.pid) for node in nodes if node.process is not None]
+        node_pids = [node.process.pid for node in nodes if node.process is not None]
+        node_cpu_before = [process_cpu_s(pid) for pid in node_pids]
+        storage_cpu_before = {pid: process_cpu_s(pid) for pid in emulator_writer_pids(node_pids)}
         driver = run_async(run_clients(addresses, workload, seconds=settings.seconds, clients=settings.clients,
                                        home=home, warmup_s=result.warmup_s))
-        node_cpu_after = [process_cpu_s(node.process.pid) for node in nodes if node.process is not None]
+        node_cpu_after = [process_cpu_s(pid) for pid in node_pids]
+        storage_cpu_after = {pid: process_cpu_s(pid) for pid in emulator_writer_pids(node_pids)}
         counts = scrape_counts(http, nodes)
     result.driver = driver
     result.recovered_at_start = counts_before["node:recovered"]
@@ -179,6 +211,12 @@ def measure(nodes: Sequence[ClusterNode], protocol: Protocol, settings: RunSetti
     pairs = list(zip(node_cpu_before, node_cpu_after, strict=True))
     if all(before is not None and after is not None for before, after in pairs):
         result.node_cpu_ms = 1000 * sum(after - before for before, after in pairs) / committed  # type: ignore[operator]
+    # The same writers at both ends, or the figure would miss one's work: then it is left blank.
+    if storage_cpu_before and storage_cpu_before.keys() == storage_cpu_after.keys() and all(
+        cpu is not None for cpu in (*storage_cpu_before.values(), *storage_cpu_after.values())
+    ):
+        spent = sum(storage_cpu_after[pid] - storage_cpu_before[pid] for pid in storage_cpu_before)  # type: ignore[operator]
+        result.storage_cpu_ms = 1000 * spent / committed
     result.storage_calls = {name.removeprefix("storage:"): count / committed
                             for name, count in sorted(counts.items()) if name.startswith("storage:") and count}
     result.storage_mean_ms = {call: counts["storage_ms:" + call] / count for call, count in

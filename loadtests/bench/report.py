@@ -25,7 +25,8 @@ CSV_FIELDS = (
     "dist_p50_ms", "dist_p99_ms", "all_avg_ms", "all_p99_ms", "execution_ms", "prepare_ms", "commit_ms",
     "node_total_ms", "node_total_p50_ms", "prepare_p50_ms", "rw_dist_commits", "rw_dist_avg_ms", "rw_commit_path_ms",
     "w_log_once_ms", "w_log_ms",
-    "node_cpu_ms", "driver_cpu_ms", "driver_cpu_pct", "storage_calls", "peer_messages", "cache_hit_pct",
+    "node_cpu_ms", "storage_cpu_ms", "driver_cpu_ms", "driver_cpu_pct", "storage_calls", "peer_messages",
+    "cache_hit_pct",
     "kinds", "violations", "errors", "trials", "trial_dist_avg_ms", "trial_commits_per_s",
 )
 
@@ -84,6 +85,7 @@ def summarize(result: RunResult, param: str = "", value: str = "") -> dict[str, 
         "w_log_once_ms": round(result.storage_mean_ms.get("log_once", 0.0), 3),
         "w_log_ms": round(result.storage_mean_ms.get("log", 0.0), 3),
         "node_cpu_ms": "" if result.node_cpu_ms is None else round(result.node_cpu_ms, 3),
+        "storage_cpu_ms": "" if result.storage_cpu_ms is None else round(result.storage_cpu_ms, 3),
         "driver_cpu_ms": round(result.client_cpu_ms, 3),
         "driver_cpu_pct": round(100 * driver.cpu_s / driver.wall_s, 1) if driver.wall_s else 0,
         "storage_calls": round(sum(result.storage_calls.values()), 2),
@@ -133,21 +135,24 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
     swept = any(row["param"] for row in rows)
     point_head = f"{'point':<18} " if swept else ""
     lines = [f"{point_head}{'protocol':<16} {'commits/s':>9} {'abort%':>6} {'dist avg':>8} {'dist p99':>8} | "
-             f"{'execution':>9} {'prepare':>7} {'commit':>7} | {'W ms':>6} {'node CPU':>8} {'driver CPU':>10} "
+             f"{'execution':>9} {'prepare':>7} {'commit':>7} | {'W ms':>6} {'node CPU':>8} {'storage CPU':>11} "
+             f"{'driver CPU':>10} "
              f"{'storage':>7} {'peer msg':>8} {'cache':>6}"]
     for row in rows:
         point = f"{row['param']}={row['value']:<{17 - len(row['param'])}} " if swept else ""
         cache = f"{row['cache_hit_pct']}%" if row["cache_hit_pct"] != "" else "n/a"
         node_cpu = f"{row['node_cpu_ms']:.2f}" if row["node_cpu_ms"] != "" else "n/a"
+        storage_cpu = f"{row['storage_cpu_ms']:.2f}" if row.get("storage_cpu_ms", "") != "" else "n/a"
         lines.append(
             f"{point}{row['protocol']:<16} {row['commits_per_s']:>9.0f} {100 * row['abort_rate']:>6.1f} "
             f"{row['dist_avg_ms']:>8.2f} {row['dist_p99_ms']:>8.2f} | {row['execution_ms']:>9.2f} "
             f"{row['prepare_ms']:>7.2f} {row['commit_ms']:>7.2f} | {vote_write_ms(row):>6.2f} {node_cpu:>8} "
-            f"{row['driver_cpu_ms']:>10.2f} {row['storage_calls']:>7.2f} {row['peer_messages']:>8.2f} {cache:>6}")
+            f"{storage_cpu:>11} {row['driver_cpu_ms']:>10.2f} {row['storage_calls']:>7.2f} "
+            f"{row['peer_messages']:>8.2f} {cache:>6}")
     lines.append("latencies in ms, of committed distributed transactions (client side, retries included); phases: "
                  "the coordinator's own timing; W: mean vote write at the nodes (log_once, or log for 2PC and "
-                 "coordinator-log); CPU ms, storage calls and peer messages per committed transaction; driver CPU is "
-                 "this process's")
+                 "coordinator-log); CPU ms, storage calls and peer messages per committed transaction; storage CPU "
+                 "is the emulator's writer process (n/a on other backends); driver CPU is this process's")
     return "\n".join(lines)
 
 

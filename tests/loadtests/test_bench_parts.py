@@ -1,10 +1,12 @@
 """Parts of the benchmark tools without a cluster: the driver's memory bound, the progress bar's
-threads, and the transport micro-benchmark's start-up bound."""
+threads, the transport micro-benchmark's start-up bound, and where the emulator's writer CPU is
+found and shown."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import os
 import subprocess
 import sys
 import threading
@@ -13,11 +15,12 @@ import time
 import pytest
 
 from loadtests.bench import driver, transport
-from loadtests.bench.cluster import RunResult, RunSettings
-from loadtests.bench.report import summarize
+from loadtests.bench.cluster import RunResult, RunSettings, emulator_writer_pids
+from loadtests.bench.report import format_rows, summarize
 from loadtests.bench.sweep import Progress
 from loadtests.workloads import make_workload
 from loadtests.workloads.base import Reply
+from storage_adapters.emulator import EmulatorStore
 
 
 async def test_the_driver_keeps_a_bounded_sample_of_transactions_and_exact_counts(monkeypatch):
@@ -72,3 +75,19 @@ def test_the_transport_bench_gives_up_on_a_child_that_never_says_ready(monkeypat
     with pytest.raises(RuntimeError, match=r"did not say READY within 0\.5 s"):
         transport.main()
     assert time.monotonic() - started < 5
+
+
+async def test_the_emulator_writer_a_node_started_is_found_and_its_cpu_shown_apart(tmp_path):
+    """`cornus bench` charges the emulator's writer process (a child of the node that started it)
+    to a storage CPU column of its own, blank on other backends."""
+    store = await EmulatorStore.open(tmp_path / "cornus.db")
+    try:
+        assert emulator_writer_pids([os.getpid()]) == [store.writer_pid]
+        assert emulator_writer_pids([os.getppid()]) == []
+    finally:
+        await store.close()
+    result = RunResult("cornus", RunSettings(), "emulator", driver.DriverResult(), storage_cpu_ms=0.42)
+    row = summarize(result)
+    assert row["storage_cpu_ms"] == 0.42
+    assert "storage CPU" in format_rows([row]) and " 0.42 " in format_rows([row]).splitlines()[1]
+    assert summarize(RunResult("cornus", RunSettings(), "redis", driver.DriverResult()))["storage_cpu_ms"] == ""

@@ -1,24 +1,26 @@
-"""The emulator's group commit (storage_adapters/emulator.py): calls queued together run in one
-SQLite transaction, and each still gets the answer it would get alone: a refused call in a batch
-writes nothing, and the others land."""
+"""The emulator's group commit (storage_adapters/emulator_sql.py `run_batch`): calls run together
+in one SQLite transaction, and each still gets the answer it would get alone: a refused call in a
+batch writes nothing, and the others land; a call past its deadline at its turn is refused, and a
+batch that would commit past a deadline of one of its writes writes nothing at all; a call that
+raises what no call should still gets an answer."""
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import os
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from storage_adapters import emulator_sql
 from storage_adapters.contract import Fence, LogId, RecordBody, TxnState
 from storage_adapters.emulator import EmulatorStore
-from storage_adapters.errors import Fenced
+from storage_adapters.errors import Fenced, StorageError, StorageUnavailable
 
 TIMEOUT_MS_CALL = 5_000
-QUEUE_WAIT_S = 5.0
+# A call that takes this long makes its batch overrun a deadline set at half of it.
+OVERRUN_S = 0.2
 LOG = LogId.partition("p0")
 BODY = RecordBody(("p0",), "n0", b"")
 
@@ -30,45 +32,100 @@ async def store(tmp_path: Path) -> AsyncIterator[EmulatorStore]:
     await opened.close()
 
 
-async def _in_one_batch(store: EmulatorStore, *calls: Callable[[], Any]) -> list[Any]:
-    """Run `calls` as one batch of the writer: while another process holds the writer lock, a
-    first write takes the worker (it waits for the lock with it), and `calls` queue behind it;
-    once the lock is free the worker runs them together."""
-    holder = os.open(f"{store.path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o644)
+def test_a_refused_call_in_one_transaction_writes_nothing_and_the_others_land(tmp_path: Path) -> None:
+    conn = emulator_sql.connect(tmp_path / "cornus.db", TIMEOUT_MS_CALL)
     try:
-        fcntl.flock(holder, fcntl.LOCK_EX)
-        first = asyncio.ensure_future(store.log_once(LOG, "t0.cornus", TxnState.VOTE_YES, BODY))
-        lane = store._lanes[True]
-        async with asyncio.timeout(QUEUE_WAIT_S):
-            while not first_taken(lane):  # noqa: ASYNC110 - a queue, no event
-                await asyncio.sleep(0.005)
-        batch = [asyncio.ensure_future(call()) for call in calls]
-        async with asyncio.timeout(QUEUE_WAIT_S):
-            while lane.queue.qsize() < len(calls):  # noqa: ASYNC110 - a queue, no event
-                await asyncio.sleep(0.005)
-        fcntl.flock(holder, fcntl.LOCK_UN)
-        assert (await first).created
-        return await asyncio.gather(*batch, return_exceptions=True)
+        fence = Fence("p0", "n0", 1)  # no ownership record exists, so storage refuses it
+        writes = {"k1": b"v1"}
+
+        def apply_then_refuse(c: object) -> bool:
+            # A call that writes, then is refused: its savepoint must undo the write too.
+            emulator_sql.log(c, LOG, "t2.cornus", TxnState.VOTE_YES, BODY, None)  # type: ignore[arg-type]
+            return emulator_sql.apply_redo(c, "p0", "t2.cornus", writes, fence)  # type: ignore[arg-type]
+
+        results = emulator_sql.run_batch(conn, [
+            lambda c: emulator_sql.log_once(c, LOG, "t1.cornus", TxnState.VOTE_YES, BODY, None),
+            apply_then_refuse,
+            lambda c: emulator_sql.log_once(c, LOG, "t3.cornus", TxnState.VOTE_YES, BODY, None),
+        ], writes=True)
+        assert [ok for ok, _ in results] == [True, False, True], results
+        assert isinstance(results[1][1], Fenced), results
+        assert emulator_sql.read(conn, LOG, "t2.cornus") is None
+        assert emulator_sql.read_data(conn, "p0", ("k1",)) == {"k1": None}
+        assert emulator_sql.read(conn, LOG, "t1.cornus") is not None
+        assert emulator_sql.read(conn, LOG, "t3.cornus") is not None
     finally:
-        os.close(holder)
+        conn.close()
 
 
-def first_taken(lane: Any) -> bool:
-    """The worker took the first call: something was queued and the queue is empty again (the
-    worker never calls task_done, so unfinished_tasks counts every call queued)."""
-    return lane.queue.unfinished_tasks > 0 and lane.queue.qsize() == 0
-
-
-async def test_a_refused_call_in_a_batch_writes_nothing_and_the_others_land(store: EmulatorStore) -> None:
-    fence = Fence("p0", "n0", 1)  # no ownership record exists, so storage refuses it
-    outcomes = await _in_one_batch(
-        store,
-        lambda: store.log_once(LOG, "t1.cornus", TxnState.VOTE_YES, BODY),
-        lambda: store.log_once(LOG, "t2.cornus", TxnState.VOTE_YES, BODY, fence),
-        lambda: store.log_once(LOG, "t3.cornus", TxnState.VOTE_YES, BODY),
+async def test_calls_sent_together_each_get_their_own_answer(store: EmulatorStore) -> None:
+    fence = Fence("p0", "n0", 1)
+    # Issued in one loop iteration, they leave in one socket write and reach the writer together.
+    outcomes = await asyncio.gather(
+        store.log_once(LOG, "t1.cornus", TxnState.VOTE_YES, BODY),
+        store.log_once(LOG, "t2.cornus", TxnState.VOTE_YES, BODY, fence),
+        store.log_once(LOG, "t1.cornus", TxnState.ABORT, BODY),
+        store.log_once(LOG, "t3.cornus", TxnState.VOTE_YES, BODY),
+        return_exceptions=True,
     )
-    assert outcomes[0].created and outcomes[2].created, outcomes
+    assert outcomes[0].created and outcomes[3].created, outcomes  # type: ignore[union-attr]
     assert isinstance(outcomes[1], Fenced), outcomes
+    # The second LogOnce of t1 found the first one's vote: exactly once.
+    assert not outcomes[2].created and outcomes[2].state is TxnState.VOTE_YES, outcomes  # type: ignore[union-attr]
     assert await store.read(LOG, "t2.cornus") is None
-    assert (await store.read(LOG, "t1.cornus")) is not None and (await store.read(LOG, "t3.cornus")) is not None
 
+
+def test_a_call_past_its_deadline_at_its_turn_is_refused_and_a_batch_that_overran_a_deadline_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    conn = emulator_sql.connect(tmp_path / "cornus.db", TIMEOUT_MS_CALL)
+    try:
+        now = time.monotonic()
+
+        def log_once(txn: str) -> Callable[[object], object]:
+            return lambda c: emulator_sql.log_once(c, LOG, txn, TxnState.VOTE_YES, BODY, None)  # type: ignore[arg-type]
+
+        # Its deadline passed before its turn: refused, and the others land.
+        results = emulator_sql.run_batch(
+            conn, [log_once("t1.cornus"), log_once("t2.cornus")], writes=True, deadlines=[now + 60, now - 1],
+        )
+        assert [ok for ok, _ in results] == [True, False], results
+        assert isinstance(results[1][1], StorageUnavailable)
+        assert emulator_sql.read(conn, LOG, "t2.cornus") is None
+
+        def slow(c: object) -> object:
+            time.sleep(OVERRUN_S)  # the batch runs past the first call's deadline
+            return log_once("t4.cornus")(c)
+
+        # The first call was on time at its turn, but the batch would commit after its deadline:
+        # nothing of the batch is written, and every call hears so.
+        results = emulator_sql.run_batch(
+            conn, [log_once("t3.cornus"), slow], writes=True, deadlines=[now + OVERRUN_S / 2, now + 60],
+        )
+        assert [ok for ok, _ in results] == [False, False], results
+        assert all(isinstance(error, StorageUnavailable) for _, error in results)
+        assert results[0][1] is not results[1][1]
+        assert emulator_sql.read(conn, LOG, "t3.cornus") is None
+        assert emulator_sql.read(conn, LOG, "t4.cornus") is None
+    finally:
+        conn.close()
+
+
+def test_a_call_that_raises_an_unexpected_error_writes_nothing_and_is_answered_with_a_storage_error(
+    tmp_path: Path,
+) -> None:
+    conn = emulator_sql.connect(tmp_path / "cornus.db", TIMEOUT_MS_CALL)
+    try:
+        def broken(c: object) -> object:
+            emulator_sql.log_once(c, LOG, "t1.cornus", TxnState.VOTE_YES, BODY, None)  # type: ignore[arg-type]
+            raise KeyError("a bug")
+
+        results = emulator_sql.run_batch(conn, [
+            broken, lambda c: emulator_sql.log_once(c, LOG, "t2.cornus", TxnState.VOTE_YES, BODY, None),
+        ], writes=True)
+        assert [ok for ok, _ in results] == [False, True], results
+        assert type(results[0][1]) is StorageError and "KeyError" in str(results[0][1])
+        assert emulator_sql.read(conn, LOG, "t1.cornus") is None
+        assert emulator_sql.read(conn, LOG, "t2.cornus") is not None
+    finally:
+        conn.close()

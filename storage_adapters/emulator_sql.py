@@ -1,0 +1,386 @@
+"""The emulator's SQL: the schema, opening a file, and each call of the storage contract as a
+function of a SQLite connection. Shared by the two places that run them: the node process's
+reader thread (storage_adapters/emulator.py) and the file's single writer process
+(storage_adapters/emulator_writer.py), which runs every write by name (`WRITES`), so a write
+travels between processes as a name and its arguments."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from storage_adapters.contract import (
+    Fence,
+    LogId,
+    LogKind,
+    LogOnceResult,
+    Ownership,
+    OwnerWriteResult,
+    Record,
+    RecordBody,
+    TxnState,
+    check_log_transition,
+)
+from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable
+
+# Opening retries lock contention between processes that set up a fresh file at once.
+OPEN_RETRY_COUNT_MAX = 64
+OPEN_BACKOFF_MS_MIN = 5
+OPEN_BACKOFF_MS_MAX = 200
+# A write whose deadline is closer than this when its turn comes in a batch is refused unwritten.
+# The batch's COMMIT must start before the deadline of every write in it (else the whole batch is
+# rolled back, see `run_batch`), so a write admitted with less time left than the rest of its
+# batch takes would cost every other write of the batch its answer.
+TURN_TIME_LEFT_MS_MIN = 5
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS txn_log (
+    log TEXT NOT NULL,
+    txn TEXT NOT NULL,
+    state TEXT NOT NULL,
+    participants TEXT NOT NULL,
+    coordinator TEXT NOT NULL,
+    redo BLOB NOT NULL,
+    applied INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (log, txn)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS txn_log_unfinished ON txn_log (log)
+    WHERE state = 'VOTE_YES' OR (state = 'COMMIT' AND applied = 0);
+CREATE TABLE IF NOT EXISTS ownership (
+    partition TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    lease_ms INTEGER NOT NULL,
+    wanted_by TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS data (
+    partition TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (partition, key)
+) WITHOUT ROWID;
+"""
+
+_SCHEMA_NAMES = frozenset({"txn_log", "txn_log_unfinished", "ownership", "data"})
+
+_RECORD_COLUMNS = "log, txn, state, participants, coordinator, redo, applied, created_at_ms"
+
+
+def is_lock_contention(error: sqlite3.OperationalError) -> bool:
+    message = str(error).lower()
+    return "locked" in message or "busy" in message
+
+
+def connect(path: Path, timeout_ms: int) -> sqlite3.Connection:
+    """A connection to `path` in WAL mode with `synchronous=FULL` and the schema in place.
+    Processes that open a fresh file together race to switch it to WAL and create the schema.
+    Some of those lock upgrades fail with "database is locked" at once, without waiting on
+    busy_timeout (SQLite refuses to wait where waiting could deadlock), so the whole setup is
+    retried with backoff until `timeout_ms` has passed."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    backoff_ms = OPEN_BACKOFF_MS_MIN
+    for _attempt in range(OPEN_RETRY_COUNT_MAX):
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves, so batching is explicit.
+        conn = sqlite3.connect(path, timeout=timeout_ms / 1000, isolation_level=None)
+        try:
+            _set_up(conn, timeout_ms)
+            return conn
+        except sqlite3.OperationalError as error:
+            conn.close()
+            if not is_lock_contention(error) or time.monotonic() + backoff_ms / 1000 > deadline:
+                raise
+        time.sleep(backoff_ms / 1000)
+        backoff_ms = min(backoff_ms * 2, OPEN_BACKOFF_MS_MAX)
+    raise sqlite3.OperationalError(f"database is locked after {OPEN_RETRY_COUNT_MAX} attempts")
+
+
+def _set_up(conn: sqlite3.Connection, timeout_ms: int) -> None:
+    conn.execute(f"PRAGMA busy_timeout = {int(timeout_ms)}")
+    # Switching to WAL takes an exclusive lock, so only the first opener of a file does it;
+    # WAL is persistent in the file, and later openers only read the mode.
+    if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        assert mode.lower() == "wal", f"SQLite refused WAL mode: {mode}"
+    # FULL: in WAL mode NORMAL may lose the last commits on power loss, and an acknowledged
+    # VOTE_YES must never be lost (a terminator could then log ABORT after a COMMIT reply).
+    conn.execute("PRAGMA synchronous = FULL")
+    # A file that has the schema needs no write lock to open: a store (or the writer process)
+    # opens it while another program holds SQLite's write lock, and waits only when it writes.
+    present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    if present >= _SCHEMA_NAMES:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)  # IF NOT EXISTS: racing processes may all run it
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+
+
+# SQLite errors that a call's own arguments cause (a value SQLite cannot bind, a constraint): the
+# statement did not run, so the call alone fails. Any other (locked, I/O, full disk) leaves the
+# transaction in doubt, and the batch with it.
+_CALLS_OWN_SQLITE_ERRORS = (sqlite3.InterfaceError, sqlite3.ProgrammingError, sqlite3.DataError, sqlite3.IntegrityError)
+
+
+def run_batch(
+    conn: sqlite3.Connection,
+    calls: Sequence[Callable[[sqlite3.Connection], Any]],
+    *,
+    writes: bool,
+    deadlines: Sequence[float] | None = None,
+) -> list[tuple[bool, Any]]:
+    """Run `calls` in ONE SQLite transaction (group commit: one fsync makes the batch durable),
+    each under its own savepoint, so each gets exactly the answer it would get alone and a
+    refused call writes nothing. Returns (ok, result or error) per call, in order.
+
+    With `deadlines` (one per call, `time.monotonic()` seconds), a call whose deadline has passed
+    (or is closer than TURN_TIME_LEFT_MS_MIN) when its turn comes is refused unwritten, and the
+    COMMIT starts only before the deadline of every call that wrote, else the whole batch is
+    rolled back and every call refused. So a write lands no later than its deadline plus the
+    COMMIT of its batch (its WAL append and fsync: about a millisecond, and for the largest legal
+    call, a 64 MiB redo, a few hundred ms), well inside the clock slack that
+    cornus/protocol/config.py `gc_grace_ms_min` allows a late storage call (1000 ms by default).
+
+    A call that raises StorageError (refused) or AssertionError (a bug: it crashes its caller
+    loudly) answers with it; any other exception is a bug too (a bad argument, one SQLite could
+    not bind among them), answered as a StorageError that names it, since its caller may live in
+    another process that cannot rebuild it. Any other SQLite error leaves the transaction in
+    doubt: every call of the batch is then StorageUnavailable."""
+    assert deadlines is None or len(deadlines) == len(calls)
+    turn_left_s = TURN_TIME_LEFT_MS_MIN / 1000
+    results: list[tuple[bool, Any]] = []
+    try:
+        conn.execute("BEGIN IMMEDIATE" if writes else "BEGIN")
+        for index, call in enumerate(calls):
+            if deadlines is not None and time.monotonic() > deadlines[index] - turn_left_s:
+                results.append((False, StorageUnavailable("the write waited past its deadline for its turn")))
+                continue
+            conn.execute("SAVEPOINT call")
+            try:
+                results.append((True, call(conn)))
+                conn.execute("RELEASE call")
+            except Exception as error:
+                if isinstance(error, sqlite3.Error) and not isinstance(error, _CALLS_OWN_SQLITE_ERRORS):
+                    raise  # the transaction is in doubt: the whole batch fails below
+                # A refused call writes nothing and is its caller's error alone.
+                conn.execute("ROLLBACK TO call")
+                conn.execute("RELEASE call")
+                if not isinstance(error, StorageError | AssertionError):
+                    error = StorageError(f"emulator: the call raised {type(error).__name__}: {error}")
+                results.append((False, error))
+        if deadlines is not None:
+            wrote = [deadline for deadline, (ok, _) in zip(deadlines, results, strict=True) if ok]
+            if wrote and time.monotonic() > min(wrote):
+                conn.execute("ROLLBACK")
+                late = "the emulator's batch ran past a write's deadline: nothing of it was written"
+                return [(False, StorageUnavailable(late)) for _ in calls]
+        conn.execute("COMMIT")
+    except sqlite3.Error as error:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        # One exception per call: an exception raised in several callers would collect all their
+        # tracebacks.
+        return [(False, StorageUnavailable(f"SQLite: {error}")) for _ in calls]
+    assert len(results) == len(calls)
+    return results
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _record_from_row(row: tuple[Any, ...]) -> Record:
+    log_key, txn, state, participants, coordinator, redo, applied, created_at_ms = row
+    kind, _, name = log_key.partition(".")
+    return Record(
+        log=LogId(LogKind(kind), name),
+        txn=txn,
+        state=TxnState(state),
+        body=RecordBody(tuple(json.loads(participants)), coordinator, bytes(redo)),
+        applied=bool(applied),
+        created_at_ms=created_at_ms,
+    )
+
+
+def _insert_record(conn: sqlite3.Connection, log: LogId, txn: str, state: TxnState, body: RecordBody) -> bool:
+    cursor = conn.execute(
+        "INSERT INTO txn_log VALUES (?, ?, ?, ?, ?, ?, 0, ?) ON CONFLICT (log, txn) DO NOTHING",
+        (log.key, txn, state.value, json.dumps(body.participants), body.coordinator, body.redo, _now_ms()),
+    )
+    return cursor.rowcount == 1
+
+
+def _select_owner(conn: sqlite3.Connection, partition: str) -> Ownership | None:
+    row = conn.execute(
+        "SELECT partition, owner, epoch, version, lease_ms, wanted_by FROM ownership WHERE partition = ?",
+        (partition,),
+    ).fetchone()
+    return None if row is None else Ownership(*row)
+
+
+def _check_fence(conn: sqlite3.Connection, fence: Fence | None) -> None:
+    """Raise Fenced unless the fence holds. Every write runs under the write lock taken by
+    BEGIN IMMEDIATE, so no take of the partition can slip between this read and the write."""
+    if fence is None:
+        return
+    stored = _select_owner(conn, fence.partition)
+    if not fence.admits(stored):
+        raise Fenced(fence, stored)
+
+
+# --- reads (the node's reader thread) ----------------------------------------------------------
+
+
+def read(conn: sqlite3.Connection, log: LogId, txn: str) -> Record | None:
+    row = conn.execute(
+        f"SELECT {_RECORD_COLUMNS} FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)
+    ).fetchone()
+    return None if row is None else _record_from_row(row)
+
+
+def scan_unfinished(conn: sqlite3.Connection, log: LogId, limit: int, after: str) -> list[Record]:
+    # One statement, so the page is one snapshot; txn is TEXT with the BINARY collation, so
+    # `>` and ORDER BY compare the ASCII ids bytewise, the contract's order.
+    rows = conn.execute(
+        f"SELECT {_RECORD_COLUMNS} FROM txn_log WHERE log = ? AND txn > ? "
+        "AND (state = 'VOTE_YES' OR (state = 'COMMIT' AND applied = 0)) ORDER BY txn LIMIT ?",
+        (log.key, after, limit),
+    ).fetchall()
+    return [_record_from_row(row) for row in rows]
+
+
+def read_data(conn: sqlite3.Connection, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
+    found: dict[str, bytes | None] = dict.fromkeys(keys)
+    for key in keys:
+        row = conn.execute("SELECT value FROM data WHERE partition = ? AND key = ?", (partition, key)).fetchone()
+        found[key] = None if row is None else bytes(row[0])
+    return found
+
+
+def read_owners(conn: sqlite3.Connection, partitions: tuple[str, ...]) -> dict[str, Ownership]:
+    found = (_select_owner(conn, partition) for partition in partitions)
+    return {record.partition: record for record in found if record is not None}
+
+
+# --- writes (the file's writer process, by name) -----------------------------------------------
+
+
+def log_once(  # noqa: PLR0917 - the contract call's own arguments, in its order: they travel as one tuple
+    conn: sqlite3.Connection, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None
+) -> LogOnceResult:
+    _check_fence(conn, fence)
+    if _insert_record(conn, log, txn, state, body):
+        return LogOnceResult(state, created=True)
+    row = conn.execute("SELECT state FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).fetchone()
+    assert row is not None, "insert conflicted, so the record exists"
+    return LogOnceResult(TxnState(row[0]), created=False)
+
+
+def log(  # noqa: PLR0917 - as log_once
+    conn: sqlite3.Connection, log: LogId, txn: str, state: TxnState, body: RecordBody | None, fence: Fence | None
+) -> TxnState:
+    _check_fence(conn, fence)
+    row = conn.execute("SELECT state FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).fetchone()
+    stored = None if row is None else TxnState(row[0])
+    check_log_transition(log, txn, stored, state)
+    if stored is None:
+        created = _insert_record(conn, log, txn, state, body or RecordBody())
+        assert created, "the write lock is held, so nobody created it since the read"
+    elif body is None:
+        conn.execute("UPDATE txn_log SET state = ? WHERE log = ? AND txn = ?", (state.value, log.key, txn))
+    else:
+        conn.execute(
+            "UPDATE txn_log SET state = ?, participants = ?, coordinator = ?, redo = ? WHERE log = ? AND txn = ?",
+            (state.value, json.dumps(body.participants), body.coordinator, body.redo, log.key, txn),
+        )
+    return state
+
+
+def apply_redo(
+    conn: sqlite3.Connection, partition: str, txn: str, writes: dict[str, bytes | None], fence: Fence | None
+) -> bool:
+    log = LogId.partition(partition)
+    _check_fence(conn, fence)
+    row = conn.execute("SELECT state, applied FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).fetchone()
+    if row is None or row[0] not in (TxnState.VOTE_YES.value, TxnState.COMMIT.value):
+        stored = "absent" if row is None else row[0]
+        raise InvariantViolation(
+            f"apply_redo of txn {txn!r} on {partition!r}: record is {stored}, not VOTE_YES or COMMIT"
+        )
+    if row[1]:
+        return False  # applied before: see the contract on why it must not be re-written
+    for key, value in writes.items():
+        if value is None:
+            conn.execute("DELETE FROM data WHERE partition = ? AND key = ?", (partition, key))
+        else:
+            conn.execute(
+                "INSERT INTO data VALUES (?, ?, ?) ON CONFLICT (partition, key) DO UPDATE SET value = ?",
+                (partition, key, value, value),
+            )
+    # A VOTE_YES becomes COMMIT here, in the transaction that writes the data (the participant's
+    # own commit, see LogStore.apply_redo).
+    conn.execute(
+        "UPDATE txn_log SET state = ?, applied = 1 WHERE log = ? AND txn = ?", (TxnState.COMMIT.value, log.key, txn)
+    )
+    return True
+
+
+def delete(conn: sqlite3.Connection, log: LogId, txn: str, fence: Fence | None) -> bool:
+    _check_fence(conn, fence)
+    return conn.execute("DELETE FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).rowcount == 1
+
+
+def delete_many(
+    conn: sqlite3.Connection, requests: Sequence[tuple[LogId, str, Fence | None]]
+) -> list[bool | StorageError]:
+    outcomes: list[bool | StorageError] = []
+    for log_id, txn, fence in requests:
+        # The fence is checked before the delete, so a refused one has written nothing and needs
+        # no savepoint of its own; the write lock keeps the check and delete atomic.
+        try:
+            _check_fence(conn, fence)
+        except Fenced as refused:
+            outcomes.append(refused)
+            continue
+        deleted = conn.execute("DELETE FROM txn_log WHERE log = ? AND txn = ?", (log_id.key, txn)).rowcount
+        outcomes.append(deleted == 1)
+    return outcomes
+
+
+def write_owner(conn: sqlite3.Connection, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+    stored = _select_owner(conn, new.partition)
+    matches = (stored is None) if expected is None else (
+        stored is not None and (stored.epoch, stored.version) == (expected.epoch, expected.version)
+    )
+    if not matches:
+        return OwnerWriteResult(stored, written=False)
+    conn.execute(
+        "INSERT INTO ownership VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (partition) DO UPDATE SET "
+        "owner = excluded.owner, epoch = excluded.epoch, version = excluded.version, "
+        "lease_ms = excluded.lease_ms, wanted_by = excluded.wanted_by",
+        (new.partition, new.owner, new.epoch, new.version, new.lease_ms, new.wanted_by),
+    )
+    return OwnerWriteResult(new, written=True)
+
+
+# The writes the writer process runs, by the name a request carries.
+WRITES: dict[str, Callable[..., Any]] = {
+    "log_once": log_once,
+    "log": log,
+    "apply_redo": apply_redo,
+    "delete": delete,
+    "delete_many": delete_many,
+    "write_owner": write_owner,
+}

@@ -1,0 +1,327 @@
+"""The emulator's writer process (storage_adapters/emulator_writer.py) over its life: every store on
+a file shares one; a write never lands after its caller was told it failed, also when finding the
+writer took most of the deadline; a writer killed with -9 costs only the calls in flight, and the
+next call starts a new one; a writer leaves after its last client, and at once when a writer
+already serves; a writer on a deleted file takes no new store's writes; a short call deadline
+still starts a writer, and callers that give up start one writer, not one each; an exited writer
+is reaped by the node that started it, even one that is PID 1 (a subreaper here)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from storage_adapters import emulator, emulator_writer
+from storage_adapters.contract import LogId, LogOnceResult, RecordBody, TxnState
+from storage_adapters.emulator import EmulatorStore
+from storage_adapters.errors import StorageUnavailable
+from tests.storage.writer_helpers import EXIT_WAIT_S, wait_gone, writers_of
+
+TIMEOUT_MS_CALL = 1_000
+# What a deadline may overrun by on a loaded 2-core machine; a hang would blow far past it.
+DEADLINE_SLACK_S = 3.0
+LOG = LogId.partition("p0")
+BODY = RecordBody(("p0",), "n0", b"")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[EmulatorStore]:
+    opened = await EmulatorStore.open(tmp_path / "cornus.db", timeout_ms_call=TIMEOUT_MS_CALL)
+    yield opened
+    await opened.close()
+
+
+async def test_stores_on_one_file_share_one_writer(store: EmulatorStore, tmp_path: Path) -> None:
+    other = await EmulatorStore.open(tmp_path / "cornus.db", timeout_ms_call=TIMEOUT_MS_CALL)
+    try:
+        assert store.writer_pid is not None and store.writer_pid == other.writer_pid
+        assert (await other.log_once(LOG, "t1", TxnState.VOTE_YES, BODY)).created
+        # Answered means committed: the other store's reader sees it at once.
+        assert (await store.read(LOG, "t1")) is not None
+    finally:
+        await other.close()
+
+
+async def test_a_write_past_its_deadline_while_the_file_is_locked_never_lands(
+    store: EmulatorStore, tmp_path: Path,
+) -> None:
+    # Another program holds SQLite's write lock: the writer waits for it, the caller gives up.
+    holder = sqlite3.connect(tmp_path / "cornus.db", isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailable):
+            await store.log_once(LOG, "t1", TxnState.VOTE_YES, BODY)
+        assert time.monotonic() - started < TIMEOUT_MS_CALL / 1000 + DEADLINE_SLACK_S
+        # Reads take no write lock: they go on.
+        assert await store.read(LOG, "t1") is None
+        holder.execute("ROLLBACK")
+        # The refused write did not land once the lock was free: this one creates the record.
+        assert (await store.log_once(LOG, "t1", TxnState.ABORT, BODY)).created
+        assert (await store.read(LOG, "t1")).state is TxnState.ABORT  # type: ignore[union-attr]
+    finally:
+        holder.close()
+
+
+# Finding the writer again takes this much of the caller's deadline (the test holds the writer
+# lock, as a writer that is leaving would); then the file stays locked past the deadline, and is
+# freed this long after it: a write the writer still held, with a deadline counted from after the
+# reconnect, would land then.
+SLOW_TIMEOUT_MS_CALL = 3_000
+RECONNECT_S = 1.0
+FREED_AFTER_DEADLINE_S = 0.5
+# Long enough for a write released with the lock to land, were it going to.
+LANDING_WAIT_S = 0.5
+
+
+async def test_a_write_whose_caller_gave_up_during_a_slow_reconnect_never_lands_late(tmp_path: Path) -> None:
+    path = tmp_path / "cornus.db"
+    store = await EmulatorStore.open(path, timeout_ms_call=SLOW_TIMEOUT_MS_CALL)
+    lock = os.open(f"{path}{emulator_writer.LOCK_SUFFIX}", os.O_RDWR)
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        first = store.writer_pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        await wait_gone(first)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        # A writer that waits for the lock, started now so that it has imported its code by the
+        # time the lock frees (the store starts one too; one of them serves, the other leaves).
+        waiting = await asyncio.create_subprocess_exec(
+            *emulator_writer.spawn_command(path), env=emulator_writer.spawn_environment(), cwd="/",
+        )
+        holder.execute("BEGIN IMMEDIATE")
+        started = time.monotonic()
+        call = asyncio.ensure_future(store.log_once(LOG, "t1", TxnState.VOTE_YES, BODY))
+        await asyncio.sleep(RECONNECT_S)
+        fcntl.flock(lock, fcntl.LOCK_UN)  # a writer may serve now
+        with pytest.raises(StorageUnavailable):
+            await call
+        told_s = time.monotonic() - started
+        assert told_s < SLOW_TIMEOUT_MS_CALL / 1000 + DEADLINE_SLACK_S
+        assert store.writer_pid not in (None, first), "the call found the new writer, and sent its write"
+        await asyncio.sleep(max(0.0, SLOW_TIMEOUT_MS_CALL / 1000 + FREED_AFTER_DEADLINE_S - told_s))
+        holder.execute("ROLLBACK")
+        await asyncio.sleep(LANDING_WAIT_S)
+        # Nothing landed after the caller's deadline: the record is not there.
+        assert await store.read(LOG, "t1") is None
+    finally:
+        holder.close()
+        os.close(lock)
+        await store.close()
+    await asyncio.wait_for(waiting.wait(), EXIT_WAIT_S)
+
+
+# Calls answered before the kill, so it lands among calls in a steady stream.
+ANSWERED_BEFORE_KILL = 50
+CALL_COUNT_MAX = 5_000
+
+
+async def test_a_killed_writer_costs_only_the_calls_in_flight_and_the_next_call_starts_another(
+    store: EmulatorStore,
+) -> None:
+    first = store.writer_pid
+    assert first is not None
+    outcomes: dict[int, LogOnceResult | StorageUnavailable] = {}
+
+    async def one(index: int) -> None:
+        try:
+            outcomes[index] = await store.log_once(LOG, f"t{index}", TxnState.VOTE_YES, BODY)
+        except StorageUnavailable as error:
+            outcomes[index] = error
+
+    calls = []
+    while len(outcomes) < ANSWERED_BEFORE_KILL:
+        assert len(calls) < CALL_COUNT_MAX, "the writer answers nothing"
+        calls.append(asyncio.ensure_future(one(len(calls))))
+        await asyncio.sleep(0)  # one call per loop iteration: a stream, not one batch
+    in_flight = [index for index in range(len(calls)) if index not in outcomes]
+    assert in_flight, "the kill must find calls in flight"
+    os.kill(first, signal.SIGKILL)
+    await asyncio.gather(*calls)
+    assert all(isinstance(outcomes[index], LogOnceResult) for index in range(len(calls)) if index not in in_flight)
+    assert any(isinstance(outcomes[index], StorageUnavailable) for index in in_flight), "the kill cost no call"
+    await wait_gone(first)
+    # Every answered call's record is there, once; a call in flight landed once or not at all, and
+    # a repeat finds which.
+    for index in range(len(calls)):
+        again = await store.log_once(LOG, f"t{index}", TxnState.ABORT, BODY)
+        if isinstance(outcomes[index], StorageUnavailable):
+            assert (again.state, again.created) in ((TxnState.VOTE_YES, False), (TxnState.ABORT, True))
+        else:
+            assert (again.state, again.created) == (TxnState.VOTE_YES, False)
+    assert store.writer_pid not in (None, first)
+
+
+async def test_the_writer_leaves_after_its_last_client(tmp_path: Path) -> None:
+    store = await EmulatorStore.open(tmp_path / "cornus.db", timeout_ms_call=TIMEOUT_MS_CALL)
+    pid = store.writer_pid
+    assert pid is not None
+    await store.close()
+    await wait_gone(pid)
+
+
+async def test_a_writer_started_beside_a_serving_one_leaves_at_once(store: EmulatorStore) -> None:
+    serving = store.writer_pid
+    assert serving is not None
+    started = time.monotonic()
+    second = await asyncio.create_subprocess_exec(
+        *emulator_writer.spawn_command(store.path), env=emulator_writer.spawn_environment(), cwd="/",
+    )
+    # It sees the serving one at its first look, so it is gone long before it would give up
+    # waiting for the lock (a Python start is the most of it).
+    assert await asyncio.wait_for(second.wait(), emulator_writer.LOCK_WAIT_MS_MAX / 1000) == 0
+    assert time.monotonic() - started < emulator_writer.LOCK_WAIT_MS_MAX / 1000 / 2
+    assert writers_of(store.path) == [serving]
+    assert (await store.log_once(LOG, "t1", TxnState.VOTE_YES, BODY)).created
+
+
+async def test_a_writer_on_a_deleted_file_takes_no_new_stores_writes(tmp_path: Path) -> None:
+    path = tmp_path / "cornus.db"
+    before = await EmulatorStore.open(path, timeout_ms_call=TIMEOUT_MS_CALL)
+    old = before.writer_pid
+    assert old is not None
+    try:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{path}{suffix}")
+        after = await EmulatorStore.open(path, timeout_ms_call=TIMEOUT_MS_CALL)
+        try:
+            assert after.writer_pid not in (None, old)
+            assert (await after.log_once(LOG, "t1", TxnState.VOTE_YES, BODY)).created
+            assert (await after.read(LOG, "t1")) is not None, "the write landed in the file that is there"
+            await wait_gone(old)  # the old writer left: its file is gone
+        finally:
+            await after.close()
+    finally:
+        await before.close()
+
+
+async def test_a_short_call_deadline_still_starts_a_writer(tmp_path: Path) -> None:
+    # Shorter than a Python start: the writer's start has a budget of its own.
+    store = await EmulatorStore.open(tmp_path / "cornus.db", timeout_ms_call=20)
+    try:
+        assert store.writer_pid is not None
+    finally:
+        await store.close()
+
+
+GIVING_UP_CALL_COUNT = 8
+
+
+async def test_callers_that_give_up_while_no_writer_is_up_start_one_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "cornus.db"
+    store = await EmulatorStore.open(path, timeout_ms_call=100)
+    starts = []
+    start_writer = emulator._start_writer
+
+    def counted(*args: object) -> object:
+        starts.append(time.monotonic())
+        return start_writer(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(emulator, "_start_writer", counted)
+    lock = os.open(f"{path}{emulator_writer.LOCK_SUFFIX}", os.O_RDWR)
+    try:
+        first = store.writer_pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        await wait_gone(first)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the writer started waits: storage stays down
+        for index in range(GIVING_UP_CALL_COUNT):
+            with pytest.raises(StorageUnavailable):
+                await store.log_once(LOG, f"t{index}", TxnState.VOTE_YES, BODY)
+        assert len(starts) == 1, f"{len(starts)} writers started"
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        async with asyncio.timeout(EXIT_WAIT_S):
+            while True:
+                with contextlib.suppress(StorageUnavailable):
+                    await store.log_once(LOG, "t-up", TxnState.VOTE_YES, BODY)
+                    break
+        assert len(starts) == 1, "the writer started while storage was down is the one that serves"
+    finally:
+        os.close(lock)
+        await store.close()
+
+
+# Runs as PID 1 of a container would: a subreaper, to which a detached writer would be orphaned,
+# and which then would have to reap it. Exits 0 once the writer it started is gone and reaped.
+_SUBREAPER_NODE = textwrap.dedent("""
+    import asyncio, ctypes, sys, time
+    from storage_adapters.emulator import EmulatorStore
+    PR_SET_CHILD_SUBREAPER = 36
+    assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+    async def main() -> int:
+        store = await EmulatorStore.open(sys.argv[1])
+        pid = store.writer_pid
+        await store.close()
+        return pid
+
+    pid = asyncio.run(main())
+    deadline = time.monotonic() + float(sys.argv[2])
+    state = "?"
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                state = stat.read().rsplit(") ", 1)[1][0]
+        except FileNotFoundError:
+            sys.exit(0)
+        time.sleep(0.02)
+    print(f"writer {pid} is still there, state {state}")
+    sys.exit(1)
+""")
+
+
+def test_an_exited_writer_is_reaped_by_the_node_that_started_it(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _SUBREAPER_NODE, str(tmp_path / "cornus.db"), str(EXIT_WAIT_S)],
+        cwd=tmp_path, env=emulator_writer.spawn_environment(), capture_output=True, text=True,
+        timeout=EXIT_WAIT_S + 30, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+async def test_the_writer_runs_its_starters_code_not_the_working_directorys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A `storage_adapters` in the node's working directory, which `python -m` would run first.
+    impostor = tmp_path / "cwd" / "storage_adapters"
+    impostor.mkdir(parents=True)
+    (impostor / "__init__.py").write_text("")
+    ran = tmp_path / "impostor-ran"
+    (impostor / "emulator_writer.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    monkeypatch.chdir(impostor.parent)
+    store = await EmulatorStore.open(tmp_path / "cornus.db", timeout_ms_call=TIMEOUT_MS_CALL)
+    try:
+        assert (await store.log_once(LOG, "t1", TxnState.VOTE_YES, BODY)).created
+    finally:
+        await store.close()
+    assert not ran.exists()
+
+
+def test_a_writer_log_past_its_bound_is_started_afresh(tmp_path: Path) -> None:
+    path = tmp_path / "cornus.db"
+    log = Path(f"{path}{emulator_writer.LOG_SUFFIX}")
+    log.write_bytes(b"x" * (emulator_writer.WRITER_LOG_BYTES_MAX + 1))
+
+    async def open_and_close() -> None:
+        store = await EmulatorStore.open(path, timeout_ms_call=TIMEOUT_MS_CALL)
+        await store.close()
+
+    asyncio.run(open_and_close())
+    assert log.stat().st_size < emulator_writer.WRITER_LOG_BYTES_MAX
