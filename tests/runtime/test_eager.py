@@ -1,0 +1,126 @@
+"""cornus/runtime/eager.py: a coroutine run to its first wait in the caller's step, and a task only
+if it waits, that then behaves as if it had been a task all along; and a LogStore call made from
+such a step (no current task) is still bounded by its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cornus.runtime import eager
+from storage_adapters.contract import LogId, RecordBody, TxnState
+from storage_adapters.emulator import EmulatorStore
+from storage_adapters.errors import StorageUnavailable
+from storage_adapters.store import LogStore
+
+_VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_eager", default="unset")
+WAIT_S = 5.0
+
+
+async def _outside_any_task(start: Callable[[], asyncio.Future[Any]]) -> asyncio.Future[Any]:
+    """`start()` called from a plain loop callback, as a transport's data_received is: no task."""
+    loop = asyncio.get_running_loop()
+    started: asyncio.Future[asyncio.Future[Any]] = loop.create_future()
+
+    def callback() -> None:
+        assert asyncio.current_task() is None
+        started.set_result(start())
+
+    loop.call_soon(callback)
+    return await started
+
+
+async def test_a_coroutine_that_never_waits_finishes_without_a_task() -> None:
+    async def quick() -> int:
+        assert asyncio.current_task() is None
+        return 42
+
+    async def fails() -> None:
+        raise ValueError("no")
+
+    loop = asyncio.get_running_loop()
+    done = await _outside_any_task(lambda: eager.start(loop, quick()))
+    assert done.done() and not isinstance(done, asyncio.Task) and done.result() == 42
+    failed = await _outside_any_task(lambda: eager.start(loop, fails()))
+    assert isinstance(failed.exception(), ValueError)
+
+
+async def test_one_that_waits_goes_on_in_a_task_with_its_own_context() -> None:
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[int] = loop.create_future()
+    seen: list[str] = []
+
+    async def waits() -> int:
+        token = _VAR.set("mine")
+        try:
+            value = await gate
+            seen.append(_VAR.get())
+            assert asyncio.current_task() is not None
+            return value + 1
+        finally:
+            _VAR.reset(token)  # in its task: a token of the context the step ran in
+
+    running = await _outside_any_task(lambda: eager.start(loop, waits()))
+    assert isinstance(running, asyncio.Task) and not running.done()
+    assert _VAR.get() == "unset"  # what it set stayed in its own context
+    gate.set_result(1)
+    async with asyncio.timeout(WAIT_S):
+        assert await running == 2
+    assert seen == ["mine"]
+
+
+@pytest.mark.parametrize("when", ["before its first step", "while it waits"])
+async def test_a_task_cancelled_unwinds_the_coroutine_and_cancels_what_it_waits_on(when: str) -> None:
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[int] = loop.create_future()
+    unwound: list[bool] = []
+
+    async def waits() -> int:
+        try:
+            return await gate
+        finally:
+            unwound.append(True)
+
+    running = await _outside_any_task(lambda: eager.start(loop, waits()))
+    if when == "while it waits":
+        await asyncio.sleep(0.01)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(WAIT_S):
+            await running
+    assert unwound == [True] and gate.cancelled() and running.cancelled()
+
+
+async def _store_call_outside_any_task(store: LogStore, call: Callable[[], Awaitable[Any]]) -> Any:
+    async def run() -> Any:
+        return await call()
+
+    loop = asyncio.get_running_loop()
+    running = await _outside_any_task(lambda: eager.start(loop, run()))
+    async with asyncio.timeout(WAIT_S):
+        return await running
+
+
+async def test_a_store_call_made_outside_any_task_works_and_keeps_its_deadline(tmp_path: Path) -> None:
+    store = await EmulatorStore.open(tmp_path / "cornus.db", timeout_ms_call=300)
+    try:
+        log = LogId.partition("p0")
+        body = RecordBody(("p0",), "n0", b"")
+        result = await _store_call_outside_any_task(store, lambda: store.log_once(log, "t1", TxnState.VOTE_YES, body))
+        assert result.created
+        record = await _store_call_outside_any_task(store, lambda: store.read(log, "t1"))
+        assert record is not None and record.state is TxnState.VOTE_YES
+
+        async def never() -> None:
+            await asyncio.Event().wait()
+
+        # A backend call that never answers is cut off at the deadline, task or no task.
+        with pytest.raises(StorageUnavailable, match="within 300 ms"):
+            await _store_call_outside_any_task(store, lambda: store._bounded(never(), "read"))
+    finally:
+        await store.close()
