@@ -7,9 +7,10 @@ Every in-cluster DNS name the manifests use (each pod's name under the headless 
 client Service) and the pods' own listen address map to 127.0.0.1 ports, one per (pod, container
 port). The test waits for each pod's rendered readiness probe, commits a transaction that spans
 partitions held by different nodes through the client Service's port and reads it back, runs the
-`helm test` hook's script and the rebalance hook's command as written, and stops the pods with
-SIGTERM within the rendered grace period. A chart whose variables, ports, peer list or probes are
-wired wrong fails here.
+`helm test` hook's script and the rebalance hook's command as written, runs the rebalance hook of a
+5-replica render against the three pods (it must fail: two nodes are missing, three run the old
+node set), and stops the pods with SIGTERM within the rendered grace period. A chart whose
+variables, ports, peer list or probes are wired wrong fails here.
 
 The image's entrypoint `cornus` (checked equal to the Dockerfile's in test_dockerfile.py) runs as
 `python -m services.cli` from this checkout.
@@ -39,10 +40,15 @@ from tests.deploy.conftest import NAMESPACE, REPO, VALUES_FILES, find, render
 from tests.worker import free_port
 
 REPLICA_COUNT = 3
+# The scale-up whose rebalance hook runs against the three pods before any new pod exists.
+SCALED_REPLICA_COUNT = 5
 READY_TIMEOUT_S = 60.0
 POLL_S = 0.05
 HTTP_TIMEOUT_S = 15.0
 HOOK_TIMEOUT_S = 120.0
+# The wait given to the 5-replica rebalance hook, which can never be satisfied here: long enough
+# for a few rounds of asking the nodes, short enough to keep the test quick.
+UNSATISFIABLE_HOOK_WAIT_S = 2.0
 LOG_TAIL_BYTES_MAX = 4_000
 # Values a test may set beyond the Redis example's: the replica count the issue asks for, and
 # the shorter storage deadline and clock slack of every cluster test on one machine (see
@@ -175,11 +181,25 @@ def wait_ready(client: httpx.Client, pod: Pod, url: str) -> None:
     pytest.fail(f"{pod.name}: readiness probe {url} not 200 within {READY_TIMEOUT_S:g} s:\n{pod.log_tail()}")
 
 
-def run_hook(argv: list[str], env: dict[str, str], what: str) -> str:
-    done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=HOOK_TIMEOUT_S,
+def run_hook(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=HOOK_TIMEOUT_S,
                           check=False)
+
+
+def hook_output(done: subprocess.CompletedProcess[str], what: str) -> str:
     assert done.returncode == 0, f"{what} failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
     return done.stdout
+
+
+def rebalance_argv(docs: list[dict[str, Any]], network: LocalNetwork, wait_s: str | None = None) -> list[str]:
+    """The rebalance hook's command as rendered, its addresses mapped; `wait_s` replaces its wait."""
+    job = find(docs, "Job", "cornus-rebalance")
+    assert "post-upgrade" in job["metadata"]["annotations"]["helm.sh/hook"]
+    (job_container,) = job["spec"]["template"]["spec"]["containers"]
+    args = [network.rewrite(arg, None) for arg in job_container["args"]]
+    if wait_s is not None:
+        args[args.index("--timeout-s") + 1] = wait_s
+    return local_argv(job_container["command"], args)
 
 
 @pytest.mark.services
@@ -197,9 +217,12 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
     listen_host = env_values["CORNUS_LISTEN"].rsplit(":", 1)[0]
     domain = env_values["CORNUS_PEERS"].split(",")[0].split(f".{NAMESPACE}.svc.", 1)[1].rsplit(":", 1)[0]
 
-    # Each pod's container ports get loopback ports of this xdist worker.
+    # Each pod's container ports get loopback ports of this xdist worker; so do the pods of the
+    # 5-replica render, which never start (their ports refuse connections, as a pod that does not
+    # exist yet is unreachable).
     pods = {f"cornus-{i}": Pod(f"cornus-{i}", {int(p["containerPort"]): free_port() for p in container["ports"]})
-            for i in range(replicas)}
+            for i in range(SCALED_REPLICA_COUNT)}
+    running_pods = {name: pods[name] for name in sorted(pods)[:replicas]}
     services_ports = {
         service["metadata"]["name"]: {int(p["port"]): container_port(container, p["targetPort"])
                                       for p in service["spec"]["ports"]}
@@ -210,7 +233,7 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
     redis_url = storage_for("redis", services, tmp_path)["redis_url"]
     secrets = {("cornus-redis", "redis-url"): redis_url}
     base = base_environ(tmp_path)
-    for pod in pods.values():
+    for pod in running_pods.values():
         environ = resolve_env(container, pod.name, secrets)
         pod.env = {**base, **{name: network.rewrite(value, pod.name) for name, value in environ.items()}}
         pod.argv = local_argv(container["command"], container.get("args", []))
@@ -222,8 +245,9 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
         get = probe["httpGet"]
         return f"http://127.0.0.1:{pod.ports[container_port(container, get['port'])]}{get['path']}"
 
-    with running(pods, float(pod_spec["terminationGracePeriodSeconds"])), httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
-        for pod in pods.values():
+    grace_s = float(pod_spec["terminationGracePeriodSeconds"])
+    with running(running_pods, grace_s), httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
+        for pod in running_pods.values():
             wait_ready(http, pod, probe_url(pod, container["readinessProbe"]))
             assert http.get(probe_url(pod, container["livenessProbe"])).status_code == 200
             assert http.get(probe_url(pod, container["startupProbe"])).status_code == 200
@@ -236,7 +260,7 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
         partitions = http.get(f"{service_url}/v1/partitions").json()["partitions"]
         owners = {row["partition"]: row["owner"] for row in partitions}
         partition_count = int(env_values["CORNUS_PARTITION_COUNT"])
-        assert owners == {f"p{i}": sorted(pods)[i % replicas] for i in range(partition_count)}
+        assert owners == {f"p{i}": sorted(running_pods)[i % replicas] for i in range(partition_count)}
 
         # One key per node: a transaction whose participants are on every node.
         keys: dict[str, str] = {}
@@ -251,7 +275,7 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
         assert committed.status_code == 200, committed.text
         assert committed.json()["outcome"] == "committed", committed.text
         # Read back, from every node, each in a transaction of its own.
-        for pod in pods.values():
+        for pod in running_pods.values():
             url = f"http://127.0.0.1:{pod.ports[container_port(container, 'http')]}"
             read = http.post(f"{url}/v1/execute", json={"ops": [{"op": "get", "key": key} for key in keys.values()]})
             assert read.status_code == 200, read.text
@@ -262,17 +286,26 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
         assert hook["metadata"]["annotations"]["helm.sh/hook"] == "test"
         (hook_container,) = hook["spec"]["containers"]
         hook_env = {**base, **{n: network.rewrite(v, None) for n, v in resolve_env(hook_container, "", {}).items()}}
-        output = run_hook(local_argv(hook_container["command"], hook_container["args"]), hook_env, "helm test hook")
+        output = hook_output(run_hook(local_argv(hook_container["command"], hook_container["args"]), hook_env),
+                             "helm test hook")
         assert output.count("committed") == 2, output
 
-        # The post-install/post-upgrade rebalance hook, as rendered.
-        job = find(docs, "Job", "cornus-rebalance")
-        (job_container,) = job["spec"]["template"]["spec"]["containers"]
-        job_argv = [network.rewrite(arg, None) for arg in job_container["args"]]
-        # Exit 0: every partition is on its preferred node (it prints only partitions that move).
-        run_hook(local_argv(job_container["command"], job_argv), base, "rebalance hook")
+        # The post-install/post-upgrade rebalance hook, as rendered: every node answers with the
+        # rendered node set and every partition is on its preferred node, so it exits 0.
+        hook_output(run_hook(rebalance_argv(docs, network), base), "rebalance hook")
+
+        # The hook of an upgrade to five replicas, run before any pod has rolled (`helm upgrade`
+        # without --wait): cornus-3 and cornus-4 do not exist and the three pods still run the
+        # 3-node set. Each node's own view says "placed"; the hook must not believe it.
+        five = render(helm_bin, VALUES_FILES["redis"], [*TEST_SETS, f"replicaCount={SCALED_REPLICA_COUNT}"])
+        refused = run_hook(rebalance_argv(five, network, f"{UNSATISFIABLE_HOOK_WAIT_S:g}"), base)
+        assert refused.returncode == 1, f"the 5-replica hook passed with 3 pods:\n{refused.stdout}{refused.stderr}"
+        three_set, five_set = ",".join(sorted(running_pods)), ",".join(sorted(pods))
+        for name in sorted(pods):
+            why = "no answer" if name not in running_pods else f"runs with the node set {three_set}, not {five_set}"
+            assert f"node {name}: {why}" in refused.stderr, refused.stderr
 
     # SIGTERM ended every pod cleanly within the rendered terminationGracePeriodSeconds.
-    for pod in pods.values():
+    for pod in running_pods.values():
         assert pod.process is not None
         assert pod.process.returncode == 0, f"{pod.name} exited with {pod.process.returncode}:\n{pod.log_tail()}"

@@ -89,20 +89,39 @@ cornus.dev/partition-count: {{ .Values.partitionCount | quote }}
 {{- end }}
 
 {{/*
-CORNUS_PEERS: every node, this one included, as "<pod>=<pod>.<peer service>.<ns>.svc.<domain>:<port>".
-Every pod gets the same list from the same template, so the nodes agree on the node set, and
-with it on each partition's preferred owner (round-robin over the sorted node ids).
+Every node of the release as "<pod>=<scheme><pod>.<peer service>.<ns>.svc.<domain>:<port>", comma
+separated: one loop for the peer list the nodes run with and for the list the rebalance hook checks
+them against, so the two cannot name different node sets. Takes (dict "ctx" $ "port" N "scheme" S).
+*/}}
+{{- define "cornus.memberList" -}}
+{{- $ctx := .ctx }}
+{{- $fullname := include "cornus.fullname" $ctx }}
+{{- $peerService := include "cornus.peerService" $ctx }}
+{{- $domain := include "cornus.svcDomain" $ctx }}
+{{- $members := list }}
+{{- range $ordinal := until (int $ctx.Values.replicaCount) }}
+{{- $pod := printf "%s-%d" $fullname $ordinal }}
+{{- $members = append $members (printf "%s=%s%s.%s.%s:%d" $pod $.scheme $pod $peerService $domain (int $.port)) }}
+{{- end }}
+{{- join "," $members }}
+{{- end }}
+
+{{/*
+CORNUS_PEERS: every node, this one included. Every pod gets the same list from the same template,
+so the nodes agree on the node set, and with it on each partition's preferred owner (round-robin
+over the sorted node ids).
 */}}
 {{- define "cornus.peers" -}}
-{{- $fullname := include "cornus.fullname" . }}
-{{- $peerService := include "cornus.peerService" . }}
-{{- $domain := include "cornus.svcDomain" . }}
-{{- $peers := list }}
-{{- range $ordinal := until (int .Values.replicaCount) }}
-{{- $pod := printf "%s-%d" $fullname $ordinal }}
-{{- $peers = append $peers (printf "%s=%s.%s.%s:%d" $pod $pod $peerService $domain (int $.Values.ports.peer)) }}
+{{- include "cornus.memberList" (dict "ctx" . "port" .Values.ports.peer "scheme" "") }}
 {{- end }}
-{{- join "," $peers }}
+
+{{/*
+Each node's own REST URL, by its name under the headless Service (published before the pod is
+ready), for the rebalance hook, which must hear every node rather than whichever the client
+Service picks.
+*/}}
+{{- define "cornus.memberUrls" -}}
+{{- include "cornus.memberList" (dict "ctx" . "port" .Values.ports.http "scheme" "http://") }}
 {{- end }}
 
 {{/* The client Service's in-cluster REST URL. */}}
