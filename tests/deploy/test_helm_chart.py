@@ -1,9 +1,11 @@
 """The Helm chart, checked offline: `helm lint --strict` and `helm template` with each backend's
-values file, the rendered manifests against the Kubernetes schemas of two minor versions
+values file, the rendered manifests against the Kubernetes schemas of several minor versions
 (`kubernetes-validate --strict`), checkov on the chart and on the rendered manifests, the refusals
-of values.schema.json and of the templates, and the rendered configuration of every pod loaded by
-the node's own config loader, so a variable the node does not know fails here rather than in a
-crash-looping pod. (tests/deploy/test_chart_cluster.py starts the rendered pods as processes.)
+of values.schema.json and of the templates (the same timeout combinations as the node's own
+config loader), the NetworkPolicies' rules, the rebalance hook's deadline against helm's, and
+the rendered configuration of every pod loaded by the node's own config loader, so a variable
+the node does not know fails here rather than in a crash-looping pod.
+(tests/deploy/test_chart_cluster.py starts the rendered pods as processes.)
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate.utils
 import pytest
 import yaml
 
 from cornus.protocol.config import ProtocolConfig
 from cornus.protocol.ownership import OwnershipConfig
 from cornus.runtime.config import RuntimeLimits, load_node_config, timeout_names_all
+from services.client import ClientConfig
 from services.serve import SHUTDOWN_TIMEOUT_S, STORAGE_OPEN_TIMEOUT_S
 from storage_adapters.contract import OWNER_LEASE_MS_MAX, PARTICIPANT_COUNT_MAX, SCAN_PAGE_COUNT_MAX
 from storage_adapters.errors import ValidationError
@@ -37,8 +41,9 @@ from tests.deploy.conftest import (
     run_helm,
 )
 
-# Two supported minor versions, the oldest and a recent one that AKS and EKS both offer.
-KUBERNETES_VERSIONS = ("1.29.0", "1.33.0")
+# The oldest minor version the chart supports, a recent one that AKS and EKS both offer, and the
+# newest whose schemas kubernetes-validate ships (so an API the next Kubernetes drops shows here).
+KUBERNETES_VERSIONS = tuple(dict.fromkeys(("1.29.0", "1.33.0", kubernetes_validate.utils.latest_version())))
 CHECKOV_TIMEOUT_S = 300.0
 VALIDATE_TIMEOUT_S = 120.0
 # An image digest for renders that must pin one (the defaults cannot: no image is published).
@@ -379,17 +384,14 @@ def test_checkov_rendered_manifests(helm_bin: str, checkov_bin: str, tmp_path: P
     for name, values in sorted(VALUES_FILES.items()):
         docs = render(helm_bin, values, [f"image.digest={DIGEST}", f"devRedis.image.digest={DIGEST}"])
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump_all(docs))
-    # Rendered with digests, so "Image should use digest" (CKV_K8S_43) is checked, not skipped.
-    skips = [check for check in checkov_skips() if check != "CKV_K8S_43"]
+    # Rendered with digests, so "Image should use digest" (CKV_K8S_43) is checked, not skipped; and
+    # in namespace cornus, so "the default namespace should not be used" (CKV_K8S_21) is too.
+    skips = [check for check in checkov_skips() if check not in ("CKV_K8S_43", "CKV_K8S_21")]
     run_checkov(checkov_bin, ["-d", str(tmp_path), "--framework", "kubernetes", "--skip-check", ",".join(skips)])
 
 
 def test_checkov_chart(helm_bin: str, checkov_bin: str) -> None:
-    # checkov's helm framework renders the chart with its default values, itself, under the
-    # namespace "default": CKV_K8S_21 ("the default namespace should not be used") is about where
-    # `helm install --namespace` puts the release, not about the chart, whose every resource
-    # takes the release's namespace (the rendered-manifest run above checks it, in namespace cornus).
-    skips = [*checkov_skips(), "CKV_K8S_21"]
+    skips = checkov_skips()
     env = {**os.environ, "PATH": f"{Path(helm_bin).parent}{os.pathsep}{os.environ['PATH']}"}
     run_checkov(checkov_bin, ["-d", str(CHART), "--framework", "helm", "--skip-check", ",".join(skips)], env)
 
@@ -459,3 +461,96 @@ def test_every_pod_of_the_release_is_placed_by_node_selector_and_tolerations(hel
         if spec.get("nodeSelector") != {"kubernetes.io/arch": "arm64"} or spec.get("tolerations") != [toleration]
     }
     assert not misplaced, f"pods that ignore nodeSelector/tolerations: {misplaced}"
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels only, as the chart writes them) selects `labels`."""
+    assert set(selector) <= {"matchLabels"}, selector
+    return all(labels.get(key) == value for key, value in selector.get("matchLabels", {}).items())
+
+
+def _rule_ports(rule: dict[str, Any]) -> set[Any]:
+    return {item["port"] for item in rule["ports"]}
+
+
+@pytest.mark.parametrize("values", ["redis", "dev_redis"])
+def test_network_policies_admit_peers_only_from_peers_and_clients_only_from_allowed_clients(
+    helm_bin: str, values: str
+) -> None:
+    docs = render(helm_bin, VALUES_FILES[values])
+    client_from = (yaml.safe_load(VALUES_FILES[values].read_text()).get("networkPolicy") or {}).get("clientFrom", [])
+    template = find(docs, "StatefulSet", "cornus")["spec"]["template"]
+    node_labels = template["metadata"]["labels"]
+    named_ports = {p["name"]: p["containerPort"] for p in node_container(docs)["ports"]}
+    assert set(named_ports) == {"peer", "http", "grpc"}
+    policy = find(docs, "NetworkPolicy", "cornus")["spec"]
+    assert _selects(policy["podSelector"], node_labels) and set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    rules = policy["ingress"]
+    # A rule without ports admits every port, one without `from` every source.
+    assert all(rule.get("ports") for rule in rules), rules
+    peer_rules = [rule for rule in rules if _rule_ports(rule) & {"peer", named_ports["peer"]}]
+    assert len(peer_rules) == 1 and _rule_ports(peer_rules[0]) == {"peer"}, rules
+    # Peers only: pods of this release's nodes, in this namespace (no namespaceSelector).
+    assert peer_rules[0].get("from"), f"the peer port admits any source: {peer_rules[0]}"
+    (peer_source,) = peer_rules[0]["from"]
+    assert set(peer_source) == {"podSelector"} and _selects(peer_source["podSelector"], node_labels), peer_source
+    # Selected by the node labels alone: nothing but the node pods carries all of them.
+    other_pods = {name: spec for name, spec in _pod_specs(docs).items() if name != "StatefulSet/cornus"}
+    labels_of = {doc["kind"] + "/" + doc["metadata"]["name"]: (doc["spec"]["template"]["metadata"]["labels"]
+                                                               if doc["kind"] != "Pod" else doc["metadata"]["labels"])
+                 for doc in docs if doc["kind"] in ("StatefulSet", "Job", "Pod")}
+    assert not [name for name in other_pods if _selects(peer_source["podSelector"], labels_of[name])]
+    client_rules = [rule for rule in rules if _rule_ports(rule) & {"http", "grpc", named_ports["http"],
+                                                                   named_ports["grpc"]}]
+    assert len(client_rules) == 1 and _rule_ports(client_rules[0]) == {"http", "grpc"}, rules
+    assert len(rules) == 2, rules
+    chart_clients = {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": RELEASE,
+                                                     "cornus.dev/client": "true"}}}
+    if client_from:
+        # Exactly the allowed clients, and the chart's own (the helm test pod, the rebalance hook).
+        assert client_rules[0]["from"] == [*client_from, chart_clients]
+        for name in ("Pod/cornus-test-commit", "Job/cornus-rebalance"):
+            assert _selects(chart_clients["podSelector"], labels_of[name]), name
+        # With the ServiceMonitor on, Prometheus must be among them: /metrics is on the http port.
+        assert find(docs, "ServiceMonitor", "cornus")
+        assert any(entry.get("namespaceSelector") for entry in client_from), client_from
+    else:
+        assert "from" not in client_rules[0], "clientFrom is empty: the client ports admit anyone"
+    # The chart's client pods accept nothing and reach only DNS and the nodes' client ports.
+    clients = find(docs, "NetworkPolicy", "cornus-clients")["spec"]
+    assert clients["ingress"] == [] and set(clients["policyTypes"]) == {"Ingress", "Egress"}
+    dns, nodes = clients["egress"]
+    assert "to" not in dns and {p["port"] for p in dns["ports"]} == {53}
+    (node_target,) = nodes["to"]
+    assert _selects(node_target["podSelector"], node_labels)
+    assert _rule_ports(nodes) == {named_ports["http"], named_ports["grpc"]}
+
+
+# helm's --timeout when none is given (5m0s): each hook Job is waited for at most this long.
+HELM_TIMEOUT_S_DEFAULT = 300
+
+
+def test_rebalance_hook_ends_within_helms_default_timeout_and_fails_on_its_verdict(helm_bin: str) -> None:
+    """The Job's activeDeadlineSeconds (540 s) exceeded helm's default --timeout, so helm gave up
+    with a generic timeout while the hook was still running; and it retried a verdict (exit 1)
+    ten times. The Job must end within helm's wait, leave the hook its whole wait plus one round
+    of requests, and fail at once on exit 1 (not placed) or 2 (bad input)."""
+    docs = render(helm_bin, VALUES_FILES["redis"])
+    job = find(docs, "Job", "cornus-rebalance")
+    assert set(job["metadata"]["annotations"]["helm.sh/hook"].split(",")) == {"post-install", "post-upgrade"}
+    spec = job["spec"]
+    (container,) = spec["template"]["spec"]["containers"]
+    args = container["args"]
+    wait_s = float(args[args.index("--timeout-s") + 1])
+    last_round_s = ClientConfig().timeout_ms_request / 1000
+    assert wait_s + last_round_s <= spec["activeDeadlineSeconds"] < HELM_TIMEOUT_S_DEFAULT, spec
+    rules = spec["podFailurePolicy"]["rules"]
+    (fail,) = [rule for rule in rules if rule["action"] == "FailJob"]
+    assert fail["onExitCodes"] == {"containerName": container["name"], "operator": "In", "values": [1, 2]}
+    (ignore,) = [rule for rule in rules if rule["action"] == "Ignore"]
+    assert ignore["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    # The membership it checks is the one the nodes run with.
+    peers = {e["name"]: e.get("value") for e in node_container(docs)["env"]}["CORNUS_PEERS"]
+    assert args[args.index("--expect-peers") + 1] == peers
+    member_urls = args[args.index("--member-urls") + 1]
+    assert [item.split("=")[0] for item in member_urls.split(",")] == [item.split("=")[0] for item in peers.split(",")]
