@@ -381,11 +381,13 @@ def _placement(expected: dict[str, str], answers: dict[str, PartitionListing | s
         return _Placement(waiting, [], 0)
     first = agreed[min(agreed)]
     partitions = [row.partition for row in first.partitions]
-    for node, listing in agreed.items():
+    for node, listing in sorted(agreed.items()):
         if [row.partition for row in listing.partitions] != partitions:
             waiting.append(f"{node}: has {len(listing.partitions)} partitions, {first.node} has {len(partitions)}")
+            del agreed[node]
         elif listing.partition_owners != first.partition_owners:
             waiting.append(f"{node}: prefers other owners (partition_owners) than {first.node}")
+            del agreed[node]
     unplaced: list[tuple[str, str, str]] = []
     for index, partition in enumerate(partitions):
         preferred = preferred_owner(partition, partitions, expected, first.partition_owners)

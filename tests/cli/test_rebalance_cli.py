@@ -110,6 +110,19 @@ def test_a_partition_held_but_not_yet_served_by_its_preferred_node_is_not_placed
     assert state.unplaced == [("p0", holder, holder)] and not state.done
 
 
+def test_a_node_with_another_partition_count_is_waited_for_and_its_partitions_not_counted() -> None:
+    answers: dict[str, PartitionListing | str] = dict(_settled(FIVE))
+    odd = answers["n4"]
+    assert isinstance(odd, PartitionListing)
+    answers["n4"] = PartitionListing(odd.node_url, "n4", dict(FIVE), {}, odd.partitions[:-1])
+    state = _placement(FIVE, answers)
+    assert state.waiting == [f"n4: has {PARTITION_COUNT - 1} partitions, n0 has {PARTITION_COUNT}"]
+    # What n4 prefers is not served by a node that agrees on the partitions.
+    assert state.unplaced == [(p, "n4", "n4") for p in (f"p{i}" for i in range(PARTITION_COUNT))
+                              if _preferred_by(FIVE, p) == "n4"]
+    assert not state.done
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
