@@ -39,6 +39,7 @@ import httpx
 
 from cornus.protocol.config import Protocol
 from services.client import (
+    AsyncCornusClient,
     ClientConfig,
     CornusClient,
     CornusError,
@@ -47,10 +48,12 @@ from services.client import (
     Op,
     Outcome,
     PartitionInfo,
+    PartitionListing,
     Status,
+    TransactionFailed,
     TxnInfo,
 )
-from services.client._core import normalize_urls
+from services.client._core import normalize_url, normalize_urls
 from services.local_cluster import (
     CLUSTER_POLL_S,
     CLUSTER_TIMEOUT_S_READY,
@@ -285,6 +288,17 @@ def _rebalance(args: argparse.Namespace) -> int:
     release them, and the preferred nodes take them; this only watches, and reports."""
     if not 0 < args.timeout_s <= REBALANCE_TIMEOUT_S_MAX:
         raise ValidationError(f"--timeout-s must be in (0, {REBALANCE_TIMEOUT_S_MAX}]")
+    if args.expect_peers is not None or args.member_urls is not None:
+        if args.expect_peers is None or args.member_urls is None:
+            raise ValidationError("--expect-peers and --member-urls go together: the node set, and where each "
+                                  "of its nodes answers")
+        if args.url is not None:
+            raise ValidationError("give either --url (trust that node's peer list) or --expect-peers with "
+                                  "--member-urls, not both")
+        expected, member_urls = _expected_membership(args.expect_peers, args.member_urls)
+        return asyncio.run(_rebalance_expected(args, expected, member_urls))
+    if args.url is None:
+        raise ValidationError("give --url, or --expect-peers with --member-urls")
     deadline = time.monotonic() + args.timeout_s
     moving: list[str] = []
     with CornusClient(args.url, config=_client_config(args)) as client:
@@ -302,6 +316,140 @@ def _rebalance(args: argparse.Namespace) -> int:
                 print(f"cornus: not placed within {args.timeout_s} s:\n{_partition_rows(unplaced)}", file=sys.stderr)
                 return 1
             time.sleep(REBALANCE_POLL_S)
+
+
+def _expected_membership(raw_peers: str, raw_urls: str) -> tuple[dict[str, str], dict[str, str]]:
+    """--expect-peers (CORNUS_PEERS's form, checked as a node checks its own) and --member-urls
+    (NODE=URL for the same nodes)."""
+    from cornus.runtime.config import parse_peers
+
+    expected = parse_peers(raw_peers)
+    member_urls: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in raw_urls.split(","))):
+        node, sep, url = item.partition("=")
+        if not sep:
+            raise ValidationError(f"--member-urls entry {item!r} must be NODE=URL")
+        if node.strip() in member_urls:
+            raise ValidationError(f"--member-urls names {node.strip()} more than once")
+        member_urls[node.strip()] = normalize_url(url.strip())
+    if set(member_urls) != set(expected):
+        raise ValidationError(
+            f"--member-urls must name exactly the nodes of --expect-peers; missing: "
+            f"{', '.join(sorted(set(expected) - set(member_urls))) or '-'}, unknown: "
+            f"{', '.join(sorted(set(member_urls) - set(expected))) or '-'}"
+        )
+    return expected, member_urls
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Placement:
+    """What stands between a node set and its placement: nodes that do not answer or that run with
+    another configuration, and partitions not yet served by their preferred node among the set."""
+
+    waiting: list[str]
+    unplaced: list[tuple[str, str, str]]  # (partition, owner as storage says, preferred)
+    partition_count: int
+
+    @property
+    def done(self) -> bool:
+        return self.partition_count > 0 and not self.waiting and not self.unplaced
+
+
+def _placement(expected: dict[str, str], answers: dict[str, PartitionListing | str]) -> _Placement:
+    """Judge placement from every expected node's own answer (a listing, or why it gave none): each
+    must run with exactly `expected` as its peers, and each partition must be held, and served, by
+    the preferred owner that the nodes' own placement rule gives among `expected`."""
+    from cornus.runtime.config import preferred_owner
+
+    waiting: list[str] = []
+    agreed: dict[str, PartitionListing] = {}
+    for node in sorted(expected):
+        answer = answers[node]
+        if isinstance(answer, str):
+            waiting.append(f"{node}: no answer ({answer})")
+        elif answer.node != node:
+            waiting.append(f"{node}: {answer.node_url} answers as node {answer.node!r}")
+        elif answer.peers != expected:
+            if set(answer.peers) != set(expected):
+                waiting.append(f"{node}: runs with the node set {','.join(sorted(answer.peers))}, "
+                               f"not {','.join(sorted(expected))}")
+            else:
+                waiting.append(f"{node}: runs with other peer addresses ({_peer_text(answer.peers)})")
+        else:
+            agreed[node] = answer
+    if not agreed:
+        return _Placement(waiting, [], 0)
+    first = agreed[min(agreed)]
+    partitions = [row.partition for row in first.partitions]
+    for node, listing in sorted(agreed.items()):
+        if [row.partition for row in listing.partitions] != partitions:
+            waiting.append(f"{node}: has {len(listing.partitions)} partitions, {first.node} has {len(partitions)}")
+            del agreed[node]
+        elif listing.partition_owners != first.partition_owners:
+            waiting.append(f"{node}: prefers other owners (partition_owners) than {first.node}")
+            del agreed[node]
+    unplaced: list[tuple[str, str, str]] = []
+    for index, partition in enumerate(partitions):
+        preferred = preferred_owner(partition, partitions, expected, first.partition_owners)
+        holder = agreed.get(preferred)
+        # The preferred node's own answer says whether it serves the partition (took the lease and
+        # recovered its log); without that answer, the record of any node tells who holds it.
+        row = (holder or first).partitions[index]
+        if row.owner != preferred or holder is None or not row.served_here:
+            unplaced.append((partition, row.owner, preferred))
+    return _Placement(waiting, unplaced, len(partitions))
+
+
+def _progress_text(state: _Placement, node_count: int) -> str:
+    moving = [f"{partition} {owner or '-'}->{preferred}" for partition, owner, preferred in state.unplaced]
+    lines = [f"{node_count - len(state.waiting)} of {node_count} nodes run the expected node set; "
+             f"{state.partition_count - len(state.unplaced)} of {state.partition_count or '?'} partitions placed"]
+    lines += [f"  waiting for {line}" for line in state.waiting]
+    if moving:
+        lines.append(f"  moving: {', '.join(moving)}")
+    return "\n".join(lines)
+
+
+def _peer_text(peers: dict[str, str]) -> str:
+    return ",".join(f"{node}={address}" for node, address in sorted(peers.items()))
+
+
+async def _rebalance_expected(args: argparse.Namespace, expected: dict[str, str], member_urls: dict[str, str]) -> int:
+    """Wait until every node of `expected` answers with that node set and every partition is served
+    by its preferred node among them; report progress, and at the timeout everything missing."""
+    deadline = time.monotonic() + args.timeout_s
+    shown: tuple[list[str], list[tuple[str, str, str]]] | None = None
+    async with AsyncCornusClient(list(member_urls.values()), config=_client_config(args)) as client:
+
+        async def ask(url: str) -> PartitionListing | str:
+            try:
+                return await client.partition_listing(url)
+            except TransactionFailed as error:
+                # Unreachable: its detail names the URL and the cause (no transaction is involved).
+                return error.outcome.detail
+            except CornusError as error:
+                return str(error)
+
+        while True:
+            # Every node at once: a round takes one request deadline at most, whoever is down.
+            answers = await asyncio.gather(*(ask(url) for url in member_urls.values()))
+            state = _placement(expected, dict(zip(member_urls, answers, strict=True)))
+            if (state.waiting, state.unplaced) != shown:
+                shown = (state.waiting, state.unplaced)
+                print(_progress_text(state, len(expected)), flush=True)
+            if state.done:
+                return 0
+            if time.monotonic() >= deadline:
+                lines = [f"cornus: not placed within {args.timeout_s:g} s among {','.join(sorted(expected))}:"]
+                lines += [f"  node {line}" for line in state.waiting]
+                if state.unplaced:
+                    lines.append(format_table(["PARTITION", "OWNER", "PREFERRED"],
+                                              [[p, o or "(none)", w] for p, o, w in state.unplaced]))
+                elif not state.partition_count:
+                    lines.append("  no node answered with the expected node set, so no partition can be judged")
+                print("\n".join(lines), file=sys.stderr)
+                return 1
+            await asyncio.sleep(REBALANCE_POLL_S)
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -836,9 +984,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="After the node set or partition_owners changed (and the nodes restarted with it), each "
                     "preferred node asks for its partitions and their holders hand them over: drain, release, "
                     "take, recover. This waits for that to finish and reports what still moves. Exit 0 once "
-                    "every partition is placed, 1 at the timeout. Ask a node that runs the new configuration.",
+                    "every partition is placed, 1 at the timeout. With --url it trusts that node's peer list; "
+                    "with --expect-peers and --member-urls it asks every node of the given set and waits until "
+                    "each runs with exactly that set and every partition is served by its preferred node among "
+                    "them (what a deployment should run after a change of the node set).",
     )
-    rebalance.add_argument("--url", required=True, help="a node's REST URL")
+    rebalance.add_argument("--url", help="a node's REST URL: placement as that node's configuration sees it")
+    rebalance.add_argument("--expect-peers", metavar="NODE=HOST:PORT,...",
+                           help="the node set that should be running, as in CORNUS_PEERS")
+    rebalance.add_argument("--member-urls", metavar="NODE=URL,...",
+                           help="each node's REST URL, for the nodes of --expect-peers")
     rebalance.add_argument("--timeout-s", type=float, default=120.0, help="give up after this long (default 120)")
     _add_client_flags(rebalance)
     rebalance.set_defaults(handler=_rebalance)

@@ -34,7 +34,7 @@ import dataclasses
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,11 +114,7 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         validate_id(self.node_id, "node_id", NODE_ID_LENGTH_MAX)
-        if not self.peers or len(self.peers) > NODE_COUNT_MAX:
-            raise ValidationError(f"peers must list 1..{NODE_COUNT_MAX} nodes, this one included")
-        for node, address in self.peers.items():
-            validate_id(node, "peer node id", NODE_ID_LENGTH_MAX)
-            _check_address(address, f"address of peer {node}")
+        check_peers(self.peers)
         if self.node_id not in self.peers:
             raise ValidationError(f"peers must include this node ({self.node_id})")
         if not self.listen:
@@ -152,15 +148,45 @@ class NodeConfig:
 
     def preferred_owner(self, partition: str) -> str:
         """The node that should hold `partition` while it is alive (who holds it is in storage)."""
-        if partition in self.partition_owners:
-            return self.partition_owners[partition]
-        nodes = sorted(self.peers)
-        index = self.partitions.index(partition)  # ValueError for an unknown partition: a caller bug
-        return nodes[index % len(nodes)]
+        return preferred_owner(partition, self.partitions, self.peers, self.partition_owners)
 
     @property
     def preferred_partitions(self) -> tuple[str, ...]:
         return tuple(p for p in self.partitions if self.preferred_owner(p) == self.node_id)
+
+
+def preferred_owner(partition: str, partitions: Sequence[str], nodes: Iterable[str],
+                    partition_owners: Mapping[str, str]) -> str:
+    """The node that should hold `partition` while it is alive: its entry in `partition_owners`, else
+    round-robin over the sorted node ids by the partition's index. Every node places its partitions
+    with this, and `cornus rebalance --expect-peers` computes with it the placement a node set it
+    is given should reach, so the two cannot disagree."""
+    if partition in partition_owners:
+        return partition_owners[partition]
+    ordered = sorted(nodes)
+    index = list(partitions).index(partition)  # ValueError for an unknown partition: a caller bug
+    return ordered[index % len(ordered)]
+
+
+def check_peers(peers: Mapping[str, str]) -> None:
+    """A node set as a node accepts it: 1..NODE_COUNT_MAX node ids, each with a host:port."""
+    if not peers or len(peers) > NODE_COUNT_MAX:
+        raise ValidationError(f"peers must list 1..{NODE_COUNT_MAX} nodes, this one included")
+    for node, address in peers.items():
+        validate_id(node, "peer node id", NODE_ID_LENGTH_MAX)
+        _check_address(address, f"address of peer {node}")
+
+
+def parse_peers(raw: str) -> dict[str, str]:
+    """A peer list in the form of CORNUS_PEERS ("n0=host:port,n1=host:port"), checked as a node
+    checks its own, and with no node named twice (a node's own list keeps the last address)."""
+    names = [item.partition("=")[0].strip() for item in raw.split(",") if item.strip()]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValidationError(f"peers name {', '.join(repeated)} more than once")
+    peers = _parse_peers(raw)
+    check_peers(peers)
+    return peers
 
 
 def _check_address(address: object, what: str) -> None:

@@ -220,6 +220,12 @@ class PartitionOut(BaseModel):
 
 class PartitionsOut(BaseModel):
     node: str
+    peers: dict[str, str] = Field(description="the node set this node runs with (node id: peer address), the "
+                                              "one its preferred owners are computed from; the nodes of a settled "
+                                              "cluster all report the same")
+    partition_owners: dict[str, str] = Field(description="preferred owners its configuration names explicitly "
+                                                         "(partition: node id); the others go round-robin over "
+                                                         "the sorted node ids")
     partitions: list[PartitionOut]
 
 
@@ -625,7 +631,9 @@ def _fastapi_app(node: Node, metrics: Metrics | None) -> FastAPI:
              responses={503: _STORAGE_UNAVAILABLE})
     async def partitions() -> PartitionsOut:
         infos = await node.partitions_info()
-        return PartitionsOut(node=node.node_id, partitions=[PartitionOut(**dataclasses.asdict(i)) for i in infos])
+        return PartitionsOut(node=node.node_id, peers=dict(node.config.peers),
+                             partition_owners=dict(node.config.partition_owners),
+                             partitions=[PartitionOut(**dataclasses.asdict(i)) for i in infos])
 
     @app.get("/metrics", operation_id="metrics", summary="Prometheus metrics", response_class=Response,
              responses={200: {"description": "the Prometheus text exposition format",

@@ -47,6 +47,7 @@ from services.client.types import (
     Op,
     Outcome,
     PartitionInfo,
+    PartitionListing,
     ServerError,
     TransactionAborted,
     TransactionFailed,
@@ -315,6 +316,16 @@ class AsyncCornusClient:
                 raise ServerError(200, "bad_response", f"{node_url}: listing is not a list: {body!r}"[:400])
             rows.extend(TxnInfo.from_json(node_url, item) for item in body)
         return rows
+
+    async def partition_listing(self, url: str) -> PartitionListing:
+        """One node's (`url`'s) whole partition listing: which node answered, the node set and the
+        explicit preferred owners it runs with, and who owns each partition as storage says now."""
+        node_url = normalize_url(url)
+        try:
+            response = await self._get(node_url + "/v1/partitions")
+        except httpx.TransportError as error:
+            raise Unavailable(unreachable(node_url, "", describe(error))) from error
+        return PartitionListing.from_json(node_url, parse_ok(node_url, response, 200))
 
     async def partitions(self, url: str | None = None) -> list[PartitionInfo]:
         """Who owns each partition, as storage says now (asked of `url`, else of the first node

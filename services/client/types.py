@@ -162,6 +162,31 @@ class PartitionInfo:
             raise ServerError(200, "bad_response", f"{node_url}: not a partition row: {body!r}") from error
 
 
+
+@dataclass(frozen=True, slots=True)
+class PartitionListing:
+    """One node's whole answer about partitions: the node that answered, the node set and the
+    explicit preferred owners it runs with (what its rows' `preferred` is computed from), and
+    every partition's ownership as storage says now."""
+
+    node_url: str
+    node: str
+    peers: dict[str, str]
+    partition_owners: dict[str, str]
+    partitions: tuple[PartitionInfo, ...]
+
+    @classmethod
+    def from_json(cls, node_url: str, body: object) -> PartitionListing:
+        if not isinstance(body, Mapping) or not isinstance(body.get("partitions"), list):
+            raise ServerError(200, "bad_response", f"{node_url}: not a partition listing: {body!r}"[:400])
+        node, peers, owners = body.get("node"), body.get("peers"), body.get("partition_owners")
+        if not isinstance(node, str) or not isinstance(peers, Mapping) or not isinstance(owners, Mapping):
+            raise ServerError(200, "bad_response", f"{node_url}: a partition listing without node, peers and "
+                                                   f"partition_owners (a node older than this client?)")
+        return cls(node_url, node, {str(k): str(v) for k, v in peers.items()},
+                   {str(k): str(v) for k, v in owners.items()},
+                   tuple(PartitionInfo.from_json(node_url, row) for row in body["partitions"]))
+
 # === errors =======================================================================================
 
 

@@ -200,12 +200,15 @@ def _roll(cluster: Cluster, members: list[str], to_restart: list[str]) -> None:
 
 
 def _wait_placed(cluster: Cluster, members: list[str]) -> float:
-    """`cornus rebalance` until every partition is held by its preferred node among `members`, then
+    """`cornus rebalance --expect-peers` (as the chart's hook runs it) until every one of `members`
+    runs with exactly them and every partition is held by its preferred node among them, then
     `cornus partitions` shows it so; the seconds it took."""
     started = time.monotonic()
     url = cluster.nodes[members[0]].url
     cli = [sys.executable, "-m", "services.cli"]
-    waited = subprocess.run([*cli, "rebalance", "--url", url, "--timeout-s", str(TAKEOVER_TIMEOUT_S)],
+    member_urls = ",".join(f"{node}={cluster.nodes[node].url}" for node in members)
+    waited = subprocess.run([*cli, "rebalance", "--expect-peers", _peers(cluster, members), "--member-urls",
+                             member_urls, "--timeout-s", str(TAKEOVER_TIMEOUT_S)],
                             capture_output=True, text=True, timeout=TAKEOVER_TIMEOUT_S + 30, check=False)
     assert waited.returncode == 0, f"rebalance: {waited.stdout}{waited.stderr}"
     took_s = time.monotonic() - started
@@ -220,10 +223,12 @@ def _wait_placed(cluster: Cluster, members: list[str]) -> float:
 
 @pytest.mark.parametrize("storage", ["emulator"], indirect=True)
 def test_scale_from_three_nodes_to_four_and_back_under_the_bank_workload(storage: dict[str, str]) -> None:
-    """The node set changes as a rollout changes it: n3 starts with the new set, then n0..n2
-    restart one by one with it; later the reverse, and n3 stops. Partitions move by hand-over
-    only. Transfers run throughout; afterwards no money was created or lost and every
-    acknowledged transfer is visible."""
+    """The node set changes as the StatefulSet controller changes it (podManagementPolicy
+    Parallel, docs/deploy.md "Scaling"). Up: n3 starts with the new set and is ready, then the old
+    nodes restart one by one with it, highest ordinal first. Down: n3 is stopped and, without
+    waiting for it, the remaining nodes restart one by one with the smaller set, highest first.
+    Partitions move by hand-over only. Transfers run throughout; afterwards no money was created or
+    lost and every acknowledged transfer is visible."""
     three, four = ["n0", "n1", "n2"], ["n0", "n1", "n2", "n3"]
     with running_cluster("cornus", {**storage, **FAST_STORAGE}, node_count=4, partition_count=PARTITIONS) as cluster:
         for node_id in three:
@@ -243,13 +248,14 @@ def test_scale_from_three_nodes_to_four_and_back_under_the_bank_workload(storage
             up_s = _wait_placed(cluster, three)
             cluster.nodes["n3"].env["CORNUS_PEERS"] = _peers(cluster, four)
             cluster.start("n3")
-            _roll(cluster, four, three)
+            _roll(cluster, four, three[::-1])
             up_s = _wait_placed(cluster, four)
             time.sleep(1.0)  # transfers on four nodes
-            _roll(cluster, three, three)
-            assert cluster.nodes["n3"].process is not None
-            cluster.nodes["n3"].process.send_signal(signal.SIGTERM)
-            cluster.nodes["n3"].process.wait(30)
+            surplus = cluster.nodes["n3"].process
+            assert surplus is not None
+            surplus.send_signal(signal.SIGTERM)
+            _roll(cluster, three, three[::-1])
+            surplus.wait(30)
             down_s = _wait_placed(cluster, three)
             time.sleep(1.0)  # transfers on three nodes again
         finally:

@@ -52,6 +52,26 @@ def install_tool(script: str) -> str:
     return lines[-1]
 
 
+# Fixtures that may install a tool on first use (a cold `go install` of helm takes ~180 s here,
+# more on a loaded machine; checkov builds a virtual environment). Their wait is bounded by
+# INSTALL_TIMEOUT_S, not by the per-test timeout (pyproject.toml, 300 s), which would otherwise
+# charge the install to whichever test happens to need the tool first and fail it.
+TOOL_FIXTURES = frozenset({"helm_bin", "checkov_bin"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Time only the test function (not its fixtures) of every test of this directory that uses
+    a tool fixture: the test keeps its timeout, the install is bounded by its own."""
+    here = Path(__file__).parent
+    for item in items:
+        if here not in item.path.parents or not TOOL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            continue
+        marker = item.get_closest_marker("timeout")
+        args, kwargs = (marker.args, marker.kwargs) if marker is not None else ((), {})
+        # Prepended, so it is the closest timeout marker; any timeout a test sets is kept.
+        item.add_marker(pytest.mark.timeout(*args, **{**kwargs, "func_only": True}), append=False)
+
+
 @pytest.fixture(scope="session")
 def helm_bin() -> str:
     return install_tool("helm.sh")

@@ -1,15 +1,19 @@
 """The rendered chart starts a working cluster.
 
-The chart is rendered for a 3-replica Redis install; each pod of the StatefulSet becomes a local
-process run with exactly the container's command, args and environment (fieldRefs resolved to the
-pod, secretKeyRefs to the Secret a user would create, holding this xdist worker's Redis database).
-Every in-cluster DNS name the manifests use (each pod's name under the headless Service, the
-client Service) and the pods' own listen address map to 127.0.0.1 ports, one per (pod, container
-port). The test waits for each pod's rendered readiness probe, commits a transaction that spans
-partitions held by different nodes through the client Service's port and reads it back, runs the
-`helm test` hook's script and the rebalance hook's command as written, and stops the pods with
-SIGTERM within the rendered grace period. A chart whose variables, ports, peer list or probes are
-wired wrong fails here.
+The chart is rendered for a 3-replica Redis install, twice: with the Redis a user runs (its URL in
+a Secret) and with the chart's own dev Redis (the default install). Each pod of the StatefulSet
+becomes a local process run with exactly the container's command, args and environment (fieldRefs
+resolved to the pod, secretKeyRefs to the Secret a user would create, holding this xdist worker's
+Redis database; the dev Redis's in-cluster address to the test Redis), from an empty working
+directory as in the image. Every in-cluster DNS name the manifests use (each pod's name under the
+headless Service, the client Service) and the pods' own listen address map to 127.0.0.1 ports, one
+per (pod, container port). The test waits for each pod's rendered readiness probe, commits a
+transaction that spans partitions held by different nodes through the client Service's REST port
+and another through its public gRPC port, reads both back, runs the `helm test` hook's script and
+the rebalance hook's command as written, runs the rebalance hook of a 5-replica render against the
+three pods (it must fail: two nodes are missing, three run the old node set), and stops the pods
+with SIGTERM within the rendered grace period. A chart whose variables, ports, peer list or probes
+are wired wrong fails here.
 
 The image's entrypoint `cornus` (checked equal to the Dockerfile's in test_dockerfile.py) runs as
 `python -m services.cli` from this checkout.
@@ -29,20 +33,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 
 from cornus.runtime.keys import partition_of
+from services.public_api._generated import public_pb2 as pb
+from services.public_api._generated import public_pb2_grpc
+from services.public_api.example import parse_ops
 from tests.cluster.conftest import storage_for
 from tests.conftest import Services
 from tests.deploy.conftest import NAMESPACE, REPO, VALUES_FILES, find, render
 from tests.worker import free_port
 
 REPLICA_COUNT = 3
+# The scale-up whose rebalance hook runs against the three pods before any new pod exists.
+SCALED_REPLICA_COUNT = 5
 READY_TIMEOUT_S = 60.0
 POLL_S = 0.05
 HTTP_TIMEOUT_S = 15.0
+GRPC_TIMEOUT_S = 15.0
 HOOK_TIMEOUT_S = 120.0
+# The wait given to the 5-replica rebalance hook, which can never be satisfied here: long enough
+# for a few rounds of asking the nodes, short enough to keep the test quick.
+UNSATISFIABLE_HOOK_WAIT_S = 2.0
 LOG_TAIL_BYTES_MAX = 4_000
 # Values a test may set beyond the Redis example's: the replica count the issue asks for, and
 # the shorter storage deadline and clock slack of every cluster test on one machine (see
@@ -138,12 +152,12 @@ def base_environ(tmp_path: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running(pods: Mapping[str, Pod], grace_s: float) -> Iterator[None]:
+def running(pods: Mapping[str, Pod], grace_s: float, workdir: Path) -> Iterator[None]:
     try:
         for pod in pods.values():
             assert pod.log_path is not None
             with pod.log_path.open("ab") as log:
-                pod.process = subprocess.Popen(pod.argv, env=pod.env, cwd=REPO, stdout=log,
+                pod.process = subprocess.Popen(pod.argv, env=pod.env, cwd=workdir, stdout=log,
                                                stderr=subprocess.STDOUT, start_new_session=True)
         yield
     finally:
@@ -175,16 +189,57 @@ def wait_ready(client: httpx.Client, pod: Pod, url: str) -> None:
     pytest.fail(f"{pod.name}: readiness probe {url} not 200 within {READY_TIMEOUT_S:g} s:\n{pod.log_tail()}")
 
 
-def run_hook(argv: list[str], env: dict[str, str], what: str) -> str:
-    done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=HOOK_TIMEOUT_S,
+def run_hook(argv: list[str], env: dict[str, str], workdir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env=env, cwd=workdir, capture_output=True, text=True, timeout=HOOK_TIMEOUT_S,
                           check=False)
+
+
+def hook_output(done: subprocess.CompletedProcess[str], what: str) -> str:
     assert done.returncode == 0, f"{what} failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
 
+def rebalance_argv(docs: list[dict[str, Any]], network: LocalNetwork, wait_s: str | None = None) -> list[str]:
+    """The rebalance hook's command as rendered, its addresses mapped; `wait_s` replaces its wait."""
+    job = find(docs, "Job", "cornus-rebalance")
+    assert "post-upgrade" in job["metadata"]["annotations"]["helm.sh/hook"]
+    (job_container,) = job["spec"]["template"]["spec"]["containers"]
+    args = [network.rewrite(arg, None) for arg in job_container["args"]]
+    if wait_s is not None:
+        args[args.index("--timeout-s") + 1] = wait_s
+    return local_argv(job_container["command"], args)
+
+
+def dev_redis_address(docs: list[dict[str, Any]], domain: str) -> str:
+    """host:port of the dev Redis's one pod by its stable name: pod 0 of the rendered StatefulSet
+    under the headless Service that governs it, on the port its container listens on."""
+    (statefulset,) = [doc for doc in docs if doc["kind"] == "StatefulSet"
+                      and doc["metadata"]["labels"].get("app.kubernetes.io/component") == "dev-redis"]
+    name = statefulset["metadata"]["name"]
+    service = find(docs, "Service", statefulset["spec"]["serviceName"])
+    assert service["spec"]["clusterIP"] == "None", "the dev Redis pod's own DNS name needs a headless Service"
+    (redis,) = statefulset["spec"]["template"]["spec"]["containers"]
+    port = container_port(redis, "redis")
+    assert [p["port"] for p in service["spec"]["ports"]] == [port]
+    return f"{name}-0.{service['metadata']['name']}.{NAMESPACE}.svc.{domain}:{port}"
+
+
+def keys_on_every_node(owners: Mapping[str, str], partition_count: int, prefix: str, node_count: int) -> dict[str, str]:
+    """One key per node (node -> key): a transaction over them has a participant on every node."""
+    keys: dict[str, str] = {}
+    for index in range(10_000):
+        key = f"{prefix}-{index}"
+        keys.setdefault(owners[partition_of(key, partition_count)], key)
+        if len(keys) == node_count:
+            return keys
+    raise AssertionError(f"no key of {prefix} lands on every one of {node_count} nodes")
+
+
 @pytest.mark.services
-def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: Services, tmp_path: Path) -> None:
-    docs = render(helm_bin, VALUES_FILES["redis"], TEST_SETS)
+@pytest.mark.parametrize("install", ["redis", "dev_redis"])
+def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: Services, tmp_path: Path,
+                                                      install: str) -> None:
+    docs = render(helm_bin, VALUES_FILES[install], TEST_SETS)
     statefulset = find(docs, "StatefulSet", "cornus")
     pod_spec = statefulset["spec"]["template"]["spec"]
     (container,) = pod_spec["containers"]
@@ -197,22 +252,33 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
     listen_host = env_values["CORNUS_LISTEN"].rsplit(":", 1)[0]
     domain = env_values["CORNUS_PEERS"].split(",")[0].split(f".{NAMESPACE}.svc.", 1)[1].rsplit(":", 1)[0]
 
-    # Each pod's container ports get loopback ports of this xdist worker.
+    # Each pod's container ports get loopback ports of this xdist worker; so do the pods of the
+    # 5-replica render, which never start (their ports refuse connections, as a pod that does not
+    # exist yet is unreachable).
     pods = {f"cornus-{i}": Pod(f"cornus-{i}", {int(p["containerPort"]): free_port() for p in container["ports"]})
-            for i in range(replicas)}
+            for i in range(SCALED_REPLICA_COUNT)}
+    running_pods = {name: pods[name] for name in sorted(pods)[:replicas]}
     services_ports = {
         service["metadata"]["name"]: {int(p["port"]): container_port(container, p["targetPort"])
                                       for p in service["spec"]["ports"]}
         for service in (client_service, peer_service)
     }
     network = LocalNetwork(pods, peer_service["metadata"]["name"], domain, listen_host, services_ports)
-    # The Secret a user creates for ci/redis-values.yaml, holding this worker's emptied database.
+    # This worker's emptied database: in the Secret a user creates for ci/redis-values.yaml, or
+    # where the default install's URL points, the dev Redis pod of the release.
     redis_url = storage_for("redis", services, tmp_path)["redis_url"]
     secrets = {("cornus-redis", "redis-url"): redis_url}
     base = base_environ(tmp_path)
-    for pod in pods.values():
+    # An empty working directory, as the image's (/var/lib/cornus, on a read-only root filesystem):
+    # nothing may depend on running from the repository, and nothing is written there.
+    workdir = tmp_path / "workdir"
+    workdir.mkdir()
+    for pod in running_pods.values():
         environ = resolve_env(container, pod.name, secrets)
         pod.env = {**base, **{name: network.rewrite(value, pod.name) for name, value in environ.items()}}
+        if install == "dev_redis":
+            assert pod.env["CORNUS_STORAGE_REDIS_URL"] == f"redis://{dev_redis_address(docs, domain)}/0"
+            pod.env["CORNUS_STORAGE_REDIS_URL"] = redis_url
         pod.argv = local_argv(container["command"], container.get("args", []))
         pod.log_path = tmp_path / f"{pod.name}.log"
     assert all(address.startswith("127.0.0.1:") for address in
@@ -222,8 +288,9 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
         get = probe["httpGet"]
         return f"http://127.0.0.1:{pod.ports[container_port(container, get['port'])]}{get['path']}"
 
-    with running(pods, float(pod_spec["terminationGracePeriodSeconds"])), httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
-        for pod in pods.values():
+    grace_s = float(pod_spec["terminationGracePeriodSeconds"])
+    with running(running_pods, grace_s, workdir), httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
+        for pod in running_pods.values():
             wait_ready(http, pod, probe_url(pod, container["readinessProbe"]))
             assert http.get(probe_url(pod, container["livenessProbe"])).status_code == 200
             assert http.get(probe_url(pod, container["startupProbe"])).status_code == 200
@@ -236,43 +303,63 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
         partitions = http.get(f"{service_url}/v1/partitions").json()["partitions"]
         owners = {row["partition"]: row["owner"] for row in partitions}
         partition_count = int(env_values["CORNUS_PARTITION_COUNT"])
-        assert owners == {f"p{i}": sorted(pods)[i % replicas] for i in range(partition_count)}
+        assert owners == {f"p{i}": sorted(running_pods)[i % replicas] for i in range(partition_count)}
 
         # One key per node: a transaction whose participants are on every node.
-        keys: dict[str, str] = {}
-        for index in range(10_000):
-            key = f"deploy-test-{index}"
-            keys.setdefault(owners[partition_of(key, partition_count)], key)
-            if len(keys) == replicas:
-                break
-        assert len(keys) == replicas
+        keys = keys_on_every_node(owners, partition_count, "deploy-test", replicas)
         ops = [{"op": "put", "key": key, "value": f"v-{owner}"} for owner, key in keys.items()]
         committed = http.post(f"{service_url}/v1/execute", json={"ops": ops})
         assert committed.status_code == 200, committed.text
         assert committed.json()["outcome"] == "committed", committed.text
         # Read back, from every node, each in a transaction of its own.
-        for pod in pods.values():
+        for pod in running_pods.values():
             url = f"http://127.0.0.1:{pod.ports[container_port(container, 'http')]}"
             read = http.post(f"{url}/v1/execute", json={"ops": [{"op": "get", "key": key} for key in keys.values()]})
             assert read.status_code == 200, read.text
             assert read.json()["reads"] == {key: f"v-{owner}" for owner, key in keys.items()}
+
+        # Through the client Service's grpc port, with the project's gRPC client (the generated
+        # stubs of services/public_api): another transaction on every node, then read back.
+        grpc_port = next(p["port"] for p in client_service["spec"]["ports"] if p["name"] == "grpc")
+        target = network.rewrite(f"cornus.{NAMESPACE}.svc.{domain}:{grpc_port}", None)
+        grpc_keys = keys_on_every_node(owners, partition_count, "deploy-grpc", replicas)
+        with grpc.insecure_channel(target) as channel:
+            stub = public_pb2_grpc.CornusStub(channel)
+            words = [word for owner, key in grpc_keys.items() for word in ("put", key, f"g-{owner}")]
+            outcome = stub.Execute(pb.ExecuteRequest(ops=parse_ops(words)), timeout=GRPC_TIMEOUT_S)
+            assert outcome.outcome == pb.OUTCOME_COMMITTED, str(outcome)
+            words = [word for key in grpc_keys.values() for word in ("get", key)]
+            read_back = stub.Execute(pb.ExecuteRequest(ops=parse_ops(words)), timeout=GRPC_TIMEOUT_S)
+            assert read_back.outcome == pb.OUTCOME_COMMITTED, str(read_back)
+            assert {read.key: read.value.decode() for read in read_back.reads} == {
+                key: f"g-{owner}" for owner, key in grpc_keys.items()}
 
         # The `helm test` hook, as rendered: its script, its environment, the client Service.
         hook = find(docs, "Pod", "cornus-test-commit")
         assert hook["metadata"]["annotations"]["helm.sh/hook"] == "test"
         (hook_container,) = hook["spec"]["containers"]
         hook_env = {**base, **{n: network.rewrite(v, None) for n, v in resolve_env(hook_container, "", {}).items()}}
-        output = run_hook(local_argv(hook_container["command"], hook_container["args"]), hook_env, "helm test hook")
+        output = hook_output(run_hook(local_argv(hook_container["command"], hook_container["args"]), hook_env,
+                                      workdir), "helm test hook")
         assert output.count("committed") == 2, output
 
-        # The post-install/post-upgrade rebalance hook, as rendered.
-        job = find(docs, "Job", "cornus-rebalance")
-        (job_container,) = job["spec"]["template"]["spec"]["containers"]
-        job_argv = [network.rewrite(arg, None) for arg in job_container["args"]]
-        # Exit 0: every partition is on its preferred node (it prints only partitions that move).
-        run_hook(local_argv(job_container["command"], job_argv), base, "rebalance hook")
+        # The post-install/post-upgrade rebalance hook, as rendered: every node answers with the
+        # rendered node set and every partition is on its preferred node, so it exits 0.
+        hook_output(run_hook(rebalance_argv(docs, network), base, workdir), "rebalance hook")
+
+        # The hook of an upgrade to five replicas, run before any pod has rolled (`helm upgrade`
+        # without --wait): cornus-3 and cornus-4 do not exist and the three pods still run the
+        # 3-node set. Each node's own view says "placed"; the hook must not believe it.
+        five = render(helm_bin, VALUES_FILES[install], [*TEST_SETS, f"replicaCount={SCALED_REPLICA_COUNT}"])
+        refused = run_hook(rebalance_argv(five, network, f"{UNSATISFIABLE_HOOK_WAIT_S:g}"), base, workdir)
+        assert refused.returncode == 1, f"the 5-replica hook passed with 3 pods:\n{refused.stdout}{refused.stderr}"
+        three_set, five_set = ",".join(sorted(running_pods)), ",".join(sorted(pods))
+        for name in sorted(pods):
+            why = "no answer" if name not in running_pods else f"runs with the node set {three_set}, not {five_set}"
+            assert f"node {name}: {why}" in refused.stderr, refused.stderr
 
     # SIGTERM ended every pod cleanly within the rendered terminationGracePeriodSeconds.
-    for pod in pods.values():
+    for pod in running_pods.values():
         assert pod.process is not None
         assert pod.process.returncode == 0, f"{pod.name} exited with {pod.process.returncode}:\n{pod.log_tail()}"
+    assert not list(workdir.iterdir()), f"written to the working directory: {sorted(workdir.iterdir())}"

@@ -1,9 +1,11 @@
 """The Helm chart, checked offline: `helm lint --strict` and `helm template` with each backend's
-values file, the rendered manifests against the Kubernetes schemas of two minor versions
+values file, the rendered manifests against the Kubernetes schemas of several minor versions
 (`kubernetes-validate --strict`), checkov on the chart and on the rendered manifests, the refusals
-of values.schema.json and of the templates, and the rendered configuration of every pod loaded by
-the node's own config loader, so a variable the node does not know fails here rather than in a
-crash-looping pod. (tests/deploy/test_chart_cluster.py starts the rendered pods as processes.)
+of values.schema.json and of the templates (the same timeout combinations as the node's own
+config loader), the NetworkPolicies' rules, the rebalance hook's deadline against helm's, and
+the rendered configuration of every pod loaded by the node's own config loader, so a variable
+the node does not know fails here rather than in a crash-looping pod.
+(tests/deploy/test_chart_cluster.py starts the rendered pods as processes.)
 """
 
 from __future__ import annotations
@@ -15,15 +17,33 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate.utils
 import pytest
 import yaml
 
-from cornus.runtime.config import load_node_config, timeout_names_all
+from cornus.protocol.config import ProtocolConfig
+from cornus.protocol.ownership import OwnershipConfig
+from cornus.runtime.config import RuntimeLimits, load_node_config, timeout_names_all
+from services.client import ClientConfig
 from services.serve import SHUTDOWN_TIMEOUT_S, STORAGE_OPEN_TIMEOUT_S
-from tests.deploy.conftest import CHART, VALUES_FILES, find, render, render_error, run_helm
+from storage_adapters.contract import OWNER_LEASE_MS_MAX, PARTICIPANT_COUNT_MAX, SCAN_PAGE_COUNT_MAX
+from storage_adapters.errors import ValidationError
+from storage_adapters.factory import TIMEOUT_MS_CALL_MAX, StoreConfig
+from tests.deploy.conftest import (
+    CHART,
+    KUBE_VERSION,
+    NAMESPACE,
+    RELEASE,
+    VALUES_FILES,
+    find,
+    render,
+    render_error,
+    run_helm,
+)
 
-# Two supported minor versions, the oldest and a recent one that AKS and EKS both offer.
-KUBERNETES_VERSIONS = ("1.29.0", "1.33.0")
+# The oldest minor version the chart supports, a recent one that AKS and EKS both offer, and the
+# newest whose schemas kubernetes-validate ships (so an API the next Kubernetes drops shows here).
+KUBERNETES_VERSIONS = tuple(dict.fromkeys(("1.29.0", "1.33.0", kubernetes_validate.utils.latest_version())))
 CHECKOV_TIMEOUT_S = 300.0
 VALIDATE_TIMEOUT_S = 120.0
 # An image digest for renders that must pin one (the defaults cannot: no image is published).
@@ -164,10 +184,160 @@ def test_schema_timeouts_are_the_nodes() -> None:
         (["image.digest=latest"], "digest"),
         (["listenHost=::"], "listenHost"),
         (["lockPolicy=wound_wait"], "lockPolicy"),
+        # Three ports on one address, two on one Service: each needs its own.
+        (["ports.peer=8100"], "ports.peer (8100), ports.http (8100) and ports.grpc (9100) must be three different"),
+        (["ports.grpc=7100"], "must be three different ports"),
+        (["ports.http=9100"], "must be three different ports"),
+        (["service.ports.grpc=8100"], "service.ports.http and service.ports.grpc are both 8100"),
+        # A pattern's failure says in words what is expected, not only the regular expression.
+        (["image.digest=latest"], "an image digest: sha256: followed by 64 lowercase hex digits"),
+        (["listenHost=::"], "IPv6 is not supported"),
+        (["storage.redis.url=redis://:secret@redis:6379/0", "storage.redis.existingSecret="],
+         "a redis:// or rediss:// URL without a user or password"),
+        (["storage.backend=azure_blob", "storage.azureBlob.existingSecret=s", "storage.azureBlob.container=A_b"],
+         "an Azure container name"),
+        (["resources.requests.cpu=lots"], "a Kubernetes quantity"),
+        (["serviceMonitor.interval=30 seconds"], "a Prometheus duration"),
+        # The explanation is no value itself.
+        (["image.digest=an image digest: sha256: followed by 64 lowercase hex digits\\, or empty for none"],
+         "/image/digest"),
     ],
 )
 def test_bad_values_are_refused_with_a_message(helm_bin: str, sets: list[str], message: str) -> None:
     assert message in render_error(helm_bin, VALUES_FILES["redis"], sets)
+
+
+# The node's defaults, which the chart's cornus.validate must assume for values left unset: the
+# cases below sit on each side of every cross-field rule, computed from these, so a default that
+# drifts from the node's moves a bound and fails a case.
+_PROTOCOL, _LIMITS, _OWNERSHIP = ProtocolConfig(), RuntimeLimits(), OwnershipConfig()
+_CALL_MS = StoreConfig().timeout_ms_call
+_CALL_MS_FOR_DEFAULT_GRACE = (_PROTOCOL.gc_grace_ms - _PROTOCOL.clock_slack_ms) // 2
+_SLACK_MS_FOR_DEFAULT_GRACE = _PROTOCOL.gc_grace_ms - 2 * _CALL_MS
+_GRACE_MS_MIN = 2 * _CALL_MS + _PROTOCOL.clock_slack_ms
+# (values beyond ci/redis-values.yaml, the word helm's refusal names, the word the node's does).
+TIMEOUT_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
+    # The combinations the audit found installing fine and crash-looping the pods.
+    "call 100000": ({"storage": {"timeoutMsCall": 100_000}}, "gc_grace_ms", "gc_grace_ms"),
+    "grace 1000": ({"timeouts": {"gc_grace_ms": 1_000}}, "gc_grace_ms", "gc_grace_ms"),
+    "lease 1": ({"timeouts": {"lease_ms": 1}}, "lease_ms", "lease_ms"),
+    "slack 999999": ({"timeouts": {"clock_slack_ms": 999_999}}, "gc_grace_ms", "gc_grace_ms"),
+    "call 100000 with its grace": ({"storage": {"timeoutMsCall": 100_000}, "timeouts": {"gc_grace_ms": 201_000}},
+                                   "", ""),
+    "azure example": ({"storage": {"timeoutMsCall": 8_000}, "timeouts": {"gc_grace_ms": 20_000}}, "", ""),
+    # Each side of each rule, the other values the node's defaults.
+    "call at the default grace": ({"storage": {"timeoutMsCall": _CALL_MS_FOR_DEFAULT_GRACE}}, "", ""),
+    "call past the default grace": ({"storage": {"timeoutMsCall": _CALL_MS_FOR_DEFAULT_GRACE + 1}},
+                                    "gc_grace_ms", "gc_grace_ms"),
+    "slack at the default grace": ({"timeouts": {"clock_slack_ms": _SLACK_MS_FOR_DEFAULT_GRACE}}, "", ""),
+    "slack past the default grace": ({"timeouts": {"clock_slack_ms": _SLACK_MS_FOR_DEFAULT_GRACE + 1}},
+                                     "gc_grace_ms", "gc_grace_ms"),
+    "grace at its minimum": ({"timeouts": {"gc_grace_ms": _GRACE_MS_MIN}}, "", ""),
+    "grace below its minimum": ({"timeouts": {"gc_grace_ms": _GRACE_MS_MIN - 1}}, "gc_grace_ms", "gc_grace_ms"),
+    "lease twice the renewal": ({"timeouts": {"lease_ms": 2 * _OWNERSHIP.renew_interval_ms}}, "", ""),
+    "lease under twice the renewal": ({"timeouts": {"lease_ms": 2 * _OWNERSHIP.renew_interval_ms - 1}},
+                                      "lease_ms", "lease_ms"),
+    "renewal half the lease": ({"timeouts": {"renew_interval_ms": _OWNERSHIP.lease_ms // 2}}, "", ""),
+    "renewal over half the lease": ({"timeouts": {"renew_interval_ms": _OWNERSHIP.lease_ms // 2 + 1}},
+                                    "renew_interval_ms", "renew_interval_ms"),
+    "renewal and lease together": ({"timeouts": {"renew_interval_ms": 3_000, "lease_ms": 6_000}}, "", ""),
+    "backoff min at max": ({"timeouts": {"backoff_ms_min": _PROTOCOL.backoff_ms_max}}, "", ""),
+    "backoff min over max": ({"timeouts": {"backoff_ms_min": _PROTOCOL.backoff_ms_max + 1}},
+                             "backoff_ms_min", "backoff_ms_min"),
+    "backoff max under min": ({"timeouts": {"backoff_ms_max": _PROTOCOL.backoff_ms_min - 1}},
+                              "backoff_ms_min", "backoff_ms_min"),
+    "ops per request at per transaction": ({"timeouts": {"op_count_max": _LIMITS.txn_op_count_max}}, "", ""),
+    "ops per request over per transaction": ({"timeouts": {"op_count_max": _LIMITS.txn_op_count_max + 1}},
+                                             "op_count_max", "op_count_max"),
+    "ops per transaction under per request": ({"timeouts": {"txn_op_count_max": _LIMITS.op_count_max - 1}},
+                                              "op_count_max", "op_count_max"),
+    "lease at its limit": ({"timeouts": {"lease_ms": OWNER_LEASE_MS_MAX}}, "", ""),
+    "lease over its limit": ({"timeouts": {"lease_ms": OWNER_LEASE_MS_MAX + 1}}, "lease_ms", "lease_ms"),
+    "scan page at its limit": ({"timeouts": {"scan_page_count_max": SCAN_PAGE_COUNT_MAX}}, "", ""),
+    "scan page over its limit": ({"timeouts": {"scan_page_count_max": SCAN_PAGE_COUNT_MAX + 1}},
+                                 "scan_page_count_max", "scan_page_count_max"),
+    "partitions at the vote's limit": ({"timeouts": {"txn_partition_count_max": PARTICIPANT_COUNT_MAX}}, "", ""),
+    "partitions over the vote's limit": ({"timeouts": {"txn_partition_count_max": PARTICIPANT_COUNT_MAX + 1}},
+                                         "txn_partition_count_max", "txn_partition_count_max"),
+    "call at its limit": ({"storage": {"timeoutMsCall": TIMEOUT_MS_CALL_MAX},
+                           "timeouts": {"gc_grace_ms": 3 * TIMEOUT_MS_CALL_MAX}}, "", ""),
+    "call over its limit": ({"storage": {"timeoutMsCall": TIMEOUT_MS_CALL_MAX + 1},
+                             "timeouts": {"gc_grace_ms": 3 * TIMEOUT_MS_CALL_MAX}}, "timeoutMsCall", "timeout_ms_call"),
+    "a zero timeout": ({"timeouts": {"timeout_ms_prepare": 0}}, "timeout_ms_prepare", "timeout_ms_prepare"),
+}
+
+
+def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        merged[key] = _merged(merged.get(key, {}), value) if isinstance(value, dict) else value
+    return merged
+
+
+def _flattened(values: dict[str, Any], prefix: str = "") -> list[str]:
+    """`--set` arguments for nested values."""
+    items: list[str] = []
+    for key, value in values.items():
+        items += _flattened(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}={value}"]
+    return items
+
+
+def _node_verdict(environ: dict[str, str]) -> str:
+    """"" if the node accepts this configuration, else its message."""
+    try:
+        load_node_config(environ=environ)
+    except ValidationError as error:
+        return str(error)
+    return ""
+
+
+@pytest.fixture(scope="module")
+def redis_pod_environ(helm_bin: str) -> dict[str, str]:
+    """The environment of cornus-0 in the Redis example's render."""
+    return pod_environ(node_container(render(helm_bin, VALUES_FILES["redis"])), "cornus-0")
+
+
+# Every case from a values file (numbers are floats to helm); the audit's, as reported, by --set
+# (int64) too.
+_AUDIT_CASES = ("call 100000", "grace 1000", "lease 1", "slack 999999", "call 100000 with its grace")
+
+
+@pytest.mark.parametrize(("case", "how"), [*((case, "values file") for case in sorted(TIMEOUT_CASES)),
+                                           *((case, "--set") for case in _AUDIT_CASES)])
+def test_helm_refuses_exactly_the_timeouts_the_node_refuses(helm_bin: str, redis_pod_environ: dict[str, str],
+                                                            tmp_path: Path, case: str, how: str) -> None:
+    """The chart passes storage.timeoutMsCall and timeouts.* to the node as CORNUS_* variables, and
+    the node checks them together at start. A combination it refuses must fail the install, and
+    one it accepts must install, whether the values come from a file (floats to helm) or --set."""
+    extra, helm_word, node_word = TIMEOUT_CASES[case]
+    base = yaml.safe_load(VALUES_FILES["redis"].read_text())
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
+    if how == "values file":
+        values = tmp_path / "values.yaml"
+        values.write_text(yaml.safe_dump(_merged(base, extra)))
+        args += ["-f", str(values)]
+    else:
+        args += ["-f", str(VALUES_FILES["redis"])]
+        for item in _flattened(extra):
+            args += ["--set", item]
+    done = run_helm(helm_bin, args)
+    # What the node makes of the variables the chart passes: the Redis example's pod environment
+    # with this case's values, as the StatefulSet template spells them.
+    environ = dict(redis_pod_environ)
+    if "timeoutMsCall" in extra.get("storage", {}):
+        environ["CORNUS_STORAGE_TIMEOUT_MS_CALL"] = str(extra["storage"]["timeoutMsCall"])
+    for name, value in extra.get("timeouts", {}).items():
+        environ[f"CORNUS_{name.upper()}"] = str(value)
+    node_refusal = _node_verdict(environ)
+    if done.returncode == 0:
+        # Installed: the pods get exactly what the render says, and the node must take it.
+        rendered = pod_environ(node_container([d for d in yaml.safe_load_all(done.stdout) if d]), "cornus-0")
+        assert not node_refusal and not _node_verdict(rendered), (
+            f"helm installs {extra}, the node refuses it: {node_refusal or _node_verdict(rendered)}")
+        assert not helm_word, f"{case}: expected a refusal naming {helm_word}"
+    else:
+        assert node_refusal, f"helm refuses {extra}, which the node accepts:\n{done.stderr}"
+        assert helm_word in done.stderr and node_word in node_refusal, (done.stderr, node_refusal)
 
 
 def test_manifests_validate_against_kubernetes_schemas(helm_bin: str, tmp_path: Path) -> None:
@@ -214,17 +384,14 @@ def test_checkov_rendered_manifests(helm_bin: str, checkov_bin: str, tmp_path: P
     for name, values in sorted(VALUES_FILES.items()):
         docs = render(helm_bin, values, [f"image.digest={DIGEST}", f"devRedis.image.digest={DIGEST}"])
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump_all(docs))
-    # Rendered with digests, so "Image should use digest" (CKV_K8S_43) is checked, not skipped.
-    skips = [check for check in checkov_skips() if check != "CKV_K8S_43"]
+    # Rendered with digests, so "Image should use digest" (CKV_K8S_43) is checked, not skipped; and
+    # in namespace cornus, so "the default namespace should not be used" (CKV_K8S_21) is too.
+    skips = [check for check in checkov_skips() if check not in ("CKV_K8S_43", "CKV_K8S_21")]
     run_checkov(checkov_bin, ["-d", str(tmp_path), "--framework", "kubernetes", "--skip-check", ",".join(skips)])
 
 
 def test_checkov_chart(helm_bin: str, checkov_bin: str) -> None:
-    # checkov's helm framework renders the chart with its default values, itself, under the
-    # namespace "default": CKV_K8S_21 ("the default namespace should not be used") is about where
-    # `helm install --namespace` puts the release, not about the chart, whose every resource
-    # takes the release's namespace (the rendered-manifest run above checks it, in namespace cornus).
-    skips = [*checkov_skips(), "CKV_K8S_21"]
+    skips = checkov_skips()
     env = {**os.environ, "PATH": f"{Path(helm_bin).parent}{os.pathsep}{os.environ['PATH']}"}
     run_checkov(checkov_bin, ["-d", str(CHART), "--framework", "helm", "--skip-check", ",".join(skips)], env)
 
@@ -294,3 +461,96 @@ def test_every_pod_of_the_release_is_placed_by_node_selector_and_tolerations(hel
         if spec.get("nodeSelector") != {"kubernetes.io/arch": "arm64"} or spec.get("tolerations") != [toleration]
     }
     assert not misplaced, f"pods that ignore nodeSelector/tolerations: {misplaced}"
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels only, as the chart writes them) selects `labels`."""
+    assert set(selector) <= {"matchLabels"}, selector
+    return all(labels.get(key) == value for key, value in selector.get("matchLabels", {}).items())
+
+
+def _rule_ports(rule: dict[str, Any]) -> set[Any]:
+    return {item["port"] for item in rule["ports"]}
+
+
+@pytest.mark.parametrize("values", ["redis", "dev_redis"])
+def test_network_policies_admit_peers_only_from_peers_and_clients_only_from_allowed_clients(
+    helm_bin: str, values: str
+) -> None:
+    docs = render(helm_bin, VALUES_FILES[values])
+    client_from = (yaml.safe_load(VALUES_FILES[values].read_text()).get("networkPolicy") or {}).get("clientFrom", [])
+    template = find(docs, "StatefulSet", "cornus")["spec"]["template"]
+    node_labels = template["metadata"]["labels"]
+    named_ports = {p["name"]: p["containerPort"] for p in node_container(docs)["ports"]}
+    assert set(named_ports) == {"peer", "http", "grpc"}
+    policy = find(docs, "NetworkPolicy", "cornus")["spec"]
+    assert _selects(policy["podSelector"], node_labels) and set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    rules = policy["ingress"]
+    # A rule without ports admits every port, one without `from` every source.
+    assert all(rule.get("ports") for rule in rules), rules
+    peer_rules = [rule for rule in rules if _rule_ports(rule) & {"peer", named_ports["peer"]}]
+    assert len(peer_rules) == 1 and _rule_ports(peer_rules[0]) == {"peer"}, rules
+    # Peers only: pods of this release's nodes, in this namespace (no namespaceSelector).
+    assert peer_rules[0].get("from"), f"the peer port admits any source: {peer_rules[0]}"
+    (peer_source,) = peer_rules[0]["from"]
+    assert set(peer_source) == {"podSelector"} and _selects(peer_source["podSelector"], node_labels), peer_source
+    # Selected by the node labels alone: nothing but the node pods carries all of them.
+    other_pods = {name: spec for name, spec in _pod_specs(docs).items() if name != "StatefulSet/cornus"}
+    labels_of = {doc["kind"] + "/" + doc["metadata"]["name"]: (doc["spec"]["template"]["metadata"]["labels"]
+                                                               if doc["kind"] != "Pod" else doc["metadata"]["labels"])
+                 for doc in docs if doc["kind"] in ("StatefulSet", "Job", "Pod")}
+    assert not [name for name in other_pods if _selects(peer_source["podSelector"], labels_of[name])]
+    client_rules = [rule for rule in rules if _rule_ports(rule) & {"http", "grpc", named_ports["http"],
+                                                                   named_ports["grpc"]}]
+    assert len(client_rules) == 1 and _rule_ports(client_rules[0]) == {"http", "grpc"}, rules
+    assert len(rules) == 2, rules
+    chart_clients = {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": RELEASE,
+                                                     "cornus.dev/client": "true"}}}
+    if client_from:
+        # Exactly the allowed clients, and the chart's own (the helm test pod, the rebalance hook).
+        assert client_rules[0]["from"] == [*client_from, chart_clients]
+        for name in ("Pod/cornus-test-commit", "Job/cornus-rebalance"):
+            assert _selects(chart_clients["podSelector"], labels_of[name]), name
+        # With the ServiceMonitor on, Prometheus must be among them: /metrics is on the http port.
+        assert find(docs, "ServiceMonitor", "cornus")
+        assert any(entry.get("namespaceSelector") for entry in client_from), client_from
+    else:
+        assert "from" not in client_rules[0], "clientFrom is empty: the client ports admit anyone"
+    # The chart's client pods accept nothing and reach only DNS and the nodes' client ports.
+    clients = find(docs, "NetworkPolicy", "cornus-clients")["spec"]
+    assert clients["ingress"] == [] and set(clients["policyTypes"]) == {"Ingress", "Egress"}
+    dns, nodes = clients["egress"]
+    assert "to" not in dns and {p["port"] for p in dns["ports"]} == {53}
+    (node_target,) = nodes["to"]
+    assert _selects(node_target["podSelector"], node_labels)
+    assert _rule_ports(nodes) == {named_ports["http"], named_ports["grpc"]}
+
+
+# helm's --timeout when none is given (5m0s): each hook Job is waited for at most this long.
+HELM_TIMEOUT_S_DEFAULT = 300
+
+
+def test_rebalance_hook_ends_within_helms_default_timeout_and_fails_on_its_verdict(helm_bin: str) -> None:
+    """The Job's activeDeadlineSeconds (540 s) exceeded helm's default --timeout, so helm gave up
+    with a generic timeout while the hook was still running; and it retried a verdict (exit 1)
+    ten times. The Job must end within helm's wait, leave the hook its whole wait plus one round
+    of requests, and fail at once on exit 1 (not placed) or 2 (bad input)."""
+    docs = render(helm_bin, VALUES_FILES["redis"])
+    job = find(docs, "Job", "cornus-rebalance")
+    assert set(job["metadata"]["annotations"]["helm.sh/hook"].split(",")) == {"post-install", "post-upgrade"}
+    spec = job["spec"]
+    (container,) = spec["template"]["spec"]["containers"]
+    args = container["args"]
+    wait_s = float(args[args.index("--timeout-s") + 1])
+    last_round_s = ClientConfig().timeout_ms_request / 1000
+    assert wait_s + last_round_s <= spec["activeDeadlineSeconds"] < HELM_TIMEOUT_S_DEFAULT, spec
+    rules = spec["podFailurePolicy"]["rules"]
+    (fail,) = [rule for rule in rules if rule["action"] == "FailJob"]
+    assert fail["onExitCodes"] == {"containerName": container["name"], "operator": "In", "values": [1, 2]}
+    (ignore,) = [rule for rule in rules if rule["action"] == "Ignore"]
+    assert ignore["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    # The membership it checks is the one the nodes run with.
+    peers = {e["name"]: e.get("value") for e in node_container(docs)["env"]}["CORNUS_PEERS"]
+    assert args[args.index("--expect-peers") + 1] == peers
+    member_urls = args[args.index("--member-urls") + 1]
+    assert [item.split("=")[0] for item in member_urls.split(",")] == [item.split("=")[0] for item in peers.split(",")]

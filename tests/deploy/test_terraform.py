@@ -16,10 +16,13 @@ from typing import Any
 
 import hcl2
 import pytest
+import yaml
 
+from cornus.runtime.config import load_node_config
 from storage_adapters import azure_blob
 from storage_adapters.contract import LogId
-from tests.deploy.conftest import REPO, TERRAFORM
+from tests.deploy.conftest import CHART, REPO, TERRAFORM, VALUES_FILES, find, render
+from tests.deploy.test_helm_chart import DIGEST, node_container, pod_environ
 
 CHECKOV_TIMEOUT_S = 300.0
 MODULES = TERRAFORM / "modules"
@@ -49,6 +52,19 @@ IAM_ACTION_OF_TRANSACT_ITEM = {
 # Calls the node never makes on a table Terraform created: create_table runs only when the table
 # is missing, delete_table is a test helper.
 CALLS_NOT_GRANTED = {"create_table", "delete_table"}
+# Each module's backend, by the chart's example values file of that backend.
+BACKEND_OF_MODULE = {"azure": "azure_blob", "aws": "dynamodb"}
+# What Terraform fills in for the references in an example's chart values once it has applied:
+# the names and ARNs of what it creates, and the variables a user must give.
+APPLIED_VALUES = {
+    "var.image_repository": "registry.example.com/cornus",
+    "var.image_digest": DIGEST,
+    "var.region": "eu-west-1",
+    "azurerm_storage_container.cornus.name": "cornus",
+    "aws_dynamodb_table.cornus.name": "cornus",
+    "aws_iam_role.cornus.arn": "arn:aws:iam::123456789012:role/cornus",
+}
+_REFERENCE = re.compile(r"^\$\{(?P<ref>[^{}]+)\}$")
 
 
 def unquote(value: Any) -> Any:
@@ -228,3 +244,102 @@ def test_checkov_terraform(checkov_bin: str) -> None:
     assert sum(r["summary"]["skipped"] for r in reports) <= len(skips)
     for skip in skips:
         assert re.fullmatch(r"#checkov:skip=CKV2?_\w+:.{40,}", skip), f"a skip without its reason: {skip}"
+
+
+def _output_value(module: Path, name: str) -> Any:
+    (output,) = [body for output_name, body in blocks(module, "output").items() if output_name == name]
+    return output["value"]
+
+
+def _applied(value: Any, lookup: Any) -> Any:
+    """`value` as parsed by python-hcl2 with every `${reference}` replaced by lookup(reference)
+    and the quotes of string literals (and of keys) removed."""
+    if isinstance(value, dict):
+        return {unquote(key): _applied(item, lookup) for key, item in value.items() if not key.startswith("__")}
+    if isinstance(value, list):
+        return [_applied(item, lookup) for item in value]
+    if isinstance(value, str) and (match := _REFERENCE.match(value)):
+        return lookup(match["ref"])
+    return unquote(value)
+
+
+def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """What helm makes of two values files given in this order."""
+    merged = dict(base)
+    for key, value in extra.items():
+        merged[key] = _merged(merged.get(key, {}), value) if isinstance(value, dict) else value
+    return merged
+
+
+def _example_chart_values(example: str) -> dict[str, Any]:
+    """The values the example root's helm_release gives the chart: each `yamlencode(...)` of its
+    values list, in order, references filled in as after an apply."""
+    root = EXAMPLES / example
+    (module_call,) = blocks(root, "module").values()
+    module = (root / unquote(module_call["source"])).resolve()
+    variables = blocks(root, "variable")
+    local_values = {unquote(k): v for block in load(root / "main.tf").get("locals", []) for k, v in block.items()}
+
+    def in_example(ref: str) -> Any:
+        kind, _, name = ref.partition(".")
+        if kind == "var" and "default" in variables.get(name, {}):
+            return unquote(variables[name]["default"])
+        if kind == "local" and name in local_values:
+            return _applied(local_values[name], in_example)
+        if ref == "module.storage.helm_values":
+            return _applied(_output_value(module, "helm_values"), in_module)
+        secret = re.fullmatch(r"kubernetes_secret\.(\w+)\.metadata\[0\]\.name", ref)
+        if secret:
+            return unquote(resources(root, "kubernetes_secret")[secret[1]]["metadata"][0]["name"])
+        assert ref in APPLIED_VALUES, f"{root}: no value for ${{{ref}}}: add one to APPLIED_VALUES"
+        return APPLIED_VALUES[ref]
+
+    def in_module(ref: str) -> Any:
+        kind, _, name = ref.partition(".")
+        if kind == "var" and name in module_call:
+            return _applied(module_call[name], in_example)
+        assert ref in APPLIED_VALUES, f"{module}: no value for ${{{ref}}}: add one to APPLIED_VALUES"
+        return APPLIED_VALUES[ref]
+
+    values: dict[str, Any] = {}
+    for item in resources(root, "helm_release")["cornus"]["values"]:
+        inner = re.fullmatch(r"\$\{yamlencode\((?P<expr>.*)\)\}", item, re.DOTALL)
+        assert inner, f"{root}: helm_release value {item!r} is not a yamlencode(...)"
+        values = _merged(values, _applied(hcl2.loads(f"x = {inner['expr']}")["x"], in_example))
+    return values
+
+
+@pytest.mark.parametrize("module", sorted(BACKEND_OF_MODULE))
+def test_module_helm_values_keep_the_storage_timeouts_of_the_backends_example(module: str) -> None:
+    """The Azure module's chart values left out the longer storage deadline (and the grace it
+    needs) that helm/cornus/ci/azure-blob-values.yaml gives Azure Blob, so a Terraform install
+    ran with the Redis-sized default of 5 s."""
+    example = yaml.safe_load(VALUES_FILES[BACKEND_OF_MODULE[module]].read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    values = _applied(_output_value(MODULES / module, "helm_values"), lambda ref: APPLIED_VALUES.get(ref, ref))
+    assert values["storage"]["backend"] == example["storage"]["backend"]
+    for source in (values, example):
+        source.setdefault("timeouts", {})
+        source["storage"].setdefault("timeoutMsCall", defaults["storage"]["timeoutMsCall"])
+    assert (values["storage"]["timeoutMsCall"], values["timeouts"]) == (
+        example["storage"]["timeoutMsCall"], example["timeouts"]), f"modules/{module} helm_values: {values}"
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.iterdir()))
+def test_example_root_installs_the_chart_with_a_config_the_node_accepts(helm_bin: str, tmp_path: Path,
+                                                                        example: str) -> None:
+    """The values each example root's helm_release passes render (the chart's own checks pass),
+    and every pod's configuration loads in the node's config loader."""
+    values = _example_chart_values(example)
+    assert values["storage"]["backend"] == BACKEND_OF_MODULE[example]
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    docs = render(helm_bin, path)
+    replicas = find(docs, "StatefulSet", "cornus")["spec"]["replicas"]
+    assert replicas == values["replicaCount"]
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    call_ms = values["storage"].get("timeoutMsCall", defaults["storage"]["timeoutMsCall"])
+    for ordinal in range(replicas):
+        config = load_node_config(environ=pod_environ(node_container(docs), f"cornus-{ordinal}"))
+        assert config.storage.backend == BACKEND_OF_MODULE[example]
+        assert config.storage.timeout_ms_call == call_ms

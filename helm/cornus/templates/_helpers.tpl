@@ -89,20 +89,39 @@ cornus.dev/partition-count: {{ .Values.partitionCount | quote }}
 {{- end }}
 
 {{/*
-CORNUS_PEERS: every node, this one included, as "<pod>=<pod>.<peer service>.<ns>.svc.<domain>:<port>".
-Every pod gets the same list from the same template, so the nodes agree on the node set, and
-with it on each partition's preferred owner (round-robin over the sorted node ids).
+Every node of the release as "<pod>=<scheme><pod>.<peer service>.<ns>.svc.<domain>:<port>", comma
+separated: one loop for the peer list the nodes run with and for the list the rebalance hook checks
+them against, so the two cannot name different node sets. Takes (dict "ctx" $ "port" N "scheme" S).
+*/}}
+{{- define "cornus.memberList" -}}
+{{- $ctx := .ctx }}
+{{- $fullname := include "cornus.fullname" $ctx }}
+{{- $peerService := include "cornus.peerService" $ctx }}
+{{- $domain := include "cornus.svcDomain" $ctx }}
+{{- $members := list }}
+{{- range $ordinal := until (int $ctx.Values.replicaCount) }}
+{{- $pod := printf "%s-%d" $fullname $ordinal }}
+{{- $members = append $members (printf "%s=%s%s.%s.%s:%d" $pod $.scheme $pod $peerService $domain (int $.port)) }}
+{{- end }}
+{{- join "," $members }}
+{{- end }}
+
+{{/*
+CORNUS_PEERS: every node, this one included. Every pod gets the same list from the same template,
+so the nodes agree on the node set, and with it on each partition's preferred owner (round-robin
+over the sorted node ids).
 */}}
 {{- define "cornus.peers" -}}
-{{- $fullname := include "cornus.fullname" . }}
-{{- $peerService := include "cornus.peerService" . }}
-{{- $domain := include "cornus.svcDomain" . }}
-{{- $peers := list }}
-{{- range $ordinal := until (int .Values.replicaCount) }}
-{{- $pod := printf "%s-%d" $fullname $ordinal }}
-{{- $peers = append $peers (printf "%s=%s.%s.%s:%d" $pod $pod $peerService $domain (int $.Values.ports.peer)) }}
+{{- include "cornus.memberList" (dict "ctx" . "port" .Values.ports.peer "scheme" "") }}
 {{- end }}
-{{- join "," $peers }}
+
+{{/*
+Each node's own REST URL, by its name under the headless Service (published before the pod is
+ready), for the rebalance hook, which must hear every node rather than whichever the client
+Service picks.
+*/}}
+{{- define "cornus.memberUrls" -}}
+{{- include "cornus.memberList" (dict "ctx" . "port" .Values.ports.http "scheme" "http://") }}
 {{- end }}
 
 {{/* The client Service's in-cluster REST URL. */}}
@@ -160,6 +179,51 @@ release already in the cluster). Each fails with a message that says what to cha
 {{- end }}
 {{- if and (eq .Values.storage.backend "azure_blob") (not .Values.storage.azureBlob.existingSecret) }}
 {{- fail "storage.backend=azure_blob needs storage.azureBlob.existingSecret: a Secret holding the storage account's connection string" }}
+{{- end }}
+{{- /*
+The node listens on all three ports on one address (listenHost), and a Service cannot expose one
+port twice: a shared port would only show as a pod that cannot bind, or a Service the API server
+refuses.
+*/}}
+{{- $peer := int .Values.ports.peer }}
+{{- $http := int .Values.ports.http }}
+{{- $grpc := int .Values.ports.grpc }}
+{{- if or (eq $peer $http) (eq $peer $grpc) (eq $http $grpc) }}
+{{- fail (printf "ports.peer (%d), ports.http (%d) and ports.grpc (%d) must be three different ports: the node listens on each of them at listenHost" $peer $http $grpc) }}
+{{- end }}
+{{- if eq (int .Values.service.ports.http) (int .Values.service.ports.grpc) }}
+{{- fail (printf "service.ports.http and service.ports.grpc are both %d: the client Service needs a port for each" (int .Values.service.ports.http)) }}
+{{- end }}
+{{- /*
+The node's cross-field rules on its timeouts and limits (cornus/runtime/config.py,
+load_node_config), with the node's own defaults for the values left unset, so a combination the
+node would refuse fails the install instead of crash-looping every pod. Single values (positive,
+at most a limit) are checked by values.schema.json. tests/deploy/test_helm_chart.py checks that
+helm refuses exactly the combinations the node refuses.
+*/}}
+{{- $nodeDefaults := dict "clock_slack_ms" 1000 "gc_grace_ms" 12000 "backoff_ms_min" 10 "backoff_ms_max" 320 "lease_ms" 4000 "renew_interval_ms" 1000 "op_count_max" 1000 "txn_op_count_max" 10000 }}
+{{- $t := dict }}
+{{- range $name, $default := $nodeDefaults }}
+{{- $value := $default }}
+{{- if hasKey $.Values.timeouts $name }}
+{{- $value = index $.Values.timeouts $name }}
+{{- end }}
+{{- /* int64: a values file's numbers are floats to helm, --set's are int64 */}}
+{{- $_ := set $t $name (int64 $value) }}
+{{- end }}
+{{- $call := int64 .Values.storage.timeoutMsCall }}
+{{- $graceMin := add (mul 2 $call) $t.clock_slack_ms }}
+{{- if lt $t.gc_grace_ms $graceMin }}
+{{- fail (printf "timeouts.gc_grace_ms is %d, but a storage call may land up to its deadline (storage.timeoutMsCall, %d) plus timeouts.clock_slack_ms (%d) after it was made, and a manual resolve makes two in a row: gc_grace_ms must be at least 2 * timeoutMsCall + clock_slack_ms = %d, or a late call could recreate a collected record (unset, gc_grace_ms is %d and clock_slack_ms %d, the node's defaults)" $t.gc_grace_ms $call $t.clock_slack_ms $graceMin $nodeDefaults.gc_grace_ms $nodeDefaults.clock_slack_ms) }}
+{{- end }}
+{{- if lt $t.lease_ms (mul 2 $t.renew_interval_ms) }}
+{{- fail (printf "timeouts.renew_interval_ms (%d) must be at most half of timeouts.lease_ms (%d): one slow renewal must not end a lease (unset, lease_ms is %d and renew_interval_ms %d, the node's defaults)" $t.renew_interval_ms $t.lease_ms $nodeDefaults.lease_ms $nodeDefaults.renew_interval_ms) }}
+{{- end }}
+{{- if gt $t.backoff_ms_min $t.backoff_ms_max }}
+{{- fail (printf "timeouts.backoff_ms_min (%d) must not exceed timeouts.backoff_ms_max (%d) (unset, they are %d and %d, the node's defaults)" $t.backoff_ms_min $t.backoff_ms_max $nodeDefaults.backoff_ms_min $nodeDefaults.backoff_ms_max) }}
+{{- end }}
+{{- if gt $t.op_count_max $t.txn_op_count_max }}
+{{- fail (printf "timeouts.op_count_max (%d, per request) must not exceed timeouts.txn_op_count_max (%d, per transaction) (unset, they are %d and %d, the node's defaults)" $t.op_count_max $t.txn_op_count_max $nodeDefaults.op_count_max $nodeDefaults.txn_op_count_max) }}
 {{- end }}
 {{- /* The release in the cluster, when there is one (lookup is empty under helm template). */}}
 {{- $previous := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "cornus.fullname" .) }}

@@ -30,9 +30,16 @@ output "helm_values" {
   value = {
     storage = {
       backend = "azure_blob"
+      # Azure Blob answers in ~10 ms where Redis answers in ~1, and its slow calls are slower
+      # still: a longer deadline per storage call, as in helm/cornus/ci/azure-blob-values.yaml.
+      timeoutMsCall = 8000
       azureBlob = {
         container = azurerm_storage_container.cornus.name
       }
+    }
+    timeouts = {
+      # At least 2 * timeoutMsCall + clock_slack_ms (1000 by default), or the chart refuses it.
+      gc_grace_ms = 20000
     }
     devRedis = {
       enabled = false
