@@ -8,8 +8,10 @@ call costs the node, and what coalescing a tick's deletes into one request saves
 Writes `--calls` fresh records in waves of `--wave` concurrent `log_once` calls, then deletes them
 all in waves of `--wave` concurrent `delete` calls (fenced with `--fenced`, spread over `--logs`
 partition logs), and prints wall-clock rate and process CPU per call for each phase, and first
-what the waves cost with a call that does nothing. Use a scratch database or file (it leaves
-only one ownership record per log behind); prints figures only.
+what the waves cost with a call that does nothing. For the emulator it prints the CPU per call of
+its writer process too (the file's single writer, which runs every node's writes: its CPU bounds
+the file's write rate). `--wave 1` makes each call a round trip of its own. Use a scratch database
+or file (it leaves only one ownership record per log behind); prints figures only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from collections.abc import Awaitable, Callable
 import uvloop
 
 from storage_adapters.contract import Fence, LogId, Ownership, RecordBody, TxnState
+from storage_adapters.emulator import EmulatorStore
 from storage_adapters.factory import StoreConfig, open_store
+from storage_adapters.store import LogStore
 
 CALL_COUNT_MAX = 1_000_000
 WAVE_COUNT_MAX = 4_096
@@ -32,15 +36,36 @@ ROUND_COUNT_MAX = 20
 TIMEOUT_MS_CALL = 30_000
 
 
-async def _phase(name: str, calls: list[Callable[[], Awaitable[object]]], wave: int) -> tuple[str, float]:
-    """Run the call factories `calls` in waves of `wave` concurrent calls; a line of figures and
-    the CPU per call in microseconds."""
+def _process_cpu_s(pid: int | None) -> float:
+    """CPU seconds process `pid` has used (0 without one): the scheduler's nanosecond count
+    (/proc/<pid>/schedstat), since /proc/<pid>/stat counts in 10 ms ticks."""
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/schedstat") as stats:
+        return int(stats.read().split()[0]) / 1e9
+
+
+def _writer_pid(store: LogStore) -> int | None:
+    """The emulator's writer process, whose CPU is the other half of every write (None for Redis)."""
+    return store.writer_pid if isinstance(store, EmulatorStore) else None
+
+
+async def _phase(
+    name: str, calls: list[Callable[[], Awaitable[object]]], wave: int, writer_pid: int | None = None,
+) -> tuple[str, float, float]:
+    """Run the call factories `calls` in waves of `wave` concurrent calls; a line of figures, and
+    the CPU per call in microseconds of this process and of the writer process `writer_pid`."""
+    writer_started = _process_cpu_s(writer_pid)
     cpu_started, started = time.process_time(), time.perf_counter()
     for start in range(0, len(calls), wave):
         await asyncio.gather(*(call() for call in calls[start : start + wave]))
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    cpu_us = 1e6 * cpu / len(calls)
-    return f"  {name:<9} {len(calls) / elapsed:>9,.0f} calls/s  {cpu_us:6.1f} us CPU per call", cpu_us
+    writer_cpu = _process_cpu_s(writer_pid) - writer_started
+    cpu_us, writer_us = 1e6 * cpu / len(calls), 1e6 * writer_cpu / len(calls)
+    line = f"  {name:<9} {len(calls) / elapsed:>9,.0f} calls/s  {cpu_us:6.1f} us CPU per call"
+    if writer_pid is not None:
+        line += f", writer {writer_us:6.1f} us"
+    return line, cpu_us, writer_us
 
 
 async def run(config: StoreConfig, *, calls: int, wave: int, logs: int, fenced: bool, rounds: int) -> None:
@@ -63,9 +88,11 @@ async def run(config: StoreConfig, *, calls: int, wave: int, logs: int, fenced: 
             await answer
 
         # What the waves cost by themselves (a task per call, a wake-up per answer), to subtract.
-        line, _ = await _phase("harness", [nothing] * calls, wave)
+        line, _, _ = await _phase("harness", [nothing] * calls, wave)
         print(line)
+        writer_pid = _writer_pid(store)
         totals: dict[str, list[float]] = {"log_once": [], "delete": []}
+        writer_totals: dict[str, list[float]] = {"log_once": [], "delete": []}
         for round_index in range(rounds):
             # Calls of one wave spread over the logs, as one GC pass spreads over partitions.
             targets = [(index % logs, f"t{round_index}.{index}") for index in range(calls)]
@@ -78,17 +105,27 @@ async def run(config: StoreConfig, *, calls: int, wave: int, logs: int, fenced: 
                 log = LogId.partition(partitions[log_index])
                 return lambda: store.delete(log, txn, fences[log_index])
 
-            line, cpu_us = await _phase("log_once", [log_once(*target) for target in targets], wave)
+            line, cpu_us, writer_us = await _phase(
+                "log_once", [log_once(*target) for target in targets], wave, writer_pid
+            )
             print(f"round {round_index + 1}:\n{line}")
             totals["log_once"].append(cpu_us)
-            line, cpu_us = await _phase("delete", [delete(*target) for target in targets], wave)
+            writer_totals["log_once"].append(writer_us)
+            line, cpu_us, writer_us = await _phase("delete", [delete(*target) for target in targets], wave, writer_pid)
             print(line)
             totals["delete"].append(cpu_us)
+            writer_totals["delete"].append(writer_us)
         for name, figures in totals.items():
-            median = sorted(figures)[len(figures) // 2]
-            print(f"{name}: best {min(figures):.1f} us, median {median:.1f} us CPU per call")
+            print(f"{name}: {_summary(figures)} CPU per call")
+            if writer_pid is not None:
+                print(f"{name}: writer {_summary(writer_totals[name])} CPU per call")
     finally:
         await store.close()
+
+
+def _summary(figures: list[float]) -> str:
+    median = sorted(figures)[len(figures) // 2]
+    return f"best {min(figures):.1f} us, median {median:.1f} us"
 
 
 def main() -> None:
