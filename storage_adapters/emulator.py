@@ -12,7 +12,10 @@ No server to install. Writes and reads take different paths:
 - Reads run in the store's own reader thread with its own connection (WAL lets readers run beside
   the writer), also batched per transaction. A write is committed before it is answered, so a
   read that follows it sees it.
-The SQL of each call is in storage_adapters/emulator_sql.py.
+The SQL of each call is in storage_adapters/emulator_sql.py. A write travels to the writer in
+its wire form, plain values (emulator_sql.py's module docstring says why), made here from the
+validated arguments, and its answer becomes the contract's object again here, by lookup where it
+can (`_STATES`, `_LOG_ONCE_RESULTS`).
 """
 
 from __future__ import annotations
@@ -70,6 +73,16 @@ SPAWN_INTERVAL_MS = 500
 # overloaded) before calls fail at once with StorageUnavailable instead of queueing memory. Room
 # for the largest legal request beside the others.
 LINK_OUT_BYTES_MAX = 2 * emulator_writer.FRAME_BYTES_MAX
+
+# A TxnState's wire form (its value) and back: a dict lookup, where `.value` and TxnState(value)
+# are Python-level calls, paid by every write.
+_STATE_VALUES: dict[TxnState, str] = {state: state.value for state in TxnState}
+_STATES: dict[str, TxnState] = {state.value: state for state in TxnState}
+# Every answer log_once can give, by its wire form (state value, created): LogOnceResult is
+# immutable, so one of each serves every call, unbuilt.
+_LOG_ONCE_RESULTS: dict[tuple[str, bool], LogOnceResult] = {
+    (state.value, created): LogOnceResult(state, created) for state in TxnState for created in (False, True)
+}
 
 
 @dataclass(slots=True)
@@ -370,26 +383,40 @@ class EmulatorStore(LogStore):
     async def _log_once(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None
     ) -> LogOnceResult:
-        return await self._write("log_once", log, txn, state, body, fence)
+        answer = await self._write(
+            "log_once", log.key, txn, _STATE_VALUES[state], emulator_sql.body_wire(body), emulator_sql.fence_wire(fence)
+        )
+        return _LOG_ONCE_RESULTS[answer]
 
     async def _log(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody | None, fence: Fence | None
     ) -> TxnState:
-        return await self._write("log", log, txn, state, body, fence)
+        body_wire = None if body is None else emulator_sql.body_wire(body)
+        written = await self._write(
+            "log", log.key, txn, _STATE_VALUES[state], body_wire, emulator_sql.fence_wire(fence)
+        )
+        return _STATES[written]
 
     async def _apply_redo(
         self, partition: str, txn: str, writes: dict[str, bytes | None], fence: Fence | None
     ) -> bool:
-        return await self._write("apply_redo", partition, txn, writes, fence)
+        # `writes` is the template's validated copy: a dict of str and bytes, its own wire form.
+        return await self._write("apply_redo", partition, txn, writes, emulator_sql.fence_wire(fence))
 
     async def _delete(self, log: LogId, txn: str, fence: Fence | None) -> bool:
-        return await self._write("delete", log, txn, fence)
+        return await self._write("delete", log.key, txn, emulator_sql.fence_wire(fence))
 
     async def _delete_many(self, requests: Sequence[DeleteRequest]) -> list[bool | StorageError]:
-        return await self._write("delete_many", [tuple(request) for request in requests])
+        wire = tuple((log.key, txn, emulator_sql.fence_wire(fence)) for log, txn, fence in requests)
+        return await self._write("delete_many", wire)
 
     async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
-        return await self._write("write_owner", expected, new)
+        stored, written = await self._write(
+            "write_owner", emulator_sql.ownership_wire(expected), emulator_sql.ownership_wire(new)
+        )
+        if written:
+            return OwnerWriteResult(new, written=True)
+        return OwnerWriteResult(None if stored is None else Ownership(*stored), written=False)
 
     async def _read(self, log: LogId, txn: str) -> Record | None:
         return await self._read_call(lambda conn: emulator_sql.read(conn, log, txn))

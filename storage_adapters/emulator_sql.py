@@ -2,11 +2,25 @@
 function of a SQLite connection. Shared by the two places that run them: the node process's
 reader thread (storage_adapters/emulator.py) and the file's single writer process
 (storage_adapters/emulator_writer.py), which runs every write by name (`WRITES`), so a write
-travels between processes as a name and its arguments."""
+travels between processes as a name and its arguments.
+
+The writes take and return their wire form: plain strings, bytes, ints, bools, tuples, a dict
+and None, never the contract's dataclasses and enums, since every write and its answer is pickled
+twice (to the writer and back) and a pickle of plain values costs a tenth of one of those (about
+0.7 us a frame, against 10 us each way for a log_once). The forms (`LogKey`, `BodyWire`,
+`FenceWire`, `OwnershipWire`, a TxnState as its value) are made by the functions below from
+arguments the store has validated, and the writer does not rebuild or re-validate them: its
+callers are processes of its own user that run its own code (emulator_writer.py `hello_problem`).
+A malformed value fails its own call (SQLite cannot bind it, or it does not unpack), and a state
+that is no TxnState's value, which SQLite would store and every read of the record then trip
+over, is refused. Only a refusal builds contract objects: Fenced, DecisionFlipRefused and
+InvariantViolation carry them to the caller, pickled as before (errors.py `__reduce__`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import sqlite3
 import time
@@ -18,15 +32,13 @@ from storage_adapters.contract import (
     Fence,
     LogId,
     LogKind,
-    LogOnceResult,
     Ownership,
-    OwnerWriteResult,
     Record,
     RecordBody,
     TxnState,
     check_log_transition,
 )
-from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable
+from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
 
 # Opening retries lock contention between processes that set up a fresh file at once.
 OPEN_RETRY_COUNT_MAX = 64
@@ -71,6 +83,19 @@ CREATE TABLE IF NOT EXISTS data (
 _SCHEMA_NAMES = frozenset({"txn_log", "txn_log_unfinished", "ownership", "data"})
 
 _RECORD_COLUMNS = "log, txn, state, participants, coordinator, redo, applied, created_at_ms"
+_OWNERSHIP_COLUMNS = "partition, owner, epoch, version, lease_ms, wanted_by"
+
+# The wire forms of the contract's objects (see the module docstring).
+LogKey = str  # LogId.key: "<kind>.<name>", the txn_log table's `log` column
+BodyWire = tuple[tuple[str, ...], str, bytes]  # RecordBody: (participants, coordinator, redo)
+FenceWire = tuple[str, str, int]  # Fence: (partition, owner, epoch)
+OwnershipWire = tuple[str, str, int, int, int, str]  # Ownership: its fields in order, as _OWNERSHIP_COLUMNS
+DeleteWire = tuple[LogKey, str, FenceWire | None]  # one delete of delete_many: (log, txn, fence)
+
+_STATE_VALUES = frozenset(state.value for state in TxnState)
+_VOTE_YES = TxnState.VOTE_YES.value
+_COMMIT = TxnState.COMMIT.value
+_PARTITION_LOG_PREFIX = f"{LogKind.PARTITION.value}."  # a partition's LogKey less its name
 
 
 def is_lock_contention(error: sqlite3.OperationalError) -> bool:
@@ -197,15 +222,50 @@ def run_batch(
     return results
 
 
+def body_wire(body: RecordBody) -> BodyWire:
+    return body.participants, body.coordinator, body.redo
+
+
+def fence_wire(fence: Fence | None) -> FenceWire | None:
+    return None if fence is None else (fence.partition, fence.owner, fence.epoch)
+
+
+def ownership_wire(record: Ownership | None) -> OwnershipWire | None:
+    if record is None:
+        return None
+    return record.partition, record.owner, record.epoch, record.version, record.lease_ms, record.wanted_by
+
+
+def partition_log_key(partition: str) -> LogKey:
+    """LogId.partition(partition).key, without building the LogId."""
+    return _PARTITION_LOG_PREFIX + partition
+
+
+# What `log` creates a record with when it is given no body.
+_BODY_DEFAULT = body_wire(RecordBody())
+
+
+# The interned LogId of a name, by its kind's value (the part of a LogKey before the dot).
+_LOG_IDS_BY_KIND: dict[str, Callable[[str], LogId]] = {
+    LogKind.PARTITION.value: LogId.partition,
+    LogKind.COORDINATOR.value: LogId.coordinator,
+}
+
+
+def _log_id(log: LogKey) -> LogId:
+    """The LogId whose key is `log`: the reader's records name it, and so does a refused `log`."""
+    kind, _, name = log.partition(".")
+    return _LOG_IDS_BY_KIND[kind](name)
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
 def _record_from_row(row: tuple[Any, ...]) -> Record:
     log_key, txn, state, participants, coordinator, redo, applied, created_at_ms = row
-    kind, _, name = log_key.partition(".")
     return Record(
-        log=LogId(LogKind(kind), name),
+        log=_log_id(log_key),
         txn=txn,
         state=TxnState(state),
         body=RecordBody(tuple(json.loads(participants)), coordinator, bytes(redo)),
@@ -214,30 +274,45 @@ def _record_from_row(row: tuple[Any, ...]) -> Record:
     )
 
 
-def _insert_record(conn: sqlite3.Connection, log: LogId, txn: str, state: TxnState, body: RecordBody) -> bool:
+def _insert_record(conn: sqlite3.Connection, log: LogKey, txn: str, state: str, body: BodyWire) -> bool:
+    participants, coordinator, redo = body
     cursor = conn.execute(
         "INSERT INTO txn_log VALUES (?, ?, ?, ?, ?, ?, 0, ?) ON CONFLICT (log, txn) DO NOTHING",
-        (log.key, txn, state.value, json.dumps(body.participants), body.coordinator, body.redo, _now_ms()),
+        (log, txn, state, json.dumps(participants), coordinator, redo, _now_ms()),
     )
     return cursor.rowcount == 1
 
 
 def _select_owner(conn: sqlite3.Connection, partition: str) -> Ownership | None:
-    row = conn.execute(
-        "SELECT partition, owner, epoch, version, lease_ms, wanted_by FROM ownership WHERE partition = ?",
-        (partition,),
-    ).fetchone()
+    row = conn.execute(f"SELECT {_OWNERSHIP_COLUMNS} FROM ownership WHERE partition = ?", (partition,)).fetchone()
     return None if row is None else Ownership(*row)
 
 
-def _check_fence(conn: sqlite3.Connection, fence: Fence | None) -> None:
-    """Raise Fenced unless the fence holds. Every write runs under the write lock taken by
-    BEGIN IMMEDIATE, so no take of the partition can slip between this read and the write."""
+def _check_state(state: str) -> None:
+    # SQLite would store any string, and every later read of the record would fail on it.
+    if state not in _STATE_VALUES:
+        raise ValidationError(f"state must be one of {sorted(_STATE_VALUES)}, got {state!r:.50}")
+
+
+def _check_fence(conn: sqlite3.Connection, fence: FenceWire | None) -> None:
+    """Raise Fenced unless the fence holds: the ownership record names its owner at its epoch
+    (Fence.admits, compared on the columns: no Ownership is built for a write that passes).
+    Every write runs under the write lock taken by BEGIN IMMEDIATE, so no take of the partition
+    can slip between this read and the write."""
     if fence is None:
         return
-    stored = _select_owner(conn, fence.partition)
-    if not fence.admits(stored):
-        raise Fenced(fence, stored)
+    partition, owner, epoch = fence
+    row = conn.execute("SELECT owner, epoch FROM ownership WHERE partition = ?", (partition,)).fetchone()
+    if row is None or row[0] != owner or row[1] != epoch:
+        raise _fenced(conn, fence)
+
+
+def _fenced(conn: sqlite3.Connection, fence: FenceWire) -> Fenced:
+    """The refusal of a write under `fence`, with the contract's objects its caller reads."""
+    refused = Fence(*fence)
+    stored = _select_owner(conn, refused.partition)
+    assert not refused.admits(stored), f"_check_fence refused a fence that Fence.admits: {refused}, {stored}"
+    return Fenced(refused, stored)
 
 
 # --- reads (the node's reader thread) ----------------------------------------------------------
@@ -278,43 +353,52 @@ def read_owners(conn: sqlite3.Connection, partitions: tuple[str, ...]) -> dict[s
 
 
 def log_once(  # noqa: PLR0917 - the contract call's own arguments, in its order: they travel as one tuple
-    conn: sqlite3.Connection, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None
-) -> LogOnceResult:
+    conn: sqlite3.Connection, log: LogKey, txn: str, state: str, body: BodyWire, fence: FenceWire | None
+) -> tuple[str, bool]:
+    """LogStore.log_once; answers (the stored state's value, whether this call created it)."""
+    _check_state(state)
     _check_fence(conn, fence)
     if _insert_record(conn, log, txn, state, body):
-        return LogOnceResult(state, created=True)
-    row = conn.execute("SELECT state FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).fetchone()
+        return state, True
+    row = conn.execute("SELECT state FROM txn_log WHERE log = ? AND txn = ?", (log, txn)).fetchone()
     assert row is not None, "insert conflicted, so the record exists"
-    return LogOnceResult(TxnState(row[0]), created=False)
+    return row[0], False
 
 
 def log(  # noqa: PLR0917 - as log_once
-    conn: sqlite3.Connection, log: LogId, txn: str, state: TxnState, body: RecordBody | None, fence: Fence | None
-) -> TxnState:
+    conn: sqlite3.Connection, log: LogKey, txn: str, state: str, body: BodyWire | None, fence: FenceWire | None
+) -> str:
+    """LogStore.log; answers the state's value written."""
+    _check_state(state)
     _check_fence(conn, fence)
-    row = conn.execute("SELECT state FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).fetchone()
-    stored = None if row is None else TxnState(row[0])
-    check_log_transition(log, txn, stored, state)
+    row = conn.execute("SELECT state FROM txn_log WHERE log = ? AND txn = ?", (log, txn)).fetchone()
+    stored = None if row is None else row[0]
+    if stored is not None and stored != state:
+        # Creating a record and rewriting its state need no check; the rule for the rest stays
+        # in the contract, which raises DecisionFlipRefused with the contract's objects.
+        check_log_transition(_log_id(log), txn, TxnState(stored), TxnState(state))
     if stored is None:
-        created = _insert_record(conn, log, txn, state, body or RecordBody())
+        created = _insert_record(conn, log, txn, state, _BODY_DEFAULT if body is None else body)
         assert created, "the write lock is held, so nobody created it since the read"
     elif body is None:
-        conn.execute("UPDATE txn_log SET state = ? WHERE log = ? AND txn = ?", (state.value, log.key, txn))
+        conn.execute("UPDATE txn_log SET state = ? WHERE log = ? AND txn = ?", (state, log, txn))
     else:
+        participants, coordinator, redo = body
         conn.execute(
             "UPDATE txn_log SET state = ?, participants = ?, coordinator = ?, redo = ? WHERE log = ? AND txn = ?",
-            (state.value, json.dumps(body.participants), body.coordinator, body.redo, log.key, txn),
+            (state, json.dumps(participants), coordinator, redo, log, txn),
         )
     return state
 
 
 def apply_redo(
-    conn: sqlite3.Connection, partition: str, txn: str, writes: dict[str, bytes | None], fence: Fence | None
+    conn: sqlite3.Connection, partition: str, txn: str, writes: dict[str, bytes | None], fence: FenceWire | None
 ) -> bool:
-    log = LogId.partition(partition)
+    """LogStore.apply_redo; `writes` travels as the store validated it, a dict of str and bytes."""
+    log = partition_log_key(partition)
     _check_fence(conn, fence)
-    row = conn.execute("SELECT state, applied FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).fetchone()
-    if row is None or row[0] not in (TxnState.VOTE_YES.value, TxnState.COMMIT.value):
+    row = conn.execute("SELECT state, applied FROM txn_log WHERE log = ? AND txn = ?", (log, txn)).fetchone()
+    if row is None or row[0] not in (_VOTE_YES, _COMMIT):
         stored = "absent" if row is None else row[0]
         raise InvariantViolation(
             f"apply_redo of txn {txn!r} on {partition!r}: record is {stored}, not VOTE_YES or COMMIT"
@@ -331,22 +415,19 @@ def apply_redo(
             )
     # A VOTE_YES becomes COMMIT here, in the transaction that writes the data (the participant's
     # own commit, see LogStore.apply_redo).
-    conn.execute(
-        "UPDATE txn_log SET state = ?, applied = 1 WHERE log = ? AND txn = ?", (TxnState.COMMIT.value, log.key, txn)
-    )
+    conn.execute("UPDATE txn_log SET state = ?, applied = 1 WHERE log = ? AND txn = ?", (_COMMIT, log, txn))
     return True
 
 
-def delete(conn: sqlite3.Connection, log: LogId, txn: str, fence: Fence | None) -> bool:
+def delete(conn: sqlite3.Connection, log: LogKey, txn: str, fence: FenceWire | None) -> bool:
     _check_fence(conn, fence)
-    return conn.execute("DELETE FROM txn_log WHERE log = ? AND txn = ?", (log.key, txn)).rowcount == 1
+    return conn.execute("DELETE FROM txn_log WHERE log = ? AND txn = ?", (log, txn)).rowcount == 1
 
 
-def delete_many(
-    conn: sqlite3.Connection, requests: Sequence[tuple[LogId, str, Fence | None]]
-) -> list[bool | StorageError]:
+def delete_many(conn: sqlite3.Connection, requests: Sequence[DeleteWire]) -> list[bool | StorageError]:
+    """Each delete's own outcome, in order: whether its record existed, or its Fenced."""
     outcomes: list[bool | StorageError] = []
-    for log_id, txn, fence in requests:
+    for log_key, txn, fence in requests:
         # The fence is checked before the delete, so a refused one has written nothing and needs
         # no savepoint of its own; the write lock keeps the check and delete atomic.
         try:
@@ -354,25 +435,38 @@ def delete_many(
         except Fenced as refused:
             outcomes.append(refused)
             continue
-        deleted = conn.execute("DELETE FROM txn_log WHERE log = ? AND txn = ?", (log_id.key, txn)).rowcount
+        deleted = conn.execute("DELETE FROM txn_log WHERE log = ? AND txn = ?", (log_key, txn)).rowcount
         outcomes.append(deleted == 1)
     return outcomes
 
 
-def write_owner(conn: sqlite3.Connection, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
-    stored = _select_owner(conn, new.partition)
-    matches = (stored is None) if expected is None else (
-        stored is not None and (stored.epoch, stored.version) == (expected.epoch, expected.version)
-    )
-    if not matches:
-        return OwnerWriteResult(stored, written=False)
+def write_owner(
+    conn: sqlite3.Connection, expected: OwnershipWire | None, new: OwnershipWire
+) -> tuple[OwnershipWire | None, bool]:
+    """LogStore.write_owner; answers (the record stored after the call, or None, whether it is `new`)."""
+    partition = new[0]
+    row = conn.execute(f"SELECT {_OWNERSHIP_COLUMNS} FROM ownership WHERE partition = ?", (partition,)).fetchone()
+    if not _is_expected(row, expected):
+        return row, False
     conn.execute(
-        "INSERT INTO ownership VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (partition) DO UPDATE SET "
+        f"INSERT INTO ownership ({_OWNERSHIP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (partition) DO UPDATE SET "
         "owner = excluded.owner, epoch = excluded.epoch, version = excluded.version, "
         "lease_ms = excluded.lease_ms, wanted_by = excluded.wanted_by",
-        (new.partition, new.owner, new.epoch, new.version, new.lease_ms, new.wanted_by),
+        new,
     )
-    return OwnerWriteResult(new, written=True)
+    return new, True
+
+
+def _is_expected(stored: OwnershipWire | None, expected: OwnershipWire | None) -> bool:
+    """Whether the stored record is the one a write_owner expects: none, or the same epoch and version."""
+    if expected is None or stored is None:
+        return stored is expected
+    return _epoch_version(stored) == _epoch_version(expected)
+
+
+def _epoch_version(record: OwnershipWire) -> tuple[int, int]:
+    _partition, _owner, epoch, version, _lease_ms, _wanted_by = record
+    return epoch, version
 
 
 # The writes the writer process runs, by the name a request carries.
@@ -383,4 +477,9 @@ WRITES: dict[str, Callable[..., Any]] = {
     "delete": delete,
     "delete_many": delete_many,
     "write_owner": write_owner,
+}
+# How many arguments each write takes after the connection: the writer refuses a request of any
+# other shape before it runs it (emulator_writer.py `_Writer._request`).
+WRITE_ARG_COUNTS: dict[str, int] = {
+    name: len(inspect.signature(write).parameters) - 1 for name, write in WRITES.items()
 }

@@ -32,12 +32,18 @@ The wire: frames of a 4-byte big-endian length and a pickle (only the same user'
 connect, in both directions; both sides run the same code, `CODE_VERSION`). A request is (call
 id, deadline, write name, arguments), the deadline in `time.monotonic()` seconds, a clock all
 processes of the machine share (and of one time namespace: containers share it unless made
-otherwise); the answer is (call id, ok, result or error). The writer refuses a write whose
-deadline has passed when its turn comes, and starts its batch's COMMIT only before the deadline
-of every write in it (storage_adapters/emulator_sql.py `run_batch`), so a write lands no later
-than its deadline plus one batch's COMMIT. Every well-formed request gets an answer; a malformed
-one gets a ValidationError, and a client whose frames do not even decode is dropped. Nothing a
-client sends stops the writer serving the others.
+otherwise); the answer is (call id, ok, result or error). The arguments and results are the
+writes' wire form, plain values in tuples (storage_adapters/emulator_sql.py: a log_once is
+(log key, txn, state value, (participants, coordinator, redo), (partition, owner, epoch) or None)
+and answers (state value, created)), so neither side pickles or rebuilds the contract's
+dataclasses for a write; only an error answer carries those (Fenced, DecisionFlipRefused). The
+writer refuses a write whose deadline has passed when its turn comes, and starts its batch's
+COMMIT only before the deadline of every write in it (storage_adapters/emulator_sql.py
+`run_batch`), so a write lands no later than its deadline plus one batch's COMMIT. Every
+well-formed request gets an answer; a malformed one (no finite deadline, no write of its name,
+arguments that are not a tuple of that write's length) gets a ValidationError, a well-shaped one
+whose values are wrong fails its own call with a StorageError, and a client whose frames do not
+even decode is dropped. Nothing a client sends stops the writer serving the others.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ import stat
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,11 +86,13 @@ LOG_SUFFIX = ".writer.log"
 # What a Unix socket's address may hold (sun_path less its terminating NUL): the socket is named
 # through /proc/self/fd (`socket_address`), so only the file's name counts against it.
 SOCKET_ADDRESS_BYTES_MAX = 107
-# Bumped whenever the frames or the hello change shape. A hello is a tuple of plain values, so a
-# store of any version can read it and see that the writer is not its own.
-WIRE_VERSION = 2
-# The files whose code both sides must share: requests and answers are pickles of the contract's
-# types and errors, and the writer runs emulator_sql's writes by the names the store sends.
+# Bumped whenever the frames, the writes' wire form or the hello change shape. A hello is a tuple
+# of plain values, so a store of any version can read it and see that the writer is not its own.
+# 3: the writes' arguments and results travel as plain values, not the contract's objects.
+WIRE_VERSION = 3
+# The files whose code both sides must share: the writer runs emulator_sql's writes by the names
+# the store sends, on the wire form emulator_sql defines, and answers errors that carry the
+# contract's types.
 _VERSIONED_FILES = ("contract.py", "errors.py", "emulator.py", "emulator_sql.py", "emulator_writer.py")
 _LENGTH = struct.Struct(">I")
 # Per entry of a pickled mapping or tuple (opcodes and lengths of its key and value), and per
@@ -260,11 +268,11 @@ class _Request:
     client: _Client
     call_id: int
     deadline_s: float
-    name: str
-    args: tuple[Any, ...]
+    write: Callable[..., Any]  # emulator_sql.WRITES[name]
+    args: tuple[Any, ...]  # its wire form, as many as the write takes
 
     def run(self, conn: sqlite3.Connection) -> Any:
-        return emulator_sql.WRITES[self.name](conn, *self.args)
+        return self.write(conn, *self.args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,8 +413,10 @@ class _Writer:
             problem = f"no write named {name!r:.80}"
         elif type(args) is not tuple:
             problem = f"arguments must be a tuple, got {type(args).__name__}"
+        elif len(args) != emulator_sql.WRITE_ARG_COUNTS[name]:
+            problem = f"{name} takes {emulator_sql.WRITE_ARG_COUNTS[name]} arguments, got {len(args)}"
         else:
-            return _Request(client, call_id, deadline_s, name, args)
+            return _Request(client, call_id, deadline_s, emulator_sql.WRITES[name], args)
         logger.error("refusing a malformed request: %s", problem)
         self._send(client, self._answer(call_id, False, ValidationError(f"emulator writer: {problem}")))
         return None

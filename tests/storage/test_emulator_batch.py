@@ -23,6 +23,9 @@ TIMEOUT_MS_CALL = 5_000
 OVERRUN_S = 0.2
 LOG = LogId.partition("p0")
 BODY = RecordBody(("p0",), "n0", b"")
+# The writes' wire form of the above, as the store sends them to the writer.
+VOTE_YES = TxnState.VOTE_YES.value
+BODY_WIRE = emulator_sql.body_wire(BODY)
 
 
 @pytest.fixture
@@ -36,20 +39,23 @@ def test_a_refused_call_in_one_transaction_writes_nothing_and_the_others_land(tm
     conn = emulator_sql.connect(tmp_path / "cornus.db", TIMEOUT_MS_CALL)
     try:
         fence = Fence("p0", "n0", 1)  # no ownership record exists, so storage refuses it
+        fence_wire = emulator_sql.fence_wire(fence)
         writes = {"k1": b"v1"}
 
         def apply_then_refuse(c: object) -> bool:
             # A call that writes, then is refused: its savepoint must undo the write too.
-            emulator_sql.log(c, LOG, "t2.cornus", TxnState.VOTE_YES, BODY, None)  # type: ignore[arg-type]
-            return emulator_sql.apply_redo(c, "p0", "t2.cornus", writes, fence)  # type: ignore[arg-type]
+            emulator_sql.log(c, LOG.key, "t2.cornus", VOTE_YES, BODY_WIRE, None)  # type: ignore[arg-type]
+            return emulator_sql.apply_redo(c, "p0", "t2.cornus", writes, fence_wire)  # type: ignore[arg-type]
 
         results = emulator_sql.run_batch(conn, [
-            lambda c: emulator_sql.log_once(c, LOG, "t1.cornus", TxnState.VOTE_YES, BODY, None),
+            lambda c: emulator_sql.log_once(c, LOG.key, "t1.cornus", VOTE_YES, BODY_WIRE, None),
             apply_then_refuse,
-            lambda c: emulator_sql.log_once(c, LOG, "t3.cornus", TxnState.VOTE_YES, BODY, None),
+            lambda c: emulator_sql.log_once(c, LOG.key, "t3.cornus", VOTE_YES, BODY_WIRE, None),
         ], writes=True)
-        assert [ok for ok, _ in results] == [True, False, True], results
-        assert isinstance(results[1][1], Fenced), results
+        assert results[0] == (True, (VOTE_YES, True)) and results[2] == (True, (VOTE_YES, True)), results
+        assert results[1][0] is False and isinstance(results[1][1], Fenced), results
+        # The refusal carries the contract's objects, as the caller reads them.
+        assert results[1][1].fence == fence and results[1][1].stored is None, results
         assert emulator_sql.read(conn, LOG, "t2.cornus") is None
         assert emulator_sql.read_data(conn, "p0", ("k1",)) == {"k1": None}
         assert emulator_sql.read(conn, LOG, "t1.cornus") is not None
@@ -83,7 +89,7 @@ def test_a_call_past_its_deadline_at_its_turn_is_refused_and_a_batch_that_overra
         now = time.monotonic()
 
         def log_once(txn: str) -> Callable[[object], object]:
-            return lambda c: emulator_sql.log_once(c, LOG, txn, TxnState.VOTE_YES, BODY, None)  # type: ignore[arg-type]
+            return lambda c: emulator_sql.log_once(c, LOG.key, txn, VOTE_YES, BODY_WIRE, None)  # type: ignore[arg-type]
 
         # Its deadline passed before its turn: refused, and the others land.
         results = emulator_sql.run_batch(
@@ -117,11 +123,11 @@ def test_a_call_that_raises_an_unexpected_error_writes_nothing_and_is_answered_w
     conn = emulator_sql.connect(tmp_path / "cornus.db", TIMEOUT_MS_CALL)
     try:
         def broken(c: object) -> object:
-            emulator_sql.log_once(c, LOG, "t1.cornus", TxnState.VOTE_YES, BODY, None)  # type: ignore[arg-type]
+            emulator_sql.log_once(c, LOG.key, "t1.cornus", VOTE_YES, BODY_WIRE, None)  # type: ignore[arg-type]
             raise KeyError("a bug")
 
         results = emulator_sql.run_batch(conn, [
-            broken, lambda c: emulator_sql.log_once(c, LOG, "t2.cornus", TxnState.VOTE_YES, BODY, None),
+            broken, lambda c: emulator_sql.log_once(c, LOG.key, "t2.cornus", VOTE_YES, BODY_WIRE, None),
         ], writes=True)
         assert [ok for ok, _ in results] == [False, True], results
         assert type(results[0][1]) is StorageError and "KeyError" in str(results[0][1])

@@ -1,5 +1,6 @@
 """The wire between an emulator store and its file's writer (storage_adapters/emulator_writer.py):
-a bad request gets an error and the writer serves on; a store uses no writer of other code; the
+a bad request gets an error and the writer serves on, also one of the right shape whose values
+are wrong; a store uses no writer of other code; the
 largest legal request goes through and a larger one is a ValidationError that leaves nothing
 behind; callers that give up while connecting leave no connection on the writer; a writer that
 reads nothing fails calls at once; every waiting caller gets an exception of its own."""
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from storage_adapters import emulator, emulator_writer
+from storage_adapters import emulator, emulator_sql, emulator_writer
 from storage_adapters.contract import (
     DATA_BATCH_COUNT_MAX,
     DATA_KEY_BYTES_MAX,
@@ -35,6 +36,9 @@ from tests.storage.writer_helpers import wait_gone
 TIMEOUT_MS_CALL = 10_000
 LOG = LogId.partition("p0")
 BODY = RecordBody(("p0",), "n0", b"")
+# Their wire form, as a store sends them to the writer.
+VOTE_YES = TxnState.VOTE_YES.value
+BODY_WIRE = emulator_sql.body_wire(BODY)
 RECV_TIMEOUT_S = 10.0
 
 
@@ -65,23 +69,40 @@ async def test_a_bad_request_gets_an_error_and_the_writer_serves_the_others_on(s
         (hello,) = _receive(raw, reader, 1)
         assert hello[0] == 0 and emulator_writer.hello_problem(hello[2], store.path) is None
         deadline = time.monotonic() + TIMEOUT_MS_CALL / 1000
-        raw.sendall(b"".join([
-            emulator_writer.encode_frame((1, deadline, "drop_everything", ())),
-            emulator_writer.encode_frame((2, deadline, "log_once", ("too", "few"))),
-            emulator_writer.encode_frame((3, "soon", "log_once", ())),
-            emulator_writer.encode_frame((4, deadline, "log", ["not", "a", "tuple"])),
-            # A value SQLite cannot bind, in one batch with a good write of the same client.
-            emulator_writer.encode_frame((5, deadline, "log_once", (LOG, {"a": 1}, TxnState.VOTE_YES, BODY, None))),
-            emulator_writer.encode_frame((6, deadline, "log_once", (LOG, "t-raw", TxnState.VOTE_YES, BODY, None))),
-        ]))
-        answers = {call_id: (ok, value) for call_id, ok, value in _receive(raw, reader, 6)}
-        assert set(answers) == {1, 2, 3, 4, 5, 6}
-        assert [ok for _, (ok, _) in sorted(answers.items())] == [False] * 5 + [True], answers
+        requests = [
+            (deadline, "drop_everything", ()),
+            (deadline, "log_once", ("too", "few")),
+            ("soon", "log_once", ()),
+            (deadline, "log", ["not", "a", "tuple"]),
+            # Well shaped, but wrong inside: each fails its own call, in one batch with a good
+            # write of the same client. A value SQLite cannot bind...
+            (deadline, "log_once", (LOG.key, {"a": 1}, VOTE_YES, BODY_WIRE, None)),
+            # ...a fence that does not unpack...
+            (deadline, "log_once", (LOG.key, "t-fence", VOTE_YES, BODY_WIRE, "not-a-fence")),
+            # ...the contract's objects, where their wire form belongs...
+            (deadline, "log_once", (LOG, "t-objects", TxnState.VOTE_YES, BODY, None)),
+            # ...and a state that is no TxnState's, which SQLite alone would store.
+            (deadline, "log_once", (LOG.key, "t-state", "MAYBE", BODY_WIRE, None)),
+            (deadline, "log_once", (LOG.key, "t-raw", VOTE_YES, BODY_WIRE, None)),
+        ]
+        raw.sendall(b"".join(
+            emulator_writer.encode_frame((call_id, *request)) for call_id, request in enumerate(requests, 1)
+        ))
+        answers = {call_id: (ok, value) for call_id, ok, value in _receive(raw, reader, len(requests))}
+        assert set(answers) == set(range(1, len(requests) + 1))
+        assert [ok for _, (ok, _) in sorted(answers.items())] == [False] * 8 + [True], answers
+        assert answers[9][1] == (VOTE_YES, True), answers
+        # Refused before they run: no such write, too few arguments, no deadline, no tuple.
+        for call_id in (1, 2, 3, 4):
+            assert isinstance(answers[call_id][1], ValidationError), answers
+        assert "takes 5 arguments, got 2" in str(answers[2][1]), answers
         assert type(answers[5][1]) is StorageError and "ProgrammingError" in str(answers[5][1]), answers
-        assert isinstance(answers[1][1], ValidationError), answers
-        assert isinstance(answers[2][1], StorageError), answers  # the write itself raised TypeError
-        assert isinstance(answers[3][1], ValidationError), answers
-        assert isinstance(answers[4][1], ValidationError), answers
+        assert type(answers[6][1]) is StorageError and "ValueError" in str(answers[6][1]), answers
+        assert type(answers[7][1]) is StorageError, answers
+        assert isinstance(answers[8][1], ValidationError) and "MAYBE" in str(answers[8][1]), answers
+        # None of the refused ones wrote anything.
+        for txn in ("t-fence", "t-objects", "t-state"):
+            assert await store.read(LOG, txn) is None
         # Another client's write still goes through, on the same writer.
         assert (await store.log_once(LOG, "t1", TxnState.VOTE_YES, BODY)).created
         # A frame that does not decode (here: it names a global that is not there, so unpickling
