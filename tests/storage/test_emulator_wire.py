@@ -1,6 +1,6 @@
 """The wire between an emulator store and its file's writer (storage_adapters/emulator_writer.py):
 a bad request gets an error and the writer serves on, also one of the right shape whose values
-are wrong; a store uses no writer of other code; the
+are wrong; writes and their answers travel as plain values; a store uses no writer of other code; the
 largest legal request goes through and a larger one is a ValidationError that leaves nothing
 behind; callers that give up while connecting leave no connection on the writer; a writer that
 reads nothing fails calls at once; every waiting caller gets an exception of its own."""
@@ -26,6 +26,9 @@ from storage_adapters.contract import (
     DATA_VALUE_BYTES_MAX,
     REDO_BYTES_MAX,
     LogId,
+    LogOnceResult,
+    Ownership,
+    OwnerWriteResult,
     RecordBody,
     TxnState,
 )
@@ -114,6 +117,46 @@ async def test_a_bad_request_gets_an_error_and_the_writer_serves_the_others_on(s
         raw.close()
     assert (await store.log_once(LOG, "t2", TxnState.VOTE_YES, BODY)).created
     assert store.writer_pid == serving
+
+
+async def test_writes_and_their_answers_travel_as_plain_values(
+    store: EmulatorStore, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No contract class is pickled on the way to the writer or back (each costs ~10 us a frame),
+    unless the answer is a refusal: every call of the contract that writes, and a write_owner
+    that finds another record than it expected."""
+    sent: list[Any] = []
+    received: list[bytes] = []
+    real_encode, real_feed = emulator_writer.encode_frame, emulator_writer.FrameReader.feed
+
+    def encode(message: Any) -> bytes:
+        sent.append(message)
+        return real_encode(message)
+
+    def feed(self: emulator_writer.FrameReader, data: bytes) -> list[Any]:
+        received.append(bytes(data))
+        return real_feed(self, data)
+
+    monkeypatch.setattr(emulator_writer, "encode_frame", encode)
+    monkeypatch.setattr(emulator_writer.FrameReader, "feed", feed)
+    owner = Ownership("p0", "n0", 1, 1, 60_000)
+    assert (await store.write_owner(None, owner)).written
+    fence = owner.fence()
+    assert await store.log_once(LOG, "t1", TxnState.VOTE_YES, BODY, fence) == LogOnceResult(TxnState.VOTE_YES, True)
+    assert await store.log_once(LOG, "t1", TxnState.ABORT, BODY) == LogOnceResult(TxnState.VOTE_YES, False)
+    assert await store.log(LOG, "t2", TxnState.VOTE_YES, None, fence) is TxnState.VOTE_YES
+    assert await store.log(LOG, "t2", TxnState.ABORT, BODY, fence) is TxnState.ABORT
+    assert await store.apply_redo("p0", "t1", {"k": b"v", "gone": None}, fence)
+    assert await asyncio.gather(store.delete(LOG, "t1", fence), store.delete(LOG, "t3")) == [True, False]
+    renewed = Ownership("p0", "n0", 1, 2, 60_000)
+    assert await store.write_owner(owner, renewed) == OwnerWriteResult(renewed, written=True)
+    assert await store.write_owner(owner, renewed) == OwnerWriteResult(renewed, written=False)
+    names = [message[2] for message in sent]
+    assert sorted(set(names)) == sorted(emulator_sql.WRITES.keys() - {"delete"}), names  # deletes go coalesced
+    for what, pickled in [("request", real_encode(message)) for message in sent] + [
+        ("answer", data) for data in received
+    ]:
+        assert b"storage_adapters" not in pickled, f"a {what} pickles a class of the contract: {pickled!r:.300}"
 
 
 async def test_a_store_uses_no_writer_of_other_code(
