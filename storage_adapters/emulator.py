@@ -207,6 +207,8 @@ class EmulatorStore(LogStore):
         # The writer this store started last, and when: kept across calls, so callers that give
         # up one after another while no writer is up do not each start one.
         self._spawned: subprocess.Popen[bytes] | None = None
+        # A start under way (its process is only known when the thread that starts it returns).
+        self._spawning: asyncio.Future[subprocess.Popen[bytes]] | None = None
         self._spawned_at = -float("inf")
         # Why the last search for a writer found none to use (for open's error).
         self._no_writer_because = "nobody listens"
@@ -369,6 +371,8 @@ class EmulatorStore(LogStore):
     async def _spawn_writer(self) -> None:
         """Start a writer for the file, unless this store started one that may still come up."""
         now = time.monotonic()
+        if self._spawning is not None and not self._spawning.done():
+            return  # a start is under way
         spawned = self._spawned
         starting = spawned is not None and spawned.returncode is None
         if starting and now - self._spawned_at < emulator_writer.WRITER_START_MS_MAX / 1000:
@@ -376,7 +380,15 @@ class EmulatorStore(LogStore):
         if now - self._spawned_at < SPAWN_INTERVAL_MS / 1000:
             return
         self._spawned_at = now
-        self._spawned = await asyncio.to_thread(_start_writer, self.path)
+        # The process is kept even when the caller gives up (its deadline) while the thread starts
+        # it: a start that nobody remembered would be repeated SPAWN_INTERVAL_MS later, beside it.
+        spawning = self._spawning = asyncio.ensure_future(asyncio.to_thread(_start_writer, self.path))
+        spawning.add_done_callback(self._spawn_done)
+        await asyncio.shield(spawning)
+
+    def _spawn_done(self, spawning: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+        if not spawning.cancelled() and spawning.exception() is None:
+            self._spawned = spawning.result()
 
     # --- the contract's calls -------------------------------------------------------------------
 
