@@ -68,6 +68,14 @@ def steps_of(events: list[Event]) -> dict[str, list[float]]:
                 mark["vote write back (participant)"] = written
                 if written is not None:
                     mark["vote out (participant)"] = _next(events, written + 1, participant, "peer_out", end_s)
+            vote = mark.get("vote out (participant)")
+            if vote is not None:
+                mark["vote in (coordinator)"] = _next(events, vote + 1, coordinator, "peer_in", end_s)
+        # The coordinator's own partition votes too: whichever vote comes last holds the response.
+        own_write = _next(events, request + 1, coordinator, "redis_out", end_s)
+        mark["own vote write out (coordinator)"] = own_write
+        if own_write is not None:
+            mark["own vote write back (coordinator)"] = _next(events, own_write + 1, coordinator, "redis_in", end_s)
         mark["response out (coordinator)"] = end
         for name, position in mark.items():
             if position is not None:
