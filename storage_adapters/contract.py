@@ -148,7 +148,7 @@ _log_ids: dict[tuple[LogKind, str], LogId] = {}
 
 def _interned(kind: LogKind, name: str) -> LogId:
     if not isinstance(name, str):
-        return LogId(kind, name)  # raises the ValidationError (and an unhashable name never gets here)
+        return LogId(kind, name)  # raises its ValidationError; such a name could not key the table
     log_id = _log_ids.get((kind, name))
     if log_id is None:
         log_id = LogId(kind, name)  # validates: an invalid name raises and is not kept

@@ -387,8 +387,13 @@ class EmulatorStore(LogStore):
         await asyncio.shield(spawning)
 
     def _spawn_done(self, spawning: asyncio.Future[subprocess.Popen[bytes]]) -> None:
-        if not spawning.cancelled() and spawning.exception() is None:
+        if spawning.cancelled():
+            return
+        error = spawning.exception()
+        if error is None:
             self._spawned = spawning.result()
+        else:  # said by the next call that finds no writer, even if this one's caller gave up
+            self._no_writer_because = f"starting a writer failed: {type(error).__name__}: {error}"
 
     # --- the contract's calls -------------------------------------------------------------------
 

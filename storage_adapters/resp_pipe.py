@@ -154,24 +154,9 @@ class RespPipe:
         loop = asyncio.get_running_loop()
         self._connecting = loop.create_future()
         try:
-            async with asyncio.timeout(self.timeout_ms_connect / 1000):
-                _, protocol = await loop.create_connection(
-                    lambda: _Protocol(self), self.address.host, self.address.port
-                )
-                self._protocol = protocol
-                setup = []
-                if self.address.password is not None:
-                    credentials = ([self.address.username] if self.address.username else []) + [self.address.password]
-                    setup.append(["AUTH", *credentials])
-                if self.address.db:
-                    setup.append(["SELECT", self.address.db])
-                futures = []
-                for command in setup:
-                    future: asyncio.Future[Any] = loop.create_future()
-                    self._send(protocol, command, _Reply(future, None))
-                    futures.append(future)
-                for future in futures:
-                    await future
+            # wait_for, not asyncio.timeout: a caller may run outside any task until it first
+            # waits (cornus.runtime.eager), and wait_for runs the connect in a task of its own.
+            protocol = await asyncio.wait_for(self._open(loop), self.timeout_ms_connect / 1000)
         except BaseException as error:
             if self._protocol is not None and self._protocol.transport is not None:
                 self._protocol.transport.abort()
@@ -186,6 +171,24 @@ class RespPipe:
             raise failure from error
         self._connecting.set_result(protocol)
         self._connecting = None
+        return protocol
+
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+        _, protocol = await loop.create_connection(lambda: _Protocol(self), self.address.host, self.address.port)
+        self._protocol = protocol
+        setup = []
+        if self.address.password is not None:
+            credentials = ([self.address.username] if self.address.username else []) + [self.address.password]
+            setup.append(["AUTH", *credentials])
+        if self.address.db:
+            setup.append(["SELECT", self.address.db])
+        futures = []
+        for command in setup:
+            future: asyncio.Future[Any] = loop.create_future()
+            self._send(protocol, command, _Reply(future, None))
+            futures.append(future)
+        for future in futures:
+            await future
         return protocol
 
     def on_reply(self, protocol: _Protocol, reply: Any) -> None:

@@ -137,7 +137,7 @@ class LogStore(abc.ABC):
                 deadline = loop.time() + self._timeout_s
             token = _call_deadline.set(deadline)
             try:
-                if asyncio.current_task() is None:
+                if asyncio.current_task(loop) is None:  # the loop passed: one getpid call fewer
                     # Called by code run eagerly, outside any task (cornus.runtime.eager: a peer's
                     # request served in the step that read it). asyncio.timeout needs a task to
                     # cancel, and so do the client libraries' own timeouts: wait_for makes one

@@ -8,8 +8,9 @@ it; one that does wait (a lock held, a cache miss) continues in a task, from exa
 stopped, as if it had been one all along (results, exceptions and cancellation alike).
 
 What runs before its first wait runs in no task, so it must not need one: `asyncio.timeout` and
-`asyncio.current_task` there would find none (LogStore bounds such calls with a task of their
-own), and a deadline is the caller's to keep, with a timer that cancels the task if one is made.
+`asyncio.current_task` there would find none (LogStore bounds its calls made so with a task of
+their own, and the Redis pipe connects under wait_for), and a deadline is the caller's to keep,
+with a timer that cancels the task if one is made (`answer_soon` does both for a request).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import contextvars
-from collections.abc import Coroutine
+import functools
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -39,10 +41,13 @@ class _Continuation(collections.abc.Coroutine):  # type: ignore[type-arg]
     def send(self, value: Any) -> Any:
         yielded = self._yielded
         if yielded is not _STARTED:
-            # The task's first step: hand it the future the coroutine is waiting on. A task only
-            # ever sends None first.
+            # The task's first step: hand it the future the coroutine is waiting on, marked as a
+            # future's own `await` marks it (start() unmarked it meanwhile). A task only ever
+            # sends None first.
             assert value is None, value
             self._yielded = _STARTED
+            if asyncio.isfuture(yielded):
+                yielded._asyncio_future_blocking = True
             return yielded
         return self._coroutine.send(value)
 
@@ -83,4 +88,69 @@ def start(loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, T]) ->
         future = loop.create_future()
         future.set_exception(error)
         return future
-    return loop.create_task(_Continuation(coroutine, yielded), context=context)  # type: ignore[arg-type]
+    if asyncio.isfuture(yielded):
+        # `await future` marked it as being waited on, which a task clears in the same step; until
+        # the continuation's first step, another coroutine awaiting it would be refused.
+        yielded._asyncio_future_blocking = False
+    # Named after the coroutine: the continuation itself has no name to show in the task's repr.
+    name = getattr(coroutine, "__qualname__", None)
+    return loop.create_task(_Continuation(coroutine, yielded), name=name, context=context)  # type: ignore[arg-type]
+
+
+def answer_soon(
+    loop: asyncio.AbstractEventLoop,
+    handle: Callable[[], Coroutine[Any, Any, T]],
+    timeout_s: float,
+    timed_out: Callable[[], BaseException],
+) -> asyncio.Future[T]:
+    """The future of `handle()`'s result, handled on a later tick (never inside the caller's step,
+    as a request from afar would be) and by `start`. Past `timeout_s` the future fails with
+    `timed_out()` and the handler, if it waits, is cancelled; so it is if the caller cancels."""
+    answer: asyncio.Future[T] = loop.create_future()
+    expiry = loop.call_later(timeout_s, _expire, answer, timed_out)
+    answer.add_done_callback(functools.partial(_cancel_timer, expiry))
+    loop.call_soon(_handle_now, loop, handle, answer)
+    return answer
+
+
+def _handle_now(loop: asyncio.AbstractEventLoop, handle: Callable[[], Coroutine[Any, Any, T]],
+                answer: asyncio.Future[T]) -> None:
+    if answer.done():
+        return  # its caller gave up first
+    handled = start(loop, handle())
+    if handled.done():
+        settle(answer, handled)
+        return
+    handled.add_done_callback(functools.partial(settle, answer))
+    # A deadline passed or a caller that gave up ends the handler.
+    answer.add_done_callback(functools.partial(_cancel_unless_done, handled))
+
+
+def settle(answer: asyncio.Future[T], handled: asyncio.Future[T]) -> None:
+    """`answer` ends as `handled` did, unless it already ended (then `handled`'s exception is
+    only retrieved, so that asyncio does not report it as lost)."""
+    if handled.cancelled():
+        if not answer.done():
+            answer.cancel()
+        return
+    error = handled.exception()
+    if answer.done():
+        return
+    if error is None:
+        answer.set_result(handled.result())
+    else:
+        answer.set_exception(error)
+
+
+def _expire(answer: asyncio.Future[Any], timed_out: Callable[[], BaseException]) -> None:
+    if not answer.done():
+        answer.set_exception(timed_out())
+
+
+def _cancel_timer(timer: asyncio.TimerHandle, _: asyncio.Future[Any]) -> None:
+    timer.cancel()
+
+
+def _cancel_unless_done(handled: asyncio.Future[Any], _: asyncio.Future[Any]) -> None:
+    if not handled.done():
+        handled.cancel()

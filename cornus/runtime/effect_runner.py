@@ -102,7 +102,8 @@ class EffectRunner:
         self.on_fenced: Callable[[str, int], None] = _unwired  # (partition, epoch)
         self.stopped = False
         # The node's event loop, kept at first use: asyncio.get_running_loop() makes a getpid system
-        # call on Python 3.11, and every storage call and timer of a transaction needs the loop.
+        # call on Python 3.11, and every storage call and timer of a transaction needs the loop. A
+        # runner belongs to one node, which runs on one loop.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
         self._tasks: dict[asyncio.Task[None], _Flight] = {}  # task -> whose call it is

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 
+from cornus.runtime import eager
 from cornus.runtime.transport import InboundHandler, PeerUnavailable, Transport
 from cornus.runtime.wire import PeerRequest, PeerResponse, Routed
 
@@ -44,12 +46,12 @@ class LocalTransport(Transport):
         handler = self.network.handlers.get(to_node)
         if handler is None or to_node in self.network.down:
             raise PeerUnavailable(f"{to_node} is down")
-        try:
-            async with asyncio.timeout(timeout_ms / 1000):
-                await asyncio.sleep(0)  # never answer inside the caller's own step
-                return await handler.on_request(self.node_id, request)
-        except TimeoutError:
-            raise PeerUnavailable(f"{to_node} did not answer within {timeout_ms} ms") from None
+        # Handled as the TCP transport handles it: on a later tick, outside any task until the
+        # handler first waits, so the in-process tests run that path too.
+        return await eager.answer_soon(
+            asyncio.get_running_loop(), functools.partial(handler.on_request, self.node_id, request), timeout_ms / 1000,
+            lambda: PeerUnavailable(f"{to_node} did not answer within {timeout_ms} ms"),
+        )
 
     async def close(self) -> None:
         self.network.handlers.pop(self.node_id, None)

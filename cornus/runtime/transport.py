@@ -26,7 +26,10 @@ class InboundHandler(Protocol):
         """A protocol message from node `sender`. Must not block."""
 
     async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
-        """A request from node `sender`; the returned response goes back to it."""
+        """A request from node `sender`; the returned response goes back to it. A transport may
+        run it outside any task until it first waits (cornus.runtime.eager), so up to then it
+        must not need one (no asyncio.timeout, no asyncio.current_task); its deadline is the
+        transport's to keep."""
 
 
 class Transport(abc.ABC):

@@ -82,7 +82,8 @@ class TransportLimits:
     # Bytes a connection may hold in its socket buffer before it stops flushing (backpressure);
     # what waits meanwhile stays in the bounded send queue.
     write_buffer_bytes_max: int = 4 * 1024 * 1024
-    # Requests awaiting a response, per peer, and requests being served, per inbound stream.
+    # Requests awaiting a response, per peer, and handlers waiting (in a task) per inbound stream;
+    # a request answered without waiting never counts against the second.
     request_inflight_count_max: int = 4096
     request_timeout_ms_max: int = 300_000
     # Time from opening a stream to the peer's hello before the attempt counts as failed.
@@ -640,12 +641,13 @@ class _InboundStream:
         self.owner = owner
         self.sender = ""
         self.connection = _FrameConnection(limits, self._on_hello, self._wake)
-        # Each request gets exactly one reply, so responses are bounded by the requests in flight
-        # plus the immediate refusals of one frame.
+        # Each request gets exactly one reply, and the peer keeps at most request_inflight_count_max
+        # requests unanswered, so that bounds the responses queued, whether answered at once (as
+        # most are, cornus.runtime.eager) or by a handler that waited; the frame's worth is slack.
         self.outbox = _Outbox(
             limits.request_inflight_count_max + limits.frame_item_count_max, limits.frame_item_count_max, self._wake
         )
-        self.serving: set[asyncio.Task[None]] = set()
+        self.serving: set[asyncio.Task[PeerResponse]] = set()
         self._flush_scheduled = False
         self.connection.lost.add_done_callback(self._on_lost)
 
@@ -876,39 +878,14 @@ class PeerTransport(Transport):
     def _request_self(self, request: PeerRequest, timeout_ms: int) -> asyncio.Future[PeerResponse]:
         assert self._handler is not None and self._loop is not None, "request() before start()"
         self.self_item_count += 1
-        future: asyncio.Future[PeerResponse] = self._loop.create_future()
-        # Served on a later tick, as a peer's request would be: never inside the caller's step.
-        self._loop.call_soon(self._serve_self, request, timeout_ms, future)
-        return future
+        return eager.answer_soon(
+            self._loop, functools.partial(self._handle, self.node_id, request), timeout_ms / 1000,
+            functools.partial(self._self_request_expired, timeout_ms),
+        )
 
-    def _serve_self(self, request: PeerRequest, timeout_ms: int, future: asyncio.Future[PeerResponse]) -> None:
-        if future.done():
-            return  # its caller gave up first
-        if self._closed:
-            future.set_exception(PeerUnavailable("transport closed"))
-            return
-        assert self._loop is not None
-        served = eager.start(self._loop, self._handle(self.node_id, request))
-        if served.done():
-            _settle(future, served)
-            return
-        expiry = self._loop.call_later(timeout_ms / 1000, self._expire_self, served, future, timeout_ms)
-        served.add_done_callback(functools.partial(self._served_self, future, expiry))
-        # A caller that gives up (cancels) stops the handler, as a peer's deadline would.
-        future.add_done_callback(functools.partial(_cancel_if_cancelled, served))
-
-    def _served_self(self, future: asyncio.Future[PeerResponse], expiry: asyncio.TimerHandle,
-                     served: asyncio.Future[PeerResponse]) -> None:
-        expiry.cancel()
-        if not future.done():
-            _settle(future, served)
-
-    def _expire_self(self, served: asyncio.Future[PeerResponse], future: asyncio.Future[PeerResponse],
-                     timeout_ms: int) -> None:
+    def _self_request_expired(self, timeout_ms: int) -> PeerUnavailable:
         self.inbound.request_expired_count += 1
-        served.cancel()
-        if not future.done():
-            future.set_exception(PeerUnavailable(f"node {self.node_id}: no response within {timeout_ms} ms"))
+        return PeerUnavailable(f"node {self.node_id}: no response within {timeout_ms} ms")
 
     async def _handle(self, sender: str, request: PeerRequest) -> PeerResponse:
         """The handler's response, or PeerUnavailable when it failed. Its deadline is the caller's:
@@ -938,7 +915,9 @@ class PeerTransport(Transport):
         self.inbound.frame_sent_count += 1
         self.inbound.item_sent_count += item_count
 
-    def dispatch(self, sender: str, frame: pb.PeerFrame, outbox: _Outbox, serving: set[asyncio.Task[None]]) -> None:
+    def dispatch(
+        self, sender: str, frame: pb.PeerFrame, outbox: _Outbox, serving: set[asyncio.Task[PeerResponse]]
+    ) -> None:
         handler = self._handler
         assert handler is not None
         for envelope in frame.items:
@@ -973,33 +952,34 @@ class PeerTransport(Transport):
                     self.inbound.malformed_count += 1
                     self.reply_failed(outbox, correlation_id, f"malformed request: {error}")
                     continue
-                self._serve(sender, (correlation_id, timeout_ms), request, outbox, serving)
+                self._serve(sender, request, outbox, serving, correlation_id=correlation_id, timeout_ms=timeout_ms)
             else:
                 self.inbound.malformed_count += 1
                 logger.warning("envelope of kind %d from %s on an inbound connection", kind, sender)
 
-    def _serve(self, sender: str, envelope_ids: tuple[int, int], request: PeerRequest, outbox: _Outbox,
-               serving: set[asyncio.Task[None]]) -> None:
-        correlation_id, timeout_ms = envelope_ids
+    def _serve(self, sender: str, request: PeerRequest, outbox: _Outbox, serving: set[asyncio.Task[PeerResponse]],
+               *, correlation_id: int, timeout_ms: int) -> None:
         assert self._loop is not None
         served = eager.start(self._loop, self._handle(sender, request))
         if served.done():
-            if not served.cancelled():
+            if not served.cancelled():  # a handler that raised CancelledError before any wait
                 self._reply(outbox, correlation_id, served)
             return
         assert isinstance(served, asyncio.Task)
-        serving.add(served)  # type: ignore[arg-type]
-        served.add_done_callback(serving.discard)  # type: ignore[arg-type]
+        serving.add(served)
+        served.add_done_callback(serving.discard)
         expiry = self._loop.call_later(timeout_ms / 1000, self._expire_served, served)
         served.add_done_callback(functools.partial(self._served, outbox, correlation_id, expiry))
 
     def _served(self, outbox: _Outbox, correlation_id: int, expiry: asyncio.TimerHandle,
                 served: asyncio.Future[PeerResponse]) -> None:
         expiry.cancel()
-        if not served.cancelled():  # past its deadline (the requester gave up) or the transport closing
+        if not served.cancelled():  # cancelled: past its deadline (the requester gave up) or closing
             self._reply(outbox, correlation_id, served)
 
     def _expire_served(self, served: asyncio.Task[PeerResponse]) -> None:
+        if served.done():
+            return  # it finished as the timer fired; its answer goes out
         self.inbound.request_expired_count += 1
         served.cancel()
 
@@ -1015,7 +995,16 @@ class PeerTransport(Transport):
             return
         envelope.kind = pb.ENVELOPE_KIND_RESPONSE
         envelope.correlation_id = correlation_id
-        codec.encode(envelope, served.result())
+        response = served.result()
+        try:
+            codec.encode(envelope, response)
+        except Exception as error:
+            # A response the codec refuses is the handler's bug: that request fails, and the
+            # connection, with every other request in flight on it, goes on.
+            outbox.discard_last()
+            self.inbound.handler_error_count += 1
+            logger.exception("cannot encode the %s to request %d", type(response).__name__, correlation_id)
+            self.reply_failed(outbox, correlation_id, f"node {self.node_id}: response not encodable: {error}")
 
     def reply_failed(self, outbox: _Outbox, correlation_id: int, detail: str) -> None:
         envelope = outbox.add()
@@ -1026,19 +1015,3 @@ class PeerTransport(Transport):
         envelope.correlation_id = correlation_id
         envelope.request_failed.detail = detail
 
-
-def _settle(future: asyncio.Future[PeerResponse], served: asyncio.Future[PeerResponse]) -> None:
-    """`future` ends as `served` did (a handler's outcome handed to the one who asked)."""
-    if served.cancelled():  # the loop is closing under it
-        future.set_exception(PeerUnavailable("the request's handler was cancelled"))
-        return
-    error = served.exception()
-    if error is None:
-        future.set_result(served.result())
-    else:
-        future.set_exception(error)
-
-
-def _cancel_if_cancelled(served: asyncio.Future[PeerResponse], future: asyncio.Future[PeerResponse]) -> None:
-    if future.cancelled():
-        served.cancel()

@@ -68,6 +68,9 @@ class Recorder:
                     raise
             if request.txn == "raise":
                 raise RuntimeError("asked to fail")
+            if request.txn == "unencodable":
+                # A handler's bug the codec refuses: values must be bytes or None.
+                return ExecuteResponse(status=ExecuteStatus.OK, values=("not bytes",))  # type: ignore[arg-type]
             return ExecuteResponse(status=ExecuteStatus.OK, detail=f"{self.node_id} from {sender}")
         return StatusResponse(node=self.node_id, ready=True, partitions=("p-local",))
 
@@ -378,6 +381,19 @@ async def test_a_handler_that_never_waits_gets_no_task_and_one_that_waits_keeps_
     # A waiting handler that finishes in time answers from its task.
     assert isinstance(await a.request("b", _execute("sleep:10"), REQUEST_TIMEOUT_MS), ExecuteResponse)
     assert isinstance(await b.request("b", _execute("sleep:10"), REQUEST_TIMEOUT_MS), ExecuteResponse)
+
+
+async def test_a_response_the_codec_refuses_fails_that_request_and_the_connection_goes_on(
+    local_pair: tuple[PeerTransport, PeerTransport, Recorder],
+) -> None:
+    a, b, _ = local_pair
+    waiting = asyncio.ensure_future(a.request("b", _execute("sleep:200"), REQUEST_TIMEOUT_MS))
+    await asyncio.sleep(0.05)  # the waiting one is being served when the bad one comes
+    with pytest.raises(PeerUnavailable, match="not encodable"):
+        await a.request("b", _execute("unencodable"), REQUEST_TIMEOUT_MS)
+    assert isinstance(await waiting, ExecuteResponse)
+    assert isinstance(await a.request("b", _execute("after"), REQUEST_TIMEOUT_MS), ExecuteResponse)
+    assert b.inbound.handler_error_count == 1
 
 
 async def test_malformed_frames_from_a_raw_client(

@@ -96,6 +96,58 @@ async def test_a_task_cancelled_unwinds_the_coroutine_and_cancels_what_it_waits_
     assert unwound == [True] and gate.cancelled() and running.cancelled()
 
 
+async def test_a_future_one_of_them_waits_on_may_be_awaited_by_others_in_the_same_step() -> None:
+    loop = asyncio.get_running_loop()
+    shared: asyncio.Future[int] = loop.create_future()
+
+    async def waits() -> int:
+        return await shared
+
+    # A future's `await` marks it as waited on until the waiting task's step ends; a coroutine
+    # started eagerly must not leave it marked, or the next awaiter is refused ("await wasn't
+    # used with future").
+    both = await _outside_any_task(lambda: asyncio.gather(eager.start(loop, waits()), eager.start(loop, waits())))
+    plain = asyncio.ensure_future(waits())
+    shared.set_result(3)
+    async with asyncio.timeout(WAIT_S):
+        assert await both == [3, 3]
+        assert await plain == 3
+
+
+async def test_answer_soon_answers_on_a_later_tick_and_keeps_the_deadline_and_the_callers_cancellation() -> None:
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[int] = loop.create_future()
+    cancelled: list[str] = []
+
+    async def handler(name: str, wait: bool) -> str:
+        if wait:
+            try:
+                await gate
+            except asyncio.CancelledError:
+                cancelled.append(name)
+                raise
+        assert asyncio.current_task() is None or wait
+        return name
+
+    def late() -> Exception:
+        return TimeoutError("late")
+
+    quick = eager.answer_soon(loop, lambda: handler("quick", False), WAIT_S, late)
+    assert not quick.done()  # never answered inside the caller's step
+    async with asyncio.timeout(WAIT_S):
+        assert await quick == "quick"
+    expired = eager.answer_soon(loop, lambda: handler("expired", True), 0.05, late)
+    with pytest.raises(TimeoutError, match="late"):
+        await expired
+    given_up = eager.answer_soon(loop, lambda: handler("given up", True), WAIT_S, late)
+    await asyncio.sleep(0.01)
+    given_up.cancel()
+    async with asyncio.timeout(WAIT_S):
+        while len(cancelled) < 2:  # noqa: ASYNC110 - the handlers' cancellations have no event
+            await asyncio.sleep(0.01)
+    assert sorted(cancelled) == ["expired", "given up"]
+
+
 async def _store_call_outside_any_task(store: LogStore, call: Callable[[], Awaitable[Any]]) -> Any:
     async def run() -> Any:
         return await call()
