@@ -41,8 +41,11 @@ def _process_cpu_s(pid: int | None) -> float:
     (/proc/<pid>/schedstat), since /proc/<pid>/stat counts in 10 ms ticks."""
     if pid is None:
         return 0.0
-    with open(f"/proc/{pid}/schedstat") as stats:
-        return int(stats.read().split()[0]) / 1e9
+    try:
+        with open(f"/proc/{pid}/schedstat") as stats:
+            return int(stats.read().split()[0]) / 1e9
+    except OSError as error:  # the writer left mid-run: its share of the figures is lost with it
+        raise SystemExit(f"bench_store_batches: cannot read the CPU of process {pid} ({error}); run again") from None
 
 
 def _writer_pid(store: LogStore) -> int | None:

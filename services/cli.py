@@ -423,7 +423,12 @@ async def _rebalance_expected(args: argparse.Namespace, expected: dict[str, str]
 
         async def ask(url: str) -> PartitionListing | str:
             try:
-                return await client.partition_listing(url)
+                # A bound on the whole request: the client's deadline is per phase (connect, read),
+                # and a node that trickles its answer must not stretch a round past it.
+                async with asyncio.timeout(args.timeout_ms_request / 1000):
+                    return await client.partition_listing(url)
+            except TimeoutError:
+                return f"no answer within {args.timeout_ms_request} ms"
             except TransactionFailed as error:
                 # Unreachable: its detail names the URL and the cause (no transaction is involved).
                 return error.outcome.detail
@@ -987,7 +992,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "every partition is placed, 1 at the timeout. With --url it trusts that node's peer list; "
                     "with --expect-peers and --member-urls it asks every node of the given set and waits until "
                     "each runs with exactly that set and every partition is served by its preferred node among "
-                    "them (what a deployment should run after a change of the node set).",
+                    "them (what a deployment should run after a change of the node set). partition_owners is "
+                    "not given here: the nodes must agree on it, and a change of it alone is checked only once "
+                    "every node runs with it (restart them first).",
     )
     rebalance.add_argument("--url", help="a node's REST URL: placement as that node's configuration sees it")
     rebalance.add_argument("--expect-peers", metavar="NODE=HOST:PORT,...",

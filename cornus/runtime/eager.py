@@ -58,7 +58,7 @@ class _Continuation(collections.abc.Coroutine):  # type: ignore[type-arg]
             # must unwind from there (its finally blocks) rather than be dropped half run; and the
             # future it waits on is cancelled with it, as a task cancels the future it waits on.
             self._yielded = _STARTED
-            if isinstance(yielded, asyncio.Future):
+            if asyncio.isfuture(yielded):
                 yielded.cancel()
         return self._coroutine.throw(*error)
 
@@ -119,14 +119,14 @@ def _handle_now(loop: asyncio.AbstractEventLoop, handle: Callable[[], Coroutine[
         return  # its caller gave up first
     handled = start(loop, handle())
     if handled.done():
-        settle(answer, handled)
+        _settle(answer, handled)
         return
-    handled.add_done_callback(functools.partial(settle, answer))
+    handled.add_done_callback(functools.partial(_settle, answer))
     # A deadline passed or a caller that gave up ends the handler.
     answer.add_done_callback(functools.partial(_cancel_unless_done, handled))
 
 
-def settle(answer: asyncio.Future[T], handled: asyncio.Future[T]) -> None:
+def _settle(answer: asyncio.Future[T], handled: asyncio.Future[T]) -> None:
     """`answer` ends as `handled` did, unless it already ended (then `handled`'s exception is
     only retrieved, so that asyncio does not report it as lost)."""
     if handled.cancelled():

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from cornus.runtime.config import load_node_config
-from services.cli import _placement
+from services.cli import _peer_text, _placement
 from services.client import PartitionInfo, PartitionListing
 from tests.worker import free_port
 
@@ -121,6 +121,33 @@ def test_a_node_with_another_partition_count_is_waited_for_and_its_partitions_no
     assert state.unplaced == [(p, "n4", "n4") for p in (f"p{i}" for i in range(PARTITION_COUNT))
                               if _preferred_by(FIVE, p) == "n4"]
     assert not state.done
+
+
+def test_an_answer_from_another_node_than_its_url_names_is_waited_for() -> None:
+    """A --member-urls entry that points at the wrong pod: its answer must not stand for n1."""
+    answers: dict[str, PartitionListing | str] = dict(_settled(FIVE))
+    answers["n1"] = answers["n2"]
+    state = _placement(FIVE, answers)
+    assert state.waiting == ["n1: http://n2 answers as node 'n2'"] and not state.done
+
+
+def test_a_node_with_the_node_set_at_other_addresses_is_waited_for() -> None:
+    moved = {**FIVE, "n3": "127.0.0.1:9999"}
+    answers: dict[str, PartitionListing | str] = dict(_settled(FIVE))
+    settled = answers["n3"]
+    assert isinstance(settled, PartitionListing)
+    answers["n3"] = PartitionListing(settled.node_url, "n3", moved, {}, settled.partitions)
+    state = _placement(FIVE, answers)
+    assert state.waiting == [f"n3: runs with other peer addresses ({_peer_text(moved)})"] and not state.done
+
+
+def test_nodes_that_disagree_on_partition_owners_are_waited_for() -> None:
+    answers: dict[str, PartitionListing | str] = dict(_settled(FIVE))
+    settled = answers["n2"]
+    assert isinstance(settled, PartitionListing)
+    answers["n2"] = PartitionListing(settled.node_url, "n2", dict(FIVE), {"p0": "n4"}, settled.partitions)
+    state = _placement(FIVE, answers)
+    assert state.waiting == ["n2: prefers other owners (partition_owners) than n0"] and not state.done
 
 
 @pytest.mark.parametrize(

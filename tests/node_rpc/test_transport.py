@@ -396,6 +396,22 @@ async def test_a_response_the_codec_refuses_fails_that_request_and_the_connectio
     assert b.inbound.handler_error_count == 1
 
 
+async def test_a_deadline_timer_that_fires_as_its_handler_finishes_counts_no_expiry(
+    local_pair: tuple[PeerTransport, PeerTransport, Recorder],
+) -> None:
+    _, b, _ = local_pair
+
+    async def answered() -> ExecuteResponse:
+        return ExecuteResponse(status=ExecuteStatus.OK)
+
+    # Finished, its done-callbacks (which cancel the timer) not run yet: the timer's tick.
+    finished = asyncio.ensure_future(answered())
+    await asyncio.sleep(0)
+    assert finished.done()
+    b._expire_served(finished)
+    assert b.inbound.request_expired_count == 0 and not finished.cancelled()
+
+
 async def test_malformed_frames_from_a_raw_client(
     local_pair: tuple[PeerTransport, PeerTransport, Recorder],
 ) -> None:
