@@ -98,14 +98,18 @@ class LockTable:
     def mark_prepared(self, txn: str) -> None:
         self._prepared.add(txn)
 
-    def retake(self, txn: str, key: str) -> None:
-        """Recovery only: hold `key` exclusively for `txn` even beside another recovered holder.
+    def retake(self, txn: str, key: str, mode: LockMode = LockMode.EXCLUSIVE) -> None:
+        """Recovery only: hold `key` for `txn` in `mode` even beside another recovered holder.
         Two recovered transactions may name one key (coordinator-log recovers from the
         coordinators' logs, which still hold aborted transactions' redo until garbage collection);
-        at most one of them can commit, and both block everyone else until decided."""
+        at most one of them can commit, and both block everyone else until decided. A key a
+        transaction only read is retaken shared: it kept others from writing it before the
+        restart, and must until the decision (a one-shot's partition votes before the
+        transaction's last lock is taken elsewhere)."""
         entry = self._entries.setdefault(key, _Entry())
         assert not entry.waiters, "recovery relocks before anyone can wait"
-        entry.holders[txn] = LockMode.EXCLUSIVE
+        if entry.holders.get(txn) is not LockMode.EXCLUSIVE:
+            entry.holders[txn] = mode
         self._held.setdefault(txn, set()).add(key)
 
     def holds_any(self, txn: str) -> bool:

@@ -60,10 +60,35 @@ def check_growth(
             )
         redo_sizes[partition] = size
     if protocol is Protocol.COORDINATOR_LOG:
-        bundle = sum(size + len(p.encode()) + _BUNDLE_BYTES_PER_PARTITION for p, size in redo_sizes.items())
+        bundle = _bundle_size(redo_sizes)
         if bundle > REDO_BYTES_MAX:
             raise ValidationError(
                 f"coordinator-log keeps the redo of every written partition in one coordinator record, which "
                 f"would take {bundle} bytes; the limit is {REDO_BYTES_MAX} (REDO_BYTES_MAX): write less, or "
                 f"use the cornus or 2pc protocol, which keep each partition's redo in its own record"
             )
+
+
+def one_shot_redo(protocol: Protocol, by_partition: Mapping[str, Sequence[Op]]) -> dict[str, bytes] | None:
+    """Each partition's redo if the operations run as a one-shot (every partition votes with its
+    request, so its redo also names the keys it only read: redo.py), or None when a redo that
+    names them would outgrow a record; the transaction then runs its operations first and
+    commits after, where reads need no record. The writes alone passed check_growth."""
+    redo_by_partition: dict[str, bytes] = {}
+    for partition, ops in by_partition.items():
+        writes: dict[str, bytes | None] = {}
+        for op in ops:
+            if op.kind is OpKind.PUT or op.kind is OpKind.DELETE:
+                writes[op.key] = op.value if op.kind is OpKind.PUT else None
+        reads = [key for key in dict.fromkeys(op.key for op in ops) if key not in writes]
+        if redo_codec.encoded_size(writes, reads) > REDO_BYTES_MAX:
+            return None
+        redo_by_partition[partition] = redo_codec.encode(writes, reads)
+    sizes = {partition: len(redo) for partition, redo in redo_by_partition.items()}
+    if protocol is Protocol.COORDINATOR_LOG and _bundle_size(sizes) > REDO_BYTES_MAX:
+        return None
+    return redo_by_partition
+
+
+def _bundle_size(redo_sizes: Mapping[str, int]) -> int:
+    return sum(size + len(p.encode()) + _BUNDLE_BYTES_PER_PARTITION for p, size in redo_sizes.items())

@@ -17,7 +17,7 @@ from cornus.protocol.config import Protocol
 from cornus.protocol.effects import Decided, Reply
 from cornus.protocol.events import CommitRequested, Event, ExecuteFailed
 from cornus.runtime import redo as redo_codec
-from cornus.runtime.admission import check_growth
+from cornus.runtime.admission import check_growth, one_shot_redo
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.effect_runner import fatal
 from cornus.runtime.failpoints import Failpoints
@@ -286,9 +286,12 @@ class Coordination:
         return outcome
 
     async def execute(self, ops: Sequence[Op], protocol: Protocol | None = None) -> Outcome:
-        """A one-shot transaction. When it writes on every partition it touches, each partition's
-        request carries its prepare too (one message and one round trip fewer per partition);
-        otherwise one execute request per partition, then commit."""
+        """A one-shot transaction. When it writes anywhere, each partition's request carries its
+        prepare too (one message and one round trip fewer per partition), and a partition it only
+        reads votes like the others (paper 3.5: in parallel with them, so no write more on the
+        critical path), instead of confirming its read locks in a round trip of its own before
+        anyone may vote. A wholly read-only one runs its requests, then commits without either
+        phase."""
         txn = self.begin(protocol)
         ctx = self.txns[txn]
         try:
@@ -301,8 +304,10 @@ class Coordination:
             await self._abort(ctx, AbortReason.CLIENT, "invalid request")
             raise
         gets = [op.key for op in ops if op.kind is OpKind.GET]
-        if by_partition and all(any(op.kind in _WRITES for op in group) for group in by_partition.values()):
-            outcome, values = await self._execute_prepared(ctx, by_partition, positions)
+        writes_somewhere = any(op.kind in _WRITES for op in ops)
+        redo_by_partition = one_shot_redo(ctx.protocol, by_partition) if writes_somewhere else None
+        if redo_by_partition is not None:
+            outcome, values = await self._execute_prepared(ctx, by_partition, redo_by_partition, positions)
         else:
             try:
                 values = await self.run_ops(txn, ops)
@@ -316,13 +321,17 @@ class Coordination:
         return Outcome(outcome.txn, outcome.status, outcome.reason, outcome.detail, reads, outcome.timing_ms)
 
     async def _execute_prepared(
-        self, ctx: CoordinatedTxn, by_partition: dict[str, list[Op]], positions: list[tuple[str, int]]
+        self,
+        ctx: CoordinatedTxn,
+        by_partition: dict[str, list[Op]],
+        redo_by_partition: dict[str, bytes],
+        positions: list[tuple[str, int]],
     ) -> tuple[Outcome, list[bytes | None]]:
         """Every partition is a participant: its operations and its prepare go in one request, and
         the commit request goes to the machine at the same moment (CommitRequested.prepare_sent).
         A failed request is reported to the machine, which decides; the caller hears the machine."""
         self._record_writes(ctx, by_partition)
-        writes = tuple((p, redo_codec.encode(w)) for p, w in sorted(ctx.touched.items()))
+        writes = tuple(sorted(redo_by_partition.items()))
         participants = tuple(p for p, _ in writes)
         # First the machine, then the requests: a participant's vote must find it.
         self._request_commit(ctx, CommitRequested(self.node_id, ctx.txn, writes, (), prepare_sent=True))

@@ -37,6 +37,9 @@ class Execution:
 
     coordinator: str
     writes: dict[str, bytes | None] = field(default_factory=dict)
+    # Keys a one-shot's request only read, in order: its vote comes before the transaction's last
+    # lock elsewhere, so its redo names them for recovery to lock again (redo.py).
+    reads: dict[str, None] = field(default_factory=dict)
     last_active_s: float = field(default_factory=time.monotonic)
 
 
@@ -111,10 +114,13 @@ class PartitionRuntime:
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} was aborted on {self.name}")
         values: list[bytes | None] = []
         writes = execution.writes
+        carried = bool(request.participants)
         for op in request.ops:
             if op.kind is OpKind.PUT or op.kind is OpKind.DELETE:
                 writes[op.key] = op.value if op.kind is OpKind.PUT else None
                 continue
+            if carried:
+                execution.reads[op.key] = None
             current = writes[op.key] if op.key in writes else committed[op.key]
             if op.kind is OpKind.GET:
                 values.append(current)
@@ -180,7 +186,9 @@ class PartitionRuntime:
         execution = self.executions.get(txn)
         if execution is None:
             return None
-        return execution.coordinator, redo_codec.encode(execution.writes) if execution.writes else b""
+        writes = execution.writes
+        reads = [key for key in execution.reads if key not in writes]
+        return execution.coordinator, redo_codec.encode(writes, reads) if writes or reads else b""
 
     def abort_execution(self, txn: str) -> None:
         """Abort before prepare: nobody can have voted for it here, so nothing is logged."""
@@ -200,11 +208,15 @@ class PartitionRuntime:
     # --- commit side -------------------------------------------------------------------------
 
     def retake_locks(self, txn: str, redo: bytes) -> None:
-        """Recovery: lock what an unfinished record will write, before anyone else can. It voted
-        yes (or committed), so its locks go at the decision: conflicting requests wait."""
+        """Recovery: lock what an unfinished record will write (and what a one-shot's read),
+        before anyone else can. It voted yes (or committed), so its locks go at the decision:
+        conflicting requests wait."""
         self.locks.register(txn, begin_ms_of(txn))
-        for key in redo_codec.decode(redo):
+        written, read = redo_codec.lock_keys(redo)
+        for key in written:
             self.locks.retake(txn, key)
+        for key in read:
+            self.locks.retake(txn, key, LockMode.SHARED)
         self.locks.mark_prepared(txn)
 
     def release(self, txn: str) -> None:

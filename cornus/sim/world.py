@@ -111,12 +111,13 @@ class Execution:
 @dataclass(frozen=True, slots=True)
 class _Carried:
     """A one-shot's request to one partition: its write (the key, the version the caller expects
-    there) and its prepare, from the coordinator's incarnation that sent it."""
+    there) or, on a partition it only reads, its read (`expected` None), and its prepare, from the
+    coordinator's incarnation that sent it."""
 
     txn: str
     partition: str
     key: str
-    expected: int
+    expected: int | None
     participants: tuple[str, ...]
     incarnation: int
     owner_incarnation: int  # of the partition's owner when sent: a restart loses the request
@@ -398,13 +399,17 @@ class World:
         message (late, lost, or to a node that is down)."""
         plan = self.plans[txn]
         coordinator = self.nodes[plan.coordinator]
-        expected = {p: self._read_committed(self.nodes[node_of(p)], p, f"k{k}") for p, k in plan.writes}
-        writes = tuple(sorted((p, redo.encode({f"k{k}": expected[p] + 1})) for p, k in plan.writes))
+        versions = {p: self._read_committed(self.nodes[node_of(p)], p, f"k{k}") for p, k in plan.writes}
+        redos = [(p, redo.encode({f"k{k}": versions[p] + 1})) for p, k in plan.writes]
+        # A partition only read votes too (paper 3.5), and its redo names the key it read.
+        redos += [(p, redo.encode({}, (f"k{k}",))) for p, k in plan.reads]
+        expected: dict[str, int | None] = {**versions, **dict.fromkeys((p for p, _ in plan.reads), None)}
+        writes = tuple(sorted(redos))
         self.outcome.reads[txn], self.outcome.writes[txn] = {}, {}
         self.outcome.executed_on[txn] = set()
         self._feed(coordinator, CommitRequested(coordinator.name, txn, writes, (), prepare_sent=True), coordinator.path)
         participants = tuple(p for p, _ in writes)
-        for partition, key_index in plan.writes:
+        for partition, key_index in (*plan.writes, *plan.reads):
             owner = self.nodes[node_of(partition)]
             sent = _Carried(txn, partition, f"k{key_index}", expected[partition], participants,
                             coordinator.incarnation, owner.incarnation)
@@ -433,23 +438,29 @@ class World:
             self._answer_execute(txn, partition, incarnation, "aborted here already")
             return
         table = node.locks[partition]
-        grant = table.acquire(txn, key, LockMode.EXCLUSIVE, plan.start_ms, self.now_ms)
+        mode = LockMode.SHARED if expected is None else LockMode.EXCLUSIVE
+        grant = table.acquire(txn, key, mode, plan.start_ms, self.now_ms)
         if grant is not Grant.GRANTED:
             table.release(txn)
             self._answer_execute(txn, partition, incarnation, "conflict")
             return
-        if self._read_committed(node, partition, key) != expected:
+        if expected is None:
+            # Only read: it votes yes, keeping the read lock until the decision.
+            self.outcome.reads[txn][(partition, key)] = self._read_committed(node, partition, key)
+            execution = Execution(plan.coordinator, redo.encode({}, (key,)), True, False)
+        elif self._read_committed(node, partition, key) != expected:
             table.release(txn)
             self._answer_execute(txn, partition, incarnation, "check failed")
             return
-        self.outcome.reads[txn][(partition, key)] = expected
-        self.outcome.writes[txn][(partition, key)] = expected + 1
+        else:
+            self.outcome.reads[txn][(partition, key)] = expected
+            self.outcome.writes[txn][(partition, key)] = expected + 1
+            execution = Execution(plan.coordinator, redo.encode({key: expected + 1}), plan.vote_of[partition], False)
         executed_on = self.outcome.executed_on[txn]
         executed_on.add(partition)
-        if len(executed_on) == len(plan.writes):
+        if len(executed_on) == len(plan.writes) + len(plan.reads):
             self.outcome.executed.add(txn)
-        self._remember(partition, txn, Execution(plan.coordinator, redo.encode({key: expected + 1}),
-                                                 plan.vote_of[partition], False))
+        self._remember(partition, txn, execution)
         self._deliver(partition, plan.coordinator, Prepare(txn, carried.participants, plan.coordinator), node.path)
         if node.alive:
             self._answer_execute(txn, partition, incarnation, "")
@@ -596,8 +607,11 @@ class World:
         elif isinstance(effect, RetakeLocks):
             table = node.locks[effect.partition]
             table.register(effect.txn, begin_ms_of(effect.txn))
-            for key in redo.decode(effect.redo):
+            written, read = redo.lock_keys(effect.redo)
+            for key in written:
                 table.retake(effect.txn, key)
+            for key in read:
+                table.retake(effect.txn, key, LockMode.SHARED)
             table.mark_prepared(effect.txn)
         elif isinstance(effect, CacheRedo):
             for key, value in redo.decode(effect.redo).items():

@@ -135,3 +135,13 @@ def test_random_schedules_keep_the_table_consistent(steps: list[tuple[object, ..
                 head = entry.waiters[0]
                 assert not _compatible(entry, head.txn, head.mode), f"{key}: a grantable waiter was left waiting"
         assert table._keys_waited == {k for k, e in table._entries.items() if e.waiters}
+
+
+def test_a_retaken_read_is_shared_and_never_weakens_a_retaken_write() -> None:
+    table = LockTable()
+    table.retake("a", "k", S)
+    assert table.acquire("b", "k", S, 2, 0) is Grant.GRANTED
+    assert table.acquire("c", "k", X, 3, 0) is Grant.ABORT
+    table.retake("d", "j")
+    table.retake("d", "j", S)  # a redo naming a key both ways locks it as written
+    assert table.holders("j") == {"d": X}

@@ -45,6 +45,7 @@ def txn_plans(draw: st.DrawFn, protocol: Protocol | None, partition_count: int) 
         writes=tuple((p, draw(keys)) for p in written),
         reads=tuple((p, draw(keys)) for p in read),
         votes=tuple(draw(st.sampled_from((True, True, True, False))) for _ in written),
+        one_shot=draw(st.booleans()),
     )
 
 

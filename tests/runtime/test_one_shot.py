@@ -11,17 +11,21 @@ from types import SimpleNamespace
 
 import pytest
 
+from cornus.protocol import redo_bundle
 from cornus.protocol.config import Protocol
 from cornus.protocol.effects import ApplyRedo
-from cornus.protocol.messages import Decision, Prepare
+from cornus.protocol.messages import Decision, Prepare, ReleaseReadOnly
 from cornus.runtime import coordination
+from cornus.runtime import redo as redo_codec
 from cornus.runtime.local_transport import LocalTransport
 from cornus.runtime.outcome import AbortReason, OutcomeStatus
 from cornus.runtime.transport import PeerUnavailable
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, Routed
-from storage_adapters.contract import TxnState
+from storage_adapters.contract import REDO_BYTES_MAX, LogId, TxnState
 from storage_adapters.errors import StorageUnavailable
 from tests.runtime.faults import (
+    Call,
+    FaultyStore,
     LocalCluster,
     gets,
     keys_in,
@@ -69,22 +73,99 @@ async def test_each_partition_gets_one_request_that_carries_its_prepare(tmp_path
             assert await read_through(cluster.node("n0"), key) == b"new"
 
 
-async def test_a_one_shot_that_reads_a_partition_it_does_not_write_prepares_after_executing(tmp_path, monkeypatch):
-    """Its read locks must stay until every other partition holds its locks (strict 2PL), so it
-    takes the two-step path: no request carries a prepare."""
+@pytest.mark.parametrize("protocol", list(Protocol))
+async def test_a_partition_a_one_shot_only_reads_votes_with_the_others(tmp_path, monkeypatch, protocol):
+    """Paper 3.5: it votes in parallel with the partitions that write, instead of confirming its
+    read locks in a round trip of its own before anyone may vote; its redo names the key it read,
+    so a restart of its owner locks it again (the next test)."""
+    sent: list[object] = []
     requests: list[ExecuteRequest] = []
-    real_request = LocalTransport.request
+    real_send, real_request = LocalTransport.send, LocalTransport.request
+
+    def send(self: LocalTransport, to_node: str, message: Routed, may_wait: bool = False) -> None:
+        sent.append(message.message)
+        real_send(self, to_node, message, may_wait)
 
     async def request(self: LocalTransport, to_node: str, request: ExecuteRequest, timeout_ms: int) -> object:
         requests.append(request)
         return await real_request(self, to_node, request, timeout_ms)
 
+    monkeypatch.setattr(LocalTransport, "send", send)
     monkeypatch.setattr(LocalTransport, "request", request)
     async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
         keys = keys_in(2, ["p0", "p1"])
-        outcome = await cluster.node().execute([Op(OpKind.GET, keys["p0"]), Op(OpKind.PUT, keys["p1"], b"v")])
+        first = await cluster.node().execute(puts({keys["p0"]: b"old"}), protocol)
+        assert first.status is OutcomeStatus.COMMITTED, first
+        requests.clear()
+        sent.clear()
+        outcome = await cluster.node().execute([Op(OpKind.GET, keys["p0"]), Op(OpKind.PUT, keys["p1"], b"v")],
+                                               protocol)
         assert outcome.status is OutcomeStatus.COMMITTED, outcome
-        assert requests and not any(r.participants for r in requests)
+        assert outcome.reads == ((keys["p0"], b"old"),)
+        assert sorted(r.partition for r in requests) == ["p0", "p1"]
+        assert all(r.participants == ("p0", "p1") for r in requests), requests
+        assert not [m for m in sent if isinstance(m, Prepare | ReleaseReadOnly)], sent
+        # The read partition's redo names its key, read only; committing it applies nothing.
+        owner = cluster.faults[cluster.owner_of("p0")]
+        await wait_until(lambda: _applied(owner, "p0", outcome.txn), 5, "p0 never applied its (empty) redo")
+        [applied] = await _applied(owner, "p0", outcome.txn)
+        assert applied.args["writes"] == {}
+        if protocol is Protocol.COORDINATOR_LOG:
+            logged = cluster.faults["n0"].calls_of("log", txn=outcome.txn, log=LogId.coordinator("n0"))
+            bundles = [redo_bundle.decode(c.args["body"].redo) for c in logged if c.args["body"] is not None]
+            assert [redo_codec.lock_keys(b["p0"]) for b in bundles if "p0" in b] == [([], [keys["p0"]])]
+        else:
+            votes = [c for c in owner.calls_of("log_once" if protocol is Protocol.CORNUS else "log", txn=outcome.txn)
+                     if c.args["state"] is TxnState.VOTE_YES]
+            assert [redo_codec.lock_keys(c.args["body"].redo) for c in votes] == [([], [keys["p0"]])], votes
+        assert await read_through(cluster.node("n1"), keys["p1"]) == b"v"
+
+
+async def _applied(store: FaultyStore, partition: str, txn: str) -> list[Call]:
+    return [c for c in store.calls_of("apply_redo", "ok", txn=txn) if c.args["partition"] == partition]
+
+
+async def test_a_restart_after_a_one_shot_vote_locks_what_it_read_again(tmp_path):
+    """A one-shot's partition votes before the transaction took its last lock elsewhere, so the
+    keys it only read must stay locked until the decision, across a restart of its owner too:
+    else another transaction could overwrite what it read, commit, and be seen by the rest of
+    the one-shot, which would then commit as if it ran before that transaction."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        reader, writer = cluster.owner_of("p0"), cluster.owner_of("p1")
+        first = await cluster.node(writer).execute(puts({keys["p0"]: b"old"}))
+        assert first.status is OutcomeStatus.COMMITTED, first
+        # Nothing can decide the one-shot while every write to p1's log waits: not p1's vote, not
+        # a termination's ABORT, from either node.
+        gates = [cluster.faults[node].hold("log_once", where=lambda args: args["log"] == LogId.partition("p1"))
+                 for node in cluster.node_ids]
+        one_shot = asyncio.ensure_future(
+            cluster.node(writer).execute([Op(OpKind.GET, keys["p0"]), Op(OpKind.PUT, keys["p1"], b"v")])
+        )
+
+        async def voted() -> bool:
+            calls = cluster.faults[reader].calls_of("log_once", "ok")
+            return any(c.args["log"] == LogId.partition("p0") and c.args["state"] is TxnState.VOTE_YES
+                       and c.args["txn"] != first.txn for c in calls)
+
+        await wait_until(voted, 5, "p0 never voted")
+        await cluster.restart(reader)
+        blocked = await cluster.node(reader).execute(puts({keys["p0"]: b"overwritten"}))
+        assert blocked.status is OutcomeStatus.ABORTED, blocked
+        assert await cluster.value(keys["p0"]) == b"old"
+        shared = await cluster.node(reader).execute(gets([keys["p0"]]))
+        assert shared.status is OutcomeStatus.COMMITTED and shared.reads == ((keys["p0"], b"old"),), shared
+        for gate in gates:
+            gate.set()
+        outcome = await one_shot
+        # p1's vote and a termination's ABORT were both waiting: either may land first.
+        assert outcome.status in (OutcomeStatus.COMMITTED, OutcomeStatus.ABORTED), outcome
+
+        async def overwritten() -> bool:
+            later = await cluster.node(reader).execute(puts({keys["p0"]: b"later"}))
+            return later.status is OutcomeStatus.COMMITTED
+
+        await wait_until(overwritten, 5, "p0's key stayed locked after the decision")
 
 
 @pytest.mark.parametrize("protocol", list(Protocol))
@@ -235,3 +316,25 @@ async def test_a_one_shot_request_cancelled_at_shutdown_is_not_a_fatal_error(mon
     await asyncio.sleep(0)  # the done callbacks run
     assert fatal_messages == ["a one-shot's request failed: RuntimeError('boom')"], fatal_messages
     assert answers == [("p1", ExecuteStatus.UNAVAILABLE, False)], answers
+
+
+async def test_a_one_shot_whose_reads_would_outgrow_the_record_runs_in_two_steps(tmp_path, monkeypatch):
+    """Its writes fit a record, but not with the keys it only read, which a one-shot's vote names:
+    it runs its operations first and commits after (where a vote names no read), not refused."""
+    requests: list[ExecuteRequest] = []
+    real_request = LocalTransport.request
+
+    async def request(self: LocalTransport, to_node: str, request: ExecuteRequest, timeout_ms: int) -> object:
+        requests.append(request)
+        return await real_request(self, to_node, request, timeout_ms)
+
+    monkeypatch.setattr(LocalTransport, "request", request)
+    async with local_cluster(tmp_path, node_count=1, partition_count=1) as cluster:
+        written = {f"w{index}": b"x" * 60_000 for index in range(2)}
+        read = [f"r{index:03d}" + "k" * 400 for index in range(30)]
+        assert redo_codec.encoded_size(written) <= REDO_BYTES_MAX < redo_codec.encoded_size(written, read)
+        outcome = await cluster.node().execute([*gets(read), *puts(written)])
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+        assert outcome.reads == tuple((key, None) for key in read)
+        assert requests and not any(r.participants for r in requests), requests
+        assert await read_through(cluster.node(), "w1") == written["w1"]
