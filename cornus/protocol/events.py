@@ -38,9 +38,11 @@ class CommitRequested:
     `prepare_sent`: a one-shot transaction whose runtime sent each participant its Prepare inside
     the request that carries its operations (one message and one round trip fewer per partition),
     at the same time as this request. The machine then sends no Prepare of its own and hears of an
-    execution that failed through `ExecuteFailed`. Only without partitions that are only read:
-    those must keep their read locks until every other partition holds its locks (strict 2PL), so
-    their release, and hence every prepare, waits for the whole execution phase."""
+    execution that failed through `ExecuteFailed`. Only without partitions in `reads`: a partition
+    a one-shot only reads is a participant like the others (paper 3.5), in `writes` with a redo
+    that writes nothing; a partition in `reads` confirms and releases its read locks before anyone
+    votes (a Cornus transaction is committed the moment every vote is logged), which needs the
+    whole execution phase done first."""
 
     node: str
     txn: str
