@@ -81,9 +81,10 @@ def one_shot_redo(protocol: Protocol, by_partition: Mapping[str, Sequence[Op]]) 
             if op.kind is OpKind.PUT or op.kind is OpKind.DELETE:
                 writes[op.key] = op.value if op.kind is OpKind.PUT else None
         reads = [key for key in dict.fromkeys(op.key for op in ops) if key not in writes]
-        if redo_codec.encoded_size(writes, reads) > REDO_BYTES_MAX:
+        redo = redo_codec.encode(writes, reads)
+        if len(redo) > REDO_BYTES_MAX:
             return None
-        redo_by_partition[partition] = redo_codec.encode(writes, reads)
+        redo_by_partition[partition] = redo
     sizes = {partition: len(redo) for partition, redo in redo_by_partition.items()}
     if protocol is Protocol.COORDINATOR_LOG and _bundle_size(sizes) > REDO_BYTES_MAX:
         return None

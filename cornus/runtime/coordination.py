@@ -154,13 +154,19 @@ class Coordination:
         only fail later (at commit, and again on a retry)."""
         by_partition: dict[str, list[Op]] = {}
         positions: list[tuple[str, int]] = []
+        gets_by_partition: dict[str, int] = {}
+        partition_count = self.config.partition_count
         for op in ops:
             if not isinstance(op, Op) or not isinstance(op.kind, OpKind):
                 raise ValidationError(f"not an operation: {op!r}")
-            partition = partition_of(op.key, self.config.partition_count)
-            group = by_partition.setdefault(partition, [])
+            partition = partition_of(op.key, partition_count)
+            group = by_partition.get(partition)
+            if group is None:
+                group = by_partition[partition] = []
             if op.kind is OpKind.GET:
-                positions.append((partition, sum(o.kind is OpKind.GET for o in group)))
+                index = gets_by_partition.get(partition, 0)
+                positions.append((partition, index))
+                gets_by_partition[partition] = index + 1
             group.append(op)
         check_growth(ctx.protocol, self.config.limits, ctx.touched, ctx.op_count, by_partition)
         return by_partition, positions
