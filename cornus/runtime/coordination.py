@@ -363,9 +363,12 @@ class Coordination:
                 ctx.timing.commit_requested = time.perf_counter()
                 all_answered.set_result(None)
 
-        # Queued now, each without a task of its own: they leave together at the end of this tick.
+        # Queued, each without a task of its own, then sent together at once: the remote ones
+        # are the longer round trips, and at the end of the tick they would leave behind every
+        # callback queued before them (other transactions' work, under load).
         for request in requests:
             self._start_prepared(request, answered)
+        self.transport.flush()
         self.failpoints.hit("coordinator.after_prepare")
         reply = await self._await_reply(ctx)
         if not ctx.timing.commit_requested:

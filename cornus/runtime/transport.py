@@ -56,6 +56,12 @@ class Transport(abc.ABC):
         time: a transport that can queue the request right away spares it a task per request."""
         return asyncio.ensure_future(self.request(to_node, request, timeout_ms))
 
+    def flush(self) -> None:
+        """Send what is queued now, not at the end of this event-loop tick (where it would also
+        wait behind every callback already queued): for requests the caller waits on, once it
+        queued all of them. A transport that sends at once has nothing to do."""
+        return None
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop serving and drop connections."""

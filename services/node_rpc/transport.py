@@ -495,6 +495,11 @@ class _PeerLink:
             if not future.done():
                 future.set_exception(PeerUnavailable(f"peer {self.peer_id} at {self.address}: {reason}"))
 
+    def flush_now(self) -> None:
+        """Send what is queued now (the flush already scheduled then finds nothing)."""
+        if self._flush_scheduled:
+            self._flush()
+
     def _wake(self) -> None:
         # One flush per tick, and none before the connection is up (CONNECTING queues).
         if not self._flush_scheduled and self._connection is not None:
@@ -772,6 +777,10 @@ class PeerTransport(Transport):
 
     async def request(self, to_node: str, request: PeerRequest, timeout_ms: int) -> PeerResponse:
         return await self.start_request(to_node, request, timeout_ms)
+
+    def flush(self) -> None:
+        for link in self._links.values():
+            link.flush_now()
 
     def start_request(self, to_node: str, request: PeerRequest, timeout_ms: int) -> asyncio.Future[PeerResponse]:
         assert 0 < timeout_ms <= self.limits.request_timeout_ms_max, f"timeout_ms {timeout_ms} out of range"

@@ -323,6 +323,24 @@ async def test_full_queue_drops_and_counts(local_pair: tuple[PeerTransport, Peer
     assert b.inbound.item_received_count == 64
 
 
+async def test_flush_sends_what_is_queued_before_the_tick_ends(
+    local_pair: tuple[PeerTransport, PeerTransport, Recorder],
+) -> None:
+    """A one-shot's coordinator flushes its requests: at the end of the tick they would leave
+    behind every callback queued before them."""
+    a, _, recorder_b = local_pair
+    sent = a.peer_counters("b").item_sent_count
+    first = a.start_request("b", _execute("t1"), REQUEST_TIMEOUT_MS)
+    second = a.start_request("b", _execute("t2"), REQUEST_TIMEOUT_MS)
+    assert a.peer_counters("b").item_sent_count == sent, "queued requests left before the tick ended"
+    a.flush()
+    assert a.peer_counters("b").item_sent_count == sent + 2
+    a.flush()  # nothing queued: nothing written, nothing lost
+    responses = await asyncio.gather(first, second)
+    assert all(isinstance(response, ExecuteResponse) for response in responses)
+    assert [request.txn for _, request in recorder_b.requests] == ["t1", "t2"]
+
+
 async def test_oversized_message_and_request(local_pair: tuple[PeerTransport, PeerTransport, Recorder]) -> None:
     a, _, recorder_b = local_pair
     # A participant list no vote record could hold, but the transport must refuse it by its size.
