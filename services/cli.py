@@ -359,7 +359,7 @@ def _placement(expected: dict[str, str], answers: dict[str, PartitionListing | s
     """Judge placement from every expected node's own answer (a listing, or why it gave none): each
     must run with exactly `expected` as its peers, and each partition must be held, and served, by
     the preferred owner that the nodes' own placement rule gives among `expected`."""
-    from cornus.runtime.config import preferred_owner
+    from cornus.protocol.ownership import placement
 
     waiting: list[str] = []
     agreed: dict[str, PartitionListing] = {}
@@ -389,8 +389,9 @@ def _placement(expected: dict[str, str], answers: dict[str, PartitionListing | s
             waiting.append(f"{node}: prefers other owners (partition_owners) than {first.node}")
             del agreed[node]
     unplaced: list[tuple[str, str, str]] = []
+    placed = placement(partitions, expected, first.partition_owners)
     for index, partition in enumerate(partitions):
-        preferred = preferred_owner(partition, partitions, expected, first.partition_owners)
+        preferred = placed[partition]
         holder = agreed.get(preferred)
         # The preferred node's own answer says whether it serves the partition (took the lease and
         # recovered its log); without that answer, the record of any node tells who holds it.

@@ -16,7 +16,8 @@ only by compare-and-swap. The rules:
 - Fencing. A lease is belief; the epoch is proof. Every write an owner makes for its partition
   carries its (node, epoch), and storage refuses it once the record names someone else, so a
   deposed owner whose clock or process stalled still cannot write (`fenced()`).
-- Preference and hand-over. Each partition has a preferred node (configuration). The preferred
+- Preference and hand-over. Each partition has a preferred node (`placement`: configuration,
+  else round-robin over the node ids). The preferred
   node takes a free or expired partition at once; any other waits `failover_delay_ms` more, so a
   restarting preferred node gets its partitions back without a hand-over. A preferred node that
   finds its partition held by a live owner asks for it (`wanted_by`); an owner that is not the
@@ -30,7 +31,7 @@ only by compare-and-swap. The rules:
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from cornus.protocol.effects import ApplyRedo, DeleteRecord, Log, LogOnce, StorageCall
@@ -38,6 +39,18 @@ from storage_adapters.contract import LogKind, Ownership, OwnerWriteResult
 
 # The owner of ownership's calls, for logs and counters; '~' names no partition or node.
 OWNERSHIP = "~ownership"
+
+
+def placement(partitions: Sequence[str], nodes: Iterable[str], partition_owners: Mapping[str, str]) -> dict[str, str]:
+    """The node that should hold each partition while it is alive: its entry in
+    `partition_owners`, else round-robin over the sorted node ids by the partition's index. Every
+    node places its partitions with this, `cornus rebalance --expect-peers` computes with it the
+    placement a node set should reach, and the simulator's nodes start from it, so none of them
+    can disagree."""
+    ordered = sorted(nodes)
+    assert ordered, "no node to place partitions on"
+    assert len(set(partitions)) == len(partitions), "a partition named twice"
+    return {p: partition_owners.get(p) or ordered[index % len(ordered)] for index, p in enumerate(partitions)}
 
 
 @dataclass(frozen=True, slots=True)

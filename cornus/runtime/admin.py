@@ -144,6 +144,7 @@ class Admin:
     async def partitions_info(self) -> list[PartitionInfo]:
         """Read from storage, not from this node's last poll: an operator wants what is true now."""
         records = await self.store.read_owners(self.config.partitions)
+        preferred = self.config.placement()
         infos = []
         for partition in self.config.partitions:
             record = records.get(partition)
@@ -152,7 +153,7 @@ class Admin:
                 else (record.owner, record.epoch, record.version, record.lease_ms, record.wanted_by)
             )
             infos.append(PartitionInfo(partition, owner, epoch, version, lease_ms, wanted_by,
-                                       self.config.preferred_owner(partition), partition in self.serving))
+                                       preferred[partition], partition in self.serving))
         return infos
 
     # -- the listing -------------------------------------------------------------------------------

@@ -34,14 +34,14 @@ import dataclasses
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min
 from cornus.protocol.locks import Policy
-from cornus.protocol.ownership import OwnershipConfig
+from cornus.protocol.ownership import OwnershipConfig, placement
 from storage_adapters.contract import (
     LOG_NAME_LENGTH_MAX,
     NODE_ID_LENGTH_MAX,
@@ -148,24 +148,15 @@ class NodeConfig:
 
     def preferred_owner(self, partition: str) -> str:
         """The node that should hold `partition` while it is alive (who holds it is in storage)."""
-        return preferred_owner(partition, self.partitions, self.peers, self.partition_owners)
+        return self.placement()[partition]
+
+    def placement(self) -> dict[str, str]:
+        """Every partition's preferred node (cornus.protocol.ownership.placement)."""
+        return placement(self.partitions, self.peers, self.partition_owners)
 
     @property
     def preferred_partitions(self) -> tuple[str, ...]:
-        return tuple(p for p in self.partitions if self.preferred_owner(p) == self.node_id)
-
-
-def preferred_owner(partition: str, partitions: Sequence[str], nodes: Iterable[str],
-                    partition_owners: Mapping[str, str]) -> str:
-    """The node that should hold `partition` while it is alive: its entry in `partition_owners`, else
-    round-robin over the sorted node ids by the partition's index. Every node places its partitions
-    with this, and `cornus rebalance --expect-peers` computes with it the placement a node set it
-    is given should reach, so the two cannot disagree."""
-    if partition in partition_owners:
-        return partition_owners[partition]
-    ordered = sorted(nodes)
-    index = list(partitions).index(partition)  # ValueError for an unknown partition: a caller bug
-    return ordered[index % len(ordered)]
+        return tuple(p for p, node in self.placement().items() if node == self.node_id)
 
 
 def check_peers(peers: Mapping[str, str]) -> None:

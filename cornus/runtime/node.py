@@ -98,7 +98,7 @@ class Node:
         self.serving: dict[str, int] = {}
         jitter = random.Random(int.from_bytes(os.urandom(8), "big"))
         self.core = NodeCore(self.node_id, (), config.peers, config.protocol_config, jitter)
-        preferred = {p: config.preferred_owner(p) for p in config.partitions}
+        preferred = config.placement()
         self.ownership = OwnershipRuntime(
             self.node_id, store, OwnershipMachine(self.node_id, preferred, config.ownership), self.counters,
             acquired=self._acquired, lost=self._lost, drain=self._drain,

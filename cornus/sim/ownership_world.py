@@ -27,6 +27,7 @@ from cornus.protocol.ownership import (
     OwnershipMachine,
     ReadOwners,
     WriteOwner,
+    placement,
 )
 from storage_adapters.contract import Ownership, OwnerWriteResult
 
@@ -79,8 +80,8 @@ class World:
         self.counts = {"takes": 0, "losses": 0, "pauses": 0, "crashes": 0, "isolations": 0}
 
     def _node(self, name: str, names: list[str]) -> _Node:
-        # Each node's preferences: mostly round-robin; sometimes skewed, as during a rollout.
-        preferred = {p: names[i % len(names)] for i, p in enumerate(self.partitions)}
+        # Each node's preferences: mostly the nodes' own rule; sometimes skewed, as during a rollout.
+        preferred = placement(self.partitions, names, {})
         if self.rng.random() < 0.3:
             preferred = {p: self.rng.choice(names) for p in self.partitions}
         rate = 1 + self.rng.uniform(-CLOCK_RATE_SPREAD, CLOCK_RATE_SPREAD)

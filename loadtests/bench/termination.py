@@ -65,8 +65,7 @@ def run_termination_bench(
             httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
         coordinator, participants = cluster.members[0], cluster.members[1:]
         pinner = KeyPinner(nodes)
-        targets = sorted(p for p in coordinator.config.partitions
-                         if coordinator.config.preferred_owner(p) != coordinator.config.node_id)
+        targets = sorted(p for p, node in coordinator.config.placement().items() if node != coordinator.config.node_id)
         cluster.start()
         for round_index in range(rounds):
             cluster.restart(coordinator, environ={"CORNUS_FAILPOINTS": FAILPOINT})

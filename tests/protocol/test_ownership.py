@@ -15,7 +15,9 @@ from cornus.protocol.ownership import (
     ReadOwners,
     WriteOwner,
     fenced_partition,
+    placement,
 )
+from cornus.runtime.config import NodeConfig
 from cornus.sim import ownership_world
 from storage_adapters.contract import LogId, Ownership, OwnerWriteResult, RecordBody, TxnState
 
@@ -146,3 +148,23 @@ def test_only_a_partition_host_s_writes_to_its_own_log_and_data_carry_its_fence(
     assert fenced_partition(LogOnce("p0", LogId.partition("p1"), "t", TxnState.ABORT, body)) is None
     assert fenced_partition(Log("n0", LogId.coordinator("n0"), "t", TxnState.COMMIT)) is None
     assert fenced_partition(ReadRecord("p0", LogId.partition("p0"), "t")) is None
+
+
+def test_placement_is_round_robin_over_sorted_node_ids_unless_configured() -> None:
+    partitions = [f"p{index}" for index in range(5)]
+    # Sorted as strings, whatever order the node set comes in: every node computes the same.
+    assert placement(partitions, ["n2", "n10", "n1"], {}) == {
+        "p0": "n1", "p1": "n10", "p2": "n2", "p3": "n1", "p4": "n10"}
+    assert placement(partitions, {"a": "x", "b": "y"}, {"p0": "b", "p1": "b"}) == {
+        "p0": "b", "p1": "b", "p2": "a", "p3": "b", "p4": "a"}
+    with pytest.raises(AssertionError):
+        placement(partitions, [], {})
+
+
+def test_a_node_places_its_partitions_with_the_core_rule() -> None:
+    config = NodeConfig(node_id="n1", peers={f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(3)}, partition_count=7,
+                        partition_owners={"p6": "n0"})
+    expected = placement(config.partitions, config.peers, config.partition_owners)
+    assert config.placement() == expected
+    assert [config.preferred_owner(p) for p in config.partitions] == [expected[p] for p in config.partitions]
+    assert config.preferred_partitions == ("p1", "p4")
