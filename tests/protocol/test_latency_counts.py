@@ -25,7 +25,7 @@ from cornus.protocol.hosts import CoordinatorHost, PartitionHost
 from cornus.protocol.messages import Decision, ReadOnlyReleased, ReleaseReadOnly
 from cornus.protocol.txn_ids import PROTOCOL_TAGS, protocol_of
 from cornus.sim.invariants import check
-from cornus.sim.schedule import Schedule
+from cornus.sim.schedule import Schedule, TxnPlan
 from cornus.sim.world import World
 from storage_adapters.contract import LogId, TxnState
 
@@ -178,3 +178,20 @@ def test_a_partition_without_the_execution_says_its_read_locks_are_gone() -> Non
 class _Fixed:
     def random(self) -> float:
         return 0.5
+
+
+@pytest.mark.parametrize("protocol", list(Protocol))
+def test_a_partition_a_one_shot_only_reads_costs_it_no_round_trip(protocol: Protocol) -> None:
+    """Paper 3.5: it votes in parallel with the partitions that write, so the one-shot's commit
+    path is the same as one that writes on every partition (and its vote is logged)."""
+    paths = []
+    for reads in ((), (("p2", 0),)):
+        plan = TxnPlan("c0", protocol, 0, (("p0", 0), ("p1", 0)), reads, (True, True), one_shot=True)
+        world = World(Schedule(seed=1, partition_count=3, txns=(plan,)), trace_paths=True)
+        world.run()
+        assert check(world) == []
+        assert replies(world) == [TxnState.COMMIT]
+        paths.append(set(world.outcome.reply_paths[0]))
+        if reads and protocol is not Protocol.COORDINATOR_LOG:
+            assert (LogId.partition("p2"), world.txns[0]) in world.storage.voted_yes
+    assert paths[0] == paths[1]
