@@ -44,11 +44,9 @@ def encode(writes: Mapping[str, bytes | None], reads: Iterable[str] = ()) -> byt
     return b"".join(parts)
 
 
-def encoded_size(writes: Mapping[str, bytes | None], reads: Iterable[str] = ()) -> int:
-    """`len(encode(writes, reads))`, without building it (the edge checks every transaction's size)."""
+def encoded_size(writes: Mapping[str, bytes | None]) -> int:
+    """`len(encode(writes))`, without building it (the edge checks every transaction's size)."""
     size = 0
-    for key in reads:
-        size += _LENGTH_BYTES + len(key.encode("utf-8")) + 1
     for key, value in writes.items():
         size += _LENGTH_BYTES + len(key.encode("utf-8")) + 1
         if value is not None:
