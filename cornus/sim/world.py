@@ -416,7 +416,11 @@ class World:
             if self.rng.random() < self.schedule.loss_probability and 0 <= self.now_ms < FAULTS_END_MS:
                 self._answer_execute(txn, partition, coordinator.incarnation, None)  # lost on the way
                 continue
-            self._push(self.now_ms + self.rng.randint(1, self.schedule.delay_ms_max), _EXECUTE_PREPARED, sent)
+            delay_ms = self.rng.randint(1, self.schedule.delay_ms_max)
+            # Drawn only when late requests are on: every other schedule's run stays what it was.
+            if self.schedule.late_request_probability and self.rng.random() < self.schedule.late_request_probability:
+                delay_ms += self.schedule.late_request_ms
+            self._push(self.now_ms + delay_ms, _EXECUTE_PREPARED, sent)
 
     def _execute_prepared(self, carried: _Carried) -> None:
         """A one-shot's request reaches the partition's owner: check the version, take the lock,

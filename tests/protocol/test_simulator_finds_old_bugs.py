@@ -13,15 +13,16 @@ import pytest
 
 from cornus.protocol import node_core, resolve
 from cornus.protocol.config import Protocol, ProtocolConfig
-from cornus.protocol.effects import Effect, Log, ReleaseLocks, ScanLog, Timer
+from cornus.protocol.effects import Effect, Log, ReleaseLocks, ScanLog, Send, Timer
 from cornus.protocol.events import RecordRead, StorageUnreachable
 from cornus.protocol.hosts import PartitionHost
-from cornus.protocol.messages import Decision, DecisionAck
+from cornus.protocol.messages import Decision, DecisionAck, Vote
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.recovery import Recovery
 from cornus.protocol.termination import Termination
 from cornus.protocol.txn_ids import protocol_of
 from cornus.sim import explore as explore_module
+from cornus.sim import redo as sim_redo
 from cornus.sim import world as sim_world
 from cornus.sim.explore import explore, run_schedule
 from cornus.sim.schedule import FAULTS_END_MS, Outage, Schedule, TxnPlan
@@ -188,3 +189,46 @@ def test_unknown_abort_that_does_not_refuse_the_carried_prepare(monkeypatch: pyt
     monkeypatch.setattr(PartitionHost, "_unknown", forgetful)
     found = violations()
     assert any(word in v for v in found for word in ("voted", "undecided", "recreated")), found
+
+
+# -- 8. a restart that forgets what a one-shot's partition read ----------------------------------
+def test_a_restart_that_forgets_a_one_shot_read_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found while read-only partitions learned to vote in a one-shot: p0 only read k0, voted yes
+    and restarted; recovery locked again only what its redo writes, so t2 overwrote k0 and
+    committed while t1's request to p1 was still on its way (held up, and p1's log unreachable,
+    so no termination could abort t1 meanwhile). t1 then read p1 after t2 had, and committed: each
+    came before the other. A one-shot's redo names what it read, and recovery locks that shared."""
+    original = sim_redo.lock_keys
+
+    def violations() -> list[str]:
+        t1 = TxnPlan("c0", Protocol.CORNUS, 0, (("p1", 0),), (("p0", 0),), (True,), one_shot=True)
+        t2 = TxnPlan("c1", Protocol.CORNUS, 280, (("p0", 0),), (("p1", 0),), (True,))
+        for late_ms in range(300, 520, 9):
+            for outage_end_ms in range(late_ms - 40, late_ms, 6):
+                # p1's log is unreachable until just before t1's late request reaches it, and no
+                # call lands unseen: only t1's own vote can decide it.
+                schedule = Schedule(seed=0, partition_count=2, txns=(t1, t2), delay_ms_max=10, storage_ms_max=1,
+                                    ambiguous_probability=0.0, late_request_probability=0.5,
+                                    late_request_ms=late_ms, outages=(Outage(("p.p1",), 150, outage_end_ms),))
+                found = run_schedule(schedule, hook=_crash_once_after_its_vote("n0"))
+                if found:
+                    return found
+        return []
+
+    assert violations() == [], "the real core breaks an invariant"
+    monkeypatch.setattr(sim_redo, "lock_keys", lambda redo: (original(redo)[0], []))
+    found = violations()
+    assert any("serializability" in v for v in found), found
+
+
+def _crash_once_after_its_vote(name: str) -> sim_world.EffectHook:
+    """A hook that crashes node `name` as it is about to send its first vote (logged by then)."""
+    crashed: list[str] = []
+
+    def hook(world: sim_world.World, node: str, effect: Effect) -> str | None:
+        if node == name and not crashed and isinstance(effect, Send) and isinstance(effect.message, Vote):
+            crashed.append(node)
+            return "crash"
+        return None
+
+    return hook
