@@ -12,12 +12,15 @@ from services.client import (
     InvalidRequest,
     NotFound,
     Op,
+    PartitionListing,
+    ServerError,
     Status,
     Transaction,
     TransactionAborted,
     Unavailable,
     WrongState,
 )
+from tests.cluster.harness import Cluster
 from tests.worker import free_port
 
 # Short backoff keeps retried tests fast; the bound on retries is what is under test.
@@ -206,3 +209,23 @@ def test_no_reachable_node_is_unavailable_after_bounded_retries() -> None:
         with pytest.raises(Unavailable):
             client.run_transaction(lambda txn: calls.append(1))
         assert calls == [], "the function never runs without a transaction"
+
+
+def test_partition_listing_says_which_node_answered_its_peers_and_every_owner(cluster: Cluster) -> None:
+    """What `cornus rebalance` judges placement by, read through the sync client as well."""
+    node_ids = list(cluster.nodes)
+    with CornusClient([node.url for node in cluster.nodes.values()], config=FAST) as client:
+        for node_id, node in cluster.nodes.items():
+            listing = client.partition_listing(node.url)
+            assert listing.node == node_id
+            assert sorted(listing.peers) == sorted(node_ids)
+            assert listing.partition_owners == {}
+            assert listing.partitions and all(row.owner in node_ids for row in listing.partitions)
+
+
+def test_a_partition_listing_from_an_older_node_is_a_clear_error() -> None:
+    """A node from before the listing named itself, its peers and its owners answers only rows."""
+    with pytest.raises(ServerError, match="older than this client"):
+        PartitionListing.from_json("http://127.0.0.1:1", {"partitions": []})
+    with pytest.raises(ServerError, match="not a partition listing"):
+        PartitionListing.from_json("http://127.0.0.1:1", ["p0"])
