@@ -155,8 +155,14 @@ async def run_clients(addresses: Sequence[tuple[str, int]], workload: Workload, 
 
 # Loaders of the load phase at once: enough to keep every node of a bench cluster busy.
 LOAD_CONCURRENCY = 8
-# Attempts of an end-of-run read; it conflicts only with transactions still finishing.
-READ_ATTEMPT_COUNT_MAX = 50
+# An end-of-run read conflicts only with transactions still finishing, but on slow storage a
+# partition's lease may have lapsed as the run ended (a renewal that outlasted its deadline), and
+# it is served again only once taken again: after lease_ms + clock_slack_ms + failover_delay_ms,
+# about 10 s by default. So the read retries for longer than that, with pauses of up to
+# READ_PAUSE_MS_MAX, and at most READ_ATTEMPT_COUNT_MAX times.
+READ_DEADLINE_S = 30.0
+READ_PAUSE_MS_MAX = 250.0
+READ_ATTEMPT_COUNT_MAX = 400
 
 
 async def load_data(addresses: Sequence[tuple[str, int]], workload: Workload) -> int:
@@ -183,11 +189,16 @@ async def read_keys(address: tuple[str, int], keys: Sequence[str]) -> dict[str, 
     try:
         ops = tuple({"op": "get", "key": key} for key in keys)
         reply = Reply("failed", "not run")
+        deadline = time.monotonic() + READ_DEADLINE_S
         for attempt in range(READ_ATTEMPT_COUNT_MAX):
             reply = await _one_shot(connection, ops)
             if reply.committed:
                 return dict(reply.values)
-            await asyncio.sleep(_retry_pause_s(rng, attempt + 4))
-        raise RuntimeError(f"end-of-run read of {len(keys)} keys did not commit (last: {reply.outcome} {reply.reason})")
+            pause_s = rng.uniform(0, min(READ_PAUSE_MS_MAX, RETRY_PAUSE_MS_BASE * 2 ** min(attempt + 4, 16))) / 1000
+            if time.monotonic() + pause_s > deadline:
+                break
+            await asyncio.sleep(pause_s)
+        raise RuntimeError(f"end-of-run read of {len(keys)} keys did not commit within {READ_DEADLINE_S:g} s "
+                           f"(last: {reply.outcome} {reply.reason})")
     finally:
         connection.close()

@@ -91,3 +91,44 @@ async def test_the_emulator_writer_a_node_started_is_found_and_its_cpu_shown_apa
     assert row["storage_cpu_ms"] == 0.42
     assert "storage CPU" in format_rows([row]) and " 0.42 " in format_rows([row]).splitlines()[1]
     assert summarize(RunResult("cornus", RunSettings(), "redis", driver.DriverResult()))["storage_cpu_ms"] == ""
+
+
+class _NoConnection:
+    def __init__(self, *address: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+async def test_the_end_of_run_read_outlasts_a_partition_taken_again(monkeypatch):
+    """On slow storage a lease may lapse as the run ends; the partition is served again only once
+    taken again, seconds later. The read keeps trying past that (it gave up after 50 quick tries,
+    well under a second, and failed the run), within a deadline of its own."""
+    answers = iter([Reply("aborted", "peer_unavailable", retryable=True)] * 80
+                   + [Reply("committed", values={"k": "v"})])
+
+    async def one_shot(connection: object, ops: object) -> Reply:
+        return next(answers)
+
+    monkeypatch.setattr(driver, "HttpConnection", _NoConnection)
+    monkeypatch.setattr(driver, "_one_shot", one_shot)
+    monkeypatch.setattr(driver, "READ_PAUSE_MS_MAX", 1.0)
+    assert await driver.read_keys(("127.0.0.1", 9), ["k"]) == {"k": "v"}
+
+
+async def test_the_end_of_run_read_gives_up_at_its_deadline(monkeypatch):
+    tries = 0
+
+    async def one_shot(connection: object, ops: object) -> Reply:
+        nonlocal tries
+        tries += 1
+        return Reply("aborted", "peer_unavailable", retryable=True)
+
+    monkeypatch.setattr(driver, "HttpConnection", _NoConnection)
+    monkeypatch.setattr(driver, "_one_shot", one_shot)
+    monkeypatch.setattr(driver, "READ_DEADLINE_S", 0.3)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="did not commit within 0.3 s"):
+        await driver.read_keys(("127.0.0.1", 9), ["k"])
+    assert time.monotonic() - started < 1.0 and 1 < tries <= driver.READ_ATTEMPT_COUNT_MAX
