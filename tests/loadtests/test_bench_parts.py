@@ -129,6 +129,6 @@ async def test_the_end_of_run_read_gives_up_at_its_deadline(monkeypatch):
     monkeypatch.setattr(driver, "_one_shot", one_shot)
     monkeypatch.setattr(driver, "READ_DEADLINE_S", 0.3)
     started = time.monotonic()
-    with pytest.raises(RuntimeError, match="did not commit within 0.3 s"):
+    with pytest.raises(RuntimeError, match=r"did not commit within 0\.3 s"):
         await driver.read_keys(("127.0.0.1", 9), ["k"])
     assert time.monotonic() - started < 1.0 and 1 < tries <= driver.READ_ATTEMPT_COUNT_MAX
