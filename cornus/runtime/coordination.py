@@ -1,6 +1,11 @@
 """The transactions a node coordinates for its clients: begin, operations routed to the partitions'
 owners (the execution phase), commit through the core's coordinator machine, abort, and what the
-caller is told. Every limit a transaction could outgrow is checked before it runs (admission.py)."""
+caller is told. Every limit a transaction could outgrow is checked before it runs (admission.py).
+
+One concern, kept in one file past 450 lines on purpose: the interactive path and the one-shot
+path (`execute`, whose requests carry the prepares) share a transaction's whole state
+(CoordinatedTxn), its reply wait, its abort and its finish, and a split would only move those
+private steps behind an interface with a single user."""
 
 from __future__ import annotations
 
