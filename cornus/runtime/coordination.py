@@ -231,6 +231,7 @@ class Coordination:
         writes = tuple((p, redo_codec.encode(w)) for p, w in sorted(ctx.touched.items()) if w)
         reads = tuple(sorted(p for p, w in ctx.touched.items() if not w))
         # The machine confirms (and releases) the partitions only read, then runs the protocol.
+        self.failpoints.hit("coordinator.before_prepare")
         self._request_commit(ctx, CommitRequested(self.node_id, txn, writes, reads))
         if writes:
             self.failpoints.hit("coordinator.after_prepare")
@@ -249,7 +250,6 @@ class Coordination:
         # A bare timer, not asyncio.timeout around the wait (a context, a task lookup and a
         # reschedule per commit): the same bound for a fraction of the CPU.
         ctx.reply_expiry = loop.call_later(TIMEOUT_MS_COMMIT / 1000, _no_reply, ctx.reply)
-        self.failpoints.hit("coordinator.before_prepare")
         self.feed(request)
 
     async def _await_reply(self, ctx: CoordinatedTxn) -> Reply | None:
@@ -344,20 +344,17 @@ class Coordination:
         self._record_writes(ctx, by_partition)
         writes = tuple(sorted(redo_by_partition.items()))
         participants = tuple(p for p, _ in writes)
-        # First the machine, then the requests: a participant's vote must find it.
-        self._request_commit(ctx, CommitRequested(self.node_id, ctx.txn, writes, (), prepare_sent=True))
-        # Remote partitions first: a request to this node runs its partition's operations at its
-        # turn in the event loop, and the requests queued behind it for other nodes would leave
-        # only after that, while theirs are the longer round trips.
-        requests = sorted(
-            (ExecuteRequest(ctx.txn, p, self.node_id, tuple(group), participants=participants)
-             for p, group in by_partition.items()),
-            key=lambda request: self.owner_of(request.partition) == self.node_id,
-        )
+        requests = [ExecuteRequest(ctx.txn, p, self.node_id, tuple(group), participants=participants)
+                    for p, group in by_partition.items()]
         answers: dict[str, tuple[ExecuteResponse, bool]] = {}  # partition -> (response, refused), as they come
         all_answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Failures known before the machine exists (no owner, a link down), heard once it does.
+        failed_at_once: list[tuple[str, ExecuteResponse, bool]] | None = []
 
         def answered(partition: str, response: ExecuteResponse, refused: bool) -> None:
+            if failed_at_once is not None:
+                failed_at_once.append((partition, response, refused))
+                return
             answers[partition] = (response, refused)
             if response.status is not ExecuteStatus.OK:
                 # The machine hears of it at once: a refusal decides without the others' answers.
@@ -368,12 +365,21 @@ class Coordination:
                 ctx.timing.commit_requested = time.perf_counter()
                 all_answered.set_result(None)
 
+        self.failpoints.hit("coordinator.before_prepare")
         # Queued, each without a task of its own, then sent together at once: the remote ones
         # are the longer round trips, and at the end of the tick they would leave behind every
-        # callback queued before them (other transactions' work, under load).
+        # callback queued before them (other transactions' work, under load). They leave before
+        # the machine is fed, whose step would otherwise sit on every request's round trip: no
+        # answer or vote can reach this node within this step (a peer's comes through a socket,
+        # this node's own request runs on a later tick), so the machine exists before any does.
         for request in requests:
             self._start_prepared(request, answered)
         self.transport.flush()
+        self._request_commit(ctx, CommitRequested(self.node_id, ctx.txn, writes, (), prepare_sent=True))
+        early, failed_at_once = failed_at_once, None
+        assert early is not None
+        for failure in early:
+            answered(*failure)
         self.failpoints.hit("coordinator.after_prepare")
         reply = await self._await_reply(ctx)
         if not ctx.timing.commit_requested:

@@ -168,6 +168,57 @@ async def test_a_restart_after_a_one_shot_vote_locks_what_it_read_again(tmp_path
         await wait_until(overwritten, 5, "p0's key stayed locked after the decision")
 
 
+async def test_a_one_shot_s_requests_leave_before_its_machine_runs(tmp_path, monkeypatch):
+    """The coordinator machine's CommitRequested step must not sit on the requests' round trips:
+    they are flushed first, in the same step, so the machine still exists before any answer."""
+    order: list[str] = []
+    real_flush = LocalTransport.flush
+
+    def flush(self: LocalTransport) -> None:
+        order.append("flush")
+        real_flush(self)
+
+    monkeypatch.setattr(LocalTransport, "flush", flush)
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        node = cluster.node("n0")
+        real_feed = node.coordination.feed
+
+        def feed(event: object) -> None:
+            order.append(type(event).__name__)
+            real_feed(event)
+
+        node.coordination.feed = feed
+        outcome = await node.execute(puts({keys["p0"]: b"a", keys["p1"]: b"b"}), Protocol.CORNUS)
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+        assert order[:2] == ["flush", "CommitRequested"], order
+
+
+@pytest.mark.parametrize("protocol", list(Protocol))
+async def test_a_partition_nobody_holds_aborts_a_one_shot_once_its_machine_exists(tmp_path, protocol):
+    """A request that fails before it is sent (no owner known) is answered within the step that
+    sends the others, before the machine is fed: its failure must reach the machine after that."""
+    # A long vote timeout, so that an abort decided by waiting it out cannot pass for one decided
+    # from the failure.
+    votes_ms = 2_000
+    timers = {"timeout_ms_votes": votes_ms, "timeout_ms_prepare": votes_ms}
+    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol_config=timers) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        node = cluster.node("n0")
+        owner_of = node.coordination.owner_of
+        node.coordination.owner_of = lambda partition: None if partition == "p1" else owner_of(partition)
+        started = asyncio.get_running_loop().time()
+        outcome = await node.execute(puts({keys["p0"]: b"a", keys["p1"]: b"b"}), protocol)
+        elapsed_ms = (asyncio.get_running_loop().time() - started) * 1000
+        assert outcome.status is OutcomeStatus.ABORTED and outcome.reason is AbortReason.PEER_UNAVAILABLE, outcome
+        assert "no node holds p1" in outcome.detail
+        assert not node.timings.terminations_ms
+        assert elapsed_ms < votes_ms / 2, elapsed_ms
+        node.coordination.owner_of = owner_of
+        again = await node.execute(puts({keys["p0"]: b"a2", keys["p1"]: b"b2"}), protocol)
+        assert again.status is OutcomeStatus.COMMITTED, again
+
+
 @pytest.mark.parametrize("protocol", list(Protocol))
 async def test_a_refusal_aborts_at_once_with_its_reason(tmp_path, protocol):
     async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
