@@ -457,6 +457,10 @@ class Coordination:
         idle_s = self.config.limits.timeout_ms_txn_idle / 1000
         for ctx in list(self.txns.values()):
             if ctx.state is OutcomeStatus.ACTIVE and not ctx.busy and now - ctx.last_active_s > idle_s:
+                # Decided now, not when the abort's task first runs: a commit or operation that
+                # runs in between must find the transaction over, or its prepares would go out
+                # while the abort drops the executions that vote on them.
+                ctx.state = OutcomeStatus.ABORTED
                 spawn(self._abort(ctx, AbortReason.TIMEOUT, "idle past timeout_ms_txn_idle"))
 
 

@@ -275,7 +275,9 @@ class Node:
             return ExecuteResponse(ExecuteStatus.INVALID, detail=f"txn id {request.txn!r} names no protocol")
         if request.partition not in self.serving and not request.abort:
             return ExecuteResponse(ExecuteStatus.NOT_READY, detail=f"{self.node_id} is recovering {request.partition}")
-        if request.txn in self.core.partitions[request.partition].machines and not request.abort:
+        if request.txn in self.core.partitions[request.partition].machines:
+            # Its locks are the machine's until the decision, a drop included: a coordinator asks
+            # for one only before anyone voted, so one that comes now is late or wrong.
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{request.txn} is already committing")
         if request.participants:
             problem = _carried_prepare_problem(request)

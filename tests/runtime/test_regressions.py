@@ -13,11 +13,12 @@ import httpx
 import pytest
 
 from cornus.protocol.config import Protocol
+from cornus.protocol.locks import LockMode
 from cornus.protocol.messages import Decision, DecisionQuery
 from cornus.runtime import partition as partition_runtime
 from cornus.runtime.config import load_node_config
-from cornus.runtime.outcome import OutcomeStatus
-from cornus.runtime.wire import Routed
+from cornus.runtime.outcome import OutcomeStatus, TxnWrongState
+from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Routed
 from services.api.metrics import Metrics
 from services.api.rest import build_app
 from storage_adapters.contract import PARTICIPANT_COUNT_MAX, REDO_BYTES_MAX, LogId, RecordBody, TxnState
@@ -434,3 +435,72 @@ async def test_cache_is_not_served_after_the_partition_moved_away_and_back(tmp_p
         await wait_until(n0_serves_again, 20, "p0 never came back to its preferred owner n0")
         seen = await read_through(n0, key)
         assert seen == b"new", f"n0 served {seen!r} from before it lost p0; storage holds b'new'"
+
+
+# === an idle transaction's abort against its commit ================================================
+
+
+@pytest.mark.parametrize("protocol", [Protocol.CORNUS, Protocol.TWO_PC])
+async def test_an_idle_sweep_racing_a_commit_never_reports_aborted_for_committed_writes(tmp_path, protocol):
+    """The idle sweep decides to abort a transaction whose client went quiet, and the abort runs in
+    a task of its own, a step later. A commit that ran in between used to go ahead too: the abort
+    then dropped the participants' executions (their locks with them) while they voted, reported
+    ABORTED, and the writes committed; commit() waited out its deadline. The sweep's decision must
+    hold from the moment it is made: the racing commit finds the transaction over."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        node = cluster.node("n0")
+        txn = node.begin(protocol)
+        await node.run_ops(txn, puts({key: b"new" for key in keys.values()}))
+        node.coordination.txns[txn].last_active_s -= 10_000  # idle right up to the timeout
+        commit = asyncio.ensure_future(node.commit(txn))  # its step is queued first...
+        node.coordination.sweep_idle(node.runner.spawn)  # ...then the sweep spawns the abort
+
+        async def ended() -> bool:
+            known = node.status(txn)
+            return known is not None and known.status in (OutcomeStatus.ABORTED, OutcomeStatus.COMMITTED)
+
+        await wait_until(ended, 5, "the transaction never ended")
+        status = node.status(txn)
+        assert status is not None
+        values = [await read_through(cluster.node("n1"), key) for key in keys.values()]
+        if status.status is OutcomeStatus.ABORTED:
+            assert values == [None, None], f"reported {status}, yet storage holds {values}"
+        else:
+            assert values == [b"new", b"new"], (status, values)
+        done, _ = await asyncio.wait({commit}, timeout=5)
+        assert done, "commit() did not return: its reply went nowhere"
+        if status.status is OutcomeStatus.ABORTED:
+            assert isinstance(commit.exception(), TxnWrongState), commit
+        else:
+            assert commit.result().status is OutcomeStatus.COMMITTED, commit
+        # Nothing left locked either way.
+        later = await node.execute(puts({key: b"later" for key in keys.values()}), protocol)
+        assert later.status is OutcomeStatus.COMMITTED, later
+
+
+async def test_an_abort_request_leaves_a_voting_participant_s_locks_alone(tmp_path):
+    """A request to drop a transaction's execution is the coordinator's before commit, when no
+    partition voted. Once a partition's machine runs the transaction, its locks are the machine's
+    until the decision: a late or wrong drop must be refused, not release them while it votes."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        coordinator, owner = cluster.node("n0"), cluster.node(cluster.owner_of("p1"))
+        assert owner is not coordinator
+        txn = coordinator.begin(Protocol.CORNUS)
+        await coordinator.run_ops(txn, puts({key: b"new" for key in keys.values()}))
+        gate = cluster.faults[owner.node_id].hold(
+            "log_once", where=lambda args: args["txn"] == txn and args["log"] == LogId.partition("p1"))
+        commit = asyncio.ensure_future(coordinator.commit(txn))
+
+        async def voting() -> bool:
+            return txn in owner.core.partitions["p1"].machines
+
+        await wait_until(voting, 5, "p1 never started voting")
+        response = await owner.on_request("n0", ExecuteRequest(txn, "p1", "n0", (), abort=True))
+        assert response.status is ExecuteStatus.ABORTED, response
+        assert owner.partitions["p1"].locks.holders(keys["p1"]) == {txn: LockMode.EXCLUSIVE}
+        gate.set()
+        outcome = await commit
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+        assert [await read_through(owner, key) for key in keys.values()] == [b"new", b"new"]
