@@ -75,6 +75,15 @@ class NodeCore:
     def start(self) -> list[Effect]:
         return self.recovery.start()
 
+    def partition_of(self, owner: str) -> str | None:
+        """The partition a host acts for: a partition's own host or the recovery of a partition
+        taken after start; None for the node's own (its coordinator, its start recovery)."""
+        if owner in (self.node, RECOVERY):
+            return None
+        if owner.startswith(RECOVERY):
+            return owner[len(RECOVERY) + 1 :]
+        return owner
+
     def host(self, name: str) -> CoordinatorHost | PartitionHost | None:
         return self.coordinator if name == self.node else self.partitions.get(name)
 

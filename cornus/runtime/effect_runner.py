@@ -70,8 +70,9 @@ def fatal(message: str) -> None:
 class EffectRunner:
     """`feed` takes the event that answers a storage call or a timer; `route` names the node a
     host's messages go to (None: nobody holds that partition now); `fence_of` gives the fence of a
-    partition this node holds (None: its lease is not good now); the hooks tell the rest of the
-    node about replies, decisions, recoveries and refused (fenced) writes."""
+    partition this node holds (None: its lease is not good now); `may_act` says whether a host
+    may act now (a partition's, only while the node's lease on it is good); the hooks tell the
+    rest of the node about replies, decisions, recoveries and refused (fenced) writes."""
 
     def __init__(
         self,
@@ -96,6 +97,7 @@ class EffectRunner:
         self.timings = timings
         self.counters = counters
         self.feed: Callable[[Event], None] = _unwired
+        self.may_act: Callable[[str], bool] = _unwired
         self.on_reply: Callable[[Reply], None] = _unwired
         self.on_decided: Callable[[Decided], None] = _unwired
         self.on_recovered: Callable[[RecoveryFinished], None] = _unwired
@@ -159,6 +161,14 @@ class EffectRunner:
         if _is_vote_write(effect):
             self.failpoints.hit("participant.before_log_vote")
         flight = _Flight(effect.owner, fenced_partition(effect))
+        if flight.partition is None and isinstance(effect, _UNFENCED_WRITES) and not self.may_act(effect.owner):
+            # A write storage cannot fence (termination's LogOnce(ABORT) on another partition's
+            # log), by a partition's machine whose lease ended: issued now, it could land after
+            # the new owner finished the transaction and its records were collected, and
+            # re-create one saying ABORT beside a returned COMMIT (DESIGN section 4's GC rule
+            # counts only calls issued while the lease held).
+            self.counters["writes_skipped_not_held"] += 1
+            return
         self._track(self._running_loop().create_task(self._call(effect, flight)), flight)
 
     def _start_timer(self, effect: StartTimer) -> None:
@@ -271,8 +281,15 @@ class EffectRunner:
     # -- timers, tasks, timing -------------------------------------------------------------------
     def _fire(self, timer: Timer) -> None:
         self._timers.pop(timer, None)
-        if not self.stopped:
-            self.feed(TimerFired(timer))
+        if self.stopped:
+            return
+        if not self.may_act(timer.owner):
+            # The node stalled past its lease and runs its expired timers before the ownership
+            # tick that drops the partition: its machines must not act on it any more (asking
+            # drops it now, and with it every other timer of its machines).
+            self.counters["timers_dropped_not_held"] += 1
+            return
+        self.feed(TimerFired(timer))
 
     def _termination_ended(self, effect: TerminationEnded) -> None:
         started = self._terminating.pop((effect.where, effect.txn), None)
@@ -347,6 +364,11 @@ class _Flight:
 
 
 _UNOWNED = _Flight("", None)  # a task of no host's (no cancel_owned names "")
+
+
+# Writes storage cannot fence when a partition's machine makes them on another log (paper: anyone
+# may terminate). ApplyRedo is always to the host's own partition, so always fenced.
+_UNFENCED_WRITES = (LogOnce, Log, DeleteRecord)
 
 
 def _is_vote_write(call: Effect) -> bool:

@@ -116,6 +116,7 @@ class Node:
             partitions=self.partitions, serving=self.serving,
         )
         self.runner.feed = self.coordination.feed = self._feed
+        self.runner.may_act = self._may_act
         self.runner.on_reply = self.coordination.on_reply
         self.runner.on_decided = self.coordination.on_decided
         self.runner.on_recovered = self.readiness.recovered
@@ -180,6 +181,12 @@ class Node:
             self.counters["owner_not_a_peer"] += 1
             return None
         return owner
+
+    def _may_act(self, host: str) -> bool:
+        """A partition's machines act (a timer, a write) only while this node's lease on it is
+        good; asking drops a partition whose lease ran out at once, not at the next tick."""
+        partition = self.core.partition_of(host)
+        return partition is None or self.ownership.fence(partition) is not None
 
     def _acquired(self, ownership: Ownership) -> None:
         partition = ownership.partition

@@ -105,7 +105,7 @@ class PartitionRuntime:
         # Every key is locked now, so its committed value cannot change under us: the request's
         # reads are served from the cache and ONE storage read for the rest, not a round trip each.
         try:
-            committed = await self._read_for(request.ops, execution.writes)
+            committed = await self._read_for(txn, execution, request.ops)
         except StorageUnavailable as error:
             self.abort_execution(txn)
             return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=str(error))
@@ -129,9 +129,10 @@ class PartitionRuntime:
                 return ExecuteResponse(ExecuteStatus.CHECK_FAILED, detail=f"check of key {op.key!r} failed")
         return ExecuteResponse(ExecuteStatus.OK, tuple(values))
 
-    async def _read_for(self, ops: tuple[Op, ...], writes: dict[str, bytes | None]) -> dict[str, bytes | None]:
-        """The committed value of every key `ops` read that `writes` (the transaction's own) does
-        not hold yet: from the cache, then one storage call for the misses."""
+    async def _read_for(self, txn: str, execution: Execution, ops: tuple[Op, ...]) -> dict[str, bytes | None]:
+        """The committed value of every key `ops` read that the execution's own writes do not hold
+        yet: from the cache, then one storage call for the misses."""
+        writes = execution.writes
         committed: dict[str, bytes | None] = {}
         missing: dict[str, None] = {}  # ordered and unique
         cache = self._cache
@@ -148,9 +149,14 @@ class PartitionRuntime:
         if missing:
             self.counters["cache_misses"] += len(missing)
             found = await self.store.read_data(self.name, list(missing))
+            # What storage answered is the committed value only while this execution's locks kept
+            # every writer off those keys. One dropped while the read was out (an abort, its
+            # partition lost) let a writer commit meanwhile: its answer may be older than that.
+            current = self.executions.get(txn) is execution
             for key in missing:
                 committed[key] = found[key]
-                self._cache_put(key, found[key])
+                if current:
+                    self._cache_put(key, found[key])
         return committed
 
     async def _wait_for_lock(self, txn: str, key: str) -> Grant:

@@ -18,7 +18,7 @@ from cornus.protocol.messages import Decision, DecisionQuery
 from cornus.runtime import partition as partition_runtime
 from cornus.runtime.config import load_node_config
 from cornus.runtime.outcome import OutcomeStatus, TxnWrongState
-from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Routed
+from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, Routed
 from services.api.metrics import Metrics
 from services.api.rest import build_app
 from storage_adapters.contract import PARTICIPANT_COUNT_MAX, REDO_BYTES_MAX, LogId, RecordBody, TxnState
@@ -504,3 +504,121 @@ async def test_an_abort_request_leaves_a_voting_participant_s_locks_alone(tmp_pa
         outcome = await commit
         assert outcome.status is OutcomeStatus.COMMITTED, outcome
         assert [await read_through(owner, key) for key in keys.values()] == [b"new", b"new"]
+
+
+# === the owner's cache against a late storage read ================================================
+
+
+async def test_a_late_read_of_an_aborted_transaction_never_fills_the_cache(tmp_path):
+    """The owner fills its cache with what a transaction reads from storage, which is safe while the
+    transaction's lock keeps every writer off the key. A one-shot refused on another partition is
+    aborted, and its locks released, while its read may still be on its way: that answer used to go
+    into the cache over the value a later transaction committed meanwhile, and was served from there
+    (a CHECK against it then committed over the newer write)."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        ka, kb = keys["p0"], keys["p1"]
+        await commit_writes(cluster.node(), {ka: b"v1"})
+        await cluster.restart("n0")  # nothing cached
+        node = cluster.node()
+        holder = node.begin()
+        await node.run_ops(holder, puts({kb: b"held"}))  # a one-shot writing kb is refused (NO_WAIT)
+        faulty = cluster.faults["n0"]
+        real_read = faulty.read_data
+        answer_late, reading = asyncio.Event(), asyncio.Event()
+
+        async def read_answered_late(partition: str, read_keys: list[str]) -> dict[str, bytes | None]:
+            found = await real_read(partition, read_keys)  # read now...
+            if ka in read_keys and not answer_late.is_set():
+                reading.set()
+                await answer_late.wait()  # ...answered after the transaction is over
+            return found
+
+        faulty.read_data = read_answered_late  # type: ignore[method-assign]
+        one_shot = asyncio.ensure_future(node.execute([Op(OpKind.GET, ka), Op(OpKind.PUT, kb, b"a")]))
+        await asyncio.wait_for(reading.wait(), 5)
+        refused = await one_shot
+        assert refused.status is OutcomeStatus.ABORTED, refused
+        later = await node.execute(puts({ka: b"v2"}))
+        assert later.status is OutcomeStatus.COMMITTED, later
+
+        async def applied() -> bool:
+            return await cluster.value(ka) == b"v2"
+
+        await wait_until(applied, 5, "the later write never reached storage")
+        answer_late.set()
+        await asyncio.sleep(0.05)  # the late answer lands
+        await node.abort(holder)
+        assert await read_through(node, ka) == b"v2"
+        stale_check = await node.execute([Op(OpKind.CHECK, ka, b"v1"), Op(OpKind.PUT, ka, b"v1+1")])
+        assert stale_check.status is OutcomeStatus.ABORTED, stale_check
+
+
+# === a deposed owner that stalled ==================================================================
+
+
+class _Stalled:
+    """Stands in for a node on the in-memory network: while `frozen`, its inbound messages are
+    lost, as a stalled process's would wait unread past everyone's deadlines."""
+
+    def __init__(self, node: object) -> None:
+        self.node = node
+        self.frozen = False
+
+    def on_message(self, sender: str, message: Routed) -> None:
+        if not self.frozen:
+            self.node.on_message(sender, message)  # type: ignore[attr-defined]
+
+    async def on_request(self, sender: str, request: object) -> object:
+        return await self.node.on_request(sender, request)  # type: ignore[attr-defined]
+
+
+async def test_a_deposed_owner_s_timer_after_a_stall_writes_nothing(tmp_path):
+    """Only messages and requests checked the lease before reaching a partition's machine; a timer
+    did not, and a participant's termination writes LogOnce(ABORT) to the other partitions' logs,
+    which carry no fence. A node that stalled past its lease (a VM pause) ran its expired timers
+    before its ownership tick dropped the partition: its participant terminated a transaction the
+    new owner had committed and the coordinator had collected, and re-created a record saying
+    ABORT. A partition's machine must act only while its node holds the lease."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        assert cluster.owner_of("p0") == "n0" and cluster.owner_of("p1") == "n1"
+        n0, n1 = cluster.node("n0"), cluster.node("n1")
+        keys = keys_in(2, ["p0", "p1"])
+        txn = n1.begin(Protocol.CORNUS)
+        await n1.run_ops(txn, puts({key: b"new" for key in keys.values()}))
+        gate = cluster.faults["n0"].hold(
+            "log_once", where=lambda args: args["txn"] == txn and args["log"] == LogId.partition("p0"))
+        commit = asyncio.ensure_future(n1.commit(txn))
+
+        async def voting() -> bool:
+            return txn in n0.core.partitions["p0"].machines
+
+        await wait_until(voting, 5, "p0 never started voting")
+        # n0 stalls: no ownership ticks, its timers wait, what is sent to it is lost.
+        stalled = _Stalled(n0)
+        cluster.network.handlers["n0"] = stalled  # type: ignore[assignment]
+        stalled.frozen = True
+        assert n0.ownership._ticker is not None
+        n0.ownership._ticker.cancel()
+        expired: list[object] = []
+        n0.runner._fire = expired.append  # type: ignore[method-assign]
+        gate.set()  # its vote was on its way before the stall
+        outcome = await commit
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+
+        async def collected() -> bool:
+            return "p0" in n1.serving and (await cluster.record("p0", txn)) is None and (
+                await cluster.record("p1", txn)) is None
+
+        await wait_until(collected, 20, "n1 never took p0, or the records were never collected")
+        assert expired, "n0's participant had no timer waiting"
+        # n0 resumes: its expired timers run first, as the event loop runs them, then its ticker.
+        del n0.runner._fire
+        for timer in expired:
+            n0.runner._fire(timer)  # type: ignore[arg-type]
+        n0.ownership.start()
+        stalled.frozen = False
+        await asyncio.sleep(0.5)
+        assert await cluster.record("p1", txn) is None, "the deposed owner wrote a record of a collected txn"
+        assert (await n0.resolve(txn)).status is not OutcomeStatus.ABORTED
+        assert [await cluster.value(key) for key in keys.values()] == [b"new", b"new"]
