@@ -135,14 +135,22 @@ class Coordination:
         TxnAborted (the transaction is then over) or ValidationError (nothing happened)."""
         ctx = self.active(txn)
         by_partition, positions = self._group(ctx, ops)
+        # Named as touched before any request leaves (they leave from tasks of their own): an
+        # abort that runs meanwhile must drop these partitions too.
+        requests = [ExecuteRequest(txn, partition, self.node_id, tuple(group), continued=partition in ctx.touched)
+                    for partition, group in by_partition.items()]
+        for partition in by_partition:
+            ctx.touched.setdefault(partition, {})
         ctx.busy += 1
         try:
-            responses = await asyncio.gather(
-                *(self._execute_on(ctx, partition, tuple(group)) for partition, group in by_partition.items())
-            )
+            responses = await asyncio.gather(*(self._request_partition(request) for request in requests))
         finally:
             ctx.busy -= 1
             ctx.last_active_s = time.monotonic()
+        if ctx.state is not OutcomeStatus.ACTIVE:
+            # Aborted (by its client, or idle) while the operations ran: what they read is not
+            # the transaction's any more, and the abort dropped what they wrote.
+            raise TxnWrongState(f"transaction {txn} was {ctx.state} while its operations ran")
         values = dict(zip(by_partition, responses, strict=True))
         failed = [(p, r) for p, r in values.items() if r.status is not ExecuteStatus.OK]
         if failed:
@@ -184,11 +192,6 @@ class Coordination:
             for op in group:
                 if op.kind is OpKind.PUT or op.kind is OpKind.DELETE:
                     writes[op.key] = op.value
-
-    async def _execute_on(self, ctx: CoordinatedTxn, partition: str, ops: tuple[Op, ...]) -> ExecuteResponse:
-        continued = partition in ctx.touched
-        ctx.touched.setdefault(partition, {})
-        return await self._request_partition(ExecuteRequest(ctx.txn, partition, self.node_id, ops, continued=continued))
 
     async def _request_partition(self, request: ExecuteRequest) -> ExecuteResponse:
         owner = self.owner_of(request.partition)

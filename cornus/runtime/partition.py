@@ -66,7 +66,8 @@ class PartitionRuntime:
         assert request.partition == self.name
         txn = request.txn
         if request.abort:
-            self.drop(txn)
+            # Remembered: a request of the transaction still on its way must not start it again.
+            self.abort_execution(txn)
             return ExecuteResponse(ExecuteStatus.OK)
         if txn in self._aborted:
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} was aborted on {self.name}")
@@ -233,6 +234,12 @@ class PartitionRuntime:
         # Every release must wake the waiters it grants: a grant nobody hears of would hold the
         # key for a request that never learns it got it.
         self._wake(self.locks.release(txn), Grant.GRANTED)
+        if self._waiters:
+            # And its own requests still queued for a lock (the release took them out of the
+            # queue): refused now, not left waiting until their deadline.
+            for (waiter_txn, _), future in list(self._waiters.items()):
+                if waiter_txn == txn and not future.done():
+                    future.set_result(Grant.ABORT)
 
     async def apply(self, txn: str, redo: bytes, fence: Fence) -> bool:
         """One attempt to apply a committed redo: True if this call applied it, False if an earlier

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from cornus.protocol.config import Protocol
-from cornus.protocol.locks import LockMode
+from cornus.protocol.locks import LockMode, Policy
 from cornus.protocol.messages import Decision, DecisionQuery
 from cornus.runtime import partition as partition_runtime
 from cornus.runtime.config import load_node_config
@@ -622,3 +622,52 @@ async def test_a_deposed_owner_s_timer_after_a_stall_writes_nothing(tmp_path):
         assert await cluster.record("p1", txn) is None, "the deposed owner wrote a record of a collected txn"
         assert (await n0.resolve(txn)).status is not OutcomeStatus.ABORTED
         assert [await cluster.value(key) for key in keys.values()] == [b"new", b"new"]
+
+
+# === an abort beside the transaction's own operations ==============================================
+
+
+async def test_an_abort_beside_running_operations_leaves_no_lock_and_no_false_success(tmp_path):
+    """run_ops sends its requests from tasks of their own, and named the partitions it touches
+    only from there: an abort() that ran first dropped nothing, reported ABORTED, and the request
+    then took its lock anyway (held until the idle sweep, a minute) and run_ops reported success
+    on the aborted transaction."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        key = keys_in(2, ["p0"])["p0"]
+        txn = node.begin()
+        operations = asyncio.ensure_future(node.run_ops(txn, puts({key: b"w"})))
+        aborted = await asyncio.ensure_future(node.abort(txn))
+        assert aborted.status is OutcomeStatus.ABORTED, aborted
+        done, _ = await asyncio.wait({operations}, timeout=5)
+        assert done, "run_ops hung"
+        assert isinstance(operations.exception(), TxnWrongState), operations
+        later = await node.execute(puts({key: b"other"}))
+        assert later.status is OutcomeStatus.COMMITTED, later
+
+
+async def test_an_abort_wakes_its_own_request_waiting_for_a_lock(tmp_path):
+    """Under WAIT_DIE an older transaction's request waits for a younger one's lock. Dropping the
+    older transaction (its client aborted) released its place in the queue but never answered its
+    request, which hung until the peer request's deadline and then reported the peer unavailable."""
+    async with local_cluster(tmp_path, partition_count=2, lock_policy=Policy.WAIT_DIE) as cluster:
+        node = cluster.node()
+        key = keys_in(2, ["p0"])["p0"]
+        older = node.begin()
+        await asyncio.sleep(0.01)  # WAIT_DIE orders by begin time
+        younger = node.begin()
+        await node.run_ops(younger, puts({key: b"young"}))
+        waiting = asyncio.ensure_future(node.run_ops(older, puts({key: b"old"})))
+
+        async def queued() -> bool:
+            return bool(node.partitions["p0"]._waiters)
+
+        await wait_until(queued, 5, "the older transaction never waited for the lock")
+        started = asyncio.get_running_loop().time()
+        await node.abort(older)
+        done, _ = await asyncio.wait({waiting}, timeout=1)
+        assert done, "the aborted transaction's request still waits for the lock"
+        assert not isinstance(waiting.exception(), asyncio.TimeoutError)
+        assert asyncio.get_running_loop().time() - started < 1
+        assert not node.partitions["p0"]._waiters
+        await node.abort(younger)
