@@ -100,6 +100,9 @@ class Coordination:
         self.ready: Callable[[], bool] = lambda: False
         self.txns: dict[str, CoordinatedTxn] = {}
         self.outcomes: collections.OrderedDict[str, Outcome] = collections.OrderedDict()
+        # Commits whose caller was told UNKNOWN (no outcome within the deadline) and sent to the
+        # status call: the outcome their machine gives later is remembered for it.
+        self._reported_unknown: collections.OrderedDict[str, None] = collections.OrderedDict()
         # Called with (protocol, outcome) whenever a coordinated transaction ends: metrics hook in.
         self.outcome_observers: list[Callable[[str, Outcome], None]] = []
         self._txn_counter = 0
@@ -266,11 +269,20 @@ class Coordination:
     def _unknown(self, ctx: CoordinatedTxn) -> Outcome:
         outcome = Outcome(ctx.txn, OutcomeStatus.UNKNOWN, detail="no outcome within the commit deadline; ask status")
         self._finish(ctx, outcome, remember=False)
+        self._reported_unknown[ctx.txn] = None
+        while len(self._reported_unknown) > OUTCOME_REMEMBERED_COUNT_MAX:
+            self._reported_unknown.popitem(last=False)
         return outcome
 
     def on_reply(self, effect: Reply) -> None:
         ctx = self.txns.get(effect.txn)
-        if ctx is None or ctx.reply is None or ctx.reply.done():
+        if ctx is None:
+            if self._reported_unknown.pop(effect.txn, False) is None:
+                # Its caller was sent to the status call, which must find this outcome after the
+                # machine and the records are gone, as it finds any other.
+                self._remember(_outcome_of(effect))
+            return
+        if ctx.reply is None or ctx.reply.done():
             return  # the caller gave up (deadline); the status call still gives the outcome
         if not ctx.timing.decided:
             ctx.timing.decided = time.perf_counter()
@@ -289,15 +301,18 @@ class Coordination:
             outcome = Outcome(outcome.txn, outcome.status, outcome.reason, outcome.detail, outcome.reads, phases)
         self.txns.pop(ctx.txn, None)
         if remember:
-            self.outcomes[ctx.txn] = outcome
-            while len(self.outcomes) > OUTCOME_REMEMBERED_COUNT_MAX:
-                self.outcomes.popitem(last=False)
+            self._remember(outcome)
         self.counters[f"outcome_{outcome.status}"] += 1
         if outcome.reason is not None:
             self.counters[f"abort_{outcome.reason}"] += 1
         for observer in self.outcome_observers:
             observer(ctx.protocol.value, outcome)
         return outcome
+
+    def _remember(self, outcome: Outcome) -> None:
+        self.outcomes[outcome.txn] = outcome
+        while len(self.outcomes) > OUTCOME_REMEMBERED_COUNT_MAX:
+            self.outcomes.popitem(last=False)
 
     async def execute(self, ops: Sequence[Op], protocol: Protocol | None = None) -> Outcome:
         """A one-shot transaction. When it writes anywhere, each partition's request carries its
@@ -465,6 +480,12 @@ class Coordination:
                 # while the abort drops the executions that vote on them.
                 ctx.state = OutcomeStatus.ABORTED
                 spawn(self._abort(ctx, AbortReason.TIMEOUT, "idle past timeout_ms_txn_idle"))
+
+
+def _outcome_of(reply: Reply) -> Outcome:
+    if reply.outcome is TxnState.COMMIT:
+        return Outcome(reply.txn, OutcomeStatus.COMMITTED)
+    return Outcome(reply.txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, reply.reason)
 
 
 def _no_reply(reply: asyncio.Future[Reply | None]) -> None:

@@ -15,6 +15,7 @@ import pytest
 from cornus.protocol.config import Protocol
 from cornus.protocol.locks import LockMode, Policy
 from cornus.protocol.messages import Decision, DecisionQuery
+from cornus.runtime import coordination
 from cornus.runtime import partition as partition_runtime
 from cornus.runtime.config import load_node_config
 from cornus.runtime.outcome import OutcomeStatus, TxnWrongState
@@ -671,3 +672,39 @@ async def test_an_abort_wakes_its_own_request_waiting_for_a_lock(tmp_path):
         assert asyncio.get_running_loop().time() - started < 1
         assert not node.partitions["p0"]._waiters
         await node.abort(younger)
+
+
+# === a commit reported UNKNOWN, and the status call it sends the caller to ==========================
+
+
+async def test_a_commit_reported_unknown_keeps_its_outcome_for_the_status_call(tmp_path, monkeypatch):
+    """A commit whose outcome did not come within its deadline tells the caller to ask the status
+    call. The outcome that came later went nowhere, so once the records were collected the status
+    call answered 'no such transaction' for a committed one, which a client may take for 'never
+    happened' and run again."""
+    monkeypatch.setattr(coordination, "TIMEOUT_MS_COMMIT", 100)
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        keys = keys_in(2, ["p0", "p1"])
+        gate = cluster.faults["n0"].hold("log_once", where=lambda args: args["state"] is TxnState.VOTE_YES)
+        txn = node.begin()
+        writes = {keys["p0"]: b"a", keys["p1"]: b"b"}
+        await node.run_ops(txn, puts(writes))
+        unknown = await node.commit(txn)
+        assert unknown.status is OutcomeStatus.UNKNOWN, unknown
+        gate.set()
+        cluster.faults["n0"].heal()
+
+        async def collected() -> bool:
+            # The coordinator's machine ends once it collected the records.
+            return txn not in node.core.coordinator.machines and all(
+                [await cluster.record(partition, txn) is None for partition in ("p0", "p1")])
+
+        await wait_until(collected, 20, "the records were never collected")
+        # The held votes and the coordinator's termination race: either outcome may be the truth.
+        values = {key: await cluster.value(key) for key in writes}
+        status = await node.resolve_status(txn)
+        assert status is not None, "the status call forgot a transaction it sent its caller to ask about"
+        committed = values == writes
+        assert committed or values == dict.fromkeys(writes), values
+        assert status.status is (OutcomeStatus.COMMITTED if committed else OutcomeStatus.ABORTED), (status, values)
