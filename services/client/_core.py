@@ -246,12 +246,25 @@ def parse_outcome(url: str, response: httpx.Response, txn: str, *, may_have_comm
     if isinstance(body, dict) and "outcome" in body:
         return _outcome_from(url, body)
     if response.status_code == 503:
+        if may_have_committed and not _node_refusal(body):
+            # Not a node's 503 (a node sends one only before any work, with its error code): a
+            # proxy's, whose request may have reached a node that committed it.
+            return Outcome(txn, Status.UNKNOWN, node_url=url,
+                           detail=f"{url}: 503 not from a Cornus node ({_error_text(body)}); it may have committed")
         return unreachable(url, txn, _error_text(body))
     _raise_for_error(url, response, body)
     if may_have_committed:
         return Outcome(txn, Status.UNKNOWN, node_url=url,
                        detail=f"{url}: unexpected {response.status_code}: {_error_text(body)}; it may have committed")
     raise ServerError(response.status_code, "bad_response", f"{url}: {_error_text(body)}")
+
+
+# The error codes a node answers 503 with (services/api/rest.py): it refused before doing any work.
+_NODE_503_ERRORS = frozenset({"unavailable", "storage_unavailable"})
+
+
+def _node_refusal(body: Any) -> bool:
+    return isinstance(body, dict) and body.get("error") in _NODE_503_ERRORS
 
 
 def _error_text(body: Any) -> str:

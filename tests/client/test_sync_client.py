@@ -4,6 +4,9 @@ typed error and nothing changed."""
 
 from __future__ import annotations
 
+import http.server
+import threading
+
 import pytest
 
 from services.client import (
@@ -229,3 +232,37 @@ def test_a_partition_listing_from_an_older_node_is_a_clear_error() -> None:
         PartitionListing.from_json("http://127.0.0.1:1", {"partitions": []})
     with pytest.raises(ServerError, match="not a partition listing"):
         PartitionListing.from_json("http://127.0.0.1:1", ["p0"])
+
+
+class _ProxyAnswering503(http.server.BaseHTTPRequestHandler):
+    """What a proxy in front of the nodes answers when its upstream connection broke after it
+    forwarded the request: 503, and no body of a Cornus node's."""
+
+    posts: list[str] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        type(self).posts.append(self.path)
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        return None
+
+
+def test_a_503_no_node_wrote_is_unknown_where_the_call_may_have_committed() -> None:
+    """A node answers 503 only before it did any work, with its error code; a bodyless 503 is a
+    proxy's, whose request may have reached a node that committed: retrying it as 'nothing
+    committed' could apply the transaction twice."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ProxyAnswering503)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with CornusClient([f"http://127.0.0.1:{server.server_address[1]}"], config=FAST) as client:
+            outcome = client.execute([Op.put("k", "v")])
+        assert outcome.status is Status.UNKNOWN and not outcome.retryable, outcome
+        assert _ProxyAnswering503.posts == ["/v1/execute"], "the SDK sent it again"
+    finally:
+        server.shutdown()
+        server.server_close()
