@@ -158,11 +158,17 @@ class RespPipe:
             # waits (cornus.runtime.eager), and wait_for runs the connect in a task of its own.
             protocol = await asyncio.wait_for(self._open(loop), self.timeout_ms_connect / 1000)
         except BaseException as error:
-            if self._protocol is not None and self._protocol.transport is not None:
-                self._protocol.transport.abort()
-            self._protocol = None
             failure = (error if isinstance(error, redis.exceptions.RedisError)
                        else redis.exceptions.ConnectionError(f"redis connect: {type(error).__name__}: {error}"))
+            half_open = self._protocol
+            if half_open is not None:
+                # Everything queued on the half-open connection (its AUTH and SELECT, and the
+                # calls sent meanwhile) fails with it, here: left in the reply queue, those slots
+                # would take the next connection's replies, each going to the caller before it.
+                self.on_lost(half_open, failure)
+                if half_open.transport is not None:
+                    half_open.transport.abort()
+            assert self._protocol is None and not self._pending
             self._connecting.set_exception(failure)
             self._connecting.exception()  # retrieved: nobody else may be waiting
             self._connecting = None

@@ -18,7 +18,7 @@ from storage_adapters.redis_store import CONNECTION_COUNT_MAX, RedisStore
 from storage_adapters.resp_pipe import RespAddress, RespPipe
 from tests.conftest import Services
 from tests.storage.conftest import TIMEOUT_MS_CALL_TEST
-from tests.worker import free_port
+from tests.worker import free_port, redis_db_bench
 
 RACER_COUNT = 60
 DELETES_PER_LOG = 20
@@ -226,3 +226,60 @@ async def test_a_lost_connection_fails_its_calls_and_the_next_call_reconnects(
     assert all(isinstance(outcome, StorageUnavailable) or outcome.created for outcome in outcomes), outcomes
     after = await store.log_once(log, f"{ns}.after", TxnState.VOTE_YES, body(log.name))
     assert after.created
+
+
+async def test_a_connect_whose_select_never_came_back_leaves_no_call_behind(services: Services, ns: str) -> None:
+    """The pipe connects, then selects its database. When the SELECT got no answer in time, the
+    connect failed, but the calls queued on that half-open connection stayed in the reply queue:
+    the next connection's replies went to them, one slot off (a caller told 'created' for another
+    caller's write), and every later connect's SELECT reply went to the stale slot, so the pipe
+    never came back. Here a proxy in front of the real Redis swallows the first connection."""
+    database = redis_db_bench()  # this worker's, and not 0: the pipe sends a SELECT
+    assert database != 0
+    base_url = services.redis_url.rsplit("/", 1)[0]
+    host, port = base_url.split("//", 1)[1].split(":")
+    swallow = [True]
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if swallow[0]:
+            while await reader.read(65536):
+                pass  # read, never answered
+            writer.close()
+            return
+        upstream_reader, upstream_writer = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(pump(reader, upstream_writer), pump(upstream_reader, writer))
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    proxy_port = server.sockets[0].getsockname()[1]
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{proxy_port}/{database}")
+    store = RedisStore(client, SILENT_TIMEOUT_MS)  # by hand: open() would PING through the proxy
+    store._pipe = RespPipe(RespAddress("127.0.0.1", proxy_port, database), SILENT_TIMEOUT_MS)
+    direct = aioredis.Redis.from_url(f"{base_url}/{database}")
+    log = LogId.partition(f"{ns}-p")
+    try:
+        first = asyncio.ensure_future(store.log_once(log, f"{ns}.first", TxnState.VOTE_YES, body(log.name)))
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(store.log_once(log, f"{ns}.queued", TxnState.VOTE_YES, body(log.name)))
+        outcomes = await asyncio.gather(first, queued, return_exceptions=True)
+        assert all(isinstance(outcome, StorageUnavailable) for outcome in outcomes), outcomes
+        swallow[0] = False
+        for index in range(3):
+            txn = f"{ns}.after{index}"
+            state = TxnState.VOTE_YES if index % 2 == 0 else TxnState.ABORT
+            answer = await store.log_once(log, txn, state, body(log.name))
+            stored = await direct.hget(f"cxtxn:{{{log.key}}}:{txn}", "state")
+            assert answer.created and answer.state is state and stored == state.value.encode(), (answer, stored)
+    finally:
+        await store.close()
+        await direct.aclose()
+        server.close()
