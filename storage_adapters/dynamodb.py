@@ -639,21 +639,28 @@ class DynamoDbStore(LogStore):
         # the chunks that landed before it lets any later txn at those keys. Unlike a
         # one-transaction redo, then, a Fenced here may follow chunks that did land (as a
         # crash between chunks leaves them); what the fence guarantees is that none lands late.
-        for chunk in chunks[:-1]:
-            try:
-                await self._transact([*head, *chunk])
-            except ClientError as error:
-                if fence is not None:
-                    await self._raise_if_fenced(error, fence)
-                raise
+        # And every chunk carries the record's own condition, not yet applied: a chunk of an
+        # attempt that timed out may land late, after a retry applied the redo and a later
+        # transaction wrote the same keys, and must then be refused, not put old values back.
+        # (A late chunk before the retry's marker writes what the retry writes: harmless.)
+        unapplied = {
+            "ConditionCheck": {
+                key: value for key, value in marker(require_unapplied=True)["Update"].items()
+                if key != "UpdateExpression"
+            }
+        }
         try:
-            await self._transact([*head, *chunks[-1], marker(require_unapplied=False)])
+            for chunk in chunks[:-1]:
+                await self._transact([*head, *chunk, unapplied])
+            await self._transact([*head, *chunks[-1], marker(require_unapplied=True)])
         except ClientError as error:
             if fence is not None:
                 await self._raise_if_fenced(error, fence)
             stored = self._marker_failure(error, log, txn)
             if stored is None:
                 raise
+            if stored.applied:
+                return False  # an earlier attempt of this apply finished it
             raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {stored.state}") from error
         return True
 

@@ -6,6 +6,7 @@ freezes a server starts its own on a free loopback port with the same binaries.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import Services
@@ -79,3 +81,44 @@ def azurite_connection_string(services: Services, port: int) -> str:
     shared = services.get("CORNUS_TEST_AZURE_CONNECTION_STRING")
     parts = [part for part in shared.split(";") if part and not part.startswith("BlobEndpoint=")]
     return ";".join([*parts, f"BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1"]) + ";"
+
+
+class HoldingProxy:
+    """A loopback TCP proxy in front of a server that, while `holding`, holds each client chunk
+    `holds(chunk)` picks for `hold_s` before passing it on: a request still on the network when its
+    caller's deadline passes, which lands later."""
+
+    def __init__(self, upstream_port: int, holds: Callable[[bytes], bool], hold_s: float) -> None:
+        self.upstream_port = upstream_port
+        self.holds = holds
+        self.hold_s = hold_s
+        self.holding = False
+        self.held_count = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> HoldingProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        await asyncio.gather(self._pump(reader, upstream_writer, True), self._pump(upstream_reader, writer, False))
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, outbound: bool) -> None:
+        try:
+            while data := await reader.read(1 << 20):
+                if outbound and self.holding and self.holds(data):
+                    self.held_count += 1
+                    await asyncio.sleep(self.hold_s)
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
