@@ -121,6 +121,10 @@ class Admin:
             return Outcome(txn, OutcomeStatus.UNKNOWN, detail="in doubt: participants voted, no decision yet")
         if len(answered) < len(responses):
             return Outcome(txn, OutcomeStatus.UNKNOWN, detail="some nodes did not answer")
+        if not all(r.ready for r in answered):
+            # A recovering node does not know yet what its logs hold (a coordinator-log
+            # coordinator's COMMIT, a partition it is taking over): "nobody knows it" must wait.
+            return Outcome(txn, OutcomeStatus.UNKNOWN, detail="some nodes are still recovering")
         return None
 
     async def status_response(self, request: StatusRequest, ready: bool) -> StatusResponse:

@@ -14,7 +14,7 @@ import pytest
 
 from cornus.protocol.config import Protocol
 from cornus.protocol.locks import LockMode, Policy
-from cornus.protocol.messages import Decision, DecisionQuery
+from cornus.protocol.messages import Decision, DecisionAnswer, DecisionQuery
 from cornus.runtime import coordination
 from cornus.runtime import partition as partition_runtime
 from cornus.runtime.config import load_node_config
@@ -708,3 +708,47 @@ async def test_a_commit_reported_unknown_keeps_its_outcome_for_the_status_call(t
         committed = values == writes
         assert committed or values == dict.fromkeys(writes), values
         assert status.status is (OutcomeStatus.COMMITTED if committed else OutcomeStatus.ABORTED), (status, values)
+
+
+# === the status call while a node recovers =========================================================
+
+
+class _DropDecisions:
+    """Stands in for a node on the in-memory network: the decisions (and decision answers) about
+    one transaction are lost on their way to it."""
+
+    def __init__(self, node: object, txn: list[str]) -> None:
+        self.node = node
+        self.txn = txn
+
+    def on_message(self, sender: str, message: Routed) -> None:
+        inner = message.message
+        if isinstance(inner, Decision | DecisionAnswer) and [inner.txn] == self.txn:
+            return
+        self.node.on_message(sender, message)  # type: ignore[attr-defined]
+
+    async def on_request(self, sender: str, request: object) -> object:
+        return await self.node.on_request(sender, request)  # type: ignore[attr-defined]
+
+
+async def test_the_status_call_never_says_unknown_to_the_cluster_while_a_node_recovers(tmp_path):
+    """Under coordinator-log a participant holds no record before the decision reaches it: the
+    coordinator's log is where a committed transaction shows. While that coordinator restarts and
+    recovers, the status call took the answers of the nodes it asked as complete and said 'no such
+    transaction' for a committed one (404), which a client may take for 'never happened'."""
+    async with local_cluster(tmp_path, node_count=3, partition_count=3, protocol=Protocol.COORDINATOR_LOG) as cluster:
+        keys = keys_in(3, ["p0", "p1"])
+        coordinator = cluster.node("n2")
+        txn: list[str] = []
+        for name in ("n0", "n1"):
+            cluster.network.handlers[name] = _DropDecisions(cluster.node(name), txn)  # type: ignore[assignment]
+        txn.append(coordinator.begin())
+        await coordinator.run_ops(txn[0], puts({keys["p0"]: b"a", keys["p1"]: b"b"}))
+        outcome = await coordinator.commit(txn[0])
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+        await cluster.stop("n2")
+        await cluster.start("n2", wait_ready=False)
+        assert not cluster.node("n2").ready
+        during = await cluster.node("n1").resolve_status(txn[0])
+        assert during is not None, "the status call said no node knows a committed transaction"
+        assert during.status in (OutcomeStatus.COMMITTED, OutcomeStatus.UNKNOWN), during
