@@ -14,11 +14,19 @@ with COMMIT and applied (`If-Match`). A crash in between leaves the record as it
 unapplied COMMIT, and either way recovery applies the same redo again over the blobs that landed,
 which is harmless because the redo's keys stay locked until the record says applied.
 
+A data write of an attempt that timed out may still land later, after a retry applied the redo,
+the keys were released and a later transaction wrote them: the client's deadline does not stop a
+request already on the network. So each data write is conditional on the blob as the attempt read
+it just before (`If-Match` its ETag, or `If-None-Match: *` if it had none), and a late one is
+refused (a changed blob found by the attempt itself fails it as unavailable, and the retry reads
+again). For that condition to exist, a key is never deleted once written: a deleted value is a
+tombstone blob (empty, metadata {deleted: 1}), which reads as absent.
+
 Layout, with transaction state, data and ownership under distinct prefixes so access policies can
 split them:
 
     txn/<log.key>/<txn>             JSON record; metadata {state, applied} for scans
-    data/<partition>/<b64url(key)>  raw value bytes
+    data/<partition>/<b64url(key)>  raw value bytes; metadata {deleted: 1} for a deleted value
     own/<partition>                 JSON ownership record; metadata {ownership} for listings
 
 Ids are used verbatim as path segments except that a trailing '.' gets a '~' appended, because
@@ -176,6 +184,11 @@ def _dotted_prefixes(txn: str) -> list[str]:
     """The proper prefixes of `txn` that end in '.': the only ids below `txn` whose blob names
     list after its own (see the module docstring)."""
     return [txn[: i + 1] for i, char in enumerate(txn[:-1]) if char == "."]
+
+
+# A deleted value's blob stays, as a tombstone, so that a later write can be conditional on it.
+_DELETED = "deleted"
+_TOMBSTONE = {_DELETED: "1"}
 
 
 def _data_name(partition: str, key: str) -> str:
@@ -598,9 +611,10 @@ class AzureBlobStore(LogStore):
             blob = self._container.get_blob_client(_data_name(partition, key))
             try:
                 downloader = await blob.download_blob()
-                return await downloader.readall()
+                value = await downloader.readall()
             except ResourceNotFoundError:
                 return None
+            return None if (downloader.properties.metadata or {}).get(_DELETED) else value
 
         values = await _gather_bounded([lambda key=key: get(key) for key in unique])
         return dict(zip(unique, values, strict=True))
@@ -611,12 +625,27 @@ class AzureBlobStore(LogStore):
         log = LogId.partition(partition)
 
         async def put(key: str, value: bytes | None) -> None:
+            # Over the blob as it stands now only (see the module docstring): a late write of an
+            # earlier attempt is refused, not left to undo a later transaction's.
             blob = self._container.get_blob_client(_data_name(partition, key))
-            if value is None:
-                with contextlib.suppress(ResourceNotFoundError):
-                    await blob.delete_blob()
-            else:
-                await blob.upload_blob(value, overwrite=True)
+            try:
+                etag: str | None = (await blob.get_blob_properties()).etag
+            except ResourceNotFoundError:
+                etag = None
+            content, metadata = (b"", _TOMBSTONE) if value is None else (value, None)
+            try:
+                if etag is None:  # If-None-Match: *
+                    await blob.upload_blob(content, overwrite=False, metadata=metadata)
+                else:
+                    await blob.upload_blob(content, overwrite=True, metadata=metadata, etag=etag,
+                                           match_condition=MatchConditions.IfNotModified)
+            except (ResourceModifiedError, ResourceExistsError) as error:
+                # Changed since this attempt read it: nobody else writes a locked key, so a write
+                # of an earlier attempt of this apply landed. Which one landed last is unknown:
+                # the participant applies again, over what it reads then.
+                raise StorageUnavailable(
+                    f"azure_blob: apply_redo {log.key}/{txn}: data blob of {key!r} changed under the apply"
+                ) from error
 
         # The fence is checked once, before any data is written: the data writes are the ones
         # that could clobber a new owner's, and checking again before the marker would not

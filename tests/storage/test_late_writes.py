@@ -58,3 +58,57 @@ async def test_a_late_chunk_of_a_dynamodb_apply_never_undoes_a_later_write(servi
         proxy.close()
         await direct.delete_table()  # type: ignore[attr-defined]
         await direct.close()
+
+
+def _holds_azure_data_writes(chunk: bytes) -> bool:
+    request_line = chunk.split(b"\r\n", 1)[0]
+    return (chunk.startswith(b"PUT ") or chunk.startswith(b"DELETE ")) and b"/data/" in request_line
+
+
+@pytest.mark.parametrize("later", [b"second", None], ids=["later-put", "later-delete"])
+async def test_a_late_data_write_of_an_azure_apply_never_undoes_a_later_write(
+    services: Services, later: bytes | None
+) -> None:
+    """Azure writes a redo's data blobs one by one, unconditionally, then marks the record applied:
+    a data write of an attempt that timed out, landing after the retry applied the redo and a later
+    transaction wrote (or deleted) the same key, put the old value back."""
+    port = int(services.azure_connection_string.split("BlobEndpoint=http://127.0.0.1:", 1)[1].split("/", 1)[0])
+    proxy = await HoldingProxy(port, _holds_azure_data_writes, HOLD_S).start()
+    container = f"late-{uuid.uuid4().hex[:10]}"
+    through_proxy = services.azure_connection_string.replace(f"127.0.0.1:{port}", f"127.0.0.1:{proxy.port}")
+    store = await open_store(StoreConfig(backend="azure_blob", azure_connection_string=through_proxy,
+                                         azure_container=container, timeout_ms_call=DEADLINE_MS))
+    direct = await open_store(StoreConfig(backend="azure_blob", azure_container=container,
+                                          azure_connection_string=services.azure_connection_string,
+                                          timeout_ms_call=DEADLINE_MS_CHECKS))
+    partition = "late"
+    log = LogId.partition(partition)
+    try:
+        await store.log_once(log, "t1", TxnState.VOTE_YES, RecordBody((partition,), "n1", b"redo"))
+        proxy.holding = True
+        with pytest.raises(StorageUnavailable):
+            await store.apply_redo(partition, "t1", {"k": b"first"})
+        proxy.holding = False
+        applied = False
+        for _ in range(5):  # as the participant retries an apply: until it lands
+            try:
+                applied = await store.apply_redo(partition, "t1", {"k": b"first"})
+                break
+            except StorageUnavailable:
+                await asyncio.sleep(HOLD_S / 2)
+        assert applied or (await direct.read(log, "t1")).applied  # type: ignore[union-attr]
+        await store.log_once(log, "t2", TxnState.VOTE_YES, RecordBody((partition,), "n1", b"redo"))
+        for _ in range(5):
+            try:
+                assert await store.apply_redo(partition, "t2", {"k": later})
+                break
+            except StorageUnavailable:
+                await asyncio.sleep(HOLD_S / 2)
+        await asyncio.sleep(HOLD_S + 0.5)  # every held write has reached the server by now
+        assert proxy.held_count >= 1
+        assert await direct.read_data(partition, ["k"]) == {"k": later}
+    finally:
+        await store.close()
+        proxy.close()
+        await direct.delete_container()  # type: ignore[attr-defined]
+        await direct.close()
