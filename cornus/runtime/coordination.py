@@ -106,6 +106,8 @@ class Coordination:
         # Called with (protocol, outcome) whenever a coordinated transaction ends: metrics hook in.
         self.outcome_observers: list[Callable[[str, Outcome], None]] = []
         self._txn_counter = 0
+        # Set by a clean stop: the node delivers the decisions it has and begins nothing new.
+        self.closing = False
         # Tells this life's transaction ids from a previous one's (the counter restarts at zero).
         self._incarnation = os.urandom(3).hex()
 
@@ -113,6 +115,8 @@ class Coordination:
     def begin(self, protocol: Protocol | None = None) -> str:
         if not self.ready():
             raise NodeOverloaded(f"{self.node_id} is still recovering")
+        if self.closing:
+            raise NodeOverloaded(f"{self.node_id} is stopping")
         if len(self.txns) >= self.config.limits.txn_count_max:
             raise NodeOverloaded(f"{len(self.txns)} transactions in flight on {self.node_id}")
         protocol = protocol or self.config.protocol

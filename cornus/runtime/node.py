@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
+from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.effects import RecoveryFinished
 from cornus.protocol.events import Event, Executed, MessageReceived
 from cornus.protocol.locks import Policy
@@ -68,6 +69,12 @@ POLL_MS = 20
 # A clean stop waits at most this long for its partitions' releases to land; one that does not
 # expires instead (the next owner waits out the lease).
 TIMEOUT_MS_RELEASE = 2_000
+# A clean stop first delivers the decisions of the transactions this node coordinates, for this
+# long at most: under 2PC and coordinator-log a participant may hold its yes vote only in memory
+# until then, and a node set without this node would never recover it from this node's log.
+TIMEOUT_MS_DELIVER_DECISIONS = 5_000
+# Coordinator phases whose decision some participant may not have yet.
+_UNDELIVERED = frozenset({CoordPhase.VALIDATING, CoordPhase.COLLECTING, CoordPhase.DECIDED})
 
 
 class Node:
@@ -158,6 +165,7 @@ class Node:
             await asyncio.sleep(POLL_MS / 1000)
 
     async def stop(self) -> None:
+        await self._deliver_decisions(TIMEOUT_MS_DELIVER_DECISIONS / 1000)
         await self.ownership.stop(TIMEOUT_MS_RELEASE / 1000)
         await self.runner.stop()
         if self._sweeper is not None:
@@ -166,6 +174,24 @@ class Node:
                 await self._sweeper
         self.readiness.stop()
         await self.transport.close()
+
+    def undelivered_count(self) -> int:
+        """Transactions this node coordinates whose decision some participant has not acknowledged."""
+        return sum(machine.phase in _UNDELIVERED for machine in self.core.coordinator.machines.values())
+
+    async def _deliver_decisions(self, timeout_s: float) -> None:
+        """Start no transaction here any more, and wait (at most `timeout_s`) until every one it
+        coordinates is decided and acknowledged by all its participants."""
+        self.coordination.closing = True
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + timeout_s
+        # Polled: decisions end through messages, resends and storage calls alike.
+        while self.undelivered_count() and loop.time() < deadline_s and not self.runner.stopped:  # noqa: ASYNC110
+            await asyncio.sleep(POLL_MS / 1000)
+        left = self.undelivered_count()
+        if left:
+            log.warning("node %s stops with %d coordinated transactions not acknowledged by every participant "
+                        "(see cornus inspect before removing this node)", self.node_id, left)
 
     # === ownership =================================================================================
 

@@ -752,3 +752,34 @@ async def test_the_status_call_never_says_unknown_to_the_cluster_while_a_node_re
         during = await cluster.node("n1").resolve_status(txn[0])
         assert during is not None, "the status call said no node knows a committed transaction"
         assert during.status in (OutcomeStatus.COMMITTED, OutcomeStatus.UNKNOWN), during
+
+
+# === a coordinator's clean stop ====================================================================
+
+
+async def test_a_clean_stop_waits_for_its_decisions_to_be_acknowledged(tmp_path):
+    """Under coordinator-log a participant's yes vote lives only in its memory and in its
+    coordinator's log. A coordinator stopped cleanly (SIGTERM: a scale-down, a rolling restart)
+    used to exit with a COMMIT not yet delivered; once the participant restarted with a node set
+    that no longer lists that coordinator, nothing recovered the vote, and a transaction reported
+    COMMITTED was lost on that partition. A clean stop delivers its decisions first (bounded)."""
+    async with local_cluster(tmp_path, node_count=3, partition_count=3, protocol=Protocol.COORDINATOR_LOG) as cluster:
+        keys = keys_in(3, ["p0", "p1"])
+        coordinator = cluster.node("n2")
+        txn: list[str] = []
+        handlers = {name: _DropDecisions(cluster.node(name), txn) for name in ("n0", "n1")}
+        cluster.network.handlers.update(handlers)  # type: ignore[arg-type]
+        txn.append(coordinator.begin())
+        writes = {keys["p0"]: b"a", keys["p1"]: b"b"}
+        await coordinator.run_ops(txn[0], puts(writes))
+        outcome = await coordinator.commit(txn[0])
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+
+        async def deliver_later() -> None:
+            await asyncio.sleep(0.3)  # the network heals while the coordinator stops
+            txn.clear()
+
+        healing = asyncio.ensure_future(deliver_later())
+        await cluster.stop("n2")
+        await healing
+        assert {key: await cluster.value(key) for key in writes} == writes
