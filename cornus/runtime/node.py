@@ -103,6 +103,7 @@ class Node:
         self.partitions: dict[str, PartitionRuntime] = {}
         # Of those, the ones recovered and served; with the wall-clock time serving began.
         self.serving: dict[str, int] = {}
+        self._partition_names = frozenset(config.partitions)
         jitter = random.Random(int.from_bytes(os.urandom(8), "big"))
         self.core = NodeCore(self.node_id, (), config.peers, config.protocol_config, jitter)
         preferred = config.placement()
@@ -278,6 +279,13 @@ class Node:
             # defaults would guess differently), and no id we make lacks it.
             self.counters["untagged_messages"] += 1
             return
+        problem = self._message_problem(message)
+        if problem:
+            # The core asserts what its machines are told, and an assertion ends the process: what
+            # a peer sends is checked here, at the boundary, and a bad message is dropped.
+            self.counters["peer_messages_refused"] += 1
+            log.warning("dropped a message from %s: %s", sender, problem, extra={"txn": inner.txn})
+            return
         if message.dest not in self.config.peers:
             self.ownership.check(message.dest)  # a lease that ran out drops the partition first
         partition = self.partitions.get(message.dest)
@@ -295,6 +303,15 @@ class Node:
                 assert not (read_only and redo), f"{inner.txn} wrote on {message.dest}, which its coordinator read only"
                 self._feed(Executed(inner.txn, message.dest, coordinator, redo, read_only=read_only))
         self._feed(MessageReceived(message.source, message.dest, inner))
+
+    def _message_problem(self, message: Routed) -> str:
+        """What makes a peer's message one no machine here may be given ("" if nothing)."""
+        dest, inner = message.dest, message.message
+        if dest != self.node_id and dest not in self._partition_names:
+            return f"addressed to {dest!r}, neither this node nor a partition"
+        if isinstance(inner, Prepare):
+            return _participants_problem(dest, inner.participants)
+        return ""
 
     async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
         if isinstance(request, StatusRequest):
@@ -384,11 +401,15 @@ class Node:
 def _carried_prepare_problem(request: ExecuteRequest) -> str:
     """What is wrong with the prepare a request carries ("" if nothing): a machine asserts what
     a prepare says, so a malformed one from a peer must stop here."""
-    participants = request.participants
     if request.abort or request.continued:
         return "a request that carries a prepare runs a one-shot's operations, once"
-    if request.partition not in participants:
-        return f"the prepare's participants {participants} leave out {request.partition}"
+    return _participants_problem(request.partition, request.participants)
+
+
+def _participants_problem(partition: str, participants: tuple[str, ...]) -> str:
+    """What is wrong with a prepare's participants as sent to `partition` ("" if nothing)."""
+    if partition not in participants:
+        return f"the prepare's participants {participants[:8]} leave out {partition}"
     if len(participants) > PARTICIPANT_COUNT_MAX or list(participants) != sorted(set(participants)):
         return f"the prepare's participants must be sorted, unique and at most {PARTICIPANT_COUNT_MAX}"
     return ""

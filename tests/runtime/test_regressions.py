@@ -14,7 +14,7 @@ import pytest
 
 from cornus.protocol.config import Protocol
 from cornus.protocol.locks import LockMode, Policy
-from cornus.protocol.messages import Decision, DecisionAnswer, DecisionQuery
+from cornus.protocol.messages import Decision, DecisionAnswer, DecisionQuery, Prepare
 from cornus.runtime import coordination
 from cornus.runtime import partition as partition_runtime
 from cornus.runtime.config import load_node_config
@@ -783,3 +783,24 @@ async def test_a_clean_stop_waits_for_its_decisions_to_be_acknowledged(tmp_path)
         await cluster.stop("n2")
         await healing
         assert {key: await cluster.value(key) for key in writes} == writes
+
+
+# === what a peer may send ==========================================================================
+
+
+async def test_a_misaddressed_or_malformed_peer_message_is_dropped_not_fatal(tmp_path):
+    """A node's core asserts what its machines are told, and an assertion ends the process: a peer
+    message addressed to one of the node's internal hosts (its recovery), or a prepare that leaves
+    out the partition it is sent to, killed the node that received it (found by sending them)."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        node = cluster.node("n1")
+        txn = txn_id("n0", 1, Protocol.CORNUS)
+        node.on_message("n0", Routed("n0", "~recovery", Decision(txn, TxnState.ABORT)))
+        node.on_message("n0", Routed("n0", "~recovery:p1", Decision(txn, TxnState.ABORT)))
+        node.on_message("n0", Routed("n0", "n0", Decision(txn, TxnState.ABORT)))  # another node's host
+        owned, other = ("p1", "p0") if cluster.owner_of("p1") == "n1" else ("p0", "p1")
+        node.on_message("n0", Routed("n0", owned, Prepare(txn, (other,), "n0")))
+        await asyncio.sleep(0.05)
+        assert node.counters["peer_messages_refused"] == 4, dict(node.counters)
+        outcome = await node.execute(puts({cluster.key_in(owned): b"still here"}))
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
