@@ -54,8 +54,18 @@ from storage_adapters.errors import ValidationError
 from storage_adapters.factory import StoreConfig, env_values
 
 PARTITION_COUNT_MAX = 4096
+# Deletions of one record retried at most this often: each is a storage call while it is down.
+GC_ATTEMPT_COUNT_MAX = 1_000
 NODE_COUNT_MAX = 256
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+
+
+# The longest deadline a peer request may carry: what the node-to-node transport accepts
+# (services/node_rpc TransportLimits.request_timeout_ms_max takes it from here).
+TIMEOUT_MS_PEER_REQUEST_MAX = 300_000
+# Timers of the protocol and the runtime: an hour at most. Past it a typo (an extra zero or six)
+# would hold an abandoned transaction's locks, or a decision, for hours.
+TIMER_MS_MAX = 3_600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +91,13 @@ class RuntimeLimits:
     txn_partition_count_max: int = PARTICIPANT_COUNT_MAX
 
     def __post_init__(self) -> None:
+        assert set(_LIMIT_MAX) == {item.name for item in dataclasses.fields(self)}, "a limit without a maximum"
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValidationError(f"{item.name} must be a positive integer, got {value!r}")
+            if value > _LIMIT_MAX[item.name]:
+                raise ValidationError(f"{item.name} is {value}, more than its maximum {_LIMIT_MAX[item.name]}")
         if self.txn_partition_count_max > PARTICIPANT_COUNT_MAX:
             raise ValidationError(
                 f"txn_partition_count_max is {self.txn_partition_count_max}; a vote record lists at most "
@@ -92,6 +105,20 @@ class RuntimeLimits:
             )
         if self.op_count_max > self.txn_op_count_max:
             raise ValidationError("op_count_max (per request) must not exceed txn_op_count_max (per transaction)")
+
+
+_LIMIT_MAX = {
+    "timeout_ms_peer_request": TIMEOUT_MS_PEER_REQUEST_MAX,
+    "timeout_ms_lock_wait": TIMER_MS_MAX,
+    "timeout_ms_txn_idle": TIMER_MS_MAX,
+    # Each one is a few kilobytes of memory on its coordinator, at least.
+    "txn_count_max": 1_000_000,
+    # What one request or transaction may carry is bounded anyway by the REST body limit and the
+    # redo record's size; these stop a setting from promising more than that.
+    "op_count_max": 100_000,
+    "txn_op_count_max": 1_000_000,
+    "txn_partition_count_max": PARTICIPANT_COUNT_MAX,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +300,12 @@ def _protocol_config(values: Mapping[str, int], storage: StoreConfig) -> Protoco
         )
     if merged["scan_page_count_max"] > SCAN_PAGE_COUNT_MAX:
         raise ValidationError(f"scan_page_count_max must be at most {SCAN_PAGE_COUNT_MAX}")
+    for name, value in merged.items():
+        timer = name.endswith("_ms") or name.startswith(("timeout_ms_", "backoff_ms_"))
+        if timer and isinstance(value, int) and value > TIMER_MS_MAX:
+            raise ValidationError(f"{name} is {value}, more than its maximum {TIMER_MS_MAX} (an hour)")
+    if merged["gc_attempt_count_max"] > GC_ATTEMPT_COUNT_MAX:
+        raise ValidationError(f"gc_attempt_count_max must be at most {GC_ATTEMPT_COUNT_MAX}")
     return ProtocolConfig(**merged)
 
 

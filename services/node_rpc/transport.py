@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from cornus.protocol.messages import Message
 from cornus.runtime import eager
+from cornus.runtime.config import TIMEOUT_MS_PEER_REQUEST_MAX
 from cornus.runtime.transport import InboundHandler, PeerUnavailable, Transport
 from cornus.runtime.wire import (
     ExecuteRequest,
@@ -85,7 +86,7 @@ class TransportLimits:
     # Requests awaiting a response, per peer, and handlers waiting (in a task) per inbound stream;
     # a request answered without waiting never counts against the second.
     request_inflight_count_max: int = 4096
-    request_timeout_ms_max: int = 300_000
+    request_timeout_ms_max: int = TIMEOUT_MS_PEER_REQUEST_MAX
     # Time from opening a stream to the peer's hello before the attempt counts as failed.
     connect_timeout_ms: int = 2_000
     reconnect_backoff_ms_min: int = 20

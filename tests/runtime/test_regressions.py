@@ -804,3 +804,23 @@ async def test_a_misaddressed_or_malformed_peer_message_is_dropped_not_fatal(tmp
         assert node.counters["peer_messages_refused"] == 4, dict(node.counters)
         outcome = await node.execute(puts({cluster.key_in(owned): b"still here"}))
         assert outcome.status is OutcomeStatus.COMMITTED, outcome
+
+
+# === limits a config may set =======================================================================
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("timeout_ms_peer_request", 400_000),  # past what the transport carries: every transaction failed
+    ("timeout_ms_txn_idle", 10**12),  # an abandoned transaction's locks, held for ever
+    ("timeout_ms_lock_wait", 10**12),
+    ("txn_count_max", 10**12),
+    ("timeout_ms_resend", 10**18),
+    ("timeout_ms_prepare", 10**15),
+])
+def test_a_limit_past_its_bound_is_refused_at_config_load(name: str, value: int):
+    """Every limit had a floor and no ceiling (found by review): a peer request timeout above what
+    the node-to-node transport carries loaded, and then every transaction failed with a 500; huge
+    timers loaded too."""
+    settings = {"node_id": "n0", "peers": "n0=127.0.0.1:7100", "partition_count": 2}
+    with pytest.raises(ValidationError, match=name):
+        load_node_config(environ={}, overrides={**settings, name: value})
