@@ -209,6 +209,11 @@ class EffectRunner:
     # -- storage ---------------------------------------------------------------------------------
     async def _call(self, call: StorageCall, flight: _Flight) -> None:
         partition = flight.partition
+        if partition is None and isinstance(call, _UNFENCED_WRITES) and not self.may_act(call.owner):
+            # Checked again as the call leaves (a tick after it was issued): a stall in between
+            # would otherwise send what the check at issue time let through (see _storage).
+            self.counters["writes_skipped_not_held"] += 1
+            return
         fence = None
         if partition is not None:
             fence = self.fence_of(partition)

@@ -121,3 +121,21 @@ async def test_a_dropped_hosts_read_is_cancelled(harness: _Harness) -> None:
     harness.runner.cancel_owned({PARTITION})
     await harness.settle()
     assert read.cancelled() and harness.fed == []
+
+
+async def test_a_write_storage_cannot_fence_is_not_sent_once_the_lease_ended(harness: _Harness) -> None:
+    """A partition's machine's LogOnce(ABORT) on another partition's log (termination) carries no
+    fence. Let through while the lease held, it is checked again as its task sends it: a node that
+    stalled between the two would otherwise send it after its lease ended."""
+    leases = {PARTITION: True}
+    harness.runner.may_act = lambda host: leases.get(host, True)
+    other = LogId.partition("p1")
+    harness.runner.run([LogOnce(PARTITION, other, TXN, TxnState.ABORT, RecordBody())])
+    leases[PARTITION] = False  # the stall: the lease ends before the call's task runs
+    await harness.settle()
+    assert not harness.store.calls, "sent after the lease ended"
+    assert harness.runner.counters["writes_skipped_not_held"] == 1
+    leases[PARTITION] = True
+    harness.runner.run([LogOnce(PARTITION, other, TXN, TxnState.ABORT, RecordBody())])
+    await asyncio.wait_for(harness.store.arrived.wait(), 5)
+    assert harness.store.fences == [None]
