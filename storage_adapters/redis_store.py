@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -158,6 +159,18 @@ if refused then return {results, redis.call('HGETALL', owner_key)} end
 return {results, {}}
 """
 
+# Prepended to every write script: the caller appends its call's deadline (unix ms) to ARGV, and
+# the script refuses to run past it. Redis runs a call whenever it arrives, and one still on the
+# network (or queued behind a slow server) when its caller was told it failed could otherwise land
+# later: garbage collection's grace counts on calls landing within their deadline plus the clock
+# slack (DESIGN section 4), and a vote landing after its transaction's records were collected
+# would re-create one. Taken off ARGV first, so the script below sees its usual arguments.
+_DEADLINE = """
+local deadline_ms = tonumber(table.remove(ARGV))
+local now = redis.call('TIME')
+if tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) > deadline_ms then return {'LATE'} end
+"""
+
 # Prepended to a script to make its fenced variant: the caller appends the ownership record's key
 # to KEYS and the fence's owner and epoch to ARGV; they are taken off again here, so the script
 # below sees the same KEYS and ARGV as its unfenced form (and unfenced calls pay nothing).
@@ -243,9 +256,13 @@ class RedisStore(LogStore):
     def __init__(self, client: aioredis.Redis, timeout_ms_call: int) -> None:
         super().__init__(timeout_ms_call)
         self._client = client
-        self._scripts = {source: client.register_script(source) for source in (_LOG_ONCE, _LOG, _APPLY_REDO)}
-        self._fenced = {source: client.register_script(_FENCE + source) for source in (_LOG_ONCE, _LOG, _APPLY_REDO)}
-        self._delete_many_script = client.register_script(_DELETE_MANY)
+        self._scripts = {
+            source: client.register_script(_DEADLINE + source) for source in (_LOG_ONCE, _LOG, _APPLY_REDO)
+        }
+        self._fenced = {
+            source: client.register_script(_DEADLINE + _FENCE + source) for source in (_LOG_ONCE, _LOG, _APPLY_REDO)
+        }
+        self._delete_many_script = client.register_script(_DEADLINE + _DELETE_MANY)
         self._write_owner_script = client.register_script(_WRITE_OWNER)
         # The hot scripts go over one pipelined connection (resp_pipe.py); None: a TLS or Unix
         # socket URL, where they go through redis-py like every other call.
@@ -305,9 +322,18 @@ class RedisStore(LogStore):
         return reply
 
     async def _script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        """Run a write script (every one starts with _DEADLINE) within the call's deadline, which
+        the script also enforces on its side."""
+        deadline_ms = int((time.time() + self._timeout_s) * 1000)
+        args = [*args, deadline_ms]
         if self._pipe is None:
-            return await script(keys=keys, args=args)
-        return await self._pipe.evalsha(script.sha, script.script, keys, args, self._timeout_s)
+            reply = await script(keys=keys, args=args)
+        else:
+            reply = await self._pipe.evalsha(script.sha, script.script, keys, args, self._timeout_s)
+        if isinstance(reply, list) and reply == [b"LATE"]:
+            # Its caller has been told it failed, or is about to be (clocks differ a little).
+            raise StorageUnavailable("redis refused a call that reached it past its deadline")
+        return reply
 
     async def _log_once(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None

@@ -13,8 +13,10 @@ import pytest
 from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
+from storage_adapters.redis_store import RedisStore
 from tests.conftest import Services
 from tests.storage.servers import HoldingProxy
+from tests.worker import redis_db_bench
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
 
@@ -112,3 +114,31 @@ async def test_a_late_data_write_of_an_azure_apply_never_undoes_a_later_write(
         proxy.close()
         await direct.delete_container()  # type: ignore[attr-defined]
         await direct.close()
+
+
+async def test_a_redis_write_that_arrives_past_its_deadline_is_refused(services: Services) -> None:
+    """A write still on its way when its caller's deadline passes must not land later: the
+    garbage collection grace counts on calls landing within their deadline (plus the clock slack),
+    and a vote landing after its transaction was collected would re-create its record. Redis
+    runs the call whenever it arrives, so the script itself refuses it past the deadline."""
+    base_url = services.redis_url.rsplit("/", 1)[0]
+    port = int(base_url.rsplit(":", 1)[1])
+    database = redis_db_bench()
+    proxy = await HoldingProxy(port, lambda chunk: b"EVALSHA" in chunk, 1.5).start()
+    store = await RedisStore.open(f"redis://127.0.0.1:{proxy.port}/{database}", timeout_ms_call=500)
+    checks = await RedisStore.open(f"{base_url}/{database}", timeout_ms_call=DEADLINE_MS_CHECKS)
+    log = LogId.partition(f"late-{uuid.uuid4().hex[:8]}")
+    try:
+        proxy.holding = True
+        with pytest.raises(StorageUnavailable):
+            await store.log_once(log, "t1", TxnState.VOTE_YES, RecordBody((log.name,), "n1", b"redo"))
+        proxy.holding = False
+        await asyncio.sleep(2.0)  # the held call has reached Redis by now
+        assert proxy.held_count >= 1
+        assert await checks.read(log, "t1") is None, "a call that timed out landed later"
+        after = await store.log_once(log, "t2", TxnState.VOTE_YES, RecordBody((log.name,), "n1", b"redo"))
+        assert after.created  # and calls in time still land
+    finally:
+        await store.close()
+        await checks.close()
+        proxy.close()
