@@ -61,6 +61,9 @@ from storage_adapters.contract import NODE_ID_LENGTH_MAX, validate_id
 
 logger = logging.getLogger(__name__)
 
+# Inbound connections allowed beyond two per peer (probes, tools).
+INBOUND_SPARE_COUNT = 8
+
 PEER_COUNT_MAX = 1024
 PORT_MAX = 65535
 _LENGTH_BYTES = 4
@@ -101,6 +104,9 @@ class TransportLimits:
     # queued until the next message to that peer takes it along, or this long: alone it would
     # cost a write, and a wake-up and a read at the peer, of its own.
     may_wait_delay_ms_max: int = 5
+    # A frame (the hello too) must arrive whole within this long of its first byte: a connection
+    # that announces a large frame and drips it, never silent, would hold that memory for ever.
+    frame_timeout_ms: int = 10_000
 
     def __post_init__(self) -> None:
         assert 1 <= self.send_queue_count_max <= 1_000_000
@@ -117,6 +123,7 @@ class TransportLimits:
         assert self.close_grace_ms >= 0
         # Well below the protocol's resend timeouts (100 ms by default): a late ack must not look lost.
         assert 0 <= self.may_wait_delay_ms_max <= 50
+        assert self.frame_timeout_ms >= 1
 
 
 class MessageTooLarge(ValueError):
@@ -160,6 +167,7 @@ class InboundCounters:
     overload_count: int = 0
     request_expired_count: int = 0
     response_drop_count: int = 0
+    refused_connection_count: int = 0  # past inbound_connection_count_max
     # Responses written back on inbound connections.
     frame_sent_count: int = 0
     item_sent_count: int = 0
@@ -273,6 +281,7 @@ class _FrameConnection(asyncio.Protocol):
         self._buffer = bytearray()
         self._reason = ""
         self._last_read_s = self._last_write_s = time.monotonic()
+        self._partial_since_s: float | None = None  # when the frame still incomplete began
         self._heartbeat: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol ---
@@ -308,6 +317,10 @@ class _FrameConnection(asyncio.Protocol):
                 return
             self.on_frame(frame)
         del buffer[:position]
+        if not buffer:
+            self._partial_since_s = None
+        elif position or self._partial_since_s is None:
+            self._partial_since_s = self._last_read_s  # a new frame began in this read
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -353,6 +366,9 @@ class _FrameConnection(asyncio.Protocol):
         if silent_ms > limits.keepalive_interval_ms + limits.keepalive_timeout_ms:
             self.fail(f"nothing heard from the peer for {silent_ms:.0f} ms")
             return
+        if self._partial_since_s is not None and (now - self._partial_since_s) * 1000 > limits.frame_timeout_ms:
+            self.fail(f"a frame took more than {limits.frame_timeout_ms} ms to arrive")
+            return
         # Every half interval, so the peer hears something well within its interval + timeout.
         if (now - self._last_write_s) * 1000 >= limits.keepalive_interval_ms / 2:
             self._transport.write(_HEARTBEAT)
@@ -378,6 +394,13 @@ def _flush(
 
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
+
+
+class _Refused(asyncio.Protocol):
+    """An inbound connection past the limit: closed as soon as it is made."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 class _LinkBroken(Exception):
@@ -736,6 +759,9 @@ class PeerTransport(Transport):
         self._loop: asyncio.AbstractEventLoop | None = None  # start() keeps it
         self._server: asyncio.Server | None = None
         self._inbound: set[_InboundStream] = set()
+        # Each peer keeps one connection to us (two while it reconnects); the spare ones are for
+        # probes (a status check with nothing but a socket). Past it a connection is closed at once.
+        self.inbound_connection_count_max = 2 * len(self._peer_addresses) + INBOUND_SPARE_COUNT
         self._self_pending_count = 0
         self._closed = False
         self.bound_port = 0
@@ -754,6 +780,9 @@ class PeerTransport(Transport):
         host, port = parse_address(self.listen_address)
 
         def accept() -> asyncio.Protocol:
+            if len(self._inbound) >= self.inbound_connection_count_max:
+                self.inbound.refused_connection_count += 1
+                return _Refused()
             stream = _InboundStream(self)
             self._inbound.add(stream)
             return stream.connection

@@ -8,6 +8,8 @@ speed (the bench does).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -566,3 +568,41 @@ async def test_a_may_wait_message_alone_still_leaves(
     a.send("b", Vote(txn="alone", partition="p", yes=True), may_wait=True)
     sender, message = await received_b.next_message()  # after the 50 ms bound, not never
     assert sender == "a" and message == Vote(txn="alone", partition="p", yes=True)
+
+
+async def test_a_frame_dripped_slowly_ends_its_connection(
+    local_pair: tuple[PeerTransport, PeerTransport, Recorder],
+) -> None:
+    """A connection that announces a large frame and sends it a byte at a time, never falling
+    silent, held that memory for ever (only silence ended a connection): a frame must arrive
+    whole within frame_timeout_ms of its first byte."""
+    _, b, _ = local_pair
+    b.limits = dataclasses.replace(b.limits, frame_timeout_ms=300, keepalive_interval_ms=200)
+    reader, writer = await _raw_connection(b.listen_address)
+    writer.write((60_000).to_bytes(4, "big") + b"x" * 1000)
+    started = time.monotonic()
+    ended = False
+    while time.monotonic() - started < 5:
+        writer.write(b"x")  # never silent
+        await asyncio.sleep(0.05)
+        if reader.at_eof() or writer.is_closing():
+            ended = True
+            break
+        with contextlib.suppress(TimeoutError):
+            if await asyncio.wait_for(reader.read(1), 0.01) == b"":
+                ended = True
+                break
+    writer.close()
+    assert ended, "the dripping connection is still open after 5 s"
+
+
+async def test_inbound_connections_past_the_limit_are_refused(
+    local_pair: tuple[PeerTransport, PeerTransport, Recorder],
+) -> None:
+    _, b, _ = local_pair
+    allowed = b.inbound_connection_count_max
+    opened = [await _raw_connection(b.listen_address) for _ in range(allowed + 3)]
+    await asyncio.sleep(0.2)
+    assert len(b._inbound) <= allowed
+    for _, writer in opened:
+        writer.close()
