@@ -16,6 +16,7 @@ never aborts the interactive transaction it names.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -419,6 +420,20 @@ class _ExecuteFastPath:
         await response(scope, receive, send)
 
 
+def _key_named_twice(body: bytes) -> str | None:
+    """A name that some object of the (already validated) JSON `body` holds twice, or None."""
+    twice: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        names = [name for name, _ in items]
+        if len(set(names)) != len(names):
+            twice.append(next(name for name in names if names.count(name) > 1))
+        return dict(items)
+
+    json.loads(body, object_pairs_hook=pairs)
+    return twice[0] if twice else None
+
+
 def _replay(body: bytes) -> Callable[[], Awaitable[Any]]:
     """A `receive` that hands the app a body already read, then reports the client gone."""
     sent = False
@@ -566,8 +581,14 @@ def _fastapi_app(node: Node, metrics: Metrics | None) -> FastAPI:
               openapi_extra={"requestBody": {"content": {"application/json": {"examples": {
                   "write": {"value": {"writes": {"alice": "90", "bob": "110"}}},
                   "delete": {"value": {"writes": {"carol": None}}}}}}}})
-    async def write(txn: TxnId, body: WriteIn) -> Any:
+    async def write(txn: TxnId, body: WriteIn, request: Request) -> Any:
         with txn_context(txn):
+            twice = _key_named_twice(await request.body())
+            if twice is not None:
+                # JSON lets an object name a key twice and the parser kept one value: which one
+                # the client meant is unknown, so nothing is written (gRPC refuses it too).
+                raise RequestValidationError([{"loc": ("body", "writes"), "msg": f"key {twice!r} is written twice",
+                                               "type": "value_error"}])
             check_op_count(len(body.writes))
             writes = {k: None if v is None else v.encode("utf-8") for k, v in body.writes.items()}
             # Only this request's writes: earlier ones of the same transaction are not visible here.

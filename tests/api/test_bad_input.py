@@ -140,6 +140,10 @@ IN_TXN = [
         status=400, words=(f"{OP_COUNT_MAX + 1} operations",)),
     Bad("write: malformed JSON", "POST", "/v1/txn/{txn}/write", raw=b'{"writes": {"a": "b",}}',
         words=("JSON decode error",)),
+    # JSON allows a name twice in an object, and a parser keeps one of them: which value the
+    # client meant is unknown (gRPC refuses the same write too).
+    Bad("write: a key twice", "POST", "/v1/txn/{txn}/write", raw=b'{"writes": {"dup": "1", "dup": "2"}}',
+        words=("dup", "twice")),
     Bad("read: no keys", "POST", "/v1/txn/{txn}/read", {"keys": []}, words=("keys", "at least 1")),
     Bad("read: keys not a list", "POST", "/v1/txn/{txn}/read", {"keys": "{key}"}, words=("keys", "list")),
     Bad("read: too many", "POST", "/v1/txn/{txn}/read", {"keys": ["{key}"] * (OP_COUNT_MAX + 1)}, status=400,
