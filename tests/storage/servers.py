@@ -86,13 +86,15 @@ def azurite_connection_string(services: Services, port: int) -> str:
 class HoldingProxy:
     """A loopback TCP proxy in front of a server that, while `holding`, holds each client chunk
     `holds(chunk)` picks for `hold_s` before passing it on: a request still on the network when its
-    caller's deadline passes, which lands later."""
+    caller's deadline passes, which lands later. While `swallowing`, a new connection is read and
+    never answered (a server that accepted it and went silent)."""
 
     def __init__(self, upstream_port: int, holds: Callable[[bytes], bool], hold_s: float) -> None:
         self.upstream_port = upstream_port
         self.holds = holds
         self.hold_s = hold_s
         self.holding = False
+        self.swallowing = False
         self.held_count = 0
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -107,6 +109,11 @@ class HoldingProxy:
             self._server.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.swallowing:
+            while await reader.read(1 << 20):
+                pass
+            writer.close()
+            return
         upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         await asyncio.gather(self._pump(reader, upstream_writer, True), self._pump(upstream_reader, writer, False))
 

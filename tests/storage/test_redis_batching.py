@@ -18,6 +18,7 @@ from storage_adapters.redis_store import CONNECTION_COUNT_MAX, RedisStore
 from storage_adapters.resp_pipe import RespAddress, RespPipe
 from tests.conftest import Services
 from tests.storage.conftest import TIMEOUT_MS_CALL_TEST
+from tests.storage.servers import HoldingProxy
 from tests.worker import free_port, redis_db_bench
 
 RACER_COUNT = 60
@@ -237,30 +238,9 @@ async def test_a_connect_whose_select_never_came_back_leaves_no_call_behind(serv
     database = redis_db_bench()  # this worker's, and not 0: the pipe sends a SELECT
     assert database != 0
     base_url = services.redis_url.rsplit("/", 1)[0]
-    host, port = base_url.split("//", 1)[1].split(":")
-    swallow = [True]
-
-    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except OSError:
-            pass
-        finally:
-            writer.close()
-
-    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if swallow[0]:
-            while await reader.read(65536):
-                pass  # read, never answered
-            writer.close()
-            return
-        upstream_reader, upstream_writer = await asyncio.open_connection(host, int(port))
-        await asyncio.gather(pump(reader, upstream_writer), pump(upstream_reader, writer))
-
-    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
-    proxy_port = server.sockets[0].getsockname()[1]
+    proxy = await HoldingProxy(int(base_url.rsplit(":", 1)[1]), lambda _: False, 0).start()
+    proxy.swallowing = True
+    proxy_port = proxy.port
     client = aioredis.Redis.from_url(f"redis://127.0.0.1:{proxy_port}/{database}")
     store = RedisStore(client, SILENT_TIMEOUT_MS)  # by hand: open() would PING through the proxy
     store._pipe = RespPipe(RespAddress("127.0.0.1", proxy_port, database), SILENT_TIMEOUT_MS)
@@ -272,7 +252,7 @@ async def test_a_connect_whose_select_never_came_back_leaves_no_call_behind(serv
         queued = asyncio.ensure_future(store.log_once(log, f"{ns}.queued", TxnState.VOTE_YES, body(log.name)))
         outcomes = await asyncio.gather(first, queued, return_exceptions=True)
         assert all(isinstance(outcome, StorageUnavailable) for outcome in outcomes), outcomes
-        swallow[0] = False
+        proxy.swallowing = False
         for index in range(3):
             txn = f"{ns}.after{index}"
             state = TxnState.VOTE_YES if index % 2 == 0 else TxnState.ABORT
@@ -282,4 +262,4 @@ async def test_a_connect_whose_select_never_came_back_leaves_no_call_behind(serv
     finally:
         await store.close()
         await direct.aclose()
-        server.close()
+        proxy.close()
