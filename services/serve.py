@@ -28,8 +28,18 @@ from storage_adapters.store import LogStore
 
 log = logging.getLogger("cornus.serve")
 
-# How long a clean shutdown may take before the process just exits.
+# A clean shutdown, part by part, each with a budget of its own: the node's own stop (delivering
+# the decisions it coordinates, releasing its partitions) must run whatever the APIs' shutdown took.
+# The REST API finishes its requests for up to this long.
 SHUTDOWN_TIMEOUT_S = 10.0
+# Then the public gRPC API (its in-flight calls get 2 s, then its commits that outlived their
+# caller run on in the node, whose stop waits for their decisions).
+SHUTDOWN_TIMEOUT_S_GRPC = 5.0
+# Then the node: up to 5 s delivering decisions and 2 s releasing partitions, and its tasks.
+SHUTDOWN_TIMEOUT_S_NODE = 10.0
+SHUTDOWN_TIMEOUT_S_STORE = 2.0
+# All of it: the chart's terminationGracePeriodSeconds must exceed this.
+SHUTDOWN_BUDGET_S = SHUTDOWN_TIMEOUT_S + SHUTDOWN_TIMEOUT_S_GRPC + SHUTDOWN_TIMEOUT_S_NODE + SHUTDOWN_TIMEOUT_S_STORE
 # A node that starts while its storage cannot be reached (a network blip, storage restarting, a
 # node restarted in the middle of a partition) tries again with backoff for this long before it
 # gives up and exits for its supervisor: a node without storage can do nothing, but exiting at the
@@ -103,11 +113,15 @@ async def serve(config: NodeConfig) -> None:
             async with asyncio.timeout(SHUTDOWN_TIMEOUT_S):
                 await api
     finally:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(SHUTDOWN_TIMEOUT_S):
-                if grpc_api is not None:
+        if grpc_api is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SHUTDOWN_TIMEOUT_S_GRPC):
                     await grpc_api.stop()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SHUTDOWN_TIMEOUT_S_NODE):
                 await node.stop()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SHUTDOWN_TIMEOUT_S_STORE):
                 await store.close()
 
 
