@@ -39,6 +39,10 @@ output "helm_values" {
         "eks.amazonaws.com/role-arn" = aws_iam_role.cornus.arn
       }
     }
+    timeouts = {
+      # Minutes: DynamoDB cannot refuse a write that arrives late (docs/deploy.md section 5).
+      gc_grace_ms = 300000
+    }
     devRedis = {
       enabled = false
     }

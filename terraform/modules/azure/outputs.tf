@@ -38,8 +38,9 @@ output "helm_values" {
       }
     }
     timeouts = {
-      # At least 2 * timeoutMsCall + clock_slack_ms (1000 by default), or the chart refuses it.
-      gc_grace_ms = 20000
+      # At least 2 * timeoutMsCall + clock_slack_ms (1000 by default), or the chart refuses it;
+      # minutes, since Azure cannot refuse a write that arrives late (docs/deploy.md section 5).
+      gc_grace_ms = 300000
     }
     devRedis = {
       enabled = false
