@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -58,6 +59,8 @@ from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogSto
 
 TIMEOUT_MS_CALL_DEFAULT = 5_000
 CONNECTION_COUNT_MAX = 64
+log = logging.getLogger("cornus.storage.redis")
+
 TXN_PREFIX = "cxtxn"
 DATA_PREFIX = "cxdata"
 OWNER_PREFIX = "cxown"
@@ -197,6 +200,10 @@ end
 return {matches and 1 or 0, redis.call('HGETALL', KEYS[1])}
 """
 
+# A LATE answer this long before the call's deadline by the node's clock is Redis's clock running
+# ahead: logged as an error (clock_slack_ms, 1 s by default, is the skew the protocol allows).
+CLOCK_SKEW_MS_WARN = 1_000
+
 # A stored state as Redis answers it (a dict lookup: TxnState(...) is two Python calls).
 _STATES = {state.value.encode(): state for state in TxnState}
 # The calls whose scripts go over the pipelined connection, which bounds each by its own timer.
@@ -331,7 +338,13 @@ class RedisStore(LogStore):
         else:
             reply = await self._pipe.evalsha(script.sha, script.script, keys, args, self._timeout_s)
         if isinstance(reply, list) and reply == [b"LATE"]:
-            # Its caller has been told it failed, or is about to be (clocks differ a little).
+            early_ms = deadline_ms - time.time() * 1000
+            if early_ms > CLOCK_SKEW_MS_WARN:
+                # Answered well before the deadline by this node's clock: Redis's clock is ahead,
+                # and past the call deadline every write fails so. Said loudly, since only fixing
+                # the clocks (NTP) helps.
+                log.error("redis refused a call as past its deadline %.0f ms before that deadline here: its "
+                          "clock is ahead of this node's by more than that", early_ms)
             raise StorageUnavailable("redis refused a call that reached it past its deadline")
         return reply
 

@@ -6,10 +6,12 @@ request (tests/storage/servers.py HoldingProxy)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 
 import pytest
 
+from storage_adapters import redis_store
 from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
@@ -142,3 +144,23 @@ async def test_a_redis_write_that_arrives_past_its_deadline_is_refused(services:
         await store.close()
         await checks.close()
         proxy.close()
+
+
+async def test_a_node_clock_behind_redis_fails_writes_and_says_why(
+    services: Services, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis judges a call's deadline by its own clock. A node whose clock is behind Redis's by more
+    than the call deadline has every write refused as late: that must be said, naming the clocks,
+    not only fail."""
+    base_url = services.redis_url.rsplit("/", 1)[0]
+    store = await RedisStore.open(f"{base_url}/{redis_db_bench()}", timeout_ms_call=DEADLINE_MS)
+    real_time = redis_store.time.time
+    monkeypatch.setattr(redis_store.time, "time", lambda: real_time() - 3600)  # an hour behind
+    log = LogId.partition(f"skew-{uuid.uuid4().hex[:8]}")
+    try:
+        with caplog.at_level(logging.ERROR, logger="cornus.storage.redis"), pytest.raises(StorageUnavailable):
+            await store.log_once(log, "t1", TxnState.VOTE_YES, RecordBody((log.name,), "n1", b"redo"))
+    finally:
+        monkeypatch.undo()
+        await store.close()
+    assert "clock is ahead" in caplog.text, caplog.text
