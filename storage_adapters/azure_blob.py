@@ -73,6 +73,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import contextlib
 import json
 import time
@@ -186,6 +187,8 @@ def _dotted_prefixes(txn: str) -> list[str]:
     return [txn[: i + 1] for i, char in enumerate(txn[:-1]) if char == "."]
 
 
+# Data blob ETags remembered per store (about 200 bytes each).
+DATA_ETAG_COUNT_MAX = 100_000
 # A deleted value's blob stays, as a tombstone, so that a later write can be conditional on it.
 _DELETED = "deleted"
 _TOMBSTONE = {_DELETED: "1"}
@@ -340,6 +343,11 @@ class AzureBlobStore(LogStore):
         self._service = service
         self._container = container
         self._blob_batch_refused = False  # see _delete_many
+        # The ETag of each data blob as this store last wrote or read it: a data write is
+        # conditional on it (see put in _apply_redo), and an owner, the only writer of its keys,
+        # mostly knows it, so the write costs one request, not a read first. A stale entry (the
+        # partition was written elsewhere meanwhile) only fails that write, which drops it.
+        self._data_etags: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
 
     @classmethod
     async def open(
@@ -614,6 +622,7 @@ class AzureBlobStore(LogStore):
                 value = await downloader.readall()
             except ResourceNotFoundError:
                 return None
+            self._remember_etag((partition, key), downloader.properties.etag)
             return None if (downloader.properties.metadata or {}).get(_DELETED) else value
 
         values = await _gather_bounded([lambda key=key: get(key) for key in unique])
@@ -625,27 +634,31 @@ class AzureBlobStore(LogStore):
         log = LogId.partition(partition)
 
         async def put(key: str, value: bytes | None) -> None:
-            # Over the blob as it stands now only (see the module docstring): a late write of an
-            # earlier attempt is refused, not left to undo a later transaction's.
+            # Over the blob as this store knows it only (see the module docstring): a late write
+            # of an earlier attempt is refused, not left to undo a later transaction's. A blob it
+            # knows nothing of is first written as a new one (If-None-Match: *); one that exists
+            # is read for its ETag then.
             blob = self._container.get_blob_client(_data_name(partition, key))
-            try:
-                etag: str | None = (await blob.get_blob_properties()).etag
-            except ResourceNotFoundError:
-                etag = None
+            known = (partition, key)
+            etag = self._data_etags.pop(known, None)  # put back below once written
             content, metadata = (b"", _TOMBSTONE) if value is None else (value, None)
             try:
-                if etag is None:  # If-None-Match: *
-                    await blob.upload_blob(content, overwrite=False, metadata=metadata)
-                else:
-                    await blob.upload_blob(content, overwrite=True, metadata=metadata, etag=etag,
-                                           match_condition=MatchConditions.IfNotModified)
+                if etag is None:
+                    try:
+                        written = await blob.upload_blob(content, overwrite=False, metadata=metadata)
+                    except ResourceExistsError:
+                        etag = (await blob.get_blob_properties()).etag
+                if etag is not None:
+                    written = await blob.upload_blob(content, overwrite=True, metadata=metadata, etag=etag,
+                                                     match_condition=MatchConditions.IfNotModified)
             except (ResourceModifiedError, ResourceExistsError) as error:
-                # Changed since this attempt read it: nobody else writes a locked key, so a write
-                # of an earlier attempt of this apply landed. Which one landed last is unknown:
-                # the participant applies again, over what it reads then.
+                # Changed since this store last saw it: nobody else writes a locked key, so a write
+                # of an earlier attempt of this apply landed (or another owner's, before this one
+                # took the partition). The participant applies again, over what it reads then.
                 raise StorageUnavailable(
                     f"azure_blob: apply_redo {log.key}/{txn}: data blob of {key!r} changed under the apply"
                 ) from error
+            self._remember_etag(known, written["etag"])
 
         # The fence is checked once, before any data is written: the data writes are the ones
         # that could clobber a new owner's, and checking again before the marker would not
@@ -674,6 +687,14 @@ class AzureBlobStore(LogStore):
         raise StorageUnavailable(
             f"azure_blob: apply_redo {log.key}/{txn} lost {ETAG_RETRY_COUNT_MAX} ETag races in a row"
         )
+
+    def _remember_etag(self, known: tuple[str, str], etag: str | None) -> None:
+        if etag is None:
+            return
+        self._data_etags[known] = etag
+        self._data_etags.move_to_end(known)
+        while len(self._data_etags) > DATA_ETAG_COUNT_MAX:
+            self._data_etags.popitem(last=False)
 
     @staticmethod
     def _check_appliable(log: LogId, txn: str, stored: _Stored | None) -> None:
