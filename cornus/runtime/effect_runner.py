@@ -161,14 +161,6 @@ class EffectRunner:
         if _is_vote_write(effect):
             self.failpoints.hit("participant.before_log_vote")
         flight = _Flight(effect.owner, fenced_partition(effect))
-        if flight.partition is None and isinstance(effect, _UNFENCED_WRITES) and not self.may_act(effect.owner):
-            # A write storage cannot fence (termination's LogOnce(ABORT) on another partition's
-            # log), by a partition's machine whose lease ended: issued now, it could land after
-            # the new owner finished the transaction and its records were collected, and
-            # re-create one saying ABORT beside a returned COMMIT (DESIGN section 4's GC rule
-            # counts only calls issued while the lease held).
-            self.counters["writes_skipped_not_held"] += 1
-            return
         self._track(self._running_loop().create_task(self._call(effect, flight)), flight)
 
     def _start_timer(self, effect: StartTimer) -> None:
@@ -210,8 +202,13 @@ class EffectRunner:
     async def _call(self, call: StorageCall, flight: _Flight) -> None:
         partition = flight.partition
         if partition is None and isinstance(call, _UNFENCED_WRITES) and not self.may_act(call.owner):
-            # Checked again as the call leaves (a tick after it was issued): a stall in between
-            # would otherwise send what the check at issue time let through (see _storage).
+            # A write storage cannot fence (termination's LogOnce(ABORT) on another partition's
+            # log), by a partition's machine whose lease ended: sent now, it could land after the
+            # new owner finished the transaction and its records were collected, and re-create
+            # one saying ABORT beside a returned COMMIT (DESIGN section 4's GC rule counts only
+            # calls made while the lease held). Checked as the call leaves, in its own task: not
+            # in the middle of the effect list that issued it, where dropping the partition would
+            # pull it from under the effects after this one.
             self.counters["writes_skipped_not_held"] += 1
             return
         fence = None
