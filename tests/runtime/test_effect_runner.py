@@ -13,10 +13,12 @@ import pytest
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
-from cornus.protocol.effects import LogOnce, ReadRecord
+from cornus.protocol.effects import LogOnce, ReadRecord, ReleaseLocks
 from cornus.protocol.events import Event
+from cornus.protocol.locks import Policy
 from cornus.runtime.effect_runner import EffectRunner
 from cornus.runtime.failpoints import Failpoints
+from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.timing import TimingLog
 from storage_adapters.contract import Fence, LogId, LogOnceResult, Record, RecordBody, TxnState
 from storage_adapters.errors import Fenced, StorageUnavailable
@@ -139,3 +141,25 @@ async def test_a_write_storage_cannot_fence_is_not_sent_once_the_lease_ended(har
     harness.runner.run([LogOnce(PARTITION, other, TXN, TxnState.ABORT, RecordBody())])
     await asyncio.wait_for(harness.store.arrived.wait(), 5)
     assert harness.store.fences == [None]
+
+
+async def test_a_lease_found_lapsed_never_drops_a_partition_in_the_middle_of_its_effects(harness: _Harness) -> None:
+    """Asking whether a host may act drops a partition whose lease ran out. Asked while the runner
+    still worked through the effect list that issued an unfenced write, it pulled the partition
+    from under the effects after that write (a KeyError out of the runner): the lease is asked as
+    the write leaves, in its own task."""
+    partitions = {PARTITION: PartitionRuntime(PARTITION, harness.store, Policy.NO_WAIT, 500, 1000)}
+    harness.runner.partitions = partitions
+
+    def lapsed(host: str) -> bool:
+        partitions.pop(PARTITION, None)  # what the node's ownership check does to a lapsed lease
+        return False
+
+    harness.runner.may_act = lapsed
+    harness.runner.run([
+        LogOnce(PARTITION, LogId.partition("p1"), TXN, TxnState.ABORT, RecordBody()),
+        ReleaseLocks(PARTITION, TXN, refuse_later=True),
+    ])
+    await harness.settle()
+    assert not harness.store.calls, "sent after the lease ended"
+    assert harness.runner.counters["writes_skipped_not_held"] == 1
