@@ -430,7 +430,10 @@ def _key_named_twice(body: bytes) -> str | None:
             twice.append(next(name for name in names if names.count(name) > 1))
         return dict(items)
 
-    json.loads(body, object_pairs_hook=pairs)
+    try:
+        json.loads(body, object_pairs_hook=pairs)
+    except ValueError:  # JSON pydantic took and this parser does not (NaN, say): pydantic's call
+        return None
     return twice[0] if twice else None
 
 
