@@ -27,6 +27,7 @@ from cornus.protocol.config import ProtocolConfig
 from cornus.protocol.effects import Effect, RecoveryFinished, RetakeLocks
 from cornus.protocol.events import Event, MessageReceived, Recovered
 from cornus.protocol.hosts import CoordinatorFactory, CoordinatorHost, ParticipantFactory, PartitionHost, ProtocolOf
+from cornus.protocol.messages import Message, Prepare, ReleaseReadOnly
 from cornus.protocol.participant_base import Phase
 from cornus.protocol.recovery import RECOVERY, Recovery
 
@@ -89,6 +90,17 @@ class NodeCore:
 
     def partition_recovered(self, partition: str) -> bool:
         return partition in self.partitions and partition not in self._recovering
+
+    def ends_execution(self, partition: str, message: Message) -> bool:
+        """Whether `message`, addressed to `partition`, ends its transaction's execution phase there:
+        a prepare (or the release of a partition only read) for a transaction no machine runs yet.
+        Not while the partition recovers: its machines are not all rebuilt, and a recovered one
+        would be shadowed by a second, fresh from the execution."""
+        return (
+            isinstance(message, Prepare | ReleaseReadOnly)
+            and self.partition_recovered(partition)
+            and message.txn not in self.partitions[partition].machines
+        )
 
     def add_partition(self, partition: str) -> list[Effect]:
         """This node holds `partition` now: host it, and recover its log before it answers for

@@ -181,7 +181,8 @@ class Admin:
             runtime = self.partitions[partition]
             for txn in runtime.executions:
                 if txn not in host.machines:
-                    idle_ms = round((now - (runtime.idle_since(txn) or now)) * 1000)
+                    since_ms = runtime.idle_since_ms(txn)
+                    idle_ms = 0 if since_ms is None else max(0, round(now * 1000) - since_ms)
                     infos.append(TxnInfo(txn, "participant", partition, "executing", protocol_of(txn), (), idle_ms))
             for txn, machine in host.machines.items():
                 infos.append(TxnInfo(txn, "participant", partition, machine.phase.value, protocol_of(txn),

@@ -27,7 +27,7 @@ from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
 from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.effects import RecoveryFinished
-from cornus.protocol.events import Event, Executed, MessageReceived
+from cornus.protocol.events import Event, MessageReceived
 from cornus.protocol.locks import Policy
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import NodeCore, recovery_owner
@@ -289,19 +289,11 @@ class Node:
         if message.dest not in self.config.peers:
             self.ownership.check(message.dest)  # a lease that ran out drops the partition first
         partition = self.partitions.get(message.dest)
-        if (
-            partition is not None
-            and isinstance(inner, Prepare | ReleaseReadOnly)
-            and self.core.partition_recovered(message.dest)
-            and inner.txn not in self.core.partitions[message.dest].machines
-        ):
-            ended = partition.ended_execution(inner.txn)
-            if ended is not None:
+        if partition is not None and self.core.ends_execution(message.dest, inner):
+            executed = partition.ended_execution(inner.txn, isinstance(inner, ReleaseReadOnly))
+            if executed is not None:
                 # The execution phase ends here: the machine learns what it left, and decides.
-                coordinator, redo = ended
-                read_only = isinstance(inner, ReleaseReadOnly)
-                assert not (read_only and redo), f"{inner.txn} wrote on {message.dest}, which its coordinator read only"
-                self._feed(Executed(inner.txn, message.dest, coordinator, redo, read_only=read_only))
+                self._feed(executed)
         self._feed(MessageReceived(message.source, message.dest, inner))
 
     def _message_problem(self, message: Routed) -> str:
@@ -392,10 +384,10 @@ class Node:
             self.coordination.sweep_idle(self.runner.spawn)
             # Executions outlive their coordinator's idle timeout by as much again: by then the
             # coordinator has aborted (or lost) them. One a machine owns is the machine's.
-            idle_s = 2 * self.config.limits.timeout_ms_txn_idle / 1000
+            idle_ms = 2 * self.config.limits.timeout_ms_txn_idle
             for name, partition in self.partitions.items():
                 machines = self.core.partitions[name].machines
-                self.counters["executions_idled_out"] += partition.sweep_idle(idle_s, machines.__contains__)
+                self.counters["executions_idled_out"] += partition.sweep_idle(idle_ms, machines.__contains__)
 
 
 def _carried_prepare_problem(request: ExecuteRequest) -> str:

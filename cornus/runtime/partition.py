@@ -1,9 +1,7 @@
-"""The execution side of one partition a node owns: strict-2PL locks, the writes each transaction
-buffers until it commits, and a write-through cache of committed data (the owner is the only
-writer of its partition, so its cache is never stale).
-
-The protocol machines decide; this module only runs operations, and applies committed redo,
-takes locks back, releases them and caches data when the machines' effects say so.
+"""The execution side of one partition a node owns, as I/O around the core's rules
+(cornus.protocol.execution: locks, buffered writes, refusals, the owner's write-through cache):
+it runs a request's operations, waits for a lock under WAIT_DIE, reads storage on a cache miss,
+and applies committed redo when the machines' effects say so.
 """
 
 from __future__ import annotations
@@ -13,10 +11,10 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from cornus.protocol.locks import Grant, LockMode, LockTable, Policy, Waiter
-from cornus.protocol.txn_ids import begin_ms_of
+from cornus.protocol.events import Executed
+from cornus.protocol.execution import Execution, PartitionExecutions, Refusal
+from cornus.protocol.locks import Grant, LockMode, Policy, Waiter
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind, validate_op
 from storage_adapters.contract import Fence
@@ -24,23 +22,6 @@ from storage_adapters.errors import StorageUnavailable, ValidationError
 from storage_adapters.store import LogStore
 
 log = logging.getLogger("cornus.partition")
-
-# Committed values kept in memory per partition; least recently used go first.
-CACHE_KEY_COUNT_MAX = 100_000
-# Transactions remembered as aborted here, so a late execute for one is refused, not restarted.
-ABORTED_REMEMBERED_COUNT_MAX = 10_000
-
-
-@dataclass(slots=True)
-class Execution:
-    """A transaction's state on this partition between its first operation and its prepare."""
-
-    coordinator: str
-    writes: dict[str, bytes | None] = field(default_factory=dict)
-    # Keys a one-shot's request only read, in order: its vote comes before the transaction's last
-    # lock elsewhere, so its redo names them for recovery to lock again (redo.py).
-    reads: dict[str, None] = field(default_factory=dict)
-    last_active_s: float = field(default_factory=time.monotonic)
 
 
 class PartitionRuntime:
@@ -52,12 +33,12 @@ class PartitionRuntime:
         # cache_hits and cache_misses: the node's counters, so metrics and `cornus bench` see them.
         self.counters: collections.Counter[str] = counters if counters is not None else collections.Counter()
         self.store = store
-        self.locks = LockTable(policy, timeout_ms_lock_wait)
+        self.state: PartitionExecutions[bytes] = PartitionExecutions(name, redo_codec, policy, timeout_ms_lock_wait)
+        # The core's own objects, never rebound: what admin listings and tests look at.
+        self.locks = self.state.locks
+        self.executions = self.state.executions
         self.timeout_ms_lock_wait = timeout_ms_lock_wait
         self.op_count_max = op_count_max
-        self.executions: dict[str, Execution] = {}
-        self._aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._cache: collections.OrderedDict[str, bytes | None] = collections.OrderedDict()
         self._waiters: dict[tuple[str, str], asyncio.Future[Grant]] = {}
 
     # --- execution phase ---------------------------------------------------------------------
@@ -65,12 +46,11 @@ class PartitionRuntime:
     async def execute(self, request: ExecuteRequest) -> ExecuteResponse:
         assert request.partition == self.name
         txn = request.txn
+        state = self.state
         if request.abort:
             # Remembered: a request of the transaction still on its way must not start it again.
             self.abort_execution(txn)
             return ExecuteResponse(ExecuteStatus.OK)
-        if txn in self._aborted:
-            return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} was aborted on {self.name}")
         if len(request.ops) > self.op_count_max:
             detail = f"{len(request.ops)} ops, the limit is {self.op_count_max}"
             return ExecuteResponse(ExecuteStatus.INVALID, detail=detail)
@@ -79,27 +59,27 @@ class PartitionRuntime:
                 validate_op(op)
         except ValidationError as error:
             return ExecuteResponse(ExecuteStatus.INVALID, detail=str(error))
-        execution = self.executions.get(txn)
-        if execution is None and request.continued:
-            self.abort_execution(txn)
+        now_ms = _now_ms()
+        execution = state.begin(txn, request.coordinator, now_ms, continued=request.continued)
+        if execution is Refusal.ABORTED:
+            return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} was aborted on {self.name}")
+        if execution is Refusal.STATE_LOST:
+            self._wake_own_waiters(txn)
             return ExecuteResponse(
                 ExecuteStatus.ABORTED, detail=f"{self.name} lost the execution state of {txn} (it restarted)"
             )
-        if execution is None:
-            execution = self.executions[txn] = Execution(request.coordinator)
-            self.locks.register(txn, begin_ms_of(txn))
-        execution.last_active_s = time.monotonic()
-        begin_ms = begin_ms_of(txn)
+        assert isinstance(execution, Execution)
         for op in request.ops:
             mode = LockMode.EXCLUSIVE if op.kind is OpKind.PUT or op.kind is OpKind.DELETE else LockMode.SHARED
-            grant = self.locks.acquire(txn, op.key, mode, begin_ms, _now_ms())
+            grant = state.lock(txn, op.key, mode, now_ms)
             if grant is Grant.WAITING:  # a coroutine only for a wait: most locks are free
                 grant = await self._wait_for_lock(txn, op.key)
+                now_ms = _now_ms()
             if grant is not Grant.GRANTED:
                 self.abort_execution(txn)
                 detail = f"key {op.key!r} is locked by another transaction"
                 return ExecuteResponse(ExecuteStatus.CONFLICT, detail=detail)
-            if txn not in self.executions:
+            if not state.is_current(txn, execution):
                 # Dropped while we waited (the coordinator aborted): do not resurrect it.
                 self._release_locks(txn)
                 return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} was aborted on {self.name}")
@@ -110,7 +90,7 @@ class PartitionRuntime:
         except StorageUnavailable as error:
             self.abort_execution(txn)
             return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=str(error))
-        if txn not in self.executions:
+        if not state.is_current(txn, execution):
             self._release_locks(txn)
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} was aborted on {self.name}")
         values: list[bytes | None] = []
@@ -130,34 +110,31 @@ class PartitionRuntime:
                 return ExecuteResponse(ExecuteStatus.CHECK_FAILED, detail=f"check of key {op.key!r} failed")
         return ExecuteResponse(ExecuteStatus.OK, tuple(values))
 
-    async def _read_for(self, txn: str, execution: Execution, ops: tuple[Op, ...]) -> dict[str, bytes | None]:
+    async def _read_for(
+        self, txn: str, execution: Execution[bytes], ops: tuple[Op, ...],
+    ) -> dict[str, bytes | None]:
         """The committed value of every key `ops` read that the execution's own writes do not hold
         yet: from the cache, then one storage call for the misses."""
         writes = execution.writes
         committed: dict[str, bytes | None] = {}
         missing: dict[str, None] = {}  # ordered and unique
-        cache = self._cache
+        cached = self.state.cached
         for op in ops:
             key = op.key
             if op.kind is OpKind.PUT or op.kind is OpKind.DELETE or key in writes or key in committed:
                 continue
-            if key in cache:
-                cache.move_to_end(key)
-                committed[key] = cache[key]
+            hit, value = cached(key)
+            if hit:
+                committed[key] = value
             else:
                 missing[key] = None
         self.counters["cache_hits"] += len(committed)
         if missing:
             self.counters["cache_misses"] += len(missing)
             found = await self.store.read_data(self.name, list(missing))
-            # What storage answered is the committed value only while this execution's locks kept
-            # every writer off those keys. One dropped while the read was out (an abort, its
-            # partition lost) let a writer commit meanwhile: its answer may be older than that.
-            current = self.executions.get(txn) is execution
+            self.state.read_landed(txn, execution, found)
             for key in missing:
                 committed[key] = found[key]
-                if current:
-                    self._cache_put(key, found[key])
         return committed
 
     async def _wait_for_lock(self, txn: str, key: str) -> Grant:
@@ -186,57 +163,38 @@ class PartitionRuntime:
             if future is not None and not future.done():
                 future.set_result(grant)
 
-    def ended_execution(self, txn: str) -> tuple[str, bytes] | None:
-        """At prepare (or the release of a partition only read): the coordinator and the redo of
-        what `txn` wrote here, empty if it only read; None if its execution state is gone. The
-        execution stays until the machine releases it, with its locks."""
-        execution = self.executions.get(txn)
-        if execution is None:
-            return None
-        writes = execution.writes
-        reads = [key for key in execution.reads if key not in writes]
-        return execution.coordinator, redo_codec.encode(writes, reads) if writes or reads else b""
+    def ended_execution(self, txn: str, read_only: bool) -> Executed | None:
+        """At prepare (or the release of a partition only read): the event that tells the machine
+        what the execution left; None if its state is gone."""
+        return self.state.ended(txn, read_only)
 
     def abort_execution(self, txn: str) -> None:
         """Abort before prepare: nobody can have voted for it here, so nothing is logged."""
-        self._aborted[txn] = None
-        while len(self._aborted) > ABORTED_REMEMBERED_COUNT_MAX:
-            self._aborted.popitem(last=False)
-        self.drop(txn)
+        self._wake(self.state.abort(txn), Grant.GRANTED)
+        self._wake_own_waiters(txn)
 
-    def drop(self, txn: str) -> None:
-        self.executions.pop(txn, None)
-        self.release(txn)
-
-    def idle_since(self, txn: str) -> float | None:
+    def idle_since_ms(self, txn: str) -> int | None:
         execution = self.executions.get(txn)
-        return None if execution is None else execution.last_active_s
+        return None if execution is None else execution.last_active_ms
 
     # --- commit side -------------------------------------------------------------------------
 
     def retake_locks(self, txn: str, redo: bytes) -> None:
-        """Recovery: lock what an unfinished record will write (and what a one-shot's read),
-        before anyone else can. It voted yes (or committed), so its locks go at the decision:
-        conflicting requests wait."""
-        self.locks.register(txn, begin_ms_of(txn))
-        written, read = redo_codec.lock_keys(redo)
-        for key in written:
-            self.locks.retake(txn, key)
-        for key in read:
-            self.locks.retake(txn, key, LockMode.SHARED)
-        self.locks.mark_prepared(txn)
+        self.state.retake_locks(txn, redo)
 
     def release(self, txn: str) -> None:
-        self.executions.pop(txn, None)
         self._release_locks(txn)
 
     def _release_locks(self, txn: str) -> None:
         # Every release must wake the waiters it grants: a grant nobody hears of would hold the
         # key for a request that never learns it got it.
-        self._wake(self.locks.release(txn), Grant.GRANTED)
+        self._wake(self.state.release(txn), Grant.GRANTED)
+        self._wake_own_waiters(txn)
+
+    def _wake_own_waiters(self, txn: str) -> None:
         if self._waiters:
-            # And its own requests still queued for a lock (the release took them out of the
-            # queue): refused now, not left waiting until their deadline.
+            # The transaction's own requests still queued for a lock (its release took them out of
+            # the queue): refused now, not left waiting until their deadline.
             for (waiter_txn, _), future in list(self._waiters.items()):
                 if waiter_txn == txn and not future.done():
                     future.set_result(Grant.ABORT)
@@ -254,31 +212,24 @@ class PartitionRuntime:
         return applied_now
 
     def cache_redo(self, redo: bytes) -> None:
-        """The machine says this redo is in storage and its keys are still locked by it."""
-        for key, value in redo_codec.decode(redo).items():
-            self._cache_put(key, value)
+        self.state.cache_redo(redo)
 
     def close(self) -> None:
         """The partition is lost: every request waiting for a lock here is refused, now."""
         for future in self._waiters.values():
             if not future.done():
                 future.set_result(Grant.ABORT)
-        self.executions.clear()
+        self.state.close()
 
-    def sweep_idle(self, idle_s: float, busy: Callable[[str], bool]) -> int:
-        """Drop executions idle longer than `idle_s` that no machine owns (`busy`): their
+    def sweep_idle(self, idle_ms: int, busy: Callable[[str], bool]) -> int:
+        """Drop executions idle longer than `idle_ms` that no machine owns (`busy`): their
         coordinator is gone or gave up. Returns how many were dropped."""
-        now = time.monotonic()
-        idle = [txn for txn, e in self.executions.items() if now - e.last_active_s > idle_s and not busy(txn)]
-        for txn in idle:
-            self.abort_execution(txn)
-        return len(idle)
-
-    def _cache_put(self, key: str, value: bytes | None) -> None:
-        self._cache[key] = value
-        self._cache.move_to_end(key)
-        while len(self._cache) > CACHE_KEY_COUNT_MAX:
-            self._cache.popitem(last=False)
+        dropped = 0
+        for txn in self.state.idle(_now_ms(), idle_ms):
+            if self.state.idle_out(txn, busy(txn)):
+                self._wake_own_waiters(txn)
+                dropped += 1
+        return dropped
 
 
 def _now_ms() -> int:

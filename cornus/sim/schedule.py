@@ -10,6 +10,7 @@ arrive long after garbage collection), tiny recovery scan pages, and manual reso
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import zlib
 from dataclasses import dataclass
@@ -102,6 +103,11 @@ class Schedule:
     # owner, or after the coordinator gave up on it.
     late_request_probability: float = 0.0
     late_request_ms: int = 0
+    # A one-shot's storage read (on a miss in the owner's cache) answers this late with this
+    # probability: its execution may be aborted or idle out meanwhile, and another transaction
+    # commit a newer value of the key, which the late answer predates.
+    slow_read_probability: float = 0.0
+    slow_read_ms: int = 0
     scan_page_max: int = 500
     crashes: tuple[Crash, ...] = ()
     outages: tuple[Outage, ...] = ()
@@ -114,6 +120,7 @@ class Schedule:
             assert all(int(p[1:]) < self.partition_count for p, _ in (*plan.writes, *plan.reads))
         assert 0.0 <= self.loss_probability < 1.0
         assert 0.0 <= self.late_request_probability <= 1.0 and self.late_request_ms >= 0
+        assert 0.0 <= self.slow_read_probability <= 1.0 and self.slow_read_ms >= 0
         assert self.delay_ms_max >= 1 and self.storage_ms_max >= 1 and self.scan_page_max >= 1
         for crash in self.crashes:
             assert 0 <= crash.at_ms <= FAULTS_END_MS and crash.down_ms >= 1
@@ -194,6 +201,18 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
     # Not drawn from `rng` either: a schedule in eight holds some one-shot requests up for longer
     # than a restart's recovery takes, from the seed it already has.
     late = seed % 8 == 0
+    # Likewise a schedule in eight answers some cache misses' reads later than an execution's
+    # idle timeout or a coordinator's request deadline.
+    slow_reads = seed % 8 == 4
+    slow_read_ms = 220 + seed % 300
+    if slow_reads:
+        # What a late answer can hurt is a later transaction on the same keys: each one of these
+        # schedules runs its transactions again, once the first runs' reads are out and once
+        # they have landed.
+        txns += [
+            dataclasses.replace(plan, start_ms=plan.start_ms + shift)
+            for shift in (slow_read_ms // 2, slow_read_ms + 100) for plan in list(txns)
+        ]
     return Schedule(
         seed=seed,
         partition_count=partition_count,
@@ -210,4 +229,6 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
         resolves=resolves,
         late_request_probability=0.3 if late else 0.0,
         late_request_ms=200 + seed % 400 if late else 0,
+        slow_read_probability=0.5 if slow_reads else 0.0,
+        slow_read_ms=slow_read_ms if slow_reads else 0,
     )

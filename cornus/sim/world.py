@@ -1,12 +1,14 @@
 """The simulated world: nodes running the very `NodeCore` the runtime runs, a lossy, reordering,
 duplicating network, an in-memory LogStore with outages and calls that land after their caller gave
-up, crashes and restarts through the core's own recovery, manual resolves, and a model of what the
-runtime does outside the core (execution with the shared lock tables, the owner's cache, idle
-executions timing out). All driven by one seeded RNG and a time-ordered queue: a run is a pure
-function of (schedule, config, hooks)."""
+up, crashes and restarts through the core's own recovery, manual resolves, and the core's execution
+state (cornus.protocol.execution: locks, buffered writes, refusals, the owner's cache), around
+which the world plays the runtime's I/O (reads that answer late, idle executions timing out). All
+driven by one seeded RNG and a time-ordered queue: a run is a pure function of (schedule, config,
+hooks)."""
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 import zlib
@@ -42,21 +44,21 @@ from cornus.protocol.effects import (
 from cornus.protocol.events import (
     CommitRequested,
     Event,
-    Executed,
     ExecuteFailed,
     MessageReceived,
     StorageUnreachable,
     TimerFired,
     answer,
 )
+from cornus.protocol.execution import Execution, PartitionExecutions, Refusal
 from cornus.protocol.hosts import CoordinatorFactory, ParticipantFactory
-from cornus.protocol.locks import Grant, LockMode, LockTable
+from cornus.protocol.locks import Grant, LockMode
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import NodeCore
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.participant_blocking import CoordinatorLogParticipant
 from cornus.protocol.resolve import Resolver
-from cornus.protocol.txn_ids import PROTOCOL_TAGS, begin_ms_of, protocol_of
+from cornus.protocol.txn_ids import PROTOCOL_TAGS, protocol_of
 from cornus.sim import redo
 from cornus.sim.schedule import COORDINATORS, FAULTS_END_MS, Schedule, node_of
 from cornus.sim.storage_model import StorageModel, WriteRefused
@@ -77,8 +79,8 @@ TIMEOUT_MS_EXECUTE = 200
 
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
-    _EXECUTE_PREPARED, _EXECUTE_ANSWER,
-) = range(14)
+    _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED,
+) = range(15)
 
 
 def _prune(paths: frozenset[tuple[int, int]]) -> frozenset[tuple[int, int]]:
@@ -96,16 +98,6 @@ def config_for(schedule: Schedule) -> ProtocolConfig:
         gc_grace_ms=max(1000, gc_grace_ms_min(deadline, CLOCK_SLACK_MS)),
         scan_page_count_max=schedule.scan_page_max,
     )
-
-
-@dataclass(slots=True)
-class Execution:
-    """A transaction's state on a partition between its first operation and prepare."""
-
-    coordinator: str
-    redo: bytes
-    vote_yes: bool
-    read_only: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,19 +124,14 @@ class Node:
     incarnation: int = 0
     timers: dict[Timer, int] = field(default_factory=dict)
     timer_generation: int = 0
-    locks: dict[str, LockTable] = field(default_factory=dict)
-    executions: dict[str, dict[str, Execution]] = field(default_factory=dict)
-    cache: dict[tuple[str, str], int] = field(default_factory=dict)
-    # Per partition, the transactions whose execution it refuses (ReleaseLocks.refuse_later).
-    refused: dict[str, set[str]] = field(default_factory=dict)
+    # Per partition, the core's execution state (locks, buffered writes, refusals, the cache),
+    # which the runtime keeps in memory too: a crash loses it.
+    tables: dict[str, PartitionExecutions[int]] = field(default_factory=dict)
     path: frozenset[tuple[int, int]] = frozenset({(0, 0)})
 
     def reset_memory(self) -> None:
         self.timers.clear()
-        self.cache.clear()
-        self.refused = {p: set() for p in self.partitions}
-        self.locks = {p: LockTable() for p in self.partitions}
-        self.executions = {p: {} for p in self.partitions}
+        self.tables = {p: PartitionExecutions(p, redo) for p in self.partitions}
 
     @property
     def ready(self) -> bool:
@@ -320,6 +307,8 @@ class World:
             self._execute_txn(data)
         elif kind == _EXECUTE_PREPARED:
             self._execute_prepared(data)
+        elif kind == _READ_LANDED:
+            self._read_landed(*data)
         elif kind == _EXECUTE_ANSWER:
             name, incarnation, event = data
             node = self.nodes[name]
@@ -349,7 +338,7 @@ class World:
             assert kind == _CHECK
             self._check_liveness()
 
-    # -- the execution phase (the runtime's, outside the core) ------------------------------------
+    # -- the execution phase (the runtime's I/O around the core's execution state) ---------------
     def _execute_txn(self, txn: str) -> None:
         """Take every lock (NO_WAIT), read the current values through the owners' caches, and hand
         the coordinator its commit request; any refusal aborts before commit, as the runtime's
@@ -360,46 +349,50 @@ class World:
         if plan.one_shot:
             self._start_one_shot(txn)
             return
-        taken: list[tuple[Node, str]] = []
+        taken: list[PartitionExecutions[int]] = []
         reads: dict[tuple[str, str], int] = {}
         for partition, key_index in (*plan.writes, *plan.reads):
             node = self.nodes[node_of(partition)]
             key = f"k{key_index}"
             mode = LockMode.EXCLUSIVE if (partition, key_index) in plan.writes else LockMode.SHARED
-            grant = node.locks[partition].acquire(txn, key, mode, plan.start_ms, self.now_ms) if node.ready else None
-            if grant is not Grant.GRANTED:
-                if grant is Grant.WAITING:
-                    node.locks[partition].release(txn)
-                for held_node, held_partition in taken:
-                    held_node.locks[held_partition].release(txn)
-                    held_node.executions[held_partition].pop(txn, None)
+            table = node.tables[partition]
+            execution = self._begin_execution(node, partition, txn) if node.ready else None
+            grant = None if execution is None else table.lock(txn, key, mode, self.now_ms)
+            if execution is None or grant is not Grant.GRANTED:
+                for held in (*taken, *((table,) if execution is not None else ())):
+                    held.abort(txn)
                 return
-            taken.append((node, partition))
-            reads[(partition, key)] = self._read_committed(node, partition, key)
+            taken.append(table)
+            reads[(partition, key)] = self._read_committed(node, partition, key, txn, execution)
         self.outcome.executed.add(txn)
         self.outcome.reads[txn] = reads
-        votes = plan.vote_of
         writes: list[tuple[str, bytes]] = []
         self.outcome.writes[txn] = {}
         for partition, key_index in plan.writes:
             key = f"k{key_index}"
             value = reads[(partition, key)] + 1
             self.outcome.writes[txn][(partition, key)] = value
-            redo_bytes = redo.encode({key: value})
-            writes.append((partition, redo_bytes))
-            self._remember(partition, txn, Execution(plan.coordinator, redo_bytes, votes[partition], False))
-        for partition, _ in plan.reads:
-            self._remember(partition, txn, Execution(plan.coordinator, b"", True, True))
+            self.nodes[node_of(partition)].tables[partition].executions[txn].writes[key] = value
+            writes.append((partition, redo.encode({key: value})))
         self._push(self.now_ms + 1, _COMMIT, (txn, tuple(writes), tuple(p for p, _ in plan.reads)))
+
+    def _begin_execution(self, node: Node, partition: str, txn: str) -> Execution[int] | None:
+        """The core's execution of `txn` on `partition` (None if refused), with its idle timeout."""
+        execution = node.tables[partition].begin(txn, self.plans[txn].coordinator, self.now_ms)
+        if isinstance(execution, Refusal):
+            return None
+        self._push(self.now_ms + EXECUTION_IDLE_MS + 1, _IDLE, (node.name, node.incarnation, partition, txn))
+        return execution
 
     def _start_one_shot(self, txn: str) -> None:
         """The runtime's one-shot with the prepares carried by the requests: the caller names each
-        write's value (the version after the one it expects, read now from the owner's cache),
-        the coordinator's machine starts at once, and each partition's request travels like any
-        message (late, lost, or to a node that is down)."""
+        write's value (the version after the one it expects, read now through the owner's cache, as
+        the caller's own earlier read would be served), the coordinator's machine starts at once,
+        and each partition's request travels like any message (late, lost, or to a node that is
+        down)."""
         plan = self.plans[txn]
         coordinator = self.nodes[plan.coordinator]
-        versions = {p: self._read_committed(self.nodes[node_of(p)], p, f"k{k}") for p, k in plan.writes}
+        versions = {p: self._caller_read(p, f"k{k}") for p, k in plan.writes}
         redos = [(p, redo.encode({f"k{k}": versions[p] + 1})) for p, k in plan.writes]
         # A partition only read votes too (paper 3.5), and its redo names the key it read.
         redos += [(p, redo.encode({}, (f"k{k}",))) for p, k in plan.reads]
@@ -423,11 +416,10 @@ class World:
             self._push(self.now_ms + delay_ms, _EXECUTE_PREPARED, sent)
 
     def _execute_prepared(self, carried: _Carried) -> None:
-        """A one-shot's request reaches the partition's owner: check the version, take the lock,
-        and hand the machine its execution and prepare; a refusal drops the prepare."""
+        """A one-shot's request reaches the partition's owner: take the lock, read the key (from the
+        cache, or storage, whose answer may take long), and go on in `_read_done`."""
         txn, partition, key, expected = carried.txn, carried.partition, carried.key, carried.expected
         incarnation = carried.incarnation
-        plan = self.plans[txn]
         node = self.nodes[node_of(partition)]
         if not node.alive or node.incarnation != carried.owner_incarnation:
             # Sent over a connection to a process that is gone: lost with it.
@@ -438,33 +430,68 @@ class World:
         if not node.ready or host is None or txn in host.machines:
             self._answer_execute(txn, partition, incarnation, "not ready")
             return
-        if txn in node.refused[partition]:
+        table = node.tables[partition]
+        execution = self._begin_execution(node, partition, txn)
+        if execution is None:
             self._answer_execute(txn, partition, incarnation, "aborted here already")
             return
-        table = node.locks[partition]
         mode = LockMode.SHARED if expected is None else LockMode.EXCLUSIVE
-        grant = table.acquire(txn, key, mode, plan.start_ms, self.now_ms)
-        if grant is not Grant.GRANTED:
-            table.release(txn)
+        if table.lock(txn, key, mode, self.now_ms) is not Grant.GRANTED:
+            table.abort(txn)
             self._answer_execute(txn, partition, incarnation, "conflict")
             return
+        hit, value = table.cached(key)
+        if hit:
+            assert value is not None
+            self._read_done(carried, execution, value)
+            return
+        found = self.storage.data.get((partition, key), 0)
+        # A slow read answers late (drawn only when slow reads are on, so every other schedule's
+        # run stays what it was): meanwhile the execution may be dropped and another transaction
+        # commit a newer value, which this answer then predates.
+        slow = self.schedule.slow_read_probability
+        if slow and self.now_ms < FAULTS_END_MS and self.rng.random() < slow:
+            self._push(self.now_ms + self.schedule.slow_read_ms, _READ_LANDED, (carried, execution, found))
+            return
+        table.read_landed(txn, execution, {key: found})
+        self._read_done(carried, execution, found)
+
+    def _read_landed(self, carried: _Carried, execution: Execution[int], found: int) -> None:
+        node = self.nodes[node_of(carried.partition)]
+        if not node.alive or node.incarnation != carried.owner_incarnation:
+            self._answer_execute(carried.txn, carried.partition, carried.incarnation, None)
+            return
+        table = node.tables[carried.partition]
+        table.read_landed(carried.txn, execution, {carried.key: found})
+        if not table.is_current(carried.txn, execution):
+            # Dropped while the read was out (an abort, an idle timeout): not resurrected.
+            self._answer_execute(carried.txn, carried.partition, carried.incarnation, "aborted while reading")
+            return
+        self._read_done(carried, execution, found)
+
+    def _read_done(self, carried: _Carried, execution: Execution[int], value: int) -> None:
+        """Check the version the request expects, record the write, and hand the machine its
+        execution and prepare; a failed check drops it."""
+        txn, partition, key, expected = carried.txn, carried.partition, carried.key, carried.expected
+        incarnation = carried.incarnation
+        plan = self.plans[txn]
+        node = self.nodes[node_of(partition)]
         if expected is None:
             # Only read: it votes yes, keeping the read lock until the decision.
-            self.outcome.reads[txn][(partition, key)] = self._read_committed(node, partition, key)
-            execution = Execution(plan.coordinator, redo.encode({}, (key,)), True, False)
-        elif self._read_committed(node, partition, key) != expected:
-            table.release(txn)
+            self.outcome.reads[txn][(partition, key)] = value
+            execution.reads[key] = None
+        elif value != expected:
+            node.tables[partition].abort(txn)
             self._answer_execute(txn, partition, incarnation, "check failed")
             return
         else:
             self.outcome.reads[txn][(partition, key)] = expected
             self.outcome.writes[txn][(partition, key)] = expected + 1
-            execution = Execution(plan.coordinator, redo.encode({key: expected + 1}), plan.vote_of[partition], False)
+            execution.writes[key] = expected + 1
         executed_on = self.outcome.executed_on[txn]
         executed_on.add(partition)
         if len(executed_on) == len(plan.writes) + len(plan.reads):
             self.outcome.executed.add(txn)
-        self._remember(partition, txn, execution)
         self._deliver(partition, plan.coordinator, Prepare(txn, carried.participants, plan.coordinator), node.path)
         if node.alive:
             self._answer_execute(txn, partition, incarnation, "")
@@ -481,40 +508,44 @@ class World:
             delay = self.rng.randint(1, self.schedule.delay_ms_max)
             self._push(self.now_ms + delay, _EXECUTE_ANSWER, (coordinator, incarnation, failed))
 
-    def _remember(self, partition: str, txn: str, execution: Execution) -> None:
-        node = self.nodes[node_of(partition)]
-        node.executions[partition][txn] = execution
-        self._push(self.now_ms + EXECUTION_IDLE_MS, _IDLE, (node.name, node.incarnation, partition, txn))
+    def _read_committed(self, node: Node, partition: str, key: str, txn: str, execution: Execution[int]) -> int:
+        """The committed value of a key `txn` holds locked: from the cache, or storage at once."""
+        table = node.tables[partition]
+        hit, value = table.cached(key)
+        if hit:
+            assert value is not None
+            return value
+        found = self.storage.data.get((partition, key), 0)
+        table.read_landed(txn, execution, {key: found})
+        return found
 
-    def _read_committed(self, node: Node, partition: str, key: str) -> int:
-        if (partition, key) not in node.cache:
-            node.cache[(partition, key)] = self.storage.data.get((partition, key), 0)
-        return node.cache[(partition, key)]
+    def _caller_read(self, partition: str, key: str) -> int:
+        """What a caller reading `key` before its one-shot is told: the owner's cached value, else
+        storage's."""
+        hit, value = self.nodes[node_of(partition)].tables[partition].cached(key)
+        if hit:
+            assert value is not None
+            return value
+        return self.storage.data.get((partition, key), 0)
 
     def _drop_idle(self, node: Node, partition: str, txn: str) -> None:
         assert node.core is not None
-        if txn in node.executions[partition] and txn not in node.core.partitions[partition].machines:
-            del node.executions[partition][txn]
-            node.locks[partition].release(txn)
+        table = node.tables[partition]
+        if txn in table.idle(self.now_ms, EXECUTION_IDLE_MS):
+            table.idle_out(txn, txn in node.core.partitions[partition].machines)
 
     # -- nodes ------------------------------------------------------------------------------------
     def _deliver(self, to: str, sender: str, message: Any, path: frozenset[tuple[int, int]]) -> None:
         node = self.node_of_host(to)
         if not node.alive or node.core is None:
             return
-        host = node.core.host(to)
-        if (
-            isinstance(message, Prepare | ReleaseReadOnly)
-            and host is not None
-            and node.core.recovered
-            and message.txn not in host.machines
-        ):
+        if node.core.ends_execution(to, message):
             # As the runtime does: the execution phase ends when prepare (or the read-only release)
-            # arrives, and the machine learns what the execution left.
-            execution = node.executions[to].get(message.txn)
-            if execution is not None:
-                executed = Executed(message.txn, to, execution.coordinator, execution.redo, execution.vote_yes,
-                                    execution.read_only)
+            # arrives, and the machine learns what the execution left; the plan says how it votes.
+            executed = node.tables[to].ended(message.txn, isinstance(message, ReleaseReadOnly))
+            if executed is not None:
+                if not self.plans[message.txn].vote_of.get(to, True):
+                    executed = dataclasses.replace(executed, vote_yes=False)
                 self._feed(node, executed, path)
                 if not node.alive:
                     return
@@ -600,26 +631,21 @@ class World:
             self.outcome.replies.setdefault(effect.txn, []).append(effect.outcome)
             self.outcome.reply_paths.append(node.path)
         elif isinstance(effect, ReleaseLocks):
-            if effect.refuse_later:
-                node.refused[effect.partition].add(effect.txn)
-            execution = node.executions[effect.partition].pop(effect.txn, None)
-            if execution is not None and execution.read_only:
+            table = node.tables[effect.partition]
+            plan = self.plans.get(effect.txn)
+            if (effect.txn in table.executions and plan is not None and not plan.one_shot
+                    and effect.partition in (p for p, _ in plan.reads)):
                 self.outcome.released_read_only.add((effect.partition, effect.txn))
-            node.locks[effect.partition].release(effect.txn)
+            if effect.refuse_later:
+                table.abort(effect.txn)
+            else:
+                table.release(effect.txn)
         elif isinstance(effect, LocksPrepared):
-            node.locks[effect.partition].mark_prepared(effect.txn)
+            node.tables[effect.partition].locks.mark_prepared(effect.txn)
         elif isinstance(effect, RetakeLocks):
-            table = node.locks[effect.partition]
-            table.register(effect.txn, begin_ms_of(effect.txn))
-            written, read = redo.lock_keys(effect.redo)
-            for key in written:
-                table.retake(effect.txn, key)
-            for key in read:
-                table.retake(effect.txn, key, LockMode.SHARED)
-            table.mark_prepared(effect.txn)
+            node.tables[effect.partition].retake_locks(effect.txn, effect.redo)
         elif isinstance(effect, CacheRedo):
-            for key, value in redo.decode(effect.redo).items():
-                node.cache[(effect.partition, key)] = value
+            node.tables[effect.partition].cache_redo(effect.redo)
         elif isinstance(effect, TerminationStarted):
             self.outcome.terminations += 1
         else:
@@ -758,7 +784,7 @@ class World:
             for partition in node.partitions:
                 for txn, machine in node.core.partitions[partition].machines.items():
                     undecided.append(f"{partition} still runs {txn} ({machine.phase.value})")
-                held = [txn for txn in self.txns if node.locks[partition].holds_any(txn)]
+                held = [txn for txn in self.txns if node.tables[partition].locks.holds_any(txn)]
                 if held:
                     undecided.append(f"{partition} still locks for {held}")
         for txn in self.outcome.executed:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 
@@ -15,6 +15,7 @@ from cornus.protocol import node_core, resolve
 from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.effects import Effect, Log, ReleaseLocks, ScanLog, Send, Timer
 from cornus.protocol.events import RecordRead, StorageUnreachable
+from cornus.protocol.execution import PartitionExecutions
 from cornus.protocol.hosts import PartitionHost
 from cornus.protocol.messages import Decision, DecisionAck, Vote
 from cornus.protocol.participant_base import ParticipantBase, Phase
@@ -33,8 +34,8 @@ SCHEDULE_COUNT_MAX = 3000
 SEED = 4242
 
 
-def _found(protocol: Protocol | None = None) -> list[str]:
-    count, failures = explore(protocol, SCHEDULE_COUNT_MAX, seed=SEED, report_max=1)
+def _found(protocol: Protocol | None = None, seed: int = SEED) -> list[str]:
+    count, failures = explore(protocol, SCHEDULE_COUNT_MAX, seed=seed, report_max=1)
     assert failures, f"the simulator ran {count} schedules and did not find the old bug"
     return failures[0][1]
 
@@ -219,6 +220,37 @@ def test_a_restart_that_forgets_a_one_shot_read_lock(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(sim_redo, "lock_keys", lambda redo: (original(redo)[0], []))
     found = violations()
     assert any("serializability" in v for v in found), found
+
+
+# -- 9. a late storage read filled the owner's cache after its execution was dropped ----------------
+def test_a_late_read_that_fills_the_cache_after_its_execution_was_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime's bug of 8fc5919, found by review before the rule moved into the core: t1's
+    read of a cache miss was slow; t1 was aborted meanwhile (its coordinator gave up on the
+    request), t2 took the key, committed and cached a newer version, and then t1's answer filled
+    the cache with the older one, which t3 read and overwrote: a lost update. The core fills the
+    cache from a read only while the execution that asked is still the current one."""
+
+    def fill_always(
+        self: PartitionExecutions[int], txn: str, execution: object, found: Mapping[str, int | None],
+    ) -> None:
+        for key, value in found.items():
+            self._cache_put(key, value)
+
+    monkeypatch.setattr(PartitionExecutions, "read_landed", fill_always)
+    violations = _found()
+    assert any("lost update" in v or "serializability" in v for v in violations), violations
+
+
+# -- 10. an idle execution dropped although a machine runs it ---------------------------------------
+def test_an_idle_timeout_that_drops_an_execution_a_machine_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From prepare on, a transaction's locks are its machine's until the decision: a participant
+    held up longer than the idle timeout (its log unreachable, votes missing) must keep them, or
+    another transaction reads the value it is about to overwrite. (Seed 99: the search of seed
+    4242 needs more schedules than the bound to meet this one.)"""
+    original = PartitionExecutions.idle_out
+    monkeypatch.setattr(PartitionExecutions, "idle_out", lambda self, txn, busy: original(self, txn, False))
+    violations = _found(seed=99)
+    assert any("lost update" in v or "serializability" in v for v in violations), violations
 
 
 def _crash_once_after_its_vote(name: str) -> sim_world.EffectHook:

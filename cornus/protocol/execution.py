@@ -1,0 +1,193 @@
+"""The execution phase of one partition, without I/O: strict two-phase locks, the writes each
+transaction buffers until its prepare, the transactions refused for good, and the owner's cache of
+committed data. The runtime (cornus.runtime.partition) does the waiting and the storage reads
+around it; the simulator (cornus.sim.world) drives the same object, so the rules below are the
+ones it explores:
+
+- a transaction aborted here is remembered, so a request of it still on its way never starts it
+  again, and a continued request whose execution state is gone (the owner restarted) is refused;
+- a storage read fills the cache only while the execution that asked for it is still the current
+  one: its locks kept every writer off those keys until then, and once they are dropped (an
+  abort, an idle timeout) a writer may have committed a newer value that the answer predates;
+- an idle execution is dropped only while no machine runs its transaction: from prepare on, its
+  locks are the machine's until the decision;
+- committed redo enters the cache (`cache_redo`) while its keys are still locked by it, so the
+  cache never holds a value older than storage's.
+
+Values are opaque to this module (bytes in the runtime, integers in the simulator); the redo
+codec turns the buffered writes into the bytes a vote logs, and back.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from cornus.protocol.events import Executed
+from cornus.protocol.locks import Grant, LockMode, LockTable, Policy, Waiter
+from cornus.protocol.txn_ids import begin_ms_of
+
+V = TypeVar("V")
+
+# Committed values kept in memory per partition; least recently used go first.
+CACHE_KEY_COUNT_MAX = 100_000
+# Transactions remembered as aborted here, so a late execute for one is refused, not restarted.
+ABORTED_REMEMBERED_COUNT_MAX = 10_000
+
+
+class RedoCodec(Protocol[V]):
+    """How a partition's buffered writes (and a one-shot's keys only read) become a redo."""
+
+    def encode(self, writes: Mapping[str, V | None], reads: Iterable[str] = ()) -> bytes: ...
+
+    def decode(self, redo: bytes) -> dict[str, V | None]: ...
+
+    def lock_keys(self, redo: bytes) -> tuple[list[str], list[str]]: ...
+
+
+class Refusal(enum.Enum):
+    """Why a request of a transaction may not execute here."""
+
+    ABORTED = "aborted"  # aborted here before: nothing of it may run again
+    STATE_LOST = "state_lost"  # a continued request, but its earlier operations are gone
+
+
+@dataclass(slots=True)
+class Execution(Generic[V]):
+    """A transaction's state on this partition between its first operation and its prepare."""
+
+    coordinator: str
+    last_active_ms: int
+    writes: dict[str, V | None] = field(default_factory=dict)
+    # Keys a one-shot's request only read, in order: its vote comes before the transaction's last
+    # lock elsewhere, so its redo names them for recovery to lock again.
+    reads: dict[str, None] = field(default_factory=dict)
+
+
+class PartitionExecutions(Generic[V]):
+    def __init__(
+        self, name: str, codec: RedoCodec[V], policy: Policy = Policy.NO_WAIT, timeout_ms_lock_wait: int = 100,
+        *, cache_key_count_max: int = CACHE_KEY_COUNT_MAX,
+        aborted_remembered_count_max: int = ABORTED_REMEMBERED_COUNT_MAX,
+    ) -> None:
+        assert cache_key_count_max >= 1 and aborted_remembered_count_max >= 1
+        self.name = name
+        self.codec = codec
+        self.locks = LockTable(policy, timeout_ms_lock_wait)
+        self.executions: dict[str, Execution[V]] = {}
+        self._cache_key_count_max = cache_key_count_max
+        self._aborted_count_max = aborted_remembered_count_max
+        self._aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[str, V | None] = collections.OrderedDict()
+
+    # --- the execution phase -------------------------------------------------------------------
+    def begin(self, txn: str, coordinator: str, now_ms: int, *, continued: bool = False) -> Execution[V] | Refusal:
+        """The execution a request of `txn` runs in (a new one for its first request), or why it
+        may not run."""
+        if txn in self._aborted:
+            return Refusal.ABORTED
+        execution = self.executions.get(txn)
+        if execution is None:
+            if continued:
+                self.abort(txn)
+                return Refusal.STATE_LOST
+            execution = self.executions[txn] = Execution(coordinator, now_ms)
+            self.locks.register(txn, begin_ms_of(txn))
+        assert execution.coordinator == coordinator, f"{txn} on {self.name}: two coordinators"
+        execution.last_active_ms = now_ms
+        return execution
+
+    def lock(self, txn: str, key: str, mode: LockMode, now_ms: int) -> Grant:
+        assert txn in self.executions, f"{txn} locks {key!r} on {self.name} outside an execution"
+        return self.locks.acquire(txn, key, mode, begin_ms_of(txn), now_ms)
+
+    def is_current(self, txn: str, execution: Execution[V]) -> bool:
+        """Whether `execution` still runs (and so still holds its locks): false once dropped, also
+        when a later request of the same transaction started a new one."""
+        return self.executions.get(txn) is execution
+
+    def cached(self, key: str) -> tuple[bool, V | None]:
+        """(True, value) on a hit, (False, None) on a miss."""
+        cache = self._cache
+        if key not in cache:
+            return False, None
+        cache.move_to_end(key)
+        return True, cache[key]
+
+    def read_landed(self, txn: str, execution: Execution[V], found: Mapping[str, V | None]) -> None:
+        """A storage read asked for by `execution` answered. Its values are the committed ones only
+        while the execution's locks kept every writer off those keys."""
+        if self.is_current(txn, execution):
+            for key, value in found.items():
+                self._cache_put(key, value)
+
+    def ended(self, txn: str, read_only: bool) -> Executed | None:
+        """At prepare (or the release of a partition only read): what the machine learns of the
+        execution, None if its state is gone. The execution stays until the machine releases it,
+        with its locks."""
+        execution = self.executions.get(txn)
+        if execution is None:
+            return None
+        writes = execution.writes
+        reads = [key for key in execution.reads if key not in writes]
+        redo = self.codec.encode(writes, reads) if writes or reads else b""
+        assert not (read_only and redo), f"{txn} wrote on {self.name}, which its coordinator read only"
+        return Executed(txn, self.name, execution.coordinator, redo, read_only=read_only)
+
+    def abort(self, txn: str) -> list[Waiter]:
+        """Abort before prepare: nobody can have voted for it here, so nothing is logged; it is
+        remembered, so that no request of it starts it again. Returns the waiters now granted."""
+        self._aborted[txn] = None
+        while len(self._aborted) > self._aborted_count_max:
+            self._aborted.popitem(last=False)
+        return self.release(txn)
+
+    def release(self, txn: str) -> list[Waiter]:
+        """The execution ends and its locks go; returns the lock waiters granted by the release."""
+        self.executions.pop(txn, None)
+        return self.locks.release(txn)
+
+    def idle_out(self, txn: str, busy: bool) -> bool:
+        """Drop the execution of `txn` as idle, unless a machine runs it (`busy`)."""
+        if busy or txn not in self.executions:
+            return False
+        self.abort(txn)
+        return True
+
+    def idle(self, now_ms: int, idle_ms: int) -> list[str]:
+        """The executions no request touched for longer than `idle_ms`."""
+        return [txn for txn, e in self.executions.items() if now_ms - e.last_active_ms > idle_ms]
+
+    def close(self) -> None:
+        """The partition is lost: every execution goes (the new owner starts from storage)."""
+        self.executions.clear()
+
+    # --- the commit side (the machines' effects) ------------------------------------------------
+    def retake_locks(self, txn: str, redo: bytes) -> None:
+        """Recovery: lock what an unfinished record will write (and what a one-shot read), before
+        anyone else can. It voted yes (or committed), so its locks go at the decision."""
+        self.locks.register(txn, begin_ms_of(txn))
+        written, read = self.codec.lock_keys(redo)
+        for key in written:
+            self.locks.retake(txn, key)
+        for key in read:
+            self.locks.retake(txn, key, LockMode.SHARED)
+        self.locks.mark_prepared(txn)
+
+    def cache_redo(self, redo: bytes) -> None:
+        """The machine says this redo is in storage and its keys are still locked by it."""
+        for key, value in self.codec.decode(redo).items():
+            self._cache_put(key, value)
+
+    def forget_cache(self) -> None:
+        self._cache.clear()
+
+    def _cache_put(self, key: str, value: V | None) -> None:
+        self._cache[key] = value
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._cache_key_count_max:
+            self._cache.popitem(last=False)
+

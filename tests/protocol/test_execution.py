@@ -1,0 +1,63 @@
+"""The execution phase's rules in the core (cornus.protocol.execution), one at a time; the
+simulator explores them together (test_simulator_finds_old_bugs.py, test 9)."""
+
+from __future__ import annotations
+
+from cornus.protocol.execution import Execution, PartitionExecutions, Refusal
+from cornus.protocol.locks import Grant, LockMode
+from cornus.sim import redo
+
+T1, T2 = "1.c0.sim.0.cornus", "2.c0.sim.1.cornus"
+
+
+def _table() -> PartitionExecutions[int]:
+    return PartitionExecutions("p0", redo)
+
+
+def _begin(table: PartitionExecutions[int], txn: str, now_ms: int = 0, continued: bool = False) -> Execution[int]:
+    execution = table.begin(txn, "c0", now_ms, continued=continued)
+    assert isinstance(execution, Execution)
+    return execution
+
+
+def test_a_read_fills_the_cache_only_while_its_execution_is_current() -> None:
+    table = _table()
+    stale = _begin(table, T1)
+    table.abort(T1)  # dropped while its read was out
+    table.read_landed(T1, stale, {"k0": 1})
+    assert table.cached("k0") == (False, None)
+    current = _begin(table, T2)
+    table.read_landed(T2, current, {"k0": 2})
+    assert table.cached("k0") == (True, 2)
+
+
+def test_an_aborted_transaction_never_starts_again_and_lost_state_is_refused() -> None:
+    table = _table()
+    _begin(table, T1)
+    table.abort(T1)
+    assert table.begin(T1, "c0", 1) is Refusal.ABORTED
+    assert table.begin(T2, "c0", 1, continued=True) is Refusal.STATE_LOST
+    assert table.begin(T2, "c0", 2) is Refusal.ABORTED  # the refusal is remembered
+
+
+def test_an_idle_execution_goes_only_when_no_machine_runs_it() -> None:
+    table = _table()
+    _begin(table, T1, now_ms=0)
+    assert table.lock(T1, "k0", LockMode.EXCLUSIVE, 0) is Grant.GRANTED
+    assert table.idle(100, 50) == [T1]
+    assert not table.idle_out(T1, busy=True)
+    assert table.locks.holds_any(T1)
+    assert table.idle_out(T1, busy=False)
+    assert not table.locks.holds_any(T1) and T1 not in table.executions
+
+
+def test_the_end_of_an_execution_carries_its_writes_and_reads() -> None:
+    table = _table()
+    execution = _begin(table, T1)
+    execution.writes["k0"] = 5
+    execution.reads["k1"] = None
+    executed = table.ended(T1, read_only=False)
+    assert executed is not None and redo.decode(executed.redo) == {"k0": 5}
+    assert redo.lock_keys(executed.redo) == (["k0"], ["k1"])
+    assert T1 in table.executions  # kept, with its locks, until the machine releases it
+    assert table.ended(T2, read_only=True) is None
