@@ -91,12 +91,14 @@ class PartitionExecutions(Generic[V]):
             return Refusal.ABORTED
         execution = self.executions.get(txn)
         if execution is None:
+            # Locks without an execution are a recovered transaction's, and its machine answers
+            # for it: callers send no request of a transaction a machine runs here.
+            assert not self.locks.holds_any(txn), f"{txn} holds locks on {self.name} without an execution"
             if continued:
-                self.abort(txn)
+                self._remember_aborted(txn)
                 return Refusal.STATE_LOST
             execution = self.executions[txn] = Execution(coordinator, now_ms)
             self.locks.register(txn, begin_ms_of(txn))
-        assert execution.coordinator == coordinator, f"{txn} on {self.name}: two coordinators"
         execution.last_active_ms = now_ms
         return execution
 
@@ -140,22 +142,25 @@ class PartitionExecutions(Generic[V]):
     def abort(self, txn: str) -> list[Waiter]:
         """Abort before prepare: nobody can have voted for it here, so nothing is logged; it is
         remembered, so that no request of it starts it again. Returns the waiters now granted."""
+        self._remember_aborted(txn)
+        return self.release(txn)
+
+    def _remember_aborted(self, txn: str) -> None:
         self._aborted[txn] = None
         while len(self._aborted) > self._aborted_count_max:
             self._aborted.popitem(last=False)
-        return self.release(txn)
 
     def release(self, txn: str) -> list[Waiter]:
         """The execution ends and its locks go; returns the lock waiters granted by the release."""
         self.executions.pop(txn, None)
         return self.locks.release(txn)
 
-    def idle_out(self, txn: str, busy: bool) -> bool:
-        """Drop the execution of `txn` as idle, unless a machine runs it (`busy`)."""
+    def idle_out(self, txn: str, busy: bool) -> list[Waiter] | None:
+        """Drop the execution of `txn` as idle, unless a machine runs it (`busy`): None if kept,
+        else the lock waiters its release granted."""
         if busy or txn not in self.executions:
-            return False
-        self.abort(txn)
-        return True
+            return None
+        return self.abort(txn)
 
     def idle(self, now_ms: int, idle_ms: int) -> list[str]:
         """The executions no request touched for longer than `idle_ms`."""

@@ -226,7 +226,9 @@ class PartitionRuntime:
         coordinator is gone or gave up. Returns how many were dropped."""
         dropped = 0
         for txn in self.state.idle(_now_ms(), idle_ms):
-            if self.state.idle_out(txn, busy(txn)):
+            granted = self.state.idle_out(txn, busy(txn))
+            if granted is not None:
+                self._wake(granted, Grant.GRANTED)
                 self._wake_own_waiters(txn)
                 dropped += 1
         return dropped

@@ -45,9 +45,9 @@ def test_an_idle_execution_goes_only_when_no_machine_runs_it() -> None:
     _begin(table, T1, now_ms=0)
     assert table.lock(T1, "k0", LockMode.EXCLUSIVE, 0) is Grant.GRANTED
     assert table.idle(100, 50) == [T1]
-    assert not table.idle_out(T1, busy=True)
+    assert table.idle_out(T1, busy=True) is None
     assert table.locks.holds_any(T1)
-    assert table.idle_out(T1, busy=False)
+    assert table.idle_out(T1, busy=False) == []
     assert not table.locks.holds_any(T1) and T1 not in table.executions
 
 
