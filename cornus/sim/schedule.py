@@ -5,7 +5,10 @@ A world runs a few transactions over a few partitions, on coordinator nodes c0, 
 partition (n0 owns p0, ...). Transactions may share keys (and so locks) and may each run another
 protocol. Faults: crashes and restarts, storage outages (some longer than any retry budget),
 storage calls that time out but land later, lost, delayed and duplicated messages (some copies
-arrive long after garbage collection), tiny recovery scan pages, and manual resolves.
+arrive long after garbage collection), reads of the owner's cache misses that answer late, callers
+that think between an interactive transaction's reads and writes while the owner restarts, tiny
+recovery scan pages, and manual resolves. Interactive transactions read first and write in a
+continued request; one-shots carry their prepares.
 """
 
 from __future__ import annotations
@@ -108,6 +111,9 @@ class Schedule:
     # commit a newer value of the key, which the late answer predates.
     slow_read_probability: float = 0.0
     slow_read_ms: int = 0
+    # An interactive transaction's writes follow its reads this much later (a caller that thinks
+    # between its requests): the owner may restart meanwhile and lose the read locks.
+    think_ms: int = 0
     scan_page_max: int = 500
     crashes: tuple[Crash, ...] = ()
     outages: tuple[Outage, ...] = ()
@@ -121,6 +127,7 @@ class Schedule:
         assert 0.0 <= self.loss_probability < 1.0
         assert 0.0 <= self.late_request_probability <= 1.0 and self.late_request_ms >= 0
         assert 0.0 <= self.slow_read_probability <= 1.0 and self.slow_read_ms >= 0
+        assert self.think_ms >= 0
         assert self.delay_ms_max >= 1 and self.storage_ms_max >= 1 and self.scan_page_max >= 1
         for crash in self.crashes:
             assert 0 <= crash.at_ms <= FAULTS_END_MS and crash.down_ms >= 1
@@ -205,6 +212,18 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
     # idle timeout or a coordinator's request deadline.
     slow_reads = seed % 8 == 4
     slow_read_ms = 220 + seed % 300
+    # And one in eight has callers that think between an interactive transaction's reads and its
+    # writes for longer than a restart takes.
+    thinking = seed % 8 == 2
+    think_ms = 100 + seed % 500
+    interactive = [plan for plan in txns if not plan.one_shot]
+    if thinking and interactive:
+        # What a restart between the reads and the writes can hurt: the owner of the first
+        # interactive transaction's first written partition restarts while its caller thinks, and
+        # the transactions run again once it is back.
+        first = interactive[0]
+        crashes += (Crash(node_of(first.writes[0][0]), first.start_ms + 2, 1 + seed % 40),)
+        txns += [dataclasses.replace(plan, start_ms=plan.start_ms + think_ms // 2) for plan in list(txns)]
     if slow_reads:
         # What a late answer can hurt is a later transaction on the same keys: each one of these
         # schedules runs its transactions again, once the first runs' reads are out and once
@@ -231,4 +250,5 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
         late_request_ms=200 + seed % 400 if late else 0,
         slow_read_probability=0.5 if slow_reads else 0.0,
         slow_read_ms=slow_read_ms if slow_reads else 0,
+        think_ms=think_ms if thinking else 0,
     )

@@ -79,8 +79,8 @@ TIMEOUT_MS_EXECUTE = 200
 
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
-    _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED,
-) = range(15)
+    _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES,
+) = range(16)
 
 
 def _prune(paths: frozenset[tuple[int, int]]) -> frozenset[tuple[int, int]]:
@@ -309,6 +309,8 @@ class World:
             self._execute_prepared(data)
         elif kind == _READ_LANDED:
             self._read_landed(*data)
+        elif kind == _EXECUTE_WRITES:
+            self._execute_writes(data)
         elif kind == _EXECUTE_ANSWER:
             name, incarnation, event = data
             node = self.nodes[name]
@@ -340,8 +342,9 @@ class World:
 
     # -- the execution phase (the runtime's I/O around the core's execution state) ---------------
     def _execute_txn(self, txn: str) -> None:
-        """Take every lock (NO_WAIT), read the current values through the owners' caches, and hand
-        the coordinator its commit request; any refusal aborts before commit, as the runtime's
+        """An interactive transaction's first requests: on each partition, lock its key (shared,
+        NO_WAIT) and read it through the owner's cache; its writes follow in `_execute_writes`, as
+        continued requests, a moment later. Any refusal aborts before commit, as the runtime's
         coordinator does when an execute request fails."""
         plan = self.plans[txn]
         if not self.nodes[plan.coordinator].ready:
@@ -349,32 +352,59 @@ class World:
         if plan.one_shot:
             self._start_one_shot(txn)
             return
-        taken: list[PartitionExecutions[int]] = []
         reads: dict[tuple[str, str], int] = {}
         for partition, key_index in (*plan.writes, *plan.reads):
             node = self.nodes[node_of(partition)]
             key = f"k{key_index}"
-            mode = LockMode.EXCLUSIVE if (partition, key_index) in plan.writes else LockMode.SHARED
-            table = node.tables[partition]
             execution = self._begin_execution(node, partition, txn) if node.ready else None
-            grant = None if execution is None else table.lock(txn, key, mode, self.now_ms)
-            if execution is None or grant is not Grant.GRANTED:
-                for held in (*taken, *((table,) if execution is not None else ())):
-                    held.abort(txn)
+            table = node.tables[partition]
+            if execution is None or table.lock(txn, key, LockMode.SHARED, self.now_ms) is not Grant.GRANTED:
+                self._abort_execution(txn)
                 return
-            taken.append(table)
             reads[(partition, key)] = self._read_committed(node, partition, key, txn, execution)
-        self.outcome.executed.add(txn)
         self.outcome.reads[txn] = reads
+        if not plan.writes:
+            self._executed(txn, [])
+            return
+        think_ms = self.schedule.think_ms + self.rng.randint(1, self.schedule.delay_ms_max)
+        self._push(self.now_ms + think_ms, _EXECUTE_WRITES, txn)
+
+    def _execute_writes(self, txn: str) -> None:
+        """The writes of an interactive transaction: on each written partition a continued request
+        that takes the key exclusive and buffers the next version. A partition whose owner
+        restarted since the read has lost the execution, and with it the read lock: it refuses."""
+        plan = self.plans[txn]
+        if not self.nodes[plan.coordinator].ready:
+            return  # the coordinator is gone: its executions idle out
         writes: list[tuple[str, bytes]] = []
         self.outcome.writes[txn] = {}
         for partition, key_index in plan.writes:
+            node = self.nodes[node_of(partition)]
             key = f"k{key_index}"
-            value = reads[(partition, key)] + 1
+            table = node.tables[partition]
+            execution = table.begin(txn, plan.coordinator, self.now_ms, continued=True) if node.ready else None
+            granted = isinstance(execution, Execution) and table.lock(txn, key, LockMode.EXCLUSIVE, self.now_ms)
+            if granted is not Grant.GRANTED:
+                self._abort_execution(txn)
+                return
+            value = self.outcome.reads[txn][(partition, key)] + 1
             self.outcome.writes[txn][(partition, key)] = value
-            self.nodes[node_of(partition)].tables[partition].executions[txn].writes[key] = value
+            execution.writes[key] = value
             writes.append((partition, redo.encode({key: value})))
+        self._executed(txn, writes)
+
+    def _executed(self, txn: str, writes: list[tuple[str, bytes]]) -> None:
+        plan = self.plans[txn]
+        self.outcome.executed.add(txn)
         self._push(self.now_ms + 1, _COMMIT, (txn, tuple(writes), tuple(p for p, _ in plan.reads)))
+
+    def _abort_execution(self, txn: str) -> None:
+        """The coordinator's abort of an execution that failed somewhere: every live owner drops it."""
+        plan = self.plans[txn]
+        for partition, _ in (*plan.writes, *plan.reads):
+            node = self.nodes[node_of(partition)]
+            if node.alive:
+                node.tables[partition].abort(txn)
 
     def _begin_execution(self, node: Node, partition: str, txn: str) -> Execution[int] | None:
         """The core's execution of `txn` on `partition` (None if refused), with its idle timeout."""
@@ -531,8 +561,15 @@ class World:
     def _drop_idle(self, node: Node, partition: str, txn: str) -> None:
         assert node.core is not None
         table = node.tables[partition]
+        execution = table.executions.get(txn)
+        if execution is None:
+            return
         if txn in table.idle(self.now_ms, EXECUTION_IDLE_MS):
             table.idle_out(txn, txn in node.core.partitions[partition].machines)
+        else:
+            # Touched since (a continued request): the runtime's periodic sweep looks again later.
+            again_ms = execution.last_active_ms + EXECUTION_IDLE_MS + 1
+            self._push(again_ms, _IDLE, (node.name, node.incarnation, partition, txn))
 
     # -- nodes ------------------------------------------------------------------------------------
     def _deliver(self, to: str, sender: str, message: Any, path: frozenset[tuple[int, int]]) -> None:

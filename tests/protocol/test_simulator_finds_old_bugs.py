@@ -253,6 +253,24 @@ def test_an_idle_timeout_that_drops_an_execution_a_machine_runs(monkeypatch: pyt
     assert any("lost update" in v or "serializability" in v for v in violations), violations
 
 
+# -- 11. a continued request after the owner restarted ran in a fresh execution -------------------
+def test_a_continued_request_that_a_restarted_owner_runs_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interactive transaction read a key, its partition's owner restarted (losing the read
+    lock), another transaction wrote the key, and the first one's write request then ran in a
+    new execution on the version it read before: a lost update. The core refuses a continued
+    request whose execution state is gone."""
+    original = PartitionExecutions.begin
+
+    def forget_continued(
+        self: PartitionExecutions[int], txn: str, coordinator: str, now_ms: int, *, continued: bool = False,
+    ) -> object:
+        return original(self, txn, coordinator, now_ms)
+
+    monkeypatch.setattr(PartitionExecutions, "begin", forget_continued)
+    violations = _found()
+    assert any("lost update" in v or "serializability" in v for v in violations), violations
+
+
 def _crash_once_after_its_vote(name: str) -> sim_world.EffectHook:
     """A hook that crashes node `name` as it is about to send its first vote (logged by then)."""
     crashed: list[str] = []
