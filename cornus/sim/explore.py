@@ -77,6 +77,10 @@ def _explore_share(args: tuple[str, int, int]) -> tuple[int, Failures, dict[str,
         faults["late_landings"] += world.outcome.late_landings
         faults["late_duplicates"] += world.outcome.late_duplicates
         faults["small_scan_pages"] += schedule.scan_page_max < 500
+        faults["moves"] += len(schedule.moves)
+        faults["fenced_writes"] += world.outcome.fenced_writes
+        faults["slow_read_schedules"] += schedule.slow_read_probability > 0
+        faults["thinking_schedules"] += schedule.think_ms > 0
         if violations:
             faults["violating_schedules"] += 1
             if len(failures) < REPORT_COUNT_MAX:

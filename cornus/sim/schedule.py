@@ -6,7 +6,8 @@ partition (n0 owns p0, ...). Transactions may share keys (and so locks) and may 
 protocol. Faults: crashes and restarts, storage outages (some longer than any retry budget),
 storage calls that time out but land later, lost, delayed and duplicated messages (some copies
 arrive long after garbage collection), reads of the owner's cache misses that answer late, callers
-that think between an interactive transaction's reads and writes while the owner restarts, tiny
+that think between an interactive transaction's reads and writes while the owner restarts, a
+partition moving to another node (its old owner's lease lapsed; storage fences its writes), tiny
 recovery scan pages, and manual resolves. Interactive transactions read first and write in a
 continued request; one-shots carry their prepares.
 """
@@ -68,6 +69,18 @@ class Crash:
 
 
 @dataclass(frozen=True, slots=True)
+class Move:
+    """`partition` moves to the node that owns partition `to` at `at_ms`: its owner's lease ran
+    out (it drops the partition, its calls in flight still land), and the other node takes it
+    with a higher epoch, so storage refuses the old owner's fenced writes from then on, and
+    recovers its log."""
+
+    partition: str
+    to: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Outage:
     """Storage unreachable for the named logs (log keys) from start to end."""
 
@@ -116,6 +129,7 @@ class Schedule:
     think_ms: int = 0
     scan_page_max: int = 500
     crashes: tuple[Crash, ...] = ()
+    moves: tuple[Move, ...] = ()
     outages: tuple[Outage, ...] = ()
     resolves: tuple[Resolve, ...] = ()
 
@@ -131,6 +145,11 @@ class Schedule:
         assert self.delay_ms_max >= 1 and self.storage_ms_max >= 1 and self.scan_page_max >= 1
         for crash in self.crashes:
             assert 0 <= crash.at_ms <= FAULTS_END_MS and crash.down_ms >= 1
+        moved = [move.partition for move in self.moves]
+        assert len(set(moved)) == len(moved), "a partition moves at most once (never back)"
+        for move in self.moves:
+            assert move.partition in self.partitions and move.to in self.partitions and move.to != move.partition
+            assert 0 <= move.at_ms <= FAULTS_END_MS
         for outage in self.outages:
             assert 0 <= outage.start_ms <= outage.end_ms <= FAULTS_END_MS
         for resolve in self.resolves:
@@ -232,6 +251,14 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
             dataclasses.replace(plan, start_ms=plan.start_ms + shift)
             for shift in (slow_read_ms // 2, slow_read_ms + 100) for plan in list(txns)
         ]
+    # And one in eight moves a partition to another node while transactions run on it.
+    moves: tuple[Move, ...] = ()
+    if seed % 8 == 6 and partition_count > 1:
+        index = (seed >> 3) % partition_count
+        to = (index + 1 + (seed >> 6) % (partition_count - 1)) % partition_count
+        moves = (Move(f"p{index}", f"p{to}", 20 + (seed >> 9) % 500),)
+        # The transactions run again on the new owner, once it recovered the partition.
+        txns += [dataclasses.replace(plan, start_ms=moves[0].at_ms + 300 + plan.start_ms // 4) for plan in list(txns)]
     return Schedule(
         seed=seed,
         partition_count=partition_count,
@@ -244,6 +271,7 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
         duplicate_probability=rng.choice((0.0, 0.0, 0.1, 0.3)),
         scan_page_max=rng.choice((1, 1, 2, 3, 500)),
         crashes=crashes,
+        moves=moves,
         outages=tuple(outages),
         resolves=resolves,
         late_request_probability=0.3 if late else 0.0,

@@ -1,6 +1,8 @@
-"""The simulated world: nodes running the very `NodeCore` the runtime runs, a lossy, reordering,
-duplicating network, an in-memory LogStore with outages and calls that land after their caller gave
-up, crashes and restarts through the core's own recovery, manual resolves, and the core's execution
+"""The simulated world: nodes running the very `NodeCore` the runtime runs, driven as the runtime
+drives it (every partition comes through `add_partition`, with its own recovery), a lossy,
+reordering, duplicating network, an in-memory LogStore with outages, calls that land after their
+caller gave up and fences, crashes and restarts through the core's own recovery, partitions moving
+between nodes, manual resolves, and the core's execution
 state (cornus.protocol.execution: locks, buffered writes, refusals, the owner's cache), around
 which the world plays the runtime's I/O (reads that answer late, idle executions timing out). All
 driven by one seeded RNG and a time-ordered queue: a run is a pure function of (schedule, config,
@@ -54,13 +56,14 @@ from cornus.protocol.execution import Execution, PartitionExecutions, Refusal
 from cornus.protocol.hosts import CoordinatorFactory, ParticipantFactory
 from cornus.protocol.locks import Grant, LockMode
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
-from cornus.protocol.node_core import NodeCore
+from cornus.protocol.node_core import NodeCore, recovery_owner
+from cornus.protocol.ownership import fenced_partition
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.participant_blocking import CoordinatorLogParticipant
 from cornus.protocol.resolve import Resolver
 from cornus.protocol.txn_ids import PROTOCOL_TAGS, protocol_of
 from cornus.sim import redo
-from cornus.sim.schedule import COORDINATORS, FAULTS_END_MS, Schedule, node_of
+from cornus.sim.schedule import COORDINATORS, FAULTS_END_MS, Move, Schedule, node_of
 from cornus.sim.storage_model import StorageModel, WriteRefused
 from storage_adapters.contract import LogId, TxnState
 
@@ -79,8 +82,8 @@ TIMEOUT_MS_EXECUTE = 200
 
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
-    _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES,
-) = range(16)
+    _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE,
+) = range(17)
 
 
 def _prune(paths: frozenset[tuple[int, int]]) -> frozenset[tuple[int, int]]:
@@ -112,7 +115,9 @@ class _Carried:
     expected: int | None
     participants: tuple[str, ...]
     incarnation: int
-    owner_incarnation: int  # of the partition's owner when sent: a restart loses the request
+    # The partition's owner when sent, and its incarnation: a restart or a move loses the request.
+    owner: str
+    owner_incarnation: int
 
 
 @dataclass
@@ -127,6 +132,8 @@ class Node:
     # Per partition, the core's execution state (locks, buffered writes, refusals, the cache),
     # which the runtime keeps in memory too: a crash loses it.
     tables: dict[str, PartitionExecutions[int]] = field(default_factory=dict)
+    # The epoch of this node's tenure of each partition it holds: its fenced writes carry it.
+    epochs: dict[str, int] = field(default_factory=dict)
     path: frozenset[tuple[int, int]] = frozenset({(0, 0)})
 
     def reset_memory(self) -> None:
@@ -155,6 +162,7 @@ class Outcome:
     resolves: list[tuple[str, TxnState | None, str]] = field(default_factory=list)
     terminations: int = 0
     late_landings: int = 0  # storage calls that landed after their caller was told "unreachable"
+    fenced_writes: int = 0  # writes of a partition's old owner that storage refused after a move
     late_duplicates: int = 0  # second copies of messages sent to arrive after the GC grace
     violations: list[str] = field(default_factory=list)
     undecided_at_liveness_check: list[str] = field(default_factory=list)
@@ -204,8 +212,12 @@ class World:
         self.nodes: dict[str, Node] = {}
         for name in COORDINATORS:
             self.nodes[name] = Node(name, None, ())
+        # Who holds each partition, and the epoch of its tenure (a move raises it): storage refuses
+        # a fenced write that carries an older one.
+        self.owner = {partition: node_of(partition) for partition in self.partitions}
+        self.epoch = dict.fromkeys(self.partitions, 1)
         for partition in self.partitions:
-            self.nodes[node_of(partition)] = Node(node_of(partition), None, (partition,))
+            self.nodes[node_of(partition)] = Node(node_of(partition), None, (partition,), epochs={partition: 1})
         for node in self.nodes.values():
             node.reset_memory()
         self._partition_set = frozenset(self.partitions)
@@ -235,14 +247,19 @@ class World:
         # pure function of its schedule wherever it is replayed.
         seed = zlib.crc32(f"{self.schedule.seed}/{node.name}/{node.incarnation}".encode())
         jitter: JitterSource = random.Random(seed)
+        # As the runtime does: the core starts holding nothing, and each partition the node holds
+        # (its lease) comes through add_partition, with its own recovery.
         return NodeCore(
-            node.name, node.partitions, (*COORDINATORS, *((node.name,) if node.partitions else ())),
+            node.name, (), (*COORDINATORS, *((node.name,) if node.name not in COORDINATORS else ())),
             self.config, jitter,
             participant_factory=self._participant_factory, coordinator_factory=self._coordinator_factory,
         )
 
     def node_of_host(self, host: str) -> Node:
-        return self.nodes[node_of(host)] if host in self._partition_set else self.nodes[host]
+        return self.owner_of(host) if host in self._partition_set else self.nodes[host]
+
+    def owner_of(self, partition: str) -> Node:
+        return self.nodes[self.owner[partition]]
 
     @property
     def boot_ms(self) -> int:
@@ -273,13 +290,13 @@ class World:
         self.now_ms = -self.boot_ms
         self._push(0, _BOOTED, None)  # first at time 0: before any crash due then
         for node in self.nodes.values():
-            node.core = self._new_core(node)
-            for effect in node.core.start():
-                self._execute(node, effect)
+            self._start_core(node)
         for index, plan in enumerate(self.schedule.txns):
             self._push(plan.start_ms, _EXECUTE, self.txns[index])
         for crash in self.schedule.crashes:
             self._push(crash.at_ms, _CRASH, crash)
+        for move in self.schedule.moves:
+            self._push(move.at_ms, _MOVE, move)
         for index, resolve in enumerate(self.schedule.resolves):
             self._push(resolve.at_ms, _RESOLVE, index)
         self._push(self.liveness_check_ms, _CHECK, None)
@@ -288,7 +305,7 @@ class World:
         if kind == _DELIVER:
             self._deliver(*data)
         elif kind == _ARRIVE:
-            self._arrive(*data)
+            self._arrive(data)
         elif kind == _RETURN:
             name, incarnation, event, path = data
             if name.startswith("~resolve/"):
@@ -311,6 +328,8 @@ class World:
             self._read_landed(*data)
         elif kind == _EXECUTE_WRITES:
             self._execute_writes(data)
+        elif kind == _MOVE:
+            self._move(data)
         elif kind == _EXECUTE_ANSWER:
             name, incarnation, event = data
             node = self.nodes[name]
@@ -354,9 +373,9 @@ class World:
             return
         reads: dict[tuple[str, str], int] = {}
         for partition, key_index in (*plan.writes, *plan.reads):
-            node = self.nodes[node_of(partition)]
+            node = self.owner_of(partition)
             key = f"k{key_index}"
-            execution = self._begin_execution(node, partition, txn) if node.ready else None
+            execution = self._begin_execution(node, partition, txn) if self._serves(node, partition) else None
             table = node.tables[partition]
             if execution is None or table.lock(txn, key, LockMode.SHARED, self.now_ms) is not Grant.GRANTED:
                 self._abort_execution(txn)
@@ -379,10 +398,11 @@ class World:
         writes: list[tuple[str, bytes]] = []
         self.outcome.writes[txn] = {}
         for partition, key_index in plan.writes:
-            node = self.nodes[node_of(partition)]
+            node = self.owner_of(partition)
             key = f"k{key_index}"
             table = node.tables[partition]
-            execution = table.begin(txn, plan.coordinator, self.now_ms, continued=True) if node.ready else None
+            serves = self._serves(node, partition)
+            execution = table.begin(txn, plan.coordinator, self.now_ms, continued=True) if serves else None
             granted = isinstance(execution, Execution) and table.lock(txn, key, LockMode.EXCLUSIVE, self.now_ms)
             if granted is not Grant.GRANTED:
                 self._abort_execution(txn)
@@ -402,9 +422,13 @@ class World:
         """The coordinator's abort of an execution that failed somewhere: every live owner drops it."""
         plan = self.plans[txn]
         for partition, _ in (*plan.writes, *plan.reads):
-            node = self.nodes[node_of(partition)]
+            node = self.owner_of(partition)
             if node.alive:
                 node.tables[partition].abort(txn)
+
+    def _serves(self, node: Node, partition: str) -> bool:
+        """Whether `node` answers execute requests for `partition`: it holds it, recovered."""
+        return node.ready and node.core is not None and node.core.partition_recovered(partition)
 
     def _begin_execution(self, node: Node, partition: str, txn: str) -> Execution[int] | None:
         """The core's execution of `txn` on `partition` (None if refused), with its idle timeout."""
@@ -433,9 +457,9 @@ class World:
         self._feed(coordinator, CommitRequested(coordinator.name, txn, writes, (), prepare_sent=True), coordinator.path)
         participants = tuple(p for p, _ in writes)
         for partition, key_index in (*plan.writes, *plan.reads):
-            owner = self.nodes[node_of(partition)]
+            owner = self.owner_of(partition)
             sent = _Carried(txn, partition, f"k{key_index}", expected[partition], participants,
-                            coordinator.incarnation, owner.incarnation)
+                            coordinator.incarnation, owner.name, owner.incarnation)
             if self.rng.random() < self.schedule.loss_probability and 0 <= self.now_ms < FAULTS_END_MS:
                 self._answer_execute(txn, partition, coordinator.incarnation, None)  # lost on the way
                 continue
@@ -450,14 +474,15 @@ class World:
         cache, or storage, whose answer may take long), and go on in `_read_done`."""
         txn, partition, key, expected = carried.txn, carried.partition, carried.key, carried.expected
         incarnation = carried.incarnation
-        node = self.nodes[node_of(partition)]
+        node = self.nodes[carried.owner]
         if not node.alive or node.incarnation != carried.owner_incarnation:
-            # Sent over a connection to a process that is gone: lost with it.
+            # Sent over a connection to a process that is gone: lost with it. A node that dropped
+            # the partition since refuses it below (it hosts it no more).
             self._answer_execute(txn, partition, incarnation, None)
             return
         assert node.core is not None
         host = node.core.host(partition)
-        if not node.ready or host is None or txn in host.machines:
+        if not self._serves(node, partition) or host is None or txn in host.machines:
             self._answer_execute(txn, partition, incarnation, "not ready")
             return
         table = node.tables[partition]
@@ -487,8 +512,8 @@ class World:
         self._read_done(carried, execution, found)
 
     def _read_landed(self, carried: _Carried, execution: Execution[int], found: int) -> None:
-        node = self.nodes[node_of(carried.partition)]
-        if not node.alive or node.incarnation != carried.owner_incarnation:
+        node = self.nodes[carried.owner]
+        if not node.alive or node.incarnation != carried.owner_incarnation or carried.partition not in node.tables:
             self._answer_execute(carried.txn, carried.partition, carried.incarnation, None)
             return
         table = node.tables[carried.partition]
@@ -505,7 +530,7 @@ class World:
         txn, partition, key, expected = carried.txn, carried.partition, carried.key, carried.expected
         incarnation = carried.incarnation
         plan = self.plans[txn]
-        node = self.nodes[node_of(partition)]
+        node = self.nodes[carried.owner]
         if expected is None:
             # Only read: it votes yes, keeping the read lock until the decision.
             self.outcome.reads[txn][(partition, key)] = value
@@ -552,7 +577,7 @@ class World:
     def _caller_read(self, partition: str, key: str) -> int:
         """What a caller reading `key` before its one-shot is told: the owner's cached value, else
         storage's."""
-        hit, value = self.nodes[node_of(partition)].tables[partition].cached(key)
+        hit, value = self.owner_of(partition).tables[partition].cached(key)
         if hit:
             assert value is not None
             return value
@@ -560,7 +585,9 @@ class World:
 
     def _drop_idle(self, node: Node, partition: str, txn: str) -> None:
         assert node.core is not None
-        table = node.tables[partition]
+        table = node.tables.get(partition)
+        if table is None:
+            return  # moved away: its executions went with it
         execution = table.executions.get(txn)
         if execution is None:
             return
@@ -638,10 +665,19 @@ class World:
         node = self.nodes[name]
         assert not node.alive
         node.alive = True
-        node.core = self._new_core(node)
         node.path = frozenset({(0, 0)})
-        for effect in node.core.start():
+        self._start_core(node)
+
+    def _start_core(self, node: Node) -> None:
+        node.core = self._new_core(node)
+        incarnation = node.incarnation
+        effects = node.core.start()
+        for partition in node.partitions:
+            effects += node.core.add_partition(partition)
+        for effect in effects:
             self._execute(node, effect)
+            if node.incarnation != incarnation:
+                return
 
     def _unreachable(self, log: LogId) -> bool:
         windows = self._down_logs.get(log.key)
@@ -706,18 +742,28 @@ class World:
 
     def _call(self, owner: str, incarnation: int, call: StorageCall, path: Any) -> None:
         """A storage call: it reaches storage even if its caller dies meanwhile (only the answer is
-        lost). A slow one answers "unreachable" at the deadline and may land up to the slack later."""
+        lost). A slow one answers "unreachable" at the deadline and may land up to the slack later.
+        A partition's write to its own log or data carries the epoch of its owner's tenure."""
+        fenced = fenced_partition(call) if owner in self.nodes else None
+        epoch = self.nodes[owner].epochs[fenced] if fenced is not None else 0
         if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
             unreachable = answer(call, StorageUnreachable("the call outlived its deadline"))
             self._push(self.now_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path))
             if self.rng.random() < 0.5:
                 landing = self.now_ms + self.deadline_ms + self.rng.randint(0, self.config.clock_slack_ms)
-                self._push(landing, _ARRIVE, (owner, incarnation, call, path, False))
+                self._push(landing, _ARRIVE, (owner, incarnation, call, path, False, epoch))
             return
         self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _ARRIVE,
-                   (owner, incarnation, call, path, True))
+                   (owner, incarnation, call, path, True, epoch))
 
-    def _arrive(self, owner: str, incarnation: int, call: StorageCall, path: Any, answered: bool) -> None:
+    def _arrive(self, flight: tuple[str, int, StorageCall, Any, bool, int]) -> None:
+        owner, incarnation, call, path, answered, epoch = flight
+        fenced = fenced_partition(call) if owner in self.nodes else None
+        if fenced is not None and epoch < self.epoch[fenced]:
+            # The partition moved since the call left: storage refuses the old owner's write, and
+            # the runtime, told Fenced, drops the partition (this node dropped it at the move).
+            self.outcome.fenced_writes += 1
+            return
         result: Any = StorageUnreachable("outage")
         landed = not self._unreachable(call.log) or self.rng.random() < self.schedule.ambiguous_probability
         if landed:
@@ -789,13 +835,43 @@ class World:
             self.outcome.resolves.append((resolver.txn, resolver.outcome, resolver.detail))
 
     # -- checks made during the run -----------------------------------------------------------------
+    # -- partition moves -------------------------------------------------------------------------------
+    def _move(self, move: Move) -> None:
+        """The partition's owner lost its lease: it drops the partition (its machines, timers and
+        executions; calls in flight still land, fenced ones refused from now on), and the node
+        that holds `move.to` takes it in a higher epoch and recovers its log before serving it."""
+        old, new = self.owner_of(move.partition), self.owner_of(move.to)
+        if not new.ready:
+            return  # a node that is down or recovering takes nothing
+        partition = move.partition
+        self.epoch[partition] += 1
+        old.partitions = tuple(p for p in old.partitions if p != partition)
+        old.tables.pop(partition, None)
+        old.epochs.pop(partition, None)
+        if old.alive and old.core is not None:
+            old.core.drop_partition(partition)
+            # The runtime cancels the timers of a dropped host's machines and of its recovery.
+            for timer in [t for t in old.timers if t.owner in (partition, recovery_owner(partition))]:
+                del old.timers[timer]
+        self.owner[partition] = new.name
+        new.partitions = (*new.partitions, partition)
+        new.tables[partition] = PartitionExecutions(partition, redo)
+        new.epochs[partition] = self.epoch[partition]
+        if self.trace is not None:
+            self.trace.append(f"{self.now_ms:6d} MOVE {partition} from {old.name} to {new.name}")
+        assert new.core is not None
+        for effect in new.core.add_partition(partition):
+            self._execute(new, effect)
+            if not new.alive:
+                return
+
     def _check_collectable(self, call: DeleteRecord) -> None:
         """DESIGN 4: no record may go while someone could still run termination against it."""
         plan = self.plans.get(call.txn)
         if plan is None:
             return
         for partition, _ in plan.writes:
-            node = self.nodes[node_of(partition)]
+            node = self.owner_of(partition)
             host = node.core.partitions[partition] if node.alive and node.core is not None else None
             machine = host.machines.get(call.txn) if host is not None else None
             if isinstance(machine, CoordinatorLogParticipant) and machine.phase is Phase.VOTED:
