@@ -38,6 +38,10 @@ log = logging.getLogger("cornus.node")
 
 # Outcomes remembered for the status call after a transaction left memory.
 OUTCOME_REMEMBERED_COUNT_MAX = 100_000
+# Commits whose caller was told UNKNOWN, remembered apart (with their outcome once it comes): only
+# a missed commit deadline puts one here, so ordinary traffic cannot push out the outcome of a
+# commit whose caller was sent to the status call for it.
+REPORTED_UNKNOWN_REMEMBERED_COUNT_MAX = 100_000
 # A commit waits at most this long for its outcome before it reports UNKNOWN. It covers the vote
 # timeout, a termination round or two and a decision write.
 TIMEOUT_MS_COMMIT = 10_000
@@ -73,6 +77,8 @@ class CoordinatedTxn:
     last_active_s: float = field(default_factory=time.monotonic)
     reply: asyncio.Future[Reply | None] | None = None  # None: no reply within TIMEOUT_MS_COMMIT
     reply_expiry: asyncio.TimerHandle | None = None
+    # A reply that came after the commit deadline fired but before the commit resumed.
+    late_reply: Reply | None = None
     busy: int = 0  # operations in flight; an idle sweep must not abort under them
 
 
@@ -101,8 +107,8 @@ class Coordination:
         self.txns: dict[str, CoordinatedTxn] = {}
         self.outcomes: collections.OrderedDict[str, Outcome] = collections.OrderedDict()
         # Commits whose caller was told UNKNOWN (no outcome within the deadline) and sent to the
-        # status call: the outcome their machine gives later is remembered for it.
-        self._reported_unknown: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # status call, with the outcome their machine gives later (None until then).
+        self._reported_unknown: collections.OrderedDict[str, Outcome | None] = collections.OrderedDict()
         # Called with (protocol, outcome) whenever a coordinated transaction ends: metrics hook in.
         self.outcome_observers: list[Callable[[str, Outcome], None]] = []
         self._txn_counter = 0
@@ -273,21 +279,27 @@ class Coordination:
     def _unknown(self, ctx: CoordinatedTxn) -> Outcome:
         outcome = Outcome(ctx.txn, OutcomeStatus.UNKNOWN, detail="no outcome within the commit deadline; ask status")
         self._finish(ctx, outcome, remember=False)
-        self._reported_unknown[ctx.txn] = None
-        while len(self._reported_unknown) > OUTCOME_REMEMBERED_COUNT_MAX:
+        late = ctx.late_reply
+        self._reported_unknown[ctx.txn] = None if late is None else _outcome_of(late)
+        while len(self._reported_unknown) > REPORTED_UNKNOWN_REMEMBERED_COUNT_MAX:
             self._reported_unknown.popitem(last=False)
         return outcome
 
     def on_reply(self, effect: Reply) -> None:
         ctx = self.txns.get(effect.txn)
         if ctx is None:
-            if self._reported_unknown.pop(effect.txn, False) is None:
+            if effect.txn in self._reported_unknown and self._reported_unknown[effect.txn] is None:
                 # Its caller was sent to the status call, which must find this outcome after the
                 # machine and the records are gone, as it finds any other.
-                self._remember(_outcome_of(effect))
+                self._reported_unknown[effect.txn] = _outcome_of(effect)
             return
-        if ctx.reply is None or ctx.reply.done():
-            return  # the caller gave up (deadline); the status call still gives the outcome
+        if ctx.reply is None:
+            return  # no commit waits (an abort's reply)
+        if ctx.reply.done():
+            # The deadline fired in this very tick, and the commit has not resumed yet to report
+            # UNKNOWN: the outcome is kept for the status call it will send its caller to.
+            ctx.late_reply = effect
+            return
         if not ctx.timing.decided:
             ctx.timing.decided = time.perf_counter()
         ctx.reply.set_result(effect)
@@ -471,7 +483,8 @@ class Coordination:
         ctx = self.txns.get(txn)
         if ctx is not None:
             return Outcome(txn, OutcomeStatus.ACTIVE if ctx.state is OutcomeStatus.ACTIVE else OutcomeStatus.UNKNOWN)
-        return self.outcomes.get(txn)
+        known = self.outcomes.get(txn)
+        return known if known is not None else self._reported_unknown.get(txn)
 
     def sweep_idle(self, spawn: Callable[..., None]) -> None:
         """Abort transactions idle past timeout_ms_txn_idle (their clients are gone)."""

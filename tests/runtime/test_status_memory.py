@@ -1,0 +1,97 @@
+"""What the status call remembers for a caller that was told UNKNOWN (found by review): the
+outcome of such a commit is kept apart from ordinary traffic's, which cannot evict it, and a reply
+that lands in the very tick the commit's deadline fired is kept too."""
+
+from __future__ import annotations
+
+import pytest
+
+from cornus.protocol.effects import Reply
+from cornus.runtime import coordination
+from cornus.runtime.outcome import OutcomeStatus
+from storage_adapters.contract import TxnState
+from tests.runtime.faults import keys_in, local_cluster, puts, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_a_reply_landing_in_the_deadline_tick_is_kept_for_status(tmp_path, monkeypatch):
+    """The commit deadline's timer settles the reply future with None; the machine's Reply comes
+    in the same loop iteration, before the waiting commit resumes, and was dropped: after garbage
+    collection the status call knew nothing of a committed transaction."""
+    monkeypatch.setattr(coordination, "TIMEOUT_MS_COMMIT", 300)
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        keys = keys_in(2, ["p0", "p1"])
+        writes = {keys["p0"]: b"a", keys["p1"]: b"b"}
+        txn = node.begin()
+        await node.run_ops(txn, puts(writes))
+        held: list[Reply] = []
+        real_on_reply = node.runner.on_reply
+
+        def on_reply(effect: Reply) -> None:
+            if effect.txn == txn:
+                held.append(effect)  # it arrives with the deadline instead
+                return
+            real_on_reply(effect)
+
+        node.runner.on_reply = on_reply
+        real_no_reply = coordination._no_reply
+
+        def no_reply_then_reply(reply):  # the timer's callback, then the reply's, in one tick
+            real_no_reply(reply)
+            for effect in held:
+                real_on_reply(effect)
+            held.clear()
+
+        monkeypatch.setattr(coordination, "_no_reply", no_reply_then_reply)
+        outcome = await node.commit(txn)
+        assert outcome.status is OutcomeStatus.UNKNOWN, outcome
+
+        async def collected() -> bool:
+            return txn not in node.core.coordinator.machines and all(
+                [await cluster.record(p, txn) is None for p in ("p0", "p1")])
+
+        await wait_until(collected, 20, "never collected")
+        assert {k: await cluster.value(k) for k in writes} == writes  # it committed
+        status = await node.resolve_status(txn)
+        assert status is not None and status.status is OutcomeStatus.COMMITTED, status
+
+
+async def test_the_outcome_of_a_commit_reported_unknown_survives_other_traffic(tmp_path, monkeypatch):
+    """Its outcome went into the FIFO every transaction's outcome goes into (100,000 entries:
+    tens of seconds of traffic); once evicted and collected, the status call said "no such
+    transaction" for a commit whose caller it had sent there."""
+    monkeypatch.setattr(coordination, "TIMEOUT_MS_COMMIT", 100)
+    monkeypatch.setattr(coordination, "OUTCOME_REMEMBERED_COUNT_MAX", 5)
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        keys = keys_in(2, ["p0", "p1"])
+        gate = cluster.faults["n0"].hold("log_once", where=lambda a: a["state"] is TxnState.VOTE_YES)
+        txn = node.begin()
+        writes = {keys["p0"]: b"a", keys["p1"]: b"b"}
+        await node.run_ops(txn, puts(writes))
+        unknown = await node.commit(txn)
+        assert unknown.status is OutcomeStatus.UNKNOWN, unknown
+        gate.set()
+        cluster.faults["n0"].heal()
+
+        async def decided() -> bool:
+            known = node.status(txn)
+            return known is not None and known.status is not OutcomeStatus.UNKNOWN
+
+        await wait_until(decided, 10, "outcome never remembered")
+        for i in range(10):  # ordinary traffic, twice the bound
+            other = keys_in(2, ["p0"], prefix=f"o{i}")["p0"]
+            assert (await node.execute(puts({other: b"x"}))).status is OutcomeStatus.COMMITTED
+
+        async def collected() -> bool:
+            return txn not in node.core.coordinator.machines and all(
+                [await cluster.record(p, txn) is None for p in ("p0", "p1")])
+
+        await wait_until(collected, 20, "never collected")
+        values = {k: await cluster.value(k) for k in writes}
+        status = await node.resolve_status(txn)
+        assert status is not None, f"storage holds {values}; status call: no such transaction"
+        expected = OutcomeStatus.COMMITTED if values == writes else OutcomeStatus.ABORTED
+        assert status.status is expected, (status, values)
