@@ -242,7 +242,14 @@ def parse_outcome(url: str, response: httpx.Response, txn: str, *, may_have_comm
     """The outcome of execute, commit, abort, status or resolve. Raises the typed error of a 4xx.
     A response outside the API (e.g. a 500) is UNKNOWN where the call could have committed,
     since the node may have failed after committing; elsewhere it is a ServerError."""
-    body = _json(url, response) if response.content else None
+    try:
+        body = _json(url, response) if response.content else None
+    except ServerError:
+        if not may_have_committed:
+            raise
+        # Not the API's JSON, so not a node's own answer: a proxy's page, or the server's plain
+        # 500 when shutdown cut the request. The request may have reached a node that committed.
+        body = response.text[:200]
     if isinstance(body, dict) and "outcome" in body:
         return _outcome_from(url, body)
     if response.status_code == 503:

@@ -1,0 +1,45 @@
+"""A proxy's answer after a call that may have committed (found by review): a 5xx whose body is
+not the API's JSON (a gateway's HTML page, uvicorn's plain-text 500 when shutdown cancels a
+request) is UNKNOWN, not an error the caller may take for "nothing happened" and retry."""
+
+from __future__ import annotations
+
+import httpx
+
+from services.client import AsyncCornusClient, CornusClient, Op, ServerError, Status
+
+_GATEWAY_PAGE = b"<html><body>504 Gateway Time-out</body></html>"
+
+
+def _answer(status: int) -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/txn":
+            return httpx.Response(201, json={"txn": "t1"})
+        return httpx.Response(status, content=_GATEWAY_PAGE, headers={"content-type": "text/html"})
+
+    return httpx.MockTransport(handler)
+
+
+def test_a_gateway_page_after_an_execute_or_a_commit_is_unknown() -> None:
+    for status in (500, 502, 504):
+        client = CornusClient("http://node:8100", http=httpx.Client(transport=_answer(status)))
+        outcome = client.execute([Op.put("k", "v")])
+        assert outcome.status is Status.UNKNOWN, (status, outcome)
+        assert client.begin().commit().status is Status.UNKNOWN
+
+
+async def test_the_async_client_reads_a_gateway_page_alike() -> None:
+    client = AsyncCornusClient("http://node:8100", http=httpx.AsyncClient(transport=_answer(502)))
+    assert (await client.execute([Op.put("k", "v")])).status is Status.UNKNOWN
+    txn = await client.begin()
+    assert (await txn.commit()).status is Status.UNKNOWN
+
+
+def test_a_gateway_page_where_nothing_can_have_committed_is_still_an_error() -> None:
+    client = CornusClient("http://node:8100", http=httpx.Client(transport=_answer(502)))
+    try:
+        client.begin().abort()
+    except ServerError as error:
+        assert "not JSON" in str(error)
+    else:
+        raise AssertionError("an abort answered by a gateway page must raise")
