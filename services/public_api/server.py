@@ -24,6 +24,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -57,6 +58,13 @@ MESSAGE_BYTES_MAX = 16 * 1024 * 1024
 READY_POLL_INTERVAL_MS = 50
 # How long in-flight calls may run on at shutdown before they are cut off.
 SHUTDOWN_GRACE_MS = 2_000
+# Calls still running this long before the grace ends answer for themselves (a commit under way:
+# OUTCOME_UNKNOWN with its transaction): grpc's own cut at the end of the grace would answer
+# UNAVAILABLE, which the API defines as "changed nothing". Half the grace when that is shorter.
+SHUTDOWN_MS_ANSWER_MARGIN = 500
+# The initial metadata in which Execute, Put and Get name their transaction before it runs: a
+# caller whose deadline passes while it commits asks Status about it.
+TXN_METADATA_KEY = "cornus-txn"
 # Commits that outlived their caller's deadline finish on their own, bounded by the node's commit
 # deadline; shutdown waits this long for them.
 SHUTDOWN_MS_BACKGROUND = 12_000
@@ -96,6 +104,23 @@ Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 class DeadlineExceeded(Exception):
     """The caller's deadline passed before the node's work finished (the work goes on)."""
+
+
+@dataclass(slots=True)
+class _OneShotCall:
+    """What an Execute, Put or Get has done so far, for the answer it gives if the server stops
+    before it finishes: UNKNOWN once its commit started, else a refusal that it then honours."""
+
+    txn: str = ""
+    committing: bool = False
+    refused: bool = False
+
+    def stopped(self) -> Outcome:
+        if self.committing:
+            return Outcome(self.txn, OutcomeStatus.UNKNOWN,
+                           detail="the server stopped while the commit ran; it goes on: ask Status")
+        self.refused = True  # _one_shot aborts instead of committing, nobody hears of it
+        raise NodeOverloaded("the server is stopping; nothing was committed")
 
 
 # === input ========================================================================================
@@ -229,9 +254,23 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         assert self._op_count_max > 0
         # Work that outlived its caller's deadline; held so it is neither collected nor forgotten.
         self.background: set[asyncio.Task[Any]] = set()
+        # Set when the server stops: calls still running answer for themselves (see `answer_now`).
+        self._stopping: asyncio.Future[None] | None = None
 
-    async def _run(self, context: grpc.aio.ServicerContext, work: Coroutine[Any, Any, T], what: str) -> T:
-        """Run `work` on the node within the caller's deadline, shielded from cancellation."""
+    def answer_now(self) -> None:
+        """The server is about to cut its calls: every call still running answers now."""
+        if self._stopping is None:
+            self._stopping = asyncio.get_running_loop().create_future()
+        if not self._stopping.done():
+            self._stopping.set_result(None)
+
+    async def _run(
+        self, context: grpc.aio.ServicerContext, work: Coroutine[Any, Any, T], what: str,
+        on_stop: Callable[[], T] | None = None,
+    ) -> T:
+        """Run `work` on the node within the caller's deadline, shielded from cancellation. If
+        the server stops first, the call answers with `on_stop()` (or UNAVAILABLE) while the
+        work goes on."""
         remaining_s = context.time_remaining()
         if remaining_s is not None and remaining_s <= 0:
             work.close()
@@ -242,14 +281,22 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         task = asyncio.ensure_future(work)
         self.background.add(task)
         task.add_done_callback(self._work_done)
+        if self._stopping is None:
+            self._stopping = asyncio.get_running_loop().create_future()
         scope = asyncio.timeout(remaining_s)
         try:
             async with scope:
-                return await asyncio.shield(task)
+                # Not cancelled with the call: asyncio.wait leaves its futures alone.
+                await asyncio.wait((task, self._stopping), return_when=asyncio.FIRST_COMPLETED)
         except TimeoutError:
             if not scope.expired():
                 raise  # the work's own, not our deadline
             raise DeadlineExceeded(f"the deadline passed during {what}; it goes on without the caller") from None
+        if task.done():
+            return task.result()
+        if on_stop is not None:
+            return on_stop()
+        raise NodeOverloaded(f"the server is stopping; {what} goes on without the caller")
 
     def _work_done(self, task: asyncio.Task[Any]) -> None:
         self.background.discard(task)
@@ -261,20 +308,31 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         remaining_s = context.time_remaining()
         return None if remaining_s is None else time.monotonic() + remaining_s
 
-    async def _one_shot(self, ops: list[Op], protocol: Protocol | None, deadline_s: float | None) -> Outcome:
-        """Node.execute, except that a caller who has gone before the commit gets no commit."""
+    async def _one_shot(
+        self, context: grpc.aio.ServicerContext, call: _OneShotCall, ops: list[Op], protocol: Protocol | None,
+    ) -> Outcome:
+        """Node.execute, except that a caller who has gone before the commit gets no commit, and
+        that the transaction is named in the initial metadata before anything runs."""
         node = self._node
-        txn = node.begin(protocol)
+        deadline_s = self._deadline_s(context)
+        if call.refused:
+            raise NodeOverloaded("the server is stopping; nothing was committed")
+        txn = call.txn = node.begin(protocol)
         try:
+            await context.send_initial_metadata(((TXN_METADATA_KEY, txn),))
             values = await node.run_ops(txn, ops)
         except TxnAborted as aborted:
             return aborted.outcome
-        except ValidationError:
+        except BaseException:
+            # The caller is gone (metadata could not be sent), the input was bad, or the task was
+            # cancelled: nothing committed, and the transaction must not wait for the idle sweep.
             await node.abort(txn)
             raise
-        if deadline_s is not None and time.monotonic() >= deadline_s:
-            # Nobody would hear of this commit: the caller saw DEADLINE_EXCEEDED and may retry.
+        if call.refused or (deadline_s is not None and time.monotonic() >= deadline_s):
+            # Nobody would hear of this commit: the caller was told DEADLINE_EXCEEDED (or, as the
+            # server stopped, UNAVAILABLE) and may retry.
             return await node.abort(txn)
+        call.committing = True  # in the same step as the check: no stop can come in between
         outcome = await node.commit(txn)
         if outcome.status is not OutcomeStatus.COMMITTED:
             return outcome
@@ -287,8 +345,13 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         _count(len(request.ops), "operations", self._op_count_max)
         ops = [_op(index, op) for index, op in enumerate(request.ops)]
         protocol = _protocol(request.protocol)
-        outcome = await self._run(context, self._one_shot(ops, protocol, self._deadline_s(context)), "execute")
-        return outcome_message(outcome)
+        return outcome_message(await self._run_one_shot(context, ops, protocol, "execute"))
+
+    async def _run_one_shot(
+        self, context: grpc.aio.ServicerContext, ops: list[Op], protocol: Protocol | None, what: str,
+    ) -> Outcome:
+        call = _OneShotCall()
+        return await self._run(context, self._one_shot(context, call, ops, protocol), what, on_stop=call.stopped)
 
     @_status_codes
     async def Begin(self, request: pb.BeginRequest, context: grpc.aio.ServicerContext) -> pb.BeginResponse:
@@ -327,7 +390,12 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
     @_status_codes
     async def Commit(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> pb.TxnOutcome:
         txn = _txn(request.txn)
-        return outcome_message(await self._run(context, self._node.commit(txn), f"the commit of {txn} (ask Status)"))
+
+        def stopped() -> Outcome:
+            return Outcome(txn, OutcomeStatus.UNKNOWN, detail="the server stopped while the commit ran; ask Status")
+
+        what = f"the commit of {txn} (ask Status)"
+        return outcome_message(await self._run(context, self._node.commit(txn), what, on_stop=stopped))
 
     @_status_codes
     async def Abort(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> pb.TxnOutcome:
@@ -345,8 +413,7 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
     @_status_codes
     async def Get(self, request: pb.GetRequest, context: grpc.aio.ServicerContext) -> pb.TxnOutcome:
         ops = [Op(OpKind.GET, _key(request.key))]
-        outcome = await self._run(context, self._one_shot(ops, None, self._deadline_s(context)), "get")
-        return outcome_message(outcome)
+        return outcome_message(await self._run_one_shot(context, ops, None, "get"))
 
     @_status_codes
     async def Put(self, request: pb.PutRequest, context: grpc.aio.ServicerContext) -> pb.TxnOutcome:
@@ -354,8 +421,7 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         if not request.HasField("value"):
             raise ValidationError(f"a put needs a value (key {key!r})")
         ops = [Op(OpKind.PUT, key, _value(key, request.value))]
-        outcome = await self._run(context, self._one_shot(ops, None, self._deadline_s(context)), "put")
-        return outcome_message(outcome)
+        return outcome_message(await self._run_one_shot(context, ops, None, "put"))
 
 
 # === the server ===================================================================================
@@ -409,7 +475,12 @@ class PublicGrpcServer:
             self._readiness.cancel()
         # Health says NOT_SERVING first, so load balancers stop sending before calls are refused.
         await self._health.enter_graceful_shutdown()
-        await self._server.stop(SHUTDOWN_GRACE_MS / 1000)
+        stopping = asyncio.ensure_future(self._server.stop(SHUTDOWN_GRACE_MS / 1000))
+        answer_at_ms = max(SHUTDOWN_GRACE_MS // 2, SHUTDOWN_GRACE_MS - SHUTDOWN_MS_ANSWER_MARGIN)
+        done, _ = await asyncio.wait((stopping,), timeout=answer_at_ms / 1000)
+        if not done:
+            self._servicer.answer_now()
+        await stopping
         background = list(self._servicer.background)
         if background:
             await asyncio.wait(background, timeout=SHUTDOWN_MS_BACKGROUND / 1000)

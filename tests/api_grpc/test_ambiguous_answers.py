@@ -1,0 +1,121 @@
+"""gRPC answers to calls whose commit may still happen (found by review). public.proto says an
+error status changed nothing, except where it names the transaction to ask Status about: a
+one-shot (Execute, Put, Get) names it in the initial metadata `cornus-txn` before it runs, and a
+call still running when the server stops answers OUTCOME_UNKNOWN itself instead of leaving grpc's
+own UNAVAILABLE ("Cancelling all calls") to a commit that then commits."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+import services.public_api  # noqa: F401 - builds the generated code before it is imported below
+from services.public_api import server as grpc_server_module
+from services.public_api._generated import public_pb2 as pb
+from services.public_api._generated import public_pb2_grpc
+from services.public_api.server import TXN_METADATA_KEY, PublicGrpcServer
+from storage_adapters.contract import TxnState
+from tests.runtime.faults import keys_in, local_cluster, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _committed_or_aborted(cluster, node, txn: str) -> pb.Outcome:
+    async def decided() -> bool:
+        known = await node.resolve_status(txn)
+        return known is not None and known.status.value in ("committed", "aborted")
+
+    await wait_until(decided, 20, f"{txn} never decided")
+    return await node.resolve_status(txn)
+
+
+async def test_an_execute_past_its_deadline_names_its_transaction_for_status(tmp_path):
+    """Its deadline passed while its commit ran: the caller got DEADLINE_EXCEEDED and no
+    transaction id, and the commit went on and committed."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        api = PublicGrpcServer(node, "127.0.0.1:0")
+        port = await api.start()
+        keys = keys_in(2, ["p0", "p1"])
+        # The votes, and a termination's ABORT, wait: the commit outlives the caller's deadline.
+        gate = cluster.faults["n0"].hold("log_once", where=lambda a: a["state"] is not TxnState.COMMIT)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = public_pb2_grpc.CornusStub(channel)
+                ops = [pb.Op(kind=pb.OP_KIND_PUT, key=k, value=b"v") for k in keys.values()]
+                call = stub.Execute(pb.ExecuteRequest(ops=ops), timeout=0.5)
+                with pytest.raises(grpc.aio.AioRpcError) as error:
+                    await call
+                assert error.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+                txn = dict(await call.initial_metadata()).get(TXN_METADATA_KEY, "")
+                assert txn, "the caller was not told which transaction to ask Status about"
+                gate.set()
+                cluster.faults["n0"].heal()
+                outcome = await _committed_or_aborted(cluster, node, txn)
+                values = [await cluster.value(k) for k in keys.values()]
+                assert values == ([b"v", b"v"] if outcome.status.value == "committed" else [None, None])
+        finally:
+            gate.set()
+            await api.stop()
+
+
+async def test_a_commit_cut_by_the_server_s_stop_is_unknown_not_unavailable(tmp_path, monkeypatch):
+    monkeypatch.setattr(grpc_server_module, "SHUTDOWN_GRACE_MS", 300)
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        api = PublicGrpcServer(node, "127.0.0.1:0")
+        port = await api.start()
+        keys = keys_in(2, ["p0", "p1"])
+        gate = None
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = public_pb2_grpc.CornusStub(channel)
+                txn = (await stub.Begin(pb.BeginRequest())).txn
+                await stub.Write(pb.WriteRequest(txn=txn, writes=[pb.Write(key=k, value=b"v") for k in keys.values()]))
+                gate = cluster.faults["n0"].hold("log_once", where=lambda a: a["state"] is not TxnState.COMMIT)
+                commit = asyncio.ensure_future(stub.Commit(pb.TxnRequest(txn=txn), timeout=30))
+                await asyncio.sleep(0.3)
+                stopping = asyncio.ensure_future(api.stop())
+                answer = await commit  # an error status here fails the test
+                assert answer.outcome == pb.OUTCOME_UNKNOWN and answer.txn == txn, answer
+                gate.set()
+                cluster.faults["n0"].heal()
+                await stopping
+                await _committed_or_aborted(cluster, node, txn)
+        finally:
+            if gate is not None:
+                gate.set()
+
+
+async def test_a_one_shot_the_server_s_stop_cuts_before_its_commit_never_commits(tmp_path, monkeypatch):
+    """Answered before its commit started, it must not commit afterwards: the caller was told
+    UNAVAILABLE, nothing changed."""
+    monkeypatch.setattr(grpc_server_module, "SHUTDOWN_GRACE_MS", 300)
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        api = PublicGrpcServer(node, "127.0.0.1:0")
+        port = await api.start()
+        keys = keys_in(2, ["p0", "p1"])
+        # Hold the operations (the owners' data reads), so the stop comes before the commit.
+        gate = cluster.faults["n0"].hold("read_data")
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = public_pb2_grpc.CornusStub(channel)
+                ops = [pb.Op(kind=pb.OP_KIND_GET, key=k) for k in keys.values()]
+                ops += [pb.Op(kind=pb.OP_KIND_PUT, key=k, value=b"v") for k in keys.values()]
+                execute = asyncio.ensure_future(stub.Execute(pb.ExecuteRequest(ops=ops), timeout=30))
+                await asyncio.sleep(0.3)
+                stopping = asyncio.ensure_future(api.stop())
+                with pytest.raises(grpc.aio.AioRpcError) as error:
+                    await execute
+                assert error.value.code() is grpc.StatusCode.UNAVAILABLE
+                assert "nothing was committed" in (error.value.details() or "")
+                gate.set()
+                cluster.faults["n0"].heal()
+                await stopping
+                await asyncio.sleep(1.0)
+                assert [await cluster.value(k) for k in keys.values()] == [None, None]
+        finally:
+            gate.set()
