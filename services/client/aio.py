@@ -70,6 +70,9 @@ class AsyncTransaction:
         self.outcome: Outcome | None = None
         self._client = client
         self._aborted_by_caller = False
+        # Set when a read or write failed after it may have reached the node: what the
+        # transaction holds is unknown, so it may only be aborted.
+        self._ambiguous = ""
 
     @property
     def ended(self) -> bool:
@@ -94,6 +97,10 @@ class AsyncTransaction:
     async def commit(self) -> Outcome:
         """The outcome; it never raises for an abort (see Outcome.raise_for_outcome)."""
         self._check_active()
+        if self._ambiguous:
+            raise WrongState(0, "wrong_state", f"transaction {self.txn}: an earlier call failed after it may "
+                             f"have reached the node ({self._ambiguous}), so its writes may or may not be "
+                             "buffered: abort it and run a new one")
         try:
             response = await self._client._post(self.node_url + txn_path(self.txn, "/commit"))
         except httpx.TransportError as error:
@@ -127,7 +134,10 @@ class AsyncTransaction:
             response = await self._client._post(self.node_url + txn_path(self.txn, suffix), body)
         except httpx.TransportError as error:
             # The transaction cannot move to another node, but nothing commits before commit, so
-            # the caller (or run_transaction) may rerun it from the start as a new one.
+            # the caller (or run_transaction) may rerun it from the start as a new one; this one
+            # may no longer commit when the call may have reached the node.
+            if not is_unsent(error):
+                self._ambiguous = describe(error)
             raise Unavailable(unreachable(self.node_url, self.txn, describe(error))) from error
         try:
             return parse_ok(self.node_url, response, 200, self.txn)

@@ -5,8 +5,9 @@ request) is UNKNOWN, not an error the caller may take for "nothing happened" and
 from __future__ import annotations
 
 import httpx
+import pytest
 
-from services.client import AsyncCornusClient, CornusClient, Op, ServerError, Status
+from services.client import AsyncCornusClient, CornusClient, Op, ServerError, Status, Unavailable, WrongState
 
 _GATEWAY_PAGE = b"<html><body>504 Gateway Time-out</body></html>"
 
@@ -43,3 +44,42 @@ def test_a_gateway_page_where_nothing_can_have_committed_is_still_an_error() -> 
         assert "not JSON" in str(error)
     else:
         raise AssertionError("an abort answered by a gateway page must raise")
+
+
+def _write_times_out() -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/txn":
+            return httpx.Response(201, json={"txn": "t1"})
+        if request.url.path.endswith("/write"):
+            raise httpx.ReadTimeout("the node took the write and did not answer in time", request=request)
+        raise AssertionError(f"{request.url.path} must not be sent after an ambiguous write")
+
+    return httpx.MockTransport(handler)
+
+
+def test_a_write_that_may_have_landed_leaves_its_transaction_uncommittable() -> None:
+    """A write whose answer was lost after it was sent may have been buffered: the caller, told
+    Unavailable, could catch it and commit, and commit the write it believed had failed."""
+    client = CornusClient("http://node:8100", http=httpx.Client(transport=_write_times_out()))
+    txn = client.begin()
+    with pytest.raises(Unavailable):
+        txn.write({"k": "v"})
+    try:
+        txn.commit()
+    except WrongState as error:
+        assert "may or may not" in str(error)
+    else:
+        raise AssertionError("the commit went out after an ambiguous write")
+
+
+async def test_the_async_client_refuses_the_commit_alike() -> None:
+    client = AsyncCornusClient("http://node:8100", http=httpx.AsyncClient(transport=_write_times_out()))
+    txn = await client.begin()
+    with pytest.raises(Unavailable):
+        await txn.write({"k": "v"})
+    try:
+        await txn.commit()
+    except WrongState as error:
+        assert "may or may not" in str(error)
+    else:
+        raise AssertionError("the commit went out after an ambiguous write")
