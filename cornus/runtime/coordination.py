@@ -241,6 +241,9 @@ class Coordination:
     # -- commit ------------------------------------------------------------------------------------
     async def commit(self, txn: str) -> Outcome:
         ctx = self.active(txn)
+        if self.closing:
+            # A clean stop waits only for the decisions of commits already under way.
+            raise NodeOverloaded(f"{self.node_id} is stopping; nothing was committed")
         if ctx.busy:
             raise TxnWrongState(f"transaction {txn} still has operations running")
         ctx.timing.commit_requested = time.perf_counter()
