@@ -1,7 +1,8 @@
-"""Carries out the ownership machine (cornus.protocol.ownership) on one node: ticks it on the
-monotonic clock, runs its storage calls, and tells the node what it acquired, lost or must drain.
-It decides nothing; it also answers, from the machine, whether the node may serve a partition now
-and with which fence, and from the last records read, which node to send a partition's traffic to.
+"""Carries out the ownership machine (cornus.protocol.ownership) on one node: ticks it on a clock
+that counts suspended time, runs its storage calls, and tells the node what it acquired, lost or
+must drain. It decides nothing; it also answers, from the machine, whether the node may serve a
+partition now and with which fence, and from the last records read, which node to send a
+partition's traffic to.
 
 Every serve and stop is logged in one fixed form, for operators and for the chaos harness, which
 checks from them that no partition was served by two nodes at once (wall-clock milliseconds):
@@ -38,8 +39,14 @@ from storage_adapters.store import LogStore
 log = logging.getLogger("cornus.ownership")
 
 
+# The lease clock counts time the machine spent suspended (found by review): CLOCK_MONOTONIC
+# stops during a suspend or a hibernation, and a node resumed from one found its lease still good
+# long after another node had taken its partitions, and ran its expired timers as their owner.
+LEASE_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
 def now_ms() -> int:
-    return int(time.monotonic() * 1000)
+    return time.clock_gettime_ns(LEASE_CLOCK) // 1_000_000
 
 
 def unix_ms_of(monotonic_ms: int) -> int:
