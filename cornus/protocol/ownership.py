@@ -172,6 +172,9 @@ class OwnershipMachine:
     held: dict[str, _Held] = field(default_factory=dict)
     _watch: dict[str, _Watch] = field(default_factory=dict)
     _writing: dict[str, WriteOwner] = field(default_factory=dict)  # one write per partition at a time
+    # Partitions released while a renewal of theirs was in flight: the release is written once it
+    # answers, or the next owner would wait out the lease and the clock slack for nothing.
+    _release_after_write: set[str] = field(default_factory=set)
     _reading: bool = False
     _last_read_ms: int | None = None
     _stopping: bool = False
@@ -240,6 +243,16 @@ class OwnershipMachine:
         del self._writing[partition]
         held = self.held.get(partition)
         mine = call.new.owner == self.node
+        if partition in self._release_after_write:
+            self._release_after_write.discard(partition)
+            assert held is None, f"{partition} released and held again while its renewal was in flight"
+            renewed = result is not None and result.written and mine and call.expected is not None \
+                and call.new.epoch == call.expected.epoch
+            if renewed:
+                # Our record, in the epoch we released: free it (compare-and-swap on what landed).
+                released = replace(call.new, owner="", version=call.new.version + 1)
+                return [self._write(call.new, released, now_ms)]
+            return []
         if result is None:
             # Unknown. A renewal that did not land leaves the lease where it was; a take that
             # landed shows up in the next read as a record of ours we do not hold, which we treat
@@ -365,6 +378,8 @@ class OwnershipMachine:
         if partition not in self._writing:
             record = held.record
             effects.append(self._write(record, replace(record, owner="", version=record.version + 1), now_ms))
-        # Else a renewal is in flight: its answer finds the partition not held, and the lease
-        # runs out instead; nothing of ours can be written meanwhile, since we serve nothing.
+        else:
+            # A renewal is in flight: the release goes once it answers (on the record it wrote).
+            # Nothing of ours is written meanwhile, since we serve nothing.
+            self._release_after_write.add(partition)
         return effects
