@@ -1,4 +1,4 @@
-"""Injected storage latency: wrap any LogStore so each call first waits a sampled delay.
+"""Injected storage latency: wrap any LogStore so each call's answer waits a sampled delay.
 
 Used to imitate cloud storage on loopback (Azure Blob ~10 ms, Azure Cache for Redis ~2 ms) and to
 compare protocols at the latencies of the paper's experiments. One sample per contract call: the
@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
@@ -27,8 +28,10 @@ from storage_adapters.contract import (
     RecordBody,
     TxnState,
 )
-from storage_adapters.errors import ValidationError
+from storage_adapters.errors import StorageError, ValidationError
 from storage_adapters.store import DelegatingStore, LogStore
+
+T = TypeVar("T")
 
 # A sampled delay never exceeds this: a lognormal tail must not stall a benchmark for minutes.
 DELAY_MS_MAX = 10_000
@@ -74,9 +77,13 @@ def parse_latency(spec: str) -> LatencyDistribution:
 
 
 class LatencyInjectingStore(DelegatingStore):
-    """A LogStore that delays every call by a sample of `distribution`, then delegates. Validation
-    errors still come from the inner store, so bad input behaves exactly as without the wrapper;
-    the delay stands for the trip to remote storage, outside the inner store's call deadline."""
+    """A LogStore whose every answer comes a sample of `distribution` after the inner store gave
+    it: the call itself leaves at once, so the lease check the effect runner makes as a write
+    leaves, and the deadline storage holds the write to, are those of the call without the
+    wrapper; the delay stands for the trip to remote storage and back, all of it on the answer's
+    side (found by review: delayed before it left, a deposed owner's unfenced write went out
+    after its lease ended, and a call landed up to the delay past its deadline). Bad input is
+    refused at once, as without the wrapper: it never leaves the node."""
 
     def __init__(self, inner: LogStore, distribution: LatencyDistribution, seed: int | None = None) -> None:
         super().__init__(inner)
@@ -89,44 +96,46 @@ class LatencyInjectingStore(DelegatingStore):
         if delay_ms > 0:
             await asyncio.sleep(delay_ms / 1000)
 
+    async def _answered(self, call: Awaitable[T]) -> T:
+        try:
+            result = await call
+        except ValidationError:
+            raise
+        except StorageError:
+            await self._delay()  # an error comes back from remote storage too
+            raise
+        await self._delay()
+        return result
+
     async def log_once(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
     ) -> LogOnceResult:
-        await self._delay()
-        return await self.inner.log_once(log, txn, state, body, fence)
+        return await self._answered(self.inner.log_once(log, txn, state, body, fence))
 
     async def log(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
     ) -> TxnState:
-        await self._delay()
-        return await self.inner.log(log, txn, state, body, fence)
+        return await self._answered(self.inner.log(log, txn, state, body, fence))
 
     async def read(self, log: LogId, txn: str) -> Record | None:
-        await self._delay()
-        return await self.inner.read(log, txn)
+        return await self._answered(self.inner.read(log, txn))
 
     async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
-        await self._delay()
-        return await self.inner.scan_unfinished(log, limit, after)
+        return await self._answered(self.inner.scan_unfinished(log, limit, after))
 
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
-        await self._delay()
-        return await self.inner.read_data(partition, keys)
+        return await self._answered(self.inner.read_data(partition, keys))
 
     async def apply_redo(
         self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
     ) -> bool:
-        await self._delay()
-        return await self.inner.apply_redo(partition, txn, writes, fence)
+        return await self._answered(self.inner.apply_redo(partition, txn, writes, fence))
 
     async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
-        await self._delay()
-        return await self.inner.delete(log, txn, fence)
+        return await self._answered(self.inner.delete(log, txn, fence))
 
     async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
-        await self._delay()
-        return await self.inner.read_owners(partitions)
+        return await self._answered(self.inner.read_owners(partitions))
 
     async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
-        await self._delay()
-        return await self.inner.write_owner(expected, new)
+        return await self._answered(self.inner.write_owner(expected, new))
