@@ -427,8 +427,9 @@ class World:
                 node.tables[partition].abort(txn)
 
     def _serves(self, node: Node, partition: str) -> bool:
-        """Whether `node` answers execute requests for `partition`: it holds it, recovered."""
-        return node.ready and node.core is not None and node.core.partition_recovered(partition)
+        """Whether `node` answers execute requests for `partition`: it holds it, and that
+        partition's recovery is done (as the runtime: the node's own recovery may still run)."""
+        return node.alive and node.core is not None and node.core.partition_recovered(partition)
 
     def _begin_execution(self, node: Node, partition: str, txn: str) -> Execution[int] | None:
         """The core's execution of `txn` on `partition` (None if refused), with its idle timeout."""
