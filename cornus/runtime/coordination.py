@@ -152,8 +152,9 @@ class Coordination:
         # abort that runs meanwhile must drop these partitions too.
         requests = [ExecuteRequest(txn, partition, self.node_id, tuple(group), continued=partition in ctx.touched)
                     for partition, group in by_partition.items()]
-        for partition in by_partition:
-            ctx.touched.setdefault(partition, {})
+        first_touched = [partition for partition in by_partition if partition not in ctx.touched]
+        for partition in first_touched:
+            ctx.touched[partition] = {}
         ctx.busy += 1
         try:
             responses = await asyncio.gather(*(self._request_partition(request) for request in requests))
@@ -169,6 +170,10 @@ class Coordination:
         if failed:
             _, response = failed[0]
             if response.status is ExecuteStatus.INVALID and len(failed) == len(values):
+                # Refused before anything ran: a partition this call touched first holds no
+                # execution of it, so the next request there is a first one, not a continued one.
+                for partition in first_touched:
+                    ctx.touched.pop(partition, None)
                 raise ValidationError(response.detail)
             raise TxnAborted(await self._abort_for(ctx, response))
         self._record_writes(ctx, by_partition)
