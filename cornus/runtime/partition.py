@@ -146,6 +146,11 @@ class PartitionRuntime:
         handle = loop.call_later(self.timeout_ms_lock_wait / 1000 + 0.001, self._expire_waiters)
         try:
             grant = await future
+        except asyncio.CancelledError:
+            # The request's caller gave up on it (its deadline): its coordinator aborts the
+            # transaction, and a queued request nobody waits for must never be granted the lock.
+            self.abort_execution(txn)
+            raise
         finally:
             handle.cancel()
             self._waiters.pop((txn, key), None)
