@@ -1,4 +1,5 @@
-"""Injected storage latency: wrap any LogStore so each call's answer waits a sampled delay.
+"""Injected storage latency: wrap any LogStore so each call takes a sampled delay, half of it (a
+short trip out) before the call leaves and the rest before its answer comes back.
 
 Used to imitate cloud storage on loopback (Azure Blob ~10 ms, Azure Cache for Redis ~2 ms) and to
 compare protocols at the latencies of the paper's experiments. One sample per contract call: the
@@ -28,13 +29,20 @@ from storage_adapters.contract import (
     RecordBody,
     TxnState,
 )
-from storage_adapters.errors import StorageError, ValidationError
+from storage_adapters.errors import StorageError, StorageUnavailable, ValidationError
 from storage_adapters.store import DelegatingStore, LogStore
 
 T = TypeVar("T")
 
 # A sampled delay never exceeds this: a lognormal tail must not stall a benchmark for minutes.
 DELAY_MS_MAX = 10_000
+# The part of a delay before the call leaves: half, at most this. Garbage collection counts on a
+# call landing within its deadline plus the clock slack (1 s by default) of being made; the trip
+# out must stay well inside that slack.
+TRIP_OUT_MS_MAX = 100
+# A trip out that overslept its delay by more than this was held up by a stall of the node: the
+# call is lost (StorageUnavailable) rather than sent after a check made before the stall.
+TRIP_OUT_MS_LATE_MAX = 50
 _Z_99 = 2.3263478740408408  # the standard normal's 99th percentile
 
 
@@ -77,65 +85,76 @@ def parse_latency(spec: str) -> LatencyDistribution:
 
 
 class LatencyInjectingStore(DelegatingStore):
-    """A LogStore whose every answer comes a sample of `distribution` after the inner store gave
-    it: the call itself leaves at once, so the lease check the effect runner makes as a write
-    leaves, and the deadline storage holds the write to, are those of the call without the
-    wrapper; the delay stands for the trip to remote storage and back, all of it on the answer's
-    side (found by review: delayed before it left, a deposed owner's unfenced write went out
-    after its lease ended, and a call landed up to the delay past its deadline). Bad input is
-    refused at once, as without the wrapper: it never leaves the node."""
+    """A LogStore that delays every call by a sample of `distribution`, as a trip to remote
+    storage and back: half of it (at most TRIP_OUT_MS_MAX) before the call leaves, the rest on
+    the answer's side. Found by review: with all of it before the call, a call went out long after
+    the effect runner's lease check and got its storage deadline only then, so a deposed owner's
+    unfenced write could land past the bound garbage collection counts on. The trip out is now
+    short next to the clock slack that bound allows, and a call whose trip out took longer than
+    its delay (the node stalled meanwhile) is lost, as a network would lose it, never sent late.
+    Bad input is refused by the inner store, as without the wrapper."""
 
     def __init__(self, inner: LogStore, distribution: LatencyDistribution, seed: int | None = None) -> None:
         super().__init__(inner)
         self.distribution = distribution
         self._sample_ms = distribution.sampler(random.Random(seed))
 
-    async def _delay(self) -> None:
+    async def _answered(self, call: Callable[[], Awaitable[T]]) -> T:
         delay_ms = self._sample_ms()
         assert 0 <= delay_ms <= DELAY_MS_MAX
-        if delay_ms > 0:
-            await asyncio.sleep(delay_ms / 1000)
-
-    async def _answered(self, call: Awaitable[T]) -> T:
+        out_ms = min(delay_ms / 2, TRIP_OUT_MS_MAX)
+        if out_ms > 0:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await asyncio.sleep(out_ms / 1000)
+            late_ms = (loop.time() - started) * 1000 - out_ms
+            if late_ms > TRIP_OUT_MS_LATE_MAX:
+                raise StorageUnavailable(f"injected latency: the call's trip out took {late_ms:.0f} ms more than "
+                                         "its delay (the node stalled): lost, not sent late")
         try:
-            result = await call
+            result = await call()
         except ValidationError:
             raise
         except StorageError:
-            await self._delay()  # an error comes back from remote storage too
+            await self._back(delay_ms - out_ms)  # an error comes back from remote storage too
             raise
-        await self._delay()
+        await self._back(delay_ms - out_ms)
         return result
+
+    @staticmethod
+    async def _back(back_ms: float) -> None:
+        if back_ms > 0:
+            await asyncio.sleep(back_ms / 1000)
 
     async def log_once(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None
     ) -> LogOnceResult:
-        return await self._answered(self.inner.log_once(log, txn, state, body, fence))
+        return await self._answered(lambda: self.inner.log_once(log, txn, state, body, fence))
 
     async def log(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody | None = None, fence: Fence | None = None
     ) -> TxnState:
-        return await self._answered(self.inner.log(log, txn, state, body, fence))
+        return await self._answered(lambda: self.inner.log(log, txn, state, body, fence))
 
     async def read(self, log: LogId, txn: str) -> Record | None:
-        return await self._answered(self.inner.read(log, txn))
+        return await self._answered(lambda: self.inner.read(log, txn))
 
     async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
-        return await self._answered(self.inner.scan_unfinished(log, limit, after))
+        return await self._answered(lambda: self.inner.scan_unfinished(log, limit, after))
 
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
-        return await self._answered(self.inner.read_data(partition, keys))
+        return await self._answered(lambda: self.inner.read_data(partition, keys))
 
     async def apply_redo(
         self, partition: str, txn: str, writes: Mapping[str, bytes | None], fence: Fence | None = None
     ) -> bool:
-        return await self._answered(self.inner.apply_redo(partition, txn, writes, fence))
+        return await self._answered(lambda: self.inner.apply_redo(partition, txn, writes, fence))
 
     async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
-        return await self._answered(self.inner.delete(log, txn, fence))
+        return await self._answered(lambda: self.inner.delete(log, txn, fence))
 
     async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
-        return await self._answered(self.inner.read_owners(partitions))
+        return await self._answered(lambda: self.inner.read_owners(partitions))
 
     async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
-        return await self._answered(self.inner.write_owner(expected, new))
+        return await self._answered(lambda: self.inner.write_owner(expected, new))

@@ -1,7 +1,7 @@
-"""Injected latency stands for the answer's trip back, not the call's trip out (found by review):
-a call delayed before it left was sent after the effect runner's lease check had passed (a
-deposed owner's unfenced write could leave after its lease ended) and got its storage deadline
-only then (landing up to the delay past the deadline garbage collection counts on)."""
+"""Injected latency is mostly the answer's trip back (found by review): a call delayed by all of it
+before it left was sent long after the effect runner's lease check had passed (a deposed owner's
+unfenced write could leave after its lease ended) and got its storage deadline only then (landing
+up to the delay past the bound garbage collection counts on)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,30 @@ from storage_adapters.latency import LatencyInjectingStore, parse_latency
 from tests.runtime.test_effect_runner import PARTITION, TXN, _Harness
 
 
-async def test_a_write_leaves_as_the_lease_is_checked_not_after_the_injected_delay() -> None:
+async def test_a_write_whose_trip_out_a_stall_held_up_is_lost_not_sent_late() -> None:
+    """The lease is checked as the write's task starts; a node that stalls during the injected
+    trip out must not send the write after the stall, when its lease may have ended."""
     harness = _Harness()
     held = harness.store
-    harness.runner.store = LatencyInjectingStore(held, parse_latency("fixed:50"))
+    harness.runner.store = LatencyInjectingStore(held, parse_latency("fixed:100"))  # 50 ms out
     harness.runner.may_act = lambda host: True
     harness.runner.run([LogOnce(PARTITION, LogId.partition("p1"), TXN, TxnState.ABORT, RecordBody())])
-    await harness.settle()  # the task checked the lease; the write must have left with that check
-    assert held.calls, "the write waits out the injected delay after the lease check, unchecked"
+    await harness.settle()  # the lease check passed; the write is on its way out
+    time.sleep(0.3)  # the node stalls (SIGSTOP, a starved CPU): nothing runs meanwhile  # noqa: ASYNC251
+    await asyncio.sleep(0.3)
+    assert not held.calls, "a write held up by a stall was sent after it, unchecked"
+    assert len(harness.fed) == 1 and "lost" in str(harness.fed[0])
+
+
+async def test_a_write_leaves_within_its_trip_out() -> None:
+    harness = _Harness()
+    held = harness.store
+    harness.runner.store = LatencyInjectingStore(held, parse_latency("fixed:5000"))  # 100 ms out
+    harness.runner.may_act = lambda host: True
+    harness.runner.run([LogOnce(PARTITION, LogId.partition("p1"), TXN, TxnState.ABORT, RecordBody())])
+    await asyncio.sleep(0.3)
+    assert held.calls, "the write waits out most of the injected delay before it leaves"
     held.calls[-1].set_result(LogOnceResult(TxnState.ABORT, created=True))
-    await asyncio.sleep(0.1)  # the answer's injected trip back, then it is fed
-    assert len(harness.fed) == 1
 
 
 async def test_a_call_lands_within_its_deadline_whatever_the_injected_delay(tmp_path: Path) -> None:
