@@ -112,6 +112,7 @@ class Recovery:
             failed, self._failed = self._failed, []
             return self._issue(failed)
         if isinstance(event, ScanReturned):
+            assert event.call in self._scans_waiting, f"{self.owner}: an answer to a scan never asked: {event.call}"
             self._scans_waiting.remove(event.call)
             if isinstance(event.result, StorageUnreachable):
                 self._failed.append(event.call)

@@ -79,6 +79,7 @@ def _explore_share(args: tuple[str, int, int]) -> tuple[int, Failures, dict[str,
         faults["small_scan_pages"] += schedule.scan_page_max < 500
         faults["moves"] += len(schedule.moves)
         faults["fenced_writes"] += world.outcome.fenced_writes
+        faults["stale_answers"] += world.outcome.stale_answers
         faults["slow_read_schedules"] += schedule.slow_read_probability > 0
         faults["thinking_schedules"] += schedule.think_ms > 0
         if violations:

@@ -70,10 +70,12 @@ class Crash:
 
 @dataclass(frozen=True, slots=True)
 class Move:
-    """`partition` moves to the node that owns partition `to` at `at_ms`: its owner's lease ran
-    out (it drops the partition, its calls in flight still land), and the other node takes it
-    with a higher epoch, so storage refuses the old owner's fenced writes from then on, and
-    recovers its log."""
+    """`partition` moves to node `to` at `at_ms`: its owner's lease ran out (it drops the
+    partition; its calls in flight still land, their answers are dropped), and `to` takes it in a
+    higher epoch, so storage refuses the old owner's fenced writes from then on, and recovers its
+    log. `to` may be a coordinator (then one node is both, as every runtime node is), the old
+    owner itself (its lease lapsed and it took the partition again), or a node that held it
+    before."""
 
     partition: str
     to: str
@@ -145,10 +147,9 @@ class Schedule:
         assert self.delay_ms_max >= 1 and self.storage_ms_max >= 1 and self.scan_page_max >= 1
         for crash in self.crashes:
             assert 0 <= crash.at_ms <= FAULTS_END_MS and crash.down_ms >= 1
-        moved = [move.partition for move in self.moves]
-        assert len(set(moved)) == len(moved), "a partition moves at most once (never back)"
+        nodes = {*COORDINATORS, *(node_of(p) for p in self.partitions)}
         for move in self.moves:
-            assert move.partition in self.partitions and move.to in self.partitions and move.to != move.partition
+            assert move.partition in self.partitions and move.to in nodes, move
             assert 0 <= move.at_ms <= FAULTS_END_MS
         for outage in self.outages:
             assert 0 <= outage.start_ms <= outage.end_ms <= FAULTS_END_MS
@@ -251,12 +252,22 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
             dataclasses.replace(plan, start_ms=plan.start_ms + shift)
             for shift in (slow_read_ms // 2, slow_read_ms + 100) for plan in list(txns)
         ]
-    # And one in eight moves a partition to another node while transactions run on it.
+    # And one in eight moves a partition to another node while transactions run on it (another
+    # partition's node or a coordinator), and then, in two of three, back to its first node or to
+    # the same node again (its lease lapsed and it took it back).
     moves: tuple[Move, ...] = ()
-    if seed % 8 == 6 and partition_count > 1:
+    if seed % 8 == 6:
         index = (seed >> 3) % partition_count
-        to = (index + 1 + (seed >> 6) % (partition_count - 1)) % partition_count
-        moves = (Move(f"p{index}", f"p{to}", 20 + (seed >> 9) % 500),)
+        partition = f"p{index}"
+        targets = [*(node_of(f"p{i}") for i in range(partition_count) if i != index), *COORDINATORS]
+        to = targets[(seed >> 6) % len(targets)]
+        at_ms = 20 + (seed >> 9) % 500
+        moves = (Move(partition, to, at_ms),)
+        again_ms = min(FAULTS_END_MS, at_ms + 250 + (seed >> 14) % 400)
+        if (seed >> 12) % 3 == 0:
+            moves += (Move(partition, node_of(partition), again_ms),)
+        elif (seed >> 12) % 3 == 1:
+            moves += (Move(partition, to, again_ms),)
         # The transactions run again on the new owner, once it recovered the partition.
         txns += [dataclasses.replace(plan, start_ms=moves[0].at_ms + 300 + plan.start_ms // 4) for plan in list(txns)]
     return Schedule(

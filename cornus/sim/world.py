@@ -134,6 +134,9 @@ class Node:
     tables: dict[str, PartitionExecutions[int]] = field(default_factory=dict)
     # The epoch of this node's tenure of each partition it holds: its fenced writes carry it.
     epochs: dict[str, int] = field(default_factory=dict)
+    # How many times this node dropped each partition: an answer to a call of an earlier tenure is
+    # dropped, never fed to the partition's host of a later one (the runtime's cancel_owned).
+    tenures: dict[str, int] = field(default_factory=dict)
     path: frozenset[tuple[int, int]] = frozenset({(0, 0)})
 
     def reset_memory(self) -> None:
@@ -162,6 +165,7 @@ class Outcome:
     resolves: list[tuple[str, TxnState | None, str]] = field(default_factory=list)
     terminations: int = 0
     late_landings: int = 0  # storage calls that landed after their caller was told "unreachable"
+    stale_answers: int = 0  # answers to calls of a partition's earlier tenure on the same node, dropped
     fenced_writes: int = 0  # writes of a partition's old owner that storage refused after a move
     late_duplicates: int = 0  # second copies of messages sent to arrive after the GC grace
     violations: list[str] = field(default_factory=list)
@@ -307,12 +311,15 @@ class World:
         elif kind == _ARRIVE:
             self._arrive(data)
         elif kind == _RETURN:
-            name, incarnation, event, path = data
+            name, incarnation, event, path, tenure = data
             if name.startswith("~resolve/"):
                 self._resolver_step(int(name.rsplit("/", 1)[1]), event)
                 return
             node = self.nodes[name]
             if node.alive and node.incarnation == incarnation:
+                if tenure != self._tenure(node, event.host):
+                    self.outcome.stale_answers += 1
+                    return
                 self._feed(node, event, path)
         elif kind == _TIMER:
             name, incarnation, timer, generation, path = data
@@ -747,18 +754,25 @@ class World:
         A partition's write to its own log or data carries the epoch of its owner's tenure."""
         fenced = fenced_partition(call) if owner in self.nodes else None
         epoch = self.nodes[owner].epochs[fenced] if fenced is not None else 0
+        tenure = self._tenure(self.nodes[owner], call.owner) if owner in self.nodes else 0
         if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
             unreachable = answer(call, StorageUnreachable("the call outlived its deadline"))
-            self._push(self.now_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path))
+            self._push(self.now_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path, tenure))
             if self.rng.random() < 0.5:
                 landing = self.now_ms + self.deadline_ms + self.rng.randint(0, self.config.clock_slack_ms)
-                self._push(landing, _ARRIVE, (owner, incarnation, call, path, False, epoch))
+                self._push(landing, _ARRIVE, (owner, incarnation, call, path, False, epoch, tenure))
             return
         self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _ARRIVE,
-                   (owner, incarnation, call, path, True, epoch))
+                   (owner, incarnation, call, path, True, epoch, tenure))
 
-    def _arrive(self, flight: tuple[str, int, StorageCall, Any, bool, int]) -> None:
-        owner, incarnation, call, path, answered, epoch = flight
+    def _tenure(self, node: Node, host: str) -> int:
+        """The tenure of the partition `host` acts for on `node` (0 for the node's own hosts)."""
+        assert node.core is not None or not node.alive
+        partition = node.core.partition_of(host) if node.core is not None else None
+        return 0 if partition is None else node.tenures.get(partition, 0)
+
+    def _arrive(self, flight: tuple[str, int, StorageCall, Any, bool, int, int]) -> None:
+        owner, incarnation, call, path, answered, epoch, tenure = flight
         fenced = fenced_partition(call) if owner in self.nodes else None
         if fenced is not None and epoch < self.epoch[fenced]:
             # The partition moved since the call left: storage refuses the old owner's write, and
@@ -786,7 +800,7 @@ class World:
         if self.trace_paths and isinstance(call, LogOnce | Log):
             path = frozenset((h, w + 1) for h, w in path)
         latency = self.rng.randint(1, self.schedule.storage_ms_max)
-        self._push(self.now_ms + latency, _RETURN, (owner, incarnation, answer(call, result), path))
+        self._push(self.now_ms + latency, _RETURN, (owner, incarnation, answer(call, result), path, tenure))
 
     def _apply(self, call: StorageCall) -> Any:
         storage = self.storage
@@ -828,7 +842,7 @@ class World:
         for effect in effects:
             if isinstance(effect, StartTimer):
                 self._push(self.now_ms + effect.duration_ms, _RETURN,
-                           (f"~resolve/{index}", 0, TimerFired(effect.timer), frozenset()))
+                           (f"~resolve/{index}", 0, TimerFired(effect.timer), frozenset(), 0))
                 continue
             assert isinstance(effect, LogOnce | ReadRecord), effect
             self._call(f"~resolve/{index}", 0, effect, frozenset())
@@ -841,7 +855,7 @@ class World:
         """The partition's owner lost its lease: it drops the partition (its machines, timers and
         executions; calls in flight still land, fenced ones refused from now on), and the node
         that holds `move.to` takes it in a higher epoch and recovers its log before serving it."""
-        old, new = self.owner_of(move.partition), self.owner_of(move.to)
+        old, new = self.owner_of(move.partition), self.nodes[move.to]
         if not new.ready:
             return  # a node that is down or recovering takes nothing
         partition = move.partition
@@ -849,6 +863,7 @@ class World:
         old.partitions = tuple(p for p in old.partitions if p != partition)
         old.tables.pop(partition, None)
         old.epochs.pop(partition, None)
+        old.tenures[partition] = old.tenures.get(partition, 0) + 1
         if old.alive and old.core is not None:
             old.core.drop_partition(partition)
             # The runtime cancels the timers of a dropped host's machines and of its recovery.

@@ -292,6 +292,17 @@ def test_a_partition_taken_over_without_the_locks_of_its_recovered_votes(monkeyp
     assert any("lost update" in v or "serializability" in v for v in violations), violations
 
 
+# -- 13. answers of a partition's earlier tenure fed to the host that took it again ---------------
+def test_answers_of_an_earlier_tenure_reaching_the_partition_taken_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that dropped a partition and took it again (its lease lapsed, or it moved away and
+    back) must never feed its new host the answers to the old one's calls: the runtime drops them
+    (EffectRunner.cancel_owned), and the simulator does as the runtime does. Without that, a
+    recovery hears of scans it never asked, and machines of votes they never logged."""
+    monkeypatch.setattr(sim_world.World, "_tenure", lambda self, node, host: 0)
+    violations = _found()
+    assert any("never asked" in v or "atomicity" in v or "agreement" in v for v in violations), violations
+
+
 def _crash_once_after_its_vote(name: str) -> sim_world.EffectHook:
     """A hook that crashes node `name` as it is about to send its first vote (logged by then)."""
     crashed: list[str] = []
