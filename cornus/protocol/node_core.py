@@ -19,6 +19,7 @@ with its machines (`drop_partition`), since its next owner recovers them from it
 from __future__ import annotations
 
 import collections
+import enum
 from collections.abc import Iterable
 
 from cornus.protocol import txn_ids
@@ -30,6 +31,11 @@ from cornus.protocol.hosts import CoordinatorFactory, CoordinatorHost, Participa
 from cornus.protocol.messages import Message, Prepare, ReleaseReadOnly
 from cornus.protocol.participant_base import Phase
 from cornus.protocol.recovery import RECOVERY, Recovery
+
+
+class ExecuteRefusal(enum.Enum):
+    NOT_READY = "not_ready"  # the partition's recovery is not done
+    COMMITTING = "committing"  # a machine runs the transaction here: its execution phase is over
 
 
 def recovery_owner(partition: str) -> str:
@@ -90,6 +96,18 @@ class NodeCore:
 
     def partition_recovered(self, partition: str) -> bool:
         return partition in self.partitions and partition not in self._recovering
+
+    def execute_refusal(self, partition: str, txn: str, *, abort: bool = False) -> ExecuteRefusal | None:
+        """Why a request of `txn`'s execution phase (`abort`: its early end) may not run on
+        `partition` now; None if it may."""
+        assert partition in self.partitions, f"{partition} is not hosted"
+        if not abort and not self.partition_recovered(partition):
+            return ExecuteRefusal.NOT_READY  # a recovered vote's locks may not be taken yet
+        if txn in self.partitions[partition].machines:
+            # Its locks are the machine's until the decision, a drop included: a coordinator asks
+            # for one only before anyone voted, so one that comes now is late or wrong.
+            return ExecuteRefusal.COMMITTING
+        return None
 
     def ends_execution(self, partition: str, message: Message) -> bool:
         """Whether `message`, addressed to `partition`, ends its transaction's execution phase there:

@@ -30,7 +30,7 @@ from cornus.protocol.effects import RecoveryFinished
 from cornus.protocol.events import Event, MessageReceived
 from cornus.protocol.locks import Policy
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
-from cornus.protocol.node_core import NodeCore, recovery_owner
+from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
 from cornus.protocol.ownership import Lost, OwnershipMachine
 from cornus.runtime.admin import Admin, PartitionInfo, TxnInfo
 from cornus.runtime.config import NodeConfig
@@ -315,11 +315,10 @@ class Node:
             return ExecuteResponse(ExecuteStatus.NOT_OWNER, detail=f"{self.node_id} does not own {request.partition}")
         if txn_ids.protocol_of(request.txn) is None:
             return ExecuteResponse(ExecuteStatus.INVALID, detail=f"txn id {request.txn!r} names no protocol")
-        if request.partition not in self.serving and not request.abort:
+        refusal = self.core.execute_refusal(request.partition, request.txn, abort=request.abort)
+        if refusal is ExecuteRefusal.NOT_READY or (request.partition not in self.serving and not request.abort):
             return ExecuteResponse(ExecuteStatus.NOT_READY, detail=f"{self.node_id} is recovering {request.partition}")
-        if request.txn in self.core.partitions[request.partition].machines:
-            # Its locks are the machine's until the decision, a drop included: a coordinator asks
-            # for one only before anyone voted, so one that comes now is late or wrong.
+        if refusal is ExecuteRefusal.COMMITTING:
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{request.txn} is already committing")
         if request.participants:
             problem = _carried_prepare_problem(request)

@@ -86,6 +86,14 @@ TIMEOUT_MS_EXECUTE = 200
 ) = range(17)
 
 
+_EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
+    _EXECUTE: lambda world, txn: world._execute_txn(txn),
+    _EXECUTE_PREPARED: lambda world, carried: world._execute_prepared(carried),
+    _READ_LANDED: lambda world, data: world._read_landed(*data),
+    _EXECUTE_WRITES: lambda world, txn: world._execute_writes(txn),
+}
+
+
 def _prune(paths: frozenset[tuple[int, int]]) -> frozenset[tuple[int, int]]:
     """Keep only the (round trips, writes) pairs no other pair dominates."""
     return frozenset(p for p in paths if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in paths))
@@ -327,14 +335,12 @@ class World:
             if node.alive and node.incarnation == incarnation and node.timers.get(timer) == generation:
                 del node.timers[timer]
                 self._feed(node, TimerFired(timer), path)
-        elif kind == _EXECUTE:
-            self._execute_txn(data)
-        elif kind == _EXECUTE_PREPARED:
-            self._execute_prepared(data)
-        elif kind == _READ_LANDED:
-            self._read_landed(*data)
-        elif kind == _EXECUTE_WRITES:
-            self._execute_writes(data)
+        elif kind in _EXECUTION_STEPS:
+            # The core's execution state asserts its invariants, as the machines do (_feed).
+            try:
+                _EXECUTION_STEPS[kind](self, data)
+            except AssertionError as error:
+                self.outcome.violations.append(f"assertion in the execution phase: {error}")
         elif kind == _MOVE:
             self._move(data)
         elif kind == _EXECUTE_ANSWER:
@@ -382,7 +388,7 @@ class World:
         for partition, key_index in (*plan.writes, *plan.reads):
             node = self.owner_of(partition)
             key = f"k{key_index}"
-            execution = self._begin_execution(node, partition, txn) if self._serves(node, partition) else None
+            execution = self._begin_execution(node, partition, txn) if self._serves(node, partition, txn) else None
             table = node.tables[partition]
             if execution is None or table.lock(txn, key, LockMode.SHARED, self.now_ms) is not Grant.GRANTED:
                 self._abort_execution(txn)
@@ -408,7 +414,7 @@ class World:
             node = self.owner_of(partition)
             key = f"k{key_index}"
             table = node.tables[partition]
-            serves = self._serves(node, partition)
+            serves = self._serves(node, partition, txn)
             execution = table.begin(txn, plan.coordinator, self.now_ms, continued=True) if serves else None
             granted = isinstance(execution, Execution) and table.lock(txn, key, LockMode.EXCLUSIVE, self.now_ms)
             if granted is not Grant.GRANTED:
@@ -430,13 +436,14 @@ class World:
         plan = self.plans[txn]
         for partition, _ in (*plan.writes, *plan.reads):
             node = self.owner_of(partition)
-            if node.alive:
+            if self._serves(node, partition, txn, abort=True):
                 node.tables[partition].abort(txn)
 
-    def _serves(self, node: Node, partition: str) -> bool:
-        """Whether `node` answers execute requests for `partition`: it holds it, and that
-        partition's recovery is done (as the runtime: the node's own recovery may still run)."""
-        return node.alive and node.core is not None and node.core.partition_recovered(partition)
+    def _serves(self, node: Node, partition: str, txn: str, *, abort: bool = False) -> bool:
+        """Whether `node` runs a request of `txn`'s execution phase on `partition` now: it holds
+        it, and the core's admission rule (NodeCore.execute_refusal, the runtime's too) allows."""
+        return (node.alive and node.core is not None and partition in node.core.partitions
+                and node.core.execute_refusal(partition, txn, abort=abort) is None)
 
     def _begin_execution(self, node: Node, partition: str, txn: str) -> Execution[int] | None:
         """The core's execution of `txn` on `partition` (None if refused), with its idle timeout."""
@@ -488,9 +495,7 @@ class World:
             # the partition since refuses it below (it hosts it no more).
             self._answer_execute(txn, partition, incarnation, None)
             return
-        assert node.core is not None
-        host = node.core.host(partition)
-        if not self._serves(node, partition) or host is None or txn in host.machines:
+        if not self._serves(node, partition, txn):
             self._answer_execute(txn, partition, incarnation, "not ready")
             return
         table = node.tables[partition]

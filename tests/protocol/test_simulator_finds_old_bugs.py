@@ -303,6 +303,25 @@ def test_answers_of_an_earlier_tenure_reaching_the_partition_taken_again(monkeyp
     assert any("never asked" in v or "atomicity" in v or "agreement" in v for v in violations), violations
 
 
+# -- 14. an execute request run for a transaction a machine already runs ----------------------------
+def test_an_execute_request_admitted_while_a_machine_runs_its_transaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From prepare on, a transaction's locks are its machine's: a late execute request of it (or
+    a drop) must be refused, or it starts an execution beside the machine, on the locks recovery
+    took again. The rule is the core's (NodeCore.execute_refusal), which the runtime and the
+    simulator both ask. (Seed 7: found within the first 200 schedules.)"""
+    original = node_core.NodeCore.execute_refusal
+
+    def admits_beside_a_machine(
+        self: node_core.NodeCore, partition: str, txn: str, *, abort: bool = False,
+    ) -> node_core.ExecuteRefusal | None:
+        refusal = original(self, partition, txn, abort=abort)
+        return None if refusal is node_core.ExecuteRefusal.COMMITTING else refusal
+
+    monkeypatch.setattr(node_core.NodeCore, "execute_refusal", admits_beside_a_machine)
+    violations = _found(seed=7)
+    assert any("without an execution" in v or "atomicity" in v or "lost update" in v for v in violations), violations
+
+
 def _crash_once_after_its_vote(name: str) -> sim_world.EffectHook:
     """A hook that crashes node `name` as it is about to send its first vote (logged by then)."""
     crashed: list[str] = []
