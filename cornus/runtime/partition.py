@@ -64,7 +64,6 @@ class PartitionRuntime:
         if execution is Refusal.ABORTED:
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} was aborted on {self.name}")
         if execution is Refusal.STATE_LOST:
-            self._wake_own_waiters(txn)
             return ExecuteResponse(
                 ExecuteStatus.ABORTED, detail=f"{self.name} lost the execution state of {txn} (it restarted)"
             )
