@@ -80,6 +80,8 @@ def _explore_share(args: tuple[str, int, int]) -> tuple[int, Failures, dict[str,
         faults["moves"] += len(schedule.moves)
         faults["fenced_writes"] += world.outcome.fenced_writes
         faults["stale_answers"] += world.outcome.stale_answers
+        faults["lock_waits"] += world.outcome.lock_waits
+        faults["wait_die_schedules"] += schedule.wait_die
         faults["slow_read_schedules"] += schedule.slow_read_probability > 0
         faults["thinking_schedules"] += schedule.think_ms > 0
         if violations:

@@ -7,8 +7,8 @@ protocol. Faults: crashes and restarts, storage outages (some longer than any re
 storage calls that time out but land later, lost, delayed and duplicated messages (some copies
 arrive long after garbage collection), reads of the owner's cache misses that answer late, callers
 that think between an interactive transaction's reads and writes while the owner restarts, a
-partition moving to another node (its old owner's lease lapsed; storage fences its writes), tiny
-recovery scan pages, and manual resolves. Interactive transactions read first and write in a
+partition moving to another node (its old owner's lease lapsed; storage fences its writes), the
+WAIT_DIE lock policy, tiny recovery scan pages, and manual resolves. Interactive transactions read first and write in a
 continued request; one-shots carry their prepares.
 """
 
@@ -129,6 +129,9 @@ class Schedule:
     # An interactive transaction's writes follow its reads this much later (a caller that thinks
     # between its requests): the owner may restart meanwhile and lose the read locks.
     think_ms: int = 0
+    # The lock policy of every partition: WAIT_DIE (an older request waits for a younger holder)
+    # instead of NO_WAIT (which waits only behind a holder that voted).
+    wait_die: bool = False
     scan_page_max: int = 500
     crashes: tuple[Crash, ...] = ()
     moves: tuple[Move, ...] = ()
@@ -290,4 +293,6 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
         slow_read_probability=0.5 if slow_reads else 0.0,
         slow_read_ms=slow_read_ms if slow_reads else 0,
         think_ms=think_ms if thinking else 0,
+        # One schedule in eight runs the other lock policy.
+        wait_die=seed % 8 == 3,
     )

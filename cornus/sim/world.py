@@ -54,7 +54,7 @@ from cornus.protocol.events import (
 )
 from cornus.protocol.execution import Execution, PartitionExecutions, Refusal
 from cornus.protocol.hosts import CoordinatorFactory, ParticipantFactory
-from cornus.protocol.locks import Grant, LockMode
+from cornus.protocol.locks import Grant, LockMode, Policy, Waiter
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import NodeCore, recovery_owner
 from cornus.protocol.ownership import fenced_partition
@@ -82,8 +82,8 @@ TIMEOUT_MS_EXECUTE = 200
 
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
-    _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE,
-) = range(17)
+    _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
+) = range(19)
 
 
 _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
@@ -91,6 +91,8 @@ _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
     _EXECUTE_PREPARED: lambda world, carried: world._execute_prepared(carried),
     _READ_LANDED: lambda world, data: world._read_landed(*data),
     _EXECUTE_WRITES: lambda world, txn: world._execute_writes(txn),
+    _LOCK_GRANTED: lambda world, data: world._lock_granted(*data),
+    _LOCK_EXPIRY: lambda world, data: world._lock_expiry(*data),
 }
 
 
@@ -147,9 +149,9 @@ class Node:
     tenures: dict[str, int] = field(default_factory=dict)
     path: frozenset[tuple[int, int]] = frozenset({(0, 0)})
 
-    def reset_memory(self) -> None:
+    def reset_memory(self, policy: Policy) -> None:
         self.timers.clear()
-        self.tables = {p: PartitionExecutions(p, redo) for p in self.partitions}
+        self.tables = {p: PartitionExecutions(p, redo, policy) for p in self.partitions}
 
     @property
     def ready(self) -> bool:
@@ -173,6 +175,7 @@ class Outcome:
     resolves: list[tuple[str, TxnState | None, str]] = field(default_factory=list)
     terminations: int = 0
     late_landings: int = 0  # storage calls that landed after their caller was told "unreachable"
+    lock_waits: int = 0  # one-shot requests that waited for a lock
     stale_answers: int = 0  # answers to calls of a partition's earlier tenure on the same node, dropped
     fenced_writes: int = 0  # writes of a partition's old owner that storage refused after a move
     late_duplicates: int = 0  # second copies of messages sent to arrive after the GC grace
@@ -222,6 +225,7 @@ class World:
         )
         self.plans = dict(zip(self.txns, schedule.txns, strict=True))
         self.nodes: dict[str, Node] = {}
+        self.lock_policy = Policy.WAIT_DIE if schedule.wait_die else Policy.NO_WAIT
         for name in COORDINATORS:
             self.nodes[name] = Node(name, None, ())
         # Who holds each partition, and the epoch of its tenure (a move raises it): storage refuses
@@ -231,13 +235,17 @@ class World:
         for partition in self.partitions:
             self.nodes[node_of(partition)] = Node(node_of(partition), None, (partition,), epochs={partition: 1})
         for node in self.nodes.values():
-            node.reset_memory()
+            node.reset_memory(self.lock_policy)
         self._partition_set = frozenset(self.partitions)
         self._down_logs: dict[str, list[tuple[int, int]]] = {}
         for outage in schedule.outages:
             for key in outage.logs:
                 self._down_logs.setdefault(key, []).append((outage.start_ms, outage.end_ms))
         self._resolvers: dict[int, Resolver] = {}
+        # One-shot requests waiting for a lock (the runtime's _wait_for_lock), by (node name,
+        # incarnation, partition, txn, key): resumed by the grant a release returns, or refused
+        # when the lock table's bounded wait runs out.
+        self._parked: dict[tuple[str, int, str, str, str], tuple[_Carried, Execution[int]]] = {}
         self.liveness_check_ms = FAULTS_END_MS + self.liveness_bound_ms()
         # Late duplicates arrive up to two graces after they were sent: let them, and the garbage
         # collection they may race with, play out before the end.
@@ -437,7 +445,7 @@ class World:
         for partition, _ in (*plan.writes, *plan.reads):
             node = self.owner_of(partition)
             if self._serves(node, partition, txn, abort=True):
-                node.tables[partition].abort(txn)
+                self._wake(node, partition, node.tables[partition].abort(txn), txn)
 
     def _serves(self, node: Node, partition: str, txn: str, *, abort: bool = False) -> bool:
         """Whether `node` runs a request of `txn`'s execution phase on `partition` now: it holds
@@ -504,10 +512,70 @@ class World:
             self._answer_execute(txn, partition, incarnation, "aborted here already")
             return
         mode = LockMode.SHARED if expected is None else LockMode.EXCLUSIVE
-        if table.lock(txn, key, mode, self.now_ms) is not Grant.GRANTED:
-            table.abort(txn)
+        grant = table.lock(txn, key, mode, self.now_ms)
+        if grant is Grant.WAITING:
+            # Behind a holder that voted (its locks go at the decision), or older under WAIT_DIE.
+            self._parked[(node.name, node.incarnation, partition, txn, key)] = (carried, execution)
+            self.outcome.lock_waits += 1
+            expiry_ms = self.now_ms + table.locks.timeout_ms_wait + 1
+            self._push(expiry_ms, _LOCK_EXPIRY, (node.name, node.incarnation, partition))
+            return
+        if grant is not Grant.GRANTED:
+            self._wake(node, partition, table.abort(txn), txn)
             self._answer_execute(txn, partition, incarnation, "conflict")
             return
+        self._locked(carried, execution)
+
+    def _lock_granted(self, name: str, incarnation: int, partition: str, txn: str, key: str) -> None:
+        parked = self._parked.pop((name, incarnation, partition, txn, key), None)
+        if parked is None:
+            return  # its node restarted, or the wait ended otherwise
+        carried, execution = parked
+        node = self.nodes[name]
+        table = node.tables.get(partition)
+        if not node.alive or node.incarnation != incarnation or table is None:
+            self._answer_execute(txn, partition, carried.incarnation, None)
+            return
+        if not table.is_current(txn, execution):
+            # Dropped while it waited: not resurrected, and what the grant gave it goes back.
+            self._wake(node, partition, table.release(txn), txn)
+            self._answer_execute(txn, partition, carried.incarnation, "aborted while waiting")
+            return
+        self._locked(carried, execution)
+
+    def _lock_expiry(self, name: str, incarnation: int, partition: str) -> None:
+        node = self.nodes[name]
+        table = node.tables.get(partition)
+        if not node.alive or node.incarnation != incarnation or table is None:
+            return
+        expired, granted = table.locks.expire(self.now_ms)
+        for waiter in expired:
+            parked = self._parked.pop((name, incarnation, partition, waiter.txn, waiter.key), None)
+            if parked is not None:
+                self._wake(node, partition, table.abort(waiter.txn), waiter.txn)
+                self._answer_execute(waiter.txn, partition, parked[0].incarnation, "lock wait timed out")
+        self._wake(node, partition, granted)
+
+    def _wake(self, node: Node, partition: str, granted: list[Waiter], released: str = "") -> None:
+        """Resume the requests a release granted, after the step that released (as the runtime's
+        woken futures run on a later tick); and refuse the requests of the transaction whose
+        locks went (`released`), which its release took out of the queue."""
+        for waiter in granted:
+            self._push(self.now_ms, _LOCK_GRANTED, (node.name, node.incarnation, partition, waiter.txn, waiter.key))
+        if released:
+            self._unpark(lambda k: k[:4] == (node.name, node.incarnation, partition, released), "aborted while waiting")
+
+    def _unpark(self, matches: Callable[[tuple[str, int, str, str, str]], bool], refusal: str | None) -> None:
+        for parked_key in [k for k in self._parked if matches(k)]:
+            carried, _ = self._parked.pop(parked_key)
+            self._answer_execute(carried.txn, carried.partition, carried.incarnation, refusal)
+
+    def _locked(self, carried: _Carried, execution: Execution[int]) -> None:
+        """The request holds its lock: read the key (from the cache, or storage, whose answer may
+        take long), and go on in `_read_done`."""
+        txn, partition, key = carried.txn, carried.partition, carried.key
+        node = self.nodes[carried.owner]
+        table = node.tables[partition]
         hit, value = table.cached(key)
         if hit:
             assert value is not None
@@ -549,7 +617,7 @@ class World:
             self.outcome.reads[txn][(partition, key)] = value
             execution.reads[key] = None
         elif value != expected:
-            node.tables[partition].abort(txn)
+            self._wake(node, partition, node.tables[partition].abort(txn), txn)
             self._answer_execute(txn, partition, incarnation, "check failed")
             return
         else:
@@ -605,7 +673,9 @@ class World:
         if execution is None:
             return
         if txn in table.idle(self.now_ms, EXECUTION_IDLE_MS):
-            table.idle_out(txn, txn in node.core.partitions[partition].machines)
+            granted = table.idle_out(txn, txn in node.core.partitions[partition].machines)
+            if granted is not None:
+                self._wake(node, partition, granted, txn)
         else:
             # Touched since (a continued request): the runtime's periodic sweep looks again later.
             again_ms = execution.last_active_ms + EXECUTION_IDLE_MS + 1
@@ -666,10 +736,13 @@ class World:
             return
         if self.trace is not None:
             self.trace.append(f"{self.now_ms:6d} {name:>3} CRASH for {down_ms} ms")
+        # Requests waiting for a lock there are lost with the process: their coordinators hear
+        # nothing until their deadline.
+        self._unpark(lambda k: k[0] == name, None)
         node.alive = False
         node.incarnation += 1
         node.core = None
-        node.reset_memory()
+        node.reset_memory(self.lock_policy)
         restart_at = self.now_ms + max(1, down_ms)
         # Every node is back when faults end, so liveness can be judged from then on.
         self._push(min(restart_at, max(FAULTS_END_MS, self.now_ms + 1)), _RESTART, name)
@@ -722,10 +795,8 @@ class World:
             if (effect.txn in table.executions and plan is not None and not plan.one_shot
                     and effect.partition in (p for p, _ in plan.reads)):
                 self.outcome.released_read_only.add((effect.partition, effect.txn))
-            if effect.refuse_later:
-                table.abort(effect.txn)
-            else:
-                table.release(effect.txn)
+            granted = table.abort(effect.txn) if effect.refuse_later else table.release(effect.txn)
+            self._wake(node, effect.partition, granted, effect.txn)
         elif isinstance(effect, LocksPrepared):
             node.tables[effect.partition].locks.mark_prepared(effect.txn)
         elif isinstance(effect, RetakeLocks):
@@ -869,6 +940,7 @@ class World:
         old.tables.pop(partition, None)
         old.epochs.pop(partition, None)
         old.tenures[partition] = old.tenures.get(partition, 0) + 1
+        self._unpark(lambda k: k[0] == old.name and k[2] == partition, "the partition was lost")
         if old.alive and old.core is not None:
             old.core.drop_partition(partition)
             # The runtime cancels the timers of a dropped host's machines and of its recovery.
@@ -876,7 +948,7 @@ class World:
                 del old.timers[timer]
         self.owner[partition] = new.name
         new.partitions = (*new.partitions, partition)
-        new.tables[partition] = PartitionExecutions(partition, redo)
+        new.tables[partition] = PartitionExecutions(partition, redo, self.lock_policy)
         new.epochs[partition] = self.epoch[partition]
         if self.trace is not None:
             self.trace.append(f"{self.now_ms:6d} MOVE {partition} from {old.name} to {new.name}")
