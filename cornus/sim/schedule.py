@@ -9,7 +9,8 @@ arrive long after garbage collection), reads of the owner's cache misses that an
 that think between an interactive transaction's reads and writes while the owner restarts, a
 partition moving to another node (its old owner's lease lapsed; storage fences its writes), the
 WAIT_DIE lock policy, tiny recovery scan pages, and manual resolves. Interactive transactions read first and write in a
-continued request; one-shots carry their prepares.
+continued request (one schedule in eight makes its first transaction wholly read-only); one-shots
+carry their prepares.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ class TxnPlan:
         assert self.coordinator in COORDINATORS
         written = [p for p, _ in self.writes]
         read = [p for p, _ in self.reads]
-        assert written and len(set(written)) == len(written), "one key per written partition"
+        assert written or read, "a transaction touches some partition"
+        assert written or not self.one_shot, "a wholly read-only transaction runs interactively here"
+        assert len(set(written)) == len(written), "one key per written partition"
         assert len(set(read)) == len(read) and not set(read) & set(written)
         assert not self.votes or len(self.votes) == len(self.writes)
         assert all(0 <= key < KEYS_PER_PARTITION for _, key in (*self.writes, *self.reads))
@@ -235,6 +238,11 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
     # idle timeout or a coordinator's request deadline.
     slow_reads = seed % 8 == 4
     slow_read_ms = 220 + seed % 300
+    if seed % 8 == 1:
+        # One schedule in eight makes its first transaction wholly read-only: its partitions only
+        # confirm that they still hold its read locks, and nobody logs anything.
+        first = txns[0]
+        txns[0] = dataclasses.replace(first, writes=(), reads=(*first.writes, *first.reads), votes=(), one_shot=False)
     # And one in eight has callers that think between an interactive transaction's reads and its
     # writes for longer than a restart takes.
     thinking = seed % 8 == 2
