@@ -83,7 +83,8 @@ TIMEOUT_MS_EXECUTE = 200
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
     _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
-) = range(19)
+    _EXECUTE_DEADLINE,
+) = range(20)
 
 
 _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
@@ -246,6 +247,10 @@ class World:
         # incarnation, partition, txn, key): resumed by the grant a release returns, or refused
         # when the lock table's bounded wait runs out.
         self._parked: dict[tuple[str, int, str, str, str], tuple[_Carried, Execution[int]]] = {}
+        # One-shot requests not answered yet, by (txn, partition, coordinator incarnation): at its
+        # deadline from sending, the coordinator hears "no answer" (the runtime's transport does),
+        # even if the request still runs and votes afterwards; an answer after it goes nowhere.
+        self._unanswered: set[tuple[str, str, int]] = set()
         self.liveness_check_ms = FAULTS_END_MS + self.liveness_bound_ms()
         # Late duplicates arrive up to two graces after they were sent: let them, and the garbage
         # collection they may race with, play out before the end.
@@ -352,10 +357,9 @@ class World:
         elif kind == _MOVE:
             self._move(data)
         elif kind == _EXECUTE_ANSWER:
-            name, incarnation, event = data
-            node = self.nodes[name]
-            if node.alive and node.incarnation == incarnation:
-                self._feed(node, event, node.path)
+            self._execute_answered(*data)
+        elif kind == _EXECUTE_DEADLINE:
+            self._execute_deadline(*data)
         elif kind == _COMMIT:
             txn, writes, reads = data
             node = self.nodes[self.plans[txn].coordinator]
@@ -483,9 +487,10 @@ class World:
             owner = self.owner_of(partition)
             sent = _Carried(txn, partition, f"k{key_index}", expected[partition], participants,
                             coordinator.incarnation, owner.name, owner.incarnation)
+            self._unanswered.add((txn, partition, coordinator.incarnation))
+            self._push(self.now_ms + TIMEOUT_MS_EXECUTE, _EXECUTE_DEADLINE, (txn, partition, coordinator.incarnation))
             if self.rng.random() < self.schedule.loss_probability and 0 <= self.now_ms < FAULTS_END_MS:
-                self._answer_execute(txn, partition, coordinator.incarnation, None)  # lost on the way
-                continue
+                continue  # lost on the way: its deadline tells the coordinator
             delay_ms = self.rng.randint(1, self.schedule.delay_ms_max)
             # Drawn only when late requests are on: every other schedule's run stays what it was.
             if self.schedule.late_request_probability and self.rng.random() < self.schedule.late_request_probability:
@@ -633,16 +638,34 @@ class World:
             self._answer_execute(txn, partition, incarnation, "")
 
     def _answer_execute(self, txn: str, partition: str, incarnation: int, refusal: str | None) -> None:
-        """The owner's answer reaches the coordinator ("" executed; a reason: refused), or, for
-        None or a lost answer, the coordinator's request deadline passes with no answer."""
-        coordinator = self.plans[txn].coordinator
+        """The owner's answer leaves for the coordinator ("" executed; a reason: refused; None:
+        none, the process is gone). It may be lost, or reach the coordinator after the request's
+        deadline, which has told it "no answer" by then (`_execute_deadline`)."""
         if refusal is None or (self.rng.random() < self.schedule.loss_probability and self.now_ms < FAULTS_END_MS):
-            failed = ExecuteFailed(coordinator, txn, partition, refused=False, detail="no answer")
-            self._push(self.now_ms + TIMEOUT_MS_EXECUTE, _EXECUTE_ANSWER, (coordinator, incarnation, failed))
-        elif refusal:
-            failed = ExecuteFailed(coordinator, txn, partition, refused=True, detail=refusal)
-            delay = self.rng.randint(1, self.schedule.delay_ms_max)
-            self._push(self.now_ms + delay, _EXECUTE_ANSWER, (coordinator, incarnation, failed))
+            return
+        delay = self.rng.randint(1, self.schedule.delay_ms_max)
+        self._push(self.now_ms + delay, _EXECUTE_ANSWER, (txn, partition, incarnation, refusal))
+
+    def _execute_answered(self, txn: str, partition: str, incarnation: int, refusal: str) -> None:
+        key = (txn, partition, incarnation)
+        if key not in self._unanswered:
+            return  # its deadline passed: the coordinator heard "no answer", and listens no more
+        self._unanswered.discard(key)
+        if refusal:
+            coordinator = self.nodes[self.plans[txn].coordinator]
+            if coordinator.alive and coordinator.incarnation == incarnation:
+                self._feed(coordinator, ExecuteFailed(coordinator.name, txn, partition, refused=True, detail=refusal),
+                           coordinator.path)
+
+    def _execute_deadline(self, txn: str, partition: str, incarnation: int) -> None:
+        key = (txn, partition, incarnation)
+        if key not in self._unanswered:
+            return
+        self._unanswered.discard(key)
+        coordinator = self.nodes[self.plans[txn].coordinator]
+        if coordinator.alive and coordinator.incarnation == incarnation:
+            failed = ExecuteFailed(coordinator.name, txn, partition, refused=False, detail="no answer")
+            self._feed(coordinator, failed, coordinator.path)
 
     def _read_committed(self, node: Node, partition: str, key: str, txn: str, execution: Execution[int]) -> int:
         """The committed value of a key `txn` holds locked: from the cache, or storage at once."""
