@@ -11,6 +11,9 @@ from pathlib import Path
 from services.node_rpc.codegen import ensure_generated
 
 PROTO_PATH = Path(__file__).resolve().parent / "public.proto"
+# The initial metadata in which Execute, Put and Get name their transaction before it runs: a
+# caller whose deadline passes while it commits asks Status about it (public.proto).
+TXN_METADATA_KEY = "cornus-txn"
 OUTPUT_DIR = PROTO_PATH.parent / "_generated"
 
 ensure_generated(OUTPUT_DIR, PROTO_PATH)

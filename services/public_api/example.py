@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import grpc
 
-import services.public_api  # noqa: F401 - builds the generated code before it is imported below
+from services.public_api import TXN_METADATA_KEY  # importing it builds the generated code first
 from services.public_api._generated import public_pb2 as pb
 from services.public_api._generated import public_pb2_grpc
 
@@ -88,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 outcome = stub.Execute(pb.ExecuteRequest(ops=ops), timeout=args.timeout_s)
         except grpc.RpcError as error:
             print(f"error:     {error.code().name}: {error.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+            txn = dict(error.initial_metadata() or ()).get(TXN_METADATA_KEY, "")  # type: ignore[attr-defined]
+            if txn and error.code() is grpc.StatusCode.DEADLINE_EXCEEDED:  # type: ignore[attr-defined]
+                print(f"it may have committed: ask with --status {txn}", file=sys.stderr)
             return 3
     print(describe(outcome))
     return 0 if outcome.outcome == pb.OUTCOME_COMMITTED else 1

@@ -31,7 +31,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-import services.public_api  # noqa: F401 - builds the generated code before it is imported below
 from cornus.protocol.config import Protocol
 from cornus.runtime.node import Node, TxnAborted, ops_for_writes
 from cornus.runtime.outcome import (
@@ -43,6 +42,7 @@ from cornus.runtime.outcome import (
     TxnWrongState,
 )
 from cornus.runtime.wire import Op, OpKind
+from services.public_api import TXN_METADATA_KEY  # importing it builds the generated code first
 from services.public_api._generated import public_pb2 as pb
 from services.public_api._generated import public_pb2_grpc
 from storage_adapters.contract import DATA_KEY_BYTES_MAX, DATA_VALUE_BYTES_MAX, TXN_ID_LENGTH_MAX
@@ -62,9 +62,6 @@ SHUTDOWN_GRACE_MS = 2_000
 # OUTCOME_UNKNOWN with its transaction): grpc's own cut at the end of the grace would answer
 # UNAVAILABLE, which the API defines as "changed nothing". Half the grace when that is shorter.
 SHUTDOWN_MS_ANSWER_MARGIN = 500
-# The initial metadata in which Execute, Put and Get name their transaction before it runs: a
-# caller whose deadline passes while it commits asks Status about it.
-TXN_METADATA_KEY = "cornus-txn"
 # Commits that outlived their caller's deadline finish on their own, bounded by the node's commit
 # deadline; shutdown waits this long for them.
 SHUTDOWN_MS_BACKGROUND = 12_000

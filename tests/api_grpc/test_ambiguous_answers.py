@@ -12,10 +12,11 @@ import grpc
 import pytest
 
 import services.public_api  # noqa: F401 - builds the generated code before it is imported below
+from services.public_api import TXN_METADATA_KEY, example
 from services.public_api import server as grpc_server_module
 from services.public_api._generated import public_pb2 as pb
 from services.public_api._generated import public_pb2_grpc
-from services.public_api.server import TXN_METADATA_KEY, PublicGrpcServer
+from services.public_api.server import PublicGrpcServer
 from storage_adapters.contract import TxnState
 from tests.runtime.faults import keys_in, local_cluster, wait_until
 
@@ -58,6 +59,24 @@ async def test_an_execute_past_its_deadline_names_its_transaction_for_status(tmp
                 assert values == ([b"v", b"v"] if outcome.status.value == "committed" else [None, None])
         finally:
             gate.set()
+            await api.stop()
+
+
+async def test_the_example_client_names_the_transaction_to_ask_about(tmp_path, capsys):
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        api = PublicGrpcServer(node, "127.0.0.1:0")
+        port = await api.start()
+        keys = list(keys_in(2, ["p0", "p1"]).values())
+        gate = cluster.faults["n0"].hold("log_once", where=lambda a: a["state"] is not TxnState.COMMIT)
+        try:
+            argv = ["--target", f"127.0.0.1:{port}", "--timeout-s", "0.5", "put", keys[0], "v", "put", keys[1], "v"]
+            assert await asyncio.to_thread(example.main, argv) == 3  # the sync client, off the server's loop
+            err = capsys.readouterr().err
+            assert "DEADLINE_EXCEEDED" in err and "ask with --status " in err, err
+        finally:
+            gate.set()
+            cluster.faults["n0"].heal()
             await api.stop()
 
 
