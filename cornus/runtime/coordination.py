@@ -247,7 +247,9 @@ class Coordination:
     async def commit(self, txn: str) -> Outcome:
         ctx = self.active(txn)
         if self.closing:
-            # A clean stop waits only for the decisions of commits already under way.
+            # A clean stop waits only for the decisions of commits already under way. Refused,
+            # the transaction is over: its executions and locks go now, not at the idle sweep.
+            await self._abort(ctx, AbortReason.CLIENT, "the node is stopping")
             raise NodeOverloaded(f"{self.node_id} is stopping; nothing was committed")
         if ctx.busy:
             raise TxnWrongState(f"transaction {txn} still has operations running")
