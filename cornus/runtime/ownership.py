@@ -132,8 +132,12 @@ class OwnershipRuntime:
                 await self._ticker
         self._apply(self.machine.shutdown(now_ms()))
         self._stopped = True
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        # Waited for until none is left: a renewal's answer may start the release deferred
+        # behind it (OwnershipMachine._release_after_write).
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + timeout_s
+        while self._tasks and loop.time() < deadline_s:
+            await asyncio.wait(set(self._tasks), timeout=deadline_s - loop.time())
         for task in list(self._tasks):
             task.cancel()
 
@@ -151,7 +155,8 @@ class OwnershipRuntime:
             if isinstance(effect, ReadOwners):
                 self._spawn(self._read(effect))
             elif isinstance(effect, WriteOwner):
-                if not self._stopped:
+                # Once stopped, only releases: a renewal or a take would hold what we leave.
+                if not self._stopped or effect.new.owner == "":
                     self._spawn(self._write(effect))
             elif isinstance(effect, Acquired):
                 self.counters["ownership_acquired"] += 1
