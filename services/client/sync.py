@@ -145,6 +145,10 @@ class Transaction:
         except TransactionAborted as aborted:
             self.outcome = aborted.outcome  # the node ended it: exiting must not abort it again
             raise
+        except ServerError as error:
+            # Not the API's answer (a proxy's page): the call may have reached the node.
+            self._ambiguous = str(error)
+            raise
 
 
 class TransactionScope:

@@ -83,3 +83,21 @@ async def test_the_async_client_refuses_the_commit_alike() -> None:
         assert "may or may not" in str(error)
     else:
         raise AssertionError("the commit went out after an ambiguous write")
+
+
+def test_a_write_answered_by_a_gateway_page_leaves_its_transaction_uncommittable() -> None:
+    """A proxy's 502 page for a write: the write may have reached the node, as with a lost answer."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/txn":
+            return httpx.Response(201, json={"txn": "t1"})
+        if request.url.path.endswith("/write"):
+            return httpx.Response(502, content=_GATEWAY_PAGE, headers={"content-type": "text/html"})
+        raise AssertionError(f"{request.url.path} must not be sent after an ambiguous write")
+
+    client = CornusClient("http://node:8100", http=httpx.Client(transport=httpx.MockTransport(handler)))
+    txn = client.begin()
+    with pytest.raises(ServerError):
+        txn.write({"k": "v"})
+    with pytest.raises(WrongState, match="may or may not"):
+        txn.commit()
