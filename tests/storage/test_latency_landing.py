@@ -25,7 +25,7 @@ async def test_a_write_whose_trip_out_a_stall_held_up_is_lost_not_sent_late() ->
     harness.runner.may_act = lambda host: True
     harness.runner.run([LogOnce(PARTITION, LogId.partition("p1"), TXN, TxnState.ABORT, RecordBody())])
     await harness.settle()  # the lease check passed; the write is on its way out
-    time.sleep(0.3)  # the node stalls (SIGSTOP, a starved CPU): nothing runs meanwhile  # noqa: ASYNC251
+    time.sleep(0.6)  # the node stalls (SIGSTOP, a starved CPU): nothing runs meanwhile  # noqa: ASYNC251
     await asyncio.sleep(0.3)
     assert not held.calls, "a write held up by a stall was sent after it, unchecked"
     assert len(harness.fed) == 1 and "lost" in str(harness.fed[0])
