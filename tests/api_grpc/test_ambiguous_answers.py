@@ -7,134 +7,142 @@ own UNAVAILABLE ("Cancelling all calls") to a commit that then commits."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import pytest
 
 import services.public_api  # noqa: F401 - builds the generated code before it is imported below
+from cornus.runtime.node import Node
+from cornus.runtime.outcome import Outcome, OutcomeStatus
 from services.public_api import TXN_METADATA_KEY, example
 from services.public_api import server as grpc_server_module
 from services.public_api._generated import public_pb2 as pb
 from services.public_api._generated import public_pb2_grpc
 from services.public_api.server import PublicGrpcServer
 from storage_adapters.contract import TxnState
-from tests.runtime.faults import keys_in, local_cluster, wait_until
+from tests.runtime.faults import LocalCluster, keys_in, local_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 
-async def _committed_or_aborted(cluster, node, txn: str) -> pb.Outcome:
-    async def decided() -> bool:
-        known = await node.resolve_status(txn)
-        return known is not None and known.status.value in ("committed", "aborted")
+@dataclass
+class _Served:
+    """A 2-partition in-process cluster whose node n0 serves the public gRPC API, with a stub."""
 
-    await wait_until(decided, 20, f"{txn} never decided")
-    return await node.resolve_status(txn)
+    cluster: LocalCluster
+    node: Node
+    api: PublicGrpcServer
+    port: int
+    stub: public_pb2_grpc.CornusStub
+    keys: list[str]
+    stopping: asyncio.Future[None] | None = None
 
+    def hold_everything_but_commits(self) -> None:
+        """n0's votes, and a termination's ABORT, wait: a commit outlives its caller's deadline."""
+        self.cluster.faults["n0"].hold("log_once", where=lambda a: a["state"] is not TxnState.COMMIT)
 
-async def test_an_execute_past_its_deadline_names_its_transaction_for_status(tmp_path):
-    """Its deadline passed while its commit ran: the caller got DEADLINE_EXCEEDED and no
-    transaction id, and the commit went on and committed."""
-    async with local_cluster(tmp_path, partition_count=2) as cluster:
-        node = cluster.node()
-        api = PublicGrpcServer(node, "127.0.0.1:0")
-        port = await api.start()
-        keys = keys_in(2, ["p0", "p1"])
-        # The votes, and a termination's ABORT, wait: the commit outlives the caller's deadline.
-        gate = cluster.faults["n0"].hold("log_once", where=lambda a: a["state"] is not TxnState.COMMIT)
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                stub = public_pb2_grpc.CornusStub(channel)
-                ops = [pb.Op(kind=pb.OP_KIND_PUT, key=k, value=b"v") for k in keys.values()]
-                call = stub.Execute(pb.ExecuteRequest(ops=ops), timeout=0.5)
-                with pytest.raises(grpc.aio.AioRpcError) as error:
-                    await call
-                assert error.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-                txn = dict(await call.initial_metadata()).get(TXN_METADATA_KEY, "")
-                assert txn, "the caller was not told which transaction to ask Status about"
-                gate.set()
-                cluster.faults["n0"].heal()
-                outcome = await _committed_or_aborted(cluster, node, txn)
-                values = [await cluster.value(k) for k in keys.values()]
-                assert values == ([b"v", b"v"] if outcome.status.value == "committed" else [None, None])
-        finally:
-            gate.set()
-            await api.stop()
+    def stop(self) -> asyncio.Future[None]:
+        self.stopping = asyncio.ensure_future(self.api.stop())
+        return self.stopping
 
 
-async def test_the_example_client_names_the_transaction_to_ask_about(tmp_path, capsys):
+@contextlib.asynccontextmanager
+async def _served(tmp_path: Path) -> AsyncIterator[_Served]:
     async with local_cluster(tmp_path, partition_count=2) as cluster:
         node = cluster.node()
         api = PublicGrpcServer(node, "127.0.0.1:0")
         port = await api.start()
         keys = list(keys_in(2, ["p0", "p1"]).values())
-        gate = cluster.faults["n0"].hold("log_once", where=lambda a: a["state"] is not TxnState.COMMIT)
+        served = None
         try:
-            argv = ["--target", f"127.0.0.1:{port}", "--timeout-s", "0.5", "put", keys[0], "v", "put", keys[1], "v"]
-            assert await asyncio.to_thread(example.main, argv) == 3  # the sync client, off the server's loop
-            err = capsys.readouterr().err
-            assert "DEADLINE_EXCEEDED" in err and "ask with --status " in err, err
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                served = _Served(cluster, node, api, port, public_pb2_grpc.CornusStub(channel), keys)
+                yield served
         finally:
-            gate.set()
-            cluster.faults["n0"].heal()
-            await api.stop()
+            cluster.faults["n0"].heal()  # opens every hold
+            if served is None or served.stopping is None:
+                await api.stop()
+            else:
+                await served.stopping
+
+
+async def _decided(node: Node, txn: str) -> Outcome:
+    async def decided() -> bool:
+        known = await node.resolve_status(txn)
+        return known is not None and known.status in (OutcomeStatus.COMMITTED, OutcomeStatus.ABORTED)
+
+    await wait_until(decided, 20, f"{txn} never decided")
+    outcome = await node.resolve_status(txn)
+    assert outcome is not None
+    return outcome
+
+
+async def test_an_execute_past_its_deadline_names_its_transaction_for_status(tmp_path):
+    """Its deadline passed while its commit ran: the caller got DEADLINE_EXCEEDED and no
+    transaction id, and the commit went on and committed."""
+    async with _served(tmp_path) as served:
+        served.hold_everything_but_commits()
+        ops = [pb.Op(kind=pb.OP_KIND_PUT, key=k, value=b"v") for k in served.keys]
+        call = served.stub.Execute(pb.ExecuteRequest(ops=ops), timeout=0.5)
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await call
+        assert error.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        txn = dict(await call.initial_metadata()).get(TXN_METADATA_KEY, "")
+        assert txn, "the caller was not told which transaction to ask Status about"
+        served.cluster.faults["n0"].heal()
+        outcome = await _decided(served.node, txn)
+        values = [await served.cluster.value(k) for k in served.keys]
+        assert values == ([b"v", b"v"] if outcome.status is OutcomeStatus.COMMITTED else [None, None])
+
+
+async def test_the_example_client_names_the_transaction_to_ask_about(tmp_path, capsys):
+    async with _served(tmp_path) as served:
+        served.hold_everything_but_commits()
+        keys = served.keys
+        argv = ["--target", f"127.0.0.1:{served.port}", "--timeout-s", "0.5", "put", keys[0], "v", "put", keys[1], "v"]
+        assert await asyncio.to_thread(example.main, argv) == 3  # the sync client, off the server's loop
+        err = capsys.readouterr().err
+        assert "DEADLINE_EXCEEDED" in err and "ask with --status " in err, err
 
 
 async def test_a_commit_cut_by_the_server_s_stop_is_unknown_not_unavailable(tmp_path, monkeypatch):
     monkeypatch.setattr(grpc_server_module, "SHUTDOWN_GRACE_MS", 300)
-    async with local_cluster(tmp_path, partition_count=2) as cluster:
-        node = cluster.node()
-        api = PublicGrpcServer(node, "127.0.0.1:0")
-        port = await api.start()
-        keys = keys_in(2, ["p0", "p1"])
-        gate = None
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                stub = public_pb2_grpc.CornusStub(channel)
-                txn = (await stub.Begin(pb.BeginRequest())).txn
-                await stub.Write(pb.WriteRequest(txn=txn, writes=[pb.Write(key=k, value=b"v") for k in keys.values()]))
-                gate = cluster.faults["n0"].hold("log_once", where=lambda a: a["state"] is not TxnState.COMMIT)
-                commit = asyncio.ensure_future(stub.Commit(pb.TxnRequest(txn=txn), timeout=30))
-                await asyncio.sleep(0.3)
-                stopping = asyncio.ensure_future(api.stop())
-                answer = await commit  # an error status here fails the test
-                assert answer.outcome == pb.OUTCOME_UNKNOWN and answer.txn == txn, answer
-                gate.set()
-                cluster.faults["n0"].heal()
-                await stopping
-                await _committed_or_aborted(cluster, node, txn)
-        finally:
-            if gate is not None:
-                gate.set()
+    async with _served(tmp_path) as served:
+        stub = served.stub
+        txn = (await stub.Begin(pb.BeginRequest())).txn
+        await stub.Write(pb.WriteRequest(txn=txn, writes=[pb.Write(key=k, value=b"v") for k in served.keys]))
+        served.hold_everything_but_commits()
+        commit = asyncio.ensure_future(stub.Commit(pb.TxnRequest(txn=txn), timeout=30))
+        await asyncio.sleep(0.3)
+        stopping = served.stop()
+        answer = await commit  # an error status here fails the test
+        assert answer.outcome == pb.OUTCOME_UNKNOWN and answer.txn == txn, answer
+        served.cluster.faults["n0"].heal()
+        await stopping
+        await _decided(served.node, txn)
 
 
 async def test_a_one_shot_the_server_s_stop_cuts_before_its_commit_never_commits(tmp_path, monkeypatch):
     """Answered before its commit started, it must not commit afterwards: the caller was told
     UNAVAILABLE, nothing changed."""
     monkeypatch.setattr(grpc_server_module, "SHUTDOWN_GRACE_MS", 300)
-    async with local_cluster(tmp_path, partition_count=2) as cluster:
-        node = cluster.node()
-        api = PublicGrpcServer(node, "127.0.0.1:0")
-        port = await api.start()
-        keys = keys_in(2, ["p0", "p1"])
+    async with _served(tmp_path) as served:
         # Hold the operations (the owners' data reads), so the stop comes before the commit.
-        gate = cluster.faults["n0"].hold("read_data")
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                stub = public_pb2_grpc.CornusStub(channel)
-                ops = [pb.Op(kind=pb.OP_KIND_GET, key=k) for k in keys.values()]
-                ops += [pb.Op(kind=pb.OP_KIND_PUT, key=k, value=b"v") for k in keys.values()]
-                execute = asyncio.ensure_future(stub.Execute(pb.ExecuteRequest(ops=ops), timeout=30))
-                await asyncio.sleep(0.3)
-                stopping = asyncio.ensure_future(api.stop())
-                with pytest.raises(grpc.aio.AioRpcError) as error:
-                    await execute
-                assert error.value.code() is grpc.StatusCode.UNAVAILABLE
-                assert "nothing was committed" in (error.value.details() or "")
-                gate.set()
-                cluster.faults["n0"].heal()
-                await stopping
-                await asyncio.sleep(1.0)
-                assert [await cluster.value(k) for k in keys.values()] == [None, None]
-        finally:
-            gate.set()
+        served.cluster.faults["n0"].hold("read_data")
+        ops = [pb.Op(kind=pb.OP_KIND_GET, key=k) for k in served.keys]
+        ops += [pb.Op(kind=pb.OP_KIND_PUT, key=k, value=b"v") for k in served.keys]
+        execute = asyncio.ensure_future(served.stub.Execute(pb.ExecuteRequest(ops=ops), timeout=30))
+        await asyncio.sleep(0.3)
+        stopping = served.stop()
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await execute
+        assert error.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "nothing was committed" in (error.value.details() or "")
+        served.cluster.faults["n0"].heal()
+        await stopping
+        await asyncio.sleep(1.0)
+        assert [await served.cluster.value(k) for k in served.keys] == [None, None]

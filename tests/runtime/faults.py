@@ -451,6 +451,29 @@ async def commit_writes(node: Node, writes: Mapping[str, bytes], protocol: Proto
     return outcome
 
 
+async def commit_told_unknown(cluster: LocalCluster, node: Node, writes: Mapping[str, bytes]) -> str:
+    """A commit of `writes` whose caller is told UNKNOWN (n0's votes held past the commit deadline,
+    which the test makes short), its votes let go afterwards; its transaction id."""
+    gate = cluster.faults["n0"].hold("log_once", where=lambda args: args["state"] is TxnState.VOTE_YES)
+    txn = node.begin()
+    await node.run_ops(txn, puts(writes))
+    unknown = await node.commit(txn)
+    assert unknown.status is OutcomeStatus.UNKNOWN, unknown
+    gate.set()
+    cluster.faults["n0"].heal()
+    return txn
+
+
+async def wait_collected(cluster: LocalCluster, node: Node, txn: str, partitions: Sequence[str]) -> None:
+    """Until `txn` is collected: its coordinator's machine ends once every record is deleted."""
+
+    async def collected() -> bool:
+        return txn not in node.core.coordinator.machines and all(
+            [await cluster.record(partition, txn) is None for partition in partitions])
+
+    await wait_until(collected, 20, f"the records of {txn} were never collected")
+
+
 async def read_through(node: Node, key: str, timeout_s: float = 5.0) -> bytes | None:
     """`key` as a client reads it through `node` (retrying a retryable abort, e.g. a lock still held)."""
     last: Outcome | None = None

@@ -27,6 +27,7 @@ from storage_adapters.errors import ValidationError
 from tests.runtime.faults import (
     PROTOCOL_DEFAULTS,
     LocalCluster,
+    commit_told_unknown,
     commit_writes,
     eventually,
     holds,
@@ -36,6 +37,7 @@ from tests.runtime.faults import (
     read_through,
     redo_of,
     txn_id,
+    wait_collected,
     wait_until,
 )
 
@@ -686,21 +688,9 @@ async def test_a_commit_reported_unknown_keeps_its_outcome_for_the_status_call(t
     async with local_cluster(tmp_path, partition_count=2) as cluster:
         node = cluster.node()
         keys = keys_in(2, ["p0", "p1"])
-        gate = cluster.faults["n0"].hold("log_once", where=lambda args: args["state"] is TxnState.VOTE_YES)
-        txn = node.begin()
         writes = {keys["p0"]: b"a", keys["p1"]: b"b"}
-        await node.run_ops(txn, puts(writes))
-        unknown = await node.commit(txn)
-        assert unknown.status is OutcomeStatus.UNKNOWN, unknown
-        gate.set()
-        cluster.faults["n0"].heal()
-
-        async def collected() -> bool:
-            # The coordinator's machine ends once it collected the records.
-            return txn not in node.core.coordinator.machines and all(
-                [await cluster.record(partition, txn) is None for partition in ("p0", "p1")])
-
-        await wait_until(collected, 20, "the records were never collected")
+        txn = await commit_told_unknown(cluster, node, writes)
+        await wait_collected(cluster, node, txn, ("p0", "p1"))
         # The held votes and the coordinator's termination race: either outcome may be the truth.
         values = {key: await cluster.value(key) for key in writes}
         status = await node.resolve_status(txn)

@@ -9,8 +9,7 @@ import pytest
 from cornus.protocol.effects import Reply
 from cornus.runtime import coordination
 from cornus.runtime.outcome import OutcomeStatus
-from storage_adapters.contract import TxnState
-from tests.runtime.faults import keys_in, local_cluster, puts, wait_until
+from tests.runtime.faults import commit_told_unknown, keys_in, local_cluster, puts, wait_collected, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,12 +46,7 @@ async def test_a_reply_landing_in_the_deadline_tick_is_kept_for_status(tmp_path,
         monkeypatch.setattr(coordination, "_no_reply", no_reply_then_reply)
         outcome = await node.commit(txn)
         assert outcome.status is OutcomeStatus.UNKNOWN, outcome
-
-        async def collected() -> bool:
-            return txn not in node.core.coordinator.machines and all(
-                [await cluster.record(p, txn) is None for p in ("p0", "p1")])
-
-        await wait_until(collected, 20, "never collected")
+        await wait_collected(cluster, node, txn, ("p0", "p1"))
         assert {k: await cluster.value(k) for k in writes} == writes  # it committed
         status = await node.resolve_status(txn)
         assert status is not None and status.status is OutcomeStatus.COMMITTED, status
@@ -67,14 +61,8 @@ async def test_the_outcome_of_a_commit_reported_unknown_survives_other_traffic(t
     async with local_cluster(tmp_path, partition_count=2) as cluster:
         node = cluster.node()
         keys = keys_in(2, ["p0", "p1"])
-        gate = cluster.faults["n0"].hold("log_once", where=lambda a: a["state"] is TxnState.VOTE_YES)
-        txn = node.begin()
         writes = {keys["p0"]: b"a", keys["p1"]: b"b"}
-        await node.run_ops(txn, puts(writes))
-        unknown = await node.commit(txn)
-        assert unknown.status is OutcomeStatus.UNKNOWN, unknown
-        gate.set()
-        cluster.faults["n0"].heal()
+        txn = await commit_told_unknown(cluster, node, writes)
 
         async def decided() -> bool:
             known = node.status(txn)
@@ -84,12 +72,7 @@ async def test_the_outcome_of_a_commit_reported_unknown_survives_other_traffic(t
         for i in range(10):  # ordinary traffic, twice the bound
             other = keys_in(2, ["p0"], prefix=f"o{i}")["p0"]
             assert (await node.execute(puts({other: b"x"}))).status is OutcomeStatus.COMMITTED
-
-        async def collected() -> bool:
-            return txn not in node.core.coordinator.machines and all(
-                [await cluster.record(p, txn) is None for p in ("p0", "p1")])
-
-        await wait_until(collected, 20, "never collected")
+        await wait_collected(cluster, node, txn, ("p0", "p1"))
         values = {k: await cluster.value(k) for k in writes}
         status = await node.resolve_status(txn)
         assert status is not None, f"storage holds {values}; status call: no such transaction"
