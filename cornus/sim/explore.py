@@ -78,6 +78,8 @@ def _explore_share(args: tuple[str, int, int]) -> tuple[int, Failures, dict[str,
         faults["late_duplicates"] += world.outcome.late_duplicates
         faults["small_scan_pages"] += schedule.scan_page_max < 500
         faults["moves"] += len(schedule.moves)
+        faults["twins"] += len(schedule.twins)
+        faults["twin_refusals"] += world.outcome.twin_refusals
         faults["fenced_writes"] += world.outcome.fenced_writes
         faults["stale_answers"] += world.outcome.stale_answers
         faults["lock_waits"] += world.outcome.lock_waits

@@ -7,7 +7,8 @@ protocol. Faults: crashes and restarts, storage outages (some longer than any re
 storage calls that time out but land later, lost, delayed and duplicated messages (some copies
 arrive long after garbage collection), reads of the owner's cache misses that answer late, callers
 that think between an interactive transaction's reads and writes while the owner restarts, a
-partition moving to another node (its old owner's lease lapsed; storage fences its writes), the
+partition moving to another node (its old owner's lease lapsed; storage fences its writes), a
+coordinator's second process started while its first still runs (a force-deleted pod), the
 WAIT_DIE lock policy, tiny recovery scan pages, and manual resolves. Interactive transactions read first and write in a
 continued request (one schedule in eight makes its first transaction wholly read-only); one-shots
 carry their prepares.
@@ -86,6 +87,18 @@ class Move:
 
 
 @dataclass(frozen=True, slots=True)
+class Twin:
+    """At `at_ms` a second process starts as coordinator `node` while the first one runs on for
+    `overlap_ms` more, then dies: a pod force-deleted while its process still ran, and its
+    replacement. Both answer messages sent to the node, both write its coordinator log; only
+    transaction ids (the incarnation is one of their fields) tell their transactions apart."""
+
+    node: str
+    at_ms: int
+    overlap_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Outage:
     """Storage unreachable for the named logs (log keys) from start to end."""
 
@@ -138,6 +151,7 @@ class Schedule:
     scan_page_max: int = 500
     crashes: tuple[Crash, ...] = ()
     moves: tuple[Move, ...] = ()
+    twins: tuple[Twin, ...] = ()
     outages: tuple[Outage, ...] = ()
     resolves: tuple[Resolve, ...] = ()
 
@@ -157,6 +171,12 @@ class Schedule:
         for move in self.moves:
             assert move.partition in self.partitions and move.to in nodes, move
             assert 0 <= move.at_ms <= FAULTS_END_MS
+        for twin in self.twins:
+            # Coordinators only: a partition's two processes are ownership's case (fenced writes,
+            # explored by ownership_world), and moves would need both processes' tenures.
+            assert twin.node in COORDINATORS and not self.moves, twin
+            assert twin.at_ms >= 0 and twin.overlap_ms >= 1 and twin.at_ms + twin.overlap_ms <= FAULTS_END_MS
+        assert len({twin.node for twin in self.twins}) == len(self.twins), "one second process per node"
         for outage in self.outages:
             assert 0 <= outage.start_ms <= outage.end_ms <= FAULTS_END_MS
         for resolve in self.resolves:
@@ -281,6 +301,21 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
             moves += (Move(partition, to, again_ms),)
         # The transactions run again on the new owner, once it recovered the partition.
         txns += [dataclasses.replace(plan, start_ms=moves[0].at_ms + 300 + plan.start_ms // 4) for plan in list(txns)]
+    # And one in eight starts a second process of a coordinator while the first one still runs
+    # (a pod force-deleted while its process lived on), beside transactions the first one
+    # coordinates and later ones of the second.
+    twins: tuple[Twin, ...] = ()
+    if seed % 8 == 5:
+        at_ms = 5 + (seed >> 4) % 300
+        node = COORDINATORS[(seed >> 3) % 2]
+        twins = (Twin(node, at_ms, min(1 + (seed >> 13) % 600, FAULTS_END_MS - at_ms)),)
+        # What two processes can hurt is a decision the first one is still writing when the
+        # second answers for the node: its coordinator log is unreachable for a while around the
+        # second's start, and transactions of the first run into it.
+        start_ms = max(0, at_ms - (seed >> 20) % 60)
+        outages.append(Outage((f"c.{node}",), start_ms, min(FAULTS_END_MS, start_ms + 20 + (seed >> 23) % 300)))
+        txns += [dataclasses.replace(plan, coordinator=node, start_ms=max(0, start_ms - 30 + plan.start_ms // 8))
+                 for plan in list(txns)]
     return Schedule(
         seed=seed,
         partition_count=partition_count,
@@ -294,6 +329,7 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
         scan_page_max=rng.choice((1, 1, 2, 3, 500)),
         crashes=crashes,
         moves=moves,
+        twins=twins,
         outages=tuple(outages),
         resolves=resolves,
         late_request_probability=0.3 if late else 0.0,

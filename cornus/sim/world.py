@@ -55,7 +55,7 @@ from cornus.protocol.events import (
 from cornus.protocol.execution import Execution, PartitionExecutions, Refusal
 from cornus.protocol.hosts import CoordinatorFactory, ParticipantFactory
 from cornus.protocol.locks import Grant, LockMode, Policy, Waiter
-from cornus.protocol.messages import Prepare, ReleaseReadOnly
+from cornus.protocol.messages import DecisionQuery, Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import NodeCore, recovery_owner
 from cornus.protocol.ownership import fenced_partition
 from cornus.protocol.participant_base import ParticipantBase, Phase
@@ -63,9 +63,9 @@ from cornus.protocol.participant_blocking import CoordinatorLogParticipant
 from cornus.protocol.resolve import Resolver
 from cornus.protocol.txn_ids import PROTOCOL_TAGS, protocol_of
 from cornus.sim import redo
-from cornus.sim.schedule import COORDINATORS, FAULTS_END_MS, Move, Schedule, node_of
+from cornus.sim.schedule import COORDINATORS, FAULTS_END_MS, Move, Schedule, Twin, node_of
 from cornus.sim.storage_model import StorageModel, WriteRefused
-from storage_adapters.contract import LogId, TxnState
+from storage_adapters.contract import LogId, LogKind, TxnState
 
 # Hook a test installs to force a failure at an exact point: called before each effect a node
 # executes; "crash" crashes the node before the effect, "drop" skips it (a lost message).
@@ -83,8 +83,8 @@ TIMEOUT_MS_EXECUTE = 200
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
     _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
-    _EXECUTE_DEADLINE,
-) = range(20)
+    _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _FATAL,
+) = range(23)
 
 
 _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
@@ -180,6 +180,9 @@ class Outcome:
     stale_answers: int = 0  # answers to calls of a partition's earlier tenure on the same node, dropped
     fenced_writes: int = 0  # writes of a partition's old owner that storage refused after a move
     late_duplicates: int = 0  # second copies of messages sent to arrive after the GC grace
+    # Coordinator processes that stopped because storage refused a decision of theirs: another
+    # process of the same node id wrote the other one (Twin).
+    twin_refusals: int = 0
     violations: list[str] = field(default_factory=list)
     undecided_at_liveness_check: list[str] = field(default_factory=list)
     log_writes: int = 0
@@ -226,6 +229,8 @@ class World:
         )
         self.plans = dict(zip(self.txns, schedule.txns, strict=True))
         self.nodes: dict[str, Node] = {}
+        # A coordinator's first process while a second one runs beside it (Twin), by node name.
+        self.twins: dict[str, Node] = {}
         self.lock_policy = Policy.WAIT_DIE if schedule.wait_die else Policy.NO_WAIT
         for name in COORDINATORS:
             self.nodes[name] = Node(name, None, ())
@@ -322,6 +327,8 @@ class World:
             self._push(crash.at_ms, _CRASH, crash)
         for move in self.schedule.moves:
             self._push(move.at_ms, _MOVE, move)
+        for twin in self.schedule.twins:
+            self._push(twin.at_ms, _TWIN, twin)
         for index, resolve in enumerate(self.schedule.resolves):
             self._push(resolve.at_ms, _RESOLVE, index)
         self._push(self.liveness_check_ms, _CHECK, None)
@@ -336,16 +343,16 @@ class World:
             if name.startswith("~resolve/"):
                 self._resolver_step(int(name.rsplit("/", 1)[1]), event)
                 return
-            node = self.nodes[name]
-            if node.alive and node.incarnation == incarnation:
+            node = self.process(name, incarnation)
+            if node is not None:
                 if tenure != self._tenure(node, event.host):
                     self.outcome.stale_answers += 1
                     return
                 self._feed(node, event, path)
         elif kind == _TIMER:
             name, incarnation, timer, generation, path = data
-            node = self.nodes[name]
-            if node.alive and node.incarnation == incarnation and node.timers.get(timer) == generation:
+            node = self.process(name, incarnation)
+            if node is not None and node.timers.get(timer) == generation:
                 del node.timers[timer]
                 self._feed(node, TimerFired(timer), path)
         elif kind in _EXECUTION_STEPS:
@@ -356,6 +363,12 @@ class World:
                 self.outcome.violations.append(f"assertion in the execution phase: {error}")
         elif kind == _MOVE:
             self._move(data)
+        elif kind == _TWIN:
+            self._twin(data)
+        elif kind == _TWIN_END:
+            self._twin_ends(*data)
+        elif kind == _FATAL:
+            self._fatal(*data)
         elif kind == _EXECUTE_ANSWER:
             self._execute_answered(*data)
         elif kind == _EXECUTE_DEADLINE:
@@ -373,8 +386,8 @@ class World:
             self._start_resolve(data)
         elif kind == _IDLE:
             name, incarnation, partition, txn = data
-            node = self.nodes[name]
-            if node.alive and node.incarnation == incarnation:
+            node = self.process(name, incarnation)
+            if node is not None:
                 self._drop_idle(node, partition, txn)
         elif kind == _BOOTED:
             booting = [node.name for node in self.nodes.values() if not node.ready]
@@ -652,8 +665,8 @@ class World:
             return  # its deadline passed: the coordinator heard "no answer", and listens no more
         self._unanswered.discard(key)
         if refusal:
-            coordinator = self.nodes[self.plans[txn].coordinator]
-            if coordinator.alive and coordinator.incarnation == incarnation:
+            coordinator = self.process(self.plans[txn].coordinator, incarnation)
+            if coordinator is not None:
                 self._feed(coordinator, ExecuteFailed(coordinator.name, txn, partition, refused=True, detail=refusal),
                            coordinator.path)
 
@@ -662,8 +675,8 @@ class World:
         if key not in self._unanswered:
             return
         self._unanswered.discard(key)
-        coordinator = self.nodes[self.plans[txn].coordinator]
-        if coordinator.alive and coordinator.incarnation == incarnation:
+        coordinator = self.process(self.plans[txn].coordinator, incarnation)
+        if coordinator is not None:
             failed = ExecuteFailed(coordinator.name, txn, partition, refused=False, detail="no answer")
             self._feed(coordinator, failed, coordinator.path)
 
@@ -707,6 +720,11 @@ class World:
     # -- nodes ------------------------------------------------------------------------------------
     def _deliver(self, to: str, sender: str, message: Any, path: frozenset[tuple[int, int]]) -> None:
         node = self.node_of_host(to)
+        first = self.twins.get(to)
+        if first is not None and self.rng.random() < 0.5:
+            # Two processes answer to the node's name: a message may reach either (a connection
+            # the first one still holds, or a new one to the second).
+            node = first
         if not node.alive or node.core is None:
             return
         if node.core.ends_execution(to, message):
@@ -788,6 +806,51 @@ class World:
             if node.incarnation != incarnation:
                 return
 
+    def process(self, name: str, incarnation: int) -> Node | None:
+        """The live process of node `name` in `incarnation`: the node, or its first process while a
+        second one runs beside it (Twin); None once it is gone."""
+        node = self.nodes[name]
+        if node.alive and node.incarnation == incarnation:
+            return node
+        first = self.twins.get(name)
+        return first if first is not None and first.incarnation == incarnation else None
+
+    def _twin(self, twin: Twin) -> None:
+        """A second process of `twin.node` starts (and recovers) while the first runs on."""
+        first = self.nodes[twin.node]
+        if not first.alive:
+            return  # nothing runs on: the node's restart is an ordinary one
+        if self.trace is not None:
+            self.trace.append(f"{self.now_ms:6d} {twin.node:>3} SECOND PROCESS starts, the first runs on")
+        self.twins[twin.node] = first
+        second = Node(first.name, None, first.partitions, incarnation=first.incarnation + 1)
+        second.reset_memory(self.lock_policy)
+        self.nodes[twin.node] = second
+        self._push(self.now_ms + twin.overlap_ms, _TWIN_END, (twin.node, first.incarnation))
+        self._start_core(second)
+
+    def _twin_ends(self, name: str, incarnation: int) -> None:
+        first = self.twins.get(name)
+        if first is None or first.incarnation != incarnation:
+            return  # it stopped already
+        if self.trace is not None:
+            self.trace.append(f"{self.now_ms:6d} {name:>3} FIRST PROCESS dies")
+        del self.twins[name]
+        first.alive = False
+        first.core = None
+
+    def _fatal(self, name: str, incarnation: int) -> None:
+        """The process heard storage refuse a decision it wrote, and stops (the runtime's `fatal`);
+        a second process is restarted as a crashed node is."""
+        node = self.process(name, incarnation)
+        if node is None:
+            return
+        self.outcome.twin_refusals += 1
+        if node is self.nodes[name]:
+            self.crash(name, 1)
+        else:
+            self._twin_ends(name, incarnation)
+
     def _unreachable(self, log: LogId) -> bool:
         windows = self._down_logs.get(log.key)
         return windows is not None and any(start <= self.now_ms < end for start, end in windows)
@@ -843,6 +906,15 @@ class World:
         self._push(self.now_ms + self.rng.randint(1, self.schedule.delay_ms_max), _DELIVER, data)
         if self.rng.random() < self.schedule.duplicate_probability:
             late = self.rng.random() < 0.5
+            if late and isinstance(effect.message, DecisionQuery):
+                # Never a query, that late: a coordinator that knows nothing of the transaction
+                # logs ABORT for it (coordinator_blocking.py), which after garbage collection
+                # would bring a record back. The runtime's transport neither duplicates nor
+                # retries, and delivers a connection's messages in order, so a participant's query
+                # is handled before the acknowledgement that lets collection start (one grace
+                # later) and cannot outlive it. (Only a process stalled for longer than the grace
+                # could, beside a second process of its node: docs/deploy.md.)
+                return
             self.outcome.late_duplicates += late
             delay = self.config.gc_grace_ms + self.rng.randint(0, self.config.gc_grace_ms) if late else 0
             self._push(self.now_ms + delay + self.rng.randint(1, self.schedule.delay_ms_max), _DELIVER, data)
@@ -886,8 +958,15 @@ class World:
             except WriteRefused as refused:
                 outcome = StorageUnreachable("refused")
                 if answered and not self._unreachable(call.log):
-                    # The runtime treats a refusal it hears as an impossible state and stops.
-                    self.outcome.violations.append(f"storage refused an answered call: {refused}")
+                    # The runtime treats a refusal it hears as an impossible state and stops. Only
+                    # two processes of one coordinator can make it happen, in their own log.
+                    twins = self.schedule.twins and call.log.kind is LogKind.COORDINATOR
+                    if not twins:
+                        self.outcome.violations.append(f"storage refused an answered call: {refused}")
+                    else:
+                        latency = self.rng.randint(1, self.schedule.storage_ms_max)
+                        self._push(self.now_ms + latency, _FATAL, (owner, incarnation))
+                        return
             if not self._unreachable(call.log):
                 result = outcome
         if self.trace is not None:

@@ -139,6 +139,7 @@ def _encode_decision_query(envelope: pb.PeerEnvelope, value: DecisionQuery) -> N
     body.SetInParent()
     body.txn = value.txn
     body.sender = value.sender
+    body.participants.extend(value.participants)
 
 
 def _encode_decision_answer(envelope: pb.PeerEnvelope, value: DecisionAnswer) -> None:
@@ -276,7 +277,7 @@ def _decode_decision_ack(body: pb.DecisionAck) -> DecisionAck:
 
 
 def _decode_decision_query(body: pb.DecisionQuery) -> DecisionQuery:
-    return DecisionQuery(txn=body.txn, sender=body.sender)
+    return DecisionQuery(txn=body.txn, sender=body.sender, participants=tuple(body.participants))
 
 
 def _decode_decision_answer(body: pb.DecisionAnswer) -> DecisionAnswer:
