@@ -68,6 +68,12 @@ class ClientConfig:
         return httpx.Timeout(self.timeout_ms_request / 1000, connect=self.timeout_ms_connect / 1000)
 
 
+def call_deadline_passed(config: ClientConfig) -> str:
+    """What a call that outran its deadline says: its answer may still be on the way, so it is
+    taken as lost (a ReadTimeout), never as "not sent"."""
+    return f"no whole answer within the call's deadline of {config.timeout_ms_request} ms"
+
+
 def backoff_s(config: ClientConfig, retry_index: int, rng: random.Random) -> float:
     """How long to wait before retry `retry_index` (0-based): half fixed, half jitter."""
     assert retry_index >= 0

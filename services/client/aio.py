@@ -26,6 +26,7 @@ from services.client._core import (
     ClientConfig,
     NodeRotation,
     backoff_s,
+    call_deadline_passed,
     check_keys,
     check_ops,
     check_writes,
@@ -375,7 +376,16 @@ class AsyncCornusClient:
     # --- HTTP: every call carries the configured deadline, also on a caller-supplied httpx.AsyncClient ---
 
     async def _post(self, url: str, body: Any = None) -> httpx.Response:
-        return await self._http.post(url, json=body, timeout=self.config.timeout)
+        return await self._call(self._http.build_request("POST", url, json=body, timeout=self.config.timeout))
 
     async def _get(self, url: str) -> httpx.Response:
-        return await self._http.get(url, timeout=self.config.timeout)
+        return await self._call(self._http.build_request("GET", url, timeout=self.config.timeout))
+
+    async def _call(self, request: httpx.Request) -> httpx.Response:
+        """Send `request` and read its whole answer by the call's deadline (httpx's timeout
+        bounds each read, not the call): ReadTimeout past it, as a lost answer."""
+        try:
+            async with asyncio.timeout(self.config.timeout_ms_request / 1000):
+                return await self._http.send(request)
+        except TimeoutError:
+            raise httpx.ReadTimeout(call_deadline_passed(self.config), request=request) from None

@@ -27,6 +27,7 @@ from services.client._core import (
     ClientConfig,
     NodeRotation,
     backoff_s,
+    call_deadline_passed,
     check_keys,
     check_ops,
     check_writes,
@@ -374,7 +375,29 @@ class CornusClient:
     # --- HTTP: every call carries the configured deadline, also on a caller-supplied httpx.Client ---
 
     def _post(self, url: str, body: Any = None) -> httpx.Response:
-        return self._http.post(url, json=body, timeout=self.config.timeout)
+        return self._call(self._http.build_request("POST", url, json=body, timeout=self.config.timeout))
 
     def _get(self, url: str) -> httpx.Response:
-        return self._http.get(url, timeout=self.config.timeout)
+        return self._call(self._http.build_request("GET", url, timeout=self.config.timeout))
+
+    def _call(self, request: httpx.Request) -> httpx.Response:
+        """Send `request` and read its whole answer by the call's deadline: httpx's timeout bounds
+        each read, so the body is read in chunks against the deadline (ReadTimeout past it). The
+        headers are bounded by the read timeout only: httpx's sync client cannot interrupt a
+        read, and a node sends them in one write."""
+        deadline_s = time.monotonic() + self.config.timeout_ms_request / 1000
+        response = self._http.send(request, stream=True)
+        if response.is_stream_consumed:
+            return response  # a transport that had the whole answer already (httpx.MockTransport)
+        try:
+            chunks = []
+            for chunk in response.iter_raw():
+                if time.monotonic() > deadline_s:
+                    raise httpx.ReadTimeout(call_deadline_passed(self.config), request=request)
+                chunks.append(chunk)
+        finally:
+            response.close()
+        whole = httpx.Response(response.status_code, headers=response.headers, content=b"".join(chunks),
+                               request=request, extensions=response.extensions)
+        whole.read()
+        return whole

@@ -1,0 +1,94 @@
+"""Every SDK call ends by its deadline (`timeout_ms_request`), however the server answers (found
+by review): httpx's timeout bounds each read, not the call, so a node or proxy that sent its
+answer a byte at a time, each within the read timeout, held the caller for as long as it liked.
+Past the deadline a commit is UNKNOWN, as after any answer lost on its way."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+
+from services.client import AsyncCornusClient, ClientConfig, CornusClient, Op, Status
+
+DEADLINE_MS = 1_000
+# The answer a dripping server promises, one byte per DRIP_S: far longer than the deadline, and
+# each byte well within the per-read timeout (the deadline itself).
+PROMISED_BYTES = 600
+DRIP_S = 0.1
+# What the test allows the call beyond its deadline before it calls it hung (it would take
+# PROMISED_BYTES * DRIP_S = 60 s without the deadline).
+HUNG_S = 10.0
+
+
+@contextlib.contextmanager
+def _dripping_server() -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 that answers every request with headers at once and then its
+    body a byte at a time."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stopping = threading.Event()
+
+    def serve(connection: socket.socket) -> None:
+        with connection:
+            connection.settimeout(HUNG_S)
+            data = b""
+            with contextlib.suppress(OSError):
+                while b"\r\n\r\n" not in data:
+                    data += connection.recv(65536)
+                connection.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n" % PROMISED_BYTES
+                )
+                for _ in range(PROMISED_BYTES):
+                    if stopping.is_set():
+                        return
+                    connection.sendall(b" ")
+                    time.sleep(DRIP_S)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while not stopping.is_set():
+                connection, _ = listener.accept()
+                threading.Thread(target=serve, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stopping.set()
+        listener.close()
+
+
+def test_a_commit_answered_a_byte_at_a_time_ends_unknown_at_its_deadline() -> None:
+    with _dripping_server() as url, CornusClient(url, config=ClientConfig(timeout_ms_request=DEADLINE_MS)) as client:
+        started = time.monotonic()
+        outcome = client.execute([Op.put("k", "v")])
+        elapsed = time.monotonic() - started
+    assert outcome.status is Status.UNKNOWN, outcome
+    assert elapsed < HUNG_S, f"the call took {elapsed:.1f} s, its deadline is {DEADLINE_MS} ms"
+
+
+async def test_the_async_client_ends_at_its_deadline_alike() -> None:
+    with _dripping_server() as url:
+        client = AsyncCornusClient(url, config=ClientConfig(timeout_ms_request=DEADLINE_MS))
+        try:
+            started = time.monotonic()
+            outcome = await client.execute([Op.put("k", "v")])
+            elapsed = time.monotonic() - started
+        finally:
+            await client.aclose()
+    assert outcome.status is Status.UNKNOWN, outcome
+    assert elapsed < HUNG_S, f"the call took {elapsed:.1f} s, its deadline is {DEADLINE_MS} ms"
+
+
+def test_a_whole_answer_within_the_deadline_is_read_as_before() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"txn": "t1", "outcome": "committed"})
+
+    client = CornusClient("http://node:8100", config=ClientConfig(timeout_ms_request=DEADLINE_MS),
+                          http=httpx.Client(transport=httpx.MockTransport(handler)))
+    assert client.execute([Op.put("k", "v")]).status is Status.COMMITTED
