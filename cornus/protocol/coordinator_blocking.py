@@ -1,21 +1,12 @@
 """Coordinators of the blocking protocols. 2PC (presumed abort): log COMMIT, then reply. Coordinator
 log (paper 5.6): log every participant's redo in parallel with prepare, then log the decision and
-reply. After a restart both resend logged decisions and abort what they never decided.
-
-Presumed abort is told only by the machine that would have logged COMMIT, or once ABORT is in the
-coordinator's log. A query about a transaction no machine here runs, or a redo record recovery
-finds undecided, may belong to another process of this node that still runs (a pod force-deleted
-while its process lived on, beside its replacement: the node id is the same, the coordinator log
-is not fenced): told ABORT without writing it, a participant would abort while that process went
-on to log COMMIT (found by the simulator's Twin schedules). So ABORT is logged first; the log's
-contract refuses COMMIT over it, and ABORT over COMMIT, and a process that hears such a refusal
-stops (the runtime's fatal), while the other decision stands."""
+reply. After a restart both resend logged decisions and abort what they never decided."""
 
 from __future__ import annotations
 
 from cornus.protocol import redo_bundle
 from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
-from cornus.protocol.effects import CancelTimer, Effect, Log, LogOnce, StartTimer
+from cornus.protocol.effects import CancelTimer, Effect, Log, StartTimer
 from cornus.protocol.events import Event, ExecuteFailed, LogReturned, MessageReceived, Recovered, StorageUnreachable
 from cornus.protocol.messages import DecisionAnswer, DecisionQuery, Vote
 from storage_adapters.contract import LogOnceResult, Record, RecordBody, TxnState
@@ -27,9 +18,6 @@ class TwoPhaseCoordinator(CoordinatorBase):
     _commit_call: Log | None = None
     _redo_call: Log | None = None
     _redo_durable = True
-    # The write that makes a presumed ABORT durable before anyone is told (module docstring);
-    # a machine that makes it never commits.
-    _presume_call: LogOnce | Log | None = None
 
     def _started(self) -> list[Effect]:
         if not self.logs_redo:
@@ -45,8 +33,6 @@ class TwoPhaseCoordinator(CoordinatorBase):
     def _on_vote(self, vote: Vote) -> list[Effect]:
         if vote.partition not in self.participants or self.phase is not CoordPhase.COLLECTING:
             return []
-        if self._presume_call is not None:
-            return []  # a vote meant for the process that runs the transaction, if any
         if self._commit_call is not None:
             return []  # every vote was yes already
         if vote.unknown or not vote.yes:
@@ -73,9 +59,8 @@ class TwoPhaseCoordinator(CoordinatorBase):
         return [*self._settle(TxnState.COMMIT), CancelTimer(self._timer("votes")), self._commit_call]
 
     def _may_adopt(self, decision: TxnState) -> bool:
-        # Once COMMIT is being logged only its result decides. An abort acknowledged meanwhile
-        # comes from another process of this node, which logged ABORT first: our COMMIT will be
-        # refused, and this process stops.
+        # Once COMMIT is being logged only its result decides; an abort ack then is impossible.
+        assert self._commit_call is None or decision is TxnState.COMMIT
         return self._commit_call is None
 
     def _on_timer(self, kind: str) -> list[Effect]:
@@ -87,8 +72,6 @@ class TwoPhaseCoordinator(CoordinatorBase):
                 return []
             return self._announce(TxnState.ABORT, reason="votes missing at the vote timeout")
         assert kind == "retry", kind
-        if self._presume_call is not None:
-            return [self._presume_call]
         if self._commit_call is not None:
             return [self._commit_call]
         assert self._redo_call is not None and not self._redo_durable
@@ -108,9 +91,6 @@ class TwoPhaseCoordinator(CoordinatorBase):
             return [StartTimer(self._timer("retry"), self._backoff.next_delay_ms())]
         self._backoff.reset()
         state = result.state if isinstance(result, LogOnceResult) else result
-        if self._presume_call is not None:
-            assert call == self._presume_call, f"{call} returned while presuming abort"
-            return self._presumed(state)
         if self._redo_call is not None and call == self._redo_call:
             assert state is TxnState.VOTE_YES
             self._redo_durable = True
@@ -119,10 +99,6 @@ class TwoPhaseCoordinator(CoordinatorBase):
         return self._announce(TxnState.COMMIT)
 
     def _on_query(self, query: DecisionQuery) -> list[Effect]:
-        if not self.participants and not self.reads:
-            return self._presume_abort(query)  # the host made this machine for the query
-        if self._presume_call is not None and self.phase is CoordPhase.COLLECTING:
-            return [self._send(query.sender, DecisionAnswer(self.txn, self.node, None))]  # not durable yet
         effects: list[Effect] = []
         if self.phase is CoordPhase.COLLECTING and self._commit_call is None:
             # Undecided and COMMIT not being logged: abort now rather than keep the asker waiting.
@@ -141,36 +117,9 @@ class TwoPhaseCoordinator(CoordinatorBase):
         if record.state is TxnState.COMMIT:
             self.votes_yes = set(self.participants)
             return self._announce(TxnState.COMMIT, reply=False)
-        # Logged redo but no decision: this process never replied COMMIT, so abort (presumed
-        # abort), logged before it is told (module docstring).
+        # Logged redo but no decision: never replied COMMIT, so abort (presumed abort).
         assert record.state is TxnState.VOTE_YES
-        self._presume_call = Log(self.node, self.coordinator_log, self.txn, TxnState.ABORT, None)
-        return [self._presume_call]
-
-    def _presume_abort(self, query: DecisionQuery) -> list[Effect]:
-        """A participant asks about a transaction no machine here runs: this process never
-        decided it. Log ABORT unless a decision is there (module docstring)."""
-        assert self.phase is CoordPhase.COLLECTING and self._presume_call is None
-        assert query.sender in query.participants, "the host checks the query names its sender"
-        self.participants = query.participants
-        self.replied = True  # whoever called is not our caller
-        body = RecordBody(self.participants, self.node)
-        self._presume_call = LogOnce(self.node, self.coordinator_log, self.txn, TxnState.ABORT, body)
-        return [self._presume_call]
-
-    def _presumed(self, state: TxnState) -> list[Effect]:
-        """What the coordinator's log holds for the presumed transaction: tell every participant."""
-        if state is TxnState.VOTE_YES:
-            # Coordinator-log: a redo record no decision follows yet; another process of this node
-            # may be about to log COMMIT over it. ABORT goes over it first; if that COMMIT landed
-            # first, the log refuses ours and this process stops.
-            self._presume_call = Log(self.node, self.coordinator_log, self.txn, TxnState.ABORT, None)
-            return [self._presume_call]
-        if state is TxnState.COMMIT:
-            # Another process of this node (or a life of it whose record recovery has not read
-            # yet) logged COMMIT: that is the outcome.
-            self.votes_yes = set(self.participants)
-        return self._announce(state, reply=False)
+        return self._announce(TxnState.ABORT, reply=False)
 
 
 class CoordinatorLogCoordinator(TwoPhaseCoordinator):

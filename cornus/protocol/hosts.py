@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 
-from cornus.protocol import txn_ids
 from cornus.protocol.backoff import JitterSource
 from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.coordinator_base import CoordinatorBase
@@ -157,7 +156,7 @@ class CoordinatorHost:
 
     def handle(self, event: Event) -> list[Effect]:
         txn = event.txn
-        if isinstance(event, CommitRequested | Recovered) or self._presumes(event):
+        if isinstance(event, CommitRequested | Recovered):
             assert txn not in self.machines, f"{self.node} already coordinates {txn}"
             factory = self.factory or COORDINATORS[_protocol(self.protocol_of, txn)]
             self.machines[txn] = factory(self.node, txn, self.config, self.jitter)
@@ -171,22 +170,16 @@ class CoordinatorHost:
             del self.machines[txn]
         return effects
 
-    def _presumes(self, event: Event) -> bool:
-        """Whether `event` is a participant's query about one of this node's blocking-protocol
-        transactions that no machine here runs: a machine is made for it, which presumes ABORT
-        and makes that durable before telling anyone (TwoPhaseCoordinator._presume_abort)."""
-        if not isinstance(event, MessageReceived) or event.txn in self.machines:
-            return False
-        query = event.message
-        return (isinstance(query, DecisionQuery) and query.sender in query.participants
-                and self.protocol_of(query.txn) in (Protocol.TWO_PC, Protocol.COORDINATOR_LOG)
-                and txn_ids.coordinator_of(query.txn) == self.node)
-
     def _unknown(self, message: object) -> list[Effect]:
         self.counters["unknown_txn_messages"] += 1
-        if isinstance(message, DecisionQuery):
-            # Cornus participants never ask a coordinator, and a blocking protocol's query about
-            # another node's transaction, or naming no participants, asks the wrong node: a
-            # stray query gets no answer rather than a guess.
+        if not isinstance(message, DecisionQuery):
+            return []  # a late vote, ack or answer: the transaction is over here
+        if self.protocol_of(message.txn) not in (Protocol.TWO_PC, Protocol.COORDINATOR_LOG):
+            # Cornus participants never ask a coordinator, and an id without a protocol tag names
+            # no transaction of ours: a stray query gets no answer rather than a guess.
             self.counters["stray_queries"] += 1
-        return []  # a late vote, ack or answer: the transaction is over here
+            return []
+        # Presumed abort: no machine and no record (recovery would have rebuilt it) means COMMIT
+        # was never logged, so it never will be.
+        answer = DecisionAnswer(message.txn, self.node, TxnState.ABORT)
+        return [Send(self.node, message.sender, answer)]

@@ -77,13 +77,10 @@ class DecisionAck:
 
 @dataclass(frozen=True, slots=True)
 class DecisionQuery:
-    """Cooperative termination (2PC, coordinator-log): "do you know the outcome?". A participant
-    asks with the transaction's participant list, so that a coordinator that knows nothing of the
-    transaction can log ABORT for it and tell every one of them."""
+    """Cooperative termination (2PC, coordinator-log): "do you know the outcome?"."""
 
     txn: str
     sender: str
-    participants: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

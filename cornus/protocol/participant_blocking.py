@@ -116,7 +116,7 @@ class TwoPhaseParticipant(ParticipantBase):
     def _uncertain(self) -> list[Effect]:
         # Blocking by design: until the coordinator or a participant that knows answers, we ask
         # again after a capped backoff.
-        query = DecisionQuery(self.txn, self.partition, self.participants)
+        query = DecisionQuery(self.txn, self.partition)
         asked = [self.coordinator, *(p for p in self.participants if p != self.partition)]
         sends: list[Effect] = [self._send(to, query) for to in asked if to]
         return [*sends, StartTimer(self._timer("decision"), self._backoff.next_delay_ms())]

@@ -35,16 +35,6 @@ def protocol_of(txn: str) -> Protocol | None:
     return _PROTOCOL_BY_TAG.get(txn.rsplit(".", 1)[-1])
 
 
-def coordinator_of(txn: str) -> str | None:
-    """The coordinator node an id names; None for an id this runtime did not make. The fields
-    around it hold no dot (the incarnation is asserted so, the rest are numbers and tags), so a
-    node id holding dots is still read whole."""
-    fields = txn.split(".")
-    if len(fields) < 5 or protocol_of(txn) is None:
-        return None
-    return ".".join(fields[1:-3])
-
-
 def begin_ms_of(txn: str) -> int:
     """WAIT_DIE's age order: the begin time an id starts with (0 for an id this runtime did not make)."""
     head = txn.split(".", 1)[0]

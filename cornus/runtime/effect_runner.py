@@ -46,8 +46,8 @@ from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.timing import TimingLog
 from cornus.runtime.transport import Transport
 from cornus.runtime.wire import Routed
-from storage_adapters.contract import Fence, LogId, LogKind, TxnState
-from storage_adapters.errors import DecisionFlipRefused, Fenced, InvariantViolation, StorageUnavailable
+from storage_adapters.contract import Fence, LogKind, TxnState
+from storage_adapters.errors import Fenced, InvariantViolation, StorageUnavailable
 from storage_adapters.store import LogStore
 
 log = logging.getLogger("cornus.node")
@@ -65,15 +65,6 @@ def fatal(message: str) -> None:
     """An impossible state: crash loudly rather than run on with a broken invariant."""
     log.critical("FATAL: %s", message)
     os._exit(70)
-
-
-def _second_process_hint(error: InvariantViolation, node_id: str) -> str:
-    """Only another process running as this node can write the other decision into this node's
-    own log (coordinator_blocking.py): its decision stands, and this process must stop answering
-    for the node. Said so, since that is an operator's mistake to find, not a bug."""
-    if isinstance(error, DecisionFlipRefused) and error.log == LogId.coordinator(node_id):
-        return f". Another process runs as node {node_id!r} (a pod force-deleted while its process ran on?)"
-    return ""
 
 
 class EffectRunner:
@@ -243,7 +234,7 @@ class EffectRunner:
             self.counters["storage_unavailable"] += 1
             event = answer(call, StorageUnreachable(str(error)))
         except InvariantViolation as error:
-            fatal(f"storage refused {call!r}: {error}{_second_process_hint(error, self.node_id)}")
+            fatal(f"storage refused {call!r}: {error}")
             return
         if flight.dropped:
             return  # its host is gone; a later host of the same name must not hear this answer

@@ -29,7 +29,7 @@ from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.effects import RecoveryFinished
 from cornus.protocol.events import Event, MessageReceived
 from cornus.protocol.locks import Policy
-from cornus.protocol.messages import DecisionQuery, Prepare, ReleaseReadOnly
+from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
 from cornus.protocol.ownership import Lost, OwnershipMachine
 from cornus.runtime.admin import Admin, PartitionInfo, TxnInfo
@@ -303,13 +303,6 @@ class Node:
             return f"addressed to {dest!r}, neither this node nor a partition"
         if isinstance(inner, Prepare):
             return _participants_problem(dest, inner.participants)
-        if isinstance(inner, DecisionQuery):
-            # A coordinator that knows nothing of the transaction logs ABORT for these partitions
-            # (presumed abort, made durable): they must be the asker's and exist.
-            unknown = [p for p in inner.participants if p not in self._partition_names]
-            if unknown:
-                return f"the query names partitions that do not exist: {unknown[:8]}"
-            return _participants_problem(inner.sender, inner.participants)
         return ""
 
     async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
@@ -405,12 +398,11 @@ def _carried_prepare_problem(request: ExecuteRequest) -> str:
 
 
 def _participants_problem(partition: str, participants: tuple[str, ...]) -> str:
-    """What is wrong with the participants a prepare sent to `partition`, or a query from it, name
-    ("" if nothing)."""
+    """What is wrong with a prepare's participants as sent to `partition` ("" if nothing)."""
     if partition not in participants:
-        return f"the participants {participants[:8]} leave out {partition}"
+        return f"the prepare's participants {participants[:8]} leave out {partition}"
     if len(participants) > PARTICIPANT_COUNT_MAX or list(participants) != sorted(set(participants)):
-        return f"the participants must be sorted, unique and at most {PARTICIPANT_COUNT_MAX}"
+        return f"the prepare's participants must be sorted, unique and at most {PARTICIPANT_COUNT_MAX}"
     return ""
 
 

@@ -213,9 +213,11 @@ def node_of(partition: str) -> str:
     return "n" + partition[1:]
 
 
-def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
+def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: bool = False) -> Schedule:
     """A cheap, varied schedule: small clusters, mostly yes votes, frequent faults. `protocol`
-    None mixes the protocols, one per transaction."""
+    None mixes the protocols, one per transaction. `twins`: one schedule in eight starts a second
+    process of a coordinator beside the first (Twin); off by default, since 2PC and
+    coordinator-log do not survive it (docs/deploy.md, "One process per node id")."""
     partition_count = rng.choice((1, 2, 2, 3, 3, 3, 4, 5))
     partitions = [f"p{i}" for i in range(partition_count)]
     txns = []
@@ -301,14 +303,14 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
             moves += (Move(partition, to, again_ms),)
         # The transactions run again on the new owner, once it recovered the partition.
         txns += [dataclasses.replace(plan, start_ms=moves[0].at_ms + 300 + plan.start_ms // 4) for plan in list(txns)]
-    # And one in eight starts a second process of a coordinator while the first one still runs
-    # (a pod force-deleted while its process lived on), beside transactions the first one
-    # coordinates and later ones of the second.
-    twins: tuple[Twin, ...] = ()
-    if seed % 8 == 5:
+    # And, when asked, one in eight starts a second process of a coordinator while the first one
+    # still runs (a pod force-deleted while its process lived on), beside transactions the first
+    # one coordinates and later ones of the second.
+    twin_schedules: tuple[Twin, ...] = ()
+    if twins and seed % 8 == 5:
         at_ms = 5 + (seed >> 4) % 300
         node = COORDINATORS[(seed >> 3) % 2]
-        twins = (Twin(node, at_ms, min(1 + (seed >> 13) % 600, FAULTS_END_MS - at_ms)),)
+        twin_schedules = (Twin(node, at_ms, min(1 + (seed >> 13) % 600, FAULTS_END_MS - at_ms)),)
         # What two processes can hurt is a decision the first one is still writing when the
         # second answers for the node: its coordinator log is unreachable for a while around the
         # second's start, and transactions of the first run into it.
@@ -329,7 +331,7 @@ def random_schedule(rng: random.Random, protocol: Protocol | None) -> Schedule:
         scan_page_max=rng.choice((1, 1, 2, 3, 500)),
         crashes=crashes,
         moves=moves,
-        twins=twins,
+        twins=twin_schedules,
         outages=tuple(outages),
         resolves=resolves,
         late_request_probability=0.3 if late else 0.0,

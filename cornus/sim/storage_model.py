@@ -35,19 +35,9 @@ class StorageModel:
     violations: list[str] = field(default_factory=list)
 
     def _created(self, log: LogId, txn: str, state: TxnState) -> None:
-        if (log, txn) in self.deleted and not self._harmless_presumption(log, txn, state):
+        if (log, txn) in self.deleted:
             self.violations.append(f"record {log.key}/{txn} recreated as {state} after garbage collection")
         self._saw(log, txn, state)
-
-    def _harmless_presumption(self, log: LogId, txn: str, state: TxnState) -> bool:
-        """A coordinator that knows nothing of a transaction logs ABORT before it answers a query
-        about it (coordinator_blocking.py). A coordinator-log participant whose log holds nothing
-        of a transaction that aborted rebuilds its vote from the coordinator's redo record, and
-        may ask after that record was collected: the ABORT comes back, true as before, and is
-        collected again. Anything else that comes back, or an ABORT of a transaction some log
-        ever held COMMIT of, is a violation (and the second also breaks agreement)."""
-        return (log.kind is LogKind.COORDINATOR and state is TxnState.ABORT
-                and TxnState.COMMIT not in self.decisions_seen.get(txn, set()))
 
     def _saw(self, log: LogId, txn: str, state: TxnState) -> None:
         if state is TxnState.VOTE_YES:

@@ -55,7 +55,7 @@ from cornus.protocol.events import (
 from cornus.protocol.execution import Execution, PartitionExecutions, Refusal
 from cornus.protocol.hosts import CoordinatorFactory, ParticipantFactory
 from cornus.protocol.locks import Grant, LockMode, Policy, Waiter
-from cornus.protocol.messages import DecisionQuery, Prepare, ReleaseReadOnly
+from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import NodeCore, recovery_owner
 from cornus.protocol.ownership import fenced_partition
 from cornus.protocol.participant_base import ParticipantBase, Phase
@@ -65,7 +65,7 @@ from cornus.protocol.txn_ids import PROTOCOL_TAGS, protocol_of
 from cornus.sim import redo
 from cornus.sim.schedule import COORDINATORS, FAULTS_END_MS, Move, Schedule, Twin, node_of
 from cornus.sim.storage_model import StorageModel, WriteRefused
-from storage_adapters.contract import LogId, LogKind, TxnState
+from storage_adapters.contract import LogId, TxnState
 
 # Hook a test installs to force a failure at an exact point: called before each effect a node
 # executes; "crash" crashes the node before the effect, "drop" skips it (a lost message).
@@ -83,8 +83,8 @@ TIMEOUT_MS_EXECUTE = 200
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
     _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
-    _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _FATAL,
-) = range(23)
+    _EXECUTE_DEADLINE, _TWIN, _TWIN_END,
+) = range(22)
 
 
 _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
@@ -180,9 +180,6 @@ class Outcome:
     stale_answers: int = 0  # answers to calls of a partition's earlier tenure on the same node, dropped
     fenced_writes: int = 0  # writes of a partition's old owner that storage refused after a move
     late_duplicates: int = 0  # second copies of messages sent to arrive after the GC grace
-    # Coordinator processes that stopped because storage refused a decision of theirs: another
-    # process of the same node id wrote the other one (Twin).
-    twin_refusals: int = 0
     violations: list[str] = field(default_factory=list)
     undecided_at_liveness_check: list[str] = field(default_factory=list)
     log_writes: int = 0
@@ -367,8 +364,6 @@ class World:
             self._twin(data)
         elif kind == _TWIN_END:
             self._twin_ends(*data)
-        elif kind == _FATAL:
-            self._fatal(*data)
         elif kind == _EXECUTE_ANSWER:
             self._execute_answered(*data)
         elif kind == _EXECUTE_DEADLINE:
@@ -839,18 +834,6 @@ class World:
         first.alive = False
         first.core = None
 
-    def _fatal(self, name: str, incarnation: int) -> None:
-        """The process heard storage refuse a decision it wrote, and stops (the runtime's `fatal`);
-        a second process is restarted as a crashed node is."""
-        node = self.process(name, incarnation)
-        if node is None:
-            return
-        self.outcome.twin_refusals += 1
-        if node is self.nodes[name]:
-            self.crash(name, 1)
-        else:
-            self._twin_ends(name, incarnation)
-
     def _unreachable(self, log: LogId) -> bool:
         windows = self._down_logs.get(log.key)
         return windows is not None and any(start <= self.now_ms < end for start, end in windows)
@@ -906,15 +889,6 @@ class World:
         self._push(self.now_ms + self.rng.randint(1, self.schedule.delay_ms_max), _DELIVER, data)
         if self.rng.random() < self.schedule.duplicate_probability:
             late = self.rng.random() < 0.5
-            if late and isinstance(effect.message, DecisionQuery):
-                # Never a query, that late: a coordinator that knows nothing of the transaction
-                # logs ABORT for it (coordinator_blocking.py), which after garbage collection
-                # would bring a record back. The runtime's transport neither duplicates nor
-                # retries, and delivers a connection's messages in order, so a participant's query
-                # is handled before the acknowledgement that lets collection start (one grace
-                # later) and cannot outlive it. (Only a process stalled for longer than the grace
-                # could, beside a second process of its node: docs/deploy.md.)
-                return
             self.outcome.late_duplicates += late
             delay = self.config.gc_grace_ms + self.rng.randint(0, self.config.gc_grace_ms) if late else 0
             self._push(self.now_ms + delay + self.rng.randint(1, self.schedule.delay_ms_max), _DELIVER, data)
@@ -958,15 +932,8 @@ class World:
             except WriteRefused as refused:
                 outcome = StorageUnreachable("refused")
                 if answered and not self._unreachable(call.log):
-                    # The runtime treats a refusal it hears as an impossible state and stops. Only
-                    # two processes of one coordinator can make it happen, in their own log.
-                    twins = self.schedule.twins and call.log.kind is LogKind.COORDINATOR
-                    if not twins:
-                        self.outcome.violations.append(f"storage refused an answered call: {refused}")
-                    else:
-                        latency = self.rng.randint(1, self.schedule.storage_ms_max)
-                        self._push(self.now_ms + latency, _FATAL, (owner, incarnation))
-                        return
+                    # The runtime treats a refusal it hears as an impossible state and stops.
+                    self.outcome.violations.append(f"storage refused an answered call: {refused}")
             if not self._unreachable(call.log):
                 result = outcome
         if self.trace is not None:

@@ -139,7 +139,6 @@ def _encode_decision_query(envelope: pb.PeerEnvelope, value: DecisionQuery) -> N
     body.SetInParent()
     body.txn = value.txn
     body.sender = value.sender
-    body.participants.extend(value.participants)
 
 
 def _encode_decision_answer(envelope: pb.PeerEnvelope, value: DecisionAnswer) -> None:
@@ -277,7 +276,7 @@ def _decode_decision_ack(body: pb.DecisionAck) -> DecisionAck:
 
 
 def _decode_decision_query(body: pb.DecisionQuery) -> DecisionQuery:
-    return DecisionQuery(txn=body.txn, sender=body.sender, participants=tuple(body.participants))
+    return DecisionQuery(txn=body.txn, sender=body.sender)
 
 
 def _decode_decision_answer(body: pb.DecisionAnswer) -> DecisionAnswer:

@@ -18,8 +18,6 @@ from cornus.protocol.messages import Decision, DecisionAnswer, DecisionQuery, Pr
 from cornus.runtime import coordination
 from cornus.runtime import partition as partition_runtime
 from cornus.runtime.config import load_node_config
-from cornus.runtime.local_transport import LocalNetwork, LocalTransport
-from cornus.runtime.node import Node
 from cornus.runtime.outcome import OutcomeStatus, TxnWrongState
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, Routed
 from services.api.metrics import Metrics
@@ -28,7 +26,6 @@ from storage_adapters.contract import PARTICIPANT_COUNT_MAX, REDO_BYTES_MAX, Log
 from storage_adapters.errors import ValidationError
 from tests.runtime.faults import (
     PROTOCOL_DEFAULTS,
-    FaultyStore,
     LocalCluster,
     commit_told_unknown,
     commit_writes,
@@ -784,8 +781,7 @@ async def test_a_clean_stop_waits_for_its_decisions_to_be_acknowledged(tmp_path)
 async def test_a_misaddressed_or_malformed_peer_message_is_dropped_not_fatal(tmp_path):
     """A node's core asserts what its machines are told, and an assertion ends the process: a peer
     message addressed to one of the node's internal hosts (its recovery), or a prepare that leaves
-    out the partition it is sent to, killed the node that received it (found by sending them). A
-    query naming partitions that do not exist, or not its sender, changes nothing either."""
+    out the partition it is sent to, killed the node that received it (found by sending them)."""
     async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
         node = cluster.node("n1")
         txn = txn_id("n0", 1, Protocol.CORNUS)
@@ -794,14 +790,8 @@ async def test_a_misaddressed_or_malformed_peer_message_is_dropped_not_fatal(tmp
         node.on_message("n0", Routed("n0", "n0", Decision(txn, TxnState.ABORT)))  # another node's host
         owned, other = ("p1", "p0") if cluster.owner_of("p1") == "n1" else ("p0", "p1")
         node.on_message("n0", Routed("n0", owned, Prepare(txn, (other,), "n0")))
-        # Queries a coordinator that knows nothing of the transaction would log ABORT for: one
-        # naming a partition that does not exist, one that leaves out its sender.
-        ours = txn_id("n1", 1, Protocol.TWO_PC)
-        node.on_message("n0", Routed("p0", "n1", DecisionQuery(ours, "p0", ("p0", "p9"))))
-        node.on_message("n0", Routed("p0", "n1", DecisionQuery(ours, "p0", ("p1",))))
         await asyncio.sleep(0.05)
-        assert node.counters["peer_messages_refused"] == 6, dict(node.counters)
-        assert await cluster.coordinator_record("n1", ours) is None
+        assert node.counters["peer_messages_refused"] == 4, dict(node.counters)
         outcome = await node.execute(puts({cluster.key_in(owned): b"still here"}))
         assert outcome.status is OutcomeStatus.COMMITTED, outcome
 
@@ -824,82 +814,3 @@ def test_a_limit_past_its_bound_is_refused_at_config_load(name: str, value: int)
     settings = {"node_id": "n0", "peers": "n0=127.0.0.1:7100", "partition_count": 2}
     with pytest.raises(ValidationError, match=name):
         load_node_config(environ={}, overrides={**settings, name: value})
-
-
-async def test_a_second_process_of_the_coordinator_never_splits_a_2pc_decision(tmp_path, caplog):
-    """A pod force-deleted while its process ran on, beside its replacement: two processes run as
-    node n0 over one coordinator log. The first holds every 2PC vote and is writing COMMIT (held
-    here); a participant's query reaches the second, which knows nothing of the transaction. It
-    answered ABORT without writing it, the participant aborted, and the first's COMMIT then landed
-    and was replied: one partition aborted, the caller told COMMITTED. Now the second logs ABORT
-    before it tells anyone; the first's COMMIT is refused, and the first process stops, naming
-    the cause."""
-    async with local_cluster(tmp_path, node_count=1, partition_count=2, protocol=Protocol.TWO_PC) as cluster:
-        first = cluster.node("n0")
-        keys = keys_in(2, ["p0", "p1"])
-        held: list[str] = []
-
-        def commit_of_n0(args: dict) -> bool:
-            if args["state"] is not TxnState.COMMIT or args["log"] != LogId.coordinator("n0"):
-                return False
-            held.append(args["txn"])
-            return True
-
-        gate = cluster.faults["n0"].hold("log", where=commit_of_n0)
-        committing = asyncio.ensure_future(first.execute(puts({keys["p0"]: b"a", keys["p1"]: b"b"})))
-        assert await eventually(lambda: _true(bool(held)), 5), "the first process never logged COMMIT"
-        [txn] = held
-
-        # The second process: same node id and configuration, its own connection to storage and
-        # its own address (the first still serves n0's partitions, under leases it renews).
-        second = Node(cluster.config("n0"), FaultyStore(cluster.real_store, "n0-second"),
-                      _ReachesTheFirst(cluster.network))
-        await second.start(wait_ready=False)
-        try:
-            assert await eventually(lambda: _true(second.core.recovered), 5)
-            second.on_message("n0", Routed("p0", "n0", DecisionQuery(txn, "p0", ("p0", "p1"))))
-
-            async def p0_aborted() -> bool:
-                record = await cluster.record("p0", txn)
-                return record is not None and record.state is TxnState.ABORT
-
-            assert await eventually(p0_aborted, 5), "the participant that asked never learned ABORT"
-            with caplog.at_level("CRITICAL"):
-                gate.set()
-                assert await eventually(lambda: _true(bool(cluster.exits) or committing.done()), 5)
-                await asyncio.sleep(0.2)  # whatever else the first process does with its answer
-            told = committing.result().status if committing.done() and not committing.exception() else None
-            assert told is not OutcomeStatus.COMMITTED, "the caller was told COMMITTED, a participant aborted"
-            # 70 once for the refusal, and again for the task the intercepted exit raised out of.
-            assert set(cluster.exits) == {70}
-            assert "Another process runs as node 'n0'" in caplog.text
-            cluster.exits.clear()  # the stop this test expects; any other still fails it
-            assert (await cluster.coordinator_record("n0", txn)).state is TxnState.ABORT
-            for partition in ("p0", "p1"):
-                record = await cluster.record(partition, txn)
-                assert record is None or record.state is not TxnState.COMMIT, record
-            assert await cluster.value(keys["p0"]) is None and await cluster.value(keys["p1"]) is None
-        finally:
-            committing.cancel()
-            with contextlib.suppress(BaseException):
-                await committing
-            with contextlib.suppress(BaseException):
-                await second.stop()
-
-
-async def _true(value: bool) -> bool:
-    return value
-
-
-class _ReachesTheFirst(LocalTransport):
-    """The second process's link: alone on its own network under the node's id, and what it sends
-    reaches the first process, which holds the partitions (as its peers' messages would)."""
-
-    def __init__(self, first: LocalNetwork) -> None:
-        super().__init__(LocalNetwork(), "n0")
-        self.first = first
-
-    def send(self, to_node: str, message: Routed, may_wait: bool = False) -> None:
-        handler = self.first.handlers.get(to_node)
-        if handler is not None:
-            asyncio.get_running_loop().call_soon(handler.on_message, self.node_id, message)
