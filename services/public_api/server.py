@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -244,6 +245,36 @@ def _status_codes(method: Handler) -> Handler:
     return handler
 
 
+def _parsing_handlers(servicer: CornusServicer) -> grpc.GenericRpcHandler:
+    """The service's handlers, each parsing its own request: protobuf refuses a request that is
+    not valid (a string field that is not UTF-8, a truncated message) as it parses it, and grpc
+    answers a deserializer's exception with UNKNOWN, a code a client may take for "maybe it ran".
+    Parsed here, such a request is INVALID_ARGUMENT, naming what it should have been."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["Cornus"].methods:
+        assert not (method.client_streaming or method.server_streaming), f"{method.name} streams"
+        request_type = getattr(pb, method.input_type.name)
+        response_type = getattr(pb, method.output_type.name)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            functools.partial(_parsed, request_type, getattr(servicer, method.name)),
+            request_deserializer=None,  # the raw bytes
+            response_serializer=response_type.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+async def _parsed(
+    request_type: Any, call: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], raw: bytes,
+    context: grpc.aio.ServicerContext,
+) -> Any:
+    try:
+        request = request_type.FromString(raw)
+    except DecodeError as error:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"the request is not a valid {request_type.__name__}: {error}")
+    return await call(request, context)
+
+
 class CornusServicer(public_pb2_grpc.CornusServicer):
     def __init__(self, node: Node) -> None:
         self._node = node
@@ -446,7 +477,7 @@ class PublicGrpcServer:
                 ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
             ]
         )
-        public_pb2_grpc.add_CornusServicer_to_server(self._servicer, server)
+        server.add_generic_rpc_handlers((_parsing_handlers(self._servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -223,6 +223,23 @@ def test_bad_input_is_refused_and_changes_nothing(stubs: Stubs, case: str) -> No
     }
 
 
+def test_a_request_that_does_not_parse_is_invalid_argument(cluster: Cluster) -> None:
+    """Protobuf refuses a string field that is not UTF-8 as it parses the request, before any
+    servicer runs: grpc answered that with UNKNOWN ("Exception deserializing request!"), a code
+    clients may take for "maybe it ran". Now INVALID_ARGUMENT, naming the request type."""
+    key = "utf8-bad-k"
+    op = pb.Op(kind=pb.OP_KIND_PUT, key=key, value=b"bad").SerializeToString()
+    raw_op = op.replace(key.encode(), b"utf8-bad-\xff")
+    assert len(raw_op) == len(op) < 128
+    raw_request = b"\x0a" + bytes([len(raw_op)]) + raw_op  # ExecuteRequest.ops, field 1, one Op
+    with grpc.insecure_channel(cluster.nodes["n1"].grpc_target) as channel:
+        execute = channel.unary_unary(f"/{pb.DESCRIPTOR.services_by_name['Cornus'].full_name}/Execute")
+        with pytest.raises(grpc.RpcError) as refused:
+            execute(raw_request, timeout=T)
+    assert refused.value.code() is INVALID, refused.value
+    assert "not a valid ExecuteRequest" in refused.value.details(), refused.value.details()
+
+
 # --- reflection and the example client ------------------------------------------------------------
 
 

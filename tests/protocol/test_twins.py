@@ -21,7 +21,7 @@ from cornus.sim.invariants import check
 from cornus.sim.schedule import random_schedule
 from cornus.sim.world import World
 
-SCHEDULE_COUNT = 3000
+SCHEDULE_COUNT = 1500
 
 
 def test_cornus_survives_a_second_process_of_its_coordinator() -> None:
