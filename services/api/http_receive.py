@@ -42,9 +42,14 @@ class ReceiveDeadlineProtocol(GatheringHttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        # Idle until the next request is keep-alive's to bound, not ours.
-        self._disarm()
+        # A request still arriving (a body the app answered without reading, a pipelined request
+        # begun) keeps its deadline. An idle connection must start its next request within as
+        # long: any byte, a blank line too, cancels uvicorn's keep-alive timer for good (found by
+        # review: disarmed here, all three kept a connection open).
+        idle = self._receive_deadline is None and not self.pipeline
         super().on_response_complete()
+        if idle and not self.transport.is_closing():
+            self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
