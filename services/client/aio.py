@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -383,9 +384,26 @@ class AsyncCornusClient:
 
     async def _call(self, request: httpx.Request) -> httpx.Response:
         """Send `request` and read its whole answer by the call's deadline (httpx's timeout
-        bounds each read, not the call): ReadTimeout past it, as a lost answer."""
+        bounds each read, not the call). Past it: ReadTimeout, as a lost answer, once the request
+        started to leave; before (it waited for a pooled connection all along), PoolTimeout, as a
+        request never sent, which may go to another node (found by review: it was UNKNOWN)."""
+        sent = False
+        traced = request.extensions.get("trace")
+
+        async def trace(event: str, info: dict[str, Any]) -> None:
+            nonlocal sent
+            if event.endswith("send_request_headers.started"):
+                sent = True
+            if traced is not None:
+                result = traced(event, info)
+                if inspect.isawaitable(result):
+                    await result
+
+        request.extensions["trace"] = trace
         try:
             async with asyncio.timeout(self.config.timeout_ms_request / 1000):
                 return await self._http.send(request)
         except TimeoutError:
+            if not sent:
+                raise httpx.PoolTimeout(call_deadline_passed(self.config), request=request) from None
             raise httpx.ReadTimeout(call_deadline_passed(self.config), request=request) from None

@@ -381,10 +381,12 @@ class CornusClient:
         return self._call(self._http.build_request("GET", url, timeout=self.config.timeout))
 
     def _call(self, request: httpx.Request) -> httpx.Response:
-        """Send `request` and read its whole answer by the call's deadline: httpx's timeout bounds
-        each read, so the body is read in chunks against the deadline (ReadTimeout past it). The
-        headers are bounded by the read timeout only: httpx's sync client cannot interrupt a
-        read, and a node sends them in one write."""
+        """Send `request` and read its whole answer by the call's deadline, nearly: httpx's timeout
+        bounds each read, so the body is read in chunks against the deadline (ReadTimeout past
+        it), which a stalled body outlasts by one read timeout at most. The headers are bounded
+        per read only (a server dripping them a byte at a time is not bounded): httpx's sync
+        client cannot interrupt a read, and a node sends them in one write. The async client
+        bounds the whole call."""
         deadline_s = time.monotonic() + self.config.timeout_ms_request / 1000
         response = self._http.send(request, stream=True)
         if response.is_stream_consumed:

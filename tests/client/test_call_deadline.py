@@ -5,6 +5,7 @@ Past the deadline a commit is UNKNOWN, as after any answer lost on its way."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -83,6 +84,25 @@ async def test_the_async_client_ends_at_its_deadline_alike() -> None:
             await client.aclose()
     assert outcome.status is Status.UNKNOWN, outcome
     assert elapsed < HUNG_S, f"the call took {elapsed:.1f} s, its deadline is {DEADLINE_MS} ms"
+
+
+async def test_an_async_call_that_never_left_its_pool_is_unsent_not_unknown() -> None:
+    """The deadline passed while the request waited for the shared client's only connection,
+    which the application's own request held (found by review: reported UNKNOWN, though it never
+    left). It is unavailable and retryable, as httpx's own pool timeout is."""
+    with _dripping_server() as url:
+        http = httpx.AsyncClient(limits=httpx.Limits(max_connections=1))
+        client = AsyncCornusClient(url, config=ClientConfig(timeout_ms_request=DEADLINE_MS), http=http)
+        holding = asyncio.ensure_future(http.get(url, timeout=HUNG_S))
+        try:
+            await asyncio.sleep(0.2)  # the application's request holds the connection
+            outcome = await client.execute([Op.put("k", "v")])
+        finally:
+            holding.cancel()
+            with contextlib.suppress(BaseException):
+                await holding
+            await http.aclose()
+    assert outcome.status is Status.UNAVAILABLE and outcome.retryable, outcome
 
 
 def test_a_whole_answer_within_the_deadline_is_read_as_before() -> None:
