@@ -10,7 +10,10 @@ answers a connection's commands in the order it got them). That is about 70 us p
 and 20 us under load, and it is group commit for free: every call of a tick shares one write.
 
 Every call is bounded by its deadline (a timer per call); a call that times out
-leaves its reply to be read and dropped in turn, so replies never shift onto the wrong caller. A
+leaves its reply to be read and dropped in turn, so replies never shift onto the wrong caller,
+unless nothing at all came back on the connection since the call left: then the connection is
+taken for dead and dropped (found by review: a connection a failover left silent, an address
+that went dark, took every later call until the kernel gave up, some 15 minutes). A
 lost connection fails every pending call (the caller cannot know whether its script ran, exactly
 as after a timeout) and the next call connects again. NOSCRIPT (Redis lost its script cache: the
 script did not run) loads the script and sends that call once more.
@@ -57,12 +60,6 @@ def _pack(args: Sequence[Any]) -> bytes:
     return hiredis.pack_command(tuple(args))
 
 
-def _expire(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        # The reply, when it comes, is read and dropped in turn (on_reply skips settled futures).
-        future.set_exception(TimeoutError())
-
-
 class _Protocol(asyncio.Protocol):
     def __init__(self, pipe: RespPipe) -> None:
         self.pipe = pipe
@@ -72,11 +69,15 @@ class _Protocol(asyncio.Protocol):
         # of the pipe needs the loop.
         self.loop = asyncio.get_running_loop()
         self.lost: asyncio.Future[None] = self.loop.create_future()
+        # When the connection last brought anything (loop clock): a call that times out with
+        # nothing heard since it left finds the connection dead.
+        self.heard_s = self.loop.time()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        self.heard_s = self.loop.time()
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
             self.pipe.on_reply(self, reply)
@@ -102,6 +103,7 @@ class RespPipe:
         self._closed = False
         self.call_count = 0
         self.write_count = 0  # socket writes: one per tick with calls in it
+        self.dropped_silent_count = 0  # connections dropped for silence (_expire)
 
     async def evalsha(self, sha: str, source: str, keys: Sequence[str], args: Sequence[Any], timeout_s: float) -> Any:
         """The script's reply, or the error Redis answered (redis.exceptions.ResponseError), or
@@ -120,7 +122,7 @@ class RespPipe:
         future: asyncio.Future[Any] = loop.create_future()
         self._send(protocol, command, _Reply(future, (source, command)))
         self.call_count += 1
-        expiry = loop.call_at(deadline_s, _expire, future)
+        expiry = loop.call_at(deadline_s, self._expire, future, protocol, loop.time())
         try:
             return await future
         finally:
@@ -223,6 +225,20 @@ class RespPipe:
             return
         if future is not None and not future.done():
             future.set_result(reply)
+
+    def _expire(self, future: asyncio.Future[Any], protocol: _Protocol, sent_s: float) -> None:
+        if future.done():
+            return
+        # The reply, when it comes, is read and dropped in turn (on_reply skips settled futures).
+        future.set_exception(TimeoutError())
+        if protocol is self._protocol and protocol.heard_s < sent_s:
+            # Not a byte since this call left, for a whole deadline: Redis hung, or the address
+            # went dark. Every call pending on it fails as this one did (each may or may not have
+            # run), and the next call connects again.
+            self.dropped_silent_count += 1
+            self.on_lost(protocol, TimeoutError("nothing came back within a call's deadline"))
+            if protocol.transport is not None:
+                protocol.transport.abort()
 
     def on_lost(self, protocol: _Protocol, exc: Exception | None) -> None:
         if protocol is not self._protocol:

@@ -263,3 +263,29 @@ async def test_a_connect_whose_select_never_came_back_leaves_no_call_behind(serv
         await store.close()
         await direct.aclose()
         proxy.close()
+
+
+async def test_a_connection_gone_silent_is_dropped_and_the_next_call_reconnects(services: Services, ns: str) -> None:
+    """A call timed out with nothing at all heard on the connection since it left (a failover left
+    the old address dark, a hung proxy): the pipe kept the connection, and every later call timed
+    out on it too, until the kernel gave up on the socket, some 15 minutes (found by review). Now
+    the connection is dropped and the next call connects again. A proxy in front of the real
+    Redis holds everything the first connection sends."""
+    database = redis_db_bench()
+    base_url = services.redis_url.rsplit("/", 1)[0]
+    proxy = await HoldingProxy(int(base_url.rsplit(":", 1)[1]), lambda _: True, 60.0).start()
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{proxy.port}/{database}")
+    store = RedisStore(client, SILENT_TIMEOUT_MS)  # by hand: open() would PING through the proxy
+    store._pipe = RespPipe(RespAddress("127.0.0.1", proxy.port, database), SILENT_TIMEOUT_MS)
+    log = LogId.partition(f"{ns}-p")
+    try:
+        assert (await store.log_once(log, f"{ns}.before", TxnState.VOTE_YES, body(log.name))).created
+        proxy.holding = True
+        with pytest.raises(StorageUnavailable):
+            await store.log_once(log, f"{ns}.held", TxnState.VOTE_YES, body(log.name))
+        proxy.holding = False
+        after = await store.log_once(log, f"{ns}.after", TxnState.VOTE_YES, body(log.name))
+        assert after.created and store._pipe.dropped_silent_count == 1
+    finally:
+        await store.close()
+        proxy.close()
