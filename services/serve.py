@@ -17,7 +17,7 @@ import uvicorn
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.node import Node
-from services.api.http_receive import ReceiveDeadlineProtocol
+from services.api.http_limits import LimitedHttpProtocol
 from services.api.logs import configure_json_logging, level_from_env
 from services.api.metrics import InstrumentedStore, Metrics
 from services.api.rest import build_app
@@ -84,7 +84,7 @@ async def serve(config: NodeConfig) -> None:
     server = uvicorn.Server(
         # log_config=None: uvicorn keeps its hands off logging, so its lines propagate to our JSON handler.
         uvicorn.Config(build_app(node, metrics), host=host, port=int(port), log_level="warning", lifespan="off",
-                       timeout_graceful_shutdown=2, log_config=None, http=ReceiveDeadlineProtocol)
+                       timeout_graceful_shutdown=2, log_config=None, http=LimitedHttpProtocol)
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,12 +1,19 @@
-"""uvicorn's HTTP/1.1 protocol with a deadline on each request's arrival.
+"""uvicorn's HTTP/1.1 protocol with bounds on what one connection may hold.
 
-uvicorn closes a connection that stays idle between requests (`timeout_keep_alive`), but bounds
-neither a request's own arrival nor the first request of a new connection: a client that sends its
-head or body a byte at a time, each within TCP's patience, or opens a connection and sends
-nothing, holds that connection and its buffers for as long as it likes. Here a request must
-arrive whole, head and body, within `request_receive_ms_max` of its first byte, and a new
-connection must start its first request within as long; past it the connection is closed. What
-the app does with a request once it arrived is bounded by the node's own deadlines.
+uvicorn closes a connection that stays idle between requests (`timeout_keep_alive`), and bounds
+nothing else: a client that sends its head or body a byte at a time, each within TCP's patience,
+or opens a connection and sends nothing, or stops reading its answer, or sends a head that never
+ends, holds the connection, its buffers and its task for as long as it likes (found by review).
+Here, per connection:
+
+- a request must arrive whole, head and body, within `request_receive_ms_max` of its first byte,
+  and a connection must start each request within as long of its last answer (or of opening);
+- an answer must drain within `response_drain_ms_max` once the socket's buffer is full;
+- a request head may hold at most `head_bytes_max` bytes.
+
+Past any of them the connection is aborted (not closed: a close waits for buffered bytes that a
+client that stopped reading never takes). What the app does with a request once it arrived is
+bounded by the node's own deadlines.
 """
 
 from __future__ import annotations
@@ -21,24 +28,46 @@ log = logging.getLogger("cornus.api")
 # A request's whole head and body arrive within this long: REQUEST_BYTES_MAX (8 MiB) takes under
 # 10 s at 8 Mbit/s, a slow link's speed, and no honest client pauses within a request for longer.
 REQUEST_RECEIVE_MS_MAX = 30_000
+# An answer whose socket buffer stays full this long goes to a client that stopped reading.
+RESPONSE_DRAIN_MS_MAX = 30_000
+# A request head (request line and headers) is a few hundred bytes; this is far above any real
+# one. Counted per read, so a head is refused between this and this plus one read (256 KiB).
+HEAD_BYTES_MAX = 1024 * 1024
 
 
-class ReceiveDeadlineProtocol(GatheringHttpToolsProtocol):
-    """GatheringHttpToolsProtocol with the arrival deadline above; pass as `uvicorn.Config(http=...)`."""
+class LimitedHttpProtocol(GatheringHttpToolsProtocol):
+    """GatheringHttpToolsProtocol with the limits above; pass as `uvicorn.Config(http=...)`."""
 
     request_receive_ms_max = REQUEST_RECEIVE_MS_MAX
+    response_drain_ms_max = RESPONSE_DRAIN_MS_MAX
+    head_bytes_max = HEAD_BYTES_MAX
     _receive_deadline: asyncio.TimerHandle | None = None
+    _drain_deadline: asyncio.TimerHandle | None = None
+    # Bytes read since the current head began; None once its headers are complete.
+    _head_bytes: int | None = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._head_bytes is not None and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > self.head_bytes_max:
+                self._abort(f"its request head passed {self.head_bytes_max} bytes")
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._arm()
 
+    def on_headers_complete(self) -> None:
+        self._head_bytes = None
+        super().on_headers_complete()
+
     def on_message_complete(self) -> None:
         self._disarm()
+        self._head_bytes = 0  # what follows is the next request's head
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
@@ -51,22 +80,41 @@ class ReceiveDeadlineProtocol(GatheringHttpToolsProtocol):
         if idle and not self.transport.is_closing():
             self._arm()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._drain_deadline is None:
+            why = f"its answer did not drain in {self.response_drain_ms_max} ms"
+            self._drain_deadline = self.loop.call_later(self.response_drain_ms_max / 1000, self._abort, why)
+
+    def resume_writing(self) -> None:
+        self._drain_deadline_off()
+        super().resume_writing()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        self._drain_deadline_off()
         self._disarm()
         super().connection_lost(exc)
 
+    def _drain_deadline_off(self) -> None:
+        if self._drain_deadline is not None:
+            self._drain_deadline.cancel()
+            self._drain_deadline = None
+
     def _arm(self) -> None:
         self._disarm()
-        self._receive_deadline = self.loop.call_later(self.request_receive_ms_max / 1000, self._too_slow)
+        why = f"its request did not arrive in {self.request_receive_ms_max} ms"
+        self._receive_deadline = self.loop.call_later(self.request_receive_ms_max / 1000, self._abort, why)
 
     def _disarm(self) -> None:
         if self._receive_deadline is not None:
             self._receive_deadline.cancel()
             self._receive_deadline = None
 
-    def _too_slow(self) -> None:
-        self._receive_deadline = None
-        if not self.transport.is_closing():
-            log.info("closed a connection from %s: its request did not arrive within %d ms",
-                     self.client, self.request_receive_ms_max)
-            self.transport.close()
+    def _abort(self, why: str) -> None:
+        for handle in (self._receive_deadline, self._drain_deadline):
+            if handle is not None:
+                handle.cancel()
+        self._receive_deadline = self._drain_deadline = None
+        if not self.transport.is_closing() or self.transport.get_write_buffer_size():
+            log.info("aborted a connection from %s: %s", self.client, why)
+            self.transport.abort()

@@ -1,4 +1,4 @@
-"""A request must reach the node whole within its deadline (services/api/http_receive.py), checked
+"""A request must reach the node whole within its deadline (services/api/http_limits.py), checked
 on a real uvicorn server over real sockets (found by review): uvicorn bounds the idle time
 between requests, not a request's own arrival, so a client that sent its head or body a byte at a
 time (or opened a connection and sent nothing) held that connection, and its memory, for as long
@@ -7,6 +7,7 @@ as it liked."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,34 +15,46 @@ from typing import Any
 import pytest
 import uvicorn
 
-from services.api.http_receive import ReceiveDeadlineProtocol
+from services.api.http_limits import LimitedHttpProtocol
 from tests.worker import free_port
 
 DEADLINE_MS = 500
+HEAD_BYTES_MAX = 4096
 DRIP_S = 0.1
 SERVER_START_TIMEOUT_S = 10
 # How long past the deadline the test waits before it calls the connection held open for good.
 HELD_S = 10.0
 
 
-class _Short(ReceiveDeadlineProtocol):
+class _Short(LimitedHttpProtocol):
     request_receive_ms_max = DEADLINE_MS
+    response_drain_ms_max = DEADLINE_MS
+    head_bytes_max = HEAD_BYTES_MAX
+
+
+BIG_ANSWER_BYTES = 16 * 1024 * 1024
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    # /early answers without reading the body, as FastAPI answers a 404, 405 or 413.
+    # /early answers without reading the body, as FastAPI answers a 404, 405 or 413; /big answers
+    # more than any socket buffer holds.
     if scope["path"] != "/early":
         while (await receive()).get("more_body"):
             pass
+    if scope["path"] == "/big":
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(BIG_ANSWER_BYTES).encode())]})
+        await send({"type": "http.response.body", "body": b"x" * BIG_ANSWER_BYTES})
+        return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-@pytest.fixture
-async def port() -> AsyncIterator[int]:
+@contextlib.asynccontextmanager
+async def _serving(protocol: type[LimitedHttpProtocol]) -> AsyncIterator[int]:
     bound = free_port()
     served = uvicorn.Server(uvicorn.Config(_app, host="127.0.0.1", port=bound, log_level="warning",
-                                           lifespan="off", http=_Short, timeout_keep_alive=1))
+                                           lifespan="off", http=protocol, timeout_keep_alive=1))
     task = asyncio.create_task(served.serve())
     async with asyncio.timeout(SERVER_START_TIMEOUT_S):
         while not served.started:  # noqa: ASYNC110 - uvicorn's flag, it has no event to wait on
@@ -52,6 +65,12 @@ async def port() -> AsyncIterator[int]:
         served.should_exit = True
         async with asyncio.timeout(SERVER_START_TIMEOUT_S):
             await task
+
+
+@pytest.fixture
+async def port() -> AsyncIterator[int]:
+    async with _serving(_Short) as bound:
+        yield bound
 
 
 async def _closed_within(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, drip: bytes,
@@ -97,6 +116,41 @@ async def test_a_request_that_arrives_a_byte_at_a_time_ends_at_its_deadline(port
     finally:
         writer.close()
     assert took_s < HELD_S
+
+
+class _PatientButSmallHeads(LimitedHttpProtocol):
+    request_receive_ms_max = 60_000
+    head_bytes_max = HEAD_BYTES_MAX
+
+
+async def test_a_head_over_its_limit_loses_the_connection_however_fast_it_comes() -> None:
+    """Found by review: only the arrival deadline bounded a head, and the memory and parsing it
+    took grew with it (a 256 MiB header, in 12 s)."""
+    async with _serving(_PatientButSmallHeads) as bound:
+        reader, writer = await asyncio.open_connection("127.0.0.1", bound)
+        try:
+            head = b"GET /a HTTP/1.1\r\nhost: t\r\nx-big: " + b"a" * 2 * HEAD_BYTES_MAX
+            took_s = await _closed_within(reader, writer, b"a", head)
+        finally:
+            writer.close()
+    assert took_s < HELD_S
+
+
+async def test_a_client_that_stops_reading_its_answer_loses_the_connection(port: int) -> None:
+    """Found by review: uvicorn waited for the socket to drain for ever, and a close at a
+    deadline would wait for the buffered answer too."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /big HTTP/1.1\r\nhost: t\r\n\r\n")
+        await asyncio.sleep(4 * DEADLINE_MS / 1000)  # not reading meanwhile
+        received = 0
+        with contextlib.suppress(ConnectionError):
+            async with asyncio.timeout(HELD_S):
+                while chunk := await reader.read(1 << 20):
+                    received += len(chunk)
+    finally:
+        writer.close()
+    assert received < BIG_ANSWER_BYTES, "the whole answer waited for the client"
 
 
 async def test_requests_that_arrive_in_time_are_served_on_one_connection(port: int) -> None:
