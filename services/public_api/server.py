@@ -57,6 +57,17 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Cornus"].full_name
 MESSAGE_BYTES_MAX = 16 * 1024 * 1024
 # Readiness has no event to wait on (recovery sets a flag), so the health service polls it.
 READY_POLL_INTERVAL_MS = 50
+# What one client can hold (found by review): grpc serves a call that sent its headers and never
+# its request, with no deadline of its own, for as long as the connection lives, a task and its
+# buffers each (10,000 such calls: 200 MB). Past CALLS_IN_FLIGHT_MAX calls at once a new call is
+# refused with RESOURCE_EXHAUSTED before any work (retryable); a connection carries at most
+# STREAMS_PER_CONNECTION_MAX calls at once, and lives at most CONNECTION_AGE_MS_MAX (clients
+# reconnect on their own), its calls then given CONNECTION_AGE_GRACE_MS to finish: a call whose
+# request never came ends with its connection.
+CALLS_IN_FLIGHT_MAX = 1024
+STREAMS_PER_CONNECTION_MAX = 256
+CONNECTION_AGE_MS_MAX = 600_000
+CONNECTION_AGE_GRACE_MS = 30_000
 # How long in-flight calls may run on at shutdown before they are cut off.
 SHUTDOWN_GRACE_MS = 2_000
 # Calls still running this long before the grace ends answer for themselves (a commit under way:
@@ -475,7 +486,11 @@ class PublicGrpcServer:
             options=[
                 ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
                 ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
-            ]
+                ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION_MAX),
+                ("grpc.max_connection_age_ms", CONNECTION_AGE_MS_MAX),
+                ("grpc.max_connection_age_grace_ms", CONNECTION_AGE_GRACE_MS),
+            ],
+            maximum_concurrent_rpcs=CALLS_IN_FLIGHT_MAX,
         )
         server.add_generic_rpc_handlers((_parsing_handlers(self._servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

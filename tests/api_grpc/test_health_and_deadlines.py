@@ -3,13 +3,20 @@ a caller's deadline is respected without leaving half-done work: each on its own
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cornus.runtime.config import NodeConfig
+from cornus.runtime.node import Node
+from services.node_rpc.transport import PeerTransport
+from services.public_api import server as server_module
 from services.public_api._generated import public_pb2 as pb
 from services.public_api._generated import public_pb2_grpc
 from tests.api_grpc.conftest import TIMEOUT_S_CALL, emulator_storage, get, put, read_back
@@ -87,3 +94,38 @@ def test_a_one_shot_whose_deadline_passes_is_aborted_not_committed(tmp_path: Pat
             while (seen := read_back(stub, ["late"])) != {"late": b"in time"} and time.monotonic() < deadline:
                 time.sleep(POLL_INTERVAL_S)
             assert seen == {"late": b"in time"}
+
+
+async def test_calls_whose_request_never_comes_cannot_pile_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: a call that sent its headers and never its request was served, with a task
+    and its buffers, for as long as its connection lived (10,000 of them: 200 MB). Past the
+    server's bound a new call is refused at once, RESOURCE_EXHAUSTED, before any work."""
+    monkeypatch.setattr(server_module, "CALLS_IN_FLIGHT_MAX", 4, raising=False)
+    config = NodeConfig(node_id="n0", peers={"n0": "127.0.0.1:1"}, partition_count=1)
+    node = Node(config, store=object(), transport=PeerTransport("n0", "127.0.0.1:1", {"n0": "127.0.0.1:1"}))
+    served = server_module.PublicGrpcServer(node, "127.0.0.1:0")
+    port = await served.start()
+    stop = threading.Event()
+
+    def never() -> Iterator[bytes]:  # a request stream that never yields: headers go, no message
+        stop.wait()
+        return
+        yield b""
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    held: list[grpc.Future] = []
+    try:
+        stalled = channel.stream_unary(f"/{server_module.SERVICE_NAME}/Commit",
+                                       request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        held += [stalled.future(never()) for _ in range(4)]
+        await asyncio.sleep(0.5)  # the four calls reach the server
+        status = public_pb2_grpc.CornusStub(channel).Status
+        with pytest.raises(grpc.RpcError) as refused:
+            await asyncio.to_thread(status, pb.TxnRequest(txn="1.n0.000000.1"), timeout=5)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+    finally:
+        stop.set()
+        for call in held:
+            call.cancel()
+        channel.close()
+        await served.stop()
