@@ -1,6 +1,12 @@
 """Structured logs: one JSON object per line, so a log pipeline (Loki, CloudWatch, jq) can filter a
 node's lines by transaction without parsing prose.
 
+Lines are written by a thread of their own, from a bounded queue: a log reader that stalls (a pipe
+nobody reads, a slow logging driver in blocking mode) would otherwise block the writing call, and
+with it the node's event loop and its lease renewals (found by review). Past the queue's bound a
+line is dropped and counted, and the writer says how many once it catches up. CRITICAL lines (the
+runtime's last words before it exits) are written at once, in the caller, so none is lost.
+
 Every line carries `ts`, `level`, `logger`, `msg` and `node`; a line logged while a transaction is
 being handled also carries `txn`. The id comes from, in order: a `txn` attribute on the record
 (`log.info(..., extra={"txn": txn})`, which any layer can set without importing this module, so the
@@ -11,13 +17,17 @@ while handling a commit inherit its id.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import datetime
 import json
 import logging
 import os
+import queue
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from typing import TextIO
 
@@ -32,6 +42,11 @@ LOG_LEVEL_ENV = "CORNUS_LOG_LEVEL"
 MESSAGE_BYTES_MAX = 16 * 1024
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Lines waiting for the writer thread (a burst of warnings when storage fails: one per call);
+# past it a line is dropped and counted.
+LINE_QUEUE_COUNT_MAX = 10_000
+# How long an exiting process waits for its queued lines to be written.
+FLUSH_AT_EXIT_MS_MAX = 1_000
 
 
 @contextlib.contextmanager
@@ -70,6 +85,58 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
+class BackgroundStreamHandler(logging.Handler):
+    """Formats in the caller (the transaction context is the caller's), writes in a thread."""
+
+    def __init__(self, stream: TextIO, line_count_max: int = LINE_QUEUE_COUNT_MAX) -> None:
+        super().__init__()
+        assert line_count_max > 0
+        self.stream = stream
+        self.lines: queue.Queue[str] = queue.Queue(line_count_max)
+        self.dropped_count = 0
+        self._dropped_told = 0
+        self._writer = threading.Thread(target=self._write_lines, name="cornus-log-writer", daemon=True)
+        self._writer.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + "\n"
+        except Exception:  # as logging.StreamHandler does: a bad record must not raise into the caller
+            self.handleError(record)
+            return
+        if record.levelno >= logging.CRITICAL:
+            self._write(line)
+            return
+        try:
+            self.lines.put_nowait(line)
+        except queue.Full:
+            self.dropped_count += 1
+
+    def flush(self, timeout_ms: int = FLUSH_AT_EXIT_MS_MAX) -> None:
+        """Wait, at most `timeout_ms`, until every queued line was written."""
+        deadline_s = time.monotonic() + timeout_ms / 1000
+        while self.lines.unfinished_tasks and time.monotonic() < deadline_s:
+            time.sleep(0.01)
+
+    def _write_lines(self) -> None:
+        while True:
+            line = self.lines.get()
+            try:
+                self._write(line)
+                if self.dropped_count != self._dropped_told and self.lines.empty():
+                    dropped, self._dropped_told = self.dropped_count - self._dropped_told, self.dropped_count
+                    told = logging.LogRecord("cornus.logs", logging.WARNING, __file__, 0,
+                                             "%d log lines dropped: the log reader did not keep up", (dropped,), None)
+                    self._write(self.format(told) + "\n")
+            finally:
+                self.lines.task_done()
+
+    def _write(self, line: str) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: nothing to tell
+            self.stream.write(line)
+            self.stream.flush()
+
+
 def level_from_env(environ: dict[str, str] | None = None) -> str:
     """CORNUS_LOG_LEVEL (DEBUG, INFO, WARNING, ERROR, CRITICAL), else INFO; anything else is an error."""
     level = (os.environ if environ is None else environ).get(LOG_LEVEL_ENV, LOG_LEVEL_DEFAULT).strip().upper()
@@ -82,8 +149,9 @@ def configure_json_logging(node: str, level: str = LOG_LEVEL_DEFAULT, stream: Te
     """Route every logger of the process through one JSON handler, replacing whatever handlers the
     root logger had (a plain basicConfig from the CLI would otherwise print each line twice)."""
     assert level in _LEVELS, level
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = BackgroundStreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter(node))
+    atexit.register(handler.flush)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

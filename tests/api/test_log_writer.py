@@ -1,0 +1,59 @@
+"""The node's log lines are written by a thread of their own (services/api/logs.py): a log reader
+that stalls costs dropped lines, never a blocked event loop (found by review: with stderr a pipe
+nobody read, the 337th line blocked the node, lease renewals included)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import threading
+
+from services.api.logs import BackgroundStreamHandler, JsonFormatter
+
+LINE_COUNT = 5_000
+# How long the test gives the logging calls before it calls them blocked (they take milliseconds).
+BLOCKED_S = 10.0
+
+
+def _logger(handler: logging.Handler, name: str) -> logging.Logger:
+    handler.setFormatter(JsonFormatter("n0"))
+    logger = logging.getLogger(name)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.handlers = [handler]
+    return logger
+
+
+def test_a_reader_that_stalls_costs_lines_not_the_caller() -> None:
+    read_end, write_end = os.pipe()
+    stream = os.fdopen(write_end, "w")
+    handler = BackgroundStreamHandler(stream, line_count_max=100)
+    logger = _logger(handler, "test.stalled")
+    done = threading.Event()
+
+    def log_a_burst() -> None:
+        for index in range(LINE_COUNT):
+            logger.warning("storage call %d failed: %s", index, "x" * 200)
+        done.set()
+
+    threading.Thread(target=log_a_burst, daemon=True).start()
+    try:
+        assert done.wait(BLOCKED_S), "logging blocked on a pipe nobody reads"
+        assert handler.dropped_count > 0
+    finally:
+        os.close(read_end)  # the writer thread's next write fails; it carries on
+
+
+def test_lines_arrive_whole_and_in_order_and_critical_at_once() -> None:
+    stream = io.StringIO()
+    handler = BackgroundStreamHandler(stream)
+    logger = _logger(handler, "test.ordered")
+    for index in range(100):
+        logger.info("line %d", index)
+    handler.flush()
+    logger.critical("the last words")  # written in the caller, before this returns
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["msg"] for line in lines] == [f"line {index}" for index in range(100)] + ["the last words"]
+    assert all(line["node"] == "n0" for line in lines) and handler.dropped_count == 0
