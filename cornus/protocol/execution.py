@@ -32,8 +32,12 @@ from cornus.protocol.txn_ids import begin_ms_of
 
 V = TypeVar("V")
 
-# Committed values kept in memory per partition; least recently used go first.
+# Committed values kept in memory per partition; least recently used go first, past either bound.
+# The bytes count each key and value and CACHE_ENTRY_BYTES Python spends around them: values go up
+# to 64 KiB, so the key count alone let a partition's cache reach gigabytes (found by review).
 CACHE_KEY_COUNT_MAX = 100_000
+CACHE_BYTES_MAX = 32 * 1024 * 1024
+CACHE_ENTRY_BYTES = 100
 # Transactions remembered as aborted here, so a late execute for one is refused, not restarted.
 ABORTED_REMEMBERED_COUNT_MAX = 10_000
 
@@ -46,6 +50,8 @@ class RedoCodec(Protocol[V]):
     def decode(self, redo: bytes) -> dict[str, V | None]: ...
 
     def lock_keys(self, redo: bytes) -> tuple[list[str], list[str]]: ...
+
+    def value_bytes(self, value: V | None) -> int: ...
 
 
 class Refusal(enum.Enum):
@@ -70,15 +76,17 @@ class Execution(Generic[V]):
 class PartitionExecutions(Generic[V]):
     def __init__(
         self, name: str, codec: RedoCodec[V], policy: Policy = Policy.NO_WAIT, timeout_ms_lock_wait: int = 100,
-        *, cache_key_count_max: int = CACHE_KEY_COUNT_MAX,
+        *, cache_key_count_max: int = CACHE_KEY_COUNT_MAX, cache_bytes_max: int = CACHE_BYTES_MAX,
         aborted_remembered_count_max: int = ABORTED_REMEMBERED_COUNT_MAX,
     ) -> None:
-        assert cache_key_count_max >= 1 and aborted_remembered_count_max >= 1
+        assert cache_key_count_max >= 1 and cache_bytes_max >= 1 and aborted_remembered_count_max >= 1
         self.name = name
         self.codec = codec
         self.locks = LockTable(policy, timeout_ms_lock_wait)
         self.executions: dict[str, Execution[V]] = {}
         self._cache_key_count_max = cache_key_count_max
+        self._cache_bytes_max = cache_bytes_max
+        self.cache_bytes = 0
         self._aborted_count_max = aborted_remembered_count_max
         self._aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._cache: collections.OrderedDict[str, V | None] = collections.OrderedDict()
@@ -189,10 +197,19 @@ class PartitionExecutions(Generic[V]):
 
     def forget_cache(self) -> None:
         self._cache.clear()
+        self.cache_bytes = 0
 
     def _cache_put(self, key: str, value: V | None) -> None:
-        self._cache[key] = value
-        self._cache.move_to_end(key)
-        while len(self._cache) > self._cache_key_count_max:
-            self._cache.popitem(last=False)
+        cache = self._cache
+        if key in cache:
+            self.cache_bytes -= self._entry_bytes(key, cache.pop(key))
+        cache[key] = value
+        self.cache_bytes += self._entry_bytes(key, value)
+        while len(cache) > self._cache_key_count_max or self.cache_bytes > self._cache_bytes_max:
+            evicted_key, evicted = cache.popitem(last=False)
+            self.cache_bytes -= self._entry_bytes(evicted_key, evicted)
+        assert self.cache_bytes >= 0 and (cache or self.cache_bytes == 0), self.cache_bytes
+
+    def _entry_bytes(self, key: str, value: V | None) -> int:
+        return CACHE_ENTRY_BYTES + len(key) + self.codec.value_bytes(value)
 

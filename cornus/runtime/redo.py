@@ -54,6 +54,11 @@ def encoded_size(writes: Mapping[str, bytes | None]) -> int:
     return size
 
 
+def value_bytes(value: bytes | None) -> int:
+    """What a value takes in the owner's cache (cornus.protocol.execution), beside its key."""
+    return 0 if value is None else len(value)
+
+
 def decode(redo: bytes) -> dict[str, bytes | None]:
     """The writes (key -> new value, None for a delete), without the keys only read."""
     return _decode(redo, None)

@@ -12,6 +12,11 @@ def encode(writes: dict[str, int], reads: tuple[str, ...] = ()) -> bytes:
     return ";".join(items).encode()
 
 
+def value_bytes(value: int | None) -> int:
+    """A simulated value's size in the owner's cache: a version number."""
+    return 8
+
+
 def decode(redo: bytes) -> dict[str, int]:
     """The writes, without the keys only read."""
     return {key: int(value) for key, _, value in _items(redo) if value}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from cornus.protocol.execution import Execution, PartitionExecutions, Refusal
 from cornus.protocol.locks import Grant, LockMode
+from cornus.runtime import redo as runtime_redo
 from cornus.sim import redo
 
 T1, T2 = "1.c0.sim.0.cornus", "2.c0.sim.1.cornus"
@@ -61,3 +62,23 @@ def test_the_end_of_an_execution_carries_its_writes_and_reads() -> None:
     assert redo.lock_keys(executed.redo) == (["k0"], ["k1"])
     assert T1 in table.executions  # kept, with its locks, until the machine releases it
     assert table.ended(T2, read_only=True) is None
+
+
+def test_the_cache_keeps_to_its_bytes_evicting_the_least_recently_used() -> None:
+    """Found by review: the cache was bounded by its key count only, and values go up to 64 KiB,
+    so one partition's cache could reach gigabytes (4,000 values of 63 KiB: 262 MB in a node)."""
+    value_bytes = 64 * 1024
+    bytes_max = 5 * (value_bytes + 200)  # five entries, each with its key and overhead
+    table = PartitionExecutions("p0", runtime_redo, cache_bytes_max=bytes_max)
+    for index in range(20):
+        table.cache_redo(runtime_redo.encode({f"k{index}": bytes(value_bytes)}))
+        assert table.cache_bytes <= bytes_max
+    assert table.cached("k19") == (True, bytes(value_bytes))
+    assert table.cached("k0") == (False, None)
+    table.cached("k15")  # used again: the oldest now is k16
+    table.cache_redo(runtime_redo.encode({"k20": bytes(value_bytes)}))
+    assert table.cached("k15")[0] and not table.cached("k16")[0]
+    table.cache_redo(runtime_redo.encode({"k20": None}))  # a delete replaces the value, and its bytes
+    assert table.cache_bytes <= bytes_max and table.cached("k20") == (True, None)
+    table.forget_cache()
+    assert table.cache_bytes == 0 and not table.cached("k19")[0]
