@@ -48,13 +48,26 @@ install_redis() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
 }
 
-azurite_bin() { echo "$dir/node/node_modules/.bin/azurite-blob"; }
+# Installed once per machine and version, outside the checkout, as helm and toxiproxy are: npm
+# takes some 15 s of CPU for it, which every fresh clone's run paid at its start.
+azurite_home=${CORNUS_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cornus}/azurite-$azurite_version
+
+azurite_bin() { echo "$azurite_home/node_modules/.bin/azurite-blob"; }
 
 install_azurite() {
   [ -x "$(azurite_bin)" ] && return 0
-  log "installing azurite@$azurite_version from npm into $dir/node"
-  mkdir -p "$dir/node"
-  npm install --prefix "$dir/node" --no-audit --no-fund --loglevel=error "azurite@$azurite_version" >/dev/null
+  mkdir -p "$(dirname "$azurite_home")"
+  # Under a lock, into a fresh directory renamed into place: two runs installing at once never
+  # see, or leave, half an install.
+  (
+    flock 9
+    [ -x "$(azurite_bin)" ] && exit 0
+    log "installing azurite@$azurite_version from npm into $azurite_home"
+    staging=$(mktemp -d "$azurite_home.XXXXXX")
+    npm install --prefix "$staging" --no-audit --no-fund --loglevel=error "azurite@$azurite_version" >/dev/null
+    rm -rf "$azurite_home"
+    mv "$staging" "$azurite_home"
+  ) 9>"$azurite_home.lock"
 }
 
 moto_bin() { command -v moto_server || true; }
@@ -83,21 +96,21 @@ start_redis() {
   wait_port redis "$redis_port" "$dir/redis.pid"
 }
 
-start_azurite() {
+# Each launch_ starts a service without waiting for it (wait_port does), so that one's start-up
+# overlaps another's install: moto's imports take seconds, and a fresh clone installs Azurite.
+launch_azurite() {
   if port_open "$azurite_port"; then return 0; fi
   nohup "$(azurite_bin)" --blobHost 127.0.0.1 --blobPort "$azurite_port" --inMemoryPersistence \
     --disableTelemetry --skipApiVersionCheck --silent >"$dir/azurite.log" 2>&1 &
   echo $! >"$dir/azurite.pid"
-  wait_port azurite "$azurite_port" "$dir/azurite.pid"
 }
 
-start_moto() {
+launch_moto() {
   if port_open "$moto_port"; then return 0; fi
   # Through our launcher, which serves one request at a time: moto's threaded server races on
   # concurrent transactional writes (scripts/moto_serial.py says how).
   nohup python3 "$repo/scripts/moto_serial.py" -H 127.0.0.1 -p "$moto_port" >"$dir/moto.log" 2>&1 &
   echo $! >"$dir/moto.pid"
-  wait_port moto "$moto_port" "$dir/moto.pid"
 }
 
 write_env() {
@@ -134,8 +147,13 @@ stop_one() { # name
 
 case "${1:-}" in
   up)
-    install_redis; install_azurite; install_moto
-    start_redis; start_azurite; start_moto
+    install_redis; install_moto
+    start_redis
+    launch_moto
+    install_azurite
+    launch_azurite
+    wait_port moto "$moto_port" "$dir/moto.pid"
+    wait_port azurite "$azurite_port" "$dir/azurite.pid"
     write_env
     status
     echo "addresses written to $dir/env"
