@@ -61,9 +61,6 @@ from storage_adapters.contract import NODE_ID_LENGTH_MAX, validate_id
 
 logger = logging.getLogger(__name__)
 
-# A stranger's refused messages are logged at the first and then every this many: a misdirected
-# node sends thousands a second.
-STRANGER_LOG_EVERY = 1000
 # Inbound connections allowed beyond two per peer (probes, tools).
 INBOUND_SPARE_COUNT = 8
 
@@ -171,8 +168,6 @@ class InboundCounters:
     request_expired_count: int = 0
     response_drop_count: int = 0
     refused_connection_count: int = 0  # past inbound_connection_count_max
-    # Messages and requests other than a StatusRequest from a sender that is not a peer: refused.
-    stranger_item_count: int = 0
     # Responses written back on inbound connections.
     frame_sent_count: int = 0
     item_sent_count: int = 0
@@ -854,7 +849,6 @@ class PeerTransport(Transport):
             "frames_received": self.inbound.frame_received_count,
             "messages_received": self.inbound.item_received_count,
             "messages_to_self": self.self_item_count,
-            "from_strangers_refused": self.inbound.stranger_item_count,
         }
 
     # --- Introspection for the runtime, tests and metrics ---
@@ -965,10 +959,6 @@ class PeerTransport(Transport):
     ) -> None:
         handler = self._handler
         assert handler is not None
-        # Only the nodes this one's configuration names take part in its transactions: a process
-        # of another cluster, or one a wrong address led here, may ask for a node's status (tools
-        # and probes do), nothing else.
-        stranger = sender not in self._peer_addresses
         for envelope in frame.items:
             kind = envelope.kind
             if kind == pb.ENVELOPE_KIND_MESSAGE:
@@ -977,9 +967,6 @@ class PeerTransport(Transport):
                 except codec.MalformedEnvelope as error:
                     self.inbound.malformed_count += 1
                     logger.warning("malformed message from %s: %s", sender, error)
-                    continue
-                if stranger:
-                    self._refuse_stranger(sender, type(getattr(message, "message", message)).__name__)
                     continue
                 try:
                     handler.on_message(sender, message)
@@ -1004,20 +991,10 @@ class PeerTransport(Transport):
                     self.inbound.malformed_count += 1
                     self.reply_failed(outbox, correlation_id, f"malformed request: {error}")
                     continue
-                if stranger and not isinstance(request, StatusRequest):
-                    self._refuse_stranger(sender, type(request).__name__)
-                    self.reply_failed(outbox, correlation_id, f"{sender!r} is not a peer of node {self.node_id!r}")
-                    continue
                 self._serve(sender, request, outbox, serving, correlation_id=correlation_id, timeout_ms=timeout_ms)
             else:
                 self.inbound.malformed_count += 1
                 logger.warning("envelope of kind %d from %s on an inbound connection", kind, sender)
-
-    def _refuse_stranger(self, sender: str, what: str) -> None:
-        self.inbound.stranger_item_count += 1
-        if self.inbound.stranger_item_count % STRANGER_LOG_EVERY == 1:
-            logger.warning("refused a %s from %r, which is not a peer of node %s (%d refused so far)",
-                           what, sender, self.node_id, self.inbound.stranger_item_count)
 
     def _serve(self, sender: str, request: PeerRequest, outbox: _Outbox, serving: set[asyncio.Task[PeerResponse]],
                *, correlation_id: int, timeout_ms: int) -> None:

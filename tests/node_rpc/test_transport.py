@@ -31,7 +31,6 @@ from cornus.runtime.wire import (
     StatusRequest,
     StatusResponse,
 )
-from services.node_rpc import codec
 from services.node_rpc._generated import node_pb2 as pb
 from services.node_rpc.transport import LinkState, MessageTooLarge, PeerTransport, TransportLimits
 from storage_adapters.contract import TxnState
@@ -458,38 +457,6 @@ async def test_malformed_frames_from_a_raw_client(
     writer.close()
     assert b.inbound.malformed_count == 3
     assert recorder_b.messages.empty()
-
-
-async def test_a_sender_that_is_not_a_peer_may_only_ask_for_status(
-    local_pair: tuple[PeerTransport, PeerTransport, Recorder],
-) -> None:
-    """A process of another cluster, or one a wrong address led here, names itself in its hello
-    like any peer: its protocol messages reached the node's machines and its execute requests ran
-    (a Decision or a write from outside the cluster). Now only a status probe is served."""
-    _, b, recorder_b = local_pair
-    reader, writer = await _raw_connection(b.listen_address)
-    frame = pb.PeerFrame(sender="stranger")
-    codec.encode(frame.items.add(kind=pb.ENVELOPE_KIND_MESSAGE),
-                 Routed("p-x", "p-b", Decision("t1", TxnState.COMMIT)))
-    execute = frame.items.add(kind=pb.ENVELOPE_KIND_REQUEST, correlation_id=1, timeout_ms=1_000)
-    codec.encode(execute, _execute("t1"))
-    status = frame.items.add(kind=pb.ENVELOPE_KIND_REQUEST, correlation_id=2, timeout_ms=1_000)
-    status.status_request.SetInParent()
-    _write_frame(writer, frame)
-    hello = await _read_frame(reader)
-    assert hello is not None and hello.sender == "b"
-    replies: dict[int, pb.PeerEnvelope] = {}
-    while len(replies) < 2:
-        reply = await _read_frame(reader)
-        assert reply is not None
-        replies.update({item.correlation_id: item for item in reply.items})
-    writer.close()
-    assert replies[1].WhichOneof("body") == "request_failed"
-    assert "not a peer" in replies[1].request_failed.detail
-    assert replies[2].status_response.node == "b"
-    assert recorder_b.messages.empty()
-    assert [type(request) for _, request in recorder_b.requests] == [StatusRequest]
-    assert b.inbound.stranger_item_count == 2 and b.counts()["from_strangers_refused"] == 2
 
 
 async def test_oversized_frame_count_ends_the_connection(
