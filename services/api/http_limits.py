@@ -69,6 +69,12 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
         self._disarm()
         self._head_bytes = 0  # what follows is the next request's head
         super().on_message_complete()
+        # Answered before its body was read (found by review): the body's bytes cancelled
+        # keep-alive's timer, and on_response_complete found this deadline still armed. The
+        # connection is idle from here, and must start its next request in time.
+        answered = self.cycle is not None and self.cycle.response_complete
+        if answered and not self.pipeline and not self.transport.is_closing():
+            self._arm()
 
     def on_response_complete(self) -> None:
         # A request still arriving (a body the app answered without reading, a pipelined request
@@ -83,8 +89,24 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._drain_deadline is None:
-            why = f"its answer did not drain in {self.response_drain_ms_max} ms"
-            self._drain_deadline = self.loop.call_later(self.response_drain_ms_max / 1000, self._abort, why)
+            self._arm_drain()
+
+    def _arm_drain(self) -> None:
+        self._drain_deadline = self.loop.call_later(
+            self.response_drain_ms_max / 1000, self._drain_check, self.transport.get_write_buffer_size(),
+        )
+
+    def _drain_check(self, buffered_bytes: int) -> None:
+        """A client still reading is slow, not gone (found by review: a whole answer goes out in
+        one write, and a steady reader of a large one was cut off): past the deadline only one
+        that took nothing since it was armed loses the connection."""
+        self._drain_deadline = None
+        if self.transport.is_closing():
+            return
+        if self.transport.get_write_buffer_size() < buffered_bytes:
+            self._arm_drain()
+            return
+        self._abort(f"its answer did not drain for {self.response_drain_ms_max} ms")
 
     def resume_writing(self) -> None:
         self._drain_deadline_off()
@@ -102,8 +124,16 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
 
     def _arm(self) -> None:
         self._disarm()
-        why = f"its request did not arrive in {self.request_receive_ms_max} ms"
-        self._receive_deadline = self.loop.call_later(self.request_receive_ms_max / 1000, self._abort, why)
+        self._receive_deadline = self.loop.call_later(self.request_receive_ms_max / 1000, self._arrival_check)
+
+    def _arrival_check(self) -> None:
+        self._receive_deadline = None
+        if self.transport.get_write_buffer_size():
+            # The last answer is still leaving: its client is reading it (the drain deadline
+            # bounds one that is not), and the next request's wait starts after it.
+            self._arm()
+            return
+        self._abort(f"its request did not arrive in {self.request_receive_ms_max} ms")
 
     def _disarm(self) -> None:
         if self._receive_deadline is not None:

@@ -33,6 +33,11 @@ class _Short(LimitedHttpProtocol):
 
 
 BIG_ANSWER_BYTES = 16 * 1024 * 1024
+# Read at READ_BYTES per READ_PAUSE_S (5 MB/s), it takes longer than the drain deadline, also past
+# what the kernel's socket buffers hold.
+MEDIUM_ANSWER_BYTES = 12 * 1024 * 1024
+READ_BYTES = 512 * 1024
+READ_PAUSE_S = 0.1
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -41,10 +46,10 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["path"] != "/early":
         while (await receive()).get("more_body"):
             pass
-    if scope["path"] == "/big":
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-length", str(BIG_ANSWER_BYTES).encode())]})
-        await send({"type": "http.response.body", "body": b"x" * BIG_ANSWER_BYTES})
+    if scope["path"] in ("/big", "/medium"):
+        size = BIG_ANSWER_BYTES if scope["path"] == "/big" else MEDIUM_ANSWER_BYTES
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(size).encode())]})
+        await send({"type": "http.response.body", "body": b"x" * size})
         return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
@@ -151,6 +156,43 @@ async def test_a_client_that_stops_reading_its_answer_loses_the_connection(port:
     finally:
         writer.close()
     assert received < BIG_ANSWER_BYTES, "the whole answer waited for the client"
+
+
+async def test_a_client_reading_a_large_answer_slowly_gets_all_of_it(port: int) -> None:
+    """Found by review of the drain deadline's first version, which timed the whole transfer: a
+    client still reading is slow, not gone."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /medium HTTP/1.1\r\nhost: t\r\n\r\n")
+        async with asyncio.timeout(HELD_S):
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), head
+            received = 0
+            while received < MEDIUM_ANSWER_BYTES:
+                chunk = await reader.read(READ_BYTES)
+                assert chunk, f"the connection ended after {received} bytes"
+                received += len(chunk)
+                await asyncio.sleep(READ_PAUSE_S)
+    finally:
+        writer.close()
+
+
+async def test_a_body_answered_unread_then_sent_whole_leaves_no_connection_unbounded(port: int) -> None:
+    """Found by review: answered before its body was read, the body's last bytes cancelled
+    keep-alive's timer and the arrival deadline was cleared, leaving the idle connection with no
+    timer at all."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-length: 300\r\n\r\nb")
+        async with asyncio.timeout(HELD_S):
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert await reader.readexactly(2) == b"ok"
+        writer.write(b"b" * 299)  # the rest of the body; then nothing more
+        took_s = await _closed_within(reader, writer, b"")
+    finally:
+        writer.close()
+    assert took_s < HELD_S
 
 
 async def test_requests_that_arrive_in_time_are_served_on_one_connection(port: int) -> None:
