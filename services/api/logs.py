@@ -95,6 +95,7 @@ class BackgroundStreamHandler(logging.Handler):
         self.lines: queue.Queue[str] = queue.Queue(line_count_max)
         self.dropped_count = 0
         self._dropped_told = 0
+        self._stream_lock = threading.Lock()
         self._writer = threading.Thread(target=self._write_lines, name="cornus-log-writer", daemon=True)
         self._writer.start()
 
@@ -105,6 +106,9 @@ class BackgroundStreamHandler(logging.Handler):
             self.handleError(record)
             return
         if record.levelno >= logging.CRITICAL:
+            # Last words, before an os._exit that skips atexit: the lines before them first, so
+            # that they explain it (found by review), then this one, at once.
+            self.flush()
             self._write(line)
             return
         try:
@@ -132,7 +136,8 @@ class BackgroundStreamHandler(logging.Handler):
                 self.lines.task_done()
 
     def _write(self, line: str) -> None:
-        with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: nothing to tell
+        # The writer thread and a CRITICAL line's caller both write: one line at a time.
+        with self._stream_lock, contextlib.suppress(OSError, ValueError):  # a broken stream: nothing to tell
             self.stream.write(line)
             self.stream.flush()
 

@@ -57,3 +57,24 @@ def test_lines_arrive_whole_and_in_order_and_critical_at_once() -> None:
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [line["msg"] for line in lines] == [f"line {index}" for index in range(100)] + ["the last words"]
     assert all(line["node"] == "n0" for line in lines) and handler.dropped_count == 0
+
+
+class _SlowStream(io.StringIO):
+    """A stream that takes a moment per line, as a busy log reader does."""
+
+    def write(self, text: str) -> int:
+        threading.Event().wait(0.001)
+        return super().write(text)
+
+
+def test_last_words_come_after_the_lines_that_explain_them() -> None:
+    """Found by review: a CRITICAL line is written at once and the runtime exits right after
+    (os._exit, no atexit), so lines still queued were lost, and the last words came first."""
+    stream = _SlowStream()
+    handler = BackgroundStreamHandler(stream)
+    logger = _logger(handler, "test.last_words")
+    for index in range(200):
+        logger.warning("before %d", index)
+    logger.critical("FATAL: the reason")
+    lines = [json.loads(line)["msg"] for line in stream.getvalue().splitlines()]
+    assert lines == [f"before {index}" for index in range(200)] + ["FATAL: the reason"]
