@@ -122,7 +122,7 @@ class RespPipe:
         future: asyncio.Future[Any] = loop.create_future()
         self._send(protocol, command, _Reply(future, (source, command)))
         self.call_count += 1
-        expiry = loop.call_at(deadline_s, self._expire, future, protocol, loop.time())
+        expiry = loop.call_at(deadline_s, self._expire, future, protocol, loop.time(), timeout_s)
         try:
             return await future
         finally:
@@ -226,12 +226,15 @@ class RespPipe:
         if future is not None and not future.done():
             future.set_result(reply)
 
-    def _expire(self, future: asyncio.Future[Any], protocol: _Protocol, sent_s: float) -> None:
+    def _expire(self, future: asyncio.Future[Any], protocol: _Protocol, sent_s: float, timeout_s: float) -> None:
         if future.done():
             return
         # The reply, when it comes, is read and dropped in turn (on_reply skips settled futures).
         future.set_exception(TimeoutError())
-        if protocol is self._protocol and protocol.heard_s < sent_s:
+        # A whole deadline of silence, not less: a call that connected first spent part of its
+        # deadline connecting (found by review: a fresh connection was dropped at once).
+        silent = protocol.heard_s < sent_s and protocol.loop.time() - sent_s >= timeout_s
+        if protocol is self._protocol and silent:
             # Not a byte since this call left, for a whole deadline: Redis hung, or the address
             # went dark. Every call pending on it fails as this one did (each may or may not have
             # run), and the next call connects again.
