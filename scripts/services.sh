@@ -64,6 +64,7 @@ install_azurite() {
     [ -x "$(azurite_bin)" ] && exit 0
     log "installing azurite@$azurite_version from npm into $azurite_home"
     staging=$(mktemp -d "$azurite_home.XXXXXX")
+    trap 'rm -rf "$staging"' EXIT  # a failed install leaves nothing behind
     npm install --prefix "$staging" --no-audit --no-fund --loglevel=error "azurite@$azurite_version" >/dev/null
     rm -rf "$azurite_home"
     mv "$staging" "$azurite_home"
