@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -144,10 +145,17 @@ async def test_a_head_over_its_limit_loses_the_connection_however_fast_it_comes(
 async def test_a_client_that_stops_reading_its_answer_loses_the_connection(port: int) -> None:
     """Found by review: uvicorn waited for the socket to drain for ever, and a close at a
     deadline would wait for the buffered answer too."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    # A small receive buffer, fixed: Linux would otherwise grow it (up to tcp_rmem's 32 MB here)
+    # and take the whole answer off the server while the client reads nothing.
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    client.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=client)
     try:
         writer.write(b"GET /big HTTP/1.1\r\nhost: t\r\n\r\n")
-        await asyncio.sleep(4 * DEADLINE_MS / 1000)  # not reading meanwhile
+        # Not reading meanwhile: what the kernel's buffers took drains, then nothing for a deadline.
+        await asyncio.sleep(6 * DEADLINE_MS / 1000)
         received = 0
         with contextlib.suppress(ConnectionError):
             async with asyncio.timeout(HELD_S):
