@@ -176,7 +176,10 @@ def test_a_paused_owner_s_late_write_is_refused_by_storage(storage: dict[str, st
             time.sleep(0.05)
         ready = cluster.get("n1", "/readyz").json()
         assert ready["deposed"] >= 1, ready
-        assert "ownership stop partition=p1 epoch=1 node=n1" in cluster.log("n1")
+        # Logs are written by the node's writer thread, a moment after the event.
+        while "ownership stop partition=p1 epoch=1 node=n1" not in cluster.log("n1"):
+            assert time.monotonic() < deadline, cluster.log("n1")
+            time.sleep(0.05)
         assert cluster.read("n1", keys, READ_TIMEOUT_S) == dict.fromkeys(keys), "the aborted write is visible"
         # Written once p1 is back: during the hand-over a request meets "does not own p1", a
         # retryable abort, not what this test is about.
