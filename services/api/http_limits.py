@@ -124,13 +124,17 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
 
     def _arm(self) -> None:
         self._disarm()
-        self._receive_deadline = self.loop.call_later(self.request_receive_ms_max / 1000, self._arrival_check)
+        self._receive_deadline = self.loop.call_later(
+            self.request_receive_ms_max / 1000, self._arrival_check, self.transport.get_write_buffer_size(),
+        )
 
-    def _arrival_check(self) -> None:
+    def _arrival_check(self, buffered_bytes: int) -> None:
         self._receive_deadline = None
-        if self.transport.get_write_buffer_size():
-            # The last answer is still leaving: its client is reading it (the drain deadline
-            # bounds one that is not), and the next request's wait starts after it.
+        if 0 < self.transport.get_write_buffer_size() < buffered_bytes:
+            # The last answer is still leaving, and its client took some of it since: the next
+            # request's wait starts after it. A client that took nothing loses the connection,
+            # also when the answer left was too small to pause writing (found by review: waited
+            # for for ever).
             self._arm()
             return
         self._abort(f"its request did not arrive in {self.request_receive_ms_max} ms")

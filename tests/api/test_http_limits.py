@@ -166,15 +166,21 @@ async def test_a_client_that_stops_reading_its_answer_loses_the_connection(port:
     assert received < BIG_ANSWER_BYTES, "the whole answer waited for the client"
 
 
+async def _answered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> None:
+    """Send `request`; its answer's head must come, a 200."""
+    writer.write(request)
+    async with asyncio.timeout(HELD_S):
+        head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+
+
 async def test_a_client_reading_a_large_answer_slowly_gets_all_of_it(port: int) -> None:
     """Found by review of the drain deadline's first version, which timed the whole transfer: a
     client still reading is slow, not gone."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(b"GET /medium HTTP/1.1\r\nhost: t\r\n\r\n")
+        await _answered(reader, writer, b"GET /medium HTTP/1.1\r\nhost: t\r\n\r\n")
         async with asyncio.timeout(HELD_S):
-            head = await reader.readuntil(b"\r\n\r\n")
-            assert head.startswith(b"HTTP/1.1 200"), head
             received = 0
             while received < MEDIUM_ANSWER_BYTES:
                 chunk = await reader.read(READ_BYTES)
@@ -191,10 +197,8 @@ async def test_a_body_answered_unread_then_sent_whole_leaves_no_connection_unbou
     timer at all."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-length: 300\r\n\r\nb")
+        await _answered(reader, writer, b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-length: 300\r\n\r\nb")
         async with asyncio.timeout(HELD_S):
-            head = await reader.readuntil(b"\r\n\r\n")
-            assert head.startswith(b"HTTP/1.1 200"), head
             assert await reader.readexactly(2) == b"ok"
         writer.write(b"b" * 299)  # the rest of the body; then nothing more
         took_s = await _closed_within(reader, writer, b"")
@@ -215,3 +219,53 @@ async def test_requests_that_arrive_in_time_are_served_on_one_connection(port: i
             await asyncio.sleep(DEADLINE_MS / 1000 / 2)  # idle between requests is keep-alive's, not this deadline's
     finally:
         writer.close()
+
+
+class _HeldTransport:
+    """A socket's transport as the protocol sees it, with bytes of an answer the client is or is
+    not taking."""
+
+    def __init__(self) -> None:
+        self.buffered = 0
+        self.aborted = False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"sockname": ("127.0.0.1", 8100), "peername": ("127.0.0.1", 40000)}.get(name, default)
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def close(self) -> None:
+        self.aborted = True
+
+
+async def test_an_answer_too_small_to_pause_writing_still_must_be_taken() -> None:
+    """Found by review: waiting for the next request, the deadline waited for any answer still in
+    the socket's buffer, and for ever when its client took none of it (an answer under the high
+    water mark never pauses writing, so no drain deadline runs)."""
+    config = uvicorn.Config(_app, http=_Short, lifespan="off")
+    config.load()
+    protocol = _Short(config=config, server_state=uvicorn.server.ServerState(), app_state={},
+                      _loop=asyncio.get_running_loop())
+    taking, stuck = _HeldTransport(), _HeldTransport()
+    protocol.connection_made(taking)  # type: ignore[arg-type]
+    taking.buffered = 40_000
+    protocol._arm()  # as after an answer: idle, the answer's tail still leaving
+    for _ in range(3):  # the client takes a little every so often: slow, not gone
+        await asyncio.sleep(DEADLINE_MS / 1000 * 0.8)
+        taking.buffered -= 10_000
+    assert not taking.aborted
+    protocol.connection_lost(None)
+    protocol = _Short(config=config, server_state=uvicorn.server.ServerState(), app_state={},
+                      _loop=asyncio.get_running_loop())
+    protocol.connection_made(stuck)  # type: ignore[arg-type]
+    stuck.buffered = 40_000
+    protocol._arm()
+    await asyncio.sleep(DEADLINE_MS / 1000 * 2.5)  # the client takes nothing
+    assert stuck.aborted
