@@ -11,8 +11,9 @@ Here, per connection:
 - an answer must drain within `response_drain_ms_max` once the socket's buffer is full;
 - a request head may hold at most `head_bytes_max` bytes.
 
-Past any of them the connection is aborted (not closed: a close waits for buffered bytes that a
-client that stopped reading never takes). What the app does with a request once it arrived is
+Past any of them the connection ends: aborted while the server still holds bytes of an answer (a
+close would wait for bytes a client that stopped reading never takes), else closed, so that what
+the kernel holds still reaches a client that reads on. What the app does with a request once it arrived is
 bounded by the node's own deadlines.
 """
 
@@ -55,7 +56,7 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
         if self._head_bytes is not None and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > self.head_bytes_max:
-                self._abort(f"its request head passed {self.head_bytes_max} bytes")
+                self._end(f"its request head passed {self.head_bytes_max} bytes")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -106,7 +107,7 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
         if self.transport.get_write_buffer_size() < buffered_bytes:
             self._arm_drain()
             return
-        self._abort(f"its answer did not drain for {self.response_drain_ms_max} ms")
+        self._end(f"its answer did not drain for {self.response_drain_ms_max} ms")
 
     def resume_writing(self) -> None:
         self._drain_deadline_off()
@@ -137,18 +138,23 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
             # for for ever).
             self._arm()
             return
-        self._abort(f"its request did not arrive in {self.request_receive_ms_max} ms")
+        self._end(f"its request did not arrive in {self.request_receive_ms_max} ms")
 
     def _disarm(self) -> None:
         if self._receive_deadline is not None:
             self._receive_deadline.cancel()
             self._receive_deadline = None
 
-    def _abort(self, why: str) -> None:
+    def _end(self, why: str) -> None:
         for handle in (self._receive_deadline, self._drain_deadline):
             if handle is not None:
                 handle.cancel()
         self._receive_deadline = self._drain_deadline = None
-        if not self.transport.is_closing() or self.transport.get_write_buffer_size():
-            log.info("aborted a connection from %s: %s", self.client, why)
-            self.transport.abort()
+        buffered = self.transport.get_write_buffer_size()
+        if self.transport.is_closing() and not buffered:
+            return
+        log.info("ended a connection from %s: %s", self.client, why)
+        if buffered:
+            self.transport.abort()  # a close would wait for bytes this client does not take
+        else:
+            self.transport.close()  # what the kernel still holds reaches a client reading on

@@ -34,11 +34,11 @@ class _Short(LimitedHttpProtocol):
 
 
 BIG_ANSWER_BYTES = 16 * 1024 * 1024
-# Read at READ_BYTES per READ_PAUSE_S (5 MB/s), it takes longer than the drain deadline, also past
-# what the kernel's socket buffers hold.
+# Read at most READ_BYTES per READ_PAUSE_S, through a fixed receive buffer of as much, it takes
+# several drain deadlines, and the server's buffer shrinks at every read.
 MEDIUM_ANSWER_BYTES = 12 * 1024 * 1024
-READ_BYTES = 512 * 1024
-READ_PAUSE_S = 0.1
+READ_BYTES = 256 * 1024
+READ_PAUSE_S = 0.02
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -142,16 +142,22 @@ async def test_a_head_over_its_limit_loses_the_connection_however_fast_it_comes(
     assert took_s < HELD_S
 
 
+async def _small_buffered_connection(
+    port: int, receive_bytes: int,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection with a small, fixed receive buffer: Linux would otherwise grow it (up to
+    tcp_rmem's 32 MB here) and take an answer off the server whether the client reads or not."""
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_bytes)
+    client.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
+    return await asyncio.open_connection(sock=client)
+
+
 async def test_a_client_that_stops_reading_its_answer_loses_the_connection(port: int) -> None:
     """Found by review: uvicorn waited for the socket to drain for ever, and a close at a
     deadline would wait for the buffered answer too."""
-    # A small receive buffer, fixed: Linux would otherwise grow it (up to tcp_rmem's 32 MB here)
-    # and take the whole answer off the server while the client reads nothing.
-    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-    client.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
-    reader, writer = await asyncio.open_connection(sock=client)
+    reader, writer = await _small_buffered_connection(port, 64 * 1024)
     try:
         writer.write(b"GET /big HTTP/1.1\r\nhost: t\r\n\r\n")
         # Not reading meanwhile: what the kernel's buffers took drains, then nothing for a deadline.
@@ -177,7 +183,7 @@ async def _answered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
 async def test_a_client_reading_a_large_answer_slowly_gets_all_of_it(port: int) -> None:
     """Found by review of the drain deadline's first version, which timed the whole transfer: a
     client still reading is slow, not gone."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await _small_buffered_connection(port, READ_BYTES)
     try:
         await _answered(reader, writer, b"GET /medium HTTP/1.1\r\nhost: t\r\n\r\n")
         async with asyncio.timeout(HELD_S):
