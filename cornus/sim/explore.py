@@ -5,9 +5,9 @@
 
 `mixed` gives each transaction of a world its own protocol. `--twins` adds schedules where a second
 process of a coordinator starts while the first runs on (a force-deleted pod): Cornus survives
-them; 2PC and coordinator-log do not yet (docs/deploy.md, "One process per node id"). Exits non-zero if any schedule
-violates an invariant, printing the first few with their schedule so they can be replayed (a run
-is a pure function of its schedule).
+them; 2PC and coordinator-log do not yet (docs/deploy.md, "One process per node id"). Exits
+non-zero if any schedule violates an invariant, printing the first few with their schedule so
+they can be replayed (a run is a pure function of its schedule).
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ while handling a commit inherit its id.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import contextvars
 import datetime
@@ -45,7 +44,8 @@ _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Lines waiting for the writer thread (a burst of warnings when storage fails: one per call);
 # past it a line is dropped and counted.
 LINE_QUEUE_COUNT_MAX = 10_000
-# How long an exiting process waits for its queued lines to be written.
+# How long an exiting process (logging.shutdown flushes every handler) or a CRITICAL line waits
+# for the queued lines to be written.
 FLUSH_AT_EXIT_MS_MAX = 1_000
 
 
@@ -156,7 +156,6 @@ def configure_json_logging(node: str, level: str = LOG_LEVEL_DEFAULT, stream: Te
     assert level in _LEVELS, level
     handler = BackgroundStreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter(node))
-    atexit.register(handler.flush)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
