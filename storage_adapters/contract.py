@@ -38,8 +38,15 @@ the ownership record in the SAME round trip as the write and refuses with `Fence
 nothing, unless the record still names that owner and epoch. So a deposed owner's late write
 (its lease clock wrong, its process paused, its request slow) cannot land after a new owner has
 taken the partition, whatever the clocks say. Writes without a fence (a terminator's
-LogOnce(ABORT) on another partition's log, a coordinator's own log) are the protocol's and stay
+LogOnce(ABORT) on another partition's log, an operator's resolve) are the protocol's and stay
 allowed. Azure Blob has no condition that spans two blobs; its adapter says how it fences.
+
+A node's identity is owned the same way: the ownership record named `identity_name(node)` (no
+partition is named so: partition names never hold the `node:` prefix the runtime gives them) is
+taken, in a new epoch, by each process that starts as that node, and the node's writes to its own
+coordinator log carry its fence. So when a second process runs as the same node (a pod deleted
+while its process lived on), storage refuses the first one's coordinator-log writes from the
+moment the second took the name: it cannot log a COMMIT the second's recovery did not see.
 
 What is done once, in `LogStore` (store.py), for every backend. Its public methods are a template: they
 validate the arguments (ValidationError before any I/O), bound the call by the store's deadline
@@ -77,6 +84,8 @@ SCAN_PAGE_COUNT_MAX = 1000
 SCAN_ROUND_COUNT_MAX = 8
 # Ownership records one `read_owners` call may return: the runtime's partition count limit.
 OWNER_READ_COUNT_MAX = 4096
+# The ownership record of a node's identity is named with this prefix and the node id.
+IDENTITY_PREFIX = "node:"
 # A lease longer than this would leave a dead owner's partitions unserved for minutes.
 OWNER_LEASE_MS_MAX = 600_000
 
@@ -132,6 +141,8 @@ class LogId:
         if not isinstance(self.kind, LogKind):
             raise ValidationError(f"log kind must be a LogKind, got {self.kind!r}")
         validate_id(self.name, "log name", LOG_NAME_LENGTH_MAX)
+        if self.kind is LogKind.PARTITION:
+            validate_partition(self.name)
         object.__setattr__(self, "key", f"{self.kind.value}.{self.name}")
 
     @classmethod
@@ -224,7 +235,7 @@ class Ownership:
     wanted_by: str = ""
 
     def __post_init__(self) -> None:
-        validate_partition(self.partition)
+        validate_owned_name(self.partition)
         for what, value in (("owner", self.owner), ("wanted_by", self.wanted_by)):
             if value != "":
                 validate_id(value, what, NODE_ID_LENGTH_MAX)
@@ -249,7 +260,7 @@ class Fence:
     epoch: int
 
     def __post_init__(self) -> None:
-        validate_partition(self.partition)
+        validate_owned_name(self.partition)
         validate_id(self.owner, "fence owner", NODE_ID_LENGTH_MAX)
         if not isinstance(self.epoch, int) or isinstance(self.epoch, bool) or self.epoch < 1:
             raise ValidationError(f"fence epoch must be an integer >= 1, got {self.epoch!r}")
@@ -301,8 +312,10 @@ def validate_fence(fence: object, partition: str) -> Fence | None:
 
 
 def validate_log_fence(fence: object, log: LogId) -> Fence | None:
-    if fence is not None and log.kind is not LogKind.PARTITION:
-        raise ValidationError(f"only a partition's log is fenced, not {log.key}")
+    """A partition's log is fenced by the partition's owner, a coordinator's log by the identity of
+    the node it belongs to."""
+    if log.kind is LogKind.COORDINATOR:
+        return validate_fence(fence, identity_name(log.name))
     return validate_fence(fence, log.name)
 
 
@@ -311,7 +324,25 @@ def validate_owner_partitions(partitions: object) -> tuple[str, ...]:
         raise ValidationError("partitions must be a sequence of partition names")
     if len(partitions) > OWNER_READ_COUNT_MAX:
         raise ValidationError(f"{len(partitions)} partitions in one call, the limit is {OWNER_READ_COUNT_MAX}")
-    return tuple(dict.fromkeys(validate_partition(p) for p in partitions))
+    return tuple(dict.fromkeys(validate_owned_name(p) for p in partitions))
+
+
+def identity_name(node: str) -> str:
+    """The name of the ownership record that says which process is node `node` now."""
+    return IDENTITY_PREFIX + validate_id(node, "node id", NODE_ID_LENGTH_MAX)
+
+
+def is_identity(name: str) -> bool:
+    return name.startswith(IDENTITY_PREFIX)
+
+
+def validate_owned_name(name: object) -> str:
+    """What an ownership record may be named: a partition, or a node's identity (whose node id
+    may be longer than a partition name may)."""
+    if isinstance(name, str) and is_identity(name):
+        identity_name(name[len(IDENTITY_PREFIX):])
+        return name
+    return validate_partition(name)
 
 
 def validate_txn(txn: object) -> str:
@@ -337,7 +368,12 @@ def validate_body(body: object) -> RecordBody:
 
 
 def validate_partition(partition: object) -> str:
-    return validate_id(partition, "partition", LOG_NAME_LENGTH_MAX)
+    validate_id(partition, "partition", LOG_NAME_LENGTH_MAX)
+    assert isinstance(partition, str)
+    if is_identity(partition):
+        # Its ownership record would be a node's identity record.
+        raise ValidationError(f"partition {partition!r} may not start with {IDENTITY_PREFIX!r}")
+    return partition
 
 
 def validate_scan_after(after: object) -> str:

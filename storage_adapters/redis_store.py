@@ -13,7 +13,8 @@ are a hash tag: a partition's records, index and data share one slot, so the scr
 several of them run on Redis Cluster, and the `cxtxn:`/`cxdata:` prefixes let Redis ACLs give
 transaction state and data different permissions (paper section 4.1). A partition's ownership
 record is a hash at `cxown:{p.<partition>}`, in the same slot, so a fenced write's script checks
-it and writes in one atomic step.
+it and writes in one atomic step; a node's identity record is at `cxown:{c.<node>}`, in the slot of
+its coordinator log, which its fence guards.
 
 Durability is the server's job: run it with `appendfsync always` (or WAITAOF/WAIT to replicas), or
 a failover may lose an acknowledged VOTE_YES.
@@ -36,15 +37,19 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 
 from storage_adapters.contract import (
+    IDENTITY_PREFIX,
     SCAN_ROUND_COUNT_MAX,
     Fence,
     LogId,
+    LogKind,
     LogOnceResult,
     Ownership,
     OwnerWriteResult,
     Record,
     RecordBody,
     TxnState,
+    identity_name,
+    is_identity,
     is_unfinished,
 )
 from storage_adapters.errors import (
@@ -226,8 +231,12 @@ def _data_key(partition: str, key: str) -> str:
     return f"{DATA_PREFIX}:{_tag(LogId.partition(partition))}:{key}"
 
 
-def _owner_key(partition: str) -> str:
-    return f"{OWNER_PREFIX}:{_tag(LogId.partition(partition))}"
+def _owner_key(name: str) -> str:
+    """A partition's ownership record, or a node's identity record: each in the slot of the log
+    its fence guards (the partition's log, the node's coordinator log)."""
+    if is_identity(name):
+        return f"{OWNER_PREFIX}:{_tag(LogId.coordinator(name[len(IDENTITY_PREFIX):]))}"
+    return f"{OWNER_PREFIX}:{_tag(LogId.partition(name))}"
 
 
 def _owner_from_flat(partition: str, flat: Sequence[bytes]) -> Ownership | None:
@@ -463,21 +472,22 @@ class RedisStore(LogStore):
         record_prefix = _record_key(log, "")  # the tag's formatting once per log, not per record
         args: list[str] = []
         fenced = False
+        fences_of = identity_name(log.name) if log.kind is LogKind.COORDINATOR else log.name
         for index in indexes:
             request = requests[index]
             keys.append(record_prefix + request.txn)
             if request.fence is None:
                 args += [request.txn, "", ""]
             else:
-                # Validated: a fence guards only its own partition's log, so all share one owner key.
-                assert request.fence.partition == log.name
+                # Validated: a fence guards only its own log, so all share one owner key.
+                assert request.fence.partition == fences_of
                 args += [request.txn, request.fence.owner, str(request.fence.epoch)]
                 fenced = True
         if fenced:
-            keys.append(_owner_key(log.name))
+            keys.append(_owner_key(fences_of))
         results, owner_fields = await self._script(self._delete_many_script, keys, args)
         assert len(results) == len(indexes), f"{len(indexes)} deletes, {len(results)} answers"
-        stored: Ownership | None = _owner_from_flat(log.name, owner_fields) if owner_fields else None
+        stored: Ownership | None = _owner_from_flat(fences_of, owner_fields) if owner_fields else None
         for index, result in zip(indexes, results, strict=True):
             fence = requests[index].fence
             if result == -1:

@@ -211,8 +211,36 @@ class RecoveryFinished:
     transactions: tuple[tuple[str, str], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class TakeIdentity:
+    """Take the node's identity record (storage_adapters.contract.identity_name) in a new epoch, by
+    compare-and-swap over what is stored; answer with `IdentityTaken`. From then on storage refuses
+    the coordinator-log writes of every earlier process of the node (they carry older fences),
+    so recovery, which starts only after it, sees every one that landed."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckIdentity:
+    """Read the node's identity record; answer with `IdentityChecked`: whether it still names the
+    node at `epoch`, this process's."""
+
+    node: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Deposed:
+    """A later process of this node took its identity: this one must stop at once (the runtime
+    exits), since it could presume ABORT for a transaction of the other's."""
+
+    node: str
+    epoch: int
+
+
 Effect = (
     Send | LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog | Reply | StartTimer | CancelTimer
     | ReleaseLocks | LocksPrepared | RetakeLocks | CacheRedo | Decided | TerminationStarted | TerminationEnded
-    | RecoveryFinished
+    | RecoveryFinished | TakeIdentity | CheckIdentity | Deposed
 )

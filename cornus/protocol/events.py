@@ -197,9 +197,45 @@ class Recovered:
         return self.record.log.kind is LogKind.COORDINATOR
 
 
+
+# The owner of the identity take's timers and answer. '~' cannot appear in a partition or node id,
+# so it never names a host.
+IDENTITY = "~identity"
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityTaken:
+    """The answer to TakeIdentity: the epoch this process holds the node's identity in."""
+
+    epoch: int | StorageUnreachable
+
+    @property
+    def txn(self) -> str:
+        return ""
+
+    @property
+    def host(self) -> str:
+        return IDENTITY
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityChecked:
+    """The answer to CheckIdentity: whether the record still names this process's epoch."""
+
+    node: str
+    held: bool | StorageUnreachable
+
+    @property
+    def txn(self) -> str:
+        return ""
+
+    @property
+    def host(self) -> str:
+        return self.node
+
 Event = (
     CommitRequested | ExecuteFailed | Executed | MessageReceived | LogReturned | ApplyReturned | DeleteReturned
-    | RecordRead | ScanReturned | TimerFired | Recovered
+    | RecordRead | ScanReturned | TimerFired | Recovered | IdentityTaken | IdentityChecked
 )
 
 # Answers to storage calls, and the state a plain Log answers with.

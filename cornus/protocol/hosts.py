@@ -13,8 +13,17 @@ from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.coordinator_base import CoordinatorBase
 from cornus.protocol.coordinator_blocking import CoordinatorLogCoordinator, TwoPhaseCoordinator
 from cornus.protocol.coordinator_cornus import CornusCoordinator
-from cornus.protocol.effects import Effect, ReleaseLocks, Send
-from cornus.protocol.events import CommitRequested, Event, Executed, MessageReceived, Recovered
+from cornus.protocol.effects import CheckIdentity, Deposed, Effect, ReleaseLocks, Send, StartTimer, Timer
+from cornus.protocol.events import (
+    CommitRequested,
+    Event,
+    Executed,
+    IdentityChecked,
+    MessageReceived,
+    Recovered,
+    StorageUnreachable,
+    TimerFired,
+)
 from cornus.protocol.messages import (
     Decision,
     DecisionAck,
@@ -31,6 +40,16 @@ from cornus.protocol.participant_cornus import CornusParticipant
 from storage_adapters.contract import TxnState
 
 ProtocolOf = Callable[[str], "Protocol | None"]
+
+# Presumed-abort answers one identity check may owe at once: each is a query about a transaction
+# this node does not know, which only a crash, a late duplicate or a stray peer produces, and an
+# asker whose query is dropped asks again.
+PRESUMPTIONS_WAITING_COUNT_MAX = 4096
+# How often a node reads its identity record even when no presumption waits for it: how long a
+# process that a later one replaced may run on (coordinating Cornus transactions, which is safe,
+# but serving nothing of use) before it learns it and stops.
+IDENTITY_CHECK_MS = 2_000
+IDENTITY_CHECK_TIMER = "identity_check"
 ParticipantFactory = Callable[[str, str, ProtocolConfig, JitterSource], ParticipantBase]
 CoordinatorFactory = Callable[[str, str, ProtocolConfig, JitterSource], CoordinatorBase]
 
@@ -153,8 +172,27 @@ class CoordinatorHost:
         self.factory = factory
         self.machines: dict[str, CoordinatorBase] = {}
         self.counters: collections.Counter[str] = collections.Counter()
+        # The epoch this process holds the node's identity in (0: not taken yet; NodeCore sets it
+        # before recovery, so before any query is answered).
+        self.identity_epoch = 0
+        # Presumed-abort answers owed, (txn, asker): those the identity check in flight covers,
+        # and those that came after it left, which only the next check may cover.
+        self._presumptions_checking: set[tuple[str, str]] = set()
+        self._presumptions_waiting: set[tuple[str, str]] = set()
+        self._check_in_flight = False
+
+    def identity_taken(self, epoch: int) -> list[Effect]:
+        """This process holds the node's identity at `epoch` from now on: check it periodically."""
+        assert self.identity_epoch == 0 and epoch >= 1, (self.identity_epoch, epoch)
+        self.identity_epoch = epoch
+        return [StartTimer(Timer(self.node, "", IDENTITY_CHECK_TIMER), IDENTITY_CHECK_MS)]
 
     def handle(self, event: Event) -> list[Effect]:
+        if isinstance(event, IdentityChecked):
+            return self._identity_checked(event)
+        if isinstance(event, TimerFired) and event.timer.kind == IDENTITY_CHECK_TIMER:
+            timer = StartTimer(event.timer, IDENTITY_CHECK_MS)
+            return [timer, *self._check_identity(periodic=True)]
         txn = event.txn
         if isinstance(event, CommitRequested | Recovered):
             assert txn not in self.machines, f"{self.node} already coordinates {txn}"
@@ -180,6 +218,39 @@ class CoordinatorHost:
             self.counters["stray_queries"] += 1
             return []
         # Presumed abort: no machine and no record (recovery would have rebuilt it) means COMMIT
-        # was never logged, so it never will be.
-        answer = DecisionAnswer(message.txn, self.node, TxnState.ABORT)
-        return [Send(self.node, message.sender, answer)]
+        # was never logged by this process, nor landed from an earlier one (recovery ran after
+        # this process took the node's identity, which refuses their later writes). But a LATER
+        # process of this node (a pod replaced while this one lived on) may coordinate it, and
+        # this one would not know: so the answer waits for a read of the identity record made
+        # after the query came, which finds that process's take if there is one (it took the
+        # identity before it started any transaction of its own).
+        assert self.identity_epoch > 0, "a query answered before the node's identity was taken"
+        if len(self._presumptions_waiting) >= PRESUMPTIONS_WAITING_COUNT_MAX:
+            self.counters["presumptions_dropped"] += 1
+            return []  # the asker asks again
+        self._presumptions_waiting.add((message.txn, message.sender))
+        return self._check_identity()
+
+    def _check_identity(self, *, periodic: bool = False) -> list[Effect]:
+        if self._check_in_flight or not (self._presumptions_waiting or periodic):
+            return []
+        self._presumptions_checking, self._presumptions_waiting = self._presumptions_waiting, set()
+        self._check_in_flight = True
+        return [CheckIdentity(self.node, self.identity_epoch)]
+
+    def _identity_checked(self, event: IdentityChecked) -> list[Effect]:
+        assert self._check_in_flight, "an identity check nobody asked for"
+        self._check_in_flight = False
+        checked, self._presumptions_checking = self._presumptions_checking, set()
+        if isinstance(event.held, StorageUnreachable):
+            self.counters["presumptions_unchecked"] += 1
+            return self._check_identity()  # the askers ask again; those waiting get a check now
+        if not event.held:
+            return [Deposed(self.node, self.identity_epoch)]
+        effects: list[Effect] = [
+            Send(self.node, asker, DecisionAnswer(txn, self.node, TxnState.ABORT))
+            for txn, asker in sorted(checked)
+            # One started meanwhile (its id came in a query before its commit request) answers.
+            if txn not in self.machines
+        ]
+        return effects + self._check_identity()

@@ -3,8 +3,12 @@ partition, recovery at start and the readiness rule. The runtime's node is a loo
 etcd's raft `node.go` is around `rawnode.go`), and the simulator drives the very same object.
 
     core = NodeCore(...)
-    effects = core.start()                # recovery's first step
+    effects = core.start()                # take the node's identity, then recovery's first step
     effects = core.handle(event)          # every event, from the runtime or the simulator
+
+A node first takes its identity (`TakeIdentity`): storage then refuses the coordinator-log writes
+of any earlier process of the node that still runs (a pod replaced while its process lived on), so
+the recovery that follows sees every one that landed, and none lands after it.
 
 Until recovery has rebuilt every unfinished transaction, "I do not know it" is not an answer the
 node may give: a coordinator would presume ABORT for a logged COMMIT, and a participant would
@@ -23,10 +27,18 @@ import enum
 from collections.abc import Iterable
 
 from cornus.protocol import txn_ids
-from cornus.protocol.backoff import JitterSource
+from cornus.protocol.backoff import Backoff, JitterSource
 from cornus.protocol.config import ProtocolConfig
-from cornus.protocol.effects import Effect, RecoveryFinished, RetakeLocks
-from cornus.protocol.events import Event, MessageReceived, Recovered
+from cornus.protocol.effects import Effect, RecoveryFinished, RetakeLocks, StartTimer, TakeIdentity, Timer
+from cornus.protocol.events import (
+    IDENTITY,
+    Event,
+    IdentityTaken,
+    MessageReceived,
+    Recovered,
+    StorageUnreachable,
+    TimerFired,
+)
 from cornus.protocol.hosts import CoordinatorFactory, CoordinatorHost, ParticipantFactory, PartitionHost, ProtocolOf
 from cornus.protocol.messages import Message, Prepare, ReleaseReadOnly
 from cornus.protocol.participant_base import Phase
@@ -73,19 +85,38 @@ class NodeCore:
         self._recovering: set[str] = set(partitions)
         self._partition_recoveries: dict[str, Recovery] = {}
         self._dropped: set[str] = set()
+        self._identity_backoff = Backoff(config.backoff_ms_min, config.backoff_ms_max, jitter)
         self.counters: collections.Counter[str] = collections.Counter()
 
     @property
     def recovered(self) -> bool:
         return self.recovery.done
 
+    @property
+    def identity_epoch(self) -> int:
+        """The epoch this process holds the node's identity in; 0 until it is taken."""
+        return self.coordinator.identity_epoch
+
     def start(self) -> list[Effect]:
-        return self.recovery.start()
+        return [TakeIdentity(self.node)]
+
+    def _take_identity(self, event: Event) -> list[Effect]:
+        assert self.identity_epoch == 0, f"{type(event).__name__} for {IDENTITY} after {self.node} took it"
+        if isinstance(event, TimerFired):
+            assert event.timer.kind == "retry", event.timer
+            return [TakeIdentity(self.node)]
+        assert isinstance(event, IdentityTaken), f"{type(event).__name__} for {IDENTITY}"
+        if isinstance(event.epoch, StorageUnreachable):
+            # Nothing may start before it: recovery could miss a COMMIT a running earlier process
+            # logs after the scan. Retried after a capped backoff, as recovery is.
+            return [StartTimer(Timer(IDENTITY, "", "retry"), self._identity_backoff.next_delay_ms())]
+        return self.coordinator.identity_taken(event.epoch) + self.recovery.start()
 
     def partition_of(self, owner: str) -> str | None:
         """The partition a host acts for: a partition's own host or the recovery of a partition
-        taken after start; None for the node's own (its coordinator, its start recovery)."""
-        if owner in (self.node, RECOVERY):
+        taken after start; None for the node's own (its coordinator, its start recovery, its
+        identity's take)."""
+        if owner in (self.node, RECOVERY, IDENTITY):
             return None
         if owner.startswith(RECOVERY):
             return owner[len(RECOVERY) + 1 :]
@@ -147,6 +178,8 @@ class NodeCore:
 
     def handle(self, event: Event) -> list[Effect]:
         name = event.host  # a property on most events: read once, every event comes through here
+        if name == IDENTITY:
+            return self._take_identity(event)
         if name == RECOVERY:
             effects = self.recovery.handle(event)
             if self.recovery.done:

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from cornus.protocol.effects import ApplyRedo, DeleteRecord, Log, LogOnce, StorageCall
-from storage_adapters.contract import LogKind, Ownership, OwnerWriteResult
+from storage_adapters.contract import IDENTITY_PREFIX, LogKind, Ownership, OwnerWriteResult
 
 # The owner of ownership's calls, for logs and counters; '~' names no partition or node.
 OWNERSHIP = "~ownership"
@@ -93,16 +93,18 @@ class LostReason(enum.StrEnum):
 
 
 def fenced_partition(call: StorageCall) -> str | None:
-    """The partition whose owner's fence a storage call must carry: a write by a partition's host
-    to its own log or data. Writes to other partitions' logs (termination's LogOnce(ABORT)) and to
-    coordinator logs are the protocol's, and anyone may make them."""
+    """The ownership record whose fence a storage call must carry: a partition's, for a write by
+    the partition's host to its own log or data; a node's identity
+    (storage_adapters.contract.identity_name), for a write by the node's coordinator to its own
+    log. Writes to other partitions' logs (termination's LogOnce(ABORT)) are the protocol's, and
+    anyone may make them."""
     if isinstance(call, ApplyRedo):
         assert call.owner == call.partition, f"{call.owner} applies to {call.partition}"
         return call.partition
-    own_log = call.log.kind is LogKind.PARTITION and call.log.name == call.owner
-    if isinstance(call, LogOnce | Log | DeleteRecord) and own_log:
-        return call.owner
-    return None
+    if not isinstance(call, LogOnce | Log | DeleteRecord) or call.log.name != call.owner:
+        return None
+    # The prefix by hand, not identity_name(): the owner is a host name, validated long before.
+    return call.owner if call.log.kind is LogKind.PARTITION else IDENTITY_PREFIX + call.owner
 
 
 # --- effects ----------------------------------------------------------------------------------

@@ -19,8 +19,10 @@ from cornus.protocol.effects import (
     ApplyRedo,
     CacheRedo,
     CancelTimer,
+    CheckIdentity,
     Decided,
     DeleteRecord,
+    Deposed,
     Effect,
     LocksPrepared,
     Log,
@@ -34,19 +36,29 @@ from cornus.protocol.effects import (
     Send,
     StartTimer,
     StorageCall,
+    TakeIdentity,
     TerminationEnded,
     TerminationStarted,
     Timer,
 )
-from cornus.protocol.events import Event, LogReturned, StorageUnreachable, TimerFired, answer
+from cornus.protocol.events import (
+    Event,
+    IdentityChecked,
+    IdentityTaken,
+    LogReturned,
+    StorageUnreachable,
+    TimerFired,
+    answer,
+)
 from cornus.protocol.messages import DecisionAck
 from cornus.protocol.ownership import fenced_partition
+from cornus.runtime import identity
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.timing import TimingLog
 from cornus.runtime.transport import Transport
 from cornus.runtime.wire import Routed
-from storage_adapters.contract import Fence, LogKind, TxnState
+from storage_adapters.contract import Fence, LogKind, TxnState, identity_name
 from storage_adapters.errors import Fenced, InvariantViolation, StorageUnavailable
 from storage_adapters.store import LogStore
 
@@ -103,6 +115,10 @@ class EffectRunner:
         self.on_recovered: Callable[[RecoveryFinished], None] = _unwired
         self.on_fenced: Callable[[str, int], None] = _unwired  # (partition, epoch)
         self.stopped = False
+        # The fence of this process's take of the node's identity (None until it is taken): what
+        # its coordinator-log writes carry.
+        self.identity_fence: Fence | None = None
+        self._identity_name = identity_name(node_id)
         # The node's event loop, kept at first use: asyncio.get_running_loop() makes a getpid system
         # call on Python 3.11, and every storage call and timer of a transaction needs the loop. A
         # runner belongs to one node, which runs on one loop.
@@ -125,6 +141,9 @@ class EffectRunner:
             TerminationStarted: self._termination_started,
             TerminationEnded: self._termination_ended,
             RecoveryFinished: self._recovered,
+            TakeIdentity: lambda e: self.spawn(self._take_identity(e)),
+            CheckIdentity: lambda e: self.spawn(self._check_identity(e)),
+            Deposed: lambda e: fatal(f"another process took node id {e.node} after this one (epoch {e.epoch})"),
         }
         assert set(self._handlers) == set(typing.get_args(Effect)), "an effect has no handler"
 
@@ -212,7 +231,11 @@ class EffectRunner:
             self.counters["writes_skipped_not_held"] += 1
             return
         fence = None
-        if partition is not None:
+        if partition == self._identity_name:
+            fence = self.identity_fence
+            # The core starts no coordinator before its identity is taken (NodeCore.start).
+            assert fence is not None, f"{call!r} before {self.node_id} took its identity"
+        elif partition is not None:
             fence = self.fence_of(partition)
             if fence is None:
                 # The lease is not good now: the host is being dropped, and nobody waits for this
@@ -226,6 +249,9 @@ class EffectRunner:
             # Heard even when the host was dropped meanwhile: a refusal is what tells the node it
             # was deposed.
             assert partition is not None and error.fence == fence
+            if partition == self._identity_name:
+                fatal(f"another process took node id {self.node_id}: storage refused {call!r} ({error})")
+                return
             self.on_fenced(partition, error.fence.epoch)
             return
         except StorageUnavailable as error:
@@ -279,6 +305,37 @@ class EffectRunner:
             raise
         self.failpoints.hit("participant.after_apply")
         return answer(call, applied_now)
+
+    # -- the node's identity ---------------------------------------------------------------------
+    async def _take_identity(self, effect: TakeIdentity) -> None:
+        assert effect.node == self.node_id and self.identity_fence is None, effect
+        try:
+            taken = await identity.take(self.store, self.node_id)
+        except StorageUnavailable as error:
+            log.warning("node %s could not take its identity (%s); retrying", self.node_id, error)
+            event = IdentityTaken(StorageUnreachable(str(error)))
+        except InvariantViolation as error:
+            fatal(f"storage refused the take of {self._identity_name}: {error}")
+            return
+        else:
+            self.identity_fence = taken.fence()
+            log.info("node %s took its identity epoch=%d", self.node_id, taken.epoch)
+            event = IdentityTaken(taken.epoch)
+        if not self.stopped:
+            self.feed(event)
+
+    async def _check_identity(self, effect: CheckIdentity) -> None:
+        fence = self.identity_fence
+        assert fence is not None and fence.epoch == effect.epoch, (fence, effect)
+        try:
+            held: bool | StorageUnreachable = await identity.held(self.store, fence)
+        except StorageUnavailable as error:
+            held = StorageUnreachable(str(error))
+        except InvariantViolation as error:
+            fatal(f"storage refused the read of {self._identity_name}: {error}")
+            return
+        if not self.stopped:
+            self.feed(IdentityChecked(self.node_id, held))
 
     # -- timers, tasks, timing -------------------------------------------------------------------
     def _fire(self, timer: Timer) -> None:

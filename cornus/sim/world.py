@@ -24,8 +24,10 @@ from cornus.protocol.effects import (
     ApplyRedo,
     CacheRedo,
     CancelTimer,
+    CheckIdentity,
     Decided,
     DeleteRecord,
+    Deposed,
     Effect,
     LocksPrepared,
     Log,
@@ -39,6 +41,7 @@ from cornus.protocol.effects import (
     Send,
     StartTimer,
     StorageCall,
+    TakeIdentity,
     TerminationEnded,
     TerminationStarted,
     Timer,
@@ -47,6 +50,8 @@ from cornus.protocol.events import (
     CommitRequested,
     Event,
     ExecuteFailed,
+    IdentityChecked,
+    IdentityTaken,
     MessageReceived,
     StorageUnreachable,
     TimerFired,
@@ -65,7 +70,7 @@ from cornus.protocol.txn_ids import PROTOCOL_TAGS, protocol_of
 from cornus.sim import redo
 from cornus.sim.schedule import COORDINATORS, FAULTS_END_MS, Move, Schedule, Twin, node_of
 from cornus.sim.storage_model import StorageModel, WriteRefused
-from storage_adapters.contract import LogId, TxnState
+from storage_adapters.contract import LogId, TxnState, identity_name, is_identity
 
 # Hook a test installs to force a failure at an exact point: called before each effect a node
 # executes; "crash" crashes the node before the effect, "drop" skips it (a lost message).
@@ -83,8 +88,8 @@ TIMEOUT_MS_EXECUTE = 200
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
     _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
-    _EXECUTE_DEADLINE, _TWIN, _TWIN_END,
-) = range(22)
+    _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _IDENTITY_ARRIVE,
+) = range(23)
 
 
 _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
@@ -179,6 +184,7 @@ class Outcome:
     lock_waits: int = 0  # one-shot requests that waited for a lock
     stale_answers: int = 0  # answers to calls of a partition's earlier tenure on the same node, dropped
     fenced_writes: int = 0  # writes of a partition's old owner that storage refused after a move
+    deposed: int = 0  # processes stopped because a later process of their node took its identity
     late_duplicates: int = 0  # second copies of messages sent to arrive after the GC grace
     violations: list[str] = field(default_factory=list)
     undecided_at_liveness_check: list[str] = field(default_factory=list)
@@ -232,7 +238,8 @@ class World:
         for name in COORDINATORS:
             self.nodes[name] = Node(name, None, ())
         # Who holds each partition, and the epoch of its tenure (a move raises it): storage refuses
-        # a fenced write that carries an older one.
+        # a fenced write that carries an older one. Each node's identity record has its epoch here
+        # too (every process that starts takes it, raising it), under identity_name(node).
         self.owner = {partition: node_of(partition) for partition in self.partitions}
         self.epoch = dict.fromkeys(self.partitions, 1)
         for partition in self.partitions:
@@ -290,9 +297,10 @@ class World:
 
     @property
     def boot_ms(self) -> int:
-        """Nodes start this long before time 0, so that their recovery (of empty storage) is over
-        when the first transaction begins; no fault happens before 0."""
-        return self.config.recovery_settle_ms + 4 * self.schedule.storage_ms_max + 10
+        """Nodes start this long before time 0, so that the take of their identity and their
+        recovery (of empty storage) are over when the first transaction begins; no fault happens
+        before 0."""
+        return self.config.recovery_settle_ms + 6 * self.schedule.storage_ms_max + 10
 
     def _push(self, at_ms: int, kind: int, data: Any) -> None:
         self._seq += 1
@@ -364,6 +372,8 @@ class World:
             self._twin(data)
         elif kind == _TWIN_END:
             self._twin_ends(*data)
+        elif kind == _IDENTITY_ARRIVE:
+            self._identity_arrive(*data)
         elif kind == _EXECUTE_ANSWER:
             self._execute_answered(*data)
         elif kind == _EXECUTE_DEADLINE:
@@ -834,6 +844,40 @@ class World:
         first.alive = False
         first.core = None
 
+    def _identity_arrive(
+        self, name: str, incarnation: int, call: TakeIdentity | CheckIdentity, path: frozenset[tuple[int, int]]
+    ) -> None:
+        """A take (read and compare-and-swap, as one step here) or a read of the node's identity
+        record lands: a take raises its epoch whether or not its process still lives."""
+        identity = identity_name(name)
+        result: IdentityTaken | IdentityChecked
+        if isinstance(call, TakeIdentity):
+            self.epoch[identity] = self.epoch.get(identity, 0) + 1
+            result = IdentityTaken(self.epoch[identity])
+            process = self.process(name, incarnation)
+            if process is not None:
+                process.epochs[identity] = self.epoch[identity]
+        else:
+            result = IdentityChecked(name, self.epoch[identity] == call.epoch)
+        if self.trace is not None:
+            self.trace.append(f"{self.now_ms:6d} storage identity of {name}: {call} -> {result}")
+        latency = self.rng.randint(1, self.schedule.storage_ms_max)
+        self._push(self.now_ms + latency, _RETURN, (name, incarnation, result, path, 0))
+
+    def _depose(self, name: str, incarnation: int) -> None:
+        """The runtime's fatal stop of a process whose node's identity a later process took: a
+        first process of a Twin dies; the node's only process restarts, as its pod would."""
+        process = self.process(name, incarnation)
+        if process is None:
+            return
+        self.outcome.deposed += 1
+        if self.trace is not None:
+            self.trace.append(f"{self.now_ms:6d} {name:>3} DEPOSED (incarnation {incarnation})")
+        if self.twins.get(name) is process:
+            self._twin_ends(name, incarnation)
+        else:
+            self.crash(name, 1)
+
     def _unreachable(self, log: LogId) -> bool:
         windows = self._down_logs.get(log.key)
         return windows is not None and any(start <= self.now_ms < end for start, end in windows)
@@ -874,6 +918,13 @@ class World:
             node.tables[effect.partition].cache_redo(effect.redo)
         elif isinstance(effect, TerminationStarted):
             self.outcome.terminations += 1
+        elif isinstance(effect, TakeIdentity | CheckIdentity):
+            # Never late nor lost: an outage of the identity record is not modeled (the core
+            # retries a take that failed after a backoff, and a check's askers ask again).
+            latency = self.rng.randint(1, self.schedule.storage_ms_max)
+            self._push(self.now_ms + latency, _IDENTITY_ARRIVE, (node.name, node.incarnation, effect, node.path))
+        elif isinstance(effect, Deposed):
+            self._depose(node.name, node.incarnation)
         else:
             # Decided marks a moment for timing (a 2PC coordinator emits it when it starts logging
             # COMMIT, which a crash can still undo); the machines' own decisions are observed.
@@ -897,9 +948,10 @@ class World:
         """A storage call: it reaches storage even if its caller dies meanwhile (only the answer is
         lost). A slow one answers "unreachable" at the deadline and may land up to the slack later.
         A partition's write to its own log or data carries the epoch of its owner's tenure."""
-        fenced = fenced_partition(call) if owner in self.nodes else None
-        epoch = self.nodes[owner].epochs[fenced] if fenced is not None else 0
-        tenure = self._tenure(self.nodes[owner], call.owner) if owner in self.nodes else 0
+        process = self.process(owner, incarnation) if owner in self.nodes else None
+        fenced = fenced_partition(call) if process is not None else None
+        epoch = process.epochs[fenced] if process is not None and fenced is not None else 0
+        tenure = self._tenure(process, call.owner) if process is not None else 0
         if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
             unreachable = answer(call, StorageUnreachable("the call outlived its deadline"))
             self._push(self.now_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path, tenure))
@@ -922,7 +974,11 @@ class World:
         if fenced is not None and epoch < self.epoch[fenced]:
             # The partition moved since the call left: storage refuses the old owner's write, and
             # the runtime, told Fenced, drops the partition (this node dropped it at the move).
+            # A refused coordinator-log write means a later process runs as this node: the
+            # runtime stops this one.
             self.outcome.fenced_writes += 1
+            if is_identity(fenced):
+                self._depose(owner, incarnation)
             return
         result: Any = StorageUnreachable("outage")
         landed = not self._unreachable(call.log) or self.rng.random() < self.schedule.ambiguous_probability

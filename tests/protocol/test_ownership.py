@@ -141,15 +141,20 @@ def test_ownership_world_finds_a_broken_rule(broken: str, monkeypatch: pytest.Mo
     assert totals["violations"] == 1, f"{broken}: not found in {ran} schedules"
 
 
-def test_only_a_partition_host_s_writes_to_its_own_log_and_data_carry_its_fence() -> None:
+def test_a_host_s_writes_to_its_own_log_and_data_carry_its_fence() -> None:
     body = RecordBody(("p0", "p1"), "n0", b"")
     assert fenced_partition(LogOnce("p0", LogId.partition("p0"), "t", TxnState.VOTE_YES, body)) == "p0"
     assert fenced_partition(Log("p0", LogId.partition("p0"), "t", TxnState.COMMIT)) == "p0"
     assert fenced_partition(DeleteRecord("p0", LogId.partition("p0"), "t")) == "p0"
     assert fenced_partition(ApplyRedo("p0", "p0", "t", b"")) == "p0"
-    # Termination's LogOnce(ABORT) on another partition's log, and coordinator-log writes: anyone's.
+    # A coordinator's writes to its own log carry its node's identity fence.
+    assert fenced_partition(Log("n0", LogId.coordinator("n0"), "t", TxnState.COMMIT)) == "node:n0"
+    assert fenced_partition(LogOnce("n0", LogId.coordinator("n0"), "t", TxnState.VOTE_YES, body)) == "node:n0"
+    assert fenced_partition(DeleteRecord("n0", LogId.coordinator("n0"), "t")) == "node:n0"
+    # Termination's LogOnce(ABORT) on another partition's log, and writes to another's log: anyone's.
     assert fenced_partition(LogOnce("p0", LogId.partition("p1"), "t", TxnState.ABORT, body)) is None
-    assert fenced_partition(Log("n0", LogId.coordinator("n0"), "t", TxnState.COMMIT)) is None
+    assert fenced_partition(LogOnce("p0", LogId.coordinator("n0"), "t", TxnState.ABORT, body)) is None
+    assert fenced_partition(Log("n1", LogId.coordinator("n0"), "t", TxnState.COMMIT)) is None
     assert fenced_partition(ReadRecord("p0", LogId.partition("p0"), "t")) is None
 
 

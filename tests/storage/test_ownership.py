@@ -21,6 +21,7 @@ from storage_adapters.contract import (
     Ownership,
     RecordBody,
     TxnState,
+    identity_name,
 )
 from storage_adapters.errors import Fenced, ValidationError
 from storage_adapters.store import LogStore
@@ -411,6 +412,71 @@ async def test_a_take_refuses_the_old_owners_next_writes(store: LogStore, ns: st
         await expect_fenced(call(), old, taken)
     assert (await store.read(log, "t")).state is VOTE  # type: ignore[union-attr]
     assert await store.read(log, "t2") is None
+
+
+# --- a node's identity: the fence of its coordinator log -------------------------------------------
+
+
+async def test_a_second_process_of_a_node_fences_the_first_ones_coordinator_log(store: LogStore, ns: str) -> None:
+    node, log = ns, LogId.coordinator(ns)
+    name = identity_name(node)
+    first = await take_first(store, name, node)
+    old = first.fence()
+    assert (await store.log_once(log, "t", VOTE, body(ns), old)).created
+    assert await store.log(log, "t", COMMIT, None, old) is COMMIT
+    assert await store.log(log, "gone", ABORT, body(ns), old) is ABORT
+    assert await store.delete(log, "gone", old) is True
+    assert await store.read_owners([name, ns]) == {name: first}
+    # The second process takes the node's name in a new epoch: the first one's writes, from then
+    # on, are refused and write nothing, whatever they are.
+    taken = await written(store, first, own(name, node, 2, 2))
+    calls: list[Callable[[], Awaitable[Any]]] = [
+        lambda: store.log_once(log, "t2", COMMIT, body(ns), old),
+        lambda: store.log(log, "t3", COMMIT, body(ns), old),
+        lambda: store.delete(log, "t", old),
+    ]
+    for call in calls:
+        await expect_fenced(call(), old, taken)
+    assert (await store.read(log, "t")).state is COMMIT  # type: ignore[union-attr]
+    assert await store.read(log, "t2") is None and await store.read(log, "t3") is None
+    assert await store.scan_unfinished(log) == [await store.read(log, "t")]
+    # Concurrent deletes, coalesced into one request where the backend can: each its own answer.
+    assert (await store.log_once(log, "t4", ABORT, body(ns))).created
+    new = taken.fence()
+    answers = await asyncio.gather(
+        store.delete(log, "t", new), store.delete(log, "t4", old), store.delete(log, "absent", new),
+        return_exceptions=True,
+    )
+    assert answers[0] is True and answers[2] is False, answers
+    assert isinstance(answers[1], Fenced) and (answers[1].fence, answers[1].stored) == (old, taken)
+    assert await store.read(log, "t") is None
+    assert (await store.read(log, "t4")).state is ABORT  # type: ignore[union-attr]
+    # Unfenced writes (an operator's resolve) stay allowed.
+    assert (await store.log_once(log, "t5", ABORT, body(ns))).created
+
+
+async def test_an_identity_fence_guards_only_its_nodes_coordinator_log(store: LogStore, ns: str) -> None:
+    identity = (await take_first(store, identity_name(ns), ns)).fence()
+    partition_fence = (await take_first(store, ns, ns)).fence()
+    coordinator, partition = LogId.coordinator(ns), LogId.partition(ns)
+    others = Fence(identity_name(ns + "x"), ns, 1)
+    calls: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+        ("partition fence, coordinator log", lambda: store.log_once(coordinator, "t", VOTE, body(ns), partition_fence)),
+        ("identity fence, partition log", lambda: store.log_once(partition, "t", VOTE, body(ns), identity)),
+        ("identity fence, partition data", lambda: store.apply_redo(ns, "t", {"k": b"v"}, identity)),
+        ("another node's identity", lambda: store.log(coordinator, "t", VOTE, body(ns), others)),
+        ("another node's identity, delete", lambda: store.delete(coordinator, "t", others)),
+    ]
+    for label, call in calls:
+        with pytest.raises(ValidationError):
+            await call()
+            pytest.fail(f"{label}: accepted")
+    assert await store.read(coordinator, "t") is None and await store.read(partition, "t") is None
+    for bad in ("node:x", "node:"):
+        with pytest.raises(ValidationError):
+            LogId.partition(bad)
+    with pytest.raises(ValidationError):
+        await store.read_owners(["node:"])
 
 
 # --- fence validation -----------------------------------------------------------------------------

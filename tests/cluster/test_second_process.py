@@ -1,0 +1,84 @@
+"""Two processes running as one node id, on real processes: a pod deleted with `kubectl delete
+--force` while its process lived on, beside its replacement. The replacement takes the node's
+identity in storage before its recovery; the first process must stop, at its next coordinator-log
+write (storage refuses it) or its next read of the identity record (every IDENTITY_CHECK_MS), and
+no transaction it answered COMMIT for may be lost. The simulator explores the interleavings
+(tests/protocol/test_twins.py); this checks the runtime's side of it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cornus.protocol.hosts import IDENTITY_CHECK_MS
+from tests.cluster.conftest import storage_for
+from tests.cluster.harness import NodeProcess, keys_on, running_cluster
+from tests.conftest import Services
+from tests.worker import free_port
+
+# The first process stops within one identity check of the take, plus the time a loaded machine
+# takes to schedule it.
+EXIT_TIMEOUT_S = IDENTITY_CHECK_MS / 1000 + 10
+TAKE_TIMEOUT_S = 30.0
+FATAL_EXIT_CODE = 70
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.05)
+
+
+# 2PC, whose coordinator logs, on the emulator; Cornus, whose coordinator logs nothing (its first
+# process stops at its periodic check), on Redis, whose identity record lives in another key slot
+# than the partitions' records.
+@pytest.mark.services
+@pytest.mark.parametrize(("protocol", "backend"), [("2pc", "emulator"), ("cornus", "redis")])
+def test_a_second_process_of_a_node_stops_the_first_and_loses_no_commit(
+    services: Services, tmp_path: Path, protocol: str, backend: str
+) -> None:
+    with running_cluster(protocol, storage_for(backend, services, tmp_path)) as cluster:
+        cluster.start_all()
+        first = cluster.nodes["n0"]
+        assert first.process is not None
+        # A transaction n0 coordinates over two partitions of other nodes: 2PC logs its COMMIT in
+        # n0's coordinator log.
+        keys = [keys_on("p1", cluster.partition_count, 1, "a")[0], keys_on("p2", cluster.partition_count, 1, "b")[0]]
+        assert cluster.execute("n0", [{"op": "put", "key": k, "value": "before"} for k in keys]).status_code == 200
+
+        # The replacement: the same node id on ports of its own (the old pod's address is gone,
+        # but its process runs on and its peers' connections to it stay open).
+        second = NodeProcess("n0", free_port(), free_port())
+        cluster.nodes["n0"] = second
+        try:
+            cluster.start("n0", wait=False)
+            _wait_for(lambda: "took its identity epoch=2" in cluster.log("n0"), TAKE_TIMEOUT_S,
+                      "the second process takes the identity")
+            # The first process, asked to commit now, may answer only what storage holds.
+            cluster.nodes["n0"] = first
+            try:
+                response = cluster.execute("n0", [{"op": "put", "key": k, "value": "after"} for k in keys])
+                committed = response.status_code == 200 and response.json()["outcome"] == "committed"
+            except httpx.HTTPError:
+                committed = False  # it stopped first
+            assert first.process.wait(EXIT_TIMEOUT_S) == FATAL_EXIT_CODE
+            assert "another process took node id n0" in cluster.log("n0"), cluster.log("n0")
+        finally:
+            cluster.nodes["n0"] = second
+            cluster.kill("n0")
+            cluster.nodes["n0"] = first
+        # n0 back at its address (a third process, which recovers its coordinator log), so that a
+        # 2PC transaction the first one left in doubt is answered.
+        cluster.start("n0")
+        # Whatever the first process answered, the data says the same: a COMMIT it returned
+        # landed on both partitions, and anything else landed on both or neither.
+        values = cluster.read("n1", keys)
+        if committed:
+            assert values == dict.fromkeys(keys, "after"), values
+        else:
+            assert len(set(values.values())) == 1, values
