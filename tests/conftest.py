@@ -95,6 +95,9 @@ def pytest_configure(config: pytest.Config) -> None:
     claim_redis_slot()
 
 
+# First: xdist's own hook of the same name reads the group markers to name each test's group, so
+# they must be on the items by then (after it, every worker started the shared cluster again).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for name in SHARED_CLUSTER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
