@@ -43,6 +43,9 @@ class CoordPhase(enum.Enum):
     DONE = "done"
 
 
+_DELIVERED = frozenset({CoordPhase.GC_WAIT, CoordPhase.COLLECTING_GARBAGE, CoordPhase.DONE})
+
+
 class CoordinatorBase:
     """One transaction's coordinator. Subclasses implement the vote and decision logic."""
 
@@ -75,6 +78,12 @@ class CoordinatorBase:
     @property
     def finished(self) -> bool:
         return self.phase is CoordPhase.DONE and self.calls_in_flight == 0
+
+    @property
+    def delivered(self) -> bool:
+        """Decided and acknowledged by every participant: only its records' collection is left,
+        which holds no lock and decides nothing (the grace period, then the deletes)."""
+        return self.phase in _DELIVERED
 
     def handle(self, event: Event) -> list[Effect]:
         if isinstance(event, LogReturned | DeleteReturned):

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cornus.protocol import txn_ids
-from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.effects import Effect, LogOnce, ReadRecord, StartTimer
 from cornus.protocol.events import Event, StorageUnreachable, TimerFired, answer
 from cornus.protocol.node_core import NodeCore
@@ -30,7 +29,6 @@ from storage_adapters.store import LogStore
 
 # Storage calls one manual resolve keeps in flight (it reads every partition's log).
 RESOLVE_CALLS_IN_FLIGHT_MAX = 256
-_FINISHED = frozenset({CoordPhase.GC_WAIT, CoordPhase.COLLECTING_GARBAGE, CoordPhase.DONE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +172,7 @@ class Admin:
         ]
         for txn, machine in self.core.coordinator.machines.items():
             # Decided and acknowledged everywhere, its records waiting out the grace: over.
-            if txn not in self.coordination.txns and machine.phase not in _FINISHED:
+            if txn not in self.coordination.txns and not machine.delivered:
                 infos.append(TxnInfo(txn, "coordinator", self.node_id, machine.phase.value, protocol_of(txn),
                                      tuple(machine.participants), 0))
         for partition, host in self.core.partitions.items():

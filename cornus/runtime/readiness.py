@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from cornus.protocol.coordinator_base import CoordinatorBase
 from cornus.protocol.effects import RecoveryFinished
 from cornus.protocol.node_core import NodeCore
 
@@ -44,10 +45,14 @@ class Readiness:
             task.cancel()
 
     def _unresolved(self, recovered: tuple[tuple[str, str], ...]) -> int:
+        """Recovered transactions whose machine has work left. A coordinator whose decision every
+        participant acknowledged only waits out the records' grace period (gc_grace_ms, longer
+        than the wait here) before deleting them: it holds no lock, and counts as resolved."""
         unresolved = 0
         for host_name, txn in recovered:
             host = self.core.host(host_name)
-            unresolved += host is not None and txn in host.machines
+            machine = None if host is None else host.machines.get(txn)
+            unresolved += machine is not None and not (isinstance(machine, CoordinatorBase) and machine.delivered)
         return unresolved
 
     async def _settle(self, effect: RecoveryFinished) -> None:
