@@ -21,6 +21,12 @@ from tests.worker import free_port
 
 READY_TIMEOUT_S = 60.0
 HTTP_TIMEOUT_S = 15.0
+# Before a cluster stops: how long it waits for coordinated decisions to reach every participant
+# (Cluster.stop), and the coordinator phases (admin listing) that still wait for an acknowledgement.
+# A participant that is up acknowledges within a resend (backoff_ms_max, 320 ms); short, since a
+# test may also end with storage gone, when nothing can be acknowledged.
+DELIVER_WAIT_S = 1.0
+UNDELIVERED_PHASES = frozenset({"validating", "collecting", "decided"})
 # Every node of a test cluster runs on this machine, and a killed one takes its calls with it: a
 # storage call lands at most a scheduling hiccup after its deadline. The production default slack
 # (1 s, for networks and clock rates) would add 750 ms to every restart's recovery wait. Leases
@@ -151,7 +157,26 @@ class Cluster:
         assert node.process is not None
         return node.process.wait(timeout_s)
 
+    def _wait_decisions_delivered(self, timeout_s: float = DELIVER_WAIT_S) -> None:
+        """While every node is up, wait (a little) until no node coordinates a transaction whose
+        decision some participant has not acknowledged. Each node's shutdown waits for that too
+        (up to 5 s), but then its participants are shutting down with it and never answer: a
+        coordinator resending to a participant that just restarted cost a whole 5 s at the end."""
+        if not all(node.alive for node in self.nodes.values()):
+            return  # a participant may be down for good: shutdown's own wait decides
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                rows = [row for node in self.nodes.values()
+                        for row in self.client.get(f"{node.url}/v1/admin/transactions", timeout=1).json()]
+            except (httpx.HTTPError, ValueError):
+                return
+            if not any(row["role"] == "coordinator" and row["phase"] in UNDELIVERED_PHASES for row in rows):
+                return
+            time.sleep(0.02)
+
     def stop(self) -> None:
+        self._wait_decisions_delivered()
         for node in self.nodes.values():
             if node.alive:
                 assert node.process is not None
