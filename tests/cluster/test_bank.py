@@ -29,6 +29,10 @@ WORKLOAD_TIMEOUT_S = 180.0
 HTTP_TIMEOUT_S = 10.0
 SETTLE_TIMEOUT_S = 60.0
 SETTINGS = {"timeout_ms_txn_idle": 1500}
+# A short storage deadline, as test_ownership's scale test has: every start and restart waits one
+# (plus the vote timeout and the clock slack) before it recovers; calls here take milliseconds
+# (at most 25 ms of 4,800 in a bank run).
+FAST_STORAGE = {"timeout_ms_call": "1000"}
 PROTOCOLS = ["cornus", "2pc", "coordinator-log"]
 MIXED = "mixed"
 
@@ -130,7 +134,7 @@ BANK_CASES = [*(("emulator", p) for p in [*PROTOCOLS, MIXED]), ("redis", "cornus
 @pytest.mark.parametrize(("storage", "protocol"), BANK_CASES, indirect=["storage"])
 def test_bank_with_kills_and_restarts(protocol: str, storage: dict[str, str]) -> None:
     mixed = protocol == MIXED
-    with running_cluster("cornus" if mixed else protocol, storage, settings=SETTINGS) as cluster:
+    with running_cluster("cornus" if mixed else protocol, {**storage, **FAST_STORAGE}, settings=SETTINGS) as cluster:
         cluster.start_all()
         accounts = _accounts()
         setup = cluster.execute("n0", [{"op": "put", "key": a, "value": str(BALANCE_START)} for a in accounts])

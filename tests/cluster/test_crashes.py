@@ -61,6 +61,10 @@ RESOLVE_TIMEOUT_S = 20.0
 # How long 2PC participants are watched to stay blocked while their coordinator is down.
 BLOCKED_WATCH_S = 2.0
 PARTITIONS = 6
+# A short storage deadline, as test_ownership's scale test has: every start and restart waits one
+# (plus the vote timeout and the clock slack) before it recovers; calls here take milliseconds
+# (at most 25 ms of 4,800 in a bank run).
+FAST_STORAGE = {"timeout_ms_call": "1000"}
 
 
 def _keys() -> tuple[str, str]:
@@ -112,7 +116,7 @@ def _execute_until_crash(cluster: Cluster, node_id: str, keys: tuple[str, str], 
 @pytest.mark.parametrize(("storage", "protocol", "failpoint"), COORDINATOR_CASES, indirect=["storage"])
 def test_coordinator_killed(protocol: str, failpoint: str, storage: dict[str, str]) -> None:
     keys = _keys()
-    with running_cluster(CLUSTER_DEFAULT[protocol], storage, settings=SETTINGS) as cluster:
+    with running_cluster(CLUSTER_DEFAULT[protocol], {**storage, **FAST_STORAGE}, settings=SETTINGS) as cluster:
         # n0 is armed from the start: the setup transaction, coordinated by n1 over p1 and p2,
         # never touches it, so its failpoint fires on the transaction under test alone.
         cluster.start_all({"n0": failpoint})
@@ -142,7 +146,7 @@ def test_participant_killed_and_recovered(protocol: str, failpoint: str, storage
     # setup transaction before it (the cluster's default protocol, over p1 of n1 and p2 of n2)
     # passes the failpoint once on n1, unless that protocol never takes it.
     setup_hits = 0 if (CLUSTER_DEFAULT[protocol], failpoint) in NOT_ON_PATH else 1
-    with running_cluster(CLUSTER_DEFAULT[protocol], storage, settings=SETTINGS) as cluster:
+    with running_cluster(CLUSTER_DEFAULT[protocol], {**storage, **FAST_STORAGE}, settings=SETTINGS) as cluster:
         cluster.start_all({"n1": f"{failpoint}@{setup_hits + 1}"})
         assert cluster.execute("n0", [{"op": "put", "key": k, "value": "old"} for k in keys]).status_code == 200
         _wait_settled(cluster, ["n1", "n2"])
@@ -165,7 +169,7 @@ def test_reads_on_a_restarted_partition_abort_the_transaction(wholly_read_only: 
     another transaction overwrites the value read. Committing would expose a stale read."""
     read_key, write_key = _keys()  # read on p1 (n1), write on p2 (n2); n0 coordinates
     # The transaction must outlive n1's restart (recovery waits out the storage deadline first).
-    with running_cluster("cornus", storage, settings={"timeout_ms_txn_idle": 30_000}) as cluster:
+    with running_cluster("cornus", {**storage, **FAST_STORAGE}, settings={"timeout_ms_txn_idle": 30_000}) as cluster:
         cluster.start_all()
         setup = [{"op": "put", "key": k, "value": "old"} for k in (read_key, write_key)]
         assert cluster.execute("n0", setup).status_code == 200
