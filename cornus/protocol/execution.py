@@ -38,6 +38,13 @@ V = TypeVar("V")
 CACHE_KEY_COUNT_MAX = 100_000
 CACHE_BYTES_MAX = 32 * 1024 * 1024
 CACHE_ENTRY_BYTES = 100
+# Bytes of writes the executions of one partition buffer at once (keys, values and
+# BUFFERED_ENTRY_BYTES around each): each transaction's stay within one redo record
+# (REDO_BYTES_MAX, the coordinator checks), but the transactions a partition serves at once are
+# bounded only by the coordinators' limits, thousands each. Past it a request is refused, as
+# retryable as a lock conflict, until executions end: 512 of the largest fit.
+BUFFERED_BYTES_MAX = 64 * 1024 * 1024
+BUFFERED_ENTRY_BYTES = 100
 # Transactions remembered as aborted here, so a late execute for one is refused, not restarted.
 ABORTED_REMEMBERED_COUNT_MAX = 10_000
 
@@ -71,6 +78,8 @@ class Execution(Generic[V]):
     # Keys a one-shot's request only read, in order: its vote comes before the transaction's last
     # lock elsewhere, so its redo names them for recovery to lock again.
     reads: dict[str, None] = field(default_factory=dict)
+    # What its writes count against the partition's BUFFERED_BYTES_MAX, given back at its end.
+    buffered_bytes: int = 0
 
 
 class PartitionExecutions(Generic[V]):
@@ -78,8 +87,10 @@ class PartitionExecutions(Generic[V]):
         self, name: str, codec: RedoCodec[V], policy: Policy = Policy.NO_WAIT, timeout_ms_lock_wait: int = 100,
         *, cache_key_count_max: int = CACHE_KEY_COUNT_MAX, cache_bytes_max: int = CACHE_BYTES_MAX,
         aborted_remembered_count_max: int = ABORTED_REMEMBERED_COUNT_MAX,
+        buffered_bytes_max: int = BUFFERED_BYTES_MAX,
     ) -> None:
         assert cache_key_count_max >= 1 and cache_bytes_max >= 1 and aborted_remembered_count_max >= 1
+        assert buffered_bytes_max >= 1
         self.name = name
         self.codec = codec
         self.locks = LockTable(policy, timeout_ms_lock_wait)
@@ -87,6 +98,8 @@ class PartitionExecutions(Generic[V]):
         self._cache_key_count_max = cache_key_count_max
         self._cache_bytes_max = cache_bytes_max
         self.cache_bytes = 0
+        self._buffered_bytes_max = buffered_bytes_max
+        self.buffered_bytes = 0
         self._aborted_count_max = aborted_remembered_count_max
         self._aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._cache: collections.OrderedDict[str, V | None] = collections.OrderedDict()
@@ -134,6 +147,21 @@ class PartitionExecutions(Generic[V]):
             for key, value in found.items():
                 self._cache_put(key, value)
 
+    def write_bytes(self, writes: Iterable[tuple[str, V | None]]) -> int:
+        """What buffering `writes` counts against BUFFERED_BYTES_MAX (a key written twice counts
+        twice: an upper bound, and the request's op count bounds it)."""
+        value_bytes = self.codec.value_bytes
+        return sum(BUFFERED_ENTRY_BYTES + len(key) + value_bytes(value) for key, value in writes)
+
+    def admits_writes(self, write_bytes: int) -> bool:
+        return self.buffered_bytes + write_bytes <= self._buffered_bytes_max
+
+    def buffered(self, execution: Execution[V], write_bytes: int) -> None:
+        """`execution` buffers writes of `write_bytes` (admitted by `admits_writes` just before)."""
+        assert write_bytes >= 0 and self.buffered_bytes + write_bytes <= self._buffered_bytes_max
+        execution.buffered_bytes += write_bytes
+        self.buffered_bytes += write_bytes
+
     def ended(self, txn: str, read_only: bool) -> Executed | None:
         """At prepare (or the release of a partition only read): what the machine learns of the
         execution, None if its state is gone. The execution stays until the machine releases it,
@@ -160,7 +188,10 @@ class PartitionExecutions(Generic[V]):
 
     def release(self, txn: str) -> list[Waiter]:
         """The execution ends and its locks go; returns the lock waiters granted by the release."""
-        self.executions.pop(txn, None)
+        execution = self.executions.pop(txn, None)
+        if execution is not None:
+            self.buffered_bytes -= execution.buffered_bytes
+            assert self.buffered_bytes >= 0, (self.name, self.buffered_bytes)
         return self.locks.release(txn)
 
     def idle_out(self, txn: str, busy: bool) -> list[Waiter] | None:
@@ -177,6 +208,7 @@ class PartitionExecutions(Generic[V]):
     def close(self) -> None:
         """The partition is lost: every execution goes (the new owner starts from storage)."""
         self.executions.clear()
+        self.buffered_bytes = 0
 
     # --- the commit side (the machines' effects) ------------------------------------------------
     def retake_locks(self, txn: str, redo: bytes) -> None:

@@ -42,6 +42,13 @@ OUTCOME_REMEMBERED_COUNT_MAX = 100_000
 # a missed commit deadline puts one here, so ordinary traffic cannot push out the outcome of a
 # commit whose caller was sent to the status call for it.
 REPORTED_UNKNOWN_REMEMBERED_COUNT_MAX = 100_000
+# Bytes of the writes of interactive transactions this node coordinates, held from their request
+# to their end (the growth checks need them, and coordinator-log's record carries them): each
+# transaction's are bounded by its redo records, but the open transactions only by
+# txn_count_max, thousands. Past it a request is refused (NodeOverloaded, retryable) with nothing
+# done. WRITE_HELD_ENTRY_BYTES is what Python spends around each key and value.
+WRITES_HELD_BYTES_MAX = 256 * 1024 * 1024
+WRITE_HELD_ENTRY_BYTES = 100
 # A commit waits at most this long for its outcome before it reports UNKNOWN. It covers the vote
 # timeout, a termination round or two and a decision write.
 TIMEOUT_MS_COMMIT = 10_000
@@ -73,6 +80,7 @@ class CoordinatedTxn:
     # partition -> its writes in order (empty dict: only read)
     touched: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
     op_count: int = 0
+    writes_held_bytes: int = 0  # its share of the node's WRITES_HELD_BYTES_MAX
     state: OutcomeStatus = OutcomeStatus.ACTIVE
     last_active_s: float = field(default_factory=time.monotonic)
     reply: asyncio.Future[Reply | None] | None = None  # None: no reply within TIMEOUT_MS_COMMIT
@@ -105,6 +113,7 @@ class Coordination:
         self.feed: Callable[[Event], None] = _unwired
         self.ready: Callable[[], bool] = lambda: False
         self.txns: dict[str, CoordinatedTxn] = {}
+        self.writes_held_bytes = 0
         self.outcomes: collections.OrderedDict[str, Outcome] = collections.OrderedDict()
         # Commits whose caller was told UNKNOWN (no outcome within the deadline) and sent to the
         # status call, with the outcome their machine gives later (None until then).
@@ -148,6 +157,7 @@ class Coordination:
         TxnAborted (the transaction is then over) or ValidationError (nothing happened)."""
         ctx = self.active(txn)
         by_partition, positions = self._group(ctx, ops)
+        held_bytes = self._hold_writes(ctx, ops)
         # Named as touched before any request leaves (they leave from tasks of their own): an
         # abort that runs meanwhile must drop these partitions too.
         requests = [ExecuteRequest(txn, partition, self.node_id, tuple(group), continued=partition in ctx.touched)
@@ -174,6 +184,7 @@ class Coordination:
                 # execution of it, so the next request there is a first one, not a continued one.
                 for partition in first_touched:
                     ctx.touched.pop(partition, None)
+                self._give_back_writes(ctx, held_bytes)
                 raise ValidationError(response.detail)
             raise TxnAborted(await self._abort_for(ctx, response))
         self._record_writes(ctx, by_partition)
@@ -201,6 +212,29 @@ class Coordination:
             group.append(op)
         check_growth(ctx.protocol, self.config.limits, ctx.touched, ctx.op_count, by_partition)
         return by_partition, positions
+
+    def _hold_writes(self, ctx: CoordinatedTxn, ops: Sequence[Op]) -> int:
+        """Count the writes among `ops` against WRITES_HELD_BYTES_MAX now, before the requests
+        wait (so that concurrent ones cannot all pass the check); NodeOverloaded, nothing held,
+        if they do not fit. The transaction gives them back at its end."""
+        held_bytes = sum(
+            WRITE_HELD_ENTRY_BYTES + len(op.key) + len(op.value or b"")
+            for op in ops if op.kind is OpKind.PUT or op.kind is OpKind.DELETE
+        )
+        if self.writes_held_bytes + held_bytes > WRITES_HELD_BYTES_MAX:
+            self.counters["requests_refused_writes_held"] += 1
+            raise NodeOverloaded(
+                f"{self.node_id} holds {self.writes_held_bytes} bytes of writes of open transactions, and these "
+                f"{held_bytes} would pass the limit of {WRITES_HELD_BYTES_MAX}: commit or abort some, or retry later"
+            )
+        ctx.writes_held_bytes += held_bytes
+        self.writes_held_bytes += held_bytes
+        return held_bytes
+
+    def _give_back_writes(self, ctx: CoordinatedTxn, held_bytes: int) -> None:
+        assert 0 <= held_bytes <= ctx.writes_held_bytes <= self.writes_held_bytes, (held_bytes, ctx.writes_held_bytes)
+        ctx.writes_held_bytes -= held_bytes
+        self.writes_held_bytes -= held_bytes
 
     @staticmethod
     def _record_writes(ctx: CoordinatedTxn, by_partition: dict[str, list[Op]]) -> None:
@@ -325,7 +359,8 @@ class Coordination:
         if ctx.timing.commit_requested:
             phases = self.timings.record(ctx.timing)
             outcome = Outcome(outcome.txn, outcome.status, outcome.reason, outcome.detail, outcome.reads, phases)
-        self.txns.pop(ctx.txn, None)
+        if self.txns.pop(ctx.txn, None) is not None:
+            self._give_back_writes(ctx, ctx.writes_held_bytes)
         if remember:
             self._remember(outcome)
         self.counters[f"outcome_{outcome.status}"] += 1

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from cornus.protocol.events import Executed
-from cornus.protocol.execution import Execution, PartitionExecutions, Refusal
+from cornus.protocol.execution import BUFFERED_BYTES_MAX, Execution, PartitionExecutions, Refusal
 from cornus.protocol.locks import Grant, LockMode, Policy, Waiter
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind, validate_op
@@ -68,6 +68,18 @@ class PartitionRuntime:
                 ExecuteStatus.ABORTED, detail=f"{self.name} lost the execution state of {txn} (it restarted)"
             )
         assert isinstance(execution, Execution)
+        write_bytes = state.write_bytes(
+            (op.key, op.value) for op in request.ops if op.kind is OpKind.PUT or op.kind is OpKind.DELETE
+        )
+        if not state.admits_writes(write_bytes):
+            self.abort_execution(txn)
+            self.counters["executions_refused_buffer_full"] += 1
+            detail = (f"{self.name} has {state.buffered_bytes} bytes of writes buffered, and this request's "
+                      f"{write_bytes} would pass the limit of {BUFFERED_BYTES_MAX}")
+            return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=detail)
+        # Counted now, before any wait lets another request in: an execution that fails from here
+        # on is released, and gives its bytes back with it.
+        state.buffered(execution, write_bytes)
         for op in request.ops:
             mode = LockMode.EXCLUSIVE if op.kind is OpKind.PUT or op.kind is OpKind.DELETE else LockMode.SHARED
             grant = state.lock(txn, op.key, mode, now_ms)

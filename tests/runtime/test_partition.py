@@ -8,9 +8,11 @@ import time
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
+from cornus.protocol.execution import BUFFERED_BYTES_MAX
 from cornus.protocol.locks import Policy
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind
+from storage_adapters.contract import DATA_VALUE_BYTES_MAX
 from tests.unused_store import UnusedStore
 
 # Long enough that a waiter nobody wakes is still waiting when the test gives up on it.
@@ -53,3 +55,44 @@ async def test_a_lock_request_whose_caller_gave_up_is_never_granted() -> None:
     await asyncio.gather(waiting, return_exceptions=True)
     partition.release(younger)
     assert partition.locks.holders("k") == {}, "the lock went to a request nobody waits for"
+
+
+async def test_the_writes_a_partition_buffers_are_bounded_in_bytes() -> None:
+    """Each transaction's writes to a partition stay within one redo record (the coordinator's
+    check), but nothing bounded their sum over the many transactions a partition serves at once
+    (thousands per coordinator): memory grew with every one until their decisions."""
+    partition = PartitionRuntime("p0", UnusedStore(timeout_ms_call=1000), Policy.NO_WAIT, TIMEOUT_MS_LOCK_WAIT, 100)
+    now_ms = int(time.time() * 1000)
+    value = b"v" * DATA_VALUE_BYTES_MAX
+    per_request = 1  # one value per transaction: within a redo record, as the coordinator checks
+    admitted = 0
+    refused = None
+    for index in range(2 * BUFFERED_BYTES_MAX // (per_request * DATA_VALUE_BYTES_MAX)):
+        txn = txn_ids.new_txn_id(now_ms, "n0", "aaaaaa", index + 1, Protocol.CORNUS)
+        ops = tuple(Op(OpKind.PUT, f"k{index}.{i}", value) for i in range(per_request))
+        response = await partition.execute(ExecuteRequest(txn, "p0", "n0", ops))
+        if response.status is not ExecuteStatus.OK:
+            refused = (txn, response)
+            break
+        admitted += 1
+    assert refused is not None, f"{admitted} transactions of {per_request * DATA_VALUE_BYTES_MAX} bytes each buffered"
+    txn, response = refused
+    # Refused as retryable, and it holds nothing: its locks went, and it may run again later.
+    assert response.status is ExecuteStatus.UNAVAILABLE and "buffered" in response.detail, response
+    assert admitted * per_request * DATA_VALUE_BYTES_MAX <= BUFFERED_BYTES_MAX
+    assert not partition.locks.holds_any(txn) and txn not in partition.executions
+    assert partition.state.buffered_bytes <= BUFFERED_BYTES_MAX
+    # The bytes go with the executions: once one ends, another fits.
+    first = txn_ids.new_txn_id(now_ms, "n0", "aaaaaa", 1, Protocol.CORNUS)
+    partition.release(first)
+    # Refused is aborted here (the coordinator retries with a new transaction).
+    refused_again = await partition.execute(ExecuteRequest(txn, "p0", "n0", ops))
+    assert refused_again.status is ExecuteStatus.ABORTED, refused_again
+    retry = txn_ids.new_txn_id(now_ms, "n0", "bbbbbb", 1, Protocol.CORNUS)
+    again = await partition.execute(ExecuteRequest(retry, "p0", "n0", tuple(
+        Op(OpKind.PUT, f"again{i}", value) for i in range(per_request))))
+    assert again.status is ExecuteStatus.OK, again
+    for index in range(admitted):
+        partition.release(txn_ids.new_txn_id(now_ms, "n0", "aaaaaa", index + 1, Protocol.CORNUS))
+    partition.release(retry)
+    assert partition.state.buffered_bytes == 0

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from cornus.runtime.outcome import OutcomeStatus
+from cornus.runtime import coordination
+from cornus.runtime.outcome import NodeOverloaded, OutcomeStatus
 from cornus.runtime.wire import Op, OpKind
+from storage_adapters.contract import DATA_VALUE_BYTES_MAX
 from storage_adapters.errors import ValidationError
 from tests.runtime.faults import keys_in, local_cluster, wait_until
 
@@ -29,3 +31,28 @@ async def test_an_operation_refused_as_invalid_leaves_the_transaction_usable(tmp
             return await cluster.value(key) == b"1"
 
         await wait_until(applied, 10, "the commit was never applied")
+
+
+async def test_the_writes_a_coordinator_holds_are_bounded_in_bytes(tmp_path, monkeypatch) -> None:
+    """An interactive transaction's writes wait on its coordinator from its request to its commit
+    (for the growth checks and coordinator-log's redo), each transaction's within
+    txn_partition_count_max redo records, but their sum over thousands of open transactions was
+    bounded by nothing: past the budget a request is refused as retryable, with nothing done."""
+    monkeypatch.setattr(coordination, "WRITES_HELD_BYTES_MAX", 300_000)
+    value = b"v" * DATA_VALUE_BYTES_MAX
+    async with local_cluster(tmp_path, node_count=1, partition_count=2) as cluster:
+        node = cluster.node()
+        keys = keys_in(2, ["p0", "p1"])
+        held = [node.begin() for _ in range(4)]
+        for index, txn in enumerate(held[:-1]):
+            await node.run_ops(txn, [Op(OpKind.PUT, f"{keys['p0']}.{index}", value)])
+        last = held[-1]
+        with pytest.raises(NodeOverloaded, match="bytes of writes"):
+            await node.run_ops(last, [Op(OpKind.PUT, keys["p1"], value), Op(OpKind.PUT, keys["p0"], value)])
+        # Nothing of it ran: the transaction is still open, and runs once another gave its bytes back.
+        await node.abort(held[0])
+        await node.run_ops(last, [Op(OpKind.PUT, keys["p1"], value)])
+        assert (await node.commit(last)).status is OutcomeStatus.COMMITTED
+        for txn in held[1:-1]:
+            await node.abort(txn)
+        assert node.coordination.writes_held_bytes == 0
