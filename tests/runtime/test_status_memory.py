@@ -78,3 +78,32 @@ async def test_the_outcome_of_a_commit_reported_unknown_survives_other_traffic(t
         assert status is not None, f"storage holds {values}; status call: no such transaction"
         expected = OutcomeStatus.COMMITTED if values == writes else OutcomeStatus.ABORTED
         assert status.status is expected, (status, values)
+
+
+@pytest.mark.xfail(strict=True, reason="known: no decision tombstone survives garbage collection (DESIGN section 4)")
+async def test_the_outcome_of_a_commit_reported_unknown_survives_collection_and_a_coordinator_restart(
+    tmp_path, monkeypatch
+):
+    """Found by review (2026-11-26): a caller told UNKNOWN is sent to the status call; once garbage
+    collection deleted every record and the coordinator restarted (its memory of the outcome
+    gone), the status call answers "no such transaction" for a transaction that committed, and a
+    caller that takes that for "never happened" runs it again. DESIGN section 4 asks for a small
+    decision tombstone with a storage TTL in place of the delete; until then this fails, strictly,
+    so that the day it passes this mark goes."""
+    monkeypatch.setattr(coordination, "TIMEOUT_MS_COMMIT", 100)
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        keys = keys_in(2, ["p0", "p1"])
+        writes = {keys["p0"]: b"a", keys["p1"]: b"b"}
+        txn = await commit_told_unknown(cluster, node, writes)
+
+        async def decided() -> bool:
+            known = node.status(txn)
+            return known is not None and known.status is not OutcomeStatus.UNKNOWN
+
+        await wait_until(decided, 10, "never decided")
+        await wait_collected(cluster, node, txn, ("p0", "p1"))
+        assert {key: await cluster.value(key) for key in writes} == writes  # it committed
+        await cluster.restart("n0")
+        status = await cluster.node().resolve_status(txn)
+        assert status is not None and status.status is OutcomeStatus.COMMITTED, status
