@@ -38,7 +38,7 @@ from cornus.runtime.coordination import Coordination, TxnAborted
 from cornus.runtime.effect_runner import EffectRunner, fatal
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.outcome import Outcome
-from cornus.runtime.ownership import OwnershipRuntime, unix_ms_of
+from cornus.runtime.ownership import WRITTEN_AT_ONCE, OwnershipRuntime, unix_ms_of
 from cornus.runtime.ownership import now_ms as monotonic_ms
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.readiness import Readiness
@@ -233,7 +233,7 @@ class Node:
                 continue  # lost meanwhile (and maybe taken again, its new recovery not done)
             self.serving[partition] = at_unix_ms = unix_ms_of(monotonic_ms())
             log.info("ownership serve partition=%s epoch=%d node=%s at_unix_ms=%d", partition, epoch, self.node_id,
-                     at_unix_ms)
+                     at_unix_ms, extra=WRITTEN_AT_ONCE)
 
     def _lost(self, lost: Lost) -> None:
         partition = lost.partition

@@ -5,7 +5,9 @@ partition now and with which fence, and from the last records read, which node t
 partition's traffic to.
 
 Every serve and stop is logged in one fixed form, for operators and for the chaos harness, which
-checks from them that no partition was served by two nodes at once (wall-clock milliseconds):
+checks from them that no partition was served by two nodes at once (wall-clock milliseconds). They
+are written before the logging call returns (WRITTEN_AT_ONCE), not queued, so that a kill -9 right
+after cannot lose one:
 
     ownership serve partition=p0 epoch=3 node=n0 at_unix_ms=...
     ownership stop partition=p0 epoch=3 node=n0 until_unix_ms=... reason=expired
@@ -37,6 +39,8 @@ from storage_adapters.errors import StorageUnavailable
 from storage_adapters.store import LogStore
 
 log = logging.getLogger("cornus.ownership")
+# Log record attributes that have services.api.logs write a line in the caller, not queue it.
+WRITTEN_AT_ONCE = {"write_at_once": True}
 
 
 # The lease clock counts time the machine spent suspended (found by review): CLOCK_MONOTONIC
@@ -167,7 +171,8 @@ class OwnershipRuntime:
                 self.counters[f"ownership_lost_{effect.reason}"] += 1
                 level = logging.INFO if effect.reason in (LostReason.RELEASED, LostReason.SHUTDOWN) else logging.WARNING
                 log.log(level, "ownership stop partition=%s epoch=%d node=%s until_unix_ms=%d reason=%s",
-                        effect.partition, effect.epoch, self.node_id, unix_ms_of(effect.until_ms), effect.reason)
+                        effect.partition, effect.epoch, self.node_id, unix_ms_of(effect.until_ms), effect.reason,
+                        extra=WRITTEN_AT_ONCE)
                 self._lost(effect)
             else:
                 assert isinstance(effect, Drain), f"unexpected ownership effect {effect!r}"

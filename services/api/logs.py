@@ -5,7 +5,11 @@ Lines are written by a thread of their own, from a bounded queue: a log reader t
 nobody reads, a slow logging driver in blocking mode) would otherwise block the writing call, and
 with it the node's event loop and its lease renewals (found by review). Past the queue's bound a
 line is dropped and counted, and the writer says how many once it catches up. CRITICAL lines (the
-runtime's last words before it exits) are written at once, in the caller, so none is lost.
+runtime's last words before it exits) are written at once, in the caller, so none is lost, after
+the lines queued before them. A line whose record has a true `write_at_once` attribute
+(`log.info(..., extra={"write_at_once": True})`, as the ownership serve and stop lines have: a
+kill -9 must not lose them) is written at once too, but without waiting for the queue: it may come
+before lines logged earlier.
 
 Every line carries `ts`, `level`, `logger`, `msg` and `node`; a line logged while a transaction is
 being handled also carries `txn`. The id comes from, in order: a `txn` attribute on the record
@@ -47,6 +51,8 @@ LINE_QUEUE_COUNT_MAX = 10_000
 # How long an exiting process (logging.shutdown flushes every handler) or a CRITICAL line waits
 # for the queued lines to be written.
 FLUSH_AT_EXIT_MS_MAX = 1_000
+# The record attribute that has a line written in the caller (module docstring).
+WRITE_AT_ONCE = "write_at_once"
 
 
 @contextlib.contextmanager
@@ -109,6 +115,9 @@ class BackgroundStreamHandler(logging.Handler):
             # Last words, before an os._exit that skips atexit: the lines before them first, so
             # that they explain it (found by review), then this one, at once.
             self.flush()
+            self._write(line)
+            return
+        if getattr(record, WRITE_AT_ONCE, False):
             self._write(line)
             return
         try:

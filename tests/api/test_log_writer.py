@@ -78,3 +78,20 @@ def test_last_words_come_after_the_lines_that_explain_them() -> None:
     logger.critical("FATAL: the reason")
     lines = [json.loads(line)["msg"] for line in stream.getvalue().splitlines()]
     assert lines == [f"before {index}" for index in range(200)] + ["FATAL: the reason"]
+
+
+def test_a_line_marked_write_at_once_is_written_before_the_call_returns() -> None:
+    """The ownership serve and stop lines (cornus.runtime.ownership) are what the chaos harness
+    checks single ownership from: one still queued when the node was killed -9 was lost, and the
+    partition looked served until the kill, past the next owner's start."""
+    stream = _SlowStream()
+    handler = BackgroundStreamHandler(stream)
+    logger = _logger(handler, "test.at_once")
+    for index in range(200):
+        logger.info("queued %d", index)
+    logger.info("ownership stop partition=p0", extra={"write_at_once": True})
+    written = [json.loads(line)["msg"] for line in stream.getvalue().splitlines()]
+    assert "ownership stop partition=p0" in written, f"not written yet; {len(written)} lines were"
+    handler.flush()
+    lines = [json.loads(line)["msg"] for line in stream.getvalue().splitlines()]
+    assert sorted(lines) == sorted([f"queued {index}" for index in range(200)] + ["ownership stop partition=p0"])
