@@ -128,10 +128,10 @@ class Coordination:
 
     # -- begin and operations ----------------------------------------------------------------------
     def begin(self, protocol: Protocol | None = None) -> str:
-        if not self.ready():
-            raise NodeOverloaded(f"{self.node_id} is still recovering")
         if self.closing:
             raise NodeOverloaded(f"{self.node_id} is stopping")
+        if not self.ready():
+            raise NodeOverloaded(f"{self.node_id} is still recovering")
         if len(self.txns) >= self.config.limits.txn_count_max:
             raise NodeOverloaded(f"{len(self.txns)} transactions in flight on {self.node_id}")
         protocol = protocol or self.config.protocol
@@ -319,6 +319,15 @@ class Coordination:
             return await ctx.reply
         finally:
             ctx.reply_expiry.cancel()  # or thousands of spent timers would wait out their 10 s
+
+    def abandon_replies(self) -> None:
+        """The node stops deciding (deposed): every commit waiting for its machine's reply is told
+        UNKNOWN now, not at its deadline (the other process of this node, or a participant's
+        termination, decides it; the status call finds the outcome from the records)."""
+        self.closing = True
+        for ctx in self.txns.values():
+            if ctx.reply is not None:
+                _no_reply(ctx.reply)
 
     def _unknown(self, ctx: CoordinatedTxn) -> Outcome:
         outcome = Outcome(ctx.txn, OutcomeStatus.UNKNOWN, detail="no outcome within the commit deadline; ask status")

@@ -114,6 +114,7 @@ class EffectRunner:
         self.on_decided: Callable[[Decided], None] = _unwired
         self.on_recovered: Callable[[RecoveryFinished], None] = _unwired
         self.on_fenced: Callable[[str, int], None] = _unwired  # (partition, epoch)
+        self.on_deposed: Callable[[str], None] = _unwired  # (why): a later process took the node's identity
         self.stopped = False
         # The fence of this process's take of the node's identity (None until it is taken): what
         # its coordinator-log writes carry.
@@ -143,7 +144,7 @@ class EffectRunner:
             RecoveryFinished: self._recovered,
             TakeIdentity: lambda e: self.spawn(self._take_identity(e)),
             CheckIdentity: lambda e: self.spawn(self._check_identity(e)),
-            Deposed: lambda e: fatal(f"another process took node id {e.node} after this one (epoch {e.epoch})"),
+            Deposed: lambda e: self.on_deposed(f"another process took node id {e.node} (epoch {e.epoch} was ours)"),
         }
         assert set(self._handlers) == set(typing.get_args(Effect)), "an effect has no handler"
 
@@ -250,7 +251,7 @@ class EffectRunner:
             # was deposed.
             assert partition is not None and error.fence == fence
             if partition == self._identity_name:
-                fatal(f"another process took node id {self.node_id}: storage refused {call!r} ({error})")
+                self.on_deposed(f"another process took node id {self.node_id}: storage refused {call!r} ({error})")
                 return
             self.on_fenced(partition, error.fence.epoch)
             return

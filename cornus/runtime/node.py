@@ -130,9 +130,13 @@ class Node:
         self.runner.on_recovered = self.readiness.recovered
         self.readiness.settled = self._recovered
         self.runner.on_fenced = self.ownership.fenced
+        self.runner.on_deposed = self._deposed
+        # Set once a later process of this node took its identity: this one parks (_deposed).
+        self.deposed = False
+        self._parking: asyncio.Task[None] | None = None
         # Coordinating needs only this node's own recovery: where the partitions are is the
         # owners' business (a partition moving aborts the transactions that touch it, retryable).
-        self.coordination.ready = lambda: self.readiness.ready
+        self.coordination.ready = lambda: self.readiness.ready and not self.deposed
         self._sweeper: asyncio.Task[None] | None = None
 
     # === lifecycle =================================================================================
@@ -141,7 +145,7 @@ class Node:
     def ready(self) -> bool:
         """Recovered, and every partition this node prefers is served by it or held by another
         node (which hands it over, or is its owner while configurations disagree)."""
-        if not self.readiness.ready or not self.ownership.records_known:
+        if self.deposed or not self.readiness.ready or not self.ownership.records_known:
             return False
         for partition in self.config.preferred_partitions:
             if partition in self.serving:
@@ -159,6 +163,30 @@ class Node:
         if wait_ready:
             await self.wait_ready()
 
+    def _deposed(self, why: str) -> None:
+        """A later process of this node took its identity: this one decides, writes and serves
+        nothing from now on, but does not exit. It parks, alive and not ready, until it is
+        stopped: a pod force-deleted on a kubelet cut off from the API server is restarted by
+        that kubelet when its process exits, and the restarted process's take would depose the
+        replacement in turn, and so on (found by review)."""
+        if self.deposed:
+            return
+        self.deposed = True
+        self.counters["deposed"] += 1
+        log.error("node %s deposed: %s; it serves and writes nothing from now on, and waits to be stopped",
+                  self.node_id, why)
+        self.runner.stopped = True  # no event reaches the core, no effect leaves it, from here on
+        self.serving.clear()
+        self.coordination.abandon_replies()
+        # Not the runner's task: the runner's stop cancels its own.
+        self._parking = asyncio.get_running_loop().create_task(self._park(), name="cornus-park")
+
+    async def _park(self) -> None:
+        # No release of the partitions: the other process of this node may hold them by now.
+        self.ownership.halt()
+        await self.transport.close()  # peers reconnect to the node's current address
+        await self.runner.stop()
+
     async def wait_ready(self) -> None:
         # Polled: readiness depends on ownership records, recoveries and peers alike, and a
         # restart that waits out its own old leases takes seconds, not milliseconds.
@@ -166,15 +194,19 @@ class Node:
             await asyncio.sleep(POLL_MS / 1000)
 
     async def stop(self) -> None:
-        await self._deliver_decisions(TIMEOUT_MS_DELIVER_DECISIONS / 1000)
-        await self.ownership.stop(TIMEOUT_MS_RELEASE / 1000)
-        await self.runner.stop()
+        if self._parking is not None:
+            # Deposed: it delivers and releases nothing (another process is this node now).
+            await self._parking
+        else:
+            await self._deliver_decisions(TIMEOUT_MS_DELIVER_DECISIONS / 1000)
+            await self.ownership.stop(TIMEOUT_MS_RELEASE / 1000)
+            await self.runner.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         self.readiness.stop()
-        await self.transport.close()
+        await self.transport.close()  # a second close (parking closed it) does nothing
 
     def undelivered_count(self) -> int:
         """Transactions this node coordinates whose decision some participant has not acknowledged."""

@@ -127,6 +127,15 @@ class OwnershipRuntime:
     def start(self) -> None:
         self._ticker = asyncio.get_running_loop().create_task(self._tick_forever(), name="cornus-ownership")
 
+    def halt(self) -> None:
+        """Stop at once, writing nothing: no renewal, no release (a deposed node, whose partitions
+        another process of the same node id may hold by now). Leases held run out."""
+        self._stopped = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+
     async def stop(self, timeout_s: float) -> None:
         """Release every partition held, waiting at most `timeout_s` for the releases to land (one
         that does not land expires instead)."""
