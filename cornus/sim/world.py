@@ -865,8 +865,11 @@ class World:
         self._push(self.now_ms + latency, _RETURN, (name, incarnation, result, path, 0))
 
     def _depose(self, name: str, incarnation: int) -> None:
-        """The runtime's fatal stop of a process whose node's identity a later process took: a
-        first process of a Twin dies; the node's only process restarts, as its pod would."""
+        """A process whose node's identity a later process took: the runtime parks it (it acts
+        no more, and waits to be stopped). A first process of a Twin so ends; the node's only
+        process (deposed by a take of a dead earlier life that landed late, which the runtime's
+        read-then-swap take would refuse, but this model's one-step take does not) restarts, as
+        an operator replacing the parked pod would have it."""
         process = self.process(name, incarnation)
         if process is None:
             return
