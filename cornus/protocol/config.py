@@ -54,6 +54,10 @@ class ProtocolConfig:
     gc_attempt_count_max: int = 8
     # Records one recovery scan call returns.
     scan_page_count_max: int = 500
+    # How often a node reads its identity record with no presumed ABORT waiting for it
+    # (cornus.protocol.hosts): how long a process that a later one of the same node id replaced
+    # may go on coordinating (Cornus transactions, which is safe) before it learns it and parks.
+    identity_check_ms: int = 2_000
 
     def __post_init__(self) -> None:
         for item in fields(self):

@@ -45,10 +45,7 @@ ProtocolOf = Callable[[str], "Protocol | None"]
 # this node does not know, which only a crash, a late duplicate or a stray peer produces, and an
 # asker whose query is dropped asks again.
 PRESUMPTIONS_WAITING_COUNT_MAX = 4096
-# How often a node reads its identity record even when no presumption waits for it: how long a
-# process that a later one replaced may run on (coordinating Cornus transactions, which is safe,
-# but serving nothing of use) before it learns it and stops.
-IDENTITY_CHECK_MS = 2_000
+# The timer of the periodic identity read (ProtocolConfig.identity_check_ms).
 IDENTITY_CHECK_TIMER = "identity_check"
 ParticipantFactory = Callable[[str, str, ProtocolConfig, JitterSource], ParticipantBase]
 CoordinatorFactory = Callable[[str, str, ProtocolConfig, JitterSource], CoordinatorBase]
@@ -185,13 +182,13 @@ class CoordinatorHost:
         """This process holds the node's identity at `epoch` from now on: check it periodically."""
         assert self.identity_epoch == 0 and epoch >= 1, (self.identity_epoch, epoch)
         self.identity_epoch = epoch
-        return [StartTimer(Timer(self.node, "", IDENTITY_CHECK_TIMER), IDENTITY_CHECK_MS)]
+        return [StartTimer(Timer(self.node, "", IDENTITY_CHECK_TIMER), self.config.identity_check_ms)]
 
     def handle(self, event: Event) -> list[Effect]:
         if isinstance(event, IdentityChecked):
             return self._identity_checked(event)
         if isinstance(event, TimerFired) and event.timer.kind == IDENTITY_CHECK_TIMER:
-            timer = StartTimer(event.timer, IDENTITY_CHECK_MS)
+            timer = StartTimer(event.timer, self.config.identity_check_ms)
             return [timer, *self._check_identity(periodic=True)]
         txn = event.txn
         if isinstance(event, CommitRequested | Recovered):

@@ -85,6 +85,9 @@ EXECUTION_IDLE_MS = 600
 # partition's execution as failed without an answer (the runtime's peer request deadline).
 TIMEOUT_MS_EXECUTE = 200
 
+# How often a node reads its identity record here (ProtocolConfig.identity_check_ms).
+IDENTITY_CHECK_MS = 150
+
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
     _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
@@ -116,6 +119,9 @@ def config_for(schedule: Schedule) -> ProtocolConfig:
         clock_slack_ms=CLOCK_SLACK_MS,
         gc_grace_ms=max(1000, gc_grace_ms_min(deadline, CLOCK_SLACK_MS)),
         scan_page_count_max=schedule.scan_page_max,
+        # Within a Twin's overlap (under 600 ms), so that a first process that neither writes
+        # its coordinator log nor presumes anything is deposed by the periodic read too.
+        identity_check_ms=IDENTITY_CHECK_MS,
     )
 
 
@@ -922,8 +928,22 @@ class World:
         elif isinstance(effect, TerminationStarted):
             self.outcome.terminations += 1
         elif isinstance(effect, TakeIdentity | CheckIdentity):
-            # Never late nor lost: an outage of the identity record is not modeled (the core
-            # retries a take that failed after a backoff, and a check's askers ask again).
+            if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
+                # Unreachable: its caller hears so at the deadline. A take may have landed all
+                # the same, at once (the runtime's read-then-swap take cannot land after a later
+                # take of the same node; this model's one-step take must not either), and the
+                # core takes again after a backoff, a newer epoch.
+                unreachable: IdentityTaken | IdentityChecked = (
+                    IdentityTaken(StorageUnreachable("the take outlived its deadline"))
+                    if isinstance(effect, TakeIdentity)
+                    else IdentityChecked(node.name, StorageUnreachable("the read outlived its deadline"))
+                )
+                if isinstance(effect, TakeIdentity) and self.rng.random() < 0.5:
+                    identity = identity_name(node.name)
+                    self.epoch[identity] = self.epoch.get(identity, 0) + 1
+                self._push(self.now_ms + self.deadline_ms, _RETURN,
+                           (node.name, node.incarnation, unreachable, node.path, 0))
+                return
             latency = self.rng.randint(1, self.schedule.storage_ms_max)
             self._push(self.now_ms + latency, _IDENTITY_ARRIVE, (node.name, node.incarnation, effect, node.path))
         elif isinstance(effect, Deposed):

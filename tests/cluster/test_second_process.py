@@ -2,7 +2,7 @@
 --force` while its process lived on, beside its replacement. The replacement takes the node's
 identity in storage before its recovery; the first process must stop serving, at its next
 coordinator-log write (storage refuses it) or its next read of the identity record (every
-IDENTITY_CHECK_MS), and no transaction it answered COMMIT for may be lost. It does not exit: a
+identity_check_ms), and no transaction it answered COMMIT for may be lost. It does not exit: a
 kubelet cut off from the API server would restart it, and its new take would depose the
 replacement in turn (found by review). It parks: /healthz stays up, /readyz says 503, every
 transaction is refused. The simulator explores the interleavings (tests/protocol/test_twins.py);
@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cornus.protocol.hosts import IDENTITY_CHECK_MS
+from cornus.protocol.config import ProtocolConfig
 from tests.cluster.conftest import storage_for
 from tests.cluster.harness import NodeProcess, keys_on, running_cluster
 from tests.conftest import Services
@@ -25,7 +25,7 @@ from tests.worker import free_port
 
 # The first process parks within one identity check of the take, plus the time a loaded machine
 # takes to schedule it.
-PARK_TIMEOUT_S = IDENTITY_CHECK_MS / 1000 + 10
+PARK_TIMEOUT_S = ProtocolConfig().identity_check_ms / 1000 + 10
 TAKE_TIMEOUT_S = 30.0
 
 

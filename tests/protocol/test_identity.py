@@ -16,13 +16,14 @@ from cornus.protocol.events import (
     StorageUnreachable,
     TimerFired,
 )
-from cornus.protocol.hosts import IDENTITY_CHECK_MS, IDENTITY_CHECK_TIMER
+from cornus.protocol.hosts import IDENTITY_CHECK_TIMER
 from cornus.protocol.messages import DecisionAnswer, DecisionQuery
 from cornus.protocol.node_core import NodeCore
 from cornus.protocol.txn_ids import new_txn_id
 from storage_adapters.contract import TxnState
 
 NODE = "n0"
+IDENTITY_CHECK_MS = ProtocolConfig().identity_check_ms
 
 
 def _core() -> NodeCore:
