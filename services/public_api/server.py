@@ -511,6 +511,13 @@ class PublicGrpcServer:
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("public gRPC API on %s is SERVING", self._address)
+        # SERVING from then on, unless a later process of this node id deposes this one (it
+        # parks: cornus.runtime.node), which the load balancer must hear as readiness lost.
+        while not self._node.deposed:  # noqa: ASYNC110 - see READY_POLL_INTERVAL_MS
+            await asyncio.sleep(READY_POLL_INTERVAL_MS / 1000)
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        log.info("public gRPC API on %s is NOT_SERVING: this process was deposed", self._address)
 
     async def stop(self) -> None:
         assert self._server is not None, "stop before start"

@@ -14,8 +14,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cornus.protocol.config import ProtocolConfig
 from tests.cluster.conftest import storage_for
@@ -27,6 +29,13 @@ from tests.worker import free_port
 # takes to schedule it.
 PARK_TIMEOUT_S = ProtocolConfig().identity_check_ms / 1000 + 10
 TAKE_TIMEOUT_S = 30.0
+HEALTH_TIMEOUT_S = 5.0
+
+
+def _grpc_health(target: str) -> int:
+    with grpc.insecure_channel(target) as channel:
+        request = health_pb2.HealthCheckRequest(service="")
+        return health_pb2_grpc.HealthStub(channel).Check(request, timeout=HEALTH_TIMEOUT_S).status
 
 
 def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -44,7 +53,7 @@ def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> Non
 def test_a_second_process_of_a_node_stops_the_first_and_loses_no_commit(
     services: Services, tmp_path: Path, protocol: str, backend: str
 ) -> None:
-    with running_cluster(protocol, storage_for(backend, services, tmp_path)) as cluster:
+    with running_cluster(protocol, storage_for(backend, services, tmp_path), grpc_api=True) as cluster:
         cluster.start_all()
         first = cluster.nodes["n0"]
         assert first.process is not None
@@ -76,6 +85,8 @@ def test_a_second_process_of_a_node_stops_the_first_and_loses_no_commit(
             assert cluster.get("n0", "/readyz").status_code == 503
             refused = cluster.execute("n0", [{"op": "put", "key": keys[0], "value": "parked"}])
             assert refused.status_code == 503, refused.text
+            _wait_for(lambda: _grpc_health(first.grpc_target) == health_pb2.HealthCheckResponse.NOT_SERVING,
+                      PARK_TIMEOUT_S, "the parked process's gRPC health says NOT_SERVING")
             assert first.alive
         finally:
             cluster.nodes["n0"] = second
