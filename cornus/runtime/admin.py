@@ -95,7 +95,11 @@ class Admin:
     async def resolve_status(self, txn: str) -> Outcome | None:
         """The true outcome of any transaction the cluster still knows: its coordinator's memory,
         else the participants' records (the decision any of them holds is the outcome; VOTE_YES
-        alone means in doubt). None if no node knows it (never seen, or finished and forgotten)."""
+        alone means in doubt). None if no node knows it and none can have forgotten it: its
+        records cannot have been collected yet, so it never committed. UNKNOWN once they could
+        have been: garbage collection deletes every record (no decision tombstone is kept, which
+        DESIGN section 4 asks for), and a coordinator that restarted since forgot the outcome, so
+        "not known" could be a committed transaction, which a caller must not run again."""
         known = self.status(txn)
         if known is not None:
             return known
@@ -123,6 +127,14 @@ class Admin:
             # A recovering node does not know yet what its logs hold (a coordinator-log
             # coordinator's COMMIT, a partition it is taking over): "nobody knows it" must wait.
             return Outcome(txn, OutcomeStatus.UNKNOWN, detail="some nodes are still recovering")
+        # Records go gc_grace_ms after the decision, which comes after the begin the id carries
+        # (by the coordinator's clock: the slack covers how far ours may differ).
+        protocol = self.config.protocol_config
+        collectable_ms = txn_ids.begin_ms_of(txn) + protocol.gc_grace_ms - protocol.clock_slack_ms
+        if time.time() * 1000 >= collectable_ms:
+            return Outcome(txn, OutcomeStatus.UNKNOWN, detail=(
+                "no node knows it and no record of it is left: it never committed, or it finished and its "
+                "records were collected after its coordinator forgot it (a restart); its outcome cannot be known"))
         return None
 
     async def status_response(self, request: StatusRequest, ready: bool) -> StatusResponse:

@@ -13,8 +13,9 @@ import pytest
 
 from storage_adapters.contract import DATA_KEY_BYTES_MAX, DATA_VALUE_BYTES_MAX, REDO_BYTES_MAX
 from tests.api.conftest import API_PARTITION_COUNT
-from tests.cluster.harness import Cluster, keys_on
+from tests.cluster.harness import Cluster, keys_on, unknown_txn_id
 
+UNKNOWN_TXN = unknown_txn_id("n0")
 OP_COUNT_MAX = 1_000  # RuntimeLimits.op_count_max default: the cluster runs with it
 # Full-size values over more keys than 2 per partition: by pigeonhole one partition gets 3, which
 # cannot fit its redo record (2 values already exceed REDO_BYTES_MAX with their keys).
@@ -154,8 +155,8 @@ IN_TXN = [
         words=("no transaction 42.n0.ffffff.1",)),
     Bad("unknown txn id: write", "POST", "/v1/txn/42.n0.ffffff.1/write", {"writes": {"{key}": "x"}}, status=404,
         words=("no transaction 42.n0.ffffff.1",)),
-    Bad("unknown txn id: status", "GET", "/v1/txn/42.n0.ffffff.1", status=404,
-        words=("no transaction 42.n0.ffffff.1",)),
+    Bad("unknown txn id: status", "GET", f"/v1/txn/{UNKNOWN_TXN}", status=404,
+        words=(f"no transaction {UNKNOWN_TXN}",)),
 ]
 
 

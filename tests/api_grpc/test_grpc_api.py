@@ -15,7 +15,7 @@ from services.public_api._generated import public_pb2 as pb
 from services.public_api._generated import public_pb2_grpc
 from storage_adapters.contract import DATA_KEY_BYTES_MAX, DATA_VALUE_BYTES_MAX, REDO_BYTES_MAX
 from tests.api_grpc.conftest import TIMEOUT_S_CALL, get, put, read_back
-from tests.cluster.harness import Cluster, keys_on
+from tests.cluster.harness import Cluster, keys_on, unknown_txn_id
 
 Stubs = dict[str, public_pb2_grpc.CornusStub]
 # RuntimeLimits.op_count_max, which the cluster runs with.
@@ -199,7 +199,7 @@ BAD_INPUT: dict[str, tuple[BadCall, grpc.StatusCode, str]] = {
         NOT_FOUND, "no transaction 1.n9.000000.1"),
     "commit of an unknown txn": (lambda stub, key, txn: stub.Commit(pb.TxnRequest(txn="1.n9.000000.2"), timeout=T),
                                  NOT_FOUND, "no transaction 1.n9.000000.2"),
-    "status of an unknown txn": (lambda stub, key, txn: stub.Status(pb.TxnRequest(txn="1.n9.000000.3"), timeout=T),
+    "status of an unknown txn": (lambda stub, key, txn: stub.Status(pb.TxnRequest(txn=unknown_txn_id()), timeout=T),
                                  NOT_FOUND, "known to this cluster"),
 }
 

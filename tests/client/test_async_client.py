@@ -20,6 +20,7 @@ from services.client import (
     Unavailable,
     WrongState,
 )
+from tests.cluster.harness import unknown_txn_id
 from tests.worker import free_port
 
 FAST = ClientConfig(backoff_ms_min=5, backoff_ms_max=50, retry_count_max=3)
@@ -42,7 +43,7 @@ async def test_commit_read_your_writes_and_status(urls: list[str], prefix: str) 
         assert outcome.committed and outcome.reads == {a: "2", b: "x"}
         assert await client.get(b) == "x"
         with pytest.raises(NotFound):
-            await client.status("1.n9.none.1")
+            await client.status(unknown_txn_id())
 
 
 async def test_exception_in_transaction_aborts_it(urls: list[str], prefix: str) -> None:

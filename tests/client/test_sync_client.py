@@ -23,7 +23,7 @@ from services.client import (
     Unavailable,
     WrongState,
 )
-from tests.cluster.harness import Cluster
+from tests.cluster.harness import Cluster, unknown_txn_id
 from tests.worker import free_port
 
 # Short backoff keeps retried tests fast; the bound on retries is what is under test.
@@ -54,7 +54,7 @@ def test_commit_read_your_writes_and_status(urls: list[str], prefix: str) -> Non
         assert client.get(a) == "2"
         assert client.get(f"{prefix}absent") is None
         with pytest.raises(NotFound):
-            client.status("1.n9.none.1")
+            client.status(unknown_txn_id())
 
 
 @pytest.mark.parametrize("protocol", ["cornus", "2pc", "coordinator-log"])

@@ -243,6 +243,13 @@ def running_cluster(protocol: str, storage: Mapping[str, str], **kwargs: object)
         cluster.stop()
 
 
+def unknown_txn_id(node: str = "n9", counter: int = 1) -> str:
+    """A transaction id no node knows and whose records cannot have been collected (it begins a
+    day from now): the status call answers "not known" only for such an id; one old enough to
+    have been collected is UNKNOWN (cornus.runtime.admin.resolve_status)."""
+    return f"{int(time.time() * 1000) + 86_400_000}.{node}.ffffff.{counter}"
+
+
 def keys_on(partition: str, partition_count: int, count: int, prefix: str = "k") -> list[str]:
     """`count` keys that hash to `partition`."""
     from cornus.runtime.keys import partition_of

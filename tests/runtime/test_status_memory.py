@@ -4,8 +4,12 @@ that lands in the very tick the commit's deadline fired is kept too."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from cornus.protocol import txn_ids
+from cornus.protocol.config import Protocol
 from cornus.protocol.effects import Reply
 from cornus.runtime import coordination
 from cornus.runtime.outcome import OutcomeStatus
@@ -107,3 +111,21 @@ async def test_the_outcome_of_a_commit_reported_unknown_survives_collection_and_
         await cluster.restart("n0")
         status = await cluster.node().resolve_status(txn)
         assert status is not None and status.status is OutcomeStatus.COMMITTED, status
+
+
+async def test_an_id_nobody_knows_is_unknown_once_its_records_could_have_been_collected(tmp_path):
+    """Found by review: with its records collected and its coordinator restarted, a committed
+    transaction was "not known to this cluster", which a caller takes for "never happened" and
+    runs again. Until decision tombstones exist (the strict xfail above), the status call says
+    "not known" only while no record of the id can have been collected yet, and UNKNOWN after."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        config = node.config.protocol_config
+        now_ms = int(time.time() * 1000)
+        fresh = txn_ids.new_txn_id(now_ms, "n0", "abcdef", 1, Protocol.CORNUS)
+        assert await node.resolve_status(fresh) is None
+        old_ms = now_ms - config.gc_grace_ms - config.clock_slack_ms - 1
+        old = txn_ids.new_txn_id(old_ms, "n0", "abcdef", 2, Protocol.CORNUS)
+        status = await node.resolve_status(old)
+        assert status is not None and status.status is OutcomeStatus.UNKNOWN, status
+        assert "collected" in status.detail, status
