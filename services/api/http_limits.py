@@ -11,6 +11,11 @@ Here, per connection:
 - an answer must drain within `response_drain_ms_max` once the socket's buffer is full;
 - a request head may hold at most `head_bytes_max` bytes.
 
+And per node: at most `connection_count_max` connections and `request_count_max` requests in
+flight. uvicorn bounds neither unless given `limit_concurrency`, whose refusal is plain text no
+client of this API parses. Past either, a request gets the API's JSON 503 (`unavailable`,
+retryable, Retry-After), and a connection past the count is closed after it.
+
 Past any of them the connection ends: aborted while the server still holds bytes of an answer (a
 close would wait for bytes a client that stopped reading never takes), else closed, so that what
 the kernel holds still reaches a client that reads on. What the app does with a request once it arrived is
@@ -20,7 +25,10 @@ bounded by the node's own deadlines.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from services.api.http_writes import GatheringHttpToolsProtocol
 
@@ -34,6 +42,12 @@ RESPONSE_DRAIN_MS_MAX = 30_000
 # A request head (request line and headers) is a few hundred bytes; this is far above any real
 # one. Counted per read, so a head is refused between this and this plus one read (256 KiB).
 HEAD_BYTES_MAX = 1024 * 1024
+# Connections one node keeps open: every client keeps one or a few (the SDK pools them, the bench
+# one per client and node), and each costs a file descriptor (raise `ulimit -n` above this) and
+# buffers. Requests in flight: as many as transactions a node coordinates (txn_count_max's
+# default), plus the status and admin calls beside them.
+CONNECTION_COUNT_MAX = 4_096
+REQUEST_COUNT_MAX = 10_000
 
 
 class LimitedHttpProtocol(GatheringHttpToolsProtocol):
@@ -42,6 +56,9 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
     request_receive_ms_max = REQUEST_RECEIVE_MS_MAX
     response_drain_ms_max = RESPONSE_DRAIN_MS_MAX
     head_bytes_max = HEAD_BYTES_MAX
+    connection_count_max = CONNECTION_COUNT_MAX
+    request_count_max = REQUEST_COUNT_MAX
+    _past_connection_count = False
     _receive_deadline: asyncio.TimerHandle | None = None
     _drain_deadline: asyncio.TimerHandle | None = None
     # Bytes read since the current head began; None once its headers are complete.
@@ -49,6 +66,9 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # uvicorn's set, shared by every connection of the server, this one counted in: the
+        # connections past the count are the ones refused, not those that came before them.
+        self._past_connection_count = len(self.connections) > self.connection_count_max
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -64,7 +84,23 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_bytes = None
-        super().on_headers_complete()
+        # uvicorn's set of the server's request tasks, this request's not in it yet.
+        too_many = self._past_connection_count
+        if not too_many and len(self.tasks) < self.request_count_max:
+            super().on_headers_complete()
+            return
+        if too_many:
+            detail = f"this node has more than {self.connection_count_max} connections open"
+        else:
+            detail = f"this node runs {len(self.tasks)} requests, its limit is {self.request_count_max}"
+        log.warning("refused a request: %s", detail)
+        app, self.app = self.app, _unavailable(detail + "; retry later")
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app = app
+        if too_many and self.cycle is not None:
+            self.cycle.keep_alive = False  # it closes after the answer, and the count goes down
 
     def on_message_complete(self) -> None:
         self._disarm()
@@ -158,3 +194,17 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
             self.transport.abort()  # a close would wait for bytes this client does not take
         else:
             self.transport.close()  # what the kernel still holds reaches a client reading on
+
+
+def _unavailable(detail: str) -> Callable[..., Awaitable[None]]:
+    """An ASGI app that answers any request with the API's JSON 503 (services/api/rest.py's error
+    shape for NodeOverloaded)."""
+    body = json.dumps({"error": "unavailable", "detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"retry-after", b"1")]
+
+    async def app(scope: dict[str, Any], receive: Any, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app

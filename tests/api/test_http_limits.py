@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -275,3 +276,70 @@ async def test_an_answer_too_small_to_pause_writing_still_must_be_taken() -> Non
     protocol._arm()
     await asyncio.sleep(DEADLINE_MS / 1000 * 2.5)  # the client takes nothing
     assert stuck.aborted
+
+
+CONNECTION_COUNT_MAX = 4
+REQUEST_COUNT_MAX = 2
+
+
+class _FewConnections(LimitedHttpProtocol):
+    connection_count_max = CONNECTION_COUNT_MAX
+    request_count_max = REQUEST_COUNT_MAX
+
+
+async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str) -> tuple[int, bytes, bytes]:
+    """(status, head, body) of one GET."""
+    writer.write(f"GET {path} HTTP/1.1\r\nhost: t\r\n\r\n".encode())
+    async with asyncio.timeout(HELD_S):
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.lower().split(b"\r\n")
+        length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length"))
+        body = await reader.readexactly(length)
+    return int(head.split(b" ")[1]), head, body
+
+
+async def test_connections_and_requests_past_their_bounds_get_a_json_503() -> None:
+    """Found by review: nothing bounded how many connections a node keeps, or how many requests
+    it runs at once (uvicorn's limit_concurrency answers in plain text, which no client of this
+    API parses). Past either bound a request gets the API's JSON 503, retryable, and a connection
+    past the count is closed after it."""
+    release = asyncio.Event()
+
+    async def slow_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] == "/wait":
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    bound = free_port()
+    served = uvicorn.Server(uvicorn.Config(slow_app, host="127.0.0.1", port=bound, log_level="warning",
+                                           lifespan="off", http=_FewConnections, timeout_keep_alive=5))
+    task = asyncio.create_task(served.serve())
+    connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        async with asyncio.timeout(SERVER_START_TIMEOUT_S):
+            while not served.started:  # noqa: ASYNC110 - uvicorn's flag, it has no event to wait on
+                await asyncio.sleep(0.01)
+        for _ in range(CONNECTION_COUNT_MAX + 1):
+            connections.append(await asyncio.open_connection("127.0.0.1", bound))
+        # Within the count, requests run; the one past it is refused in JSON, and its connection goes.
+        assert (await _request(*connections[0], "/a"))[0] == 200
+        status, head, body = await _request(*connections[-1], "/a")
+        assert status == 503 and b"application/json" in head.lower() and b"retry-after" in head.lower(), head
+        assert json.loads(body)["error"] == "unavailable" and "connections" in json.loads(body)["detail"]
+        async with asyncio.timeout(HELD_S):
+            assert await connections[-1][0].read() == b""
+        # Requests in flight: past their bound, one is refused at once while the others wait.
+        waiting = [asyncio.create_task(_request(*connections[i], "/wait")) for i in range(REQUEST_COUNT_MAX)]
+        await asyncio.sleep(0.2)
+        status, _, body = await _request(*connections[REQUEST_COUNT_MAX], "/a")
+        assert status == 503 and "requests" in json.loads(body)["detail"], body
+        release.set()
+        assert [(await answer)[0] for answer in waiting] == [200] * REQUEST_COUNT_MAX
+        assert (await _request(*connections[REQUEST_COUNT_MAX], "/a"))[0] == 200
+    finally:
+        for _, writer in connections:
+            writer.close()
+        served.should_exit = True
+        async with asyncio.timeout(SERVER_START_TIMEOUT_S):
+            await task
