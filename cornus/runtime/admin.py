@@ -129,9 +129,10 @@ class Admin:
             return Outcome(txn, OutcomeStatus.UNKNOWN, detail="some nodes are still recovering")
         # Records go gc_grace_ms after the decision, which comes after the begin the id carries
         # (by the coordinator's clock: the slack covers how far ours may differ).
+        # An id without a begin time is none this runtime made (begin_ms_of gives 0): never one.
         protocol = self.config.protocol_config
-        collectable_ms = txn_ids.begin_ms_of(txn) + protocol.gc_grace_ms - protocol.clock_slack_ms
-        if time.time() * 1000 >= collectable_ms:
+        begin_ms = txn_ids.begin_ms_of(txn)
+        if begin_ms and time.time() * 1000 >= begin_ms + protocol.gc_grace_ms - protocol.clock_slack_ms:
             return Outcome(txn, OutcomeStatus.UNKNOWN, detail=(
                 "no node knows it and no record of it is left: it never committed, or it finished and its "
                 "records were collected after its coordinator forgot it (a restart); its outcome cannot be known"))

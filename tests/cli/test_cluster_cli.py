@@ -22,6 +22,7 @@ import pytest
 from services.cli import parse_op
 from services.client import CornusClient
 from storage_adapters.errors import ValidationError
+from tests.cluster.harness import unknown_txn_id
 
 TIMEOUT_S_TABLE = 90.0
 TIMEOUT_S_EXIT = 30.0
@@ -184,8 +185,11 @@ def test_cluster_up_txn_inspect_resolve_then_sigterm(cluster_up: list[ClusterUp]
     assert listing.returncode == 0 and "no in-flight or in-doubt transactions on 3 of 3" in listing.stdout
     status = cornus("inspect", "--url", urls[1], txn_id[1])
     assert status.returncode == 0 and status.stdout.startswith("committed"), status.stdout
-    unknown = cornus("inspect", "--url", urls[1], "1.n7.nothing.1")
+    unknown = cornus("inspect", "--url", urls[1], unknown_txn_id("n7"))
     assert unknown.returncode == 1 and "no transaction" in unknown.stderr
+    # An id old enough for its records to have been collected is UNKNOWN, never "no transaction".
+    collected = cornus("inspect", "--url", urls[1], "1.n7.nothing.1")
+    assert collected.returncode == 0 and collected.stdout.startswith("unknown"), collected.stdout
     resolved = cornus("resolve", "--url", urls[2], txn_id[1])
     assert resolved.returncode == 0 and resolved.stdout.startswith("committed"), resolved.stdout
 
