@@ -211,12 +211,19 @@ class RecoveryFinished:
     transactions: tuple[tuple[str, str], ...] = ()
 
 
+# Rounds of read, then compare-and-swap over what was read, one take of an identity makes at most:
+# each lost only to another process of the same node taking it at the same moment. Past them the
+# take answers unreachable, and the core takes again after a backoff.
+TAKE_IDENTITY_ROUND_COUNT_MAX = 8
+
+
 @dataclass(frozen=True, slots=True)
 class TakeIdentity:
     """Take the node's identity record (storage_adapters.contract.identity_name) in a new epoch, by
-    compare-and-swap over what is stored; answer with `IdentityTaken`. From then on storage refuses
-    the coordinator-log writes of every earlier process of the node (they carry older fences),
-    so recovery, which starts only after it, sees every one that landed."""
+    compare-and-swap over what is stored (TAKE_IDENTITY_ROUND_COUNT_MAX rounds at most); answer
+    with `IdentityTaken`. From then on storage refuses the coordinator-log writes of every
+    earlier process of the node (they carry older fences), so recovery, which starts only after
+    it, sees every one that landed."""
 
     node: str
 

@@ -6,13 +6,11 @@ core's; this is their storage I/O."""
 
 from __future__ import annotations
 
+from cornus.protocol.effects import TAKE_IDENTITY_ROUND_COUNT_MAX
 from storage_adapters.contract import OWNER_LEASE_MS_MAX, Fence, Ownership, identity_name
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.store import LogStore
 
-# Compare-and-swaps a take may lose in a row (each to another process of the same node starting
-# at the same moment) before it counts as failed; the core then retries after a backoff.
-TAKE_ROUND_COUNT_MAX = 8
 # The record's shape asks for a lease, but an identity is not leased: nobody waits it out, the
 # newest process takes it at once. The longest allowed says so to a reader of the record.
 IDENTITY_LEASE_MS = OWNER_LEASE_MS_MAX
@@ -22,13 +20,13 @@ async def take(store: LogStore, node_id: str) -> Ownership:
     """Take the identity of `node_id` in the epoch after the stored one (StorageUnavailable if
     storage cannot be reached, or every round lost the race)."""
     name = identity_name(node_id)
-    for _ in range(TAKE_ROUND_COUNT_MAX):
+    for _ in range(TAKE_IDENTITY_ROUND_COUNT_MAX):
         stored = (await store.read_owners([name])).get(name)
         epoch, version = (1, 1) if stored is None else (stored.epoch + 1, stored.version + 1)
         new = Ownership(name, node_id, epoch, version, IDENTITY_LEASE_MS)
         if (await store.write_owner(stored, new)).written:
             return new
-    raise StorageUnavailable(f"the take of {name} lost {TAKE_ROUND_COUNT_MAX} races in a row")
+    raise StorageUnavailable(f"the take of {name} lost {TAKE_IDENTITY_ROUND_COUNT_MAX} races in a row")
 
 
 async def held(store: LogStore, fence: Fence) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 from cornus.protocol.backoff import JitterSource
 from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min
 from cornus.protocol.effects import (
+    TAKE_IDENTITY_ROUND_COUNT_MAX,
     ApplyRedo,
     CacheRedo,
     CancelTimer,
@@ -379,7 +380,7 @@ class World:
         elif kind == _TWIN_END:
             self._twin_ends(*data)
         elif kind == _IDENTITY_ARRIVE:
-            self._identity_arrive(*data)
+            self._identity_arrive(data)
         elif kind == _EXECUTE_ANSWER:
             self._execute_answered(*data)
         elif kind == _EXECUTE_DEADLINE:
@@ -850,21 +851,34 @@ class World:
         first.alive = False
         first.core = None
 
-    def _identity_arrive(
-        self, name: str, incarnation: int, call: TakeIdentity | CheckIdentity, path: frozenset[tuple[int, int]]
-    ) -> None:
-        """A take (read and compare-and-swap, as one step here) or a read of the node's identity
-        record lands: a take raises its epoch whether or not its process still lives."""
+    def _identity_arrive(self, data: tuple[str, int, TakeIdentity | CheckIdentity, Any, int | None, int]) -> None:
+        """A read of the node's identity record lands, or a step of a take, which is what the
+        runtime's is (cornus.runtime.identity.take): a read (`expected` None), then a
+        compare-and-swap over what it read, a round trip later, which lands whether or not its
+        process still lives and is refused if another take landed in between; then the next
+        round, TAKE_IDENTITY_ROUND_COUNT_MAX at most."""
+        name, incarnation, call, path, expected, round_count = data
         identity = identity_name(name)
+        stored = self.epoch.get(identity, 0)
         result: IdentityTaken | IdentityChecked
-        if isinstance(call, TakeIdentity):
-            self.epoch[identity] = self.epoch.get(identity, 0) + 1
-            result = IdentityTaken(self.epoch[identity])
+        if isinstance(call, CheckIdentity):
+            result = IdentityChecked(name, stored == call.epoch)
+        elif expected is None or stored != expected:
+            if expected is not None and round_count >= TAKE_IDENTITY_ROUND_COUNT_MAX:
+                result = IdentityTaken(StorageUnreachable(f"lost {TAKE_IDENTITY_ROUND_COUNT_MAX} races"))
+            elif self.process(name, incarnation) is None and expected is not None:
+                return  # a refused swap of a process that is gone: nobody takes the next round
+            else:
+                rounds = round_count + (expected is not None)
+                latency = self.rng.randint(1, self.schedule.storage_ms_max)
+                self._push(self.now_ms + latency, _IDENTITY_ARRIVE, (name, incarnation, call, path, stored, rounds))
+                return
+        else:
+            self.epoch[identity] = stored + 1
+            result = IdentityTaken(stored + 1)
             process = self.process(name, incarnation)
             if process is not None:
-                process.epochs[identity] = self.epoch[identity]
-        else:
-            result = IdentityChecked(name, self.epoch[identity] == call.epoch)
+                process.epochs[identity] = stored + 1
         if self.trace is not None:
             self.trace.append(f"{self.now_ms:6d} storage identity of {name}: {call} -> {result}")
         latency = self.rng.randint(1, self.schedule.storage_ms_max)
@@ -872,10 +886,10 @@ class World:
 
     def _depose(self, name: str, incarnation: int) -> None:
         """A process whose node's identity a later process took: the runtime parks it (it acts
-        no more, and waits to be stopped). A first process of a Twin so ends; the node's only
-        process (deposed by a take of a dead earlier life that landed late, which the runtime's
-        read-then-swap take would refuse, but this model's one-step take does not) restarts, as
-        an operator replacing the parked pod would have it."""
+        no more, and waits to be stopped), so a first process of a Twin ends here. The node's
+        newest process is never deposed: a take of an earlier life that lands late is refused
+        (its swap expected an older record), and a node whose newest process parked would
+        never come back."""
         process = self.process(name, incarnation)
         if process is None:
             return
@@ -885,7 +899,7 @@ class World:
         if self.twins.get(name) is process:
             self._twin_ends(name, incarnation)
         else:
-            self.crash(name, 1)
+            self.outcome.violations.append(f"the newest process of {name} (incarnation {incarnation}) was deposed")
 
     def _unreachable(self, log: LogId) -> bool:
         windows = self._down_logs.get(log.key)
@@ -945,7 +959,8 @@ class World:
                            (node.name, node.incarnation, unreachable, node.path, 0))
                 return
             latency = self.rng.randint(1, self.schedule.storage_ms_max)
-            self._push(self.now_ms + latency, _IDENTITY_ARRIVE, (node.name, node.incarnation, effect, node.path))
+            data = (node.name, node.incarnation, effect, node.path, None, 1)
+            self._push(self.now_ms + latency, _IDENTITY_ARRIVE, data)
         elif isinstance(effect, Deposed):
             self._depose(node.name, node.incarnation)
         else:

@@ -261,7 +261,9 @@ def test_a_continued_request_that_a_restarted_owner_runs_afresh(monkeypatch: pyt
     """An interactive transaction read a key, its partition's owner restarted (losing the read
     lock), another transaction wrote the key, and the first one's write request then ran in a
     new execution on the version it read before: a lost update. The core refuses a continued
-    request whose execution state is gone. (Seed 8: found at schedule 631; seed 4242 needs 2,836.)"""
+    request whose execution state is gone. (Seed 11: found at schedule 345; seed 4242 needs 2,836.
+    Seed 8, which found it at 631, meets the same bug first as locks left behind, at 321, since
+    a node's identity take became a read and a swap.)"""
     original = PartitionExecutions.begin
 
     def forget_continued(
@@ -270,7 +272,7 @@ def test_a_continued_request_that_a_restarted_owner_runs_afresh(monkeypatch: pyt
         return original(self, txn, coordinator, now_ms)
 
     monkeypatch.setattr(PartitionExecutions, "begin", forget_continued)
-    violations = _found(seed=8)
+    violations = _found(seed=11)
     assert any("lost update" in v or "serializability" in v for v in violations), violations
 
 
