@@ -78,7 +78,9 @@ class Execution(Generic[V]):
     # Keys a one-shot's request only read, in order: its vote comes before the transaction's last
     # lock elsewhere, so its redo names them for recovery to lock again.
     reads: dict[str, None] = field(default_factory=dict)
-    # What its writes count against the partition's BUFFERED_BYTES_MAX, given back at its end.
+    # What it counts against the partition's BUFFERED_BYTES_MAX, given back at its end: what its
+    # writes take (a key written again counts once, at its last value), and what requests still
+    # running reserved for the writes they have not made yet.
     buffered_bytes: int = 0
 
 
@@ -147,20 +149,37 @@ class PartitionExecutions(Generic[V]):
             for key, value in found.items():
                 self._cache_put(key, value)
 
-    def write_bytes(self, writes: Iterable[tuple[str, V | None]]) -> int:
-        """What buffering `writes` counts against BUFFERED_BYTES_MAX (a key written twice counts
-        twice: an upper bound, and the request's op count bounds it)."""
-        value_bytes = self.codec.value_bytes
-        return sum(BUFFERED_ENTRY_BYTES + len(key) + value_bytes(value) for key, value in writes)
+    def write_bytes(self, key: str, value: V | None) -> int:
+        """What one buffered write takes, as BUFFERED_BYTES_MAX counts it."""
+        return BUFFERED_ENTRY_BYTES + len(key) + self.codec.value_bytes(value)
 
-    def admits_writes(self, write_bytes: int) -> bool:
-        return self.buffered_bytes + write_bytes <= self._buffered_bytes_max
-
-    def buffered(self, execution: Execution[V], write_bytes: int) -> None:
-        """`execution` buffers writes of `write_bytes` (admitted by `admits_writes` just before)."""
-        assert write_bytes >= 0 and self.buffered_bytes + write_bytes <= self._buffered_bytes_max
+    def reserve(self, execution: Execution[V], write_bytes: int) -> bool:
+        """Reserve `write_bytes` for writes a request of `execution` is about to make (the sum of
+        their `write_bytes`), before its first wait lets another request in; False, nothing
+        reserved, if they would take the partition past BUFFERED_BYTES_MAX."""
+        assert write_bytes >= 0
+        if self.buffered_bytes + write_bytes > self._buffered_bytes_max:
+            return False
         execution.buffered_bytes += write_bytes
         self.buffered_bytes += write_bytes
+        return True
+
+    def buffer_write(self, execution: Execution[V], key: str, value: V | None) -> None:
+        """Make one write `reserve` counted (a key written before gives back what its earlier
+        value took, so the count stays what the writes take)."""
+        writes = execution.writes
+        released = self.write_bytes(key, writes[key]) if key in writes else 0
+        writes[key] = value
+        execution.buffered_bytes -= released
+        self.buffered_bytes -= released
+        assert execution.buffered_bytes >= 0 and self.buffered_bytes >= 0, (execution.buffered_bytes, released)
+
+    def unreserve(self, execution: Execution[V], write_bytes: int) -> None:
+        """A request ended without making writes it reserved `write_bytes` for (while its
+        execution runs on: an execution that ended gave back everything)."""
+        assert 0 <= write_bytes <= execution.buffered_bytes, (write_bytes, execution.buffered_bytes)
+        execution.buffered_bytes -= write_bytes
+        self.buffered_bytes -= write_bytes
 
     def ended(self, txn: str, read_only: bool) -> Executed | None:
         """At prepare (or the release of a partition only read): what the machine learns of the

@@ -217,10 +217,7 @@ class Coordination:
         """Count the writes among `ops` against WRITES_HELD_BYTES_MAX now, before the requests
         wait (so that concurrent ones cannot all pass the check); NodeOverloaded, nothing held,
         if they do not fit. The transaction gives them back at its end."""
-        held_bytes = sum(
-            WRITE_HELD_ENTRY_BYTES + len(op.key) + len(op.value or b"")
-            for op in ops if op.kind is OpKind.PUT or op.kind is OpKind.DELETE
-        )
+        held_bytes = sum(_held_bytes(op.key, op.value) for op in ops if op.kind in _WRITES)
         if self.writes_held_bytes + held_bytes > WRITES_HELD_BYTES_MAX:
             self.counters["requests_refused_writes_held"] += 1
             raise NodeOverloaded(
@@ -236,13 +233,16 @@ class Coordination:
         ctx.writes_held_bytes -= held_bytes
         self.writes_held_bytes -= held_bytes
 
-    @staticmethod
-    def _record_writes(ctx: CoordinatedTxn, by_partition: dict[str, list[Op]]) -> None:
+    def _record_writes(self, ctx: CoordinatedTxn, by_partition: dict[str, list[Op]]) -> None:
+        """Keep the writes `_hold_writes` counted; a key written again gives back what its
+        earlier value took, so that the count stays what `touched` holds."""
         for partition, group in by_partition.items():
             ctx.op_count += len(group)
             writes = ctx.touched.setdefault(partition, {})
             for op in group:
                 if op.kind is OpKind.PUT or op.kind is OpKind.DELETE:
+                    if op.key in writes:
+                        self._give_back_writes(ctx, _held_bytes(op.key, writes[op.key]))
                     writes[op.key] = op.value
 
     async def _request_partition(self, request: ExecuteRequest) -> ExecuteResponse:
@@ -399,12 +399,17 @@ class Coordination:
                 # Checked here, not only by the owners: a bad operation must change nothing, and
                 # the other partitions of a one-shot vote as soon as their operations ran.
                 validate_op(op)
+            writes_somewhere = any(op.kind in _WRITES for op in ops)
+            redo_by_partition = one_shot_redo(ctx.protocol, by_partition) if writes_somewhere else None
+            if redo_by_partition is not None:
+                self._hold_writes(ctx, ops)  # run_ops holds them on the other path
         except ValidationError:
             await self._abort(ctx, AbortReason.CLIENT, "invalid request")
             raise
+        except NodeOverloaded:
+            await self._abort(ctx, AbortReason.PEER_UNAVAILABLE, "node overloaded")
+            raise
         gets = [op.key for op in ops if op.kind is OpKind.GET]
-        writes_somewhere = any(op.kind in _WRITES for op in ops)
-        redo_by_partition = one_shot_redo(ctx.protocol, by_partition) if writes_somewhere else None
         if redo_by_partition is not None:
             outcome, values = await self._execute_prepared(ctx, by_partition, redo_by_partition, positions)
         else:
@@ -557,6 +562,11 @@ def _outcome_of(reply: Reply) -> Outcome:
     if reply.outcome is TxnState.COMMIT:
         return Outcome(reply.txn, OutcomeStatus.COMMITTED)
     return Outcome(reply.txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, reply.reason)
+
+
+def _held_bytes(key: str, value: bytes | None) -> int:
+    """What one write held for an open transaction counts against WRITES_HELD_BYTES_MAX."""
+    return WRITE_HELD_ENTRY_BYTES + len(key) + len(value or b"")
 
 
 def _no_reply(reply: asyncio.Future[Reply | None]) -> None:

@@ -176,6 +176,7 @@ class Node:
         log.error("node %s deposed: %s; it serves and writes nothing from now on, and waits to be stopped",
                   self.node_id, why)
         self.runner.stopped = True  # no event reaches the core, no effect leaves it, from here on
+        self.readiness.stop()  # a recovery still settling serves nothing (found by review)
         self.serving.clear()
         self.coordination.abandon_replies()
         # Not the runner's task: the runner's stop cancels its own.
@@ -194,13 +195,14 @@ class Node:
             await asyncio.sleep(POLL_MS / 1000)
 
     async def stop(self) -> None:
-        if self._parking is not None:
-            # Deposed: it delivers and releases nothing (another process is this node now).
-            await self._parking
-        else:
+        if self._parking is None:
             await self._deliver_decisions(TIMEOUT_MS_DELIVER_DECISIONS / 1000)
+        if self._parking is None:  # deposed meanwhile, perhaps: then it releases nothing
             await self.ownership.stop(TIMEOUT_MS_RELEASE / 1000)
             await self.runner.stop()
+        else:
+            # Deposed: it delivers and releases nothing (another process is this node now).
+            await self._parking
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -258,7 +260,9 @@ class Node:
 
     def _recovered(self, effect: RecoveryFinished) -> None:
         """A recovery settled: serve the partitions it covered (those still held: the lease may
-        have ended while its transactions resolved)."""
+        have ended while its transactions resolved). A deposed node serves nothing."""
+        if self.deposed:
+            return
         for partition in effect.partitions:
             epoch = self.ownership.machine.epoch(partition)
             if epoch is None or not self.core.partition_recovered(partition):

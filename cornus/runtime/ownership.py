@@ -85,6 +85,7 @@ class OwnershipRuntime:
         self._tasks: set[asyncio.Task[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
         self._stopped = False
+        self._halted = False
 
     # --- what the node asks ------------------------------------------------------------------
     def holds(self, partition: str) -> bool:
@@ -128,9 +129,9 @@ class OwnershipRuntime:
         self._ticker = asyncio.get_running_loop().create_task(self._tick_forever(), name="cornus-ownership")
 
     def halt(self) -> None:
-        """Stop at once, writing nothing: no renewal, no release (a deposed node, whose partitions
-        another process of the same node id may hold by now). Leases held run out."""
-        self._stopped = True
+        """Stop at once, writing nothing, ever again: no renewal, no release (a deposed node, whose
+        partitions another process of the same node id may hold by now). Leases held run out."""
+        self._stopped = self._halted = True
         if self._ticker is not None:
             self._ticker.cancel()
         for task in list(self._tasks):
@@ -168,8 +169,9 @@ class OwnershipRuntime:
             if isinstance(effect, ReadOwners):
                 self._spawn(self._read(effect))
             elif isinstance(effect, WriteOwner):
-                # Once stopped, only releases: a renewal or a take would hold what we leave.
-                if not self._stopped or effect.new.owner == "":
+                # Once stopped, only releases: a renewal or a take would hold what we leave. Once
+                # halted, nothing.
+                if not self._halted and (not self._stopped or effect.new.owner == ""):
                     self._spawn(self._write(effect))
             elif isinstance(effect, Acquired):
                 self.counters["ownership_acquired"] += 1

@@ -24,6 +24,9 @@ from storage_adapters.store import LogStore
 log = logging.getLogger("cornus.partition")
 
 
+_WRITES = (OpKind.PUT, OpKind.DELETE)
+
+
 class PartitionRuntime:
     def __init__(
         self, name: str, store: LogStore, policy: Policy, timeout_ms_lock_wait: int, op_count_max: int,
@@ -68,18 +71,29 @@ class PartitionRuntime:
                 ExecuteStatus.ABORTED, detail=f"{self.name} lost the execution state of {txn} (it restarted)"
             )
         assert isinstance(execution, Execution)
-        write_bytes = state.write_bytes(
-            (op.key, op.value) for op in request.ops if op.kind is OpKind.PUT or op.kind is OpKind.DELETE
-        )
-        if not state.admits_writes(write_bytes):
+        # Reserved now, before any wait lets another request in; an execution that fails from here
+        # on is released, and gives back its bytes with it.
+        reserved = sum(state.write_bytes(op.key, op.value) for op in request.ops if op.kind in _WRITES)
+        if not state.reserve(execution, reserved):
+            detail = (f"{self.name} has {state.buffered_bytes} bytes of writes buffered, and this request's "
+                      f"{reserved} would pass the limit of {BUFFERED_BYTES_MAX}")
             self.abort_execution(txn)
             self.counters["executions_refused_buffer_full"] += 1
-            detail = (f"{self.name} has {state.buffered_bytes} bytes of writes buffered, and this request's "
-                      f"{write_bytes} would pass the limit of {BUFFERED_BYTES_MAX}")
             return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=detail)
-        # Counted now, before any wait lets another request in: an execution that fails from here
-        # on is released, and gives its bytes back with it.
-        state.buffered(execution, write_bytes)
+        response: ExecuteResponse | None = None
+        try:
+            response = await self._locked_execute(request, execution)
+            return response
+        finally:
+            if response is None and state.is_current(txn, execution):
+                # Cancelled while it waited (its caller's deadline), before it wrote anything.
+                state.unreserve(execution, reserved)
+
+    async def _locked_execute(self, request: ExecuteRequest, execution: Execution[bytes]) -> ExecuteResponse:
+        """Lock, read and write; every answer but OK ends the execution (and its bytes)."""
+        txn = request.txn
+        state = self.state
+        now_ms = _now_ms()
         for op in request.ops:
             mode = LockMode.EXCLUSIVE if op.kind is OpKind.PUT or op.kind is OpKind.DELETE else LockMode.SHARED
             grant = state.lock(txn, op.key, mode, now_ms)
@@ -109,7 +123,7 @@ class PartitionRuntime:
         carried = bool(request.participants)
         for op in request.ops:
             if op.kind is OpKind.PUT or op.kind is OpKind.DELETE:
-                writes[op.key] = op.value if op.kind is OpKind.PUT else None
+                state.buffer_write(execution, op.key, op.value if op.kind is OpKind.PUT else None)
                 continue
             if carried:
                 execution.reads[op.key] = None

@@ -14,7 +14,8 @@ Here, per connection:
 And per node: at most `connection_count_max` connections and `request_count_max` requests in
 flight. uvicorn bounds neither unless given `limit_concurrency`, whose refusal is plain text no
 client of this API parses. Past either, a request gets the API's JSON 503 (`unavailable`,
-retryable, Retry-After), and a connection past the count is closed after it.
+retryable, Retry-After), and a connection past the count is closed after it; past twice the
+count a connection is closed at once, unanswered, so that descriptors stay bounded too.
 
 Past any of them the connection ends: aborted while the server still holds bytes of an answer (a
 close would wait for bytes a client that stopped reading never takes), else closed, so that what
@@ -69,6 +70,12 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
         # uvicorn's set, shared by every connection of the server, this one counted in: the
         # connections past the count are the ones refused, not those that came before them.
         self._past_connection_count = len(self.connections) > self.connection_count_max
+        if len(self.connections) > 2 * self.connection_count_max:
+            # Far past it, a connection is not kept for its answer (each would hold a descriptor
+            # until its request arrives, up to the receive deadline): it closes at once.
+            log.warning("closed a connection at once: more than %d open", 2 * self.connection_count_max)
+            transport.abort()
+            return
         self._arm()
 
     def data_received(self, data: bytes) -> None:

@@ -343,3 +343,19 @@ async def test_connections_and_requests_past_their_bounds_get_a_json_503() -> No
         served.should_exit = True
         async with asyncio.timeout(SERVER_START_TIMEOUT_S):
             await task
+
+
+async def test_connections_far_past_the_count_are_closed_at_once() -> None:
+    """Found by review: a connection past the count was kept until its request came (up to the
+    receive deadline), so descriptors were bounded by the connection rate times 30 s, not by the
+    count. Past twice the count one is closed before it sends anything."""
+    async with _serving(_FewConnections) as bound:
+        held = [await asyncio.open_connection("127.0.0.1", bound) for _ in range(2 * CONNECTION_COUNT_MAX)]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", bound)
+            held.append((reader, writer))
+            async with asyncio.timeout(DEADLINE_MS / 1000):  # well before any receive deadline
+                assert await reader.read() == b""
+        finally:
+            for _, opened in held:
+                opened.close()

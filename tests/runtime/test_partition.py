@@ -96,3 +96,21 @@ async def test_the_writes_a_partition_buffers_are_bounded_in_bytes() -> None:
         partition.release(txn_ids.new_txn_id(now_ms, "n0", "aaaaaa", index + 1, Protocol.CORNUS))
     partition.release(retry)
     assert partition.state.buffered_bytes == 0
+
+
+async def test_a_key_written_again_counts_once_against_the_budget() -> None:
+    """Found by review: every write of every request was counted, though the execution keeps one
+    value per key, so one transaction overwriting one 64 KiB key 1,022 times (within the
+    coordinator's checks) was refused, and took the partition's whole budget until then."""
+    partition = PartitionRuntime("p0", UnusedStore(timeout_ms_call=1000), Policy.NO_WAIT, TIMEOUT_MS_LOCK_WAIT, 100)
+    txn = txn_ids.new_txn_id(int(time.time() * 1000), "n0", "aaaaaa", 1, Protocol.CORNUS)
+    value = b"v" * DATA_VALUE_BYTES_MAX
+    for index in range(1_100):
+        request = ExecuteRequest(txn, "p0", "n0", (Op(OpKind.PUT, "k", value), Op(OpKind.PUT, "k", b"small")),
+                                 continued=index > 0)
+        response = await partition.execute(request)
+        assert response.status is ExecuteStatus.OK, (index, response)
+    assert partition.executions[txn].writes == {"k": b"small"}
+    assert partition.state.buffered_bytes == partition.state.write_bytes("k", b"small")
+    partition.release(txn)
+    assert partition.state.buffered_bytes == 0

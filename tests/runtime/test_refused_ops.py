@@ -56,3 +56,24 @@ async def test_the_writes_a_coordinator_holds_are_bounded_in_bytes(tmp_path, mon
         for txn in held[1:-1]:
             await node.abort(txn)
         assert node.coordination.writes_held_bytes == 0
+
+
+async def test_a_key_written_again_is_held_once(tmp_path, monkeypatch) -> None:
+    """Found by review: every write was counted against the held budget, though `touched` keeps
+    one value per key: one transaction overwriting a key took the whole budget."""
+    monkeypatch.setattr(coordination, "WRITES_HELD_BYTES_MAX", 300_000)  # room for 4 values
+    value = b"v" * DATA_VALUE_BYTES_MAX
+    async with local_cluster(tmp_path, node_count=1, partition_count=2) as cluster:
+        node = cluster.node()
+        key = keys_in(1, ["p0"])["p0"]
+        txn = node.begin()
+        for _ in range(8):
+            await node.run_ops(txn, [Op(OpKind.PUT, key, value), Op(OpKind.PUT, key, value)])
+        other = node.begin()
+        await node.run_ops(other, [Op(OpKind.PUT, key + "x", value)])
+        # One-shots count theirs too, while they run, and give them back.
+        assert (await node.execute([Op(OpKind.PUT, key + "y", b"1"), Op(OpKind.PUT, key + "y", b"2")])).status \
+            is OutcomeStatus.COMMITTED
+        for open_txn in (txn, other):
+            await node.abort(open_txn)
+        assert node.coordination.writes_held_bytes == 0
