@@ -95,21 +95,6 @@ def pytest_configure(config: pytest.Config) -> None:
     claim_redis_slot()
 
 
-# The slowest tests of a whole run (scripts/test_durations.py writes the file): xdist hands out
-# tests in collection order, so these go first, and the run does not end with one worker still on
-# a 40 s test while the others wait. A test missing from the file (a new one) just runs later.
-SLOW_TESTS = Path(__file__).parent / "slow_tests.txt"
-
-
-def _slow_test_seconds() -> dict[str, float]:
-    seconds: dict[str, float] = {}
-    for line in SLOW_TESTS.read_text().splitlines():
-        if line and not line.startswith("#"):
-            value, nodeid = line.split(" ", 1)
-            seconds[nodeid] = float(value)
-    return seconds
-
-
 # First: xdist's own hook of the same name reads the group markers to name each test's group, so
 # they must be on the items by then (after it, every worker started the shared cluster again).
 @pytest.hookimpl(tryfirst=True)
@@ -117,9 +102,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for name in SHARED_CLUSTER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(f"{item.path.parent.name}-{name}"))
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        # Only where xdist hands the tests out: run serially, a module's fixtures would be set up
-        # once for its slow tests and again for the rest. Stable: every worker must collect the
-        # same order, and the rest keeps the files' order.
-        seconds = _slow_test_seconds()
-        items.sort(key=lambda item: -seconds.get(item.nodeid, 0.0))
