@@ -56,6 +56,20 @@ async def test_a_reply_landing_in_the_deadline_tick_is_kept_for_status(tmp_path,
         assert status is not None and status.status is OutcomeStatus.COMMITTED, status
 
 
+async def _told_unknown_then_decided(cluster, node) -> tuple[dict[str, bytes], str]:
+    """A commit over p0 and p1 whose caller was told UNKNOWN, once its coordinator knows the outcome."""
+    keys = keys_in(2, ["p0", "p1"])
+    writes = {keys["p0"]: b"a", keys["p1"]: b"b"}
+    txn = await commit_told_unknown(cluster, node, writes)
+
+    async def decided() -> bool:
+        known = node.status(txn)
+        return known is not None and known.status is not OutcomeStatus.UNKNOWN
+
+    await wait_until(decided, 10, "outcome never known")
+    return writes, txn
+
+
 async def test_the_outcome_of_a_commit_reported_unknown_survives_other_traffic(tmp_path, monkeypatch):
     """Its outcome went into the FIFO every transaction's outcome goes into (100,000 entries:
     tens of seconds of traffic); once evicted and collected, the status call said "no such
@@ -64,15 +78,7 @@ async def test_the_outcome_of_a_commit_reported_unknown_survives_other_traffic(t
     monkeypatch.setattr(coordination, "OUTCOME_REMEMBERED_COUNT_MAX", 5)
     async with local_cluster(tmp_path, partition_count=2) as cluster:
         node = cluster.node()
-        keys = keys_in(2, ["p0", "p1"])
-        writes = {keys["p0"]: b"a", keys["p1"]: b"b"}
-        txn = await commit_told_unknown(cluster, node, writes)
-
-        async def decided() -> bool:
-            known = node.status(txn)
-            return known is not None and known.status is not OutcomeStatus.UNKNOWN
-
-        await wait_until(decided, 10, "outcome never remembered")
+        writes, txn = await _told_unknown_then_decided(cluster, node)
         for i in range(10):  # ordinary traffic, twice the bound
             other = keys_in(2, ["p0"], prefix=f"o{i}")["p0"]
             assert (await node.execute(puts({other: b"x"}))).status is OutcomeStatus.COMMITTED
@@ -97,15 +103,7 @@ async def test_the_outcome_of_a_commit_reported_unknown_survives_collection_and_
     monkeypatch.setattr(coordination, "TIMEOUT_MS_COMMIT", 100)
     async with local_cluster(tmp_path, partition_count=2) as cluster:
         node = cluster.node()
-        keys = keys_in(2, ["p0", "p1"])
-        writes = {keys["p0"]: b"a", keys["p1"]: b"b"}
-        txn = await commit_told_unknown(cluster, node, writes)
-
-        async def decided() -> bool:
-            known = node.status(txn)
-            return known is not None and known.status is not OutcomeStatus.UNKNOWN
-
-        await wait_until(decided, 10, "never decided")
+        writes, txn = await _told_unknown_then_decided(cluster, node)
         await wait_collected(cluster, node, txn, ("p0", "p1"))
         assert {key: await cluster.value(key) for key in writes} == writes  # it committed
         await cluster.restart("n0")
