@@ -10,13 +10,14 @@ import contextlib
 import gc
 import logging
 import signal
+import sys
 import time
 
 import uvicorn
 
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.failpoints import Failpoints
-from cornus.runtime.node import Node
+from cornus.runtime.node import EXIT_CODE_IDENTITY_VACANT, Node
 from services.api.http_limits import LimitedHttpProtocol
 from services.api.logs import configure_json_logging, level_from_env
 from services.api.metrics import InstrumentedStore, Metrics
@@ -71,7 +72,9 @@ async def open_store_patiently(storage: StoreConfig) -> LogStore:
             delay_s = min(2 * delay_s, STORAGE_OPEN_BACKOFF_S_MAX)
 
 
-async def serve(config: NodeConfig) -> None:
+async def serve(config: NodeConfig) -> int:
+    """Serve until told to stop; the process's exit status (0, or EXIT_CODE_IDENTITY_VACANT when a
+    parked node found its identity vacant and must be restarted)."""
     if not config.api_listen:
         raise ValueError("api_listen is required to serve (file, CORNUS_API_LISTEN or --api-listen)")
     failpoints = Failpoints.from_env()
@@ -107,7 +110,9 @@ async def serve(config: NodeConfig) -> None:
         api = asyncio.create_task(server.serve(), name="cornus-api")
         log.info("node %s: peers on %s, REST on http://%s", config.node_id, config.listen, config.api_listen)
         stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait({api, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        vacant = asyncio.create_task(node.identity_vacant.wait())
+        await asyncio.wait({api, stopped, vacant}, return_when=asyncio.FIRST_COMPLETED)
+        vacant.cancel()
         server.should_exit = True
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SHUTDOWN_TIMEOUT_S):
@@ -123,6 +128,7 @@ async def serve(config: NodeConfig) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SHUTDOWN_TIMEOUT_S_STORE):
                 await store.close()
+    return EXIT_CODE_IDENTITY_VACANT if node.identity_vacant.is_set() else 0
 
 
 def run(config: NodeConfig) -> None:
@@ -132,6 +138,8 @@ def run(config: NodeConfig) -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; a plain loop also works
-        asyncio.run(serve(config))
+        code = asyncio.run(serve(config))
     else:
-        uvloop.run(serve(config))
+        code = uvloop.run(serve(config))
+    if code:
+        sys.exit(code)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, fields
 
+# Renewals of its identity record a live process may miss in a row (a slow storage call, a paused
+# process) before a parked process of its node takes the record for vacant (identity_vacant_ms).
+IDENTITY_RENEWALS_MISSED_MAX = 3
+
 
 class Protocol(enum.StrEnum):
     CORNUS = "cornus"
@@ -68,6 +72,15 @@ class ProtocolConfig:
         assert self.gc_grace_ms >= gc_grace_ms_min(self.storage_deadline_ms, self.clock_slack_ms), (
             f"gc_grace_ms {self.gc_grace_ms} must be at least twice the storage deadline plus the slack"
         )
+
+    @property
+    def identity_vacant_ms(self) -> int:
+        """How long a parked process (one a later process of its node deposed) must see the
+        node's identity record unchanged before it takes the record for vacant and exits, to be
+        restarted (cornus.protocol.identity_watch). The holder renews the record every
+        identity_check_ms; this many renewals missed in a row, each of which may take a storage
+        deadline and land a slack late, do not happen to a process that lives."""
+        return IDENTITY_RENEWALS_MISSED_MAX * self.identity_check_ms + self.storage_deadline_ms + self.clock_slack_ms
 
     @property
     def recovery_settle_ms(self) -> int:

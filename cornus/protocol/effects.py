@@ -231,16 +231,21 @@ class TakeIdentity:
 @dataclass(frozen=True, slots=True)
 class CheckIdentity:
     """Read the node's identity record; answer with `IdentityChecked`: whether it still names the
-    node at `epoch`, this process's."""
+    node at `epoch`, this process's. With `renew`, write it again instead (the same epoch, the next
+    version), which answers the same question: a process of the node that an earlier take parked
+    watches for these renewals, and takes the record for vacant when they stop
+    (cornus.protocol.identity_watch)."""
 
     node: str
     epoch: int
+    renew: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Deposed:
-    """A later process of this node took its identity: this one must stop at once (the runtime
-    exits), since it could presume ABORT for a transaction of the other's."""
+    """Another process of this node took its identity after this one: this one must stop acting at
+    once, since it could presume ABORT for a transaction of the other's. The runtime parks it,
+    and it watches the record (cornus.protocol.identity_watch) in case the other process is gone."""
 
     node: str
     epoch: int

@@ -177,6 +177,7 @@ class CoordinatorHost:
         self._presumptions_checking: set[tuple[str, str]] = set()
         self._presumptions_waiting: set[tuple[str, str]] = set()
         self._check_in_flight = False
+        self._renewal_owed = False
 
     def identity_taken(self, epoch: int) -> list[Effect]:
         """This process holds the node's identity at `epoch` from now on: check it periodically."""
@@ -229,11 +230,17 @@ class CoordinatorHost:
         return self._check_identity()
 
     def _check_identity(self, *, periodic: bool = False) -> list[Effect]:
-        if self._check_in_flight or not (self._presumptions_waiting or periodic):
+        # The periodic one renews the record, so that a process of this node parked by an earlier
+        # take knows this one lives; a renewal that lands answers the presumptions as a read does.
+        # A tick while a check is in flight owes its renewal to the next check: under a stream of
+        # presumptions every tick could find one in flight, and renewals would stop.
+        self._renewal_owed |= periodic
+        if self._check_in_flight or not (self._presumptions_waiting or self._renewal_owed):
             return []
         self._presumptions_checking, self._presumptions_waiting = self._presumptions_waiting, set()
         self._check_in_flight = True
-        return [CheckIdentity(self.node, self.identity_epoch)]
+        renew, self._renewal_owed = self._renewal_owed, False
+        return [CheckIdentity(self.node, self.identity_epoch, renew=renew)]
 
     def _identity_checked(self, event: IdentityChecked) -> list[Effect]:
         assert self._check_in_flight, "an identity check nobody asked for"

@@ -58,7 +58,7 @@ from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.timing import TimingLog
 from cornus.runtime.transport import Transport
 from cornus.runtime.wire import Routed
-from storage_adapters.contract import Fence, LogKind, TxnState, identity_name
+from storage_adapters.contract import Fence, LogKind, Ownership, TxnState, identity_name
 from storage_adapters.errors import Fenced, InvariantViolation, StorageUnavailable
 from storage_adapters.store import LogStore
 
@@ -119,6 +119,9 @@ class EffectRunner:
         # The fence of this process's take of the node's identity (None until it is taken): what
         # its coordinator-log writes carry.
         self.identity_fence: Fence | None = None
+        # The record as this process last wrote it (a take or a renewal): what the next renewal
+        # swaps from.
+        self._identity_record: Ownership | None = None
         self._identity_name = identity_name(node_id)
         # The node's event loop, kept at first use: asyncio.get_running_loop() makes a getpid system
         # call on Python 3.11, and every storage call and timer of a transaction needs the loop. A
@@ -319,6 +322,7 @@ class EffectRunner:
             fatal(f"storage refused the take of {self._identity_name}: {error}")
             return
         else:
+            self._identity_record = taken
             self.identity_fence = taken.fence()
             log.info("node %s took its identity epoch=%d", self.node_id, taken.epoch)
             event = IdentityTaken(taken.epoch)
@@ -326,10 +330,18 @@ class EffectRunner:
             self.feed(event)
 
     async def _check_identity(self, effect: CheckIdentity) -> None:
-        fence = self.identity_fence
-        assert fence is not None and fence.epoch == effect.epoch, (fence, effect)
+        fence, record = self.identity_fence, self._identity_record
+        assert fence is not None and record is not None and fence.epoch == effect.epoch, (fence, effect)
         try:
-            held: bool | StorageUnreachable = await identity.held(self.store, fence)
+            held: bool | StorageUnreachable
+            if effect.renew:
+                renewed = await identity.renew(self.store, record)
+                # The core checks once at a time, so no other renewal moved the record meanwhile.
+                if renewed is not None:
+                    self._identity_record = renewed
+                held = renewed is not None
+            else:
+                held = await identity.held(self.store, fence)
         except StorageUnavailable as error:
             held = StorageUnreachable(str(error))
         except InvariantViolation as error:

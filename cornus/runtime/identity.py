@@ -1,18 +1,26 @@
 """A node's identity in storage: the ownership record `identity_name(node)` that every process
 starting as the node takes in a new epoch before anything else (cornus.protocol.node_core), whose
-fence its coordinator-log writes carry, and which it reads again to learn whether a later process
-of the node has taken it since (a pod replaced while its process lived on). The rules are the
-core's; this is their storage I/O."""
+fence its coordinator-log writes carry, which it reads or renews to learn whether a later process
+of the node has taken it since (a pod replaced while its process lived on), and which a process
+so deposed watches until it is vacant (cornus.protocol.identity_watch). The rules are the core's;
+this is their storage I/O."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+from cornus.protocol.config import ProtocolConfig
 from cornus.protocol.effects import TAKE_IDENTITY_ROUND_COUNT_MAX
+from cornus.protocol.events import StorageUnreachable
+from cornus.protocol.identity_watch import Observed, VacancyWatch
 from storage_adapters.contract import OWNER_LEASE_MS_MAX, Fence, Ownership, identity_name
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.store import LogStore
 
-# The record's shape asks for a lease, but an identity is not leased: nobody waits it out, the
-# newest process takes it at once. The longest allowed says so to a reader of the record.
+# The record's shape asks for a lease, but an identity is not leased: a starting process takes it
+# at once, and a parked one judges it vacant by its own configuration (identity_vacant_ms), not by
+# this field. The longest allowed says so to a reader of the record.
 IDENTITY_LEASE_MS = OWNER_LEASE_MS_MAX
 
 
@@ -32,3 +40,36 @@ async def take(store: LogStore, node_id: str) -> Ownership:
 async def held(store: LogStore, fence: Fence) -> bool:
     """Whether the identity record still names this process's take."""
     return fence.admits((await store.read_owners([fence.partition])).get(fence.partition))
+
+
+async def renew(store: LogStore, record: Ownership) -> Ownership | None:
+    """Write the identity record again, in the same epoch with the next version: the record as it
+    is now, or None if another process of the node has taken it since `record`."""
+    new = Ownership(record.partition, record.owner, record.epoch, record.version + 1, record.lease_ms)
+    if (await store.write_owner(record, new)).written:
+        return new
+    # Refused: another take, or a renewal of this process that timed out and landed all the same,
+    # which leaves the record this process's, a version further on.
+    stored = (await store.read_owners([record.partition])).get(record.partition)
+    return stored if stored is not None and record.fence().admits(stored) else None
+
+
+async def watch_until_vacant(store: LogStore, node_id: str, config: ProtocolConfig) -> None:
+    """Read the identity record every identity_check_ms, and return once the watch takes it for
+    vacant: the process that took it from this one renews it no more."""
+    name = identity_name(node_id)
+    watch = VacancyWatch(config, _now_ms())
+    while True:
+        await asyncio.sleep(config.identity_check_ms / 1000)
+        try:
+            stored = (await store.read_owners([name])).get(name)
+        except StorageUnavailable as error:
+            observed: Observed = StorageUnreachable(str(error))
+        else:
+            observed = None if stored is None else (stored.epoch, stored.version)
+        if watch.observed(_now_ms(), observed):
+            return
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000

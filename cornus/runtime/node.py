@@ -32,6 +32,7 @@ from cornus.protocol.locks import Policy
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
 from cornus.protocol.ownership import Lost, OwnershipMachine
+from cornus.runtime import identity
 from cornus.runtime.admin import Admin, PartitionInfo, TxnInfo
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination, TxnAborted
@@ -74,6 +75,9 @@ TIMEOUT_MS_RELEASE = 2_000
 # until then, and a node set without this node would never recover it from this node's log.
 TIMEOUT_MS_DELIVER_DECISIONS = 5_000
 # Coordinator phases whose decision some participant may not have yet.
+# The exit status of a parked process that found its node's identity vacant: EX_TEMPFAIL, "try
+# again", which is what its supervisor does (a restart takes the identity anew).
+EXIT_CODE_IDENTITY_VACANT = 75
 _UNDELIVERED = frozenset({CoordPhase.VALIDATING, CoordPhase.COLLECTING, CoordPhase.DECIDED})
 
 
@@ -134,6 +138,10 @@ class Node:
         # Set once a later process of this node took its identity: this one parks (_deposed).
         self.deposed = False
         self._parking: asyncio.Task[None] | None = None
+        # Set when, parked, this process finds the identity vacant (the process that took it is
+        # gone): serve then exits with EXIT_CODE_IDENTITY_VACANT, and its restart takes it again.
+        self.identity_vacant = asyncio.Event()
+        self._watching: asyncio.Task[None] | None = None
         # Coordinating needs only this node's own recovery: where the partitions are is the
         # owners' business (a partition moving aborts the transactions that touch it, retryable).
         self.coordination.ready = lambda: self.readiness.ready and not self.deposed
@@ -164,11 +172,13 @@ class Node:
             await self.wait_ready()
 
     def _deposed(self, why: str) -> None:
-        """A later process of this node took its identity: this one decides, writes and serves
-        nothing from now on, but does not exit. It parks, alive and not ready, until it is
-        stopped: a pod force-deleted on a kubelet cut off from the API server is restarted by
-        that kubelet when its process exits, and the restarted process's take would depose the
-        replacement in turn, and so on (found by review)."""
+        """Another process of this node took its identity after this one: this one decides, writes
+        and serves nothing from now on, but does not exit while that process lives. It parks,
+        alive and not ready: a pod force-deleted on a kubelet cut off from the API server is
+        restarted by that kubelet when its process exits, and the restarted process's take would
+        depose the replacement in turn, and so on (found by review). It exits once the other
+        process stops renewing the identity (cornus.protocol.identity_watch), as when two took it
+        at once and the older won, then went away (found by the simulator)."""
         if self.deposed:
             return
         self.deposed = True
@@ -187,6 +197,13 @@ class Node:
         self.ownership.halt()
         await self.transport.close()  # peers reconnect to the node's current address
         await self.runner.stop()
+        self._watching = asyncio.get_running_loop().create_task(self._watch_identity(), name="cornus-watch")
+
+    async def _watch_identity(self) -> None:
+        await identity.watch_until_vacant(self.store, self.node_id, self.config.protocol_config)
+        log.error("node %s: the process that took its identity renews it no more; this one exits, to be "
+                  "restarted", self.node_id)
+        self.identity_vacant.set()
 
     async def wait_ready(self) -> None:
         # Polled: readiness depends on ownership records, recoveries and peers alike, and a
@@ -203,6 +220,10 @@ class Node:
         else:
             # Deposed: it delivers and releases nothing (another process is this node now).
             await self._parking
+            if self._watching is not None:
+                self._watching.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._watching
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

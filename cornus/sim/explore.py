@@ -85,6 +85,7 @@ def _explore_share(args: tuple[str, int, int, bool]) -> tuple[int, Failures, dic
         faults["twins"] += len(schedule.twins)
         faults["fenced_writes"] += world.outcome.fenced_writes
         faults["deposed"] += world.outcome.deposed
+        faults["vacancy_exits"] += world.outcome.vacancy_exits
         faults["stale_answers"] += world.outcome.stale_answers
         faults["lock_waits"] += world.outcome.lock_waits
         faults["wait_die_schedules"] += schedule.wait_die

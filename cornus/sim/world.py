@@ -60,6 +60,7 @@ from cornus.protocol.events import (
 )
 from cornus.protocol.execution import Execution, PartitionExecutions, Refusal
 from cornus.protocol.hosts import CoordinatorFactory, ParticipantFactory
+from cornus.protocol.identity_watch import Observed, VacancyWatch
 from cornus.protocol.locks import Grant, LockMode, Policy, Waiter
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import NodeCore, recovery_owner
@@ -98,8 +99,8 @@ IDENTITY_CHECK_MS = 1_000
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
     _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
-    _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _IDENTITY_ARRIVE,
-) = range(23)
+    _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _IDENTITY_ARRIVE, _WATCH, _WATCHED,
+) = range(25)
 
 
 _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
@@ -196,6 +197,7 @@ class Outcome:
     stale_answers: int = 0  # answers to calls of a partition's earlier tenure on the same node, dropped
     fenced_writes: int = 0  # writes of a partition's old owner that storage refused after a move
     deposed: int = 0  # processes stopped because a later process of their node took its identity
+    vacancy_exits: int = 0  # parked processes that found their node's identity vacant and exited
     late_duplicates: int = 0  # second copies of messages sent to arrive after the GC grace
     violations: list[str] = field(default_factory=list)
     undecided_at_liveness_check: list[str] = field(default_factory=list)
@@ -253,6 +255,12 @@ class World:
         # too (every process that starts takes it, raising it), under identity_name(node).
         self.owner = {partition: node_of(partition) for partition in self.partitions}
         self.epoch = dict.fromkeys(self.partitions, 1)
+        # The version of each identity record (every take and every renewal raises it): what a
+        # parked process watches, with the epoch, to learn whether the holder lives.
+        self.identity_version: dict[str, int] = {}
+        # Parked processes (deposed newest processes of their node), by node name: the watch over
+        # the identity record, and the incarnation it parked in (a crash or an exit ends it).
+        self.parked: dict[str, tuple[VacancyWatch, int]] = {}
         for partition in self.partitions:
             self.nodes[node_of(partition)] = Node(node_of(partition), None, (partition,), epochs={partition: 1})
         for node in self.nodes.values():
@@ -282,9 +290,12 @@ class World:
         blocking protocols are held to it too, once their coordinator is back)."""
         c = self.config
         slowest_call = self.deadline_ms + c.clock_slack_ms + self.schedule.delay_ms_max
+        # A newest process deposed by the first one of a Twin waits for that one's renewals to
+        # stop (it dies by the time faults end), and a watch's read, before it exits and restarts.
+        vacancy_ms = c.identity_vacant_ms + c.identity_check_ms + 2 * slowest_call if self.schedule.twins else 0
         return (
             c.recovery_settle_ms + c.timeout_ms_prepare + c.timeout_ms_votes + c.timeout_ms_decision
-            + c.timeout_ms_resend + 6 * c.backoff_ms_max + 30 * slowest_call + EXECUTION_IDLE_MS
+            + c.timeout_ms_resend + 6 * c.backoff_ms_max + 30 * slowest_call + EXECUTION_IDLE_MS + vacancy_ms
         )
 
     def _new_core(self, node: Node) -> NodeCore:
@@ -385,6 +396,10 @@ class World:
             self._twin_ends(*data)
         elif kind == _IDENTITY_ARRIVE:
             self._identity_arrive(data)
+        elif kind == _WATCH:
+            self._watch(*data)
+        elif kind == _WATCHED:
+            self._watched(*data)
         elif kind == _EXECUTE_ANSWER:
             self._execute_answered(*data)
         elif kind == _EXECUTE_DEADLINE:
@@ -789,6 +804,10 @@ class World:
     def crash(self, name: str, down_ms: int) -> None:
         """Crash a node now (its memory is lost); it restarts after `down_ms`, by faults end at latest."""
         node = self.nodes[name]
+        if self.parked.pop(name, None) is not None:
+            # A parked process crashes: its restart takes the identity, as its exit's would.
+            self._push(self.now_ms + max(1, down_ms), _RESTART, name)
+            return
         if not node.alive:
             return
         if self.trace is not None:
@@ -867,6 +886,8 @@ class World:
         result: IdentityTaken | IdentityChecked
         if isinstance(call, CheckIdentity):
             result = IdentityChecked(name, stored == call.epoch)
+            if call.renew and stored == call.epoch:
+                self.identity_version[identity] += 1
         elif expected is None or stored != expected:
             if expected is not None and round_count >= TAKE_IDENTITY_ROUND_COUNT_MAX:
                 result = IdentityTaken(StorageUnreachable(f"lost {TAKE_IDENTITY_ROUND_COUNT_MAX} races"))
@@ -879,6 +900,7 @@ class World:
                 return
         else:
             self.epoch[identity] = stored + 1
+            self.identity_version[identity] = self.identity_version.get(identity, 0) + 1
             result = IdentityTaken(stored + 1)
             process = self.process(name, incarnation)
             if process is not None:
@@ -889,11 +911,12 @@ class World:
         self._push(self.now_ms + latency, _RETURN, (name, incarnation, result, path, 0))
 
     def _depose(self, name: str, incarnation: int) -> None:
-        """A process whose node's identity a later process took: the runtime parks it (it acts
-        no more, and waits to be stopped), so a first process of a Twin ends here. The node's
-        newest process is never deposed: a take of an earlier life that lands late is refused
-        (its swap expected an older record), and a node whose newest process parked would
-        never come back."""
+        """A process whose node's identity another process took after it: the runtime parks it (it
+        acts no more), so a first process of a Twin ends here, as it would when its pod is gone.
+        The newest process can be the one deposed too, when both take the identity at once and
+        the older one's swap lands last: it parks, and watches the record (_watch) until the
+        older one, which dies at the end of its overlap, stops renewing it; then it exits, and
+        its restart takes the identity again. Its memory is lost meanwhile, as in a crash."""
         process = self.process(name, incarnation)
         if process is None:
             return
@@ -902,8 +925,40 @@ class World:
             self.trace.append(f"{self.now_ms:6d} {name:>3} DEPOSED (incarnation {incarnation})")
         if self.twins.get(name) is process:
             self._twin_ends(name, incarnation)
-        else:
-            self.outcome.violations.append(f"the newest process of {name} (incarnation {incarnation}) was deposed")
+            return
+        self._unpark(lambda k: k[0] == name, None)
+        process.alive = False
+        process.incarnation += 1
+        process.core = None
+        process.reset_memory(self.lock_policy)
+        self.parked[name] = (VacancyWatch(self.config, self.now_ms), process.incarnation)
+        self._push(self.now_ms + self.config.identity_check_ms, _WATCH, (name, process.incarnation))
+
+    def _watch(self, name: str, incarnation: int) -> None:
+        """A parked process reads its node's identity record (_watched hears the answer)."""
+        if self.parked.get(name, (None, -1))[1] != incarnation:
+            return  # it crashed or exited meanwhile
+        self._push(self.now_ms + self.config.identity_check_ms, _WATCH, (name, incarnation))
+        if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
+            unreachable = StorageUnreachable("the read outlived its deadline")
+            self._push(self.now_ms + self.deadline_ms, _WATCHED, (name, incarnation, unreachable))
+            return
+        identity = identity_name(name)
+        record = (self.epoch[identity], self.identity_version[identity]) if identity in self.epoch else None
+        # Read when it lands, heard a storage latency later.
+        landing = self.rng.randint(1, self.schedule.storage_ms_max)
+        self._push(self.now_ms + landing + self.rng.randint(1, self.schedule.storage_ms_max), _WATCHED,
+                   (name, incarnation, record))
+
+    def _watched(self, name: str, incarnation: int, record: Observed) -> None:
+        parked = self.parked.get(name)
+        if parked is None or parked[1] != incarnation or not parked[0].observed(self.now_ms, record):
+            return
+        if self.trace is not None:
+            self.trace.append(f"{self.now_ms:6d} {name:>3} IDENTITY VACANT: the parked process exits")
+        self.outcome.vacancy_exits += 1
+        del self.parked[name]
+        self._push(self.now_ms + 1, _RESTART, name)
 
     def _unreachable(self, log: LogId) -> bool:
         windows = self._down_logs.get(log.key)
@@ -959,6 +1014,7 @@ class World:
                 if isinstance(effect, TakeIdentity) and self.rng.random() < 0.5:
                     identity = identity_name(node.name)
                     self.epoch[identity] = self.epoch.get(identity, 0) + 1
+                    self.identity_version[identity] = self.identity_version.get(identity, 0) + 1
                 self._push(self.now_ms + self.deadline_ms, _RETURN,
                            (node.name, node.incarnation, unreachable, node.path, 0))
                 return

@@ -5,8 +5,9 @@ coordinator-log write (storage refuses it) or its next read of the identity reco
 identity_check_ms), and no transaction it answered COMMIT for may be lost. It does not exit: a
 kubelet cut off from the API server would restart it, and its new take would depose the
 replacement in turn (found by review). It parks: /healthz stays up, /readyz says 503, every
-transaction is refused. The simulator explores the interleavings (tests/protocol/test_twins.py);
-this checks the runtime's side of it."""
+transaction is refused. It exits (status 75, for its supervisor to restart it) only once the
+process that took the identity renews it no more. The simulator explores the interleavings
+(tests/protocol/test_twins.py); this checks the runtime's side of it."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cornus.protocol.config import ProtocolConfig
+from cornus.runtime.node import EXIT_CODE_IDENTITY_VACANT
 from tests.cluster.conftest import storage_for
 from tests.cluster.harness import NodeProcess, keys_on, running_cluster
 from tests.conftest import Services
@@ -103,3 +105,48 @@ def test_a_second_process_of_a_node_stops_the_first_and_loses_no_commit(
             assert values == dict.fromkeys(keys, "after"), values
         else:
             assert len(set(values.values())) == 1, values
+
+
+# Renewals every 200 ms, and a storage deadline of 1 s: a parked process takes the identity for
+# vacant after 3 * 200 ms + 1 s + the clock slack (identity_vacant_ms).
+WATCH_SETTINGS = {"identity_check_ms": 200, "clock_slack_ms": 500}
+WATCH_STORAGE = {"timeout_ms_call": "1000"}
+VACANT_S = ProtocolConfig(identity_check_ms=200, storage_deadline_ms=1000, clock_slack_ms=500,
+                          gc_grace_ms=2500).identity_vacant_ms / 1000
+# How long it may take a loaded machine past that to see it and exit.
+EXIT_TIMEOUT_S = VACANT_S + 15
+
+
+@pytest.mark.services
+def test_a_parked_process_exits_once_the_process_that_deposed_it_is_gone(services: Services, tmp_path: Path) -> None:
+    """Which process of a node takes its identity last is a race: the older one can win and then
+    go away (its pod deleted), leaving the newer one parked with nobody holding the identity. The
+    simulator found it (tests/protocol/test_twins.py); before the watch, the parked process
+    stayed parked until restarted by hand. Here the second process deposes the first, then dies."""
+    storage = {**storage_for("redis", services, tmp_path), **WATCH_STORAGE}
+    with running_cluster("cornus", storage, settings=WATCH_SETTINGS) as cluster:
+        cluster.start_all()
+        first = cluster.nodes["n0"]
+        second = NodeProcess("n0", free_port(), free_port())
+        cluster.nodes["n0"] = second
+        try:
+            cluster.start("n0", wait=False)
+            _wait_for(lambda: "took its identity epoch=2" in cluster.log("n0"), TAKE_TIMEOUT_S,
+                      "the second process takes the identity")
+        finally:
+            cluster.nodes["n0"] = first
+        _wait_for(lambda: "deposed" in cluster.log("n0"), PARK_TIMEOUT_S, "the first process parks")
+        # While the second process lives and renews, the first stays parked, well past the wait.
+        time.sleep(VACANT_S + 1)
+        assert first.alive, cluster.log("n0")
+        cluster.nodes["n0"] = second
+        cluster.kill("n0")
+        cluster.nodes["n0"] = first
+        assert cluster.wait_exit("n0", EXIT_TIMEOUT_S) == EXIT_CODE_IDENTITY_VACANT, cluster.log("n0")
+        assert "renews it no more" in cluster.log("n0")
+        # Its supervisor restarts it: the restart takes the identity, recovers and commits.
+        cluster.start("n0")
+        assert "took its identity epoch=3" in cluster.log("n0")
+        keys = [keys_on("p1", cluster.partition_count, 1, "a")[0], keys_on("p2", cluster.partition_count, 1, "b")[0]]
+        response = cluster.execute("n0", [{"op": "put", "key": k, "value": "back"} for k in keys])
+        assert response.status_code == 200 and response.json()["outcome"] == "committed", response.text

@@ -17,6 +17,7 @@ from cornus.protocol.events import (
     TimerFired,
 )
 from cornus.protocol.hosts import IDENTITY_CHECK_TIMER
+from cornus.protocol.identity_watch import VacancyWatch
 from cornus.protocol.messages import DecisionAnswer, DecisionQuery
 from cornus.protocol.node_core import NodeCore
 from cornus.protocol.txn_ids import new_txn_id
@@ -88,12 +89,41 @@ def test_an_unreachable_check_answers_nothing_and_a_lost_identity_deposes() -> N
     assert core.handle(IdentityChecked(NODE, False)) == [Deposed(NODE, 3)]
 
 
-def test_the_identity_is_checked_periodically_with_no_query_waiting() -> None:
+def test_the_identity_is_renewed_periodically_and_a_tick_during_a_check_owes_its_renewal() -> None:
     core = _recovered()
     tick = TimerFired(Timer(NODE, "", IDENTITY_CHECK_TIMER))
-    assert core.handle(tick) == [StartTimer(tick.timer, IDENTITY_CHECK_MS), CheckIdentity(NODE, 3)]
-    # While that check is out, the next tick only rearms.
-    assert core.handle(tick) == [StartTimer(tick.timer, IDENTITY_CHECK_MS)]
+    renew = CheckIdentity(NODE, 3, renew=True)
+    assert core.handle(tick) == [StartTimer(tick.timer, IDENTITY_CHECK_MS), renew]
     assert core.handle(IdentityChecked(NODE, True)) == []
-    assert core.handle(tick) == [StartTimer(tick.timer, IDENTITY_CHECK_MS), CheckIdentity(NODE, 3)]
+    # A tick while a check is out rearms, and owes its renewal to the next check: under a stream
+    # of presumptions every tick could find one out, and a parked process of this node watching
+    # for renewals would take the identity for vacant.
+    _query(core, "p1", 1)
+    assert core.handle(tick) == [StartTimer(tick.timer, IDENTITY_CHECK_MS)]
+    _query(core, "p2", 2)
+    effects = core.handle(IdentityChecked(NODE, True))
+    assert effects[-1] == renew and len(effects) == 2, effects
+    assert core.handle(IdentityChecked(NODE, True))[-1:] != [renew], "one renewal owed, one made"
+    assert core.handle(tick) == [StartTimer(tick.timer, IDENTITY_CHECK_MS), renew]
     assert core.handle(IdentityChecked(NODE, False)) == [Deposed(NODE, 3)]
+
+
+def test_a_parked_process_takes_the_identity_for_vacant_only_after_landed_reads_see_it_unchanged() -> None:
+    config = ProtocolConfig()
+    vacant_ms = config.identity_vacant_ms
+    assert vacant_ms == 3 * config.identity_check_ms + config.storage_deadline_ms + config.clock_slack_ms
+    watch = VacancyWatch(config, now_ms=0)
+    assert not watch.observed(1_000, (4, 7))
+    assert not watch.observed(1_000 + vacant_ms - 1, (4, 7))
+    assert not watch.observed(1_000 + vacant_ms, (4, 8)), "a renewal: the holder lives"
+    assert not watch.observed(1_000 + 2 * vacant_ms - 1, (4, 8))
+    # Storage unreachable says nothing of the holder, and the wait starts again at the next read
+    # that lands: after an outage the holder renews within a tick of storage coming back.
+    assert not watch.observed(1_000 + 2 * vacant_ms, StorageUnreachable("down"))
+    assert not watch.observed(1_000 + 3 * vacant_ms, (4, 8))
+    assert not watch.observed(1_000 + 4 * vacant_ms - 1, (4, 8))
+    assert watch.observed(1_000 + 4 * vacant_ms, (4, 8))
+    # A missing record is a record unchanged like any other (a take would write one).
+    watch = VacancyWatch(config, now_ms=0)
+    assert not watch.observed(5, None)
+    assert watch.observed(5 + vacant_ms, None)
