@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from cornus.protocol.effects import RecoveryFinished
+from cornus.runtime import identity
 from tests.runtime.faults import local_cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -25,3 +26,18 @@ async def test_a_recovery_settling_after_the_node_was_deposed_serves_nothing(tmp
         # What Readiness._settle calls once its wait ends.
         node.readiness.settled(RecoveryFinished(0, (partition,), node=False))
         assert partition not in node.serving, f"the deposed node serves {partition} again"
+
+
+async def test_a_renewal_keeps_the_identity_and_fails_once_another_process_took_it(tmp_path) -> None:
+    async with local_cluster(tmp_path, node_count=1, partition_count=1) as cluster:
+        store = cluster.node().store
+        taken = await identity.take(store, "n9")  # a node id no process of the cluster runs
+        renewed = await identity.renew(store, taken)
+        assert renewed is not None and (renewed.epoch, renewed.version) == (taken.epoch, taken.version + 1)
+        # A renewal that timed out and landed all the same: the next one, swapping from the record
+        # its process last knew, is refused, and finds the record still its own.
+        assert await identity.renew(store, taken) == renewed
+        later = await identity.take(store, "n9")
+        assert later.epoch == taken.epoch + 1
+        assert await identity.renew(store, renewed) is None
+        assert await identity.renew(store, later) is not None
