@@ -5,6 +5,7 @@ failpoint) and restarted on the same ports."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.cluster import zygote
 from tests.worker import free_port
 
 READY_TIMEOUT_S = 60.0
@@ -47,7 +49,7 @@ class NodeProcess:
     node_id: str
     peer_port: int
     api_port: int
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | zygote.ForkedProcess | None = None
     log_path: Path | None = None
     env: dict[str, str] = field(default_factory=dict)  # on top of the cluster's, for this node only
     grpc_api_port: int = 0  # 0: no public gRPC API
@@ -114,14 +116,16 @@ class Cluster:
             env["CORNUS_GRPC_API_LISTEN"] = f"127.0.0.1:{node.grpc_api_port}"
         env.update(node.env)
         node.log_path = self.directory / f"{node_id}.log"
-        log = node.log_path.open("ab")
         config = ["--config", str(node.config_path)] if node.config_path else []
-        node.process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "serve", "--node-id", node_id,
-             "--api-listen", f"127.0.0.1:{node.api_port}", *config],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        log.close()
+        args = ["serve", "--node-id", node_id, "--api-listen", f"127.0.0.1:{node.api_port}", *config]
+        if zygote.enabled():
+            node.process = zygote.Zygote.get().spawn(args, env, node.log_path)
+        else:
+            with node.log_path.open("ab") as log:
+                node.process = subprocess.Popen(
+                    [sys.executable, "-m", "services.cli", *args],
+                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                )
         if wait:
             self.wait_ready(node_id)
 
@@ -189,6 +193,9 @@ class Cluster:
                     os.killpg(node.process.pid, signal.SIGKILL)
                     node.process.wait(10)
         self.client.close()
+        # The nodes' logs: a failing test has shown them already (running_cluster); some 60
+        # clusters a run left theirs in /tmp, run after run.
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def log(self, node_id: str) -> str:
         path = self.nodes[node_id].log_path
