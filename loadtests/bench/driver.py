@@ -36,6 +36,9 @@ ATTEMPT_COUNT_MAX = 1_000
 FAILURE_PAUSE_S = 0.01
 # Program errors (a workload bug, or data that breaks its assumptions) kept for the report.
 ERROR_COUNT_MAX = 5
+# Distinct (outcome, reason) pairs of attempts that did not commit, counted for the report; the
+# reasons are the API's short codes, but a node could send anything, so the rest go under "other".
+NOT_COMMITTED_KIND_COUNT_MAX = 32
 # Transactions kept for the latency figures. A run may last an hour at thousands of commits a
 # second: a record each would grow without bound, so past this many a uniform sample of them is
 # kept (reservoir sampling), whose averages and percentiles stand for all; counts stay exact.
@@ -66,11 +69,19 @@ class DriverResult:
     commits: Counter[tuple[str, bool, bool, bool]] = field(default_factory=Counter)
     attempts: Counter[str] = field(default_factory=Counter)  # by kind
     aborted_attempts: Counter[str] = field(default_factory=Counter)  # by kind
-    abort_reasons: Counter[str] = field(default_factory=Counter)
+    # Attempts that did not commit, by "outcome:reason" (aborted:conflict, unavailable:..., failed:...):
+    # a run that commits little says why.
+    not_committed: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     cpu_s: float = 0.0  # this process's CPU time over the run
     warmup_s: float = 0.0  # the start of the run left out of the figures
+
+    def count_not_committed(self, reply: Reply) -> None:
+        kind = f"{reply.outcome}:{reply.reason or '-'}"
+        if kind not in self.not_committed and len(self.not_committed) >= NOT_COMMITTED_KIND_COUNT_MAX:
+            kind = "other"
+        self.not_committed[kind] += 1
 
     def add(self, record: TxnRecord, rng: random.Random) -> None:
         """Count `record` and keep it, or past TXN_RECORD_COUNT_MAX keep it in place of a kept one
@@ -131,7 +142,8 @@ async def run_clients(addresses: Sequence[tuple[str, int]], workload: Workload, 
                             result.errors.append(f"{txn.kind}: {type(error).__name__}: {error}")
                     if reply.outcome == "aborted":
                         result.aborted_attempts[txn.kind] += 1
-                        result.abort_reasons[reply.reason or "unknown"] += 1
+                    if reply.outcome != "committed":
+                        result.count_not_committed(reply)
                     if reply.outcome not in _RETRYABLE or not reply.retryable or time.monotonic() >= stop_at:
                         break
                     await asyncio.sleep(_retry_pause_s(rng, attempts))

@@ -24,7 +24,8 @@ from loadtests.bench.cluster import RunResult
 PROTOCOL_ORDER = ("cornus", "2pc", "coordinator-log")
 CSV_FIELDS = (
     "param", "value", "protocol", "workload", "storage", "nodes", "partitions", "clients", "seconds", "lock_policy",
-    "commits", "commits_per_s", "attempts", "aborted_attempts", "abort_rate", "dist_commits", "dist_avg_ms",
+    "commits", "commits_per_s", "attempts", "aborted_attempts", "abort_rate", "not_committed", "dist_commits",
+    "dist_avg_ms",
     "dist_p50_ms", "dist_p99_ms", "all_avg_ms", "all_p99_ms", "execution_ms", "prepare_ms", "commit_ms",
     "node_total_ms", "node_total_p50_ms", "prepare_p50_ms", "rw_dist_commits", "rw_dist_avg_ms", "rw_commit_path_ms",
     "w_log_once_ms", "w_log_ms",
@@ -68,6 +69,8 @@ def summarize(result: RunResult, param: str = "", value: str = "") -> dict[str, 
         "commits": commit_count, "commits_per_s": round(commit_count / window_s, 1),
         "attempts": attempts, "aborted_attempts": aborted,
         "abort_rate": round(aborted / attempts, 4) if attempts else 0,
+        # The most frequent reasons attempts did not commit, over the whole run (warm-up too).
+        "not_committed": "; ".join(f"{kind}={count}" for kind, count in driver.not_committed.most_common(6)),
         "dist_commits": driver.committed(measured=True, distributed=True),
         "dist_avg_ms": round(_mean([r.latency_ms for r in distributed]), 3),
         "dist_p50_ms": round(percentile([r.latency_ms for r in distributed], 0.5), 3),

@@ -18,10 +18,11 @@ import pytest
 from cornus.protocol.config import Protocol
 from loadtests.bench import cloud, lifecycle, termination
 from loadtests.bench.cluster import RunResult, RunSettings
-from loadtests.bench.driver import DriverResult
-from loadtests.bench.report import format_ratios, markdown_summary, median_trial, ratio_rows
+from loadtests.bench.driver import NOT_COMMITTED_KIND_COUNT_MAX, DriverResult
+from loadtests.bench.report import format_ratios, markdown_summary, median_trial, ratio_rows, summarize
 from loadtests.bench.sweep import BenchPlan, write_outputs
 from loadtests.bench.termination import NodeTermination
+from loadtests.workloads.base import Reply
 from services.cli import main
 from storage_adapters.factory import StoreConfig
 
@@ -306,3 +307,20 @@ def test_a_trial_count_out_of_bounds_is_refused_before_anything_runs(tmp_path):
         done = _cornus("bench", "--trials", trials, "--out", str(tmp_path / trials))
         assert done.returncode == 2 and f"--trials {trials}: between 1 and 9" in done.stderr, done.stderr
         assert "cornus bench:" not in done.stdout and not (tmp_path / trials).exists()
+
+
+def test_attempts_that_did_not_commit_are_reported_by_outcome_and_reason_within_a_bound():
+    """A run that commits little says why (the Azurite sweep that once aborted everything did not)."""
+    result = DriverResult()
+    for _ in range(3):
+        result.count_not_committed(Reply("aborted", "conflict"))
+    result.count_not_committed(Reply("unavailable", "partition_moving"))
+    result.count_not_committed(Reply("failed"))
+    for index in range(NOT_COMMITTED_KIND_COUNT_MAX + 5):
+        result.count_not_committed(Reply("failed", f"ReadTimeout {index}"))
+    assert len(result.not_committed) == NOT_COMMITTED_KIND_COUNT_MAX + 1  # and "other"
+    assert result.not_committed["other"] == 8
+    row = summarize(RunResult("cornus", RunSettings(), "emulator", result))
+    kinds = row["not_committed"].split("; ")
+    assert kinds[:3] == ["other=8", "aborted:conflict=3", "unavailable:partition_moving=1"], kinds
+    assert len(kinds) == 6 and "failed:ReadTimeout 0=1" in kinds, kinds
