@@ -5,9 +5,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, fields
 
-# Renewals of its identity record a live process may miss in a row (a slow storage call, a paused
-# process) before a parked process of its node takes the record for vacant (identity_vacant_ms).
-IDENTITY_RENEWALS_MISSED_MAX = 3
+# Renewal intervals a live process's record may go unrenewed (a paused process, storage slow or
+# unreachable for it) before a parked process of its node takes the record for vacant
+# (identity_vacant_ms). A wrong vacancy deposes a live holder once (safe, fenced, but a takeover);
+# the wait it costs is paid only in the rare race that parks a node's newest process.
+IDENTITY_RENEWALS_MISSED_MAX = 5
 
 
 class Protocol(enum.StrEnum):
@@ -78,9 +80,13 @@ class ProtocolConfig:
         """How long a parked process (one a later process of its node deposed) must see the
         node's identity record unchanged before it takes the record for vacant and exits, to be
         restarted (cornus.protocol.identity_watch). The holder renews the record every
-        identity_check_ms; this many renewals missed in a row, each of which may take a storage
-        deadline and land a slack late, do not happen to a process that lives."""
-        return IDENTITY_RENEWALS_MISSED_MAX * self.identity_check_ms + self.storage_deadline_ms + self.clock_slack_ms
+        identity_check_ms; two renewals that both land in time can still be a tick plus two
+        deadlines apart (a renewal owed while a presumption read is out leaves when that read
+        answers, and then takes its own deadline to land), and the clocks may differ by the
+        slack. Past that, IDENTITY_RENEWALS_MISSED_MAX ticks without one. (Found by review: a
+        window of 3 ticks + 1 deadline + slack could depose a live holder on slow storage.)"""
+        return (IDENTITY_RENEWALS_MISSED_MAX * self.identity_check_ms + 2 * self.storage_deadline_ms
+                + self.clock_slack_ms)
 
     @property
     def recovery_settle_ms(self) -> int:

@@ -28,20 +28,24 @@ class VacancyWatch:
 
     def __init__(self, config: ProtocolConfig, now_ms: int) -> None:
         self.vacant_ms = config.identity_vacant_ms
-        # The record as last read, and since when (by this process's clock) it has read so: a
-        # renewal between two reads changes it. The wait starts at the first read that lands.
+        # The record as last read, and the latest moment storage can have served the read that
+        # first found it so (its answer's arrival): it has been unchanged at least from then. The
+        # wait starts at the first read that lands.
         self._seen: Observed = _UNKNOWN
         self._seen_since_ms = now_ms
 
-    def observed(self, now_ms: int, record: Observed) -> bool:
-        """A read that landed at `now_ms` found `record`: True if the holder is gone."""
-        assert now_ms >= self._seen_since_ms, (now_ms, self._seen_since_ms)
+    def observed(self, sent_ms: int, answered_ms: int, record: Observed) -> bool:
+        """A read sent at `sent_ms` answered at `answered_ms` that it found `record`: True if the
+        holder is gone. An unchanged record counts up to the read's sending, the earliest moment
+        storage can have served it (found by review: counting to the answer's arrival took up to
+        a deadline more than the record was seen unchanged)."""
+        assert sent_ms <= answered_ms, (sent_ms, answered_ms)
         if isinstance(record, StorageUnreachable):
             # Unknown, not unchanged: the holder may not have reached storage either, and renews
             # within a tick of it coming back. The wait starts again at the next read that lands.
             self._seen = _UNKNOWN
             return False
         if record != self._seen:
-            self._seen, self._seen_since_ms = record, now_ms
+            self._seen, self._seen_since_ms = record, answered_ms
             return False
-        return now_ms - self._seen_since_ms >= self.vacant_ms
+        return sent_ms - self._seen_since_ms >= self.vacant_ms

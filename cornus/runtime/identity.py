@@ -45,13 +45,19 @@ async def held(store: LogStore, fence: Fence) -> bool:
 async def renew(store: LogStore, record: Ownership) -> Ownership | None:
     """Write the identity record again, in the same epoch with the next version: the record as it
     is now, or None if another process of the node has taken it since `record`."""
-    new = Ownership(record.partition, record.owner, record.epoch, record.version + 1, record.lease_ms)
-    if (await store.write_owner(record, new)).written:
-        return new
-    # Refused: another take, or a renewal of this process that timed out and landed all the same,
-    # which leaves the record this process's, a version further on.
-    stored = (await store.read_owners([record.partition])).get(record.partition)
-    return stored if stored is not None and record.fence().admits(stored) else None
+    for _ in range(2):
+        new = Ownership(record.partition, record.owner, record.epoch, record.version + 1, record.lease_ms)
+        result = await store.write_owner(record, new)
+        if result.written:
+            return new
+        # Refused: another take, or a renewal of this process that timed out and landed all the
+        # same, which leaves the record this process's, a version further on: renewed from that
+        # one, once (a second refusal with the record still ours would be a renewal in flight
+        # of this process that the core does not make; it is this process's record all the same).
+        if result.stored is None or not record.fence().admits(result.stored):
+            return None
+        record = result.stored
+    return record
 
 
 async def watch_until_vacant(store: LogStore, node_id: str, config: ProtocolConfig) -> None:
@@ -61,13 +67,14 @@ async def watch_until_vacant(store: LogStore, node_id: str, config: ProtocolConf
     watch = VacancyWatch(config, _now_ms())
     while True:
         await asyncio.sleep(config.identity_check_ms / 1000)
+        sent_ms = _now_ms()
         try:
             stored = (await store.read_owners([name])).get(name)
         except StorageUnavailable as error:
             observed: Observed = StorageUnreachable(str(error))
         else:
             observed = None if stored is None else (stored.epoch, stored.version)
-        if watch.observed(_now_ms(), observed):
+        if watch.observed(sent_ms, _now_ms(), observed):
             return
 
 

@@ -142,6 +142,7 @@ class Node:
         # gone): serve then exits with EXIT_CODE_IDENTITY_VACANT, and its restart takes it again.
         self.identity_vacant = asyncio.Event()
         self._watching: asyncio.Task[None] | None = None
+        self._stopping = False
         # Coordinating needs only this node's own recovery: where the partitions are is the
         # owners' business (a partition moving aborts the transactions that touch it, retryable).
         self.coordination.ready = lambda: self.readiness.ready and not self.deposed
@@ -197,7 +198,8 @@ class Node:
         self.ownership.halt()
         await self.transport.close()  # peers reconnect to the node's current address
         await self.runner.stop()
-        self._watching = asyncio.get_running_loop().create_task(self._watch_identity(), name="cornus-watch")
+        if not self._stopping:  # a stop under way ends the process anyway (found by review)
+            self._watching = asyncio.get_running_loop().create_task(self._watch_identity(), name="cornus-watch")
 
     async def _watch_identity(self) -> None:
         await identity.watch_until_vacant(self.store, self.node_id, self.config.protocol_config)
@@ -212,13 +214,15 @@ class Node:
             await asyncio.sleep(POLL_MS / 1000)
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._parking is None:
             await self._deliver_decisions(TIMEOUT_MS_DELIVER_DECISIONS / 1000)
         if self._parking is None:  # deposed meanwhile, perhaps: then it releases nothing
             await self.ownership.stop(TIMEOUT_MS_RELEASE / 1000)
             await self.runner.stop()
-        else:
-            # Deposed: it delivers and releases nothing (another process is this node now).
+        if self._parking is not None:
+            # Deposed (before the stop, or during it): it delivers and releases nothing more
+            # (another process is this node now).
             await self._parking
             if self._watching is not None:
                 self._watching.cancel()

@@ -176,6 +176,15 @@ class Node:
         return self.alive and self.core is not None and self.core.recovered
 
 
+@dataclass(slots=True)
+class _Parked:
+    """A process a later take of its node's identity deposed: what it watches, and what it does."""
+
+    watch: VacancyWatch
+    restarts: bool  # the node's newest process: its exit on a vacancy is restarted at once
+    ends_ms: int | None  # a Twin's first process: its pod is gone then, the watch with it
+
+
 @dataclass
 class Outcome:
     """What a run produced, for the invariant checker."""
@@ -258,9 +267,14 @@ class World:
         # The version of each identity record (every take and every renewal raises it): what a
         # parked process watches, with the epoch, to learn whether the holder lives.
         self.identity_version: dict[str, int] = {}
-        # Parked processes (deposed newest processes of their node), by node name: the watch over
-        # the identity record, and the incarnation it parked in (a crash or an exit ends it).
-        self.parked: dict[str, tuple[VacancyWatch, int]] = {}
+        # When each identity record last changed (a take or a renewal landed): what a vacancy the
+        # watch of a parked process finds is checked against.
+        self.identity_changed_ms: dict[str, int] = {}
+        # Parked processes (deposed by a later take of their node's identity), by node name and
+        # incarnation; a crash, an exit, or the end of a Twin's first process ends one.
+        self.parked: dict[tuple[str, int], _Parked] = {}
+        # When the first process of each node's Twin dies (Twin.overlap_ms after the second starts).
+        self._twin_end_ms: dict[str, int] = {}
         for partition in self.partitions:
             self.nodes[node_of(partition)] = Node(node_of(partition), None, (partition,), epochs={partition: 1})
         for node in self.nodes.values():
@@ -804,9 +818,10 @@ class World:
     def crash(self, name: str, down_ms: int) -> None:
         """Crash a node now (its memory is lost); it restarts after `down_ms`, by faults end at latest."""
         node = self.nodes[name]
-        if self.parked.pop(name, None) is not None:
-            # A parked process crashes: its restart takes the identity, as its exit's would.
-            self._push(self.now_ms + max(1, down_ms), _RESTART, name)
+        if self.parked.pop((name, node.incarnation), None) is not None:
+            # The node's parked newest process crashes: its restart takes the identity, as its
+            # exit's would.
+            self._push(min(self.now_ms + max(1, down_ms), max(FAULTS_END_MS, self.now_ms + 1)), _RESTART, name)
             return
         if not node.alive:
             return
@@ -862,6 +877,7 @@ class World:
         second.reset_memory(self.lock_policy)
         self.nodes[twin.node] = second
         self._push(self.now_ms + twin.overlap_ms, _TWIN_END, (twin.node, first.incarnation))
+        self._twin_end_ms[twin.node] = self.now_ms + twin.overlap_ms
         self._start_core(second)
 
     def _twin_ends(self, name: str, incarnation: int) -> None:
@@ -888,6 +904,7 @@ class World:
             result = IdentityChecked(name, stored == call.epoch)
             if call.renew and stored == call.epoch:
                 self.identity_version[identity] += 1
+                self.identity_changed_ms[identity] = self.now_ms
         elif expected is None or stored != expected:
             if expected is not None and round_count >= TAKE_IDENTITY_ROUND_COUNT_MAX:
                 result = IdentityTaken(StorageUnreachable(f"lost {TAKE_IDENTITY_ROUND_COUNT_MAX} races"))
@@ -901,6 +918,7 @@ class World:
         else:
             self.epoch[identity] = stored + 1
             self.identity_version[identity] = self.identity_version.get(identity, 0) + 1
+            self.identity_changed_ms[identity] = self.now_ms
             result = IdentityTaken(stored + 1)
             process = self.process(name, incarnation)
             if process is not None:
@@ -924,41 +942,65 @@ class World:
         if self.trace is not None:
             self.trace.append(f"{self.now_ms:6d} {name:>3} DEPOSED (incarnation {incarnation})")
         if self.twins.get(name) is process:
+            # It acts no more; it watches the record until its pod is gone, and a vacancy it finds
+            # meanwhile ends it too (its restart, by a kubelet the pod's deletion has not reached,
+            # is not modelled: it would be one more process of the node, as a Twin is).
             self._twin_ends(name, incarnation)
+            self._park(name, incarnation, restarts=False, ends_ms=self._twin_end_ms[name])
             return
         self._unpark(lambda k: k[0] == name, None)
         process.alive = False
         process.incarnation += 1
         process.core = None
         process.reset_memory(self.lock_policy)
-        self.parked[name] = (VacancyWatch(self.config, self.now_ms), process.incarnation)
-        self._push(self.now_ms + self.config.identity_check_ms, _WATCH, (name, process.incarnation))
+        self._park(name, process.incarnation, restarts=True, ends_ms=None)
+
+    def _park(self, name: str, incarnation: int, *, restarts: bool, ends_ms: int | None) -> None:
+        self.parked[(name, incarnation)] = _Parked(VacancyWatch(self.config, self.now_ms), restarts, ends_ms)
+        self._push(self.now_ms + self.config.identity_check_ms, _WATCH, (name, incarnation))
 
     def _watch(self, name: str, incarnation: int) -> None:
-        """A parked process reads its node's identity record (_watched hears the answer)."""
-        if self.parked.get(name, (None, -1))[1] != incarnation:
+        """A parked process sends a read of its node's identity record (_watched: it lands, then
+        its answer arrives)."""
+        parked = self.parked.get((name, incarnation))
+        if parked is None:
             return  # it crashed or exited meanwhile
+        if parked.ends_ms is not None and self.now_ms >= parked.ends_ms:
+            del self.parked[(name, incarnation)]  # its pod is gone
+            return
         self._push(self.now_ms + self.config.identity_check_ms, _WATCH, (name, incarnation))
         if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
             unreachable = StorageUnreachable("the read outlived its deadline")
-            self._push(self.now_ms + self.deadline_ms, _WATCHED, (name, incarnation, unreachable))
+            self._push(self.now_ms + self.deadline_ms, _WATCHED, (name, incarnation, self.now_ms, unreachable, None))
             return
-        identity = identity_name(name)
-        record = (self.epoch[identity], self.identity_version[identity]) if identity in self.epoch else None
-        # Read when it lands, heard a storage latency later.
-        landing = self.rng.randint(1, self.schedule.storage_ms_max)
-        self._push(self.now_ms + landing + self.rng.randint(1, self.schedule.storage_ms_max), _WATCHED,
-                   (name, incarnation, record))
+        landing = self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max)
+        self._push(landing, _WATCHED, (name, incarnation, self.now_ms, None, None))
 
-    def _watched(self, name: str, incarnation: int, record: Observed) -> None:
-        parked = self.parked.get(name)
-        if parked is None or parked[1] != incarnation or not parked[0].observed(self.now_ms, record):
+    def _watched(self, name: str, incarnation: int, sent_ms: int, record: Observed, landed_ms: int | None) -> None:
+        if record is None and landed_ms is None:
+            # The read lands: storage serves it now; its answer arrives a storage latency later.
+            identity = identity_name(name)
+            stored = (self.epoch[identity], self.identity_version[identity]) if identity in self.epoch else None
+            data = (name, incarnation, sent_ms, stored, self.now_ms)
+            self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _WATCHED, data)
             return
+        parked = self.parked.get((name, incarnation))
+        if parked is None or not parked.watch.observed(sent_ms, self.now_ms, record):
+            return
+        # What the watch promises: the record it read last was that one, unchanged, for the
+        # whole wait, by storage's own record of its changes.
+        changed_ms = self.identity_changed_ms.get(identity_name(name), -self.boot_ms)
+        assert landed_ms is not None
+        if landed_ms - changed_ms < self.config.identity_vacant_ms:
+            self.outcome.violations.append(
+                f"a parked process of {name} took its identity for vacant {landed_ms - changed_ms} ms after it "
+                f"changed (the wait is {self.config.identity_vacant_ms} ms)")
         if self.trace is not None:
             self.trace.append(f"{self.now_ms:6d} {name:>3} IDENTITY VACANT: the parked process exits")
         self.outcome.vacancy_exits += 1
-        del self.parked[name]
-        self._push(self.now_ms + 1, _RESTART, name)
+        del self.parked[(name, incarnation)]
+        if parked.restarts:
+            self._push(self.now_ms + 1, _RESTART, name)
 
     def _unreachable(self, log: LogId) -> bool:
         windows = self._down_logs.get(log.key)
@@ -1015,6 +1057,7 @@ class World:
                     identity = identity_name(node.name)
                     self.epoch[identity] = self.epoch.get(identity, 0) + 1
                     self.identity_version[identity] = self.identity_version.get(identity, 0) + 1
+                    self.identity_changed_ms[identity] = self.now_ms
                 self._push(self.now_ms + self.deadline_ms, _RETURN,
                            (node.name, node.incarnation, unreachable, node.path, 0))
                 return

@@ -111,19 +111,41 @@ def test_the_identity_is_renewed_periodically_and_a_tick_during_a_check_owes_its
 def test_a_parked_process_takes_the_identity_for_vacant_only_after_landed_reads_see_it_unchanged() -> None:
     config = ProtocolConfig()
     vacant_ms = config.identity_vacant_ms
-    assert vacant_ms == 3 * config.identity_check_ms + config.storage_deadline_ms + config.clock_slack_ms
+    tick, deadline, slack = config.identity_check_ms, config.storage_deadline_ms, config.clock_slack_ms
+    assert vacant_ms == 5 * tick + 2 * deadline + slack
     watch = VacancyWatch(config, now_ms=0)
-    assert not watch.observed(1_000, (4, 7))
-    assert not watch.observed(1_000 + vacant_ms - 1, (4, 7))
-    assert not watch.observed(1_000 + vacant_ms, (4, 8)), "a renewal: the holder lives"
-    assert not watch.observed(1_000 + 2 * vacant_ms - 1, (4, 8))
+    assert not watch.observed(1_000, 1_000, (4, 7))
+    assert not watch.observed(1_000 + vacant_ms - 1, 1_000 + vacant_ms, (4, 7))
+    assert not watch.observed(1_000 + vacant_ms, 1_000 + vacant_ms, (4, 8)), "a renewal: the holder lives"
+    assert not watch.observed(1_000 + 2 * vacant_ms - 1, 1_000 + 2 * vacant_ms - 1, (4, 8))
     # Storage unreachable says nothing of the holder, and the wait starts again at the next read
     # that lands: after an outage the holder renews within a tick of storage coming back.
-    assert not watch.observed(1_000 + 2 * vacant_ms, StorageUnreachable("down"))
-    assert not watch.observed(1_000 + 3 * vacant_ms, (4, 8))
-    assert not watch.observed(1_000 + 4 * vacant_ms - 1, (4, 8))
-    assert watch.observed(1_000 + 4 * vacant_ms, (4, 8))
+    assert not watch.observed(1_000 + 2 * vacant_ms, 1_000 + 2 * vacant_ms, StorageUnreachable("down"))
+    assert not watch.observed(1_000 + 3 * vacant_ms, 1_000 + 3 * vacant_ms, (4, 8))
+    assert not watch.observed(1_000 + 4 * vacant_ms - 1, 1_000 + 4 * vacant_ms - 1, (4, 8))
+    assert watch.observed(1_000 + 4 * vacant_ms, 1_000 + 4 * vacant_ms, (4, 8))
     # A missing record is a record unchanged like any other (a take would write one).
     watch = VacancyWatch(config, now_ms=0)
-    assert not watch.observed(5, None)
-    assert watch.observed(5 + vacant_ms, None)
+    assert not watch.observed(5, 5, None)
+    assert watch.observed(5 + vacant_ms, 5 + vacant_ms, None)
+
+
+def test_a_live_holder_on_slow_storage_is_never_taken_for_vacant() -> None:
+    """Found by review: renewals that all land within their deadline can be a tick and two
+    deadlines apart (one owed while a presumption read was out leaves when that read answers,
+    then takes its deadline to land), and a watch that counted to its reads' answers, each up to a
+    deadline late, took such a holder for vacant after 12 s with the defaults, and its restart
+    deposed the holder. Here renewals land that far apart, and the parked process's reads are
+    served just before each, answered a whole deadline late (the first after each renewal at once)."""
+    config = ProtocolConfig()
+    tick, deadline = config.identity_check_ms, config.storage_deadline_ms
+    gap_ms = tick + 2 * deadline
+    watch = VacancyWatch(config, now_ms=0)
+    for version in range(1, 6):
+        landed_ms = version * gap_ms  # when renewal `version` lands
+        assert not watch.observed(landed_ms + 1, landed_ms + 1, (2, version))
+        # Reads every tick; the one served just before the next renewal lands sees this version.
+        for served_ms in [*range(landed_ms + 1 + tick, landed_ms + gap_ms, tick), landed_ms + gap_ms - 1]:
+            # Sent a moment before it was served; its answer comes a deadline later.
+            sent_ms = served_ms - 1
+            assert not watch.observed(sent_ms, served_ms + deadline, (2, version)), (version, served_ms)
