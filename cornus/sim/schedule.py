@@ -154,6 +154,12 @@ class Schedule:
     twins: tuple[Twin, ...] = ()
     outages: tuple[Outage, ...] = ()
     resolves: tuple[Resolve, ...] = ()
+    # Identity renewals every 20 ms, shorter than a storage deadline, and half the identity calls
+    # (takes, renewals and reads, a parked process's watch) answered just before their deadline,
+    # landing anywhere before: the regime where a live holder's renewals are furthest apart and a
+    # watch's answers latest (found by review: a parked process could take a live holder's
+    # identity for vacant there, and none of the simulator's schedules reached it).
+    slow_identity: bool = False
 
     def __post_init__(self) -> None:
         assert 1 <= self.partition_count <= PARTITION_COUNT_MAX
@@ -341,4 +347,5 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         think_ms=think_ms if thinking else 0,
         # One schedule in eight runs the other lock policy.
         wait_die=seed % 8 == 3,
+        slow_identity=bool(twin_schedules) and (seed >> 26) % 2 == 0,
     )

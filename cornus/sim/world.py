@@ -95,12 +95,13 @@ TIMEOUT_MS_EXECUTE = 200
 # schedule still.
 IDENTITY_CHECK_MS_TWINS = 150
 IDENTITY_CHECK_MS = 1_000
+IDENTITY_CHECK_MS_SLOW = 20  # Schedule.slow_identity: renewals more often than a deadline
 
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
     _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
-    _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _IDENTITY_ARRIVE, _WATCH, _WATCHED,
-) = range(25)
+    _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _IDENTITY_ARRIVE, _WATCH, _WATCH_LANDS, _WATCHED,
+) = range(26)
 
 
 _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
@@ -127,7 +128,8 @@ def config_for(schedule: Schedule) -> ProtocolConfig:
         clock_slack_ms=CLOCK_SLACK_MS,
         gc_grace_ms=max(1000, gc_grace_ms_min(deadline, CLOCK_SLACK_MS)),
         scan_page_count_max=schedule.scan_page_max,
-        identity_check_ms=IDENTITY_CHECK_MS_TWINS if schedule.twins else IDENTITY_CHECK_MS,
+        identity_check_ms=(IDENTITY_CHECK_MS_SLOW if schedule.slow_identity
+                           else IDENTITY_CHECK_MS_TWINS if schedule.twins else IDENTITY_CHECK_MS),
     )
 
 
@@ -270,6 +272,10 @@ class World:
         # When each identity record last changed (a take or a renewal landed): what a vacancy the
         # watch of a parked process finds is checked against.
         self.identity_changed_ms: dict[str, int] = {}
+        # When an identity call of each process (node name, incarnation) last went unanswered:
+        # a holder whose renewals failed may be taken for vacant; one whose renewals all landed,
+        # never.
+        self._identity_unreachable_ms: dict[tuple[str, int], int] = {}
         # Parked processes (deposed by a later take of their node's identity), by node name and
         # incarnation; a crash, an exit, or the end of a Twin's first process ends one.
         self.parked: dict[tuple[str, int], _Parked] = {}
@@ -412,6 +418,8 @@ class World:
             self._identity_arrive(data)
         elif kind == _WATCH:
             self._watch(*data)
+        elif kind == _WATCH_LANDS:
+            self._watch_lands(*data)
         elif kind == _WATCHED:
             self._watched(*data)
         elif kind == _EXECUTE_ANSWER:
@@ -890,13 +898,25 @@ class World:
         first.alive = False
         first.core = None
 
-    def _identity_arrive(self, data: tuple[str, int, TakeIdentity | CheckIdentity, Any, int | None, int]) -> None:
+    def _identity_legs_ms(self) -> tuple[int, int | None]:
+        """How long an identity call takes to land, and then to answer (None: drawn when it
+        lands, as every other call's is). In Schedule.slow_identity, half of them answer just
+        before their deadline."""
+        if self.schedule.slow_identity and self.rng.random() < 0.5:
+            total_ms = self.deadline_ms - 1
+            landing_ms = self.rng.randint(1, total_ms - 1)
+            return landing_ms, total_ms - landing_ms
+        return self.rng.randint(1, self.schedule.storage_ms_max), None
+
+    def _identity_arrive(
+        self, data: tuple[str, int, TakeIdentity | CheckIdentity, Any, int | None, int, int | None],
+    ) -> None:
         """A read of the node's identity record lands, or a step of a take, which is what the
         runtime's is (cornus.runtime.identity.take): a read (`expected` None), then a
         compare-and-swap over what it read, a round trip later, which lands whether or not its
         process still lives and is refused if another take landed in between; then the next
         round, TAKE_IDENTITY_ROUND_COUNT_MAX at most."""
-        name, incarnation, call, path, expected, round_count = data
+        name, incarnation, call, path, expected, round_count, answer_ms = data
         identity = identity_name(name)
         stored = self.epoch.get(identity, 0)
         result: IdentityTaken | IdentityChecked
@@ -912,8 +932,12 @@ class World:
                 return  # a refused swap of a process that is gone: nobody takes the next round
             else:
                 rounds = round_count + (expected is not None)
-                latency = self.rng.randint(1, self.schedule.storage_ms_max)
-                self._push(self.now_ms + latency, _IDENTITY_ARRIVE, (name, incarnation, call, path, stored, rounds))
+                # The read's answer, then the next call: one round trip, as the runtime's.
+                latency, next_answer_ms = self._identity_legs_ms()
+                if answer_ms is not None:
+                    latency += answer_ms
+                data = (name, incarnation, call, path, stored, rounds, next_answer_ms)
+                self._push(self.now_ms + latency, _IDENTITY_ARRIVE, data)
                 return
         else:
             self.epoch[identity] = stored + 1
@@ -925,7 +949,7 @@ class World:
                 process.epochs[identity] = stored + 1
         if self.trace is not None:
             self.trace.append(f"{self.now_ms:6d} storage identity of {name}: {call} -> {result}")
-        latency = self.rng.randint(1, self.schedule.storage_ms_max)
+        latency = self.rng.randint(1, self.schedule.storage_ms_max) if answer_ms is None else answer_ms
         self._push(self.now_ms + latency, _RETURN, (name, incarnation, result, path, 0))
 
     def _depose(self, name: str, incarnation: int) -> None:
@@ -960,8 +984,7 @@ class World:
         self._push(self.now_ms + self.config.identity_check_ms, _WATCH, (name, incarnation))
 
     def _watch(self, name: str, incarnation: int) -> None:
-        """A parked process sends a read of its node's identity record (_watched: it lands, then
-        its answer arrives)."""
+        """A parked process sends a read of its node's identity record (_watch_lands, _watched)."""
         parked = self.parked.get((name, incarnation))
         if parked is None:
             return  # it crashed or exited meanwhile
@@ -973,17 +996,17 @@ class World:
             unreachable = StorageUnreachable("the read outlived its deadline")
             self._push(self.now_ms + self.deadline_ms, _WATCHED, (name, incarnation, self.now_ms, unreachable, None))
             return
-        landing = self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max)
-        self._push(landing, _WATCHED, (name, incarnation, self.now_ms, None, None))
+        landing_ms, answer_ms = self._identity_legs_ms()
+        self._push(self.now_ms + landing_ms, _WATCH_LANDS, (name, incarnation, self.now_ms, answer_ms))
+
+    def _watch_lands(self, name: str, incarnation: int, sent_ms: int, answer_ms: int | None) -> None:
+        """A parked process's read lands: storage serves it now, and its answer arrives later."""
+        identity = identity_name(name)
+        stored = (self.epoch[identity], self.identity_version[identity]) if identity in self.epoch else None
+        latency = self.rng.randint(1, self.schedule.storage_ms_max) if answer_ms is None else answer_ms
+        self._push(self.now_ms + latency, _WATCHED, (name, incarnation, sent_ms, stored, self.now_ms))
 
     def _watched(self, name: str, incarnation: int, sent_ms: int, record: Observed, landed_ms: int | None) -> None:
-        if record is None and landed_ms is None:
-            # The read lands: storage serves it now; its answer arrives a storage latency later.
-            identity = identity_name(name)
-            stored = (self.epoch[identity], self.identity_version[identity]) if identity in self.epoch else None
-            data = (name, incarnation, sent_ms, stored, self.now_ms)
-            self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _WATCHED, data)
-            return
         parked = self.parked.get((name, incarnation))
         if parked is None or not parked.watch.observed(sent_ms, self.now_ms, record):
             return
@@ -995,12 +1018,28 @@ class World:
             self.outcome.violations.append(
                 f"a parked process of {name} took its identity for vacant {landed_ms - changed_ms} ms after it "
                 f"changed (the wait is {self.config.identity_vacant_ms} ms)")
+        holder = self._identity_holder(name)
+        if holder is not None:
+            failed_ms = self._identity_unreachable_ms.get((name, holder.incarnation))
+            if failed_ms is None or failed_ms < self.now_ms - self.config.identity_vacant_ms - self.deadline_ms:
+                self.outcome.violations.append(
+                    f"a parked process of {name} took its identity for vacant while the process holding it lived "
+                    f"and every renewal of its landed")
         if self.trace is not None:
             self.trace.append(f"{self.now_ms:6d} {name:>3} IDENTITY VACANT: the parked process exits")
         self.outcome.vacancy_exits += 1
         del self.parked[(name, incarnation)]
         if parked.restarts:
             self._push(self.now_ms + 1, _RESTART, name)
+
+    def _identity_holder(self, name: str) -> Node | None:
+        """The live process of node `name` that holds its identity now, if one does."""
+        stored = self.epoch.get(identity_name(name))
+        for process in (self.nodes[name], self.twins.get(name)):
+            if (process is not None and process.alive and process.core is not None
+                    and process.core.identity_epoch == stored):
+                return process
+        return None
 
     def _unreachable(self, log: LogId) -> bool:
         windows = self._down_logs.get(log.key)
@@ -1060,9 +1099,10 @@ class World:
                     self.identity_changed_ms[identity] = self.now_ms
                 self._push(self.now_ms + self.deadline_ms, _RETURN,
                            (node.name, node.incarnation, unreachable, node.path, 0))
+                self._identity_unreachable_ms[(node.name, node.incarnation)] = self.now_ms
                 return
-            latency = self.rng.randint(1, self.schedule.storage_ms_max)
-            data = (node.name, node.incarnation, effect, node.path, None, 1)
+            latency, answer_ms = self._identity_legs_ms()
+            data = (node.name, node.incarnation, effect, node.path, None, 1, answer_ms)
             self._push(self.now_ms + latency, _IDENTITY_ARRIVE, data)
         elif isinstance(effect, Deposed):
             self._depose(node.name, node.incarnation)
