@@ -59,7 +59,7 @@ from storage_adapters.errors import (
     StorageError,
     StorageUnavailable,
 )
-from storage_adapters.resp_pipe import RespAddress, RespPipe
+from storage_adapters.resp_pipe import SERVER_STATE_REPLIES, RespAddress, RespPipe
 from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore
 
 TIMEOUT_MS_CALL_DEFAULT = 5_000
@@ -323,6 +323,9 @@ class RedisStore(LogStore):
         if isinstance(error, redis.exceptions.BusyLoadingError):
             return StorageUnavailable(f"redis {what}: server is loading its data")
         if isinstance(error, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | OSError):
+            return StorageUnavailable(f"redis {what}: {error}")
+        if isinstance(error, redis.exceptions.ResponseError) and str(error).split(" ", 1)[0] in SERVER_STATE_REPLIES:
+            # redis-py's own calls: READONLY and OOM come as ResponseError subclasses there.
             return StorageUnavailable(f"redis {what}: {error}")
         return None
 

@@ -30,6 +30,19 @@ from typing import Any
 import hiredis
 import redis.exceptions
 
+# Error replies that say the server cannot run a command now, whatever the command: the command
+# did not run. A server loading its data after a restart, a replica after a failover, a master
+# without its replicas, a script running too long, memory full, a cluster moving slots. The caller
+# is told storage is unavailable, as for a lost connection (found by review: they came back as
+# plain errors, which the node takes for an impossible state and exits on).
+SERVER_STATE_REPLIES = frozenset({
+    "LOADING", "READONLY", "MASTERDOWN", "BUSY", "OOM", "NOREPLICAS", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK",
+})
+
+
+class ServerNotServing(redis.exceptions.ConnectionError):
+    """An error reply of SERVER_STATE_REPLIES: the command did not run."""
+
 # Calls sent and not yet answered; past it a call is refused at once (Redis is not keeping up).
 PENDING_COUNT_MAX = 16_384
 
@@ -110,7 +123,9 @@ class RespPipe:
         redis.exceptions.ConnectionError when the connection broke first, or TimeoutError when
         no reply came within `timeout_s` of this call (connecting included)."""
         assert timeout_s > 0
-        protocol = self._protocol
+        # Not on a connection still being set up: a call sent behind a SELECT that fails would run
+        # in database 0 (found by review). Those wait for the setup, in _connect.
+        protocol = self._protocol if self._connecting is None else None
         if protocol is None:
             loop = asyncio.get_running_loop()
             deadline_s = loop.time() + timeout_s
@@ -160,7 +175,8 @@ class RespPipe:
             # waits (cornus.runtime.eager), and wait_for runs the connect in a task of its own.
             protocol = await asyncio.wait_for(self._open(loop), self.timeout_ms_connect / 1000)
         except BaseException as error:
-            failure = (error if isinstance(error, redis.exceptions.RedisError)
+            # A refused AUTH or SELECT too: the connection is not usable, whatever the reply.
+            failure = (error if isinstance(error, redis.exceptions.ConnectionError)
                        else redis.exceptions.ConnectionError(f"redis connect: {type(error).__name__}: {error}"))
             half_open = self._protocol
             if half_open is not None:
@@ -218,8 +234,13 @@ class RespPipe:
                 except redis.exceptions.ConnectionError as error:  # too many unanswered calls
                     future.set_exception(error)
                 return
-            error: Exception = (redis.exceptions.NoScriptError(message) if message.startswith("NOSCRIPT")
-                                else redis.exceptions.ResponseError(message))
+            error: Exception
+            if message.startswith("NOSCRIPT"):
+                error = redis.exceptions.NoScriptError(message)
+            elif message.split(" ", 1)[0] in SERVER_STATE_REPLIES:
+                error = ServerNotServing(message)
+            else:
+                error = redis.exceptions.ResponseError(message)
             if future is not None and not future.done():
                 future.set_exception(error)
             return

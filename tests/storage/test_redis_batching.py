@@ -316,3 +316,98 @@ async def test_a_call_that_spent_its_deadline_connecting_keeps_the_fresh_connect
     assert silent.done() and aborted and pipe._protocol is None and pipe.dropped_silent_count == 1
     for future in (fresh, silent):
         assert isinstance(future.exception(), TimeoutError)
+
+
+async def _answering_with(reply: bytes, port: int, select_reply: bytes = b"+OK\r\n",
+                          commands: list[bytes] | None = None) -> asyncio.Server:
+    """A server that speaks just enough RESP: OK to connection setup (`select_reply` to SELECT),
+    `reply` to every script; it notes the commands it gets in `commands`."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                header = await reader.readline()
+                if not header:
+                    return
+                assert header.startswith(b"*"), header
+                words = []
+                for _ in range(int(header[1:])):
+                    size = int((await reader.readline())[1:])
+                    words.append((await reader.readexactly(size + 2))[:-2])
+                command = words[0].upper()
+                if commands is not None:
+                    commands.append(command)
+                if command == b"SELECT":
+                    await asyncio.sleep(0.1)  # a window in which the connection is up but not set up
+                    writer.write(select_reply)
+                elif command == b"PING":
+                    writer.write(b"+PONG\r\n")
+                elif command in (b"EVALSHA", b"EVAL"):
+                    writer.write(reply)
+                elif command == b"SCRIPT":
+                    writer.write(b"$40\r\n" + b"0" * 40 + b"\r\n")
+                else:  # SELECT, AUTH, CLIENT ...
+                    writer.write(b"+OK\r\n")
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+
+    return await asyncio.start_server(serve, "127.0.0.1", port)
+
+
+@pytest.mark.parametrize("reply", [
+    b"-LOADING Redis is loading the dataset in memory\r\n",
+    b"-READONLY You can't write against a read only replica.\r\n",
+    b"-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.\r\n",
+    b"-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.\r\n",
+    b"-OOM command not allowed when used memory > 'maxmemory'.\r\n",
+    b"-NOREPLICAS Not enough good replicas to write.\r\n",
+], ids=lambda reply: reply.split()[0][1:].decode())
+async def test_a_server_that_cannot_run_scripts_now_is_unavailable_not_a_crash(reply: bytes) -> None:
+    """Found by review: every error reply on the pipe became a bare ResponseError, which the node
+    takes for an impossible state and exits on (os._exit(70)): a Redis restarting (LOADING, with
+    the AOF persistence the deployment guide asks for) or a replica after a failover (READONLY)
+    made every node that wrote crash-loop. These replies mean the script did not run."""
+    port = free_port()
+    server = await _answering_with(reply, port)
+    store = await RedisStore.open(f"redis://127.0.0.1:{port}/0", timeout_ms_call=SILENT_TIMEOUT_MS)
+    log = LogId.partition("refusing-p")
+    try:
+        outcomes = await asyncio.gather(
+            store.log_once(log, "refusing.t1", TxnState.VOTE_YES, body(log.name)),
+            store.log(log, "refusing.t2", TxnState.COMMIT, body(log.name)),
+            store.delete(log, "refusing.t3"),
+            return_exceptions=True,
+        )
+    finally:
+        await store.close()
+        server.close()
+    assert all(isinstance(outcome, StorageUnavailable) for outcome in outcomes), outcomes
+    assert reply.split()[0][1:].decode() in str(outcomes[0]), outcomes[0]
+
+
+async def test_no_call_is_sent_before_the_connection_s_database_is_selected() -> None:
+    """Found by review: calls made while a connection was being set up were sent right behind its
+    SELECT, so a SELECT refused (a server restarted with fewer databases, an ACL change) left them
+    to run in database 0, another tenant's, while their callers were told "unavailable"."""
+    port = free_port()
+    commands: list[bytes] = []
+    server = await _answering_with(b":1\r\n", port, b"-ERR DB index is out of range\r\n", commands)
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/5")
+    store = RedisStore(client, SILENT_TIMEOUT_MS)  # by hand: open()'s PING would select and fail
+    store._pipe = RespPipe(RespAddress("127.0.0.1", port, 5), SILENT_TIMEOUT_MS)
+    log = LogId.partition("unselected-p")
+    try:
+        first = asyncio.create_task(store.log_once(log, "unselected.t0", TxnState.VOTE_YES, body(log.name)))
+        async with asyncio.timeout(SILENT_TIMEOUT_MS / 1000):
+            while store._pipe._protocol is None:  # noqa: ASYNC110 - the connection has no event for it
+                await asyncio.sleep(0.001)
+        # Connected, its SELECT not answered yet: these calls come in that window.
+        outcomes = await asyncio.gather(first, *(
+            store.log_once(log, f"unselected.t{index}", TxnState.VOTE_YES, body(log.name)) for index in range(1, 5)
+        ), return_exceptions=True)
+    finally:
+        await store.close()
+        server.close()
+    assert all(isinstance(outcome, StorageUnavailable) for outcome in outcomes), outcomes
+    assert b"SELECT" in commands and b"EVALSHA" not in commands, commands
