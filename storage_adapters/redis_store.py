@@ -60,7 +60,7 @@ from storage_adapters.errors import (
     StorageUnavailable,
 )
 from storage_adapters.resp_pipe import SERVER_STATE_REPLIES, RespAddress, RespPipe
-from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore
+from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore, call_deadline_if_set
 
 TIMEOUT_MS_CALL_DEFAULT = 5_000
 CONNECTION_COUNT_MAX = 64
@@ -343,12 +343,18 @@ class RedisStore(LogStore):
     async def _script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         """Run a write script (every one starts with _DEADLINE) within the call's deadline, which
         the script also enforces on its side."""
-        deadline_ms = int((time.time() + self._timeout_s) * 1000)
+        timeout_s = self._timeout_s
+        earlier = call_deadline_if_set()
+        if earlier is not None:
+            timeout_s = min(timeout_s, earlier - asyncio.get_running_loop().time())
+            if timeout_s <= 0:
+                raise StorageUnavailable("redis: the call's deadline passed before it was sent")
+        deadline_ms = int((time.time() + timeout_s) * 1000)
         args = [*args, deadline_ms]
         if self._pipe is None:
-            reply = await script(keys=keys, args=args)
+            reply = await script(keys=keys, args=args)  # the script refuses to run past deadline_ms
         else:
-            reply = await self._pipe.evalsha(script.sha, script.script, keys, args, self._timeout_s)
+            reply = await self._pipe.evalsha(script.sha, script.script, keys, args, timeout_s)
         if isinstance(reply, list) and reply == [b"LATE"]:
             early_ms = deadline_ms - time.time() * 1000
             if early_ms > CLOCK_SKEW_MS_WARN:

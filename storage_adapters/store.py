@@ -63,6 +63,12 @@ def call_deadline() -> float:
     return _call_deadline.get()
 
 
+def call_deadline_if_set() -> float | None:
+    """`call_deadline()` where the template fixed one, for a call bounded by its own I/O too (a
+    batch of coalesced deletes, bounded by its earliest caller's deadline); None elsewhere."""
+    return _call_deadline.get(None)
+
+
 class DeleteRequest(NamedTuple):
     """One caller's `delete`, validated, as a backend's `_delete_many` gets it in a batch."""
 
@@ -131,7 +137,17 @@ class LogStore(abc.ABC):
         `call` first runs, and `call_deadline()` tells it to the backend."""
         try:
             if what in self._calls_bounded_by_io:
-                return await call
+                if deadline is None:
+                    return await call
+                # An earlier deadline than the I/O's own (a batch bounded by its earliest caller's):
+                # told to the backend, whose I/O then ends by it too (found by review: a coalesced
+                # delete's script kept a deadline fixed when the batch ran, up to a stalled tick
+                # past its caller's).
+                token = _call_deadline.set(deadline)
+                try:
+                    return await call
+                finally:
+                    _call_deadline.reset(token)
             loop = asyncio.get_running_loop()
             if deadline is None:
                 deadline = loop.time() + self._timeout_s

@@ -411,3 +411,29 @@ async def test_no_call_is_sent_before_the_connection_s_database_is_selected() ->
         server.close()
     assert all(isinstance(outcome, StorageUnavailable) for outcome in outcomes), outcomes
     assert b"SELECT" in commands and b"EVALSHA" not in commands, commands
+
+
+async def test_a_coalesced_delete_is_never_run_past_its_caller_s_deadline(
+    stores: tuple[RedisStore, RedisStore], ns: str
+) -> None:
+    """Found by review: the delete batch's script took its deadline from when the batch ran, so a
+    tick stalled between the delete and its batch let Redis run it up to that stall after its
+    caller was told it failed. The caller's deadline is what the script gets now."""
+    store, _ = stores
+    assert store._pipe is not None
+    log = LogId.partition(f"{ns}-p")
+    await store.log_once(log, f"{ns}.gone", TxnState.VOTE_YES, body(log.name))
+    sent: list[int] = []
+    evalsha = store._pipe.evalsha
+
+    async def noting(sha: str, source: str, keys: list[str], args: list[object], timeout_s: float) -> object:
+        sent.append(int(args[-1]))  # type: ignore[call-overload]
+        return await evalsha(sha, source, keys, args, timeout_s)
+
+    store._pipe.evalsha = noting  # type: ignore[method-assign]
+    caller_deadline_ms = (time.time() * 1000) + TIMEOUT_MS_CALL_TEST
+    deleting = asyncio.ensure_future(store.delete(log, f"{ns}.gone"))
+    await asyncio.sleep(0)  # the delete waits for its batch, which leaves on a later tick
+    time.sleep(0.3)  # noqa: ASYNC251 - the stall under test: a tick that comes late
+    assert await deleting is True
+    assert len(sent) == 1 and sent[0] <= caller_deadline_ms + 5, (sent, caller_deadline_ms)
