@@ -347,10 +347,17 @@ class _Writer:
                     self._send(client, b"")
                 if mask & selectors.EVENT_READ and not client.gone:
                     requests += self._receive(client)
-            # A client dropped after it sent requests gets no answers, and its writes are not run.
-            requests = [request for request in requests if not request.client.gone]
-            for start in range(0, len(requests), BATCH_COUNT_MAX):
-                self._run(requests[start:start + BATCH_COUNT_MAX])
+            self._run_all(requests)
+
+    def _run_all(self, requests: list[_Request]) -> None:
+        """Run what one pass read, BATCH_COUNT_MAX to a transaction. A client dropped after it
+        sent requests gets no answers, and its writes are not run: looked at before each batch,
+        since sending one batch's answers can drop a client whose requests wait in the next
+        (found by review)."""
+        for start in range(0, len(requests), BATCH_COUNT_MAX):
+            batch = [request for request in requests[start:start + BATCH_COUNT_MAX] if not request.client.gone]
+            if batch:
+                self._run(batch)
 
     def _accept(self) -> bool:
         """Admit the connecting clients; False (admitting none) if the files are no longer this
