@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -205,9 +206,21 @@ end
 return {matches and 1 or 0, redis.call('HGETALL', KEYS[1])}
 """
 
-# A LATE answer this long before the call's deadline by the node's clock is Redis's clock running
-# ahead: logged as an error (clock_slack_ms, 1 s by default, is the skew the protocol allows).
+# Redis enforces each write's deadline by its own clock (the script reads TIME), so the node
+# states the deadline in Redis's clock: its own plus the offset it measured (TIME, read between
+# two readings of its own clock). Measured at open and again this often (clocks drift, and NTP
+# steps them); the estimate errs early by at most a round trip, so a deadline is never later in
+# Redis's clock than the caller's. (Found by review: stated in the node's clock, a Redis whose
+# clock ran behind by more than the slack let a late write land past the GC grace.)
+CLOCK_OFFSET_REFRESH_S = 30.0
+# A skew this large (clock_slack_ms's default) is logged as an error: deadlines stay right, but
+# leases and the begin times in transaction ids rest on the nodes' clocks agreeing too.
 CLOCK_SKEW_MS_WARN = 1_000
+
+
+def _now_ms() -> float:
+    """This node's wall clock, in milliseconds (a function, so that a test can skew it)."""
+    return time.time() * 1000
 
 # A stored state as Redis answers it (a dict lookup: TxnState(...) is two Python calls).
 _STATES = {state.value.encode(): state for state in TxnState}
@@ -283,6 +296,11 @@ class RedisStore(LogStore):
         # The hot scripts go over one pipelined connection (resp_pipe.py); None: a TLS or Unix
         # socket URL, where they go through redis-py like every other call.
         self._pipe: RespPipe | None = None
+        # Redis's clock minus this node's, in ms, as measured (CLOCK_OFFSET_REFRESH_S), and when;
+        # the measurement in flight, one at a time.
+        self._clock_offset_ms = 0.0
+        self._clock_measured_s = -math.inf
+        self._clock_measuring: asyncio.Task[None] | None = None
 
     @property
     def _calls_bounded_by_io(self) -> frozenset[str]:  # type: ignore[override]
@@ -316,7 +334,36 @@ class RedisStore(LogStore):
                 timeout_ms_call,
             )
         await store._bounded(client.ping(), "PING")
+        await store._measure_clock()
         return store
+
+    async def _measure_clock(self) -> None:
+        """Measure Redis's clock against this node's (CLOCK_OFFSET_REFRESH_S)."""
+        before_ms = _now_ms()
+        seconds, microseconds = await self._bounded(self._client.time(), "TIME")
+        after_ms = _now_ms()
+        redis_ms = seconds * 1000 + microseconds / 1000
+        # Redis read its clock between our two readings: the offset is at least this, which is
+        # the one used, so that a deadline stated with it is never later than the caller's.
+        self._clock_offset_ms = redis_ms - after_ms
+        self._clock_measured_s = time.monotonic()
+        if abs(redis_ms - (before_ms + after_ms) / 2) > CLOCK_SKEW_MS_WARN:
+            log.error("redis's clock is %.0f ms %s this node's: deadlines allow for it, but fix the clocks (NTP)",
+                      abs(self._clock_offset_ms), "ahead of" if self._clock_offset_ms > 0 else "behind")
+
+    def _refresh_clock(self) -> None:
+        if self._clock_measuring is not None or time.monotonic() - self._clock_measured_s < CLOCK_OFFSET_REFRESH_S:
+            return
+
+        async def measure() -> None:
+            try:
+                await self._measure_clock()
+            except Exception as error:  # any: the next call tries again, and the last offset stands
+                log.warning("redis clock offset not measured: %s: %s", type(error).__name__, error)
+            finally:
+                self._clock_measuring = None
+
+        self._clock_measuring = asyncio.get_running_loop().create_task(measure(), name="cornus-redis-clock")
 
     def _storage_error(self, error: Exception, what: str) -> StorageError | None:
         # BusyLoadingError is a ConnectionError: first, for its plainer message.
@@ -349,20 +396,22 @@ class RedisStore(LogStore):
             timeout_s = min(timeout_s, earlier - asyncio.get_running_loop().time())
             if timeout_s <= 0:
                 raise StorageUnavailable("redis: the call's deadline passed before it was sent")
-        deadline_ms = int((time.time() + timeout_s) * 1000)
+        self._refresh_clock()
+        deadline_ms = int(_now_ms() + timeout_s * 1000 + self._clock_offset_ms)
         args = [*args, deadline_ms]
         if self._pipe is None:
             reply = await script(keys=keys, args=args)  # the script refuses to run past deadline_ms
         else:
             reply = await self._pipe.evalsha(script.sha, script.script, keys, args, timeout_s)
         if isinstance(reply, list) and reply == [b"LATE"]:
-            early_ms = deadline_ms - time.time() * 1000
+            early_ms = deadline_ms - (_now_ms() + self._clock_offset_ms)
             if early_ms > CLOCK_SKEW_MS_WARN:
-                # Answered well before the deadline by this node's clock: Redis's clock is ahead,
-                # and past the call deadline every write fails so. Said loudly, since only fixing
-                # the clocks (NTP) helps.
-                log.error("redis refused a call as past its deadline %.0f ms before that deadline here: its "
-                          "clock is ahead of this node's by more than that", early_ms)
+                # Answered well before the deadline as the offset has it: a clock stepped since
+                # it was measured. Measured again now; said loudly.
+                self._clock_measured_s = -math.inf
+                self._refresh_clock()
+                log.error("redis refused a call as past its deadline %.0f ms before that deadline by the measured "
+                          "clock offset: a clock was stepped; measuring it again", early_ms)
             raise StorageUnavailable("redis refused a call that reached it past its deadline")
         return reply
 
@@ -524,6 +573,8 @@ class RedisStore(LogStore):
         return OwnerWriteResult(_owner_from_flat(new.partition, stored), written == 1)
 
     async def close(self) -> None:
+        if self._clock_measuring is not None:
+            self._clock_measuring.cancel()
         if self._pipe is not None:
             await self._pipe.close()
         await self._client.aclose()

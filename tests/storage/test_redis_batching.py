@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from storage_adapters import redis_store
 from storage_adapters.contract import LogId, Ownership, RecordBody, TxnState
 from storage_adapters.errors import DecisionFlipRefused, Fenced, StorageUnavailable
 from storage_adapters.redis_store import CONNECTION_COUNT_MAX, RedisStore
@@ -340,6 +341,10 @@ async def _answering_with(reply: bytes, port: int, select_reply: bytes = b"+OK\r
                 if command == b"SELECT":
                     await asyncio.sleep(0.1)  # a window in which the connection is up but not set up
                     writer.write(select_reply)
+                elif command == b"TIME":
+                    now_us = time.time_ns() // 1000
+                    seconds, micros = str(now_us // 1_000_000).encode(), str(now_us % 1_000_000).encode()
+                    writer.write(b"*2\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(seconds), seconds, len(micros), micros))
                 elif command == b"PING":
                     writer.write(b"+PONG\r\n")
                 elif command in (b"EVALSHA", b"EVAL"):
@@ -437,3 +442,32 @@ async def test_a_coalesced_delete_is_never_run_past_its_caller_s_deadline(
     time.sleep(0.3)  # noqa: ASYNC251 - the stall under test: a tick that comes late
     assert await deleting is True
     assert len(sent) == 1 and sent[0] <= caller_deadline_ms + 5, (sent, caller_deadline_ms)
+
+
+@pytest.mark.parametrize("skew_ms", [-15_000, 15_000], ids=["node-behind", "node-ahead"])
+async def test_a_write_s_deadline_is_stated_in_redis_s_clock(services: Services, ns: str, skew_ms: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: the scripts compare the deadline with Redis's TIME, but the node stated it
+    in its own clock. A node behind Redis had every write refused as LATE; a node ahead let a write
+    that reached Redis late land up to the skew past its caller's deadline, and past the GC grace
+    once the skew passed the slack. The store measures the offset and states deadlines in Redis's
+    clock."""
+    monkeypatch.setattr(redis_store, "_now_ms", lambda: time.time() * 1000 + skew_ms)
+    store = await RedisStore.open(services.redis_url, timeout_ms_call=TIMEOUT_MS_CALL_TEST)
+    assert store._pipe is not None
+    sent: list[int] = []
+    evalsha = store._pipe.evalsha
+
+    async def noting(sha: str, source: str, keys: list[str], args: list[object], timeout_s: float) -> object:
+        sent.append(int(args[-1]))  # type: ignore[call-overload]
+        return await evalsha(sha, source, keys, args, timeout_s)
+
+    store._pipe.evalsha = noting  # type: ignore[method-assign]
+    log = LogId.partition(f"{ns}-p")
+    try:
+        assert await store.log_once(log, f"{ns}.skewed", TxnState.VOTE_YES, body(log.name)) is not None
+        seconds, microseconds = await store._client.time()
+    finally:
+        await store.close()
+    redis_now_ms = seconds * 1000 + microseconds / 1000
+    assert redis_now_ms < sent[0] <= redis_now_ms + TIMEOUT_MS_CALL_TEST, (sent, redis_now_ms)
