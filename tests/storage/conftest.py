@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import pytest
 
@@ -55,9 +57,39 @@ def store_config(request: pytest.FixtureRequest, services: Services, run_id: str
     return config_for(request.param, services, run_id, str(tmp_path))
 
 
+_EXPRESSIONS = ("UpdateExpression", "ConditionExpression", "ProjectionExpression", "KeyConditionExpression",
+                "FilterExpression")
+
+
+def _unused_expression_attributes(request: Mapping[str, Any]) -> list[str]:
+    """The ExpressionAttributeNames and Values a DynamoDB request (or one item of a transaction)
+    declares but none of its expressions uses: real DynamoDB refuses such a request with a
+    ValidationException, moto lets values through."""
+    text = " ".join(str(request.get(name, "")) for name in _EXPRESSIONS)
+    declared = [*request.get("ExpressionAttributeNames", {}), *request.get("ExpressionAttributeValues", {})]
+    return [name for name in declared if not re.search(re.escape(name) + r"(?![A-Za-z0-9_])", text)]
+
+
+def refuse_what_dynamodb_refuses(store: LogStore) -> None:
+    """Make the DynamoDB store's requests fail as real DynamoDB would fail them, where moto is
+    more lenient (found by review: a chunked apply's ConditionCheck kept a value only the marker's
+    SET used, and real DynamoDB refused every redo too big for one transaction)."""
+    client = store._client  # type: ignore[attr-defined]
+
+    def check(params: dict[str, Any], **_: Any) -> None:
+        items = [next(iter(item.values())) for item in params.get("TransactItems", [])] or [params]
+        for item in items:
+            unused = _unused_expression_attributes(item)
+            assert not unused, f"DynamoDB refuses unused expression attributes {unused}: {item}"
+
+    client.meta.events.register("before-parameter-build.dynamodb.*", check)
+
+
 @pytest.fixture
 async def store(store_config: StoreConfig) -> AsyncIterator[LogStore]:
     opened = await open_store(store_config)
+    if store_config.backend == "dynamodb":
+        refuse_what_dynamodb_refuses(opened)
     try:
         yield opened
     finally:

@@ -17,6 +17,7 @@ from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
 from storage_adapters.redis_store import RedisStore
 from tests.conftest import Services
+from tests.storage.conftest import refuse_what_dynamodb_refuses
 from tests.storage.servers import HoldingProxy
 from tests.worker import redis_db_bench
 
@@ -42,6 +43,7 @@ async def test_a_late_chunk_of_a_dynamodb_apply_never_undoes_a_later_write(servi
     # Checks and clean-up straight to the server, with a deadline nothing here is about.
     direct = await open_store(StoreConfig(backend="dynamodb", dynamodb_endpoint=services.dynamodb_endpoint,
                                           dynamodb_table=table, timeout_ms_call=DEADLINE_MS_CHECKS))
+    refuse_what_dynamodb_refuses(store)
     partition = "late"
     log = LogId.partition(partition)
     first = {f"k{index:03d}": b"first" for index in range(CHUNKED_KEY_COUNT)}
