@@ -391,7 +391,12 @@ class AzureBlobStore(LogStore):
         if isinstance(error, ServiceRequestError | ServiceResponseError | aiohttp.ClientError | OSError):
             return StorageUnavailable(f"azure_blob {what}: {type(error).__name__}: {error}")
         if isinstance(error, HttpResponseError):
-            return _status_error(error.status_code or 0, str(error.error_code), error.message, what)
+            if error.status_code is None:
+                # No response to judge: a body cut short (azure-core's IncompleteReadError) or a
+                # download whose body reads failed. Only errors the storage SDK processed carry
+                # error_code (found by review: its absence raised AttributeError here).
+                return StorageUnavailable(f"azure_blob {what}: {type(error).__name__}: {error}")
+            return _status_error(error.status_code, str(getattr(error, "error_code", None)), error.message, what)
         return None
 
     async def _create_container(self) -> None:
@@ -744,8 +749,10 @@ class AzureBlobStore(LogStore):
                     *names, raise_on_any_failure=False
                 )]
             except HttpResponseError as error:
-                if isinstance(_status_error(error.status_code or 0, "", None, "delete"), StorageUnavailable):
-                    raise
+                if error.status_code is None or isinstance(
+                    _status_error(error.status_code, "", None, "delete"), StorageUnavailable
+                ):
+                    raise  # unavailable (no response at all, or a retryable status): not a refusal
                 # The account refuses Blob Batch as such (a kind or feature that lacks it): the
                 # deletes go one by one, as they did before batches, from now on.
                 self._blob_batch_refused = True

@@ -1,0 +1,74 @@
+"""How the Azure Blob store answers a service that breaks off mid-answer: as storage unavailable,
+never as an error the node takes for an impossible state (and exits on)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from storage_adapters.azure_blob import AzureBlobStore
+from storage_adapters.contract import LogId
+from storage_adapters.errors import StorageUnavailable
+from tests.worker import free_port
+
+# Azurite's well-known development account (a public test key, not a secret).
+ACCOUNT = "devstoreaccount1"
+KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+TIMEOUT_MS_CALL = 10_000
+
+
+async def _truncating_server(port: int) -> asyncio.Server:
+    """Creates the container, then answers every request with a body cut short: headers that
+    promise 1,000 bytes, 10 of them, and the connection closed."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            request_line = head.split(b"\r\n", 1)[0]
+            if head.startswith(b"PUT ") and b"restype=container" in request_line:
+                writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\nx-ms-version: 2021-08-06\r\n\r\n")
+            elif head.startswith(b"GET ") and b"comp=list" not in request_line:  # a blob's download
+                writer.write(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 1000\r\n"
+                             b"Content-Range: bytes 0-999/1000\r\nx-ms-version: 2021-08-06\r\nETag: \"0x1\"\r\n"
+                             b"x-ms-blob-type: BlockBlob\r\n\r\n0123456789")
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nContent-Type: application/xml\r\n"
+                             b"x-ms-version: 2021-08-06\r\nETag: \"0x1\"\r\n\r\n<?xml vers")
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", port)
+
+
+@pytest.fixture
+async def truncated() -> AsyncIterator[AzureBlobStore]:
+    port = free_port()
+    server = await _truncating_server(port)
+    connection_string = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+                         f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
+    store = await AzureBlobStore.open(connection_string, "truncated", timeout_ms_call=TIMEOUT_MS_CALL)
+    try:
+        yield store
+    finally:
+        await store.close()
+        server.close()
+
+
+async def test_a_body_cut_short_is_storage_unavailable(truncated: AzureBlobStore) -> None:
+    """Found by review: azure-core reports a body cut short (aiohttp's ClientPayloadError) as an
+    HttpResponseError without a response, whose missing error_code made the store's own error
+    mapping raise AttributeError, and the node exited (a listing backs recovery scans and the
+    ownership loop's reads; a download every record read)."""
+    log = LogId.partition("p")
+    for call in (lambda: truncated.scan_unfinished(log, limit=10), lambda: truncated.read(log, "t1"),
+                 lambda: truncated.read_owners([f"p{index}" for index in range(40)])):
+        with pytest.raises(StorageUnavailable):
+            await call()
