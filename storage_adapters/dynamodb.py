@@ -53,8 +53,15 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    CredentialRetrievalError,
+    HTTPClientError,
+    NoCredentialsError,
+)
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.parsers import ResponseParserError
 
 from storage_adapters.contract import (
     LOG_NAME_LENGTH_MAX,
@@ -108,6 +115,16 @@ _RETRYABLE_ERROR_CODES = frozenset(
         "ThrottlingException",
         "TransactionConflictException",
         "TransactionInProgressException",
+        # Conditions that pass without anyone's action (found by review: each was a plain
+        # StorageError, on which the node exits): credentials expiring between refreshes, a
+        # request signed by a clock just stepped (botocore's own retries, which would correct
+        # it, are off), a global table's concurrent write in another region, a request timing
+        # out at the service.
+        "ExpiredTokenException",
+        "InvalidSignatureException",
+        "ReplicatedWriteConflictException",
+        "RequestTimeout",
+        "RequestTimeoutException",
     }
 )
 
@@ -342,6 +359,10 @@ class DynamoDbStore(LogStore):
             if code in _RETRYABLE_ERROR_CODES or status >= 500 or reasons & _RETRYABLE_CANCELLATION_CODES:
                 return StorageUnavailable(f"dynamodb {what}: {code}: {error}")
             return StorageError(f"dynamodb {what}: {code}: {error}")
+        if isinstance(error, NoCredentialsError | CredentialRetrievalError | ResponseParserError):
+            # Credentials not found during a refresh (the provider answers again later), or an
+            # answer that did not parse: whether the call took effect is unknown either way.
+            return StorageUnavailable(f"dynamodb {what}: {type(error).__name__}: {error}")
         if isinstance(error, BotoCoreError):
             return StorageError(f"dynamodb {what}: {type(error).__name__}: {error}")
         return None
