@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cornus.protocol.config import ProtocolConfig
 from cornus.runtime.node import EXIT_CODE_IDENTITY_VACANT
 from tests.cluster.conftest import storage_for
-from tests.cluster.harness import NodeProcess, keys_on, running_cluster
+from tests.cluster.harness import Cluster, NodeProcess, keys_on, running_cluster
 from tests.conftest import Services
 from tests.worker import free_port
 
@@ -47,6 +47,25 @@ def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> Non
         time.sleep(0.05)
 
 
+def _start_second_process(cluster: Cluster) -> NodeProcess:
+    """Start a second process of n0 (the replacement: the same node id on ports of its own, since
+    the old pod's address is gone, but its process runs on and its peers' connections to it stay
+    open) and wait until it took the identity; the cluster's n0 stays the first process."""
+    first = cluster.nodes["n0"]
+    second = NodeProcess("n0", free_port(), free_port())
+    cluster.nodes["n0"] = second
+    try:
+        cluster.start("n0", wait=False)
+        _wait_for(lambda: "took its identity epoch=2" in cluster.log("n0"), TAKE_TIMEOUT_S,
+                  "the second process takes the identity")
+    except BaseException:
+        cluster.kill("n0")  # the cluster's stop would not see it
+        raise
+    finally:
+        cluster.nodes["n0"] = first
+    return second
+
+
 # 2PC, whose coordinator logs, on the emulator; Cornus, whose coordinator logs nothing (its first
 # process stops at its periodic check), on Redis, whose identity record lives in another key slot
 # than the partitions' records.
@@ -64,16 +83,9 @@ def test_a_second_process_of_a_node_stops_the_first_and_loses_no_commit(
         keys = [keys_on("p1", cluster.partition_count, 1, "a")[0], keys_on("p2", cluster.partition_count, 1, "b")[0]]
         assert cluster.execute("n0", [{"op": "put", "key": k, "value": "before"} for k in keys]).status_code == 200
 
-        # The replacement: the same node id on ports of its own (the old pod's address is gone,
-        # but its process runs on and its peers' connections to it stay open).
-        second = NodeProcess("n0", free_port(), free_port())
-        cluster.nodes["n0"] = second
+        second = _start_second_process(cluster)
         try:
-            cluster.start("n0", wait=False)
-            _wait_for(lambda: "took its identity epoch=2" in cluster.log("n0"), TAKE_TIMEOUT_S,
-                      "the second process takes the identity")
             # The first process, asked to commit now, may answer only what storage holds.
-            cluster.nodes["n0"] = first
             try:
                 response = cluster.execute("n0", [{"op": "put", "key": k, "value": "after"} for k in keys])
                 committed = response.status_code == 200 and response.json()["outcome"] == "committed"
@@ -127,14 +139,7 @@ def test_a_parked_process_exits_once_the_process_that_deposed_it_is_gone(service
     with running_cluster("cornus", storage, settings=WATCH_SETTINGS) as cluster:
         cluster.start_all()
         first = cluster.nodes["n0"]
-        second = NodeProcess("n0", free_port(), free_port())
-        cluster.nodes["n0"] = second
-        try:
-            cluster.start("n0", wait=False)
-            _wait_for(lambda: "took its identity epoch=2" in cluster.log("n0"), TAKE_TIMEOUT_S,
-                      "the second process takes the identity")
-        finally:
-            cluster.nodes["n0"] = first
+        second = _start_second_process(cluster)
         _wait_for(lambda: "deposed" in cluster.log("n0"), PARK_TIMEOUT_S, "the first process parks")
         # While the second process lives and renews, the first stays parked, well past the wait.
         time.sleep(VACANT_S + 1)

@@ -418,6 +418,21 @@ async def test_no_call_is_sent_before_the_connection_s_database_is_selected() ->
     assert b"SELECT" in commands and b"EVALSHA" not in commands, commands
 
 
+def _script_deadlines(store: RedisStore) -> list[int]:
+    """The deadline (ms, Redis's clock) of every script the store sends from now on, in order."""
+    pipe = store._pipe
+    assert pipe is not None
+    sent: list[int] = []
+    evalsha = pipe.evalsha
+
+    async def noting(sha: str, source: str, keys: list[str], args: list[object], timeout_s: float) -> object:
+        sent.append(int(args[-1]))  # type: ignore[call-overload]
+        return await evalsha(sha, source, keys, args, timeout_s)
+
+    pipe.evalsha = noting  # type: ignore[method-assign]
+    return sent
+
+
 async def test_a_coalesced_delete_is_never_run_past_its_caller_s_deadline(
     stores: tuple[RedisStore, RedisStore], ns: str
 ) -> None:
@@ -425,17 +440,9 @@ async def test_a_coalesced_delete_is_never_run_past_its_caller_s_deadline(
     tick stalled between the delete and its batch let Redis run it up to that stall after its
     caller was told it failed. The caller's deadline is what the script gets now."""
     store, _ = stores
-    assert store._pipe is not None
     log = LogId.partition(f"{ns}-p")
     await store.log_once(log, f"{ns}.gone", TxnState.VOTE_YES, body(log.name))
-    sent: list[int] = []
-    evalsha = store._pipe.evalsha
-
-    async def noting(sha: str, source: str, keys: list[str], args: list[object], timeout_s: float) -> object:
-        sent.append(int(args[-1]))  # type: ignore[call-overload]
-        return await evalsha(sha, source, keys, args, timeout_s)
-
-    store._pipe.evalsha = noting  # type: ignore[method-assign]
+    sent = _script_deadlines(store)
     caller_deadline_ms = (time.time() * 1000) + TIMEOUT_MS_CALL_TEST
     deleting = asyncio.ensure_future(store.delete(log, f"{ns}.gone"))
     await asyncio.sleep(0)  # the delete waits for its batch, which leaves on a later tick
@@ -454,15 +461,7 @@ async def test_a_write_s_deadline_is_stated_in_redis_s_clock(services: Services,
     clock."""
     monkeypatch.setattr(redis_store, "_now_ms", lambda: time.time() * 1000 + skew_ms)
     store = await RedisStore.open(services.redis_url, timeout_ms_call=TIMEOUT_MS_CALL_TEST)
-    assert store._pipe is not None
-    sent: list[int] = []
-    evalsha = store._pipe.evalsha
-
-    async def noting(sha: str, source: str, keys: list[str], args: list[object], timeout_s: float) -> object:
-        sent.append(int(args[-1]))  # type: ignore[call-overload]
-        return await evalsha(sha, source, keys, args, timeout_s)
-
-    store._pipe.evalsha = noting  # type: ignore[method-assign]
+    sent = _script_deadlines(store)
     log = LogId.partition(f"{ns}-p")
     try:
         assert await store.log_once(log, f"{ns}.skewed", TxnState.VOTE_YES, body(log.name)) is not None
