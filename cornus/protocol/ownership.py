@@ -260,6 +260,13 @@ class OwnershipMachine:
                 # Our record, in the epoch we released: free it (compare-and-swap on what landed).
                 released = replace(call.new, owner="", version=call.new.version + 1)
                 return [self._write(call.new, released, now_ms)]
+            stored = result.stored if result is not None else None
+            if (mine and call.expected is not None and stored is not None and stored.owner == self.node
+                    and stored.epoch == call.expected.epoch):
+                # The renewal lost to another node's ask, and the record is still ours in that
+                # epoch: freed over what the ask wrote (found by review: dropped, the asker waited
+                # out the lease).
+                return [self._write(stored, replace(stored, owner="", version=stored.version + 1), now_ms)]
             return []
         if result is None:
             # Unknown. A renewal that did not land leaves the lease where it was; a take that
@@ -268,6 +275,11 @@ class OwnershipMachine:
             return []
         if result.written:
             assert result.stored == call.new
+            if mine and self._stopping and held is None and (call.expected is None
+                                                              or call.new.epoch != call.expected.epoch):
+                # A take that landed after the stop: freed at once, or the record names a stopped
+                # node until its lease runs out (found by review).
+                return [self._write(call.new, replace(call.new, owner="", version=call.new.version + 1), now_ms)]
             if not mine or self._stopping:
                 return []  # a release, or a hand-over request: nothing held changes
             taken = call.expected is None or call.new.epoch != call.expected.epoch
@@ -296,7 +308,7 @@ class OwnershipMachine:
             asked = call.new.wanted_by == self.node and call.new.owner not in ("", self.node)
             retries = self._ask_retries.get(partition, 0)
             if (asked and not self._stopping and stored is not None and stored.owner not in ("", self.node)
-                    and stored.wanted_by != self.node and retries < ASK_RETRY_COUNT_MAX):
+                    and stored.wanted_by == "" and retries < ASK_RETRY_COUNT_MAX):
                 # The owner renewed between our read and our ask, as it does on every read: asked
                 # again only at the next read, a loaded machine lost that race every time (found
                 # under test load: 85 asks in a row). Asked again at once, on what it wrote.
@@ -365,9 +377,12 @@ class OwnershipMachine:
             return [self._write(record, new, now_ms)]
         held_by_other = record.owner not in ("", self.node)
         self._ask_retries.pop(partition, None)
-        if self.preferred[partition] == self.node and held_by_other and record.wanted_by != self.node:
-            # Ask once per record the owner writes without our request in it (its renewals keep
-            # what we wrote, so this is once per owner, not once per read).
+        if self.preferred[partition] == self.node and held_by_other and record.wanted_by == "":
+            # Ask once per record the owner writes without a request in it (its renewals keep
+            # what we wrote, so this is once per owner, not once per read). Never over another
+            # node's request: two nodes that both prefer the partition (configurations that
+            # disagree) asked over each other's forever, and every ask changed the record, so a
+            # dead owner's record never stayed unchanged long enough to take (found by review).
             return [self._write(record, replace(record, version=record.version + 1, wanted_by=self.node), now_ms)]
         return []
 

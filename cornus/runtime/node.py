@@ -386,6 +386,11 @@ class Node:
             if problem:
                 return ExecuteResponse(ExecuteStatus.INVALID, detail=problem)
         response = await partition.execute(request)
+        if not request.abort and (self.partitions.get(request.partition) is not partition
+                                  or not self.ownership.admits(request.partition)):
+            # Lost while it waited (for a lock, or for storage): what it read may be stale by now,
+            # with another node owning the partition (found by review: checked only before).
+            return ExecuteResponse(ExecuteStatus.NOT_OWNER, detail=f"{self.node_id} lost {request.partition}")
         if request.participants and response.status is ExecuteStatus.OK:
             # The request carried its prepare: the execution phase ends here, as when a separate
             # Prepare arrives. A failed execution drops it, so this partition never votes.

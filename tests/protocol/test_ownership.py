@@ -11,6 +11,7 @@ from cornus.protocol.ownership import (
     Drain,
     Lost,
     LostReason,
+    OwnershipConfig,
     OwnershipMachine,
     ReadOwners,
     WriteOwner,
@@ -94,6 +95,62 @@ def test_a_holder_that_is_not_preferred_drains_and_releases_when_asked() -> None
     lost, release = holder.drained(now + 1, "p0")
     assert lost == Lost("p0", 1, LostReason.RELEASED, now + 1)
     assert isinstance(release, WriteOwner) and release.new.owner == "" and release.new.wanted_by == "n0"
+
+
+def test_two_nodes_that_both_prefer_a_dead_owner_s_partition_do_not_ask_each_other_out_of_it() -> None:
+    """Found by review: the owner died holding p, and two nodes both preferred it (their
+    configurations disagree during a rollout). Each asked for p over the other's request, every
+    ask raised the record's version, and the record never stayed unchanged for a lease: nobody took
+    p, for as long as the configurations disagreed. A node asks only when nobody has."""
+    records = {"p": Ownership("p", "x", 1, 1, CONFIG.lease_ms)}  # x died holding p
+    machines = [OwnershipMachine(node, {"p": node}, CONFIG) for node in ("a", "b")]
+    asks_over_another = 0
+    for now in range(0, 60_000, 250):
+        machine = machines[(now // 250) % 2]
+        pending = list(machine.tick(now))
+        while pending:
+            effect = pending.pop(0)
+            if isinstance(effect, ReadOwners):
+                pending += machine.owners_read(now, dict(records))
+            elif isinstance(effect, WriteOwner):
+                stored = records.get("p")
+                asks_over_another += (effect.new.wanted_by == machine.node and stored is not None
+                                      and stored.wanted_by not in ("", machine.node))
+                pending += _write(machine, now, effect, records)
+    holders = [machine.node for machine in machines if "p" in machine.held]
+    assert len(holders) == 1, (holders, records["p"])
+    assert asks_over_another == 0
+
+
+def test_a_release_deferred_behind_a_renewal_is_written_though_an_ask_won_the_race() -> None:
+    """Found by review: a stop's release waits for the renewal in flight; when that renewal lost
+    its compare-and-swap to another node's ask, the release was dropped though the record still
+    named this node in its epoch, and the asker waited out the lease (a rolling restart is meant
+    to move nothing by lease expiry)."""
+    machine = OwnershipMachine("a", {"p": "b"}, OwnershipConfig())
+    machine.tick(0)
+    assert machine.owners_read(0, {}) == []
+    machine.tick(5_000)
+    (take,) = machine.owners_read(5_000, {})
+    machine.owner_written(5_001, take, OwnerWriteResult(take.new, True))
+    machine.tick(6_000)
+    (renew,) = machine.owners_read(6_000, {"p": take.new})
+    assert not [e for e in machine.shutdown(6_001) if isinstance(e, WriteOwner)]  # deferred behind the renewal
+    asked = Ownership("p", "a", 1, 2, OwnershipConfig().lease_ms, wanted_by="b")  # b's ask landed first
+    (release,) = machine.owner_written(6_002, renew, OwnerWriteResult(asked, False))
+    assert isinstance(release, WriteOwner) and release.expected == asked and release.new.owner == ""
+
+
+def test_a_take_that_lands_after_the_stop_is_released() -> None:
+    """Found by review: a take in flight when the node stopped landed and was never released: the
+    record named a stopped node until its lease ran out."""
+    machine = OwnershipMachine("a", {"p": "a"}, OwnershipConfig())
+    machine.tick(0)
+    (take,) = machine.owners_read(0, {})
+    machine.shutdown(1)
+    (release,) = machine.owner_written(2, take, OwnerWriteResult(take.new, True))
+    assert isinstance(release, WriteOwner) and release.expected == take.new and release.new.owner == ""
+    assert "p" not in machine.held
 
 
 def test_a_fenced_write_ends_the_lease_at_once() -> None:

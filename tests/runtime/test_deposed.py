@@ -9,6 +9,7 @@ import pytest
 
 from cornus.protocol.effects import RecoveryFinished
 from cornus.runtime import identity
+from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind
 from tests.runtime.faults import local_cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -42,3 +43,26 @@ async def test_a_renewal_keeps_the_identity_and_fails_once_another_process_took_
         assert later.epoch == taken.epoch + 1
         assert await identity.renew(store, again) is None
         assert await identity.renew(store, later) is not None
+
+
+async def test_an_execution_that_waited_past_its_lease_is_answered_not_owner(tmp_path, monkeypatch) -> None:
+    """Found by review: a request checked the lease once, before it waited (for a lock held by a
+    voted transaction); woken after the lease lapsed (a stall or a suspend, before the ownership
+    tick noticed), it answered from the partition's cache while another node may own the partition
+    by then: a read-only transaction across partitions could see half of one the new owner
+    committed. The lease is checked again after the wait."""
+    async with local_cluster(tmp_path, node_count=1, partition_count=1) as cluster:
+        node = cluster.node()
+        partition = node.partitions["p0"]
+        leased = True
+        monkeypatch.setattr(node.ownership, "admits", lambda name, *args: leased)
+
+        async def waiting_past_the_lease(request: ExecuteRequest) -> ExecuteResponse:
+            nonlocal leased
+            await asyncio.sleep(0)  # the lock wait, during which the lease lapses
+            leased = False
+            return ExecuteResponse(ExecuteStatus.OK, values=(b"cached",))
+
+        monkeypatch.setattr(partition, "execute", waiting_past_the_lease)
+        response = await node.on_request("n0", ExecuteRequest("1.n0.abc.1.cornus", "p0", "n0", (Op(OpKind.GET, "k"),)))
+        assert response.status is ExecuteStatus.NOT_OWNER, response
