@@ -406,6 +406,10 @@ class AsyncCornusClient:
             async with asyncio.timeout(self.config.timeout_ms_request / 1000):
                 return await self._http.send(request)
         except TimeoutError:
-            if not sent:
+            # No headers sent means never sent only through httpx's own transport, which traces
+            # them; any other (a test double, an in-process app, a wrapper) traces nothing, and its
+            # silence says nothing (found by review: every late answer through one counted as
+            # unsent, and the write went to the next node).
+            if not sent and isinstance(self._http._transport_for_url(request.url), httpx.AsyncHTTPTransport):
                 raise httpx.PoolTimeout(call_deadline_passed(self.config), request=request) from None
             raise httpx.ReadTimeout(call_deadline_passed(self.config), request=request) from None

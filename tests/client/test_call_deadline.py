@@ -105,6 +105,33 @@ async def test_an_async_call_that_never_left_its_pool_is_unsent_not_unknown() ->
     assert outcome.status is Status.UNAVAILABLE and outcome.retryable, outcome
 
 
+class _LateAnsweringTransport(httpx.AsyncBaseTransport):
+    """A transport not built on httpcore (a test double, an in-process app, a wrapper): it gets
+    every request, runs it, and answers late. It sends no trace events."""
+
+    def __init__(self) -> None:
+        self.delivered: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.delivered.append(request.url.path)
+        await asyncio.sleep(0.5)
+        return httpx.Response(200, json={"txn": "t", "outcome": "committed", "retryable": False})
+
+
+async def test_a_late_answer_through_a_transport_without_traces_is_unknown_not_sent_again() -> None:
+    """Found by review: "never sent" was inferred from the absence of httpcore's trace event for
+    the request's headers, which a transport not built on httpcore never sends: every late answer
+    counted as unsent, and the write went to the next node, six times, then the caller was told
+    nothing committed. Only the default transport's silence means the request waited in its pool."""
+    transport = _LateAnsweringTransport()
+    config = ClientConfig(timeout_ms_request=100, retry_count_max=2)
+    async with AsyncCornusClient(["http://127.0.0.1:9", "http://127.0.0.1:10"], config=config,
+                                 http=httpx.AsyncClient(transport=transport)) as client:
+        outcome = await client.execute([Op.put("k", "v")])
+    assert outcome.status is Status.UNKNOWN, outcome
+    assert len(transport.delivered) == 1, transport.delivered
+
+
 def test_a_whole_answer_within_the_deadline_is_read_as_before() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"txn": "t1", "outcome": "committed"})
