@@ -16,6 +16,7 @@ import time
 import uvicorn
 
 from cornus.runtime.config import NodeConfig
+from cornus.runtime.coordination import TIMEOUT_MS_COMMIT
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.node import EXIT_CODE_IDENTITY_VACANT, Node
 from services.api.http_limits import LimitedHttpProtocol
@@ -31,8 +32,11 @@ log = logging.getLogger("cornus.serve")
 
 # A clean shutdown, part by part, each with a budget of its own: the node's own stop (delivering
 # the decisions it coordinates, releasing its partitions) must run whatever the APIs' shutdown took.
-# The REST API finishes its requests for up to this long.
-SHUTDOWN_TIMEOUT_S = 10.0
+# The REST API finishes its requests for up to a commit's own deadline (after which a commit
+# answers UNKNOWN by itself) and a second more. Cut at 2 s, uvicorn cancelled commits still
+# deciding, and their callers got a bare 500 that says nothing of the outcome (found by review).
+SHUTDOWN_TIMEOUT_S_REQUESTS = TIMEOUT_MS_COMMIT / 1000 + 1
+SHUTDOWN_TIMEOUT_S = SHUTDOWN_TIMEOUT_S_REQUESTS + 1
 # Then the public gRPC API (its in-flight calls get 2 s, then its commits that outlived their
 # caller run on in the node, whose stop waits for their decisions).
 SHUTDOWN_TIMEOUT_S_GRPC = 5.0
@@ -87,7 +91,8 @@ async def serve(config: NodeConfig) -> int:
     server = uvicorn.Server(
         # log_config=None: uvicorn keeps its hands off logging, so its lines propagate to our JSON handler.
         uvicorn.Config(build_app(node, metrics), host=host, port=int(port), log_level="warning", lifespan="off",
-                       timeout_graceful_shutdown=2, log_config=None, http=LimitedHttpProtocol)
+                       timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S_REQUESTS, log_config=None,
+                       http=LimitedHttpProtocol)
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -137,6 +137,9 @@ def test_probes_and_grace_period_fit_the_node(helm_bin: str) -> None:
     container = node_container(docs)
     # SIGTERM: the APIs, then the node's own stop, each within its budget (services/serve.py).
     assert pod_spec["terminationGracePeriodSeconds"] > SHUTDOWN_BUDGET_S
+    # And the least the schema lets a user set (found: 25 s, below a budget that had grown to 27).
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["terminationGracePeriodSeconds"]["minimum"] > SHUTDOWN_BUDGET_S
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] > STORAGE_OPEN_TIMEOUT_S
     assert startup["httpGet"] == {"path": "/healthz", "port": "http"}
