@@ -1003,21 +1003,22 @@ class World:
         """A parked process's read lands: storage serves it now, and its answer arrives later."""
         identity = identity_name(name)
         stored = (self.epoch[identity], self.identity_version[identity]) if identity in self.epoch else None
+        # How long what it read had stood then: the watch's promise is checked against it.
+        stood_ms = self.now_ms - self.identity_changed_ms.get(identity, -self.boot_ms)
         latency = self.rng.randint(1, self.schedule.storage_ms_max) if answer_ms is None else answer_ms
-        self._push(self.now_ms + latency, _WATCHED, (name, incarnation, sent_ms, stored, self.now_ms))
+        self._push(self.now_ms + latency, _WATCHED, (name, incarnation, sent_ms, stored, stood_ms))
 
-    def _watched(self, name: str, incarnation: int, sent_ms: int, record: Observed, landed_ms: int | None) -> None:
+    def _watched(self, name: str, incarnation: int, sent_ms: int, record: Observed, stood_ms: int | None) -> None:
         parked = self.parked.get((name, incarnation))
         if parked is None or not parked.watch.observed(sent_ms, self.now_ms, record):
             return
-        # What the watch promises: the record it read last was that one, unchanged, for the
-        # whole wait, by storage's own record of its changes.
-        changed_ms = self.identity_changed_ms.get(identity_name(name), -self.boot_ms)
-        assert landed_ms is not None
-        if landed_ms - changed_ms < self.config.identity_vacant_ms:
+        # What the watch promises: the record it read last had stood unchanged for the whole wait
+        # when storage served that read, by storage's own record of its changes.
+        assert stood_ms is not None
+        if stood_ms < self.config.identity_vacant_ms:
             self.outcome.violations.append(
-                f"a parked process of {name} took its identity for vacant {landed_ms - changed_ms} ms after it "
-                f"changed (the wait is {self.config.identity_vacant_ms} ms)")
+                f"a parked process of {name} took its identity for vacant from a read of a record that had stood "
+                f"{stood_ms} ms (the wait is {self.config.identity_vacant_ms} ms)")
         holder = self._identity_holder(name)
         if holder is not None:
             failed_ms = self._identity_unreachable_ms.get((name, holder.incarnation))
