@@ -74,10 +74,10 @@ TIMEOUT_MS_RELEASE = 2_000
 # long at most: under 2PC and coordinator-log a participant may hold its yes vote only in memory
 # until then, and a node set without this node would never recover it from this node's log.
 TIMEOUT_MS_DELIVER_DECISIONS = 5_000
-# Coordinator phases whose decision some participant may not have yet.
 # The exit status of a parked process that found its node's identity vacant: EX_TEMPFAIL, "try
 # again", which is what its supervisor does (a restart takes the identity anew).
 EXIT_CODE_IDENTITY_VACANT = 75
+# Coordinator phases whose decision some participant may not have yet.
 _UNDELIVERED = frozenset({CoordPhase.VALIDATING, CoordPhase.COLLECTING, CoordPhase.DECIDED})
 
 
