@@ -127,6 +127,14 @@ class Admin:
             # A recovering node does not know yet what its logs hold (a coordinator-log
             # coordinator's COMMIT, a partition it is taking over): "nobody knows it" must wait.
             return Outcome(txn, OutcomeStatus.UNKNOWN, detail="some nodes are still recovering")
+        read = {partition for r in answered for partition in r.partitions}
+        unread = [partition for partition in self.config.partitions if partition not in read]
+        if unread:
+            # Between owners (a lease lapsed, nobody took it yet): its records were not read, and
+            # they may be all the id has (found by review: "not known" then).
+            return Outcome(txn, OutcomeStatus.UNKNOWN, detail=(
+                f"no node holds {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''} now, so its records "
+                "could not be read"))
         # Records go gc_grace_ms after the decision, which comes after the begin the id carries
         # (by the coordinator's clock: the slack covers how far ours may differ).
         # An id without a begin time is none this runtime made (begin_ms_of gives 0): never one.

@@ -127,3 +127,21 @@ async def test_an_id_nobody_knows_is_unknown_once_its_records_could_have_been_co
         status = await node.resolve_status(old)
         assert status is not None and status.status is OutcomeStatus.UNKNOWN, status
         assert "collected" in status.detail, status
+
+
+async def test_an_id_is_not_known_only_when_every_partition_s_records_were_read(tmp_path):
+    """Found by review: the status call read the records of the partitions each node held, and
+    said "not known" when none held the id's; with a partition between owners (its lease lapsed,
+    nobody has taken it yet), a committed transaction whose records all lie there was "not known",
+    which a caller takes for "never happened" and runs again."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        fresh = txn_ids.new_txn_id(int(time.time() * 1000), "n0", "abcdef", 1, Protocol.CORNUS)
+        assert await node.resolve_status(fresh) is None
+        between_owners = node.partitions.pop("p1")  # what a lost lease leaves, until a take
+        try:
+            status = await node.resolve_status(fresh)
+        finally:
+            node.partitions["p1"] = between_owners
+        assert status is not None and status.status is OutcomeStatus.UNKNOWN, status
+        assert "p1" in status.detail, status
