@@ -342,6 +342,7 @@ class EmulatorStore(LogStore):
             try:
                 # The loop makes and owns the socket, so it also closes it when the connect fails
                 # or is cancelled half way; once there is a link, closing the link closes it.
+                began_s = time.monotonic()
                 with emulator_writer.socket_address(self.path) as address:
                     _transport, link = await self._loop.create_unix_connection(lambda: _WriterLink(self._loop), address)
             except OSError as error:
@@ -356,7 +357,7 @@ class EmulatorStore(LogStore):
             except StorageUnavailable:
                 self._no_writer_because = "the writer was leaving"
                 return None, False  # it was leaving (idle, or its file replaced) as this one connected
-            problem = emulator_writer.hello_problem(hello, self.path)
+            problem = emulator_writer.hello_problem(hello, self.path, (began_s, time.monotonic()))
             if problem is not None:
                 self._no_writer_because = problem
                 return None, True

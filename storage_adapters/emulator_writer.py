@@ -89,7 +89,14 @@ SOCKET_ADDRESS_BYTES_MAX = 107
 # Bumped whenever the frames, the writes' wire form or the hello change shape. A hello is a tuple
 # of plain values, so a store of any version can read it and see that the writer is not its own.
 # 3: the writes' arguments and results travel as plain values, not the contract's objects.
-WIRE_VERSION = 3
+# 4: the hello carries the writer's time.monotonic(), which the store compares with its own.
+WIRE_VERSION = 4
+# How far the writer's time.monotonic() may be outside the span in which the store connected and
+# heard its hello. Both read one clock, unless they run in different time namespaces (containers
+# made so): then every deadline a store sends would be judged by a clock that is not its own, and
+# a write could land long after its caller was told it failed (found by review: assumed, never
+# checked). Scheduling delays are milliseconds; namespaces differ by their boot times.
+CLOCK_DIFFERENCE_MS_MAX = 1_000
 # The files whose code both sides must share: the writer runs emulator_sql's writes by the names
 # the store sends, on the wire form emulator_sql defines, and answers errors that carry the
 # contract's types.
@@ -233,14 +240,21 @@ def file_identity(status: os.stat_result) -> tuple[int, int]:
     return status.st_dev, status.st_ino
 
 
-def hello_problem(hello: Any, path: Path) -> str | None:
+def hello_problem(hello: Any, path: Path, connected_s: tuple[float, float] | None = None) -> str | None:
     """Why a store must not use the writer that sent `hello` for the file at `path` (None: it
-    may): other code, or another file than the one the path names now."""
-    if not (isinstance(hello, tuple) and len(hello) == 4):
+    may): other code, another file than the one the path names now, or (given `connected_s`, the
+    store's time.monotonic() when it began to connect and when the hello came) another clock."""
+    if not (isinstance(hello, tuple) and len(hello) == 5):
         return f"an emulator writer of another version sent hello {hello!r:.200}"
-    version, pid, device, inode = hello
+    version, pid, device, inode, clock_s = hello
     if version != CODE_VERSION:
         return f"the emulator writer (pid {pid}) runs code {version!r}, this store {CODE_VERSION!r}"
+    if connected_s is not None:
+        slack_s = CLOCK_DIFFERENCE_MS_MAX / 1000
+        began_s, heard_s = connected_s
+        if not began_s - slack_s <= clock_s <= heard_s + slack_s:
+            return (f"the emulator writer (pid {pid}) reads time.monotonic() {clock_s - heard_s:+.1f} s from this "
+                    "process's: another time namespace? Deadlines would be judged by another clock")
     try:
         here = file_identity(os.stat(path))
     except OSError as error:
@@ -312,7 +326,6 @@ class _Writer:
         self.conn = conn
         self.listener = listener
         self.files = files
-        self.hello = (CODE_VERSION, os.getpid(), *files.database)
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ, None)
         self.clients: dict[socket.socket, _Client] = {}
@@ -377,7 +390,8 @@ class _Writer:
             self.clients[sock] = client
             self.selector.register(sock, selectors.EVENT_READ, client)
             self.idle_since = None
-            self._send(client, encode_frame((0, True, self.hello)))  # served from now on
+            hello = (CODE_VERSION, os.getpid(), *self.files.database, time.monotonic())
+            self._send(client, encode_frame((0, True, hello)))  # served from now on
 
     def _receive(self, client: _Client) -> list[_Request]:
         try:

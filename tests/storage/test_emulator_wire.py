@@ -282,3 +282,23 @@ async def test_every_waiting_caller_gets_an_exception_of_its_own(store: Emulator
 def test_peer_credentials_read_ids_as_unsigned() -> None:
     raw = struct.pack("iII", 7, 3_000_000_000, 3_000_000_001)
     assert emulator_writer.peer_credentials(raw) == (7, 3_000_000_000, 3_000_000_001)
+
+
+async def test_a_writer_reading_another_clock_is_refused(store: EmulatorStore) -> None:
+    """The store sends deadlines in its time.monotonic(), which the writer compares with its own:
+    both must read one clock. A writer in another time namespace (containers made so) would judge
+    every deadline by a clock that is not the store's (found by review: assumed, never checked)."""
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raw.settimeout(RECV_TIMEOUT_S)
+    try:
+        began_s = time.monotonic()
+        with emulator_writer.socket_address(store.path) as address:
+            raw.connect(address)
+        (hello,) = _receive(raw, emulator_writer.FrameReader(), 1)
+        heard_s = time.monotonic()
+    finally:
+        raw.close()
+    assert emulator_writer.hello_problem(hello[2], store.path, (began_s, heard_s)) is None
+    elsewhere = (*hello[2][:4], hello[2][4] + 3600.0)  # the same writer, an hour's boot time apart
+    problem = emulator_writer.hello_problem(elsewhere, store.path, (began_s, heard_s))
+    assert problem is not None and "another time namespace" in problem, problem
