@@ -18,7 +18,8 @@ import uvicorn
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import TIMEOUT_MS_COMMIT
 from cornus.runtime.failpoints import Failpoints
-from cornus.runtime.node import EXIT_CODE_IDENTITY_VACANT, Node
+from cornus.runtime.node import Node
+from cornus.runtime.parking import EXIT_CODE_IDENTITY_VACANT
 from services.api.http_limits import LimitedHttpProtocol
 from services.api.logs import configure_json_logging, level_from_env
 from services.api.metrics import InstrumentedStore, Metrics
@@ -115,7 +116,7 @@ async def serve(config: NodeConfig) -> int:
         api = asyncio.create_task(server.serve(), name="cornus-api")
         log.info("node %s: peers on %s, REST on http://%s", config.node_id, config.listen, config.api_listen)
         stopped = asyncio.create_task(stop.wait())
-        vacant = asyncio.create_task(node.identity_vacant.wait())
+        vacant = asyncio.create_task(node.parking.vacant.wait())
         await asyncio.wait({api, stopped, vacant}, return_when=asyncio.FIRST_COMPLETED)
         vacant.cancel()
         server.should_exit = True
@@ -133,7 +134,7 @@ async def serve(config: NodeConfig) -> int:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SHUTDOWN_TIMEOUT_S_STORE):
                 await store.close()
-    return EXIT_CODE_IDENTITY_VACANT if node.identity_vacant.is_set() else 0
+    return EXIT_CODE_IDENTITY_VACANT if node.parking.vacant.is_set() else 0
 
 
 def run(config: NodeConfig) -> None:

@@ -43,8 +43,6 @@ from cornus.protocol.effects import (
 )
 from cornus.protocol.events import (
     Event,
-    IdentityChecked,
-    IdentityTaken,
     LogReturned,
     StorageUnreachable,
     TimerFired,
@@ -58,7 +56,7 @@ from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.timing import TimingLog
 from cornus.runtime.transport import Transport
 from cornus.runtime.wire import Routed
-from storage_adapters.contract import Fence, LogKind, Ownership, TxnState, identity_name
+from storage_adapters.contract import Fence, LogKind, TxnState
 from storage_adapters.errors import Fenced, InvariantViolation, StorageUnavailable
 from storage_adapters.store import LogStore
 
@@ -116,13 +114,8 @@ class EffectRunner:
         self.on_fenced: Callable[[str, int], None] = _unwired  # (partition, epoch)
         self.on_deposed: Callable[[str], None] = _unwired  # (why): a later process took the node's identity
         self.stopped = False
-        # The fence of this process's take of the node's identity (None until it is taken): what
-        # its coordinator-log writes carry.
-        self.identity_fence: Fence | None = None
-        # The record as this process last wrote it (a take or a renewal): what the next renewal
-        # swaps from.
-        self._identity_record: Ownership | None = None
-        self._identity_name = identity_name(node_id)
+        # This process's take of the node's identity, whose fence its coordinator-log writes carry.
+        self.identity = identity.IdentityHolder(store, node_id)
         # The node's event loop, kept at first use: asyncio.get_running_loop() makes a getpid system
         # call on Python 3.11, and every storage call and timer of a transaction needs the loop. A
         # runner belongs to one node, which runs on one loop.
@@ -145,8 +138,8 @@ class EffectRunner:
             TerminationStarted: self._termination_started,
             TerminationEnded: self._termination_ended,
             RecoveryFinished: self._recovered,
-            TakeIdentity: lambda e: self.spawn(self._take_identity(e)),
-            CheckIdentity: lambda e: self.spawn(self._check_identity(e)),
+            TakeIdentity: lambda e: self.spawn(self._identity_call(self.identity.take(e), e)),
+            CheckIdentity: lambda e: self.spawn(self._identity_call(self.identity.check(e), e)),
             Deposed: lambda e: self.on_deposed(f"another process took node id {e.node} (epoch {e.epoch} was ours)"),
         }
         assert set(self._handlers) == set(typing.get_args(Effect)), "an effect has no handler"
@@ -235,8 +228,8 @@ class EffectRunner:
             self.counters["writes_skipped_not_held"] += 1
             return
         fence = None
-        if partition == self._identity_name:
-            fence = self.identity_fence
+        if partition == self.identity.name:
+            fence = self.identity.fence
             # The core starts no coordinator before its identity is taken (NodeCore.start).
             assert fence is not None, f"{call!r} before {self.node_id} took its identity"
         elif partition is not None:
@@ -253,7 +246,7 @@ class EffectRunner:
             # Heard even when the host was dropped meanwhile: a refusal is what tells the node it
             # was deposed.
             assert partition is not None and error.fence == fence
-            if partition == self._identity_name:
+            if partition == self.identity.name:
                 self.on_deposed(f"another process took node id {self.node_id}: storage refused {call!r} ({error})")
                 return
             self.on_fenced(partition, error.fence.epoch)
@@ -311,44 +304,14 @@ class EffectRunner:
         return answer(call, applied_now)
 
     # -- the node's identity ---------------------------------------------------------------------
-    async def _take_identity(self, effect: TakeIdentity) -> None:
-        assert effect.node == self.node_id and self.identity_fence is None, effect
+    async def _identity_call(self, call: Coroutine[Any, Any, Event], effect: TakeIdentity | CheckIdentity) -> None:
         try:
-            taken = await identity.take(self.store, self.node_id)
-        except StorageUnavailable as error:
-            log.warning("node %s could not take its identity (%s); retrying", self.node_id, error)
-            event = IdentityTaken(StorageUnreachable(str(error)))
+            event = await call
         except InvariantViolation as error:
-            fatal(f"storage refused the take of {self._identity_name}: {error}")
+            fatal(f"storage refused {effect!r} on {self.identity.name}: {error}")
             return
-        else:
-            self._identity_record = taken
-            self.identity_fence = taken.fence()
-            log.info("node %s took its identity epoch=%d", self.node_id, taken.epoch)
-            event = IdentityTaken(taken.epoch)
         if not self.stopped:
             self.feed(event)
-
-    async def _check_identity(self, effect: CheckIdentity) -> None:
-        fence, record = self.identity_fence, self._identity_record
-        assert fence is not None and record is not None and fence.epoch == effect.epoch, (fence, effect)
-        try:
-            held: bool | StorageUnreachable
-            if effect.renew:
-                renewed = await identity.renew(self.store, record)
-                # The core checks once at a time, so no other renewal moved the record meanwhile.
-                if renewed is not None:
-                    self._identity_record = renewed
-                held = renewed is not None
-            else:
-                held = await identity.held(self.store, fence)
-        except StorageUnavailable as error:
-            held = StorageUnreachable(str(error))
-        except InvariantViolation as error:
-            fatal(f"storage refused the read of {self._identity_name}: {error}")
-            return
-        if not self.stopped:
-            self.feed(IdentityChecked(self.node_id, held))
 
     # -- timers, tasks, timing -------------------------------------------------------------------
     def _fire(self, timer: Timer) -> None:

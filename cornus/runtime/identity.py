@@ -8,20 +8,62 @@ this is their storage I/O."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from cornus.protocol.config import ProtocolConfig
-from cornus.protocol.effects import TAKE_IDENTITY_ROUND_COUNT_MAX
-from cornus.protocol.events import StorageUnreachable
+from cornus.protocol.effects import TAKE_IDENTITY_ROUND_COUNT_MAX, CheckIdentity, TakeIdentity
+from cornus.protocol.events import IdentityChecked, IdentityTaken, StorageUnreachable
 from cornus.protocol.identity_watch import Observed, VacancyWatch
 from storage_adapters.contract import OWNER_LEASE_MS_MAX, Fence, Ownership, identity_name
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.store import LogStore
 
+log = logging.getLogger("cornus.node")
+
 # The record's shape asks for a lease, but an identity is not leased: a starting process takes it
 # at once, and a parked one judges it vacant by its own configuration (identity_vacant_ms), not by
 # this field. The longest allowed says so to a reader of the record.
 IDENTITY_LEASE_MS = OWNER_LEASE_MS_MAX
+
+
+class IdentityHolder:
+    """This process's take of its node's identity: the fence its coordinator-log writes carry,
+    and the record its renewals swap from. Carries out the core's TakeIdentity and CheckIdentity
+    and answers each with its event; storage refusing what the contract allows (InvariantViolation)
+    goes up to the caller."""
+
+    def __init__(self, store: LogStore, node_id: str) -> None:
+        self._store = store
+        self._node_id = node_id
+        self.name = identity_name(node_id)
+        self.fence: Fence | None = None  # None until taken
+        self._record: Ownership | None = None
+
+    async def take(self, effect: TakeIdentity) -> IdentityTaken:
+        assert effect.node == self._node_id and self.fence is None, effect
+        try:
+            taken = await take(self._store, self._node_id)
+        except StorageUnavailable as error:
+            log.warning("node %s could not take its identity (%s); retrying", self._node_id, error)
+            return IdentityTaken(StorageUnreachable(str(error)))
+        self._record, self.fence = taken, taken.fence()
+        log.info("node %s took its identity epoch=%d", self._node_id, taken.epoch)
+        return IdentityTaken(taken.epoch)
+
+    async def check(self, effect: CheckIdentity) -> IdentityChecked:
+        fence, record = self.fence, self._record
+        assert fence is not None and record is not None and fence.epoch == effect.epoch, (fence, effect)
+        try:
+            if not effect.renew:
+                return IdentityChecked(self._node_id, await held(self._store, fence))
+            renewed = await renew(self._store, record)
+        except StorageUnavailable as error:
+            return IdentityChecked(self._node_id, StorageUnreachable(str(error)))
+        # The core checks once at a time, so no other renewal moved the record meanwhile.
+        if renewed is not None:
+            self._record = renewed
+        return IdentityChecked(self._node_id, renewed is not None)
 
 
 async def take(store: LogStore, node_id: str) -> Ownership:

@@ -4,9 +4,9 @@ timer, a client's commit) goes into the core; every effect that comes out goes t
 
 The parts, each in its own module: effect execution (effect_runner.py), the client transactions
 this node coordinates (coordination.py), the partitions' execution phase, locks and cache
-(partition.py), partition ownership (ownership.py), readiness after recovery (readiness.py), and
-what operators and peers ask about transactions (admin.py). This module wires them and carries
-inbound traffic to them.
+(partition.py), partition ownership (ownership.py), readiness after recovery (readiness.py), what
+operators and peers ask about transactions (admin.py), a deposed process's parking (parking.py),
+and what a peer's request may say (wire.py). This module wires them and carries inbound traffic.
 
 A partition is served here only while this node holds its lease: from the end of the recovery
 that follows its take until the lease ends, it is handed over, or storage refuses a write of ours
@@ -21,7 +21,7 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
@@ -32,7 +32,6 @@ from cornus.protocol.locks import Policy
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
 from cornus.protocol.ownership import Lost, OwnershipMachine
-from cornus.runtime import identity
 from cornus.runtime.admin import Admin, PartitionInfo, TxnInfo
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination, TxnAborted
@@ -41,6 +40,7 @@ from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.outcome import Outcome
 from cornus.runtime.ownership import WRITTEN_AT_ONCE, OwnershipRuntime, unix_ms_of
 from cornus.runtime.ownership import now_ms as monotonic_ms
+from cornus.runtime.parking import Parking
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.readiness import Readiness
 from cornus.runtime.timing import TimingLog
@@ -50,16 +50,17 @@ from cornus.runtime.wire import (
     ExecuteResponse,
     ExecuteStatus,
     Op,
-    OpKind,
     PeerRequest,
     PeerResponse,
     Routed,
     StatusRequest,
+    carried_prepare_problem,
+    participants_problem,
 )
-from storage_adapters.contract import PARTICIPANT_COUNT_MAX, Ownership
+from storage_adapters.contract import Ownership
 from storage_adapters.store import LogStore
 
-__all__ = ["Node", "PartitionInfo", "TxnAborted", "TxnInfo", "ops_for_writes"]
+__all__ = ["Node", "PartitionInfo", "TxnAborted", "TxnInfo"]
 
 log = logging.getLogger("cornus.node")
 
@@ -74,9 +75,6 @@ TIMEOUT_MS_RELEASE = 2_000
 # long at most: under 2PC and coordinator-log a participant may hold its yes vote only in memory
 # until then, and a node set without this node would never recover it from this node's log.
 TIMEOUT_MS_DELIVER_DECISIONS = 5_000
-# The exit status of a parked process that found its node's identity vacant: EX_TEMPFAIL, "try
-# again", which is what its supervisor does (a restart takes the identity anew).
-EXIT_CODE_IDENTITY_VACANT = 75
 # Coordinator phases whose decision some participant may not have yet.
 _UNDELIVERED = frozenset({CoordPhase.VALIDATING, CoordPhase.COLLECTING, CoordPhase.DECIDED})
 
@@ -135,14 +133,8 @@ class Node:
         self.readiness.settled = self._recovered
         self.runner.on_fenced = self.ownership.fenced
         self.runner.on_deposed = self._deposed
-        # Set once a later process of this node took its identity: this one parks (_deposed).
-        self.deposed = False
-        self._parking: asyncio.Task[None] | None = None
-        # Set when, parked, this process finds the identity vacant (the process that took it is
-        # gone): serve then exits with EXIT_CODE_IDENTITY_VACANT, and its restart takes it again.
-        self.identity_vacant = asyncio.Event()
-        self._watching: asyncio.Task[None] | None = None
-        self._stopping = False
+        # Parked once another process of this node took its identity (_deposed).
+        self.parking = Parking(self.node_id, store, config.protocol_config)
         # Coordinating needs only this node's own recovery: where the partitions are is the
         # owners' business (a partition moving aborts the transactions that touch it, retryable).
         self.coordination.ready = lambda: self.readiness.ready and not self.deposed
@@ -172,17 +164,16 @@ class Node:
         if wait_ready:
             await self.wait_ready()
 
+    @property
+    def deposed(self) -> bool:
+        """Another process of this node took its identity: this one is parked (cornus.runtime.parking)."""
+        return self.parking.parked
+
     def _deposed(self, why: str) -> None:
         """Another process of this node took its identity after this one: this one decides, writes
-        and serves nothing from now on, but does not exit while that process lives. It parks,
-        alive and not ready: a pod force-deleted on a kubelet cut off from the API server is
-        restarted by that kubelet when its process exits, and the restarted process's take would
-        depose the replacement in turn, and so on (found by review). It exits once the other
-        process stops renewing the identity (cornus.protocol.identity_watch), as when two took it
-        at once and the older won, then went away (found by the simulator)."""
+        and serves nothing from now on, and parks (cornus.runtime.parking)."""
         if self.deposed:
             return
-        self.deposed = True
         self.counters["deposed"] += 1
         log.error("node %s deposed: %s; it serves and writes nothing from now on, and waits to be stopped",
                   self.node_id, why)
@@ -190,22 +181,13 @@ class Node:
         self.readiness.stop()  # a recovery still settling serves nothing (found by review)
         self.serving.clear()
         self.coordination.abandon_replies()
-        # Not the runner's task: the runner's stop cancels its own.
-        self._parking = asyncio.get_running_loop().create_task(self._park(), name="cornus-park")
+        self.parking.park(self._halt)
 
-    async def _park(self) -> None:
+    async def _halt(self) -> None:
         # No release of the partitions: the other process of this node may hold them by now.
         self.ownership.halt()
         await self.transport.close()  # peers reconnect to the node's current address
         await self.runner.stop()
-        if not self._stopping:  # a stop under way ends the process anyway (found by review)
-            self._watching = asyncio.get_running_loop().create_task(self._watch_identity(), name="cornus-watch")
-
-    async def _watch_identity(self) -> None:
-        await identity.watch_until_vacant(self.store, self.node_id, self.config.protocol_config)
-        log.error("node %s: the process that took its identity renews it no more; this one exits, to be "
-                  "restarted", self.node_id)
-        self.identity_vacant.set()
 
     async def wait_ready(self) -> None:
         # Polled: readiness depends on ownership records, recoveries and peers alike, and a
@@ -214,20 +196,15 @@ class Node:
             await asyncio.sleep(POLL_MS / 1000)
 
     async def stop(self) -> None:
-        self._stopping = True
-        if self._parking is None:
+        self.parking.stopping()
+        if not self.deposed:
             await self._deliver_decisions(TIMEOUT_MS_DELIVER_DECISIONS / 1000)
-        if self._parking is None:  # deposed meanwhile, perhaps: then it releases nothing
+        if not self.deposed:  # deposed meanwhile, perhaps: then it releases nothing
             await self.ownership.stop(TIMEOUT_MS_RELEASE / 1000)
             await self.runner.stop()
-        if self._parking is not None:
-            # Deposed (before the stop, or during it): it delivers and releases nothing more
-            # (another process is this node now).
-            await self._parking
-            if self._watching is not None:
-                self._watching.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._watching
+        # Deposed (before the stop, or during it): it delivers and releases nothing more (another
+        # process is this node now).
+        await self.parking.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -363,7 +340,7 @@ class Node:
         if dest != self.node_id and dest not in self._partition_names:
             return f"addressed to {dest!r}, neither this node nor a partition"
         if isinstance(inner, Prepare):
-            return _participants_problem(dest, inner.participants)
+            return participants_problem(dest, inner.participants)
         return ""
 
     async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
@@ -382,7 +359,7 @@ class Node:
         if refusal is ExecuteRefusal.COMMITTING:
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{request.txn} is already committing")
         if request.participants:
-            problem = _carried_prepare_problem(request)
+            problem = carried_prepare_problem(request)
             if problem:
                 return ExecuteResponse(ExecuteStatus.INVALID, detail=problem)
         response = await partition.execute(request)
@@ -453,24 +430,3 @@ class Node:
             for name, partition in self.partitions.items():
                 machines = self.core.partitions[name].machines
                 self.counters["executions_idled_out"] += partition.sweep_idle(idle_ms, machines.__contains__)
-
-
-def _carried_prepare_problem(request: ExecuteRequest) -> str:
-    """What is wrong with the prepare a request carries ("" if nothing): a machine asserts what
-    a prepare says, so a malformed one from a peer must stop here."""
-    if request.abort or request.continued:
-        return "a request that carries a prepare runs a one-shot's operations, once"
-    return _participants_problem(request.partition, request.participants)
-
-
-def _participants_problem(partition: str, participants: tuple[str, ...]) -> str:
-    """What is wrong with a prepare's participants as sent to `partition` ("" if nothing)."""
-    if partition not in participants:
-        return f"the prepare's participants {participants[:8]} leave out {partition}"
-    if len(participants) > PARTICIPANT_COUNT_MAX or list(participants) != sorted(set(participants)):
-        return f"the prepare's participants must be sorted, unique and at most {PARTICIPANT_COUNT_MAX}"
-    return ""
-
-
-def ops_for_writes(writes: Mapping[str, bytes | None]) -> list[Op]:
-    return [Op(OpKind.DELETE, key) if value is None else Op(OpKind.PUT, key, value) for key, value in writes.items()]

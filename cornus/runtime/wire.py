@@ -8,10 +8,11 @@ messages are `cornus.protocol.messages.Message`.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cornus.protocol.messages import Message
-from storage_adapters.contract import DATA_VALUE_BYTES_MAX, TxnState, validate_data_key
+from storage_adapters.contract import DATA_VALUE_BYTES_MAX, PARTICIPANT_COUNT_MAX, TxnState, validate_data_key
 from storage_adapters.errors import ValidationError
 
 
@@ -115,3 +116,25 @@ class Routed:
 
 PeerRequest = ExecuteRequest | StatusRequest
 PeerResponse = ExecuteResponse | StatusResponse
+
+
+def carried_prepare_problem(request: ExecuteRequest) -> str:
+    """What is wrong with the prepare a request carries ("" if nothing): a machine asserts what
+    a prepare says, so a malformed one from a peer must stop here."""
+    if request.abort or request.continued:
+        return "a request that carries a prepare runs a one-shot's operations, once"
+    return participants_problem(request.partition, request.participants)
+
+
+def participants_problem(partition: str, participants: tuple[str, ...]) -> str:
+    """What is wrong with a prepare's participants as sent to `partition` ("" if nothing)."""
+    if partition not in participants:
+        return f"the prepare's participants {participants[:8]} leave out {partition}"
+    if len(participants) > PARTICIPANT_COUNT_MAX or list(participants) != sorted(set(participants)):
+        return f"the prepare's participants must be sorted, unique and at most {PARTICIPANT_COUNT_MAX}"
+    return ""
+
+
+def ops_for_writes(writes: Mapping[str, bytes | None]) -> list[Op]:
+    """The operations that make `writes` (None: delete the key)."""
+    return [Op(OpKind.DELETE, key) if value is None else Op(OpKind.PUT, key, value) for key, value in writes.items()]

@@ -32,9 +32,9 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 
 from cornus.protocol.config import Protocol
-from cornus.runtime.node import Node, TxnAborted, ops_for_writes
+from cornus.runtime.node import Node, TxnAborted
 from cornus.runtime.outcome import NodeOverloaded, Outcome, OutcomeStatus, TxnNotFound, TxnWrongState
-from cornus.runtime.wire import Op, OpKind
+from cornus.runtime.wire import Op, OpKind, ops_for_writes
 from services.api.logs import txn_context
 from services.api.metrics import Metrics
 from storage_adapters.contract import DATA_KEY_BYTES_MAX, DATA_VALUE_BYTES_MAX, TXN_ID_LENGTH_MAX

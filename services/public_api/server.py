@@ -33,7 +33,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cornus.protocol.config import Protocol
-from cornus.runtime.node import Node, TxnAborted, ops_for_writes
+from cornus.runtime.node import Node, TxnAborted
 from cornus.runtime.outcome import (
     AbortReason,
     NodeOverloaded,
@@ -42,7 +42,7 @@ from cornus.runtime.outcome import (
     TxnNotFound,
     TxnWrongState,
 )
-from cornus.runtime.wire import Op, OpKind
+from cornus.runtime.wire import Op, OpKind, ops_for_writes
 from services.public_api import TXN_METADATA_KEY  # importing it builds the generated code first
 from services.public_api._generated import public_pb2 as pb
 from services.public_api._generated import public_pb2_grpc

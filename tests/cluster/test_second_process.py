@@ -21,7 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cornus.protocol.config import ProtocolConfig
-from cornus.runtime.node import EXIT_CODE_IDENTITY_VACANT
+from cornus.runtime.parking import EXIT_CODE_IDENTITY_VACANT
 from tests.cluster.conftest import storage_for
 from tests.cluster.harness import Cluster, NodeProcess, keys_on, running_cluster
 from tests.conftest import Services
