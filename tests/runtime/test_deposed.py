@@ -66,3 +66,19 @@ async def test_an_execution_that_waited_past_its_lease_is_answered_not_owner(tmp
         monkeypatch.setattr(partition, "execute", waiting_past_the_lease)
         response = await node.on_request("n0", ExecuteRequest("1.n0.abc.1.cornus", "p0", "n0", (Op(OpKind.GET, "k"),)))
         assert response.status is ExecuteStatus.NOT_OWNER, response
+
+
+async def test_a_node_deposed_while_it_stops_watches_nothing_after_the_stop(tmp_path) -> None:
+    """Found by review: deposed during its stop (while it released its partitions), a node began
+    to watch its identity after stop() had returned, polling a closed store until the loop ended."""
+    async with local_cluster(tmp_path, node_count=1, partition_count=1) as cluster:
+        node = cluster.node()
+        halted = asyncio.Event()
+
+        async def halt() -> None:
+            halted.set()
+
+        node.parking.stopping()  # what Node.stop does first
+        node.parking.park(halt)
+        await node.parking.stop()
+        assert halted.is_set() and node.parking._watching is None
