@@ -16,6 +16,14 @@ Transitions a record may make, and which call may make them:
     COMMIT   --apply_redo---------->  COMMIT, applied
     s        --log(s)-------------->  s            (idempotent rewrite of the same state)
     COMMIT  <-/-> ABORT, decision -/-> VOTE_YES    (refused with DecisionFlipRefused, nothing written)
+    d (applied), VOTE_YES (d ABORT), absent --delete(keep=Tombstone(d))--> tombstone of d
+    anything --delete()--> absent
+
+A tombstone is what garbage collection leaves in a record's place: the decision alone, no body,
+kept at least `keep_ms` and then dropped by storage (Redis: key expiry; emulator: its writer's
+purge; DynamoDB: the table's TTL on `expires_at`; Azure: a lifecycle rule on the blob index tag
+`cornus-tombstone`, which the Terraform module sets up). Until then it reads as a finished record
+of its decision, and a late LogOnce meets it rather than an empty slot.
 
 `log_once` never changes an existing record: it returns what is stored. That single compare-and-swap
 is the whole of Cornus's requirement on storage, and every backend does it in ONE round trip.
@@ -64,7 +72,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from storage_adapters.errors import DecisionFlipRefused, ValidationError
+from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, ValidationError
 
 # Limits. They are what every backend can hold in one request (DynamoDB items top out at 400 KB,
 # so a record with its redo must stay well below that), and they bound what a bad caller can make
@@ -88,6 +96,9 @@ OWNER_READ_COUNT_MAX = 4096
 IDENTITY_PREFIX = "node:"
 # A lease longer than this would leave a dead owner's partitions unserved for minutes.
 OWNER_LEASE_MS_MAX = 600_000
+# A decision tombstone kept longer than a week is a leak, not a retention: storage holds one per
+# collected transaction, thousands a second under load.
+TOMBSTONE_KEEP_MS_MAX = 7 * 24 * 3600 * 1000
 
 # Ids end up in Redis keys, blob names and DynamoDB keys; a conservative alphabet keeps them
 # unambiguous in all three (no '/', no braces that would break Redis hash tags).
@@ -208,6 +219,25 @@ class Record:
     body: RecordBody = field(default_factory=RecordBody)
     applied: bool = False
     created_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """What garbage collection leaves in a record's place, so that the transaction's outcome can
+    still be told (the status call) and a late terminator's LogOnce(ABORT) still meets the decision
+    rather than an empty slot: the decision alone (no body; a COMMIT counts as applied), kept at
+    least `keep_ms` after the call that wrote it, then dropped by storage at its own pace."""
+
+    decision: TxnState
+    keep_ms: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.decision, TxnState) or not self.decision.is_decision:
+            raise ValidationError(f"a tombstone holds a decision, not {self.decision!r}")
+        if not isinstance(self.keep_ms, int) or isinstance(self.keep_ms, bool):
+            raise ValidationError(f"keep_ms must be an int, got {type(self.keep_ms).__name__}")
+        if not 1 <= self.keep_ms <= TOMBSTONE_KEEP_MS_MAX:
+            raise ValidationError(f"keep_ms is {self.keep_ms}, it must be in 1..{TOMBSTONE_KEEP_MS_MAX}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +464,29 @@ def validate_writes(writes: object) -> dict[str, bytes | None]:
                 )
         checked[key] = value
     return checked
+
+
+def validate_tombstone(keep: object) -> Tombstone | None:
+    if keep is not None and not isinstance(keep, Tombstone):
+        raise ValidationError(f"keep must be a Tombstone or None, got {type(keep).__name__}")
+    return keep
+
+
+def check_tombstone(log: LogId, txn: str, stored: TxnState | None, applied: bool, keep: Tombstone) -> None:
+    """Raise unless `stored` may become `keep`'s tombstone: never over the other decision
+    (DecisionFlipRefused), and never where a committed redo would be dropped unapplied (a vote or
+    an unapplied COMMIT under a COMMIT tombstone: garbage collection runs only after every
+    participant applied, so this is a caller's bug, InvariantViolation). Absent may be kept: a
+    read-only voter's partition, or a coordinator-log participant's, holds no record."""
+    if stored is None:
+        return
+    if stored.is_decision and stored is not keep.decision:
+        raise DecisionFlipRefused(log, txn, stored, keep.decision)
+    if keep.decision is TxnState.COMMIT and not applied:
+        raise InvariantViolation(
+            f"refused a COMMIT tombstone over {stored} (not applied) for txn {txn!r} in log {log.key}: "
+            "its redo would be lost"
+        )
 
 
 def check_log_transition(log: LogId, txn: str, stored: TxnState | None, wanted: TxnState) -> None:

@@ -27,6 +27,7 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    Tombstone,
     TxnState,
 )
 from storage_adapters.errors import StorageError, StorageUnavailable, ValidationError
@@ -152,8 +153,10 @@ class LatencyInjectingStore(DelegatingStore):
     ) -> bool:
         return await self._answered(lambda: self.inner.apply_redo(partition, txn, writes, fence))
 
-    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
-        return await self._answered(lambda: self.inner.delete(log, txn, fence))
+    async def delete(
+        self, log: LogId, txn: str, fence: Fence | None = None, keep: Tombstone | None = None,
+    ) -> bool:
+        return await self._answered(lambda: self.inner.delete(log, txn, fence, keep))
 
     async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
         return await self._answered(lambda: self.inner.read_owners(partitions))

@@ -22,6 +22,7 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    Tombstone,
     TxnState,
     validate_body,
     validate_data_keys,
@@ -34,6 +35,7 @@ from storage_adapters.contract import (
     validate_scan_after,
     validate_scan_limit,
     validate_state,
+    validate_tombstone,
     validate_txn,
     validate_writes,
 )
@@ -75,6 +77,7 @@ class DeleteRequest(NamedTuple):
     log: LogId
     txn: str
     fence: Fence | None
+    keep: Tombstone | None = None
 
 
 def _expire(future: asyncio.Future[Any]) -> None:
@@ -117,6 +120,10 @@ class LogStore(abc.ABC):
     # Whether `_delete_many` carries several records in fewer requests than one each: then the
     # deletes of a tick are batched, else each goes to `_delete` alone, as cheaply as any call.
     coalesces_deletes: bool = False
+    # Whether storage itself drops a tombstone soon after its keep_ms (Redis's key expiry, the
+    # emulator's purge), or leaves it to a service-side rule that takes days (DynamoDB's table
+    # TTL, an Azure lifecycle rule): the suite waits for the drop only where it is prompt.
+    drops_tombstones_at_expiry: bool = False
 
     def __init__(self, timeout_ms_call: int) -> None:
         assert timeout_ms_call > 0, timeout_ms_call
@@ -262,8 +269,15 @@ class LogStore(abc.ABC):
         validate_fence(fence, partition)
         return await self._bounded(self._apply_redo(partition, txn, checked, fence), "apply_redo")
 
-    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
+    async def delete(
+        self, log: LogId, txn: str, fence: Fence | None = None, keep: Tombstone | None = None,
+    ) -> bool:
         """Remove the record (garbage collection); True if it existed. Fenced as `log_once`.
+
+        With `keep`, leave its tombstone in the record's place instead (see `Tombstone`): written
+        even where no record was (the answer is then False), and refused, writing nothing, over
+        the other decision (DecisionFlipRefused) or where a committed redo would be dropped
+        unapplied (InvariantViolation; `check_tombstone`).
 
         Where the backend `coalesces_deletes`, the deletes of one event-loop tick go to storage
         together, at most DELETE_BATCH_COUNT_MAX per request, and each caller still gets its own
@@ -271,8 +285,9 @@ class LogStore(abc.ABC):
         validate_log(log)
         validate_txn(txn)
         validate_log_fence(fence, log)
+        validate_tombstone(keep)
         if not self.coalesces_deletes:
-            return await self._bounded(self._delete(log, txn, fence), "delete")
+            return await self._bounded(self._delete(log, txn, fence, keep), "delete")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
         waiting = self._deletes_waiting.get(loop)
@@ -280,7 +295,7 @@ class LogStore(abc.ABC):
             waiting = self._deletes_waiting[loop] = []
             loop.call_soon(self._flush_deletes, loop)
         deadline = loop.time() + self._timeout_s
-        waiting.append(_WaitingDelete(DeleteRequest(log, txn, fence), future, deadline))
+        waiting.append(_WaitingDelete(DeleteRequest(log, txn, fence, keep), future, deadline))
         # A bare timer per caller (the batch's request is bounded by the earliest of its callers'
         # deadlines): a caller's deadline counts from its own call, and costs a heap entry rather
         # than a timeout context.
@@ -380,7 +395,7 @@ class LogStore(abc.ABC):
     ) -> bool: ...
 
     @abc.abstractmethod
-    async def _delete(self, log: LogId, txn: str, fence: Fence | None) -> bool: ...
+    async def _delete(self, log: LogId, txn: str, fence: Fence | None, keep: Tombstone | None) -> bool: ...
 
     async def _delete_many(self, requests: Sequence[DeleteRequest]) -> list[bool | StorageError]:
         """Each request's answer, in order: whether its record existed, or its own error (Fenced);
@@ -404,6 +419,7 @@ class DelegatingStore(LogStore):
         # No LogStore.__init__: the deadline and the delete batches are the inner store's.
         self.inner = inner
         self.backend_name = inner.backend_name
+        self.drops_tombstones_at_expiry = inner.drops_tombstones_at_expiry
 
     async def log_once(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None,
@@ -429,8 +445,10 @@ class DelegatingStore(LogStore):
     ) -> bool:
         return await self.inner.apply_redo(partition, txn, writes, fence)
 
-    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
-        return await self.inner.delete(log, txn, fence)
+    async def delete(
+        self, log: LogId, txn: str, fence: Fence | None = None, keep: Tombstone | None = None,
+    ) -> bool:
+        return await self.inner.delete(log, txn, fence, keep)
 
     async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
         return await self.inner.read_owners(partitions)

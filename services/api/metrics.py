@@ -43,6 +43,7 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    Tombstone,
     TxnState,
 )
 from storage_adapters.store import DelegatingStore, LogStore
@@ -286,10 +287,12 @@ class InstrumentedStore(DelegatingStore):
         self._done("apply_redo", started, None)
         return applied
 
-    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
+    async def delete(
+        self, log: LogId, txn: str, fence: Fence | None = None, keep: Tombstone | None = None,
+    ) -> bool:
         started = time.perf_counter()
         try:
-            result = await self.inner.delete(log, txn, fence)
+            result = await self.inner.delete(log, txn, fence, keep)
         except Exception as error:
             self._done("delete", started, error, txn)
             raise

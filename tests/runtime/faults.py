@@ -48,6 +48,7 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    Tombstone,
     TxnState,
 )
 from storage_adapters.errors import StorageUnavailable
@@ -238,9 +239,11 @@ class FaultyStore(DelegatingStore):
         args = {"partition": partition, "txn": txn, "writes": dict(writes), "fence": fence}
         return await self._run("apply_redo", args, lambda: self.inner.apply_redo(partition, txn, writes, fence))
 
-    async def delete(self, log: LogId, txn: str, fence: Fence | None = None) -> bool:
-        args = {"log": log, "txn": txn, "fence": fence}
-        return await self._run("delete", args, lambda: self.inner.delete(log, txn, fence))
+    async def delete(
+        self, log: LogId, txn: str, fence: Fence | None = None, keep: Tombstone | None = None,
+    ) -> bool:
+        args = {"log": log, "txn": txn, "fence": fence, "keep": keep}
+        return await self._run("delete", args, lambda: self.inner.delete(log, txn, fence, keep))
 
     async def read_owners(self, partitions: Sequence[str]) -> dict[str, Ownership]:
         args = {"partitions": tuple(partitions)}
