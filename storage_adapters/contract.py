@@ -466,9 +466,15 @@ def validate_writes(writes: object) -> dict[str, bytes | None]:
     return checked
 
 
-def validate_tombstone(keep: object) -> Tombstone | None:
-    if keep is not None and not isinstance(keep, Tombstone):
+def validate_tombstone(keep: object, log: LogId) -> Tombstone | None:
+    """A tombstone is kept only in a partition's log, where the status call looks for outcomes; a
+    coordinator log's COMMIT is never "applied", so `check_tombstone` could not tell it safe."""
+    if keep is None:
+        return None
+    if not isinstance(keep, Tombstone):
         raise ValidationError(f"keep must be a Tombstone or None, got {type(keep).__name__}")
+    if log.kind is not LogKind.PARTITION:
+        raise ValidationError(f"a tombstone is kept only in a partition's log, not in {log.key}")
     return keep
 
 

@@ -48,7 +48,9 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    Tombstone,
     TxnState,
+    check_tombstone,
     identity_name,
     is_identity,
     is_unfinished,
@@ -141,27 +143,46 @@ return {'OK', 'COMMIT'}
 # Several deletes of ONE log (a script may only touch one hash slot, and a log's keys share one),
 # each with its own fence check: what a tick's coalesced deletes cost instead of a script each.
 # KEYS: index, then each record, then (only when some delete is fenced) the partition's ownership
-# record. ARGV: per delete its txn, and its fence's owner and epoch ('' and '' unfenced). Replies
-# {results, ownership}: per delete 1 (deleted), 0 (absent) or -1 (fenced: nothing written), and
-# the ownership record's fields if any delete was fenced.
-_DELETE_MANY = """
-local count = #ARGV / 3
+# record. ARGV: per delete its txn, its fence's owner and epoch ('' and '' unfenced), and its
+# tombstone's decision and keep_ms ('' and '' to delete). Replies {results, ownership}: per delete
+# 1 (it existed), 0 (absent), -1 (fenced) or, for a tombstone refused, the stored 'state:applied'
+# (the caller raises what `check_tombstone` says; nothing was written), and the ownership record's
+# fields if any delete was fenced. A tombstone is the record with its body emptied and a key
+# expiry: Redis drops it keep_ms after this script, by its own clock.
+_DELETE_MANY = _SYNC_INDEX + """
+local count = #ARGV / 5
 local owner_key = KEYS[count + 2]
 local held
 local refused = false
 local results = {}
 for i = 1, count do
-  local fence_owner = ARGV[3 * i - 1]
+  local fence_owner = ARGV[5 * i - 3]
   if fence_owner ~= '' then
     held = held or redis.call('HMGET', owner_key, 'owner', 'epoch')
-    if held[1] ~= fence_owner or held[2] ~= ARGV[3 * i] then
+    if held[1] ~= fence_owner or held[2] ~= ARGV[5 * i - 2] then
       results[i] = -1
       refused = true
     end
   end
-  if not results[i] then
-    redis.call('ZREM', KEYS[1], ARGV[3 * i - 2])
-    results[i] = redis.call('DEL', KEYS[i + 1])
+  local decision = ARGV[5 * i - 1]
+  local record_key = KEYS[i + 1]
+  if results[i] then
+  elseif decision == '' then
+    redis.call('ZREM', KEYS[1], ARGV[5 * i - 4])
+    results[i] = redis.call('DEL', record_key)
+  else
+    local stored = redis.call('HMGET', record_key, 'state', 'applied')
+    local state, applied = stored[1], stored[2]
+    if state and ((state ~= 'VOTE_YES' and state ~= decision) or (decision == 'COMMIT' and applied ~= '1')) then
+      results[i] = state .. ':' .. applied
+    else
+      if not state then redis.call('HSET', record_key, 'created_at_ms', now_ms()) end
+      redis.call('HSET', record_key, 'state', decision, 'participants', '[]', 'coordinator', '', 'redo', '',
+                 'applied', decision == 'COMMIT' and '1' or '0')
+      redis.call('PEXPIRE', record_key, ARGV[5 * i])
+      redis.call('ZREM', KEYS[1], ARGV[5 * i - 4])
+      results[i] = state and 1 or 0
+    end
   end
 end
 if refused then return {results, redis.call('HGETALL', owner_key)} end
@@ -263,6 +284,16 @@ def _owner_from_flat(partition: str, flat: Sequence[bytes]) -> Ownership | None:
     )
 
 
+def _tombstone_refusal(log: LogId, txn: str, stored: bytes, keep: Tombstone) -> StorageError:
+    """The error `check_tombstone` raises for what the script found ('state:applied')."""
+    state, _, applied = stored.partition(b":")
+    try:
+        check_tombstone(log, txn, _STATES[state], applied == b"1", keep)
+    except StorageError as error:
+        return error
+    raise AssertionError(f"the script refused a tombstone of {keep.decision} over {stored!r}, which is allowed")
+
+
 def _record_from_hash(log: LogId, txn: str, fields: dict[bytes, bytes]) -> Record:
     return Record(
         log=log,
@@ -281,6 +312,7 @@ class RedisStore(LogStore):
 
     backend_name = "redis"
     coalesces_deletes = True
+    drops_tombstones_at_expiry = True
 
     def __init__(self, client: aioredis.Redis, timeout_ms_call: int) -> None:
         super().__init__(timeout_ms_call)
@@ -500,8 +532,8 @@ class RedisStore(LogStore):
         assert verdict in (b"OK", b"APPLIED_BEFORE")
         return verdict == b"OK"
 
-    async def _delete(self, log: LogId, txn: str, fence: Fence | None) -> bool:
-        [outcome] = await self._delete_many([DeleteRequest(log, txn, fence)])
+    async def _delete(self, log: LogId, txn: str, fence: Fence | None, keep: Tombstone | None) -> bool:
+        [outcome] = await self._delete_many([DeleteRequest(log, txn, fence, keep)])
         if isinstance(outcome, StorageError):
             raise outcome
         return outcome
@@ -541,16 +573,21 @@ class RedisStore(LogStore):
                 assert request.fence.partition == fences_of
                 args += [request.txn, request.fence.owner, str(request.fence.epoch)]
                 fenced = True
+            keep = request.keep
+            args += ["", ""] if keep is None else [keep.decision.value, str(keep.keep_ms)]
         if fenced:
             keys.append(_owner_key(fences_of))
         results, owner_fields = await self._script(self._delete_many_script, keys, args)
         assert len(results) == len(indexes), f"{len(indexes)} deletes, {len(results)} answers"
         stored: Ownership | None = _owner_from_flat(fences_of, owner_fields) if owner_fields else None
         for index, result in zip(indexes, results, strict=True):
-            fence = requests[index].fence
+            request = requests[index]
             if result == -1:
-                assert fence is not None, "only a fenced delete is refused"
-                outcomes[index] = Fenced(fence, stored)
+                assert request.fence is not None, "only a fenced delete is refused"
+                outcomes[index] = Fenced(request.fence, stored)
+            elif isinstance(result, bytes):
+                assert request.keep is not None, f"only a tombstone is refused so: {result!r}"
+                outcomes[index] = _tombstone_refusal(log, request.txn, result, request.keep)
             else:
                 assert result in (0, 1), result
                 outcomes[index] = result == 1

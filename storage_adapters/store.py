@@ -285,7 +285,7 @@ class LogStore(abc.ABC):
         validate_log(log)
         validate_txn(txn)
         validate_log_fence(fence, log)
-        validate_tombstone(keep)
+        validate_tombstone(keep, log)
         if not self.coalesces_deletes:
             return await self._bounded(self._delete(log, txn, fence, keep), "delete")
         loop = asyncio.get_running_loop()
