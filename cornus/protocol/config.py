@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, fields
 
+from storage_adapters.contract import TOMBSTONE_KEEP_MS_MAX
+
 # Renewal intervals a live process's record may go unrenewed (a paused process, storage slow or
 # unreachable for it) before a parked process of its node takes the record for vacant
 # (identity_vacant_ms). A wrong vacancy deposes a live holder once (safe, fenced, but a takeover);
@@ -55,6 +57,11 @@ class ProtocolConfig:
     # Records are deleted this long after every participant acknowledged a durable decision.
     # At least gc_grace_ms_min(): a storage call still in flight must not recreate a deleted record.
     gc_grace_ms: int = 12_000
+    # How long the decision's tombstone (storage_adapters.contract.Tombstone) outlives the records
+    # garbage collection deletes: how long after a transaction the status call can still tell a
+    # caller that lost its answer what became of it. Storage holds one small record per
+    # transaction for this long (some 600,000 at 1,000 transactions a second).
+    outcome_keep_ms: int = 600_000
     # A record deletion is retried this often while storage is unreachable, then left in place:
     # a decided record left behind is garbage, never a wrong answer.
     gc_attempt_count_max: int = 8
@@ -71,6 +78,7 @@ class ProtocolConfig:
             assert isinstance(value, int) and not isinstance(value, bool), f"{item.name} must be an int"
             assert value > 0, f"{item.name} must be positive, got {value}"
         assert self.backoff_ms_min <= self.backoff_ms_max
+        assert self.outcome_keep_ms <= TOMBSTONE_KEEP_MS_MAX, self.outcome_keep_ms
         assert self.gc_grace_ms >= gc_grace_ms_min(self.storage_deadline_ms, self.clock_slack_ms), (
             f"gc_grace_ms {self.gc_grace_ms} must be at least twice the storage deadline plus the slack"
         )

@@ -31,7 +31,7 @@ from cornus.protocol.events import (
     TimerFired,
 )
 from cornus.protocol.messages import Decision, DecisionAck, Prepare, ReadOnlyReleased, ReleaseReadOnly, Vote
-from storage_adapters.contract import PARTICIPANT_COUNT_MAX, LogId, TxnState
+from storage_adapters.contract import PARTICIPANT_COUNT_MAX, LogId, Tombstone, TxnState
 
 
 class CoordPhase(enum.Enum):
@@ -260,10 +260,27 @@ class CoordinatorBase:
             # Our own record goes first and alone: while it exists a restart of ours resends its
             # decision, which participants whose records are gone would take for a new transaction.
             return self._delete({DeleteRecord(self.node, self.coordinator_log, self.txn)})
-        return self._delete_participants()
+        return self._keep_outcome()
+
+    def _keep_outcome(self) -> list[Effect]:
+        """The first participant's record becomes the decision's tombstone, alone and before any
+        other participant's record goes: the status call then still finds the outcome (DESIGN 4),
+        and if the tombstone cannot be written, nothing more is deleted (the records tell it)."""
+        assert self.decision is not None
+        keep = Tombstone(self.decision, self.config.outcome_keep_ms)
+        return self._delete({DeleteRecord(self.node, LogId.partition(self._outcome_holder), self.txn, keep)})
+
+    @property
+    def _outcome_holder(self) -> str:
+        return min(self.participants)
 
     def _delete_participants(self) -> list[Effect]:
-        return self._delete({DeleteRecord(self.node, LogId.partition(p), self.txn) for p in self.participants})
+        holder = self._outcome_holder
+        deletes = {DeleteRecord(self.node, LogId.partition(p), self.txn) for p in self.participants if p != holder}
+        if not deletes:
+            self.phase = CoordPhase.DONE
+            return []
+        return self._delete(deletes)
 
     def _delete(self, deletes: set[DeleteRecord]) -> list[Effect]:
         self._deletes_waiting = set(deletes)
@@ -282,6 +299,8 @@ class CoordinatorBase:
         if self._deletes_waiting:
             return self._retry_deletes()
         if event.call.log == self.coordinator_log:
+            return self._keep_outcome()
+        if event.call.keep is not None:
             return self._delete_participants()
         self.phase = CoordPhase.DONE
         return []

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cornus.protocol.messages import Message
-from storage_adapters.contract import LogId, RecordBody, TxnState
+from storage_adapters.contract import LogId, RecordBody, Tombstone, TxnState
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +76,13 @@ class ApplyRedo:
 
 @dataclass(frozen=True, slots=True)
 class DeleteRecord:
-    """Garbage collection of a finished transaction's record; answered by DeleteReturned."""
+    """Garbage collection of a finished transaction's record; answered by DeleteReturned. With
+    `keep`, the record's tombstone stays in its place (storage_adapters.contract.Tombstone)."""
 
     owner: str
     log: LogId
     txn: str
+    keep: Tombstone | None = None
 
 
 @dataclass(frozen=True, slots=True)

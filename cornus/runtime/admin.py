@@ -135,15 +135,19 @@ class Admin:
             return Outcome(txn, OutcomeStatus.UNKNOWN, detail=(
                 f"no node holds {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''} now, so its records "
                 "could not be read"))
-        # Records go gc_grace_ms after the decision, which comes after the begin the id carries
-        # (by the coordinator's clock: the slack covers how far ours may differ).
+        # Records go gc_grace_ms after the decision, which comes after the begin the id carries,
+        # and the first participant's stays as the decision's tombstone for outcome_keep_ms more
+        # (by the coordinator's clock and storage's: the slack covers how far ours may differ).
+        # Until then a transaction that voted has a record somewhere: none means it never did.
         # An id without a begin time is none this runtime made (begin_ms_of gives 0): never one.
         protocol = self.config.protocol_config
         begin_ms = txn_ids.begin_ms_of(txn)
-        if begin_ms and time.time() * 1000 >= begin_ms + protocol.gc_grace_ms - protocol.clock_slack_ms:
+        kept_ms = protocol.gc_grace_ms + protocol.outcome_keep_ms - protocol.clock_slack_ms
+        if begin_ms and time.time() * 1000 >= begin_ms + kept_ms:
             return Outcome(txn, OutcomeStatus.UNKNOWN, detail=(
                 "no node knows it and no record of it is left: it never committed, or it finished and its "
-                "records were collected after its coordinator forgot it (a restart); its outcome cannot be known"))
+                f"outcome was kept for outcome_keep_ms ({protocol.outcome_keep_ms} ms) after its records "
+                "were collected, which has passed; its outcome cannot be known"))
         return None
 
     async def status_response(self, request: StatusRequest, ready: bool) -> StatusResponse:

@@ -48,6 +48,7 @@ from storage_adapters.contract import (
     OWNER_LEASE_MS_MAX,
     PARTICIPANT_COUNT_MAX,
     SCAN_PAGE_COUNT_MAX,
+    TOMBSTONE_KEEP_MS_MAX,
     validate_id,
 )
 from storage_adapters.errors import ValidationError
@@ -300,8 +301,13 @@ def _protocol_config(values: Mapping[str, int], storage: StoreConfig) -> Protoco
         )
     if merged["scan_page_count_max"] > SCAN_PAGE_COUNT_MAX:
         raise ValidationError(f"scan_page_count_max must be at most {SCAN_PAGE_COUNT_MAX}")
+    if merged["outcome_keep_ms"] > TOMBSTONE_KEEP_MS_MAX:
+        raise ValidationError(
+            f"outcome_keep_ms is {merged['outcome_keep_ms']}, more than its maximum {TOMBSTONE_KEEP_MS_MAX} (a week)"
+        )
     for name, value in merged.items():
-        timer = name.endswith("_ms") or name.startswith(("timeout_ms_", "backoff_ms_"))
+        # Timers; not the tombstones' keep, which storage counts, not a timer of ours.
+        timer = (name.endswith("_ms") or name.startswith(("timeout_ms_", "backoff_ms_"))) and name != "outcome_keep_ms"
         if timer and isinstance(value, int) and value > TIMER_MS_MAX:
             raise ValidationError(f"{name} is {value}, more than its maximum {TIMER_MS_MAX} (an hour)")
     if merged["gc_attempt_count_max"] > GC_ATTEMPT_COUNT_MAX:

@@ -279,7 +279,7 @@ class EffectRunner:
             assert fence is not None
             return await self._apply(call, fence)
         if isinstance(call, DeleteRecord):
-            return answer(call, await store.delete(call.log, call.txn, fence))
+            return answer(call, await store.delete(call.log, call.txn, fence, call.keep))
         if isinstance(call, ReadRecord):
             return answer(call, await store.read(call.log, call.txn))
         return answer(call, tuple(await store.scan_unfinished(call.log, call.limit, call.after)))

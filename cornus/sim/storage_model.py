@@ -1,14 +1,31 @@
 """In-memory model of the LogStore contract (log_once, log refusing decision flips, read, paged
-scan of unfinished records, apply of a redo to the data and to its vote, delete), plus the history
+scan of unfinished records, apply of a redo to the data and to its vote, delete, tombstones that
+expire), plus the history
 the invariant checker needs. It records a violation instead of raising, so a run reports everything
 it broke."""
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from cornus.sim import redo
-from storage_adapters.contract import LogId, LogKind, LogOnceResult, Record, RecordBody, TxnState
+from storage_adapters.contract import (
+    LogId,
+    LogKind,
+    LogOnceResult,
+    Record,
+    RecordBody,
+    Tombstone,
+    TxnState,
+    check_tombstone,
+)
+from storage_adapters.errors import InvariantViolation
+
+
+def _log_of(key: str) -> LogId:
+    kind, _, name = key.partition(".")
+    return LogId.partition(name) if kind == LogKind.PARTITION.value else LogId.coordinator(name)
 
 
 class WriteRefused(Exception):
@@ -20,6 +37,8 @@ class StoredRecord:
     state: TxnState
     body: RecordBody
     applied: bool = False
+    # A tombstone's end, in the simulator's clock (None: not a tombstone).
+    expires_at_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -32,6 +51,11 @@ class StorageModel:
     # Per transaction, every decision any log ever held; every (log, txn) that ever held VOTE_YES.
     decisions_seen: dict[str, set[TxnState]] = field(default_factory=dict)
     voted_yes: set[tuple[LogId, str]] = field(default_factory=set)
+    # Transactions whose tombstone storage dropped at its time: from then on, nobody can tell.
+    outcomes_expired: set[str] = field(default_factory=set)
+    # (expires_at_ms, log key, txn) of every tombstone written, soonest first (keys, not LogIds,
+    # which do not order).
+    expiries: list[tuple[int, str, str]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
 
     def _created(self, log: LogId, txn: str, state: TxnState) -> None:
@@ -101,6 +125,13 @@ class StorageModel:
         stored = self.records.pop((log, txn), None)
         if stored is None:
             return False
+        if log.kind is LogKind.PARTITION and stored.state.is_decision and not any(
+            record_log.kind is LogKind.PARTITION and record_txn == txn for record_log, record_txn in self.records
+        ):
+            self.violations.append(
+                f"garbage collection deleted {log.key}/{txn}, the last record of a {stored.state} "
+                "transaction, and no tombstone keeps its outcome"
+            )
         # A coordinator-log redo record of an aborted transaction may go; a vote may not.
         if stored.state is TxnState.VOTE_YES and log.kind is LogKind.PARTITION:
             self.violations.append(f"garbage collection deleted undecided record {log.key}/{txn}")
@@ -108,6 +139,36 @@ class StorageModel:
             self.violations.append(f"garbage collection deleted {log.key}/{txn}, a COMMIT never applied")
         self.deleted[(log, txn)] = stored.state
         return True
+
+    def keep(self, log: LogId, txn: str, keep: Tombstone, now_ms: int) -> bool:
+        """The contract's delete with a tombstone: refused (nothing written) as `check_tombstone`
+        says; storage drops it at `expire`. Deleting the last record of a decided transaction
+        without one would lose its outcome, which `delete` reports."""
+        stored = self.records.get((log, txn))
+        try:
+            check_tombstone(log, txn, None if stored is None else stored.state,
+                            stored is not None and stored.applied, keep)
+        except InvariantViolation as refused:
+            raise WriteRefused(str(refused)) from refused
+        if stored is None:
+            self._created(log, txn, keep.decision)
+        else:
+            self._saw(log, txn, keep.decision)
+        expires_at_ms = now_ms + keep.keep_ms
+        self.records[(log, txn)] = StoredRecord(keep.decision, RecordBody(), keep.decision is TxnState.COMMIT,
+                                                expires_at_ms)
+        heapq.heappush(self.expiries, (expires_at_ms, log.key, txn))
+        return stored is not None
+
+    def expire(self, now_ms: int) -> None:
+        """Storage drops the tombstones whose time has come (it may do so later, never sooner)."""
+        while self.expiries and self.expiries[0][0] <= now_ms:
+            expires_at_ms, log_key, txn = heapq.heappop(self.expiries)
+            key = (_log_of(log_key), txn)
+            stored = self.records.get(key)
+            if stored is not None and stored.expires_at_ms == expires_at_ms:  # not re-kept or deleted since
+                self.deleted[key] = self.records.pop(key).state
+                self.outcomes_expired.add(key[1])
 
     def state(self, log: LogId, txn: str) -> TxnState | None:
         stored = self.records.get((log, txn))

@@ -127,6 +127,9 @@ def config_for(schedule: Schedule) -> ProtocolConfig:
         storage_deadline_ms=deadline,
         clock_slack_ms=CLOCK_SLACK_MS,
         gc_grace_ms=max(1000, gc_grace_ms_min(deadline, CLOCK_SLACK_MS)),
+        # As short as the grace, so that tombstones expire within a run and a late call that meets
+        # the empty slot after one is explored too.
+        outcome_keep_ms=max(1000, gc_grace_ms_min(deadline, CLOCK_SLACK_MS)),
         scan_page_count_max=schedule.scan_page_max,
         identity_check_ms=(IDENTITY_CHECK_MS_SLOW if schedule.slow_identity
                            else IDENTITY_CHECK_MS_TWINS if schedule.twins else IDENTITY_CHECK_MS),
@@ -1187,6 +1190,7 @@ class World:
 
     def _apply(self, call: StorageCall) -> Any:
         storage = self.storage
+        storage.expire(self.now_ms)
         if isinstance(call, LogOnce):
             return storage.log_once(call.log, call.txn, call.state, call.body)
         if isinstance(call, Log):
@@ -1197,6 +1201,8 @@ class World:
             return applied
         if isinstance(call, DeleteRecord):
             self._check_collectable(call)
+            if call.keep is not None:
+                return storage.keep(call.log, call.txn, call.keep, self.now_ms)
             return storage.delete(call.log, call.txn)
         if isinstance(call, ReadRecord):
             return storage.read(call.log, call.txn)

@@ -189,7 +189,9 @@ def test_unknown_abort_that_does_not_refuse_the_carried_prepare(monkeypatch: pyt
     assert violations() == [], "the real core breaks an invariant"
     monkeypatch.setattr(PartitionHost, "_unknown", forgetful)
     found = violations()
-    assert any(word in v for v in found for word in ("voted", "undecided", "recreated")), found
+    # Since tombstones, the first participant's late vote meets its ABORT tombstone instead of
+    # recreating the record; the collection under a vote in flight is what is found then.
+    assert any(word in v for v in found for word in ("voted", "undecided", "recreated", "GC of")), found
 
 
 # -- 8. a restart that forgets what a one-shot's partition read ----------------------------------

@@ -468,11 +468,17 @@ async def commit_told_unknown(cluster: LocalCluster, node: Node, writes: Mapping
 
 
 async def wait_collected(cluster: LocalCluster, node: Node, txn: str, partitions: Sequence[str]) -> None:
-    """Until `txn` is collected: its coordinator's machine ends once every record is deleted."""
+    """Until `txn` is collected: its coordinator's machine ends once every record of its
+    `partitions` (all of its participants) is deleted, but the first one's, which is the
+    decision's tombstone (no body; DESIGN section 4)."""
+    holder = min(partitions)
 
     async def collected() -> bool:
-        return txn not in node.core.coordinator.machines and all(
-            [await cluster.record(partition, txn) is None for partition in partitions])
+        if txn in node.core.coordinator.machines:
+            return False
+        records = {partition: await cluster.record(partition, txn) for partition in partitions}
+        kept = records.pop(holder)
+        return kept is not None and kept.body == RecordBody() and all(r is None for r in records.values())
 
     await wait_until(collected, 20, f"the records of {txn} were never collected")
 

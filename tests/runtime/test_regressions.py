@@ -814,3 +814,15 @@ def test_a_limit_past_its_bound_is_refused_at_config_load(name: str, value: int)
     settings = {"node_id": "n0", "peers": "n0=127.0.0.1:7100", "partition_count": 2}
     with pytest.raises(ValidationError, match=name):
         load_node_config(environ={}, overrides={**settings, name: value})
+
+
+def test_outcome_keep_ms_takes_up_to_a_week_and_no_more():
+    """The tombstones' keep is counted by storage, not a timer of ours: it may pass the timers'
+    hour, up to the contract's week (TOMBSTONE_KEEP_MS_MAX), and is refused past it."""
+    settings = {"node_id": "n0", "peers": "n0=127.0.0.1:7100", "partition_count": 2}
+    week_ms = 7 * 24 * 3600 * 1000
+    config = load_node_config(environ={"CORNUS_OUTCOME_KEEP_MS": str(week_ms)}, overrides=settings)
+    assert config.protocol_config.outcome_keep_ms == week_ms
+    for bad in (week_ms + 1, 0):
+        with pytest.raises(ValidationError, match="outcome_keep_ms"):
+            load_node_config(environ={}, overrides={**settings, "outcome_keep_ms": bad})

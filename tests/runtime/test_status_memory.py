@@ -90,16 +90,15 @@ async def test_the_outcome_of_a_commit_reported_unknown_survives_other_traffic(t
         assert status.status is expected, (status, values)
 
 
-@pytest.mark.xfail(strict=True, reason="known: no decision tombstone survives garbage collection (DESIGN section 4)")
 async def test_the_outcome_of_a_commit_reported_unknown_survives_collection_and_a_coordinator_restart(
     tmp_path, monkeypatch
 ):
     """Found by review (2026-11-26): a caller told UNKNOWN is sent to the status call; once garbage
     collection deleted every record and the coordinator restarted (its memory of the outcome
     gone), the status call answers "no such transaction" for a transaction that committed, and a
-    caller that takes that for "never happened" runs it again. DESIGN section 4 asks for a small
-    decision tombstone with a storage TTL in place of the delete; until then this fails, strictly,
-    so that the day it passes this mark goes."""
+    caller that takes that for "never happened" runs it again. Garbage collection now leaves the
+    decision's tombstone in the first participant's log (DESIGN section 4), which the status call
+    reads."""
     monkeypatch.setattr(coordination, "TIMEOUT_MS_COMMIT", 100)
     async with local_cluster(tmp_path, partition_count=2) as cluster:
         node = cluster.node()
@@ -111,22 +110,26 @@ async def test_the_outcome_of_a_commit_reported_unknown_survives_collection_and_
         assert status is not None and status.status is OutcomeStatus.COMMITTED, status
 
 
-async def test_an_id_nobody_knows_is_unknown_once_its_records_could_have_been_collected(tmp_path):
+async def test_an_id_nobody_knows_is_unknown_once_its_tombstone_could_have_expired(tmp_path):
     """Found by review: with its records collected and its coordinator restarted, a committed
     transaction was "not known to this cluster", which a caller takes for "never happened" and
-    runs again. Until decision tombstones exist (the strict xfail above), the status call says
-    "not known" only while no record of the id can have been collected yet, and UNKNOWN after."""
+    runs again. A transaction that voted leaves a record, then its decision's tombstone, for
+    gc_grace_ms + outcome_keep_ms: the status call says "not known" only within that time (less
+    the clock slack), and UNKNOWN after."""
     async with local_cluster(tmp_path, partition_count=2) as cluster:
         node = cluster.node()
         config = node.config.protocol_config
         now_ms = int(time.time() * 1000)
         fresh = txn_ids.new_txn_id(now_ms, "n0", "abcdef", 1, Protocol.CORNUS)
         assert await node.resolve_status(fresh) is None
-        old_ms = now_ms - config.gc_grace_ms - config.clock_slack_ms - 1
-        old = txn_ids.new_txn_id(old_ms, "n0", "abcdef", 2, Protocol.CORNUS)
+        kept_ms = config.gc_grace_ms + config.outcome_keep_ms - config.clock_slack_ms
+        collected = txn_ids.new_txn_id(now_ms - config.gc_grace_ms - config.clock_slack_ms - 1, "n0", "abcdef", 2,
+                                       Protocol.CORNUS)
+        assert await node.resolve_status(collected) is None  # its tombstone would be there
+        old = txn_ids.new_txn_id(now_ms - kept_ms - 1, "n0", "abcdef", 3, Protocol.CORNUS)
         status = await node.resolve_status(old)
         assert status is not None and status.status is OutcomeStatus.UNKNOWN, status
-        assert "collected" in status.detail, status
+        assert "outcome_keep_ms" in status.detail, status
 
 
 async def test_an_id_is_not_known_only_when_every_partition_s_records_were_read(tmp_path):
