@@ -13,7 +13,8 @@ import pytest
 
 from cornus.protocol import identity_watch, node_core, resolve
 from cornus.protocol.config import Protocol, ProtocolConfig
-from cornus.protocol.effects import Effect, Log, ReleaseLocks, RetakeLocks, ScanLog, Send, Timer
+from cornus.protocol.coordinator_base import CoordinatorBase
+from cornus.protocol.effects import DeleteRecord, Effect, Log, ReleaseLocks, RetakeLocks, ScanLog, Send, Timer
 from cornus.protocol.events import RecordRead, StorageUnreachable
 from cornus.protocol.execution import PartitionExecutions
 from cornus.protocol.hosts import PartitionHost
@@ -354,3 +355,17 @@ def test_a_vacancy_watch_that_takes_a_live_holder_for_gone(monkeypatch: pytest.M
     count, failures = explore(None, SCHEDULE_COUNT_MAX, seed=2, report_max=1, twins=True)
     assert failures, f"the simulator ran {count} schedules and did not find the old watch"
     assert any("took its identity for vacant" in v for v in failures[0][1]), failures[0][1]
+
+
+# -- 13. garbage collection that deletes every record and keeps no tombstone -----------------------
+def test_collection_that_keeps_no_tombstone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before decision tombstones (2026-11-26), collection deleted every participant's record: once
+    its coordinator forgot it (a restart), nothing told a caller who lost its answer what became of
+    a transaction, and the status call took a committed one for "never happened"."""
+
+    def delete_all(self: CoordinatorBase) -> list[Effect]:
+        return self._delete({DeleteRecord(self.node, LogId.partition(p), self.txn) for p in self.participants})
+
+    monkeypatch.setattr(CoordinatorBase, "_keep_outcome", delete_all)
+    violations = _found(Protocol.CORNUS)
+    assert any("no tombstone keeps its outcome" in v for v in violations), violations
