@@ -20,12 +20,14 @@ request already on the network. So each data write is conditional on the blob as
 it just before (`If-Match` its ETag, or `If-None-Match: *` if it had none), and a late one is
 refused (a changed blob found by the attempt itself fails it as unavailable, and the retry reads
 again). For that condition to exist, a key is never deleted once written: a deleted value is a
-tombstone blob (empty, metadata {deleted: 1}), which reads as absent.
+tombstone blob (empty, metadata {deleted: 1}), which reads as absent. (A value's tombstone,
+not the decision tombstones of garbage collection below.)
 
 Layout, with transaction state, data and ownership under distinct prefixes so access policies can
 split them:
 
-    txn/<log.key>/<txn>             JSON record; metadata {state, applied} for scans
+    txn/<log.key>/<txn>             JSON record; metadata {state, applied} for scans; a decision
+                                    tombstone also has tag cornus-tombstone=1, metadata its expiry
     data/<partition>/<b64url(key)>  raw value bytes; metadata {deleted: 1} for a deleted value
     own/<partition>                 JSON ownership record; metadata {ownership} for listings
 
@@ -63,6 +65,33 @@ Garbage collection's deletes of one event-loop tick (the contract's base joins t
 Blob Batch request (up to 256 subrequests; each answers 202 or 404 on its own, so each caller
 still learns whether its record existed), after one read per fenced partition's ownership blob
 shared by the batch's fenced deletes: the same check-then-write as a lone fenced delete.
+
+Decision tombstones (`delete` with `keep`). A tombstone is a Put Blob over the record's blob, of
+the record reduced to its decision (no body; a COMMIT one applied), so reads, `log_once`, `log`
+and `apply_redo` meet it exactly as they meet a finished record, and its metadata {state,
+applied} says finished, so the unfinished scan's listing skips it unread. The put is conditional
+on the blob as read just before: `If-Match` its ETag, or `If-None-Match: *` where there was none
+(a read-only voter's partition holds no record), and `check_tombstone` judges what was read first,
+so a refusal writes nothing and a record changed or created in between makes the keep read again
+and judge that. A fenced keep reads the ownership blob alongside the record, as `log` does. Keeps
+cannot join a Blob Batch, which carries only deletes and tier changes: in a tick's batch each keep
+is its own read and put, all at once (bounded), and the plain deletes go in the Blob Batch; the
+batch's one read per fenced partition's ownership blob runs alongside the keeps' record reads.
+
+Azure Blob has no expiry per blob (Set Blob Expiry is for hierarchical-namespace accounts only),
+so storage drops tombstones through a lifecycle management rule: each tombstone carries the blob
+index tag `cornus-tombstone` = `1` (set by the same Put Blob), and the Terraform module's rule
+(terraform/modules/azure) deletes base blobs with that tag some days after their last
+modification (`tombstone_keep_days`, which must cover the nodes' keep_ms). The rule filters on
+the tag, so it never deletes an ordinary record: a Put Blob replaces a blob's tags with those it
+carries (none, for a record), and a record written over a tombstone is a finished one anyway.
+Keeping again re-puts the tombstone, which restarts the rule's count from the new modification.
+The tombstone's metadata also holds its expiry, the writer's wall clock when it sent the put
+plus keep_ms, for operators and for checking the rule's days against it; the rule itself counts
+from Last-Modified, set when the put lands, so it never drops one early. Lifecycle rules run
+about once a day, so a tombstone stays between `tombstone_keep_days` and a day or two more
+(`drops_tombstones_at_expiry` is False). Azurite has no lifecycle management at all: there,
+tombstones stay until deleted (a plain `delete` removes one like any record).
 
 Durability: Azure acknowledges a Put Blob only after it is durably stored (LRS: 3 replicas), which
 is what a vote needs. Azurite keeps blobs on disk too, but is a test double, not a deployment.
@@ -103,8 +132,10 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    Tombstone,
     TxnState,
     check_log_transition,
+    check_tombstone,
     is_unfinished,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
@@ -139,6 +170,15 @@ assert DELETE_BATCH_COUNT_MAX <= BLOB_BATCH_COUNT_MAX
 
 _STATE_METADATA = "state"
 _APPLIED_METADATA = "applied"
+# A decision tombstone's blob index tag, on which the Terraform module's lifecycle rule filters
+# (terraform/modules/azure/main.tf spells the same name and value): only a blob that carries it is
+# ever deleted by that rule, so no record a node still needs can be.
+TOMBSTONE_TAG = "cornus-tombstone"
+TOMBSTONE_TAG_VALUE = "1"
+_TOMBSTONE_TAGS = {TOMBSTONE_TAG: TOMBSTONE_TAG_VALUE}
+# A decision tombstone's expiry (wall clock, ms since the epoch), for operators and checks: the
+# lifecycle rule counts days from Last-Modified instead (see the module docstring).
+TOMBSTONE_EXPIRY_METADATA = "tombstone_expires_at_ms"
 # The ownership record, urlsafe base64 of the body, so a listing carries it.
 _OWNER_METADATA = "ownership"
 _OWNER_PREFIX = "own/"
@@ -191,7 +231,7 @@ def _dotted_prefixes(txn: str) -> list[str]:
 DATA_ETAG_COUNT_MAX = 100_000
 # A deleted value's blob stays, as a tombstone, so that a later write can be conditional on it.
 _DELETED = "deleted"
-_TOMBSTONE = {_DELETED: "1"}
+_DELETED_VALUE = {_DELETED: "1"}
 
 
 def _data_name(partition: str, key: str) -> str:
@@ -266,6 +306,25 @@ def _encode_record(record: Record) -> tuple[bytes, dict[str, str]]:
     return json.dumps(content, separators=(",", ":")).encode("utf-8"), metadata
 
 
+def _encode_tombstone(log: LogId, txn: str, keep: Tombstone) -> tuple[bytes, dict[str, str]]:
+    """The blob of `keep`'s tombstone: the record reduced to the decision (no body; a COMMIT counts
+    as applied, since garbage collection runs only once every participant applied), with its
+    expiry in the metadata beside the {state, applied} that tell a scan it is finished."""
+    now_ms = _now_ms()
+    record = Record(
+        log=log,
+        txn=txn,
+        state=keep.decision,
+        applied=keep.decision is TxnState.COMMIT,
+        created_at_ms=now_ms,
+    )
+    # A scan must skip it unread: nothing is left for recovery to do.
+    assert not is_unfinished(record.state, record.applied), record
+    content, metadata = _encode_record(record)
+    metadata[TOMBSTONE_EXPIRY_METADATA] = str(now_ms + keep.keep_ms)
+    return content, metadata
+
+
 def _decode_record(log: LogId, txn: str, data: bytes) -> Record:
     try:
         content = json.loads(data)
@@ -335,7 +394,7 @@ def _first_leaf(errors: BaseExceptionGroup[BaseException]) -> BaseException:
 
 class AzureBlobStore(LogStore):
     backend_name = "azure_blob"
-    # A tick's deletes go in one Blob Batch request (see _delete_many).
+    # A tick's plain deletes go in one Blob Batch request, its keeps beside it (see _delete_many).
     coalesces_deletes = True
 
     def __init__(self, service: BlobServiceClient, container: ContainerClient, timeout_ms_call: int) -> None:
@@ -442,6 +501,28 @@ class AzureBlobStore(LogStore):
                 match_condition=MatchConditions.IfNotModified,
             )
         except (ResourceModifiedError, ResourceNotFoundError):
+            return False
+        return True
+
+    async def _put_tombstone(self, log: LogId, txn: str, keep: Tombstone, etag: str | None) -> bool:
+        """Put `keep`'s tombstone, tagged for the lifecycle rule, over the record's blob if its ETag
+        is still `etag` (None: if there is no blob); False if that precondition failed."""
+        content, metadata = _encode_tombstone(log, txn, keep)
+        blob = self._container.get_blob_client(_record_name(log, txn))
+        try:
+            if etag is None:
+                # overwrite=False is what sends If-None-Match: *.
+                await blob.upload_blob(content, overwrite=False, metadata=metadata, tags=_TOMBSTONE_TAGS)
+            else:
+                await blob.upload_blob(
+                    content,
+                    overwrite=True,
+                    metadata=metadata,
+                    tags=_TOMBSTONE_TAGS,
+                    etag=etag,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+        except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError):
             return False
         return True
 
@@ -646,7 +727,7 @@ class AzureBlobStore(LogStore):
             blob = self._container.get_blob_client(_data_name(partition, key))
             known = (partition, key)
             etag = self._data_etags.pop(known, None)  # put back below once written
-            content, metadata = (b"", _TOMBSTONE) if value is None else (value, None)
+            content, metadata = (b"", _DELETED_VALUE) if value is None else (value, None)
             try:
                 if etag is None:
                     try:
@@ -708,10 +789,32 @@ class AzureBlobStore(LogStore):
         if stored.record.state is TxnState.ABORT:
             raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {stored.record.state}")
 
-    async def _delete(self, log: LogId, txn: str, fence: Fence | None) -> bool:
+    async def _delete(self, log: LogId, txn: str, fence: Fence | None, keep: Tombstone | None) -> bool:
+        if keep is not None:
+            return await self._keep(log, txn, fence, keep, await self._get_fenced(log, txn, fence))
         if fence is not None:
             await self._check_fence(fence)
         return await self._delete_blob(DeleteRequest(log, txn, fence))
+
+    async def _keep(
+        self, log: LogId, txn: str, fence: Fence | None, keep: Tombstone, stored: _Stored | None
+    ) -> bool:
+        """Put `keep`'s tombstone over `stored`, the record as read with its fence (if any) admitted
+        alongside; True if there was a record. What was read is judged first (`check_tombstone`:
+        a refusal writes nothing), and a put that loses its ETag race reads again, fence and all,
+        and judges what it finds then (as `_log` does)."""
+        for attempt in range(ETAG_RETRY_COUNT_MAX):
+            if attempt:
+                stored = await self._get_fenced(log, txn, fence)
+            if stored is None:
+                check_tombstone(log, txn, None, False, keep)
+            else:
+                check_tombstone(log, txn, stored.record.state, stored.record.applied, keep)
+            if await self._put_tombstone(log, txn, keep, stored.etag if stored is not None else None):
+                return stored is not None
+        raise StorageUnavailable(
+            f"azure_blob: delete (keep) {log.key}/{txn} lost {ETAG_RETRY_COUNT_MAX} ETag races in a row"
+        )
 
     async def _delete_blob(self, request: DeleteRequest) -> bool:
         """Delete the record's blob (its fence already checked); True if it existed."""
@@ -721,53 +824,114 @@ class AzureBlobStore(LogStore):
             return False
         return True
 
+    async def _answer(self, call: Awaitable[T]) -> T | StorageError:
+        """`call`'s result, or the contract's error it failed with, returned rather than raised: in a
+        batch, one request's failure is its own caller's answer, not every caller's. An error the
+        mapping does not know (a bug) is raised."""
+        try:
+            return await call
+        except StorageError as error:
+            return error
+        except Exception as error:
+            mapped = self._storage_error(error, "delete")
+            if mapped is None:
+                raise
+            mapped.__cause__ = error
+            return mapped
+
     async def _delete_many(self, requests: Sequence[DeleteRequest]) -> list[bool | StorageError]:
-        """One Blob Batch request for the deletes (a single one goes alone, cheaper than a batch),
-        after one read of each fenced partition's ownership blob: the check-then-write of a fenced
-        delete, as in `_delete`, with the reads shared."""
+        """The plain deletes in one Blob Batch request (`_delete_blobs`), the keeps each as its own
+        read and conditional put (a Blob Batch carries no puts), all at once, after one read of each
+        fenced partition's ownership blob: the check-then-write of a fenced delete, as in
+        `_delete`, with the reads shared. The keeps' record reads go alongside those ownership
+        reads, so a keep's put follows its fence check by one round trip, as a lone one's does.
+        Each request gets its own answer or error (one request's failure is its own); only a
+        failed ownership read fails them all."""
         assert 0 < len(requests) <= min(DELETE_BATCH_COUNT_MAX, BLOB_BATCH_COUNT_MAX)
         fenced = list(dict.fromkeys(request.fence.partition for request in requests if request.fence is not None))
-        owners = await _gather_bounded([lambda p=p: self._get_owner(p) for p in fenced])
+        keeping = [index for index, request in enumerate(requests) if request.keep is not None]
+        try:
+            async with asyncio.TaskGroup() as group:
+                owners_read = group.create_task(
+                    _gather_bounded([lambda p=p: self._get_owner(p) for p in fenced])
+                )
+                records_read = group.create_task(_gather_bounded([
+                    lambda i=i: self._answer(self._get(requests[i].log, requests[i].txn)) for i in keeping
+                ]))
+        except BaseExceptionGroup as errors:
+            raise _first_leaf(errors) from None
+        owners = owners_read.result()
+        read = dict(zip(keeping, records_read.result(), strict=True))
         held = {p: stored.ownership if stored is not None else None for p, stored in zip(fenced, owners, strict=True)}
         outcomes: list[bool | StorageError] = [False] * len(requests)
-        admitted: list[int] = []
+        deleting: list[int] = []
+        kept: list[int] = []
         for index, request in enumerate(requests):
             fence = request.fence
             if fence is not None and not fence.admits(held[fence.partition]):
                 outcomes[index] = Fenced(fence, held[fence.partition])
+            elif request.keep is None:
+                deleting.append(index)
+            elif isinstance(read[index], StorageError):
+                outcomes[index] = read[index]  # its record could not be read: nothing written
             else:
-                admitted.append(index)
-        if len(admitted) == 1 or (admitted and self._blob_batch_refused):
-            answers = await _gather_bounded([lambda i=i: self._delete_blob(requests[i]) for i in admitted])
-            for index, answer in zip(admitted, answers, strict=True):
-                outcomes[index] = answer
-        elif admitted:
-            names = [_record_name(requests[index].log, requests[index].txn) for index in admitted]
-            try:
-                # One response per blob, in the order asked (the SDK pairs them by Content-ID).
-                responses = [response async for response in await self._container.delete_blobs(
-                    *names, raise_on_any_failure=False
-                )]
-            except HttpResponseError as error:
-                if error.status_code is None or isinstance(
-                    _status_error(error.status_code, "", None, "delete"), StorageUnavailable
-                ):
-                    raise  # unavailable (no response at all, or a retryable status): not a refusal
-                # The account refuses Blob Batch as such (a kind or feature that lacks it): the
-                # deletes go one by one, as they did before batches, from now on.
-                self._blob_batch_refused = True
-                return await self._delete_many(requests)
-            assert len(responses) == len(admitted), f"a batch of {len(admitted)} deletes answered {len(responses)}"
-            for index, response in zip(admitted, responses, strict=True):
-                status = response.status_code
-                if status == 202:
-                    outcomes[index] = True
-                elif status == 404:
-                    outcomes[index] = False
-                else:
-                    code = response.headers.get("x-ms-error-code", "")
-                    outcomes[index] = _status_error(status, code, response.reason, "delete")
+                kept.append(index)
+
+        async def keep(index: int) -> bool:
+            request, stored = requests[index], read[index]
+            assert request.keep is not None and not isinstance(stored, StorageError)
+            return await self._keep(request.log, request.txn, request.fence, request.keep, stored)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                deleted = group.create_task(self._answer(self._delete_blobs([requests[i] for i in deleting])))
+                keeps = group.create_task(_gather_bounded([lambda i=i: self._answer(keep(i)) for i in kept]))
+        except BaseExceptionGroup as errors:
+            raise _first_leaf(errors) from None
+        answers = deleted.result()
+        if isinstance(answers, StorageError):
+            answers = [answers] * len(deleting)  # the Blob Batch request failed as a whole
+        for index, answer in zip(deleting, answers, strict=True):
+            outcomes[index] = answer
+        for index, answer in zip(kept, keeps.result(), strict=True):
+            outcomes[index] = answer
         return outcomes
+
+    async def _delete_blobs(self, requests: Sequence[DeleteRequest]) -> list[bool | StorageError]:
+        """Delete the records' blobs (their fences already checked), in one Blob Batch request, or
+        one by one where there is only one (cheaper than a batch) or the account refuses batches;
+        each one's answer, in order."""
+        if not requests:
+            return []
+        if len(requests) == 1 or self._blob_batch_refused:
+            return [*await _gather_bounded([lambda r=r: self._delete_blob(r) for r in requests])]
+        names = [_record_name(request.log, request.txn) for request in requests]
+        try:
+            # One response per blob, in the order asked (the SDK pairs them by Content-ID).
+            responses = [response async for response in await self._container.delete_blobs(
+                *names, raise_on_any_failure=False
+            )]
+        except HttpResponseError as error:
+            if error.status_code is None or isinstance(
+                _status_error(error.status_code, "", None, "delete"), StorageUnavailable
+            ):
+                raise  # unavailable (no response at all, or a retryable status): not a refusal
+            # The account refuses Blob Batch as such (a kind or feature that lacks it): the
+            # deletes go one by one, as they did before batches, from now on.
+            self._blob_batch_refused = True
+            return await self._delete_blobs(requests)
+        assert len(responses) == len(requests), f"a batch of {len(requests)} deletes answered {len(responses)}"
+        answers: list[bool | StorageError] = []
+        for response in responses:
+            status = response.status_code
+            if status == 202:
+                answers.append(True)
+            elif status == 404:
+                answers.append(False)
+            else:
+                code = response.headers.get("x-ms-error-code", "")
+                answers.append(_status_error(status, code, response.reason, "delete"))
+        return answers
 
     async def _read_owners(self, partitions: tuple[str, ...]) -> dict[str, Ownership]:
         if len(partitions) <= OWNER_GET_COUNT_MAX:

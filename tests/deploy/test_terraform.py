@@ -172,10 +172,10 @@ def test_azure_lifecycle_rule_deletes_only_transaction_records() -> None:
     assert record_prefix == "txn/"
     main = (MODULES / "azure" / "main.tf").read_text()
     assert 'record_prefix = "${var.container_name}/' + record_prefix + '"' in main
-    (policy,) = resources(MODULES / "azure", "azurerm_storage_management_policy").values()
-    (rule,) = policy["rule"]
+    rule = _lifecycle_rules()["delete-old-transaction-records"]
     assert rule["filters"][0]["prefix_match"] == ["${local.record_prefix}"]
-    assert "delete_after_days_since_modification_greater_than" in rule["actions"][0]["base_blob"][0]
+    assert rule["actions"][0]["base_blob"][0]["delete_after_days_since_modification_greater_than"] == (
+        "${var.record_retention_days}")
     account = resources(MODULES / "azure", "azurerm_storage_account")["cornus"]
     assert unquote(account["account_kind"]) == "StorageV2"
     assert unquote(account["min_tls_version"]) == "TLS1_2"
@@ -185,6 +185,48 @@ def test_azure_lifecycle_rule_deletes_only_transaction_records() -> None:
     cache = resources(MODULES / "azure", "azurerm_redis_cache")["cornus"]
     assert unquote(cache["sku_name"]) == "Premium"
     assert cache["redis_configuration"][0]["aof_backup_enabled"] is True
+
+
+def _lifecycle_rules() -> dict[str, dict[str, Any]]:
+    """The Azure module's lifecycle management rules, by name (every rule of its one policy)."""
+    (policy,) = resources(MODULES / "azure", "azurerm_storage_management_policy").values()
+    rules = {unquote(rule["name"]): rule for rule in policy["rule"]}
+    assert len(rules) == len(policy["rule"]), "two lifecycle rules share a name"
+    return rules
+
+
+def test_azure_lifecycle_rule_deletes_decision_tombstones_and_never_a_record() -> None:
+    """Azure Blob cannot expire a blob by itself, so a lifecycle rule drops the decision tombstones
+    that garbage collection leaves: it must select them by the blob index tag the adapter puts on
+    each tombstone, and only on tombstones (tests/storage/test_azure_tombstones.py), because a rule
+    without that filter would delete records that transactions still need."""
+    rules = _lifecycle_rules()
+    assert set(rules) == {"delete-old-transaction-records", "delete-expired-decision-tombstones"}
+    rule = rules["delete-expired-decision-tombstones"]
+    assert rule["enabled"] is True
+    (filters,) = rule["filters"]
+    (tag,) = filters["match_blob_index_tag"]
+    assert (unquote(tag["name"]), unquote(tag["operation"]), unquote(tag["value"])) == (
+        azure_blob.TOMBSTONE_TAG, "==", azure_blob.TOMBSTONE_TAG_VALUE) == ("cornus-tombstone", "==", "1")
+    assert filters["prefix_match"] == ["${local.record_prefix}"]
+    assert [unquote(kind) for kind in filters["blob_types"]] == ["blockBlob"]
+    # Only the base blob is deleted, by days since its last write (keeping again rewrites it).
+    (actions,) = rule["actions"]
+    assert set(actions) - {"__is_block__"} == {"base_blob"}
+    (base_blob,) = actions["base_blob"]
+    assert {key: value for key, value in base_blob.items() if key != "__is_block__"} == {
+        "delete_after_days_since_modification_greater_than": "${var.tombstone_keep_days}"}
+    # Every rule, this one too, stays under the record prefix: data and ownership blobs never expire.
+    for name, other in rules.items():
+        assert other["filters"][0]["prefix_match"] == ["${local.record_prefix}"], name
+    variable = blocks(MODULES / "azure", "variable")["tombstone_keep_days"]
+    assert variable["default"] == 1
+    assert "outcome keep" in unquote(variable["description"])
+    (validation,) = variable["validation"]
+    assert ">= 1" in validation["condition"]
+    # Blob index tags exist only on accounts without a hierarchical namespace.
+    account = resources(MODULES / "azure", "azurerm_storage_account")["cornus"]
+    assert account.get("is_hns_enabled", False) is False
 
 
 def test_azure_redis_persists_its_aof_through_the_storage_firewall() -> None:

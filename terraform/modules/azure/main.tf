@@ -80,6 +80,30 @@ resource "azurerm_storage_management_policy" "cornus" {
       }
     }
   }
+
+  # Decision tombstones: what the nodes' garbage collection leaves in a record's place (the
+  # decision alone), which Azure Blob cannot expire by itself. The adapter tags each one, and only
+  # those, with cornus-tombstone = 1 (storage_adapters/azure_blob.py, TOMBSTONE_TAG): filtered on
+  # that tag, this rule can never delete a record a transaction still needs. Keeping a tombstone
+  # again rewrites it, which restarts its days.
+  rule {
+    name    = "delete-expired-decision-tombstones"
+    enabled = true
+    filters {
+      prefix_match = [local.record_prefix]
+      blob_types   = ["blockBlob"]
+      match_blob_index_tag {
+        name      = "cornus-tombstone"
+        operation = "=="
+        value     = "1"
+      }
+    }
+    actions {
+      base_blob {
+        delete_after_days_since_modification_greater_than = var.tombstone_keep_days
+      }
+    }
+  }
 }
 
 # --- optional: Azure Cache for Redis ----------------------------------------------------------

@@ -49,6 +49,16 @@ variable "record_retention_days" {
   }
 }
 
+variable "tombstone_keep_days" {
+  description = "Days a decision tombstone (what garbage collection leaves in a collected record's place, so a transaction's outcome can still be told; a blob under <container>/txn/ tagged cornus-tombstone = 1) stays after it was last written before a lifecycle rule deletes it. It must cover the nodes' outcome keep setting (the keep_ms their garbage collection gives each tombstone): the rule counts whole days from the tombstone's last modification and runs about once a day, so a tombstone lives from this many days to a day or two more."
+  type        = number
+  default     = 1
+  validation {
+    condition     = var.tombstone_keep_days >= 1 && floor(var.tombstone_keep_days) == var.tombstone_keep_days
+    error_message = "tombstone_keep_days must be a whole number of days, at least 1: lifecycle rules count whole days, and a tombstone must outlive the nodes' outcome keep setting."
+  }
+}
+
 variable "soft_delete_retention_days" {
   description = "Days a deleted blob or container can be restored (soft delete), against a mistaken deletion of data."
   type        = number

@@ -1,0 +1,161 @@
+"""Decision tombstones on Azure Blob, as stored: what the lifecycle rule of the Terraform module
+(terraform/modules/azure) is handed to drop them by (the blob index tag `cornus-tombstone` = `1`,
+on tombstones and on nothing else) and the expiry each carries, and a keep's conditional put,
+which must judge a record changed between its read and its write rather than overwrite it. Azurite
+has no lifecycle management, so the conformance suite cannot see any of this: these tests read
+the blobs with the SDK, beside the store, in the container it uses."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from azure.storage.blob.aio import BlobServiceClient, ContainerClient
+
+from storage_adapters import azure_blob
+from storage_adapters.contract import LogId, RecordBody, Tombstone, TxnState
+from storage_adapters.errors import DecisionFlipRefused
+from storage_adapters.factory import StoreConfig, open_store
+from tests.conftest import Services
+from tests.storage.conftest import config_for
+from tests.storage.test_conformance import body
+
+VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
+# What the Terraform module's lifecycle rule filters on, spelled out here as main.tf spells it:
+# the adapter's constants must agree with it, not define it.
+TAG = "cornus-tombstone"
+TAG_VALUE = "1"
+KEEP_MS = 3_600_000
+KEEP_MS_AGAIN = 60_000
+# The lifecycle rule's filter, as a Find Blobs by Tags expression (Azurite answers it).
+TAG_FILTER = f"\"{TAG}\" = '{TAG_VALUE}'"
+
+
+@pytest.fixture
+def config(services: Services, run_id: str, tmp_path: Path) -> StoreConfig:
+    return config_for("azure_blob", services, run_id, str(tmp_path))
+
+
+@pytest.fixture(params=["coalesced", "alone"])
+async def store(request: pytest.FixtureRequest, config: StoreConfig) -> AsyncIterator[azure_blob.AzureBlobStore]:
+    """The store, with a tick's deletes joined into `_delete_many` (as always on Azure) or each sent
+    to `_delete` alone (the lone path, which the template takes where a backend coalesces none)."""
+    opened = await open_store(config)
+    assert isinstance(opened, azure_blob.AzureBlobStore)
+    opened.coalesces_deletes = request.param == "coalesced"
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def container(services: Services, config: StoreConfig) -> AsyncIterator[ContainerClient]:
+    """The store's container, through a client of its own."""
+    service = BlobServiceClient.from_connection_string(services.azure_connection_string, retry_total=0)
+    try:
+        yield service.get_container_client(config.azure_container)
+    finally:
+        await service.close()
+
+
+async def _tags_and_metadata(container: ContainerClient, log: LogId, txn: str) -> tuple[dict[str, str], dict[str, str]]:
+    blob = container.get_blob_client(azure_blob._record_name(log, txn))
+    return await blob.get_blob_tags(), (await blob.get_blob_properties()).metadata
+
+
+async def _selected_by_the_rule(container: ContainerClient, log: LogId) -> set[str]:
+    """The txn ids of `log` whose blobs the lifecycle rule's filter selects."""
+    prefix = azure_blob._record_prefix(log)
+    return {
+        azure_blob._txn_of(prefix, blob.name)
+        async for blob in container.find_blobs_by_tags(TAG_FILTER)
+        if blob.name.startswith(prefix)
+    }
+
+
+def _expiry_within(metadata: dict[str, str], before_ms: int, after_ms: int, keep_ms: int) -> None:
+    expires_ms = int(metadata[azure_blob.TOMBSTONE_EXPIRY_METADATA])
+    assert before_ms + keep_ms <= expires_ms <= after_ms + keep_ms, (before_ms, expires_ms, after_ms)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def test_only_tombstones_carry_the_tag_the_lifecycle_rule_deletes_by(
+    store: azure_blob.AzureBlobStore, container: ContainerClient, ns: str
+) -> None:
+    assert (azure_blob.TOMBSTONE_TAG, azure_blob.TOMBSTONE_TAG_VALUE) == (TAG, TAG_VALUE)
+    log = LogId.partition(ns)
+    await store.log_once(log, "voted", VOTE, body(ns))
+    await store.log_once(log, "aborted", ABORT, body(ns))
+    await store.log_once(log, "kept", VOTE, body(ns))
+    assert await store.apply_redo(ns, "kept", {"k": b"v"})
+    for txn, state, applied in (("voted", VOTE, "false"), ("aborted", ABORT, "false"), ("kept", COMMIT, "true")):
+        assert await _tags_and_metadata(container, log, txn) == ({}, {"state": state, "applied": applied}), txn
+
+    before_ms = _now_ms()
+    assert await store.delete(log, "kept", keep=Tombstone(COMMIT, KEEP_MS)) is True
+    assert await store.delete(log, "absent", keep=Tombstone(ABORT, KEEP_MS)) is False
+    after_ms = _now_ms()
+    for txn, state, applied in (("kept", COMMIT, "true"), ("absent", ABORT, "false")):
+        tags, metadata = await _tags_and_metadata(container, log, txn)
+        assert tags == {TAG: TAG_VALUE}, txn
+        assert (metadata["state"], metadata["applied"]) == (state, applied), txn
+        _expiry_within(metadata, before_ms, after_ms, KEEP_MS)
+    assert await _selected_by_the_rule(container, log) == {"kept", "absent"}
+
+    # Keeping again sets the expiry anew.
+    before_ms = _now_ms()
+    assert await store.delete(log, "kept", keep=Tombstone(COMMIT, KEEP_MS_AGAIN)) is True
+    after_ms = _now_ms()
+    tags, metadata = await _tags_and_metadata(container, log, "kept")
+    assert tags == {TAG: TAG_VALUE}
+    _expiry_within(metadata, before_ms, after_ms, KEEP_MS_AGAIN)
+
+    # A record written over a tombstone is an ordinary one again: a Put Blob carries its own tags
+    # (a record's: none) and replaces the blob's.
+    assert await store.log(log, "kept", COMMIT, body(ns)) is COMMIT
+    assert await _tags_and_metadata(container, log, "kept") == ({}, {"state": COMMIT, "applied": "true"})
+    assert await _selected_by_the_rule(container, log) == {"absent"}
+    # A plain delete removes a tombstone like any record.
+    assert await store.delete(log, "absent") is True
+    assert await _selected_by_the_rule(container, log) == set()
+
+
+@pytest.mark.parametrize("stored", [VOTE, None], ids=["vote", "absent"])
+async def test_a_keep_judges_a_record_changed_between_its_read_and_its_put(
+    store: azure_blob.AzureBlobStore, container: ContainerClient, config: StoreConfig, ns: str,
+    stored: TxnState | None,
+) -> None:
+    """Another writer decides COMMIT after the keep read the record (a vote, or no record yet):
+    the ABORT tombstone's put, conditional on what was read, must lose, and the keep read again and
+    refuse over the COMMIT, rather than overwrite the decision with the other one."""
+    log = LogId.partition(ns)
+    if stored is not None:
+        await store.log_once(log, "t", stored, body(ns))
+    other = await open_store(config)
+    read = store._get
+    raced: list[str] = []
+
+    async def read_then_commit_elsewhere(read_log: LogId, txn: str) -> azure_blob._Stored | None:
+        found = await read(read_log, txn)
+        if read_log == log and txn == "t" and not raced:
+            raced.append(txn)
+            await other.log(log, "t", COMMIT, body(ns))
+        return found
+
+    store._get = read_then_commit_elsewhere  # type: ignore[method-assign]  (this test's store only)
+    try:
+        with pytest.raises(DecisionFlipRefused):
+            await store.delete(log, "t", keep=Tombstone(ABORT, KEEP_MS))
+    finally:
+        await other.close()
+    assert raced == ["t"]
+    record = await store.read(log, "t")
+    assert record is not None and (record.state, record.applied, record.body) == (COMMIT, False, body(ns))
+    assert record.body != RecordBody()
+    assert await _tags_and_metadata(container, log, "t") == ({}, {"state": COMMIT, "applied": "false"})
