@@ -12,6 +12,8 @@ No server to install. Writes and reads take different paths:
 - Reads run in the store's own reader thread with its own connection (WAL lets readers run beside
   the writer), also batched per transaction. A write is committed before it is answered, so a
   read that follows it sees it.
+A tombstone (`delete` with keep) is a row with an expiry, which the writer's purge deletes once
+the expiry has come, a bounded round at a time between batches (emulator_writer.py).
 The SQL of each call is in storage_adapters/emulator_sql.py. A write travels to the writer in
 its wire form, plain values (emulator_sql.py's module docstring says why), made here from the
 validated arguments, and its answer becomes the contract's object again here, by lookup where it
@@ -42,6 +44,7 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    Tombstone,
     TxnState,
 )
 from storage_adapters.errors import StorageError, StorageUnavailable
@@ -190,6 +193,8 @@ class EmulatorStore(LogStore):
     # own frame, future, savepoint and deadline: one call for a tick's deletes took CPU per
     # delete from ~26 us to ~15 us (waves of 50: scripts/bench_store_batches.py).
     coalesces_deletes = True
+    # The file's writer purges expired tombstones every emulator_writer.TOMBSTONE_PURGE_INTERVAL_MS.
+    drops_tombstones_at_expiry = True
 
     def __init__(self, path: Path, timeout_ms_call: int, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(timeout_ms_call)
@@ -249,7 +254,8 @@ class EmulatorStore(LogStore):
 
     def _read_forever(self) -> None:
         try:
-            conn = emulator_sql.connect(self.path, emulator_writer.WRITER_START_MS_MAX)
+            # upgrade=False: a file of an earlier version is the writer's to upgrade (see connect).
+            conn = emulator_sql.connect(self.path, emulator_writer.WRITER_START_MS_MAX, upgrade=False)
             conn.execute(f"PRAGMA busy_timeout = {self.timeout_ms_call}")  # a read waits no longer than its caller
         except BaseException as error:
             self._reader_error = error
@@ -421,11 +427,16 @@ class EmulatorStore(LogStore):
         # `writes` is the template's validated copy: a dict of str and bytes, its own wire form.
         return await self._write("apply_redo", partition, txn, writes, emulator_sql.fence_wire(fence))
 
-    async def _delete(self, log: LogId, txn: str, fence: Fence | None) -> bool:
-        return await self._write("delete", log.key, txn, emulator_sql.fence_wire(fence))
+    async def _delete(self, log: LogId, txn: str, fence: Fence | None, keep: Tombstone | None) -> bool:
+        return await self._write(
+            "delete", log.key, txn, emulator_sql.fence_wire(fence), emulator_sql.tombstone_wire(keep)
+        )
 
     async def _delete_many(self, requests: Sequence[DeleteRequest]) -> list[bool | StorageError]:
-        wire = tuple((log.key, txn, emulator_sql.fence_wire(fence)) for log, txn, fence in requests)
+        wire = tuple(
+            (log.key, txn, emulator_sql.fence_wire(fence), emulator_sql.tombstone_wire(keep))
+            for log, txn, fence, keep in requests
+        )
         return await self._write("delete_many", wire)
 
     async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:

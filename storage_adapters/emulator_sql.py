@@ -8,13 +8,20 @@ The writes take and return their wire form: plain strings, bytes, ints, bools, t
 and None, never the contract's dataclasses and enums, since every write and its answer is pickled
 twice (to the writer and back) and a pickle of plain values costs a tenth of one of those (about
 0.7 us a frame, against 10 us each way for a log_once). The forms (`LogKey`, `BodyWire`,
-`FenceWire`, `OwnershipWire`, a TxnState as its value) are made by the functions below from
-arguments the store has validated, and the writer does not rebuild or re-validate them: its
-callers are processes of its own user that run its own code (emulator_writer.py `hello_problem`).
-A malformed value fails its own call (SQLite cannot bind it, or it does not unpack), and a state
-that is no TxnState's value, which SQLite would store and every read of the record then trip
-over, is refused. Only a refusal builds contract objects: Fenced, DecisionFlipRefused and
+`FenceWire`, `TombstoneWire`, `OwnershipWire`, a TxnState as its value) are made by the functions
+below from arguments the store has validated, and the writer does not rebuild or re-validate
+them: its callers are processes of its own user that run its own code (emulator_writer.py
+`hello_problem`). A malformed value fails its own call (SQLite cannot bind it, or it does not
+unpack). What SQLite would store and leave behind is refused: a state that is no TxnState's
+value (every read of the record would trip over it), and a tombstone's keep that is no decision
+and keep_ms in range (a text expiry compares above every integer in SQLite: the purge would never
+drop it). Only a refusal builds contract objects: Fenced, DecisionFlipRefused and
 InvariantViolation carry them to the caller, pickled as before (errors.py `__reduce__`).
+
+A tombstone (LogStore.delete with keep) is a txn_log row like any record, the decision alone, its
+`expires_at_ms` the wall-clock time from which the writer's purge (`purge_expired`) may delete
+it; that column is NULL on every other row. A file made before the column existed gets it when
+its writer opens it (`connect`).
 """
 
 from __future__ import annotations
@@ -29,14 +36,17 @@ from pathlib import Path
 from typing import Any
 
 from storage_adapters.contract import (
+    TOMBSTONE_KEEP_MS_MAX,
     Fence,
     LogId,
     LogKind,
     Ownership,
     Record,
     RecordBody,
+    Tombstone,
     TxnState,
     check_log_transition,
+    check_tombstone,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
 
@@ -60,6 +70,7 @@ CREATE TABLE IF NOT EXISTS txn_log (
     redo BLOB NOT NULL,
     applied INTEGER NOT NULL,
     created_at_ms INTEGER NOT NULL,
+    expires_at_ms INTEGER,
     PRIMARY KEY (log, txn)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS txn_log_unfinished ON txn_log (log)
@@ -80,7 +91,19 @@ CREATE TABLE IF NOT EXISTS data (
 ) WITHOUT ROWID;
 """
 
-_SCHEMA_NAMES = frozenset({"txn_log", "txn_log_unfinished", "ownership", "data"})
+# A tombstone's expiry (see the module docstring), added after the first files were made: the
+# writer adds the column to such a file (`_create_schema`), and then the purge's index over it,
+# which holds only tombstones (a purge round reads only rows it deletes). The index is made in
+# the transaction that adds the column, so a file that has the index has the column.
+_ADD_EXPIRY_COLUMN = "ALTER TABLE txn_log ADD COLUMN expires_at_ms INTEGER"
+_EXPIRY_INDEX = (
+    "CREATE INDEX IF NOT EXISTS txn_log_expiry ON txn_log (expires_at_ms) WHERE expires_at_ms IS NOT NULL"
+)
+
+# What a reader needs (every version's file has it: its reads name no column added since), and
+# what the writer needs.
+_SCHEMA_NAMES_READ = frozenset({"txn_log", "txn_log_unfinished", "ownership", "data"})
+_SCHEMA_NAMES = _SCHEMA_NAMES_READ | {"txn_log_expiry"}
 
 _RECORD_COLUMNS = "log, txn, state, participants, coordinator, redo, applied, created_at_ms"
 _OWNERSHIP_COLUMNS = "partition, owner, epoch, version, lease_ms, wanted_by"
@@ -90,11 +113,13 @@ LogKey = str  # LogId.key: "<kind>.<name>", the txn_log table's `log` column
 BodyWire = tuple[tuple[str, ...], str, bytes]  # RecordBody: (participants, coordinator, redo)
 FenceWire = tuple[str, str, int]  # Fence: (partition, owner, epoch)
 OwnershipWire = tuple[str, str, int, int, int, str]  # Ownership: its fields in order, as _OWNERSHIP_COLUMNS
-DeleteWire = tuple[LogKey, str, FenceWire | None]  # one delete of delete_many: (log, txn, fence)
+TombstoneWire = tuple[str, int]  # Tombstone: (decision value, keep_ms)
+DeleteWire = tuple[LogKey, str, FenceWire | None, TombstoneWire | None]  # one delete of delete_many, as `delete`'s
 
 _STATE_VALUES = frozenset(state.value for state in TxnState)
 _VOTE_YES = TxnState.VOTE_YES.value
 _COMMIT = TxnState.COMMIT.value
+_DECISION_VALUES = frozenset(state.value for state in TxnState if state.is_decision)
 _PARTITION_LOG_PREFIX = f"{LogKind.PARTITION.value}."  # a partition's LogKey less its name
 
 
@@ -103,19 +128,26 @@ def is_lock_contention(error: sqlite3.OperationalError) -> bool:
     return "locked" in message or "busy" in message
 
 
-def connect(path: Path, timeout_ms: int) -> sqlite3.Connection:
+def connect(path: Path, timeout_ms: int, *, upgrade: bool = True) -> sqlite3.Connection:
     """A connection to `path` in WAL mode with `synchronous=FULL` and the schema in place.
     Processes that open a fresh file together race to switch it to WAL and create the schema.
     Some of those lock upgrades fail with "database is locked" at once, without waiting on
     busy_timeout (SQLite refuses to wait where waiting could deadlock), so the whole setup is
-    retried with backoff until `timeout_ms` has passed."""
+    retried with backoff until `timeout_ms` has passed.
+
+    A file made by an earlier version (no tombstone expiry) is brought up to date unless
+    `upgrade` is False: a node's reader passes False, since its reads name no column added since,
+    and leaves the upgrade to the file's writer, which opens the file holding the writer lock. So
+    a file is never changed under an earlier version's writer that still serves it (its inserts
+    name no columns, and fail on a table with one more). Processes that upgrade together are
+    safe as ones that create the schema together: each looks again under the write lock."""
     deadline = time.monotonic() + timeout_ms / 1000
     backoff_ms = OPEN_BACKOFF_MS_MIN
     for _attempt in range(OPEN_RETRY_COUNT_MAX):
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so batching is explicit.
         conn = sqlite3.connect(path, timeout=timeout_ms / 1000, isolation_level=None)
         try:
-            _set_up(conn, timeout_ms)
+            _set_up(conn, timeout_ms, upgrade)
             return conn
         except sqlite3.OperationalError as error:
             conn.close()
@@ -126,7 +158,7 @@ def connect(path: Path, timeout_ms: int) -> sqlite3.Connection:
     raise sqlite3.OperationalError(f"database is locked after {OPEN_RETRY_COUNT_MAX} attempts")
 
 
-def _set_up(conn: sqlite3.Connection, timeout_ms: int) -> None:
+def _set_up(conn: sqlite3.Connection, timeout_ms: int, upgrade: bool) -> None:
     conn.execute(f"PRAGMA busy_timeout = {int(timeout_ms)}")
     # Switching to WAL takes an exclusive lock, so only the first opener of a file does it;
     # WAL is persistent in the file, and later openers only read the mode.
@@ -139,18 +171,31 @@ def _set_up(conn: sqlite3.Connection, timeout_ms: int) -> None:
     # A file that has the schema needs no write lock to open: a store (or the writer process)
     # opens it while another program holds SQLite's write lock, and waits only when it writes.
     present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-    if present >= _SCHEMA_NAMES:
+    if present >= (_SCHEMA_NAMES if upgrade else _SCHEMA_NAMES_READ):
         return
+    # Here also a reader, only on a file with none of the schema: every version made all of it
+    # in one transaction.
     conn.execute("BEGIN IMMEDIATE")
     try:
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)  # IF NOT EXISTS: racing processes may all run it
+        _create_schema(conn)
         conn.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
         raise
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    """The schema, and on a file made by an earlier version what it lacks, inside the caller's
+    write transaction: what is there is looked at under the write lock, so processes that race
+    to set up (or upgrade) one file each find the others' work done, or do it alone."""
+    for statement in _SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)  # IF NOT EXISTS: racing processes may all run it
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(txn_log)")}
+    if "expires_at_ms" not in columns:
+        conn.execute(_ADD_EXPIRY_COLUMN)  # a NULL expiry on every record there: none is a tombstone
+    conn.execute(_EXPIRY_INDEX)
 
 
 # SQLite errors that a call's own arguments cause (a value SQLite cannot bind, a constraint): the
@@ -230,6 +275,10 @@ def fence_wire(fence: Fence | None) -> FenceWire | None:
     return None if fence is None else (fence.partition, fence.owner, fence.epoch)
 
 
+def tombstone_wire(keep: Tombstone | None) -> TombstoneWire | None:
+    return None if keep is None else (keep.decision.value, keep.keep_ms)
+
+
 def ownership_wire(record: Ownership | None) -> OwnershipWire | None:
     if record is None:
         return None
@@ -241,8 +290,10 @@ def partition_log_key(partition: str) -> LogKey:
     return _PARTITION_LOG_PREFIX + partition
 
 
-# What `log` creates a record with when it is given no body.
+# What `log` creates a record with when it is given no body; and as columns (participants,
+# coordinator, redo), all a tombstone holds of one.
 _BODY_DEFAULT = body_wire(RecordBody())
+_TOMBSTONE_BODY_COLUMNS = (json.dumps(_BODY_DEFAULT[0]), *_BODY_DEFAULT[1:])
 
 
 # The interned LogId of a name, by its kind's value (the part of a LogKey before the dot).
@@ -276,8 +327,9 @@ def _record_from_row(row: tuple[Any, ...]) -> Record:
 
 def _insert_record(conn: sqlite3.Connection, log: LogKey, txn: str, state: str, body: BodyWire) -> bool:
     participants, coordinator, redo = body
+    # The columns named: a file upgraded by ALTER TABLE and a fresh one agree only on those.
     cursor = conn.execute(
-        "INSERT INTO txn_log VALUES (?, ?, ?, ?, ?, ?, 0, ?) ON CONFLICT (log, txn) DO NOTHING",
+        f"INSERT INTO txn_log ({_RECORD_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, 0, ?) ON CONFLICT (log, txn) DO NOTHING",
         (log, txn, state, json.dumps(participants), coordinator, redo, _now_ms()),
     )
     return cursor.rowcount == 1
@@ -419,25 +471,85 @@ def apply_redo(
     return True
 
 
-def delete(conn: sqlite3.Connection, log: LogKey, txn: str, fence: FenceWire | None) -> bool:
+def delete(
+    conn: sqlite3.Connection, log: LogKey, txn: str, fence: FenceWire | None, keep: TombstoneWire | None
+) -> bool:
+    """LogStore.delete: whether the record existed. Every refusal (Fenced, then the tombstone's:
+    ValidationError, DecisionFlipRefused, InvariantViolation) is raised before its one write
+    statement, so a refused delete has written nothing; the write lock keeps the checks and the
+    write atomic."""
     _check_fence(conn, fence)
-    return conn.execute("DELETE FROM txn_log WHERE log = ? AND txn = ?", (log, txn)).rowcount == 1
+    if keep is None:
+        return conn.execute("DELETE FROM txn_log WHERE log = ? AND txn = ?", (log, txn)).rowcount == 1
+    decision, keep_ms = keep
+    _check_keep(decision, keep_ms)
+    row = conn.execute("SELECT state, applied FROM txn_log WHERE log = ? AND txn = ?", (log, txn)).fetchone()
+    # None there, or the same decision, applied where it is COMMIT (garbage collection's every
+    # call), needs no check; the rule for the rest stays in the contract, which raises with the
+    # contract's objects.
+    if row is not None and not (row[0] == decision and (row[1] or decision != _COMMIT)):
+        check_tombstone(_log_id(log), txn, TxnState(row[0]), bool(row[1]), Tombstone(TxnState(decision), keep_ms))
+    # The writer's wall clock, not its time.monotonic(): the expiry outlives the writer, and the
+    # purge of a writer started after a reboot compares it. keep_ms counts from the call's turn in
+    # its batch, that batch's COMMIT (about a millisecond) before it lands, as a write's deadline
+    # does (run_batch). One read for both, so a new tombstone expires keep_ms after its creation.
+    now_ms = _now_ms()
+    # created_at_ms is kept where there was a record (a tombstone of it is still its record).
+    conn.execute(
+        f"INSERT INTO txn_log ({_RECORD_COLUMNS}, expires_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (log, txn) DO UPDATE SET state = excluded.state, participants = excluded.participants, "
+        "coordinator = excluded.coordinator, redo = excluded.redo, applied = excluded.applied, "
+        "expires_at_ms = excluded.expires_at_ms",
+        (log, txn, decision, *_TOMBSTONE_BODY_COLUMNS, decision == _COMMIT, now_ms, now_ms + keep_ms),
+    )
+    return row is not None
+
+
+def _check_keep(decision: str, keep_ms: int) -> None:
+    # What the store sent is a Tombstone's wire form, validated; anything else stored here would
+    # be a bodiless vote, or an expiry the purge never reaches (see the module docstring).
+    if decision not in _DECISION_VALUES:
+        raise ValidationError(f"a tombstone holds one of {sorted(_DECISION_VALUES)}, got {decision!r:.50}")
+    if type(keep_ms) is not int or not 1 <= keep_ms <= TOMBSTONE_KEEP_MS_MAX:
+        raise ValidationError(f"a tombstone's keep_ms must be an int in 1..{TOMBSTONE_KEEP_MS_MAX}: {keep_ms!r:.50}")
 
 
 def delete_many(conn: sqlite3.Connection, requests: Sequence[DeleteWire]) -> list[bool | StorageError]:
-    """Each delete's own outcome, in order: whether its record existed, or its Fenced."""
+    """Each delete's own outcome, in order: whether its record existed, or its own refusal."""
     outcomes: list[bool | StorageError] = []
-    for log_key, txn, fence in requests:
-        # The fence is checked before the delete, so a refused one has written nothing and needs
-        # no savepoint of its own; the write lock keeps the check and delete atomic.
+    for log_key, txn, fence, keep in requests:
+        # A refused delete has written nothing (see `delete`), so it needs no savepoint of its own.
         try:
-            _check_fence(conn, fence)
-        except Fenced as refused:
+            outcomes.append(delete(conn, log_key, txn, fence, keep))
+        except StorageError as refused:
             outcomes.append(refused)
-            continue
-        deleted = conn.execute("DELETE FROM txn_log WHERE log = ? AND txn = ?", (log_key, txn)).rowcount
-        outcomes.append(deleted == 1)
     return outcomes
+
+
+# txn_log has no rowid: the rows are picked by their key, which the expiry index holds beside
+# the expiry (the subquery reads only that index).
+PURGE_EXPIRED = (
+    "DELETE FROM txn_log WHERE (log, txn) IN (SELECT log, txn FROM txn_log "
+    "WHERE expires_at_ms IS NOT NULL AND expires_at_ms <= ? LIMIT ?)"
+)
+
+
+def purge_expired(conn: sqlite3.Connection, count_max: int) -> int:
+    """Delete, in one transaction of its own, at most `count_max` tombstones whose expiry has
+    come by the wall clock (`delete` set it by the same clock); how many went. Rows whose expiry
+    is NULL (every record that is not a tombstone) never match. One bounded statement that reads
+    only the expiry index: the writer runs it between its client batches."""
+    assert count_max > 0, count_max
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        purged = conn.execute(PURGE_EXPIRED, (_now_ms(), count_max)).rowcount
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    assert 0 <= purged <= count_max, (purged, count_max)
+    return purged
 
 
 def write_owner(

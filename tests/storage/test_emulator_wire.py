@@ -30,6 +30,7 @@ from storage_adapters.contract import (
     Ownership,
     OwnerWriteResult,
     RecordBody,
+    Tombstone,
     TxnState,
 )
 from storage_adapters.emulator import EmulatorStore
@@ -123,8 +124,8 @@ async def test_writes_and_their_answers_travel_as_plain_values(
     store: EmulatorStore, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No contract class is pickled on the way to the writer or back (each costs ~10 us a frame),
-    unless the answer is a refusal: every call of the contract that writes, and a write_owner
-    that finds another record than it expected."""
+    unless the answer is a refusal: every call of the contract that writes (a tombstone's keep
+    among them), and a write_owner that finds another record than it expected."""
     sent: list[Any] = []
     received: list[bytes] = []
     real_encode, real_feed = emulator_writer.encode_frame, emulator_writer.FrameReader.feed
@@ -147,7 +148,19 @@ async def test_writes_and_their_answers_travel_as_plain_values(
     assert await store.log(LOG, "t2", TxnState.VOTE_YES, None, fence) is TxnState.VOTE_YES
     assert await store.log(LOG, "t2", TxnState.ABORT, BODY, fence) is TxnState.ABORT
     assert await store.apply_redo("p0", "t1", {"k": b"v", "gone": None}, fence)
-    assert await asyncio.gather(store.delete(LOG, "t1", fence), store.delete(LOG, "t3")) == [True, False]
+    # A tombstone's keep too (LogStore.delete with keep), where there is a record and where none is.
+    assert await asyncio.gather(
+        store.delete(LOG, "t1", fence),
+        store.delete(LOG, "t3"),
+        store.delete(LOG, "t2", fence, keep=Tombstone(TxnState.ABORT, 60_000)),
+        store.delete(LOG, "t4", keep=Tombstone(TxnState.COMMIT, 60_000)),
+    ) == [True, False, True, False]
+    assert [message[3][0] for message in sent if message[2] == "delete_many"] == [(
+        (LOG.key, "t1", emulator_sql.fence_wire(fence), None),
+        (LOG.key, "t3", None, None),
+        (LOG.key, "t2", emulator_sql.fence_wire(fence), (TxnState.ABORT.value, 60_000)),
+        (LOG.key, "t4", None, (TxnState.COMMIT.value, 60_000)),
+    )]
     renewed = Ownership("p0", "n0", 1, 2, 60_000)
     assert await store.write_owner(owner, renewed) == OwnerWriteResult(renewed, written=True)
     assert await store.write_owner(owner, renewed) == OwnerWriteResult(renewed, written=False)
