@@ -3,7 +3,8 @@
 One table, keyed by pk (S) and sk (S):
 
     pk = "txn#" + log.key,      sk = txn     a record: state, participants, coordinator, redo,
-                                             applied, created_at_ms
+                                             applied, created_at_ms; a tombstone: state, applied,
+                                             created_at_ms, expires_at (no body)
     pk = "data#" + partition,   sk = key     a committed value: v (B)
     pk = "own#" + partition,    sk = "owner" a partition's ownership record: owner, epoch, version,
                                              lease_ms, wanted_by
@@ -37,6 +38,24 @@ on the ownership item (a renewal's PutItem; perhaps another fenced write's check
 request at a time, cannot show which) is cancelled with TransactionConflict, which is reported as
 StorageUnavailable: retryable, nothing written.
 
+Tombstones. `delete` with a keep is one conditional UpdateItem that turns the record into its
+tombstone where it stands (an update, not a put, so that a record keeps its created_at_ms): it sets
+the decision (applied for a COMMIT), REMOVEs the body and sets `expires_at`, and its condition is
+`check_tombstone`'s rule (absent, or a vote or ABORT under an ABORT tombstone, or an applied COMMIT
+under a COMMIT one), so a refusal writes nothing and its ALL_OLD tells which refusal it was;
+ReturnValues=ALL_OLD on success tells whether a record was there. A tombstone is a finished record
+to every other call (the unfinished scan's filter passes only VOTE_YES and unapplied COMMITs), and
+a plain delete removes it like any item. DynamoDB's own Time To Live drops it: `expires_at` is a
+Number of epoch SECONDS (TTL's unit; the keep's end rounded up, so never early), the table's TTL is
+enabled on that attribute (by the Terraform module; by `open` when it creates the table), and only
+tombstones carry it, so no record, value or ownership item ever expires. TTL deletes an expired
+item in the background, typically within a few days, and until then the item still reads as its
+tombstone: keep_ms is a minimum, so reads do not hide it (`drops_tombstones_at_expiry` is False).
+Fenced, the write is a transaction, which cannot return the old item on success: its record
+condition asks for an existing record first (the common case: GC keeps what it logged), and only if
+there is none is a second transaction sent, conditioned on the absence, so a keep where no record
+was costs two round trips.
+
 Durability: DynamoDB acknowledges a write after it is durable in several AZs, and every read here
 is strongly consistent, so a loser can never read past an acknowledged vote.
 """
@@ -47,7 +66,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -72,8 +91,10 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    Tombstone,
     TxnState,
     check_log_transition,
+    check_tombstone,
     is_unfinished,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
@@ -104,6 +125,11 @@ CONNECTION_POOL_COUNT_MAX = 64
 # How long open() waits for a table it created (or found being created) to become ACTIVE.
 TABLE_ACTIVE_WAIT_MS_MAX = 60_000
 TABLE_ACTIVE_POLL_MS = 100
+# Transactions one fenced keep may send: the record's condition, then the absence's, and again
+# only while a record is created and deleted between them (a late LogOnce, a plain delete), which
+# garbage collection of a long-finished txn makes all but impossible; past this it is reported as
+# unavailable (nothing written), for the caller to retry.
+TOMBSTONE_ROUND_COUNT_MAX = 4
 
 _RETRYABLE_ERROR_CODES = frozenset(
     {
@@ -138,6 +164,11 @@ _DATA_PK_PREFIX = "data#"
 _OWNER_PK_PREFIX = "own#"
 # Key attributes may not be empty, so the ownership item's sort key is a constant.
 _OWNER_SK = "owner"
+# The attribute the table's Time To Live reads (the Terraform module names it too): epoch seconds.
+# Only tombstones carry it, so nothing else in the table ever expires.
+_EXPIRES_AT = "expires_at"
+# A record's body attributes: a tombstone has none of them.
+_BODY_ATTRIBUTES = ("participants", "coordinator", "redo")
 
 # Attribute names; `#state` because "state" is not reserved but keeping all names aliased makes
 # every expression safe against DynamoDB's long reserved-word list.
@@ -154,6 +185,12 @@ _NAMES = {
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _expires_at_s(keep_ms: int) -> int:
+    """When a tombstone kept `keep_ms` from now may go, in epoch seconds (TTL's unit), rounded up
+    so that it never goes early."""
+    return -(-(_now_ms() + keep_ms) // 1000)
 
 
 def _record_key(log: LogId, txn: str) -> dict[str, Any]:
@@ -207,23 +244,34 @@ def _body_attributes(body: RecordBody) -> dict[str, Any]:
 def _decode_record(log: LogId, txn: str, item: Mapping[str, Any]) -> Record:
     try:
         assert item["pk"]["S"] == _TXN_PK_PREFIX + log.key and item["sk"]["S"] == txn
+        tombstone = _EXPIRES_AT in item
+        if tombstone and not any(name in item for name in _BODY_ATTRIBUTES):
+            body = RecordBody()
+        else:
+            # A record, or a tombstone that a `log` of its own decision gave a body again (it stays
+            # a tombstone: its expires_at is left, as its garbage collection is already done).
+            body = RecordBody(
+                participants=tuple(p["S"] for p in item["participants"]["L"]),
+                coordinator=item["coordinator"]["S"],
+                redo=bytes(item["redo"]["B"]),
+            )
         record = Record(
             log=log,
             txn=txn,
             state=TxnState(item["state"]["S"]),
-            body=RecordBody(
-                participants=tuple(p["S"] for p in item["participants"]["L"]),
-                coordinator=item["coordinator"]["S"],
-                redo=bytes(item["redo"]["B"]),
-            ),
+            body=body,
             applied=bool(item["applied"]["BOOL"]),
             created_at_ms=int(item["created_at_ms"]["N"]),
         )
+        if tombstone:
+            int(item[_EXPIRES_AT]["N"])  # TTL ignores an expiry that is not a Number: it would never go
     except (KeyError, TypeError, ValueError) as error:
         # ValidationError is a ValueError: a stored body that no longer validates is corruption.
         raise InvariantViolation(f"record {log.key}/{txn} is unreadable: {error!r}") from error
     # Only a COMMIT's redo is ever applied.
     assert not record.applied or record.state is TxnState.COMMIT
+    # A tombstone holds a decision, and a COMMIT one only once its redo was applied.
+    assert not tombstone or record.state is TxnState.ABORT or record.applied, f"{log.key}/{txn}: {record}"
     return record
 
 
@@ -243,12 +291,26 @@ def _failed_condition(error: ClientError, index: int) -> dict[str, Any] | None:
     return reason if reason.get("Code") == "ConditionalCheckFailed" else None
 
 
+def _refuse_tombstone(log: LogId, txn: str, keep: Tombstone, item: Mapping[str, Any], error: Exception) -> NoReturn:
+    """Raise check_tombstone's refusal of `keep` over `item`, on which the tombstone's condition
+    failed."""
+    stored = _decode_record(log, txn, item)
+    check_tombstone(log, txn, stored.state, stored.applied, keep)
+    # The condition failed, so the rule must refuse this; it did not: storage and contract disagree.
+    raise InvariantViolation(
+        f"dynamodb refused a {keep.decision} tombstone over {stored.state} (applied {stored.applied}) "
+        f"for {log.key}/{txn}, the contract allows it"
+    ) from error
+
+
 def _is_local(endpoint_url: str | None) -> bool:
     return endpoint_url is not None and urlsplit(endpoint_url).hostname in ("127.0.0.1", "localhost", "::1")
 
 
 class DynamoDbStore(LogStore):
     backend_name = "dynamodb"
+    # The table's TTL deletes an expired tombstone in the background, within days, not at expiry.
+    drops_tombstones_at_expiry = False
 
     def __init__(self, client: Any, exit_stack: contextlib.AsyncExitStack, table: str, timeout_ms_call: int) -> None:
         super().__init__(timeout_ms_call)
@@ -306,21 +368,34 @@ class DynamoDbStore(LogStore):
         return store
 
     async def _create_table(self) -> None:
-        status = await self._bounded(self._describe_or_create_table(), "create_table")
+        status, created = await self._bounded(self._describe_or_create_table(), "create_table")
         # Creation takes seconds on AWS, longer than one call's deadline, so the wait has its own
         # bound and each poll its own deadline.
         for _ in range(TABLE_ACTIVE_WAIT_MS_MAX // TABLE_ACTIVE_POLL_MS):
             if status == "ACTIVE":
-                return
+                break
             await asyncio.sleep(TABLE_ACTIVE_POLL_MS / 1000)
             description = await self._bounded(self._client.describe_table(TableName=self._table), "describe_table")
             status = description["Table"]["TableStatus"]
-        raise StorageUnavailable(
-            f"dynamodb: table {self._table} not ACTIVE after {TABLE_ACTIVE_WAIT_MS_MAX}ms (status {status})"
-        )
+        else:
+            raise StorageUnavailable(
+                f"dynamodb: table {self._table} not ACTIVE after {TABLE_ACTIVE_WAIT_MS_MAX}ms (status {status})"
+            )
+        if created:
+            # A table made here (tests, benchmarks, a first try) drops its tombstones as the
+            # Terraform module's does, rather than keeping them forever. Only by its creator, once
+            # ACTIVE (DynamoDB refuses it before): a table found existing is the operator's, whose
+            # TTL is set where it was made, and a node checking it at every open would need one
+            # more IAM action for a call that changes nothing.
+            specification = {"Enabled": True, "AttributeName": _EXPIRES_AT}
+            await self._bounded(
+                self._client.update_time_to_live(TableName=self._table, TimeToLiveSpecification=specification),
+                "update_time_to_live",
+            )
 
-    async def _describe_or_create_table(self) -> str:
-        """The table's status, once it is created if it was not there."""
+    async def _describe_or_create_table(self) -> tuple[str, bool]:
+        """The table's status, once it is created if it was not there, and whether this call
+        created it."""
         try:
             description = await self._client.describe_table(TableName=self._table)
             status = description["Table"]["TableStatus"]
@@ -344,8 +419,9 @@ class DynamoDbStore(LogStore):
                 # Another process created it first: fine, wait for it like for our own.
                 if _error_code(create_error) != "ResourceInUseException":
                     raise
-            status = "CREATING"
-        return status
+                return "CREATING", False
+            return "CREATING", True
+        return status, False
 
     def _storage_error(self, error: Exception, what: str) -> StorageError | None:
         """Transport failures and the service's errors as the contract's typed errors, so callers
@@ -749,11 +825,14 @@ class DynamoDbStore(LogStore):
             raise InvariantViolation(f"apply_redo of {log.key}/{txn}: no record") from error
         return _decode_record(log, txn, item)
 
-    # Deletes are not coalesced here: BatchWriteItem carries no condition (so no fence) and
-    # returns no old items (so no "did it exist"), and a TransactWriteItems of several deletes is
-    # all or nothing (one fenced or absent record would cancel the rest) at twice the capacity
-    # cost. Each delete stays one DeleteItem (or one fenced transaction) of its own.
-    async def _delete(self, log: LogId, txn: str, fence: Fence | None) -> bool:
+    # Deletes are not coalesced here: BatchWriteItem carries no condition (so no fence, no
+    # tombstone's rule) and returns no old items (so no "did it exist"), and a TransactWriteItems of
+    # several deletes is all or nothing (one fenced, refused or absent record would cancel the rest)
+    # at twice the capacity cost. Each delete stays one DeleteItem or UpdateItem (or one fenced
+    # transaction) of its own.
+    async def _delete(self, log: LogId, txn: str, fence: Fence | None, keep: Tombstone | None) -> bool:
+        if keep is not None:
+            return await self._keep(log, txn, fence, keep)
         if fence is None:
             response = await self._client.delete_item(
                 TableName=self._table, Key=_record_key(log, txn), ReturnValues="ALL_OLD"
@@ -775,6 +854,99 @@ class DynamoDbStore(LogStore):
                 raise
             return False
         return True
+
+    async def _keep(self, log: LogId, txn: str, fence: Fence | None, keep: Tombstone) -> bool:
+        """Turn the record into `keep`'s tombstone (see the module docstring); whether one was there."""
+        if fence is None:
+            try:
+                response = await self._client.update_item(
+                    **self._tombstone_update(log, txn, keep, existing=None), ReturnValues="ALL_OLD"
+                )
+            except ClientError as error:
+                if _error_code(error) != "ConditionalCheckFailedException":
+                    raise
+                item = error.response.get("Item")
+                if item is None:
+                    # Only an emulator that ignores ReturnValuesOnConditionCheckFailure gets here.
+                    item = await self._get_item(_record_key(log, txn))
+                # The condition passes on an absent record, so one was there; garbage collection
+                # only removes long-finished txns, so it cannot have vanished in between.
+                assert item is not None, f"{log.key}/{txn}: tombstone refused, yet no item"
+                _refuse_tombstone(log, txn, keep, item, error)
+            # An existing item holds at least its key; DynamoDB sends no Attributes for a new one.
+            return bool(response.get("Attributes"))
+        # A transaction returns no old item on success, so whether a record was there is learned
+        # from the condition instead: first that there is one (garbage collection keeps what it
+        # logged), then, when there was none, that there is still none.
+        existing = True
+        for _ in range(TOMBSTONE_ROUND_COUNT_MAX):
+            update = self._tombstone_update(log, txn, keep, existing=existing)
+            try:
+                await self._transact([self._fence_check(fence), {"Update": update}])
+            except ClientError as error:
+                await self._raise_if_fenced(error, fence)
+                reason = _failed_condition(error, 1)
+                if reason is None:
+                    raise
+                item = reason.get("Item")
+                if existing:
+                    if item is None:
+                        # DynamoDB sends no item when there is none (an emulator that ignores
+                        # ReturnValuesOnConditionCheckFailure neither: the next round reads it).
+                        existing = False
+                        continue
+                    _refuse_tombstone(log, txn, keep, item, error)
+                if item is None:
+                    # The absence failed, so there is an item, unless an emulator did not send it.
+                    item = await self._get_item(_record_key(log, txn))
+                if item is not None:
+                    stored = _decode_record(log, txn, item)
+                    check_tombstone(log, txn, stored.state, stored.applied, keep)
+                    existing = True
+                continue
+            return existing
+        raise StorageUnavailable(
+            f"dynamodb delete of {log.key}/{txn}: the record came and went through {TOMBSTONE_ROUND_COUNT_MAX} keeps"
+        )
+
+    def _tombstone_update(self, log: LogId, txn: str, keep: Tombstone, *, existing: bool | None) -> dict[str, Any]:
+        """The UpdateItem that makes the record `keep`'s tombstone: conditioned on check_tombstone's
+        rule over an existing record (`existing` True), on there being no record (False), or on
+        either (None)."""
+        commit = keep.decision is TxnState.COMMIT
+        values: dict[str, Any] = {
+            ":decision": {"S": keep.decision.value},
+            ":applied": {"BOOL": commit},
+            ":expires": {"N": str(_expires_at_s(keep.keep_ms))},
+            ":now": {"N": str(_now_ms())},
+        }
+        # check_tombstone's rule as a condition: a COMMIT only over an applied COMMIT (never over a
+        # vote or a COMMIT whose redo is not in the data yet), an ABORT over a vote or an ABORT.
+        allowed = "#state = :decision AND #applied = :applied" if commit else "#state IN (:vote, :decision)"
+        if existing is None:
+            condition = f"attribute_not_exists(#pk) OR ({allowed})"
+        elif existing:
+            condition = f"attribute_exists(#pk) AND ({allowed})"
+        else:
+            condition = "attribute_not_exists(#pk)"
+        if not commit and existing is not False:
+            # Declared only where the condition names it: DynamoDB refuses a request that declares
+            # an expression value none of its expressions uses (moto lets it through).
+            values[":vote"] = {"S": TxnState.VOTE_YES.value}
+        return {
+            "TableName": self._table,
+            "Key": _record_key(log, txn),
+            # No body, nor anything the unfinished scan's filter would pass: the decision alone,
+            # a COMMIT applied. The creation time stays a record's own.
+            "UpdateExpression": (
+                "SET #state = :decision, #applied = :applied, #expires = :expires, "
+                "#created = if_not_exists(#created, :now) REMOVE #participants, #coordinator, #redo"
+            ),
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": {**_NAMES, "#expires": _EXPIRES_AT},
+            "ExpressionAttributeValues": values,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
 
     async def _read_owners(self, partitions: tuple[str, ...]) -> dict[str, Ownership]:
         items = await self._batch_get([_owner_key(partition) for partition in partitions], None)

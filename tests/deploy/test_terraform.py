@@ -2,8 +2,9 @@
 `terraform validate`): every .tf parses (python-hcl2), every module variable has a description and
 a type and every output a description, each example root passes every variable its module
 requires, checkov passes (each skip justified in a `#checkov:skip` comment on its resource), and
-what the modules create matches what the storage adapters do: the DynamoDB key schema, no TTL
-attribute, an IAM policy with exactly the adapter's calls, a lifecycle rule on the record blobs only.
+what the modules create matches what the storage adapters do: the DynamoDB key schema, TTL on the
+attribute the adapter's tombstones expire by, an IAM policy with exactly the adapter's calls, a
+lifecycle rule on the record blobs only.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ IAM_ACTION_OF_TRANSACT_ITEM = {
     "Get": "dynamodb:GetItem",
 }
 # Calls the node never makes on a table Terraform created: create_table runs only when the table
-# is missing, delete_table is a test helper.
-CALLS_NOT_GRANTED = {"create_table", "delete_table"}
+# is missing, and update_time_to_live only on a table it created so (Terraform sets the TTL of its
+# own); delete_table is a test helper.
+CALLS_NOT_GRANTED = {"create_table", "update_time_to_live", "delete_table"}
 # Each module's backend, by the chart's example values file of that backend.
 BACKEND_OF_MODULE = {"azure": "azure_blob", "aws": "dynamodb"}
 # What Terraform fills in for the references in an example's chart values once it has applied:
@@ -146,9 +148,12 @@ def test_dynamodb_table_matches_the_adapter() -> None:
     assert unquote(table["billing_mode"]) == "PAY_PER_REQUEST"
     assert table["point_in_time_recovery"][0]["enabled"] is True
     assert table["server_side_encryption"][0]["enabled"] is True
-    # The adapter writes no expiry attribute, so the table has no TTL.
-    assert "ttl" not in table
-    assert not re.search(r"time_?to_?live|\bttl\b", source, re.IGNORECASE)
+    # DynamoDB drops the adapter's tombstones by the table's TTL, on the attribute the adapter
+    # names (and enables it on, in a table it creates itself): with none, they would stay forever.
+    (expiry,) = re.findall(r'^_EXPIRES_AT = "(\w+)"$', source, re.MULTILINE)
+    (ttl,) = table["ttl"]
+    assert (unquote(ttl["attribute_name"]), ttl["enabled"]) == (expiry, True)
+    assert '{"Enabled": True, "AttributeName": _EXPIRES_AT}' in source
 
 
 def test_iam_policy_grants_exactly_the_adapters_calls() -> None:

@@ -2,8 +2,10 @@
 # through IRSA with exactly the calls the adapter makes, and optionally ElastiCache Redis.
 
 # The key schema of storage_adapters/dynamodb.py (its create_table): pk (S) hash, sk (S) range.
-# Records, data and ownership share the table under pk prefixes txn#, data#, own#. No TTL: the
-# adapter writes no expiry attribute (nodes delete decided records themselves).
+# Records, data and ownership share the table under pk prefixes txn#, data#, own#. TTL on
+# expires_at (epoch seconds): only the decision tombstones that garbage collection leaves in its
+# records' place carry it, and DynamoDB deletes each within days of its expiry; nothing else in
+# the table ever expires.
 resource "aws_dynamodb_table" "cornus" {
   #checkov:skip=CKV_AWS_119:Encrypted at rest always; with the AWS-managed key unless kms_key_arn names a customer-managed one, whose key policy is the platform team's to write.
   name                        = var.table_name
@@ -20,6 +22,11 @@ resource "aws_dynamodb_table" "cornus" {
   attribute {
     name = "sk"
     type = "S"
+  }
+
+  ttl {
+    attribute_name = "expires_at"
+    enabled        = true
   }
 
   point_in_time_recovery {

@@ -1,0 +1,246 @@
+"""What the DynamoDB adapter hands the table's Time To Live, which the conformance tests
+(test_tombstones.py) cannot see: a tombstone item's `expires_at` (a Number of epoch seconds, the
+unit TTL reads; milliseconds would keep it for millennia) and no body left behind; the round trips
+a keep costs; the fenced keep's second round where no record was, and its bound; the emulator
+that ignores ReturnValuesOnConditionCheckFailure; and the TTL that `open` enables on a table it
+creates. Against the suite's moto server, the item read raw by a client of its own."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import botocore.session
+import pytest
+
+from storage_adapters.contract import Fence, LogId, RecordBody, Tombstone, TxnState
+from storage_adapters.dynamodb import TOMBSTONE_ROUND_COUNT_MAX, DynamoDbStore
+from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, StorageUnavailable
+from storage_adapters.factory import open_store
+from tests.conftest import Services
+from tests.storage.conftest import config_for, refuse_what_dynamodb_refuses
+from tests.storage.test_conformance import body
+from tests.storage.test_ownership import take_first
+
+pytestmark = pytest.mark.services
+
+VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
+# Not whole seconds, so that an expiry rounded down (the tombstone gone early) shows.
+KEEP_MS = 90_500
+# What a record item holds besides its key and what a tombstone keeps.
+BODY_ATTRIBUTES = {"participants", "coordinator", "redo"}
+TOMBSTONE_ATTRIBUTES = {"pk", "sk", "state", "applied", "created_at_ms", "expires_at"}
+
+
+@pytest.fixture
+def raw(services: Services) -> Iterator[Any]:
+    """A plain (synchronous) client of the same moto account and region as the stores."""
+    client = botocore.session.get_session().create_client(
+        "dynamodb", endpoint_url=services.dynamodb_endpoint, region_name="us-east-1",
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+    )
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def dynamodb(services: Services, run_id: str, tmp_path: Any) -> AsyncIterator[DynamoDbStore]:
+    store = await open_store(config_for("dynamodb", services, run_id, str(tmp_path)))
+    assert isinstance(store, DynamoDbStore)
+    refuse_what_dynamodb_refuses(store)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def requests_of(store: DynamoDbStore) -> list[str]:
+    """The names of the operations `store` sends from now on, one per round trip."""
+    sent: list[str] = []
+    store._client.meta.events.register(  # type: ignore[attr-defined]
+        "before-call.dynamodb.*", lambda model, **_: sent.append(model.name)
+    )
+    return sent
+
+
+def ignore_return_values_on_failure(store: DynamoDbStore) -> None:
+    """Make the store's requests look, to the adapter, as served by an emulator that ignores
+    ReturnValuesOnConditionCheckFailure: a failed condition then comes back without the item."""
+
+    def strip(params: dict[str, Any], **_: Any) -> None:
+        for request in [next(iter(item.values())) for item in params.get("TransactItems", [])] or [params]:
+            request.pop("ReturnValuesOnConditionCheckFailure", None)
+
+    store._client.meta.events.register("before-parameter-build.dynamodb.*", strip)  # type: ignore[attr-defined]
+
+
+def raw_item(raw: Any, store: DynamoDbStore, log: LogId, txn: str) -> dict[str, Any] | None:
+    key = {"pk": {"S": "txn#" + log.key}, "sk": {"S": txn}}
+    return raw.get_item(TableName=store._table, Key=key, ConsistentRead=True).get("Item")  # type: ignore[attr-defined]
+
+
+async def committed(store: DynamoDbStore, log: LogId, txn: str) -> None:
+    await store.log_once(log, txn, VOTE, body(log.name))
+    assert await store.apply_redo(log.name, txn, {"k": b"v"})
+
+
+@pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
+@pytest.mark.parametrize("present", [True, False], ids=["over-a-record", "where-none-was"])
+async def test_a_tombstone_item_expires_at_epoch_seconds_and_holds_no_body(
+    dynamodb: DynamoDbStore, raw: Any, ns: str, fenced: bool, present: bool
+) -> None:
+    log = LogId.partition(ns)
+    fence = (await take_first(dynamodb, ns)).fence() if fenced else None
+    if present:
+        await committed(dynamodb, log, "t")
+        assert set(raw_item(raw, dynamodb, log, "t") or {}) >= BODY_ATTRIBUTES
+    sent = requests_of(dynamodb)
+    before_s = time.time()
+    assert await dynamodb.delete(log, "t", fence, keep=Tombstone(COMMIT, KEEP_MS)) is present
+    after_s = time.time()
+    item = raw_item(raw, dynamodb, log, "t")
+    assert item is not None and set(item) == TOMBSTONE_ATTRIBUTES, item
+    assert (item["state"], item["applied"]) == ({"S": "COMMIT"}, {"BOOL": True})
+    # A Number (TTL ignores any other type), of seconds, never before the keep ends.
+    assert set(item["expires_at"]) == {"N"}, item["expires_at"]
+    expires_at = int(item["expires_at"]["N"])
+    assert before_s + KEEP_MS / 1000 <= expires_at <= math.ceil(after_s + KEEP_MS / 1000), (before_s, expires_at)
+    # One round trip: an UpdateItem, or one transaction behind the fence; a transaction cannot tell
+    # whether there was a record, so where there was none it takes a second, conditioned on that.
+    if not fenced:
+        assert sent == ["UpdateItem"]
+    else:
+        assert sent == ["TransactWriteItems"] * (1 if present else 2)
+    # Keeping again sets the expiry anew, from this call.
+    before_s = time.time()
+    assert await dynamodb.delete(log, "t", fence, keep=Tombstone(COMMIT, 2_000)) is True
+    again = raw_item(raw, dynamodb, log, "t")
+    assert again is not None and before_s + 2 <= int(again["expires_at"]["N"]) <= math.ceil(time.time() + 2)
+    assert again["created_at_ms"] == item["created_at_ms"]
+
+
+async def test_an_abort_tombstone_over_a_vote_leaves_the_decision_alone(
+    dynamodb: DynamoDbStore, raw: Any, ns: str
+) -> None:
+    log = LogId.partition(ns)
+    await dynamodb.log_once(log, "t", VOTE, RecordBody((ns, "other"), "n1", b"x" * 1000))
+    created = (await dynamodb.read(log, "t")).created_at_ms  # type: ignore[union-attr]
+    assert await dynamodb.delete(log, "t", keep=Tombstone(ABORT, KEEP_MS)) is True
+    item = raw_item(raw, dynamodb, log, "t")
+    assert item is not None and set(item) == TOMBSTONE_ATTRIBUTES, item
+    assert (item["state"], item["applied"]) == ({"S": "ABORT"}, {"BOOL": False})
+    # The record's creation time stays its own.
+    assert int(item["created_at_ms"]["N"]) == created
+    # A plain delete removes the tombstone like any record.
+    assert await dynamodb.delete(log, "t") is True
+    assert raw_item(raw, dynamodb, log, "t") is None
+
+
+@pytest.mark.parametrize("returned", [True, False], ids=["item-returned", "emulator-ignores-return-values"])
+@pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
+async def test_keeps_with_the_fence_holding_answer_as_without(
+    dynamodb: DynamoDbStore, raw: Any, ns: str, fenced: bool, returned: bool
+) -> None:
+    """A transaction's conditions are not an UpdateItem's: each answer and refusal of a fenced keep,
+    also where a failed condition comes back without the stored item."""
+    if not returned:
+        ignore_return_values_on_failure(dynamodb)
+    log = LogId.partition(ns)
+    fence = (await take_first(dynamodb, ns)).fence() if fenced else None
+    await dynamodb.log_once(log, "voted", VOTE, body(ns))
+    await dynamodb.log_once(log, "aborted", ABORT, body(ns))
+    await dynamodb.log_once(log, "unapplied", COMMIT, body(ns))
+    await committed(dynamodb, log, "applied")
+    before = {txn: raw_item(raw, dynamodb, log, txn) for txn in ("voted", "aborted", "unapplied", "applied")}
+    for txn in ("voted", "unapplied"):
+        with pytest.raises(InvariantViolation) as refused:
+            await dynamodb.delete(log, txn, fence, keep=Tombstone(COMMIT, KEEP_MS))
+        assert not isinstance(refused.value, DecisionFlipRefused), refused.value
+    for txn, decision in (("aborted", COMMIT), ("applied", ABORT), ("unapplied", ABORT)):
+        with pytest.raises(DecisionFlipRefused):
+            await dynamodb.delete(log, txn, fence, keep=Tombstone(decision, KEEP_MS))
+    assert {txn: raw_item(raw, dynamodb, log, txn) for txn in before} == before
+    assert await dynamodb.delete(log, "applied", fence, keep=Tombstone(COMMIT, KEEP_MS)) is True
+    assert await dynamodb.delete(log, "voted", fence, keep=Tombstone(ABORT, KEEP_MS)) is True
+    assert await dynamodb.delete(log, "absent", fence, keep=Tombstone(ABORT, KEEP_MS)) is False
+    for txn, state in (("applied", "COMMIT"), ("voted", "ABORT"), ("absent", "ABORT")):
+        item = raw_item(raw, dynamodb, log, txn)
+        assert item is not None and set(item) == TOMBSTONE_ATTRIBUTES and item["state"]["S"] == state, item
+
+
+def record_arrives_between_rounds(store: DynamoDbStore, log: LogId, txn: str, flips: int) -> list[int]:
+    """Before each of the next `flips` transactions after the first, a late LogOnce(VOTE_YES)
+    creates the record (before the absence's round) or a plain delete removes it again (before the
+    record's round): what may meet a fenced keep between its rounds. Returns the transaction count."""
+    transact = store._transact
+    count: list[int] = []
+
+    async def racing(items: list[dict[str, Any]]) -> None:
+        count.append(1)
+        if 2 <= len(count) <= flips + 1:
+            if len(count) % 2 == 0:
+                assert (await store.log_once(log, txn, VOTE, body(log.name))).created
+            else:
+                assert await store.delete(log, txn) is True
+        await transact(items)
+
+    store._transact = racing  # type: ignore[method-assign]
+    return count
+
+
+async def test_a_fenced_keep_meets_the_record_a_late_log_once_created(dynamodb: DynamoDbStore, ns: str) -> None:
+    log = LogId.partition(ns)
+    fence = (await take_first(dynamodb, ns)).fence()
+    count = record_arrives_between_rounds(dynamodb, log, "t", 1)
+    # Absent at the first round, a vote at the second: an ABORT tombstone over it, in a third.
+    assert await dynamodb.delete(log, "t", fence, keep=Tombstone(ABORT, KEEP_MS)) is True
+    assert len(count) == 3
+    record = await dynamodb.read(log, "t")
+    assert record is not None and (record.state, record.applied, record.body) == (ABORT, False, RecordBody())
+    # A COMMIT tombstone is refused over the vote, found the same way, and writes nothing.
+    count = record_arrives_between_rounds(dynamodb, log, "u", 1)
+    with pytest.raises(InvariantViolation):
+        await dynamodb.delete(log, "u", fence, keep=Tombstone(COMMIT, KEEP_MS))
+    assert len(count) == 2
+    assert (await dynamodb.read(log, "u")).state is VOTE  # type: ignore[union-attr]
+
+
+async def test_a_fenced_keep_gives_up_on_a_record_that_keeps_coming_and_going(
+    dynamodb: DynamoDbStore, ns: str
+) -> None:
+    log = LogId.partition(ns)
+    fence: Fence = (await take_first(dynamodb, ns)).fence()
+    count = record_arrives_between_rounds(dynamodb, log, "t", TOMBSTONE_ROUND_COUNT_MAX)
+    with pytest.raises(StorageUnavailable, match="came and went"):
+        await dynamodb.delete(log, "t", fence, keep=Tombstone(ABORT, KEEP_MS))
+    assert len(count) == TOMBSTONE_ROUND_COUNT_MAX
+    # Nothing of the keep was written: the record is the late LogOnce's vote.
+    record = await dynamodb.read(log, "t")
+    assert record is not None and record.state is VOTE and record.body == body(ns)
+
+
+async def test_open_enables_ttl_on_expires_at_only_on_a_table_it_creates(services: Services, raw: Any) -> None:
+    """A table made by the adapter (tests, benchmarks) drops its tombstones as the Terraform
+    module's does; one that exists is left as its owner made it."""
+    created, existing = (f"ttl-{kind}-{uuid.uuid4().hex[:10]}" for kind in ("created", "existing"))
+    raw.create_table(
+        TableName=existing, BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+        AttributeDefinitions=[{"AttributeName": name, "AttributeType": "S"} for name in ("pk", "sk")],
+    )
+    stores = []
+    try:
+        for table in (created, existing):
+            stores.append(await DynamoDbStore.open(table, endpoint_url=services.dynamodb_endpoint))
+        ttl = raw.describe_time_to_live(TableName=created)["TimeToLiveDescription"]
+        assert (ttl.get("TimeToLiveStatus"), ttl.get("AttributeName")) == ("ENABLED", "expires_at"), ttl
+        ttl = raw.describe_time_to_live(TableName=existing)["TimeToLiveDescription"]
+        assert ttl.get("TimeToLiveStatus") != "ENABLED", ttl
+    finally:
+        for store in stores:
+            await store.close()
+        for table in (created, existing):
+            raw.delete_table(TableName=table)
