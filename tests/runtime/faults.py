@@ -467,18 +467,27 @@ async def commit_told_unknown(cluster: LocalCluster, node: Node, writes: Mapping
     return txn
 
 
-async def wait_collected(cluster: LocalCluster, node: Node, txn: str, partitions: Sequence[str]) -> None:
-    """Until `txn` is collected: its coordinator's machine ends once every record of its
-    `partitions` (all of its participants) is deleted, but the first one's, which is the
-    decision's tombstone (no body; DESIGN section 4)."""
+def is_tombstone(record: Record | None, decision: TxnState = TxnState.COMMIT) -> bool:
+    """Whether `record` is the tombstone of `decision` that collection leaves (DESIGN section 4)."""
+    return (record is not None and record.state is decision and record.body == RecordBody()
+            and record.applied is (decision is TxnState.COMMIT))
+
+
+async def records_collected(cluster: LocalCluster, txn: str, partitions: Sequence[str],
+                            decision: TxnState = TxnState.COMMIT) -> bool:
+    """Whether the records of `txn` in `partitions` (all of its participants) are collected: each
+    deleted, but the first participant's, which is its decision's tombstone."""
     holder = min(partitions)
+    records = {partition: await cluster.record(partition, txn) for partition in partitions}
+    return is_tombstone(records.pop(holder), decision) and all(r is None for r in records.values())
+
+
+async def wait_collected(cluster: LocalCluster, node: Node, txn: str, partitions: Sequence[str]) -> None:
+    """Until `txn` is collected: its coordinator's machine ends once its records are (see
+    `records_collected`)."""
 
     async def collected() -> bool:
-        if txn in node.core.coordinator.machines:
-            return False
-        records = {partition: await cluster.record(partition, txn) for partition in partitions}
-        kept = records.pop(holder)
-        return kept is not None and kept.body == RecordBody() and all(r is None for r in records.values())
+        return txn not in node.core.coordinator.machines and await records_collected(cluster, txn, partitions)
 
     await wait_until(collected, 20, f"the records of {txn} were never collected")
 

@@ -23,6 +23,7 @@ from tests.runtime.faults import (
     local_cluster,
     puts,
     read_through,
+    records_collected,
     redo_of,
     txn_id,
     wait_until,
@@ -40,8 +41,8 @@ async def test_every_protocol_commits_across_nodes_and_collects_its_records(tmp_
             assert await read_through(cluster.node("n2"), key) == b"v"
 
         async def collected() -> bool:
-            records = [await cluster.record(p, outcome.txn) for p in keys]
-            return all(r is None for r in records) and await cluster.coordinator_record("n1", outcome.txn) is None
+            return (await records_collected(cluster, outcome.txn, list(keys))
+                    and await cluster.coordinator_record("n1", outcome.txn) is None)
 
         await wait_until(collected, 10, f"the records of {outcome.txn} were never collected")
         assert not cluster.node("n1").core.coordinator.machines, "the coordinator forgets a collected transaction"

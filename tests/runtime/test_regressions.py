@@ -31,10 +31,12 @@ from tests.runtime.faults import (
     commit_writes,
     eventually,
     holds,
+    is_tombstone,
     keys_in,
     local_cluster,
     puts,
     read_through,
+    records_collected,
     redo_of,
     txn_id,
     wait_collected,
@@ -210,7 +212,7 @@ async def test_late_duplicate_commit_does_not_reapply_old_redo(tmp_path):
         first = await commit_writes(node, {key: b"1"}, Protocol.COORDINATOR_LOG)
 
         async def collected() -> bool:
-            return (await cluster.record(partition, first.txn) is None
+            return (await records_collected(cluster, first.txn, [partition])
                     and await cluster.coordinator_record("n0", first.txn) is None)
 
         await wait_until(collected, 5, f"the records of {first.txn} were never garbage-collected")
@@ -227,7 +229,7 @@ async def test_late_duplicate_commit_does_not_reapply_old_redo(tmp_path):
         node.on_message("n0", Routed("n0", partition, late))
 
         async def unchanged() -> bool:
-            return await cluster.value(key) == b"2" and await cluster.record(partition, first.txn) is None
+            return await cluster.value(key) == b"2" and is_tombstone(await cluster.record(partition, first.txn))
 
         async def report() -> str:
             record = await cluster.record(partition, first.txn)
@@ -610,8 +612,7 @@ async def test_a_deposed_owner_s_timer_after_a_stall_writes_nothing(tmp_path):
         assert outcome.status is OutcomeStatus.COMMITTED, outcome
 
         async def collected() -> bool:
-            return "p0" in n1.serving and (await cluster.record("p0", txn)) is None and (
-                await cluster.record("p1", txn)) is None
+            return "p0" in n1.serving and await records_collected(cluster, txn, ["p0", "p1"])
 
         await wait_until(collected, 20, "n1 never took p0, or the records were never collected")
         assert expired, "n0's participant had no timer waiting"
