@@ -152,8 +152,12 @@ class Admin:
 
     async def status_response(self, request: StatusRequest, ready: bool) -> StatusResponse:
         states: list[tuple[str, TxnState]] = []
+        # Partitions come and go while we read: the answer names those read, never one taken
+        # since (found by review: claimed read, its tombstone, all a collected transaction has
+        # left, went unseen, and the status call said "not known").
+        served = tuple(self.partitions)
         if request.txn:
-            for partition in list(self.partitions):  # partitions come and go while we read
+            for partition in served:
                 record = await self.store.read(LogId.partition(partition), request.txn)
                 if record is not None:
                     states.append((partition, record.state))
@@ -161,7 +165,7 @@ class Admin:
         return StatusResponse(
             node=self.node_id,
             ready=ready,
-            partitions=tuple(self.partitions),
+            partitions=served,
             txn_states=tuple(states),
             in_doubt_count=self.core.in_doubt_count(),
             txn_outcome="" if known is None else known.status.value,

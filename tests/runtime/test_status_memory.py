@@ -13,6 +13,8 @@ from cornus.protocol.config import Protocol
 from cornus.protocol.effects import Reply
 from cornus.runtime import coordination
 from cornus.runtime.outcome import OutcomeStatus
+from cornus.runtime.wire import StatusRequest
+from storage_adapters.contract import LogId, Record
 from tests.runtime.faults import commit_told_unknown, keys_in, local_cluster, puts, wait_collected, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -148,3 +150,27 @@ async def test_an_id_is_not_known_only_when_every_partition_s_records_were_read(
             node.partitions["p1"] = between_owners
         assert status is not None and status.status is OutcomeStatus.UNKNOWN, status
         assert "p1" in status.detail, status
+
+
+async def test_a_status_answer_names_only_the_partitions_whose_records_it_read(tmp_path):
+    """Found by review: a node's status answer named the partitions it held when it answered, not
+    those it had read; one it took while reading was claimed read, so a committed transaction
+    whose only record (its decision's tombstone) lay there was "not known"."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        n0 = cluster.node("n0")
+        assert cluster.owner_of("p0") == "n0" and "p1" not in n0.partitions
+        store = n0.admin.store
+        original = store.read
+        taken = cluster.node("n1").partitions["p1"]
+
+        async def read_while_p1_is_taken(log: LogId, txn: str) -> Record | None:
+            n0.partitions["p1"] = taken  # a take landing between the snapshot and the answer
+            return await original(log, txn)
+
+        store.read = read_while_p1_is_taken  # type: ignore[method-assign]
+        try:
+            answer = await n0.admin.status_response(StatusRequest("1.n0.abcdef.1.cornus"), ready=True)
+        finally:
+            del store.read
+            n0.partitions.pop("p1")
+        assert answer.partitions == ("p0",), answer
