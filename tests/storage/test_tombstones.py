@@ -29,6 +29,8 @@ KEEP_MS_LONG = 600_000
 # past keep_ms in the suite: a loaded 2-core CI box, and Redis's expiry, which is lazy until its
 # active cycle (10 times a second) samples the key.
 DROP_WAIT_S_MAX = 15.0
+# A keep short enough to wait out most of in the suite, long enough that a wrong unit shows.
+KEEP_MS_CHECKED = 2_000
 
 
 def tombstone(decision: TxnState, keep_ms: int = KEEP_MS_LONG) -> Tombstone:
@@ -175,6 +177,16 @@ async def test_tombstones_and_deletes_of_one_tick_each_get_their_own_answer(stor
     assert (await store.read(log, "refused")).state is VOTE  # type: ignore[union-attr]
     assert shape(await store.read(log, "absent")) == (ABORT, False, RecordBody())
     assert shape(await store.read(other, "kept")) == (ABORT, False, RecordBody())
+
+
+async def test_a_tombstone_is_kept_at_least_keep_ms(store: LogStore, ns: str) -> None:
+    """Found by review: nothing checked the lower bound, and a backend that counted keep_ms in the
+    wrong unit (seconds read as milliseconds) would drop tombstones a thousand times too soon."""
+    log = LogId.partition(ns)
+    await committed(store, log, "t")
+    assert await store.delete(log, "t", keep=tombstone(COMMIT, KEEP_MS_CHECKED)) is True
+    await asyncio.sleep(KEEP_MS_CHECKED * 0.75 / 1000)
+    assert shape(await store.read(log, "t")) == (COMMIT, True, RecordBody())
 
 
 async def test_a_tombstone_is_dropped_after_keep_ms(store: LogStore, ns: str) -> None:
