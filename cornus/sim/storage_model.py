@@ -19,6 +19,7 @@ from storage_adapters.contract import (
     Tombstone,
     TxnState,
     check_tombstone,
+    validate_tombstone,
 )
 from storage_adapters.errors import InvariantViolation
 
@@ -51,8 +52,8 @@ class StorageModel:
     # Per transaction, every decision any log ever held; every (log, txn) that ever held VOTE_YES.
     decisions_seen: dict[str, set[TxnState]] = field(default_factory=dict)
     voted_yes: set[tuple[LogId, str]] = field(default_factory=set)
-    # Transactions whose tombstone storage dropped at its time: from then on, nobody can tell.
-    outcomes_expired: set[str] = field(default_factory=set)
+    # Transactions that ever had a tombstone: once it expired, deleting what is left loses nothing.
+    tombstoned: set[str] = field(default_factory=set)
     # (expires_at_ms, log key, txn) of every tombstone written, soonest first (keys, not LogIds,
     # which do not order).
     expiries: list[tuple[int, str, str]] = field(default_factory=list)
@@ -125,7 +126,7 @@ class StorageModel:
         stored = self.records.pop((log, txn), None)
         if stored is None:
             return False
-        if log.kind is LogKind.PARTITION and stored.state.is_decision and not any(
+        if log.kind is LogKind.PARTITION and stored.state.is_decision and txn not in self.tombstoned and not any(
             record_log.kind is LogKind.PARTITION and record_txn == txn for record_log, record_txn in self.records
         ):
             self.violations.append(
@@ -144,6 +145,7 @@ class StorageModel:
         """The contract's delete with a tombstone: refused (nothing written) as `check_tombstone`
         says; storage drops it at `expire`. Deleting the last record of a decided transaction
         without one would lose its outcome, which `delete` reports."""
+        validate_tombstone(keep, log)
         stored = self.records.get((log, txn))
         try:
             check_tombstone(log, txn, None if stored is None else stored.state,
@@ -158,6 +160,7 @@ class StorageModel:
         self.records[(log, txn)] = StoredRecord(keep.decision, RecordBody(), keep.decision is TxnState.COMMIT,
                                                 expires_at_ms)
         heapq.heappush(self.expiries, (expires_at_ms, log.key, txn))
+        self.tombstoned.add(txn)
         return stored is not None
 
     def expire(self, now_ms: int) -> None:
@@ -168,7 +171,6 @@ class StorageModel:
             stored = self.records.get(key)
             if stored is not None and stored.expires_at_ms == expires_at_ms:  # not re-kept or deleted since
                 self.deleted[key] = self.records.pop(key).state
-                self.outcomes_expired.add(key[1])
 
     def state(self, log: LogId, txn: str) -> TxnState | None:
         stored = self.records.get((log, txn))
