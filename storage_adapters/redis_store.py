@@ -284,6 +284,12 @@ def _owner_from_flat(partition: str, flat: Sequence[bytes]) -> Ownership | None:
     )
 
 
+def _redacted(url: str) -> str:
+    """`url` fit for a log line or an error: host, port and database, never the credentials."""
+    address = parse_url(url)
+    return f"{address.get('host', '?')}:{address.get('port', '?')}/{address.get('db', 0)}"
+
+
 def _tombstone_refusal(log: LogId, txn: str, stored: bytes, keep: Tombstone) -> StorageError:
     """The error `check_tombstone` raises for what the script found ('state:applied')."""
     state, _, applied = stored.partition(b":")
@@ -366,8 +372,30 @@ class RedisStore(LogStore):
                 timeout_ms_call,
             )
         await store._bounded(client.ping(), "PING")
+        await store._refuse_eviction(url)
         await store._measure_clock()
         return store
+
+    async def _refuse_eviction(self, url: str) -> None:
+        """Refuse a Redis that may evict keys: under memory pressure an `allkeys-*` policy drops
+        votes, and a `volatile-*` one drops decision tombstones first (the only keys given a TTL),
+        so the status call would say "not known" of a committed transaction (found by review; the
+        managed Redis services default to volatile-lru). No limit (maxmemory 0) evicts nothing."""
+        try:
+            memory = await self._bounded(self._client.info("memory"), "INFO")
+        except redis.exceptions.NoPermissionError:
+            # A least-privilege ACL may deny INFO (it is in @dangerous): say what goes unchecked.
+            log.warning("redis at %s denies INFO: cannot check that maxmemory-policy is noeviction, which "
+                        "Cornus needs (an evicted vote or tombstone loses a transaction's outcome)",
+                        _redacted(url))
+            return
+        policy, limit = str(memory.get("maxmemory_policy", "")), int(memory.get("maxmemory", 0))
+        if limit and policy != "noeviction":
+            raise StorageError(
+                f"redis at {_redacted(url)} has maxmemory {limit} and maxmemory-policy is {policy}: it may evict "
+                "keys, and an evicted vote or decision tombstone loses a transaction's outcome. Set "
+                "maxmemory-policy noeviction (a full Redis then refuses writes, which Cornus retries)"
+            )
 
     async def _measure_clock(self) -> None:
         """Measure Redis's clock against this node's (CLOCK_OFFSET_REFRESH_S)."""

@@ -190,6 +190,18 @@ def test_azure_lifecycle_rule_deletes_only_transaction_records() -> None:
     cache = resources(MODULES / "azure", "azurerm_redis_cache")["cornus"]
     assert unquote(cache["sku_name"]) == "Premium"
     assert cache["redis_configuration"][0]["aof_backup_enabled"] is True
+    # The node refuses a Redis that may evict (storage_adapters/redis_store.py _refuse_eviction).
+    assert unquote(cache["redis_configuration"][0]["maxmemory_policy"]) == "noeviction"
+
+
+def test_the_elasticache_redis_never_evicts() -> None:
+    """ElastiCache defaults to volatile-lru, which evicts decision tombstones first; the node
+    refuses such a Redis, so the module's replication group must use a noeviction parameter group."""
+    (group,) = resources(MODULES / "aws", "aws_elasticache_parameter_group").values()
+    parameters = [(unquote(p["name"]), unquote(p["value"])) for p in group["parameter"]]
+    assert parameters == [("maxmemory-policy", "noeviction")]
+    replication = resources(MODULES / "aws", "aws_elasticache_replication_group")["cornus"]
+    assert unquote(replication["parameter_group_name"]) == "${aws_elasticache_parameter_group.cornus[0].name}"
 
 
 def _lifecycle_rules() -> dict[str, dict[str, Any]]:

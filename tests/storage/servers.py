@@ -57,10 +57,10 @@ class ServerProcess:
             os.unlink(self._log.name)
 
 
-def start_redis(services: Services, directory: Path, port: int | None = None) -> ServerProcess:
+def start_redis(services: Services, directory: Path, port: int | None = None, *options: str) -> ServerProcess:
     port = port or free_port()
     argv = [services.get("CORNUS_REDIS_SERVER_BIN"), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-            "--appendonly", "no", "--dir", str(directory)]
+            "--appendonly", "no", "--dir", str(directory), *options]
     return ServerProcess(argv, port)
 
 

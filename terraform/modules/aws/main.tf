@@ -112,6 +112,20 @@ resource "aws_elasticache_subnet_group" "cornus" {
   tags       = var.tags
 }
 
+# Votes and records have no TTL and decision tombstones do: ElastiCache's default volatile-lru
+# would evict tombstones first under memory pressure, and the node refuses a Redis that may evict
+# (storage_adapters/redis_store.py). A full Redis refuses writes instead, which nodes retry.
+resource "aws_elasticache_parameter_group" "cornus" {
+  count  = var.elasticache_enabled ? 1 : 0
+  name   = "${var.name}-cornus"
+  family = "redis7"
+  parameter {
+    name  = "maxmemory-policy"
+    value = "noeviction"
+  }
+  tags = var.tags
+}
+
 resource "aws_elasticache_replication_group" "cornus" {
   #checkov:skip=CKV_AWS_191:Encrypted at rest with the AWS-managed key; a customer-managed key is the platform team's choice (kms_key_id).
   count                      = var.elasticache_enabled ? 1 : 0
@@ -128,6 +142,7 @@ resource "aws_elasticache_replication_group" "cornus" {
   transit_encryption_enabled = true
   auth_token                 = var.elasticache_auth_token
   subnet_group_name          = aws_elasticache_subnet_group.cornus[0].name
+  parameter_group_name       = aws_elasticache_parameter_group.cornus[0].name
   security_group_ids         = var.elasticache_security_group_ids
   snapshot_retention_limit   = 7
   tags                       = var.tags

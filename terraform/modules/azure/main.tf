@@ -135,6 +135,10 @@ resource "azurerm_redis_cache" "cornus" {
     aof_storage_connection_string_0        = azurerm_storage_account.aof[0].primary_blob_connection_string
     data_persistence_authentication_method = "ManagedIdentity"
     storage_account_subscription_id        = split("/", azurerm_storage_account.aof[0].id)[2]
+
+    # Never evict: the node refuses a Redis that may (an evicted vote or decision tombstone loses
+    # a transaction's outcome; Azure's default, volatile-lru, evicts tombstones first).
+    maxmemory_policy = "noeviction"
   }
 
   tags = var.tags
