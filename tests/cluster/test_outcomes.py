@@ -1,0 +1,55 @@
+"""A transaction's outcome after its records are collected and its coordinator restarted, on real
+node processes over real storage: the decision's tombstone in its first participant's log is what
+the status call finds then (DESIGN section 4)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from storage_adapters.contract import LogId, RecordBody, TxnState
+from storage_adapters.factory import StoreConfig, open_store
+from tests.cluster.harness import keys_on, running_cluster
+
+# The smallest grace the cluster's storage deadline (2 s) and slack (250 ms) allow, so that the
+# records go within the test; the outcome is kept for a minute after.
+SETTINGS = {"gc_grace_ms": 4_500, "outcome_keep_ms": 60_000}
+COLLECT_WAIT_S = 30.0
+
+
+async def _records(storage: dict[str, str], txn: str, partitions: list[str]) -> dict[str, object]:
+    config = StoreConfig(**{k: (int(v) if k == "timeout_ms_call" else v) for k, v in storage.items()})
+    store = await open_store(config)
+    try:
+        return {p: await store.read(LogId.partition(p), txn) for p in partitions}
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("protocol", ["cornus", "2pc"])
+def test_a_collected_transaction_s_outcome_survives_its_coordinator_s_restart(
+    protocol: str, storage: dict[str, str]
+) -> None:
+    with running_cluster(protocol, storage, settings=SETTINGS) as cluster:
+        cluster.start_all()
+        # p1 (n1) and p2 (n2) take part; n0 coordinates and holds no record of it.
+        keys = [keys_on("p1", 6, 1)[0], keys_on("p2", 6, 1)[0]]
+        response = cluster.execute("n0", [{"op": "put", "key": k, "value": "v"} for k in keys])
+        assert response.status_code == 200, response.text
+        txn = response.json()["txn"]
+        deadline = time.monotonic() + COLLECT_WAIT_S
+        while True:
+            records = asyncio.run(_records(storage, txn, ["p1", "p2"]))
+            kept = records["p1"]
+            if records["p2"] is None and kept is not None:
+                break
+            assert time.monotonic() < deadline, f"{txn} was never collected: {records}"
+            time.sleep(0.2)
+        assert (kept.state, kept.applied, kept.body) == (TxnState.COMMIT, True, RecordBody()), kept
+        cluster.kill("n0")  # its memory of the outcome goes with it
+        cluster.start("n0")
+        for node in ("n0", "n1"):
+            status = cluster.get(node, f"/v1/txn/{txn}")
+            assert status.status_code == 200 and status.json()["outcome"] == "committed", (node, status.text)
