@@ -156,6 +156,10 @@ class Coordination:
         """Run operations of an interactive transaction; the values of its GETs, in order. Raises
         TxnAborted (the transaction is then over) or ValidationError (nothing happened)."""
         ctx = self.active(txn)
+        for op in ops:
+            # Here, before any request leaves, as execute does: a bad operation changes nothing
+            # (found by review: left to the owners, a refusal beside a request that ran did).
+            validate_op(op)
         by_partition, positions = self._group(ctx, ops)
         held_bytes = self._hold_writes(ctx, ops)
         # Named as touched before any request leaves (they leave from tasks of their own): an
@@ -179,9 +183,12 @@ class Coordination:
         failed = [(p, r) for p, r in values.items() if r.status is not ExecuteStatus.OK]
         if failed:
             _, response = failed[0]
-            if response.status is ExecuteStatus.INVALID and len(failed) == len(values):
-                # Refused before anything ran: a partition this call touched first holds no
-                # execution of it, so the next request there is a first one, not a continued one.
+            if len(failed) == len(values) and all(r.status is ExecuteStatus.INVALID for _, r in failed):
+                # Refused everywhere before anything ran (an owner's limits can differ from ours in
+                # a rollout). Any other failure may have run (an answer lost): then only an abort
+                # drops what it wrote (found by review: a write told "invalid" committed). A
+                # partition this call touched first holds no execution of it, so the next request
+                # there is a first one, not a continued one.
                 for partition in first_touched:
                     ctx.touched.pop(partition, None)
                 self._give_back_writes(ctx, held_bytes)

@@ -18,11 +18,20 @@ from cornus.protocol.messages import Decision, DecisionAnswer, DecisionQuery, Pr
 from cornus.runtime import coordination
 from cornus.runtime import partition as partition_runtime
 from cornus.runtime.config import load_node_config
+from cornus.runtime.coordination import TxnAborted
 from cornus.runtime.outcome import OutcomeStatus, TxnWrongState
+from cornus.runtime.transport import PeerUnavailable
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, Routed
 from services.api.metrics import Metrics
 from services.api.rest import build_app
-from storage_adapters.contract import PARTICIPANT_COUNT_MAX, REDO_BYTES_MAX, LogId, RecordBody, TxnState
+from storage_adapters.contract import (
+    DATA_KEY_BYTES_MAX,
+    PARTICIPANT_COUNT_MAX,
+    REDO_BYTES_MAX,
+    LogId,
+    RecordBody,
+    TxnState,
+)
 from storage_adapters.errors import ValidationError
 from tests.runtime.faults import (
     PROTOCOL_DEFAULTS,
@@ -827,3 +836,61 @@ def test_outcome_keep_ms_takes_up_to_a_week_and_no_more():
     for bad in (week_ms + 1, 0):
         with pytest.raises(ValidationError, match="outcome_keep_ms"):
             load_node_config(environ={}, overrides={**settings, "outcome_keep_ms": bad})
+
+
+async def test_a_call_refused_by_one_owner_whose_other_answer_was_lost_aborts(tmp_path, monkeypatch):
+    """Found by review: run_ops kept the transaction usable (ValidationError: "nothing happened")
+    when its first failed partition answered INVALID and every partition failed, whatever the
+    others' failures were; a request whose answer was lost (it ran) left its buffered write in the
+    owner's execution, and it committed with the transaction's next call. Only a call refused
+    everywhere (INVALID from every partition) ran nowhere."""
+    # The owners refuse what this coordinator lets through (limits that differ in a rollout).
+    monkeypatch.setattr(coordination, "validate_op", lambda op: None)
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        n0 = cluster.node("n0")
+        # A key one byte too long, on p0: its owner refuses the request, running nothing.
+        refused = cluster.key_in("p0", "x" * DATA_KEY_BYTES_MAX)
+        phantom, real = cluster.key_in("p1", "k"), cluster.key_in("p1", "z")
+        transport = n0.coordination.transport
+        request = transport.request
+        lost: list[object] = []
+
+        async def losing_p1_s_answer(to_node: str, message: object, timeout_ms: int) -> object:
+            response = await request(to_node, message, timeout_ms)
+            if isinstance(message, ExecuteRequest) and message.partition == "p1" and not lost:
+                lost.append(response)  # it ran there; its answer is lost on the way back
+                raise PeerUnavailable("link lost")
+            return response
+
+        transport.request = losing_p1_s_answer  # type: ignore[method-assign]
+        txn = n0.begin()
+        with pytest.raises(TxnAborted):
+            await n0.run_ops(txn, [Op(OpKind.PUT, refused, b"x"), Op(OpKind.PUT, phantom, b"phantom")])
+        assert lost, "p1's request never ran"
+        with pytest.raises(TxnWrongState):
+            await n0.run_ops(txn, [Op(OpKind.PUT, real, b"real")])
+        await asyncio.sleep(0.3)
+        assert await cluster.value(phantom) is None
+
+
+async def test_run_ops_refuses_a_bad_operation_before_any_request_leaves(tmp_path):
+    """Found by review: execute checked every operation at the coordinator, run_ops left it to the
+    owners; a bad operation must change nothing, and the transaction goes on."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        n0 = cluster.node("n0")
+        sent: list[object] = []
+        transport = n0.coordination.transport
+        request = transport.request
+
+        async def counting(to_node: str, message: object, timeout_ms: int) -> object:
+            sent.append(message)
+            return await request(to_node, message, timeout_ms)
+
+        transport.request = counting  # type: ignore[method-assign]
+        txn = n0.begin()
+        good = cluster.key_in("p1", "k")
+        with pytest.raises(ValidationError):
+            await n0.run_ops(txn, [Op(OpKind.PUT, good, b"v"), Op(OpKind.PUT, "", b"v")])
+        assert sent == [], sent
+        await n0.run_ops(txn, [Op(OpKind.PUT, good, b"v")])
+        assert (await n0.commit(txn)).status is OutcomeStatus.COMMITTED
