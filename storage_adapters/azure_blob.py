@@ -355,6 +355,22 @@ def _decode_record(log: LogId, txn: str, data: bytes) -> Record:
 
 
 
+# What a conditional put that lost its precondition is answered: 409 BlobAlreadyExists to
+# If-None-Match: *, 412 ConditionNotMet to If-Match, 404 BlobNotFound where the blob went meanwhile.
+# Any other code (index tags on a hierarchical-namespace account, an immutability policy, a missing
+# container) is an error of its own, which a retry would only repeat (found by review: every 409
+# was taken for a lost race, read and put again 16 times, then reported as unavailable).
+_LOST_RACE_CODES = frozenset({"BlobAlreadyExists", "ConditionNotMet", "BlobNotFound"})
+_PRECONDITION_ERRORS = (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError)
+
+
+def _lost_race(error: HttpResponseError) -> bool:
+    """Whether `error` says a conditional put lost its precondition (see _LOST_RACE_CODES). A
+    service that names no code is taken at its status, as the SDK's exception type says."""
+    code = getattr(error, "error_code", None)  # the SDK's StorageErrorCode where it knows the code
+    return code is None or str(getattr(code, "value", code)) in _LOST_RACE_CODES
+
+
 def _status_error(status: int, code: str, message: str | None, what: str) -> StorageError:
     """The contract's error for an HTTP error status: the retryable ones are StorageUnavailable."""
     if status >= 500 or status in (408, 429):
@@ -482,9 +498,11 @@ class AzureBlobStore(LogStore):
         try:
             # overwrite=False is what sends If-None-Match: *.
             await blob.upload_blob(content, overwrite=False, metadata=metadata)
-        except (ResourceExistsError, ResourceModifiedError):
+        except (ResourceExistsError, ResourceModifiedError) as error:
             # 409 BlobAlreadyExists is the documented answer; 412 is accepted too, since both mean
             # the precondition lost to an existing blob.
+            if not _lost_race(error):
+                raise
             return False
         return True
 
@@ -522,7 +540,9 @@ class AzureBlobStore(LogStore):
                     etag=etag,
                     match_condition=MatchConditions.IfNotModified,
                 )
-        except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError):
+        except _PRECONDITION_ERRORS as error:
+            if not _lost_race(error):
+                raise
             return False
         return True
 
@@ -554,7 +574,9 @@ class AzureBlobStore(LogStore):
                     etag=etag,
                     match_condition=MatchConditions.IfNotModified,
                 )
-        except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError):
+        except _PRECONDITION_ERRORS as error:
+            if not _lost_race(error):
+                raise
             return False
         return True
 

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from storage_adapters.azure_blob import AzureBlobStore
-from storage_adapters.contract import LogId
-from storage_adapters.errors import StorageUnavailable
+from storage_adapters.contract import LogId, RecordBody, Tombstone, TxnState
+from storage_adapters.errors import StorageError, StorageUnavailable
 from tests.worker import free_port
 
 # Azurite's well-known development account (a public test key, not a secret).
@@ -72,3 +72,57 @@ async def test_a_body_cut_short_is_storage_unavailable(truncated: AzureBlobStore
                  lambda: truncated.read_owners([f"p{index}" for index in range(40)])):
         with pytest.raises(StorageUnavailable):
             await call()
+
+
+async def _refusing_server(port: int, puts: list[bytes]) -> asyncio.Server:
+    """Creates the container, finds no blob, and refuses every Put Blob with a 409 that is no
+    precondition lost: what an account with a hierarchical namespace answers a put with index tags."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                request_line = head.split(b"\r\n", 1)[0]
+                common = b"x-ms-version: 2021-08-06\r\nContent-Length: 0\r\n"
+                if head.startswith(b"PUT ") and b"restype=container" in request_line:
+                    writer.write(b"HTTP/1.1 201 Created\r\n" + common + b"\r\n")
+                elif head.startswith(b"PUT "):
+                    puts.append(request_line)
+                    writer.write(b"HTTP/1.1 409 Conflict\r\n" + common
+                                 + b"x-ms-error-code: FeatureNotYetSupportedForHierarchicalNamespaceAccounts\r\n\r\n")
+                else:
+                    writer.write(b"HTTP/1.1 404 Not Found\r\n" + common + b"x-ms-error-code: BlobNotFound\r\n\r\n")
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", port)
+
+
+async def test_a_conflict_that_is_no_lost_race_is_not_retried_as_one() -> None:
+    """Found by review: every 409 to a conditional put was taken for a lost ETag race, so a keep
+    refused for good (index tags on a hierarchical-namespace account, an immutability policy) was
+    read and put again 16 times, then reported as "unavailable", and garbage collection, which
+    deletes nothing until the tombstone stands, retried it for ever. It is the error it is."""
+    port, puts = free_port(), []
+    server = await _refusing_server(port, puts)
+    connection_string = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+                         f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
+    store = await AzureBlobStore.open(connection_string, "refusing", timeout_ms_call=TIMEOUT_MS_CALL)
+    try:
+        with pytest.raises(StorageError) as refused:
+            await store.delete(LogId.partition("p"), "t1", keep=Tombstone(TxnState.COMMIT, 60_000))
+        assert not isinstance(refused.value, StorageUnavailable), refused.value
+        assert "FeatureNotYetSupported" in str(refused.value), refused.value
+        assert len(puts) == 1, puts
+        with pytest.raises(StorageError) as refused:
+            await store.log_once(LogId.partition("p"), "t2", TxnState.VOTE_YES, RecordBody())
+        assert not isinstance(refused.value, StorageUnavailable), refused.value
+    finally:
+        await store.close()
+        server.close()
