@@ -313,6 +313,19 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# The purge's clock: the wall clock, but advancing no faster than the monotonic clock since this
+# process began (found by review: a step forward, NTP's or a resumed VM's, purged tombstones at
+# once, and a late LogOnce(ABORT) then met an empty slot). A step forward only keeps tombstones
+# longer; one taken before this process started is beyond it (the expiries are wall-clock times).
+_WALL_MS_AT_START = time.time() * 1000
+_MONOTONIC_S_AT_START = time.monotonic()
+
+
+def _purge_now_ms() -> int:
+    elapsed_ms = (time.monotonic() - _MONOTONIC_S_AT_START) * 1000
+    return int(min(time.time() * 1000, _WALL_MS_AT_START + elapsed_ms))
+
+
 def _record_from_row(row: tuple[Any, ...]) -> Record:
     log_key, txn, state, participants, coordinator, redo, applied, created_at_ms = row
     return Record(
@@ -536,13 +549,14 @@ PURGE_EXPIRED = (
 
 def purge_expired(conn: sqlite3.Connection, count_max: int) -> int:
     """Delete, in one transaction of its own, at most `count_max` tombstones whose expiry has
-    come by the wall clock (`delete` set it by the same clock); how many went. Rows whose expiry
+    come by the wall clock (`delete` set it by the same clock), stepped forward no faster than
+    time passes (`_purge_now_ms`); how many went. Rows whose expiry
     is NULL (every record that is not a tombstone) never match. One bounded statement that reads
     only the expiry index: the writer runs it between its client batches."""
     assert count_max > 0, count_max
     conn.execute("BEGIN IMMEDIATE")
     try:
-        purged = conn.execute(PURGE_EXPIRED, (_now_ms(), count_max)).rowcount
+        purged = conn.execute(PURGE_EXPIRED, (_purge_now_ms(), count_max)).rowcount
         conn.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(sqlite3.Error):

@@ -368,3 +368,22 @@ def test_processes_opening_a_file_made_before_tombstones_together_all_upgrade_it
         assert columns(path).count("expires_at_ms") == 1
         assert [row[1] for row in rows(path)] == ["applied", "voted"]
     assert failures == []
+
+
+def test_a_wall_clock_stepped_forward_purges_no_tombstone_early(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: the purge compared expiries with the wall clock as it read then, so a step
+    forward (NTP, a VM resumed) dropped tombstones at once, and a late terminator's LogOnce(ABORT)
+    then created ABORT beside the transaction's COMMIT. Within a writer's life the purge's clock
+    advances no faster than its monotonic clock."""
+    conn = emulator_sql.connect(tmp_path / "cornus.db", TIMEOUT_MS_CALL)
+    try:
+        emulator_sql.log_once(conn, LOG.key, "t", VOTE_YES, BODY_WIRE, None)
+        assert emulator_sql.delete(conn, LOG.key, "t", None, ("ABORT", 3_600_000)) is True
+        wall = time.time
+        monkeypatch.setattr(emulator_sql.time, "time", lambda: wall() + 7_200)  # two hours ahead
+        assert emulator_sql.purge_expired(conn, 10) == 0
+        assert emulator_sql.read(conn, LOG, "t").state is TxnState.ABORT  # type: ignore[union-attr]
+    finally:
+        conn.close()
