@@ -21,7 +21,10 @@ InvariantViolation carry them to the caller, pickled as before (errors.py `__red
 A tombstone (LogStore.delete with keep) is a txn_log row like any record, the decision alone, its
 `expires_at_ms` the wall-clock time from which the writer's purge (`purge_expired`) may delete
 it; that column is NULL on every other row. A file made before the column existed gets it when
-its writer opens it (`connect`).
+its writer opens it (`connect`). That is one way: a writer of a version from before (2026-11-26)
+inserts rows without naming their columns, and fails every write on an upgraded file. To go back
+to such a version, first run `DROP INDEX txn_log_expiry; ALTER TABLE txn_log DROP COLUMN
+expires_at_ms` on the file with no node running (tombstones then stay until collected by hand).
 """
 
 from __future__ import annotations
