@@ -95,11 +95,12 @@ class Admin:
     async def resolve_status(self, txn: str) -> Outcome | None:
         """The true outcome of any transaction the cluster still knows: its coordinator's memory,
         else the participants' records (the decision any of them holds is the outcome; VOTE_YES
-        alone means in doubt). None if no node knows it and none can have forgotten it: its
-        records cannot have been collected yet, so it never committed. UNKNOWN once they could
-        have been: garbage collection deletes every record (no decision tombstone is kept, which
-        DESIGN section 4 asks for), and a coordinator that restarted since forgot the outcome, so
-        "not known" could be a committed transaction, which a caller must not run again."""
+        alone means in doubt), among them the decision's tombstone that garbage collection leaves
+        in the first participant's log for outcome_keep_ms. None if no node knows it and none can
+        have forgotten it: within gc_grace_ms + outcome_keep_ms (less the clock slack) of its
+        begin, a transaction that voted has a record or a tombstone, so it never committed.
+        UNKNOWN after that: its tombstone may have expired, and "not known" could then be a
+        committed transaction, which a caller must not run again."""
         known = self.status(txn)
         if known is not None:
             return known

@@ -156,10 +156,6 @@ class Coordination:
         """Run operations of an interactive transaction; the values of its GETs, in order. Raises
         TxnAborted (the transaction is then over) or ValidationError (nothing happened)."""
         ctx = self.active(txn)
-        for op in ops:
-            # Here, before any request leaves, as execute does: a bad operation changes nothing
-            # (found by review: left to the owners, a refusal beside a request that ran did).
-            validate_op(op)
         by_partition, positions = self._group(ctx, ops)
         held_bytes = self._hold_writes(ctx, ops)
         # Named as touched before any request leaves (they leave from tasks of their own): an
@@ -208,6 +204,10 @@ class Coordination:
         for op in ops:
             if not isinstance(op, Op) or not isinstance(op.kind, OpKind):
                 raise ValidationError(f"not an operation: {op!r}")
+            # Here, before any request leaves, not only at the owners: a bad operation changes
+            # nothing (found by review: an owner's refusal beside a request that ran did), and the
+            # other partitions of a one-shot vote as soon as their operations ran.
+            validate_op(op)
             partition = partition_of(op.key, partition_count)
             group = by_partition.get(partition)
             if group is None:
@@ -402,10 +402,6 @@ class Coordination:
         ctx = self.txns[txn]
         try:
             by_partition, positions = self._group(ctx, ops)
-            for op in ops:
-                # Checked here, not only by the owners: a bad operation must change nothing, and
-                # the other partitions of a one-shot vote as soon as their operations ran.
-                validate_op(op)
             writes_somewhere = any(op.kind in _WRITES for op in ops)
             redo_by_partition = one_shot_redo(ctx.protocol, by_partition) if writes_somewhere else None
             if redo_by_partition is not None:

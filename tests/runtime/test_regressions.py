@@ -891,6 +891,8 @@ async def test_run_ops_refuses_a_bad_operation_before_any_request_leaves(tmp_pat
         good = cluster.key_in("p1", "k")
         with pytest.raises(ValidationError):
             await n0.run_ops(txn, [Op(OpKind.PUT, good, b"v"), Op(OpKind.PUT, "", b"v")])
+        with pytest.raises(ValidationError, match="not an operation"):
+            await n0.run_ops(txn, [Op(OpKind.PUT, good, b"v"), {"op": "put"}])  # type: ignore[list-item]
         assert sent == [], sent
         await n0.run_ops(txn, [Op(OpKind.PUT, good, b"v")])
         assert (await n0.commit(txn)).status is OutcomeStatus.COMMITTED
