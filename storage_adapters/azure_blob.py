@@ -491,60 +491,44 @@ class AzureBlobStore(LogStore):
         assert etag
         return _Stored(_decode_record(log, txn, data), etag)
 
-    async def _create(self, record: Record) -> bool:
-        """Put the record if absent (`If-None-Match: *`); False if a blob already exists."""
-        content, metadata = _encode_record(record)
-        blob = self._container.get_blob_client(_record_name(record.log, record.txn))
-        try:
-            # overwrite=False is what sends If-None-Match: *.
-            await blob.upload_blob(content, overwrite=False, metadata=metadata)
-        except (ResourceExistsError, ResourceModifiedError) as error:
-            # 409 BlobAlreadyExists is the documented answer; 412 is accepted too, since both mean
-            # the precondition lost to an existing blob.
-            if not _lost_race(error):
-                raise
-            return False
-        return True
-
-    async def _replace(self, record: Record, etag: str) -> bool:
-        """Overwrite the record if its ETag is still `etag`; False if it changed or vanished."""
-        content, metadata = _encode_record(record)
-        blob = self._container.get_blob_client(_record_name(record.log, record.txn))
-        try:
-            await blob.upload_blob(
-                content,
-                overwrite=True,
-                metadata=metadata,
-                etag=etag,
-                match_condition=MatchConditions.IfNotModified,
-            )
-        except (ResourceModifiedError, ResourceNotFoundError):
-            return False
-        return True
-
-    async def _put_tombstone(self, log: LogId, txn: str, keep: Tombstone, etag: str | None) -> bool:
-        """Put `keep`'s tombstone, tagged for the lifecycle rule, over the record's blob if its ETag
-        is still `etag` (None: if there is no blob); False if that precondition failed."""
-        content, metadata = _encode_tombstone(log, txn, keep)
-        blob = self._container.get_blob_client(_record_name(log, txn))
+    async def _put_if(
+        self, name: str, content: bytes, metadata: dict[str, str], etag: str | None,
+        tags: dict[str, str] | None = None,
+    ) -> bool:
+        """Put the blob `name` if its ETag is still `etag` (`If-Match`), or, with `etag` None, if
+        there is no such blob (`If-None-Match: *`); False if that precondition lost (another
+        writer's blob stands, or the blob changed or went). Any other refusal is raised as the
+        error it is (`_lost_race`). The one conditional put of every record, tombstone and
+        ownership write."""
+        blob = self._container.get_blob_client(name)
         try:
             if etag is None:
                 # overwrite=False is what sends If-None-Match: *.
-                await blob.upload_blob(content, overwrite=False, metadata=metadata, tags=_TOMBSTONE_TAGS)
+                await blob.upload_blob(content, overwrite=False, metadata=metadata, tags=tags)
             else:
-                await blob.upload_blob(
-                    content,
-                    overwrite=True,
-                    metadata=metadata,
-                    tags=_TOMBSTONE_TAGS,
-                    etag=etag,
-                    match_condition=MatchConditions.IfNotModified,
-                )
+                await blob.upload_blob(content, overwrite=True, metadata=metadata, tags=tags, etag=etag,
+                                       match_condition=MatchConditions.IfNotModified)
         except _PRECONDITION_ERRORS as error:
             if not _lost_race(error):
                 raise
             return False
         return True
+
+    async def _create(self, record: Record) -> bool:
+        """Put the record if absent; False if a blob already exists."""
+        content, metadata = _encode_record(record)
+        return await self._put_if(_record_name(record.log, record.txn), content, metadata, None)
+
+    async def _replace(self, record: Record, etag: str) -> bool:
+        """Overwrite the record if its ETag is still `etag`; False if it changed or vanished."""
+        content, metadata = _encode_record(record)
+        return await self._put_if(_record_name(record.log, record.txn), content, metadata, etag)
+
+    async def _put_tombstone(self, log: LogId, txn: str, keep: Tombstone, etag: str | None) -> bool:
+        """Put `keep`'s tombstone, tagged for the lifecycle rule, over the record's blob if its ETag
+        is still `etag` (None: if there is no blob); False if that precondition failed."""
+        content, metadata = _encode_tombstone(log, txn, keep)
+        return await self._put_if(_record_name(log, txn), content, metadata, etag, _TOMBSTONE_TAGS)
 
     async def _get_owner(self, partition: str) -> _StoredOwner | None:
         blob = self._container.get_blob_client(_owner_name(partition))
@@ -560,25 +544,8 @@ class AzureBlobStore(LogStore):
     async def _put_owner(self, ownership: Ownership, etag: str | None) -> bool:
         """Put the ownership record if the blob's ETag is still `etag` (None: if there is no blob);
         False if that precondition failed."""
-        blob = self._container.get_blob_client(_owner_name(ownership.partition))
-        try:
-            content = _encode_owner(ownership)
-            if etag is None:
-                # overwrite=False is what sends If-None-Match: *.
-                await blob.upload_blob(content, overwrite=False, metadata=_owner_metadata(content))
-            else:
-                await blob.upload_blob(
-                    content,
-                    overwrite=True,
-                    metadata=_owner_metadata(content),
-                    etag=etag,
-                    match_condition=MatchConditions.IfNotModified,
-                )
-        except _PRECONDITION_ERRORS as error:
-            if not _lost_race(error):
-                raise
-            return False
-        return True
+        content = _encode_owner(ownership)
+        return await self._put_if(_owner_name(ownership.partition), content, _owner_metadata(content), etag)
 
     async def _check_fence(self, fence: Fence) -> None:
         """Raise Fenced unless the ownership record admits `fence`. A request of its own, BEFORE the
