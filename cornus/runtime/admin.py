@@ -90,6 +90,10 @@ class Admin:
             if machine.decision is TxnState.COMMIT:
                 return Outcome(txn, OutcomeStatus.COMMITTED)
             return Outcome(txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO)
+        if machine is not None and known is None:
+            # Its commit runs here, undecided: no record need have landed yet, so "nothing" would
+            # let the status call say "no such transaction" of one about to commit.
+            return Outcome(txn, OutcomeStatus.UNKNOWN, detail="in doubt: its commit is under way")
         return known
 
     async def resolve_status(self, txn: str) -> Outcome | None:
@@ -163,6 +167,12 @@ class Admin:
                 if record is not None:
                     states.append((partition, record.state))
         known = self.status(request.txn) if request.txn else None
+        if known is None and request.txn and any(
+            request.txn in host.machines for host in map(self.core.partitions.get, served) if host is not None
+        ):
+            # A participant's machine runs it here (its vote's write may be on its way, its
+            # coordinator restarted): in doubt, as above, not "nothing".
+            known = Outcome(request.txn, OutcomeStatus.UNKNOWN, detail="in doubt: a participant is voting")
         return StatusResponse(
             node=self.node_id,
             ready=ready,

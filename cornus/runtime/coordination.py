@@ -66,6 +66,10 @@ _ABORT_REASONS = {
 _WRITES = (OpKind.PUT, OpKind.DELETE)
 
 
+# What the status call says of a transaction whose commit has not ended.
+_UNDER_WAY = "in doubt: its commit is under way"
+
+
 class TxnAborted(Exception):
     def __init__(self, outcome: Outcome) -> None:
         super().__init__(f"transaction {outcome.txn} aborted: {outcome.reason} {outcome.detail}")
@@ -546,7 +550,14 @@ class Coordination:
         if ctx is not None:
             return Outcome(txn, OutcomeStatus.ACTIVE if ctx.state is OutcomeStatus.ACTIVE else OutcomeStatus.UNKNOWN)
         known = self.outcomes.get(txn)
-        return known if known is not None else self._reported_unknown.get(txn)
+        if known is not None:
+            return known
+        if txn in self._reported_unknown:
+            # Told UNKNOWN and not decided since: in doubt, never "nothing" (found by review: read
+            # as nothing, with its votes still on their way, the status call said "no such
+            # transaction", and the caller ran it again).
+            return self._reported_unknown[txn] or Outcome(txn, OutcomeStatus.UNKNOWN, detail=_UNDER_WAY)
+        return None
 
     def sweep_idle(self, spawn: Callable[..., None]) -> None:
         """Abort transactions idle past timeout_ms_txn_idle (their clients are gone)."""

@@ -174,3 +174,56 @@ async def test_a_status_answer_names_only_the_partitions_whose_records_it_read(t
             del store.read
             n0.partitions.pop("p1")
         assert answer.partitions == ("p0",), answer
+
+
+async def test_a_commit_told_unknown_whose_votes_are_still_on_their_way_is_never_not_known(tmp_path, monkeypatch):
+    """Found by review: storage writes stalled past the commit deadline, the caller was told
+    UNKNOWN and asked status; the coordinator's machine was alive but undecided, its memory of the
+    UNKNOWN answer read as "nothing", and no record had landed yet, so the status call said "no
+    such transaction", which the SDK documents as "it never committed"; the caller ran it again,
+    and then the votes landed and it committed too. Until it is decided it is UNKNOWN."""
+    monkeypatch.setattr(coordination, "TIMEOUT_MS_COMMIT", 300)
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        keys = keys_in(2, ["p0", "p1"])
+        writes = {keys["p0"]: b"a", keys["p1"]: b"b"}
+        gate = cluster.faults["n0"].hold("log_once")  # the votes' writes stall; reads answer
+        try:
+            txn = node.begin()
+            await node.run_ops(txn, puts(writes))
+            assert (await node.commit(txn)).status is OutcomeStatus.UNKNOWN
+            status = await node.resolve_status(txn)
+            assert status is not None and status.status is OutcomeStatus.UNKNOWN, status
+        finally:
+            gate.set()
+            cluster.faults["n0"].heal()
+
+        async def committed() -> bool:
+            status = await node.resolve_status(txn)
+            return status is not None and status.status is OutcomeStatus.COMMITTED
+
+        await wait_until(committed, 10, "never committed")
+
+
+async def test_a_vote_on_its_way_after_its_coordinator_restarted_is_never_not_known(tmp_path, monkeypatch):
+    """The same, once the coordinator restarted (its memory gone): the participant whose vote is
+    on its way runs the transaction's machine, and says so."""
+    monkeypatch.setattr(coordination, "TIMEOUT_MS_COMMIT", 300)
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        assert cluster.owner_of("p1") == "n1"
+        writes = {cluster.key_in("p1", "a"): b"a", cluster.key_in("p1", "b"): b"b"}
+        # Every LogOnce stalls: the vote's, and the coordinator's termination's (an ABORT).
+        gates = [cluster.faults[node].hold("log_once") for node in ("n0", "n1")]
+        try:
+            node = cluster.node("n0")
+            txn = node.begin()
+            await node.run_ops(txn, puts(writes))
+            assert (await node.commit(txn)).status is OutcomeStatus.UNKNOWN
+            await cluster.restart("n0")
+            status = await cluster.node("n0").resolve_status(txn)
+            assert status is not None and status.status is OutcomeStatus.UNKNOWN, status
+        finally:
+            for gate in gates:
+                gate.set()
+            for node in ("n0", "n1"):
+                cluster.faults[node].heal()
