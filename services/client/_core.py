@@ -288,7 +288,9 @@ def _error_text(body: Any) -> str:
 
 def parse_ok(url: str, response: httpx.Response, expected_status: int, txn: str = "") -> Any:
     """The JSON body of begin, read, write or an admin listing. A transaction that the call ended
-    (409 with an outcome) raises TransactionAborted; 503 raises Unavailable; 4xx the typed error."""
+    (409 with an outcome) raises TransactionAborted; 503 raises Unavailable; 4xx the typed error.
+    On a transaction (`txn`), a 503 that is no node's refusal raises ServerError: a proxy's,
+    whose request may have reached a node that buffered the write."""
     body = _json(url, response) if response.content else None
     if response.status_code == expected_status:
         return body
@@ -298,6 +300,11 @@ def parse_ok(url: str, response: httpx.Response, expected_status: int, txn: str 
             raise TransactionAborted(outcome)
         if outcome.status is Status.UNAVAILABLE:
             raise Unavailable(outcome)
+    if txn and response.status_code == 503 and not _node_refusal(body):
+        # Found by review: taken for "unavailable" (nothing happened), a write a proxy's 503
+        # answered was committed by the transaction's commit; now its caller may only abort.
+        raise ServerError(503, "unavailable_not_from_a_node",
+                          f"{url}: 503 not from a Cornus node ({_error_text(body)}); the call may have reached one")
     _raise_for_error(url, response, body)
     raise ServerError(response.status_code, "bad_response", f"{url}: {_error_text(body)}")
 

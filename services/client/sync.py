@@ -317,8 +317,14 @@ class CornusClient:
             except httpx.TransportError as error:
                 failures.append(f"{node_url} ({describe(error)})")
                 continue
+            if response.status_code == 503:
+                # No answer about the transaction (a node that cannot answer now, or a proxy's
+                # page): never an outcome of it, which would read "nothing committed, retry"
+                # (found by review). The next node may answer.
+                failures.append(f"{node_url} (503 {response.text[:100]!r})")
+                continue
             return parse_outcome(node_url, response, txn, may_have_committed=False)
-        raise Unavailable(unreachable("", txn, f"no node reachable: {', '.join(failures)}"))
+        raise Unavailable(unreachable("", txn, f"no node answered: {', '.join(failures)}"))
 
     def transactions(self, url: str | None = None) -> list[TxnInfo]:
         """In-flight and in-doubt transactions of one node (`url`), or of every node of this client."""

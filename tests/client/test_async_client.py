@@ -5,6 +5,8 @@ transactions on one client."""
 from __future__ import annotations
 
 import asyncio
+import http.server
+import threading
 
 import pytest
 
@@ -15,11 +17,13 @@ from services.client import (
     InvalidRequest,
     NotFound,
     Op,
+    ServerError,
     Status,
     TransactionAborted,
     Unavailable,
     WrongState,
 )
+from tests.client.test_sync_client import _ProxyBeforeANode
 from tests.cluster.harness import unknown_txn_id
 from tests.worker import free_port
 
@@ -129,3 +133,23 @@ async def test_no_reachable_node_is_unavailable() -> None:
         assert outcome.status is Status.UNAVAILABLE and outcome.attempt_count == FAST.retry_count_max + 1
         with pytest.raises(Unavailable):
             await client.begin()
+
+
+async def test_a_write_a_proxy_answered_503_leaves_the_transaction_only_to_abort() -> None:
+    """The async client, as tests/client/test_sync_client.py's test of the same name."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ProxyBeforeANode)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        async with AsyncCornusClient([f"http://127.0.0.1:{server.server_address[1]}"], config=FAST) as client:
+            txn = await client.begin()
+            with pytest.raises(ServerError):
+                await txn.write({"k": "v"})
+            with pytest.raises(WrongState, match="abort it"):
+                await txn.commit()
+            with pytest.raises(Unavailable):
+                await client.status(txn.txn)
+        assert not any(line.endswith("/commit") for line in _ProxyBeforeANode.seen), _ProxyBeforeANode.seen
+    finally:
+        server.shutdown()
+        server.server_close()

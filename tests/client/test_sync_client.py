@@ -266,3 +266,55 @@ def test_a_503_no_node_wrote_is_unknown_where_the_call_may_have_committed() -> N
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _ProxyBeforeANode(http.server.BaseHTTPRequestHandler):
+    """A proxy in front of a node that begins a transaction, then answers the transaction's write
+    and every status question with a bodyless 503 of its own (its upstream connection broke)."""
+
+    seen: list[str] = []
+
+    def _answer(self, code: int, body: bytes = b"") -> None:
+        type(self).seen.append(f"{self.command} {self.path}")
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path == "/v1/txn":
+            self._answer(201, b'{"txn": "1.n0.abcdef.1.cornus", "protocol": "cornus"}')
+        else:
+            self._answer(503)
+
+    def do_GET(self) -> None:
+        self._answer(503)
+
+    def log_message(self, *_: object) -> None:
+        return None
+
+
+def test_a_write_a_proxy_answered_503_leaves_the_transaction_only_to_abort() -> None:
+    """Found by review: a proxy's 503 to a write was "unavailable" (nothing happened), and the
+    caller's commit then committed the write the node had buffered. It is ambiguous, as a 502 page
+    is: the transaction may only be aborted. And the status call never reports a 503 as the
+    transaction's outcome ("unavailable, retry" reads as nothing committed): it asks the next
+    node, and raises when none answers."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ProxyBeforeANode)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with CornusClient([f"http://127.0.0.1:{server.server_address[1]}"], config=FAST) as client:
+            txn = client.begin()
+            with pytest.raises(ServerError):
+                txn.write({"k": "v"})
+            with pytest.raises(WrongState, match="abort it"):
+                txn.commit()
+            with pytest.raises(Unavailable):
+                client.status(txn.txn)
+        assert not any(line.endswith("/commit") for line in _ProxyBeforeANode.seen), _ProxyBeforeANode.seen
+    finally:
+        server.shutdown()
+        server.server_close()
