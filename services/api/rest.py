@@ -405,8 +405,9 @@ class _ExecuteFastPath:
             request = ExecuteIn.model_validate_json(body)
         except ValueError:  # pydantic's ValidationError is one
             request = None
-        if request is None or len(request.ops) > self.op_count_max:
-            await self.app(scope, _replay(body), send)
+        if request is None or len(request.ops) > self.op_count_max or (
+                _may_name_twice(body, request) and _key_named_twice(body) is not None):
+            await self.app(scope, _replay(body), send)  # which answers it as a bad request
             return
         try:
             response = _ended(await self.node.execute([_op(op) for op in request.ops], request.protocol))
@@ -435,6 +436,31 @@ def _key_named_twice(body: bytes) -> str | None:
     except ValueError:  # JSON pydantic took and this parser does not (NaN, say): pydantic's call
         return None
     return twice[0] if twice else None
+
+
+def _refuse_a_name_twice(body: bytes, location: str) -> None:
+    """Refuse, as the request validation does, a body some object of which names a field twice:
+    JSON allows it and the parser keeps one value, so which the client meant is unknown and
+    nothing may run (gRPC refuses the same). Found by review: only the write call refused it."""
+    twice = _key_named_twice(body)
+    if twice is not None:
+        raise RequestValidationError([{"loc": ("body", location), "msg": f"{twice!r} is named twice",
+                                       "type": "value_error"}])
+
+
+# The names an execute body's objects hold. The fast path counts them as `"name":` (only a name
+# is followed by a colon) against what the parsed body holds: equal counts and no escape in the
+# body mean no name is there twice, and the exact check (a second parse) runs only otherwise.
+_EXECUTE_NAMES = (b'"ops":', b'"protocol":', b'"op":', b'"key":', b'"value":')
+
+
+def _may_name_twice(body: bytes, request: ExecuteIn) -> bool:
+    if b"\\" in body:  # an escaped name ("v\u0061lue") would not be counted
+        return True
+    ops = request.ops
+    values = sum(getattr(op, "value", None) is not None for op in ops)  # a get has no value field
+    expected = (1, request.protocol is not None, len(ops), len(ops), values)
+    return any(body.count(name) != count for name, count in zip(_EXECUTE_NAMES, expected, strict=True))
 
 
 def _replay(body: bytes) -> Callable[[], Awaitable[Any]]:
@@ -552,7 +578,8 @@ def _fastapi_app(node: Node, metrics: Metrics | None) -> FastAPI:
         "transfer": {"summary": "check, then move 10", "value": {"ops": [
             {"op": "check", "key": "alice", "value": "100"}, {"op": "put", "key": "alice", "value": "90"},
             {"op": "put", "key": "bob", "value": "110"}]}},
-    })]) -> JSONResponse:
+    })], request: Request) -> JSONResponse:
+        _refuse_a_name_twice(await request.body(), "ops")
         check_op_count(len(body.ops))
         ops = [_op(op) for op in body.ops]
         return _ended(await node.execute(ops, body.protocol))
@@ -560,7 +587,8 @@ def _fastapi_app(node: Node, metrics: Metrics | None) -> FastAPI:
     @app.post("/v1/txn", operation_id="begin", response_model=BeginOut, status_code=201,
               summary="Begin an interactive transaction",
               responses=_responses(400, 413, 422, extra={201: _BEGAN, 503: _NODE_UNAVAILABLE}))
-    async def begin(body: Annotated[BeginIn | None, Body()] = None) -> BeginOut:
+    async def begin(request: Request, body: Annotated[BeginIn | None, Body()] = None) -> BeginOut:
+        _refuse_a_name_twice(await request.body(), "protocol")
         txn = node.begin(body.protocol if body else None)
         log.debug("txn began", extra={"txn": txn})
         return BeginOut(txn=txn)
@@ -586,12 +614,7 @@ def _fastapi_app(node: Node, metrics: Metrics | None) -> FastAPI:
                   "delete": {"value": {"writes": {"carol": None}}}}}}}})
     async def write(txn: TxnId, body: WriteIn, request: Request) -> Any:
         with txn_context(txn):
-            twice = _key_named_twice(await request.body())
-            if twice is not None:
-                # JSON lets an object name a key twice and the parser kept one value: which one
-                # the client meant is unknown, so nothing is written (gRPC refuses it too).
-                raise RequestValidationError([{"loc": ("body", "writes"), "msg": f"key {twice!r} is written twice",
-                                               "type": "value_error"}])
+            _refuse_a_name_twice(await request.body(), "writes")
             check_op_count(len(body.writes))
             writes = {k: None if v is None else v.encode("utf-8") for k, v in body.writes.items()}
             # Only this request's writes: earlier ones of the same transaction are not visible here.
@@ -633,7 +656,8 @@ def _fastapi_app(node: Node, metrics: Metrics | None) -> FastAPI:
     @app.put("/v1/kv/{key}", operation_id="put_key", response_model=OutcomeOut,
              summary="Write one key (a one-shot transaction)",
              responses=kv_codes)
-    async def put_key(key: PathKey, body: PutIn) -> JSONResponse:
+    async def put_key(key: PathKey, body: PutIn, request: Request) -> JSONResponse:
+        _refuse_a_name_twice(await request.body(), "value")
         return _ended(await node.execute([Op(OpKind.PUT, key, body.value.encode("utf-8"))]))
 
     @app.get("/healthz", operation_id="healthz", response_model=HealthOut, summary="Liveness")
