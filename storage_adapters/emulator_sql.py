@@ -502,7 +502,8 @@ def delete(
     row = conn.execute("SELECT state, applied FROM txn_log WHERE log = ? AND txn = ?", (log, txn)).fetchone()
     # None there, or the same decision, applied where it is COMMIT (garbage collection's every
     # call), needs no check; the rule for the rest stays in the contract, which raises with the
-    # contract's objects.
+    # contract's objects. This shortcut is a subset of what `check_tombstone` allows (it saves
+    # building contract objects on the writer's every keep), never more: keep it so.
     if row is not None and not (row[0] == decision and (row[1] or decision != _COMMIT)):
         check_tombstone(_log_id(log), txn, TxnState(row[0]), bool(row[1]), Tombstone(TxnState(decision), keep_ms))
     # The writer's wall clock, not its time.monotonic(): the expiry outlives the writer, and the

@@ -240,7 +240,7 @@ def test_azure_lifecycle_rule_deletes_decision_tombstones_and_never_a_record() -
     assert variable["default"] == 1
     assert "outcome keep" in unquote(variable["description"])
     (validation,) = variable["validation"]
-    assert ">= 1" in validation["condition"]
+    assert ">= 1" in validation["condition"] and "<= 8" in validation["condition"]  # a week's keep, and a day
     # Blob index tags exist only on accounts without a hierarchical namespace.
     account = resources(MODULES / "azure", "azurerm_storage_account")["cornus"]
     assert account.get("is_hns_enabled", False) is False

@@ -53,7 +53,13 @@ def test_a_tombstone_that_cannot_be_written_leaves_every_other_record(protocol: 
     # p0's log is unreachable from after the decision is acknowledged to the end of the run
     # (longer than a schedule's outages may last): the tombstone's write fails every attempt, and
     # nothing else may go.
-    world = World(Schedule.single(protocol, (True, True, True)))
+    deletes: list[DeleteRecord] = []
+
+    def count(world: World, name: str, effect: Effect) -> None:
+        if isinstance(effect, DeleteRecord) and effect.log.kind is LogKind.PARTITION:
+            deletes.append(effect)
+
+    world = World(Schedule.single(protocol, (True, True, True)), hook=count)
     reachable = world._unreachable
     world._unreachable = lambda log: (  # type: ignore[method-assign]
         (log.key == "p.p0" and world.now_ms >= OUTAGE_START_MS) or reachable(log))
@@ -63,3 +69,6 @@ def test_a_tombstone_that_cannot_be_written_leaves_every_other_record(protocol: 
         stored = world.storage.records.get((LogId.partition(partition), txn(world)))
         assert stored is not None and stored.expires_at_ms is None, partition
     assert check(world) == []
+    # Collection ran: it tried the tombstone every time it may, and nothing else.
+    assert len(deletes) == world.config.gc_attempt_count_max, deletes
+    assert all(d.keep is not None and d.log == LogId.partition("p0") for d in deletes), deletes

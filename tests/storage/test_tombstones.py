@@ -200,7 +200,7 @@ async def test_a_tombstone_is_dropped_after_keep_ms(store: LogStore, ns: str) ->
     (what each backend hands them is checked in its own tests), so here only the first two."""
     if not store.drops_tombstones_at_expiry:
         assert store.backend_name in ("dynamodb", "azure_blob"), store.backend_name
-        return
+        pytest.skip("storage drops these tombstones days after expiry; their own tests check what it is handed")
     log = LogId.partition(ns)
     await committed(store, log, "t")
     assert await store.delete(log, "t", keep=tombstone(COMMIT, 300)) is True

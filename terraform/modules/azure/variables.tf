@@ -54,8 +54,8 @@ variable "tombstone_keep_days" {
   type        = number
   default     = 1
   validation {
-    condition     = var.tombstone_keep_days >= 1 && floor(var.tombstone_keep_days) == var.tombstone_keep_days
-    error_message = "tombstone_keep_days must be a whole number of days, at least 1: lifecycle rules count whole days, and a tombstone must outlive the nodes' outcome keep setting."
+    condition     = var.tombstone_keep_days >= 1 && var.tombstone_keep_days <= 8 && floor(var.tombstone_keep_days) == var.tombstone_keep_days
+    error_message = "tombstone_keep_days must be a whole number of days from 1 to 8: lifecycle rules count whole days, a tombstone must outlive the nodes' outcome keep setting, and that is at most a week (TOMBSTONE_KEEP_MS_MAX); longer keeps a leak."
   }
 }
 
