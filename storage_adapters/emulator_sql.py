@@ -34,7 +34,7 @@ import inspect
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,9 +178,17 @@ def _set_up(conn: sqlite3.Connection, timeout_ms: int, upgrade: bool) -> None:
         return
     # Here also a reader, only on a file with none of the schema: every version made all of it
     # in one transaction.
+    with _write_transaction(conn):
+        _create_schema(conn)
+
+
+@contextlib.contextmanager
+def _write_transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """One transaction under the write lock (BEGIN IMMEDIATE), committed if the block returns and
+    rolled back if it raises anything, a cancellation too."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        _create_schema(conn)
+        yield
         conn.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(sqlite3.Error):
@@ -558,14 +566,8 @@ def purge_expired(conn: sqlite3.Connection, count_max: int) -> int:
     is NULL (every record that is not a tombstone) never match. One bounded statement that reads
     only the expiry index: the writer runs it between its client batches."""
     assert count_max > 0, count_max
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _write_transaction(conn):
         purged = conn.execute(PURGE_EXPIRED, (_purge_now_ms(), count_max)).rowcount
-        conn.execute("COMMIT")
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-        raise
     assert 0 <= purged <= count_max, (purged, count_max)
     return purged
 
