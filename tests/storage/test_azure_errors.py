@@ -4,7 +4,7 @@ never as an error the node takes for an impossible state (and exits on)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -19,27 +19,21 @@ KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr
 TIMEOUT_MS_CALL = 10_000
 
 
-async def _truncating_server(port: int) -> asyncio.Server:
-    """Creates the container, then answers every request with a body cut short: headers that
-    promise 1,000 bytes, 10 of them, and the connection closed."""
+async def _fake_azure(port: int, answer: Callable[[bytes, bytes], tuple[bytes, bool]]) -> asyncio.Server:
+    """A server on `port` that reads each request (its head and body) and writes what `answer`
+    makes of its head and request line; the connection stays open while `answer` says so."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
-            await reader.readexactly(length)
-            request_line = head.split(b"\r\n", 1)[0]
-            if head.startswith(b"PUT ") and b"restype=container" in request_line:
-                writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\nx-ms-version: 2021-08-06\r\n\r\n")
-            elif head.startswith(b"GET ") and b"comp=list" not in request_line:  # a blob's download
-                writer.write(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 1000\r\n"
-                             b"Content-Range: bytes 0-999/1000\r\nx-ms-version: 2021-08-06\r\nETag: \"0x1\"\r\n"
-                             b"x-ms-blob-type: BlockBlob\r\n\r\n0123456789")
-            else:
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nContent-Type: application/xml\r\n"
-                             b"x-ms-version: 2021-08-06\r\nETag: \"0x1\"\r\n\r\n<?xml vers")
-            await writer.drain()
+            keep_open = True
+            while keep_open:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                response, keep_open = answer(head, head.split(b"\r\n", 1)[0])
+                writer.write(response)
+                await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -48,10 +42,23 @@ async def _truncating_server(port: int) -> asyncio.Server:
     return await asyncio.start_server(serve, "127.0.0.1", port)
 
 
+def _truncating(head: bytes, request_line: bytes) -> tuple[bytes, bool]:
+    """Creates the container, then answers every request with a body cut short: headers that
+    promise 1,000 bytes, 10 of them, and the connection closed."""
+    if head.startswith(b"PUT ") and b"restype=container" in request_line:
+        return b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\nx-ms-version: 2021-08-06\r\n\r\n", False
+    if head.startswith(b"GET ") and b"comp=list" not in request_line:  # a blob's download
+        return (b"HTTP/1.1 206 Partial Content\r\nContent-Length: 1000\r\n"
+                b"Content-Range: bytes 0-999/1000\r\nx-ms-version: 2021-08-06\r\nETag: \"0x1\"\r\n"
+                b"x-ms-blob-type: BlockBlob\r\n\r\n0123456789"), False
+    return (b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nContent-Type: application/xml\r\n"
+            b"x-ms-version: 2021-08-06\r\nETag: \"0x1\"\r\n\r\n<?xml vers"), False
+
+
 @pytest.fixture
 async def truncated() -> AsyncIterator[AzureBlobStore]:
     port = free_port()
-    server = await _truncating_server(port)
+    server = await _fake_azure(port, _truncating)
     connection_string = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
                          f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
     store = await AzureBlobStore.open(connection_string, "truncated", timeout_ms_call=TIMEOUT_MS_CALL)
@@ -74,34 +81,21 @@ async def test_a_body_cut_short_is_storage_unavailable(truncated: AzureBlobStore
             await call()
 
 
-async def _refusing_server(port: int, puts: list[bytes]) -> asyncio.Server:
+def _refusing(puts: list[bytes]) -> Callable[[bytes, bytes], tuple[bytes, bool]]:
     """Creates the container, finds no blob, and refuses every Put Blob with a 409 that is no
     precondition lost: what an account with a hierarchical namespace answers a put with index tags."""
+    common = b"x-ms-version: 2021-08-06\r\nContent-Length: 0\r\n"
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                await reader.readexactly(length)
-                request_line = head.split(b"\r\n", 1)[0]
-                common = b"x-ms-version: 2021-08-06\r\nContent-Length: 0\r\n"
-                if head.startswith(b"PUT ") and b"restype=container" in request_line:
-                    writer.write(b"HTTP/1.1 201 Created\r\n" + common + b"\r\n")
-                elif head.startswith(b"PUT "):
-                    puts.append(request_line)
-                    writer.write(b"HTTP/1.1 409 Conflict\r\n" + common
-                                 + b"x-ms-error-code: FeatureNotYetSupportedForHierarchicalNamespaceAccounts\r\n\r\n")
-                else:
-                    writer.write(b"HTTP/1.1 404 Not Found\r\n" + common + b"x-ms-error-code: BlobNotFound\r\n\r\n")
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
+    def answer(head: bytes, request_line: bytes) -> tuple[bytes, bool]:
+        if head.startswith(b"PUT ") and b"restype=container" in request_line:
+            return b"HTTP/1.1 201 Created\r\n" + common + b"\r\n", True
+        if head.startswith(b"PUT "):
+            puts.append(request_line)
+            return (b"HTTP/1.1 409 Conflict\r\n" + common
+                    + b"x-ms-error-code: FeatureNotYetSupportedForHierarchicalNamespaceAccounts\r\n\r\n"), True
+        return b"HTTP/1.1 404 Not Found\r\n" + common + b"x-ms-error-code: BlobNotFound\r\n\r\n", True
 
-    return await asyncio.start_server(serve, "127.0.0.1", port)
+    return answer
 
 
 async def test_a_conflict_that_is_no_lost_race_is_not_retried_as_one() -> None:
@@ -110,7 +104,7 @@ async def test_a_conflict_that_is_no_lost_race_is_not_retried_as_one() -> None:
     read and put again 16 times, then reported as "unavailable", and garbage collection, which
     deletes nothing until the tombstone stands, retried it for ever. It is the error it is."""
     port, puts = free_port(), []
-    server = await _refusing_server(port, puts)
+    server = await _fake_azure(port, _refusing(puts))
     connection_string = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
                          f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
     store = await AzureBlobStore.open(connection_string, "refusing", timeout_ms_call=TIMEOUT_MS_CALL)
