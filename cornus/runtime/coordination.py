@@ -160,6 +160,11 @@ class Coordination:
         """Run operations of an interactive transaction; the values of its GETs, in order. Raises
         TxnAborted (the transaction is then over) or ValidationError (nothing happened)."""
         ctx = self.active(txn)
+        if ctx.busy:
+            # One call at a time, as commit: two of one transaction at a partition would share
+            # its lock waits (found by review: one overwrote the other's, which was never woken),
+            # and the order of their writes would be nobody's.
+            raise TxnWrongState(f"transaction {txn} has operations running: one call at a time")
         by_partition, positions = self._group(ctx, ops)
         held_bytes = self._hold_writes(ctx, ops)
         # Named as touched before any request leaves (they leave from tasks of their own): an

@@ -896,3 +896,27 @@ async def test_run_ops_refuses_a_bad_operation_before_any_request_leaves(tmp_pat
         assert sent == [], sent
         await n0.run_ops(txn, [Op(OpKind.PUT, good, b"v")])
         assert (await n0.commit(txn)).status is OutcomeStatus.COMMITTED
+
+
+async def test_a_second_call_of_a_transaction_while_one_runs_is_refused(tmp_path):
+    """Found by review: two calls of one transaction that queued for the same lock shared one
+    waiter slot; the second overwrote the first's, and one of them was never woken until its
+    deadline aborted the transaction. A transaction takes one call at a time, as its commit does."""
+    async with local_cluster(tmp_path, partition_count=2, lock_policy=Policy.WAIT_DIE) as cluster:
+        node = cluster.node()
+        key = keys_in(2, ["p0"])["p0"]
+        older = node.begin()
+        await asyncio.sleep(0.01)  # WAIT_DIE orders by begin time
+        younger = node.begin()
+        await node.run_ops(younger, puts({key: b"young"}))
+        waiting = asyncio.ensure_future(node.run_ops(older, puts({key: b"old"})))
+
+        async def queued() -> bool:
+            return bool(node.partitions["p0"]._waiters)
+
+        await wait_until(queued, 5, "the older transaction never waited for the lock")
+        with pytest.raises(TxnWrongState, match="one call at a time"):
+            await node.run_ops(older, [Op(OpKind.GET, key)])
+        await node.abort(younger)
+        assert await waiting == [], "the first call, woken by the lock's release, ran"
+        assert (await node.commit(older)).status is OutcomeStatus.COMMITTED
