@@ -16,7 +16,7 @@ from cornus.protocol.effects import Effect, LogOnce, ReadRecord, StartTimer
 from cornus.protocol.events import Event, StorageUnreachable, TimerFired, answer
 from cornus.protocol.node_core import NodeCore
 from cornus.protocol.resolve import Resolver
-from cornus.protocol.termination import decision_among
+from cornus.protocol.status import Known, NodeAnswer, verdict
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination
 from cornus.runtime.outcome import AbortReason, Outcome, OutcomeStatus
@@ -113,47 +113,18 @@ class Admin:
               for node in self.config.peers),
             return_exceptions=True,
         )
-        answered = [r for r in responses if isinstance(r, StatusResponse)]
-        outcomes = {r.txn_outcome for r in answered if r.txn_outcome}
-        for status in (OutcomeStatus.COMMITTED, OutcomeStatus.ABORTED, OutcomeStatus.ACTIVE):
-            if status.value in outcomes:
-                return Outcome(txn, status, AbortReason.VOTED_NO if status is OutcomeStatus.ABORTED else None)
-        states = [state for r in answered for _, state in r.txn_states]
-        decision = decision_among(states)
-        if decision is TxnState.COMMIT:
-            return Outcome(txn, OutcomeStatus.COMMITTED)
-        if decision is TxnState.ABORT:
-            return Outcome(txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO)
-        if states or outcomes:
-            return Outcome(txn, OutcomeStatus.UNKNOWN, detail="in doubt: participants voted, no decision yet")
-        if len(answered) < len(responses):
-            return Outcome(txn, OutcomeStatus.UNKNOWN, detail="some nodes did not answer")
-        if not all(r.ready for r in answered):
-            # A recovering node does not know yet what its logs hold (a coordinator-log
-            # coordinator's COMMIT, a partition it is taking over): "nobody knows it" must wait.
-            return Outcome(txn, OutcomeStatus.UNKNOWN, detail="some nodes are still recovering")
-        read = {partition for r in answered for partition in r.partitions}
-        unread = [partition for partition in self.config.partitions if partition not in read]
-        if unread:
-            # Between owners (a lease lapsed, nobody took it yet): its records were not read, and
-            # they may be all the id has (found by review: "not known" then).
-            return Outcome(txn, OutcomeStatus.UNKNOWN, detail=(
-                f"no node holds {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''} now, so its records "
-                "could not be read"))
-        # Records go gc_grace_ms after the decision, which comes after the begin the id carries,
-        # and the first participant's stays as the decision's tombstone for outcome_keep_ms more
-        # (by the coordinator's clock and storage's: the slack covers how far ours may differ).
-        # Until then a transaction that voted has a record somewhere: none means it never did.
-        # An id without a begin time is none this runtime made (begin_ms_of gives 0): never one.
-        protocol = self.config.protocol_config
-        begin_ms = txn_ids.begin_ms_of(txn)
-        kept_ms = protocol.gc_grace_ms + protocol.outcome_keep_ms - protocol.clock_slack_ms
-        if begin_ms and time.time() * 1000 >= begin_ms + kept_ms:
-            return Outcome(txn, OutcomeStatus.UNKNOWN, detail=(
-                "no node knows it and no record of it is left: it never committed, or it finished and its "
-                f"outcome was kept for outcome_keep_ms ({protocol.outcome_keep_ms} ms) after its records "
-                "were collected, which has passed; its outcome cannot be known"))
-        return None
+        answers = [
+            NodeAnswer(r.ready, r.partitions, tuple(state for _, state in r.txn_states), Known.of(r.txn_outcome))
+            if isinstance(r, StatusResponse) else None
+            for r in responses
+        ]
+        found = verdict(answers, self.config.partitions, txn_ids.begin_ms_of(txn), int(time.time() * 1000),
+                        self.config.protocol_config)
+        if found is None:
+            return None
+        status = OutcomeStatus(found.verdict.value)
+        return Outcome(txn, status, AbortReason.VOTED_NO if status is OutcomeStatus.ABORTED else None,
+                       detail=found.detail)
 
     async def status_response(self, request: StatusRequest, ready: bool) -> StatusResponse:
         states: list[tuple[str, TxnState]] = []

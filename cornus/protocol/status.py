@@ -1,0 +1,111 @@
+"""The status call's verdict: what the answers of a cluster's nodes say of one transaction.
+
+A caller that lost its answer (a timeout, an UNKNOWN) asks the status call, and acts on what it
+hears: "not known" means it never committed, so the caller may run it again. That rule decides
+whether a transaction can commit twice, so it lives here, pure, where the simulator asks it of
+its world at random moments and checks it against what the transaction became
+(cornus/sim/world.py); cornus/runtime/admin.py gathers the real answers and asks the same.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cornus.protocol.config import ProtocolConfig
+from cornus.protocol.termination import decision_among
+from storage_adapters.contract import TxnState
+
+
+class Known(enum.StrEnum):
+    """What one node knows of the transaction itself (its wire form is the value)."""
+
+    NOTHING = ""
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    ACTIVE = "active"  # its coordinator runs its operations
+    IN_DOUBT = "unknown"  # a commit under way here, or a participant's machine runs it
+
+    @classmethod
+    def of(cls, value: str) -> Known:
+        """The wire form read back; anything else a node says of it (a newer node's word) is
+        taken as in doubt, never as nothing."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.IN_DOUBT
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAnswer:
+    """One node's answer: whether it may be taken at its word (recovered), the partitions whose
+    records it read (only those), the states it found there, and what it knows itself."""
+
+    ready: bool
+    partitions: tuple[str, ...]
+    states: tuple[TxnState, ...]
+    known: Known
+
+
+class Verdict(enum.Enum):
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    ACTIVE = "active"
+    UNKNOWN = "unknown"  # in doubt, or not known by anyone who could know: never "never happened"
+
+
+@dataclass(frozen=True, slots=True)
+class StatusVerdict:
+    verdict: Verdict
+    detail: str = ""
+
+
+def verdict(
+    answers: Sequence[NodeAnswer | None], partitions: Sequence[str], begin_ms: int, now_ms: int,
+    config: ProtocolConfig,
+) -> StatusVerdict | None:
+    """The verdict of `answers` (None: a node that did not answer) about a transaction that began
+    at `begin_ms` (0: an id no runtime made), asked at `now_ms` (both by the clocks the slack
+    covers). None means "not known": nobody knows it and nobody can have forgotten it, so it
+    never committed, and its caller may run it again."""
+    answered = [answer for answer in answers if answer is not None]
+    knowns = {answer.known for answer in answered}
+    for known, found in ((Known.COMMITTED, Verdict.COMMITTED), (Known.ABORTED, Verdict.ABORTED),
+                         (Known.ACTIVE, Verdict.ACTIVE)):
+        if known in knowns:
+            return StatusVerdict(found)
+    states = [state for answer in answered for state in answer.states]
+    decision = decision_among(states)
+    if decision is TxnState.COMMIT:
+        return StatusVerdict(Verdict.COMMITTED)
+    if decision is TxnState.ABORT:
+        return StatusVerdict(Verdict.ABORTED)
+    if states or Known.IN_DOUBT in knowns:
+        return StatusVerdict(Verdict.UNKNOWN, "in doubt: no decision yet (participants voted, or a commit runs)")
+    if len(answered) < len(answers):
+        return StatusVerdict(Verdict.UNKNOWN, "some nodes did not answer")
+    if not all(answer.ready for answer in answered):
+        # A recovering node does not know yet what its logs hold (a coordinator-log coordinator's
+        # COMMIT, a partition it is taking over): "nobody knows it" must wait.
+        return StatusVerdict(Verdict.UNKNOWN, "some nodes are still recovering")
+    read = {partition for answer in answered for partition in answer.partitions}
+    unread = [partition for partition in partitions if partition not in read]
+    if unread:
+        # Between owners (a lease lapsed, nobody took it yet): its records were not read, and they
+        # may be all the transaction has (found by review: "not known" then).
+        return StatusVerdict(Verdict.UNKNOWN, (
+            f"no node holds {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''} now, so its records "
+            "could not be read"))
+    # Records go gc_grace_ms after the decision, which comes after the begin, and the first
+    # participant's stays as the decision's tombstone for outcome_keep_ms more (by the
+    # coordinator's clock and storage's: the slack covers how far ours may differ). Until then a
+    # transaction that voted has a record somewhere: none means it never did.
+    kept_ms = config.gc_grace_ms + config.outcome_keep_ms - config.clock_slack_ms
+    # An id without a begin time (0) is none a runtime made: never one of ours.
+    if begin_ms and now_ms >= begin_ms + kept_ms:
+        return StatusVerdict(Verdict.UNKNOWN, (
+            "no node knows it and no record of it is left: it never committed, or it finished and its "
+            f"outcome was kept for outcome_keep_ms ({config.outcome_keep_ms} ms) after its records "
+            "were collected, which has passed; its outcome cannot be known"))
+    return None

@@ -1,0 +1,52 @@
+"""The status call's verdict (cornus/protocol/status.py), branch by branch: above all, when it may
+say "not known", which lets a caller run a transaction again."""
+
+from __future__ import annotations
+
+import pytest
+
+from cornus.protocol.config import ProtocolConfig
+from cornus.protocol.status import Known, NodeAnswer, Verdict, verdict
+from storage_adapters.contract import TxnState
+
+CONFIG = ProtocolConfig()
+PARTITIONS = ("p0", "p1")
+BEGIN_MS = 1_000_000
+NOW_MS = BEGIN_MS + 1_000
+VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
+
+
+def node(
+    partitions: tuple[str, ...], *states: TxnState, known: Known = Known.NOTHING, ready: bool = True
+) -> NodeAnswer:
+    return NodeAnswer(ready, partitions, states, known)
+
+
+def judge(*answers: NodeAnswer | None, now_ms: int = NOW_MS, begin_ms: int = BEGIN_MS) -> Verdict | None:
+    found = verdict(answers, PARTITIONS, begin_ms, now_ms, CONFIG)
+    return None if found is None else found.verdict
+
+
+@pytest.mark.parametrize(("answers", "expected"), [
+    ((node(("p0",), COMMIT), node(("p1",))), Verdict.COMMITTED),  # a tombstone, or a decided record
+    ((node(("p0",), VOTE), node(("p1",), ABORT)), Verdict.ABORTED),
+    ((node(("p0",), known=Known.COMMITTED), None), Verdict.COMMITTED),  # a coordinator's memory
+    ((node(("p0",), known=Known.ACTIVE), node(("p1",))), Verdict.ACTIVE),
+    ((node(("p0",), VOTE), node(("p1",))), Verdict.UNKNOWN),  # voted, undecided
+    ((node(("p0",), known=Known.IN_DOUBT), node(("p1",))), Verdict.UNKNOWN),  # a commit under way
+    ((node(("p0",), known=Known.of("unavailable")), node(("p1",))), Verdict.UNKNOWN),  # a word it does not know
+    ((node(("p0",)), None), Verdict.UNKNOWN),  # a node did not answer
+    ((node(("p0",)), node(("p1",), ready=False)), Verdict.UNKNOWN),  # still recovering
+    ((node(("p0",)), node(())), Verdict.UNKNOWN),  # p1 between owners: its records not read
+    ((node(("p0",)), node(("p1",))), None),  # every record read, nothing: it never voted
+])
+def test_a_verdict(answers: tuple[NodeAnswer | None, ...], expected: Verdict | None) -> None:
+    assert judge(*answers) is expected
+
+
+def test_not_known_only_while_a_tombstone_would_still_be_there() -> None:
+    everyone = (node(("p0",)), node(("p1",)))
+    kept_ms = CONFIG.gc_grace_ms + CONFIG.outcome_keep_ms - CONFIG.clock_slack_ms
+    assert judge(*everyone, now_ms=BEGIN_MS + kept_ms - 1) is None
+    assert judge(*everyone, now_ms=BEGIN_MS + kept_ms) is Verdict.UNKNOWN
+    assert judge(*everyone, now_ms=BEGIN_MS + 10 * kept_ms, begin_ms=0) is None  # an id no runtime made
