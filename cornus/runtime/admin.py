@@ -138,12 +138,10 @@ class Admin:
                 if record is not None:
                     states.append((partition, record.state))
         known = self.status(request.txn) if request.txn else None
-        if known is None and request.txn and any(
-            request.txn in host.machines for host in map(self.core.partitions.get, served) if host is not None
-        ):
-            # A participant's machine runs it here (its vote's write may be on its way, its
-            # coordinator restarted): in doubt, as above, not "nothing".
-            known = Outcome(request.txn, OutcomeStatus.UNKNOWN, detail="in doubt: a participant is voting")
+        if known is None and request.txn and self._runs_here(request.txn, served):
+            # A participant runs it here, its coordinator perhaps restarted: in doubt, as above,
+            # not "nothing".
+            known = Outcome(request.txn, OutcomeStatus.UNKNOWN, detail="in doubt: a participant runs it")
         return StatusResponse(
             node=self.node_id,
             ready=ready,
@@ -152,6 +150,16 @@ class Admin:
             in_doubt_count=self.core.in_doubt_count(),
             txn_outcome="" if known is None else known.status.value,
         )
+
+    def _runs_here(self, txn: str, served: tuple[str, ...]) -> bool:
+        """Whether a served partition runs `txn`: its machine (a vote's write may be on its way),
+        or its execution (a Prepare may still arrive, be voted yes, and commit by termination:
+        found while moving the verdict into the core)."""
+        for partition in served:
+            host, runtime = self.core.partitions.get(partition), self.partitions.get(partition)
+            if (host is not None and txn in host.machines) or (runtime is not None and txn in runtime.executions):
+                return True
+        return False
 
     # -- ownership ---------------------------------------------------------------------------------
     async def partitions_info(self) -> list[PartitionInfo]:

@@ -227,3 +227,20 @@ async def test_a_vote_on_its_way_after_its_coordinator_restarted_is_never_not_kn
                 gate.set()
             for node in ("n0", "n1"):
                 cluster.faults[node].heal()
+
+
+async def test_an_execution_whose_coordinator_restarted_is_never_not_known(tmp_path):
+    """Found while moving the verdict into the core: an interactive transaction's coordinator
+    restarted (its memory gone) after its operations ran on a partition and, maybe, after its
+    Prepare left; no machine and no record yet, so the status call said "not known", though the
+    Prepare could still arrive, its participant vote yes, and termination commit. The execution the
+    partition holds says it may."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        assert cluster.owner_of("p1") == "n1"
+        node = cluster.node("n0")
+        txn = node.begin()
+        await node.run_ops(txn, puts({cluster.key_in("p1", "a"): b"a"}))
+        await cluster.restart("n0")
+        assert txn in cluster.node("n1").partitions["p1"].executions
+        status = await cluster.node("n0").resolve_status(txn)
+        assert status is not None and status.status is OutcomeStatus.UNKNOWN, status
