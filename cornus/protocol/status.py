@@ -63,12 +63,15 @@ class StatusVerdict:
 
 def verdict(
     answers: Sequence[NodeAnswer | None], partitions: Sequence[str], begin_ms: int, now_ms: int,
-    config: ProtocolConfig,
+    *, config: ProtocolConfig, requests_ms: int,
 ) -> StatusVerdict | None:
     """The verdict of `answers` (None: a node that did not answer) about a transaction that began
     at `begin_ms` (0: an id no runtime made), asked at `now_ms` (both by the clocks the slack
     covers). None means "not known": nobody knows it and nobody can have forgotten it, so it
-    never committed, and its caller may run it again."""
+    never committed, and its caller may run it again. `requests_ms`: how long after its begin a
+    one-shot's requests, which carry its prepare, may run at their owners (their deadline, which
+    the owners keep to, plus the clock slack): until then one may be on its way, with nothing
+    anywhere yet to tell of it."""
     answered = [answer for answer in answers if answer is not None]
     knowns = {answer.known for answer in answered}
     for known, found in ((Known.COMMITTED, Verdict.COMMITTED), (Known.ABORTED, Verdict.ABORTED),
@@ -97,6 +100,11 @@ def verdict(
         return StatusVerdict(Verdict.UNKNOWN, (
             f"no node holds {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''} now, so its records "
             "could not be read"))
+    if begin_ms and now_ms < begin_ms + requests_ms:
+        # Found while moving this rule into the core: a one-shot whose coordinator died as its
+        # requests left had, while they travelled, no execution, machine or record anywhere;
+        # "not known" then, and they arrived, voted yes, and termination committed.
+        return StatusVerdict(Verdict.UNKNOWN, "too recent to tell: a request of it may still be on its way")
     # Records go gc_grace_ms after the decision, which comes after the begin, and the first
     # participant's stays as the decision's tombstone for outcome_keep_ms more (by the
     # coordinator's clock and storage's: the slack covers how far ours may differ). Until then a

@@ -118,8 +118,10 @@ class Admin:
             if isinstance(r, StatusResponse) else None
             for r in responses
         ]
+        protocol = self.config.protocol_config
+        requests_ms = self.config.limits.timeout_ms_peer_request + protocol.clock_slack_ms  # Node.on_request
         found = verdict(answers, self.config.partitions, txn_ids.begin_ms_of(txn), int(time.time() * 1000),
-                        self.config.protocol_config)
+                        config=protocol, requests_ms=requests_ms)
         if found is None:
             return None
         status = OutcomeStatus(found.verdict.value)

@@ -449,7 +449,11 @@ class Coordination:
         self._record_writes(ctx, by_partition)
         writes = tuple(sorted(redo_by_partition.items()))
         participants = tuple(p for p, _ in writes)
-        requests = [ExecuteRequest(ctx.txn, p, self.node_id, tuple(group), participants=participants)
+        # Counted from the begin the id carries, which the status call knows (status.py): past it
+        # no owner runs these requests, so none of them can vote yes after "not known" was said.
+        deadline_unix_ms = txn_ids.begin_ms_of(ctx.txn) + self.config.limits.timeout_ms_peer_request
+        requests = [ExecuteRequest(ctx.txn, p, self.node_id, tuple(group), participants=participants,
+                                   deadline_unix_ms=deadline_unix_ms)
                     for p, group in by_partition.items()]
         answers: dict[str, tuple[ExecuteResponse, bool]] = {}  # partition -> (response, refused), as they come
         all_answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()

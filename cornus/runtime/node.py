@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import random
+import time
 from collections.abc import Callable, Sequence
 
 from cornus.protocol import txn_ids
@@ -94,6 +95,7 @@ class Node:
         self.config = config
         self.node_id = config.node_id
         self.protocol = config.protocol
+        self._clock_slack_ms = config.protocol_config.clock_slack_ms
         self.store = store
         self.transport = transport
         self.failpoints = failpoints or Failpoints({})
@@ -347,6 +349,9 @@ class Node:
         if isinstance(request, StatusRequest):
             return await self.admin.status_response(request, self.ready)
         assert isinstance(request, ExecuteRequest)
+        if request.deadline_unix_ms and time.time() * 1000 > request.deadline_unix_ms + self._clock_slack_ms:
+            # Its sender gave up long ago; the status call may since have said "not known".
+            return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"{request.txn} arrived past its deadline")
         self.ownership.check(request.partition)
         partition = self.partitions.get(request.partition)
         if partition is None or not (request.abort or self.ownership.admits(request.partition)):

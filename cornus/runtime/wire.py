@@ -72,6 +72,10 @@ class ExecuteRequest:
     # (CommitRequested.prepare_sent). Once `ops` ran, the partition takes
     # Prepare(txn, participants, coordinator) as if it had arrived; if they did not run, it drops it.
     participants: tuple[str, ...] = ()
+    # Unix ms after which (plus the clock slack) the receiver must not run it: its sender has given
+    # up, and the status call's "not known" counts on no request of a transaction running later
+    # (cornus/protocol/status.py). 0: none (a request of an older node).
+    deadline_unix_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

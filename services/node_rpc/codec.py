@@ -159,6 +159,7 @@ def _encode_execute_request(envelope: pb.PeerEnvelope, value: ExecuteRequest) ->
     body.abort = value.abort
     body.continued = value.continued
     body.participants.extend(value.participants)
+    body.deadline_unix_ms = value.deadline_unix_ms
     ops = body.ops
     for op in value.ops:
         wire_op = ops.add()
@@ -305,6 +306,7 @@ def _decode_execute_request(body: pb.ExecuteRequest) -> ExecuteRequest:
         abort=body.abort,
         continued=body.continued,
         participants=tuple(body.participants),
+        deadline_unix_ms=body.deadline_unix_ms,
     )
 
 

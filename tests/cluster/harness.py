@@ -251,10 +251,11 @@ def running_cluster(protocol: str, storage: Mapping[str, str], **kwargs: object)
 
 
 def unknown_txn_id(node: str = "n9", counter: int = 1) -> str:
-    """A transaction id no node knows and whose records cannot have been collected (it begins a
-    day from now): the status call answers "not known" only for such an id; one old enough to
-    have been collected is UNKNOWN (cornus.runtime.admin.resolve_status)."""
-    return f"{int(time.time() * 1000) + 86_400_000}.{node}.ffffff.{counter}"
+    """A transaction id no node knows, begun a minute ago: old enough that no request of it can
+    still be on its way, young enough that its records and tombstone cannot have been collected.
+    The status call answers "not known" only for such an id; a younger one is UNKNOWN (too
+    recent to tell), an older one UNKNOWN past its tombstone (cornus/protocol/status.py)."""
+    return f"{int(time.time() * 1000) - 60_000}.{node}.ffffff.{counter}"
 
 
 def keys_on(partition: str, partition_count: int, count: int, prefix: str = "k") -> list[str]:

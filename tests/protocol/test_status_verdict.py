@@ -10,9 +10,10 @@ from cornus.protocol.status import Known, NodeAnswer, Verdict, verdict
 from storage_adapters.contract import TxnState
 
 CONFIG = ProtocolConfig()
+REQUESTS_MS = 2_000 + CONFIG.clock_slack_ms
 PARTITIONS = ("p0", "p1")
 BEGIN_MS = 1_000_000
-NOW_MS = BEGIN_MS + 1_000
+NOW_MS = BEGIN_MS + 60_000
 VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
 
 
@@ -23,7 +24,7 @@ def node(
 
 
 def judge(*answers: NodeAnswer | None, now_ms: int = NOW_MS, begin_ms: int = BEGIN_MS) -> Verdict | None:
-    found = verdict(answers, PARTITIONS, begin_ms, now_ms, CONFIG)
+    found = verdict(answers, PARTITIONS, begin_ms, now_ms, config=CONFIG, requests_ms=REQUESTS_MS)
     return None if found is None else found.verdict
 
 
@@ -50,3 +51,11 @@ def test_not_known_only_while_a_tombstone_would_still_be_there() -> None:
     assert judge(*everyone, now_ms=BEGIN_MS + kept_ms - 1) is None
     assert judge(*everyone, now_ms=BEGIN_MS + kept_ms) is Verdict.UNKNOWN
     assert judge(*everyone, now_ms=BEGIN_MS + 10 * kept_ms, begin_ms=0) is None  # an id no runtime made
+
+
+def test_not_known_only_once_no_request_of_it_can_still_run() -> None:
+    """A one-shot whose coordinator died as its requests left has, while they travel, nothing
+    anywhere to tell of it; they run at their owners until their deadline plus the slack."""
+    everyone = (node(("p0",)), node(("p1",)))
+    assert judge(*everyone, now_ms=BEGIN_MS + REQUESTS_MS - 1) is Verdict.UNKNOWN
+    assert judge(*everyone, now_ms=BEGIN_MS + REQUESTS_MS) is None

@@ -920,3 +920,26 @@ async def test_a_second_call_of_a_transaction_while_one_runs_is_refused(tmp_path
         await node.abort(younger)
         assert await waiting == [], "the first call, woken by the lock's release, ran"
         assert (await node.commit(older)).status is OutcomeStatus.COMMITTED
+
+
+async def test_a_one_shot_request_past_its_deadline_runs_nothing(tmp_path):
+    """Found while moving the status verdict into the core: the status call says "not known" of a
+    transaction once no request of it can still run; a one-shot's request (which carries its
+    prepare) that reaches its owner past its deadline, plus the slack, must then run nothing, or
+    it could vote yes, and termination commit, after "not known" was said."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        n1 = cluster.node("n1")
+        key = cluster.key_in("p1", "late")
+        config = n1.config.protocol_config
+        begin_ms = int(time.time() * 1000) - 60_000
+        txn = f"{begin_ms}.n0.abcdef.1.cornus"
+        late = ExecuteRequest(txn, "p1", "n0", (Op(OpKind.PUT, key, b"late"),), participants=("p1",),
+                              deadline_unix_ms=begin_ms + 2_000)
+        response = await n1.on_request("n0", late)
+        assert response.status is ExecuteStatus.UNAVAILABLE and "deadline" in response.detail, response
+        assert txn not in n1.partitions["p1"].executions
+        assert txn not in n1.core.partitions["p1"].machines
+        on_time = ExecuteRequest(f"{int(time.time() * 1000)}.n0.abcdef.2.cornus", "p1", "n0",
+                                 (Op(OpKind.GET, key),), deadline_unix_ms=int(time.time() * 1000) + 2_000)
+        assert (await n1.on_request("n0", on_time)).status is ExecuteStatus.OK
+        assert config.clock_slack_ms < 60_000

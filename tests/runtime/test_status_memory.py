@@ -122,11 +122,15 @@ async def test_an_id_nobody_knows_is_unknown_once_its_tombstone_could_have_expir
         node = cluster.node()
         config = node.config.protocol_config
         now_ms = int(time.time() * 1000)
-        fresh = txn_ids.new_txn_id(now_ms, "n0", "abcdef", 1, Protocol.CORNUS)
+        young = txn_ids.new_txn_id(now_ms, "n0", "abcdef", 4, Protocol.CORNUS)
+        status = await node.resolve_status(young)  # a request of it may still be on its way
+        assert status is not None and status.status is OutcomeStatus.UNKNOWN, status
+        fresh = txn_ids.new_txn_id(now_ms - 60_000, "n0", "abcdef", 1, Protocol.CORNUS)
         assert await node.resolve_status(fresh) is None
         kept_ms = config.gc_grace_ms + config.outcome_keep_ms - config.clock_slack_ms
-        collected = txn_ids.new_txn_id(now_ms - config.gc_grace_ms - config.clock_slack_ms - 1, "n0", "abcdef", 2,
-                                       Protocol.CORNUS)
+        # Past its grace (and any request's deadline): only its tombstone could be left.
+        collected = txn_ids.new_txn_id(now_ms - 120_000, "n0", "abcdef", 2, Protocol.CORNUS)
+        assert config.gc_grace_ms + config.clock_slack_ms < 120_000
         assert await node.resolve_status(collected) is None  # its tombstone would be there
         old = txn_ids.new_txn_id(now_ms - kept_ms - 1, "n0", "abcdef", 3, Protocol.CORNUS)
         status = await node.resolve_status(old)
@@ -141,7 +145,7 @@ async def test_an_id_is_not_known_only_when_every_partition_s_records_were_read(
     which a caller takes for "never happened" and runs again."""
     async with local_cluster(tmp_path, partition_count=2) as cluster:
         node = cluster.node()
-        fresh = txn_ids.new_txn_id(int(time.time() * 1000), "n0", "abcdef", 1, Protocol.CORNUS)
+        fresh = txn_ids.new_txn_id(int(time.time() * 1000) - 60_000, "n0", "abcdef", 1, Protocol.CORNUS)
         assert await node.resolve_status(fresh) is None
         between_owners = node.partitions.pop("p1")  # what a lost lease leaves, until a take
         try:
