@@ -307,10 +307,11 @@ class AsyncCornusClient:
 
     async def status(self, txn: str, url: str | None = None) -> Outcome:
         """What the cluster knows of `txn` (status ACTIVE while it runs), for outcome_keep_ms (10
-        minutes by default) after its records are collected. NotFound if no node knows it and it
-        is younger than that window (it never committed); UNKNOWN if nobody knows it and it is
-        older (never take that for "never happened"). Any node can answer, so an unreachable node
-        passes the question on."""
+        minutes by default) after its records are collected. NotFound if no node knows it, no
+        request of it can still be on its way (a peer request's deadline after its begin) and it
+        is younger than that window: it never committed. UNKNOWN if nobody knows it otherwise
+        (never take that for "never happened"; ask again). Any node can answer, so an
+        unreachable node passes the question on."""
         path = txn_path(txn)
         failures: list[str] = []
         for node_url in [normalize_url(url)] if url else self._rotation.order():
