@@ -19,6 +19,7 @@ from cornus.runtime import coordination
 from cornus.runtime import partition as partition_runtime
 from cornus.runtime.config import load_node_config
 from cornus.runtime.coordination import TxnAborted
+from cornus.runtime.node import Node
 from cornus.runtime.outcome import OutcomeStatus, TxnWrongState
 from cornus.runtime.transport import PeerUnavailable
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, Routed
@@ -659,23 +660,30 @@ async def test_an_abort_beside_running_operations_leaves_no_lock_and_no_false_su
         assert later.status is OutcomeStatus.COMMITTED, later
 
 
+async def _older_waiting_for_younger(node: Node) -> tuple[str, str, str, asyncio.Future[list[bytes | None]]]:
+    """Under WAIT_DIE: a younger transaction holds p0's key, and the older one's write waits for
+    it; the key, both ids, and the older one's call, still waiting."""
+    key = keys_in(2, ["p0"])["p0"]
+    older = node.begin()
+    await asyncio.sleep(0.01)  # WAIT_DIE orders by begin time
+    younger = node.begin()
+    await node.run_ops(younger, puts({key: b"young"}))
+    waiting = asyncio.ensure_future(node.run_ops(older, puts({key: b"old"})))
+
+    async def queued() -> bool:
+        return bool(node.partitions["p0"]._waiters)
+
+    await wait_until(queued, 5, "the older transaction never waited for the lock")
+    return key, older, younger, waiting
+
+
 async def test_an_abort_wakes_its_own_request_waiting_for_a_lock(tmp_path):
     """Under WAIT_DIE an older transaction's request waits for a younger one's lock. Dropping the
     older transaction (its client aborted) released its place in the queue but never answered its
     request, which hung until the peer request's deadline and then reported the peer unavailable."""
     async with local_cluster(tmp_path, partition_count=2, lock_policy=Policy.WAIT_DIE) as cluster:
         node = cluster.node()
-        key = keys_in(2, ["p0"])["p0"]
-        older = node.begin()
-        await asyncio.sleep(0.01)  # WAIT_DIE orders by begin time
-        younger = node.begin()
-        await node.run_ops(younger, puts({key: b"young"}))
-        waiting = asyncio.ensure_future(node.run_ops(older, puts({key: b"old"})))
-
-        async def queued() -> bool:
-            return bool(node.partitions["p0"]._waiters)
-
-        await wait_until(queued, 5, "the older transaction never waited for the lock")
+        _, older, younger, waiting = await _older_waiting_for_younger(node)
         started = asyncio.get_running_loop().time()
         await node.abort(older)
         done, _ = await asyncio.wait({waiting}, timeout=1)
@@ -904,17 +912,7 @@ async def test_a_second_call_of_a_transaction_while_one_runs_is_refused(tmp_path
     deadline aborted the transaction. A transaction takes one call at a time, as its commit does."""
     async with local_cluster(tmp_path, partition_count=2, lock_policy=Policy.WAIT_DIE) as cluster:
         node = cluster.node()
-        key = keys_in(2, ["p0"])["p0"]
-        older = node.begin()
-        await asyncio.sleep(0.01)  # WAIT_DIE orders by begin time
-        younger = node.begin()
-        await node.run_ops(younger, puts({key: b"young"}))
-        waiting = asyncio.ensure_future(node.run_ops(older, puts({key: b"old"})))
-
-        async def queued() -> bool:
-            return bool(node.partitions["p0"]._waiters)
-
-        await wait_until(queued, 5, "the older transaction never waited for the lock")
+        key, older, younger, waiting = await _older_waiting_for_younger(node)
         with pytest.raises(TxnWrongState, match="one call at a time"):
             await node.run_ops(older, [Op(OpKind.GET, key)])
         await node.abort(younger)
