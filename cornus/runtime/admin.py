@@ -108,6 +108,10 @@ class Admin:
         known = self.status(txn)
         if known is not None:
             return known
+        # Before the answers are gathered, not after: each tells of the moment it was made, and a
+        # request may still have run at its owner until then (found by review: read after a slow
+        # answer, the clock said "too late for any request" of one that ran after the owner's).
+        now_ms = int(time.time() * 1000)
         responses = await asyncio.gather(
             *(self.transport.request(node, StatusRequest(txn), self.config.limits.timeout_ms_peer_request)
               for node in self.config.peers),
@@ -119,8 +123,10 @@ class Admin:
             for r in responses
         ]
         protocol = self.config.protocol_config
-        requests_ms = self.config.limits.timeout_ms_peer_request + protocol.clock_slack_ms  # Node.on_request
-        found = verdict(answers, self.config.partitions, txn_ids.begin_ms_of(txn), int(time.time() * 1000),
+        # An owner runs a one-shot's request until its deadline plus the slack by its own clock,
+        # which may run up to the slack behind ours (Node.on_request): twice the slack.
+        requests_ms = self.config.limits.timeout_ms_peer_request + 2 * protocol.clock_slack_ms
+        found = verdict(answers, self.config.partitions, txn_ids.begin_ms_of(txn), now_ms,
                         config=protocol, requests_ms=requests_ms)
         if found is None:
             return None
@@ -134,13 +140,17 @@ class Admin:
         # since (found by review: claimed read, its tombstone, all a collected transaction has
         # left, went unseen, and the status call said "not known").
         served = tuple(self.partitions)
+        # Before the reads as well as after: a participant running it now may have its vote
+        # written, decide and drop its machine while the reads go on, and be in neither (found by
+        # review). Once no request of it can run any more, what can still vote runs already.
+        runs_before = bool(request.txn) and self._runs_here(request.txn, served)
         if request.txn:
             for partition in served:
                 record = await self.store.read(LogId.partition(partition), request.txn)
                 if record is not None:
                     states.append((partition, record.state))
         known = self.status(request.txn) if request.txn else None
-        if known is None and request.txn and self._runs_here(request.txn, served):
+        if known is None and request.txn and (runs_before or self._runs_here(request.txn, served)):
             # A participant runs it here, its coordinator perhaps restarted: in doubt, as above,
             # not "nothing".
             known = Outcome(request.txn, OutcomeStatus.UNKNOWN, detail="in doubt: a participant runs it")

@@ -73,7 +73,10 @@ TIMER_MS_MAX = 3_600_000
 class RuntimeLimits:
     """Deadlines and bounds of the runtime itself (the protocol's own are in ProtocolConfig)."""
 
-    # A peer request (execute, status) that gets no answer in this time fails the operation.
+    # A peer request (execute, status) that gets no answer in this time fails the operation. A
+    # one-shot's requests carry it as their deadline, and the status call says "not known" only
+    # once it (plus twice the slack) has passed by its own node's value: the same on every node,
+    # so lower it everywhere first and raise it everywhere before relying on the new value.
     timeout_ms_peer_request: int = 2_000
     # A lock request that meets a txn which already voted yes waits this long for its decision
     # (DESIGN 4: Cornus replies before participants release) before it reports a conflict.

@@ -332,7 +332,7 @@ _ABORTED = {"model": OutcomeOut, "description": "aborted (see reason and retryab
 _ABORTED_OR_WRONG_STATE = {
     "model": OutcomeOut | ErrorOut,
     "description": "aborted (an outcome: see reason and retryable), or wrong_state (an error: the "
-                   "transaction already ended or is committing; nothing changed)",
+                   "transaction already ended or is committing, or another call of it still runs; nothing changed)",
 }
 _WRONG_STATE = {"model": ErrorOut, "description": "wrong_state: the transaction already ended; nothing changed"}
 _UNAVAILABLE = {

@@ -5,9 +5,10 @@ node has recovered) and server reflection beside it.
 Outcomes are response bodies, not error statuses: an aborted transaction is an OK call whose
 outcome is OUTCOME_ABORTED, as REST's body says "aborted". Error statuses mean the call was refused
 and nothing changed: INVALID_ARGUMENT (bad input, the message names it), NOT_FOUND (unknown
-transaction), FAILED_PRECONDITION (wrong state, e.g. commit after abort), UNAVAILABLE (node
-recovering or overloaded, storage down). The limits are REST's: `op_count_max` operations per call
-and the key and value sizes of the storage contract (bytes here, since values are bytes).
+transaction), FAILED_PRECONDITION (wrong state, e.g. commit after abort, or another call of it
+still runs), UNAVAILABLE (node recovering or overloaded, storage down). The limits are REST's:
+`op_count_max` operations per call and the key and value sizes of the storage contract (bytes
+here, since values are bytes).
 
 Deadlines: a call whose deadline has passed is not started. A call under way is never cancelled
 half way, since a commit cut off mid-flight would leave its transaction in memory with no one to

@@ -4,6 +4,7 @@ that lands in the very tick the commit's deadline fired is kept too."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -13,8 +14,8 @@ from cornus.protocol.config import Protocol
 from cornus.protocol.effects import Reply
 from cornus.runtime import coordination
 from cornus.runtime.outcome import OutcomeStatus
-from cornus.runtime.wire import StatusRequest
-from storage_adapters.contract import LogId, Record
+from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, StatusRequest
+from storage_adapters.contract import LogId, Record, TxnState
 from tests.runtime.faults import commit_told_unknown, keys_in, local_cluster, puts, wait_collected, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -248,3 +249,75 @@ async def test_an_execution_whose_coordinator_restarted_is_never_not_known(tmp_p
         assert txn in cluster.node("n1").partitions["p1"].executions
         status = await cluster.node("n0").resolve_status(txn)
         assert status is not None and status.status is OutcomeStatus.UNKNOWN, status
+
+
+async def test_the_too_recent_window_is_judged_by_the_clock_before_the_answers_came(tmp_path):
+    """Found by review: the window was judged by the clock read after every node had answered; a
+    slow answer let it close between the owner's "nothing" and the verdict, while the owner still
+    ran a one-shot's request that arrived in that gap, which voted yes and committed."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        runs, asks = cluster.node("n1"), cluster.node("n0")
+        assert cluster.owner_of("p1") == "n1"
+        limits, config = runs.config.limits, runs.config.protocol_config
+        # A one-shot of a previous life of n0: its owner runs it until begin + T + slack.
+        accepted_until_ms = limits.timeout_ms_peer_request + config.clock_slack_ms
+        begin_ms = int(time.time() * 1000) - accepted_until_ms + 250
+        txn = f"{begin_ms}.n0.dead00.1.cornus"
+        key = cluster.key_in("p1", "late")
+        answer = asks.admin.status_response
+
+        async def slow_answer(request: StatusRequest, ready: bool) -> object:
+            await asyncio.sleep(0.9)  # many partitions on slow storage
+            return await answer(request, ready)
+
+        asks.admin.status_response = slow_answer  # type: ignore[method-assign]
+        status = asyncio.ensure_future(asks.resolve_status(txn))
+        await asyncio.sleep(0.2)  # n1 answered "nothing" by now
+        late = ExecuteRequest(txn, "p1", "n0", (Op(OpKind.PUT, key, b"late"),), participants=("p1",),
+                              deadline_unix_ms=begin_ms + limits.timeout_ms_peer_request)
+        assert (await runs.on_request("n0", late)).status is ExecuteStatus.OK  # in time
+        found = await status
+        assert found is not None and found.status is OutcomeStatus.UNKNOWN, found
+
+
+async def test_a_participant_that_votes_and_forgets_during_the_reads_is_seen(tmp_path):
+    """Found by review: a node's answer read its partitions' records first and looked for
+    machines after; a participant whose vote landed, decided and dropped its machine between the
+    two was in neither, and the status call said "not known" of a committed transaction."""
+    async with local_cluster(tmp_path, node_count=1, partition_count=2) as cluster:
+        node = cluster.node("n0")
+        store = cluster.faults["n0"]
+        first, second = sorted(node.partitions)
+        limits, config = node.config.limits, node.config.protocol_config
+        window_ms = limits.timeout_ms_peer_request + 2 * config.clock_slack_ms
+        begin_ms = int(time.time() * 1000) - window_ms + 300
+        txn = f"{begin_ms}.n0.dead00.1.cornus"  # a previous life of n0 coordinated it
+        key = cluster.key_in(first, "late")
+        vote_gate = store.hold("log_once", where=lambda a: a.get("txn") == txn)
+        read_gate = store.hold("read", where=lambda a: a.get("txn") == txn and a.get("log") == LogId.partition(second))
+        try:
+            late = ExecuteRequest(txn, first, "n0", (Op(OpKind.PUT, key, b"late"),), participants=(first,),
+                                  deadline_unix_ms=begin_ms + limits.timeout_ms_peer_request)
+            assert (await node.on_request("n0", late)).status is ExecuteStatus.OK  # in time; its vote is slow
+            await asyncio.sleep(0.4)  # the window has closed
+            status = asyncio.ensure_future(node.resolve_status(txn))
+
+            async def first_read() -> bool:
+                return bool(store.calls_of("read", txn=txn, log=LogId.partition(first)))
+
+            await wait_until(first_read, 5, "the status call never read the first partition")
+            vote_gate.set()
+
+            async def committed_and_forgotten() -> bool:
+                record = await cluster.record(first, txn)
+                return (record is not None and record.state is TxnState.COMMIT
+                        and txn not in node.core.partitions[first].machines)
+
+            await wait_until(committed_and_forgotten, 10, "the transaction never committed")
+            read_gate.set()
+            found = await status
+            assert found is not None, "the status call said 'not known' of a committed transaction"
+        finally:
+            vote_gate.set()
+            read_gate.set()
+            store.heal()
