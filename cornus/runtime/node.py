@@ -351,6 +351,12 @@ class Node:
         assert isinstance(request, ExecuteRequest)
         if request.deadline_unix_ms and time.time() * 1000 > request.deadline_unix_ms + self._clock_slack_ms:
             # Its sender gave up long ago; the status call may since have said "not known".
+            self.counters["requests_past_deadline"] += 1
+            count = self.counters["requests_past_deadline"]
+            if count & (count - 1) == 0:  # the 1st, 2nd, 4th, ...: seen, never a flood
+                log.warning("refused %d requests that arrived past their deadline (%s from %s): a slow network, "
+                            "or this node's clock ahead of the sender's by more than clock_slack_ms",
+                            count, request.txn, sender, extra={"txn": request.txn})
             return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"{request.txn} arrived past its deadline")
         self.ownership.check(request.partition)
         partition = self.partitions.get(request.partition)

@@ -935,6 +935,7 @@ async def test_a_one_shot_request_past_its_deadline_runs_nothing(tmp_path):
                               deadline_unix_ms=begin_ms + 2_000)
         response = await n1.on_request("n0", late)
         assert response.status is ExecuteStatus.UNAVAILABLE and "deadline" in response.detail, response
+        assert n1.counters["requests_past_deadline"] == 1  # cornus_node_events, for clocks that disagree
         assert txn not in n1.partitions["p1"].executions
         assert txn not in n1.core.partitions["p1"].machines
         on_time = ExecuteRequest(f"{int(time.time() * 1000)}.n0.abcdef.2.cornus", "p1", "n0",
