@@ -13,9 +13,10 @@ from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.factory import StoreConfig, open_store
 from tests.cluster.harness import keys_on, running_cluster
 
-# The smallest grace the cluster's storage deadline (2 s) and slack (250 ms) allow, so that the
-# records go within the test; the outcome is kept for a minute after.
-SETTINGS = {"gc_grace_ms": 4_500, "outcome_keep_ms": 60_000}
+# A storage deadline of 1 s and the smallest grace it and the slack (250 ms) allow, so that the
+# records go soon within the test; the outcome is kept for a minute after.
+STORAGE_TIMEOUT_MS = "1000"
+SETTINGS = {"gc_grace_ms": 2_500, "outcome_keep_ms": 60_000}
 COLLECT_WAIT_S = 30.0
 
 
@@ -32,6 +33,7 @@ async def _records(storage: dict[str, str], txn: str, partitions: list[str]) -> 
 def test_a_collected_transaction_s_outcome_survives_its_coordinator_s_restart(
     protocol: str, storage: dict[str, str]
 ) -> None:
+    storage = {**storage, "timeout_ms_call": STORAGE_TIMEOUT_MS}
     with running_cluster(protocol, storage, settings=SETTINGS) as cluster:
         cluster.start_all()
         # p1 (n1) and p2 (n2) take part; n0 coordinates and holds no record of it.
