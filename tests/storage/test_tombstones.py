@@ -187,6 +187,10 @@ async def test_tombstones_and_deletes_of_one_tick_each_get_their_own_answer(stor
 async def test_a_tombstone_is_kept_at_least_keep_ms(store: LogStore, ns: str) -> None:
     """Found by review: nothing checked the lower bound, and a backend that counted keep_ms in the
     wrong unit (seconds read as milliseconds) would drop tombstones a thousand times too soon."""
+    if not store.drops_tombstones_at_expiry:
+        # Nothing drops them within a test there, so this could not fail: their own tests check
+        # the expiry they hand storage (test_dynamodb_tombstones.py, test_azure_tombstones.py).
+        pytest.skip("storage drops these tombstones days after expiry")
     log = LogId.partition(ns)
     await committed(store, log, "t")
     assert await store.delete(log, "t", keep=tombstone(COMMIT, KEEP_MS_CHECKED)) is True
