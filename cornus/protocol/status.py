@@ -37,6 +37,41 @@ class Known(enum.StrEnum):
             return cls.IN_DOUBT
 
 
+def request_expired(deadline_ms: int, now_ms: int, clock_slack_ms: int) -> bool:
+    """Whether a one-shot's request (which carries its prepare) arriving at `now_ms` must be
+    refused: past its deadline (its begin plus its coordinator's wait for the answer) and the
+    clock slack, its coordinator gave up on it, and the status call may have told its caller
+    "not known" since (`verdict`'s `requests_ms`). A deadline of 0 is none: a coordinator of an
+    older version, during a rolling upgrade, whose requests run whenever they arrive."""
+    return deadline_ms > 0 and now_ms > deadline_ms + clock_slack_ms
+
+
+def requests_window_ms(timeout_ms_request: int, clock_slack_ms: int) -> int:
+    """How long after its begin a one-shot's request may still run at its owner, by the asking
+    node's clock: the deadline, plus the slack the owner grants (`request_expired`), plus the
+    slack by which the owner's clock may run behind ours."""
+    return timeout_ms_request + 2 * clock_slack_ms
+
+
+def node_knows(*, remembered: Known, coordinating: bool, decision: TxnState | None, participating: bool) -> Known:
+    """What one node tells of a transaction itself. `remembered`: what its coordinator remembers
+    (its operations running: ACTIVE; an outcome it answered; a commit it told UNKNOWN).
+    `coordinating`: its coordinator machine runs it, with `decision` if it has one.
+    `participating`: a partition it holds runs it (a machine, whose vote's write may be on its
+    way; or an execution, to which a Prepare may still come, be voted yes, and commit by
+    termination). Either of the last two makes it in doubt, never nothing: no record need have
+    landed yet (found by review: "no such transaction" of one about to commit)."""
+    if remembered in (Known.COMMITTED, Known.ABORTED, Known.ACTIVE):
+        return remembered
+    if decision is not None:
+        assert coordinating, "a decision without the machine that took it"
+        return Known.COMMITTED if decision is TxnState.COMMIT else Known.ABORTED
+    if coordinating or participating or remembered is Known.IN_DOUBT:
+        return Known.IN_DOUBT
+    assert remembered is Known.NOTHING, remembered
+    return Known.NOTHING
+
+
 @dataclass(frozen=True, slots=True)
 class NodeAnswer:
     """One node's answer: whether it may be taken at its word (recovered), the partitions whose

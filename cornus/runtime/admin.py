@@ -16,7 +16,7 @@ from cornus.protocol.effects import Effect, LogOnce, ReadRecord, StartTimer
 from cornus.protocol.events import Event, StorageUnreachable, TimerFired, answer
 from cornus.protocol.node_core import NodeCore
 from cornus.protocol.resolve import Resolver
-from cornus.protocol.status import Known, NodeAnswer, verdict
+from cornus.protocol.status import Known, NodeAnswer, node_knows, requests_window_ms, verdict
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination
 from cornus.runtime.outcome import AbortReason, Outcome, OutcomeStatus
@@ -123,9 +123,7 @@ class Admin:
             for r in responses
         ]
         protocol = self.config.protocol_config
-        # An owner runs a one-shot's request until its deadline plus the slack by its own clock,
-        # which may run up to the slack behind ours (Node.on_request): twice the slack.
-        requests_ms = self.config.limits.timeout_ms_peer_request + 2 * protocol.clock_slack_ms
+        requests_ms = requests_window_ms(self.config.limits.timeout_ms_peer_request, protocol.clock_slack_ms)
         found = verdict(answers, self.config.partitions, txn_ids.begin_ms_of(txn), now_ms,
                         config=protocol, requests_ms=requests_ms)
         if found is None:
@@ -149,18 +147,22 @@ class Admin:
                 record = await self.store.read(LogId.partition(partition), request.txn)
                 if record is not None:
                     states.append((partition, record.state))
-        known = self.status(request.txn) if request.txn else None
-        if known is None and request.txn and (runs_before or self._runs_here(request.txn, served)):
-            # A participant runs it here, its coordinator perhaps restarted: in doubt, as above,
-            # not "nothing".
-            known = Outcome(request.txn, OutcomeStatus.UNKNOWN, detail="in doubt: a participant runs it")
+        known = Known.NOTHING
+        if request.txn:
+            remembered = self.coordination.known(request.txn)
+            machine = self.core.coordinator.machines.get(request.txn)
+            known = node_knows(
+                remembered=Known.NOTHING if remembered is None else Known.of(remembered.status.value),
+                coordinating=machine is not None, decision=None if machine is None else machine.decision,
+                participating=runs_before or self._runs_here(request.txn, served),
+            )
         return StatusResponse(
             node=self.node_id,
             ready=ready,
             partitions=served,
             txn_states=tuple(states),
             in_doubt_count=self.core.in_doubt_count(),
-            txn_outcome="" if known is None else known.status.value,
+            txn_outcome=known.value,
         )
 
     def _runs_here(self, txn: str, served: tuple[str, ...]) -> bool:

@@ -24,7 +24,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
-from cornus.protocol import txn_ids
+from cornus.protocol import status, txn_ids
 from cornus.protocol.config import Protocol
 from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.effects import RecoveryFinished
@@ -349,7 +349,7 @@ class Node:
         if isinstance(request, StatusRequest):
             return await self.admin.status_response(request, self.ready)
         assert isinstance(request, ExecuteRequest)
-        if request.deadline_unix_ms and time.time() * 1000 > request.deadline_unix_ms + self._clock_slack_ms:
+        if status.request_expired(request.deadline_unix_ms, int(time.time() * 1000), self._clock_slack_ms):
             # Its sender gave up long ago; the status call may since have said "not known".
             self.counters["requests_past_deadline"] += 1
             count = self.counters["requests_past_deadline"]

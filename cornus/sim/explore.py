@@ -80,6 +80,8 @@ def _explore_share(args: tuple[str, int, int, bool]) -> tuple[int, Failures, dic
         faults["terminations"] += world.outcome.terminations
         faults["late_landings"] += world.outcome.late_landings
         faults["late_duplicates"] += world.outcome.late_duplicates
+        faults["status_questions"] += world.outcome.status_questions
+        faults["status_not_known"] += world.outcome.status_not_known
         faults["small_scan_pages"] += schedule.scan_page_max < 500
         faults["moves"] += len(schedule.moves)
         faults["twins"] += len(schedule.twins)

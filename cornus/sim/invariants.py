@@ -2,7 +2,8 @@
 
 Per transaction: agreement (one decision, whoever took it), validity (COMMIT only if every
 participant voted yes and logged it), durability of what the caller heard, atomicity of the apply,
-and that a manual resolve tells the truth. Across transactions: the data is what a serial order
+that a manual resolve tells the truth, and that the status call never says "not known" of a
+transaction that commits (cornus.sim.status_probe). Across transactions: the data is what a serial order
 of the committed transactions would have left (every increment counted once, every read seeing a
 state that fits the order), and no record came back after garbage collection. And liveness: once
 faults stop, everything decides, applies and unlocks within a bound.
@@ -26,9 +27,12 @@ def check(world: World) -> list[str]:
     outcome = world.outcome
     violations = list(outcome.violations)
     committed: list[str] = []
+    aborted: set[str] = set()
     for txn, plan in world.plans.items():
         seen = set(world.storage.decisions_seen.get(txn, set())) | set(outcome.replies.get(txn, []))
         seen |= outcome.decisions.get(txn, set())
+        if seen == {TxnState.ABORT}:
+            aborted.add(txn)
         if len(seen) > 1:
             violations.append(f"agreement: {txn} was both committed and aborted ({sorted(seen)})")
         if len(set(outcome.replies.get(txn, []))) > 1:
@@ -57,6 +61,8 @@ def check(world: World) -> list[str]:
             if resolved_txn == txn and resolved is not None and seen and resolved not in seen:
                 violations.append(f"resolve of {txn} said {resolved} ({detail}); the transaction is {sorted(seen)}")
     violations += _serializability(world, committed)
+    read_only = {txn for txn, plan in world.plans.items() if not plan.writes}
+    violations += world.probe.violations(set(committed), aborted, read_only)
     if outcome.undecided_at_liveness_check:
         violations.append(
             f"liveness: {world.liveness_bound_ms()} ms after faults ended: {outcome.undecided_at_liveness_check}"

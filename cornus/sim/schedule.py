@@ -137,6 +137,10 @@ class Schedule:
     # owner, or after the coordinator gave up on it.
     late_request_probability: float = 0.0
     late_request_ms: int = 0
+    # Whether a one-shot's requests carry their deadline, which their owner keeps to: refused when
+    # they arrive past it (plus the slack). Coordinators of an older version send none, during a
+    # rolling upgrade: their late requests run whenever they arrive.
+    request_deadlines: bool = True
     # A one-shot's storage read (on a miss in the owner's cache) answers this late with this
     # probability: its execution may be aborted or idle out meanwhile, and another transaction
     # commit a newer value of the key, which the late answer predates.
@@ -342,6 +346,9 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         resolves=resolves,
         late_request_probability=0.3 if late else 0.0,
         late_request_ms=200 + seed % 400 if late else 0,
+        # Half the schedules with late requests keep no deadline, so what a late request can do
+        # when it runs is still explored.
+        request_deadlines=not late or (seed >> 3) % 2 == 0,
         slow_read_probability=0.5 if slow_reads else 0.0,
         slow_read_ms=slow_read_ms if slow_reads else 0,
         think_ms=think_ms if thinking else 0,

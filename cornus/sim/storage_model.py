@@ -176,6 +176,14 @@ class StorageModel:
         stored = self.records.get((log, txn))
         return None if stored is None else stored.state
 
+    def state_at(self, log: LogId, txn: str, now_ms: int) -> TxnState | None:
+        """What a read at `now_ms` finds, without purging: a tombstone past its time is gone then
+        (storage may drop it as late as it likes, and a reader must cope with the earliest)."""
+        stored = self.records.get((log, txn))
+        if stored is None or (stored.expires_at_ms is not None and stored.expires_at_ms <= now_ms):
+            return None
+        return stored.state
+
     def final_state(self, log: LogId, txn: str) -> TxnState | None:
         """What the log ends with for the transaction, counting a collected record's last state."""
         state = self.state(log, txn)

@@ -4,7 +4,8 @@ reordering, duplicating network, an in-memory LogStore with outages, calls that 
 caller gave up and fences, crashes and restarts through the core's own recovery, partitions moving
 between nodes, manual resolves, and the core's execution
 state (cornus.protocol.execution: locks, buffered writes, refusals, the owner's cache), around
-which the world plays the runtime's I/O (reads that answer late, idle executions timing out). All
+which the world plays the runtime's I/O (reads that answer late, idle executions timing out), and
+the status call asked at random moments (cornus.sim.status_probe, with an RNG of its own). All
 driven by one seeded RNG and a time-ordered queue: a run is a pure function of (schedule, config,
 hooks)."""
 
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cornus.protocol import status
 from cornus.protocol.backoff import JitterSource
 from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min
 from cornus.protocol.effects import (
@@ -68,9 +70,10 @@ from cornus.protocol.ownership import fenced_partition
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.participant_blocking import CoordinatorLogParticipant
 from cornus.protocol.resolve import Resolver
-from cornus.protocol.txn_ids import PROTOCOL_TAGS, protocol_of
+from cornus.protocol.txn_ids import PROTOCOL_TAGS, begin_ms_of, protocol_of
 from cornus.sim import redo
 from cornus.sim.schedule import COORDINATORS, FAULTS_END_MS, Move, Schedule, Twin, node_of
+from cornus.sim.status_probe import StatusProbe
 from cornus.sim.storage_model import StorageModel, WriteRefused
 from storage_adapters.contract import LogId, TxnState, identity_name, is_identity
 
@@ -100,8 +103,8 @@ IDENTITY_CHECK_MS_SLOW = 20  # Schedule.slow_identity: renewals more often than 
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
     _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
-    _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _IDENTITY_ARRIVE, _WATCH, _WATCH_LANDS, _WATCHED,
-) = range(26)
+    _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _IDENTITY_ARRIVE, _WATCH, _WATCH_LANDS, _WATCHED, _STATUS, _STATUS_ANSWER,
+) = range(28)
 
 
 _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
@@ -213,6 +216,8 @@ class Outcome:
     deposed: int = 0  # processes stopped because a later process of their node took its identity
     vacancy_exits: int = 0  # parked processes that found their node's identity vacant and exited
     late_duplicates: int = 0  # second copies of messages sent to arrive after the GC grace
+    status_questions: int = 0  # status calls asked of the world and answered by every node
+    status_not_known: int = 0  # of them, answered "not known" (the caller may run it again)
     violations: list[str] = field(default_factory=list)
     undecided_at_liveness_check: list[str] = field(default_factory=list)
     log_writes: int = 0
@@ -302,6 +307,18 @@ class World:
         # deadline from sending, the coordinator hears "no answer" (the runtime's transport does),
         # even if the request still runs and votes afterwards; an answer after it goes nowhere.
         self._unanswered: set[tuple[str, str, int]] = set()
+        # Interactive transactions whose coordinator runs their operations now, by the process
+        # (node name, incarnation) that began them: the runtime's transaction context, which a
+        # restart loses (its caller's next call is refused, and the transaction never commits).
+        self.executing: dict[str, tuple[str, int]] = {}
+        # How long after its begin a one-shot's request may still run at its owner: the owner
+        # refuses it past its deadline plus the slack (Node.on_request), which the status call's
+        # verdict counts twice, for the owner's clock. Without deadlines (a coordinator of a
+        # version that sends none, as during a rolling upgrade), as long as one may travel.
+        self.requests_ms = status.requests_window_ms(
+            TIMEOUT_MS_EXECUTE if schedule.request_deadlines else schedule.delay_ms_max + schedule.late_request_ms,
+            CLOCK_SLACK_MS)
+        self.probe = StatusProbe(schedule.seed)
         self.liveness_check_ms = FAULTS_END_MS + self.liveness_bound_ms()
         # Late duplicates arrive up to two graces after they were sent: let them, and the garbage
         # collection they may race with, play out before the end.
@@ -382,6 +399,10 @@ class World:
         for index, resolve in enumerate(self.schedule.resolves):
             self._push(resolve.at_ms, _RESOLVE, index)
         self._push(self.liveness_check_ms, _CHECK, None)
+        starts_ms = [plan.start_ms for plan in self.schedule.txns]
+        near_ms = self.requests_ms + self.schedule.delay_ms_max + EXECUTION_IDLE_MS
+        for at_ms, index in self.probe.plan(self.txns, starts_ms, near_ms, self.liveness_check_ms):
+            self._push(at_ms, _STATUS, index)
 
     def _step(self, kind: int, data: Any) -> None:
         if kind == _DELIVER:
@@ -432,8 +453,16 @@ class World:
         elif kind == _COMMIT:
             txn, writes, reads = data
             node = self.nodes[self.plans[txn].coordinator]
-            if node.ready:
+            if node.ready and self.executing.pop(txn, None) == (node.name, node.incarnation):
                 self._feed(node, CommitRequested(node.name, txn, writes, reads), node.path)
+        elif kind == _STATUS:
+            # Every node is asked at once; each answers at its own moment, while the others'
+            # answers are on their way and the world goes on.
+            for name in sorted(self.nodes):
+                self._push(self.now_ms + self.probe.rng.randint(0, self.schedule.delay_ms_max), _STATUS_ANSWER,
+                           (data, name))
+        elif kind == _STATUS_ANSWER:
+            self.probe.answer(self, *data)
         elif kind == _CRASH:
             self.crash(data.node, data.down_ms)
         elif kind == _RESTART:
@@ -465,6 +494,8 @@ class World:
         if plan.one_shot:
             self._start_one_shot(txn)
             return
+        coordinator = self.nodes[plan.coordinator]
+        self.executing[txn] = (coordinator.name, coordinator.incarnation)
         reads: dict[tuple[str, str], int] = {}
         for partition, key_index in (*plan.writes, *plan.reads):
             node = self.owner_of(partition)
@@ -487,8 +518,12 @@ class World:
         that takes the key exclusive and buffers the next version. A partition whose owner
         restarted since the read has lost the execution, and with it the read lock: it refuses."""
         plan = self.plans[txn]
-        if not self.nodes[plan.coordinator].ready:
-            return  # the coordinator is gone: its executions idle out
+        coordinator = self.nodes[plan.coordinator]
+        if not coordinator.ready or self.executing.get(txn) != (coordinator.name, coordinator.incarnation):
+            # The coordinator is gone, or restarted and forgot it (its caller's next call is
+            # refused): its executions idle out.
+            self.executing.pop(txn, None)
+            return
         writes: list[tuple[str, bytes]] = []
         self.outcome.writes[txn] = {}
         for partition, key_index in plan.writes:
@@ -515,6 +550,7 @@ class World:
     def _abort_execution(self, txn: str) -> None:
         """The coordinator's abort of an execution that failed somewhere: every live owner drops it."""
         plan = self.plans[txn]
+        self.executing.pop(txn, None)
         for partition, _ in (*plan.writes, *plan.reads):
             node = self.owner_of(partition)
             if self._serves(node, partition, txn, abort=True):
@@ -579,6 +615,10 @@ class World:
             return
         if not self._serves(node, partition, txn):
             self._answer_execute(txn, partition, incarnation, "not ready")
+            return
+        deadline_ms = begin_ms_of(txn) + TIMEOUT_MS_EXECUTE if self.schedule.request_deadlines else 0
+        if status.request_expired(deadline_ms, self.now_ms, CLOCK_SLACK_MS):
+            self._answer_execute(txn, partition, incarnation, "arrived past its deadline")  # as Node.on_request
             return
         table = node.tables[partition]
         execution = self._begin_execution(node, partition, txn)
@@ -1110,10 +1150,15 @@ class World:
             self._push(self.now_ms + latency, _IDENTITY_ARRIVE, data)
         elif isinstance(effect, Deposed):
             self._depose(node.name, node.incarnation)
+        elif isinstance(effect, RecoveryFinished):
+            # A node back from a crash knows least: the status call is asked about what it
+            # coordinated just then, while that transaction's requests and votes may be on their way.
+            for at_ms, index in self.probe.after_recovery(self, node.name):
+                self._push(at_ms, _STATUS, index)
         else:
             # Decided marks a moment for timing (a 2PC coordinator emits it when it starts logging
             # COMMIT, which a crash can still undo); the machines' own decisions are observed.
-            assert isinstance(effect, Decided | TerminationEnded | RecoveryFinished), effect
+            assert isinstance(effect, Decided | TerminationEnded), effect
 
     def _send(self, node: Node, effect: Send) -> None:
         self.outcome.messages += 1

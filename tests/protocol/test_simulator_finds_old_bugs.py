@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
-from cornus.protocol import identity_watch, node_core, resolve
+from cornus.protocol import identity_watch, node_core, resolve, status
 from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.coordinator_base import CoordinatorBase
 from cornus.protocol.effects import DeleteRecord, Effect, Log, ReleaseLocks, RetakeLocks, ScanLog, Send, Timer
@@ -27,7 +27,7 @@ from cornus.sim import explore as explore_module
 from cornus.sim import redo as sim_redo
 from cornus.sim import world as sim_world
 from cornus.sim.explore import explore, run_schedule
-from cornus.sim.schedule import FAULTS_END_MS, Outage, Schedule, TxnPlan
+from cornus.sim.schedule import FAULTS_END_MS, Crash, Outage, Schedule, TxnPlan
 from storage_adapters.contract import LogId, Record, RecordBody, TxnState
 
 # Schedules each old rule gets before the test gives up on the simulator (found in far fewer).
@@ -201,7 +201,9 @@ def test_a_restart_that_forgets_a_one_shot_read_lock(monkeypatch: pytest.MonkeyP
     and restarted; recovery locked again only what its redo writes, so t2 overwrote k0 and
     committed while t1's request to p1 was still on its way (held up, and p1's log unreachable,
     so no termination could abort t1 meanwhile). t1 then read p1 after t2 had, and committed: each
-    came before the other. A one-shot's redo names what it read, and recovery locks that shared."""
+    came before the other. A one-shot's redo names what it read, and recovery locks that shared.
+    Its requests carry no deadline here, as a coordinator of an older version sends them during a
+    rolling upgrade: an owner that keeps to the deadline refuses one held up this long."""
     original = sim_redo.lock_keys
 
     def violations() -> list[str]:
@@ -216,7 +218,8 @@ def test_a_restart_that_forgets_a_one_shot_read_lock(monkeypatch: pytest.MonkeyP
                     # call lands unseen: only t1's own vote can decide it.
                     schedule = Schedule(seed=seed, partition_count=2, txns=(t1, t2), delay_ms_max=10,
                                         storage_ms_max=1, ambiguous_probability=0.0, late_request_probability=0.5,
-                                        late_request_ms=late_ms, outages=(Outage(("p.p1",), 150, outage_end_ms),))
+                                        late_request_ms=late_ms, request_deadlines=False,
+                                        outages=(Outage(("p.p1",), 150, outage_end_ms),))
                     found = run_schedule(schedule, hook=_crash_once_after_its_vote("n0"))
                     if found:
                         return found
@@ -369,3 +372,49 @@ def test_collection_that_keeps_no_tombstone(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(CoordinatorBase, "_keep_outcome", delete_all)
     violations = _found(Protocol.CORNUS)
     assert any("no tombstone keeps its outcome" in v for v in violations), violations
+
+
+# -- 14. the status call (cornus.protocol.status), asked of the world by cornus.sim.status_probe ----
+def _status_violations(*, request_deadlines: bool) -> list[str]:
+    """A one-shot over p0 and p1 whose coordinator c0 crashes a millisecond after sending its
+    requests, which are held up 400 ms: c0 is back and recovered (in about 340 ms) while they
+    travel, with nothing anywhere yet that tells of the transaction. The probe asks the status call
+    just after c0's recovery."""
+    t1 = TxnPlan("c0", Protocol.CORNUS, 0, (("p0", 0), ("p1", 0)), (), (True, True), one_shot=True)
+    schedule = Schedule(seed=1, partition_count=2, txns=(t1,), delay_ms_max=2, storage_ms_max=2,
+                        ambiguous_probability=0.0, late_request_probability=1.0, late_request_ms=400,
+                        request_deadlines=request_deadlines, crashes=(Crash("c0", 1, 1),))
+    return run_schedule(schedule)
+
+
+def test_the_status_call_that_forgets_requests_on_their_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found while the verdict moved into the core (2026-11-26): a one-shot's requests still on their
+    way after its coordinator restarted left no execution, machine or record anywhere; "not known"
+    then, and they arrived, voted yes, and termination committed. The verdict says "too recent"
+    until no request of it can run any more (here: requests without deadlines, as they travel)."""
+    assert _status_violations(request_deadlines=False) == [], "the real rules break an invariant"
+    verdict = status.verdict
+    monkeypatch.setattr(status, "verdict", lambda *args, **kwargs: verdict(*args, **{**kwargs, "requests_ms": 0}))
+    found = _status_violations(request_deadlines=False)
+    assert any("is not known; it committed" in v for v in found), found
+
+
+def test_an_owner_that_runs_a_one_shot_request_past_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other half of the same fix: the verdict's "too recent" window holds only because owners
+    refuse a request that arrives past its deadline (Node.on_request); one that runs it anyway
+    votes yes after the status call said "not known"."""
+    assert _status_violations(request_deadlines=True) == [], "the real rules break an invariant"
+    monkeypatch.setattr(status, "request_expired", lambda deadline_ms, now_ms, clock_slack_ms: False)
+    found = _status_violations(request_deadlines=True)
+    assert any("is not known; it committed" in v for v in found), found
+
+
+def test_a_status_answer_blind_to_running_participants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review (2026-11-26): a node answered "nothing" of a transaction a partition it holds
+    still ran (a machine whose vote's write was on its way, an execution a Prepare could still
+    reach) once its coordinator had restarted; the status call said "not known" of a transaction
+    that then committed."""
+    knows = status.node_knows
+    monkeypatch.setattr(status, "node_knows", lambda **answer: knows(**{**answer, "participating": False}))
+    violations = _found()
+    assert any("is not known; it committed" in v for v in violations), violations

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cornus.protocol.config import ProtocolConfig
-from cornus.protocol.status import Known, NodeAnswer, Verdict, verdict
+from cornus.protocol.status import Known, NodeAnswer, Verdict, node_knows, request_expired, requests_window_ms, verdict
 from storage_adapters.contract import TxnState
 
 CONFIG = ProtocolConfig()
@@ -59,3 +59,34 @@ def test_not_known_only_once_no_request_of_it_can_still_run() -> None:
     everyone = (node(("p0",)), node(("p1",)))
     assert judge(*everyone, now_ms=BEGIN_MS + REQUESTS_MS - 1) is Verdict.UNKNOWN
     assert judge(*everyone, now_ms=BEGIN_MS + REQUESTS_MS) is None
+
+
+@pytest.mark.parametrize(("remembered", "coordinating", "decision", "participating", "expected"), [
+    (Known.NOTHING, False, None, False, Known.NOTHING),
+    (Known.ACTIVE, False, None, False, Known.ACTIVE),
+    (Known.ABORTED, True, None, True, Known.ABORTED),  # what it answered its caller stands
+    (Known.NOTHING, True, COMMIT, False, Known.COMMITTED),
+    (Known.IN_DOUBT, True, ABORT, False, Known.ABORTED),  # told UNKNOWN, decided since
+    (Known.NOTHING, True, None, False, Known.IN_DOUBT),  # its commit runs here, undecided
+    (Known.NOTHING, False, None, True, Known.IN_DOUBT),  # a participant here runs it
+    (Known.IN_DOUBT, False, None, False, Known.IN_DOUBT),  # it told its caller UNKNOWN
+])
+def test_what_a_node_knows(
+    remembered: Known, coordinating: bool, decision: TxnState | None, participating: bool, expected: Known,
+) -> None:
+    found = node_knows(remembered=remembered, coordinating=coordinating, decision=decision, participating=participating)
+    assert found is expected
+
+
+def test_a_decision_without_its_machine_is_impossible() -> None:
+    with pytest.raises(AssertionError):
+        node_knows(remembered=Known.NOTHING, coordinating=False, decision=COMMIT, participating=False)
+
+
+def test_a_request_expires_after_its_deadline_and_the_slack_and_never_without_one() -> None:
+    slack_ms = CONFIG.clock_slack_ms
+    assert not request_expired(BEGIN_MS, BEGIN_MS + slack_ms, slack_ms)
+    assert request_expired(BEGIN_MS, BEGIN_MS + slack_ms + 1, slack_ms)
+    assert not request_expired(0, NOW_MS, slack_ms)  # an older coordinator's: no deadline
+    # The asking node's window covers the owner's slack and its clock's: twice the slack.
+    assert requests_window_ms(2_000, slack_ms) == 2_000 + 2 * slack_ms

@@ -1,0 +1,136 @@
+"""The status call, asked of the simulated world at random moments and judged against what each
+transaction became.
+
+A caller that lost its answer asks the status call, and "not known" tells it the transaction
+never committed, so it may run it again: the status call's verdict (cornus.protocol.status)
+decides whether a transaction can commit twice. The runtime gathers every node's answer
+(cornus/runtime/admin.py: what its coordinator knows, whether a participant runs the transaction
+on a partition it holds, and the records of those partitions) and asks the verdict; the world
+gathers the same answers from its own nodes, each at its own moment after the question, as a
+real node's answer is made while others are still on their way, and asks the same verdict.
+
+The probe only reads the world and draws from its own RNG: a schedule's run, and so every seed
+the tests rely on, stays what it was.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from cornus.protocol import status, txn_ids
+from cornus.protocol.status import Known, NodeAnswer, StatusVerdict, Verdict
+from storage_adapters.contract import LogId
+
+if TYPE_CHECKING:
+    from cornus.sim.world import Node, World
+
+# Questions per schedule: half soon after a transaction begins (its requests and votes on their
+# way, its coordinator perhaps crashed), half anywhere in the run (records collected, tombstones
+# kept or expired). Each costs a few dictionary reads per node.
+QUESTION_COUNT = 8
+# And after each recovery of a node, about that many of the transactions it coordinates.
+RECOVERY_QUESTION_COUNT_MAX = 2
+
+
+@dataclass(slots=True)
+class Question:
+    txn: str
+    asked_ms: int
+    answers: dict[str, NodeAnswer | None] = field(default_factory=dict)
+    verdict: StatusVerdict | None = None
+    judged: bool = False  # every answer came and the verdict was asked
+
+
+class StatusProbe:
+    def __init__(self, seed: int) -> None:
+        # Its own RNG: questions never change what the world's RNG draws.
+        self.rng = random.Random(zlib.crc32(f"{seed}/status".encode()))
+        self.questions: list[Question] = []
+
+    def plan(self, txns: tuple[str, ...], starts_ms: list[int], near_ms: int, last_ms: int) -> list[tuple[int, int]]:
+        """(when, question index) of this run's questions."""
+        planned = []
+        for index in range(QUESTION_COUNT):
+            which = self.rng.randrange(len(txns))
+            near = index % 2 == 0
+            drawn_ms = starts_ms[which] + self.rng.randint(0, near_ms) if near else self.rng.randint(0, last_ms)
+            at_ms = min(last_ms, drawn_ms)
+            self.questions.append(Question(txns[which], at_ms))
+            planned.append((at_ms, index))
+        return planned
+
+    def after_recovery(self, world: World, name: str) -> list[tuple[int, int]]:
+        """(when, question index) of questions about the transactions node `name` coordinates that
+        began before its recovery finished, asked soon after (at most RECOVERY_QUESTION_COUNT_MAX)."""
+        begun = [txn for txn in world.txns
+                 if world.plans[txn].coordinator == name and world.plans[txn].start_ms <= world.now_ms]
+        planned = []
+        for txn in self.rng.sample(begun, min(len(begun), RECOVERY_QUESTION_COUNT_MAX)):
+            at_ms = world.now_ms + self.rng.randint(0, world.schedule.delay_ms_max)
+            self.questions.append(Question(txn, at_ms))
+            planned.append((at_ms, len(self.questions) - 1))
+        return planned
+
+    def answer(self, world: World, index: int, name: str) -> None:
+        """Node `name` answers question `index` now; the verdict is asked once every node has."""
+        question = self.questions[index]
+        node = world.nodes[name]
+        first = world.twins.get(name)
+        if first is not None and self.rng.random() < 0.5:
+            node = first  # two processes answer to the node's name, as _deliver delivers
+        question.answers[name] = node_answer(world, node, question.txn)
+        if len(question.answers) < len(world.nodes):
+            return
+        question.verdict = status.verdict(
+            [question.answers[n] for n in sorted(question.answers)], world.partitions,
+            txn_ids.begin_ms_of(question.txn), question.asked_ms, config=world.config, requests_ms=world.requests_ms)
+        question.judged = True
+        world.outcome.status_questions += 1
+        world.outcome.status_not_known += question.verdict is None
+
+    def violations(self, committed: set[str], aborted: set[str], read_only: set[str]) -> list[str]:
+        """Every answer the transaction's end contradicts: "not known" or "aborted" of one that
+        committed, "committed" of one that did not. A wholly read-only transaction is exempt from
+        "not known": it logs nothing anywhere (paper 3.5), so nothing can tell of it once it is
+        over, and running it again changes nothing."""
+        found = []
+        for question in self.questions:
+            if not question.judged:
+                continue
+            txn, said = question.txn, question.verdict
+            told = "not known" if said is None else f"{said.verdict.value} ({said.detail})"
+            forgotten = said is None and txn not in read_only
+            if txn in committed and (forgotten or (said is not None and said.verdict is Verdict.ABORTED)):
+                found.append(f"status call at {question.asked_ms} ms said {txn} is {told}; it committed")
+            elif said is not None and said.verdict is Verdict.COMMITTED and txn not in committed:
+                found.append(f"status call at {question.asked_ms} ms said {txn} committed; it "
+                             f"{'aborted' if txn in aborted else 'never decided'}")
+        return found
+
+
+def node_answer(world: World, node: Node, txn: str) -> NodeAnswer | None:
+    """What the runtime's status_response of `node` says of `txn` now (None: no answer, the
+    process is down)."""
+    if not node.alive or node.core is None:
+        return None
+    core = node.core
+    held = tuple(p for p in node.partitions if p in core.partitions)
+    states = tuple(
+        state for partition in held
+        if (state := world.storage.state_at(LogId.partition(partition), txn, world.now_ms)) is not None
+    )
+    machine = core.coordinator.machines.get(txn)
+    # The runtime's coordinator remembers a transaction whose operations it runs (its context);
+    # the outcomes it answered it remembers too, but the world leaves those out: it must not
+    # need them, since a restart forgets them.
+    executing = world.executing.get(txn) == (node.name, node.incarnation)
+    known = status.node_knows(
+        remembered=Known.ACTIVE if executing else Known.NOTHING,
+        coordinating=machine is not None, decision=None if machine is None else machine.decision,
+        participating=any(txn in core.partitions[p].machines or txn in node.tables[p].executions for p in held),
+    )
+    ready = node.ready and (node.name, node.incarnation) not in world.parked
+    return NodeAnswer(ready, held, states, known)
