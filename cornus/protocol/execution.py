@@ -11,6 +11,10 @@ ones it explores:
   abort, an idle timeout) a writer may have committed a newer value that the answer predates;
 - an idle execution is dropped only while no machine runs its transaction: from prepare on, its
   locks are the machine's until the decision;
+- an owner counts idleness per partition (since the transaction's last request there), its
+  coordinator per transaction (since its client's last call): so the coordinator of an active
+  transaction refreshes each partition its requests last reached long ago (`refresh_due`), and
+  only a transaction whose coordinator is gone, or gave it up, idles out;
 - committed redo enters the cache (`cache_redo`) while its keys are still locked by it, so the
   cache never holds a value older than storage's.
 
@@ -47,6 +51,34 @@ BUFFERED_BYTES_MAX = 64 * 1024 * 1024
 BUFFERED_ENTRY_BYTES = 100
 # Transactions remembered as aborted here, so a late execute for one is refused, not restarted.
 ABORTED_REMEMBERED_COUNT_MAX = 10_000
+# An owner drops an execution no request touched for this many times its coordinator's idle
+# timeout (timeout_ms_txn_idle): by then the coordinator has aborted the transaction (its client
+# went quiet), or is gone, or has refreshed it (`refresh_due`).
+EXECUTION_IDLE_FACTOR = 2
+# The coordinator refreshes a partition its last request reached more than this part of its idle
+# timeout ago (a divisor): the refresh then has the other 1.5 timeouts, less the sweeps' period
+# and a round trip, to arrive before the owner's drop, and costs one empty request per partition
+# per half timeout of a transaction that lasts that long, none for the rest.
+REFRESH_DIVISOR = 2
+# A refresh is due more than a whole idle timeout before the owner's drop.
+assert EXECUTION_IDLE_FACTOR >= 2 and REFRESH_DIVISOR >= 2
+
+
+def execution_idle_ms(txn_idle_ms: int) -> int:
+    """How long an owner keeps an execution no request touched, for a coordinator's idle timeout."""
+    assert txn_idle_ms > 0, txn_idle_ms
+    return EXECUTION_IDLE_FACTOR * txn_idle_ms
+
+
+def refresh_due(requested_ms: Mapping[str, int], now_ms: int, txn_idle_ms: int) -> list[str]:
+    """The partitions whose executions the coordinator of an active transaction refreshes now:
+    those its last request (`requested_ms`, when it left) reached more than 1/REFRESH_DIVISOR of
+    the idle timeout ago. Its client may work elsewhere for as long as it likes without going
+    idle, while the owners count only their own requests (found by review: an execution dropped
+    behind a busy client's back aborted its commit)."""
+    assert txn_idle_ms > 0, txn_idle_ms
+    refresh_ms = txn_idle_ms // REFRESH_DIVISOR
+    return [partition for partition, sent_ms in requested_ms.items() if now_ms - sent_ms > refresh_ms]
 
 
 class RedoCodec(Protocol[V]):

@@ -81,7 +81,9 @@ class RuntimeLimits:
     # A lock request that meets a txn which already voted yes waits this long for its decision
     # (DESIGN 4: Cornus replies before participants release) before it reports a conflict.
     timeout_ms_lock_wait: int = 500
-    # Interactive transactions idle longer than this are aborted by their coordinator.
+    # Interactive transactions whose client makes no call for this long are aborted by their
+    # coordinator; an owner drops an execution no request touched for twice this, and the
+    # coordinator of a transaction still at work refreshes those it has not touched for half this.
     timeout_ms_txn_idle: int = 30_000
     # Transactions one node coordinates at once; past it new ones are refused (retryable).
     txn_count_max: int = 10_000

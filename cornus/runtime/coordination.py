@@ -21,6 +21,7 @@ from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
 from cornus.protocol.effects import Decided, Reply
 from cornus.protocol.events import CommitRequested, Event, ExecuteFailed
+from cornus.protocol.execution import refresh_due
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.admission import check_growth, one_shot_redo
 from cornus.runtime.config import NodeConfig
@@ -92,6 +93,10 @@ class CoordinatedTxn:
     # A reply that came after the commit deadline fired but before the commit resumed.
     late_reply: Reply | None = None
     busy: int = 0  # operations in flight; an idle sweep must not abort under them
+    # partition -> monotonic ms at which the last request of ours that ran there (an operation or
+    # a refresh) left: its owner's idle clock restarted later than that. A partition is out of it
+    # while a refresh of it is out, so that no more than one is.
+    requested_ms: dict[str, int] = field(default_factory=dict)
 
 
 class Coordination:
@@ -174,6 +179,7 @@ class Coordination:
         first_touched = [partition for partition in by_partition if partition not in ctx.touched]
         for partition in first_touched:
             ctx.touched[partition] = {}
+        sent_ms = _monotonic_ms()
         ctx.busy += 1
         try:
             responses = await asyncio.gather(*(self._request_partition(request) for request in requests))
@@ -199,6 +205,8 @@ class Coordination:
                 self._give_back_writes(ctx, held_bytes)
                 raise ValidationError(response.detail)
             raise TxnAborted(await self._abort_for(ctx, response))
+        for partition in by_partition:
+            ctx.requested_ms[partition] = sent_ms
         self._record_writes(ctx, by_partition)
         return [values[partition].values[index] for partition, index in positions]
 
@@ -569,22 +577,54 @@ class Coordination:
         return None
 
     def sweep_idle(self, spawn: Callable[..., None]) -> None:
-        """Abort transactions idle past timeout_ms_txn_idle (their clients are gone)."""
+        """Abort transactions idle past timeout_ms_txn_idle (their clients are gone), and refresh
+        the executions the others hold on partitions their requests last reached long ago."""
         now = time.monotonic()
-        idle_s = self.config.limits.timeout_ms_txn_idle / 1000
+        now_ms = int(now * 1000)
+        idle_ms = self.config.limits.timeout_ms_txn_idle
+        idle_s = idle_ms / 1000
         for ctx in list(self.txns.values()):
-            if ctx.state is OutcomeStatus.ACTIVE and not ctx.busy and now - ctx.last_active_s > idle_s:
+            if ctx.state is not OutcomeStatus.ACTIVE:
+                continue  # committing (its machine holds the executions now) or over
+            if not ctx.busy and now - ctx.last_active_s > idle_s:
                 # Decided now, not when the abort's task first runs: a commit or operation that
                 # runs in between must find the transaction over, or its prepares would go out
                 # while the abort drops the executions that vote on them.
                 ctx.state = OutcomeStatus.ABORTED
                 spawn(self._abort(ctx, AbortReason.TIMEOUT, "idle past timeout_ms_txn_idle"))
+                continue
+            if ctx.requested_ms:
+                for partition in refresh_due(ctx.requested_ms, now_ms, idle_ms):
+                    previous_ms = ctx.requested_ms.pop(partition)
+                    self.counters["executions_refreshed"] += 1
+                    spawn(self._refresh(ctx, partition, previous_ms, now_ms))
+
+    async def _refresh(self, ctx: CoordinatedTxn, partition: str, previous_ms: int, sent_ms: int) -> None:
+        """Restart the owner's idle clock of the execution `ctx` holds on `partition` with an
+        empty continued request: its client is at work, if elsewhere. A refresh never starts an
+        execution, so one the owner dropped stays dropped, and the commit's prepare finds it gone."""
+        request = ExecuteRequest(ctx.txn, partition, self.node_id, (), continued=True)
+        response = await self._request_partition(request)
+        if response.status is ExecuteStatus.ABORTED:
+            # Gone there (idled out before, or its owner restarted) and now refused for good: that
+            # partition votes no at the commit, which aborts. Nothing left to refresh.
+            self.counters["executions_refresh_refused"] += 1
+            return
+        # Refreshed, or perhaps not (no answer in time, the partition moving): then due again
+        # at the next sweep, with a refresh's whole margin still ahead of the owner's drop.
+        refreshed_ms = sent_ms if response.status is ExecuteStatus.OK else previous_ms
+        # An operation that ran there meanwhile put its own, later, time.
+        ctx.requested_ms[partition] = max(refreshed_ms, ctx.requested_ms.get(partition, refreshed_ms))
 
 
 def _outcome_of(reply: Reply) -> Outcome:
     if reply.outcome is TxnState.COMMIT:
         return Outcome(reply.txn, OutcomeStatus.COMMITTED)
     return Outcome(reply.txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, reply.reason)
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 def _held_bytes(key: str, value: bytes | None) -> int:

@@ -29,6 +29,7 @@ from cornus.protocol.config import Protocol
 from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.effects import RecoveryFinished
 from cornus.protocol.events import Event, MessageReceived
+from cornus.protocol.execution import execution_idle_ms
 from cornus.protocol.locks import Policy
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
@@ -436,8 +437,9 @@ class Node:
             await asyncio.sleep(SWEEP_INTERVAL_MS / 1000)
             self.coordination.sweep_idle(self.runner.spawn)
             # Executions outlive their coordinator's idle timeout by as much again: by then the
-            # coordinator has aborted (or lost) them. One a machine owns is the machine's.
-            idle_ms = 2 * self.config.limits.timeout_ms_txn_idle
+            # coordinator has aborted them, or lost them, or refreshed those of a transaction its
+            # client keeps at work. One a machine owns is the machine's.
+            idle_ms = execution_idle_ms(self.config.limits.timeout_ms_txn_idle)
             for name, partition in self.partitions.items():
                 machines = self.core.partitions[name].machines
                 self.counters["executions_idled_out"] += partition.sweep_idle(idle_ms, machines.__contains__)

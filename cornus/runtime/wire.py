@@ -66,7 +66,8 @@ class ExecuteRequest:
     abort: bool = False
     # True when the coordinator ran operations on this partition for this txn before: the
     # partition must still hold that execution state. A partition that restarted in between has
-    # lost the txn's locks, so what the txn read there may have changed: it must refuse.
+    # lost the txn's locks, so what the txn read there may have changed: it must refuse. With no
+    # ops it is a refresh: the client is at work elsewhere, so the execution is not idle.
     continued: bool = False
     # Non-empty: a one-shot transaction's request that carries its prepare as well
     # (CommitRequested.prepare_sent). Once `ops` ran, the partition takes

@@ -3,7 +3,14 @@ simulator explores them together (test_simulator_finds_old_bugs.py, test 9)."""
 
 from __future__ import annotations
 
-from cornus.protocol.execution import Execution, PartitionExecutions, Refusal
+from cornus.protocol.execution import (
+    REFRESH_DIVISOR,
+    Execution,
+    PartitionExecutions,
+    Refusal,
+    execution_idle_ms,
+    refresh_due,
+)
 from cornus.protocol.locks import Grant, LockMode
 from cornus.runtime import redo as runtime_redo
 from cornus.sim import redo
@@ -50,6 +57,18 @@ def test_an_idle_execution_goes_only_when_no_machine_runs_it() -> None:
     assert table.locks.holds_any(T1)
     assert table.idle_out(T1, busy=False) == []
     assert not table.locks.holds_any(T1) and T1 not in table.executions
+    # Its coordinator's refresh (a continued request) never starts it again.
+    assert table.begin(T1, "c0", 101, continued=True) is Refusal.ABORTED
+
+
+def test_a_coordinator_refreshes_partitions_its_requests_left_long_before_their_owners_drop() -> None:
+    assert execution_idle_ms(1_000) == 2_000
+    requested_ms = {"p0": 0, "p1": 500, "p2": 900}
+    assert refresh_due(requested_ms, 500, 1_000) == []  # none older than half the timeout
+    assert refresh_due(requested_ms, 501, 1_000) == ["p0"]
+    assert refresh_due(requested_ms, 1_401, 1_000) == ["p0", "p1", "p2"]
+    # Due more than a whole idle timeout before the owner's drop: room for the sweeps and a round trip.
+    assert execution_idle_ms(1_000) - 1_000 > 1_000 // REFRESH_DIVISOR
 
 
 def test_the_end_of_an_execution_carries_its_writes_and_reads() -> None:
