@@ -84,7 +84,9 @@ index tag `cornus-tombstone` = `1` (set by the same Put Blob), and the Terraform
 (terraform/modules/azure) deletes base blobs with that tag some days after their last
 modification (`tombstone_keep_days`, which must cover the nodes' keep_ms). The rule filters on
 the tag, so it never deletes an ordinary record: a Put Blob replaces a blob's tags with those it
-carries (none, for a record), and a record written over a tombstone is a finished one anyway.
+carries (none, for a record). The one write that may land on a tombstone, a `log` of its own
+decision (an idempotent rewrite, which may bring the vote's body back), carries the tag and the
+expiry again, so the blob stays a tombstone as it does on every other backend (`_replace`).
 Keeping again re-puts the tombstone, which restarts the rule's count from the new modification.
 The tombstone's metadata also holds its expiry, the writer's wall clock when it sent the put
 plus keep_ms, for operators and for checking the rule's days against it; the rule itself counts
@@ -188,10 +190,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class _Stored:
-    """A record as read, with the ETag that a conditional overwrite must match."""
+    """A record as read, with the ETag that a conditional overwrite must match and, for a decision
+    tombstone, its expiry metadata (None for any other record), which an overwrite carries again."""
 
     record: Record
     etag: str
+    tombstone_expiry: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,7 +493,8 @@ class AzureBlobStore(LogStore):
             return None
         etag = downloader.properties.etag
         assert etag
-        return _Stored(_decode_record(log, txn, data), etag)
+        expiry = (downloader.properties.metadata or {}).get(TOMBSTONE_EXPIRY_METADATA)
+        return _Stored(_decode_record(log, txn, data), etag, expiry)
 
     async def _put_if(
         self, name: str, content: bytes, metadata: dict[str, str], etag: str | None,
@@ -519,10 +524,21 @@ class AzureBlobStore(LogStore):
         content, metadata = _encode_record(record)
         return await self._put_if(_record_name(record.log, record.txn), content, metadata, None)
 
-    async def _replace(self, record: Record, etag: str) -> bool:
-        """Overwrite the record if its ETag is still `etag`; False if it changed or vanished."""
+    async def _replace(self, stored: _Stored, record: Record) -> bool:
+        """Overwrite `stored` with `record` if its ETag is still the one read; False if it changed or
+        vanished. A tombstone stays one, as on every other backend (its key expiry, row expiry or
+        expires_at outlive a rewrite): a Put Blob replaces the blob's tags with those it carries,
+        so the put carries the tombstone's tag and expiry again, or the lifecycle rule would never
+        drop the blob (found by review: a `log` over a tombstone left it untagged for good). Only a
+        decision's own `log` gets here over a tombstone (`check_log_transition`; `apply_redo`
+        finds a COMMIT one applied), so what stays tagged is still a finished record."""
         content, metadata = _encode_record(record)
-        return await self._put_if(_record_name(record.log, record.txn), content, metadata, etag)
+        tags = None
+        if stored.tombstone_expiry is not None:
+            assert not is_unfinished(record.state, record.applied), record
+            metadata[TOMBSTONE_EXPIRY_METADATA] = stored.tombstone_expiry
+            tags = _TOMBSTONE_TAGS
+        return await self._put_if(_record_name(record.log, record.txn), content, metadata, stored.etag, tags)
 
     async def _put_tombstone(self, log: LogId, txn: str, keep: Tombstone, etag: str | None) -> bool:
         """Put `keep`'s tombstone, tagged for the lifecycle rule, over the record's blob if its ETag
@@ -612,7 +628,7 @@ class AzureBlobStore(LogStore):
             )
             if wanted == stored.record:
                 return state  # Already stored exactly: an idempotent rewrite costs no write.
-            if await self._replace(wanted, stored.etag):
+            if await self._replace(stored, wanted):
                 return state
         raise StorageUnavailable(
             f"azure_blob: log {log.key}/{txn} lost {ETAG_RETRY_COUNT_MAX} ETag races in a row"
@@ -755,7 +771,7 @@ class AzureBlobStore(LogStore):
             assert stored is not None
             if stored.record.applied:
                 return True  # a concurrent applier of this same redo set it: the data is ours too
-            if await self._replace(replace(stored.record, state=TxnState.COMMIT, applied=True), stored.etag):
+            if await self._replace(stored, replace(stored.record, state=TxnState.COMMIT, applied=True)):
                 return True
             stored = await self._get(log, txn)
             self._check_appliable(log, txn, stored)
