@@ -33,6 +33,7 @@ DYNAMODB_ADAPTER = REPO / "storage_adapters" / "dynamodb.py"
 # of storage_adapters/dynamodb.py as.
 IAM_ACTION_OF_CALL = {
     "describe_table": "dynamodb:DescribeTable",
+    "describe_time_to_live": "dynamodb:DescribeTimeToLive",
     "get_item": "dynamodb:GetItem",
     "put_item": "dynamodb:PutItem",
     "update_item": "dynamodb:UpdateItem",
@@ -51,8 +52,9 @@ IAM_ACTION_OF_TRANSACT_ITEM = {
     "Get": "dynamodb:GetItem",
 }
 # Calls the node never makes on a table Terraform created: create_table runs only when the table
-# is missing, and update_time_to_live only on a table it created so (Terraform sets the TTL of its
-# own); delete_table is a test helper.
+# is missing, and update_time_to_live only where the table's TTL is off (Terraform's is on; the
+# node reads it at open, DescribeTimeToLive, and only warns if it cannot set it); delete_table is a
+# test helper.
 CALLS_NOT_GRANTED = {"create_table", "update_time_to_live", "delete_table"}
 # Each module's backend, by the chart's example values file of that backend.
 BACKEND_OF_MODULE = {"azure": "azure_blob", "aws": "dynamodb"}
