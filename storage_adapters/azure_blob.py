@@ -92,7 +92,11 @@ The tombstone's metadata also holds its expiry, the writer's wall clock when it 
 plus keep_ms, for operators and for checking the rule's days against it; the rule itself counts
 from Last-Modified, set when the put lands, so it never drops one early. Lifecycle rules run
 about once a day, so a tombstone stays between `tombstone_keep_days` and a day or two more
-(`drops_tombstones_at_expiry` is False). Azurite has no lifecycle management at all: there,
+(`drops_tombstones_at_expiry` is False). The rule drops a tombstone after its days whatever keep_ms
+it was written with, so the store is told them (`open`'s `tombstone_keep_days`, the node's
+CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS, which the chart sets from the module's helm_values) and
+`delete` refuses a longer keep, writing nothing (`tombstone_keep_ms_max`); a node refuses an
+outcome_keep_ms longer than them at start. Azurite has no lifecycle management at all: there,
 tombstones stay until deleted (a plain `delete` removes one like any record).
 
 Durability: Azure acknowledges a Put Blob only after it is durably stored (LRS: 3 replicas), which
@@ -141,6 +145,7 @@ from storage_adapters.contract import (
     is_unfinished,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
+from storage_adapters.factory import AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT, DAY_MS, validate_azure_tombstone_keep_days
 from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore
 
 # How often a read-modify-write may lose an ETag race before we give up and report contention as
@@ -417,11 +422,19 @@ class AzureBlobStore(LogStore):
     # A tick's plain deletes go in one Blob Batch request, its keeps beside it (see _delete_many).
     coalesces_deletes = True
 
-    def __init__(self, service: BlobServiceClient, container: ContainerClient, timeout_ms_call: int) -> None:
+    def __init__(
+        self, service: BlobServiceClient, container: ContainerClient, timeout_ms_call: int,
+        tombstone_keep_days: int = AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT,
+    ) -> None:
         super().__init__(timeout_ms_call)
         self._service = service
         self._container = container
         self._blob_batch_refused = False  # see _delete_many
+        # The lifecycle rule deletes a tombstone more than this many days after its last write, so
+        # it stays at least this long (a rewrite only restarts the count), and no longer than this
+        # plus the rule's day or two: a longer keep would be cut short.
+        self._tombstone_keep_days = tombstone_keep_days
+        self.tombstone_keep_ms_max = tombstone_keep_days * DAY_MS
         # The ETag of each data blob as this store last wrote or read it: a data write is
         # conditional on it (see put in _apply_redo), and an owner, the only writer of its keys,
         # mostly knows it, so the write costs one request, not a read first. A stale entry (the
@@ -436,7 +449,11 @@ class AzureBlobStore(LogStore):
         *,
         timeout_ms_call: int = 5000,
         create_container: bool = True,
+        tombstone_keep_days: int = AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT,
     ) -> AzureBlobStore:
+        """`tombstone_keep_days` are those of the lifecycle rule that drops tombstones (the
+        Terraform module's variable of that name): `delete` refuses a longer keep."""
+        validate_azure_tombstone_keep_days(tombstone_keep_days)
         if not isinstance(connection_string, str) or not connection_string:
             raise ValidationError("connection_string must be a non-empty string")
         if not isinstance(container, str) or not container:
@@ -455,7 +472,7 @@ class AzureBlobStore(LogStore):
             )
         except ValueError as error:
             raise ValidationError(f"bad connection string: {error}") from error
-        store = cls(service, service.get_container_client(container), timeout_ms_call)
+        store = cls(service, service.get_container_client(container), timeout_ms_call, tombstone_keep_days)
         if create_container:
             try:
                 await store._bounded(store._create_container(), "create_container")
@@ -463,6 +480,10 @@ class AzureBlobStore(LogStore):
                 await service.close()
                 raise
         return store
+
+    def _tombstone_keep_limit(self) -> str:
+        return (f"the lifecycle rule's tombstone_keep_days, {self._tombstone_keep_days}: raise it in the Terraform "
+                "module and the store's azure_tombstone_keep_days, or keep tombstones for less")
 
     def _storage_error(self, error: Exception, what: str) -> StorageError | None:
         """Transport failures and the service's errors as the contract's typed errors, so callers
