@@ -84,13 +84,19 @@ index tag `cornus-tombstone` = `1` (set by the same Put Blob), and the Terraform
 (terraform/modules/azure) deletes base blobs with that tag some days after their last
 modification (`tombstone_keep_days`, which must cover the nodes' keep_ms). The rule filters on
 the tag, so it never deletes an ordinary record: a Put Blob replaces a blob's tags with those it
-carries (none, for a record), and a record written over a tombstone is a finished one anyway.
+carries (none, for a record). The one write that may land on a tombstone, a `log` of its own
+decision (an idempotent rewrite, which may bring the vote's body back), carries the tag and the
+expiry again, so the blob stays a tombstone as it does on every other backend (`_replace`).
 Keeping again re-puts the tombstone, which restarts the rule's count from the new modification.
 The tombstone's metadata also holds its expiry, the writer's wall clock when it sent the put
 plus keep_ms, for operators and for checking the rule's days against it; the rule itself counts
 from Last-Modified, set when the put lands, so it never drops one early. Lifecycle rules run
 about once a day, so a tombstone stays between `tombstone_keep_days` and a day or two more
-(`drops_tombstones_at_expiry` is False). Azurite has no lifecycle management at all: there,
+(`drops_tombstones_at_expiry` is False). The rule drops a tombstone after its days whatever keep_ms
+it was written with, so the store is told them (`open`'s `tombstone_keep_days`, the node's
+CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS, which the chart sets from the module's helm_values) and
+`delete` refuses a longer keep, writing nothing (`tombstone_keep_ms_max`); a node refuses an
+outcome_keep_ms longer than them at start. Azurite has no lifecycle management at all: there,
 tombstones stay until deleted (a plain `delete` removes one like any record).
 
 Durability: Azure acknowledges a Put Blob only after it is durably stored (LRS: 3 replicas), which
@@ -139,6 +145,7 @@ from storage_adapters.contract import (
     is_unfinished,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
+from storage_adapters.factory import AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT, DAY_MS, validate_azure_tombstone_keep_days
 from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore
 
 # How often a read-modify-write may lose an ETag race before we give up and report contention as
@@ -188,10 +195,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class _Stored:
-    """A record as read, with the ETag that a conditional overwrite must match."""
+    """A record as read, with the ETag that a conditional overwrite must match and, for a decision
+    tombstone, its expiry metadata (None for any other record), which an overwrite carries again."""
 
     record: Record
     etag: str
+    tombstone_expiry: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,11 +422,19 @@ class AzureBlobStore(LogStore):
     # A tick's plain deletes go in one Blob Batch request, its keeps beside it (see _delete_many).
     coalesces_deletes = True
 
-    def __init__(self, service: BlobServiceClient, container: ContainerClient, timeout_ms_call: int) -> None:
+    def __init__(
+        self, service: BlobServiceClient, container: ContainerClient, timeout_ms_call: int,
+        tombstone_keep_days: int = AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT,
+    ) -> None:
         super().__init__(timeout_ms_call)
         self._service = service
         self._container = container
         self._blob_batch_refused = False  # see _delete_many
+        # The lifecycle rule deletes a tombstone more than this many days after its last write, so
+        # it stays at least this long (a rewrite only restarts the count), and no longer than this
+        # plus the rule's day or two: a longer keep would be cut short.
+        self._tombstone_keep_days = tombstone_keep_days
+        self.tombstone_keep_ms_max = tombstone_keep_days * DAY_MS
         # The ETag of each data blob as this store last wrote or read it: a data write is
         # conditional on it (see put in _apply_redo), and an owner, the only writer of its keys,
         # mostly knows it, so the write costs one request, not a read first. A stale entry (the
@@ -432,7 +449,11 @@ class AzureBlobStore(LogStore):
         *,
         timeout_ms_call: int = 5000,
         create_container: bool = True,
+        tombstone_keep_days: int = AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT,
     ) -> AzureBlobStore:
+        """`tombstone_keep_days` are those of the lifecycle rule that drops tombstones (the
+        Terraform module's variable of that name): `delete` refuses a longer keep."""
+        validate_azure_tombstone_keep_days(tombstone_keep_days)
         if not isinstance(connection_string, str) or not connection_string:
             raise ValidationError("connection_string must be a non-empty string")
         if not isinstance(container, str) or not container:
@@ -451,7 +472,7 @@ class AzureBlobStore(LogStore):
             )
         except ValueError as error:
             raise ValidationError(f"bad connection string: {error}") from error
-        store = cls(service, service.get_container_client(container), timeout_ms_call)
+        store = cls(service, service.get_container_client(container), timeout_ms_call, tombstone_keep_days)
         if create_container:
             try:
                 await store._bounded(store._create_container(), "create_container")
@@ -459,6 +480,10 @@ class AzureBlobStore(LogStore):
                 await service.close()
                 raise
         return store
+
+    def _tombstone_keep_limit(self) -> str:
+        return (f"the lifecycle rule's tombstone_keep_days, {self._tombstone_keep_days}: raise it in the Terraform "
+                "module and the store's azure_tombstone_keep_days, or keep tombstones for less")
 
     def _storage_error(self, error: Exception, what: str) -> StorageError | None:
         """Transport failures and the service's errors as the contract's typed errors, so callers
@@ -489,7 +514,8 @@ class AzureBlobStore(LogStore):
             return None
         etag = downloader.properties.etag
         assert etag
-        return _Stored(_decode_record(log, txn, data), etag)
+        expiry = (downloader.properties.metadata or {}).get(TOMBSTONE_EXPIRY_METADATA)
+        return _Stored(_decode_record(log, txn, data), etag, expiry)
 
     async def _put_if(
         self, name: str, content: bytes, metadata: dict[str, str], etag: str | None,
@@ -519,10 +545,21 @@ class AzureBlobStore(LogStore):
         content, metadata = _encode_record(record)
         return await self._put_if(_record_name(record.log, record.txn), content, metadata, None)
 
-    async def _replace(self, record: Record, etag: str) -> bool:
-        """Overwrite the record if its ETag is still `etag`; False if it changed or vanished."""
+    async def _replace(self, stored: _Stored, record: Record) -> bool:
+        """Overwrite `stored` with `record` if its ETag is still the one read; False if it changed or
+        vanished. A tombstone stays one, as on every other backend (its key expiry, row expiry or
+        expires_at outlive a rewrite): a Put Blob replaces the blob's tags with those it carries,
+        so the put carries the tombstone's tag and expiry again, or the lifecycle rule would never
+        drop the blob (found by review: a `log` over a tombstone left it untagged for good). Only a
+        decision's own `log` gets here over a tombstone (`check_log_transition`; `apply_redo`
+        finds a COMMIT one applied), so what stays tagged is still a finished record."""
         content, metadata = _encode_record(record)
-        return await self._put_if(_record_name(record.log, record.txn), content, metadata, etag)
+        tags = None
+        if stored.tombstone_expiry is not None:
+            assert not is_unfinished(record.state, record.applied), record
+            metadata[TOMBSTONE_EXPIRY_METADATA] = stored.tombstone_expiry
+            tags = _TOMBSTONE_TAGS
+        return await self._put_if(_record_name(record.log, record.txn), content, metadata, stored.etag, tags)
 
     async def _put_tombstone(self, log: LogId, txn: str, keep: Tombstone, etag: str | None) -> bool:
         """Put `keep`'s tombstone, tagged for the lifecycle rule, over the record's blob if its ETag
@@ -612,7 +649,7 @@ class AzureBlobStore(LogStore):
             )
             if wanted == stored.record:
                 return state  # Already stored exactly: an idempotent rewrite costs no write.
-            if await self._replace(wanted, stored.etag):
+            if await self._replace(stored, wanted):
                 return state
         raise StorageUnavailable(
             f"azure_blob: log {log.key}/{txn} lost {ETAG_RETRY_COUNT_MAX} ETag races in a row"
@@ -755,7 +792,7 @@ class AzureBlobStore(LogStore):
             assert stored is not None
             if stored.record.applied:
                 return True  # a concurrent applier of this same redo set it: the data is ours too
-            if await self._replace(replace(stored.record, state=TxnState.COMMIT, applied=True), stored.etag):
+            if await self._replace(stored, replace(stored.record, state=TxnState.COMMIT, applied=True)):
                 return True
             stored = await self._get(log, txn)
             self._check_appliable(log, txn, stored)

@@ -47,8 +47,9 @@ ReturnValues=ALL_OLD on success tells whether a record was there. A tombstone is
 to every other call (the unfinished scan's filter passes only VOTE_YES and unapplied COMMITs), and
 a plain delete removes it like any item. DynamoDB's own Time To Live drops it: `expires_at` is a
 Number of epoch SECONDS (TTL's unit; the keep's end rounded up, so never early), the table's TTL is
-enabled on that attribute (by the Terraform module; by `open` when it creates the table), and only
-tombstones carry it, so no record, value or ownership item ever expires. TTL deletes an expired
+enabled on that attribute (by the Terraform module; by `open` on a table it may manage, see
+`_check_ttl`, which warns where it may not), and only tombstones carry it, so no record, value or
+ownership item ever expires. TTL deletes an expired
 item in the background, typically within a few days, and until then the item still reads as its
 tombstone: keep_ms is a minimum, so reads do not hide it (`drops_tombstones_at_expiry` is False).
 Fenced, the write is a transaction, which cannot return the old item on success: its record
@@ -64,9 +65,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import Mapping
-from typing import Any, NoReturn
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -130,6 +132,18 @@ TABLE_ACTIVE_POLL_MS = 100
 # garbage collection of a long-finished txn makes all but impossible; past this it is reported as
 # unavailable (nothing written), for the caller to retry.
 TOMBSTONE_ROUND_COUNT_MAX = 4
+# Attempts of each call `open` makes to prepare the table (DescribeTable, CreateTable and the
+# TTL's DescribeTimeToLive and UpdateTimeToLive), each under the call deadline, while the service
+# answers it as unavailable (a throttled control plane, a dropped connection), with a pause that
+# doubles from OPEN_CALL_BACKOFF_MS between them. Then open fails as unavailable (for the node to
+# open again later), except for the TTL's calls: the table serves without TTL, so open warns.
+OPEN_CALL_ATTEMPT_COUNT_MAX = 3
+OPEN_CALL_BACKOFF_MS = 200
+# The TTL states in which DynamoDB drops the items whose expiry has passed (or soon will).
+_TTL_ON = frozenset({"ENABLED", "ENABLING"})
+
+logger = logging.getLogger("cornus.storage.dynamodb")
+T = TypeVar("T")
 
 _RETRYABLE_ERROR_CODES = frozenset(
     {
@@ -303,6 +317,11 @@ def _refuse_tombstone(log: LogId, txn: str, keep: Tombstone, item: Mapping[str, 
     ) from error
 
 
+def _ttl_drops_tombstones(ttl: Mapping[str, Any]) -> bool:
+    """Whether a TimeToLiveDescription says the table drops items by `expires_at` (or soon will)."""
+    return ttl.get("TimeToLiveStatus") in _TTL_ON and ttl.get("AttributeName") == _EXPIRES_AT
+
+
 def _is_local(endpoint_url: str | None) -> bool:
     return endpoint_url is not None and urlsplit(endpoint_url).hostname in ("127.0.0.1", "localhost", "::1")
 
@@ -360,38 +379,104 @@ class DynamoDbStore(LogStore):
         )
         store = cls(client, exit_stack, table, timeout_ms_call)
         try:
-            if create_table:
-                await store._create_table()
+            created = await store._create_table() if create_table else False
+            await store._check_ttl(manage=create_table, created=created)
         except BaseException:
             await exit_stack.aclose()
             raise
         return store
 
-    async def _create_table(self) -> None:
-        status, created = await self._bounded(self._describe_or_create_table(), "create_table")
+    async def _open_call(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """`call()` under the call deadline, attempted again while it fails as unavailable, at most
+        OPEN_CALL_ATTEMPT_COUNT_MAX times in all (see there). Only for the table's preparation
+        at open, whose calls are all idempotent (a CreateTable that landed unanswered is found
+        by the next attempt's DescribeTable)."""
+        backoff_ms = OPEN_CALL_BACKOFF_MS
+        for _ in range(OPEN_CALL_ATTEMPT_COUNT_MAX - 1):
+            try:
+                return await self._bounded(call(), what)
+            except StorageUnavailable:
+                await asyncio.sleep(backoff_ms / 1000)
+                backoff_ms *= 2
+        return await self._bounded(call(), what)
+
+    async def _create_table(self) -> bool:
+        """Create the table if it is missing and wait until it is ACTIVE; whether this call made it."""
+        status, created = await self._open_call(self._describe_or_create_table, "create_table")
         # Creation takes seconds on AWS, longer than one call's deadline, so the wait has its own
         # bound and each poll its own deadline.
         for _ in range(TABLE_ACTIVE_WAIT_MS_MAX // TABLE_ACTIVE_POLL_MS):
             if status == "ACTIVE":
                 break
             await asyncio.sleep(TABLE_ACTIVE_POLL_MS / 1000)
-            description = await self._bounded(self._client.describe_table(TableName=self._table), "describe_table")
+            description = await self._open_call(
+                lambda: self._client.describe_table(TableName=self._table), "describe_table"
+            )
             status = description["Table"]["TableStatus"]
         else:
             raise StorageUnavailable(
                 f"dynamodb: table {self._table} not ACTIVE after {TABLE_ACTIVE_WAIT_MS_MAX}ms (status {status})"
             )
-        if created:
-            # A table made here (tests, benchmarks, a first try) drops its tombstones as the
-            # Terraform module's does, rather than keeping them forever. Only by its creator, once
-            # ACTIVE (DynamoDB refuses it before): a table found existing is the operator's, whose
-            # TTL is set where it was made, and a node checking it at every open would need one
-            # more IAM action for a call that changes nothing.
-            specification = {"Enabled": True, "AttributeName": _EXPIRES_AT}
-            await self._bounded(
-                self._client.update_time_to_live(TableName=self._table, TimeToLiveSpecification=specification),
+        return created
+
+    async def _check_ttl(self, *, manage: bool, created: bool) -> None:
+        """Make sure the table's TTL drops tombstones (on `expires_at`), or say that it will not.
+
+        Where the store may manage the table (`manage`: it may create it, the `create_table` of
+        `open`), a TTL found off is enabled (on a table this open created, without asking first).
+        Found off where it may not, on another attribute (a table has one TTL attribute, whose
+        items its owner means to expire: not ours to move), or unreadable or unsettable (IAM,
+        a throttled control plane past OPEN_CALL_ATTEMPT_COUNT_MAX attempts, a TTL change in
+        progress), it is one warning: the table serves without TTL, but no tombstone will ever
+        expire. So an enable that failed once (found by review: that was never tried again, and
+        open failed) is made by the next open. A table Terraform made has TTL on (one
+        DescribeTimeToLive at open, which its IAM policy grants)."""
+        table = self._table
+        ttl: Mapping[str, Any] = {}
+        if not created:
+            try:
+                description = await self._open_call(
+                    lambda: self._client.describe_time_to_live(TableName=table), "describe_time_to_live"
+                )
+            except StorageError as error:
+                self._warn_ttl(f"its TTL could not be read ({error})")
+                return
+            ttl = description.get("TimeToLiveDescription", {})
+            if _ttl_drops_tombstones(ttl):
+                return
+            status, attribute = ttl.get("TimeToLiveStatus", "DISABLED"), ttl.get("AttributeName")
+            if not manage:
+                self._warn_ttl(f"its TTL is {status}{f' on {attribute}' if attribute else ''}, and this store "
+                               "may not manage the table (create_table=False)")
+                return
+            if status != "DISABLED":
+                self._warn_ttl(f"its TTL is {status} on {attribute}: a table has one TTL attribute, left as its "
+                               "owner set it")
+                return
+        specification = {"Enabled": True, "AttributeName": _EXPIRES_AT}
+        try:
+            await self._open_call(
+                lambda: self._client.update_time_to_live(TableName=table, TimeToLiveSpecification=specification),
                 "update_time_to_live",
             )
+        except StorageError as error:
+            # Another node opening the same table may have enabled it first (DynamoDB then
+            # refuses a second enable): only a TTL still off is worth the warning.
+            with contextlib.suppress(StorageError):
+                description = await self._bounded(
+                    self._client.describe_time_to_live(TableName=table), "describe_time_to_live"
+                )
+                if _ttl_drops_tombstones(description.get("TimeToLiveDescription", {})):
+                    return
+            self._warn_ttl(f"enabling its TTL failed ({error})")
+
+    def _warn_ttl(self, why: str) -> None:
+        logger.warning(
+            "dynamodb table %s: %s. Its TTL is not enabled on %s, so decision tombstones will never expire: "
+            "the table grows by one item per collected transaction. Enable TTL on %s (the Terraform module "
+            "does), or let the node manage the table (create_table)",
+            self._table, why, _EXPIRES_AT, _EXPIRES_AT,
+        )
 
     async def _describe_or_create_table(self) -> tuple[str, bool]:
         """The table's status, once it is created if it was not there, and whether this call

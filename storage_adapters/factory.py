@@ -15,6 +15,17 @@ from storage_adapters.store import LogStore
 
 BACKENDS = ("emulator", "redis", "azure_blob", "dynamodb")
 TIMEOUT_MS_CALL_MAX = 600_000
+# Azure Blob drops decision tombstones by a lifecycle rule (the Terraform module's
+# `tombstone_keep_days`), which deletes each that many whole days after its last write, whatever
+# keep it was written with: the store is told those days, and a keep longer than they are (a
+# node's outcome_keep_ms, at start) is refused. The module's bounds and default: a week's keep
+# (TOMBSTONE_KEEP_MS_MAX) fits in 8 days, longer is a leak.
+AZURE_TOMBSTONE_KEEP_DAYS_MIN = 1
+AZURE_TOMBSTONE_KEEP_DAYS_MAX = 8
+AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT = 1
+DAY_MS = 86_400_000
+# The fields given as integers; the environment's strings are converted.
+_INT_FIELDS = ("timeout_ms_call", "azure_tombstone_keep_days")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +36,8 @@ class StoreConfig:
     redis_url: str = "redis://127.0.0.1:6379/0"
     azure_connection_string: str = ""
     azure_container: str = "cornus"
+    # The days of the Azure lifecycle rule that drops tombstones (see AZURE_TOMBSTONE_KEEP_DAYS_MIN).
+    azure_tombstone_keep_days: int = AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT
     dynamodb_table: str = "cornus"
     dynamodb_endpoint: str | None = None
     dynamodb_region: str = "us-east-1"
@@ -38,6 +51,7 @@ class StoreConfig:
             raise ValidationError(f"timeout_ms_call must be an int in 1..{TIMEOUT_MS_CALL_MAX}")
         if self.backend == "azure_blob" and not self.azure_connection_string:
             raise ValidationError("backend azure_blob needs azure_connection_string")
+        validate_azure_tombstone_keep_days(self.azure_tombstone_keep_days)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> StoreConfig:
@@ -58,13 +72,26 @@ def env_values(environ: Mapping[str, str]) -> dict[str, object]:
         if env_name not in environ:
             continue
         raw = environ[env_name]
-        if name == "timeout_ms_call":
+        if name in _INT_FIELDS:
             if not raw.isdigit():
                 raise ValidationError(f"{env_name} must be an integer, got {raw!r}")
             values[name] = int(raw)
         else:
             values[name] = raw
     return values
+
+
+def validate_azure_tombstone_keep_days(days: object) -> int:
+    """`days` if the Azure lifecycle rule could have been made with them (the Terraform module's
+    `tombstone_keep_days`: whole days in its bounds), else ValidationError."""
+    if not isinstance(days, int) or isinstance(days, bool) or not (
+        AZURE_TOMBSTONE_KEEP_DAYS_MIN <= days <= AZURE_TOMBSTONE_KEEP_DAYS_MAX
+    ):
+        raise ValidationError(
+            f"azure tombstone_keep_days must be a whole number of days in {AZURE_TOMBSTONE_KEEP_DAYS_MIN}.."
+            f"{AZURE_TOMBSTONE_KEEP_DAYS_MAX} (the Terraform module's lifecycle rule), got {days!r}"
+        )
+    return days
 
 
 async def open_store(config: StoreConfig) -> LogStore:
@@ -82,7 +109,10 @@ async def open_store(config: StoreConfig) -> LogStore:
         from storage_adapters.azure_blob import AzureBlobStore
 
         store = await AzureBlobStore.open(
-            config.azure_connection_string, config.azure_container, timeout_ms_call=config.timeout_ms_call
+            config.azure_connection_string,
+            config.azure_container,
+            timeout_ms_call=config.timeout_ms_call,
+            tombstone_keep_days=config.azure_tombstone_keep_days,
         )
     else:
         assert config.backend == "dynamodb"

@@ -267,6 +267,8 @@ TIMEOUT_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "call over its limit": ({"storage": {"timeoutMsCall": TIMEOUT_MS_CALL_MAX + 1},
                              "timeouts": {"gc_grace_ms": 3 * TIMEOUT_MS_CALL_MAX}}, "timeoutMsCall", "timeout_ms_call"),
     "a zero timeout": ({"timeouts": {"timeout_ms_prepare": 0}}, "timeout_ms_prepare", "timeout_ms_prepare"),
+    # No lifecycle rule but Azure's bounds the keep: a week on Redis.
+    "a week's outcome keep": ({"timeouts": {"outcome_keep_ms": 7 * 86_400_000}}, "", ""),
 }
 
 
@@ -557,3 +559,64 @@ def test_rebalance_hook_ends_within_helms_default_timeout_and_fails_on_its_verdi
     assert args[args.index("--expect-peers") + 1] == peers
     member_urls = args[args.index("--member-urls") + 1]
     assert [item.split("=")[0] for item in member_urls.split(",")] == [item.split("=")[0] for item in peers.split(",")]
+
+
+_DAY_MS = 86_400_000
+# Azure's tombstones are dropped by the Terraform module's lifecycle rule tombstone_keep_days after
+# their last write (storage.azureBlob.tombstoneKeepDays, 1 by default as in the module): each side
+# of outcome_keep_ms <= days * a day, and the rule's bounds. (values beyond
+# ci/azure-blob-values.yaml, the word helm's refusal names, the word the node's does.)
+AZURE_KEEP_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
+    "the defaults": ({}, "", ""),
+    "a day's keep on the default rule": ({"timeouts": {"outcome_keep_ms": _DAY_MS}}, "", ""),
+    "past the default rule": ({"timeouts": {"outcome_keep_ms": _DAY_MS + 1}}, "tombstoneKeepDays",
+                              "tombstone_keep_days"),
+    "two days on a two days' rule": ({"storage": {"azureBlob": {"tombstoneKeepDays": 2}},
+                                      "timeouts": {"outcome_keep_ms": 2 * _DAY_MS}}, "", ""),
+    "past a two days' rule": ({"storage": {"azureBlob": {"tombstoneKeepDays": 2}},
+                               "timeouts": {"outcome_keep_ms": 2 * _DAY_MS + 1}}, "tombstoneKeepDays",
+                              "tombstone_keep_days"),
+    "a week on an eight days' rule": ({"storage": {"azureBlob": {"tombstoneKeepDays": 8}},
+                                       "timeouts": {"outcome_keep_ms": 7 * _DAY_MS}}, "", ""),
+    "a rule of nine days": ({"storage": {"azureBlob": {"tombstoneKeepDays": 9}}}, "tombstoneKeepDays",
+                            "tombstone_keep_days"),
+    "a rule of no days": ({"storage": {"azureBlob": {"tombstoneKeepDays": 0}}}, "tombstoneKeepDays",
+                          "tombstone_keep_days"),
+}
+
+
+@pytest.mark.parametrize(("case", "how"), [(case, how) for case in sorted(AZURE_KEEP_CASES)
+                                           for how in ("values file", "--set")])
+def test_helm_refuses_exactly_the_outcome_keeps_the_azure_lifecycle_rule_would_cut_short(
+        helm_bin: str, tmp_path: Path, case: str, how: str) -> None:
+    """Found by review: nothing checked outcome_keep_ms against the rule's days, so a tombstone
+    could be deleted before the status call stopped counting on it. The chart knows both (the
+    Terraform module's helm_values hand it the rule's days), passes the days to the node
+    (CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS), and refuses what the node would refuse."""
+    extra, helm_word, node_word = AZURE_KEEP_CASES[case]
+    base = yaml.safe_load(VALUES_FILES["azure_blob"].read_text())
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
+    if how == "values file":
+        values = tmp_path / "values.yaml"
+        values.write_text(yaml.safe_dump(_merged(base, extra)))
+        args += ["-f", str(values)]
+    else:
+        args += ["-f", str(VALUES_FILES["azure_blob"])]
+        for item in _flattened(extra):
+            args += ["--set", item]
+    done = run_helm(helm_bin, args)
+    environ = pod_environ(node_container(render(helm_bin, VALUES_FILES["azure_blob"])), "cornus-0")
+    days = extra.get("storage", {}).get("azureBlob", {}).get("tombstoneKeepDays", 1)
+    environ["CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS"] = str(days)
+    for name, value in extra.get("timeouts", {}).items():
+        environ[f"CORNUS_{name.upper()}"] = str(value)
+    node_refusal = _node_verdict(environ)
+    if done.returncode == 0:
+        rendered = pod_environ(node_container([d for d in yaml.safe_load_all(done.stdout) if d]), "cornus-0")
+        assert rendered["CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS"] == str(days)
+        assert not node_refusal and not _node_verdict(rendered), (
+            f"helm installs {extra}, the node refuses it: {node_refusal or _node_verdict(rendered)}")
+        assert not helm_word, f"{case}: expected a refusal naming {helm_word}"
+    else:
+        assert node_refusal, f"helm refuses {extra}, which the node accepts:\n{done.stderr}"
+        assert helm_word in done.stderr and node_word in node_refusal, (done.stderr, node_refusal)

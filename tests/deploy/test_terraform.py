@@ -22,6 +22,7 @@ import yaml
 from cornus.runtime.config import load_node_config
 from storage_adapters import azure_blob
 from storage_adapters.contract import LogId
+from storage_adapters.factory import AZURE_TOMBSTONE_KEEP_DAYS_MAX, AZURE_TOMBSTONE_KEEP_DAYS_MIN, StoreConfig
 from tests.deploy.conftest import CHART, REPO, TERRAFORM, VALUES_FILES, find, render
 from tests.deploy.test_helm_chart import DIGEST, node_container, pod_environ
 
@@ -33,6 +34,7 @@ DYNAMODB_ADAPTER = REPO / "storage_adapters" / "dynamodb.py"
 # of storage_adapters/dynamodb.py as.
 IAM_ACTION_OF_CALL = {
     "describe_table": "dynamodb:DescribeTable",
+    "describe_time_to_live": "dynamodb:DescribeTimeToLive",
     "get_item": "dynamodb:GetItem",
     "put_item": "dynamodb:PutItem",
     "update_item": "dynamodb:UpdateItem",
@@ -51,8 +53,9 @@ IAM_ACTION_OF_TRANSACT_ITEM = {
     "Get": "dynamodb:GetItem",
 }
 # Calls the node never makes on a table Terraform created: create_table runs only when the table
-# is missing, and update_time_to_live only on a table it created so (Terraform sets the TTL of its
-# own); delete_table is a test helper.
+# is missing, and update_time_to_live only where the table's TTL is off (Terraform's is on; the
+# node reads it at open, DescribeTimeToLive, and only warns if it cannot set it); delete_table is a
+# test helper.
 CALLS_NOT_GRANTED = {"create_table", "update_time_to_live", "delete_table"}
 # Each module's backend, by the chart's example values file of that backend.
 BACKEND_OF_MODULE = {"azure": "azure_blob", "aws": "dynamodb"}
@@ -246,6 +249,28 @@ def test_azure_lifecycle_rule_deletes_decision_tombstones_and_never_a_record() -
     assert account.get("is_hns_enabled", False) is False
 
 
+def test_azure_module_hands_the_tombstone_rules_days_to_the_chart() -> None:
+    """A tombstone must be kept outcome_keep_ms, and the rule deletes it tombstone_keep_days after
+    its last write whatever it was asked: nothing compared the two (found by review). The module
+    knows the days, the chart knows both: the module's helm_values hand the days to the chart
+    (storage.azureBlob.tombstoneKeepDays), which refuses an outcome_keep_ms they would cut short
+    and passes them to the node, which refuses it too and refuses such a keep
+    (tests/deploy/test_helm_chart.py, tests/storage/test_azure_tombstones.py). All three bound the
+    days alike, with the module's default."""
+    values = _applied(_output_value(MODULES / "azure", "helm_values"), lambda ref: "${" + ref + "}")
+    assert values["storage"]["azureBlob"]["tombstoneKeepDays"] == "${var.tombstone_keep_days}"
+    variable = blocks(MODULES / "azure", "variable")["tombstone_keep_days"]
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    days = schema["properties"]["storage"]["properties"]["azureBlob"]["properties"]["tombstoneKeepDays"]
+    chart_default = yaml.safe_load((CHART / "values.yaml").read_text())["storage"]["azureBlob"]["tombstoneKeepDays"]
+    assert (days["type"], days["minimum"], days["maximum"]) == (
+        "integer", AZURE_TOMBSTONE_KEEP_DAYS_MIN, AZURE_TOMBSTONE_KEEP_DAYS_MAX) == ("integer", 1, 8)
+    (validation,) = variable["validation"]
+    assert f">= {AZURE_TOMBSTONE_KEEP_DAYS_MIN}" in validation["condition"]
+    assert f"<= {AZURE_TOMBSTONE_KEEP_DAYS_MAX}" in validation["condition"]
+    assert variable["default"] == chart_default == StoreConfig().azure_tombstone_keep_days == 1
+
+
 def test_azure_redis_persists_its_aof_through_the_storage_firewall() -> None:
     """The AOF account denies by default and admits Azure services by the trusted-service bypass,
     which admits a cache only when it writes with its managed identity: with the account key (SAS,
@@ -357,6 +382,8 @@ def _example_chart_values(example: str) -> dict[str, Any]:
         kind, _, name = ref.partition(".")
         if kind == "var" and name in module_call:
             return _applied(module_call[name], in_example)
+        if kind == "var" and "default" in blocks(module, "variable").get(name, {}):
+            return unquote(blocks(module, "variable")[name]["default"])
         assert ref in APPLIED_VALUES, f"{module}: no value for ${{{ref}}}: add one to APPLIED_VALUES"
         return APPLIED_VALUES[ref]
 

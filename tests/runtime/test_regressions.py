@@ -846,6 +846,27 @@ def test_outcome_keep_ms_takes_up_to_a_week_and_no_more():
             load_node_config(environ={}, overrides={**settings, "outcome_keep_ms": bad})
 
 
+
+def test_outcome_keep_ms_must_fit_the_azure_lifecycle_rule():
+    """On Azure a tombstone is dropped by a lifecycle rule `tombstone_keep_days` after its last
+    write, whatever keep it was given: an outcome_keep_ms longer than the rule's days would be
+    cut short, so the node refuses it at start where it knows both (found by review: nothing
+    compared them). The rule's days are CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS, the Terraform
+    module's default 1 unless set; other backends have no rule."""
+    day_ms = 86_400_000
+    settings = {"node_id": "n0", "peers": "n0=127.0.0.1:7100", "partition_count": 2,
+                "storage_backend": "azure_blob", "storage_azure_connection_string": "UseDevelopmentStorage=true"}
+    assert load_node_config(environ={}, overrides={**settings, "outcome_keep_ms": day_ms}).protocol_config
+    with pytest.raises(ValidationError, match=r"outcome_keep_ms.*tombstone_keep_days"):
+        load_node_config(environ={}, overrides={**settings, "outcome_keep_ms": day_ms + 1})
+    two_days = {"CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS": "2"}
+    config = load_node_config(environ=two_days, overrides={**settings, "outcome_keep_ms": 2 * day_ms})
+    assert (config.storage.azure_tombstone_keep_days, config.protocol_config.outcome_keep_ms) == (2, 2 * day_ms)
+    with pytest.raises(ValidationError, match=r"outcome_keep_ms.*tombstone_keep_days"):
+        load_node_config(environ=two_days, overrides={**settings, "outcome_keep_ms": 2 * day_ms + 1})
+    redis = {**settings, "storage_backend": "redis"}
+    assert load_node_config(environ={}, overrides={**redis, "outcome_keep_ms": 7 * day_ms}).protocol_config
+
 async def test_a_call_refused_by_one_owner_whose_other_answer_was_lost_aborts(tmp_path, monkeypatch):
     """Found by review: run_ops kept the transaction usable (ValidationError: "nothing happened")
     when its first failed partition answered INVALID and every partition failed, whatever the

@@ -7,6 +7,7 @@ the blobs with the SDK, beside the store, in the container it uses."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from azure.storage.blob.aio import BlobServiceClient, ContainerClient
 
 from storage_adapters import azure_blob
 from storage_adapters.contract import LogId, RecordBody, Tombstone, TxnState
-from storage_adapters.errors import DecisionFlipRefused
+from storage_adapters.errors import DecisionFlipRefused, ValidationError
 from storage_adapters.factory import StoreConfig, open_store
 from tests.conftest import Services
 from tests.storage.conftest import config_for
@@ -29,6 +30,8 @@ TAG = "cornus-tombstone"
 TAG_VALUE = "1"
 KEEP_MS = 3_600_000
 KEEP_MS_AGAIN = 60_000
+# A day, in the unit of keep_ms: the lifecycle rule counts whole days.
+DAY_MS = 86_400_000
 # The lifecycle rule's filter, as a Find Blobs by Tags expression (Azurite answers it).
 TAG_FILTER = f"\"{TAG}\" = '{TAG_VALUE}'"
 
@@ -116,14 +119,41 @@ async def test_only_tombstones_carry_the_tag_the_lifecycle_rule_deletes_by(
     assert tags == {TAG: TAG_VALUE}
     _expiry_within(metadata, before_ms, after_ms, KEEP_MS_AGAIN)
 
-    # A record written over a tombstone is an ordinary one again: a Put Blob carries its own tags
-    # (a record's: none) and replaces the blob's.
-    assert await store.log(log, "kept", COMMIT, body(ns)) is COMMIT
-    assert await _tags_and_metadata(container, log, "kept") == ({}, {"state": COMMIT, "applied": "true"})
-    assert await _selected_by_the_rule(container, log) == {"absent"}
     # A plain delete removes a tombstone like any record.
     assert await store.delete(log, "absent") is True
-    assert await _selected_by_the_rule(container, log) == set()
+    assert await _selected_by_the_rule(container, log) == {"kept"}
+
+
+@pytest.mark.parametrize("decision", [COMMIT, ABORT])
+async def test_a_log_over_a_tombstone_leaves_it_a_tombstone_the_rule_still_drops(
+    store: azure_blob.AzureBlobStore, container: ContainerClient, ns: str, decision: TxnState
+) -> None:
+    """A `log` of the tombstone's own decision over it (a late decision, carrying the vote's body)
+    is an idempotent rewrite on every backend, and the tombstone stays one: Redis keeps the key's
+    expiry, the emulator the row's, DynamoDB the item's expires_at. Here it is a Put Blob, which
+    replaces the blob's tags with those it carries: it must carry the tombstone's tag and expiry
+    again, or the lifecycle rule never drops the blob (found by review: it carried none)."""
+    log = LogId.partition(ns)
+    await store.log_once(log, "t", VOTE, body(ns))
+    if decision is COMMIT:
+        assert await store.apply_redo(ns, "t", {"k": b"v"})
+    assert await store.delete(log, "t", keep=Tombstone(decision, KEEP_MS)) is True
+    kept_tags, kept_metadata = await _tags_and_metadata(container, log, "t")
+    assert kept_tags == {TAG: TAG_VALUE}
+
+    assert await store.log(log, "t", decision, body(ns)) is decision
+    record = await store.read(log, "t")
+    assert record is not None and (record.state, record.applied, record.body) == (
+        decision, decision is COMMIT, body(ns))
+    assert await _tags_and_metadata(container, log, "t") == (kept_tags, kept_metadata)
+    assert await _selected_by_the_rule(container, log) == {"t"}
+    # Nor does a refused flip, or an apply over a COMMIT tombstone, touch it.
+    with pytest.raises(DecisionFlipRefused):
+        await store.log(log, "t", ABORT if decision is COMMIT else COMMIT, body(ns))
+    if decision is COMMIT:
+        assert await store.apply_redo(ns, "t", {"k": b"w"}) is False
+    assert await _tags_and_metadata(container, log, "t") == (kept_tags, kept_metadata)
+    assert (await store.read_data(ns, ["k"])) == {"k": b"v" if decision is COMMIT else None}
 
 
 @pytest.mark.parametrize("stored", [VOTE, None], ids=["vote", "absent"])
@@ -159,3 +189,58 @@ async def test_a_keep_judges_a_record_changed_between_its_read_and_its_put(
     assert record is not None and (record.state, record.applied, record.body) == (COMMIT, False, body(ns))
     assert record.body != RecordBody()
     assert await _tags_and_metadata(container, log, "t") == ({}, {"state": COMMIT, "applied": "false"})
+
+
+@pytest.mark.parametrize("days", [None, 2], ids=["default", "two-days"])
+async def test_a_keep_longer_than_the_lifecycle_rule_is_refused_and_writes_nothing(
+    config: StoreConfig, container: ContainerClient, ns: str, days: int | None
+) -> None:
+    """The lifecycle rule deletes a tombstone `tombstone_keep_days` after its last write, whatever
+    keep_ms it was asked for: a keep longer than that would be dropped early, and a status call
+    would say "not known" of an outcome it was promised (found by review: nothing compared the
+    two). The store is told the rule's days (the Terraform module's default, 1, unless set) and
+    refuses such a keep before any I/O."""
+    if days is not None:
+        config = dataclasses.replace(config, azure_tombstone_keep_days=days)
+    rule_ms = (days or 1) * DAY_MS
+    store = await open_store(config)
+    try:
+        log = LogId.partition(ns)
+        await store.log_once(log, "voted", VOTE, body(ns))
+        before = await _tags_and_metadata(container, log, "voted")
+        for txn in ("voted", "absent"):
+            with pytest.raises(ValidationError, match=rf"tombstone_keep_days, {days or 1}"):
+                await store.delete(log, txn, keep=Tombstone(ABORT, rule_ms + 1))
+        record = await store.read(log, "voted")
+        assert record is not None and (record.state, record.body) == (VOTE, body(ns))
+        assert await _tags_and_metadata(container, log, "voted") == before
+        assert await store.read(log, "absent") is None
+        # The rule's whole days are kept.
+        assert await store.delete(log, "voted", keep=Tombstone(ABORT, rule_ms)) is True
+        assert await store.delete(log, "absent", keep=Tombstone(ABORT, rule_ms)) is False
+        assert await _selected_by_the_rule(container, log) == {"voted", "absent"}
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("bad", [0, 9, -1, 1.5, True, "1", None])
+async def test_the_lifecycle_rules_days_must_be_whole_days_the_rule_allows(services: Services, bad: object) -> None:
+    """What the Terraform module's variable allows (whole days, 1..8), or a clear error before any
+    I/O: from the configuration and at open alike."""
+    with pytest.raises(ValidationError, match="tombstone_keep_days"):
+        StoreConfig(backend="azure_blob", azure_connection_string=services.azure_connection_string,
+                    azure_tombstone_keep_days=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="tombstone_keep_days"):
+        await azure_blob.AzureBlobStore.open(
+            services.azure_connection_string, "never-made", tombstone_keep_days=bad)  # type: ignore[arg-type]
+
+
+def test_the_lifecycle_rules_days_come_from_the_environment() -> None:
+    environ = {"CORNUS_STORAGE_BACKEND": "azure_blob",
+               "CORNUS_STORAGE_AZURE_CONNECTION_STRING": "UseDevelopmentStorage=true"}
+    days = "CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS"
+    assert StoreConfig.from_env(environ).azure_tombstone_keep_days == 1
+    assert StoreConfig.from_env({**environ, days: "3"}).azure_tombstone_keep_days == 3
+    for bad in ("a day", "9"):
+        with pytest.raises(ValidationError, match=r"(?i)tombstone_keep_days"):
+            StoreConfig.from_env({**environ, days: bad})

@@ -2,11 +2,14 @@
 (test_tombstones.py) cannot see: a tombstone item's `expires_at` (a Number of epoch seconds, the
 unit TTL reads; milliseconds would keep it for millennia) and no body left behind; the round trips
 a keep costs; the fenced keep's second round where no record was, and its bound; the emulator
-that ignores ReturnValuesOnConditionCheckFailure; and the TTL that `open` enables on a table it
-creates. Against the suite's moto server, the item read raw by a client of its own."""
+that ignores ReturnValuesOnConditionCheckFailure; and the TTL that `open` checks, and enables on a
+table it may manage or warns of. Against the suite's moto server, the item read raw by a client of
+its own."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import time
 import uuid
@@ -17,7 +20,7 @@ import botocore.session
 import pytest
 
 from storage_adapters.contract import Fence, LogId, RecordBody, Tombstone, TxnState
-from storage_adapters.dynamodb import TOMBSTONE_ROUND_COUNT_MAX, DynamoDbStore
+from storage_adapters.dynamodb import OPEN_CALL_ATTEMPT_COUNT_MAX, TOMBSTONE_ROUND_COUNT_MAX, DynamoDbStore
 from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, StorageUnavailable
 from storage_adapters.factory import open_store
 from tests.conftest import Services
@@ -222,25 +225,146 @@ async def test_a_fenced_keep_gives_up_on_a_record_that_keeps_coming_and_going(
     assert record is not None and record.state is VOTE and record.body == body(ns)
 
 
-async def test_open_enables_ttl_on_expires_at_only_on_a_table_it_creates(services: Services, raw: Any) -> None:
-    """A table made by the adapter (tests, benchmarks) drops its tombstones as the Terraform
-    module's does; one that exists is left as its owner made it."""
-    created, existing = (f"ttl-{kind}-{uuid.uuid4().hex[:10]}" for kind in ("created", "existing"))
+def make_table(raw: Any, table: str) -> None:
+    """A table as the adapter makes it, made by someone else (an operator): no TTL."""
     raw.create_table(
-        TableName=existing, BillingMode="PAY_PER_REQUEST",
+        TableName=table, BillingMode="PAY_PER_REQUEST",
         KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
         AttributeDefinitions=[{"AttributeName": name, "AttributeType": "S"} for name in ("pk", "sk")],
     )
-    stores = []
-    try:
-        for table in (created, existing):
-            stores.append(await DynamoDbStore.open(table, endpoint_url=services.dynamodb_endpoint))
-        ttl = raw.describe_time_to_live(TableName=created)["TimeToLiveDescription"]
-        assert (ttl.get("TimeToLiveStatus"), ttl.get("AttributeName")) == ("ENABLED", "expires_at"), ttl
-        ttl = raw.describe_time_to_live(TableName=existing)["TimeToLiveDescription"]
-        assert ttl.get("TimeToLiveStatus") != "ENABLED", ttl
-    finally:
-        for store in stores:
-            await store.close()
-        for table in (created, existing):
-            raw.delete_table(TableName=table)
+
+
+def ttl_of(raw: Any, table: str) -> tuple[str | None, str | None]:
+    ttl = raw.describe_time_to_live(TableName=table)["TimeToLiveDescription"]
+    return ttl.get("TimeToLiveStatus"), ttl.get("AttributeName")
+
+
+@pytest.fixture
+def tables(raw: Any) -> Iterator[list[str]]:
+    """Names for tables of this test's own (the TTL is per table), deleted afterwards."""
+    names = [f"ttl-{uuid.uuid4().hex[:12]}-{i}" for i in range(3)]
+    yield names
+    for name in names:
+        with contextlib.suppress(raw.exceptions.ResourceNotFoundException):
+            raw.delete_table(TableName=name)
+
+
+class _Answer:
+    """What a `before-call` handler hands botocore instead of the service's answer: an HTTP error."""
+
+    status_code = 400
+
+
+def refusing(operation: str, code: str, count: int, sent: list[str]) -> type[DynamoDbStore]:
+    """A DynamoDbStore whose first `count` calls of `operation` (every one: -1) the service answers
+    with error `code`; `sent` gets the operation's name at each call, answered or not."""
+
+    def answer(**_: Any) -> tuple[_Answer, dict[str, Any]] | None:
+        sent.append(operation)
+        if count < 0 or len(sent) <= count:
+            return _Answer(), {"Error": {"Code": code, "Message": f"{code} (injected by the test)"}}
+        return None
+
+    class Refusing(DynamoDbStore):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._client.meta.events.register(f"before-call.dynamodb.{operation}", answer)
+
+    return Refusing
+
+
+def ttl_warnings(caplog: pytest.LogCaptureFixture, table: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "cornus.storage.dynamodb" and r.levelno == logging.WARNING and table in r.getMessage()]
+
+
+async def test_open_enables_ttl_on_expires_at_on_every_table_it_may_manage(
+    services: Services, raw: Any, tables: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A table the adapter may create (create_table, the default) is one it manages: it made TTL
+    on expires_at only on a table it created, so an existing one without it (made by hand, or by
+    an open whose TTL call failed) kept its tombstones forever (found by review). Now `open`
+    checks the TTL of the table it finds, and enables it there too."""
+    created, existing, _ = tables
+    make_table(raw, existing)
+    for table in (created, existing):
+        store = await DynamoDbStore.open(table, endpoint_url=services.dynamodb_endpoint)
+        await store.close()
+        assert ttl_of(raw, table) == ("ENABLED", "expires_at"), table
+        assert not ttl_warnings(caplog, table)
+    # Found enabled, it is left alone: one DescribeTimeToLive, no UpdateTimeToLive.
+    sent: list[str] = []
+    store = await refusing("UpdateTimeToLive", "AccessDeniedException", -1, sent).open(
+        existing, endpoint_url=services.dynamodb_endpoint)
+    await store.close()
+    assert sent == [] and not ttl_warnings(caplog, existing)
+
+
+async def test_open_warns_once_where_tombstones_would_never_expire(
+    services: Services, raw: Any, tables: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the store may not manage the table (create_table=False), or the TTL is on another
+    attribute (a table has one TTL attribute, which is its owner's to move), `open` changes
+    nothing and says once, clearly, that tombstones will never expire."""
+    unmanaged, elsewhere, _ = tables
+    make_table(raw, unmanaged)
+    make_table(raw, elsewhere)
+    raw.update_time_to_live(TableName=elsewhere, TimeToLiveSpecification={"Enabled": True, "AttributeName": "gone_at"})
+    for table, create_table in ((unmanaged, False), (elsewhere, True)):
+        before = ttl_of(raw, table)
+        with caplog.at_level(logging.WARNING, logger="cornus.storage.dynamodb"):
+            store = await DynamoDbStore.open(table, endpoint_url=services.dynamodb_endpoint, create_table=create_table)
+        await store.close()
+        assert ttl_of(raw, table) == before, table
+        (warning,) = ttl_warnings(caplog, table)
+        assert "expires_at" in warning and "never expire" in warning, warning
+
+
+async def test_a_ttl_enable_that_failed_is_made_by_the_next_open(
+    services: Services, raw: Any, tables: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by review: the TTL of a table the store created was enabled once, right after, and
+    never again: if that call failed, open failed, and every later open found the table existing
+    and left it without TTL. Now a refused enable is a warning (the table serves without it), and
+    the next open enables it."""
+    table, _, _ = tables
+    sent: list[str] = []
+    with caplog.at_level(logging.WARNING, logger="cornus.storage.dynamodb"):
+        store = await refusing("UpdateTimeToLive", "AccessDeniedException", -1, sent).open(
+            table, endpoint_url=services.dynamodb_endpoint)
+    await store.close()
+    # Refused for good (not retryable): asked once.
+    assert sent == ["UpdateTimeToLive"]
+    assert ttl_of(raw, table)[0] != "ENABLED"
+    (warning,) = ttl_warnings(caplog, table)
+    assert "AccessDeniedException" in warning and "never expire" in warning, warning
+    store = await DynamoDbStore.open(table, endpoint_url=services.dynamodb_endpoint)
+    await store.close()
+    assert ttl_of(raw, table) == ("ENABLED", "expires_at")
+
+
+@pytest.mark.parametrize("operation", ["DescribeTimeToLive", "UpdateTimeToLive"])
+async def test_open_retries_its_ttl_calls_a_bounded_number_of_times(
+    services: Services, raw: Any, tables: list[str], caplog: pytest.LogCaptureFixture, operation: str
+) -> None:
+    """Throttled (retryable), each TTL call is attempted again, at most OPEN_CALL_ATTEMPT_COUNT_MAX
+    times, each under the call deadline; past that the table serves and open warns."""
+    passing, throttled, _ = tables
+    for table in (passing, throttled):
+        make_table(raw, table)
+    sent: list[str] = []
+    store = await refusing(operation, "ThrottlingException", OPEN_CALL_ATTEMPT_COUNT_MAX - 1, sent).open(
+        passing, endpoint_url=services.dynamodb_endpoint)
+    await store.close()
+    assert sent == [operation] * OPEN_CALL_ATTEMPT_COUNT_MAX
+    assert ttl_of(raw, passing) == ("ENABLED", "expires_at")
+    assert not ttl_warnings(caplog, passing)
+    sent.clear()
+    with caplog.at_level(logging.WARNING, logger="cornus.storage.dynamodb"):
+        store = await refusing(operation, "ThrottlingException", -1, sent).open(
+            throttled, endpoint_url=services.dynamodb_endpoint)
+    await store.close()
+    assert sent == [operation] * OPEN_CALL_ATTEMPT_COUNT_MAX
+    assert ttl_of(raw, throttled)[0] != "ENABLED"
+    (warning,) = ttl_warnings(caplog, throttled)
+    assert "ThrottlingException" in warning, warning

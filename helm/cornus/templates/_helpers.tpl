@@ -201,7 +201,7 @@ node would refuse fails the install instead of crash-looping every pod. Single v
 at most a limit) are checked by values.schema.json. tests/deploy/test_helm_chart.py checks that
 helm refuses exactly the combinations the node refuses.
 */}}
-{{- $nodeDefaults := dict "clock_slack_ms" 1000 "gc_grace_ms" 12000 "backoff_ms_min" 10 "backoff_ms_max" 320 "lease_ms" 4000 "renew_interval_ms" 1000 "op_count_max" 1000 "txn_op_count_max" 10000 }}
+{{- $nodeDefaults := dict "clock_slack_ms" 1000 "gc_grace_ms" 12000 "backoff_ms_min" 10 "backoff_ms_max" 320 "lease_ms" 4000 "renew_interval_ms" 1000 "op_count_max" 1000 "txn_op_count_max" 10000 "outcome_keep_ms" 600000 }}
 {{- $t := dict }}
 {{- range $name, $default := $nodeDefaults }}
 {{- $value := $default }}
@@ -224,6 +224,13 @@ helm refuses exactly the combinations the node refuses.
 {{- end }}
 {{- if gt $t.op_count_max $t.txn_op_count_max }}
 {{- fail (printf "timeouts.op_count_max (%d, per request) must not exceed timeouts.txn_op_count_max (%d, per transaction) (unset, they are %d and %d, the node's defaults)" $t.op_count_max $t.txn_op_count_max $nodeDefaults.op_count_max $nodeDefaults.txn_op_count_max) }}
+{{- end }}
+{{- /* Azure's lifecycle rule deletes a tombstone tombstoneKeepDays after its last write, whatever keep it was given. */}}
+{{- if eq .Values.storage.backend "azure_blob" }}
+{{- $days := int64 .Values.storage.azureBlob.tombstoneKeepDays }}
+{{- if gt $t.outcome_keep_ms (mul $days 86400000) }}
+{{- fail (printf "timeouts.outcome_keep_ms is %d, but the lifecycle rule deletes decision tombstones storage.azureBlob.tombstoneKeepDays (%d, the Terraform module's tombstone_keep_days) after their last write, %d ms: raise tombstone_keep_days in Terraform (its helm_values pass it here) to at least %d, or lower outcome_keep_ms (unset, it is %d, the node's default)" $t.outcome_keep_ms $days (mul $days 86400000) (div (add $t.outcome_keep_ms 86399999) 86400000) $nodeDefaults.outcome_keep_ms) }}
+{{- end }}
 {{- end }}
 {{- /* The release in the cluster, when there is one (lookup is empty under helm template). */}}
 {{- $previous := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "cornus.fullname" .) }}

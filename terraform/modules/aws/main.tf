@@ -42,11 +42,13 @@ resource "aws_dynamodb_table" "cornus" {
 }
 
 # Exactly the DynamoDB calls storage_adapters/dynamodb.py makes against an existing table:
-# DescribeTable (at open), GetItem, PutItem, UpdateItem, DeleteItem, Query, BatchGetItem, and the
-# items of TransactGetItems (Get) and TransactWriteItems (Put, Update, Delete, ConditionCheck),
-# which IAM authorizes as GetItem, PutItem, UpdateItem, DeleteItem and ConditionCheckItem. Not
-# CreateTable (Terraform creates the table; the adapter creates one only when it is missing) nor
-# DeleteTable (a test helper).
+# DescribeTable and DescribeTimeToLive (at open: the table, and that its TTL drops tombstones),
+# GetItem, PutItem, UpdateItem, DeleteItem, Query, BatchGetItem, and the items of TransactGetItems
+# (Get) and TransactWriteItems (Put, Update, Delete, ConditionCheck), which IAM authorizes as
+# GetItem, PutItem, UpdateItem, DeleteItem and ConditionCheckItem. Not CreateTable (Terraform
+# creates the table; the adapter creates one only when it is missing), UpdateTimeToLive (the
+# adapter enables TTL only where it finds it off, and the table above has it on) nor DeleteTable
+# (a test helper).
 data "aws_iam_policy_document" "dynamodb" {
   statement {
     sid = "CornusTable"
@@ -55,6 +57,7 @@ data "aws_iam_policy_document" "dynamodb" {
       "dynamodb:ConditionCheckItem",
       "dynamodb:DeleteItem",
       "dynamodb:DescribeTable",
+      "dynamodb:DescribeTimeToLive",
       "dynamodb:GetItem",
       "dynamodb:PutItem",
       "dynamodb:Query",

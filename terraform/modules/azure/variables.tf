@@ -50,7 +50,7 @@ variable "record_retention_days" {
 }
 
 variable "tombstone_keep_days" {
-  description = "Days a decision tombstone (what garbage collection leaves in a collected record's place, so a transaction's outcome can still be told; a blob under <container>/txn/ tagged cornus-tombstone = 1) stays after it was last written before a lifecycle rule deletes it. It must cover the nodes' outcome keep setting (the keep_ms their garbage collection gives each tombstone): the rule counts whole days from the tombstone's last modification and runs about once a day, so a tombstone lives from this many days to a day or two more."
+  description = "Days a decision tombstone (what garbage collection leaves in a collected record's place, so a transaction's outcome can still be told; a blob under <container>/txn/ tagged cornus-tombstone = 1) stays after it was last written before a lifecycle rule deletes it. It must cover the nodes' outcome keep setting (the keep_ms their garbage collection gives each tombstone): the rule counts whole days from the tombstone's last modification and runs about once a day, so a tombstone lives from this many days to a day or two more. The module's helm_values pass it to the chart (storage.azureBlob.tombstoneKeepDays), which refuses a timeouts.outcome_keep_ms longer than it, as the nodes do."
   type        = number
   default     = 1
   validation {
