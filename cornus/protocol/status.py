@@ -37,20 +37,37 @@ class Known(enum.StrEnum):
             return cls.IN_DOUBT
 
 
+def request_deadline_ms(carried_ms: int, begin_ms: int, timeout_ms_request: int) -> int:
+    """The deadline an owner keeps a one-shot's request (which carries its prepare) to: the one
+    it carries (its begin plus its coordinator's wait for the answer), and never later than its
+    begin plus the owner's own wait (found by audit: a coordinator whose configuration allowed a
+    longer wait than the node asked for the status call, or an older one that carries none, had
+    requests run after that node's window closed). 0: none (an id no runtime made, from a
+    coordinator that carries none)."""
+    own_ms = begin_ms + timeout_ms_request if begin_ms else 0
+    return min(carried_ms, own_ms) if carried_ms and own_ms else carried_ms or own_ms
+
+
 def request_expired(deadline_ms: int, now_ms: int, clock_slack_ms: int) -> bool:
-    """Whether a one-shot's request (which carries its prepare) arriving at `now_ms` must be
-    refused: past its deadline (its begin plus its coordinator's wait for the answer) and the
-    clock slack, its coordinator gave up on it, and the status call may have told its caller
-    "not known" since (`verdict`'s `requests_ms`). A deadline of 0 is none: a coordinator of an
-    older version, during a rolling upgrade, whose requests run whenever they arrive."""
+    """Whether a one-shot's request arriving at `now_ms` must be refused: past its deadline
+    (`request_deadline_ms`) and the clock slack, its coordinator gave up on it, and the status
+    call may have told its caller "not known" since (`verdict`'s `requests_ms`)."""
     return deadline_ms > 0 and now_ms > deadline_ms + clock_slack_ms
 
 
 def requests_window_ms(timeout_ms_request: int, clock_slack_ms: int) -> int:
-    """How long after its begin a one-shot's request may still run at its owner, by the asking
-    node's clock: the deadline, plus the slack the owner grants (`request_expired`), plus the
-    slack by which the owner's clock may run behind ours."""
+    """How long after its begin a one-shot's request may still run at an owner whose wait is
+    `timeout_ms_request`, by the asking node's clock: the deadline, plus the slack the owner
+    grants (`request_expired`), plus the slack by which the owner's clock may run behind ours."""
     return timeout_ms_request + 2 * clock_slack_ms
+
+
+def kept_window_ms(config: ProtocolConfig) -> int:
+    """How long after its begin a transaction that voted leaves a record, by a coordinator with
+    `config`: records go gc_grace_ms after the decision, which comes after the begin, and the
+    first participant's stays as the decision's tombstone for outcome_keep_ms more (by the
+    coordinator's clock and storage's: the slack covers how far ours may differ)."""
+    return config.gc_grace_ms + config.outcome_keep_ms - config.clock_slack_ms
 
 
 def node_knows(*, remembered: Known, coordinating: bool, decision: TxnState | None, participating: bool) -> Known:
@@ -75,12 +92,18 @@ def node_knows(*, remembered: Known, coordinating: bool, decision: TxnState | No
 @dataclass(frozen=True, slots=True)
 class NodeAnswer:
     """One node's answer: whether it may be taken at its word (recovered), the partitions whose
-    records it read (only those), the states it found there, and what it knows itself."""
+    records it read (only those), the states it found there, and what it knows itself; and the
+    windows its own configuration sets, which may differ from the asking node's during a change
+    of configuration: how long a one-shot's request may run at it (`requests_window_ms`) and how
+    long the records of a transaction it coordinated stay (`kept_window_ms`). 0: not told (an
+    older node)."""
 
     ready: bool
     partitions: tuple[str, ...]
     states: tuple[TxnState, ...]
     known: Known
+    requests_ms: int = 0
+    kept_ms: int = 0
 
 
 class Verdict(enum.Enum):
@@ -106,7 +129,9 @@ def verdict(
     never committed, and its caller may run it again. `requests_ms`: how long after its begin a
     one-shot's requests, which carry its prepare, may run at their owners (their deadline, which
     the owners keep to, plus the clock slack): until then one may be on its way, with nothing
-    anywhere yet to tell of it."""
+    anywhere yet to tell of it. `config` and `requests_ms` are the asking node's; the windows its
+    peers tell widen them (the longest wait, the shortest keep), since any of them may have
+    coordinated the transaction or may run its request."""
     answered = [answer for answer in answers if answer is not None]
     knowns = {answer.known for answer in answered}
     for known, found in ((Known.COMMITTED, Verdict.COMMITTED), (Known.ABORTED, Verdict.ABORTED),
@@ -135,16 +160,14 @@ def verdict(
         return StatusVerdict(Verdict.UNKNOWN, (
             f"no node holds {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''} now, so its records "
             "could not be read"))
+    requests_ms = max([requests_ms, *(answer.requests_ms for answer in answered)])
     if begin_ms and now_ms < begin_ms + requests_ms:
         # Found while moving this rule into the core: a one-shot whose coordinator died as its
         # requests left had, while they travelled, no execution, machine or record anywhere;
         # "not known" then, and they arrived, voted yes, and termination committed.
         return StatusVerdict(Verdict.UNKNOWN, "too recent to tell: a request of it may still be on its way")
-    # Records go gc_grace_ms after the decision, which comes after the begin, and the first
-    # participant's stays as the decision's tombstone for outcome_keep_ms more (by the
-    # coordinator's clock and storage's: the slack covers how far ours may differ). Until then a
-    # transaction that voted has a record somewhere: none means it never did.
-    kept_ms = config.gc_grace_ms + config.outcome_keep_ms - config.clock_slack_ms
+    # Until then a transaction that voted has a record somewhere: none means it never did.
+    kept_ms = min([kept_window_ms(config), *(answer.kept_ms for answer in answered if answer.kept_ms)])
     # An id without a begin time (0) is none a runtime made: never one of ours.
     if begin_ms and now_ms >= begin_ms + kept_ms:
         return StatusVerdict(Verdict.UNKNOWN, (

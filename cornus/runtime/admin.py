@@ -16,7 +16,7 @@ from cornus.protocol.effects import Effect, LogOnce, ReadRecord, StartTimer
 from cornus.protocol.events import Event, StorageUnreachable, TimerFired, answer
 from cornus.protocol.node_core import NodeCore
 from cornus.protocol.resolve import Resolver
-from cornus.protocol.status import Known, NodeAnswer, node_knows, requests_window_ms, verdict
+from cornus.protocol.status import Known, NodeAnswer, kept_window_ms, node_knows, requests_window_ms, verdict
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination
 from cornus.runtime.outcome import AbortReason, Outcome, OutcomeStatus
@@ -118,14 +118,13 @@ class Admin:
             return_exceptions=True,
         )
         answers = [
-            NodeAnswer(r.ready, r.partitions, tuple(state for _, state in r.txn_states), Known.of(r.txn_outcome))
+            NodeAnswer(r.ready, r.partitions, tuple(state for _, state in r.txn_states), Known.of(r.txn_outcome),
+                       r.requests_window_ms, r.kept_window_ms)
             if isinstance(r, StatusResponse) else None
             for r in responses
         ]
-        protocol = self.config.protocol_config
-        requests_ms = requests_window_ms(self.config.limits.timeout_ms_peer_request, protocol.clock_slack_ms)
         found = verdict(answers, self.config.partitions, txn_ids.begin_ms_of(txn), now_ms,
-                        config=protocol, requests_ms=requests_ms)
+                        config=self.config.protocol_config, requests_ms=self._requests_window_ms())
         if found is None:
             return None
         status = OutcomeStatus(found.verdict.value)
@@ -163,7 +162,13 @@ class Admin:
             txn_states=tuple(states),
             in_doubt_count=self.core.in_doubt_count(),
             txn_outcome=known.value,
+            requests_window_ms=self._requests_window_ms(),
+            kept_window_ms=kept_window_ms(self.config.protocol_config),
         )
+
+    def _requests_window_ms(self) -> int:
+        limits, protocol = self.config.limits, self.config.protocol_config
+        return requests_window_ms(limits.timeout_ms_peer_request, protocol.clock_slack_ms)
 
     def _runs_here(self, txn: str, served: tuple[str, ...]) -> bool:
         """Whether a served partition runs `txn`: its machine (a vote's write may be on its way),

@@ -350,7 +350,10 @@ class Node:
         if isinstance(request, StatusRequest):
             return await self.admin.status_response(request, self.ready)
         assert isinstance(request, ExecuteRequest)
-        if status.request_expired(request.deadline_unix_ms, int(time.time() * 1000), self._clock_slack_ms):
+        deadline_ms = (status.request_deadline_ms(request.deadline_unix_ms, txn_ids.begin_ms_of(request.txn),
+                                                  self.config.limits.timeout_ms_peer_request)
+                       if request.participants else request.deadline_unix_ms)
+        if status.request_expired(deadline_ms, int(time.time() * 1000), self._clock_slack_ms):
             # Its sender gave up long ago; the status call may since have said "not known".
             self.counters["requests_past_deadline"] += 1
             count = self.counters["requests_past_deadline"]

@@ -106,6 +106,10 @@ class StatusResponse:
     # For StatusRequest.txn: what this node knows as that txn's coordinator ("" if nothing): an
     # OutcomeStatus value.
     txn_outcome: str = ""
+    # The windows this node's configuration sets (cornus.protocol.status.NodeAnswer): 0 from a
+    # node of an older version.
+    requests_window_ms: int = 0
+    kept_window_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,9 +137,9 @@ class Schedule:
     # owner, or after the coordinator gave up on it.
     late_request_probability: float = 0.0
     late_request_ms: int = 0
-    # Whether a one-shot's requests carry their deadline, which their owner keeps to: refused when
-    # they arrive past it (plus the slack). Coordinators of an older version send none, during a
-    # rolling upgrade: their late requests run whenever they arrive.
+    # Whether the owners keep a one-shot's requests to their deadline: refused when they arrive
+    # past it (plus the slack). Owners of an older version keep to none, during a rolling
+    # upgrade: late requests run there whenever they arrive.
     request_deadlines: bool = True
     # A one-shot's storage read (on a miss in the owner's cache) answers this late with this
     # probability: its execution may be aborted or idle out meanwhile, and another transaction

@@ -133,4 +133,4 @@ def node_answer(world: World, node: Node, txn: str) -> NodeAnswer | None:
         participating=any(txn in core.partitions[p].machines or txn in node.tables[p].executions for p in held),
     )
     ready = node.ready and (node.name, node.incarnation) not in world.parked
-    return NodeAnswer(ready, held, states, known)
+    return NodeAnswer(ready, held, states, known, world.requests_ms, status.kept_window_ms(world.config))

@@ -313,8 +313,8 @@ class World:
         self.executing: dict[str, tuple[str, int]] = {}
         # How long after its begin a one-shot's request may still run at its owner: the owner
         # refuses it past its deadline plus the slack (Node.on_request), which the status call's
-        # verdict counts twice, for the owner's clock. Without deadlines (a coordinator of a
-        # version that sends none, as during a rolling upgrade), as long as one may travel.
+        # verdict counts twice, for the owner's clock. Without deadlines (owners of an older
+        # version that keep to none, during a rolling upgrade), as long as one may travel.
         self.requests_ms = status.requests_window_ms(
             TIMEOUT_MS_EXECUTE if schedule.request_deadlines else schedule.delay_ms_max + schedule.late_request_ms,
             CLOCK_SLACK_MS)
@@ -616,7 +616,9 @@ class World:
         if not self._serves(node, partition, txn):
             self._answer_execute(txn, partition, incarnation, "not ready")
             return
-        deadline_ms = begin_ms_of(txn) + TIMEOUT_MS_EXECUTE if self.schedule.request_deadlines else 0
+        begin_ms = begin_ms_of(txn)
+        deadline_ms = (status.request_deadline_ms(begin_ms + TIMEOUT_MS_EXECUTE, begin_ms, TIMEOUT_MS_EXECUTE)
+                       if self.schedule.request_deadlines else 0)
         if status.request_expired(deadline_ms, self.now_ms, CLOCK_SLACK_MS):
             self._answer_execute(txn, partition, incarnation, "arrived past its deadline")  # as Node.on_request
             return

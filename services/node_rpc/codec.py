@@ -200,6 +200,8 @@ def encode_status_response(body: pb.StatusResponse, value: StatusResponse) -> No
         wire_state.state = _TXN_STATE_TO_PB[state]
     body.in_doubt_count = value.in_doubt_count
     body.txn_outcome = value.txn_outcome
+    body.requests_window_ms = value.requests_window_ms
+    body.kept_window_ms = value.kept_window_ms
 
 
 def _encode_status_response(envelope: pb.PeerEnvelope, value: StatusResponse) -> None:
@@ -333,6 +335,8 @@ def decode_status_response(body: pb.StatusResponse) -> StatusResponse:
         ),
         in_doubt_count=body.in_doubt_count,
         txn_outcome=body.txn_outcome,
+        requests_window_ms=body.requests_window_ms,
+        kept_window_ms=body.kept_window_ms,
     )
 
 

@@ -21,6 +21,7 @@ from cornus.protocol.hosts import PartitionHost
 from cornus.protocol.messages import Decision, DecisionAck, Vote
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.recovery import Recovery
+from cornus.protocol.status import NodeAnswer
 from cornus.protocol.termination import Termination
 from cornus.protocol.txn_ids import protocol_of
 from cornus.sim import explore as explore_module
@@ -394,7 +395,12 @@ def test_the_status_call_that_forgets_requests_on_their_way(monkeypatch: pytest.
     until no request of it can run any more (here: requests without deadlines, as they travel)."""
     assert _status_violations(request_deadlines=False) == [], "the real rules break an invariant"
     verdict = status.verdict
-    monkeypatch.setattr(status, "verdict", lambda *args, **kwargs: verdict(*args, **{**kwargs, "requests_ms": 0}))
+
+    def without_window(answers: list[NodeAnswer | None], *args: object, **kwargs: object) -> object:
+        answers = [None if a is None else dataclasses.replace(a, requests_ms=0) for a in answers]
+        return verdict(answers, *args, **{**kwargs, "requests_ms": 0})
+
+    monkeypatch.setattr(status, "verdict", without_window)
     found = _status_violations(request_deadlines=False)
     assert any("is not known; it committed" in v for v in found), found
 

@@ -3,10 +3,22 @@ say "not known", which lets a caller run a transaction again."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cornus.protocol.config import ProtocolConfig
-from cornus.protocol.status import Known, NodeAnswer, Verdict, node_knows, request_expired, requests_window_ms, verdict
+from cornus.protocol.status import (
+    Known,
+    NodeAnswer,
+    Verdict,
+    kept_window_ms,
+    node_knows,
+    request_deadline_ms,
+    request_expired,
+    requests_window_ms,
+    verdict,
+)
 from storage_adapters.contract import TxnState
 
 CONFIG = ProtocolConfig()
@@ -90,3 +102,26 @@ def test_a_request_expires_after_its_deadline_and_the_slack_and_never_without_on
     assert not request_expired(0, NOW_MS, slack_ms)  # an older coordinator's: no deadline
     # The asking node's window covers the owner's slack and its clock's: twice the slack.
     assert requests_window_ms(2_000, slack_ms) == 2_000 + 2 * slack_ms
+
+
+def test_a_deadline_is_the_carried_one_and_never_later_than_the_owners_wait() -> None:
+    assert request_deadline_ms(BEGIN_MS + 5_000, BEGIN_MS, 2_000) == BEGIN_MS + 2_000  # a longer carried wait
+    assert request_deadline_ms(BEGIN_MS + 1_000, BEGIN_MS, 2_000) == BEGIN_MS + 1_000
+    assert request_deadline_ms(0, BEGIN_MS, 2_000) == BEGIN_MS + 2_000  # an older coordinator carries none
+    assert request_deadline_ms(BEGIN_MS, 0, 2_000) == BEGIN_MS  # an id no runtime made: the carried one
+    assert request_deadline_ms(0, 0, 2_000) == 0  # nothing to keep it to
+
+
+def test_the_peers_windows_widen_the_askers() -> None:
+    """Found by audit: the asking node judged by its own configuration alone, while the
+    transaction's coordinator (whose requests' deadline and tombstone's keep count) or a
+    request's owner may run with another during a change of configuration."""
+    longer_wait = dataclasses.replace(node(("p1",)), requests_ms=REQUESTS_MS + 5_000)
+    assert judge(node(("p0",)), longer_wait, now_ms=BEGIN_MS + REQUESTS_MS + 4_999) is Verdict.UNKNOWN
+    assert judge(node(("p0",)), longer_wait, now_ms=BEGIN_MS + REQUESTS_MS + 5_000) is None
+    kept_ms = kept_window_ms(CONFIG)
+    shorter_keep = dataclasses.replace(node(("p1",)), kept_ms=kept_ms - 1_000)
+    assert judge(node(("p0",)), shorter_keep, now_ms=BEGIN_MS + kept_ms - 1_001) is None
+    assert judge(node(("p0",)), shorter_keep, now_ms=BEGIN_MS + kept_ms - 1_000) is Verdict.UNKNOWN
+    older = node(("p1",))  # tells nothing (0): the asker's own windows stand
+    assert judge(node(("p0",)), older, now_ms=BEGIN_MS + kept_ms - 1) is None

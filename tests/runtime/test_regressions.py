@@ -963,3 +963,24 @@ async def test_a_one_shot_request_past_its_deadline_runs_nothing(tmp_path):
                                  (Op(OpKind.GET, key),), deadline_unix_ms=int(time.time() * 1000) + 2_000)
         assert (await n1.on_request("n0", on_time)).status is ExecuteStatus.OK
         assert config.clock_slack_ms < 60_000
+
+
+async def test_a_one_shot_request_is_kept_to_the_owners_wait_too(tmp_path):
+    """Found by audit: an owner kept a one-shot's request to the deadline it carried alone. A
+    coordinator that carries none (an older version, during a rolling upgrade), or one whose
+    configured wait is longer than the node asked for the status call, had its request run after
+    that node had said "not known". The owner keeps it to its own wait from the begin as well."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        n1 = cluster.node("n1")
+        key = cluster.key_in("p1", "late")
+        wait_ms = n1.config.limits.timeout_ms_peer_request
+        begin_ms = int(time.time() * 1000) - wait_ms - 10_000
+        for index, carried_ms in enumerate((0, begin_ms + 3_600_000)):  # none; an hour's wait
+            txn = f"{begin_ms}.n0.abcdef.{index}.cornus"
+            late = ExecuteRequest(txn, "p1", "n0", (Op(OpKind.PUT, key, b"late"),), participants=("p1",),
+                                  deadline_unix_ms=carried_ms)
+            response = await n1.on_request("n0", late)
+            assert response.status is ExecuteStatus.UNAVAILABLE and "deadline" in response.detail, response
+            assert txn not in n1.partitions["p1"].executions
+            assert txn not in n1.core.partitions["p1"].machines
+        assert n1.counters["requests_past_deadline"] == 2
