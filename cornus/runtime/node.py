@@ -35,7 +35,7 @@ from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
 from cornus.protocol.ownership import Lost, OwnershipMachine
 from cornus.runtime.admin import Admin, PartitionInfo, TxnInfo
 from cornus.runtime.config import NodeConfig
-from cornus.runtime.coordination import Coordination, TxnAborted
+from cornus.runtime.coordination import Coordination, TxnAborted, one_shot_outcome
 from cornus.runtime.effect_runner import EffectRunner, fatal
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.outcome import Outcome
@@ -61,7 +61,7 @@ from cornus.runtime.wire import (
 from storage_adapters.contract import Ownership
 from storage_adapters.store import LogStore
 
-__all__ = ["Node", "PartitionInfo", "TxnAborted", "TxnInfo"]
+__all__ = ["Node", "PartitionInfo", "TxnAborted", "TxnInfo", "one_shot_outcome"]
 
 log = logging.getLogger("cornus.node")
 
