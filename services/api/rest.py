@@ -12,6 +12,9 @@ unknown transaction, 409 `wrong_state` for a call the transaction's state does n
 a body over the size limit. Every input is checked before the node sees it, so a bad request
 never aborts the interactive transaction it names. A one-shot an owner refuses as invalid is a 400
 too (it changed nothing), as in gRPC (INVALID_ARGUMENT): `one_shot_outcome` in the runtime.
+
+A node still recovering refuses begin, execute and the status call with 503 `unavailable`, as gRPC
+refuses every call with UNAVAILABLE: it does not know yet what its logs hold.
 """
 
 from __future__ import annotations
@@ -639,7 +642,7 @@ def _fastapi_app(node: Node, metrics: Metrics | None) -> FastAPI:
             return _ended(await node.abort(txn))
 
     @app.get("/v1/txn/{txn}", operation_id="status", response_model=OutcomeOut, summary="The outcome of a transaction",
-             responses=_responses(202, 404, 422, extra={409: _ABORTED}))
+             responses=_responses(202, 404, 422, extra={409: _ABORTED, 503: _NODE_UNAVAILABLE}))
     async def status(txn: TxnId) -> JSONResponse:
         with txn_context(txn):
             outcome = await node.resolve_status(txn)

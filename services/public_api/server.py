@@ -7,7 +7,7 @@ outcome is OUTCOME_ABORTED, as REST's body says "aborted". Error statuses mean t
 and nothing changed: INVALID_ARGUMENT (bad input, the message names it, whether this node or a
 partition's owner refused it: REST's 400), NOT_FOUND (unknown transaction), FAILED_PRECONDITION
 (wrong state, e.g. commit after abort, or another call of it still runs), UNAVAILABLE (node
-recovering or overloaded, storage down). The limits are REST's:
+recovering or overloaded, storage down; the status call too: REST's 503). The limits are REST's:
 `op_count_max` operations per call and the key and value sizes of the storage contract (bytes
 here, since values are bytes).
 
