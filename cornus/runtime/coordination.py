@@ -72,9 +72,31 @@ _UNDER_WAY = "in doubt: its commit is under way"
 
 
 class TxnAborted(Exception):
-    def __init__(self, outcome: Outcome) -> None:
+    def __init__(self, outcome: Outcome, *, refused_as_invalid: bool = False) -> None:
         super().__init__(f"transaction {outcome.txn} aborted: {outcome.reason} {outcome.detail}")
         self.outcome = outcome
+        # An owner refused an operation as invalid input (ExecuteStatus.INVALID): the input is at
+        # fault, so the same call fails again however often it runs (see `one_shot_outcome`).
+        self.refused_as_invalid = refused_as_invalid
+
+
+def one_shot_outcome(aborted: TxnAborted) -> Outcome:
+    """The answer of a one-shot transaction that `aborted` ended: its outcome, or ValidationError
+    when an owner refused its input as invalid.
+
+    Why a refusal and not the outcome "aborted (client)": an aborted one-shot leaves nothing
+    behind, neither a write nor a transaction to go on with, so an owner's "invalid" is to its
+    caller what the coordinator's own check of the same input is (they differ only in where the
+    limit was enforced, e.g. an owner whose op_count_max a rollout lowered): bad input that
+    changed nothing. Both APIs answer that as bad input, REST 400 invalid_request and gRPC
+    INVALID_ARGUMENT (the SDK's InvalidRequest), never as REST's 409, which is about the
+    transaction's state (aborted, or wrong_state: gRPC's OUTCOME_ABORTED, FAILED_PRECONDITION).
+    Found by review: REST answered 409 "client", gRPC INVALID_ARGUMENT. An interactive
+    transaction's call differs, and keeps TxnAborted: refused by some owners after others ran it,
+    it ended the transaction, which its caller must hear."""
+    if aborted.refused_as_invalid:
+        raise ValidationError(aborted.outcome.detail)
+    return aborted.outcome
 
 
 @dataclass(slots=True)
@@ -193,7 +215,9 @@ class Coordination:
         values = dict(zip(by_partition, responses, strict=True))
         failed = [(p, r) for p, r in values.items() if r.status is not ExecuteStatus.OK]
         if failed:
-            _, response = failed[0]
+            # An invalid input is named before any other failure: a caller told "conflict" or
+            # "unavailable" would retry what must fail again.
+            response = next((r for _, r in failed if r.status is ExecuteStatus.INVALID), failed[0][1])
             if len(failed) == len(values) and all(r.status is ExecuteStatus.INVALID for _, r in failed):
                 # Refused everywhere before anything ran (an owner's limits can differ from ours in
                 # a rollout). Any other failure may have run (an answer lost): then only an abort
@@ -204,7 +228,8 @@ class Coordination:
                     ctx.touched.pop(partition, None)
                 self._give_back_writes(ctx, held_bytes)
                 raise ValidationError(response.detail)
-            raise TxnAborted(await self._abort_for(ctx, response))
+            raise TxnAborted(await self._abort_for(ctx, response),
+                             refused_as_invalid=response.status is ExecuteStatus.INVALID)
         for partition in by_partition:
             ctx.requested_ms[partition] = sent_ms
         self._record_writes(ctx, by_partition)
@@ -414,7 +439,8 @@ class Coordination:
         reads votes like the others (paper 3.5: in parallel with them, so no write more on the
         critical path), instead of confirming its read locks in a round trip of its own before
         anyone may vote. A wholly read-only one runs its requests, then commits without either
-        phase."""
+        phase. Bad input raises ValidationError, whether this node or an owner refused it, and
+        changes nothing (`one_shot_outcome`)."""
         txn = self.begin(protocol)
         ctx = self.txns[txn]
         try:
@@ -431,12 +457,15 @@ class Coordination:
             raise
         gets = [op.key for op in ops if op.kind is OpKind.GET]
         if redo_by_partition is not None:
-            outcome, values = await self._execute_prepared(ctx, by_partition, redo_by_partition, positions)
+            try:
+                outcome, values = await self._execute_prepared(ctx, by_partition, redo_by_partition, positions)
+            except TxnAborted as aborted:
+                return one_shot_outcome(aborted)
         else:
             try:
                 values = await self.run_ops(txn, ops)
             except TxnAborted as aborted:
-                return aborted.outcome
+                return one_shot_outcome(aborted)
             except ValidationError:
                 await self._abort(ctx, AbortReason.CLIENT, "invalid request")
                 raise
@@ -506,10 +535,16 @@ class Coordination:
         if reply.outcome is TxnState.ABORT:
             # Not waiting for the other answers: the participants that ran learn ABORT from the
             # machine, and a request still on its way is refused where the ABORT overtook it.
-            refusal = next((r for r, refused in answers.values() if refused and r.status is not ExecuteStatus.OK), None)
+            refusals = [r for r, refused in answers.values() if refused and r.status is not ExecuteStatus.OK]
+            # An invalid input first, as run_ops names it (only among the answers already in).
+            refusals.sort(key=lambda r: r.status is not ExecuteStatus.INVALID)
+            refusal = refusals[0] if refusals else None
             if refusal is not None:
                 reason = _ABORT_REASONS.get(refusal.status, AbortReason.VOTED_NO)
-                return self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, reason, refusal.detail)), []
+                aborted = self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, reason, refusal.detail))
+                if refusal.status is ExecuteStatus.INVALID:
+                    raise TxnAborted(aborted, refused_as_invalid=True)
+                return aborted, []
             return self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, reply.reason)), []
         # Every participant voted yes, so every request ran; its answer left before its vote.
         await all_answered

@@ -36,10 +36,10 @@ from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
 from cornus.protocol.ownership import Lost, OwnershipMachine
 from cornus.runtime.admin import Admin, PartitionInfo, TxnInfo
 from cornus.runtime.config import NodeConfig
-from cornus.runtime.coordination import Coordination, TxnAborted
+from cornus.runtime.coordination import Coordination, TxnAborted, one_shot_outcome
 from cornus.runtime.effect_runner import EffectRunner, fatal
 from cornus.runtime.failpoints import Failpoints
-from cornus.runtime.outcome import Outcome
+from cornus.runtime.outcome import NodeOverloaded, Outcome
 from cornus.runtime.ownership import WRITTEN_AT_ONCE, OwnershipRuntime, unix_ms_of
 from cornus.runtime.ownership import now_ms as monotonic_ms
 from cornus.runtime.parking import Parking
@@ -62,7 +62,7 @@ from cornus.runtime.wire import (
 from storage_adapters.contract import Ownership
 from storage_adapters.store import LogStore
 
-__all__ = ["Node", "PartitionInfo", "TxnAborted", "TxnInfo"]
+__all__ = ["Node", "PartitionInfo", "TxnAborted", "TxnInfo", "one_shot_outcome"]
 
 log = logging.getLogger("cornus.node")
 
@@ -411,6 +411,14 @@ class Node:
         return self.admin.status(txn)
 
     async def resolve_status(self, txn: str) -> Outcome | None:
+        """The status call (Admin.resolve_status). NodeOverloaded (retryable: REST 503, gRPC
+        UNAVAILABLE) while this node is not ready: recovering, it does not know yet what its logs
+        hold, and the verdict would make its own answer "unknown" at best; refused, the caller
+        asks another node (the SDK does) or again, as for any other call. Found by review: gRPC
+        refused it, REST answered 202 "some nodes are still recovering", and the SDK handed that
+        back as the outcome instead of asking a node that could tell."""
+        if not self.ready:
+            raise NodeOverloaded(f"{self.node_id} is still recovering")
         return await self.admin.resolve_status(txn)
 
     async def resolve(self, txn: str) -> Outcome:

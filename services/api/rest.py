@@ -10,7 +10,11 @@ fit the schema (malformed JSON, wrong types, empty or oversized keys and values,
 for a well-formed request the node refuses (too many operations, a value on a get), 404 for an
 unknown transaction, 409 `wrong_state` for a call the transaction's state does not allow, 413 for
 a body over the size limit. Every input is checked before the node sees it, so a bad request
-never aborts the interactive transaction it names.
+never aborts the interactive transaction it names. A one-shot an owner refuses as invalid is a 400
+too (it changed nothing), as in gRPC (INVALID_ARGUMENT): `one_shot_outcome` in the runtime.
+
+A node still recovering refuses begin, execute and the status call with 503 `unavailable`, as gRPC
+refuses every call with UNAVAILABLE: it does not know yet what its logs hold.
 """
 
 from __future__ import annotations
@@ -322,7 +326,8 @@ def _op(op: GetOp | PutOp | DeleteOp | CheckOp) -> Op:
 _R: dict[int | str, dict[str, Any]] = {
     202: {"model": OutcomeOut, "description": "outcome unknown: ask GET /v1/txn/{txn}"},
     400: {"model": ErrorOut, "description": "invalid_request: more operations than op_count_max, more writes to "
-                                            "one partition than fit its redo record"},
+                                            "one partition than fit its redo record, or input a partition's "
+                                            "owner refuses (its limits may differ in a rollout); nothing changed"},
     404: {"model": ErrorOut, "description": "not_found: no such transaction on this node, or no such path"},
     413: {"model": ErrorOut, "description": f"too_large: the body is over {REQUEST_BYTES_MAX} bytes"},
     422: {"model": ErrorOut, "description": "malformed_request: malformed JSON, wrong types, empty or oversized "
@@ -637,7 +642,7 @@ def _fastapi_app(node: Node, metrics: Metrics | None) -> FastAPI:
             return _ended(await node.abort(txn))
 
     @app.get("/v1/txn/{txn}", operation_id="status", response_model=OutcomeOut, summary="The outcome of a transaction",
-             responses=_responses(202, 404, 422, extra={409: _ABORTED}))
+             responses=_responses(202, 404, 422, extra={409: _ABORTED, 503: _NODE_UNAVAILABLE}))
     async def status(txn: TxnId) -> JSONResponse:
         with txn_context(txn):
             outcome = await node.resolve_status(txn)

@@ -309,7 +309,8 @@ class CornusClient:
         request of it can still be on its way (a peer request's deadline after its begin) and it
         is younger than that window: it never committed. UNKNOWN if nobody knows it otherwise
         (never take that for "never happened"; ask again). Any node can answer, so an
-        unreachable node passes the question on."""
+        unreachable node, or one still recovering (503), passes the question on; Unavailable
+        if none answered."""
         path = txn_path(txn)
         failures: list[str] = []
         for node_url in [normalize_url(url)] if url else self._rotation.order():

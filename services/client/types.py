@@ -205,7 +205,8 @@ class RequestError(CornusError):
 
 
 class InvalidRequest(RequestError):
-    """Malformed or out-of-limits input (400, 422, or refused by the client before sending)."""
+    """Malformed or out-of-limits input (400, 422, or refused by the client before sending),
+    whether the node asked or a partition's owner refused it: nothing changed."""
 
 
 class NotFound(RequestError):

@@ -4,9 +4,10 @@ node has recovered) and server reflection beside it.
 
 Outcomes are response bodies, not error statuses: an aborted transaction is an OK call whose
 outcome is OUTCOME_ABORTED, as REST's body says "aborted". Error statuses mean the call was refused
-and nothing changed: INVALID_ARGUMENT (bad input, the message names it), NOT_FOUND (unknown
-transaction), FAILED_PRECONDITION (wrong state, e.g. commit after abort, or another call of it
-still runs), UNAVAILABLE (node recovering or overloaded, storage down). The limits are REST's:
+and nothing changed: INVALID_ARGUMENT (bad input, the message names it, whether this node or a
+partition's owner refused it: REST's 400), NOT_FOUND (unknown transaction), FAILED_PRECONDITION
+(wrong state, e.g. commit after abort, or another call of it still runs), UNAVAILABLE (node
+recovering or overloaded, storage down; the status call too: REST's 503). The limits are REST's:
 `op_count_max` operations per call and the key and value sizes of the storage contract (bytes
 here, since values are bytes).
 
@@ -34,7 +35,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cornus.protocol.config import Protocol
-from cornus.runtime.node import Node, TxnAborted
+from cornus.runtime.node import Node, TxnAborted, one_shot_outcome
 from cornus.runtime.outcome import (
     AbortReason,
     NodeOverloaded,
@@ -362,7 +363,8 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
             await context.send_initial_metadata(((TXN_METADATA_KEY, txn),))
             values = await node.run_ops(txn, ops)
         except TxnAborted as aborted:
-            return aborted.outcome
+            # As Node.execute answers REST's one-shots: an owner's "invalid" is INVALID_ARGUMENT.
+            return one_shot_outcome(aborted)
         except BaseException:
             # The caller is gone (metadata could not be sent), the input was bad, or the task was
             # cancelled: nothing committed, and the transaction must not wait for the idle sweep.
