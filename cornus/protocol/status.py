@@ -120,12 +120,14 @@ class StatusVerdict:
 
 
 def verdict(
-    answers: Sequence[NodeAnswer | None], partitions: Sequence[str], begin_ms: int, now_ms: int,
-    *, config: ProtocolConfig, requests_ms: int,
+    answers: Sequence[NodeAnswer | None], partitions: Sequence[str], begin_ms: int, asked_ms: int,
+    answered_ms: int, *, config: ProtocolConfig, requests_ms: int,
 ) -> StatusVerdict | None:
     """The verdict of `answers` (None: a node that did not answer) about a transaction that began
-    at `begin_ms` (0: an id no runtime made), asked at `now_ms` (both by the clocks the slack
-    covers). None means "not known": nobody knows it and nobody can have forgotten it, so it
+    at `begin_ms` (0: an id no runtime made), asked at `asked_ms`, before any node answered, and
+    judged at `answered_ms`, after the last answer came (all by the clocks the slack covers): each
+    answer tells of some moment between the two. None means "not known": nobody knows it and
+    nobody can have forgotten it, so it
     never committed, and its caller may run it again. `requests_ms`: how long after its begin a
     one-shot's requests, which carry its prepare, may run at their owners (their deadline, which
     the owners keep to, plus the clock slack): until then one may be on its way, with nothing
@@ -161,15 +163,20 @@ def verdict(
             f"no node holds {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''} now, so its records "
             "could not be read"))
     requests_ms = max([requests_ms, *(answer.requests_ms for answer in answered)])
-    if begin_ms and now_ms < begin_ms + requests_ms:
+    assert asked_ms <= answered_ms, (asked_ms, answered_ms)
+    # By the clock read before any answer: no request may run after the first answer was made.
+    if begin_ms and asked_ms < begin_ms + requests_ms:
         # Found while moving this rule into the core: a one-shot whose coordinator died as its
         # requests left had, while they travelled, no execution, machine or record anywhere;
         # "not known" then, and they arrived, voted yes, and termination committed.
         return StatusVerdict(Verdict.UNKNOWN, "too recent to tell: a request of it may still be on its way")
     # Until then a transaction that voted has a record somewhere: none means it never did.
     kept_ms = min([kept_window_ms(config), *(answer.kept_ms for answer in answered if answer.kept_ms)])
-    # An id without a begin time (0) is none a runtime made: never one of ours.
-    if begin_ms and now_ms >= begin_ms + kept_ms:
+    # An id without a begin time (0) is none a runtime made: never one of ours. By the clock read
+    # after the last answer: its node may have read the tombstone that late, and it may have gone
+    # by then (found by review: judged by the clock read before asking, a tombstone read up to a
+    # peer request's deadline later had expired, and the status call said "not known").
+    if begin_ms and answered_ms >= begin_ms + kept_ms:
         return StatusVerdict(Verdict.UNKNOWN, (
             "no node knows it and no record of it is left: it never committed, or it finished and its "
             f"outcome was kept for outcome_keep_ms ({config.outcome_keep_ms} ms) after its records "

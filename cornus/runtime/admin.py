@@ -111,7 +111,7 @@ class Admin:
         # Before the answers are gathered, not after: each tells of the moment it was made, and a
         # request may still have run at its owner until then (found by review: read after a slow
         # answer, the clock said "too late for any request" of one that ran after the owner's).
-        now_ms = int(time.time() * 1000)
+        asked_ms = int(time.time() * 1000)
         responses = await asyncio.gather(
             *(self.transport.request(node, StatusRequest(txn), self.config.limits.timeout_ms_peer_request)
               for node in self.config.peers),
@@ -123,7 +123,9 @@ class Admin:
             if isinstance(r, StatusResponse) else None
             for r in responses
         ]
-        found = verdict(answers, self.config.partitions, txn_ids.begin_ms_of(txn), now_ms,
+        # And after them: a node read its records as late as its answer came.
+        answered_ms = max(asked_ms, int(time.time() * 1000))
+        found = verdict(answers, self.config.partitions, txn_ids.begin_ms_of(txn), asked_ms, answered_ms,
                         config=self.config.protocol_config, requests_ms=self._requests_window_ms())
         if found is None:
             return None

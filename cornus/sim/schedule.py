@@ -47,6 +47,9 @@ class TxnPlan:
     # expects and then set to the next one, all in the one request per partition; a partition
     # it only reads votes too, after its read.
     one_shot: bool = False
+    # Every request of this one-shot is held up Schedule.late_request_ms (where late requests are
+    # on), not only some.
+    late: bool = False
 
     def __post_init__(self) -> None:
         assert self.coordinator in COORDINATORS
@@ -266,6 +269,14 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
     # Not drawn from `rng` either: a schedule in eight holds some one-shot requests up for longer
     # than a restart's recovery takes, from the seed it already has.
     late = seed % 8 == 0
+    one_shots = [index for index, plan in enumerate(txns) if plan.one_shot and plan.start_ms < FAULTS_END_MS]
+    if late and one_shots:
+        # What the status call's "too recent" window and the owners' deadline protect: a one-shot
+        # whose coordinator crashes as its requests leave, all of them held up, so that nothing
+        # anywhere tells of it while they travel, and the coordinator may be back before they land.
+        first = txns[one_shots[0]]
+        txns[one_shots[0]] = dataclasses.replace(first, late=True)
+        crashes += (Crash(first.coordinator, first.start_ms + 1, 1 + (seed >> 4) % 40),)
     # Likewise a schedule in eight answers some cache misses' reads later than an execution's
     # idle timeout or a coordinator's request deadline.
     slow_reads = seed % 8 == 4

@@ -27,9 +27,8 @@ from storage_adapters.contract import LogId
 if TYPE_CHECKING:
     from cornus.sim.world import Node, World
 
-# Questions per schedule: half soon after a transaction begins (its requests and votes on their
-# way, its coordinator perhaps crashed), half anywhere in the run (records collected, tombstones
-# kept or expired). Each costs a few dictionary reads per node.
+# Questions per schedule (StatusProbe.plan says where they aim). Each costs a few dictionary
+# reads per node.
 QUESTION_COUNT = 8
 # And after each recovery of a node, about that many of the transactions it coordinates.
 RECOVERY_QUESTION_COUNT_MAX = 2
@@ -50,26 +49,44 @@ class StatusProbe:
         self.rng = random.Random(zlib.crc32(f"{seed}/status".encode()))
         self.questions: list[Question] = []
 
-    def plan(self, txns: tuple[str, ...], starts_ms: list[int], near_ms: int, last_ms: int) -> list[tuple[int, int]]:
-        """(when, question index) of this run's questions."""
+    def plan(self, world: World) -> list[tuple[int, int]]:
+        """(when, question index) of this run's questions, each about a transaction that has begun,
+        aimed at the edges its verdict turns on: soon after its begin (its requests and votes on
+        their way, its coordinator perhaps crashed), just after a one-shot's requests can no longer
+        run (`World.requests_ms`: "too recent" ends), just before its records' trace may be gone
+        (`kept_window_ms`, less as long as answers may take: "not known" ends), or anywhere
+        between its begin and that."""
+        kept_ms = status.kept_window_ms(world.config)
         planned = []
         for index in range(QUESTION_COUNT):
-            which = self.rng.randrange(len(txns))
-            near = index % 2 == 0
-            drawn_ms = starts_ms[which] + self.rng.randint(0, near_ms) if near else self.rng.randint(0, last_ms)
-            at_ms = min(last_ms, drawn_ms)
-            self.questions.append(Question(txns[which], at_ms))
+            txn = self.rng.choice(world.txns)
+            begin_ms = txn_ids.begin_ms_of(txn)
+            aim = index % 4
+            if aim == 0:
+                at_ms = begin_ms + self.rng.randint(0, world.requests_ms)
+            elif aim == 1:
+                at_ms = begin_ms + world.requests_ms + self.rng.randint(0, world.schedule.delay_ms_max)
+            elif aim == 2:
+                at_ms = begin_ms + kept_ms - self.rng.randint(0, world.status_answer_ms_max)
+            else:
+                at_ms = begin_ms + self.rng.randint(0, kept_ms)
+            self.questions.append(Question(txn, at_ms))
             planned.append((at_ms, index))
         return planned
 
     def after_recovery(self, world: World, name: str) -> list[tuple[int, int]]:
         """(when, question index) of questions about the transactions node `name` coordinates that
-        began before its recovery finished, asked soon after (at most RECOVERY_QUESTION_COUNT_MAX)."""
+        began before its recovery finished, less than their trace's keep ago (at most
+        RECOVERY_QUESTION_COUNT_MAX): asked soon after, and not before a one-shot's requests can
+        no longer run, when "not known" is first allowed."""
+        kept_ms = status.kept_window_ms(world.config)
         begun = [txn for txn in world.txns
-                 if world.plans[txn].coordinator == name and world.plans[txn].start_ms <= world.now_ms]
+                 if world.plans[txn].coordinator == name
+                 and world.now_ms - kept_ms <= txn_ids.begin_ms_of(txn) <= world.now_ms]
         planned = []
         for txn in self.rng.sample(begun, min(len(begun), RECOVERY_QUESTION_COUNT_MAX)):
-            at_ms = world.now_ms + self.rng.randint(0, world.schedule.delay_ms_max)
+            earliest_ms = max(world.now_ms, txn_ids.begin_ms_of(txn) + world.requests_ms)
+            at_ms = earliest_ms + self.rng.randint(0, world.schedule.delay_ms_max)
             self.questions.append(Question(txn, at_ms))
             planned.append((at_ms, len(self.questions) - 1))
         return planned
@@ -86,7 +103,8 @@ class StatusProbe:
             return
         question.verdict = status.verdict(
             [question.answers[n] for n in sorted(question.answers)], world.partitions,
-            txn_ids.begin_ms_of(question.txn), question.asked_ms, config=world.config, requests_ms=world.requests_ms)
+            txn_ids.begin_ms_of(question.txn), question.asked_ms, world.now_ms,
+            config=world.config, requests_ms=world.requests_ms)
         question.judged = True
         world.outcome.status_questions += 1
         world.outcome.status_not_known += question.verdict is None

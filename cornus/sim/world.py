@@ -319,6 +319,9 @@ class World:
             TIMEOUT_MS_EXECUTE if schedule.request_deadlines else schedule.delay_ms_max + schedule.late_request_ms,
             CLOCK_SLACK_MS)
         self.probe = StatusProbe(schedule.seed)
+        # A node's status answer comes as late as the asking node waits for it (a peer request's
+        # deadline): it tells of that moment.
+        self.status_answer_ms_max = TIMEOUT_MS_EXECUTE
         self.liveness_check_ms = FAULTS_END_MS + self.liveness_bound_ms()
         # Late duplicates arrive up to two graces after they were sent: let them, and the garbage
         # collection they may race with, play out before the end.
@@ -399,9 +402,7 @@ class World:
         for index, resolve in enumerate(self.schedule.resolves):
             self._push(resolve.at_ms, _RESOLVE, index)
         self._push(self.liveness_check_ms, _CHECK, None)
-        starts_ms = [plan.start_ms for plan in self.schedule.txns]
-        near_ms = self.requests_ms + self.schedule.delay_ms_max + EXECUTION_IDLE_MS
-        for at_ms, index in self.probe.plan(self.txns, starts_ms, near_ms, self.liveness_check_ms):
+        for at_ms, index in self.probe.plan(self):
             self._push(at_ms, _STATUS, index)
 
     def _step(self, kind: int, data: Any) -> None:
@@ -452,15 +453,16 @@ class World:
             self._execute_deadline(*data)
         elif kind == _COMMIT:
             txn, writes, reads = data
-            node = self.nodes[self.plans[txn].coordinator]
-            if node.ready and self.executing.pop(txn, None) == (node.name, node.incarnation):
+            node = self._executing_process(txn)
+            self.executing.pop(txn, None)
+            if node is not None:
                 self._feed(node, CommitRequested(node.name, txn, writes, reads), node.path)
         elif kind == _STATUS:
-            # Every node is asked at once; each answers at its own moment, while the others'
-            # answers are on their way and the world goes on.
+            # Every node is asked at once; each answers at its own moment, as late as the asking
+            # node waits for it (a peer request's deadline), while the world goes on.
             for name in sorted(self.nodes):
-                self._push(self.now_ms + self.probe.rng.randint(0, self.schedule.delay_ms_max), _STATUS_ANSWER,
-                           (data, name))
+                answer_ms = self.now_ms + self.probe.rng.randint(0, self.status_answer_ms_max)
+                self._push(answer_ms, _STATUS_ANSWER, (data, name))
         elif kind == _STATUS_ANSWER:
             self.probe.answer(self, *data)
         elif kind == _CRASH:
@@ -518,8 +520,7 @@ class World:
         that takes the key exclusive and buffers the next version. A partition whose owner
         restarted since the read has lost the execution, and with it the read lock: it refuses."""
         plan = self.plans[txn]
-        coordinator = self.nodes[plan.coordinator]
-        if not coordinator.ready or self.executing.get(txn) != (coordinator.name, coordinator.incarnation):
+        if self._executing_process(txn) is None:
             # The coordinator is gone, or restarted and forgot it (its caller's next call is
             # refused): its executions idle out.
             self.executing.pop(txn, None)
@@ -541,6 +542,15 @@ class World:
             execution.writes[key] = value
             writes.append((partition, redo.encode({key: value})))
         self._executed(txn, writes)
+
+    def _executing_process(self, txn: str) -> Node | None:
+        """The process that runs `txn`'s operations, while it lives and serves: the one that began
+        it (the first process of a Twin too, until it is deposed)."""
+        holder = self.executing.get(txn)
+        node = None if holder is None else self.process(*holder)
+        if node is None or not node.ready or (node.name, node.incarnation) in self.parked:
+            return None
+        return node
 
     def _executed(self, txn: str, writes: list[tuple[str, bytes]]) -> None:
         plan = self.plans[txn]
@@ -598,7 +608,8 @@ class World:
                 continue  # lost on the way: its deadline tells the coordinator
             delay_ms = self.rng.randint(1, self.schedule.delay_ms_max)
             # Drawn only when late requests are on: every other schedule's run stays what it was.
-            if self.schedule.late_request_probability and self.rng.random() < self.schedule.late_request_probability:
+            late_p = self.schedule.late_request_probability
+            if late_p and (self.rng.random() < late_p or plan.late):
                 delay_ms += self.schedule.late_request_ms
             self._push(self.now_ms + delay_ms, _EXECUTE_PREPARED, sent)
 

@@ -35,8 +35,11 @@ def node(
     return NodeAnswer(ready, partitions, states, known)
 
 
-def judge(*answers: NodeAnswer | None, now_ms: int = NOW_MS, begin_ms: int = BEGIN_MS) -> Verdict | None:
-    found = verdict(answers, PARTITIONS, begin_ms, now_ms, config=CONFIG, requests_ms=REQUESTS_MS)
+def judge(
+    *answers: NodeAnswer | None, now_ms: int = NOW_MS, begin_ms: int = BEGIN_MS, answered_ms: int | None = None,
+) -> Verdict | None:
+    answered_ms = now_ms if answered_ms is None else answered_ms
+    found = verdict(answers, PARTITIONS, begin_ms, now_ms, answered_ms, config=CONFIG, requests_ms=REQUESTS_MS)
     return None if found is None else found.verdict
 
 
@@ -125,3 +128,15 @@ def test_the_peers_windows_widen_the_askers() -> None:
     assert judge(node(("p0",)), shorter_keep, now_ms=BEGIN_MS + kept_ms - 1_000) is Verdict.UNKNOWN
     older = node(("p1",))  # tells nothing (0): the asker's own windows stand
     assert judge(node(("p0",)), older, now_ms=BEGIN_MS + kept_ms - 1) is None
+
+
+def test_a_tombstone_counts_until_the_last_answer_came() -> None:
+    """Found by review: "kept" was judged by the clock read before asking, while a node reads its
+    records as late as its answer comes (up to a peer request's deadline), by when the tombstone
+    it looked for may have expired: "not known" of a committed transaction."""
+    everyone = (node(("p0",)), node(("p1",)))
+    kept_ms = kept_window_ms(CONFIG)
+    assert judge(*everyone, now_ms=BEGIN_MS + kept_ms - 1, answered_ms=BEGIN_MS + kept_ms - 1) is None
+    assert judge(*everyone, now_ms=BEGIN_MS + kept_ms - 1, answered_ms=BEGIN_MS + kept_ms) is Verdict.UNKNOWN
+    # And "too recent" by the clock read before any answer: a request may have run until then.
+    assert judge(*everyone, now_ms=BEGIN_MS + REQUESTS_MS - 1, answered_ms=BEGIN_MS + REQUESTS_MS) is Verdict.UNKNOWN
