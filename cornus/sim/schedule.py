@@ -26,6 +26,8 @@ from cornus.protocol.config import Protocol
 # Faults (crashes, outages, slow calls, message loss for the blocking protocols) happen only before
 # this time; afterwards every node is up and storage is reachable, so liveness can be judged.
 FAULTS_END_MS = 1000
+# How far a node's clock may run ahead of storage's: the world's clock slack (CLOCK_SLACK_MS).
+CLOCK_OFFSET_MS_MAX = 20
 KEYS_PER_PARTITION = 2
 PARTITION_COUNT_MAX = 8
 COORDINATORS = ("c0", "c1")
@@ -167,6 +169,11 @@ class Schedule:
     # watch's answers latest (found by review: a parked process could take a live holder's
     # identity for vacant there, and none of the simulator's schedules reached it).
     slow_identity: bool = False
+    # How far each named node's clock runs ahead of storage's (0 to CLOCK_OFFSET_MS_MAX; others: 0):
+    # any two differ by at most the clock slack, as the runtime assumes of its nodes. What reads
+    # a clock: a transaction id's begin (its coordinator's), an owner's check of a one-shot
+    # request's deadline, the status call's verdict (the asking node's).
+    clock_offsets_ms: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         assert 1 <= self.partition_count <= PARTITION_COUNT_MAX
@@ -180,6 +187,7 @@ class Schedule:
         assert self.delay_ms_max >= 1 and self.storage_ms_max >= 1 and self.scan_page_max >= 1
         for crash in self.crashes:
             assert 0 <= crash.at_ms <= FAULTS_END_MS and crash.down_ms >= 1
+        assert all(0 <= offset_ms <= CLOCK_OFFSET_MS_MAX for _, offset_ms in self.clock_offsets_ms)
         nodes = {*COORDINATORS, *(node_of(p) for p in self.partitions)}
         for move in self.moves:
             assert move.partition in self.partitions and move.to in nodes, move
@@ -366,4 +374,8 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         # One schedule in eight runs the other lock policy.
         wait_die=seed % 8 == 3,
         slow_identity=bool(twin_schedules) and (seed >> 26) % 2 == 0,
+        # One schedule in four gives every node a clock of its own (not drawn from `rng` either).
+        clock_offsets_ms=tuple(
+            (name, zlib.crc32(f"{seed}/{name}/clock".encode()) % (CLOCK_OFFSET_MS_MAX + 1)) for name in nodes
+        ) if (seed >> 27) % 4 == 0 else (),
     )

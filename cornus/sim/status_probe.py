@@ -37,7 +37,9 @@ RECOVERY_QUESTION_COUNT_MAX = 2
 @dataclass(slots=True)
 class Question:
     txn: str
-    asked_ms: int
+    at_ms: int  # by storage's clock, the world's
+    asker: str = ""  # the node the caller asked: its clock judges (drawn when asked)
+    asked_ms: int = 0  # by the asker's clock
     answers: dict[str, NodeAnswer | None] = field(default_factory=dict)
     verdict: StatusVerdict | None = None
     judged: bool = False  # every answer came and the verdict was asked
@@ -91,6 +93,14 @@ class StatusProbe:
             planned.append((at_ms, len(self.questions) - 1))
         return planned
 
+    def ask(self, world: World, index: int) -> list[tuple[int, str]]:
+        """The caller asks question `index` of one node now, which asks every node: (when, node
+        name) of their answers, each as late as the asker waits for it (a peer request's deadline)."""
+        question = self.questions[index]
+        question.asker = self.rng.choice(sorted(world.nodes))
+        question.asked_ms = world.clock_ms(question.asker)
+        return [(world.now_ms + self.rng.randint(0, world.status_answer_ms_max), name) for name in sorted(world.nodes)]
+
     def answer(self, world: World, index: int, name: str) -> None:
         """Node `name` answers question `index` now; the verdict is asked once every node has."""
         question = self.questions[index]
@@ -101,9 +111,10 @@ class StatusProbe:
         question.answers[name] = node_answer(world, node, question.txn)
         if len(question.answers) < len(world.nodes):
             return
+        answered_ms = world.clock_ms(question.asker)  # its clock after the last answer
         question.verdict = status.verdict(
             [question.answers[n] for n in sorted(question.answers)], world.partitions,
-            txn_ids.begin_ms_of(question.txn), question.asked_ms, world.now_ms,
+            txn_ids.begin_ms_of(question.txn), question.asked_ms, answered_ms,
             config=world.config, requests_ms=world.requests_ms)
         question.judged = True
         world.outcome.status_questions += 1
@@ -120,11 +131,12 @@ class StatusProbe:
                 continue
             txn, said = question.txn, question.verdict
             told = "not known" if said is None else f"{said.verdict.value} ({said.detail})"
+            asked = f"status call at {question.at_ms} ms ({question.asker}'s clock {question.asked_ms})"
             forgotten = said is None and txn not in read_only
             if txn in committed and (forgotten or (said is not None and said.verdict is Verdict.ABORTED)):
-                found.append(f"status call at {question.asked_ms} ms said {txn} is {told}; it committed")
+                found.append(f"{asked} said {txn} is {told}; it committed")
             elif said is not None and said.verdict is Verdict.COMMITTED and txn not in committed:
-                found.append(f"status call at {question.asked_ms} ms said {txn} committed; it "
+                found.append(f"{asked} said {txn} committed; it "
                              f"{'aborted' if txn in aborted else 'never decided'}")
         return found
 

@@ -72,7 +72,7 @@ from cornus.protocol.participant_blocking import CoordinatorLogParticipant
 from cornus.protocol.resolve import Resolver
 from cornus.protocol.txn_ids import PROTOCOL_TAGS, begin_ms_of, protocol_of
 from cornus.sim import redo
-from cornus.sim.schedule import COORDINATORS, FAULTS_END_MS, Move, Schedule, Twin, node_of
+from cornus.sim.schedule import CLOCK_OFFSET_MS_MAX, COORDINATORS, FAULTS_END_MS, Move, Schedule, Twin, node_of
 from cornus.sim.status_probe import StatusProbe
 from cornus.sim.storage_model import StorageModel, WriteRefused
 from storage_adapters.contract import LogId, TxnState, identity_name, is_identity
@@ -258,8 +258,12 @@ class World:
         self._participant_factory = participant_factory
         self._coordinator_factory = coordinator_factory
         self.partitions = schedule.partitions
+        assert CLOCK_OFFSET_MS_MAX <= CLOCK_SLACK_MS, "two nodes' clocks may differ by the slack at most"
+        self.clock_offsets_ms = dict(schedule.clock_offsets_ms)
+        # Each id begins with the time by its coordinator's clock when it began.
         self.txns = tuple(
-            f"{plan.start_ms + 1}.{plan.coordinator}.sim.{index}.{PROTOCOL_TAGS[plan.protocol]}"
+            f"{plan.start_ms + 1 + self.clock_offsets_ms.get(plan.coordinator, 0)}.{plan.coordinator}.sim.{index}."
+            f"{PROTOCOL_TAGS[plan.protocol]}"
             for index, plan in enumerate(schedule.txns)
         )
         self.plans = dict(zip(self.txns, schedule.txns, strict=True))
@@ -353,6 +357,10 @@ class World:
             self.config, jitter,
             participant_factory=self._participant_factory, coordinator_factory=self._coordinator_factory,
         )
+
+    def clock_ms(self, name: str) -> int:
+        """What node `name`'s clock reads now (Schedule.clock_offsets_ms)."""
+        return self.now_ms + self.clock_offsets_ms.get(name, 0)
 
     def node_of_host(self, host: str) -> Node:
         return self.owner_of(host) if host in self._partition_set else self.nodes[host]
@@ -458,10 +466,8 @@ class World:
             if node is not None:
                 self._feed(node, CommitRequested(node.name, txn, writes, reads), node.path)
         elif kind == _STATUS:
-            # Every node is asked at once; each answers at its own moment, as late as the asking
-            # node waits for it (a peer request's deadline), while the world goes on.
-            for name in sorted(self.nodes):
-                answer_ms = self.now_ms + self.probe.rng.randint(0, self.status_answer_ms_max)
+            # Every node is asked at once; each answers at its own moment while the world goes on.
+            for answer_ms, name in self.probe.ask(self, data):
                 self._push(answer_ms, _STATUS_ANSWER, (data, name))
         elif kind == _STATUS_ANSWER:
             self.probe.answer(self, *data)
@@ -630,7 +636,7 @@ class World:
         begin_ms = begin_ms_of(txn)
         deadline_ms = (status.request_deadline_ms(begin_ms + TIMEOUT_MS_EXECUTE, begin_ms, TIMEOUT_MS_EXECUTE)
                        if self.schedule.request_deadlines else 0)
-        if status.request_expired(deadline_ms, self.now_ms, CLOCK_SLACK_MS):
+        if status.request_expired(deadline_ms, self.clock_ms(node.name), CLOCK_SLACK_MS):
             self._answer_execute(txn, partition, incarnation, "arrived past its deadline")  # as Node.on_request
             return
         table = node.tables[partition]
