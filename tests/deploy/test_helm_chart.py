@@ -307,6 +307,20 @@ def redis_pod_environ(helm_bin: str) -> dict[str, str]:
 _AUDIT_CASES = ("call 100000", "grace 1000", "lease 1", "slack 999999", "call 100000 with its grace")
 
 
+def _template_args(values_file: Path, extra: dict[str, Any], how: str, tmp_path: Path) -> list[str]:
+    """`helm template` of the chart with an example's values and `extra` on top of them, given in
+    a values file (numbers reach helm as floats) or by --set (as strings)."""
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
+    if how == "values file":
+        values = tmp_path / "values.yaml"
+        values.write_text(yaml.safe_dump(_merged(yaml.safe_load(values_file.read_text()), extra)))
+        return [*args, "-f", str(values)]
+    args += ["-f", str(values_file)]
+    for item in _flattened(extra):
+        args += ["--set", item]
+    return args
+
+
 @pytest.mark.parametrize(("case", "how"), [*((case, "values file") for case in sorted(TIMEOUT_CASES)),
                                            *((case, "--set") for case in _AUDIT_CASES)])
 def test_helm_refuses_exactly_the_timeouts_the_node_refuses(helm_bin: str, redis_pod_environ: dict[str, str],
@@ -315,17 +329,7 @@ def test_helm_refuses_exactly_the_timeouts_the_node_refuses(helm_bin: str, redis
     the node checks them together at start. A combination it refuses must fail the install, and
     one it accepts must install, whether the values come from a file (floats to helm) or --set."""
     extra, helm_word, node_word = TIMEOUT_CASES[case]
-    base = yaml.safe_load(VALUES_FILES["redis"].read_text())
-    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
-    if how == "values file":
-        values = tmp_path / "values.yaml"
-        values.write_text(yaml.safe_dump(_merged(base, extra)))
-        args += ["-f", str(values)]
-    else:
-        args += ["-f", str(VALUES_FILES["redis"])]
-        for item in _flattened(extra):
-            args += ["--set", item]
-    done = run_helm(helm_bin, args)
+    done = run_helm(helm_bin, _template_args(VALUES_FILES["redis"], extra, how, tmp_path))
     # What the node makes of the variables the chart passes: the Redis example's pod environment
     # with this case's values, as the StatefulSet template spells them.
     environ = dict(redis_pod_environ)
@@ -594,17 +598,7 @@ def test_helm_refuses_exactly_the_outcome_keeps_the_azure_lifecycle_rule_would_c
     Terraform module's helm_values hand it the rule's days), passes the days to the node
     (CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS), and refuses what the node would refuse."""
     extra, helm_word, node_word = AZURE_KEEP_CASES[case]
-    base = yaml.safe_load(VALUES_FILES["azure_blob"].read_text())
-    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
-    if how == "values file":
-        values = tmp_path / "values.yaml"
-        values.write_text(yaml.safe_dump(_merged(base, extra)))
-        args += ["-f", str(values)]
-    else:
-        args += ["-f", str(VALUES_FILES["azure_blob"])]
-        for item in _flattened(extra):
-            args += ["--set", item]
-    done = run_helm(helm_bin, args)
+    done = run_helm(helm_bin, _template_args(VALUES_FILES["azure_blob"], extra, how, tmp_path))
     environ = pod_environ(node_container(render(helm_bin, VALUES_FILES["azure_blob"])), "cornus-0")
     days = extra.get("storage", {}).get("azureBlob", {}).get("tombstoneKeepDays", 1)
     environ["CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS"] = str(days)
