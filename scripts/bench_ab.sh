@@ -30,6 +30,8 @@ run() { # label tree
   local label=$1 tree=$2; shift 2
   out=$(cd "$tree" && PYTHONPATH="$tree" timeout 600 python3 -m services.cli bench "$@" 2>&1) || true
   echo "$label: $(echo "$out" | grep -E '^(cornus|2pc|coordinator-log) +[0-9]' | tr -s ' ' | paste -sd '|')"
+  # The p50s (client, node total, prepare) are on each protocol's detail line, not the table's.
+  echo "$out" | grep -oE 'p50 ms of distributed transactions: .*' | sed "s/^/  $label /" || true
 }
 for ((round = 1; round <= rounds; round++)); do
   run "base $base" "$worktree" "$@"

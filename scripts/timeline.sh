@@ -20,7 +20,8 @@ CORNUS_TIMELINE_DIR="$out" PYTHONPATH="$here/scripts/timeline${PYTHONPATH:+:$PYT
 bench=$!
 trap 'kill $bench 2>/dev/null || true' EXIT
 sleep "$warmup_s"
-pids=$(pgrep -f "services.cli serve" || true)
+# This bench's own nodes only: another bench on a shared machine would die of an unexpected SIGUSR1.
+pids=$(pgrep -P "$bench" -f "services.cli serve" || true)
 [ -n "$pids" ] || { echo "no node processes found; bench output:"; cat "$out/bench.log"; exit 1; }
 kill -USR1 $pids
 sleep "$seconds"
