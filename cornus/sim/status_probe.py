@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from cornus.protocol import status, txn_ids
 from cornus.protocol.status import Known, NodeAnswer, StatusVerdict, Verdict
-from storage_adapters.contract import LogId
+from storage_adapters.contract import LogId, TxnState
 
 if TYPE_CHECKING:
     from cornus.sim.world import Node, World
@@ -33,6 +33,21 @@ QUESTION_COUNT = 8
 # And after each recovery of a node, about that many of the transactions it coordinates.
 RECOVERY_QUESTION_COUNT_MAX = 2
 
+# A step of a node's answer: (question index, node name, "start" | "read" | "end", partition read).
+Step = tuple[int, str, str, str]
+
+
+@dataclass(slots=True)
+class _Answering:
+    """A node's answer under way: the process answering, the partitions it held when it began,
+    whether a participant ran the transaction there then, and the states its reads found."""
+
+    incarnation: int
+    held: tuple[str, ...]
+    runs_before: bool
+    states: list[TxnState] = field(default_factory=list)
+    gone: bool = False
+
 
 @dataclass(slots=True)
 class Question:
@@ -41,6 +56,7 @@ class Question:
     asker: str = ""  # the node the caller asked: its clock judges (drawn when asked)
     asked_ms: int = 0  # by the asker's clock
     answers: dict[str, NodeAnswer | None] = field(default_factory=dict)
+    answering: dict[str, _Answering] = field(default_factory=dict)  # answers under way, by node name
     verdict: StatusVerdict | None = None
     judged: bool = False  # every answer came and the verdict was asked
 
@@ -93,22 +109,70 @@ class StatusProbe:
             planned.append((at_ms, len(self.questions) - 1))
         return planned
 
-    def ask(self, world: World, index: int) -> list[tuple[int, str]]:
-        """The caller asks question `index` of one node now, which asks every node: (when, node
-        name) of their answers, each as late as the asker waits for it (a peer request's deadline)."""
+    def ask(self, world: World, index: int) -> list[tuple[int, Step]]:
+        """The caller asks question `index` of one node now, which asks every node: (when, step)
+        of each node's first step (`step`), all done within the asker's wait (a peer request's
+        deadline)."""
         question = self.questions[index]
         question.asker = self.rng.choice(sorted(world.nodes))
         question.asked_ms = world.clock_ms(question.asker)
-        return [(world.now_ms + self.rng.randint(0, world.status_answer_ms_max), name) for name in sorted(world.nodes)]
+        half_ms = world.status_answer_ms_max // 2
+        return [(world.now_ms + self.rng.randint(0, half_ms), (index, name, "start", ""))
+                for name in sorted(world.nodes)]
 
-    def answer(self, world: World, index: int, name: str) -> None:
-        """Node `name` answers question `index` now; the verdict is asked once every node has."""
+    def step(self, world: World, data: Step) -> list[tuple[int, Step]]:
+        """One step of node `name`'s answer, as the runtime's status_response takes them: at its
+        start, the partitions it holds and whether a participant runs the transaction there; then
+        a read of each of those partitions' records, one after the other; at its end, what its
+        coordinator knows and whether a participant runs it now. A process that dies meanwhile
+        does not answer. The verdict is asked once every node has answered."""
+        index, name, what, partition = data
         question = self.questions[index]
-        node = world.nodes[name]
-        first = world.twins.get(name)
-        if first is not None and self.rng.random() < 0.5:
-            node = first  # two processes answer to the node's name, as _deliver delivers
-        question.answers[name] = node_answer(world, node, question.txn)
+        if what == "start":
+            node = world.nodes[name]
+            first = world.twins.get(name)
+            if first is not None and self.rng.random() < 0.5:
+                node = first  # two processes answer to the node's name, as _deliver delivers
+            if not node.alive or node.core is None:
+                self._answered(world, question, name, None)
+                return []
+            held = tuple(p for p in node.partitions if p in node.core.partitions)
+            question.answering[name] = _Answering(node.incarnation, held, _participating(node, question.txn, held))
+            end_ms = world.now_ms + self.rng.randint(0, world.status_answer_ms_max // 2)
+            reads = sorted(self.rng.randint(world.now_ms, end_ms) for _ in held)
+            return [*((at_ms, (index, name, "read", p)) for at_ms, p in zip(reads, held, strict=True)),
+                    (end_ms, (index, name, "end", ""))]
+        answering = question.answering[name]
+        node = world.process(name, answering.incarnation)
+        if answering.gone or node is None or node.core is None:
+            answering.gone = True  # its connection went with it: no answer
+            if what == "end":
+                self._answered(world, question, name, None)
+            return []
+        if what == "read":
+            state = world.storage.state_at(LogId.partition(partition), question.txn, world.now_ms)
+            if state is not None:
+                answering.states.append(state)
+            return []
+        assert what == "end", what
+        machine = node.core.coordinator.machines.get(question.txn)
+        # The runtime's coordinator remembers a transaction whose operations it runs (its context);
+        # the outcomes it answered it remembers too, but the world leaves those out: it must not
+        # need them, since a restart forgets them.
+        executing = world.executing.get(question.txn) == (node.name, node.incarnation)
+        known = status.node_knows(
+            remembered=Known.ACTIVE if executing else Known.NOTHING,
+            coordinating=machine is not None, decision=None if machine is None else machine.decision,
+            participating=answering.runs_before or _participating(node, question.txn, answering.held),
+        )
+        ready = node.ready and (node.name, node.incarnation) not in world.parked
+        self._answered(world, question, name, NodeAnswer(
+            ready, answering.held, tuple(answering.states), known, world.requests_ms,
+            status.kept_window_ms(world.config)))
+        return []
+
+    def _answered(self, world: World, question: Question, name: str, answer: NodeAnswer | None) -> None:
+        question.answers[name] = answer
         if len(question.answers) < len(world.nodes):
             return
         answered_ms = world.clock_ms(question.asker)  # its clock after the last answer
@@ -141,26 +205,11 @@ class StatusProbe:
         return found
 
 
-def node_answer(world: World, node: Node, txn: str) -> NodeAnswer | None:
-    """What the runtime's status_response of `node` says of `txn` now (None: no answer, the
-    process is down)."""
-    if not node.alive or node.core is None:
-        return None
-    core = node.core
-    held = tuple(p for p in node.partitions if p in core.partitions)
-    states = tuple(
-        state for partition in held
-        if (state := world.storage.state_at(LogId.partition(partition), txn, world.now_ms)) is not None
+def _participating(node: Node, txn: str, held: tuple[str, ...]) -> bool:
+    """Admin._runs_here: whether a partition `node` holds runs `txn` now (a machine, or an
+    execution), among those it held when its answer began."""
+    assert node.core is not None
+    return any(
+        txn in node.core.partitions[p].machines or txn in node.tables[p].executions
+        for p in held if p in node.core.partitions and p in node.tables
     )
-    machine = core.coordinator.machines.get(txn)
-    # The runtime's coordinator remembers a transaction whose operations it runs (its context);
-    # the outcomes it answered it remembers too, but the world leaves those out: it must not
-    # need them, since a restart forgets them.
-    executing = world.executing.get(txn) == (node.name, node.incarnation)
-    known = status.node_knows(
-        remembered=Known.ACTIVE if executing else Known.NOTHING,
-        coordinating=machine is not None, decision=None if machine is None else machine.decision,
-        participating=any(txn in core.partitions[p].machines or txn in node.tables[p].executions for p in held),
-    )
-    ready = node.ready and (node.name, node.incarnation) not in world.parked
-    return NodeAnswer(ready, held, states, known, world.requests_ms, status.kept_window_ms(world.config))

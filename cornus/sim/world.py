@@ -466,11 +466,12 @@ class World:
             if node is not None:
                 self._feed(node, CommitRequested(node.name, txn, writes, reads), node.path)
         elif kind == _STATUS:
-            # Every node is asked at once; each answers at its own moment while the world goes on.
-            for answer_ms, name in self.probe.ask(self, data):
-                self._push(answer_ms, _STATUS_ANSWER, (data, name))
+            # Every node is asked at once; each answers in steps while the world goes on.
+            for at_ms, step in self.probe.ask(self, data):
+                self._push(at_ms, _STATUS_ANSWER, step)
         elif kind == _STATUS_ANSWER:
-            self.probe.answer(self, *data)
+            for at_ms, step in self.probe.step(self, data):
+                self._push(at_ms, _STATUS_ANSWER, step)
         elif kind == _CRASH:
             self.crash(data.node, data.down_ms)
         elif kind == _RESTART:
