@@ -84,6 +84,7 @@ def _explore_share(args: tuple[str, int, int, bool]) -> tuple[int, Failures, dic
         faults["status_not_known"] += world.outcome.status_not_known
         faults["small_scan_pages"] += schedule.scan_page_max < 500
         faults["moves"] += len(schedule.moves)
+        faults["move_gaps"] += sum(move.gap_ms > 0 for move in schedule.moves)
         faults["twins"] += len(schedule.twins)
         faults["fenced_writes"] += world.outcome.fenced_writes
         faults["deposed"] += world.outcome.deposed

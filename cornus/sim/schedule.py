@@ -7,7 +7,8 @@ protocol. Faults: crashes and restarts, storage outages (some longer than any re
 storage calls that time out but land later, lost, delayed and duplicated messages (some copies
 arrive long after garbage collection), reads of the owner's cache misses that answer late, callers
 that think between an interactive transaction's reads and writes while the owner restarts, a
-partition moving to another node (its old owner's lease lapsed; storage fences its writes), a
+partition moving to another node (its old owner's lease lapsed; storage fences its writes; held
+by nobody for a while in between, or not), a
 coordinator's second process started while its first still runs (a force-deleted pod), the
 WAIT_DIE lock policy, tiny recovery scan pages, and manual resolves. Interactive transactions read first and write in a
 continued request (one schedule in eight makes its first transaction wholly read-only); one-shots
@@ -84,11 +85,16 @@ class Move:
     higher epoch, so storage refuses the old owner's fenced writes from then on, and recovers its
     log. `to` may be a coordinator (then one node is both, as every runtime node is), the old
     owner itself (its lease lapsed and it took the partition again), or a node that held it
-    before."""
+    before. With `gap_ms`, nobody holds the partition meanwhile, as in the runtime, where the old
+    owner stops serving when its lease runs out by its own clock and the next one takes it only
+    after the lease and the clock slack: `to` takes it `gap_ms` after the old owner dropped it (or
+    once it is up and recovered, if it is not then), and until then messages to the partition are
+    lost, requests to it refused or unanswered, and no status answer reads its records."""
 
     partition: str
     to: str
     at_ms: int
+    gap_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,9 +195,13 @@ class Schedule:
             assert 0 <= crash.at_ms <= FAULTS_END_MS and crash.down_ms >= 1
         assert all(0 <= offset_ms <= CLOCK_OFFSET_MS_MAX for _, offset_ms in self.clock_offsets_ms)
         nodes = {*COORDINATORS, *(node_of(p) for p in self.partitions)}
-        for move in self.moves:
+        taken_ms: dict[str, int] = {}
+        for move in sorted(self.moves, key=lambda move: move.at_ms):
             assert move.partition in self.partitions and move.to in nodes, move
-            assert 0 <= move.at_ms <= FAULTS_END_MS
+            assert move.at_ms >= 0 and move.gap_ms >= 0 and move.at_ms + move.gap_ms <= FAULTS_END_MS, move
+            # A lease nobody holds cannot lapse: a partition's next move comes after its gap.
+            assert move.at_ms >= taken_ms.get(move.partition, 0), f"{move} within the gap of the one before"
+            taken_ms[move.partition] = move.at_ms + move.gap_ms
         for twin in self.twins:
             # Coordinators only: a partition's two processes are ownership's case (fenced writes,
             # explored by ownership_world), and moves would need both processes' tenures.
@@ -316,7 +326,9 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         ]
     # And one in eight moves a partition to another node while transactions run on it (another
     # partition's node or a coordinator), and then, in two of three, back to its first node or to
-    # the same node again (its lease lapsed and it took it back).
+    # the same node again (its lease lapsed and it took it back). Half of those leave it held by
+    # nobody for 50 to 400 ms each time (Move.gap_ms; not drawn from `rng` either), as the runtime
+    # does between a lease running out and the next owner's take.
     moves: tuple[Move, ...] = ()
     if seed % 8 == 6:
         index = (seed >> 3) % partition_count
@@ -324,14 +336,26 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         targets = [*(node_of(f"p{i}") for i in range(partition_count) if i != index), *COORDINATORS]
         to = targets[(seed >> 6) % len(targets)]
         at_ms = 20 + (seed >> 9) % 500
-        moves = (Move(partition, to, at_ms),)
-        again_ms = min(FAULTS_END_MS, at_ms + 250 + (seed >> 14) % 400)
+        gap_draw = zlib.crc32(f"{seed}/gap".encode())
+        # At most half of what is left before faults end: a second move's gap fits after the first.
+        gap_ms = min(50 + gap_draw % 351, (FAULTS_END_MS - at_ms) // 2) if gap_draw >> 31 else 0
+        moves = (Move(partition, to, at_ms, gap_ms),)
+        again_ms = min(FAULTS_END_MS - gap_ms, at_ms + gap_ms + 250 + (seed >> 14) % 400)
         if (seed >> 12) % 3 == 0:
-            moves += (Move(partition, node_of(partition), again_ms),)
+            moves += (Move(partition, node_of(partition), again_ms, gap_ms),)
         elif (seed >> 12) % 3 == 1:
-            moves += (Move(partition, to, again_ms),)
+            moves += (Move(partition, to, again_ms, gap_ms),)
+        on_it = [plan for plan in txns if partition in (p for p, _ in (*plan.writes, *plan.reads))]
+        if gap_ms and on_it:
+            # What a gap can hurt: a transaction whose only records are on the partition nobody
+            # holds, and whose coordinator forgot it: it restarts once the first transaction there
+            # may have committed, and its recovery ends about when the gap begins, so that the
+            # status call asked then (StatusProbe.after_recovery) can read nothing that tells of it.
+            crash_ms = max(on_it[0].start_ms + 40, at_ms - 250)
+            crashes += (Crash(on_it[0].coordinator, crash_ms, 1 + (gap_draw >> 9) % 40),)
         # The transactions run again on the new owner, once it recovered the partition.
-        txns += [dataclasses.replace(plan, start_ms=moves[0].at_ms + 300 + plan.start_ms // 4) for plan in list(txns)]
+        txns += [dataclasses.replace(plan, start_ms=moves[0].at_ms + gap_ms + 300 + plan.start_ms // 4)
+                 for plan in list(txns)]
     # And, when asked, one in eight starts a second process of a coordinator while the first one
     # still runs (a pod force-deleted while its process lived on), beside transactions the first
     # one coordinates and later ones of the second.

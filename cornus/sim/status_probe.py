@@ -90,6 +90,16 @@ class StatusProbe:
                 at_ms = begin_ms + self.rng.randint(0, kept_ms)
             self.questions.append(Question(txn, at_ms))
             planned.append((at_ms, index))
+        for move in world.schedule.moves:
+            # And one in each gap (Move.gap_ms), about a transaction on the partition nobody holds
+            # then, which began before: no answer can read its records there (drawn only where
+            # there are gaps, so that every other schedule's questions stay what they were).
+            begun = [txn for txn in world.txns if txn_ids.begin_ms_of(txn) < move.at_ms
+                     and move.partition in (p for p, _ in (*world.plans[txn].writes, *world.plans[txn].reads))]
+            if move.gap_ms and begun:
+                at_ms = move.at_ms + self.rng.randint(0, move.gap_ms // 2)
+                self.questions.append(Question(self.rng.choice(begun), at_ms))
+                planned.append((at_ms, len(self.questions) - 1))
         return planned
 
     def after_recovery(self, world: World, name: str) -> list[tuple[int, int]]:

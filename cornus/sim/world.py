@@ -17,7 +17,7 @@ import random
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from cornus.protocol import status
 from cornus.protocol.backoff import JitterSource
@@ -100,11 +100,16 @@ IDENTITY_CHECK_MS_TWINS = 150
 IDENTITY_CHECK_MS = 1_000
 IDENTITY_CHECK_MS_SLOW = 20  # Schedule.slow_identity: renewals more often than a deadline
 
+# How often the node a partition moves to tries its take again while it is down or recovering, at
+# the end of a Move's gap (the runtime's ownership tick, which runs once the node is up).
+TAKE_RETRY_MS = 10
+
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
     _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
     _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _IDENTITY_ARRIVE, _WATCH, _WATCH_LANDS, _WATCHED, _STATUS, _STATUS_ANSWER,
-) = range(28)
+    _TAKE,
+) = range(29)
 
 
 _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
@@ -273,10 +278,11 @@ class World:
         self.lock_policy = Policy.WAIT_DIE if schedule.wait_die else Policy.NO_WAIT
         for name in COORDINATORS:
             self.nodes[name] = Node(name, None, ())
-        # Who holds each partition, and the epoch of its tenure (a move raises it): storage refuses
-        # a fenced write that carries an older one. Each node's identity record has its epoch here
-        # too (every process that starts takes it, raising it), under identity_name(node).
-        self.owner = {partition: node_of(partition) for partition in self.partitions}
+        # Who holds each partition (None: nobody, in a Move's gap), and the epoch of its tenure (a
+        # take raises it): storage refuses a fenced write that carries an older one. Each node's
+        # identity record has its epoch here too (every process that starts takes it, raising it),
+        # under identity_name(node).
+        self.owner: dict[str, str | None] = {partition: node_of(partition) for partition in self.partitions}
         self.epoch = dict.fromkeys(self.partitions, 1)
         # The version of each identity record (every take and every renewal raises it): what a
         # parked process watches, with the epoch, to learn whether the holder lives.
@@ -362,11 +368,13 @@ class World:
         """What node `name`'s clock reads now (Schedule.clock_offsets_ms)."""
         return self.now_ms + self.clock_offsets_ms.get(name, 0)
 
-    def node_of_host(self, host: str) -> Node:
+    def node_of_host(self, host: str) -> Node | None:
         return self.owner_of(host) if host in self._partition_set else self.nodes[host]
 
-    def owner_of(self, partition: str) -> Node:
-        return self.nodes[self.owner[partition]]
+    def owner_of(self, partition: str) -> Node | None:
+        """The node that holds `partition` now; None in a Move's gap, when nobody does."""
+        owner = self.owner[partition]
+        return None if owner is None else self.nodes[owner]
 
     @property
     def boot_ms(self) -> int:
@@ -443,6 +451,8 @@ class World:
                 self.outcome.violations.append(f"assertion in the execution phase: {error}")
         elif kind == _MOVE:
             self._move(data)
+        elif kind == _TAKE:
+            self._take(data)
         elif kind == _TWIN:
             self._twin(data)
         elif kind == _TWIN_END:
@@ -509,7 +519,10 @@ class World:
         for partition, key_index in (*plan.writes, *plan.reads):
             node = self.owner_of(partition)
             key = f"k{key_index}"
-            execution = self._begin_execution(node, partition, txn) if self._serves(node, partition, txn) else None
+            if not self._serves(node, partition, txn):
+                self._abort_execution(txn)
+                return
+            execution = self._begin_execution(node, partition, txn)
             table = node.tables[partition]
             if execution is None or table.lock(txn, key, LockMode.SHARED, self.now_ms) is not Grant.GRANTED:
                 self._abort_execution(txn)
@@ -537,9 +550,11 @@ class World:
         for partition, key_index in plan.writes:
             node = self.owner_of(partition)
             key = f"k{key_index}"
+            if not self._serves(node, partition, txn):
+                self._abort_execution(txn)
+                return
             table = node.tables[partition]
-            serves = self._serves(node, partition, txn)
-            execution = table.begin(txn, plan.coordinator, self.now_ms, continued=True) if serves else None
+            execution = table.begin(txn, plan.coordinator, self.now_ms, continued=True)
             granted = isinstance(execution, Execution) and table.lock(txn, key, LockMode.EXCLUSIVE, self.now_ms)
             if granted is not Grant.GRANTED:
                 self._abort_execution(txn)
@@ -573,10 +588,11 @@ class World:
             if self._serves(node, partition, txn, abort=True):
                 self._wake(node, partition, node.tables[partition].abort(txn), txn)
 
-    def _serves(self, node: Node, partition: str, txn: str, *, abort: bool = False) -> bool:
+    def _serves(self, node: Node | None, partition: str, txn: str, *, abort: bool = False) -> TypeGuard[Node]:
         """Whether `node` runs a request of `txn`'s execution phase on `partition` now: it holds
-        it, and the core's admission rule (NodeCore.execute_refusal, the runtime's too) allows."""
-        return (node.alive and node.core is not None and partition in node.core.partitions
+        it, and the core's admission rule (NodeCore.execute_refusal, the runtime's too) allows.
+        None (nobody holds the partition): the runtime's coordinator refuses it ("no node holds")."""
+        return (node is not None and node.alive and node.core is not None and partition in node.core.partitions
                 and node.core.execute_refusal(partition, txn, abort=abort) is None)
 
     def _begin_execution(self, node: Node, partition: str, txn: str) -> Execution[int] | None:
@@ -607,6 +623,12 @@ class World:
         participants = tuple(p for p, _ in writes)
         for partition, key_index in (*plan.writes, *plan.reads):
             owner = self.owner_of(partition)
+            if owner is None:
+                # Nobody holds it (a Move's gap): the runtime's coordinator refuses the request
+                # before sending it, and the machine hears so after it started.
+                self._unanswered.add((txn, partition, coordinator.incarnation))
+                self._push(self.now_ms, _EXECUTE_ANSWER, (txn, partition, coordinator.incarnation, "no node holds it"))
+                continue
             sent = _Carried(txn, partition, f"k{key_index}", expected[partition], participants,
                             coordinator.incarnation, owner.name, owner.incarnation)
             self._unanswered.add((txn, partition, coordinator.incarnation))
@@ -809,8 +831,9 @@ class World:
 
     def _caller_read(self, partition: str, key: str) -> int:
         """What a caller reading `key` before its one-shot is told: the owner's cached value, else
-        storage's."""
-        hit, value = self.owner_of(partition).tables[partition].cached(key)
+        storage's (also when nobody holds the partition now: the caller read it before)."""
+        owner = self.owner_of(partition)
+        hit, value = owner.tables[partition].cached(key) if owner is not None else (False, None)
         if hit:
             assert value is not None
             return value
@@ -841,8 +864,8 @@ class World:
             # Two processes answer to the node's name: a message may reach either (a connection
             # the first one still holds, or a new one to the second).
             node = first
-        if not node.alive or node.core is None:
-            return
+        if node is None or not node.alive or node.core is None:
+            return  # to a partition nobody holds (a Move's gap), or to a node that is down: lost
         if node.core.ends_execution(to, message):
             # As the runtime does: the execution phase ends when prepare (or the read-only release)
             # arrives, and the machine learns what the execution left; the plan says how it votes.
@@ -1307,13 +1330,14 @@ class World:
     # -- partition moves -------------------------------------------------------------------------------
     def _move(self, move: Move) -> None:
         """The partition's owner lost its lease: it drops the partition (its machines, timers and
-        executions; calls in flight still land, fenced ones refused from now on), and the node
-        that holds `move.to` takes it in a higher epoch and recovers its log before serving it."""
+        executions; calls in flight still land, fenced ones refused once it is taken), and the
+        node `move.to` takes it (`_take`) at once or, after a gap, `move.gap_ms` later."""
         old, new = self.owner_of(move.partition), self.nodes[move.to]
-        if not new.ready:
+        if old is None:
+            return  # nobody holds it (the gap of an earlier move, its take held up): no lease to lapse
+        if not move.gap_ms and not new.ready:
             return  # a node that is down or recovering takes nothing
         partition = move.partition
-        self.epoch[partition] += 1
         old.partitions = tuple(p for p in old.partitions if p != partition)
         old.tables.pop(partition, None)
         old.epochs.pop(partition, None)
@@ -1324,12 +1348,30 @@ class World:
             # The runtime cancels the timers of a dropped host's machines and of its recovery.
             for timer in [t for t in old.timers if t.owner in (partition, recovery_owner(partition))]:
                 del old.timers[timer]
+        if move.gap_ms:
+            if self.trace is not None:
+                self.trace.append(f"{self.now_ms:6d} DROP {partition} by {old.name}: nobody holds it for "
+                                  f"{move.gap_ms} ms")
+            self.owner[partition] = None
+            self._push(self.now_ms + move.gap_ms, _TAKE, move)
+            return
+        self._take(move, old.name)
+
+    def _take(self, move: Move, old: str = "nobody") -> None:
+        """The node `move.to` takes the partition in a higher epoch, so that storage refuses its
+        old owner's fenced writes from now on, and recovers its log before serving it; one that is
+        down or recovering at the end of a gap takes it once it is ready."""
+        partition, new = move.partition, self.nodes[move.to]
+        if not new.ready:
+            self._push(self.now_ms + TAKE_RETRY_MS, _TAKE, move)
+            return
+        self.epoch[partition] += 1
         self.owner[partition] = new.name
         new.partitions = (*new.partitions, partition)
         new.tables[partition] = PartitionExecutions(partition, redo, self.lock_policy)
         new.epochs[partition] = self.epoch[partition]
         if self.trace is not None:
-            self.trace.append(f"{self.now_ms:6d} MOVE {partition} from {old.name} to {new.name}")
+            self.trace.append(f"{self.now_ms:6d} MOVE {partition} from {old} to {new.name}")
         assert new.core is not None
         for effect in new.core.add_partition(partition):
             self._execute(new, effect)
@@ -1343,6 +1385,8 @@ class World:
             return
         for partition, _ in plan.writes:
             node = self.owner_of(partition)
+            if node is None:
+                continue  # nobody holds it (a Move's gap): no machine of it runs
             host = node.core.partitions[partition] if node.alive and node.core is not None else None
             machine = host.machines.get(call.txn) if host is not None else None
             if isinstance(machine, CoordinatorLogParticipant) and machine.phase is Phase.VOTED:

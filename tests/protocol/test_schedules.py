@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 
 from cornus.protocol.config import Protocol
 from cornus.sim.explore import explore, run_schedule
+from cornus.sim.invariants import check
 from cornus.sim.schedule import (
     COORDINATORS,
     FAULTS_END_MS,
     KEYS_PER_PARTITION,
     Crash,
+    Move,
     Outage,
     Resolve,
     Schedule,
@@ -25,7 +27,9 @@ from cornus.sim.schedule import (
     node_of,
     random_schedule,
 )
+from cornus.sim.status_probe import node_answer
 from cornus.sim.world import World
+from storage_adapters.contract import TxnState
 
 PARTITIONS = ("p0", "p1", "p2", "p3")
 PROTOCOL_CHOICES = [*Protocol, None]  # None: every transaction draws its own
@@ -104,6 +108,35 @@ def test_same_seed_same_run() -> None:
     second.run()
     assert first.outcome == second.outcome
     assert first.now_ms == second.now_ms
+
+
+def test_a_partition_between_owners_is_held_by_nobody() -> None:
+    """A Move with a gap: from the old owner's drop to the new owner's take nobody holds the
+    partition, as in the runtime between a lease running out and the next take. No status answer
+    reads its records then, a one-shot's request to it is refused (the transaction aborts) and an
+    interactive transaction's read of it fails (it never reaches commit); once taken and recovered,
+    the new owner serves it, and every invariant holds."""
+    plans = (
+        TxnPlan("c0", Protocol.CORNUS, 0, (("p0", 0),)),  # commits before the gap
+        TxnPlan("c1", Protocol.CORNUS, 150, (("p0", 1), ("p1", 0)), one_shot=True),  # in the gap
+        TxnPlan("c0", Protocol.TWO_PC, 160, (("p1", 1),), (("p0", 0),)),  # reads p0 in the gap
+        TxnPlan("c1", Protocol.CORNUS, 700, (("p0", 1),)),  # on the new owner
+    )
+    world = World(Schedule(seed=3, partition_count=2, txns=plans, moves=(Move("p0", "c1", 100, 200),)))
+    first, one_shot, interactive, last = world.txns
+    world.run(until_ms=299)
+    assert world.owner_of("p0") is None
+    answers = [node_answer(world, node, first) for node in world.nodes.values()]
+    assert all(answer is not None and "p0" not in answer.partitions for answer in answers), answers
+    world.run(until_ms=300)
+    taker = world.owner_of("p0")
+    assert taker is not None and taker.name == "c1"
+    world.run()
+    assert check(world) == []
+    replies = world.outcome.replies
+    assert replies[first] == [TxnState.COMMIT] and replies[one_shot] == [TxnState.ABORT], replies
+    assert interactive not in world.outcome.executed and interactive not in replies
+    assert replies[last] == [TxnState.COMMIT], replies
 
 
 # Schedules the explorer found violating an invariant, kept as they were found (a run is a pure
