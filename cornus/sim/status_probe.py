@@ -146,7 +146,7 @@ class StatusProbe:
             if not node.alive or node.core is None:
                 self._answered(world, question, name, None)
                 return []
-            held = tuple(p for p in node.partitions if p in node.core.partitions)
+            held = held_partitions(node)
             question.answering[name] = _Answering(node.incarnation, held, _participating(node, question.txn, held))
             end_ms = world.now_ms + self.rng.randint(0, world.status_answer_ms_max // 2)
             reads = sorted(self.rng.randint(world.now_ms, end_ms) for _ in held)
@@ -213,6 +213,13 @@ class StatusProbe:
                 found.append(f"{asked} said {txn} committed; it "
                              f"{'aborted' if txn in aborted else 'never decided'}")
         return found
+
+
+def held_partitions(node: Node) -> tuple[str, ...]:
+    """The partitions whose records `node`'s status answer reads: those it holds now (the
+    runtime's `tuple(self.partitions)`); none of one between owners."""
+    assert node.core is not None
+    return tuple(p for p in node.partitions if p in node.core.partitions)
 
 
 def _participating(node: Node, txn: str, held: tuple[str, ...]) -> bool:
