@@ -13,7 +13,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cornus.protocol.config import ProtocolConfig
+from cornus.protocol.config import ProtocolConfig, gc_grace_ms_min
 from cornus.protocol.termination import decision_among
 from storage_adapters.contract import TxnState
 
@@ -62,6 +62,14 @@ def requests_window_ms(timeout_ms_request: int, clock_slack_ms: int) -> int:
     return timeout_ms_request + 2 * clock_slack_ms
 
 
+def kept_floor_ms(config: ProtocolConfig) -> int:
+    """How long after its begin a transaction that voted surely leaves a record, whatever
+    outcome_keep_ms (which may be 0) and gc_grace_ms (which has a floor) the coordinator that
+    collected it ran with: what the verdict counts on for a node whose configuration it cannot
+    know (`NodeAnswer.since_ms`)."""
+    return gc_grace_ms_min(config.storage_deadline_ms, config.clock_slack_ms) - config.clock_slack_ms
+
+
 def kept_window_ms(config: ProtocolConfig) -> int:
     """How long after its begin a transaction that voted leaves a record, by a coordinator with
     `config`: records go gc_grace_ms after the decision, which comes after the begin, and the
@@ -95,8 +103,9 @@ class NodeAnswer:
     records it read (only those), the states it found there, and what it knows itself; and the
     windows its own configuration sets, which may differ from the asking node's during a change
     of configuration: how long a one-shot's request may run at it (`requests_window_ms`) and how
-    long the records of a transaction it coordinated stay (`kept_window_ms`). 0: not told (an
-    older node)."""
+    long the records of a transaction it coordinated stay (`kept_window_ms`), and since when
+    (`since_ms`: its process's start, by its clock; each process reads its configuration once).
+    0: not told (an older node)."""
 
     ready: bool
     partitions: tuple[str, ...]
@@ -104,6 +113,8 @@ class NodeAnswer:
     known: Known
     requests_ms: int = 0
     kept_ms: int = 0
+    since_ms: int = 0
+    node: str = ""
 
 
 class Verdict(enum.Enum):
@@ -121,7 +132,7 @@ class StatusVerdict:
 
 def verdict(
     answers: Sequence[NodeAnswer | None], partitions: Sequence[str], begin_ms: int, asked_ms: int,
-    answered_ms: int, *, config: ProtocolConfig, requests_ms: int,
+    answered_ms: int, *, config: ProtocolConfig, requests_ms: int, coordinator: str = "",
 ) -> StatusVerdict | None:
     """The verdict of `answers` (None: a node that did not answer) about a transaction that began
     at `begin_ms` (0: an id no runtime made), asked at `asked_ms`, before any node answered, and
@@ -133,7 +144,8 @@ def verdict(
     the owners keep to, plus the clock slack): until then one may be on its way, with nothing
     anywhere yet to tell of it. `config` and `requests_ms` are the asking node's; the windows its
     peers tell widen them (the longest wait, the shortest keep), since any of them may have
-    coordinated the transaction or may run its request."""
+    coordinated the transaction or may run its request. `coordinator`: the node its id names.
+    A coordinator that has left the cluster is counted as running with the keep the others do."""
     answered = [answer for answer in answers if answer is not None]
     knowns = {answer.known for answer in answered}
     for known, found in ((Known.COMMITTED, Verdict.COMMITTED), (Known.ABORTED, Verdict.ABORTED),
@@ -172,6 +184,13 @@ def verdict(
         return StatusVerdict(Verdict.UNKNOWN, "too recent to tell: a request of it may still be on its way")
     # Until then a transaction that voted has a record somewhere: none means it never did.
     kept_ms = min([kept_window_ms(config), *(answer.kept_ms for answer in answered if answer.kept_ms)])
+    # Only its coordinator collects its records (its machine), keeping the tombstone for the
+    # outcome_keep_ms its process ran with then. A coordinator process that started after the
+    # transaction began cannot know what its predecessor ran with: count on the floor (found by
+    # review: a rollout that raised the keep made the status call count on tombstones collected,
+    # and dropped, under the old one).
+    if any(answer.node == coordinator and not 0 < answer.since_ms <= begin_ms for answer in answered):
+        kept_ms = min(kept_ms, kept_floor_ms(config))
     # An id without a begin time (0) is none a runtime made: never one of ours. By the clock read
     # after the last answer: its node may have read the tombstone that late, and it may have gone
     # by then (found by review: judged by the clock read before asking, a tombstone read up to a
@@ -182,3 +201,4 @@ def verdict(
             f"outcome was kept for outcome_keep_ms ({config.outcome_keep_ms} ms) after its records "
             "were collected, which has passed; its outcome cannot be known"))
     return None
+

@@ -35,6 +35,13 @@ def protocol_of(txn: str) -> Protocol | None:
     return _PROTOCOL_BY_TAG.get(txn.rsplit(".", 1)[-1])
 
 
+def coordinator_of(txn: str) -> str:
+    """The coordinator node an id names ("" for an id this runtime did not make); a node id may
+    hold dots, so it is what lies between the begin time and the last three fields."""
+    fields = txn.split(".")
+    return ".".join(fields[1:-3]) if len(fields) >= 5 else ""
+
+
 def begin_ms_of(txn: str) -> int:
     """WAIT_DIE's age order: the begin time an id starts with (0 for an id this runtime did not make)."""
     head = txn.split(".", 1)[0]

@@ -78,6 +78,9 @@ class Admin:
         self.transport = transport
         self.coordination = coordination
         self.partitions = partitions
+        # When this process's configuration took effect (it is read once, at start): the status
+        # call counts on this node's windows only for transactions that began after it.
+        self._since_ms = int(time.time() * 1000)
 
     # -- outcomes ----------------------------------------------------------------------------------
     def status(self, txn: str) -> Outcome | None:
@@ -119,14 +122,15 @@ class Admin:
         )
         answers = [
             NodeAnswer(r.ready, r.partitions, tuple(state for _, state in r.txn_states), Known.of(r.txn_outcome),
-                       r.requests_window_ms, r.kept_window_ms)
+                       r.requests_window_ms, r.kept_window_ms, r.config_since_unix_ms, r.node)
             if isinstance(r, StatusResponse) else None
             for r in responses
         ]
         # And after them: a node read its records as late as its answer came.
         answered_ms = max(asked_ms, int(time.time() * 1000))
         found = verdict(answers, self.config.partitions, txn_ids.begin_ms_of(txn), asked_ms, answered_ms,
-                        config=self.config.protocol_config, requests_ms=self._requests_window_ms())
+                        config=self.config.protocol_config, requests_ms=self._requests_window_ms(),
+                        coordinator=txn_ids.coordinator_of(txn))
         if found is None:
             return None
         status = OutcomeStatus(found.verdict.value)
@@ -166,6 +170,7 @@ class Admin:
             txn_outcome=known.value,
             requests_window_ms=self._requests_window_ms(),
             kept_window_ms=kept_window_ms(self.config.protocol_config),
+            config_since_unix_ms=self._since_ms,
         )
 
     def _requests_window_ms(self) -> int:

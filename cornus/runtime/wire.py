@@ -110,6 +110,7 @@ class StatusResponse:
     # node of an older version.
     requests_window_ms: int = 0
     kept_window_ms: int = 0
+    config_since_unix_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,7 +178,10 @@ class StatusProbe:
         ready = node.ready and (node.name, node.incarnation) not in world.parked
         self._answered(world, question, name, NodeAnswer(
             ready, answering.held, tuple(answering.states), known, world.requests_ms,
-            status.kept_window_ms(world.config)))
+            # Every process of the world runs one configuration, in force before any transaction
+            # began (at 1 ms, the earliest begin: 0 would mean "not told"). A runtime node cannot
+            # know its predecessor's, and counts on less: UNKNOWN more often, never less safe.
+            status.kept_window_ms(world.config), 1, name))
         return []
 
     def _answered(self, world: World, question: Question, name: str, answer: NodeAnswer | None) -> None:
@@ -189,7 +192,7 @@ class StatusProbe:
         question.verdict = status.verdict(
             [question.answers[n] for n in sorted(question.answers)], world.partitions,
             txn_ids.begin_ms_of(question.txn), question.asked_ms, answered_ms,
-            config=world.config, requests_ms=world.requests_ms)
+            config=world.config, requests_ms=world.requests_ms, coordinator=txn_ids.coordinator_of(question.txn))
         question.judged = True
         world.outcome.status_questions += 1
         world.outcome.status_not_known += question.verdict is None

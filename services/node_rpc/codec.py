@@ -202,6 +202,7 @@ def encode_status_response(body: pb.StatusResponse, value: StatusResponse) -> No
     body.txn_outcome = value.txn_outcome
     body.requests_window_ms = value.requests_window_ms
     body.kept_window_ms = value.kept_window_ms
+    body.config_since_unix_ms = value.config_since_unix_ms
 
 
 def _encode_status_response(envelope: pb.PeerEnvelope, value: StatusResponse) -> None:
@@ -337,6 +338,7 @@ def decode_status_response(body: pb.StatusResponse) -> StatusResponse:
         txn_outcome=body.txn_outcome,
         requests_window_ms=body.requests_window_ms,
         kept_window_ms=body.kept_window_ms,
+        config_since_unix_ms=body.config_since_unix_ms,
     )
 
 

@@ -12,6 +12,7 @@ from cornus.protocol.status import (
     Known,
     NodeAnswer,
     Verdict,
+    kept_floor_ms,
     kept_window_ms,
     node_knows,
     request_deadline_ms,
@@ -32,14 +33,16 @@ VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
 def node(
     partitions: tuple[str, ...], *states: TxnState, known: Known = Known.NOTHING, ready: bool = True
 ) -> NodeAnswer:
-    return NodeAnswer(ready, partitions, states, known)
+    """A node's answer, with the windows of CONFIG, in force since before BEGIN_MS."""
+    return NodeAnswer(ready, partitions, states, known, kept_ms=kept_window_ms(CONFIG), since_ms=BEGIN_MS - 1)
 
 
 def judge(
     *answers: NodeAnswer | None, now_ms: int = NOW_MS, begin_ms: int = BEGIN_MS, answered_ms: int | None = None,
 ) -> Verdict | None:
     answered_ms = now_ms if answered_ms is None else answered_ms
-    found = verdict(answers, PARTITIONS, begin_ms, now_ms, answered_ms, config=CONFIG, requests_ms=REQUESTS_MS)
+    found = verdict(answers, PARTITIONS, begin_ms, now_ms, answered_ms, config=CONFIG, requests_ms=REQUESTS_MS,
+                    coordinator="n1")
     return None if found is None else found.verdict
 
 
@@ -126,8 +129,8 @@ def test_the_peers_windows_widen_the_askers() -> None:
     shorter_keep = dataclasses.replace(node(("p1",)), kept_ms=kept_ms - 1_000)
     assert judge(node(("p0",)), shorter_keep, now_ms=BEGIN_MS + kept_ms - 1_001) is None
     assert judge(node(("p0",)), shorter_keep, now_ms=BEGIN_MS + kept_ms - 1_000) is Verdict.UNKNOWN
-    older = node(("p1",))  # tells nothing (0): the asker's own windows stand
-    assert judge(node(("p0",)), older, now_ms=BEGIN_MS + kept_ms - 1) is None
+    told_nothing = dataclasses.replace(node(("p1",)), requests_ms=0)  # the asker's wait stands
+    assert judge(node(("p0",)), told_nothing, now_ms=BEGIN_MS + REQUESTS_MS) is None
 
 
 def test_a_tombstone_counts_until_the_last_answer_came() -> None:
@@ -140,3 +143,23 @@ def test_a_tombstone_counts_until_the_last_answer_came() -> None:
     assert judge(*everyone, now_ms=BEGIN_MS + kept_ms - 1, answered_ms=BEGIN_MS + kept_ms) is Verdict.UNKNOWN
     # And "too recent" by the clock read before any answer: a request may have run until then.
     assert judge(*everyone, now_ms=BEGIN_MS + REQUESTS_MS - 1, answered_ms=BEGIN_MS + REQUESTS_MS) is Verdict.UNKNOWN
+
+
+def test_a_coordinator_started_since_the_begin_counts_for_the_floor_only() -> None:
+    """Found by review: the windows were the nodes' configurations now, while a transaction's
+    tombstone keeps the outcome_keep_ms its coordinator ran with when it collected it. A rollout
+    that raised the keep made the status call count on a tombstone collected, and dropped, under
+    the old one: "not known" of a committed transaction. A coordinator whose process (and
+    configuration) began after the transaction is counted for what any configuration keeps."""
+    kept_ms, floor_ms = kept_window_ms(CONFIG), kept_floor_ms(CONFIG)
+    assert floor_ms < kept_ms
+    restarted = dataclasses.replace(node(("p1",)), node="n1", since_ms=BEGIN_MS + 1)  # the coordinator (judge)
+    assert judge(node(("p0",)), restarted, now_ms=BEGIN_MS + floor_ms - 1) is None
+    assert judge(node(("p0",)), restarted, now_ms=BEGIN_MS + floor_ms) is Verdict.UNKNOWN
+    running = dataclasses.replace(restarted, since_ms=BEGIN_MS)
+    assert judge(node(("p0",)), running, now_ms=BEGIN_MS + kept_ms - 1) is None
+    older = NodeAnswer(True, ("p1",), (), Known.NOTHING, node="n1")  # an older node tells no since
+    assert judge(node(("p0",)), older, now_ms=BEGIN_MS + floor_ms) is Verdict.UNKNOWN
+    # Any other node's restart, or a coordinator gone from the cluster, changes nothing.
+    other = dataclasses.replace(restarted, node="n2")
+    assert judge(node(("p0",)), other, now_ms=BEGIN_MS + kept_ms - 1) is None

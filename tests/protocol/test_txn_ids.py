@@ -25,3 +25,9 @@ def test_ids_the_runtime_did_not_make_name_no_protocol(txn: str) -> None:
 
 def test_begin_time_of_a_foreign_id_sorts_first() -> None:
     assert txn_ids.begin_ms_of("race-0") == 0
+
+
+def test_the_coordinator_an_id_names() -> None:
+    assert txn_ids.coordinator_of("1700000000000.n0.abcdef.1.cornus") == "n0"
+    assert txn_ids.coordinator_of("1700000000000.node.with.dots.abcdef.7.2pc") == "node.with.dots"
+    assert txn_ids.coordinator_of("not-an-id") == ""

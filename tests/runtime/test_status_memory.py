@@ -12,6 +12,7 @@ import pytest
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
 from cornus.protocol.effects import Reply
+from cornus.protocol.status import kept_floor_ms, kept_window_ms
 from cornus.runtime import coordination
 from cornus.runtime.outcome import OutcomeStatus
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, StatusRequest
@@ -126,17 +127,35 @@ async def test_an_id_nobody_knows_is_unknown_once_its_tombstone_could_have_expir
         young = txn_ids.new_txn_id(now_ms, "n0", "abcdef", 4, Protocol.CORNUS)
         status = await node.resolve_status(young)  # a request of it may still be on its way
         assert status is not None and status.status is OutcomeStatus.UNKNOWN, status
-        fresh = txn_ids.new_txn_id(now_ms - 60_000, "n0", "abcdef", 1, Protocol.CORNUS)
+        fresh = txn_ids.new_txn_id(now_ms - 60_000, "n9", "abcdef", 1, Protocol.CORNUS)
         assert await node.resolve_status(fresh) is None
         kept_ms = config.gc_grace_ms + config.outcome_keep_ms - config.clock_slack_ms
         # Past its grace (and any request's deadline): only its tombstone could be left.
-        collected = txn_ids.new_txn_id(now_ms - 120_000, "n0", "abcdef", 2, Protocol.CORNUS)
+        collected = txn_ids.new_txn_id(now_ms - 120_000, "n9", "abcdef", 2, Protocol.CORNUS)
         assert config.gc_grace_ms + config.clock_slack_ms < 120_000
         assert await node.resolve_status(collected) is None  # its tombstone would be there
-        old = txn_ids.new_txn_id(now_ms - kept_ms - 1, "n0", "abcdef", 3, Protocol.CORNUS)
+        old = txn_ids.new_txn_id(now_ms - kept_ms - 1, "n9", "abcdef", 3, Protocol.CORNUS)
         status = await node.resolve_status(old)
         assert status is not None and status.status is OutcomeStatus.UNKNOWN, status
         assert "outcome_keep_ms" in status.detail, status
+
+
+async def test_a_coordinator_restarted_since_an_id_began_is_not_counted_on_for_its_keep(tmp_path):
+    """Found by review: a rollout that raised outcome_keep_ms made the status call count on the new
+    keep for tombstones the coordinator's previous process had collected, and dropped, under the
+    old one: "not known" of a committed transaction. Only the coordinator collects; one whose
+    process started after the id began is counted for the floor (kept_floor_ms) only."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        config = node.config.protocol_config
+        now_ms = int(time.time() * 1000)
+        # Past any request's deadline and the floor, within the configured keep.
+        collected = txn_ids.new_txn_id(now_ms - 120_000, "n0", "abcdef", 1, Protocol.CORNUS)
+        assert kept_floor_ms(config) < 120_000 < kept_window_ms(config)
+        status = await node.resolve_status(collected)  # n0 started a moment ago
+        assert status is not None and status.status is OutcomeStatus.UNKNOWN, status
+        node.admin._since_ms = now_ms - 600_000  # as if n0's process had run since before it began
+        assert await node.resolve_status(collected) is None
 
 
 async def test_an_id_is_not_known_only_when_every_partition_s_records_were_read(tmp_path):
@@ -146,7 +165,7 @@ async def test_an_id_is_not_known_only_when_every_partition_s_records_were_read(
     which a caller takes for "never happened" and runs again."""
     async with local_cluster(tmp_path, partition_count=2) as cluster:
         node = cluster.node()
-        fresh = txn_ids.new_txn_id(int(time.time() * 1000) - 60_000, "n0", "abcdef", 1, Protocol.CORNUS)
+        fresh = txn_ids.new_txn_id(int(time.time() * 1000) - 60_000, "n9", "abcdef", 1, Protocol.CORNUS)
         assert await node.resolve_status(fresh) is None
         between_owners = node.partitions.pop("p1")  # what a lost lease leaves, until a take
         try:
