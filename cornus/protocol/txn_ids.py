@@ -5,11 +5,20 @@ is chosen per transaction at begin and never changes, and the id already travels
 timer and log record of the transaction. So the id names the protocol: a participant that gets a
 prepare, and recovery that finds a bare record after a crash, both know which protocol machine
 owns the transaction, and no record or message format has to grow a field for it.
+
+A client may choose the id of a one-shot itself, so that it knows what to ask the status call about
+even when the answer is lost: `<begin ms>.<node>.c<token>.1.<tag>`, where the token is 16 to 32
+lowercase hex characters from a CSPRNG. The "c" and the length keep it apart from a server's
+incarnation (6 hex characters), so no client id can be one a node makes itself. The node that
+receives it checks it with `client_txn_problem` before anything runs.
 """
 
 from __future__ import annotations
 
+import re
+
 from cornus.protocol.config import Protocol
+from storage_adapters.contract import TXN_ID_LENGTH_MAX
 
 PROTOCOL_TAGS: dict[Protocol, str] = {
     Protocol.CORNUS: "cornus",
@@ -46,3 +55,82 @@ def begin_ms_of(txn: str) -> int:
     """WAIT_DIE's age order: the begin time an id starts with (0 for an id this runtime did not make)."""
     head = txn.split(".", 1)[0]
     return int(head) if head.isdigit() else 0
+
+
+# How far behind the receiving node's clock a client-chosen id's begin may be. The status call's
+# windows (a request "may still be on its way", a record "is kept") and the owners' deadline for a
+# one-shot's requests all count from the begin an id carries (status.py), so it must be close to
+# the true begin: a begin in the future would stretch the "kept" window past the decision's
+# tombstone (the status call would say "never committed" of a commit whose records are gone), and
+# one far in the past would let a request that travelled longer arrive after the status call, by
+# the "on its way" window, already said "not known". The node also caps it at its peer request
+# timeout (`client_begin_problem`'s caller), which that window starts with.
+CLIENT_BEGIN_MS_AGE_MAX = 1_000
+CLIENT_TOKEN_CHARS_MIN = 16
+CLIENT_TOKEN_CHARS_MAX = 32
+# The counter field of every client-chosen id: one id is one transaction.
+CLIENT_COUNTER = 1
+_CLIENT_TOKEN = re.compile(f"c[0-9a-f]{{{CLIENT_TOKEN_CHARS_MIN},{CLIENT_TOKEN_CHARS_MAX}}}")
+
+
+def client_txn_id(begin_ms: int, node: str, token: str, protocol: Protocol) -> str:
+    """A client-chosen id for a one-shot coordinated by `node`; `token` is the hex from a CSPRNG."""
+    return f"{begin_ms}.{node}.c{token}.{CLIENT_COUNTER}.{PROTOCOL_TAGS[protocol]}"
+
+
+def client_txn_format_problem(txn: str, node: str) -> str:
+    """What is wrong with the form of a client-chosen id sent to `node` ("" if nothing): it must
+    name this node, a protocol tag and a token of the form above, and fit every backend."""
+    if not isinstance(txn, str) or not txn:
+        return "txn must be a non-empty string"
+    if len(txn) > TXN_ID_LENGTH_MAX:
+        return f"txn is {len(txn)} characters, the limit is {TXN_ID_LENGTH_MAX}"
+    # From the right: a node id may hold dots, the last three fields never do.
+    fields = txn.rsplit(".", 3)
+    if len(fields) != 4:
+        return f"txn {txn!r} is not <begin ms>.<node>.c<token>.{CLIENT_COUNTER}.<protocol tag>"
+    head, token, counter, tag = fields
+    if tag not in _PROTOCOL_BY_TAG:
+        return f"txn {txn!r} ends in {tag!r}, not a protocol tag ({', '.join(sorted(_PROTOCOL_BY_TAG))})"
+    if counter != str(CLIENT_COUNTER):
+        return f"txn {txn!r}: the counter field of a client-chosen id is {CLIENT_COUNTER}, not {counter!r}"
+    if not _CLIENT_TOKEN.fullmatch(token):
+        return (f"txn {txn!r}: the token must be 'c' and {CLIENT_TOKEN_CHARS_MIN} to {CLIENT_TOKEN_CHARS_MAX} "
+                f"lowercase hex characters, got {token!r}")
+    begin, _, named = head.partition(".")
+    if not begin.isascii() or not begin.isdigit() or begin.startswith("0"):
+        return f"txn {txn!r} does not start with its begin time in Unix milliseconds"
+    if named != node:
+        return f"txn {txn!r} names node {named!r}: a client-chosen id must name the node it is sent to, {node!r}"
+    return ""
+
+
+def client_begin_problem(begin_ms: int, now_ms: int, started_ms: int, age_ms_max: int) -> str:
+    """What is wrong with the begin time of a client-chosen id ("" if nothing), by the receiving
+    node's clock `now_ms`, given the wall time `started_ms` at which its coordinator process
+    started: the begin is not ahead of the node's clock, at most `age_ms_max` old
+    (CLIENT_BEGIN_MS_AGE_MAX, see there), and after the process started. That last rule is what
+    makes a resend of the same id after a coordinator restart, whose memory of the id is gone, a
+    refusal rather than a second run: the first run was received, so began, before the restart.
+    The same millisecond is refused too: the clock cannot order the two."""
+    if begin_ms > now_ms:
+        return (f"its begin time {begin_ms} is {begin_ms - now_ms} ms ahead of this node's clock: "
+                "the client's clock runs ahead")
+    if now_ms - begin_ms > age_ms_max:
+        return (f"its begin time {begin_ms} is {now_ms - begin_ms} ms behind this node's clock, the limit is "
+                f"{age_ms_max} ms: the client's clock runs behind, or the request took that long")
+    if begin_ms <= started_ms:
+        return (f"its begin time {begin_ms} is not after this node's coordinator started ({started_ms}): "
+                "a transaction sent to an earlier run of it cannot be run again")
+    return ""
+
+
+def client_txn_problem(txn: str, node: str, now_ms: int, started_ms: int,
+                       age_ms_max: int = CLIENT_BEGIN_MS_AGE_MAX) -> str:
+    """What is wrong with the client-chosen id `txn` sent to `node` ("" if it may run): its form
+    (`client_txn_format_problem`), then its begin time (`client_begin_problem`)."""
+    problem = client_txn_format_problem(txn, node)
+    if problem:
+        return problem
+    problem = client_begin_problem(begin_ms_of(txn), now_ms, started_ms, age_ms_max)
+    return f"txn {txn!r}: {problem}" if problem else ""

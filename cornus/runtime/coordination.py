@@ -28,7 +28,16 @@ from cornus.runtime.config import NodeConfig
 from cornus.runtime.effect_runner import fatal
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.keys import partition_of
-from cornus.runtime.outcome import AbortReason, NodeOverloaded, Outcome, OutcomeStatus, TxnNotFound, TxnWrongState
+from cornus.runtime.outcome import (
+    AbortReason,
+    ClientTxnBeginRefused,
+    ClientTxnRefused,
+    NodeOverloaded,
+    Outcome,
+    OutcomeStatus,
+    TxnNotFound,
+    TxnWrongState,
+)
 from cornus.runtime.timing import TimingLog, TxnTiming
 from cornus.runtime.transport import PeerUnavailable, Transport
 from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind, PeerResponse, validate_op
@@ -156,21 +165,62 @@ class Coordination:
         self.closing = False
         # Tells this life's transaction ids from a previous one's (the counter restarts at zero).
         self._incarnation = os.urandom(3).hex()
+        # A client-chosen id must begin after this (txn_ids.client_begin_problem): this life knows
+        # nothing of the ids an earlier one ran.
+        self.started_unix_ms = int(time.time() * 1000)
 
     # -- begin and operations ----------------------------------------------------------------------
-    def begin(self, protocol: Protocol | None = None) -> str:
+    def begin(self, protocol: Protocol | None = None, client_txn: str | None = None) -> str:
+        """Begin a transaction; its id, which this node makes unless the client chose it
+        (`client_txn`, for a one-shot only: `_check_client_txn`). Raises ValidationError (a bad id,
+        a protocol it does not name), TxnWrongState (an id this node has run) or NodeOverloaded,
+        with nothing changed."""
         if self.closing:
             raise NodeOverloaded(f"{self.node_id} is stopping")
         if not self.ready():
             raise NodeOverloaded(f"{self.node_id} is still recovering")
         if len(self.txns) >= self.config.limits.txn_count_max:
             raise NodeOverloaded(f"{len(self.txns)} transactions in flight on {self.node_id}")
+        if client_txn is not None and protocol is None:
+            # The id names its protocol (txn_ids), which the request then need not repeat.
+            protocol = txn_ids.protocol_of(client_txn) if isinstance(client_txn, str) else None
         protocol = protocol or self.config.protocol
         if not isinstance(protocol, Protocol):
             raise ValidationError(f"protocol must be one of {', '.join(p.value for p in Protocol)}, got {protocol!r}")
-        self._txn_counter += 1
-        txn = txn_ids.new_txn_id(int(time.time() * 1000), self.node_id, self._incarnation, self._txn_counter, protocol)
+        if client_txn is None:
+            self._txn_counter += 1
+            txn = txn_ids.new_txn_id(int(time.time() * 1000), self.node_id, self._incarnation, self._txn_counter,
+                                     protocol)
+        else:
+            txn = self._check_client_txn(client_txn, protocol)
         self.txns[txn] = CoordinatedTxn(txn, protocol, TxnTiming(protocol.value))
+        return txn
+
+    def _check_client_txn(self, txn: object, protocol: Protocol) -> str:
+        """`txn` if this node may run a transaction under that client-chosen id with `protocol`."""
+        if not isinstance(txn, str):
+            raise ClientTxnRefused(f"txn must be a string, got {type(txn).__name__}")
+        problem = txn_ids.client_txn_format_problem(txn, self.node_id)
+        if problem:
+            raise ClientTxnRefused(problem)
+        if txn_ids.protocol_of(txn) is not protocol:
+            # The id names the protocol every node runs it with; a request that asks for another
+            # says two things, and which it meant is unknown.
+            raise ClientTxnRefused(f"txn {txn!r} names protocol {txn_ids.protocol_of(txn)}, the request asks for "
+                                   f"{protocol.value}")
+        # Capped at the peer request timeout as well: the status call's "a request may still be on
+        # its way" window starts with it (status.requests_window_ms), and an id arriving later than
+        # that could run after "not known" was said of it.
+        age_ms_max = min(txn_ids.CLIENT_BEGIN_MS_AGE_MAX, self.config.limits.timeout_ms_peer_request)
+        problem = txn_ids.client_begin_problem(txn_ids.begin_ms_of(txn), int(time.time() * 1000),
+                                               self.started_unix_ms, age_ms_max)
+        if problem:
+            raise ClientTxnBeginRefused(f"txn {txn!r}: {problem}")
+        # Within the begin's age bound, memory holds every id this life ran (an outcome is pushed
+        # out only after OUTCOME_REMEMBERED_COUNT_MAX later ones), so a resend is found here.
+        if self.known(txn) is not None:
+            raise TxnWrongState(f"transaction {txn} is already known to {self.node_id}: a client-chosen id names one "
+                                "transaction, run once; ask its status")
         return txn
 
     def active(self, txn: str) -> CoordinatedTxn:
@@ -433,15 +483,16 @@ class Coordination:
         while len(self.outcomes) > OUTCOME_REMEMBERED_COUNT_MAX:
             self.outcomes.popitem(last=False)
 
-    async def execute(self, ops: Sequence[Op], protocol: Protocol | None = None) -> Outcome:
+    async def execute(self, ops: Sequence[Op], protocol: Protocol | None = None,
+                      client_txn: str | None = None) -> Outcome:
         """A one-shot transaction. When it writes anywhere, each partition's request carries its
         prepare too (one message and one round trip fewer per partition), and a partition it only
         reads votes like the others (paper 3.5: in parallel with them, so no write more on the
         critical path), instead of confirming its read locks in a round trip of its own before
         anyone may vote. A wholly read-only one runs its requests, then commits without either
         phase. Bad input raises ValidationError, whether this node or an owner refused it, and
-        changes nothing (`one_shot_outcome`)."""
-        txn = self.begin(protocol)
+        changes nothing (`one_shot_outcome`). `client_txn`: the id the client chose (`begin`)."""
+        txn = self.begin(protocol, client_txn)
         ctx = self.txns[txn]
         try:
             by_partition, positions = self._group(ctx, ops)
@@ -451,9 +502,11 @@ class Coordination:
                 self._hold_writes(ctx, ops)  # run_ops holds them on the other path
         except ValidationError:
             await self._abort(ctx, AbortReason.CLIENT, "invalid request")
+            self._forget_refused(ctx, client_txn)
             raise
         except NodeOverloaded:
             await self._abort(ctx, AbortReason.PEER_UNAVAILABLE, "node overloaded")
+            self._forget_refused(ctx, client_txn)
             raise
         gets = [op.key for op in ops if op.kind is OpKind.GET]
         if redo_by_partition is not None:
@@ -472,6 +525,13 @@ class Coordination:
             outcome = await self.commit(txn)
         reads = tuple(zip(gets, values, strict=True)) if outcome.status is OutcomeStatus.COMMITTED else ()
         return Outcome(outcome.txn, outcome.status, outcome.reason, outcome.detail, reads, outcome.timing_ms)
+
+    def _forget_refused(self, ctx: CoordinatedTxn, client_txn: str | None) -> None:
+        """A one-shot refused before any request left this node changed nothing, and the caller was
+        told so: a client-chosen id of it stays free for the corrected request (as the status call,
+        finding nothing, says it never committed), not "already known"."""
+        if client_txn is not None and not ctx.touched:
+            self.outcomes.pop(ctx.txn, None)
 
     async def _execute_prepared(
         self,

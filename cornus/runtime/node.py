@@ -396,8 +396,8 @@ class Node:
 
     # === the client API (coordination) and operators' (admin) ======================================
 
-    def begin(self, protocol: Protocol | None = None) -> str:
-        return self.coordination.begin(protocol)
+    def begin(self, protocol: Protocol | None = None, client_txn: str | None = None) -> str:
+        return self.coordination.begin(protocol, client_txn)
 
     async def run_ops(self, txn: str, ops: Sequence[Op]) -> list[bytes | None]:
         return await self.coordination.run_ops(txn, ops)
@@ -408,8 +408,9 @@ class Node:
     async def abort(self, txn: str) -> Outcome:
         return await self.coordination.abort(txn)
 
-    async def execute(self, ops: Sequence[Op], protocol: Protocol | None = None) -> Outcome:
-        return await self.coordination.execute(ops, protocol)
+    async def execute(self, ops: Sequence[Op], protocol: Protocol | None = None,
+                      client_txn: str | None = None) -> Outcome:
+        return await self.coordination.execute(ops, protocol, client_txn)
 
     def status(self, txn: str) -> Outcome | None:
         return self.admin.status(txn)

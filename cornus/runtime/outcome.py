@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from storage_adapters.errors import ValidationError
+
 
 class OutcomeStatus(enum.StrEnum):
     COMMITTED = "committed"
@@ -65,3 +67,15 @@ class TxnWrongState(TxnError):
 
 class NodeOverloaded(TxnError):
     """Too many transactions in flight on this coordinator: retry later."""
+
+
+class ClientTxnRefused(ValidationError):
+    """A client-chosen transaction id this node refuses for its form (it names another node, say);
+    nothing ran. REST answers 400 `invalid_txn`, gRPC INVALID_ARGUMENT."""
+
+
+class ClientTxnBeginRefused(ClientTxnRefused):
+    """A client-chosen id whose begin time this node refuses (the client's clock runs ahead of the
+    node's or too far behind, or the id was sent to an earlier run of this node); nothing ran, so
+    the caller may run the same transaction under another id. REST answers 400
+    `txn_begin_refused`, which tells the SDK to fall back to a server-chosen id."""

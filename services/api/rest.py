@@ -35,9 +35,18 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 
+from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
 from cornus.runtime.node import Node, TxnAborted
-from cornus.runtime.outcome import NodeOverloaded, Outcome, OutcomeStatus, TxnNotFound, TxnWrongState
+from cornus.runtime.outcome import (
+    ClientTxnBeginRefused,
+    ClientTxnRefused,
+    NodeOverloaded,
+    Outcome,
+    OutcomeStatus,
+    TxnNotFound,
+    TxnWrongState,
+)
 from cornus.runtime.wire import Op, OpKind, ops_for_writes
 from services.api.logs import txn_context
 from services.api.metrics import Metrics
@@ -101,6 +110,19 @@ TxnId = Annotated[
     Path(min_length=1, max_length=TXN_ID_LENGTH_MAX, pattern=TXN_ID_PATTERN,
          description="a transaction id as returned by begin", examples=["1717171717171.n0.a1b2c3.1.cornus"]),
 ]
+# A one-shot's id chosen by its client (cornus.protocol.txn_ids: client_txn_problem), so that it
+# knows what to ask GET /v1/txn/{txn} about even if the answer is lost. The node checks the rest.
+ClientTxnId = Annotated[
+    str,
+    Field(min_length=1, max_length=TXN_ID_LENGTH_MAX, pattern=TXN_ID_PATTERN, description=(
+        "optional: the transaction's id, chosen by the client so that it can ask the status call about it "
+        "even if this answer is lost: <begin unix ms>.<node>.c<token>.1.<protocol tag>, where <node> is the "
+        "id of the node it is sent to (GET /healthz), <token> 16 to 32 lowercase hex characters from a "
+        "CSPRNG, and the tag cornus, 2pc or clog (it names the protocol; omit `protocol` or give the same). "
+        f"The begin must not be ahead of the node's clock nor more than {txn_ids.CLIENT_BEGIN_MS_AGE_MAX} ms "
+        "behind it: 400 txn_begin_refused (run it under another id, or without one); another bad id is 400 "
+        "invalid_txn, and an id the node has run already is 409 wrong_state. Omit it: the node chooses")),
+]
 # Strict models refuse "1" for a bool and 1 for a string; the protocol field is exempt because a
 # strict enum would refuse its own JSON string form.
 ProtocolField = Annotated[
@@ -149,6 +171,7 @@ class ExecuteIn(_Strict):
     ]})
     ops: list[OpIn] = Field(min_length=1, description="at most the node's op_count_max (default 1000)")
     protocol: ProtocolField = None
+    txn: ClientTxnId | None = None
 
 
 class BeginIn(_Strict):
@@ -192,14 +215,17 @@ class ReadOut(BaseModel):
 
 
 class ErrorOut(BaseModel):
-    error: str = Field(description="a stable code: malformed_request, invalid_request, not_found, wrong_state, "
-                                   "too_large, unavailable, storage_unavailable, method_not_allowed")
+    error: str = Field(description="a stable code: malformed_request, invalid_request, invalid_txn, "
+                                   "txn_begin_refused, not_found, wrong_state, too_large, unavailable, "
+                                   "storage_unavailable, method_not_allowed")
     detail: str = Field(description="what was wrong, in words")
 
 
 class HealthOut(BaseModel):
     status: Literal["ok"]
     node: str
+    protocol: str = Field(description="the protocol a transaction runs when it names none (what a client-chosen "
+                                      "id's tag must then be to keep that default)")
 
 
 class ReadyOut(BaseModel):
@@ -294,6 +320,8 @@ def _error(
 _RETRY_LATER = {"Retry-After": "1"}
 _ERROR_ANSWERS: dict[type[Exception], tuple[int, str, dict[str, str] | None]] = {
     ValidationError: (400, "invalid_request", None),
+    ClientTxnRefused: (400, "invalid_txn", None),
+    ClientTxnBeginRefused: (400, "txn_begin_refused", None),
     TxnNotFound: (404, "not_found", None),
     TxnWrongState: (409, "wrong_state", None),
     NodeOverloaded: (503, "unavailable", _RETRY_LATER),
@@ -327,7 +355,9 @@ _R: dict[int | str, dict[str, Any]] = {
     202: {"model": OutcomeOut, "description": "outcome unknown: ask GET /v1/txn/{txn}"},
     400: {"model": ErrorOut, "description": "invalid_request: more operations than op_count_max, more writes to "
                                             "one partition than fit its redo record, or input a partition's "
-                                            "owner refuses (its limits may differ in a rollout); nothing changed"},
+                                            "owner refuses (its limits may differ in a rollout); on execute "
+                                            "also invalid_txn and txn_begin_refused (a client-chosen txn the node "
+                                            "refuses); nothing changed"},
     404: {"model": ErrorOut, "description": "not_found: no such transaction on this node, or no such path"},
     413: {"model": ErrorOut, "description": f"too_large: the body is over {REQUEST_BYTES_MAX} bytes"},
     422: {"model": ErrorOut, "description": "malformed_request: malformed JSON, wrong types, empty or oversized "
@@ -338,6 +368,11 @@ _ABORTED_OR_WRONG_STATE = {
     "model": OutcomeOut | ErrorOut,
     "description": "aborted (an outcome: see reason and retryable), or wrong_state (an error: the "
                    "transaction already ended or is committing, or another call of it still runs; nothing changed)",
+}
+_ABORTED_OR_RUN_ALREADY = {
+    "model": OutcomeOut | ErrorOut,
+    "description": "aborted (an outcome: see reason and retryable), or wrong_state (an error: the client-chosen "
+                   "txn was run by this node already; nothing changed: ask GET /v1/txn/{txn})",
 }
 _WRONG_STATE = {"model": ErrorOut, "description": "wrong_state: the transaction already ended; nothing changed"}
 _UNAVAILABLE = {
@@ -415,7 +450,8 @@ class _ExecuteFastPath:
             await self.app(scope, _replay(body), send)  # which answers it as a bad request
             return
         try:
-            response = _ended(await self.node.execute([_op(op) for op in request.ops], request.protocol))
+            response = _ended(await self.node.execute([_op(op) for op in request.ops], request.protocol,
+                                                      request.txn))
         except tuple(_ERROR_ANSWERS) as error:
             status, code, headers = _answer_for(error)
             response = _error_response(status, code, str(error), headers)
@@ -456,7 +492,7 @@ def _refuse_a_name_twice(body: bytes, location: str) -> None:
 # The names an execute body's objects hold. The fast path counts them as `"name":` (only a name
 # is followed by a colon) against what the parsed body holds: equal counts and no escape in the
 # body mean no name is there twice, and the exact check (a second parse) runs only otherwise.
-_EXECUTE_NAMES = (b'"ops":', b'"protocol":', b'"op":', b'"key":', b'"value":')
+_EXECUTE_NAMES = (b'"ops":', b'"protocol":', b'"txn":', b'"op":', b'"key":', b'"value":')
 
 
 def _may_name_twice(body: bytes, request: ExecuteIn) -> bool:
@@ -464,7 +500,7 @@ def _may_name_twice(body: bytes, request: ExecuteIn) -> bool:
         return True
     ops = request.ops
     values = sum(getattr(op, "value", None) is not None for op in ops)  # a get has no value field
-    expected = (1, request.protocol is not None, len(ops), len(ops), values)
+    expected = (1, request.protocol is not None, request.txn is not None, len(ops), len(ops), values)
     return any(body.count(name) != count for name, count in zip(_EXECUTE_NAMES, expected, strict=True))
 
 
@@ -574,10 +610,11 @@ def _fastapi_app(node: Node, metrics: Metrics | None) -> FastAPI:
         if count > limits.op_count_max:
             raise ValidationError(f"{count} operations, the limit is {limits.op_count_max} (op_count_max)")
 
-    outcome_codes = _responses(202, 400, 413, 422, extra={200: _COMMITTED, 409: _ABORTED, 503: _UNAVAILABLE})
+    execute_codes = _responses(202, 400, 413, 422, extra={200: _COMMITTED, 409: _ABORTED_OR_RUN_ALREADY,
+                                                           503: _UNAVAILABLE})
 
     @app.post("/v1/execute", operation_id="execute", response_model=OutcomeOut, summary="Run a one-shot transaction",
-              responses=outcome_codes)
+              responses=execute_codes)
     async def execute(body: Annotated[ExecuteIn, Body(openapi_examples={
         "put": {"summary": "one write", "value": {"ops": [{"op": "put", "key": "k", "value": "v"}]}},
         "transfer": {"summary": "check, then move 10", "value": {"ops": [
@@ -587,7 +624,7 @@ def _fastapi_app(node: Node, metrics: Metrics | None) -> FastAPI:
         _refuse_a_name_twice(await request.body(), "ops")
         check_op_count(len(body.ops))
         ops = [_op(op) for op in body.ops]
-        return _ended(await node.execute(ops, body.protocol))
+        return _ended(await node.execute(ops, body.protocol, body.txn))
 
     @app.post("/v1/txn", operation_id="begin", response_model=BeginOut, status_code=201,
               summary="Begin an interactive transaction",
@@ -667,7 +704,7 @@ def _fastapi_app(node: Node, metrics: Metrics | None) -> FastAPI:
 
     @app.get("/healthz", operation_id="healthz", response_model=HealthOut, summary="Liveness")
     async def healthz() -> HealthOut:
-        return HealthOut(status="ok", node=node.node_id)
+        return HealthOut(status="ok", node=node.node_id, protocol=node.config.protocol.value)
 
     @app.get("/readyz", operation_id="readyz", response_model=ReadyOut,
              summary="Readiness: false until recovery has run",

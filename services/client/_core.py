@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+import secrets
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +36,17 @@ URL_COUNT_MAX = 256
 # Bounds on the knobs themselves, so a typo cannot make a call wait for hours.
 TIMEOUT_MS_MAX = 600_000
 RETRY_COUNT_LIMIT = 100
+# A one-shot that writes runs under an id this client chose (see `client_txn`), so that it can ask
+# the status call about it even if the answer is lost. The node refuses a begin ahead of its clock
+# or more than 1 s behind it (cornus/protocol/txn_ids.py, whose form `client_txn` copies: the SDK
+# stands alone), so the id is dated this much early: a client clock up to that far ahead of the
+# node's is still accepted, at the cost of as much of the owners' 2 s for the request.
+CLIENT_BEGIN_MS_BACKDATE = 100
+CLIENT_TOKEN_BYTES = 16  # 32 hex characters, the most the node accepts
+# The tag a client id ends with, by protocol name (txn_ids.PROTOCOL_TAGS).
+PROTOCOL_TAGS = {"cornus": "cornus", "2pc": "2pc", "coordinator-log": "clog"}
+# The errors with which a node refuses a client-chosen id before anything ran (services/api/rest.py).
+CLIENT_TXN_REFUSALS = frozenset({"invalid_txn", "txn_begin_refused"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +189,56 @@ def execute_body(ops: Sequence[Op], protocol: str | None) -> dict[str, Any]:
     if protocol is not None:
         body["protocol"] = protocol
     return body
+
+
+@dataclass(frozen=True, slots=True)
+class NodeIdentity:
+    """What GET /healthz says of the node behind a URL: its id and its default protocol."""
+
+    node: str
+    protocol: str
+
+
+def identity_from(response: httpx.Response) -> tuple[bool, NodeIdentity | None]:
+    """(whether to keep the answer for this URL, the identity it gives). A node's 200 without the
+    two fields is an older node's, kept as None (no client ids there); anything else (a proxy's
+    page, a 5xx) is not kept, and this call goes without a client id."""
+    if response.status_code != 200:
+        return False, None
+    try:
+        body = response.json()
+    except ValueError:
+        return False, None
+    if not isinstance(body, dict) or body.get("status") != "ok":
+        return False, None
+    node, protocol = body.get("node"), body.get("protocol")
+    if not isinstance(node, str) or not node or protocol not in PROTOCOL_TAGS:
+        return True, None
+    return True, NodeIdentity(node, protocol)
+
+
+def client_txn(identity: NodeIdentity, protocol: str | None) -> str:
+    """A new id for a one-shot sent to the node `identity` names: `<begin ms>.<node>.c<token>.1.<tag>`,
+    the token from a CSPRNG. "" for a protocol this client does not know (the node names the
+    problem, as without an id)."""
+    tag = PROTOCOL_TAGS.get(protocol or identity.protocol)
+    if tag is None:
+        return ""
+    begin_ms = int(time.time() * 1000) - CLIENT_BEGIN_MS_BACKDATE
+    return f"{begin_ms}.{identity.node}.c{secrets.token_hex(CLIENT_TOKEN_BYTES)}.1.{tag}"
+
+
+def client_txn_refusal(response: httpx.Response) -> str:
+    """The error code of a node's refusal of a client-chosen id ("" if `response` is none): the
+    node ran nothing, so the same transaction may go again under a server-chosen id."""
+    if response.status_code != 400:
+        return ""
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if error in CLIENT_TXN_REFUSALS else ""
 
 
 def is_unsent(error: httpx.TransportError) -> bool:

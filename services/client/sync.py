@@ -15,6 +15,7 @@ coordinates it and no other node knows it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,14 +26,18 @@ import httpx
 
 from services.client._core import (
     ClientConfig,
+    NodeIdentity,
     NodeRotation,
     backoff_s,
     call_deadline_passed,
     check_keys,
     check_ops,
     check_writes,
+    client_txn,
+    client_txn_refusal,
     describe,
     execute_body,
+    identity_from,
     is_read_only,
     is_unsent,
     normalize_url,
@@ -59,6 +64,8 @@ from services.client.types import (
 )
 
 T = TypeVar("T")
+
+log = logging.getLogger("cornus.client")
 
 
 class Transaction:
@@ -201,6 +208,9 @@ class CornusClient:
         self._owns_http = http is None
         self._http = http or httpx.Client(timeout=self.config.timeout)
         self._rng = rng or random.Random()
+        # url -> what its /healthz said (None: a node that takes no client-chosen ids).
+        self._identities: dict[str, NodeIdentity | None] = {}
+        self._refusals_logged: set[str] = set()
 
     def close(self) -> None:
         if self._owns_http:
@@ -229,19 +239,64 @@ class CornusClient:
             retry_index += 1
 
     def _execute_once(self, body: dict[str, Any], read_only: bool) -> Outcome:
+        """One attempt: on a node that can be reached, under a new id of this client's when it
+        writes (so that an answer lost after the request left is UNKNOWN with an id the status call
+        can be asked about), under a server-chosen one when it reads only (a lost answer is then
+        safe to rerun) or when the node refuses the client's id (nothing ran)."""
         tried: list[str] = []
         for url in self._rotation.order():
+            txn = "" if read_only else self._client_txn(url, body, tried)
+            if txn is None:
+                continue  # unreachable: `tried` says why
+            while True:
+                try:
+                    response = self._post(url + "/v1/execute", {**body, "txn": txn} if txn else body)
+                except httpx.TransportError as error:
+                    if is_unsent(error):
+                        tried.append(f"{url} ({describe(error)})")
+                        break
+                    if read_only:
+                        return unreachable(url, "", describe(error))  # nothing written: safe to rerun
+                    return unknown(url, txn, error)
+                if txn and self._refused(url, response):
+                    txn = ""
+                    continue
+                return parse_outcome(url, response, txn, may_have_committed=True)
+        return unreachable("", "", f"no node reachable: {', '.join(tried)}")
+
+    def _client_txn(self, url: str, body: dict[str, Any], tried: list[str]) -> str | None:
+        """A new client-chosen id for a one-shot sent to `url` ("": none, go without; None: the
+        node cannot be reached, as `tried` now says). The node's id comes from its /healthz, once
+        per URL."""
+        if url not in self._identities:
             try:
-                response = self._post(url + "/v1/execute", body)
+                response = self._get(url + "/healthz")
             except httpx.TransportError as error:
                 if is_unsent(error):
                     tried.append(f"{url} ({describe(error)})")
-                    continue
-                if read_only:
-                    return unreachable(url, "", describe(error))  # nothing written: safe to rerun
-                return unknown(url, "", error)
-            return parse_outcome(url, response, "", may_have_committed=True)
-        return unreachable("", "", f"no node reachable: {', '.join(tried)}")
+                    return None
+                return ""
+            keep, identity = identity_from(response)
+            if not keep:
+                return ""
+            self._identities[url] = identity
+        identity = self._identities[url]
+        return "" if identity is None else client_txn(identity, body.get("protocol"))
+
+    def _refused(self, url: str, response: httpx.Response) -> bool:
+        """Whether the node refused the client-chosen id (it ran nothing). Its identity is asked
+        again next time (the URL may lead to another node now), and the first refusal of each kind
+        is logged: every later call would pay the same extra request."""
+        refusal = client_txn_refusal(response)
+        if not refusal:
+            return False
+        self._identities.pop(url, None)
+        if refusal not in self._refusals_logged:
+            self._refusals_logged.add(refusal)
+            log.warning("%s refused a client-chosen transaction id (%s: %s); this call, and any other it "
+                        "refuses, runs under an id the node chooses, which a lost answer leaves unknown",
+                        url, refusal, response.text[:300])
+        return True
 
     def get(self, key: str) -> str | None:
         """The value of `key` (None: absent). Raises TransactionFailed if the read did not commit."""

@@ -351,6 +351,7 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
 
     async def _one_shot(
         self, context: grpc.aio.ServicerContext, call: _OneShotCall, ops: list[Op], protocol: Protocol | None,
+        client_txn: str | None = None,
     ) -> Outcome:
         """Node.execute, except that a caller who has gone before the commit gets no commit, and
         that the transaction is named in the initial metadata before anything runs."""
@@ -358,7 +359,7 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         deadline_s = self._deadline_s(context)
         if call.refused:
             raise NodeOverloaded("the server is stopping; nothing was committed")
-        txn = call.txn = node.begin(protocol)
+        txn = call.txn = node.begin(protocol, client_txn)
         try:
             await context.send_initial_metadata(((TXN_METADATA_KEY, txn),))
             values = await node.run_ops(txn, ops)
@@ -387,13 +388,16 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         _count(len(request.ops), "operations", self._op_count_max)
         ops = [_op(index, op) for index, op in enumerate(request.ops)]
         protocol = _protocol(request.protocol)
-        return outcome_message(await self._run_one_shot(context, ops, protocol, "execute"))
+        client_txn = _txn(request.txn) if request.txn else None
+        return outcome_message(await self._run_one_shot(context, ops, protocol, "execute", client_txn))
 
     async def _run_one_shot(
         self, context: grpc.aio.ServicerContext, ops: list[Op], protocol: Protocol | None, what: str,
+        client_txn: str | None = None,
     ) -> Outcome:
         call = _OneShotCall()
-        return await self._run(context, self._one_shot(context, call, ops, protocol), what, on_stop=call.stopped)
+        return await self._run(context, self._one_shot(context, call, ops, protocol, client_txn), what,
+                               on_stop=call.stopped)
 
     @_status_codes
     async def Begin(self, request: pb.BeginRequest, context: grpc.aio.ServicerContext) -> pb.BeginResponse:

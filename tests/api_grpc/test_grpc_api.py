@@ -3,14 +3,19 @@ the right status code and nothing changed, reflection, and the example client.""
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Callable
 
 import grpc
 import pytest
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from cornus.protocol.config import Protocol
+from cornus.protocol.txn_ids import client_txn_id
 from services.public_api._generated import public_pb2 as pb
 from services.public_api._generated import public_pb2_grpc
 from storage_adapters.contract import DATA_KEY_BYTES_MAX, DATA_VALUE_BYTES_MAX, REDO_BYTES_MAX
@@ -268,3 +273,42 @@ def test_example_client_executes_and_reports(cluster: Cluster) -> None:
     assert status.returncode == 0 and "OUTCOME_COMMITTED" in status.stdout, status
     refused = subprocess.run([*command, "put", "", "x"], capture_output=True, text=True, timeout=60, check=False)
     assert refused.returncode == 3 and "INVALID_ARGUMENT: key must not be empty" in refused.stderr, refused
+
+
+def _client_id(node: str = "n0", begin_ms: int | None = None) -> str:
+    # The nodes run on this machine: its clock is theirs, so a begin of a few ms ago is accepted.
+    begin_ms = int(time.time() * 1000) - 5 if begin_ms is None else begin_ms
+    return client_txn_id(begin_ms, node, secrets.token_hex(16), Protocol.CORNUS)
+
+
+def test_execute_under_a_client_chosen_id_runs_once_and_status_knows_it(stubs: Stubs) -> None:
+    key = f"cid-{uuid.uuid4().hex[:10]}"
+    txn = _client_id()
+    outcome = stubs["n0"].Execute(pb.ExecuteRequest(ops=[put(key, b"first")], txn=txn), timeout=TIMEOUT_S_CALL)
+    assert outcome.outcome == pb.OUTCOME_COMMITTED and outcome.txn == txn, outcome
+    for node in ("n0", "n2"):  # its coordinator, and a node that asks it
+        status = stubs[node].Status(pb.TxnRequest(txn=txn), timeout=TIMEOUT_S_CALL)
+        assert status.outcome == pb.OUTCOME_COMMITTED, (node, status)
+    with pytest.raises(grpc.RpcError) as refused:
+        stubs["n0"].Execute(pb.ExecuteRequest(ops=[put(key, b"second")], txn=txn), timeout=TIMEOUT_S_CALL)
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION, refused.value
+    assert read_back(stubs["n0"], [key]) == {key: b"first"}
+
+
+@pytest.mark.parametrize(("make", "words"), [
+    (lambda: _client_id(node="n1"), "must name the node it is sent to"),
+    (lambda: _client_id(begin_ms=int(time.time() * 1000) + 5_000), "ahead of this node's clock"),
+    (lambda: _client_id(begin_ms=int(time.time() * 1000) - 5_000), "behind this node's clock"),
+    (lambda: _client_id().replace(".c", ".cXYZ", 1), "the token must be"),
+    (lambda: _client_id().rsplit(".", 1)[0], "not a protocol tag"),
+    (lambda: "a/b", "characters other than"),
+])
+def test_a_bad_client_chosen_id_is_invalid_argument_and_changes_nothing(
+    stubs: Stubs, make: Callable[[], str], words: str,
+) -> None:
+    key = f"cid-{uuid.uuid4().hex[:10]}"
+    with pytest.raises(grpc.RpcError) as refused:
+        stubs["n0"].Execute(pb.ExecuteRequest(ops=[put(key, b"v")], txn=make()), timeout=TIMEOUT_S_CALL)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT, refused.value
+    assert words in (refused.value.details() or ""), refused.value.details()
+    assert read_back(stubs["n0"], [key]) == {key: None}

@@ -1,0 +1,79 @@
+"""A one-shot whose id its client chose (cornus.protocol.txn_ids.client_txn_problem), over REST on
+real node processes: it runs under that id, the status call answers for it on any node, the same
+id is never run twice, and a bad id is refused with nothing changed."""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+
+import pytest
+
+from cornus.protocol.config import Protocol
+from cornus.protocol.txn_ids import client_txn_id
+from tests.cluster.harness import Cluster
+
+
+def _new_id(node: str = "n0", begin_ms: int | None = None, protocol: Protocol = Protocol.CORNUS) -> str:
+    # The nodes run on this machine: its clock is theirs, so a begin of a few ms ago is accepted.
+    begin_ms = int(time.time() * 1000) - 5 if begin_ms is None else begin_ms
+    return client_txn_id(begin_ms, node, secrets.token_hex(16), protocol)
+
+
+def _put(key: str, value: str) -> list[dict[str, object]]:
+    return [{"op": "put", "key": key, "value": value}]
+
+
+def test_healthz_names_the_node_and_its_default_protocol(api_cluster: Cluster) -> None:
+    assert api_cluster.get("n0", "/healthz").json() == {"status": "ok", "node": "n0", "protocol": "cornus"}
+
+
+def test_a_client_chosen_id_commits_once_and_the_status_call_knows_it(api_cluster: Cluster) -> None:
+    key = f"cid-{uuid.uuid4().hex[:10]}"
+    txn = _new_id()
+    response = api_cluster.post("n0", "/v1/execute", {"ops": _put(key, "first"), "txn": txn})
+    assert response.status_code == 200, response.text
+    assert response.json()["txn"] == txn and response.json()["outcome"] == "committed"
+    for node in ("n0", "n1"):  # its coordinator remembers it; the other asks it
+        status = api_cluster.get(node, f"/v1/txn/{txn}")
+        assert status.status_code == 200 and status.json()["outcome"] == "committed", (node, status.text)
+    # The same id again (a resend, or a mistake) is refused and writes nothing.
+    again = api_cluster.post("n0", "/v1/execute", {"ops": _put(key, "second"), "txn": txn})
+    assert again.status_code == 409 and again.json()["error"] == "wrong_state", again.text
+    assert "already known" in again.json()["detail"]
+    assert api_cluster.read("n0", [key]) == {key: "first"}
+
+
+@pytest.mark.parametrize(("make", "error", "words"), [
+    (lambda: _new_id(node="n1"), "invalid_txn", "must name the node it is sent to"),
+    (lambda: _new_id(begin_ms=int(time.time() * 1000) + 5_000), "txn_begin_refused", "ahead of this node's clock"),
+    (lambda: _new_id(begin_ms=int(time.time() * 1000) - 5_000), "txn_begin_refused", "behind this node's clock"),
+    (lambda: _new_id().replace(".c", ".cXYZ", 1), "invalid_txn", "the token must be"),
+    (lambda: _new_id().rsplit(".", 1)[0], "invalid_txn", "not a protocol tag"),
+    (lambda: _new_id(protocol=Protocol.TWO_PC), "invalid_txn", "names protocol 2pc"),
+])
+def test_a_bad_client_chosen_id_is_refused_and_changes_nothing(
+    api_cluster: Cluster, make: object, error: str, words: str,
+) -> None:
+    key = f"cid-{uuid.uuid4().hex[:10]}"
+    txn = make()  # type: ignore[operator]
+    body: dict[str, object] = {"ops": _put(key, "v"), "txn": txn}
+    if "2pc" in words:
+        body["protocol"] = "cornus"  # and the id says 2pc
+    response = api_cluster.post("n0", "/v1/execute", body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == error and words in response.json()["detail"], response.text
+    assert api_cluster.read("n0", [key]) == {key: None}
+    assert api_cluster.get("n0", f"/v1/txn/{txn}").json().get("outcome") != "committed"
+
+
+def test_an_id_the_schema_refuses_or_a_txn_named_twice_is_malformed(api_cluster: Cluster) -> None:
+    key = f"cid-{uuid.uuid4().hex[:10]}"
+    assert api_cluster.post("n0", "/v1/execute", {"ops": _put(key, "v"), "txn": "../x"}).status_code == 422
+    txn = _new_id()
+    body = f'{{"ops": [{{"op": "put", "key": "{key}", "value": "v"}}], "txn": "{txn}", "txn": "{_new_id()}"}}'
+    response = api_cluster.client.post(f"{api_cluster.nodes['n0'].url}/v1/execute", content=body,
+                                       headers={"content-type": "application/json"})
+    assert response.status_code == 422 and "named twice" in response.text, response.text
+    assert api_cluster.read("n0", [key]) == {key: None}

@@ -1,0 +1,85 @@
+"""A one-shot that writes runs under an id the SDK chose, so a connection that fails after the
+request left yields UNKNOWN with an id the status call answers for (before, the SDK returned
+UNKNOWN with txn "", and the caller could neither ask nor safely retry)."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+
+from services.client import AsyncCornusClient, ClientConfig, CornusClient, Op, Status, _core
+
+FAST = ClientConfig(backoff_ms_min=5, backoff_ms_max=50, retry_count_max=1)
+
+
+def _chosen_by_client(txn: str) -> bool:
+    """<begin>.<node>.c<token>.1.<tag>: the token is longer than a server's 6-character incarnation."""
+    token = txn.rsplit(".", 3)[1]
+    return token.startswith("c") and len(token) == 1 + 2 * _core.CLIENT_TOKEN_BYTES
+
+
+class _AnswerLost(httpx.HTTPTransport):
+    """The real transport, except that an execute's answer is lost after the node ran it."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.url.path == "/v1/execute":
+            response.read()
+            response.close()
+            raise httpx.RemoteProtocolError("the connection broke before the answer came", request=request)
+        return response
+
+
+class _AsyncAnswerLost(httpx.AsyncHTTPTransport):
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        if request.url.path == "/v1/execute":
+            await response.aread()
+            await response.aclose()
+            raise httpx.RemoteProtocolError("the connection broke before the answer came", request=request)
+        return response
+
+
+def test_a_lost_answer_is_unknown_with_an_id_the_status_call_knows(urls: list[str], prefix: str) -> None:
+    with CornusClient(urls[0], config=FAST, http=httpx.Client(transport=_AnswerLost())) as client:
+        outcome = client.execute([Op.put(prefix + "k", "v")])
+        assert outcome.status is Status.UNKNOWN and outcome.txn, outcome
+        assert _chosen_by_client(outcome.txn), outcome
+    with CornusClient(urls, config=FAST) as client:
+        assert client.status(outcome.txn).status is Status.COMMITTED
+        assert client.get(prefix + "k") == "v"
+        # Read-only one-shots keep the server's ids.
+        read = client.execute([Op.get(prefix + "k")])
+        assert read.committed and not _chosen_by_client(read.txn), read
+
+
+async def test_the_async_client_alike(urls: list[str], prefix: str) -> None:
+    async with AsyncCornusClient(urls[1], config=FAST,
+                                 http=httpx.AsyncClient(transport=_AsyncAnswerLost())) as client:
+        outcome = await client.execute([Op.put(prefix + "k", "v")])
+    assert outcome.status is Status.UNKNOWN and outcome.txn, outcome
+    async with AsyncCornusClient(urls, config=FAST) as client:
+        assert (await client.status(outcome.txn)).status is Status.COMMITTED
+
+
+def test_a_refused_clock_falls_back_to_a_server_chosen_id_with_one_warning(
+    urls: list[str], prefix: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(_core, "CLIENT_BEGIN_MS_BACKDATE", -5_000)  # as a clock 5 s ahead of the node's
+    with caplog.at_level(logging.WARNING, logger="cornus.client"), CornusClient(urls[0], config=FAST) as client:
+        first = client.put(prefix + "a", "1")
+        second = client.put(prefix + "b", "2")
+    assert first.committed and second.committed
+    assert not _chosen_by_client(first.txn) and not _chosen_by_client(second.txn), (first.txn, second.txn)
+    warnings = [record for record in caplog.records if "txn_begin_refused" in record.getMessage()]
+    assert len(warnings) == 1, caplog.records
+
+
+async def test_each_try_of_a_committed_write_carries_its_own_client_id(urls: list[str], prefix: str) -> None:
+    async with AsyncCornusClient(urls, config=FAST) as client:
+        first = await client.put(prefix + "a", "1")
+        second = await client.put(prefix + "a", "2")
+        assert _chosen_by_client(first.txn) and _chosen_by_client(second.txn) and first.txn != second.txn
+        assert (await client.status(first.txn)).status is Status.COMMITTED

@@ -1,0 +1,51 @@
+"""The coordinator's side of a client-chosen one-shot id (Coordination.begin): an id sent to an
+earlier run of the node is refused after a restart, and a one-shot refused for its input leaves
+its id free for the corrected request."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import pytest
+
+from cornus.protocol.config import Protocol
+from cornus.protocol.txn_ids import client_txn_id
+from cornus.runtime.outcome import ClientTxnBeginRefused, OutcomeStatus, TxnWrongState
+from cornus.runtime.wire import Op, OpKind
+from storage_adapters.errors import ValidationError
+from tests.runtime.faults import local_cluster, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _new_id(node: str = "n0", age_ms: int = 5) -> str:
+    return client_txn_id(int(time.time() * 1000) - age_ms, node, secrets.token_hex(16), Protocol.CORNUS)
+
+
+async def test_an_id_sent_before_a_restart_is_refused_and_a_refused_input_frees_its_id(tmp_path):
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        coordination = node.coordination
+        # As if this run of the coordinator had started just now, after a first run got the id.
+        sent_before = _new_id(age_ms=20)
+        coordination.started_unix_ms = int(time.time() * 1000) - 10
+        with pytest.raises(ClientTxnBeginRefused, match="not after this node's coordinator started"):
+            await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=sent_before)
+        assert not coordination.txns and coordination.known(sent_before) is None
+        assert await cluster.value("k1") is None
+
+        txn = _new_id()
+        with pytest.raises(ValidationError):
+            await node.execute([Op(OpKind.GET, "k1", b"a get takes no value")], client_txn=txn)
+        assert coordination.known(txn) is None  # refused before anything left: nothing to remember
+        outcome = await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=txn)
+        assert outcome.status is OutcomeStatus.COMMITTED and outcome.txn == txn, outcome
+        with pytest.raises(TxnWrongState, match="already known"):
+            await node.execute([Op(OpKind.PUT, "k1", b"w")], client_txn=txn)
+        # Applied after the reply (Cornus answers once every vote is in), and never as "w".
+        await wait_until(lambda: _is(cluster, "k1", b"v"), 5, "the commit was not applied")
+
+
+async def _is(cluster, key: str, value: bytes) -> bool:
+    return await cluster.value(key) == value
