@@ -60,14 +60,27 @@ EXECUTION_IDLE_FACTOR = 2
 # and a round trip, to arrive before the owner's drop, and costs one empty request per partition
 # per half timeout of a transaction that lasts that long, none for the rest.
 REFRESH_DIVISOR = 2
-# A refresh is due more than a whole idle timeout before the owner's drop.
-assert EXECUTION_IDLE_FACTOR >= 2 and REFRESH_DIVISOR >= 2
+# A refresh that got no answer (its owner down, the partition between owners) is tried again this
+# part of the idle timeout later (a divisor), not at every sweep (found by review): some twelve
+# tries still fit before the owner's drop, and an owner that is down costs a few requests per
+# transaction, not one every sweep.
+REFRESH_RETRY_DIVISOR = 8
+# A refresh is due more than a whole idle timeout before the owner's drop, and its retries within it.
+assert EXECUTION_IDLE_FACTOR >= 2 and REFRESH_DIVISOR >= 2 and REFRESH_RETRY_DIVISOR > REFRESH_DIVISOR
 
 
 def execution_idle_ms(txn_idle_ms: int) -> int:
     """How long an owner keeps an execution no request touched, for a coordinator's idle timeout."""
     assert txn_idle_ms > 0, txn_idle_ms
     return EXECUTION_IDLE_FACTOR * txn_idle_ms
+
+
+def refresh_unanswered_ms(previous_ms: int, sent_ms: int, txn_idle_ms: int) -> int:
+    """What to count as the last request's time on a partition whose refresh, sent at `sent_ms`,
+    got no answer (its last request before that left at `previous_ms`): a time that makes it due
+    again (`refresh_due`) one retry (1/REFRESH_RETRY_DIVISOR of the idle timeout) after the send."""
+    assert txn_idle_ms > 0 and previous_ms <= sent_ms, (txn_idle_ms, previous_ms, sent_ms)
+    return max(previous_ms, sent_ms + txn_idle_ms // REFRESH_RETRY_DIVISOR - txn_idle_ms // REFRESH_DIVISOR)
 
 
 def refresh_due(requested_ms: Mapping[str, int], now_ms: int, txn_idle_ms: int) -> list[str]:

@@ -21,7 +21,7 @@ from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
 from cornus.protocol.effects import Decided, Reply
 from cornus.protocol.events import CommitRequested, Event, ExecuteFailed
-from cornus.protocol.execution import refresh_due
+from cornus.protocol.execution import refresh_due, refresh_unanswered_ms
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.admission import check_growth, one_shot_redo
 from cornus.runtime.config import NodeConfig
@@ -705,9 +705,11 @@ class Coordination:
             # partition votes no at the commit, which aborts. Nothing left to refresh.
             self.counters["executions_refresh_refused"] += 1
             return
-        # Refreshed, or perhaps not (no answer in time, the partition moving): then due again
-        # at the next sweep, with a refresh's whole margin still ahead of the owner's drop.
-        refreshed_ms = sent_ms if response.status is ExecuteStatus.OK else previous_ms
+        # Refreshed, or perhaps not (no answer in time, the partition moving): then due again a
+        # retry later, with most of a refresh's margin still ahead of the owner's drop.
+        idle_ms = self.config.limits.timeout_ms_txn_idle
+        refreshed_ms = (sent_ms if response.status is ExecuteStatus.OK
+                        else refresh_unanswered_ms(previous_ms, sent_ms, idle_ms))
         # An operation that ran there meanwhile put its own, later, time.
         ctx.requested_ms[partition] = max(refreshed_ms, ctx.requested_ms.get(partition, refreshed_ms))
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from cornus.protocol.execution import (
     REFRESH_DIVISOR,
+    REFRESH_RETRY_DIVISOR,
     Execution,
     PartitionExecutions,
     Refusal,
     execution_idle_ms,
     refresh_due,
+    refresh_unanswered_ms,
 )
 from cornus.protocol.locks import Grant, LockMode
 from cornus.runtime import redo as runtime_redo
@@ -69,6 +71,17 @@ def test_a_coordinator_refreshes_partitions_its_requests_left_long_before_their_
     assert refresh_due(requested_ms, 1_401, 1_000) == ["p0", "p1", "p2"]
     # Due more than a whole idle timeout before the owner's drop: room for the sweeps and a round trip.
     assert execution_idle_ms(1_000) - 1_000 > 1_000 // REFRESH_DIVISOR
+
+
+def test_a_refresh_that_got_no_answer_is_due_again_a_retry_later_not_at_every_sweep() -> None:
+    """Found by review: a refresh with no answer (its owner down) was due again at the next sweep,
+    every 200 ms, for every transaction holding an execution there."""
+    sent_ms = 600  # p0's last request left at 0; its refresh at 600 got no answer
+    recorded_ms = refresh_unanswered_ms(0, sent_ms, 1_000)
+    assert refresh_due({"p0": recorded_ms}, sent_ms + 1_000 // REFRESH_RETRY_DIVISOR, 1_000) == []
+    assert refresh_due({"p0": recorded_ms}, sent_ms + 1_000 // REFRESH_RETRY_DIVISOR + 1, 1_000) == ["p0"]
+    # Retried well before the owner's drop (2 000 ms after the last request that reached it).
+    assert sent_ms + 1_000 // REFRESH_RETRY_DIVISOR < execution_idle_ms(1_000)
 
 
 def test_the_end_of_an_execution_carries_its_writes_and_reads() -> None:
