@@ -404,19 +404,19 @@ class DynamoDbStore(LogStore):
         """Create the table if it is missing and wait until it is ACTIVE; whether this call made it."""
         status, created = await self._open_call(self._describe_or_create_table, "create_table")
         # Creation takes seconds on AWS, longer than one call's deadline, so the wait has its own
-        # bound and each poll its own deadline.
-        for _ in range(TABLE_ACTIVE_WAIT_MS_MAX // TABLE_ACTIVE_POLL_MS):
-            if status == "ACTIVE":
-                break
+        # bound, in time (found by review: counted in polls, each of which may retry its call, it
+        # could last many times as long), and each poll its own deadline.
+        give_up_s = time.monotonic() + TABLE_ACTIVE_WAIT_MS_MAX / 1000
+        while status != "ACTIVE":
+            if time.monotonic() >= give_up_s:
+                raise StorageUnavailable(
+                    f"dynamodb: table {self._table} not ACTIVE after {TABLE_ACTIVE_WAIT_MS_MAX}ms (status {status})"
+                )
             await asyncio.sleep(TABLE_ACTIVE_POLL_MS / 1000)
             description = await self._open_call(
                 lambda: self._client.describe_table(TableName=self._table), "describe_table"
             )
             status = description["Table"]["TableStatus"]
-        else:
-            raise StorageUnavailable(
-                f"dynamodb: table {self._table} not ACTIVE after {TABLE_ACTIVE_WAIT_MS_MAX}ms (status {status})"
-            )
         return created
 
     async def _check_ttl(self, *, manage: bool, created: bool) -> None:
