@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import random
 import secrets
 import time
@@ -30,6 +31,8 @@ from services.client.types import (
     Unavailable,
     WrongState,
 )
+
+log = logging.getLogger("cornus.client")
 
 # A client spread over more nodes than this is a configuration mistake, not a cluster.
 URL_COUNT_MAX = 256
@@ -239,6 +242,24 @@ def client_txn_refusal(response: httpx.Response) -> str:
         return ""
     error = body.get("error") if isinstance(body, dict) else None
     return error if error in CLIENT_TXN_REFUSALS else ""
+
+
+def note_refusal(
+    identities: dict[str, NodeIdentity | None], logged: set[str], url: str, response: httpx.Response,
+) -> bool:
+    """Whether the node at `url` refused the client-chosen id (it ran nothing). Its identity is
+    forgotten, to be asked again next time (the URL may lead to another node now), and the first
+    refusal of each kind is logged: every later call would pay the same extra request."""
+    refusal = client_txn_refusal(response)
+    if not refusal:
+        return False
+    identities.pop(url, None)
+    if refusal not in logged:
+        logged.add(refusal)
+        log.warning("%s refused a client-chosen transaction id (%s: %s); this call, and any other it "
+                    "refuses, runs under an id the node chooses, which a lost answer leaves unknown",
+                    url, refusal, response.text[:300])
+    return True
 
 
 def is_unsent(error: httpx.TransportError) -> bool:

@@ -15,7 +15,6 @@ coordinates it and no other node knows it.
 from __future__ import annotations
 
 import contextlib
-import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,7 +33,6 @@ from services.client._core import (
     check_ops,
     check_writes,
     client_txn,
-    client_txn_refusal,
     describe,
     execute_body,
     identity_from,
@@ -42,6 +40,7 @@ from services.client._core import (
     is_unsent,
     normalize_url,
     normalize_urls,
+    note_refusal,
     parse_ok,
     parse_outcome,
     txn_path,
@@ -65,7 +64,6 @@ from services.client.types import (
 
 T = TypeVar("T")
 
-log = logging.getLogger("cornus.client")
 
 
 class Transaction:
@@ -284,19 +282,7 @@ class CornusClient:
         return "" if identity is None else client_txn(identity, body.get("protocol"))
 
     def _refused(self, url: str, response: httpx.Response) -> bool:
-        """Whether the node refused the client-chosen id (it ran nothing). Its identity is asked
-        again next time (the URL may lead to another node now), and the first refusal of each kind
-        is logged: every later call would pay the same extra request."""
-        refusal = client_txn_refusal(response)
-        if not refusal:
-            return False
-        self._identities.pop(url, None)
-        if refusal not in self._refusals_logged:
-            self._refusals_logged.add(refusal)
-            log.warning("%s refused a client-chosen transaction id (%s: %s); this call, and any other it "
-                        "refuses, runs under an id the node chooses, which a lost answer leaves unknown",
-                        url, refusal, response.text[:300])
-        return True
+        return note_refusal(self._identities, self._refusals_logged, url, response)
 
     def get(self, key: str) -> str | None:
         """The value of `key` (None: absent). Raises TransactionFailed if the read did not commit."""
