@@ -65,7 +65,6 @@ from services.client.types import (
 T = TypeVar("T")
 
 
-
 class Transaction:
     """An interactive transaction. Every call goes to `node_url`, the node that began it."""
 
