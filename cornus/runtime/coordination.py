@@ -265,9 +265,7 @@ class Coordination:
         values = dict(zip(by_partition, responses, strict=True))
         failed = [(p, r) for p, r in values.items() if r.status is not ExecuteStatus.OK]
         if failed:
-            # An invalid input is named before any other failure: a caller told "conflict" or
-            # "unavailable" would retry what must fail again.
-            response = next((r for _, r in failed if r.status is ExecuteStatus.INVALID), failed[0][1])
+            response = _first_to_name([r for _, r in failed])
             if len(failed) == len(values) and all(r.status is ExecuteStatus.INVALID for _, r in failed):
                 # Refused everywhere before anything ran (an owner's limits can differ from ours in
                 # a rollout). Any other failure may have run (an answer lost): then only an abort
@@ -595,10 +593,9 @@ class Coordination:
         if reply.outcome is TxnState.ABORT:
             # Not waiting for the other answers: the participants that ran learn ABORT from the
             # machine, and a request still on its way is refused where the ABORT overtook it.
+            # Among the answers already in.
             refusals = [r for r, refused in answers.values() if refused and r.status is not ExecuteStatus.OK]
-            # An invalid input first, as run_ops names it (only among the answers already in).
-            refusals.sort(key=lambda r: r.status is not ExecuteStatus.INVALID)
-            refusal = refusals[0] if refusals else None
+            refusal = _first_to_name(refusals) if refusals else None
             if refusal is not None:
                 reason = _ABORT_REASONS.get(refusal.status, AbortReason.VOTED_NO)
                 aborted = self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, reason, refusal.detail))
@@ -712,6 +709,13 @@ class Coordination:
                         else refresh_unanswered_ms(previous_ms, sent_ms, idle_ms))
         # An operation that ran there meanwhile put its own, later, time.
         ctx.requested_ms[partition] = max(refreshed_ms, ctx.requested_ms.get(partition, refreshed_ms))
+
+
+def _first_to_name(failures: Sequence[ExecuteResponse]) -> ExecuteResponse:
+    """The failure a caller is told of: an invalid input before any other, since a caller told
+    "conflict" or "unavailable" would retry what must fail again; else the first."""
+    assert failures
+    return next((r for r in failures if r.status is ExecuteStatus.INVALID), failures[0])
 
 
 def _outcome_of(reply: Reply) -> Outcome:
