@@ -73,6 +73,12 @@ CLIENT_COUNTER = 1
 _CLIENT_TOKEN = re.compile(f"c[0-9a-f]{{{CLIENT_TOKEN_CHARS_MIN},{CLIENT_TOKEN_CHARS_MAX}}}")
 
 
+def is_client_chosen(txn: str) -> bool:
+    """Whether `txn` has the form of a client-chosen id (its token field), whoever sent it."""
+    fields = txn.rsplit(".", 3)
+    return len(fields) == 4 and _CLIENT_TOKEN.fullmatch(fields[1]) is not None
+
+
 def client_txn_id(begin_ms: int, node: str, token: str, protocol: Protocol) -> str:
     """A client-chosen id for a one-shot coordinated by `node`; `token` is the hex from a CSPRNG."""
     return f"{begin_ms}.{node}.c{token}.{CLIENT_COUNTER}.{PROTOCOL_TAGS[protocol]}"

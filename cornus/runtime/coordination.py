@@ -371,8 +371,15 @@ class Coordination:
         # Best effort: a participant that misses it times out its idle execution by itself.
         await self._request_partition(ExecuteRequest(txn, partition, self.node_id, (), abort=True))
 
-    async def abort(self, txn: str) -> Outcome:
-        return await self._abort(self.active(txn), AbortReason.CLIENT, "aborted by the caller")
+    async def abort(self, txn: str, *, input_refused: bool = False) -> Outcome:
+        """Abort an active transaction. `input_refused`: its caller's input was refused before any
+        of it ran (a one-shot run as begin, run_ops and commit, as the public gRPC API does), so a
+        client-chosen id of it stays free for the corrected request, as `execute` leaves it."""
+        ctx = self.active(txn)
+        outcome = await self._abort(ctx, AbortReason.CLIENT, "aborted by the caller")
+        if input_refused:
+            self._forget_refused(ctx, txn if txn_ids.is_client_chosen(txn) else None)
+        return outcome
 
     # -- commit ------------------------------------------------------------------------------------
     async def commit(self, txn: str) -> Outcome:

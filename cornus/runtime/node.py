@@ -405,8 +405,8 @@ class Node:
     async def commit(self, txn: str) -> Outcome:
         return await self.coordination.commit(txn)
 
-    async def abort(self, txn: str) -> Outcome:
-        return await self.coordination.abort(txn)
+    async def abort(self, txn: str, *, input_refused: bool = False) -> Outcome:
+        return await self.coordination.abort(txn, input_refused=input_refused)
 
     async def execute(self, ops: Sequence[Op], protocol: Protocol | None = None,
                       client_txn: str | None = None) -> Outcome:

@@ -366,10 +366,11 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         except TxnAborted as aborted:
             # As Node.execute answers REST's one-shots: an owner's "invalid" is INVALID_ARGUMENT.
             return one_shot_outcome(aborted)
-        except BaseException:
+        except BaseException as error:
             # The caller is gone (metadata could not be sent), the input was bad, or the task was
             # cancelled: nothing committed, and the transaction must not wait for the idle sweep.
-            await node.abort(txn)
+            # Bad input frees a client-chosen id for the corrected request, as REST's execute does.
+            await node.abort(txn, input_refused=isinstance(error, ValidationError))
             raise
         if call.refused or (deadline_s is not None and time.monotonic() >= deadline_s):
             # Nobody would hear of this commit: the caller was told DEADLINE_EXCEEDED (or, as the

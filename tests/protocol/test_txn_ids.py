@@ -83,3 +83,9 @@ def test_the_begin_bounds_are_inclusive_where_safe() -> None:
     assert txn_ids.client_begin_problem(STARTED_MS + 1, STARTED_MS + 2, STARTED_MS, 1_000) == ""
     # A smaller bound (the node's peer request timeout) is kept to.
     assert "the limit is 200 ms" in txn_ids.client_begin_problem(NOW_MS - 201, NOW_MS, NOW_MS - 60_000, 200)
+
+
+def test_a_client_chosen_id_is_told_from_a_node_made_one() -> None:
+    assert txn_ids.is_client_chosen(_client_id())
+    assert not txn_ids.is_client_chosen(txn_ids.new_txn_id(NOW_MS, "n0", "c0ffee", 1, Protocol.CORNUS))
+    assert not txn_ids.is_client_chosen("race-0")

@@ -49,3 +49,24 @@ async def test_an_id_sent_before_a_restart_is_refused_and_a_refused_input_frees_
 
 async def _is(cluster, key: str, value: bytes) -> bool:
     return await cluster.value(key) == value
+
+
+async def test_a_one_shot_run_as_begin_ops_and_abort_frees_its_refused_id_too(tmp_path):
+    """Found by the helper that built client ids: the public gRPC API runs a one-shot as begin,
+    run_ops and commit, and aborted one whose input was refused as any other, so the corrected
+    request under the same id was refused as "already known" (FAILED_PRECONDITION), while REST's
+    execute accepted it. An abort for refused input frees the id, as execute does."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        txn = node.begin(None, _new_id())
+        with pytest.raises(ValidationError):
+            await node.run_ops(txn, [Op(OpKind.GET, "k1", b"a get takes no value")])
+        await node.abort(txn, input_refused=True)
+        assert node.coordination.known(txn) is None
+        outcome = await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=txn)
+        assert outcome.status is OutcomeStatus.COMMITTED and outcome.txn == txn, outcome
+        # Any other abort is remembered: the id names one transaction, run once.
+        other = node.begin(None, _new_id())
+        await node.abort(other)
+        with pytest.raises(TxnWrongState, match="already known"):
+            await node.execute([Op(OpKind.PUT, "k1", b"w")], client_txn=other)
