@@ -1,4 +1,5 @@
-"""Limits at the edge: what one transaction may grow to, checked before any of its operations run.
+"""Limits at the edge: what one transaction may grow to, and the id its client chose, checked
+before any of its operations run.
 
 A transaction that would outgrow what a record or a commit can hold is refused here, with nothing
 changed, naming the limit; past this point nothing may discover it (a machine that met an
@@ -8,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.config import RuntimeLimits
+from cornus.runtime.outcome import ClientTxnBeginRefused, ClientTxnRefused
 from cornus.runtime.wire import Op, OpKind
 from storage_adapters.contract import DATA_BATCH_COUNT_MAX, REDO_BYTES_MAX
 from storage_adapters.errors import ValidationError
@@ -93,3 +96,30 @@ def one_shot_redo(protocol: Protocol, by_partition: Mapping[str, Sequence[Op]]) 
 
 def _bundle_size(redo_sizes: Mapping[str, int]) -> int:
     return sum(size + len(p.encode()) + _BUNDLE_BYTES_PER_PARTITION for p, size in redo_sizes.items())
+
+
+def check_client_txn(
+    txn: object, protocol: Protocol, node_id: str, *, now_ms: int, started_ms: int, timeout_ms_peer_request: int,
+) -> str:
+    """`txn` if node `node_id`, whose coordinator process started at `started_ms` (wall clock),
+    may run a one-shot under that client-chosen id with `protocol` now; else ClientTxnRefused (its
+    form) or ClientTxnBeginRefused (its begin), with nothing changed. Whether the node already
+    knows the id is its own memory's to say."""
+    if not isinstance(txn, str):
+        raise ClientTxnRefused(f"txn must be a string, got {type(txn).__name__}")
+    problem = txn_ids.client_txn_format_problem(txn, node_id)
+    if problem:
+        raise ClientTxnRefused(problem)
+    if txn_ids.protocol_of(txn) is not protocol:
+        # The id names the protocol every node runs it with; a request that asks for another says
+        # two things, and which it meant is unknown.
+        raise ClientTxnRefused(f"txn {txn!r} names protocol {txn_ids.protocol_of(txn)}, the request asks for "
+                               f"{protocol.value}")
+    # Capped at the peer request timeout as well: the status call's "a request may still be on its
+    # way" window starts with it (status.requests_window_ms), and an id arriving later than that
+    # could run after "not known" was said of it.
+    age_ms_max = min(txn_ids.CLIENT_BEGIN_MS_AGE_MAX, timeout_ms_peer_request)
+    problem = txn_ids.client_begin_problem(txn_ids.begin_ms_of(txn), now_ms, started_ms, age_ms_max)
+    if problem:
+        raise ClientTxnBeginRefused(f"txn {txn!r}: {problem}")
+    return txn

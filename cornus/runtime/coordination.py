@@ -1,6 +1,7 @@
 """The transactions a node coordinates for its clients: begin, operations routed to the partitions'
 owners (the execution phase), commit through the core's coordinator machine, abort, and what the
-caller is told. Every limit a transaction could outgrow is checked before it runs (admission.py).
+caller is told. Every limit a transaction could outgrow, and the id a client chose, is checked before
+it runs (admission.py).
 
 One concern, kept in one file past 450 lines on purpose: the interactive path and the one-shot
 path (`execute`, whose requests carry the prepares) share a transaction's whole state
@@ -23,15 +24,13 @@ from cornus.protocol.effects import Decided, Reply
 from cornus.protocol.events import CommitRequested, Event, ExecuteFailed
 from cornus.protocol.execution import refresh_due, refresh_unanswered_ms
 from cornus.runtime import redo as redo_codec
-from cornus.runtime.admission import check_growth, one_shot_redo
+from cornus.runtime.admission import check_client_txn, check_growth, one_shot_redo
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.effect_runner import fatal
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.keys import partition_of
 from cornus.runtime.outcome import (
     AbortReason,
-    ClientTxnBeginRefused,
-    ClientTxnRefused,
     NodeOverloaded,
     Outcome,
     OutcomeStatus,
@@ -198,30 +197,16 @@ class Coordination:
 
     def _check_client_txn(self, txn: object, protocol: Protocol) -> str:
         """`txn` if this node may run a transaction under that client-chosen id with `protocol`."""
-        if not isinstance(txn, str):
-            raise ClientTxnRefused(f"txn must be a string, got {type(txn).__name__}")
-        problem = txn_ids.client_txn_format_problem(txn, self.node_id)
-        if problem:
-            raise ClientTxnRefused(problem)
-        if txn_ids.protocol_of(txn) is not protocol:
-            # The id names the protocol every node runs it with; a request that asks for another
-            # says two things, and which it meant is unknown.
-            raise ClientTxnRefused(f"txn {txn!r} names protocol {txn_ids.protocol_of(txn)}, the request asks for "
-                                   f"{protocol.value}")
-        # Capped at the peer request timeout as well: the status call's "a request may still be on
-        # its way" window starts with it (status.requests_window_ms), and an id arriving later than
-        # that could run after "not known" was said of it.
-        age_ms_max = min(txn_ids.CLIENT_BEGIN_MS_AGE_MAX, self.config.limits.timeout_ms_peer_request)
-        problem = txn_ids.client_begin_problem(txn_ids.begin_ms_of(txn), int(time.time() * 1000),
-                                               self.started_unix_ms, age_ms_max)
-        if problem:
-            raise ClientTxnBeginRefused(f"txn {txn!r}: {problem}")
+        checked = check_client_txn(
+            txn, protocol, self.node_id, now_ms=int(time.time() * 1000), started_ms=self.started_unix_ms,
+            timeout_ms_peer_request=self.config.limits.timeout_ms_peer_request,
+        )
         # Within the begin's age bound, memory holds every id this life ran (an outcome is pushed
         # out only after OUTCOME_REMEMBERED_COUNT_MAX later ones), so a resend is found here.
-        if self.known(txn) is not None:
-            raise TxnWrongState(f"transaction {txn} is already known to {self.node_id}: a client-chosen id names one "
-                                "transaction, run once; ask its status")
-        return txn
+        if self.known(checked) is not None:
+            raise TxnWrongState(f"transaction {checked} is already known to {self.node_id}: a client-chosen id names "
+                                "one transaction, run once; ask its status")
+        return checked
 
     def active(self, txn: str) -> CoordinatedTxn:
         ctx = self.txns.get(txn)
