@@ -368,3 +368,31 @@ async def test_open_retries_its_ttl_calls_a_bounded_number_of_times(
     assert ttl_of(raw, throttled)[0] != "ENABLED"
     (warning,) = ttl_warnings(caplog, throttled)
     assert "ThrottlingException" in warning, warning
+
+
+async def test_the_wait_for_an_active_table_is_bounded_in_time_not_in_polls(
+    dynamodb: DynamoDbStore, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review: the wait for a table to become ACTIVE was bounded by a count of polls, and
+    each poll may retry its call up to a deadline each: a slow control plane could stretch the
+    minute to many. Here every poll takes 5.1 s (by a clock the test moves) and polls come every
+    millisecond: the wait gives up once its minute has passed, after about a dozen polls (the old
+    count would have made 60,000)."""
+    from storage_adapters import dynamodb as dynamodb_module
+
+    clock = {"s": 0.0}
+    polls: list[str] = []
+
+    async def slow_poll(call: Any, what: str) -> Any:
+        if what == "create_table":
+            return "CREATING", False
+        polls.append(what)
+        clock["s"] += 5.1  # a whole call deadline, with its retries
+        return {"Table": {"TableStatus": "CREATING"}}
+
+    monkeypatch.setattr(dynamodb_module, "TABLE_ACTIVE_POLL_MS", 1)
+    monkeypatch.setattr(dynamodb_module, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock["s"])}))
+    monkeypatch.setattr(dynamodb, "_open_call", slow_poll)
+    with pytest.raises(StorageUnavailable, match="not ACTIVE"):
+        await dynamodb._create_table()
+    assert len(polls) <= dynamodb_module.TABLE_ACTIVE_WAIT_MS_MAX // 5_100 + 1, len(polls)
