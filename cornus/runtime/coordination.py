@@ -3,10 +3,14 @@ owners (the execution phase), commit through the core's coordinator machine, abo
 caller is told. Every limit a transaction could outgrow, and the id a client chose, is checked before
 it runs (admission.py).
 
-One concern, kept in one file past 450 lines on purpose: the interactive path and the one-shot
-path (`execute`, whose requests carry the prepares) share a transaction's whole state
-(CoordinatedTxn), its reply wait, its abort and its finish, and a split would only move those
-private steps behind an interface with a single user."""
+One concern, kept in one file past 450 lines on purpose: the interactive path, the one-shot path
+(`execute`, whose requests carry the prepares) and the idle sweep (which aborts a transaction whose
+client went quiet and refreshes the executions of one still at work) all read and change a
+transaction's whole state (CoordinatedTxn) and share its reply wait, its abort and its finish; a
+split would only move those private steps behind an interface with a single user. What can stand
+alone already does: the limits and the client id's checks (admission.py), the one-shot's redo
+(admission.one_shot_redo), the idle rules (cornus.protocol.execution), the outcome types
+(outcome.py)."""
 
 from __future__ import annotations
 

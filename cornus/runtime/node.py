@@ -6,7 +6,10 @@ The parts, each in its own module: effect execution (effect_runner.py), the clie
 this node coordinates (coordination.py), the partitions' execution phase, locks and cache
 (partition.py), partition ownership (ownership.py), readiness after recovery (readiness.py), what
 operators and peers ask about transactions (admin.py), a deposed process's parking (parking.py),
-and what a peer's request may say (wire.py). This module wires them and carries inbound traffic.
+and what a peer's request may say (wire.py). This module wires them and carries inbound traffic;
+it is a little over 450 lines because the admission of a peer's request (`on_request`: its
+deadline, ownership, readiness, the carried prepare) is the inbound traffic's own concern, and
+every rule in it is a call into the core or into the parts above.
 
 A partition is served here only while this node holds its lease: from the end of the recovery
 that follows its take until the lease ends, it is handed over, or storage refuses a write of ours
