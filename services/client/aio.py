@@ -245,7 +245,7 @@ class AsyncCornusClient:
             txn = "" if read_only else await self._client_txn(url, body, tried)
             if txn is None:
                 continue  # unreachable: `tried` says why
-            while True:
+            while True:  # twice at most: a refused client id is dropped, and the second try goes without
                 try:
                     response = await self._post(url + "/v1/execute", {**body, "txn": txn} if txn else body)
                 except httpx.TransportError as error:
