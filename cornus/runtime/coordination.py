@@ -131,6 +131,9 @@ class CoordinatedTxn:
     # a refresh) left: its owner's idle clock restarted later than that. A partition is out of it
     # while a refresh of it is out, so that no more than one is.
     requested_ms: dict[str, int] = field(default_factory=dict)
+    # A partition whose owner refused a refresh: it dropped this transaction's execution, so the
+    # commit cannot but abort; the next idle sweep aborts it now, to free its locks elsewhere.
+    dropped_on: str | None = None
 
 
 class Coordination:
@@ -674,12 +677,18 @@ class Coordination:
         for ctx in list(self.txns.values()):
             if ctx.state is not OutcomeStatus.ACTIVE:
                 continue  # committing (its machine holds the executions now) or over
-            if not ctx.busy and now - ctx.last_active_s > idle_s:
+            if ctx.busy:
+                pass  # an operation in flight: the sweep after it ends decides
+            elif ctx.dropped_on is not None or now - ctx.last_active_s > idle_s:
                 # Decided now, not when the abort's task first runs: a commit or operation that
                 # runs in between must find the transaction over, or its prepares would go out
                 # while the abort drops the executions that vote on them.
                 ctx.state = OutcomeStatus.ABORTED
-                spawn(self._abort(ctx, AbortReason.TIMEOUT, "idle past timeout_ms_txn_idle"))
+                if ctx.dropped_on is not None:
+                    detail = f"the owner of {ctx.dropped_on} dropped its execution"
+                    spawn(self._abort(ctx, AbortReason.VOTED_NO, detail))
+                else:
+                    spawn(self._abort(ctx, AbortReason.TIMEOUT, "idle past timeout_ms_txn_idle"))
                 continue
             if ctx.requested_ms:
                 for partition in refresh_due(ctx.requested_ms, now_ms, idle_ms):
@@ -695,8 +704,10 @@ class Coordination:
         response = await self._request_partition(request)
         if response.status is ExecuteStatus.ABORTED:
             # Gone there (idled out before, or its owner restarted) and now refused for good: that
-            # partition votes no at the commit, which aborts. Nothing left to refresh.
+            # partition would vote no at the commit. Nothing left to refresh; the next sweep aborts
+            # (not this task: an operation may be in flight, and the sweep knows when none is).
             self.counters["executions_refresh_refused"] += 1
+            ctx.dropped_on = partition
             return
         # Refreshed, or perhaps not (no answer in time, the partition moving): then due again a
         # retry later, with most of a refresh's margin still ahead of the owner's drop.

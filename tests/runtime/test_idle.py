@@ -12,7 +12,7 @@ import pytest
 
 from cornus.protocol.execution import execution_idle_ms
 from cornus.runtime.node import Node
-from cornus.runtime.outcome import AbortReason, OutcomeStatus
+from cornus.runtime.outcome import AbortReason, OutcomeStatus, TxnWrongState
 from cornus.runtime.wire import Op, OpKind
 from tests.runtime.faults import LocalCluster, local_cluster, puts, read_through, wait_until
 
@@ -67,10 +67,13 @@ async def test_a_transaction_busy_on_another_partition_keeps_its_execution_and_c
         assert n1.counters["executions_idled_out"] == 0, "A dropped the execution of a transaction at work"
 
 
-async def test_a_dropped_execution_is_never_refreshed_back_and_its_commit_aborts(tmp_path):
+async def test_a_dropped_execution_is_never_refreshed_back_and_its_transaction_aborts_at_once(tmp_path):
     """The refreshes keep an execution alive; they never bring back one its owner dropped (by hand
     here, as after a coordinator that stalled past the drop): the client works on elsewhere, the
-    refresh is refused, and the commit aborts with neither A's write nor B's, A's key free."""
+    refresh is refused, and the coordinator aborts the transaction at its next sweep, so that the
+    client's next call hears of it and the locks held elsewhere are freed. Before the fix the
+    transaction stayed ACTIVE, its client working on and holding B's locks until its commit was
+    refused (VOTED_NO). Neither A's write nor B's lands, and A's key stays free."""
     limits = {"timeout_ms_txn_idle": TIMEOUT_MS_TXN_IDLE}
     async with local_cluster(tmp_path, node_count=2, partition_count=2, limits=limits) as cluster:
         n0, n1 = cluster.node("n0"), cluster.node("n1")
@@ -81,11 +84,16 @@ async def test_a_dropped_execution_is_never_refreshed_back_and_its_commit_aborts
         partition_a = n1.partitions[remote]
         partition_a.executions[txn].last_active_ms -= 10 * TIMEOUT_MS_TXN_IDLE
         assert partition_a.sweep_idle(execution_idle_ms(TIMEOUT_MS_TXN_IDLE), lambda _: False) == 1
-        # Past a refresh (due after half the idle timeout, sent by a sweep every 200 ms).
-        await _busy_elsewhere(n0, txn, key_b, 2 * TIMEOUT_MS_TXN_IDLE / 1000)
+        # A refresh is due after half the idle timeout (a sweep every 200 ms), the abort at the
+        # sweep after its refusal: well inside the time the client keeps working.
+        with pytest.raises(TxnWrongState):
+            await _busy_elsewhere(n0, txn, key_b)
         assert n0.counters["executions_refresh_refused"] == 1, n0.counters
         assert txn not in partition_a.executions, "a refresh started the dropped execution again"
-        outcome = await n0.commit(txn)
-        assert outcome.status is OutcomeStatus.ABORTED and outcome.reason is AbortReason.VOTED_NO, outcome
+        outcome = n0.coordination.known(txn)
+        assert outcome is not None and outcome.status is OutcomeStatus.ABORTED, outcome
+        assert outcome.reason is AbortReason.VOTED_NO, outcome
+        with pytest.raises(TxnWrongState):
+            await n0.commit(txn)
         assert await read_through(n1, key_a) is None  # not written, and not locked either
         assert await read_through(n0, key_b) is None
