@@ -24,6 +24,14 @@ AZURE_TOMBSTONE_KEEP_DAYS_MIN = 1
 AZURE_TOMBSTONE_KEEP_DAYS_MAX = 8
 AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT = 1
 DAY_MS = 86_400_000
+# How long past its deadline a request may still land, per backend (ProtocolConfig's
+# late_write_window_ms). Redis's scripts and the emulator's writer refuse a call past its deadline
+# themselves: 0. DynamoDB and Azure Blob check no deadline of ours; what ends a request's life there
+# is its signature: SigV4 requests must reach AWS within 5 minutes of their timestamp (15 for some
+# services), Azure Shared Key requests within 15 minutes. So a request held up in the network, a
+# proxy or a retransmitting socket can land up to 15 minutes late, and garbage collection must
+# leave tombstones that outlive that.
+LATE_WRITE_WINDOW_MS = {"emulator": 0, "redis": 0, "azure_blob": 900_000, "dynamodb": 900_000}
 # The fields given as integers; the environment's strings are converted.
 _INT_FIELDS = ("timeout_ms_call", "azure_tombstone_keep_days")
 
@@ -52,6 +60,19 @@ class StoreConfig:
         if self.backend == "azure_blob" and not self.azure_connection_string:
             raise ValidationError("backend azure_blob needs azure_connection_string")
         validate_azure_tombstone_keep_days(self.azure_tombstone_keep_days)
+        if self.backend == "azure_blob" and "sharedaccesssignature=" in self.azure_connection_string.lower():
+            # A SAS request carries no timestamp the service ages out: it may land until the SAS
+            # expires, past any tombstone's keep (LATE_WRITE_WINDOW_MS).
+            raise ValidationError(
+                "azure_connection_string carries a SharedAccessSignature: use the account key (AccountKey=), "
+                "whose requests expire 15 minutes after they are signed; a SAS request may land until the SAS "
+                "expires, after the records it could recreate were collected"
+            )
+
+    @property
+    def late_write_window_ms(self) -> int:
+        """How long past its deadline a call to this backend may still land (LATE_WRITE_WINDOW_MS)."""
+        return LATE_WRITE_WINDOW_MS[self.backend]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> StoreConfig:

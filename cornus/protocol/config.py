@@ -31,6 +31,15 @@ def gc_grace_ms_min(storage_deadline_ms: int, clock_slack_ms: int) -> int:
     return 2 * storage_deadline_ms + clock_slack_ms
 
 
+def outcome_keep_ms_min(storage_deadline_ms: int, clock_slack_ms: int, late_write_window_ms: int) -> int:
+    """The shortest keep of a decision's tombstones where storage takes calls late
+    (`late_write_window_ms`): a call sent before the tombstone was written lands within its
+    deadline, the slack and the window after, and must meet the tombstone, not the gap it leaves."""
+    if late_write_window_ms == 0:
+        return 1
+    return storage_deadline_ms + clock_slack_ms + late_write_window_ms
+
+
 @dataclass(frozen=True, slots=True)
 class ProtocolConfig:
     """Timeouts are in milliseconds of the runtime's (or simulator's) clock."""
@@ -62,6 +71,14 @@ class ProtocolConfig:
     # caller that lost its answer what became of it. Storage holds one small record per
     # transaction for this long (some 600,000 at 1,000 transactions a second).
     outcome_keep_ms: int = 600_000
+    # How long past its deadline plus the slack a storage call may still land, where storage
+    # itself cannot refuse a late call (DynamoDB and Azure Blob check no deadline; only their
+    # request signatures age out, after 15 minutes). 0: storage refuses any call past its deadline
+    # (Redis's scripts, the emulator's writer), so the grace alone outlives every call in flight.
+    # Above 0, garbage collection leaves every participant's record as a tombstone, never a gap a
+    # late vote could fill, and the tombstones outlive the window (found by review: a vote that
+    # timed out landed after its record was collected, and recovery applied its old redo again).
+    late_write_window_ms: int = 0
     # A record deletion is retried this often while storage is unreachable, then left in place:
     # a decided record left behind is garbage, never a wrong answer.
     gc_attempt_count_max: int = 8
@@ -76,11 +93,16 @@ class ProtocolConfig:
         for item in fields(self):
             value = getattr(self, item.name)
             assert isinstance(value, int) and not isinstance(value, bool), f"{item.name} must be an int"
-            assert value > 0, f"{item.name} must be positive, got {value}"
+            assert value > 0 or (item.name == "late_write_window_ms" and value == 0), (
+                f"{item.name} must be positive, got {value}")
         assert self.backoff_ms_min <= self.backoff_ms_max
         assert self.outcome_keep_ms <= TOMBSTONE_KEEP_MS_MAX, self.outcome_keep_ms
         assert self.gc_grace_ms >= gc_grace_ms_min(self.storage_deadline_ms, self.clock_slack_ms), (
             f"gc_grace_ms {self.gc_grace_ms} must be at least twice the storage deadline plus the slack"
+        )
+        keep_ms_min = outcome_keep_ms_min(self.storage_deadline_ms, self.clock_slack_ms, self.late_write_window_ms)
+        assert self.outcome_keep_ms >= keep_ms_min, (
+            f"outcome_keep_ms {self.outcome_keep_ms} must outlive a late call: at least {keep_ms_min}"
         )
 
     @property

@@ -275,8 +275,17 @@ class CoordinatorBase:
         return min(self.participants)
 
     def _delete_participants(self) -> list[Effect]:
+        """The other participants' records go once the holder's tombstone is written. Deleted
+        where storage refuses late calls (the grace outlived every call in flight); kept as
+        tombstones where it does not (`late_write_window_ms`): there a vote or a termination's
+        ABORT that timed out long ago could still land, and in a gap it would create a record, a
+        vote that recovery takes for undecided and whose old redo it applies again after the
+        COMMIT it finds, or an ABORT beside the COMMIT."""
+        assert self.decision is not None
         holder = self._outcome_holder
-        deletes = {DeleteRecord(self.node, LogId.partition(p), self.txn) for p in self.participants if p != holder}
+        keep = Tombstone(self.decision, self.config.outcome_keep_ms) if self.config.late_write_window_ms else None
+        deletes = {DeleteRecord(self.node, LogId.partition(p), self.txn, keep)
+                   for p in self.participants if p != holder}
         if not deletes:
             self.phase = CoordPhase.DONE
             return []
@@ -300,7 +309,7 @@ class CoordinatorBase:
             return self._retry_deletes()
         if event.call.log == self.coordinator_log:
             return self._keep_outcome()
-        if event.call.keep is not None:
+        if event.call.log == LogId.partition(self._outcome_holder) and event.call.keep is not None:
             return self._delete_participants()
         self.phase = CoordPhase.DONE
         return []

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min
+from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min, outcome_keep_ms_min
 from cornus.protocol.locks import Policy
 from cornus.protocol.ownership import OwnershipConfig, placement
 from storage_adapters.contract import (
@@ -293,7 +293,23 @@ def _protocol_config(values: Mapping[str, int], storage: StoreConfig) -> Protoco
     the storage's own call timeout, never set twice."""
     if "storage_deadline_ms" in values:
         raise ValidationError("storage_deadline_ms is the storage timeout_ms_call; set that one instead")
-    merged = {**dataclasses.asdict(ProtocolConfig()), **values, "storage_deadline_ms": storage.timeout_ms_call}
+    if "late_write_window_ms" in values:
+        raise ValidationError("late_write_window_ms is the storage backend's own (how late its requests may land)")
+    merged = {**dataclasses.asdict(ProtocolConfig()), **values, "storage_deadline_ms": storage.timeout_ms_call,
+              "late_write_window_ms": storage.late_write_window_ms}
+    keep_ms_min = outcome_keep_ms_min(merged["storage_deadline_ms"], merged["clock_slack_ms"],
+                                      merged["late_write_window_ms"])
+    if "outcome_keep_ms" not in values:
+        # The default keep, lengthened where the backend's requests may land later than it.
+        merged["outcome_keep_ms"] = max(merged["outcome_keep_ms"], keep_ms_min)
+    elif merged["outcome_keep_ms"] < keep_ms_min:
+        raise ValidationError(
+            f"outcome_keep_ms is {merged['outcome_keep_ms']}, but on {storage.backend} a request may land up to "
+            f"{storage.late_write_window_ms} ms after its deadline (timeout_ms_call {merged['storage_deadline_ms']}, "
+            f"plus clock_slack_ms {merged['clock_slack_ms']}): the tombstones garbage collection leaves must "
+            f"outlive it, or a late vote could recreate a collected record; outcome_keep_ms must be at least "
+            f"{keep_ms_min}"
+        )
     if merged["backoff_ms_min"] > merged["backoff_ms_max"]:
         raise ValidationError("backoff_ms_min must not exceed backoff_ms_max")
     grace_min = gc_grace_ms_min(merged["storage_deadline_ms"], merged["clock_slack_ms"])

@@ -27,6 +27,10 @@ from cornus.protocol.config import Protocol
 # Faults (crashes, outages, slow calls, message loss for the blocking protocols) happen only before
 # this time; afterwards every node is up and storage is reachable, so liveness can be judged.
 FAULTS_END_MS = 1000
+# The shortest late window of storage that takes calls late: above the longest grace a schedule
+# gets (2 deadlines of 2 * 40 + 1 ms, plus the slack, or 1 s), so that late calls land after
+# garbage collection.
+LATE_WINDOW_MS_MIN = 2_000
 # How far a node's clock may run ahead of storage's: the world's clock slack (CLOCK_SLACK_MS).
 CLOCK_OFFSET_MS_MAX = 20
 KEYS_PER_PARTITION = 2
@@ -140,6 +144,10 @@ class Schedule:
     # A call outside any outage is slow with this probability: its caller is told "unreachable"
     # at the deadline, and the call lands (or not) up to the clock slack after it.
     late_call_probability: float = 0.0
+    # Where storage cannot refuse a call past its deadline (DynamoDB, Azure Blob: the core's
+    # late_write_window_ms), a slow call may land this much later still: past the garbage
+    # collection of its transaction. 0: storage refuses it after the deadline plus the slack.
+    late_window_ms: int = 0
     # A message is delivered twice with this probability; half the second copies come after the
     # garbage-collection grace, when the transaction may be long gone.
     duplicate_probability: float = 0.0
@@ -380,6 +388,10 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         storage_ms_max=rng.choice((2, 10, 40)),
         ambiguous_probability=rng.choice((0.0, 0.5, 1.0)),
         late_call_probability=rng.choice((0.0, 0.0, 0.05, 0.2)),
+        # One schedule in four runs on storage that takes calls late (not drawn from `rng`, so
+        # the other schedules stay what they were): past any grace, up to a few seconds.
+        late_window_ms=LATE_WINDOW_MS_MIN + zlib.crc32(f"{seed}/late".encode()) % LATE_WINDOW_MS_MIN
+        if zlib.crc32(f"{seed}/late?".encode()) % 4 == 0 else 0,
         duplicate_probability=rng.choice((0.0, 0.0, 0.1, 0.3)),
         scan_page_max=rng.choice((1, 1, 2, 3, 500)),
         crashes=crashes,

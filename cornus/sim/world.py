@@ -131,13 +131,15 @@ def config_for(schedule: Schedule) -> ProtocolConfig:
     """The protocol configuration matching the schedule's storage: a deadline just above the
     slowest round trip, and the smallest grace the rule allows (or 1 s, whichever is longer)."""
     deadline = 2 * schedule.storage_ms_max + 1
+    keep_ms = max(1000, gc_grace_ms_min(deadline, CLOCK_SLACK_MS))
     return ProtocolConfig(
         storage_deadline_ms=deadline,
         clock_slack_ms=CLOCK_SLACK_MS,
         gc_grace_ms=max(1000, gc_grace_ms_min(deadline, CLOCK_SLACK_MS)),
         # As short as the grace, so that tombstones expire within a run and a late call that meets
         # the empty slot after one is explored too.
-        outcome_keep_ms=max(1000, gc_grace_ms_min(deadline, CLOCK_SLACK_MS)),
+        outcome_keep_ms=keep_ms + (schedule.late_window_ms and deadline + CLOCK_SLACK_MS + schedule.late_window_ms),
+        late_write_window_ms=schedule.late_window_ms,
         scan_page_count_max=schedule.scan_page_max,
         identity_check_ms=(IDENTITY_CHECK_MS_SLOW if schedule.slow_identity
                            else IDENTITY_CHECK_MS_TWINS if schedule.twins else IDENTITY_CHECK_MS),
@@ -336,6 +338,9 @@ class World:
         # Late duplicates arrive up to two graces after they were sent: let them, and the garbage
         # collection they may race with, play out before the end.
         self.end_ms = self.liveness_check_ms + 4 * self.config.gc_grace_ms + schedule.delay_ms_max
+        # Calls late by the storage's window land within the run, and tombstones that outlive
+        # them expire within it too.
+        self.end_ms += schedule.late_window_ms and self.config.outcome_keep_ms
 
     # -- setup ----------------------------------------------------------------------------------
     def liveness_bound_ms(self) -> int:
@@ -937,6 +942,12 @@ class World:
         assert not node.alive
         node.alive = True
         node.path = frozenset({(0, 0)})
+        # A restarted process holds no lease: it takes its partitions again, in a new epoch
+        # (cornus.protocol.ownership), so storage refuses every fenced write of its earlier life
+        # from now on, however late it lands.
+        for partition in node.partitions:
+            self.epoch[partition] += 1
+            node.epochs[partition] = self.epoch[partition]
         self._start_core(node)
 
     def _start_core(self, node: Node) -> None:
@@ -1229,11 +1240,25 @@ class World:
             unreachable = answer(call, StorageUnreachable("the call outlived its deadline"))
             self._push(self.now_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path, tenure))
             if self.rng.random() < 0.5:
-                landing = self.now_ms + self.deadline_ms + self.rng.randint(0, self.config.clock_slack_ms)
+                late_ms_max = self.config.clock_slack_ms + self._late_window_ms(call)
+                landing = self.now_ms + self.deadline_ms + self.rng.randint(0, late_ms_max)
                 self._push(landing, _ARRIVE, (owner, incarnation, call, path, False, epoch, tenure))
             return
         self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _ARRIVE,
                    (owner, incarnation, call, path, True, epoch, tenure))
+
+    def _late_window_ms(self, call: StorageCall) -> int:
+        """How much later than the slack a call that timed out may land: the schedule's window
+        for the calls of Cornus transactions, none for the others. 2PC and coordinator-log on
+        storage that takes calls late have known gaps this would only report again (docs/deploy.md,
+        section 5, "Late writes"): collection deletes a coordinator's own
+        record outright (the contract keeps tombstones in partition logs only), so a late decision
+        or redo write can recreate it, and a late 2PC vote can land after its participant's
+        recovery scan, a VOTE_YES nobody runs until the partition's next recovery."""
+        txn = getattr(call, "txn", None)
+        if txn is None or protocol_of(txn) is not Protocol.CORNUS:
+            return 0
+        return self.schedule.late_window_ms
 
     def _tenure(self, node: Node, host: str) -> int:
         """The tenure of the partition `host` acts for on `node` (0 for the node's own hosts)."""

@@ -582,6 +582,13 @@ AZURE_KEEP_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
                               "tombstone_keep_days"),
     "a week on an eight days' rule": ({"storage": {"azureBlob": {"tombstoneKeepDays": 8}},
                                        "timeouts": {"outcome_keep_ms": 7 * _DAY_MS}}, "", ""),
+    # Azure's requests may land up to 15 minutes late: the tombstones must outlive that (the
+    # deadline, 8 s in these values, plus the slack, 1 s, plus 15 minutes), set or, unset, the
+    # node's default.
+    "ten minutes' keep, shorter than a late request": ({"timeouts": {"outcome_keep_ms": 600_000}}, "late vote",
+                                                       "late vote"),
+    "a keep just past a late request": ({"timeouts": {"outcome_keep_ms": 909_000}}, "", ""),
+    "a keep just short of a late request": ({"timeouts": {"outcome_keep_ms": 908_999}}, "late vote", "late vote"),
     "a rule of nine days": ({"storage": {"azureBlob": {"tombstoneKeepDays": 9}}}, "tombstoneKeepDays",
                             "tombstone_keep_days"),
     "a rule of no days": ({"storage": {"azureBlob": {"tombstoneKeepDays": 0}}}, "tombstoneKeepDays",

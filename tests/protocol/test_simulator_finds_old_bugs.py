@@ -13,7 +13,7 @@ import pytest
 
 from cornus.protocol import identity_watch, node_core, resolve, status
 from cornus.protocol.config import Protocol, ProtocolConfig
-from cornus.protocol.coordinator_base import CoordinatorBase
+from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
 from cornus.protocol.effects import DeleteRecord, Effect, Log, ReleaseLocks, RetakeLocks, ScanLog, Send, Timer
 from cornus.protocol.events import RecordRead, StorageUnreachable
 from cornus.protocol.execution import PartitionExecutions
@@ -28,7 +28,7 @@ from cornus.sim import explore as explore_module
 from cornus.sim import redo as sim_redo
 from cornus.sim import world as sim_world
 from cornus.sim.explore import explore, run_schedule
-from cornus.sim.schedule import FAULTS_END_MS, Outage, Schedule, TxnPlan
+from cornus.sim.schedule import FAULTS_END_MS, LATE_WINDOW_MS_MIN, Outage, Schedule, TxnPlan
 from storage_adapters.contract import LogId, Record, RecordBody, TxnState
 
 # Schedules each old rule gets before the test gives up on the simulator (found in far fewer).
@@ -380,6 +380,36 @@ def test_collection_that_keeps_no_tombstone(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(CoordinatorBase, "_keep_outcome", delete_all)
     violations = _found(Protocol.CORNUS)
     assert any("no tombstone keeps its outcome" in v for v in violations), violations
+
+
+# -- 13b. collection that deletes the other participants' records where storage takes calls late ---
+def test_collection_that_leaves_gaps_where_storage_takes_calls_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before 2026-11-26 (eighth session) collection deleted every record but the first
+    participant's on every backend. DynamoDB and Azure Blob check no deadline: a vote, or a
+    termination's ABORT, that timed out landed after its record was collected and created it again
+    (found by review, and reproduced on moto and Azurite: recovery took the vote for undecided,
+    found the COMMIT tombstone, and applied its old redo over later commits)."""
+
+    def delete_the_others(self: CoordinatorBase) -> list[Effect]:
+        holder = self._outcome_holder
+        deletes = {DeleteRecord(self.node, LogId.partition(p), self.txn) for p in self.participants if p != holder}
+        if not deletes:
+            self.phase = CoordPhase.DONE
+            return []
+        return self._delete(deletes)
+
+    original_schedule = explore_module.random_schedule
+
+    def late_storage(rng: random.Random, protocol: Protocol | None, *, twins: bool = False) -> Schedule:
+        # Every world's storage takes calls late, and more of them are slow.
+        schedule = original_schedule(rng, protocol, twins=twins)
+        return dataclasses.replace(schedule, late_window_ms=LATE_WINDOW_MS_MIN, late_call_probability=0.2)
+
+    monkeypatch.setattr(explore_module, "random_schedule", late_storage)
+    monkeypatch.setattr(CoordinatorBase, "_delete_participants", delete_the_others)
+    violations = _found(Protocol.CORNUS)
+    # A late vote or ABORT lands in the gap and creates a record; or a late apply lands there.
+    assert any(word in v for v in violations for word in ("recreated", "whose record is None")), violations
 
 
 # -- 14. the status call (cornus.protocol.status), asked of the world by cornus.sim.status_probe ----

@@ -34,6 +34,7 @@ from storage_adapters.contract import (
     TxnState,
 )
 from storage_adapters.errors import ValidationError
+from storage_adapters.factory import StoreConfig
 from tests.runtime.faults import (
     PROTOCOL_DEFAULTS,
     LocalCluster,
@@ -866,6 +867,34 @@ def test_outcome_keep_ms_must_fit_the_azure_lifecycle_rule():
         load_node_config(environ=two_days, overrides={**settings, "outcome_keep_ms": 2 * day_ms + 1})
     redis = {**settings, "storage_backend": "redis"}
     assert load_node_config(environ={}, overrides={**redis, "outcome_keep_ms": 7 * day_ms}).protocol_config
+
+
+
+@pytest.mark.parametrize("backend", ["dynamodb", "azure_blob"])
+def test_outcome_keep_ms_outlives_a_late_request_where_storage_takes_them(backend: str):
+    """DynamoDB and Azure Blob may take a request up to 15 minutes after it was signed
+    (LATE_WRITE_WINDOW_MS): garbage collection leaves tombstones in every participant's log there,
+    and they must outlive such a request (found by review: a late vote recreated a collected
+    record). Unset, the keep is lengthened to fit; set shorter, it is refused at start. Redis and
+    the emulator refuse late calls themselves, and keep the default ten minutes."""
+    settings = {"node_id": "n0", "peers": "n0=127.0.0.1:7100", "partition_count": 2,
+                "storage_backend": backend, "storage_azure_connection_string": "UseDevelopmentStorage=true"}
+    config = load_node_config(environ={}, overrides=settings).protocol_config
+    assert config.late_write_window_ms == 900_000
+    assert config.outcome_keep_ms == 5_000 + 1_000 + 900_000  # deadline + slack + window
+    with pytest.raises(ValidationError, match=r"outcome_keep_ms.*late vote"):
+        load_node_config(environ={}, overrides={**settings, "outcome_keep_ms": 905_999})
+    with pytest.raises(ValidationError, match="late_write_window_ms"):
+        load_node_config(environ={}, overrides={**settings, "late_write_window_ms": 1})
+    redis = load_node_config(environ={}, overrides={**settings, "storage_backend": "redis"}).protocol_config
+    assert (redis.late_write_window_ms, redis.outcome_keep_ms) == (0, 600_000)
+
+
+def test_an_azure_sas_connection_string_is_refused():
+    """A SAS request may land until the SAS expires, past any tombstone's keep: only the account
+    key (Shared Key, whose requests expire after 15 minutes) bounds how late a request lands."""
+    with pytest.raises(ValidationError, match="SharedAccessSignature"):
+        StoreConfig(backend="azure_blob", azure_connection_string="BlobEndpoint=https://a;SharedAccessSignature=sv=1")
 
 async def test_a_call_refused_by_one_owner_whose_other_answer_was_lost_aborts(tmp_path, monkeypatch):
     """Found by review: run_ops kept the transaction usable (ValidationError: "nothing happened")

@@ -6,16 +6,22 @@ request (tests/storage/servers.py HoldingProxy)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 
 import pytest
 
+from cornus.protocol.config import Protocol
+from cornus.protocol.effects import DeleteRecord, Effect
+from cornus.sim.schedule import Schedule
+from cornus.sim.world import World
 from storage_adapters import redis_store
 from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
 from storage_adapters.redis_store import RedisStore
+from storage_adapters.store import LogStore
 from tests.conftest import Services
 from tests.storage.conftest import refuse_what_dynamodb_refuses
 from tests.storage.servers import HoldingProxy
@@ -173,3 +179,82 @@ async def test_a_node_clock_stepped_back_fails_one_write_says_why_and_measures_a
     finally:
         monkeypatch.undo()
         await store.close()
+
+
+def _collection_of_a_two_partition_commit(late_write_window_ms: int) -> list[DeleteRecord]:
+    """The record deletions and tombstones the core's garbage collection issues, in order, for a
+    Cornus transaction committed on p0 and p1 (the simulator runs the real machines), on storage
+    whose calls may land `late_write_window_ms` late."""
+    schedule = dataclasses.replace(Schedule.single(Protocol.CORNUS, (True, True)),
+                                   late_window_ms=late_write_window_ms)
+    collection: list[DeleteRecord] = []
+
+    def note(world: World, name: str, effect: Effect) -> None:
+        if isinstance(effect, DeleteRecord):
+            collection.append(effect)
+
+    World(schedule, hook=note).run()
+    return collection
+
+
+async def _stores_behind_a_holding_proxy(backend: str, services: Services, table: str) -> tuple[
+        HoldingProxy, LogStore, LogStore]:
+    """A store whose writes of records go through a proxy that holds them while told to (DEADLINE_MS
+    for its calls), and one straight to the server for what the test checks."""
+    if backend == "dynamodb":
+        port = int(services.dynamodb_endpoint.rsplit(":", 1)[1])
+        proxy = await HoldingProxy(port, lambda c: b"PutItem" in c or b"TransactWriteItems" in c, HOLD_S).start()
+
+        def dynamodb(endpoint: str, timeout_ms: int) -> StoreConfig:
+            return StoreConfig(backend="dynamodb", dynamodb_endpoint=endpoint, dynamodb_table=table,
+                               timeout_ms_call=timeout_ms)
+        return (proxy, await open_store(dynamodb(f"http://127.0.0.1:{proxy.port}", DEADLINE_MS)),
+                await open_store(dynamodb(services.dynamodb_endpoint, DEADLINE_MS_CHECKS)))
+    connection = services.azure_connection_string
+    port = int(connection.split("BlobEndpoint=http://127.0.0.1:", 1)[1].split("/", 1)[0])
+    proxy = await HoldingProxy(
+        port, lambda c: c.startswith(b"PUT ") and b"/txn/" in c.split(b"\r\n", 1)[0], HOLD_S).start()
+
+    def azure(connection_string: str, timeout_ms: int) -> StoreConfig:
+        return StoreConfig(backend="azure_blob", azure_connection_string=connection_string, azure_container=table,
+                           timeout_ms_call=timeout_ms)
+    return (proxy, await open_store(azure(connection.replace(f"127.0.0.1:{port}", f"127.0.0.1:{proxy.port}"),
+                                          DEADLINE_MS)),
+            await open_store(azure(connection, DEADLINE_MS_CHECKS)))
+
+
+@pytest.mark.parametrize("backend", ["dynamodb", "azure_blob"])
+async def test_a_vote_that_lands_after_collection_meets_a_tombstone(services: Services, backend: str) -> None:
+    """DynamoDB and Azure Blob check no deadline: a vote whose caller timed out (and wrote it again)
+    can land after its transaction was collected. Collection deleted every record but the first
+    participant's, so the late vote created p1's record again, a VOTE_YES that recovery took for
+    undecided: it found p0's COMMIT tombstone and applied the old redo over later commits (found
+    by review, 2026-11-26). The collection run here is the core's, for a window this backend's
+    configuration gives (LATE_WRITE_WINDOW_MS); it must leave a tombstone in p1."""
+    window_ms = StoreConfig(backend=backend, azure_connection_string="x").late_write_window_ms
+    assert window_ms > 0
+    collection = _collection_of_a_two_partition_commit(window_ms)
+    table = f"latevote-{uuid.uuid4().hex[:10]}"
+    proxy, store, direct = await _stores_behind_a_holding_proxy(backend, services, table)
+    txn = "1.n9.t.1.cornus"
+    body = RecordBody(("p0", "p1"), "n9", b"redo")
+    try:
+        await direct.log_once(LogId.partition("p0"), txn, TxnState.VOTE_YES, body)
+        proxy.holding = True
+        with pytest.raises(StorageUnavailable):
+            await store.log_once(LogId.partition("p1"), txn, TxnState.VOTE_YES, body)  # held past its deadline
+        proxy.holding = False
+        assert (await direct.log_once(LogId.partition("p1"), txn, TxnState.VOTE_YES, body)).created  # the retry
+        for partition in ("p0", "p1"):
+            await direct.apply_redo(partition, txn, {"k": b"t1"})
+        for call in collection:
+            await direct.delete(call.log, txn, keep=call.keep)
+        await asyncio.sleep(HOLD_S + 1.0)  # the held vote has reached the server by now
+        assert proxy.held_count >= 1
+        assert await direct.scan_unfinished(LogId.partition("p1")) == [], "a late vote recreated a collected record"
+        assert (await direct.log_once(LogId.partition("p1"), txn, TxnState.ABORT, body)).state is TxnState.COMMIT
+    finally:
+        await store.close()
+        proxy.close()
+        await (direct.delete_table() if backend == "dynamodb" else direct.delete_container())  # type: ignore[attr-defined]
+        await direct.close()

@@ -225,6 +225,13 @@ helm refuses exactly the combinations the node refuses.
 {{- if gt $t.op_count_max $t.txn_op_count_max }}
 {{- fail (printf "timeouts.op_count_max (%d, per request) must not exceed timeouts.txn_op_count_max (%d, per transaction) (unset, they are %d and %d, the node's defaults)" $t.op_count_max $t.txn_op_count_max $nodeDefaults.op_count_max $nodeDefaults.txn_op_count_max) }}
 {{- end }}
+{{- /* DynamoDB's and Azure's requests may land up to 15 minutes late (storage_adapters/factory.py LATE_WRITE_WINDOW_MS): the tombstones must outlive that. Unset, the node lengthens its default to fit. */}}
+{{- if and (has .Values.storage.backend (list "azure_blob" "dynamodb")) (hasKey .Values.timeouts "outcome_keep_ms") }}
+{{- $keepMin := add $call $t.clock_slack_ms 900000 }}
+{{- if lt $t.outcome_keep_ms $keepMin }}
+{{- fail (printf "timeouts.outcome_keep_ms is %d, but on %s a request may land up to 900000 ms after its deadline (storage.timeoutMsCall %d, plus timeouts.clock_slack_ms %d): the tombstones garbage collection leaves must outlive it, or a late vote could recreate a collected record; outcome_keep_ms must be at least %d (unset, the node uses the least that fits)" $t.outcome_keep_ms .Values.storage.backend $call $t.clock_slack_ms $keepMin) }}
+{{- end }}
+{{- end }}
 {{- /* Azure's lifecycle rule deletes a tombstone tombstoneKeepDays after its last write, whatever keep it was given. */}}
 {{- if eq .Values.storage.backend "azure_blob" }}
 {{- $days := int64 .Values.storage.azureBlob.tombstoneKeepDays }}
