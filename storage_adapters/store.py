@@ -66,6 +66,15 @@ def call_deadline() -> float:
     return _call_deadline.get()
 
 
+def fix_call_deadline(deadline: float) -> None:
+    """Bound the storage calls the running task makes from now on by `deadline` (`loop.time()`)
+    at the latest: for a caller that decided to make a call under a condition that holds only until
+    then (a lease checked now), so that a stall between its check and the call cannot push the
+    call's deadline later. Only in a task of its own: the bound stays with the task."""
+    assert asyncio.current_task() is not None, "a call deadline fixed outside a task would outlive it"
+    _call_deadline.set(deadline)
+
+
 def call_deadline_if_set() -> float | None:
     """`call_deadline()` where the template fixed one, for a call bounded by its own I/O too (a
     batch of coalesced deletes, bounded by its earliest caller's deadline); None elsewhere."""
@@ -163,6 +172,9 @@ class LogStore(abc.ABC):
             loop = asyncio.get_running_loop()
             if deadline is None:
                 deadline = loop.time() + self._timeout_s
+                fixed = _call_deadline.get(None)  # by the caller (fix_call_deadline), or an outer call
+                if fixed is not None and fixed < deadline:
+                    deadline = fixed
             token = _call_deadline.set(deadline)
             try:
                 if asyncio.current_task(loop) is None:  # the loop passed: one getpid call fewer
@@ -434,6 +446,7 @@ class DelegatingStore(LogStore):
         self.inner = inner
         self.backend_name = inner.backend_name
         self.drops_tombstones_at_expiry = inner.drops_tombstones_at_expiry
+        self.timeout_ms_call = inner.timeout_ms_call  # the inner store's deadline, told to callers
 
     async def log_once(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None = None,

@@ -58,7 +58,7 @@ from cornus.runtime.transport import Transport
 from cornus.runtime.wire import Routed
 from storage_adapters.contract import Fence, LogKind, TxnState
 from storage_adapters.errors import Fenced, InvariantViolation, StorageUnavailable
-from storage_adapters.store import LogStore
+from storage_adapters.store import LogStore, fix_call_deadline
 
 log = logging.getLogger("cornus.node")
 
@@ -217,6 +217,11 @@ class EffectRunner:
     # -- storage ---------------------------------------------------------------------------------
     async def _call(self, call: StorageCall, flight: _Flight) -> None:
         partition = flight.partition
+        # The call's deadline is fixed before its lease is checked (found by review): fixed after,
+        # inside the store, a stall between the two (a stopped process) gave a fresh deadline, and
+        # Redis and the emulator, which refuse a write past its deadline, took one long after the
+        # lease had ended.
+        fix_call_deadline(self._running_loop().time() + self.store.timeout_ms_call / 1000)
         if partition is None and isinstance(call, _UNFENCED_WRITES) and not self.may_act(call.owner):
             # A write storage cannot fence (termination's LogOnce(ABORT) on another partition's
             # log), by a partition's machine whose lease ended: sent now, it could land after the

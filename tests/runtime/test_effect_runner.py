@@ -14,7 +14,7 @@ import pytest
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
 from cornus.protocol.effects import LogOnce, ReadRecord, ReleaseLocks
-from cornus.protocol.events import Event
+from cornus.protocol.events import Event, StorageUnreachable
 from cornus.protocol.locks import Policy
 from cornus.runtime.effect_runner import EffectRunner
 from cornus.runtime.failpoints import Failpoints
@@ -22,9 +22,12 @@ from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.timing import TimingLog
 from storage_adapters.contract import Fence, LogId, LogOnceResult, Record, RecordBody, TxnState
 from storage_adapters.errors import Fenced, StorageUnavailable
+from storage_adapters.factory import StoreConfig, open_store
 from tests.unused_store import UnusedStore
 
 PARTITION = "p0"
+# The storage deadline of the frozen-process test: short, so the freeze outlasts it quickly.
+FROZEN_DEADLINE_MS = 300
 FENCE = Fence(PARTITION, "n0", 1)
 TXN = txn_ids.new_txn_id(int(time.time() * 1000), "n0", "abc123", 1, Protocol.CORNUS)
 
@@ -163,3 +166,38 @@ async def test_a_lease_found_lapsed_never_drops_a_partition_in_the_middle_of_its
     await harness.settle()
     assert not harness.store.calls, "sent after the lease ended"
     assert harness.runner.counters["writes_skipped_not_held"] == 1
+
+
+async def test_an_unfenced_write_frozen_after_its_lease_check_is_refused_by_storage(tmp_path: Any) -> None:
+    """Found by review: the lease was checked as the call's task started, and the storage deadline
+    fixed only afterwards, inside the store: a process stopped (SIGSTOP, a stall) between the two
+    resumed with a fresh deadline, and storage took a termination's LogOnce(ABORT) long after the
+    lease ended, when the partition's new owner may have finished the transaction and its records
+    been collected (an ABORT beside a returned COMMIT). The deadline is fixed before the check now,
+    so storage (the emulator's writer here, Redis's scripts likewise) refuses the write."""
+    store = await open_store(StoreConfig(backend="emulator", emulator_path=str(tmp_path / "c.db"),
+                                         timeout_ms_call=FROZEN_DEADLINE_MS))
+    try:
+        runner = EffectRunner(
+            "n0", store=store, transport=None,  # type: ignore[arg-type]  # nothing is sent here
+            partitions={}, route=lambda host: None, fence_of=lambda partition: FENCE,
+            failpoints=Failpoints({}), timings=TimingLog(), counters=collections.Counter(),
+        )
+        fed: list[Event] = []
+        runner.feed = fed.append
+
+        def held_then_frozen(host: str) -> bool:
+            time.sleep(2 * FROZEN_DEADLINE_MS / 1000)  # stopped just after the check passed
+            return True
+
+        runner.may_act = held_then_frozen
+        other = LogId.partition("p1")
+        runner.run([LogOnce(PARTITION, other, TXN, TxnState.ABORT, RecordBody())])
+        for _ in range(200):
+            if fed:
+                break
+            await asyncio.sleep(0.01)
+        assert fed and isinstance(fed[0].result, StorageUnreachable), fed  # type: ignore[attr-defined]
+        assert await store.read(other, TXN) is None, "storage took a write sent long after its lease check"
+    finally:
+        await store.close()
