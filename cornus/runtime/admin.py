@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cornus.protocol import txn_ids
-from cornus.protocol.effects import Effect, LogOnce, ReadRecord, StartTimer
+from cornus.protocol.effects import Effect, LogOnce, ReadRecord, StartTimer, Timer
 from cornus.protocol.events import Event, StorageUnreachable, TimerFired, answer
 from cornus.protocol.node_core import NodeCore
 from cornus.protocol.resolve import Resolver
@@ -20,6 +20,7 @@ from cornus.protocol.status import Known, NodeAnswer, kept_window_ms, node_knows
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination
 from cornus.runtime.outcome import AbortReason, Outcome, OutcomeStatus
+from cornus.runtime.ownership import now_ms
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.transport import Transport
 from cornus.runtime.wire import StatusRequest, StatusResponse
@@ -238,8 +239,10 @@ class Admin:
         by the core's rules (cornus.protocol.resolve)."""
         pc = self.config.protocol_config
         resolver = Resolver(txn, self.config.partitions, pc, random.Random())
-        window: asyncio.TimerHandle | None = None
-        window_closed = asyncio.Event()
+        # The write window runs on the lease clock, which counts a suspend of the machine (found
+        # by review: on the event loop's clock, which stops then, a resolve suspended between its
+        # reads and its writes wrote after the window, when the records could have been collected).
+        window: tuple[Timer, int, int] | None = None  # the timer, its start and length (ms)
         limit = asyncio.Semaphore(RESOLVE_CALLS_IN_FLIGHT_MAX)
 
         async def call(effect: LogOnce | ReadRecord) -> Event:
@@ -252,29 +255,24 @@ class Admin:
                     return answer(effect, StorageUnreachable(str(error)))
 
         effects: list[Effect] = resolver.start()
-        try:
-            while not resolver.done:
-                calls: list[LogOnce | ReadRecord] = []
-                for effect in effects:
-                    if isinstance(effect, StartTimer):
-                        window = asyncio.get_running_loop().call_later(effect.duration_ms / 1000, window_closed.set)
-                        timer = effect.timer
-                    else:
-                        assert isinstance(effect, LogOnce | ReadRecord), effect
-                        calls.append(effect)
-                events = await asyncio.gather(*(call(c) for c in calls))
-                effects = []
-                if window is not None and window_closed.is_set() and not resolver.done:
-                    resolver.handle(TimerFired(timer))
-                    window = None  # told once
-                for event in events:
-                    if resolver.done:
-                        break  # answers a finished round no longer needs
-                    effects += resolver.handle(event)
-                assert resolver.done or effects, "a resolve round asked for nothing and did not finish"
-        finally:
-            if window is not None:
-                window.cancel()
+        while not resolver.done:
+            calls: list[LogOnce | ReadRecord] = []
+            for effect in effects:
+                if isinstance(effect, StartTimer):
+                    window = (effect.timer, now_ms(), effect.duration_ms)
+                else:
+                    assert isinstance(effect, LogOnce | ReadRecord), effect
+                    calls.append(effect)
+            events = await asyncio.gather(*(call(c) for c in calls))
+            effects = []
+            if window is not None and now_ms() - window[1] >= window[2] and not resolver.done:
+                resolver.handle(TimerFired(window[0]))
+                window = None  # told once
+            for event in events:
+                if resolver.done:
+                    break  # answers a finished round no longer needs
+                effects += resolver.handle(event)
+            assert resolver.done or effects, "a resolve round asked for nothing and did not finish"
         detail = f"resolved from storage: {resolver.detail}"
         if resolver.outcome is TxnState.COMMIT:
             return Outcome(txn, OutcomeStatus.COMMITTED, detail=detail)

@@ -12,15 +12,18 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
+from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
 from cornus.protocol.locks import LockMode, Policy
 from cornus.protocol.messages import Decision, DecisionAnswer, DecisionQuery, Prepare
+from cornus.runtime import admin as admin_module
 from cornus.runtime import coordination
 from cornus.runtime import partition as partition_runtime
 from cornus.runtime.config import load_node_config
 from cornus.runtime.coordination import TxnAborted
 from cornus.runtime.node import Node
 from cornus.runtime.outcome import OutcomeStatus, TxnWrongState
+from cornus.runtime.ownership import now_ms as lease_clock_ms
 from cornus.runtime.transport import PeerUnavailable
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, Routed
 from services.api.metrics import Metrics
@@ -282,6 +285,32 @@ async def test_resolve_after_partial_gc_reports_commit_and_writes_nothing(tmp_pa
         if record is not None:
             problems.append(f"resolve wrote {record.state.value} into the collected record slot of p0")
         assert not problems, "; ".join(problems)
+
+
+async def test_a_resolve_suspended_between_its_reads_and_writes_writes_nothing(tmp_path, monkeypatch):
+    """Found by review: the resolve's write window (gc_grace_ms less a deadline and the slack) ran
+    on the event loop's clock, which stops while the machine is suspended: a resolve suspended
+    between its reads and its LogOnce(ABORT)s wrote them after the window, when the records could
+    have been collected (an ABORT beside a returned COMMIT). The window runs on the lease clock
+    now (CLOCK_BOOTTIME), which counts the suspend; here that clock jumps a grace ahead once the
+    resolve has started, as after a suspend during its reads."""
+    protocol = {"gc_grace_ms": 60_000}
+    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol_config=protocol) as cluster:
+        txn = txn_ids.new_txn_id(int(time.time() * 1000) - 1_000, "n0", "susp01", 1, Protocol.CORNUS)
+        body = RecordBody(("p0", "p1"), "n0", b"")
+        await cluster.real_store.log_once(LogId.partition("p0"), txn, TxnState.VOTE_YES, body)
+        started: list[int] = []
+        real_now_ms = lease_clock_ms
+
+        def suspended_after_start() -> int:
+            started.append(1)
+            return real_now_ms() + (protocol["gc_grace_ms"] if len(started) > 1 else 0)
+
+        monkeypatch.setattr(admin_module, "now_ms", suspended_after_start, raising=False)
+        resolved = await cluster.node("n1").resolve(txn)
+        written = await cluster.record("p1", txn)
+        assert written is None, f"the resolve wrote {written.state.value} after its window closed"
+        assert resolved.status is OutcomeStatus.UNKNOWN, resolved
 
 
 # === 6. too many participants ======================================================================
