@@ -42,6 +42,7 @@ from typing import Any
 from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min, outcome_keep_ms_min
 from cornus.protocol.locks import Policy
 from cornus.protocol.ownership import OwnershipConfig, placement
+from cornus.protocol.status import requests_window_ms
 from storage_adapters.contract import (
     LOG_NAME_LENGTH_MAX,
     NODE_ID_LENGTH_MAX,
@@ -440,6 +441,27 @@ def load_node_config(
         partition_owners=dict(raw.get("partition_owners", {})),
         storage=storage,
         protocol_config=(protocol_config := _protocol_config(protocol_values, storage)),
-        limits=RuntimeLimits(**limit_values),
+        limits=_checked_limits(RuntimeLimits(**limit_values), protocol_config),
         ownership=_ownership_config(ownership_values, protocol_config),
     )
+
+
+def _checked_limits(limits: RuntimeLimits, protocol_config: ProtocolConfig) -> RuntimeLimits:
+    """The limits' rules that involve the protocol's timers. A one-shot's request runs at an owner
+    until its begin plus timeout_ms_peer_request (and the slack, twice by another node's clock),
+    and its vote lands up to a storage deadline and the slack later: the decision's tombstone must
+    still stand then, or a request that arrived after its transaction was collected could fill
+    the emptied slots with votes (found by review: nothing compared them, and a long wait beside
+    a short keep allowed it)."""
+    pc = protocol_config
+    late_vote_ms = (requests_window_ms(limits.timeout_ms_peer_request, pc.clock_slack_ms)
+                    + pc.storage_deadline_ms + pc.clock_slack_ms)
+    if late_vote_ms > pc.gc_grace_ms + pc.outcome_keep_ms:
+        raise ValidationError(
+            f"timeout_ms_peer_request is {limits.timeout_ms_peer_request}: a one-shot's vote may land up to "
+            f"{late_vote_ms} ms after its begin (that, twice clock_slack_ms {pc.clock_slack_ms}, the storage "
+            f"timeout_ms_call {pc.storage_deadline_ms} and the slack again), after its records were collected "
+            f"(gc_grace_ms {pc.gc_grace_ms}) and its tombstone dropped (outcome_keep_ms {pc.outcome_keep_ms}): "
+            f"lower timeout_ms_peer_request or raise outcome_keep_ms"
+        )
+    return limits

@@ -254,6 +254,13 @@ TIMEOUT_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
                                              "op_count_max", "op_count_max"),
     "ops per transaction under per request": ({"timeouts": {"txn_op_count_max": _LIMITS.op_count_max - 1}},
                                               "op_count_max", "op_count_max"),
+    # A one-shot's vote must land before its tombstone goes: the wait, three slacks and a deadline
+    # at most the grace plus the keep.
+    "a peer wait that fits the keep": ({"timeouts": {"outcome_keep_ms": 1_000, "timeout_ms_peer_request": (
+        _PROTOCOL.gc_grace_ms + 1_000 - 3 * _PROTOCOL.clock_slack_ms - _CALL_MS)}}, "", ""),
+    "a peer wait past the keep": ({"timeouts": {"outcome_keep_ms": 1_000, "timeout_ms_peer_request": (
+        _PROTOCOL.gc_grace_ms + 1_001 - 3 * _PROTOCOL.clock_slack_ms - _CALL_MS)}},
+        "timeout_ms_peer_request", "timeout_ms_peer_request"),
     "lease at its limit": ({"timeouts": {"lease_ms": OWNER_LEASE_MS_MAX}}, "", ""),
     "lease over its limit": ({"timeouts": {"lease_ms": OWNER_LEASE_MS_MAX + 1}}, "lease_ms", "lease_ms"),
     "scan page at its limit": ({"timeouts": {"scan_page_count_max": SCAN_PAGE_COUNT_MAX}}, "", ""),

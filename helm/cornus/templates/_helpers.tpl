@@ -201,7 +201,7 @@ node would refuse fails the install instead of crash-looping every pod. Single v
 at most a limit) are checked by values.schema.json. tests/deploy/test_helm_chart.py checks that
 helm refuses exactly the combinations the node refuses.
 */}}
-{{- $nodeDefaults := dict "clock_slack_ms" 1000 "gc_grace_ms" 12000 "backoff_ms_min" 10 "backoff_ms_max" 320 "lease_ms" 4000 "renew_interval_ms" 1000 "op_count_max" 1000 "txn_op_count_max" 10000 "outcome_keep_ms" 600000 }}
+{{- $nodeDefaults := dict "clock_slack_ms" 1000 "gc_grace_ms" 12000 "backoff_ms_min" 10 "backoff_ms_max" 320 "lease_ms" 4000 "renew_interval_ms" 1000 "op_count_max" 1000 "txn_op_count_max" 10000 "outcome_keep_ms" 600000 "timeout_ms_peer_request" 2000 }}
 {{- $t := dict }}
 {{- range $name, $default := $nodeDefaults }}
 {{- $value := $default }}
@@ -224,6 +224,15 @@ helm refuses exactly the combinations the node refuses.
 {{- end }}
 {{- if gt $t.op_count_max $t.txn_op_count_max }}
 {{- fail (printf "timeouts.op_count_max (%d, per request) must not exceed timeouts.txn_op_count_max (%d, per transaction) (unset, they are %d and %d, the node's defaults)" $t.op_count_max $t.txn_op_count_max $nodeDefaults.op_count_max $nodeDefaults.txn_op_count_max) }}
+{{- end }}
+{{- /* A one-shot's vote may land up to its request's wait, the slack three times and a storage deadline after its begin: the decision's tombstone must stand until then (cornus/runtime/config.py _checked_limits). */}}
+{{- $lateVote := add $t.timeout_ms_peer_request (mul 3 $t.clock_slack_ms) $call }}
+{{- $keepMs := $t.outcome_keep_ms }}
+{{- if and (has .Values.storage.backend (list "azure_blob" "dynamodb")) (not (hasKey .Values.timeouts "outcome_keep_ms")) }}
+{{- $keepMs = max $keepMs (add $call $t.clock_slack_ms 900000) }}
+{{- end }}
+{{- if gt $lateVote (add $t.gc_grace_ms $keepMs) }}
+{{- fail (printf "timeouts.timeout_ms_peer_request is %d: a one-shot's vote may land up to %d ms after its begin, after its records were collected (gc_grace_ms %d) and its tombstone dropped (outcome_keep_ms %d): lower timeout_ms_peer_request or raise outcome_keep_ms" $t.timeout_ms_peer_request $lateVote $t.gc_grace_ms $keepMs) }}
 {{- end }}
 {{- /* DynamoDB's and Azure's requests may land up to 15 minutes late (storage_adapters/factory.py LATE_WRITE_WINDOW_MS): the tombstones must outlive that. Unset, the node lengthens its default to fit. */}}
 {{- if and (has .Values.storage.backend (list "azure_blob" "dynamodb")) (hasKey .Values.timeouts "outcome_keep_ms") }}
