@@ -640,7 +640,12 @@ class Coordination:
             if error is None:
                 response = future.result()
                 assert isinstance(response, ExecuteResponse)
-                answered(partition, response, True)
+                # ABORTED: the owner knows the transaction already ("already committing": a machine
+                # runs it there, for an earlier process of this node that the client sent the same
+                # id to; or an ABORT overtook the request). Its vote may stand, so it is no
+                # refusal, and the machine ends the transaction through the logs (found by review:
+                # taken for a refusal, it decided ABORT beside the earlier process's COMMIT).
+                answered(partition, response, response.status is not ExecuteStatus.ABORTED)
             elif isinstance(error, PeerUnavailable):
                 answered(partition, ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"owner of {partition}: {error}"),
                          False)

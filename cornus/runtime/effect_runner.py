@@ -217,12 +217,15 @@ class EffectRunner:
     # -- storage ---------------------------------------------------------------------------------
     async def _call(self, call: StorageCall, flight: _Flight) -> None:
         partition = flight.partition
-        # The call's deadline is fixed before its lease is checked (found by review): fixed after,
-        # inside the store, a stall between the two (a stopped process) gave a fresh deadline, and
-        # Redis and the emulator, which refuse a write past its deadline, took one long after the
-        # lease had ended.
-        fix_call_deadline(self._running_loop().time() + self.store.timeout_ms_call / 1000)
-        if partition is None and isinstance(call, _UNFENCED_WRITES) and not self.may_act(call.owner):
+        unfenced = partition is None and isinstance(call, _UNFENCED_WRITES)
+        if unfenced:
+            # Its deadline is fixed before its lease is checked (found by review): fixed after,
+            # inside the store, a stall between the two (a stopped process) gave a fresh deadline,
+            # and Redis and the emulator, which refuse a write past its deadline, took one long
+            # after the lease had ended. (A fenced write needs no such care: storage checks the
+            # epoch it carries.)
+            fix_call_deadline(self._running_loop().time() + self.store.timeout_ms_call / 1000)
+        if unfenced and not self.may_act(call.owner):
             # A write storage cannot fence (termination's LogOnce(ABORT) on another partition's
             # log), by a partition's machine whose lease ended: sent now, it could land after the
             # new owner finished the transaction and its records were collected, and re-create

@@ -167,8 +167,9 @@ def test_partition_count_is_in_the_immutable_selector(helm_bin: str) -> None:
 def test_schema_timeouts_are_the_nodes() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     names = set(schema["properties"]["timeouts"]["propertyNames"]["enum"])
-    # storage_deadline_ms is set through storage.timeoutMsCall (the node refuses it on its own).
-    assert names == timeout_names_all() - {"storage_deadline_ms"}
+    # storage_deadline_ms is set through storage.timeoutMsCall, late_write_window_ms is the
+    # backend's own (the node refuses both on their own).
+    assert names == timeout_names_all() - {"storage_deadline_ms", "late_write_window_ms"}
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,8 @@ that got no answer ends through termination, and an ABORT that overtook the requ
 from __future__ import annotations
 
 import asyncio
+import secrets
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +17,7 @@ from cornus.protocol import redo_bundle
 from cornus.protocol.config import Protocol
 from cornus.protocol.effects import ApplyRedo
 from cornus.protocol.messages import Decision, Prepare, ReleaseReadOnly
+from cornus.protocol.txn_ids import client_txn_id
 from cornus.runtime import coordination
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.local_transport import LocalTransport
@@ -389,3 +392,41 @@ async def test_a_one_shot_whose_reads_would_outgrow_the_record_runs_in_two_steps
         assert outcome.reads == tuple((key, None) for key in read)
         assert requests and not any(r.participants for r in requests), requests
         assert await read_through(cluster.node(), "w1") == written["w1"]
+
+
+async def test_an_owner_already_committing_the_transaction_is_not_taken_for_a_refusal(tmp_path):
+    """Found by review: with two processes of one node alive (a force-deleted pod beside its
+    replacement), a client that sent a one-shot again with the same id reached the second process,
+    and the owners, already running the first process's requests, answered "already committing".
+    The second coordinator took that for refusals and decided ABORT at once, without reading a
+    log, and its ABORT reached participants that had voted yes for a transaction the first process
+    committed. Played here by the requests of an earlier process of n0, sent straight to the owner:
+    an owner's ABORTED answer to a one-shot may stand beside its vote, so the coordinator ends the
+    transaction through the logs, and finds the votes."""
+    slow_decision = {"timeout_ms_decision": 10_000}  # the participants wait for a decision
+    async with local_cluster(tmp_path, node_count=2, partition_count=4, protocol_config=slow_decision) as cluster:
+        remote = [p for p in cluster.partitions if cluster.owner_of(p) == "n1"][:2]
+        assert len(remote) == 2
+        owner, node = cluster.node("n1"), cluster.node("n0")
+        keys = keys_in(4, remote)
+        txn = client_txn_id(int(time.time() * 1000) - 50, "n0", secrets.token_hex(16), Protocol.CORNUS)
+        by_partition = {p: puts({keys[p]: b"first"}) for p in remote}
+        for partition, ops in by_partition.items():
+            request = ExecuteRequest(txn, partition, "n0", tuple(ops), participants=tuple(sorted(remote)),
+                                     deadline_unix_ms=int(time.time() * 1000) + 2_000)
+            assert (await owner.on_request("n0", request)).status is ExecuteStatus.OK
+
+        async def voted() -> bool:
+            records = [await cluster.record(p, txn) for p in remote]
+            return all(r is not None and r.state is TxnState.VOTE_YES for r in records)
+
+        await wait_until(voted, 5, "the first process's requests never voted")
+        outcome = await node.execute([op for ops in by_partition.values() for op in ops], Protocol.CORNUS,
+                                     client_txn=txn)
+        assert outcome.status is not OutcomeStatus.ABORTED, outcome
+
+        async def applied() -> bool:
+            records = [await cluster.record(p, txn) for p in remote]
+            return all(r is not None and r.state is TxnState.COMMIT and r.applied for r in records)
+
+        await wait_until(applied, 5, "the votes of the transaction were not committed and applied")
