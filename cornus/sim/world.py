@@ -21,7 +21,7 @@ from typing import Any, TypeGuard
 
 from cornus.protocol import status
 from cornus.protocol.backoff import JitterSource
-from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min
+from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min, outcome_keep_ms_min
 from cornus.protocol.effects import (
     TAKE_IDENTITY_ROUND_COUNT_MAX,
     ApplyRedo,
@@ -131,14 +131,16 @@ def config_for(schedule: Schedule) -> ProtocolConfig:
     """The protocol configuration matching the schedule's storage: a deadline just above the
     slowest round trip, and the smallest grace the rule allows (or 1 s, whichever is longer)."""
     deadline = 2 * schedule.storage_ms_max + 1
-    keep_ms = max(1000, gc_grace_ms_min(deadline, CLOCK_SLACK_MS))
+    grace_ms = max(1000, gc_grace_ms_min(deadline, CLOCK_SLACK_MS))
     return ProtocolConfig(
         storage_deadline_ms=deadline,
         clock_slack_ms=CLOCK_SLACK_MS,
-        gc_grace_ms=max(1000, gc_grace_ms_min(deadline, CLOCK_SLACK_MS)),
-        # As short as the grace, so that tombstones expire within a run and a late call that meets
-        # the empty slot after one is explored too.
-        outcome_keep_ms=keep_ms + (schedule.late_window_ms and deadline + CLOCK_SLACK_MS + schedule.late_window_ms),
+        gc_grace_ms=grace_ms,
+        # As short as the grace (plus what outlives a late call, on storage that takes them), so
+        # that tombstones expire within a run and a late call that meets the empty slot after one
+        # is explored too.
+        outcome_keep_ms=grace_ms + outcome_keep_ms_min(deadline, CLOCK_SLACK_MS, schedule.late_window_ms)
+        if schedule.late_window_ms else grace_ms,
         late_write_window_ms=schedule.late_window_ms,
         scan_page_count_max=schedule.scan_page_max,
         identity_check_ms=(IDENTITY_CHECK_MS_SLOW if schedule.slow_identity

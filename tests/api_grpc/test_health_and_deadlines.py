@@ -68,7 +68,10 @@ def test_health_is_not_serving_until_ready_and_calls_are_unavailable_meanwhile(t
 
 def test_a_one_shot_whose_deadline_passes_is_aborted_not_committed(tmp_path: Path) -> None:
     storage = emulator_storage(tmp_path / "c.db", latency=f"fixed:{LATENCY_MS_STORAGE}")
-    with running_cluster("cornus", storage, node_count=2, grpc_api=True) as cluster:
+    # Leases several storage round trips long: with every call 400 ms slow, the test clusters'
+    # 1 s lease was two renewals' worth, and a loaded CI machine let one lapse mid-test.
+    slow_storage_leases = {"lease_ms": 4_000, "renew_interval_ms": 1_000}
+    with running_cluster("cornus", storage, node_count=2, grpc_api=True, settings=slow_storage_leases) as cluster:
         cluster.start_all()
         with grpc.insecure_channel(cluster.nodes["n0"].grpc_target) as channel:
             stub = public_pb2_grpc.CornusStub(channel)
