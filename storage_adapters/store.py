@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import contextvars
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from storage_adapters.contract import (
@@ -66,13 +67,22 @@ def call_deadline() -> float:
     return _call_deadline.get()
 
 
-def fix_call_deadline(deadline: float) -> None:
-    """Bound the storage calls the running task makes from now on by `deadline` (`loop.time()`)
-    at the latest: for a caller that decided to make a call under a condition that holds only until
-    then (a lease checked now), so that a stall between its check and the call cannot push the
-    call's deadline later. Only in a task of its own: the bound stays with the task."""
-    assert asyncio.current_task() is not None, "a call deadline fixed outside a task would outlive it"
-    _call_deadline.set(deadline)
+@contextlib.contextmanager
+def call_deadline_at(deadline: float | None) -> Iterator[None]:
+    """Bound the storage calls made inside the block by `deadline` (`loop.time()`; None: no bound
+    beyond their own): for a caller that decided to make a call under a condition that held only
+    when it checked it (a lease), fixing the deadline then, so that a stall between the check and
+    the call cannot push the call's deadline later. Only around the call itself: reset on leaving,
+    so that nothing the caller does afterwards (feeding the answer to the core, which starts other
+    calls and timers in this context) inherits a bound that is not its own (found by review)."""
+    if deadline is None:
+        yield
+        return
+    token = _call_deadline.set(deadline)
+    try:
+        yield
+    finally:
+        _call_deadline.reset(token)
 
 
 def call_deadline_if_set() -> float | None:
@@ -317,6 +327,9 @@ class LogStore(abc.ABC):
             waiting = self._deletes_waiting[loop] = []
             loop.call_soon(self._flush_deletes, loop)
         deadline = loop.time() + self._timeout_s
+        fixed = _call_deadline.get(None)  # by the caller (call_deadline_at), or an outer call
+        if fixed is not None and fixed < deadline:
+            deadline = fixed
         waiting.append(_WaitingDelete(DeleteRequest(log, txn, fence, keep), future, deadline))
         # A bare timer per caller (the batch's request is bounded by the earliest of its callers'
         # deadlines): a caller's deadline counts from its own call, and costs a heap entry rather

@@ -280,7 +280,9 @@ class CoordinatorBase:
         tombstones where it does not (`late_write_window_ms`): there a vote or a termination's
         ABORT that timed out long ago could still land, and in a gap it would create a record, a
         vote that recovery takes for undecided and whose old redo it applies again after the
-        COMMIT it finds, or an ABORT beside the COMMIT."""
+        COMMIT it finds, or an ABORT beside the COMMIT. A COMMIT tombstone over a record whose redo
+        is not applied is refused by storage as a bug (check_tombstone); none is, since every
+        participant acknowledges the decision only once its apply returned."""
         assert self.decision is not None
         holder = self._outcome_holder
         keep = Tombstone(self.decision, self.config.outcome_keep_ms) if self.config.late_write_window_ms else None

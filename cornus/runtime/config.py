@@ -169,6 +169,15 @@ class NodeConfig:
                 f"protocol_config.storage_deadline_ms ({self.protocol_config.storage_deadline_ms}) must equal the "
                 f"storage timeout_ms_call ({self.storage.timeout_ms_call}): it is the deadline of every storage call"
             )
+        if self.protocol_config.late_write_window_ms != self.storage.late_write_window_ms:
+            # Built by hand with the default (0) over DynamoDB or Azure, collection would leave
+            # gaps a late vote could fill (found by review).
+            raise ValidationError(
+                f"protocol_config.late_write_window_ms ({self.protocol_config.late_write_window_ms}) must be "
+                f"the {self.storage.backend} backend's ({self.storage.late_write_window_ms}): how late its "
+                "requests land"
+            )
+        _check_late_votes(self.limits, self.protocol_config)
         for partition, owner in self.partition_owners.items():
             validate_id(partition, "partition", LOG_NAME_LENGTH_MAX)
             if partition not in self.partitions:
@@ -441,27 +450,26 @@ def load_node_config(
         partition_owners=dict(raw.get("partition_owners", {})),
         storage=storage,
         protocol_config=(protocol_config := _protocol_config(protocol_values, storage)),
-        limits=_checked_limits(RuntimeLimits(**limit_values), protocol_config),
+        limits=RuntimeLimits(**limit_values),
         ownership=_ownership_config(ownership_values, protocol_config),
     )
 
 
-def _checked_limits(limits: RuntimeLimits, protocol_config: ProtocolConfig) -> RuntimeLimits:
-    """The limits' rules that involve the protocol's timers. A one-shot's request runs at an owner
-    until its begin plus timeout_ms_peer_request (and the slack, twice by another node's clock),
-    and its vote lands up to a storage deadline and the slack later: the decision's tombstone must
-    still stand then, or a request that arrived after its transaction was collected could fill
-    the emptied slots with votes (found by review: nothing compared them, and a long wait beside
-    a short keep allowed it)."""
+def _check_late_votes(limits: RuntimeLimits, protocol_config: ProtocolConfig) -> None:
+    """A one-shot's request runs at an owner until its begin plus timeout_ms_peer_request (and the
+    slack, twice by another node's clock), and its vote lands up to a storage deadline, the slack
+    and the backend's late window later: the decision's tombstone must still stand then, or a
+    request that arrived after its transaction was collected could fill the emptied slots with
+    votes (found by review: nothing compared them, and a long wait beside a short keep allowed it)."""
     pc = protocol_config
     late_vote_ms = (requests_window_ms(limits.timeout_ms_peer_request, pc.clock_slack_ms)
-                    + pc.storage_deadline_ms + pc.clock_slack_ms)
+                    + pc.storage_deadline_ms + pc.clock_slack_ms + pc.late_write_window_ms)
     if late_vote_ms > pc.gc_grace_ms + pc.outcome_keep_ms:
         raise ValidationError(
             f"timeout_ms_peer_request is {limits.timeout_ms_peer_request}: a one-shot's vote may land up to "
             f"{late_vote_ms} ms after its begin (that, twice clock_slack_ms {pc.clock_slack_ms}, the storage "
-            f"timeout_ms_call {pc.storage_deadline_ms} and the slack again), after its records were collected "
-            f"(gc_grace_ms {pc.gc_grace_ms}) and its tombstone dropped (outcome_keep_ms {pc.outcome_keep_ms}): "
-            f"lower timeout_ms_peer_request or raise outcome_keep_ms"
+            f"timeout_ms_call {pc.storage_deadline_ms}, the slack again and the backend's late window "
+            f"{pc.late_write_window_ms}), after its records were collected (gc_grace_ms {pc.gc_grace_ms}) and its "
+            f"tombstone dropped (outcome_keep_ms {pc.outcome_keep_ms}): lower timeout_ms_peer_request or raise "
+            f"outcome_keep_ms"
         )
-    return limits

@@ -643,8 +643,11 @@ class Coordination:
                 # ABORTED: the owner knows the transaction already ("already committing": a machine
                 # runs it there, for an earlier process of this node that the client sent the same
                 # id to; or an ABORT overtook the request). Its vote may stand, so it is no
-                # refusal, and the machine ends the transaction through the logs (found by review:
-                # taken for a refusal, it decided ABORT beside the earlier process's COMMIT).
+                # refusal: a Cornus machine ends the transaction through the logs (found by review:
+                # taken for a refusal, it decided ABORT beside the earlier process's COMMIT). The
+                # blocking protocols abort either way; there the earlier process's COMMIT is a write
+                # to this node's coordinator log, which the identity fence refuses once a later
+                # process took the node's name.
                 answered(partition, response, response.status is not ExecuteStatus.ABORTED)
             elif isinstance(error, PeerUnavailable):
                 answered(partition, ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"owner of {partition}: {error}"),

@@ -58,7 +58,7 @@ from cornus.runtime.transport import Transport
 from cornus.runtime.wire import Routed
 from storage_adapters.contract import Fence, LogKind, TxnState
 from storage_adapters.errors import Fenced, InvariantViolation, StorageUnavailable
-from storage_adapters.store import LogStore, fix_call_deadline
+from storage_adapters.store import LogStore, call_deadline_at
 
 log = logging.getLogger("cornus.node")
 
@@ -218,13 +218,12 @@ class EffectRunner:
     async def _call(self, call: StorageCall, flight: _Flight) -> None:
         partition = flight.partition
         unfenced = partition is None and isinstance(call, _UNFENCED_WRITES)
-        if unfenced:
-            # Its deadline is fixed before its lease is checked (found by review): fixed after,
-            # inside the store, a stall between the two (a stopped process) gave a fresh deadline,
-            # and Redis and the emulator, which refuse a write past its deadline, took one long
-            # after the lease had ended. (A fenced write needs no such care: storage checks the
-            # epoch it carries.)
-            fix_call_deadline(self._running_loop().time() + self.store.timeout_ms_call / 1000)
+        # An unfenced write's deadline is fixed before its lease is checked (found by review):
+        # fixed after, inside the store, a stall between the two (a stopped process) gave a fresh
+        # deadline, and Redis and the emulator, which refuse a write past its deadline, took one
+        # long after the lease had ended. (A fenced write needs no such care: storage checks the
+        # epoch it carries.)
+        deadline = self._running_loop().time() + self.store.timeout_ms_call / 1000 if unfenced else None
         if unfenced and not self.may_act(call.owner):
             # A write storage cannot fence (termination's LogOnce(ABORT) on another partition's
             # log), by a partition's machine whose lease ended: sent now, it could land after the
@@ -249,7 +248,8 @@ class EffectRunner:
                 return
             self.failpoints.hit("owner.before_fenced_write")
         try:
-            event = await self._answer(call, fence)
+            with call_deadline_at(deadline):
+                event = await self._answer(call, fence)
         except Fenced as error:
             # Heard even when the host was dropped meanwhile: a refusal is what tells the node it
             # was deposed.

@@ -391,9 +391,10 @@ class Node:
             # Prepare arrives. A failed execution drops it, so this partition never votes.
             prepare = Prepare(request.txn, request.participants, request.coordinator)
             self.on_message(request.coordinator, Routed(request.coordinator, request.partition, prepare))
-            # Its coordinator takes any answer but OK for "never votes here" and may abort at once
-            # without reading a log (Coordination._start_prepared): so every refusal is returned
-            # above, before the prepare, and none may follow it (found by audit: nothing said so).
+            # Its coordinator takes any answer but OK (and ABORTED, "known here already") for
+            # "never votes here" and may abort at once without reading a log
+            # (Coordination._start_prepared): so every refusal is returned above, before the
+            # prepare, and none may follow it (found by audit: nothing said so).
             assert response.status is ExecuteStatus.OK, response
         return response
 

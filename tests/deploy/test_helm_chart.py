@@ -597,6 +597,13 @@ AZURE_KEEP_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
                                                        "late vote"),
     "a keep just past a late request": ({"timeouts": {"outcome_keep_ms": 909_000}}, "", ""),
     "a keep just short of a late request": ({"timeouts": {"outcome_keep_ms": 908_999}}, "late vote", "late vote"),
+    # A one-shot's vote may land 15 minutes later still here: the peer wait counts it (gc_grace_ms
+    # 300 s in these values, the keep at its least).
+    "a peer wait whose late vote fits the keep": ({"timeouts": {"outcome_keep_ms": 909_000,
+                                                               "timeout_ms_peer_request": 298_000}}, "", ""),
+    "a peer wait whose late vote outlives the keep": ({"timeouts": {"outcome_keep_ms": 909_000,
+                                                                   "timeout_ms_peer_request": 298_001}},
+                                                      "timeout_ms_peer_request", "timeout_ms_peer_request"),
     "a rule of nine days": ({"storage": {"azureBlob": {"tombstoneKeepDays": 9}}}, "tombstoneKeepDays",
                             "tombstone_keep_days"),
     "a rule of no days": ({"storage": {"azureBlob": {"tombstoneKeepDays": 0}}}, "tombstoneKeepDays",

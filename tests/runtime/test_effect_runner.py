@@ -13,8 +13,8 @@ import pytest
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
-from cornus.protocol.effects import LogOnce, ReadRecord, ReleaseLocks
-from cornus.protocol.events import Event, StorageUnreachable
+from cornus.protocol.effects import LogOnce, ReadRecord, ReleaseLocks, StartTimer, Timer
+from cornus.protocol.events import Event, StorageUnreachable, TimerFired
 from cornus.protocol.locks import Policy
 from cornus.runtime.effect_runner import EffectRunner
 from cornus.runtime.failpoints import Failpoints
@@ -201,3 +201,48 @@ async def test_an_unfenced_write_frozen_after_its_lease_check_is_refused_by_stor
         assert await store.read(other, TXN) is None, "storage took a write sent long after its lease check"
     finally:
         await store.close()
+
+
+class _PromptStore(UnusedStore):
+    """Answers every call in a millisecond."""
+
+    async def _log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody,
+                        fence: Fence | None) -> LogOnceResult:
+        await asyncio.sleep(0.001)
+        return LogOnceResult(state, created=True)
+
+    async def _read(self, log: LogId, txn: str) -> Record | None:
+        await asyncio.sleep(0.001)
+        return None
+
+
+async def test_a_call_started_after_an_unfenced_writes_answer_gets_a_deadline_of_its_own() -> None:
+    """Found by review: the deadline fixed for an unfenced write stayed set in its task, and the
+    core, fed the write's answer in that task, started its next calls and timers there: every
+    call they led to inherited the spent deadline and failed at once, retries included (a
+    termination's decision was never logged nor applied). The bound now ends with the write."""
+    store = _PromptStore(timeout_ms_call=FROZEN_DEADLINE_MS)
+    runner = EffectRunner(
+        "n0", store=store, transport=None,  # type: ignore[arg-type]  # nothing is sent here
+        partitions={}, route=lambda host: None, fence_of=lambda partition: FENCE,
+        failpoints=Failpoints({}), timings=TimingLog(), counters=collections.Counter(),
+    )
+    runner.may_act = lambda host: True
+    fed: list[Event] = []
+    timer = Timer(PARTITION, TXN, "retry")
+
+    def feed(event: Event) -> None:
+        fed.append(event)
+        if len(fed) == 1:  # the unfenced write's answer: the machine starts a timer (a backoff)
+            runner.run([StartTimer(timer, 2 * FROZEN_DEADLINE_MS)])
+        elif isinstance(event, TimerFired):  # past the write's deadline, it reads a record
+            runner.run([ReadRecord(PARTITION, LogId.partition(PARTITION), TXN)])
+
+    runner.feed = feed
+    runner.run([LogOnce(PARTITION, LogId.partition("p1"), TXN, TxnState.ABORT, RecordBody())])
+    for _ in range(300):
+        if len(fed) == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert len(fed) == 3, fed
+    assert not isinstance(fed[2].result, StorageUnreachable), fed[2]  # type: ignore[attr-defined]

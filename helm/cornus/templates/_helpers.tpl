@@ -225,21 +225,24 @@ helm refuses exactly the combinations the node refuses.
 {{- if gt $t.op_count_max $t.txn_op_count_max }}
 {{- fail (printf "timeouts.op_count_max (%d, per request) must not exceed timeouts.txn_op_count_max (%d, per transaction) (unset, they are %d and %d, the node's defaults)" $t.op_count_max $t.txn_op_count_max $nodeDefaults.op_count_max $nodeDefaults.txn_op_count_max) }}
 {{- end }}
-{{- /* A one-shot's vote may land up to its request's wait, the slack three times and a storage deadline after its begin: the decision's tombstone must stand until then (cornus/runtime/config.py _checked_limits). */}}
-{{- $lateVote := add $t.timeout_ms_peer_request (mul 3 $t.clock_slack_ms) $call }}
-{{- $keepMs := $t.outcome_keep_ms }}
-{{- if and (has .Values.storage.backend (list "azure_blob" "dynamodb")) (not (hasKey .Values.timeouts "outcome_keep_ms")) }}
-{{- $keepMs = max $keepMs (add $call $t.clock_slack_ms 900000) }}
-{{- end }}
-{{- if gt $lateVote (add $t.gc_grace_ms $keepMs) }}
-{{- fail (printf "timeouts.timeout_ms_peer_request is %d: a one-shot's vote may land up to %d ms after its begin, after its records were collected (gc_grace_ms %d) and its tombstone dropped (outcome_keep_ms %d): lower timeout_ms_peer_request or raise outcome_keep_ms" $t.timeout_ms_peer_request $lateVote $t.gc_grace_ms $keepMs) }}
-{{- end }}
 {{- /* DynamoDB's and Azure's requests may land up to 15 minutes late (storage_adapters/factory.py LATE_WRITE_WINDOW_MS): the tombstones must outlive that. Unset, the node lengthens its default to fit. */}}
 {{- if and (has .Values.storage.backend (list "azure_blob" "dynamodb")) (hasKey .Values.timeouts "outcome_keep_ms") }}
 {{- $keepMin := add $call $t.clock_slack_ms 900000 }}
 {{- if lt $t.outcome_keep_ms $keepMin }}
 {{- fail (printf "timeouts.outcome_keep_ms is %d, but on %s a request may land up to 900000 ms after its deadline (storage.timeoutMsCall %d, plus timeouts.clock_slack_ms %d): the tombstones garbage collection leaves must outlive it, or a late vote could recreate a collected record; outcome_keep_ms must be at least %d (unset, the node uses the least that fits)" $t.outcome_keep_ms .Values.storage.backend $call $t.clock_slack_ms $keepMin) }}
 {{- end }}
+{{- end }}
+{{- /* A one-shot's vote may land up to its request's wait, the slack three times, a storage deadline and (on DynamoDB and Azure) 15 minutes after its begin: the decision's tombstone must stand until then (cornus/runtime/config.py _check_late_votes). */}}
+{{- $lateVote := add $t.timeout_ms_peer_request (mul 3 $t.clock_slack_ms) $call }}
+{{- $keepMs := $t.outcome_keep_ms }}
+{{- if has .Values.storage.backend (list "azure_blob" "dynamodb") }}
+{{- $lateVote = add $lateVote 900000 }}
+{{- if not (hasKey .Values.timeouts "outcome_keep_ms") }}
+{{- $keepMs = max $keepMs (add $call $t.clock_slack_ms 900000) }}
+{{- end }}
+{{- end }}
+{{- if gt $lateVote (add $t.gc_grace_ms $keepMs) }}
+{{- fail (printf "timeouts.timeout_ms_peer_request is %d: a one-shot's vote may land up to %d ms after its begin, after its records were collected (gc_grace_ms %d) and its tombstone dropped (outcome_keep_ms %d): lower timeout_ms_peer_request or raise outcome_keep_ms" $t.timeout_ms_peer_request $lateVote $t.gc_grace_ms $keepMs) }}
 {{- end }}
 {{- /* Azure's lifecycle rule deletes a tombstone tombstoneKeepDays after its last write, whatever keep it was given. */}}
 {{- if eq .Values.storage.backend "azure_blob" }}
