@@ -289,7 +289,7 @@ _SUBREAPER_NODE = textwrap.dedent("""
         try:
             with open(f"/proc/{pid}/stat") as stat:
                 state = stat.read().rsplit(") ", 1)[1][0]
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # gone (ESRCH: reaped while read)
             sys.exit(0)
         time.sleep(0.02)
     print(f"writer {pid} is still there, state {state}")
