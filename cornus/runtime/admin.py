@@ -26,7 +26,7 @@ from cornus.runtime.transport import Transport
 from cornus.runtime.wire import StatusRequest, StatusResponse
 from storage_adapters.contract import LogId, TxnState
 from storage_adapters.errors import StorageUnavailable
-from storage_adapters.store import LogStore
+from storage_adapters.store import LogStore, call_deadline_at
 
 # Storage calls one manual resolve keeps in flight (it reads every partition's log).
 RESOLVE_CALLS_IN_FLIGHT_MAX = 256
@@ -243,6 +243,10 @@ class Admin:
         # by review: on the event loop's clock, which stops then, a resolve suspended between its
         # reads and its writes wrote after the window, when the records could have been collected).
         window: tuple[Timer, int, int] | None = None  # the timer, its start and length (ms)
+        # The writes' deadline, the window's end in the loop's clock, fixed when the window is
+        # checked (found by review: fixed inside the store, a stall between the check and the
+        # writes gave them fresh deadlines past the window; Redis and the emulator now refuse them).
+        writes_deadline: float | None = None
         limit = asyncio.Semaphore(RESOLVE_CALLS_IN_FLIGHT_MAX)
 
         async def call(effect: LogOnce | ReadRecord) -> Event:
@@ -250,7 +254,9 @@ class Admin:
                 try:
                     if isinstance(effect, ReadRecord):
                         return answer(effect, await self.store.read(effect.log, effect.txn))
-                    return answer(effect, await self.store.log_once(effect.log, effect.txn, effect.state, effect.body))
+                    with call_deadline_at(writes_deadline):
+                        written = await self.store.log_once(effect.log, effect.txn, effect.state, effect.body)
+                    return answer(effect, written)
                 except StorageUnavailable as error:
                     return answer(effect, StorageUnreachable(str(error)))
 
@@ -265,9 +271,12 @@ class Admin:
                     calls.append(effect)
             events = await asyncio.gather(*(call(c) for c in calls))
             effects = []
-            if window is not None and now_ms() - window[1] >= window[2] and not resolver.done:
-                resolver.handle(TimerFired(window[0]))
-                window = None  # told once
+            if window is not None:
+                left_ms = window[1] + window[2] - now_ms()
+                if left_ms <= 0 and not resolver.done:
+                    resolver.handle(TimerFired(window[0]))
+                    window = None  # told once
+                writes_deadline = asyncio.get_running_loop().time() + max(0, left_ms) / 1000
             for event in events:
                 if resolver.done:
                     break  # answers a finished round no longer needs

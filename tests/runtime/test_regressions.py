@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -39,7 +40,9 @@ from storage_adapters.contract import (
 from storage_adapters.errors import ValidationError
 from storage_adapters.factory import StoreConfig
 from tests.runtime.faults import (
+    CLOCK_SLACK_MS,
     PROTOCOL_DEFAULTS,
+    STORAGE_TIMEOUT_MS,
     LocalCluster,
     commit_told_unknown,
     commit_writes,
@@ -308,6 +311,31 @@ async def test_a_resolve_suspended_between_its_reads_and_writes_writes_nothing(t
 
         monkeypatch.setattr(admin_module, "now_ms", suspended_after_start, raising=False)
         resolved = await cluster.node("n1").resolve(txn)
+        written = await cluster.record("p1", txn)
+        assert written is None, f"the resolve wrote {written.state.value} after its window closed"
+        assert resolved.status is OutcomeStatus.UNKNOWN, resolved
+
+
+async def test_a_resolve_stalled_between_its_window_check_and_its_writes_writes_nothing(tmp_path, monkeypatch):
+    """Found by review: a resolve checked its write window once a round and then wrote with fresh
+    storage deadlines, so a stall between the check and the writes still wrote after the window
+    (when the records could have been collected). The writes' deadline is the window's end now,
+    and storage (the emulator's writer here) refuses them past it. The test clusters' window is
+    gc_grace_ms less a deadline and the slack: 500 ms; the stall is longer."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        node = cluster.node("n1")
+        window_ms = node.config.protocol_config.gc_grace_ms - STORAGE_TIMEOUT_MS - CLOCK_SLACK_MS
+        txn = txn_ids.new_txn_id(int(time.time() * 1000) - 1_000, "n0", "stal01", 1, Protocol.CORNUS)
+        await cluster.real_store.log_once(LogId.partition("p0"), txn, TxnState.VOTE_YES,
+                                          RecordBody(("p0", "p1"), "n0", b""))
+        real_log_once = node.admin.store.log_once
+
+        async def stalled_log_once(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(2 * window_ms / 1000)  # the node stalls as the write leaves  # noqa: ASYNC251
+            return await real_log_once(*args, **kwargs)
+
+        monkeypatch.setattr(node.admin.store, "log_once", stalled_log_once)
+        resolved = await node.resolve(txn)
         written = await cluster.record("p1", txn)
         assert written is None, f"the resolve wrote {written.state.value} after its window closed"
         assert resolved.status is OutcomeStatus.UNKNOWN, resolved
