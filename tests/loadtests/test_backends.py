@@ -91,7 +91,10 @@ def test_a_sweep_runs_end_to_end_and_plots_on_each_backend(services, tmp_path: P
         (point, protocol) for point in points for protocol in ("cornus", "2pc")], rows
     for row in rows:
         # Every run committed, and its end-of-run check read back what the commits wrote.
-        assert _whole_run_commits(row) > 0 and row["violations"] == "0" and row["errors"] == "0", dict(row)
+        # Said in full when not (pytest cuts the row's repr short): why the attempts failed, and
+        # the bench's own account of the run.
+        why = f"{row['protocol']}: {row['kinds']}, not committed: {row['not_committed']}\n{done.stdout[-3000:]}"
+        assert _whole_run_commits(row) > 0 and row["violations"] == "0" and row["errors"] == "0", why
         # Azurite and moto commit a handful per second while the suite loads the machine: a run of
         # theirs may end before one commits inside its measured window (after the warm-up).
         assert int(row["commits"]) > 0 or backend != "redis", row
