@@ -26,6 +26,13 @@ the configuration only names each partition's preferred owner, which gets it whe
 Environment: CORNUS_NODE_ID, CORNUS_LISTEN, CORNUS_API_LISTEN, CORNUS_GRPC_API_LISTEN, CORNUS_PROTOCOL,
 CORNUS_LOCK_POLICY, CORNUS_PARTITION_COUNT, CORNUS_PEERS ("n0=host:port,n1=host:port"), CORNUS_STORAGE_<FIELD>, and
 CORNUS_<TIMEOUT FIELD> (e.g. CORNUS_TIMEOUT_MS_PREPARE).
+
+One concern, kept in one file past 450 lines on purpose: reading the three sources and the checks
+across their fields are one job, since a rule (a grace against the storage deadline, a keep against
+the backend's late window, a peer wait against both) spans the sections a split would separate, and
+the Helm chart mirrors exactly this file's rules (tests/deploy/test_helm_chart.py). The protocol's
+own formulas live in the core (cornus.protocol.config, cornus.protocol.status); here they are only
+applied to user input, which gets a ValidationError rather than the core's asserts.
 """
 
 from __future__ import annotations
