@@ -20,7 +20,7 @@ from cornus.protocol.messages import Decision, DecisionAnswer, DecisionQuery, Pr
 from cornus.runtime import admin as admin_module
 from cornus.runtime import coordination
 from cornus.runtime import partition as partition_runtime
-from cornus.runtime.config import load_node_config
+from cornus.runtime.config import NodeConfig, load_node_config
 from cornus.runtime.coordination import TxnAborted
 from cornus.runtime.node import Node
 from cornus.runtime.outcome import OutcomeStatus, TxnWrongState
@@ -945,6 +945,14 @@ def test_outcome_keep_ms_outlives_a_late_request_where_storage_takes_them(backen
         load_node_config(environ={}, overrides={**settings, "late_write_window_ms": 1})
     redis = load_node_config(environ={}, overrides={**settings, "storage_backend": "redis"}).protocol_config
     assert (redis.late_write_window_ms, redis.outcome_keep_ms) == (0, 600_000)
+
+
+def test_a_hand_built_config_keeps_its_backends_late_window():
+    """Built by hand over DynamoDB with the core's default (no late window), collection would leave
+    gaps a late vote could fill: the NodeConfig refuses it."""
+    with pytest.raises(ValidationError, match="late_write_window_ms"):
+        NodeConfig(node_id="n0", peers={"n0": "127.0.0.1:1"}, partition_count=1,
+                   storage=StoreConfig(backend="dynamodb"))
 
 
 def test_an_azure_sas_connection_string_is_refused():
