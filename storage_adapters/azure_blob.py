@@ -30,6 +30,8 @@ split them:
                                     tombstone also has tag cornus-tombstone=1, metadata its expiry
     data/<partition>/<b64url(key)>  raw value bytes; metadata {deleted: 1} for a deleted value
     own/<partition>                 JSON ownership record; metadata {ownership} for listings
+    own/node:<node>                 a node's identity record (its `identity_name`), the same;
+                                    listed by their prefix, they are the identity registry
 
 Ids are used verbatim as path segments except that a trailing '.' gets a '~' appended, because
 Azure treats a path segment ending in '.' specially (and '.'/'..' would be path-normalized);
@@ -46,6 +48,15 @@ loser of the put pays a third to read what won. `read_owners` reads a few partit
 directly, all at once; for more it lists the blobs under the names' common prefix, with their
 metadata, which holds the same record as the body (one Put Blob writes both): one request per
 5000 blobs, where one request per partition would not fit 4096 partitions in a call's deadline.
+
+Identities. The identity records are blobs under `own/node:` and no partition's is (no partition
+is named with that prefix), so `list_identities` lists the blobs under that prefix from
+`startFrom` the cursor's name: one request, of a page as long as the ids asked for plus the few
+names at or below the cursor that the listing can meet (the cursor's own and its '.'-ended
+prefixes': names are not in id order, see above), and no other blob is read. Where the page stops
+short of the listing's end, ids below its last one whose names list later (only that id's
+'.'-ended prefixes) are looked up by name, in one more round of concurrent requests, as
+`scan_unfinished` does. No registry is kept beside the records: a take is the record's own put.
 
 Fencing is WEAKER on Azure than on the other three backends, and this is why. A fenced write must
 land only while the partition's ownership record names the fence's owner and epoch, but the
@@ -129,6 +140,9 @@ from azure.core.exceptions import (
 from azure.storage.blob.aio import BlobServiceClient, ContainerClient
 
 from storage_adapters.contract import (
+    IDENTITY_PAGE_COUNT_MAX,
+    IDENTITY_PREFIX,
+    NODE_ID_LENGTH_MAX,
     OWNER_READ_COUNT_MAX,
     SCAN_ROUND_COUNT_MAX,
     Fence,
@@ -143,6 +157,7 @@ from storage_adapters.contract import (
     check_log_transition,
     check_tombstone,
     is_unfinished,
+    validate_id,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
 from storage_adapters.factory import AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT, DAY_MS, validate_azure_tombstone_keep_days
@@ -171,6 +186,15 @@ OWNER_GET_COUNT_MAX = DATA_CONCURRENCY_MAX
 # every partition ever owned; a deployment has at most OWNER_READ_COUNT_MAX at once, and this
 # leaves room for many renamings before the listing would outgrow a call's deadline.
 OWNER_LIST_BLOB_COUNT_MAX = 16 * OWNER_READ_COUNT_MAX
+# Names one list_identities page may walk. Where the service honours startFrom (Azure, Azurite) a
+# page walks at most its ids plus the cursor's own name and its '.'-ended prefixes' (below
+# NODE_ID_LENGTH_MAX), in one request; this bound is for a service that ignores startFrom and
+# lists from the prefix's start: then a page costs a request per 5000 names before its cursor,
+# and a deployment with more identities than this fails its listing rather than run past its
+# deadline.
+IDENTITY_LIST_BLOB_COUNT_MAX = 16 * IDENTITY_PAGE_COUNT_MAX
+# The service's limit on names in one listing response.
+LIST_RESULTS_PER_PAGE_MAX = 5000
 # The Blob service's limit on subrequests in one Blob Batch request.
 BLOB_BATCH_COUNT_MAX = 256
 assert DELETE_BATCH_COUNT_MAX <= BLOB_BATCH_COUNT_MAX
@@ -189,6 +213,8 @@ TOMBSTONE_EXPIRY_METADATA = "tombstone_expires_at_ms"
 # The ownership record, urlsafe base64 of the body, so a listing carries it.
 _OWNER_METADATA = "ownership"
 _OWNER_PREFIX = "own/"
+# Where the identity records' blobs are: the ownership blobs of names with the identity prefix.
+_IDENTITY_BLOB_PREFIX = _OWNER_PREFIX + IDENTITY_PREFIX
 
 T = TypeVar("T")
 
@@ -257,6 +283,23 @@ def _partition_of_owner_name(name: str) -> str:
     assert name.startswith(_OWNER_PREFIX), name
     segment = name[len(_OWNER_PREFIX) :]
     return segment[:-1] if segment.endswith(".~") else segment
+
+
+def _identity_blob_name(node: str) -> str:
+    """The blob of `node`'s identity record: `_owner_name(identity_name(node))`."""
+    return _IDENTITY_BLOB_PREFIX + _segment(node)
+
+
+def _node_of_identity_blob(name: str) -> str:
+    """`_identity_blob_name` inverted; InvariantViolation for a blob under the prefix that no
+    identity take could have written."""
+    assert name.startswith(_IDENTITY_BLOB_PREFIX), name
+    segment = name[len(_IDENTITY_BLOB_PREFIX) :]
+    node = segment[:-1] if segment.endswith(".~") else segment
+    try:
+        return validate_id(node, "node id", NODE_ID_LENGTH_MAX)
+    except ValidationError as error:
+        raise InvariantViolation(f"blob {name!r} lies among the identity records but names no node: {error}") from error
 
 
 def _encode_owner(ownership: Ownership) -> bytes:
@@ -1002,6 +1045,55 @@ class AzureBlobStore(LogStore):
             if stored is not None:
                 found[stored.ownership.partition] = stored.ownership
         return found
+
+    async def _list_identities(self, after: str, limit: int) -> list[str]:
+        # Names at or above the cursor's whose ids are not above it: its own, and its '.'-ended
+        # prefixes' (`x.~` lists after `x.y`). The page asks for those beside the ids it wants,
+        # so that one request answers it.
+        skippable_count = 1 + len(_dotted_prefixes(after)) if after else 0
+        blobs = aiter(
+            self._container.list_blobs(
+                name_starts_with=_IDENTITY_BLOB_PREFIX,
+                # startFrom is inclusive, and no name is below its own id, so every id above
+                # `after` lists at or past it; the id filter below drops the rest (and everything
+                # before `after`, were startFrom ignored by a service).
+                start_from=_IDENTITY_BLOB_PREFIX + after if after else None,
+                results_per_page=min(limit + skippable_count, LIST_RESULTS_PER_PAGE_MAX),
+            )
+        )
+        found: set[str] = set()
+        last_name = ""
+        exhausted = False
+        for _ in range(IDENTITY_LIST_BLOB_COUNT_MAX):
+            blob = await anext(blobs, None)
+            if blob is None:
+                exhausted = True
+                break
+            assert blob.name > last_name, "a listing is in name order"
+            last_name = blob.name
+            node = _node_of_identity_blob(blob.name)
+            if node > after:
+                found.add(node)
+                if len(found) == limit:
+                    break
+        else:
+            raise StorageError(
+                f"azure_blob: list_identities walked {IDENTITY_LIST_BLOB_COUNT_MAX} blobs for {limit} ids "
+                "(does the service ignore startFrom?)"
+            )
+        if not exhausted and found:
+            # The page stops short of the listing's end, so ids below its last one may still lie
+            # ahead in name order: only that id's '.'-ended prefixes can (module docstring).
+            maybe = [
+                node
+                for node in _dotted_prefixes(max(found))
+                if node > after and _identity_blob_name(node) > last_name
+            ]
+            exists = await _gather_bounded([
+                lambda n=n: self._container.get_blob_client(_identity_blob_name(n)).exists() for n in maybe
+            ])
+            found.update(node for node, there in zip(maybe, exists, strict=True) if there)
+        return sorted(found)[:limit]
 
     async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
         if expected is None:

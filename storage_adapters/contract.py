@@ -56,6 +56,14 @@ coordinator log carry its fence. So when a second process runs as the same node 
 while its process lived on), storage refuses the first one's coordinator-log writes from the
 moment the second took the name: it cannot log a COMMIT the second's recovery did not see.
 
+Every node takes its identity before it writes any coordinator-log record, so the nodes that
+ever took one (`list_identities`) are all the coordinator logs there can be: recovery scans
+those, not only the logs of the nodes its configuration names (a node added by a rollout is
+unknown to a node with the old configuration, and its coordinator log may hold the only copy of
+some yes votes). A node is listed from its first take on and stays listed (identity records are
+never deleted; a listed node whose log is empty costs recovery one empty scan). Each backend
+lists them in a bounded number of round trips, without reading the log or data records.
+
 What is done once, in `LogStore` (store.py), for every backend. Its public methods are a template: they
 validate the arguments (ValidationError before any I/O), bound the call by the store's deadline
 (StorageUnavailable past it) and map the backend's errors, then call the backend's protected
@@ -94,6 +102,12 @@ SCAN_ROUND_COUNT_MAX = 8
 OWNER_READ_COUNT_MAX = 4096
 # The ownership record of a node's identity is named with this prefix and the node id.
 IDENTITY_PREFIX = "node:"
+# Node ids one `list_identities` page may return. Recovery lists every node that ever took an
+# identity, page by page, and a page must come back in one call's deadline on every backend
+# (Azure: one listing request holds at most 5000 names; DynamoDB: one Query page at most 1 MB,
+# and a page's ids, 64 bytes at most each, stay far below). A deployment has a few hundred nodes
+# at most, so one page is all of them, and the bound only caps what one call can allocate.
+IDENTITY_PAGE_COUNT_MAX = 1000
 # A lease longer than this would leave a dead owner's partitions unserved for minutes.
 OWNER_LEASE_MS_MAX = 600_000
 # A decision tombstone kept longer than a week is a leak, not a retention: storage holds one per
@@ -424,6 +438,21 @@ def validate_scan_limit(limit: object) -> int:
         raise ValidationError(f"limit must be an int, got {type(limit).__name__}")
     if not 1 <= limit <= SCAN_PAGE_COUNT_MAX:
         raise ValidationError(f"limit is {limit}, it must be in 1..{SCAN_PAGE_COUNT_MAX}")
+    return limit
+
+
+def validate_identity_after(after: object) -> str:
+    """A `list_identities` cursor: "" (from the start) or a node id."""
+    if isinstance(after, str) and not after:
+        return after
+    return validate_id(after, "identity cursor", NODE_ID_LENGTH_MAX)
+
+
+def validate_identity_limit(limit: object) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise ValidationError(f"limit must be an int, got {type(limit).__name__}")
+    if not 1 <= limit <= IDENTITY_PAGE_COUNT_MAX:
+        raise ValidationError(f"limit is {limit}, it must be in 1..{IDENTITY_PAGE_COUNT_MAX}")
     return limit
 
 

@@ -7,7 +7,10 @@ One table, keyed by pk (S) and sk (S):
                                              created_at_ms, expires_at (no body)
     pk = "data#" + partition,   sk = key     a committed value: v (B)
     pk = "own#" + partition,    sk = "owner" a partition's ownership record: owner, epoch, version,
-                                             lease_ms, wanted_by
+                                             lease_ms, wanted_by (a node's identity record too,
+                                             its partition its `identity_name`)
+    pk = "reg#identities",      sk = node    the identity registry: one item, keys only, per node
+                                             that ever took an identity; never expires
 
 `log_once` is one conditional PutItem (`attribute_not_exists(pk)`) with
 `ReturnValuesOnConditionCheckFailure=ALL_OLD`, so the loser learns the stored state from the failure
@@ -57,6 +60,18 @@ condition asks for an existing record first (the common case: GC keeps what it l
 there is none is a second transaction sent, conditioned on the absence, so a keep where no record
 was costs two round trips.
 
+The identity registry. The identity records are items of partition keys of their own, which no
+request but a Scan of the whole table (every record and value) could list, so each node that
+takes an identity also gets an item under one partition key, `reg#identities`, with its node id as
+the sort key: `list_identities` is a Query on that key, resuming above a node id through its key
+condition (`sk > :after`), a page in one request (1000 ids of at most 64 bytes are far below a
+Query page's 1 MB). A take of an identity (a first record, or a new epoch) first puts its node's
+item, unconditionally (idempotent), in a request of its own: then the take's conditional PutItem,
+so a node is listed before its take can succeed. Renewals and releases (the same epoch) put
+nothing. The item carries no `expires_at`, so the table's TTL never drops it, and nothing deletes
+it: nor are identity records deleted. Nodes are few and take rarely (once per process start), so
+the one partition key takes no load worth spreading.
+
 Durability: DynamoDB acknowledges a write after it is durable in several AZs, and every read here
 is strongly consistent, so a loser can never read past an acknowledged vote.
 """
@@ -86,6 +101,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.parsers import ResponseParserError
 
 from storage_adapters.contract import (
+    IDENTITY_PREFIX,
     LOG_NAME_LENGTH_MAX,
     Fence,
     LogId,
@@ -98,6 +114,7 @@ from storage_adapters.contract import (
     TxnState,
     check_log_transition,
     check_tombstone,
+    is_identity,
     is_unfinished,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
@@ -116,6 +133,11 @@ BATCH_GET_RETRY_BACKOFF_MS = 20
 # BatchGetItem requests one call keeps in flight: read_owners may ask for 4096 records (41
 # batches), and firing all at once on one partition-key range invites throttling for no gain.
 BATCH_GET_CONCURRENCY_MAX = 16
+# Query requests one `list_identities` page may take. A page's ids (at most IDENTITY_PAGE_COUNT_MAX
+# of 64 bytes) fit one Query response (1 MB) many times over, so one request answers it; DynamoDB
+# may still end a response early (with LastEvaluatedKey), and the walk goes on from there, but
+# never past this many, which would mean the service keeps cutting pages short.
+IDENTITY_QUERY_COUNT_MAX = 8
 # A Query page holds at most 1 MB; this bounds the pages one scan may walk (1000 pages is 1 GB of
 # one log's records, far past anything garbage collection lets accumulate).
 QUERY_PAGE_COUNT_MAX = 1000
@@ -179,6 +201,10 @@ _DATA_PK_PREFIX = "data#"
 _OWNER_PK_PREFIX = "own#"
 # Key attributes may not be empty, so the ownership item's sort key is a constant.
 _OWNER_SK = "owner"
+# The identity registry's partition key (see the module docstring): it starts with none of the
+# prefixes above, so no record, value or ownership item can have it.
+_IDENTITY_REGISTRY_PK = "reg#identities"
+assert not _IDENTITY_REGISTRY_PK.startswith((_TXN_PK_PREFIX, _DATA_PK_PREFIX, _OWNER_PK_PREFIX))
 # The attribute the table's Time To Live reads (the Terraform module names it too): epoch seconds.
 # Only tombstones carry it, so nothing else in the table ever expires.
 _EXPIRES_AT = "expires_at"
@@ -219,6 +245,10 @@ def _data_key(partition: str, key: str) -> dict[str, Any]:
 
 def _owner_key(partition: str) -> dict[str, Any]:
     return {"pk": {"S": _OWNER_PK_PREFIX + partition}, "sk": {"S": _OWNER_SK}}
+
+
+def _identity_registry_key(node: str) -> dict[str, Any]:
+    return {"pk": {"S": _IDENTITY_REGISTRY_PK}, "sk": {"S": node}}
 
 
 def _owner_item(ownership: Ownership) -> dict[str, Any]:
@@ -1042,6 +1072,13 @@ class DynamoDbStore(LogStore):
         return {partition: found[partition] for partition in partitions if partition in found}
 
     async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        if is_identity(new.partition) and (expected is None or expected.epoch != new.epoch):
+            # A take of a node's identity: its node joins the registry first, so that no take
+            # succeeds unlisted (see the module docstring). Unconditional, so idempotent: a
+            # repeated take, or one that then loses its race, leaves the one item there.
+            await self._client.put_item(
+                TableName=self._table, Item=_identity_registry_key(new.partition[len(IDENTITY_PREFIX) :])
+            )
         put: dict[str, Any] = {
             "TableName": self._table,
             "Item": _owner_item(new),
@@ -1077,6 +1114,40 @@ class DynamoDbStore(LogStore):
             ), f"{new.partition}: condition failed on the expected record"
             return OwnerWriteResult(stored=stored, written=False)
         return OwnerWriteResult(stored=new, written=True)
+
+    async def _list_identities(self, after: str, limit: int) -> list[str]:
+        request: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "#pk = :pk",
+            "ExpressionAttributeNames": {"#pk": "pk"},
+            "ExpressionAttributeValues": {":pk": {"S": _IDENTITY_REGISTRY_PK}},
+            "ProjectionExpression": "sk",
+            # Strongly consistent: a take's registry item, put before the take, is seen by any
+            # listing that follows the take.
+            "ConsistentRead": True,
+        }
+        if after:
+            # In the key condition, not as ExclusiveStartKey: that would name an item, and `after`
+            # need not be one. String sort keys compare by their UTF-8 bytes, the contract's order.
+            request["KeyConditionExpression"] = "#pk = :pk AND #sk > :after"
+            request["ExpressionAttributeNames"]["#sk"] = "sk"
+            request["ExpressionAttributeValues"][":after"] = {"S": after}
+        nodes: list[str] = []
+        for _ in range(IDENTITY_QUERY_COUNT_MAX):
+            request["Limit"] = limit - len(nodes)
+            response = await self._client.query(**request)
+            for item in response.get("Items", []):
+                node = item["sk"]["S"]
+                assert node > after and (not nodes or node > nodes[-1]), (after, nodes, node)
+                nodes.append(node)
+            last = response.get("LastEvaluatedKey")
+            if last is None or len(nodes) == limit:
+                assert len(nodes) <= limit
+                return nodes
+            request["ExclusiveStartKey"] = last
+        raise StorageUnavailable(
+            f"dynamodb: list_identities took {IDENTITY_QUERY_COUNT_MAX} queries for {limit} ids"
+        )
 
     async def close(self) -> None:
         await self._exit_stack.aclose()

@@ -12,6 +12,8 @@ No server to install. Writes and reads take different paths:
 - Reads run in the store's own reader thread with its own connection (WAL lets readers run beside
   the writer), also batched per transaction. A write is committed before it is answered, so a
   read that follows it sees it.
+The nodes `list_identities` lists are the ownership table's rows named with the identity prefix
+(their identity records), read as one range of that table's key: no registry beside them.
 A tombstone (`delete` with keep) is a row with an expiry, which the writer's purge deletes once
 the expiry has come, a bounded round at a time between batches (emulator_writer.py).
 The SQL of each call is in storage_adapters/emulator_sql.py. A write travels to the writer in
@@ -458,6 +460,12 @@ class EmulatorStore(LogStore):
 
     async def _read_owners(self, partitions: tuple[str, ...]) -> dict[str, Ownership]:
         return await self._read_call(lambda conn: emulator_sql.read_owners(conn, partitions))
+
+    async def _list_identities(self, after: str, limit: int) -> list[str]:
+        # A read like any other: the identity records are rows of the ownership table (no
+        # registry of its own, see emulator_sql.list_identities), and a take is committed before
+        # it is answered, so a listing that follows it sees it.
+        return await self._read_call(lambda conn: emulator_sql.list_identities(conn, after, limit))
 
     async def close(self) -> None:
         if self._closed:

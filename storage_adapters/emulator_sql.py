@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from storage_adapters.contract import (
+    IDENTITY_PREFIX,
     TOMBSTONE_KEEP_MS_MAX,
     Fence,
     LogId,
@@ -423,6 +424,28 @@ def read_data(conn: sqlite3.Connection, partition: str, keys: tuple[str, ...]) -
 def read_owners(conn: sqlite3.Connection, partitions: tuple[str, ...]) -> dict[str, Ownership]:
     found = (_select_owner(conn, partition) for partition in partitions)
     return {record.partition: record for record in found if record is not None}
+
+
+# Identity records are the ownership rows whose name lies in [IDENTITY_PREFIX, _IDENTITY_END):
+# every name with the prefix sorts at or above it and below the prefix with its last character
+# raised by one (';' after ':'), so `partition > ? AND partition < ?` is one range of the
+# ownership table's primary key, which SQLite searches rather than scans (`LIST_IDENTITIES`'s plan
+# is checked by tests/storage/test_identities.py). A LIKE or substr() test would scan the table.
+_IDENTITY_END = IDENTITY_PREFIX[:-1] + chr(ord(IDENTITY_PREFIX[-1]) + 1)
+LIST_IDENTITIES = (
+    "SELECT partition FROM ownership WHERE partition > ? AND partition < ? ORDER BY partition LIMIT ?"
+)
+
+
+def list_identities(conn: sqlite3.Connection, after: str, limit: int) -> list[str]:
+    """LogStore.list_identities: the ownership table holds the identity records themselves, so
+    the listing is one range read of its key. `partition` is TEXT with the BINARY collation, so
+    `>` and ORDER BY compare bytes, the contract's order for ASCII ids; the prefix is the same on
+    every name, so the names' order is their node ids'."""
+    rows = conn.execute(LIST_IDENTITIES, (IDENTITY_PREFIX + after, _IDENTITY_END, limit)).fetchall()
+    nodes = [row[0][len(IDENTITY_PREFIX) :] for row in rows]
+    assert len(nodes) <= limit and all(node > after for node in nodes), (after, limit, nodes)
+    return nodes
 
 
 # --- writes (the file's writer process, by name) -----------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from storage_adapters.contract import (
+    IDENTITY_PAGE_COUNT_MAX,
     SCAN_PAGE_COUNT_MAX,
     Fence,
     LogId,
@@ -163,3 +164,6 @@ class LatencyInjectingStore(DelegatingStore):
 
     async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
         return await self._answered(lambda: self.inner.write_owner(expected, new))
+
+    async def list_identities(self, after: str = "", limit: int = IDENTITY_PAGE_COUNT_MAX) -> list[str]:
+        return await self._answered(lambda: self.inner.list_identities(after, limit))

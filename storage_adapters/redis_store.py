@@ -16,6 +16,17 @@ record is a hash at `cxown:{p.<partition>}`, in the same slot, so a fenced write
 it and writes in one atomic step; a node's identity record is at `cxown:{c.<node>}`, in the slot of
 its coordinator log, which its fence guards.
 
+The identity registry: Redis cannot list hash keys by a prefix without walking the whole keyspace
+(SCAN), so the ids of the nodes that ever took an identity are also kept in one sorted set at
+`cxown:{~identities}`, every score 0 (ordered by the ids' bytes, as the unfinished indexes are),
+which `list_identities` reads a page of with one ZRANGE BYLEX. Its hash tag is its own slot: no
+log key (`p.`/`c.` and a name) can be `~identities`, whose `~` is outside the id alphabet. A take
+of an identity (a first record, or a new epoch) adds its node with a ZADD of its own before the
+take's script runs: the registry is another slot than the identity record, so no one script can
+do both on Redis Cluster, and added first, a node is listed before its take can succeed. Renewals
+and releases (the same epoch) add nothing and cost no second round trip. Members are never
+removed: nor are identity records.
+
 Durability is the server's job: run it with `appendfsync always` (or WAITAOF/WAIT to replicas), or
 a failover may lose an acknowledged VOTE_YES.
 """
@@ -73,6 +84,8 @@ TXN_PREFIX = "cxtxn"
 DATA_PREFIX = "cxdata"
 OWNER_PREFIX = "cxown"
 _UNFINISHED = "~unfinished"
+# The sorted set of the ids of every node that took an identity (see the module docstring).
+IDENTITY_REGISTRY_KEY = f"{OWNER_PREFIX}:{{~identities}}"
 
 # A record is unfinished while it is VOTE_YES, or COMMIT with its redo not applied yet. Every
 # script keeps the index in step with that rule in the same atomic step as the state change. The
@@ -630,12 +643,28 @@ class RedisStore(LogStore):
         return {record.partition: record for record in found if record is not None}
 
     async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        if is_identity(new.partition) and (expected is None or expected.epoch != new.epoch):
+            # A take of a node's identity: its node joins the registry first, in a round trip of
+            # its own (another slot; see the module docstring), so that no take succeeds unlisted.
+            # Idempotent: a repeated take, or one that then loses its race, changes nothing or
+            # lists a node whose log is empty, which recovery scans for nothing.
+            await self._client.zadd(IDENTITY_REGISTRY_KEY, {new.partition[len(IDENTITY_PREFIX) :]: 0})
         expected_args = ["", ""] if expected is None else [str(expected.epoch), str(expected.version)]
         written, stored = await self._write_owner_script(
             keys=[_owner_key(new.partition)],
             args=[*expected_args, new.owner, str(new.epoch), str(new.version), str(new.lease_ms), new.wanted_by],
         )
         return OwnerWriteResult(_owner_from_flat(new.partition, stored), written == 1)
+
+    async def _list_identities(self, after: str, limit: int) -> list[str]:
+        # One round trip: "(" makes the bound exclusive, "-" is the smallest member, and with
+        # every score 0 the set is ordered by the ids' bytes.
+        members = await self._client.zrange(
+            IDENTITY_REGISTRY_KEY, f"({after}" if after else "-", "+", bylex=True, offset=0, num=limit
+        )
+        nodes = [member.decode() for member in members]
+        assert len(nodes) <= limit and nodes == sorted(nodes) and all(node > after for node in nodes), nodes
+        return nodes
 
     async def close(self) -> None:
         if self._clock_measuring is not None:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from storage_adapters.contract import (
+    IDENTITY_PAGE_COUNT_MAX,
     SCAN_PAGE_COUNT_MAX,
     TOMBSTONE_KEEP_MS_MAX,
     Fence,
@@ -29,6 +30,8 @@ from storage_adapters.contract import (
     validate_body,
     validate_data_keys,
     validate_fence,
+    validate_identity_after,
+    validate_identity_limit,
     validate_log,
     validate_log_fence,
     validate_owner_partitions,
@@ -397,6 +400,22 @@ class LogStore(abc.ABC):
         expected, new = validate_owner_write(expected, new)
         return await self._bounded(self._write_owner(expected, new), "write_owner")
 
+    async def list_identities(self, after: str = "", limit: int = IDENTITY_PAGE_COUNT_MAX) -> list[str]:
+        """The ids of the nodes that took an identity in this storage (the node ids, not their
+        records' `identity_name`s), ascending in string order (node ids are ASCII, so that is
+        every backend's byte order), those strictly after `after` ("" = from the start; it need
+        not name a node), at most `limit`. A page shorter than `limit` is the last one; to read
+        the next, pass the last id of this one as `after`.
+
+        A node is listed once its identity was first taken (on some backends from just before the
+        take lands, so a take that failed may list its node too) and stays listed forever: identity
+        records are never deleted, and a listed node with no record is harmless to recovery, which
+        scans its coordinator log and finds it empty. Partitions' ownership records are never
+        listed. A bounded number of round trips on every backend, whatever else storage holds."""
+        validate_identity_after(after)
+        validate_identity_limit(limit)
+        return await self._bounded(self._list_identities(after, limit), "list_identities")
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Release connections. The store is unusable afterwards."""
@@ -448,6 +467,9 @@ class LogStore(abc.ABC):
     @abc.abstractmethod
     async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult: ...
 
+    @abc.abstractmethod
+    async def _list_identities(self, after: str, limit: int) -> list[str]: ...
+
 
 class DelegatingStore(LogStore):
     """A store that wraps another (injected latency, metrics, fault injection) and forwards each
@@ -496,6 +518,9 @@ class DelegatingStore(LogStore):
     async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
         return await self.inner.write_owner(expected, new)
 
+    async def list_identities(self, after: str = "", limit: int = IDENTITY_PAGE_COUNT_MAX) -> list[str]:
+        return await self.inner.list_identities(after, limit)
+
     async def close(self) -> None:
         await self.inner.close()
 
@@ -504,4 +529,4 @@ class DelegatingStore(LogStore):
         raise AssertionError(f"{type(self).__name__} forwards whole calls to its inner store")
 
     _log_once = _log = _read = _scan_unfinished = _read_data = _unreachable
-    _apply_redo = _delete = _read_owners = _write_owner = _unreachable
+    _apply_redo = _delete = _read_owners = _write_owner = _list_identities = _unreachable

@@ -35,6 +35,7 @@ from cornus.runtime.node import Node
 from cornus.runtime.outcome import Outcome
 from services.api.logs import current_txn
 from storage_adapters.contract import (
+    IDENTITY_PAGE_COUNT_MAX,
     SCAN_PAGE_COUNT_MAX,
     Fence,
     LogId,
@@ -58,6 +59,7 @@ _storage_log = logging.getLogger("cornus.storage")
 
 STORAGE_CALLS = (
     "log_once", "log", "read", "scan_unfinished", "read_data", "apply_redo", "delete", "read_owners", "write_owner",
+    "list_identities",
 )
 
 
@@ -317,6 +319,16 @@ class InstrumentedStore(DelegatingStore):
             self._done("write_owner", started, error)
             raise
         self._done("write_owner", started, None)
+        return result
+
+    async def list_identities(self, after: str = "", limit: int = IDENTITY_PAGE_COUNT_MAX) -> list[str]:
+        started = time.perf_counter()
+        try:
+            result = await self.inner.list_identities(after, limit)
+        except Exception as error:
+            self._done("list_identities", started, error)
+            raise
+        self._done("list_identities", started, None)
         return result
 
     async def close(self) -> None:

@@ -40,6 +40,7 @@ from cornus.runtime.node import Node
 from cornus.runtime.outcome import Outcome, OutcomeStatus
 from cornus.runtime.wire import Op, OpKind
 from storage_adapters.contract import (
+    IDENTITY_PAGE_COUNT_MAX,
     SCAN_PAGE_COUNT_MAX,
     Fence,
     LogId,
@@ -124,6 +125,7 @@ class FaultyStore(DelegatingStore):
 
     METHODS = (
         "log_once", "log", "read", "scan_unfinished", "read_data", "apply_redo", "delete", "read_owners", "write_owner",
+        "list_identities",
     )
 
     def __init__(self, inner: LogStore, name: str = "") -> None:
@@ -252,6 +254,10 @@ class FaultyStore(DelegatingStore):
     async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
         args = {"expected": expected, "new": new}
         return await self._run("write_owner", args, lambda: self.inner.write_owner(expected, new))
+
+    async def list_identities(self, after: str = "", limit: int = IDENTITY_PAGE_COUNT_MAX) -> list[str]:
+        args = {"after": after, "limit": limit}
+        return await self._run("list_identities", args, lambda: self.inner.list_identities(after, limit))
 
     async def close(self) -> None:
         """The wrapped store belongs to the cluster, which closes it once."""

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from storage_adapters.contract import (
+    IDENTITY_PAGE_COUNT_MAX,
     OWNER_READ_COUNT_MAX,
     SCAN_PAGE_COUNT_MAX,
     Fence,
@@ -35,7 +36,7 @@ LEASE_MS = 10_000
 # The backend steps the template may call; a test replaces them on one store to watch for I/O.
 IO_STEPS = (
     "_log_once", "_log", "_read", "_scan_unfinished", "_read_data", "_apply_redo", "_delete", "_delete_many",
-    "_read_owners", "_write_owner",
+    "_read_owners", "_write_owner", "_list_identities",
 )
 
 
@@ -116,6 +117,13 @@ def _calls(ns: str) -> dict[str, tuple[Call, list[Call]]]:
             lambda s: s.write_owner(None, Ownership(ns, "n1", 1, 2, LEASE_MS)),
             lambda s: s.write_owner(first, Ownership(ns, "n2", 1, 2, LEASE_MS)),
             lambda s: s.write_owner((1, 1), first),  # type: ignore[arg-type]
+        ]),
+        "list_identities": (lambda s: s.list_identities(ns, 10), [
+            lambda s: s.list_identities("", 0),
+            lambda s: s.list_identities("", IDENTITY_PAGE_COUNT_MAX + 1),
+            lambda s: s.list_identities("", True),  # type: ignore[arg-type]
+            lambda s: s.list_identities("a/b"),
+            lambda s: s.list_identities(None),  # type: ignore[arg-type]
         ]),
     }
 
