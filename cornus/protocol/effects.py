@@ -2,9 +2,9 @@
 
 Ordering contract: the runtime starts effects in list order; sends, storage calls and timers may
 then proceed concurrently. Every storage call (`LogOnce`, `Log`, `ApplyRedo`, `DeleteRecord`,
-`ReadRecord`, `ScanLog`) is answered by exactly one result event naming the call (events.py),
-unless the node crashes; a call that timed out is answered `StorageUnreachable` and may still land
-later, up to the storage deadline plus the clock slack (ProtocolConfig). Lock effects
+`ReadRecord`, `ScanLog`, `ListIdentities`) is answered by exactly one result event naming the call
+(events.py), unless the node crashes; a call that timed out is answered `StorageUnreachable` and
+may still land later, up to the storage deadline plus the clock slack (ProtocolConfig). Lock effects
 (`ReleaseLocks`, `RetakeLocks`, `LocksPrepared`) and `CacheRedo` take effect before the next
 effect starts. Storage calls name their `owner`, the host (partition or coordinator node) or the
 recovery that made them: their answer goes back there.
@@ -101,6 +101,18 @@ class ScanLog:
 
     owner: str
     log: LogId
+    after: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListIdentities:
+    """One page of the ids of the nodes that ever took an identity in storage, sorted, strictly
+    after `after`; answered by IdentitiesListed. A page shorter than `limit` is the last. Recovery
+    reads it to find every coordinator log, not only those of the nodes it was configured with
+    (a node added by a rollout that this process's configuration predates)."""
+
+    owner: str
     after: str
     limit: int
 
@@ -254,7 +266,7 @@ class Deposed:
 
 
 Effect = (
-    Send | LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog | Reply | StartTimer | CancelTimer
-    | ReleaseLocks | LocksPrepared | RetakeLocks | CacheRedo | Decided | TerminationStarted | TerminationEnded
-    | RecoveryFinished | TakeIdentity | CheckIdentity | Deposed
+    Send | LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog | ListIdentities | Reply | StartTimer
+    | CancelTimer | ReleaseLocks | LocksPrepared | RetakeLocks | CacheRedo | Decided | TerminationStarted
+    | TerminationEnded | RecoveryFinished | TakeIdentity | CheckIdentity | Deposed
 )

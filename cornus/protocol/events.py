@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from cornus.protocol.effects import (
     ApplyRedo,
     DeleteRecord,
+    ListIdentities,
     Log,
     LogCall,
     LogOnce,
@@ -163,6 +164,22 @@ class ScanReturned(_Answer):
 
 
 @dataclass(frozen=True, slots=True)
+class IdentitiesListed:
+    """The answer to ListIdentities: node ids, ascending, or StorageUnreachable."""
+
+    call: ListIdentities
+    result: tuple[str, ...] | StorageUnreachable
+
+    @property
+    def txn(self) -> str:
+        return ""  # a listing belongs to no transaction
+
+    @property
+    def host(self) -> str:
+        return self.call.owner
+
+
+@dataclass(frozen=True, slots=True)
 class TimerFired:
     timer: Timer
 
@@ -235,7 +252,7 @@ class IdentityChecked:
 
 Event = (
     CommitRequested | ExecuteFailed | Executed | MessageReceived | LogReturned | ApplyReturned | DeleteReturned
-    | RecordRead | ScanReturned | TimerFired | Recovered | IdentityTaken | IdentityChecked
+    | RecordRead | ScanReturned | IdentitiesListed | TimerFired | Recovered | IdentityTaken | IdentityChecked
 )
 
 # Answers to storage calls, and the state a plain Log answers with.

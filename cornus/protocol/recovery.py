@@ -7,7 +7,11 @@ records found mean. The runtime (or the simulator) only carries out its scans an
    coordinator's log (coordinator-log participants log nothing before the decision, so their yes
    votes live only in the coordinators' redo records). A page shorter than the limit is the last;
    the next page starts after the last txn of the one before (a scan without a cursor would see
-   the first page again and again, since its records stay unfinished until resolved).
+   the first page again and again, since its records stay unfinished until resolved). "Every
+   coordinator" is every node that ever took an identity in storage (listed, page by page), not
+   only the configured ones: a node added by a rollout this process's configuration predates may
+   hold the only copy of our yes votes, and a node writes no coordinator-log record before its
+   identity is taken.
 3. For each coordinator-log redo naming an owned partition that its own log did not bring back,
    read the partition's record, then the coordinator's again: decided means finished; absent, with
    the coordinator's record still there, means a yes vote that may still commit (or an abort that
@@ -20,15 +24,22 @@ recovery could answer "unknown" for a transaction it voted yes on. It is not rea
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cornus.protocol import redo_bundle
 from cornus.protocol.backoff import Backoff, JitterSource
 from cornus.protocol.config import Protocol, ProtocolConfig
-from cornus.protocol.effects import Effect, ReadRecord, ScanLog, StartTimer, Timer
-from cornus.protocol.events import Event, RecordRead, ScanReturned, StorageUnreachable, TimerFired
-from storage_adapters.contract import LogId, LogKind, Record, RecordBody, TxnState
+from cornus.protocol.effects import Effect, ListIdentities, ReadRecord, ScanLog, StartTimer, Timer
+from cornus.protocol.events import (
+    Event,
+    IdentitiesListed,
+    RecordRead,
+    ScanReturned,
+    StorageUnreachable,
+    TimerFired,
+)
+from storage_adapters.contract import IDENTITY_PAGE_COUNT_MAX, LogId, LogKind, Record, RecordBody, TxnState
 
 # The owner of recovery's storage calls and timers. '~' cannot appear in a partition or node id,
 # so it never names a host.
@@ -39,6 +50,8 @@ ProtocolOf = Callable[[str], "Protocol | None"]
 # Recovery's steps after the settle wait: scans, then reads of possible coordinator-log votes in
 # the partitions' own logs, then in the coordinators' logs.
 _SCANS, _OWN_READS, _COORDINATOR_READS = range(3)
+
+_Call = ScanLog | ReadRecord | ListIdentities
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,16 +93,17 @@ class Recovery:
         self.protocol_of = protocol_of
         self.result: RecoveryResult | None = None
         self._backoff = Backoff(config.backoff_ms_min, config.backoff_ms_max, jitter)
-        # Other coordinators' logs hold nothing for us but coordinator-log votes of our partitions.
+        # Other coordinators' logs hold nothing for us but coordinator-log votes of our partitions:
+        # without partitions, neither they nor the list of identities is read.
+        self._lists_identities = bool(partitions)
         scanned = coordinators if partitions else (node,)
-        self._logs = (
+        self._logs = [
             *(LogId.partition(p) for p in partitions),
             *(LogId.coordinator(c) for c in scanned),
-        )
+        ]
         self._found: dict[LogId, list[Record]] = {log: [] for log in self._logs}
-        self._scans_waiting: set[ScanLog] = set()
-        self._reads_waiting: set[ReadRecord] = set()
-        self._failed: list[ScanLog | ReadRecord] = []
+        self._waiting: set[_Call] = set()
+        self._failed: list[_Call] = []
         self._votes: dict[tuple[str, str], Record] = {}  # (partition, txn) -> rebuilt vote, if still open
         self._started = False
         self._step = _SCANS
@@ -107,23 +121,23 @@ class Recovery:
             if event.timer.kind == "settle":
                 assert not self._started
                 self._started = True
-                return self._issue([self._scan(log, "") for log in self._logs])
+                listing = [self._list_identities("")] if self._lists_identities else []
+                return self._issue([*listing, *(self._scan(log, "") for log in self._logs)])
             assert event.timer.kind == "retry", event.timer
             failed, self._failed = self._failed, []
             return self._issue(failed)
-        if isinstance(event, ScanReturned):
-            assert event.call in self._scans_waiting, f"{self.owner}: an answer to a scan never asked: {event.call}"
-            self._scans_waiting.remove(event.call)
-            if isinstance(event.result, StorageUnreachable):
-                self._failed.append(event.call)
-                return self._after_answer()
-            self._backoff.reset()
-            return self._issue(self._on_page(event.call, event.result)) + self._after_answer()
-        assert isinstance(event, RecordRead), f"{type(event).__name__} reached recovery"
-        self._reads_waiting.remove(event.call)
+        assert isinstance(event, ScanReturned | IdentitiesListed | RecordRead), f"{event!r} reached recovery"
+        assert event.call in self._waiting, f"{self.owner}: an answer to a call never asked: {event.call}"
+        self._waiting.remove(event.call)
         if isinstance(event.result, StorageUnreachable):
             self._failed.append(event.call)
             return self._after_answer()
+        if isinstance(event, ScanReturned):
+            self._backoff.reset()
+            return self._issue(self._on_page(event.call, event.result)) + self._after_answer()
+        if isinstance(event, IdentitiesListed):
+            self._backoff.reset()
+            return self._issue(self._on_identities(event.call, event.result)) + self._after_answer()
         self._on_vote_read(event.call, event.result)
         return self._after_answer()
 
@@ -146,6 +160,25 @@ class Recovery:
             return []
         return [self._scan(call.log, page[-1].txn)]
 
+    def _on_identities(self, call: ListIdentities, page: tuple[str, ...]) -> list[ScanLog | ListIdentities]:
+        """Step 2's list of coordinators: each listed node whose log is not scanned yet gets its
+        scan; a full page asks for the next one."""
+        assert self._step == _SCANS, "identities are listed before any vote is read"
+        assert len(page) <= call.limit, f"{len(page)} identities in a page of {call.limit}"
+        assert all(a < b for a, b in zip((call.after, *page), page, strict=False)), (
+            f"a page of identities must ascend past its cursor: {page}"
+        )
+        calls: list[ScanLog | ListIdentities] = []
+        for node in page:
+            log = LogId.coordinator(node)
+            if log not in self._found:
+                self._logs.append(log)
+                self._found[log] = []
+                calls.append(self._scan(log, ""))
+        if len(page) == call.limit:
+            calls.append(self._list_identities(page[-1]))
+        return calls
+
     def _on_vote_read(self, call: ReadRecord, record: Record | None) -> None:
         """Step 3, for the possible coordinator-log votes: first every partition's own record, then
         (once all of those are in) each coordinator's record again. Garbage collection deletes the
@@ -162,7 +195,7 @@ class Recovery:
                 del self._votes[key]
 
     def _after_answer(self) -> list[Effect]:
-        if self._scans_waiting or self._reads_waiting:
+        if self._waiting:
             return []
         if self._failed:
             return [StartTimer(self._timer("retry"), self._backoff.next_delay_ms())]
@@ -216,12 +249,12 @@ class Recovery:
     def _scan(self, log: LogId, after: str) -> ScanLog:
         return ScanLog(self.owner, log, after, self.config.scan_page_count_max)
 
-    def _issue(self, calls: list[ScanLog] | list[ReadRecord] | list[ScanLog | ReadRecord]) -> list[Effect]:
-        for call in calls:
-            if isinstance(call, ScanLog):
-                self._scans_waiting.add(call)
-            else:
-                self._reads_waiting.add(call)
+    def _list_identities(self, after: str) -> ListIdentities:
+        # The scans' page size, so the simulator's small pages page the listing too.
+        return ListIdentities(self.owner, after, min(self.config.scan_page_count_max, IDENTITY_PAGE_COUNT_MAX))
+
+    def _issue(self, calls: Sequence[_Call]) -> list[Effect]:
+        self._waiting.update(calls)
         return list(calls)
 
     def _timer(self, kind: str) -> Timer:

@@ -24,6 +24,7 @@ from cornus.protocol.effects import (
     DeleteRecord,
     Deposed,
     Effect,
+    ListIdentities,
     LocksPrepared,
     Log,
     LogOnce,
@@ -43,6 +44,7 @@ from cornus.protocol.effects import (
 )
 from cornus.protocol.events import (
     Event,
+    IdentitiesListed,
     LogReturned,
     StorageUnreachable,
     TimerFired,
@@ -127,6 +129,7 @@ class EffectRunner:
         self._handlers: dict[type, Callable[[Any], None]] = {
             Send: self._send,
             **dict.fromkeys((LogOnce, Log, ApplyRedo, DeleteRecord, ReadRecord, ScanLog), self._storage),
+            ListIdentities: self._list_identities,
             StartTimer: self._start_timer,
             CancelTimer: self._cancel_timer,
             ReleaseLocks: self._release_locks,
@@ -291,6 +294,23 @@ class EffectRunner:
         if isinstance(call, ReadRecord):
             return answer(call, await store.read(call.log, call.txn))
         return answer(call, tuple(await store.scan_unfinished(call.log, call.limit, call.after)))
+
+    def _list_identities(self, effect: ListIdentities) -> None:
+        flight = _Flight(effect.owner, None)
+        self._track(self._running_loop().create_task(self._list_identities_call(effect, flight)), flight)
+
+    async def _list_identities_call(self, call: ListIdentities, flight: _Flight) -> None:
+        result: tuple[str, ...] | StorageUnreachable
+        try:
+            result = tuple(await self.store.list_identities(call.after, call.limit))
+        except StorageUnavailable as error:
+            self.counters["storage_unavailable"] += 1
+            result = StorageUnreachable(str(error))
+        except InvariantViolation as error:
+            fatal(f"storage refused {call!r}: {error}")
+            return
+        if not flight.dropped and not self.stopped:
+            self.feed(IdentitiesListed(call, result))
 
     async def _apply(self, call: ApplyRedo, fence: Fence) -> Event:
         self.failpoints.hit("participant.before_apply")

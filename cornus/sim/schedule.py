@@ -188,6 +188,11 @@ class Schedule:
     # a clock: a transaction id's begin (its coordinator's), an owner's check of a one-shot
     # request's deadline, the status call's verdict (the asking node's).
     clock_offsets_ms: tuple[tuple[str, int], ...] = ()
+    # Whether the last coordinator is a node a rollout added: the other nodes' configurations
+    # predate it and do not name it, so only what storage lists tells their recoveries that its
+    # coordinator log exists (found by review: recovery scanned the configured nodes' logs only,
+    # and lost the coordinator-log yes votes that only the added node's redo records held).
+    rollout: bool = False
 
     def __post_init__(self) -> None:
         assert 1 <= self.partition_count <= PARTITION_COUNT_MAX
@@ -414,4 +419,7 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         clock_offsets_ms=tuple(
             (name, zlib.crc32(f"{seed}/{name}/clock".encode()) % (CLOCK_OFFSET_MS_MAX + 1)) for name in nodes
         ) if (seed >> 27) % 4 == 0 else (),
+        # One in four runs a rollout (from a hash of the seed, as the late window: the other
+        # schedules stay what they were).
+        rollout=zlib.crc32(f"{seed}/rollout".encode()) % 4 == 0,
     )

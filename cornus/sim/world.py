@@ -32,6 +32,7 @@ from cornus.protocol.effects import (
     DeleteRecord,
     Deposed,
     Effect,
+    ListIdentities,
     LocksPrepared,
     Log,
     LogOnce,
@@ -53,6 +54,7 @@ from cornus.protocol.events import (
     CommitRequested,
     Event,
     ExecuteFailed,
+    IdentitiesListed,
     IdentityChecked,
     IdentityTaken,
     MessageReceived,
@@ -75,7 +77,7 @@ from cornus.sim import redo
 from cornus.sim.schedule import CLOCK_OFFSET_MS_MAX, COORDINATORS, FAULTS_END_MS, Move, Schedule, Twin, node_of
 from cornus.sim.status_probe import StatusProbe
 from cornus.sim.storage_model import StorageModel, WriteRefused
-from storage_adapters.contract import LogId, TxnState, identity_name, is_identity
+from storage_adapters.contract import IDENTITY_PREFIX, LogId, TxnState, identity_name, is_identity
 
 # Hook a test installs to force a failure at an exact point: called before each effect a node
 # executes; "crash" crashes the node before the effect, "drop" skips it (a lost message).
@@ -366,10 +368,15 @@ class World:
         # As the runtime does: the core starts holding nothing, and each partition the node holds
         # (its lease) comes through add_partition, with its own recovery.
         return NodeCore(
-            node.name, (), (*COORDINATORS, *((node.name,) if node.name not in COORDINATORS else ())),
-            self.config, jitter,
+            node.name, (), self._configured_coordinators(node.name), self.config, jitter,
             participant_factory=self._participant_factory, coordinator_factory=self._coordinator_factory,
         )
+
+    def _configured_coordinators(self, name: str) -> tuple[str, ...]:
+        """The nodes `name`'s configuration names: every coordinator and itself; in a rollout
+        (Schedule.rollout), the last coordinator only knows of itself what the others do not."""
+        known = COORDINATORS[:-1] if self.schedule.rollout and name != COORDINATORS[-1] else COORDINATORS
+        return tuple(dict.fromkeys((*known, name)))
 
     def clock_ms(self, name: str) -> int:
         """What node `name`'s clock reads now (Schedule.clock_offsets_ms)."""
@@ -1155,6 +1162,8 @@ class World:
             if isinstance(effect, LogOnce | Log):
                 self.outcome.log_writes += 1
             self._call(node.name, node.incarnation, effect, node.path)
+        elif isinstance(effect, ListIdentities):
+            self._list_identities(node, effect)
         elif isinstance(effect, StartTimer):
             node.timer_generation += 1
             node.timers[effect.timer] = node.timer_generation
@@ -1248,6 +1257,23 @@ class World:
             return
         self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _ARRIVE,
                    (owner, incarnation, call, path, True, epoch, tenure))
+
+    def _list_identities(self, node: Node, call: ListIdentities) -> None:
+        """Which nodes ever took an identity: read as the call leaves (a node that takes one later
+        starts after this recovery began, and no partition recovering here votes for it before the
+        recovery ends), answered after a storage latency. A slow one answers "unreachable" at the
+        deadline, and a read that lands late changes nothing."""
+        tenure = self._tenure(node, call.owner)
+        result: tuple[str, ...] | StorageUnreachable
+        latency = self.rng.randint(1, self.schedule.storage_ms_max)
+        if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
+            result, latency = StorageUnreachable("the listing outlived its deadline"), self.deadline_ms
+        else:
+            prefix = len(IDENTITY_PREFIX)
+            listed = sorted(name[prefix:] for name in self.epoch if is_identity(name) and name[prefix:] > call.after)
+            result = tuple(listed[: call.limit])
+        self._push(self.now_ms + latency, _RETURN,
+                   (node.name, node.incarnation, IdentitiesListed(call, result), node.path, tenure))
 
     def _late_window_ms(self, call: StorageCall) -> int:
         """How much later than the slack a call that timed out may land: the schedule's window

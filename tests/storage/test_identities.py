@@ -211,19 +211,21 @@ async def test_a_large_listing_pages_through_every_node(fresh: Opener) -> None:
 # --- bad input and isolation ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("after", "limit"),
-    [
-        ("", 0), ("", -1), ("", IDENTITY_PAGE_COUNT_MAX + 1), ("", True), ("", "3"), ("", 2.0), ("", None),
-        (None, 3), (7, 3), (b"n1", 3), (["n1"], 3), ("a/b", 3), ("a{b}", 3), ("a b", 3), ("~", 3),
-        ("x" * (NODE_ID_LENGTH_MAX + 1), 3),
-    ],
+# Validation runs before any I/O, in the contract's base, so one storage per backend checks them
+# all (a case each would set up 64 storages for the same code path).
+BAD_ARGUMENTS = (
+    ("", 0), ("", -1), ("", IDENTITY_PAGE_COUNT_MAX + 1), ("", True), ("", "3"), ("", 2.0), ("", None),
+    (None, 3), (7, 3), (b"n1", 3), (["n1"], 3), ("a/b", 3), ("a{b}", 3), ("a b", 3), ("~", 3),
+    ("x" * (NODE_ID_LENGTH_MAX + 1), 3),
 )
-async def test_bad_arguments_are_refused_and_change_nothing(fresh: Opener, after: object, limit: object) -> None:
+
+
+async def test_bad_arguments_are_refused_and_change_nothing(fresh: Opener) -> None:
     store = await fresh()
     await take(store, "n1")
-    with pytest.raises(ValidationError):
-        await store.list_identities(after, limit)  # type: ignore[arg-type]
+    for after, limit in BAD_ARGUMENTS:
+        with pytest.raises(ValidationError):
+            await store.list_identities(after, limit)  # type: ignore[arg-type]
     assert await store.list_identities() == ["n1"]
 
 
