@@ -304,13 +304,15 @@ class EffectRunner:
         try:
             result = tuple(await self.store.list_identities(call.after, call.limit))
         except StorageUnavailable as error:
-            self.counters["storage_unavailable"] += 1
             result = StorageUnreachable(str(error))
         except InvariantViolation as error:
             fatal(f"storage refused {call!r}: {error}")
             return
-        if not flight.dropped and not self.stopped:
-            self.feed(IdentitiesListed(call, result))
+        if flight.dropped or self.stopped:
+            return  # its recovery is gone (the partition dropped), or the node is
+        if isinstance(result, StorageUnreachable):
+            self.counters["storage_unavailable"] += 1
+        self.feed(IdentitiesListed(call, result))
 
     async def _apply(self, call: ApplyRedo, fence: Fence) -> Event:
         self.failpoints.hit("participant.before_apply")
