@@ -790,7 +790,7 @@ def _bench(args: argparse.Namespace) -> int:
     plan = BenchPlan(protocols=protocols, storage=storage, storage_argv=_storage_argv, base=base,
                      storage_environ=_storage_environ(storage), latency=latency, sweep_param=sweep_param,
                      sweep_values=sweep_values, out_dir=out, flush_redis=args.flush_redis,
-                     keep_storage=args.keep_storage, plots=not args.no_plots,
+                     keep_storage=args.keep_storage, keep_logs=args.keep_logs, plots=not args.no_plots,
                      command=command_line(), trials=args.trials)
     validate_plan(plan)  # bad input is refused before the header says what will run
     what = f"sweep {sweep_param} over {', '.join(sweep_values)}" if sweep_param else "one point"
@@ -884,6 +884,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cluster.add_argument("--out", help="directory for results.csv, the plots and summary.md "
                                              "(default bench-results/<date-time>)")
     bench_cluster.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    bench_cluster.add_argument("--keep-logs", action="store_true",
+                               help="copy every run's node logs into <out>/logs/<protocol>-<run>/ (by default only a "
+                                    "failed run's are kept, in the directory its error names)")
     bench_cluster.add_argument("--flush-redis", action="store_true",
                                help="with --backend redis: empty the databases the runs use before each run")
     _add_keep_storage_flag(bench_cluster)

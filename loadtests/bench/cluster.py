@@ -231,7 +231,7 @@ def measure(nodes: Sequence[ClusterNode], protocol: Protocol, settings: RunSetti
 
 def run_protocol(protocol: Protocol, storage: StoreConfig, storage_argv: list[str], settings: RunSettings, *,
                  storage_environ: Mapping[str, str] | None = None, run_index: int = 0, flush: bool = False,
-                 keep_storage: bool = False, storage_label: str = "") -> RunResult:
+                 keep_storage: bool = False, storage_label: str = "", logs_dir: Path | None = None) -> RunResult:
     """Start a cluster for `protocol` (loadtests.bench.lifecycle), measure it, stop it.
     `storage_environ` goes to the nodes' environment (secrets: their argv is visible to every
     user of the machine)."""
@@ -239,7 +239,7 @@ def run_protocol(protocol: Protocol, storage: StoreConfig, storage_argv: list[st
     spec = ClusterSpec(nodes=settings.nodes, partitions=settings.partitions, protocol=protocol, storage=storage,
                        storage_argv=storage_argv, settings=settings.node_settings,
                        environ={**(storage_environ or {}), "CORNUS_LOCK_POLICY": settings.lock_policy},
-                       run_index=run_index, flush_redis=flush, keep_storage=keep_storage,
+                       run_index=run_index, flush_redis=flush, keep_storage=keep_storage, logs_dir=logs_dir,
                        label=f"the {protocol.value} cluster")
     with bench_cluster(spec) as cluster:
         cluster.start()

@@ -3,7 +3,8 @@
 own storage (loadtests.bench.namespaces), started and waited for until they serve, one of them
 restarted with a failpoint armed when asked, all stopped at the end. Then the clean-up: the run's
 directory goes, unless the run failed once its nodes had started (their logs in it say why, and
-the error gets a note naming it); the container or table the run created goes too.
+the error gets a note naming it; `logs_dir` copies them elsewhere whatever happened); the
+container or table the run created goes too.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class ClusterSpec:
     run_index: int = 0  # the sweep point and trial, which name the run's storage
     flush_redis: bool = False
     keep_storage: bool = False  # leave the container or table the run created
+    # Where the nodes' logs are copied when the run ends, however it ended (None: only a failed
+    # run keeps them, in its directory): `cornus bench --keep-logs`.
+    logs_dir: Path | None = None
     label: str = "the cluster"  # how errors name it
 
 
@@ -99,8 +103,18 @@ def bench_cluster(spec: ClusterSpec, *, prefix: str = "cornus-bench-") -> Iterat
     finally:
         if run is not None:
             namespaces.release(run, keep=spec.keep_storage)
+        if spec.logs_dir is not None:
+            copy_logs(members, spec.logs_dir / f"{spec.protocol.value}-{spec.run_index}")
         if not keep_data:
             shutil.rmtree(data, ignore_errors=True)
+
+
+def copy_logs(members: Sequence[ClusterNode], into: Path) -> None:
+    """Copy the logs of the nodes that started into `into` (made if missing)."""
+    into.mkdir(parents=True, exist_ok=True)
+    for member in members:
+        if member.log_path.exists():
+            shutil.copyfile(member.log_path, into / member.log_path.name)
 
 
 def keep_logs(error: Exception, data: Path, members: Sequence[ClusterNode]) -> bool:

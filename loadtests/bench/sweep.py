@@ -53,6 +53,7 @@ class BenchPlan:
     out_dir: Path | None = None
     flush_redis: bool = False
     keep_storage: bool = False  # leave the containers or tables the runs created (loadtests.bench.namespaces)
+    keep_logs: bool = False  # copy every run's node logs into out_dir/logs/<protocol>-<run>
     plots: bool = True
     command: str = ""
     trials: int = 1  # runs of each protocol at each point; the median one is kept (report.median_trial)
@@ -226,7 +227,8 @@ def run_plan(plan: BenchPlan) -> tuple[list[dict[str, Any]], list[RunResult]]:
                     result = run_protocol(protocol, storage, plan.storage_argv(storage), settings,
                                           storage_environ=plan.storage_environ,
                                           run_index=point_index * plan.trials + trial, flush=plan.flush_redis,
-                                          keep_storage=plan.keep_storage, storage_label=label)
+                                          keep_storage=plan.keep_storage, storage_label=label,
+                                          logs_dir=plan.out_dir / "logs" if plan.keep_logs and plan.out_dir else None)
                     row = summarize(result, plan.sweep_param if value is not None else "", value or "")
                     trials[protocol].append((row, result))
                     progress.finish(f"{point}{protocol.value}{of}: {row['commits_per_s']:.0f} commits/s, dist avg "

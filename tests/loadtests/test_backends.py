@@ -81,7 +81,7 @@ def test_a_sweep_runs_end_to_end_and_plots_on_each_backend(services, tmp_path: P
     done = subprocess.run(
         [sys.executable, "-m", "services.cli", "bench", *_storage_args(services, backend, storage_name),
          "--protocol", "cornus", "--protocol", "2pc", "--sweep", f"latency={','.join(points)}", "--nodes", "2",
-         "--out", str(out)],
+         "--out", str(out), "--keep-logs"],
         capture_output=True, text=True, timeout=TIMEOUT_S_BENCH, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -92,9 +92,11 @@ def test_a_sweep_runs_end_to_end_and_plots_on_each_backend(services, tmp_path: P
     for row in rows:
         # Every run committed, and its end-of-run check read back what the commits wrote.
         # Said in full when not (pytest cuts the row's repr short): why the attempts failed, and
-        # the bench's own account of the run.
-        why = f"{row['protocol']}: {row['kinds']}, not committed: {row['not_committed']}\n{done.stdout[-3000:]}"
-        assert _whole_run_commits(row) > 0 and row["violations"] == "0" and row["errors"] == "0", why
+        # the bench's own account of the run, and the nodes' warnings (--keep-logs).
+        if not (_whole_run_commits(row) > 0 and row["violations"] == "0" and row["errors"] == "0"):
+            logs = out / "logs" / f"{row['protocol']}-{points.index(row['value'])}"
+            pytest.fail(f"{row['protocol']}: {row['kinds']}, not committed: {row['not_committed']}\n"
+                        f"{done.stdout[-3000:]}{_node_warnings(logs)}")
         # Azurite and moto commit a handful per second while the suite loads the machine: a run of
         # theirs may end before one commits inside its measured window (after the warm-up).
         assert int(row["commits"]) > 0 or backend != "redis", row
@@ -117,6 +119,22 @@ def test_a_sweep_runs_end_to_end_and_plots_on_each_backend(services, tmp_path: P
         for row in rows:
             run = namespaces.run_storage(storage, Protocol(row["protocol"]), tmp_path, points.index(row["value"]))
             assert not cloud.exists(storage, run.cloud_name), run.cloud_name
+
+
+# How much of each node's warnings a failed run's assertion shows (the Azure sweep flaked with
+# every transaction aborted, peer_unavailable, and nothing else to go on).
+WARNINGS_CHARS_MAX = 3000
+
+
+def _node_warnings(logs: Path) -> str:
+    """The WARNING and ERROR lines of each node log of one run (`cornus bench --keep-logs`)."""
+    said = ""
+    for log in sorted(logs.glob("*.log")):
+        lines = [line for line in log.read_text(errors="replace").splitlines()
+                 if '"level": "WARNING"' in line or '"level": "ERROR"' in line]
+        said += f"\n--- {log.name}: {len(lines)} warnings and errors, the last ---\n"
+        said += "\n".join(lines)[-WARNINGS_CHARS_MAX:]
+    return said or f"\n(no node logs in {logs})"
 
 
 def _cloud_storage(services: Services, backend: str, name: str) -> StoreConfig:
