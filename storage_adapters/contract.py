@@ -16,14 +16,33 @@ Transitions a record may make, and which call may make them:
     COMMIT   --apply_redo---------->  COMMIT, applied
     s        --log(s)-------------->  s            (idempotent rewrite of the same state)
     COMMIT  <-/-> ABORT, decision -/-> VOTE_YES    (refused with DecisionFlipRefused, nothing written)
-    d (applied), VOTE_YES (d ABORT), absent --delete(keep=Tombstone(d))--> tombstone of d
+    partition log:    COMMIT applied, VOTE_YES (d ABORT), ABORT, absent
+                          --delete(keep=Tombstone(d))--> tombstone of d
+    coordinator log:  COMMIT (applied or not), VOTE_YES (d ABORT), ABORT, absent
+                          --delete(keep=Tombstone(d))--> tombstone of d
+    (refused, nothing written: the other decision, DecisionFlipRefused; a COMMIT tombstone over
+     VOTE_YES, or over an unapplied COMMIT in a partition's log, InvariantViolation)
     anything --delete()--> absent
 
-A tombstone is what garbage collection leaves in a record's place: the decision alone, no body,
-kept at least `keep_ms` and then dropped by storage (Redis: key expiry; emulator: its writer's
-purge; DynamoDB: the table's TTL on `expires_at`; Azure: a lifecycle rule on the blob index tag
-`cornus-tombstone`, which the Terraform module sets up). Until then it reads as a finished record
-of its decision, and a late LogOnce meets it rather than an empty slot.
+A tombstone is what garbage collection leaves in a record's place: the decision alone, no body (a
+COMMIT one applied), kept at least `keep_ms` and then dropped by storage (Redis: key expiry;
+emulator: its writer's purge; DynamoDB: the table's TTL on `expires_at`; Azure: a lifecycle rule on
+the blob index tag `cornus-tombstone`, which the Terraform module sets up). Until then it reads as
+a finished record of its decision, so no recovery scan returns it, and a late write meets it rather
+than an empty slot: a LogOnce is told the decision, a `log` of the other decision or of VOTE_YES is
+refused, and a `log` of its own decision is the idempotent rewrite, which may bring a body back but
+leaves the record finished (a COMMIT stays applied) and its expiry as it was.
+
+Both kinds of log keep tombstones. A partition's, so that a late terminator's LogOnce(ABORT) or a
+late vote cannot fill the slot. A coordinator's own record (2PC's decision; coordinator-log's redo
+record and then its decision), because where storage takes a call long after its deadline
+(DynamoDB, Azure Blob) a late `log(COMMIT, body)` would otherwise create the record again,
+unfinished with its redo, and a participant's recovery would rebuild a yes vote from it and apply
+an old redo over newer data. Nothing is applied from a coordinator's log, so its COMMIT is never
+marked applied; its coordinator collects it only after every participant acknowledged applying
+the redo, so a COMMIT tombstone may cover it applied or not. In a partition's log the applied mark
+is what tells a COMMIT's redo safe, and a COMMIT tombstone over a vote is refused in both: there
+the COMMIT was never logged, so the caller is wrong about the outcome.
 
 `log_once` never changes an existing record: it returns what is stored. That single compare-and-swap
 is the whole of Cornus's requirement on storage, and every backend does it in ONE round trip.
@@ -238,9 +257,10 @@ class Record:
 @dataclass(frozen=True, slots=True)
 class Tombstone:
     """What garbage collection leaves in a record's place, so that the transaction's outcome can
-    still be told (the status call) and a late terminator's LogOnce(ABORT) still meets the decision
-    rather than an empty slot: the decision alone (no body; a COMMIT counts as applied), kept at
-    least `keep_ms` after the call that wrote it, then dropped by storage at its own pace."""
+    still be told (the status call) and a late write (a terminator's LogOnce(ABORT), a vote, a
+    coordinator's own `log` of its decision) still meets the decision rather than an empty slot:
+    the decision alone (no body; a COMMIT counts as applied, in either kind of log), kept at least
+    `keep_ms` after the call that wrote it, then dropped by storage at its own pace."""
 
     decision: TxnState
     keep_ms: int
@@ -496,28 +516,49 @@ def validate_writes(writes: object) -> dict[str, bytes | None]:
 
 
 def validate_tombstone(keep: object, log: LogId) -> Tombstone | None:
-    """A tombstone is kept only in a partition's log, where the status call looks for outcomes; a
-    coordinator log's COMMIT is never "applied", so `check_tombstone` could not tell it safe."""
+    """A tombstone may be kept in either kind of log (see the module docstring): in a partition's,
+    where the status call looks for outcomes and a late terminator or vote must meet the decision;
+    in a coordinator's, where its own `log(COMMIT, body)` may land after collection (DynamoDB,
+    Azure) and must not make the record, redo and all, unfinished again. What it may cover is
+    `check_tombstone`'s, which tells the two kinds apart."""
     if keep is None:
         return None
     if not isinstance(keep, Tombstone):
-        raise ValidationError(f"keep must be a Tombstone or None, got {type(keep).__name__}")
-    if log.kind is not LogKind.PARTITION:
-        raise ValidationError(f"a tombstone is kept only in a partition's log, not in {log.key}")
+        raise ValidationError(f"keep must be a Tombstone or None, got {type(keep).__name__} (log {log.key})")
     return keep
+
+
+def commit_tombstone_needs_applied(log: LogId) -> bool:
+    """Whether a COMMIT tombstone in `log` may cover only a COMMIT whose redo is applied. In a
+    partition's log, yes: the applied mark is what says the redo is in the data. In a coordinator's,
+    no: nothing is applied from it, so its COMMIT never carries the mark, and its coordinator
+    collects it only after every participant acknowledged its apply. For the backends that state
+    `check_tombstone`'s rule in their own terms (a Lua script, a condition expression)."""
+    return log.kind is LogKind.PARTITION
 
 
 def check_tombstone(log: LogId, txn: str, stored: TxnState | None, applied: bool, keep: Tombstone) -> None:
     """Raise unless `stored` may become `keep`'s tombstone: never over the other decision
-    (DecisionFlipRefused), and never where a committed redo would be dropped unapplied (a vote or
-    an unapplied COMMIT under a COMMIT tombstone: garbage collection runs only after every
-    participant applied, so this is a caller's bug, InvariantViolation). Absent may be kept: a
-    read-only voter's partition, or a coordinator-log participant's, holds no record."""
+    (DecisionFlipRefused); never a COMMIT over a vote (the COMMIT was never logged there, so the
+    caller is wrong about the outcome; in a partition's log the vote's redo would be lost too);
+    and in a partition's log never a COMMIT over a COMMIT whose redo is not applied
+    (`commit_tombstone_needs_applied`; garbage collection runs only after every participant
+    applied). Both are a caller's bug: InvariantViolation. Absent may be kept: a read-only voter's
+    partition, or a coordinator-log participant's, holds no record, nor does the log of a
+    coordinator whose own decision never landed."""
     if stored is None:
         return
     if stored.is_decision and stored is not keep.decision:
         raise DecisionFlipRefused(log, txn, stored, keep.decision)
-    if keep.decision is TxnState.COMMIT and not applied:
+    if keep.decision is not TxnState.COMMIT:
+        return
+    if stored is TxnState.VOTE_YES:
+        raise InvariantViolation(
+            f"refused a COMMIT tombstone over {stored} for txn {txn!r} in log {log.key}: no COMMIT was logged "
+            "there, and a vote's redo would be lost"
+        )
+    assert stored is TxnState.COMMIT, stored
+    if not applied and commit_tombstone_needs_applied(log):
         raise InvariantViolation(
             f"refused a COMMIT tombstone over {stored} (not applied) for txn {txn!r} in log {log.key}: "
             "its redo would be lost"

@@ -44,8 +44,9 @@ StorageUnavailable: retryable, nothing written.
 Tombstones. `delete` with a keep is one conditional UpdateItem that turns the record into its
 tombstone where it stands (an update, not a put, so that a record keeps its created_at_ms): it sets
 the decision (applied for a COMMIT), REMOVEs the body and sets `expires_at`, and its condition is
-`check_tombstone`'s rule (absent, or a vote or ABORT under an ABORT tombstone, or an applied COMMIT
-under a COMMIT one), so a refusal writes nothing and its ALL_OLD tells which refusal it was;
+`check_tombstone`'s rule (absent, or a vote or ABORT under an ABORT tombstone, or a COMMIT under a
+COMMIT one: applied, in a partition's log; applied or not, in a coordinator's, whose COMMIT never is),
+so a refusal writes nothing and its ALL_OLD tells which refusal it was;
 ReturnValues=ALL_OLD on success tells whether a record was there. A tombstone is a finished record
 to every other call (the unfinished scan's filter passes only VOTE_YES and unapplied COMMITs), and
 a plain delete removes it like any item. DynamoDB's own Time To Live drops it: `expires_at` is a
@@ -114,6 +115,7 @@ from storage_adapters.contract import (
     TxnState,
     check_log_transition,
     check_tombstone,
+    commit_tombstone_needs_applied,
     is_identity,
     is_unfinished,
 )
@@ -316,7 +318,9 @@ def _decode_record(log: LogId, txn: str, item: Mapping[str, Any]) -> Record:
         raise InvariantViolation(f"record {log.key}/{txn} is unreadable: {error!r}") from error
     # Only a COMMIT's redo is ever applied.
     assert not record.applied or record.state is TxnState.COMMIT
-    # A tombstone holds a decision, and a COMMIT one only once its redo was applied.
+    # A tombstone holds a decision, and a COMMIT one reads applied (in a coordinator's log too,
+    # where the COMMIT it replaced never was): so no scan finds it, and a `log` over it, which
+    # keeps the applied mark, leaves it finished.
     assert not tombstone or record.state is TxnState.ABORT or record.applied, f"{log.key}/{txn}: {record}"
     return record
 
@@ -1037,9 +1041,16 @@ class DynamoDbStore(LogStore):
             ":expires": {"N": str(_expires_at_s(keep.keep_ms))},
             ":now": {"N": str(_now_ms())},
         }
-        # check_tombstone's rule as a condition: a COMMIT only over an applied COMMIT (never over a
-        # vote or a COMMIT whose redo is not in the data yet), an ABORT over a vote or an ABORT.
-        allowed = "#state = :decision AND #applied = :applied" if commit else "#state IN (:vote, :decision)"
+        # check_tombstone's rule as a condition: a COMMIT only over a COMMIT (never over a vote),
+        # and in a partition's log only once its redo is in the data (applied); in a coordinator's,
+        # whose COMMIT is never applied, over any (commit_tombstone_needs_applied). An ABORT over
+        # a vote or an ABORT.
+        if not commit:
+            allowed = "#state IN (:vote, :decision)"
+        elif commit_tombstone_needs_applied(log):
+            allowed = "#state = :decision AND #applied = :applied"
+        else:
+            allowed = "#state = :decision"
         if existing is None:
             condition = f"attribute_not_exists(#pk) OR ({allowed})"
         elif existing:

@@ -532,9 +532,10 @@ def delete(
     _check_keep(decision, keep_ms)
     row = conn.execute("SELECT state, applied FROM txn_log WHERE log = ? AND txn = ?", (log, txn)).fetchone()
     # None there, or the same decision, applied where it is COMMIT (garbage collection's every
-    # call), needs no check; the rule for the rest stays in the contract, which raises with the
-    # contract's objects. This shortcut is a subset of what `check_tombstone` allows (it saves
-    # building contract objects on the writer's every keep), never more: keep it so.
+    # call in a partition's log), needs no check; the rule for the rest stays in the contract,
+    # which raises with the contract's objects, and tells the kinds of log apart (a coordinator's
+    # COMMIT, never applied, is kept too). This shortcut is a subset of what `check_tombstone`
+    # allows (it saves building contract objects on the writer's every keep), never more: keep it so.
     if row is not None and not (row[0] == decision and (row[1] or decision != _COMMIT)):
         check_tombstone(_log_id(log), txn, TxnState(row[0]), bool(row[1]), Tombstone(TxnState(decision), keep_ms))
     # The writer's wall clock, not its time.monotonic(): the expiry outlives the writer, and the

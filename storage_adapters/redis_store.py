@@ -62,6 +62,7 @@ from storage_adapters.contract import (
     Tombstone,
     TxnState,
     check_tombstone,
+    commit_tombstone_needs_applied,
     identity_name,
     is_identity,
     is_unfinished,
@@ -155,14 +156,19 @@ return {'OK', 'COMMIT'}
 
 # Several deletes of ONE log (a script may only touch one hash slot, and a log's keys share one),
 # each with its own fence check: what a tick's coalesced deletes cost instead of a script each.
-# KEYS: index, then each record, then (only when some delete is fenced) the partition's ownership
-# record. ARGV: per delete its txn, its fence's owner and epoch ('' and '' unfenced), and its
-# tombstone's decision and keep_ms ('' and '' to delete). Replies {results, ownership}: per delete
-# 1 (it existed), 0 (absent), -1 (fenced) or, for a tombstone refused, the stored 'state:applied'
-# (the caller raises what `check_tombstone` says; nothing was written), and the ownership record's
-# fields if any delete was fenced. A tombstone is the record with its body emptied and a key
-# expiry: Redis drops it keep_ms after this script, by its own clock.
+# KEYS: index, then each record, then (only when some delete is fenced) the ownership record of
+# the log's partition or node. ARGV: per delete its txn, its fence's owner and epoch ('' and ''
+# unfenced), and its tombstone's decision and keep_ms ('' and '' to delete); then, once, '1' where
+# a COMMIT tombstone may cover only an applied COMMIT (a partition's log), '0' where it may cover
+# one never applied too (a coordinator's: contract.commit_tombstone_needs_applied). The rule is
+# `check_tombstone`'s: a COMMIT tombstone never over a vote, nor over the other decision. Replies
+# {results, ownership}: per delete 1 (it existed), 0 (absent), -1 (fenced) or, for a tombstone
+# refused, the stored 'state:applied' (the caller raises what `check_tombstone` says; nothing was
+# written), and the ownership record's fields if any delete was fenced. A tombstone is the record
+# with its body emptied, applied where it is a COMMIT (so no scan finds it, in either kind of log),
+# and a key expiry: Redis drops it keep_ms after this script, by its own clock.
 _DELETE_MANY = _SYNC_INDEX + """
+local commit_needs_applied = table.remove(ARGV) == '1'
 local count = #ARGV / 5
 local owner_key = KEYS[count + 2]
 local held
@@ -186,7 +192,8 @@ for i = 1, count do
   else
     local stored = redis.call('HMGET', record_key, 'state', 'applied')
     local state, applied = stored[1], stored[2]
-    if state and ((state ~= 'VOTE_YES' and state ~= decision) or (decision == 'COMMIT' and applied ~= '1')) then
+    if state and ((state ~= 'VOTE_YES' and state ~= decision)
+                  or (decision == 'COMMIT' and (state == 'VOTE_YES' or (commit_needs_applied and applied ~= '1')))) then
       results[i] = state .. ':' .. applied
     else
       if not state then redis.call('HSET', record_key, 'created_at_ms', now_ms()) end
@@ -616,6 +623,7 @@ class RedisStore(LogStore):
                 fenced = True
             keep = request.keep
             args += ["", ""] if keep is None else [keep.decision.value, str(keep.keep_ms)]
+        args.append("1" if commit_tombstone_needs_applied(log) else "0")
         if fenced:
             keys.append(_owner_key(fences_of))
         results, owner_fields = await self._script(self._delete_many_script, keys, args)

@@ -304,10 +304,11 @@ class LogStore(abc.ABC):
     ) -> bool:
         """Remove the record (garbage collection); True if it existed. Fenced as `log_once`.
 
-        With `keep`, leave its tombstone in the record's place instead (see `Tombstone`): written
-        even where no record was (the answer is then False), and refused, writing nothing, over
-        the other decision (DecisionFlipRefused) or where a committed redo would be dropped
-        unapplied (InvariantViolation; `check_tombstone`).
+        With `keep`, leave its tombstone in the record's place instead (see `Tombstone`), in a
+        partition's log or a coordinator's: written even where no record was (the answer is then
+        False), and refused, writing nothing, over the other decision (DecisionFlipRefused), a
+        COMMIT one over a vote, or, in a partition's log, over a COMMIT not applied
+        (InvariantViolation; `check_tombstone`).
 
         Where the backend `coalesces_deletes`, the deletes of one event-loop tick go to storage
         together, at most DELETE_BATCH_COUNT_MAX per request, and each caller still gets its own

@@ -156,6 +156,36 @@ async def test_a_log_over_a_tombstone_leaves_it_a_tombstone_the_rule_still_drops
     assert (await store.read_data(ns, ["k"])) == {"k": b"v" if decision is COMMIT else None}
 
 
+@pytest.mark.parametrize("decision", [COMMIT, ABORT])
+async def test_a_coordinators_tombstone_is_tagged_and_stays_so_under_a_late_log(
+    store: azure_blob.AzureBlobStore, container: ContainerClient, ns: str, decision: TxnState
+) -> None:
+    """A coordinator's own record (never applied, as no data is written from its log) becomes a
+    tombstone the lifecycle rule drops, as a partition's does; its own late `log` of the decision
+    (which Azure may take long after its deadline) leaves it tagged, finished, with its expiry."""
+    log = LogId.coordinator(ns)
+    coordinator_body = body("p0", "p1", coordinator=ns)
+    assert await store.log(log, "t", VOTE, coordinator_body) is VOTE
+    assert await store.log(log, "t", decision) is decision
+    assert await _tags_and_metadata(container, log, "t") == ({}, {"state": decision, "applied": "false"})
+    before_ms = _now_ms()
+    assert await store.delete(log, "t", keep=Tombstone(decision, KEEP_MS)) is True
+    after_ms = _now_ms()
+    applied = "true" if decision is COMMIT else "false"
+    kept_tags, kept_metadata = await _tags_and_metadata(container, log, "t")
+    assert kept_tags == {TAG: TAG_VALUE}
+    assert (kept_metadata["state"], kept_metadata["applied"]) == (decision, applied)
+    _expiry_within(kept_metadata, before_ms, after_ms, KEEP_MS)
+    assert await _selected_by_the_rule(container, log) == {"t"}
+
+    assert await store.log(log, "t", decision, coordinator_body) is decision
+    record = await store.read(log, "t")
+    assert record is not None and (record.state, record.applied) == (decision, decision is COMMIT), record
+    assert await store.scan_unfinished(log) == []
+    assert await _tags_and_metadata(container, log, "t") == (kept_tags, kept_metadata)
+    assert await _selected_by_the_rule(container, log) == {"t"}
+
+
 @pytest.mark.parametrize("stored", [VOTE, None], ids=["vote", "absent"])
 async def test_a_keep_judges_a_record_changed_between_its_read_and_its_put(
     store: azure_blob.AzureBlobStore, container: ContainerClient, config: StoreConfig, ns: str,

@@ -19,7 +19,7 @@ from typing import Any
 import botocore.session
 import pytest
 
-from storage_adapters.contract import Fence, LogId, RecordBody, Tombstone, TxnState
+from storage_adapters.contract import Fence, LogId, LogKind, RecordBody, Tombstone, TxnState, identity_name
 from storage_adapters.dynamodb import OPEN_CALL_ATTEMPT_COUNT_MAX, TOMBSTONE_ROUND_COUNT_MAX, DynamoDbStore
 from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, StorageUnavailable
 from storage_adapters.factory import open_store
@@ -90,15 +90,30 @@ async def committed(store: DynamoDbStore, log: LogId, txn: str) -> None:
     assert await store.apply_redo(log.name, txn, {"k": b"v"})
 
 
+async def decided(store: DynamoDbStore, log: LogId, txn: str, fence: Fence | None) -> None:
+    """A COMMIT that may be kept: applied in a partition's log; in a coordinator's, as 2PC leaves
+    it (never applied: no data is written from a coordinator's log)."""
+    if log.kind is LogKind.PARTITION:
+        await committed(store, log, txn)
+    else:
+        assert await store.log(log, txn, COMMIT, body("p0", "p1", coordinator=log.name), fence) is COMMIT
+
+
+def identity_of(log: LogId) -> str:
+    """The name of the ownership record whose fence guards `log`."""
+    return identity_name(log.name) if log.kind is LogKind.COORDINATOR else log.name
+
+
+@pytest.mark.parametrize("kind", list(LogKind), ids=[kind.name.lower() for kind in LogKind])
 @pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
 @pytest.mark.parametrize("present", [True, False], ids=["over-a-record", "where-none-was"])
 async def test_a_tombstone_item_expires_at_epoch_seconds_and_holds_no_body(
-    dynamodb: DynamoDbStore, raw: Any, ns: str, fenced: bool, present: bool
+    dynamodb: DynamoDbStore, raw: Any, ns: str, fenced: bool, present: bool, *, kind: LogKind
 ) -> None:
-    log = LogId.partition(ns)
-    fence = (await take_first(dynamodb, ns)).fence() if fenced else None
+    log = LogId(kind, ns)
+    fence = (await take_first(dynamodb, identity_of(log), ns)).fence() if fenced else None
     if present:
-        await committed(dynamodb, log, "t")
+        await decided(dynamodb, log, "t", fence)
         assert set(raw_item(raw, dynamodb, log, "t") or {}) >= BODY_ATTRIBUTES
     sent = requests_of(dynamodb)
     before_s = time.time()
@@ -172,6 +187,40 @@ async def test_keeps_with_the_fence_holding_answer_as_without(
     for txn, state in (("applied", "COMMIT"), ("voted", "ABORT"), ("absent", "ABORT")):
         item = raw_item(raw, dynamodb, log, txn)
         assert item is not None and set(item) == TOMBSTONE_ATTRIBUTES and item["state"]["S"] == state, item
+
+
+@pytest.mark.parametrize("returned", [True, False], ids=["item-returned", "emulator-ignores-return-values"])
+@pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
+async def test_a_coordinators_keeps_answer_by_its_logs_rule(
+    dynamodb: DynamoDbStore, raw: Any, ns: str, fenced: bool, returned: bool
+) -> None:
+    """In a coordinator's log the condition lets a COMMIT tombstone cover a COMMIT never applied
+    (as every one there is) and still refuses it over a vote: unfenced (one UpdateItem) and behind
+    the identity's fence (a transaction, and a second one where no record was)."""
+    if not returned:
+        ignore_return_values_on_failure(dynamodb)
+    log = LogId.coordinator(ns)
+    fence = (await take_first(dynamodb, identity_name(ns), ns)).fence() if fenced else None
+    coordinator_body = body("p0", "p1", coordinator=ns)
+    assert await dynamodb.log(log, "voted", VOTE, coordinator_body, fence) is VOTE
+    assert await dynamodb.log(log, "committed", COMMIT, coordinator_body, fence) is COMMIT
+    assert await dynamodb.log(log, "aborted", ABORT, coordinator_body, fence) is ABORT
+    before = {txn: raw_item(raw, dynamodb, log, txn) for txn in ("voted", "committed", "aborted")}
+    with pytest.raises(InvariantViolation) as refused:
+        await dynamodb.delete(log, "voted", fence, keep=Tombstone(COMMIT, KEEP_MS))
+    assert not isinstance(refused.value, DecisionFlipRefused), refused.value
+    for txn, decision in (("committed", ABORT), ("aborted", COMMIT)):
+        with pytest.raises(DecisionFlipRefused):
+            await dynamodb.delete(log, txn, fence, keep=Tombstone(decision, KEEP_MS))
+    assert {txn: raw_item(raw, dynamodb, log, txn) for txn in before} == before
+    assert await dynamodb.delete(log, "committed", fence, keep=Tombstone(COMMIT, KEEP_MS)) is True
+    assert await dynamodb.delete(log, "voted", fence, keep=Tombstone(ABORT, KEEP_MS)) is True
+    assert await dynamodb.delete(log, "absent", fence, keep=Tombstone(COMMIT, KEEP_MS)) is False
+    for txn, state, applied in (("committed", "COMMIT", True), ("voted", "ABORT", False), ("absent", "COMMIT", True)):
+        item = raw_item(raw, dynamodb, log, txn)
+        assert item is not None and set(item) == TOMBSTONE_ATTRIBUTES, item
+        assert (item["state"], item["applied"]) == ({"S": state}, {"BOOL": applied}), item
+    assert await dynamodb.scan_unfinished(log) == []
 
 
 def record_arrives_between_rounds(store: DynamoDbStore, log: LogId, txn: str, flips: int) -> list[int]:

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from storage_adapters import emulator_sql, emulator_writer
-from storage_adapters.contract import RecordBody, Tombstone, TxnState
+from storage_adapters.contract import LogId, RecordBody, Tombstone, TxnState
 from storage_adapters.emulator import EmulatorStore
-from storage_adapters.errors import DecisionFlipRefused, ValidationError
+from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, ValidationError
 from tests.storage.test_emulator_batch import BODY, BODY_WIRE, LOG, VOTE_YES
 
 TIMEOUT_MS_CALL = 10_000
@@ -163,6 +163,37 @@ def test_the_writer_refuses_a_keep_no_store_sends_per_delete_of_a_batch(tmp_path
             ("aborted", "ABORT", 0), ("absent", "ABORT", 0), ("voted", VOTE_YES, 0),
         ]
         assert emulator_sql.read(conn, LOG, "voted").body == BODY  # type: ignore[union-attr]
+    finally:
+        conn.close()
+
+
+def test_the_writer_keeps_a_coordinators_commit_never_applied_and_refuses_one_over_its_vote(tmp_path: Path) -> None:
+    """The writer's own judgement (its shortcut, then the contract's rule) in a coordinator's log:
+    a COMMIT tombstone over the COMMIT (never applied there) is a row with an expiry, finished;
+    over the redo record (VOTE_YES) it is refused, and nothing of it written."""
+    conn = emulator_sql.connect(tmp_path / "cornus.db", TIMEOUT_MS_CALL)
+    log = LogId.coordinator("n0").key
+    try:
+        emulator_sql.log(conn, log, "committed", VOTE_YES, BODY_WIRE, None)
+        emulator_sql.log(conn, log, "committed", COMMIT.value, None, None)
+        emulator_sql.log(conn, log, "voted", VOTE_YES, BODY_WIRE, None)
+        before_ms = int(time.time() * 1000)
+        outcomes = emulator_sql.delete_many(conn, [
+            (log, "committed", None, (COMMIT.value, 5_000)),
+            (log, "voted", None, (COMMIT.value, 5_000)),
+            (log, "absent", None, (COMMIT.value, 5_000)),
+        ])
+        after_ms = int(time.time() * 1000)
+        assert outcomes[0] is True and outcomes[2] is False, outcomes
+        assert isinstance(outcomes[1], InvariantViolation) and not isinstance(outcomes[1], DecisionFlipRefused)
+        (absent, committed, voted) = rows(tmp_path / "cornus.db")
+        for row in (absent, committed):
+            assert row[2:4] == ("COMMIT", 1), row
+            assert before_ms + 5_000 <= row[5] <= after_ms + 5_000, (before_ms, row, after_ms)
+        assert voted[2:4] == (VOTE_YES, 0) and voted[5] is None, voted
+        assert emulator_sql.scan_unfinished(conn, LogId.coordinator("n0"), 10, "") == [
+            emulator_sql.read(conn, LogId.coordinator("n0"), "voted")
+        ]
     finally:
         conn.close()
 

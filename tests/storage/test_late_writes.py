@@ -17,7 +17,7 @@ from cornus.protocol.effects import DeleteRecord, Effect
 from cornus.sim.schedule import Schedule
 from cornus.sim.world import World
 from storage_adapters import redis_store
-from storage_adapters.contract import LogId, RecordBody, TxnState
+from storage_adapters.contract import LogId, Ownership, RecordBody, Tombstone, TxnState, identity_name
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
 from storage_adapters.redis_store import RedisStore
@@ -35,6 +35,9 @@ HOLD_S = 3.5
 DEADLINE_MS_CHECKS = 10_000
 # More keys than one DynamoDB transaction carries: the redo goes in chunks.
 CHUNKED_KEY_COUNT = 150
+# A coordinator's identity lease and its record's tombstone: both outlive the test.
+IDENTITY_LEASE_MS = 60_000
+TOMBSTONE_KEEP_MS = 600_000
 
 
 async def test_a_late_chunk_of_a_dynamodb_apply_never_undoes_a_later_write(services: Services) -> None:
@@ -253,6 +256,45 @@ async def test_a_vote_that_lands_after_collection_meets_a_tombstone(services: Se
         assert proxy.held_count >= 1
         assert await direct.scan_unfinished(LogId.partition("p1")) == [], "a late vote recreated a collected record"
         assert (await direct.log_once(LogId.partition("p1"), txn, TxnState.ABORT, body)).state is TxnState.COMMIT
+    finally:
+        await store.close()
+        proxy.close()
+        await (direct.delete_table() if backend == "dynamodb" else direct.delete_container())  # type: ignore[attr-defined]
+        await direct.close()
+
+
+@pytest.mark.parametrize("backend", ["dynamodb", "azure_blob"])
+async def test_a_coordinators_commit_that_lands_after_collection_meets_its_tombstone(
+    services: Services, backend: str
+) -> None:
+    """A 2PC coordinator's `log(COMMIT, body)` whose caller timed out (and logged it again) lands
+    after the coordinator collected its record. Deleted outright, the record came back, COMMIT
+    with its redo and never applied: unfinished, so a participant's recovery rebuilt a yes vote
+    from it and applied the old redo over later commits. Collected to a tombstone instead, the late
+    write meets it and leaves it finished (DynamoDB's update lands on it, keeping it applied;
+    Azure's create-if-absent is refused by the blob that is there)."""
+    table = f"latecommit-{uuid.uuid4().hex[:10]}"
+    proxy, store, direct = await _stores_behind_a_holding_proxy(backend, services, table)
+    node = "n9"
+    log, txn = LogId.coordinator(node), "1.n9.t.1.2pc"
+    body = RecordBody(("p0", "p1"), node, b"redo")
+    try:
+        taken = await direct.write_owner(None, Ownership(identity_name(node), node, 1, 1, IDENTITY_LEASE_MS))
+        assert taken.written and taken.stored is not None
+        fence = taken.stored.fence()
+        proxy.holding = True
+        with pytest.raises(StorageUnavailable):
+            await store.log(log, txn, TxnState.COMMIT, body, fence)  # held past its deadline
+        proxy.holding = False
+        assert await direct.log(log, txn, TxnState.COMMIT, body, fence) is TxnState.COMMIT  # the retry
+        assert await direct.delete(log, txn, fence, keep=Tombstone(TxnState.COMMIT, TOMBSTONE_KEEP_MS)) is True
+        await asyncio.sleep(HOLD_S + 1.0)  # the held COMMIT has reached the server by now
+        assert proxy.held_count >= 1
+        assert await direct.scan_unfinished(log) == [], "a late COMMIT made the coordinator's record unfinished"
+        record = await direct.read(log, txn)
+        assert record is not None and (record.state, record.applied) == (TxnState.COMMIT, True), record
+        # It did land on DynamoDB (its body is back: the idempotent rewrite), not on Azure.
+        assert record.body == (body if backend == "dynamodb" else RecordBody()), record
     finally:
         await store.close()
         proxy.close()

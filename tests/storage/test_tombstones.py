@@ -12,16 +12,18 @@ import pytest
 from storage_adapters.contract import (
     TOMBSTONE_KEEP_MS_MAX,
     LogId,
+    LogKind,
     LogOnceResult,
     Record,
     RecordBody,
     Tombstone,
     TxnState,
+    identity_name,
 )
-from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, ValidationError
+from storage_adapters.errors import DecisionFlipRefused, Fenced, InvariantViolation, ValidationError
 from storage_adapters.store import LogStore
 from tests.storage.test_conformance import body
-from tests.storage.test_ownership import FENCE_FAILURES, arrange_failing_fence, expect_fenced
+from tests.storage.test_ownership import FENCE_FAILURES, arrange_failing_fence, expect_fenced, own, take_first, written
 
 VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
 KEEP_MS_LONG = 600_000
@@ -81,15 +83,205 @@ async def test_a_tombstone_is_written_where_no_record_was(store: LogStore, ns: s
     assert await store.scan_unfinished(log) == []
 
 
-async def test_a_tombstone_is_refused_in_a_coordinator_log(store: LogStore, ns: str) -> None:
-    """Its COMMIT is never "applied", so nothing could tell a redo safe there; the status call
-    reads partitions' logs, where garbage collection keeps tombstones."""
+# --- a coordinator's own record -------------------------------------------------------------------
+# 2PC and coordinator-log keep a coordinator's record in its node's log: coordinator-log's redo
+# record (VOTE_YES), then the decision by `log`. Where storage takes calls late (DynamoDB, Azure),
+# a late `log(COMMIT, body)` landing after collection would create that record again, redo and
+# all, unfinished; a participant's recovery would rebuild a yes vote from it. So the coordinator
+# leaves a tombstone there too. Its COMMIT is never "applied" (no data is written from its log),
+# and it collects only after every participant acknowledged its apply: a COMMIT tombstone may
+# cover it unapplied, though never a vote (the COMMIT was never logged there).
+
+
+def coordinator_body(log: LogId) -> RecordBody:
+    return body("p0", "p1", coordinator=log.name)
+
+
+async def coordinator_decided(store: LogStore, log: LogId, txn: str, decision: TxnState, *, redo: bool) -> None:
+    """The coordinator's record of `decision`: with coordinator-log's redo record first (`redo`),
+    or the decision alone (2PC). A COMMIT is left unapplied, as it always is there."""
+    if redo:
+        assert await store.log(log, txn, VOTE, coordinator_body(log)) is VOTE
+        assert await store.log(log, txn, decision) is decision
+    else:
+        assert await store.log(log, txn, decision, coordinator_body(log)) is decision
+    stored = await store.read(log, txn)
+    assert stored is not None and (stored.state, stored.applied) == (decision, False), stored
+
+
+async def coordinator_tombstone(store: LogStore, log: LogId, txn: str, decision: TxnState) -> None:
+    """A coordinator-log tombstone of `decision` over the record as 2PC leaves it."""
+    await coordinator_decided(store, log, txn, decision, redo=False)
+    assert await store.delete(log, txn, keep=tombstone(decision)) is True
+    assert shape(await store.read(log, txn)) == (decision, decision is COMMIT, RecordBody())
+
+
+@pytest.mark.parametrize("redo", [True, False], ids=["coordinator-log", "2pc"])
+async def test_a_commit_tombstone_covers_a_coordinators_unapplied_commit(
+    store: LogStore, ns: str, redo: bool
+) -> None:
     log = LogId.coordinator(ns)
-    await store.log(log, "t", COMMIT, body("p0", "p1", coordinator=ns))
+    await coordinator_decided(store, log, "t", COMMIT, redo=redo)
+    # An unapplied COMMIT is what recovery scans for (a 2PC coordinator resends it): it must go.
+    assert [record.txn for record in await store.scan_unfinished(log)] == ["t"]
+    assert await store.delete(log, "t", keep=tombstone(COMMIT)) is True
+    # Read as a partition log's COMMIT tombstone reads: applied, no body, finished.
+    assert shape(await store.read(log, "t")) == (COMMIT, True, RecordBody())
+    assert await store.scan_unfinished(log) == []
+    assert await store.log_once(log, "t", ABORT, coordinator_body(log)) == LogOnceResult(COMMIT, False)
+    # Kept again, and where no record was (a coordinator that crashed before its log landed).
+    assert await store.delete(log, "t", keep=tombstone(COMMIT, KEEP_MS_CHECKED)) is True
+    assert await store.delete(log, "absent", keep=tombstone(COMMIT)) is False
+    assert shape(await store.read(log, "absent")) == (COMMIT, True, RecordBody())
+    assert await store.scan_unfinished(log) == []
+
+
+@pytest.mark.parametrize("stored", [VOTE, ABORT, None], ids=["redo-record", "abort", "absent"])
+async def test_an_abort_tombstone_in_a_coordinator_log(store: LogStore, ns: str, stored: TxnState | None) -> None:
+    log = LogId.coordinator(ns)
+    if stored is not None:
+        assert await store.log(log, "t", stored, coordinator_body(log)) is stored
+    assert await store.delete(log, "t", keep=tombstone(ABORT)) is (stored is not None)
+    assert shape(await store.read(log, "t")) == (ABORT, False, RecordBody())
+    assert await store.scan_unfinished(log) == []
+    assert await store.log_once(log, "t", VOTE, coordinator_body(log)) == LogOnceResult(ABORT, False)
+
+
+async def test_refused_coordinator_tombstones_write_nothing(store: LogStore, ns: str) -> None:
+    """A COMMIT tombstone over coordinator-log's redo record: the COMMIT was never logged there, so
+    the caller is wrong about the outcome (InvariantViolation, not a flip); and either decision's
+    tombstone over the other decision, as in partition logs."""
+    log = LogId.coordinator(ns)
+    assert await store.log(log, "voted", VOTE, coordinator_body(log)) is VOTE
+    await coordinator_decided(store, log, "committed", COMMIT, redo=True)
+    await coordinator_decided(store, log, "aborted", ABORT, redo=True)
+    before = {txn: await store.read(log, txn) for txn in ("voted", "committed", "aborted")}
+    unfinished = await store.scan_unfinished(log)
+    assert [record.txn for record in unfinished] == ["committed", "voted"]
+    with pytest.raises(InvariantViolation) as refused:
+        await store.delete(log, "voted", keep=tombstone(COMMIT))
+    assert not isinstance(refused.value, DecisionFlipRefused), refused.value
+    for txn, decision in (("committed", ABORT), ("aborted", COMMIT)):
+        with pytest.raises(DecisionFlipRefused):
+            await store.delete(log, txn, keep=tombstone(decision))
+    assert {txn: await store.read(log, txn) for txn in before} == before
+    assert await store.scan_unfinished(log) == unfinished
+
+
+@pytest.mark.parametrize("decision", [COMMIT, ABORT])
+async def test_late_writes_onto_a_coordinators_tombstone_leave_it_finished(
+    store: LogStore, ns: str, decision: TxnState
+) -> None:
+    """The coordinator's own calls that timed out and land after collection: its decision again
+    (an idempotent rewrite: it may bring the body back, but the record stays finished, so no
+    recovery scan finds it), its redo record (refused), a LogOnce (told the decision)."""
+    log = LogId.coordinator(ns)
+    other = ABORT if decision is COMMIT else COMMIT
+    await coordinator_tombstone(store, log, "t", decision)
+    assert await store.log(log, "t", decision, coordinator_body(log)) is decision
+    assert await store.log(log, "t", decision) is decision
+    rewritten = await store.read(log, "t")
+    assert rewritten is not None and (rewritten.state, rewritten.applied) == (decision, decision is COMMIT), rewritten
+    assert await store.scan_unfinished(log) == []
+    for state in (VOTE, other):
+        with pytest.raises(DecisionFlipRefused):
+            await store.log(log, "t", state, coordinator_body(log))
+        assert await store.log_once(log, "t", state, coordinator_body(log)) == LogOnceResult(decision, False)
+    assert await store.read(log, "t") == rewritten
+    assert await store.scan_unfinished(log) == []
+    # A collection repeated (its coordinator restarted) keeps it again, over the rewrite.
+    assert await store.delete(log, "t", keep=tombstone(decision)) is True
+    assert shape(await store.read(log, "t")) == (decision, decision is COMMIT, RecordBody())
+
+
+async def test_a_coordinator_tombstone_with_its_identity_fence(store: LogStore, ns: str) -> None:
+    """A coordinator collects its own record under its identity's fence, like every write to its
+    log: kept while the fence holds, refused with Fenced (writing nothing) once another process
+    took the node's name."""
+    node, log = ns, LogId.coordinator(ns)
+    name = identity_name(node)
+    first = await take_first(store, name, node)
+    fence = first.fence()
+    assert await store.log(log, "t", COMMIT, coordinator_body(log), fence) is COMMIT
+    assert await store.log(log, "u", VOTE, coordinator_body(log), fence) is VOTE
+    assert await store.log(log, "u", ABORT, None, fence) is ABORT
+    assert await store.delete(log, "t", fence, keep=tombstone(COMMIT)) is True
+    assert await store.delete(log, "absent", fence, keep=tombstone(COMMIT)) is False
+    assert shape(await store.read(log, "t")) == (COMMIT, True, RecordBody())
+    assert shape(await store.read(log, "absent")) == (COMMIT, True, RecordBody())
+    # The rule holds behind the fence too.
+    assert await store.log(log, "voted", VOTE, coordinator_body(log), fence) is VOTE
+    with pytest.raises(InvariantViolation):
+        await store.delete(log, "voted", fence, keep=tombstone(COMMIT))
+    taken = await written(store, first, own(name, node, 2, 2))
+    before = await store.read(log, "u")
+    await expect_fenced(store.delete(log, "u", fence, keep=tombstone(ABORT)), fence, taken)
+    await expect_fenced(store.delete(log, "gone", fence, keep=tombstone(COMMIT)), fence, taken)
+    assert await store.read(log, "u") == before
+    assert await store.read(log, "gone") is None
+    # The new process's fence keeps it.
+    assert await store.delete(log, "u", taken.fence(), keep=tombstone(ABORT)) is True
+
+
+@pytest.mark.parametrize("case", FENCE_FAILURES)
+async def test_a_fenced_coordinator_tombstone_is_refused_and_writes_nothing(
+    store: LogStore, ns: str, case: str
+) -> None:
+    log = LogId.coordinator(ns)
+    fence, stored = await arrange_failing_fence(store, identity_name(ns), case)
+    await coordinator_decided(store, log, "t", COMMIT, redo=True)
     before = await store.read(log, "t")
-    with pytest.raises(ValidationError):
-        await store.delete(log, "t", keep=tombstone(COMMIT))
+    unfinished = await store.scan_unfinished(log)
+    await expect_fenced(store.delete(log, "t", fence, keep=tombstone(COMMIT)), fence, stored)
+    await expect_fenced(store.delete(log, "absent", fence, keep=tombstone(COMMIT)), fence, stored)
     assert await store.read(log, "t") == before
+    assert await store.read(log, "absent") is None
+    assert await store.scan_unfinished(log) == unfinished
+
+
+async def test_coordinator_tombstones_of_one_tick_each_get_their_own_answer(store: LogStore, ns: str) -> None:
+    """Where deletes of one tick go to storage together (one script per log on Redis, one
+    transaction on the emulator, a Blob Batch beside the keeps on Azure), a coordinator log's keeps
+    among them: each caller its own answer, refusal or Fenced, under the same rule as alone."""
+    node, log, partition = ns, LogId.coordinator(ns), LogId.partition(ns)
+    name = identity_name(node)
+    first = await take_first(store, name, node)
+    taken = await written(store, first, own(name, node, 2, 2))
+    old, new = first.fence(), taken.fence()
+    await coordinator_decided(store, log, "committed", COMMIT, redo=True)
+    await coordinator_decided(store, log, "fenced", COMMIT, redo=False)
+    await coordinator_decided(store, log, "stale", COMMIT, redo=False)
+    assert await store.log(log, "voted", VOTE, coordinator_body(log)) is VOTE
+    assert await store.log(log, "refused", VOTE, coordinator_body(log)) is VOTE
+    await coordinator_decided(store, log, "flipped", COMMIT, redo=False)
+    await coordinator_decided(store, log, "deleted", ABORT, redo=False)
+    await committed(store, partition, "kept")
+    stale_before = await store.read(log, "stale")
+    answers = await asyncio.gather(
+        store.delete(log, "committed", keep=tombstone(COMMIT)),
+        store.delete(log, "fenced", new, keep=tombstone(COMMIT)),
+        store.delete(log, "stale", old, keep=tombstone(COMMIT)),
+        store.delete(log, "voted", keep=tombstone(ABORT)),
+        store.delete(log, "refused", keep=tombstone(COMMIT)),
+        store.delete(log, "flipped", keep=tombstone(ABORT)),
+        store.delete(log, "absent", new, keep=tombstone(COMMIT)),
+        store.delete(log, "deleted"),
+        store.delete(partition, "kept", keep=tombstone(COMMIT)),
+        return_exceptions=True,
+    )
+    assert answers[:2] == [True, True] and answers[3] is True and answers[6:] == [False, True, True], answers
+    assert isinstance(answers[2], Fenced) and (answers[2].fence, answers[2].stored) == (old, taken), answers[2]
+    assert isinstance(answers[4], InvariantViolation) and not isinstance(answers[4], DecisionFlipRefused), answers[4]
+    assert isinstance(answers[5], DecisionFlipRefused), answers[5]
+    for txn in ("committed", "fenced", "absent"):
+        assert shape(await store.read(log, txn)) == (COMMIT, True, RecordBody()), txn
+    assert shape(await store.read(log, "voted")) == (ABORT, False, RecordBody())
+    assert await store.read(log, "stale") == stale_before
+    assert (await store.read(log, "refused")).state is VOTE  # type: ignore[union-attr]
+    assert (await store.read(log, "flipped")).state is COMMIT  # type: ignore[union-attr]
+    assert await store.read(log, "deleted") is None
+    assert shape(await store.read(partition, "kept")) == (COMMIT, True, RecordBody())
+    assert [record.txn for record in await store.scan_unfinished(log)] == ["flipped", "refused", "stale"]
 
 
 async def test_keeping_again_and_then_deleting(store: LogStore, ns: str) -> None:
@@ -184,29 +376,45 @@ async def test_tombstones_and_deletes_of_one_tick_each_get_their_own_answer(stor
     assert shape(await store.read(other, "kept")) == (ABORT, False, RecordBody())
 
 
-async def test_a_tombstone_is_kept_at_least_keep_ms(store: LogStore, ns: str) -> None:
+async def commit_to_keep(store: LogStore, log: LogId, txn: str) -> None:
+    """A COMMIT that garbage collection may keep a tombstone of: applied in a partition's log, as
+    coordinator-log's coordinator leaves it (redo record, then COMMIT, never applied) in its own."""
+    if log.kind is LogKind.PARTITION:
+        await committed(store, log, txn)
+    else:
+        await coordinator_decided(store, log, txn, COMMIT, redo=True)
+
+
+# Both kinds of log: a coordinator's tombstone is dropped, and survives a late write, as a
+# partition's does.
+LOG_KINDS = pytest.mark.parametrize("kind", list(LogKind), ids=[kind.name.lower() for kind in LogKind])
+
+
+@LOG_KINDS
+async def test_a_tombstone_is_kept_at_least_keep_ms(store: LogStore, ns: str, kind: LogKind) -> None:
     """Found by review: nothing checked the lower bound, and a backend that counted keep_ms in the
     wrong unit (seconds read as milliseconds) would drop tombstones a thousand times too soon."""
     if not store.drops_tombstones_at_expiry:
         # Nothing drops them within a test there, so this could not fail: their own tests check
         # the expiry they hand storage (test_dynamodb_tombstones.py, test_azure_tombstones.py).
         pytest.skip("storage drops these tombstones days after expiry")
-    log = LogId.partition(ns)
-    await committed(store, log, "t")
+    log = LogId(kind, ns)
+    await commit_to_keep(store, log, "t")
     assert await store.delete(log, "t", keep=tombstone(COMMIT, KEEP_MS_CHECKED)) is True
     await asyncio.sleep(KEEP_MS_CHECKED * 0.75 / 1000)
     assert shape(await store.read(log, "t")) == (COMMIT, True, RecordBody())
 
 
-async def test_a_tombstone_is_dropped_after_keep_ms(store: LogStore, ns: str) -> None:
+@LOG_KINDS
+async def test_a_tombstone_is_dropped_after_keep_ms(store: LogStore, ns: str, kind: LogKind) -> None:
     """Storage must not keep tombstones forever: Redis drops one at its expiry and the emulator's
     writer in its next purge; DynamoDB's table TTL and an Azure lifecycle rule do it within days
     (what each backend hands them is checked in its own tests), so here only the first two."""
     if not store.drops_tombstones_at_expiry:
         assert store.backend_name in ("dynamodb", "azure_blob"), store.backend_name
         pytest.skip("storage drops these tombstones days after expiry; their own tests check what it is handed")
-    log = LogId.partition(ns)
-    await committed(store, log, "t")
+    log = LogId(kind, ns)
+    await commit_to_keep(store, log, "t")
     assert await store.delete(log, "t", keep=tombstone(COMMIT, 300)) is True
     assert shape(await store.read(log, "t")) == (COMMIT, True, RecordBody())
     deadline = time.monotonic() + DROP_WAIT_S_MAX
@@ -217,17 +425,21 @@ async def test_a_tombstone_is_dropped_after_keep_ms(store: LogStore, ns: str) ->
     assert await store.log_once(log, "t", ABORT, body(ns)) == LogOnceResult(ABORT, True)
 
 
-async def test_a_log_of_the_decision_over_its_tombstone_leaves_a_tombstone(store: LogStore, ns: str) -> None:
+@LOG_KINDS
+async def test_a_log_of_the_decision_over_its_tombstone_leaves_a_tombstone(
+    store: LogStore, ns: str, kind: LogKind
+) -> None:
     """A late `log` of the tombstone's own decision (a decision carrying the vote's body) is an
     idempotent rewrite: it succeeds, and what it leaves is still the tombstone, which storage
     drops as it would have (Redis keeps the key's expiry, the emulator the row's, DynamoDB the
     item's expires_at, Azure the blob's tag: test_azure_tombstones.py). Else a collected record
     would come back for good."""
-    log = LogId.partition(ns)
-    await committed(store, log, "t")
+    log = LogId(kind, ns)
+    await commit_to_keep(store, log, "t")
     assert await store.delete(log, "t", keep=tombstone(COMMIT, KEEP_MS_CHECKED)) is True
     assert await store.log(log, "t", COMMIT, body(ns)) is COMMIT
     assert shape(await store.read(log, "t")) == (COMMIT, True, body(ns))
+    assert await store.scan_unfinished(log) == []
     if not store.drops_tombstones_at_expiry:
         pytest.skip("storage drops these tombstones days after expiry; their own tests check what it is handed")
     deadline = time.monotonic() + KEEP_MS_CHECKED / 1000 + DROP_WAIT_S_MAX
