@@ -259,7 +259,14 @@ class CoordinatorBase:
         if self.uses_coordinator_log:
             # Our own record goes first and alone: while it exists a restart of ours resends its
             # decision, which participants whose records are gone would take for a new transaction.
-            return self._delete({DeleteRecord(self.node, self.coordinator_log, self.txn)})
+            # Where storage takes calls late it becomes a tombstone, as the participants' records
+            # do (_delete_participants): a decision or redo write of ours that timed out long ago
+            # could still land, and in an empty slot it would recreate the record, whose redo a
+            # coordinator-log participant's recovery then takes for an open yes vote and applies
+            # again over later commits. A tombstone reads as finished, and a late write onto it
+            # leaves it so (storage_adapters.contract).
+            keep = Tombstone(self.decision, self.config.outcome_keep_ms) if self.config.late_write_window_ms else None
+            return self._delete({DeleteRecord(self.node, self.coordinator_log, self.txn, keep)})
         return self._keep_outcome()
 
     def _keep_outcome(self) -> list[Effect]:

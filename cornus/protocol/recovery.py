@@ -184,13 +184,16 @@ class Recovery:
         (once all of those are in) each coordinator's record again. Garbage collection deletes the
         coordinator's record first and the partitions' after it, so a coordinator record still
         there after our own record was found missing means nothing was collected yet: the vote may
-        be open. Gone means the transaction finished, and was collected, meanwhile."""
+        be open. Gone (or a tombstone, where storage takes calls late) means the transaction
+        finished, and was collected, meanwhile; ABORT, that it never committed."""
         if call.log.kind is LogKind.PARTITION:
             if record is not None and record.state.is_decision:
                 # Decided here already: an unapplied COMMIT came back through this partition's own
                 # log; an applied one or an ABORT needs nothing.
                 del self._votes[(call.log.name, call.txn)]
-        elif record is None:
+        elif record is None or record.applied or record.state is TxnState.ABORT:
+            # Gone, or collected to its tombstone (a COMMIT tombstone reads as applied; a
+            # coordinator's own COMMIT never is), or ABORT: no vote of ours is open.
             for key in [key for key in self._votes if key[1] == call.txn]:
                 del self._votes[key]
 

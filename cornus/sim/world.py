@@ -1251,7 +1251,9 @@ class World:
             unreachable = answer(call, StorageUnreachable("the call outlived its deadline"))
             self._push(self.now_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path, tenure))
             if self.rng.random() < 0.5:
-                late_ms_max = self.config.clock_slack_ms + self._late_window_ms(call)
+                # Where storage takes calls late, any protocol's call may land past the slack:
+                # collection leaves tombstones in coordinators' logs too there.
+                late_ms_max = self.config.clock_slack_ms + self.schedule.late_window_ms
                 landing = self.now_ms + self.deadline_ms + self.rng.randint(0, late_ms_max)
                 self._push(landing, _ARRIVE, (owner, incarnation, call, path, False, epoch, tenure))
             return
@@ -1274,19 +1276,6 @@ class World:
             result = tuple(listed[: call.limit])
         self._push(self.now_ms + latency, _RETURN,
                    (node.name, node.incarnation, IdentitiesListed(call, result), node.path, tenure))
-
-    def _late_window_ms(self, call: StorageCall) -> int:
-        """How much later than the slack a call that timed out may land: the schedule's window
-        for the calls of Cornus transactions, none for the others. 2PC and coordinator-log on
-        storage that takes calls late have known gaps this would only report again (docs/deploy.md,
-        section 5, "Late writes"): collection deletes a coordinator's own
-        record outright (the contract keeps tombstones in partition logs only), so a late decision
-        or redo write can recreate it, and a late 2PC vote can land after its participant's
-        recovery scan, a VOTE_YES nobody runs until the partition's next recovery."""
-        txn = getattr(call, "txn", None)
-        if txn is None or protocol_of(txn) is not Protocol.CORNUS:
-            return 0
-        return self.schedule.late_window_ms
 
     def _tenure(self, node: Node, host: str) -> int:
         """The tenure of the partition `host` acts for on `node` (0 for the node's own hosts)."""

@@ -415,6 +415,34 @@ def test_collection_that_leaves_gaps_where_storage_takes_calls_late(monkeypatch:
     assert any(word in v for v in violations for word in ("recreated", "whose record is None")), violations
 
 
+# -- 13c. collection that deletes a coordinator's own record where storage takes calls late -------
+def test_collection_that_deletes_the_coordinator_record_where_storage_takes_calls_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review (2026-11-26): 2PC and coordinator-log coordinators deleted their own record
+    outright on every backend. On DynamoDB and Azure Blob a decision write that timed out (and was
+    written again) landed after collection and created the record again: an unfinished COMMIT
+    whose redo a coordinator-log participant's recovery took for an open yes vote."""
+    original_schedule = explore_module.random_schedule
+
+    def late_storage(rng: random.Random, protocol: Protocol | None, *, twins: bool = False) -> Schedule:
+        schedule = original_schedule(rng, protocol, twins=twins)
+        return dataclasses.replace(schedule, late_window_ms=LATE_WINDOW_MS_MIN, late_call_probability=0.2)
+
+    def delete_outright(self: CoordinatorBase) -> list[Effect]:
+        if self.phase is not CoordPhase.GC_WAIT:
+            return []
+        self.phase = CoordPhase.COLLECTING_GARBAGE
+        if self.uses_coordinator_log:
+            return self._delete({DeleteRecord(self.node, self.coordinator_log, self.txn)})
+        return self._keep_outcome()
+
+    monkeypatch.setattr(explore_module, "random_schedule", late_storage)
+    monkeypatch.setattr(CoordinatorBase, "_collect_garbage", delete_outright)
+    violations = _found(Protocol.COORDINATOR_LOG)
+    assert any("recreated" in v for v in violations), violations
+
+
 # -- 14. the status call (cornus.protocol.status), asked of the world by cornus.sim.status_probe ----
 def test_the_status_call_that_forgets_requests_on_their_way(monkeypatch: pytest.MonkeyPatch) -> None:
     """Found while the verdict moved into the core (2026-11-26): a one-shot's requests still on their

@@ -17,7 +17,7 @@ from cornus.protocol.effects import DeleteRecord, Effect
 from cornus.sim.schedule import Schedule
 from cornus.sim.world import World
 from storage_adapters import redis_store
-from storage_adapters.contract import LogId, Ownership, RecordBody, Tombstone, TxnState, identity_name
+from storage_adapters.contract import LogId, LogKind, Ownership, RecordBody, TxnState, identity_name
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
 from storage_adapters.redis_store import RedisStore
@@ -35,9 +35,8 @@ HOLD_S = 3.5
 DEADLINE_MS_CHECKS = 10_000
 # More keys than one DynamoDB transaction carries: the redo goes in chunks.
 CHUNKED_KEY_COUNT = 150
-# A coordinator's identity lease and its record's tombstone: both outlive the test.
+# A coordinator's identity lease: it outlives the test.
 IDENTITY_LEASE_MS = 60_000
-TOMBSTONE_KEEP_MS = 600_000
 
 
 async def test_a_late_chunk_of_a_dynamodb_apply_never_undoes_a_later_write(services: Services) -> None:
@@ -184,12 +183,12 @@ async def test_a_node_clock_stepped_back_fails_one_write_says_why_and_measures_a
         await store.close()
 
 
-def _collection_of_a_two_partition_commit(late_write_window_ms: int) -> list[DeleteRecord]:
+def _collection_of_a_two_partition_commit(late_write_window_ms: int, protocol: Protocol = Protocol.CORNUS,
+                                         ) -> list[DeleteRecord]:
     """The record deletions and tombstones the core's garbage collection issues, in order, for a
-    Cornus transaction committed on p0 and p1 (the simulator runs the real machines), on storage
-    whose calls may land `late_write_window_ms` late."""
-    schedule = dataclasses.replace(Schedule.single(Protocol.CORNUS, (True, True)),
-                                   late_window_ms=late_write_window_ms)
+    transaction of `protocol` committed on p0 and p1 (the simulator runs the real machines), on
+    storage whose calls may land `late_write_window_ms` late."""
+    schedule = dataclasses.replace(Schedule.single(protocol, (True, True)), late_window_ms=late_write_window_ms)
     collection: list[DeleteRecord] = []
 
     def note(world: World, name: str, effect: Effect) -> None:
@@ -264,37 +263,45 @@ async def test_a_vote_that_lands_after_collection_meets_a_tombstone(services: Se
 
 
 @pytest.mark.parametrize("backend", ["dynamodb", "azure_blob"])
-async def test_a_coordinators_commit_that_lands_after_collection_meets_its_tombstone(
-    services: Services, backend: str
+async def test_a_coordinator_decision_that_lands_after_collection_meets_a_tombstone(
+    services: Services, backend: str,
 ) -> None:
-    """A 2PC coordinator's `log(COMMIT, body)` whose caller timed out (and logged it again) lands
-    after the coordinator collected its record. Deleted outright, the record came back, COMMIT
-    with its redo and never applied: unfinished, so a participant's recovery rebuilt a yes vote
-    from it and applied the old redo over later commits. Collected to a tombstone instead, the late
-    write meets it and leaves it finished (DynamoDB's update lands on it, keeping it applied;
-    Azure's create-if-absent is refused by the blob that is there)."""
-    table = f"latecommit-{uuid.uuid4().hex[:10]}"
+    """The same for a coordinator's own record (2PC, coordinator-log): collection deleted it
+    outright, so a decision write of the coordinator's that timed out (and was written again)
+    landed after collection and created the record again, an unfinished COMMIT with its redo: the
+    coordinator's next recovery sent that decision again, and a coordinator-log participant's
+    recovery took the redo for an open yes vote and applied it over later commits (found by
+    review, 2026-11-26). The collection run here is the core's: it must leave a tombstone in the
+    coordinator's log, which the late write meets and leaves finished (DynamoDB's update lands on
+    it, keeping it applied; Azure's create-if-absent is refused by the blob that is there)."""
+    window_ms = StoreConfig(backend=backend, azure_connection_string="x").late_write_window_ms
+    collection = _collection_of_a_two_partition_commit(window_ms, Protocol.COORDINATOR_LOG)
+    [log] = {call.log for call in collection if call.log.kind is LogKind.COORDINATOR}
+    table = f"latedecision-{uuid.uuid4().hex[:10]}"
     proxy, store, direct = await _stores_behind_a_holding_proxy(backend, services, table)
-    node = "n9"
-    log, txn = LogId.coordinator(node), "1.n9.t.1.2pc"
-    body = RecordBody(("p0", "p1"), node, b"redo")
+    txn = f"1.{log.name}.t.1.clog"
+    body = RecordBody(("p0", "p1"), log.name, b"redo")
     try:
-        taken = await direct.write_owner(None, Ownership(identity_name(node), node, 1, 1, IDENTITY_LEASE_MS))
+        # The coordinator's writes to its own log carry its identity's fence, as a node's do.
+        taken = await direct.write_owner(None, Ownership(identity_name(log.name), log.name, 1, 1, IDENTITY_LEASE_MS))
         assert taken.written and taken.stored is not None
         fence = taken.stored.fence()
+        await direct.log(log, txn, TxnState.VOTE_YES, body, fence)  # the participants' redo
         proxy.holding = True
         with pytest.raises(StorageUnavailable):
             await store.log(log, txn, TxnState.COMMIT, body, fence)  # held past its deadline
         proxy.holding = False
         assert await direct.log(log, txn, TxnState.COMMIT, body, fence) is TxnState.COMMIT  # the retry
-        assert await direct.delete(log, txn, fence, keep=Tombstone(TxnState.COMMIT, TOMBSTONE_KEEP_MS)) is True
-        await asyncio.sleep(HOLD_S + 1.0)  # the held COMMIT has reached the server by now
+        for partition in ("p0", "p1"):  # each participant logs the decision and applies it
+            await direct.log(LogId.partition(partition), txn, TxnState.COMMIT, body)
+            await direct.apply_redo(partition, txn, {"k": b"t1"})
+        for call in collection:
+            await direct.delete(call.log, txn, fence if call.log == log else None, keep=call.keep)
+        await asyncio.sleep(HOLD_S + 1.0)  # the held decision has reached the server by now
         assert proxy.held_count >= 1
-        assert await direct.scan_unfinished(log) == [], "a late COMMIT made the coordinator's record unfinished"
+        assert await direct.scan_unfinished(log) == [], "a late decision recreated a collected record"
         record = await direct.read(log, txn)
         assert record is not None and (record.state, record.applied) == (TxnState.COMMIT, True), record
-        # It did land on DynamoDB (its body is back: the idempotent rewrite), not on Azure.
-        assert record.body == (body if backend == "dynamodb" else RecordBody()), record
     finally:
         await store.close()
         proxy.close()
