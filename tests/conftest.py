@@ -102,3 +102,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for name in SHARED_CLUSTER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(f"{item.path.parent.name}-{name}"))
+
+
+# `CORNUS_TEST_TIMELINE=FILE`: each test's worker, start and end (wall-clock seconds, setup to
+# teardown) appended to FILE as tab-separated lines: what tells which worker's tests make the
+# suite's tail, when its wall time is over budget (scripts/timeline.py reads it).
+_TIMELINE = os.environ.get("CORNUS_TEST_TIMELINE", "")
+
+
+if _TIMELINE:
+    import time
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+        started = time.time()
+        yield
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(_TIMELINE, "a") as timeline:
+            timeline.write(f"{worker}\t{started:.3f}\t{time.time():.3f}\t{item.nodeid}\n")
