@@ -264,7 +264,10 @@ class CoordinatorBase:
             # could still land, and in an empty slot it would recreate the record, whose redo a
             # coordinator-log participant's recovery then takes for an open yes vote and applies
             # again over later commits. A tombstone reads as finished, and a late write onto it
-            # leaves it so (storage_adapters.contract).
+            # leaves it so (storage_adapters.contract). An ABORT's too (a write in place of a
+            # delete): a late redo record left in its place would be a VOTE_YES every recovery
+            # of its participants asks about again.
+            assert self.decision is not None
             keep = Tombstone(self.decision, self.config.outcome_keep_ms) if self.config.late_write_window_ms else None
             return self._delete({DeleteRecord(self.node, self.coordinator_log, self.txn, keep)})
         return self._keep_outcome()
