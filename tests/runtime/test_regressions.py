@@ -350,6 +350,9 @@ async def test_a_resolve_stalled_between_its_window_check_and_its_writes_writes_
 # leaves a lock left behind (refused after timeout_ms_lock_wait) as the only way that check fails.
 # Not longer still: a restarted or starting node waits out recovery_settle_ms, which includes it.
 WIDE_TXN_PROTOCOL: dict[str, int] = {"timeout_ms_prepare": 4_000, "timeout_ms_votes": 2_000}
+# One node holds 300 partitions: leases of a few renewals' length, as the cluster default (1 s,
+# renewed every 200 ms) lapsed under a loaded CI run and the later transaction found p155 unowned.
+WIDE_TXN_OWNERSHIP: dict[str, int] = {"lease_ms": 4_000, "renew_interval_ms": 500}
 
 
 def _keys_over_participant_limit(partition_count: int) -> list[str]:
@@ -361,7 +364,8 @@ async def test_transaction_over_too_many_partitions_is_refused_at_the_edge(tmp_p
     """A transaction writing more partitions than a record can list (PARTICIPANT_COUNT_MAX) must be
     refused at once, naming the limit, and change nothing. It hung in VOTING (every participant
     failed to build its vote record) until the commit deadline, with its locks held."""
-    async with local_cluster(tmp_path, partition_count=300, protocol_config=WIDE_TXN_PROTOCOL) as cluster:
+    async with local_cluster(tmp_path, partition_count=300, protocol_config=WIDE_TXN_PROTOCOL,
+                             ownership=WIDE_TXN_OWNERSHIP) as cluster:
         node = cluster.node()
         keys = _keys_over_participant_limit(300)
         txn = node.begin()
@@ -378,7 +382,8 @@ async def test_transaction_over_too_many_partitions_is_refused_at_the_edge(tmp_p
 
 async def test_transaction_over_too_many_partitions_is_refused_at_the_edge_over_rest(tmp_path):
     """The same through the REST API: a 4xx naming the limit, promptly, and nothing changed."""
-    async with local_cluster(tmp_path, partition_count=300, protocol_config=WIDE_TXN_PROTOCOL) as cluster:
+    async with local_cluster(tmp_path, partition_count=300, protocol_config=WIDE_TXN_PROTOCOL,
+                             ownership=WIDE_TXN_OWNERSHIP) as cluster:
         keys = _keys_over_participant_limit(300)
         app = build_app(cluster.node(), Metrics())
         body = {"ops": [{"op": "put", "key": key, "value": "v"} for key in keys]}
