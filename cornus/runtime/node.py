@@ -262,7 +262,7 @@ class Node:
         limits = self.config.limits
         self.partitions[partition] = PartitionRuntime(
             partition, self.store, self.lock_policy, limits.timeout_ms_lock_wait, limits.op_count_max,
-            counters=self.counters,
+            partition_count=self.config.partition_count, counters=self.counters,
         )
         self.runner.run(self.core.add_partition(partition))
 

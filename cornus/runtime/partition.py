@@ -16,6 +16,7 @@ from cornus.protocol.events import Executed
 from cornus.protocol.execution import BUFFERED_BYTES_MAX, Execution, PartitionExecutions, Refusal
 from cornus.protocol.locks import Grant, LockMode, Policy, Waiter
 from cornus.runtime import redo as redo_codec
+from cornus.runtime.keys import partition_of
 from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind, validate_op
 from storage_adapters.contract import Fence
 from storage_adapters.errors import StorageUnavailable, ValidationError
@@ -30,9 +31,16 @@ _WRITES = (OpKind.PUT, OpKind.DELETE)
 class PartitionRuntime:
     def __init__(
         self, name: str, store: LogStore, policy: Policy, timeout_ms_lock_wait: int, op_count_max: int,
-        *, counters: collections.Counter[str] | None = None,
+        *, partition_count: int, counters: collections.Counter[str] | None = None,
     ) -> None:
+        assert name[:1] == "p" and name[1:].isdigit() and int(name[1:]) < partition_count, (
+            f"{name} is not one of p0..p{partition_count - 1}"
+        )
         self.name = name
+        # The node's count, which places every key: an operation on a key placed elsewhere is
+        # refused (execute), since a peer that counts otherwise would store and lock it here
+        # while every other node finds it in another partition.
+        self.partition_count = partition_count
         # cache_hits and cache_misses: the node's counters, so metrics and `cornus bench` see them.
         self.counters: collections.Counter[str] = counters if counters is not None else collections.Counter()
         self.store = store
@@ -62,6 +70,12 @@ class PartitionRuntime:
                 validate_op(op)
         except ValidationError as error:
             return ExecuteResponse(ExecuteStatus.INVALID, detail=str(error))
+        for op in request.ops:
+            placed = partition_of(op.key, self.partition_count)
+            if placed != self.name:
+                detail = (f"key {op.key!r} is in {placed} of this node's {self.partition_count} partitions, not "
+                          f"{self.name}: the nodes disagree on partition_count")
+                return ExecuteResponse(ExecuteStatus.INVALID, detail=detail)
         now_ms = _now_ms()
         execution = state.begin(txn, request.coordinator, now_ms, continued=request.continued)
         if execution is Refusal.ABORTED:

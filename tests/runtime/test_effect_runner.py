@@ -151,7 +151,7 @@ async def test_a_lease_found_lapsed_never_drops_a_partition_in_the_middle_of_its
     still worked through the effect list that issued an unfenced write, it pulled the partition
     from under the effects after that write (a KeyError out of the runner): the lease is asked as
     the write leaves, in its own task."""
-    partitions = {PARTITION: PartitionRuntime(PARTITION, harness.store, Policy.NO_WAIT, 500, 1000)}
+    partitions = {PARTITION: PartitionRuntime(PARTITION, harness.store, Policy.NO_WAIT, 500, 1000, partition_count=1)}
     harness.runner.partitions = partitions
 
     def lapsed(host: str) -> bool:

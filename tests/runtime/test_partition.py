@@ -21,7 +21,8 @@ TIMEOUT_S_GRANT = 2.0
 
 
 async def test_an_idle_sweep_wakes_the_waiter_its_release_granted() -> None:
-    partition = PartitionRuntime("p0", UnusedStore(timeout_ms_call=1000), Policy.WAIT_DIE, TIMEOUT_MS_LOCK_WAIT, 100)
+    partition = PartitionRuntime("p0", UnusedStore(timeout_ms_call=1000), Policy.WAIT_DIE, TIMEOUT_MS_LOCK_WAIT, 100,
+                                 partition_count=1)
     now_ms = int(time.time() * 1000)
     # WAIT_DIE lets the older transaction wait for the younger one's lock.
     older = txn_ids.new_txn_id(now_ms - 1000, "n0", "aaaaaa", 1, Protocol.CORNUS)
@@ -43,7 +44,8 @@ async def test_a_lock_request_whose_caller_gave_up_is_never_granted() -> None:
     """A request waiting for a lock is cancelled when its caller's deadline passes (found by
     review): it stayed queued, and the lock went to nobody at the holder's release, held until
     the idle sweep, a minute later."""
-    partition = PartitionRuntime("p0", UnusedStore(timeout_ms_call=1000), Policy.WAIT_DIE, TIMEOUT_MS_LOCK_WAIT, 100)
+    partition = PartitionRuntime("p0", UnusedStore(timeout_ms_call=1000), Policy.WAIT_DIE, TIMEOUT_MS_LOCK_WAIT, 100,
+                                 partition_count=1)
     now_ms = int(time.time() * 1000)
     older = txn_ids.new_txn_id(now_ms - 1000, "n0", "aaaaaa", 1, Protocol.CORNUS)
     younger = txn_ids.new_txn_id(now_ms, "n0", "bbbbbb", 2, Protocol.CORNUS)
@@ -61,7 +63,8 @@ async def test_the_writes_a_partition_buffers_are_bounded_in_bytes() -> None:
     """Each transaction's writes to a partition stay within one redo record (the coordinator's
     check), but nothing bounded their sum over the many transactions a partition serves at once
     (thousands per coordinator): memory grew with every one until their decisions."""
-    partition = PartitionRuntime("p0", UnusedStore(timeout_ms_call=1000), Policy.NO_WAIT, TIMEOUT_MS_LOCK_WAIT, 100)
+    partition = PartitionRuntime("p0", UnusedStore(timeout_ms_call=1000), Policy.NO_WAIT, TIMEOUT_MS_LOCK_WAIT, 100,
+                                 partition_count=1)
     now_ms = int(time.time() * 1000)
     value = b"v" * DATA_VALUE_BYTES_MAX
     per_request = 1  # one value per transaction: within a redo record, as the coordinator checks
@@ -102,7 +105,8 @@ async def test_a_key_written_again_counts_once_against_the_budget() -> None:
     """Found by review: every write of every request was counted, though the execution keeps one
     value per key, so one transaction overwriting one 64 KiB key 1,022 times (within the
     coordinator's checks) was refused, and took the partition's whole budget until then."""
-    partition = PartitionRuntime("p0", UnusedStore(timeout_ms_call=1000), Policy.NO_WAIT, TIMEOUT_MS_LOCK_WAIT, 100)
+    partition = PartitionRuntime("p0", UnusedStore(timeout_ms_call=1000), Policy.NO_WAIT, TIMEOUT_MS_LOCK_WAIT, 100,
+                                 partition_count=1)
     txn = txn_ids.new_txn_id(int(time.time() * 1000), "n0", "aaaaaa", 1, Protocol.CORNUS)
     value = b"v" * DATA_VALUE_BYTES_MAX
     for index in range(1_100):
