@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import time
+from collections.abc import Awaitable, Callable, Iterable
+from itertools import product
 from typing import Any
 
 import pytest
@@ -33,32 +35,73 @@ def body(*participants: str, coordinator: str = "node-0", redo: bytes = b"redo")
     return RecordBody(tuple(participants), coordinator, redo)
 
 
+async def each_variant(
+    ns: str,
+    variants: Iterable[tuple[Any, ...]],
+    check: Callable[..., Awaitable[None]],
+    *,
+    concurrently: bool = False,
+) -> None:
+    """Run `check(variant_ns, *variant)` for every variant, each in a namespace of its own: `ns`
+    and the variant's index, fixed-width, so that no variant's names extend another's.
+
+    Why not a parametrized case each: a case paid opening a store against its real service (an
+    emulator's writer process, a moto or Azurite client) for a few small calls, and the suite is
+    bound by its workers' time. One test per backend running every variant keeps each variant's
+    checks as they were; a failure names its variant (a note under the error).
+
+    In turn by default, as each case ran alone: where calls of one tick go to storage together
+    (the emulator's transactions, Redis's scripts, Azure's batches), variants run at once would
+    take other paths than one alone. `concurrently` is for checks that mostly wait out a clock."""
+
+    async def named(index: int, variant: tuple[Any, ...]) -> None:
+        try:
+            await check(f"{ns}-{index:02}", *variant)
+        except BaseException as failure:  # an assert, pytest.raises' "DID NOT RAISE", a storage error
+            failure.add_note(f"in variant {index} ({', '.join(map(repr, variant))})")
+            raise
+
+    if not concurrently:
+        for index, variant in enumerate(variants):
+            await named(index, variant)
+        return
+    results = await asyncio.gather(
+        *(named(index, variant) for index, variant in enumerate(variants)), return_exceptions=True
+    )
+    failures = [result for result in results if isinstance(result, BaseException)]
+    if failures:
+        for other in failures[1:]:
+            failures[0].add_note(f"also failed {'; '.join(getattr(other, '__notes__', []))}: {other!r}")
+        raise failures[0]
+
+
 # --- log_once -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("state", list(TxnState))
-async def test_log_once_creates_absent_record(store: LogStore, ns: str, state: TxnState) -> None:
-    log = LogId.partition(f"{ns}-p0")
-    result = await store.log_once(log, "txn-1", state, body(f"{ns}-p0", f"{ns}-p1"))
-    assert (result.state, result.created) == (state, True)
-    record = await store.read(log, "txn-1")
-    assert record is not None
-    assert (record.log, record.txn, record.state, record.applied) == (log, "txn-1", state, False)
-    assert record.body == body(f"{ns}-p0", f"{ns}-p1")
-    assert abs(record.created_at_ms - time.time() * 1000) < 10 * 60 * 1000
+async def test_log_once_creates_absent_record_in_every_state(store: LogStore, ns: str) -> None:
+    async def check(ns: str, state: TxnState) -> None:
+        log = LogId.partition(f"{ns}-p0")
+        result = await store.log_once(log, "txn-1", state, body(f"{ns}-p0", f"{ns}-p1"))
+        assert (result.state, result.created) == (state, True)
+        record = await store.read(log, "txn-1")
+        assert record is not None
+        assert (record.log, record.txn, record.state, record.applied) == (log, "txn-1", state, False)
+        assert record.body == body(f"{ns}-p0", f"{ns}-p1")
+        assert abs(record.created_at_ms - time.time() * 1000) < 10 * 60 * 1000
+
+    await each_variant(ns, product(TxnState), check)
 
 
-@pytest.mark.parametrize("first", list(TxnState))
-@pytest.mark.parametrize("second", list(TxnState))
-async def test_log_once_never_changes_existing_record(
-    store: LogStore, ns: str, first: TxnState, second: TxnState
-) -> None:
-    log = LogId.partition(ns)
-    await store.log_once(log, "t", first, body(ns, redo=b"first"))
-    result = await store.log_once(log, "t", second, body(ns, coordinator="other", redo=b"second"))
-    assert (result.state, result.created) == (first, False)
-    record = await store.read(log, "t")
-    assert record is not None and record.state is first and record.body == body(ns, redo=b"first")
+async def test_log_once_never_changes_existing_record_whatever_either_state(store: LogStore, ns: str) -> None:
+    async def check(ns: str, first: TxnState, second: TxnState) -> None:
+        log = LogId.partition(ns)
+        await store.log_once(log, "t", first, body(ns, redo=b"first"))
+        result = await store.log_once(log, "t", second, body(ns, coordinator="other", redo=b"second"))
+        assert (result.state, result.created) == (first, False)
+        record = await store.read(log, "t")
+        assert record is not None and record.state is first and record.body == body(ns, redo=b"first")
+
+    await each_variant(ns, product(TxnState, TxnState), check)
 
 
 async def test_logs_are_separate_namespaces(store: LogStore, ns: str) -> None:
@@ -86,12 +129,14 @@ async def test_read_absent_is_none(store: LogStore, ns: str) -> None:
 # --- log ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("state", list(TxnState))
-async def test_log_creates_absent_record(store: LogStore, ns: str, state: TxnState) -> None:
-    log = LogId.coordinator(ns)
-    assert await store.log(log, "t", state, body(ns)) is state
-    record = await store.read(log, "t")
-    assert record is not None and record.state is state and record.body == body(ns)
+async def test_log_creates_absent_record_in_every_state(store: LogStore, ns: str) -> None:
+    async def check(ns: str, state: TxnState) -> None:
+        log = LogId.coordinator(ns)
+        assert await store.log(log, "t", state, body(ns)) is state
+        record = await store.read(log, "t")
+        assert record is not None and record.state is state and record.body == body(ns)
+
+    await each_variant(ns, product(TxnState), check)
 
 
 async def test_log_without_body_creates_empty_body(store: LogStore, ns: str) -> None:
@@ -100,13 +145,15 @@ async def test_log_without_body_creates_empty_body(store: LogStore, ns: str) -> 
     assert (await store.read(log, "t")).body == RecordBody()  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("decision", [COMMIT, ABORT])
-async def test_log_moves_vote_to_decision_keeping_body(store: LogStore, ns: str, decision: TxnState) -> None:
-    log = LogId.partition(ns)
-    await store.log(log, "t", VOTE, body(ns, redo=b"keep me"))
-    assert await store.log(log, "t", decision) is decision
-    record = await store.read(log, "t")
-    assert record is not None and record.state is decision and record.body.redo == b"keep me"
+async def test_log_moves_vote_to_either_decision_keeping_body(store: LogStore, ns: str) -> None:
+    async def check(ns: str, decision: TxnState) -> None:
+        log = LogId.partition(ns)
+        await store.log(log, "t", VOTE, body(ns, redo=b"keep me"))
+        assert await store.log(log, "t", decision) is decision
+        record = await store.read(log, "t")
+        assert record is not None and record.state is decision and record.body.redo == b"keep me"
+
+    await each_variant(ns, product([COMMIT, ABORT]), check)
 
 
 async def test_log_with_body_replaces_body(store: LogStore, ns: str) -> None:
@@ -116,30 +163,30 @@ async def test_log_with_body_replaces_body(store: LogStore, ns: str) -> None:
     assert (await store.read(log, "t")).body.redo == b"new"  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("state", list(TxnState))
-async def test_log_same_state_is_idempotent(store: LogStore, ns: str, state: TxnState) -> None:
-    log = LogId.partition(ns)
-    await store.log(log, "t", state, body(ns))
-    assert await store.log(log, "t", state) is state
-    assert (await store.read(log, "t")).state is state  # type: ignore[union-attr]
+async def test_log_same_state_is_idempotent_in_every_state(store: LogStore, ns: str) -> None:
+    async def check(ns: str, state: TxnState) -> None:
+        log = LogId.partition(ns)
+        await store.log(log, "t", state, body(ns))
+        assert await store.log(log, "t", state) is state
+        assert (await store.read(log, "t")).state is state  # type: ignore[union-attr]
+
+    await each_variant(ns, product(TxnState), check)
 
 
-@pytest.mark.parametrize(
-    ("stored", "wanted"), [(COMMIT, ABORT), (ABORT, COMMIT), (COMMIT, VOTE), (ABORT, VOTE)]
-)
-async def test_log_refuses_decision_flips_and_writes_nothing(
-    store: LogStore, ns: str, stored: TxnState, wanted: TxnState
-) -> None:
-    log = LogId.partition(ns)
-    await store.log_once(log, "t", stored, body(ns, redo=b"original"))
-    before = await store.read(log, "t")
-    with pytest.raises(DecisionFlipRefused) as refused:
-        await store.log(log, "t", wanted, body(ns, coordinator="intruder", redo=b"intruder"))
-    assert (refused.value.stored, refused.value.wanted) == (stored, wanted)
-    assert await store.read(log, "t") == before
-    with pytest.raises(DecisionFlipRefused):
-        await store.log(log, "t", wanted)
-    assert await store.read(log, "t") == before
+async def test_log_refuses_every_decision_flip_and_writes_nothing(store: LogStore, ns: str) -> None:
+    async def check(ns: str, stored: TxnState, wanted: TxnState) -> None:
+        log = LogId.partition(ns)
+        await store.log_once(log, "t", stored, body(ns, redo=b"original"))
+        before = await store.read(log, "t")
+        with pytest.raises(DecisionFlipRefused) as refused:
+            await store.log(log, "t", wanted, body(ns, coordinator="intruder", redo=b"intruder"))
+        assert (refused.value.stored, refused.value.wanted) == (stored, wanted)
+        assert await store.read(log, "t") == before
+        with pytest.raises(DecisionFlipRefused):
+            await store.log(log, "t", wanted)
+        assert await store.read(log, "t") == before
+
+    await each_variant(ns, [(COMMIT, ABORT), (ABORT, COMMIT), (COMMIT, VOTE), (ABORT, VOTE)], check)
 
 
 # --- scan, data, delete ---------------------------------------------------------------------------
@@ -245,18 +292,21 @@ async def test_scan_unfinished_pages_survive_records_finished_or_deleted_between
     assert [record.txn for record in await store.scan_unfinished(log, 3)] == ["r00", "r00a", "r02"]
 
 
-@pytest.mark.parametrize(
-    "after", [7, None, b"r00", ["r00"], "bad txn", "a/b", "a{b}", "~unfinished", "r" * (TXN_ID_LENGTH_MAX + 1)]
-)
-async def test_scan_unfinished_refuses_bad_cursor_and_changes_nothing(store: LogStore, ns: str, after: object) -> None:
-    log = LogId.partition(ns)
-    await store.log_once(log, "r00", VOTE, body(ns))
-    await store.log_once(log, "r01", COMMIT, body(ns))
-    before = await store.scan_unfinished(log)
-    with pytest.raises(ValidationError):
-        await store.scan_unfinished(log, 4, after)  # type: ignore[arg-type]
-    assert await store.scan_unfinished(log) == before
-    assert [record.txn for record in before] == ["r00", "r01"]
+BAD_SCAN_CURSORS = (7, None, b"r00", ["r00"], "bad txn", "a/b", "a{b}", "~unfinished", "r" * (TXN_ID_LENGTH_MAX + 1))
+
+
+async def test_scan_unfinished_refuses_every_bad_cursor_and_changes_nothing(store: LogStore, ns: str) -> None:
+    async def check(ns: str, after: object) -> None:
+        log = LogId.partition(ns)
+        await store.log_once(log, "r00", VOTE, body(ns))
+        await store.log_once(log, "r01", COMMIT, body(ns))
+        before = await store.scan_unfinished(log)
+        with pytest.raises(ValidationError):
+            await store.scan_unfinished(log, 4, after)  # type: ignore[arg-type]
+        assert await store.scan_unfinished(log) == before
+        assert [record.txn for record in before] == ["r00", "r01"]
+
+    await each_variant(ns, product(BAD_SCAN_CURSORS), check)
 
 
 async def test_apply_redo_writes_data_and_marks_applied(store: LogStore, ns: str) -> None:
@@ -308,19 +358,19 @@ async def test_apply_redo_on_a_vote_records_the_commit_with_the_data(store: LogS
     assert (await store.read(log, "other")).state is VOTE  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("state", [None, ABORT])
-async def test_apply_redo_requires_a_vote_or_commit_and_writes_nothing(
-    store: LogStore, ns: str, state: TxnState | None
-) -> None:
-    log = LogId.partition(ns)
-    if state is not None:
-        await store.log_once(log, "t", state, body(ns))
-    before = await store.read(log, "t")
-    with pytest.raises(InvariantViolation):
-        await store.apply_redo(ns, "t", {"k": b"v"})
-    assert await store.read_data(ns, ["k"]) == {"k": None}
-    assert await store.read(log, "t") == before
-    assert await store.scan_unfinished(log) == []
+async def test_apply_redo_requires_a_vote_or_commit_and_writes_nothing(store: LogStore, ns: str) -> None:
+    async def check(ns: str, state: TxnState | None) -> None:
+        log = LogId.partition(ns)
+        if state is not None:
+            await store.log_once(log, "t", state, body(ns))
+        before = await store.read(log, "t")
+        with pytest.raises(InvariantViolation):
+            await store.apply_redo(ns, "t", {"k": b"v"})
+        assert await store.read_data(ns, ["k"]) == {"k": None}
+        assert await store.read(log, "t") == before
+        assert await store.scan_unfinished(log) == []
+
+    await each_variant(ns, product([None, ABORT]), check)
 
 
 async def test_delete_removes_record(store: LogStore, ns: str) -> None:

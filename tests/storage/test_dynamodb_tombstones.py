@@ -14,6 +14,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from itertools import product
 from typing import Any
 
 import botocore.session
@@ -25,7 +26,7 @@ from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, Sto
 from storage_adapters.factory import open_store
 from tests.conftest import Services
 from tests.storage.conftest import config_for, refuse_what_dynamodb_refuses
-from tests.storage.test_conformance import body
+from tests.storage.test_conformance import body, each_variant
 from tests.storage.test_ownership import take_first
 
 pytestmark = pytest.mark.services
@@ -60,24 +61,41 @@ async def dynamodb(services: Services, run_id: str, tmp_path: Any) -> AsyncItera
         await store.close()
 
 
-def requests_of(store: DynamoDbStore) -> list[str]:
-    """The names of the operations `store` sends from now on, one per round trip."""
+@contextlib.contextmanager
+def requests_of(store: DynamoDbStore) -> Iterator[list[str]]:
+    """The names of the operations `store` sends inside the block, one per round trip."""
     sent: list[str] = []
-    store._client.meta.events.register(  # type: ignore[attr-defined]
-        "before-call.dynamodb.*", lambda model, **_: sent.append(model.name)
-    )
-    return sent
+
+    def record(model: Any, **_: Any) -> None:
+        sent.append(model.name)
+
+    events = store._client.meta.events  # type: ignore[attr-defined]
+    events.register("before-call.dynamodb.*", record)
+    try:
+        yield sent
+    finally:
+        events.unregister("before-call.dynamodb.*", record)
 
 
-def ignore_return_values_on_failure(store: DynamoDbStore) -> None:
-    """Make the store's requests look, to the adapter, as served by an emulator that ignores
-    ReturnValuesOnConditionCheckFailure: a failed condition then comes back without the item."""
+@contextlib.contextmanager
+def return_values_on_failure(store: DynamoDbStore, returned: bool) -> Iterator[None]:
+    """Inside the block, unless `returned`, make the store's requests look, to the adapter, as
+    served by an emulator that ignores ReturnValuesOnConditionCheckFailure: a failed condition
+    then comes back without the item."""
 
     def strip(params: dict[str, Any], **_: Any) -> None:
         for request in [next(iter(item.values())) for item in params.get("TransactItems", [])] or [params]:
             request.pop("ReturnValuesOnConditionCheckFailure", None)
 
-    store._client.meta.events.register("before-parameter-build.dynamodb.*", strip)  # type: ignore[attr-defined]
+    if returned:
+        yield
+        return
+    events = store._client.meta.events  # type: ignore[attr-defined]
+    events.register("before-parameter-build.dynamodb.*", strip)
+    try:
+        yield
+    finally:
+        events.unregister("before-parameter-build.dynamodb.*", strip)
 
 
 def raw_item(raw: Any, store: DynamoDbStore, log: LogId, txn: str) -> dict[str, Any] | None:
@@ -104,40 +122,49 @@ def identity_of(log: LogId) -> str:
     return identity_name(log.name) if log.kind is LogKind.COORDINATOR else log.name
 
 
-@pytest.mark.parametrize("kind", list(LogKind), ids=[kind.name.lower() for kind in LogKind])
-@pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
-@pytest.mark.parametrize("present", [True, False], ids=["over-a-record", "where-none-was"])
+# Each test below checks all its variants in turn on one store and one raw client. A case each
+# spent most of its time in those fixtures, not in its few calls: opening the store (a client,
+# then DescribeTable and DescribeTimeToLive, queued at the one moto server every worker shares,
+# which serves a request at a time) and making the raw client; some 3 s on a loaded CI box.
+
+
 async def test_a_tombstone_item_expires_at_epoch_seconds_and_holds_no_body(
-    dynamodb: DynamoDbStore, raw: Any, ns: str, fenced: bool, present: bool, *, kind: LogKind
+    dynamodb: DynamoDbStore, raw: Any, ns: str
 ) -> None:
-    log = LogId(kind, ns)
-    fence = (await take_first(dynamodb, identity_of(log), ns)).fence() if fenced else None
-    if present:
-        await decided(dynamodb, log, "t", fence)
-        assert set(raw_item(raw, dynamodb, log, "t") or {}) >= BODY_ATTRIBUTES
-    sent = requests_of(dynamodb)
-    before_s = time.time()
-    assert await dynamodb.delete(log, "t", fence, keep=Tombstone(COMMIT, KEEP_MS)) is present
-    after_s = time.time()
-    item = raw_item(raw, dynamodb, log, "t")
-    assert item is not None and set(item) == TOMBSTONE_ATTRIBUTES, item
-    assert (item["state"], item["applied"]) == ({"S": "COMMIT"}, {"BOOL": True})
-    # A Number (TTL ignores any other type), of seconds, never before the keep ends.
-    assert set(item["expires_at"]) == {"N"}, item["expires_at"]
-    expires_at = int(item["expires_at"]["N"])
-    assert before_s + KEEP_MS / 1000 <= expires_at <= math.ceil(after_s + KEEP_MS / 1000), (before_s, expires_at)
-    # One round trip: an UpdateItem, or one transaction behind the fence; a transaction cannot tell
-    # whether there was a record, so where there was none it takes a second, conditioned on that.
-    if not fenced:
-        assert sent == ["UpdateItem"]
-    else:
-        assert sent == ["TransactWriteItems"] * (1 if present else 2)
-    # Keeping again sets the expiry anew, from this call.
-    before_s = time.time()
-    assert await dynamodb.delete(log, "t", fence, keep=Tombstone(COMMIT, 2_000)) is True
-    again = raw_item(raw, dynamodb, log, "t")
-    assert again is not None and before_s + 2 <= int(again["expires_at"]["N"]) <= math.ceil(time.time() + 2)
-    assert again["created_at_ms"] == item["created_at_ms"]
+    """In both kinds of log, fenced or not, over a record or where none was."""
+
+    async def check(ns: str, present: bool, fenced: bool, kind: LogKind) -> None:
+        log = LogId(kind, ns)
+        fence = (await take_first(dynamodb, identity_of(log), ns)).fence() if fenced else None
+        if present:
+            await decided(dynamodb, log, "t", fence)
+            assert set(raw_item(raw, dynamodb, log, "t") or {}) >= BODY_ATTRIBUTES
+        with requests_of(dynamodb) as sent:
+            before_s = time.time()
+            assert await dynamodb.delete(log, "t", fence, keep=Tombstone(COMMIT, KEEP_MS)) is present
+            after_s = time.time()
+        item = raw_item(raw, dynamodb, log, "t")
+        assert item is not None and set(item) == TOMBSTONE_ATTRIBUTES, item
+        assert (item["state"], item["applied"]) == ({"S": "COMMIT"}, {"BOOL": True})
+        # A Number (TTL ignores any other type), of seconds, never before the keep ends.
+        assert set(item["expires_at"]) == {"N"}, item["expires_at"]
+        expires_at = int(item["expires_at"]["N"])
+        assert before_s + KEEP_MS / 1000 <= expires_at <= math.ceil(after_s + KEEP_MS / 1000), (before_s, expires_at)
+        # One round trip: an UpdateItem, or one transaction behind the fence; a transaction cannot
+        # tell whether there was a record, so where there was none it takes a second, conditioned
+        # on that.
+        if not fenced:
+            assert sent == ["UpdateItem"]
+        else:
+            assert sent == ["TransactWriteItems"] * (1 if present else 2)
+        # Keeping again sets the expiry anew, from this call.
+        before_s = time.time()
+        assert await dynamodb.delete(log, "t", fence, keep=Tombstone(COMMIT, 2_000)) is True
+        again = raw_item(raw, dynamodb, log, "t")
+        assert again is not None and before_s + 2 <= int(again["expires_at"]["N"]) <= math.ceil(time.time() + 2)
+        assert again["created_at_ms"] == item["created_at_ms"]
+
+    await each_variant(ns, product([True, False], [False, True], LogKind), check)
 
 
 async def test_an_abort_tombstone_over_a_vote_leaves_the_decision_alone(
@@ -157,70 +184,72 @@ async def test_an_abort_tombstone_over_a_vote_leaves_the_decision_alone(
     assert raw_item(raw, dynamodb, log, "t") is None
 
 
-@pytest.mark.parametrize("returned", [True, False], ids=["item-returned", "emulator-ignores-return-values"])
-@pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
-async def test_keeps_with_the_fence_holding_answer_as_without(
-    dynamodb: DynamoDbStore, raw: Any, ns: str, fenced: bool, returned: bool
-) -> None:
+async def test_keeps_with_the_fence_holding_answer_as_without(dynamodb: DynamoDbStore, raw: Any, ns: str) -> None:
     """A transaction's conditions are not an UpdateItem's: each answer and refusal of a fenced keep,
     also where a failed condition comes back without the stored item."""
-    if not returned:
-        ignore_return_values_on_failure(dynamodb)
-    log = LogId.partition(ns)
-    fence = (await take_first(dynamodb, ns)).fence() if fenced else None
-    await dynamodb.log_once(log, "voted", VOTE, body(ns))
-    await dynamodb.log_once(log, "aborted", ABORT, body(ns))
-    await dynamodb.log_once(log, "unapplied", COMMIT, body(ns))
-    await committed(dynamodb, log, "applied")
-    before = {txn: raw_item(raw, dynamodb, log, txn) for txn in ("voted", "aborted", "unapplied", "applied")}
-    for txn in ("voted", "unapplied"):
-        with pytest.raises(InvariantViolation) as refused:
-            await dynamodb.delete(log, txn, fence, keep=Tombstone(COMMIT, KEEP_MS))
-        assert not isinstance(refused.value, DecisionFlipRefused), refused.value
-    for txn, decision in (("aborted", COMMIT), ("applied", ABORT), ("unapplied", ABORT)):
-        with pytest.raises(DecisionFlipRefused):
-            await dynamodb.delete(log, txn, fence, keep=Tombstone(decision, KEEP_MS))
-    assert {txn: raw_item(raw, dynamodb, log, txn) for txn in before} == before
-    assert await dynamodb.delete(log, "applied", fence, keep=Tombstone(COMMIT, KEEP_MS)) is True
-    assert await dynamodb.delete(log, "voted", fence, keep=Tombstone(ABORT, KEEP_MS)) is True
-    assert await dynamodb.delete(log, "absent", fence, keep=Tombstone(ABORT, KEEP_MS)) is False
-    for txn, state in (("applied", "COMMIT"), ("voted", "ABORT"), ("absent", "ABORT")):
-        item = raw_item(raw, dynamodb, log, txn)
-        assert item is not None and set(item) == TOMBSTONE_ATTRIBUTES and item["state"]["S"] == state, item
+
+    async def check(ns: str, fenced: bool, returned: bool) -> None:
+        with return_values_on_failure(dynamodb, returned):
+            log = LogId.partition(ns)
+            fence = (await take_first(dynamodb, ns)).fence() if fenced else None
+            await dynamodb.log_once(log, "voted", VOTE, body(ns))
+            await dynamodb.log_once(log, "aborted", ABORT, body(ns))
+            await dynamodb.log_once(log, "unapplied", COMMIT, body(ns))
+            await committed(dynamodb, log, "applied")
+            before = {txn: raw_item(raw, dynamodb, log, txn) for txn in ("voted", "aborted", "unapplied", "applied")}
+            for txn in ("voted", "unapplied"):
+                with pytest.raises(InvariantViolation) as refused:
+                    await dynamodb.delete(log, txn, fence, keep=Tombstone(COMMIT, KEEP_MS))
+                assert not isinstance(refused.value, DecisionFlipRefused), refused.value
+            for txn, decision in (("aborted", COMMIT), ("applied", ABORT), ("unapplied", ABORT)):
+                with pytest.raises(DecisionFlipRefused):
+                    await dynamodb.delete(log, txn, fence, keep=Tombstone(decision, KEEP_MS))
+            assert {txn: raw_item(raw, dynamodb, log, txn) for txn in before} == before
+            assert await dynamodb.delete(log, "applied", fence, keep=Tombstone(COMMIT, KEEP_MS)) is True
+            assert await dynamodb.delete(log, "voted", fence, keep=Tombstone(ABORT, KEEP_MS)) is True
+            assert await dynamodb.delete(log, "absent", fence, keep=Tombstone(ABORT, KEEP_MS)) is False
+            for txn, state in (("applied", "COMMIT"), ("voted", "ABORT"), ("absent", "ABORT")):
+                item = raw_item(raw, dynamodb, log, txn)
+                assert item is not None and set(item) == TOMBSTONE_ATTRIBUTES and item["state"]["S"] == state, item
+
+    # Fenced or not; with the stored item returned on a failed condition, and without it.
+    await each_variant(ns, product([False, True], [True, False]), check)
 
 
-@pytest.mark.parametrize("returned", [True, False], ids=["item-returned", "emulator-ignores-return-values"])
-@pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
-async def test_a_coordinators_keeps_answer_by_its_logs_rule(
-    dynamodb: DynamoDbStore, raw: Any, ns: str, fenced: bool, returned: bool
-) -> None:
+async def test_a_coordinators_keeps_answer_by_its_logs_rule(dynamodb: DynamoDbStore, raw: Any, ns: str) -> None:
     """In a coordinator's log the condition lets a COMMIT tombstone cover a COMMIT never applied
     (as every one there is) and still refuses it over a vote: unfenced (one UpdateItem) and behind
-    the identity's fence (a transaction, and a second one where no record was)."""
-    if not returned:
-        ignore_return_values_on_failure(dynamodb)
-    log = LogId.coordinator(ns)
-    fence = (await take_first(dynamodb, identity_name(ns), ns)).fence() if fenced else None
-    coordinator_body = body("p0", "p1", coordinator=ns)
-    assert await dynamodb.log(log, "voted", VOTE, coordinator_body, fence) is VOTE
-    assert await dynamodb.log(log, "committed", COMMIT, coordinator_body, fence) is COMMIT
-    assert await dynamodb.log(log, "aborted", ABORT, coordinator_body, fence) is ABORT
-    before = {txn: raw_item(raw, dynamodb, log, txn) for txn in ("voted", "committed", "aborted")}
-    with pytest.raises(InvariantViolation) as refused:
-        await dynamodb.delete(log, "voted", fence, keep=Tombstone(COMMIT, KEEP_MS))
-    assert not isinstance(refused.value, DecisionFlipRefused), refused.value
-    for txn, decision in (("committed", ABORT), ("aborted", COMMIT)):
-        with pytest.raises(DecisionFlipRefused):
-            await dynamodb.delete(log, txn, fence, keep=Tombstone(decision, KEEP_MS))
-    assert {txn: raw_item(raw, dynamodb, log, txn) for txn in before} == before
-    assert await dynamodb.delete(log, "committed", fence, keep=Tombstone(COMMIT, KEEP_MS)) is True
-    assert await dynamodb.delete(log, "voted", fence, keep=Tombstone(ABORT, KEEP_MS)) is True
-    assert await dynamodb.delete(log, "absent", fence, keep=Tombstone(COMMIT, KEEP_MS)) is False
-    for txn, state, applied in (("committed", "COMMIT", True), ("voted", "ABORT", False), ("absent", "COMMIT", True)):
-        item = raw_item(raw, dynamodb, log, txn)
-        assert item is not None and set(item) == TOMBSTONE_ATTRIBUTES, item
-        assert (item["state"], item["applied"]) == ({"S": state}, {"BOOL": applied}), item
-    assert await dynamodb.scan_unfinished(log) == []
+    the identity's fence (a transaction, and a second one where no record was). Each also where a
+    failed condition comes back without the stored item."""
+
+    async def check(ns: str, fenced: bool, returned: bool) -> None:
+        with return_values_on_failure(dynamodb, returned):
+            log = LogId.coordinator(ns)
+            fence = (await take_first(dynamodb, identity_name(ns), ns)).fence() if fenced else None
+            coordinator_body = body("p0", "p1", coordinator=ns)
+            assert await dynamodb.log(log, "voted", VOTE, coordinator_body, fence) is VOTE
+            assert await dynamodb.log(log, "committed", COMMIT, coordinator_body, fence) is COMMIT
+            assert await dynamodb.log(log, "aborted", ABORT, coordinator_body, fence) is ABORT
+            before = {txn: raw_item(raw, dynamodb, log, txn) for txn in ("voted", "committed", "aborted")}
+            with pytest.raises(InvariantViolation) as refused:
+                await dynamodb.delete(log, "voted", fence, keep=Tombstone(COMMIT, KEEP_MS))
+            assert not isinstance(refused.value, DecisionFlipRefused), refused.value
+            for txn, decision in (("committed", ABORT), ("aborted", COMMIT)):
+                with pytest.raises(DecisionFlipRefused):
+                    await dynamodb.delete(log, txn, fence, keep=Tombstone(decision, KEEP_MS))
+            assert {txn: raw_item(raw, dynamodb, log, txn) for txn in before} == before
+            assert await dynamodb.delete(log, "committed", fence, keep=Tombstone(COMMIT, KEEP_MS)) is True
+            assert await dynamodb.delete(log, "voted", fence, keep=Tombstone(ABORT, KEEP_MS)) is True
+            assert await dynamodb.delete(log, "absent", fence, keep=Tombstone(COMMIT, KEEP_MS)) is False
+            for txn, state, applied in (
+                ("committed", "COMMIT", True), ("voted", "ABORT", False), ("absent", "COMMIT", True)
+            ):
+                item = raw_item(raw, dynamodb, log, txn)
+                assert item is not None and set(item) == TOMBSTONE_ATTRIBUTES, item
+                assert (item["state"], item["applied"]) == ({"S": state}, {"BOOL": applied}), item
+            assert await dynamodb.scan_unfinished(log) == []
+
+    await each_variant(ns, product([False, True], [True, False]), check)
 
 
 def record_arrives_between_rounds(store: DynamoDbStore, log: LogId, txn: str, flips: int) -> list[int]:

@@ -3,11 +3,12 @@ an identity in a storage, which coordinator-log recovery scans the logs of (a no
 rollout is missed by a node whose configuration predates it, and its coordinator log may hold the
 only copy of some yes votes).
 
-Most tests run on storage of their own (`fresh`: an emulator file, this worker's Redis databases,
+Most checks run on storage of their own (`fresh`: an emulator file, this worker's Redis databases,
 emptied first, a container, a table), since the listing covers the whole storage and the shared
-conformance storage holds every other test's identities. One runs on the shared storage (`store`),
-where the other tests' records are, and looks only at its own nodes: their ids share the test's
-unique prefix, so they list together, right after the prefix itself.
+conformance storage holds every other test's identities; several checks in turn on one such
+storage, where they do not disturb each other (see "what is listed"). One test runs on the shared
+storage (`store`), where the other tests' records are, and looks only at its own nodes: their ids
+share the test's unique prefix, so they list together, right after the prefix itself.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from itertools import product
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,7 @@ from storage_adapters.store import DelegatingStore, LogStore
 from tests.conftest import Services
 from tests.runtime.faults import FaultyStore
 from tests.storage.conftest import config_for, refuse_what_dynamodb_refuses
+from tests.storage.test_conformance import each_variant
 from tests.worker import redis_db_bench
 
 LEASE_MS = 10_000
@@ -123,67 +126,23 @@ async def fresh(request: pytest.FixtureRequest, services: Services, tmp_path: Pa
                 await store.close()
 
 
-# --- what is listed -------------------------------------------------------------------------------
+# --- what is listed, and how pages and wrappers list it --------------------------------------------
+# Making fresh storage is what these checks cost most (a table, a container, an emulator file and
+# its writer process), so each backend makes as few as the checks allow: two tests, three storages.
+# A check that compares the whole listing with its own nodes needs a storage where only the checks
+# before it took identities; it runs after them, on nodes of its own that list after theirs.
 
 
-async def test_every_node_that_took_its_identity_is_listed_once_in_order(fresh: Opener) -> None:
+async def test_a_fresh_storage_lists_nothing_then_every_node_once_in_order_from_any_cursor(fresh: Opener) -> None:
     store = await fresh()
+
+    # Every node that took its identity is listed once, in order.
     assert await store.list_identities() == []
     await asyncio.gather(*(take(store, node) for node in TRICKY_NODES))
     assert await store.list_identities() == sorted(TRICKY_NODES)
     assert await store.list_identities("", IDENTITY_PAGE_COUNT_MAX) == sorted(TRICKY_NODES)
 
-
-async def test_only_identities_are_listed_never_a_partitions_ownership_or_a_log(fresh: Opener) -> None:
-    store = await fresh()
-    for partition in PARTITIONS_NEAR_THE_PREFIX:
-        first = Ownership(partition, "n1", 1, 1, LEASE_MS)
-        assert (await store.write_owner(None, first)).written
-        renewed = Ownership(partition, "n1", 1, 2, LEASE_MS)
-        assert (await store.write_owner(first, renewed)).written
-        assert (await store.write_owner(renewed, Ownership(partition, "n2", 2, 3, LEASE_MS))).written
-    # A coordinator log's records, and a partition's records and data, of names like nodes'.
-    body = RecordBody(("p1",), "ghost", b"redo")
-    assert (await store.log_once(LogId.coordinator("ghost"), "t1", TxnState.COMMIT, body)).created
-    assert (await store.log_once(LogId.partition("node"), "t1", TxnState.VOTE_YES, body)).created
-    assert await store.apply_redo("node", "t1", {"node:k": b"v"})
-    assert await store.list_identities() == []
-    await take(store, "n1")
-    assert await store.list_identities() == ["n1"]
-
-
-async def test_renewals_add_nothing_and_a_node_taken_again_stays_listed_once(fresh: Opener) -> None:
-    store = await fresh()
-    first = await take(store, "n1")
-    renewed = identity("n1", 1, 2)
-    assert (await store.write_owner(first, renewed)).written
-    released = identity("n1", 1, 3, owner="")
-    assert (await store.write_owner(renewed, released)).written
-    again = identity("n1", 2, 4)  # the node's next process takes its name in a new epoch
-    assert (await store.write_owner(released, again)).written
-    assert (await store.write_owner(again, identity("n1", 3, 5))).written
-    assert await store.list_identities() == ["n1"]
-    # A take that loses (the record is there already) lists nothing new either.
-    lost = await store.write_owner(None, identity("n1"))
-    assert not lost.written
-    assert await store.list_identities() == ["n1"]
-
-
-async def test_concurrent_takes_of_one_node_and_of_many_are_each_listed_once(fresh: Opener) -> None:
-    store = await fresh()
-    races = await asyncio.gather(*(store.write_owner(None, identity("n0", owner=f"p{i}")) for i in range(8)))
-    assert sum(result.written for result in races) == 1
-    nodes = [f"n{i:02}" for i in range(1, 25)]
-    await asyncio.gather(*(take(store, node) for node in nodes))
-    assert await store.list_identities() == ["n0", *nodes]
-
-
-# --- pages ----------------------------------------------------------------------------------------
-
-
-async def test_pages_list_every_node_once_in_order_from_any_cursor(fresh: Opener) -> None:
-    store = await fresh()
-    await asyncio.gather(*(take(store, node) for node in TRICKY_NODES))
+    # Pages list every node once, in order, from any cursor.
     expected = sorted(TRICKY_NODES)
     for limit in (1, 2, 3, 5, len(expected), IDENTITY_PAGE_COUNT_MAX):
         pages = await walk(store, limit)
@@ -198,17 +157,39 @@ async def test_pages_list_every_node_once_in_order_from_any_cursor(fresh: Opener
     assert await store.list_identities(expected[-1]) == []
 
 
-async def test_a_large_listing_pages_through_every_node(fresh: Opener) -> None:
-    store = await fresh()
-    nodes = sorted(f"node-{i:03}" for i in range(120))
-    await asyncio.gather(*(take(store, node) for node in nodes))
-    assert await store.list_identities() == nodes
-    for limit in (7, 50, 120):
-        assert [node for page in await walk(store, limit) for node in page] == nodes, limit
-    assert await store.list_identities("node-099", 5) == nodes[100:105]
+async def only_identities_are_listed_never_a_partitions_ownership_or_a_log(store: LogStore) -> Ownership:
+    """On a storage nobody took an identity in: returns n1's take, the one identity it then holds."""
+    for partition in PARTITIONS_NEAR_THE_PREFIX:
+        first = Ownership(partition, "n1", 1, 1, LEASE_MS)
+        assert (await store.write_owner(None, first)).written
+        renewed = Ownership(partition, "n1", 1, 2, LEASE_MS)
+        assert (await store.write_owner(first, renewed)).written
+        assert (await store.write_owner(renewed, Ownership(partition, "n2", 2, 3, LEASE_MS))).written
+    # A coordinator log's records, and a partition's records and data, of names like nodes'.
+    body = RecordBody(("p1",), "ghost", b"redo")
+    assert (await store.log_once(LogId.coordinator("ghost"), "t1", TxnState.COMMIT, body)).created
+    assert (await store.log_once(LogId.partition("node"), "t1", TxnState.VOTE_YES, body)).created
+    assert await store.apply_redo("node", "t1", {"node:k": b"v"})
+    assert await store.list_identities() == []
+    first = await take(store, "n1")
+    assert await store.list_identities() == ["n1"]
+    return first
 
 
-# --- bad input and isolation ----------------------------------------------------------------------
+async def renewals_add_nothing_and_a_node_taken_again_stays_listed_once(store: LogStore, first: Ownership) -> None:
+    """From `first`, n1's first take, on a storage where n1 is the only identity."""
+    renewed = identity("n1", 1, 2)
+    assert (await store.write_owner(first, renewed)).written
+    released = identity("n1", 1, 3, owner="")
+    assert (await store.write_owner(renewed, released)).written
+    again = identity("n1", 2, 4)  # the node's next process takes its name in a new epoch
+    assert (await store.write_owner(released, again)).written
+    assert (await store.write_owner(again, identity("n1", 3, 5))).written
+    assert await store.list_identities() == ["n1"]
+    # A take that loses (the record is there already) lists nothing new either.
+    lost = await store.write_owner(None, identity("n1"))
+    assert not lost.written
+    assert await store.list_identities() == ["n1"]
 
 
 # Validation runs before any I/O, in the contract's base, so one storage per backend checks them
@@ -220,21 +201,95 @@ BAD_ARGUMENTS = (
 )
 
 
-async def test_bad_arguments_are_refused_and_change_nothing(fresh: Opener) -> None:
-    store = await fresh()
-    await take(store, "n1")
+async def bad_arguments_are_refused_and_change_nothing(store: LogStore) -> None:
+    """On a storage where n1 is the only identity."""
     for after, limit in BAD_ARGUMENTS:
         with pytest.raises(ValidationError):
             await store.list_identities(after, limit)  # type: ignore[arg-type]
     assert await store.list_identities() == ["n1"]
 
 
-async def test_each_storage_lists_only_its_own_identities(fresh: Opener) -> None:
-    one, other = await fresh(), await fresh()
-    await take(one, "n1")
+async def wrapping_stores_forward_the_listing(inner: LogStore) -> None:
+    """On a storage where n1 is the only identity: each store that wraps another."""
+
+    async def check(_: str, wrapper: str) -> None:  # no namespace: each lists the storage's n1
+        wrapped: DelegatingStore
+        if wrapper == "latency":
+            wrapped = LatencyInjectingStore(inner, parse_latency("fixed:1"))
+        elif wrapper == "instrumented":
+            metrics = Metrics()
+            wrapped = InstrumentedStore(inner, metrics)
+        else:
+            wrapped = FaultyStore(inner)
+        assert await wrapped.list_identities() == ["n1"]
+        assert await wrapped.list_identities("n1", 1) == []
+        with pytest.raises(ValidationError):
+            await wrapped.list_identities("", 0)
+        if isinstance(wrapped, InstrumentedStore):
+            labels = {"backend": inner.backend_name, "call": "list_identities"}
+            assert metrics.registry.get_sample_value("cornus_storage_call_seconds_count", labels) == 3
+            errors = {**labels, "error": "ValidationError"}
+            assert metrics.registry.get_sample_value("cornus_storage_errors_total", errors) == 1
+        if isinstance(wrapped, FaultyStore):
+            wrapped.fail("list_identities")
+            with pytest.raises(StorageUnavailable):
+                await wrapped.list_identities()
+            assert [call.outcome for call in wrapped.calls_of("list_identities")] == ["ok", "ok", "error", "failed"]
+            assert await wrapped.list_identities() == ["n1"]
+
+    await each_variant("n1", product(["latency", "instrumented", "faulty"]), check)
+
+
+async def each_storage_lists_only_its_own_identities(one: LogStore, other: LogStore) -> None:
+    """`one` holds n1's identity only, `other` is fresh."""
     await take(other, "n2")
     assert await one.list_identities() == ["n1"]
     assert await other.list_identities() == ["n2"]
+
+
+async def concurrent_takes_of_one_node_and_of_many_are_each_listed_once(
+    store: LogStore, earlier: list[str], prefix: str
+) -> list[str]:
+    """After `earlier`, every identity the storage holds, which list before `prefix`: returns the
+    nodes it took."""
+    races = await asyncio.gather(
+        *(store.write_owner(None, identity(f"{prefix}n0", owner=f"p{i}")) for i in range(8))
+    )
+    assert sum(result.written for result in races) == 1
+    nodes = [f"{prefix}n{i:02}" for i in range(1, 25)]
+    await asyncio.gather(*(take(store, node) for node in nodes))
+    assert await store.list_identities() == [*earlier, f"{prefix}n0", *nodes]
+    return [f"{prefix}n0", *nodes]
+
+
+async def a_large_listing_pages_through_every_node(store: LogStore, earlier: list[str], prefix: str) -> None:
+    """After `earlier`, every identity the storage holds, which list before `prefix`."""
+    nodes = sorted(f"{prefix}node-{i:03}" for i in range(120))
+    await asyncio.gather(*(take(store, node) for node in nodes))
+    assert await store.list_identities() == [*earlier, *nodes]
+    # Walked from past the earlier nodes: the pages of these 120 alone, as on a storage of their own
+    # (at 120, a full page and then an empty one). Walks from the start are the fresh storage's test's.
+    for limit in (7, 50, 120):
+        assert [node for page in await walk(store, limit, earlier[-1]) for node in page] == nodes, limit
+    assert await store.list_identities(f"{prefix}node-099", 5) == nodes[100:105]
+
+
+async def test_only_identities_are_listed_each_once_through_renewals_races_pages_and_wrappers(
+    fresh: Opener,
+) -> None:
+    """The listing checks that need no storage of their own, in turn on one (and, where a check
+    compares two storages, a second): each where the ones before it left exactly the identities it
+    expects. They need the listing to be the storage's, so they cannot share the shared one."""
+    store = await fresh()
+    first = await only_identities_are_listed_never_a_partitions_ownership_or_a_log(store)
+    # n1 is now the only identity; these take no other.
+    await renewals_add_nothing_and_a_node_taken_again_stays_listed_once(store, first)
+    await bad_arguments_are_refused_and_change_nothing(store)
+    await wrapping_stores_forward_the_listing(store)
+    await each_storage_lists_only_its_own_identities(store, await fresh())
+    # These take nodes of their own, each listing after every node taken here before it.
+    races = await concurrent_takes_of_one_node_and_of_many_are_each_listed_once(store, ["n1"], "race-")
+    await a_large_listing_pages_through_every_node(store, ["n1", *races], "scale-")
 
 
 async def test_on_shared_storage_a_tests_nodes_list_together_after_its_prefix(store: LogStore, ns: str) -> None:
@@ -247,38 +302,6 @@ async def test_on_shared_storage_a_tests_nodes_list_together_after_its_prefix(st
     assert page[: len(mine)] == mine
     assert all(not node.startswith(ns) for node in page[len(mine) :]), page
     assert await store.list_identities(mine[2], 2) == mine[3:5]
-
-
-# --- the stores that wrap another -----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("wrapper", ["latency", "instrumented", "faulty"])
-async def test_wrapping_stores_forward_the_listing(fresh: Opener, wrapper: str) -> None:
-    inner = await fresh()
-    await take(inner, "n1")
-    wrapped: DelegatingStore
-    if wrapper == "latency":
-        wrapped = LatencyInjectingStore(inner, parse_latency("fixed:1"))
-    elif wrapper == "instrumented":
-        metrics = Metrics()
-        wrapped = InstrumentedStore(inner, metrics)
-    else:
-        wrapped = FaultyStore(inner)
-    assert await wrapped.list_identities() == ["n1"]
-    assert await wrapped.list_identities("n1", 1) == []
-    with pytest.raises(ValidationError):
-        await wrapped.list_identities("", 0)
-    if isinstance(wrapped, InstrumentedStore):
-        labels = {"backend": inner.backend_name, "call": "list_identities"}
-        assert metrics.registry.get_sample_value("cornus_storage_call_seconds_count", labels) == 3
-        errors = {**labels, "error": "ValidationError"}
-        assert metrics.registry.get_sample_value("cornus_storage_errors_total", errors) == 1
-    if isinstance(wrapped, FaultyStore):
-        wrapped.fail("list_identities")
-        with pytest.raises(StorageUnavailable):
-            await wrapped.list_identities()
-        assert [call.outcome for call in wrapped.calls_of("list_identities")] == ["ok", "ok", "error", "failed"]
-        assert await wrapped.list_identities() == ["n1"]
 
 
 # --- how each backend finds them ------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from itertools import product
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from storage_adapters.contract import (
 )
 from storage_adapters.errors import Fenced, ValidationError
 from storage_adapters.store import LogStore
+from tests.storage.test_conformance import each_variant
 
 VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
 LEASE_MS = 10_000
@@ -223,21 +225,23 @@ async def test_read_owners_takes_the_limit(store: LogStore, ns: str) -> None:
     assert await store.read_owners(partitions) == {partitions[-1]: first}
 
 
-@pytest.mark.parametrize(
-    "partitions",
-    [
-        "p1",
-        b"p1",
-        None,
-        ["ok", "a/b"],
-        ["ok", ""],
-        ["ok", 7],
-        [f"p{i}" for i in range(OWNER_READ_COUNT_MAX + 1)],
-    ],
+BAD_READ_OWNERS_INPUTS = (
+    "p1",
+    b"p1",
+    None,
+    ["ok", "a/b"],
+    ["ok", ""],
+    ["ok", 7],
+    [f"p{i}" for i in range(OWNER_READ_COUNT_MAX + 1)],
 )
-async def test_read_owners_refuses_bad_input(store: LogStore, partitions: object) -> None:
-    with pytest.raises(ValidationError):
-        await store.read_owners(partitions)  # type: ignore[arg-type]
+
+
+async def test_read_owners_refuses_every_bad_input(store: LogStore, ns: str) -> None:
+    async def check(_: str, partitions: object) -> None:
+        with pytest.raises(ValidationError):
+            await store.read_owners(partitions)  # type: ignore[arg-type]
+
+    await each_variant(ns, product(BAD_READ_OWNERS_INPUTS), check)
 
 
 # --- fenced writes --------------------------------------------------------------------------------
@@ -306,76 +310,95 @@ async def test_fenced_writes_follow_renewals_and_the_new_epoch(store: LogStore, 
     assert await store.log(log, "t1", ABORT, None, taken.fence()) is ABORT
 
 
-@pytest.mark.parametrize("case", FENCE_FAILURES)
-async def test_fenced_log_once_is_refused_and_writes_nothing(store: LogStore, ns: str, case: str) -> None:
-    log = LogId.partition(ns)
-    fence, stored = await arrange_failing_fence(store, ns, case)
-    await expect_fenced(store.log_once(log, "t", VOTE, body(ns), fence), fence, stored)
-    assert await store.read(log, "t") is None
-    assert await store.scan_unfinished(log) == []
-
-
-@pytest.mark.parametrize("case", FENCE_FAILURES)
-async def test_fenced_log_once_on_an_existing_record_is_refused(store: LogStore, ns: str, case: str) -> None:
-    log = LogId.partition(ns)
-    fence, stored = await arrange_failing_fence(store, ns, case)
-    await store.log_once(log, "t", COMMIT, body(ns))
-    before = await store.read(log, "t")
-    await expect_fenced(store.log_once(log, "t", ABORT, body(ns), fence), fence, stored)
-    assert await store.read(log, "t") == before
-
-
-@pytest.mark.parametrize("case", FENCE_FAILURES)
-async def test_fenced_log_is_refused_and_writes_nothing(store: LogStore, ns: str, case: str) -> None:
-    log = LogId.partition(ns)
-    fence, stored = await arrange_failing_fence(store, ns, case)
-    await store.log_once(log, "voted", VOTE, body(ns))
-    before = await store.read(log, "voted")
-    await expect_fenced(store.log(log, "voted", COMMIT, RecordBody((ns,), "intruder", b"x"), fence), fence, stored)
-    await expect_fenced(store.log(log, "voted", COMMIT, None, fence), fence, stored)
-    await expect_fenced(store.log(log, "absent", ABORT, None, fence), fence, stored)
-    # A fence refused wins over a transition refused: the deposed writer learns it is deposed.
-    await store.log_once(log, "aborted", ABORT, body(ns))
-    await expect_fenced(store.log(log, "aborted", COMMIT, None, fence), fence, stored)
-    assert await store.read(log, "voted") == before
-    assert await store.read(log, "absent") is None
-    assert (await store.read(log, "aborted")).state is ABORT  # type: ignore[union-attr]
-
-
-@pytest.mark.parametrize("case", FENCE_FAILURES)
-async def test_fenced_delete_is_refused_and_deletes_nothing(store: LogStore, ns: str, case: str) -> None:
-    log = LogId.partition(ns)
-    fence, stored = await arrange_failing_fence(store, ns, case)
-    await store.log_once(log, "t", ABORT, body(ns))
-    before = await store.read(log, "t")
-    await expect_fenced(store.delete(log, "t", fence), fence, stored)
-    await expect_fenced(store.delete(log, "absent", fence), fence, stored)
-    assert await store.read(log, "t") == before
-
-
-@pytest.mark.parametrize("case", FENCE_FAILURES)
-@pytest.mark.parametrize("write_count", [2, LARGE_REDO_WRITE_COUNT])
-@pytest.mark.parametrize("state", [VOTE, COMMIT])
-async def test_fenced_apply_redo_is_refused_and_writes_nothing(
-    store: LogStore, ns: str, case: str, write_count: int, state: TxnState
+async def test_fenced_log_once_is_refused_and_writes_nothing_however_the_fence_fails(
+    store: LogStore, ns: str
 ) -> None:
-    log = LogId.partition(ns)
-    fence, stored = await arrange_failing_fence(store, ns, case)
-    await store.log_once(log, "t", state, body(ns))
-    writes: dict[str, bytes | None] = {f"k{i:03}": b"new" for i in range(write_count)}
-    # A key the redo deletes must survive too.
-    await store.log_once(log, "setup", COMMIT, body(ns))
-    await store.apply_redo(ns, "setup", {"k000": b"old"})
-    writes["k000"] = None
-    await expect_fenced(store.apply_redo(ns, "t", writes, fence), fence, stored)
-    data = await store.read_data(ns, list(writes))
-    assert data == {key: b"old" if key == "k000" else None for key in writes}
-    refused = await store.read(log, "t")
-    assert refused is not None and (refused.state, refused.applied) == (state, False)
-    # Refused however the record stands: an applied record does not let a deposed owner through.
-    await store.apply_redo(ns, "t", {"k000": b"applied"})
-    await expect_fenced(store.apply_redo(ns, "t", writes, fence), fence, stored)
-    assert await store.read_data(ns, ["k000"]) == {"k000": b"applied"}
+    async def check(ns: str, case: str) -> None:
+        log = LogId.partition(ns)
+        fence, stored = await arrange_failing_fence(store, ns, case)
+        await expect_fenced(store.log_once(log, "t", VOTE, body(ns), fence), fence, stored)
+        assert await store.read(log, "t") is None
+        assert await store.scan_unfinished(log) == []
+
+    await each_variant(ns, product(FENCE_FAILURES), check)
+
+
+async def test_fenced_log_once_on_an_existing_record_is_refused_however_the_fence_fails(
+    store: LogStore, ns: str
+) -> None:
+    async def check(ns: str, case: str) -> None:
+        log = LogId.partition(ns)
+        fence, stored = await arrange_failing_fence(store, ns, case)
+        await store.log_once(log, "t", COMMIT, body(ns))
+        before = await store.read(log, "t")
+        await expect_fenced(store.log_once(log, "t", ABORT, body(ns), fence), fence, stored)
+        assert await store.read(log, "t") == before
+
+    await each_variant(ns, product(FENCE_FAILURES), check)
+
+
+async def test_fenced_log_is_refused_and_writes_nothing_however_the_fence_fails(store: LogStore, ns: str) -> None:
+    async def check(ns: str, case: str) -> None:
+        log = LogId.partition(ns)
+        fence, stored = await arrange_failing_fence(store, ns, case)
+        await store.log_once(log, "voted", VOTE, body(ns))
+        before = await store.read(log, "voted")
+        await expect_fenced(
+            store.log(log, "voted", COMMIT, RecordBody((ns,), "intruder", b"x"), fence), fence, stored
+        )
+        await expect_fenced(store.log(log, "voted", COMMIT, None, fence), fence, stored)
+        await expect_fenced(store.log(log, "absent", ABORT, None, fence), fence, stored)
+        # A fence refused wins over a transition refused: the deposed writer learns it is deposed.
+        await store.log_once(log, "aborted", ABORT, body(ns))
+        await expect_fenced(store.log(log, "aborted", COMMIT, None, fence), fence, stored)
+        assert await store.read(log, "voted") == before
+        assert await store.read(log, "absent") is None
+        assert (await store.read(log, "aborted")).state is ABORT  # type: ignore[union-attr]
+
+    await each_variant(ns, product(FENCE_FAILURES), check)
+
+
+async def test_fenced_delete_is_refused_and_deletes_nothing_however_the_fence_fails(
+    store: LogStore, ns: str
+) -> None:
+    async def check(ns: str, case: str) -> None:
+        log = LogId.partition(ns)
+        fence, stored = await arrange_failing_fence(store, ns, case)
+        await store.log_once(log, "t", ABORT, body(ns))
+        before = await store.read(log, "t")
+        await expect_fenced(store.delete(log, "t", fence), fence, stored)
+        await expect_fenced(store.delete(log, "absent", fence), fence, stored)
+        assert await store.read(log, "t") == before
+
+    await each_variant(ns, product(FENCE_FAILURES), check)
+
+
+async def test_fenced_apply_redo_of_any_size_over_a_vote_or_commit_is_refused_and_writes_nothing(
+    store: LogStore, ns: str
+) -> None:
+    """However the fence fails, a redo of a few writes or of several DynamoDB transactions' worth,
+    over the owner's vote or its commit."""
+
+    async def check(ns: str, case: str, write_count: int, state: TxnState) -> None:
+        log = LogId.partition(ns)
+        fence, stored = await arrange_failing_fence(store, ns, case)
+        await store.log_once(log, "t", state, body(ns))
+        writes: dict[str, bytes | None] = {f"k{i:03}": b"new" for i in range(write_count)}
+        # A key the redo deletes must survive too.
+        await store.log_once(log, "setup", COMMIT, body(ns))
+        await store.apply_redo(ns, "setup", {"k000": b"old"})
+        writes["k000"] = None
+        await expect_fenced(store.apply_redo(ns, "t", writes, fence), fence, stored)
+        data = await store.read_data(ns, list(writes))
+        assert data == {key: b"old" if key == "k000" else None for key in writes}
+        refused = await store.read(log, "t")
+        assert refused is not None and (refused.state, refused.applied) == (state, False)
+        # Refused however the record stands: an applied record does not let a deposed owner through.
+        await store.apply_redo(ns, "t", {"k000": b"applied"})
+        await expect_fenced(store.apply_redo(ns, "t", writes, fence), fence, stored)
+        assert await store.read_data(ns, ["k000"]) == {"k000": b"applied"}
+
+    await each_variant(ns, product(FENCE_FAILURES, [2, LARGE_REDO_WRITE_COUNT], [VOTE, COMMIT]), check)
 
 
 async def test_fenced_large_apply_redo_with_the_owners_fence_applies_all(store: LogStore, ns: str) -> None:
@@ -516,16 +539,18 @@ async def test_fence_for_another_partition_or_a_coordinator_log_is_refused(store
 # --- unfenced writes ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["absent", "wrong owner", "released"])
-async def test_unfenced_writes_work_whatever_the_ownership(store: LogStore, ns: str, case: str) -> None:
-    # A terminator's LogOnce(ABORT) on another partition's log carries no fence and must land.
-    await arrange_failing_fence(store, ns, case)
-    log = LogId.partition(ns)
-    assert (await store.log_once(log, "t", VOTE, body(ns))).created
-    assert await store.log(log, "t", COMMIT) is COMMIT
-    assert await store.apply_redo(ns, "t", {"k": b"v"}) is True
-    assert await store.read_data(ns, ["k"]) == {"k": b"v"}
-    assert await store.delete(log, "t") is True
-    coordinator = LogId.coordinator(ns)
-    assert (await store.log_once(coordinator, "t", ABORT, body(ns))).created
-    assert await store.delete(coordinator, "t") is True
+async def test_unfenced_writes_work_whatever_the_ownership(store: LogStore, ns: str) -> None:
+    async def check(ns: str, case: str) -> None:
+        # A terminator's LogOnce(ABORT) on another partition's log carries no fence and must land.
+        await arrange_failing_fence(store, ns, case)
+        log = LogId.partition(ns)
+        assert (await store.log_once(log, "t", VOTE, body(ns))).created
+        assert await store.log(log, "t", COMMIT) is COMMIT
+        assert await store.apply_redo(ns, "t", {"k": b"v"}) is True
+        assert await store.read_data(ns, ["k"]) == {"k": b"v"}
+        assert await store.delete(log, "t") is True
+        coordinator = LogId.coordinator(ns)
+        assert (await store.log_once(coordinator, "t", ABORT, body(ns))).created
+        assert await store.delete(coordinator, "t") is True
+
+    await each_variant(ns, product(["absent", "wrong owner", "released"]), check)
