@@ -290,9 +290,10 @@ class LogStore(abc.ABC):
         An ABORT or absent record is an InvariantViolation: raised, nothing written. A record
         already marked applied is left alone and nothing is written: re-writing an old redo could
         undo a later transaction's writes to the same keys. So recovery may repeat the call
-        safely. True if this call applied the redo, False if it was applied before (a caller
-        caching data must not cache it then). With a fence, raise Fenced (writing nothing) unless
-        the fence holds."""
+        safely. True if this call applied the redo, False if it was applied before (an earlier
+        attempt landed: one that timed out, or one before a restart). A caller caching data
+        caches it either way while it holds the keys' locks: no other transaction wrote them since.
+        With a fence, raise Fenced (writing nothing) unless the fence holds."""
         validate_partition(partition)
         validate_txn(txn)
         checked = validate_writes(writes)
