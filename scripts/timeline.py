@@ -1,6 +1,7 @@
 """Read a test timeline (CORNUS_TEST_TIMELINE, tests/conftest.py) and say where the suite's wall
-time went: each worker's busy time and end, the tests of the worker that ended last, and the
-longest tests. Usage: python3 scripts/timeline.py FILE [LONGEST_COUNT]."""
+time went: each worker's busy time and end, the tests of the worker that ended last, the longest
+tests and, where the file has CPU columns, the tests and files that spent the most CPU (their
+worker's and their waited-for child processes'). Usage: python3 scripts/timeline.py FILE [LONGEST_COUNT]."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import sys
 
 def main(path: str, longest_count: int = 25) -> None:
     rows = []
+    cpu_s: dict[str, float] = {}
     with open(path) as timeline:
         for line in timeline:
-            worker, start, end, nodeid = line.rstrip("\n").split("\t", 3)
+            worker, start, end, nodeid, *cpu = line.rstrip("\n").split("\t")
             rows.append((worker, float(start), float(end), nodeid))
+            if cpu:
+                cpu_s[nodeid] = float(cpu[0]) + float(cpu[1])
     if not rows:
         raise SystemExit(f"{path}: no tests")
     first = min(start for _, start, _, _ in rows)
@@ -33,6 +37,18 @@ def main(path: str, longest_count: int = 25) -> None:
     print(f"the {longest_count} longest tests:")
     for worker, start, end, nodeid in sorted(rows, key=lambda r: r[1] - r[2])[:longest_count]:
         print(f"  {end - start:5.1f} s  {worker}  at {start - first:4.0f} s  {nodeid}")
+
+    if not cpu_s:
+        return
+    print(f"CPU: {sum(cpu_s.values()):.0f} s in all; the {longest_count} tests that spent the most:")
+    for nodeid, spent_s in sorted(cpu_s.items(), key=lambda item: -item[1])[:longest_count]:
+        print(f"  {spent_s:6.1f} s  {nodeid}")
+    by_file: dict[str, float] = collections.defaultdict(float)
+    for nodeid, spent_s in cpu_s.items():
+        by_file[nodeid.split("::")[0]] += spent_s
+    print(f"the {longest_count} files that spent the most CPU:")
+    for path_name, spent_s in sorted(by_file.items(), key=lambda item: -item[1])[:longest_count]:
+        print(f"  {spent_s:6.1f} s  {path_name}")
 
 
 if __name__ == "__main__":

@@ -105,18 +105,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # `CORNUS_TEST_TIMELINE=FILE`: each test's worker, start and end (wall-clock seconds, setup to
-# teardown) appended to FILE as tab-separated lines: what tells which worker's tests make the
-# suite's tail, when its wall time is over budget (scripts/timeline.py reads it).
+# teardown), and the CPU seconds it spent in the worker and in the child processes it waited for
+# (node, CLI and bench processes) appended to FILE as tab-separated lines: what tells which tests
+# make the suite's tail when its wall time is over budget, and, since the suite is bound by CI's
+# two cores, which tests spend them (scripts/timeline.py reads it).
 _TIMELINE = os.environ.get("CORNUS_TEST_TIMELINE", "")
 
 
 if _TIMELINE:
+    import resource
     import time
+
+    def _cpu_s(who: int) -> float:
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
         started = time.time()
+        cpu_self_s = _cpu_s(resource.RUSAGE_SELF)
+        cpu_children_s = _cpu_s(resource.RUSAGE_CHILDREN)
         yield
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        cpu_self_s = _cpu_s(resource.RUSAGE_SELF) - cpu_self_s
+        cpu_children_s = _cpu_s(resource.RUSAGE_CHILDREN) - cpu_children_s
         with open(_TIMELINE, "a") as timeline:
-            timeline.write(f"{worker}\t{started:.3f}\t{time.time():.3f}\t{item.nodeid}\n")
+            timeline.write(
+                f"{worker}\t{started:.3f}\t{time.time():.3f}\t{item.nodeid}"
+                f"\t{cpu_self_s:.2f}\t{cpu_children_s:.2f}\n"
+            )
