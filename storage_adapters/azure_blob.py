@@ -58,24 +58,27 @@ short of the listing's end, ids below its last one whose names list later (only 
 '.'-ended prefixes) are looked up by name, in one more round of concurrent requests, as
 `scan_unfinished` does. No registry is kept beside the records: a take is the record's own put.
 
-Fencing is WEAKER on Azure than on the other three backends, and this is why. A fenced write must
-land only while the partition's ownership record names the fence's owner and epoch, but the
+Fencing on Azure rests on Azure's clock as well as on storage, and this is why. A fenced write
+must land only while the partition's ownership record names the fence's owner and epoch, but the
 ownership record and the record or data written are different blobs, and Azure Blob has no
 condition (nor transaction) that spans two blobs. So a fenced call here reads the ownership blob
 and refuses with Fenced, writing nothing, unless it admits the fence, and only THEN writes: the
 check and the write are two requests (`log` and `apply_redo` read the ownership blob concurrently
 with the record they read anyway; `log_once` and `delete` pay one request more than unfenced). A
-writer that passes the check and then stalls (a process pause, a slow network) for longer than the
-lease margin can still land its write after another node has taken the partition. The node
-runtime checks its lease before each write, which narrows the window to a stall between that
-check and the write's arrival, but storage does not refuse such a late write as Redis, DynamoDB
-and the emulator do: on Azure, single ownership rests on leases and bounded stalls, not on storage
-alone.
+write that passed the check could once be held on the network and land after another node had
+taken the partition and scanned its log; now every request is signed for a time Azure checks on
+arrival (storage_adapters/azure_signing.py): a fenced write expires when the lease its ownership
+blob can still grant ends (the blob's Last-Modified plus lease_ms), which no taker's wait ends
+before, and a write passing a partition on is not accepted before this store's fenced writes for
+it have expired. What remains is Azure's own clocks (the Last-Modified stamp and the signature
+check) drifting apart by more than a taker's clock slack.
 
-Garbage collection's deletes of one event-loop tick (the contract's base joins them) go in ONE
-Blob Batch request (up to 256 subrequests; each answers 202 or 404 on its own, so each caller
-still learns whether its record existed), after one read per fenced partition's ownership blob
-shared by the batch's fenced deletes: the same check-then-write as a lone fenced delete.
+Garbage collection's deletes of one event-loop tick (the contract's base joins them) go to Azure
+all at once, each its own Delete Blob request, after one read per fenced partition's ownership
+blob shared by the batch's fenced deletes: the same check-then-write as a lone fenced delete. Not
+in a Blob Batch request: a batch's subrequests would need signatures of their own (above), which
+Azurite refuses, and the nodes make no plain deletes here anyway (Azure's late-write window makes
+every collection a tombstone, which a Blob Batch cannot carry).
 
 Decision tombstones (`delete` with `keep`). A tombstone is a Put Blob over the record's blob, of
 the record reduced to its decision (no body; a COMMIT one applied), so reads, `log_once`, `log`
@@ -84,10 +87,9 @@ applied} says finished, so the unfinished scan's listing skips it unread. The pu
 on the blob as read just before: `If-Match` its ETag, or `If-None-Match: *` where there was none
 (a read-only voter's partition holds no record), and `check_tombstone` judges what was read first,
 so a refusal writes nothing and a record changed or created in between makes the keep read again
-and judge that. A fenced keep reads the ownership blob alongside the record, as `log` does. Keeps
-cannot join a Blob Batch, which carries only deletes and tier changes: in a tick's batch each keep
-is its own read and put, all at once (bounded), and the plain deletes go in the Blob Batch; the
-batch's one read per fenced partition's ownership blob runs alongside the keeps' record reads.
+and judge that. A fenced keep reads the ownership blob alongside the record, as `log` does. In a
+tick's batch each keep is its own read and put, all at once (bounded), beside the plain deletes;
+the batch's one read per fenced partition's ownership blob runs alongside the keeps' record reads.
 
 Azure Blob has no expiry per blob (Set Blob Expiry is for hierarchical-namespace accounts only),
 so storage drops tombstones through a lifecycle management rule: each tombstone carries the blob
@@ -121,6 +123,7 @@ import base64
 import binascii
 import collections
 import contextlib
+import datetime
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -137,8 +140,16 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
+from azure.storage.blob._shared.authentication import SharedKeyCredentialPolicy
 from azure.storage.blob.aio import BlobServiceClient, ContainerClient
 
+from storage_adapters.azure_signing import (
+    ExpiringSignatures,
+    admit_until,
+    arrived_expired,
+    in_signing_window,
+    not_before,
+)
 from storage_adapters.contract import (
     IDENTITY_PAGE_COUNT_MAX,
     IDENTITY_PREFIX,
@@ -195,9 +206,6 @@ OWNER_LIST_BLOB_COUNT_MAX = 16 * OWNER_READ_COUNT_MAX
 IDENTITY_LIST_BLOB_COUNT_MAX = 16 * IDENTITY_PAGE_COUNT_MAX
 # The service's limit on names in one listing response.
 LIST_RESULTS_PER_PAGE_MAX = 5000
-# The Blob service's limit on subrequests in one Blob Batch request.
-BLOB_BATCH_COUNT_MAX = 256
-assert DELETE_BATCH_COUNT_MAX <= BLOB_BATCH_COUNT_MAX
 
 _STATE_METADATA = "state"
 _APPLIED_METADATA = "applied"
@@ -231,10 +239,12 @@ class _Stored:
 
 @dataclass(frozen=True, slots=True)
 class _StoredOwner:
-    """An ownership record as read, with the ETag that a conditional overwrite must match."""
+    """An ownership record as read, with the ETag that a conditional overwrite must match and
+    when its version landed (Azure's clock), which a fenced write's lease window counts from."""
 
     ownership: Ownership
     etag: str
+    last_modified: datetime.datetime | None
 
 
 def _segment(value: str) -> str:
@@ -462,7 +472,7 @@ def _first_leaf(errors: BaseExceptionGroup[BaseException]) -> BaseException:
 
 class AzureBlobStore(LogStore):
     backend_name = "azure_blob"
-    # A tick's plain deletes go in one Blob Batch request, its keeps beside it (see _delete_many).
+    # A tick's deletes and keeps share their ownership reads (see _delete_many).
     coalesces_deletes = True
 
     def __init__(
@@ -472,7 +482,8 @@ class AzureBlobStore(LogStore):
         super().__init__(timeout_ms_call)
         self._service = service
         self._container = container
-        self._blob_batch_refused = False  # see _delete_many
+        assert isinstance(service.credential, ExpiringSignatures), "open() signs every request (azure_signing)"
+        self._signatures = service.credential
         # The lifecycle rule deletes a tombstone more than this many days after its last write, so
         # it stays at least this long (a rewrite only restarts the count), and no longer than this
         # plus the rule's day or two: a longer keep would be cut short.
@@ -505,16 +516,23 @@ class AzureBlobStore(LogStore):
             raise ValidationError(f"timeout_ms_call must be a positive int, got {timeout_ms_call!r}")
         timeout_s = timeout_ms_call / 1000
         try:
-            service = BlobServiceClient.from_connection_string(
-                connection_string,
-                # The client-level timeouts make a stuck socket fail inside the SDK; the asyncio
-                # deadline around every call is the backstop that also covers DNS, TLS and pools.
-                connection_timeout=timeout_s,
-                read_timeout=timeout_s,
-                retry_total=SDK_RETRY_COUNT_MAX,
-            )
+            parsed = BlobServiceClient.from_connection_string(connection_string)
         except ValueError as error:
             raise ValidationError(f"bad connection string: {error}") from error
+        key = parsed.credential
+        await parsed.close()
+        if not isinstance(key, SharedKeyCredentialPolicy):
+            raise ValidationError("the connection string needs the account key (AccountKey=): each request is "
+                                  "signed with it, for a time Azure checks (storage_adapters/azure_signing.py)")
+        service = BlobServiceClient(
+            parsed.url,
+            credential=ExpiringSignatures(key.account_name, key.account_key, timeout_s),
+            # The client-level timeouts make a stuck socket fail inside the SDK; the asyncio
+            # deadline around every call is the backstop that also covers DNS, TLS and pools.
+            connection_timeout=timeout_s,
+            read_timeout=timeout_s,
+            retry_total=SDK_RETRY_COUNT_MAX,
+        )
         store = cls(service, service.get_container_client(container), timeout_ms_call, tombstone_keep_days)
         if create_container:
             try:
@@ -534,6 +552,10 @@ class AzureBlobStore(LogStore):
         if isinstance(error, ServiceRequestError | ServiceResponseError | aiohttp.ClientError | OSError):
             return StorageUnavailable(f"azure_blob {what}: {type(error).__name__}: {error}")
         if isinstance(error, HttpResponseError):
+            if arrived_expired(error):
+                # Its signature ran out before it arrived (azure_signing): a late request, not a
+                # credential Azure refuses.
+                return StorageUnavailable(f"azure_blob {what}: arrived after its signature expired")
             if error.status_code is None:
                 # No response to judge: a body cut short (azure-core's IncompleteReadError) or a
                 # download whose body reads failed. Only errors the storage SDK processed carry
@@ -619,7 +641,7 @@ class AzureBlobStore(LogStore):
             return None
         etag = downloader.properties.etag
         assert etag
-        return _StoredOwner(_decode_owner(partition, data), etag)
+        return _StoredOwner(_decode_owner(partition, data), etag, downloader.properties.last_modified)
 
     async def _put_owner(self, ownership: Ownership, etag: str | None) -> bool:
         """Put the ownership record if the blob's ETag is still `etag` (None: if there is no blob);
@@ -629,11 +651,13 @@ class AzureBlobStore(LogStore):
 
     async def _check_fence(self, fence: Fence) -> None:
         """Raise Fenced unless the ownership record admits `fence`. A request of its own, BEFORE the
-        write it guards: see the module docstring for what that leaves open."""
+        write it guards, whose lease window then bounds when the write may land (azure_signing)."""
         stored = await self._get_owner(fence.partition)
         owner = stored.ownership if stored is not None else None
         if not fence.admits(owner):
             raise Fenced(fence, owner)
+        assert stored is not None
+        admit_until(fence.partition, stored.last_modified, stored.ownership.lease_ms)
 
     async def _get_fenced(self, log: LogId, txn: str, fence: Fence | None) -> _Stored | None:
         """The record, as `_get`; with a fence, the fence checked too, in a request run alongside
@@ -651,6 +675,7 @@ class AzureBlobStore(LogStore):
 
     # The contract.
 
+    @in_signing_window
     async def _log_once(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None
     ) -> LogOnceResult:
@@ -667,6 +692,7 @@ class AzureBlobStore(LogStore):
         assert stored is not None, f"{log.key}/{txn}: 409 on create, yet no blob on read-back"
         return LogOnceResult(state=stored.record.state, created=False)
 
+    @in_signing_window
     async def _log(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody | None, fence: Fence | None
     ) -> TxnState:
@@ -783,6 +809,7 @@ class AzureBlobStore(LogStore):
         values = await _gather_bounded([lambda key=key: get(key) for key in unique])
         return dict(zip(unique, values, strict=True))
 
+    @in_signing_window
     async def _apply_redo(
         self, partition: str, txn: str, writes: dict[str, bytes | None], fence: Fence | None
     ) -> bool:
@@ -858,6 +885,7 @@ class AzureBlobStore(LogStore):
         if stored.record.state is TxnState.ABORT:
             raise InvariantViolation(f"apply_redo of {log.key}/{txn}: record is {stored.record.state}")
 
+    @in_signing_window
     async def _delete(self, log: LogId, txn: str, fence: Fence | None, keep: Tombstone | None) -> bool:
         if keep is not None:
             return await self._keep(log, txn, fence, keep, await self._get_fenced(log, txn, fence))
@@ -908,15 +936,16 @@ class AzureBlobStore(LogStore):
             mapped.__cause__ = error
             return mapped
 
+    @in_signing_window
     async def _delete_many(self, requests: Sequence[DeleteRequest]) -> list[bool | StorageError]:
-        """The plain deletes in one Blob Batch request (`_delete_blobs`), the keeps each as its own
-        read and conditional put (a Blob Batch carries no puts), all at once, after one read of each
+        """The plain deletes each as one request (`_delete_blob`), the keeps each as its own read and
+        conditional put, all at once (bounded), after one read of each
         fenced partition's ownership blob: the check-then-write of a fenced delete, as in
         `_delete`, with the reads shared. The keeps' record reads go alongside those ownership
         reads, so a keep's put follows its fence check by one round trip, as a lone one's does.
         Each request gets its own answer or error (one request's failure is its own); only a
         failed ownership read fails them all."""
-        assert 0 < len(requests) <= min(DELETE_BATCH_COUNT_MAX, BLOB_BATCH_COUNT_MAX)
+        assert 0 < len(requests) <= DELETE_BATCH_COUNT_MAX
         fenced = list(dict.fromkeys(request.fence.partition for request in requests if request.fence is not None))
         keeping = [index for index, request in enumerate(requests) if request.keep is not None]
         try:
@@ -932,6 +961,11 @@ class AzureBlobStore(LogStore):
         owners = owners_read.result()
         read = dict(zip(keeping, records_read.result(), strict=True))
         held = {p: stored.ownership if stored is not None else None for p, stored in zip(fenced, owners, strict=True)}
+        for stored in owners:
+            if stored is not None:
+                # Only the partitions of admitted fences are written (those of refused ones write
+                # nothing), and each one's lease window bounds the writes.
+                admit_until(stored.ownership.partition, stored.last_modified, stored.ownership.lease_ms)
         outcomes: list[bool | StorageError] = [False] * len(requests)
         deleting: list[int] = []
         kept: list[int] = []
@@ -951,56 +985,13 @@ class AzureBlobStore(LogStore):
             assert request.keep is not None and not isinstance(stored, StorageError)
             return await self._keep(request.log, request.txn, request.fence, request.keep, stored)
 
-        try:
-            async with asyncio.TaskGroup() as group:
-                deleted = group.create_task(self._answer(self._delete_blobs([requests[i] for i in deleting])))
-                keeps = group.create_task(_gather_bounded([lambda i=i: self._answer(keep(i)) for i in kept]))
-        except BaseExceptionGroup as errors:
-            raise _first_leaf(errors) from None
-        answers = deleted.result()
-        if isinstance(answers, StorageError):
-            answers = [answers] * len(deleting)  # the Blob Batch request failed as a whole
-        for index, answer in zip(deleting, answers, strict=True):
-            outcomes[index] = answer
-        for index, answer in zip(kept, keeps.result(), strict=True):
+        answers = await _gather_bounded(
+            [lambda i=i: self._answer(self._delete_blob(requests[i])) for i in deleting]
+            + [lambda i=i: self._answer(keep(i)) for i in kept]
+        )
+        for index, answer in zip(deleting + kept, answers, strict=True):
             outcomes[index] = answer
         return outcomes
-
-    async def _delete_blobs(self, requests: Sequence[DeleteRequest]) -> list[bool | StorageError]:
-        """Delete the records' blobs (their fences already checked), in one Blob Batch request, or
-        one by one where there is only one (cheaper than a batch) or the account refuses batches;
-        each one's answer, in order."""
-        if not requests:
-            return []
-        if len(requests) == 1 or self._blob_batch_refused:
-            return [*await _gather_bounded([lambda r=r: self._delete_blob(r) for r in requests])]
-        names = [_record_name(request.log, request.txn) for request in requests]
-        try:
-            # One response per blob, in the order asked (the SDK pairs them by Content-ID).
-            responses = [response async for response in await self._container.delete_blobs(
-                *names, raise_on_any_failure=False
-            )]
-        except HttpResponseError as error:
-            if error.status_code is None or isinstance(
-                _status_error(error.status_code, "", None, "delete"), StorageUnavailable
-            ):
-                raise  # unavailable (no response at all, or a retryable status): not a refusal
-            # The account refuses Blob Batch as such (a kind or feature that lacks it): the
-            # deletes go one by one, as they did before batches, from now on.
-            self._blob_batch_refused = True
-            return await self._delete_blobs(requests)
-        assert len(responses) == len(requests), f"a batch of {len(requests)} deletes answered {len(responses)}"
-        answers: list[bool | StorageError] = []
-        for response in responses:
-            status = response.status_code
-            if status == 202:
-                answers.append(True)
-            elif status == 404:
-                answers.append(False)
-            else:
-                code = response.headers.get("x-ms-error-code", "")
-                answers.append(_status_error(status, code, response.reason, "delete"))
-        return answers
 
     async def _read_owners(self, partitions: tuple[str, ...]) -> dict[str, Ownership]:
         if len(partitions) <= OWNER_GET_COUNT_MAX:
@@ -1095,7 +1086,30 @@ class AzureBlobStore(LogStore):
             found.update(node for node, there in zip(maybe, exists, strict=True) if there)
         return sorted(found)[:limit]
 
+    async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        """As the contract's, and a write that passes the partition on waits first, outside the
+        call's deadline, until every fenced write this store signed for it has expired (at most
+        a call's deadline and a second: azure_signing)."""
+        expiry_unix_s = self._fenced_expiry_passed_on(expected, new)
+        if expiry_unix_s is not None:
+            await asyncio.sleep(max(0.0, expiry_unix_s + 1 - time.time()))
+        return await super().write_owner(expected, new)
+
+    def _fenced_expiry_passed_on(self, expected: object, new: object) -> int | None:
+        """The latest expiry this store signed for a fenced write of the partition that `new`
+        passes on from `expected` (another owner, or a new epoch); None if it passes nothing on or
+        no such write was signed."""
+        if not (isinstance(expected, Ownership) and isinstance(new, Ownership) and expected.owner):
+            return None
+        if (new.owner, new.epoch) == (expected.owner, expected.epoch):
+            return None
+        return self._signatures.fenced_expiry_unix_s.get(new.partition)
+
+    @in_signing_window
     async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        expiry_unix_s = self._fenced_expiry_passed_on(expected, new)
+        if expiry_unix_s is not None:
+            not_before(expiry_unix_s + 1)
         if expected is None:
             if await self._put_owner(new, None):
                 return OwnerWriteResult(stored=new, written=True)

@@ -28,10 +28,18 @@ DAY_MS = 86_400_000
 # late_write_window_ms). Redis's scripts and the emulator's writer refuse a call past its deadline
 # themselves: 0. DynamoDB and Azure Blob check no deadline of ours; what ends a request's life there
 # is its signature: SigV4 requests must reach AWS within 5 minutes of their timestamp (15 for some
-# services), Azure Shared Key requests within 15 minutes. So a request held up in the network, a
-# proxy or a retransmitting socket can land up to 15 minutes late, and garbage collection must
-# leave tombstones that outlive that.
+# services). So a request held up in the network, a proxy or a retransmitting socket can land up
+# to 15 minutes late, and garbage collection must leave tombstones that outlive that. Azure's
+# requests carry signatures that expire at their deadline, by Azure's clock
+# (storage_adapters/azure_signing.py); the window stays 15 minutes there, so that a node clock
+# running up to that far ahead of Azure's still cannot make a collected record reappear.
 LATE_WRITE_WINDOW_MS = {"emulator": 0, "redis": 0, "azure_blob": 900_000, "dynamodb": 900_000}
+# On Azure a fenced write must land before the lease its ownership blob grants ends: the blob's
+# Last-Modified (whole seconds, truncated) plus lease_ms (storage_adapters/azure_signing.py). An
+# owner's blob is up to a renewal interval old, so a lease must exceed the renewal interval by a
+# second for that truncation and a second for the write to land, or most writes would find their
+# window closed.
+AZURE_LEASE_MARGIN_MS = 2_000
 # The fields given as integers; the environment's strings are converted.
 _INT_FIELDS = ("timeout_ms_call", "azure_tombstone_keep_days")
 

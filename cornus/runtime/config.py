@@ -60,7 +60,7 @@ from storage_adapters.contract import (
     validate_id,
 )
 from storage_adapters.errors import ValidationError
-from storage_adapters.factory import DAY_MS, StoreConfig, env_values
+from storage_adapters.factory import AZURE_LEASE_MARGIN_MS, DAY_MS, StoreConfig, env_values
 
 PARTITION_COUNT_MAX = 4096
 # Deletions of one record retried at most this often: each is a storage call while it is down.
@@ -291,7 +291,7 @@ def timeout_names_all() -> set[str]:
     )
 
 
-def _ownership_config(values: Mapping[str, int], protocol_config: ProtocolConfig) -> OwnershipConfig:
+def _ownership_config(values: Mapping[str, int], protocol_config: ProtocolConfig, backend: str) -> OwnershipConfig:
     """OwnershipConfig asserts its rules (it is the pure core's); user input gets clear errors."""
     merged = {**dataclasses.asdict(OwnershipConfig()), **values, "clock_slack_ms": protocol_config.clock_slack_ms}
     if merged["lease_ms"] > OWNER_LEASE_MS_MAX:
@@ -300,6 +300,12 @@ def _ownership_config(values: Mapping[str, int], protocol_config: ProtocolConfig
         raise ValidationError(
             f"renew_interval_ms ({merged['renew_interval_ms']}) must be at most half of lease_ms "
             f"({merged['lease_ms']}): one slow renewal must not end a lease"
+        )
+    if backend == "azure_blob" and merged["lease_ms"] < merged["renew_interval_ms"] + AZURE_LEASE_MARGIN_MS:
+        raise ValidationError(
+            f"lease_ms ({merged['lease_ms']}) must be at least renew_interval_ms ({merged['renew_interval_ms']}) "
+            f"+ {AZURE_LEASE_MARGIN_MS} on azure_blob: a fenced write there must land before the lease its ownership "
+            "record grants ends, counted from the record's Last-Modified (whole seconds)"
         )
     return OwnershipConfig(**merged)
 
@@ -458,7 +464,7 @@ def load_node_config(
         storage=storage,
         protocol_config=(protocol_config := _protocol_config(protocol_values, storage)),
         limits=RuntimeLimits(**limit_values),
-        ownership=_ownership_config(ownership_values, protocol_config),
+        ownership=_ownership_config(ownership_values, protocol_config, storage.backend),
     )
 
 

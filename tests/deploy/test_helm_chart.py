@@ -604,6 +604,13 @@ AZURE_KEEP_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "a peer wait whose late vote outlives the keep": ({"timeouts": {"outcome_keep_ms": 909_000,
                                                                    "timeout_ms_peer_request": 298_001}},
                                                       "timeout_ms_peer_request", "timeout_ms_peer_request"),
+    # A fenced write on Azure lands before the lease its ownership blob grants ends, counted from
+    # the blob's Last-Modified (whole seconds): the lease exceeds the renewal by 2 s at least.
+    "a lease 2 s past the renewal": ({"timeouts": {"lease_ms": _OWNERSHIP.renew_interval_ms + 2_000}}, "", ""),
+    "a lease under 2 s past the renewal": ({"timeouts": {"lease_ms": _OWNERSHIP.renew_interval_ms + 1_999}},
+                                           "lease_ms", "lease_ms"),
+    "a renewal too close to the lease": ({"timeouts": {"renew_interval_ms": 1_500, "lease_ms": 3_000}},
+                                         "lease_ms", "lease_ms"),
     "a rule of nine days": ({"storage": {"azureBlob": {"tombstoneKeepDays": 9}}}, "tombstoneKeepDays",
                             "tombstone_keep_days"),
     "a rule of no days": ({"storage": {"azureBlob": {"tombstoneKeepDays": 0}}}, "tombstoneKeepDays",

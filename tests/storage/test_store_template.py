@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,10 +24,7 @@ from storage_adapters.contract import (
     TxnState,
 )
 from storage_adapters.errors import Fenced, StorageError, StorageUnavailable, ValidationError
-from storage_adapters.factory import open_store
 from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore
-from tests.conftest import Services
-from tests.storage.conftest import config_for
 from tests.unused_store import UnusedStore
 
 VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
@@ -290,32 +286,3 @@ async def test_a_call_that_does_not_answer_is_unavailable_at_the_deadline() -> N
     with pytest.raises(StorageUnavailable, match="silent log_once did not answer within 300 ms"):
         await store.log_once(LogId.partition("p"), "t", VOTE, body("p"))
     assert time.monotonic() - started < DEADLINE_MS / 1000 + SLACK_S
-
-
-async def test_azure_deletes_one_by_one_where_the_account_refuses_blob_batches(
-    services: Services, run_id: str, tmp_path: Path, ns: str
-) -> None:
-    from azure.core.exceptions import HttpResponseError
-
-    store = await open_store(config_for("azure_blob", services, run_id, str(tmp_path)))
-    try:
-        log = LogId.partition(ns)
-        await asyncio.gather(*(store.log_once(log, f"t{index}", ABORT, body(ns)) for index in range(3)))
-        refusals: list[int] = []
-
-        async def refuse(*names: str, **_options: object) -> object:
-            refusals.append(len(names))
-            error = HttpResponseError(message="this account does not support Blob Batch")
-            error.status_code = 400
-            raise error
-
-        store._container.delete_blobs = refuse  # type: ignore[attr-defined]
-        deleted = await asyncio.gather(*(store.delete(log, f"t{index}") for index in range(4)))
-        assert deleted == [True, True, True, False]
-        assert refusals == [4]
-        # Later batches do not try again.
-        await store.log_once(log, "t9", ABORT, body(ns))
-        assert await asyncio.gather(store.delete(log, "t9"), store.delete(log, "t0")) == [True, False]
-        assert refusals == [4]
-    finally:
-        await store.close()

@@ -219,6 +219,9 @@ helm refuses exactly the combinations the node refuses.
 {{- if lt $t.lease_ms (mul 2 $t.renew_interval_ms) }}
 {{- fail (printf "timeouts.renew_interval_ms (%d) must be at most half of timeouts.lease_ms (%d): one slow renewal must not end a lease (unset, lease_ms is %d and renew_interval_ms %d, the node's defaults)" $t.renew_interval_ms $t.lease_ms $nodeDefaults.lease_ms $nodeDefaults.renew_interval_ms) }}
 {{- end }}
+{{- if and (eq .Values.storage.backend "azure_blob") (lt $t.lease_ms (add $t.renew_interval_ms 2000)) }}
+{{- fail (printf "timeouts.lease_ms (%d) must be at least timeouts.renew_interval_ms (%d) + 2000 on azure_blob: a fenced write there must land before the lease its ownership record grants ends, counted from the record's Last-Modified (whole seconds) (storage_adapters/factory.py AZURE_LEASE_MARGIN_MS; unset, lease_ms is %d and renew_interval_ms %d, the node's defaults)" $t.lease_ms $t.renew_interval_ms $nodeDefaults.lease_ms $nodeDefaults.renew_interval_ms) }}
+{{- end }}
 {{- if gt $t.backoff_ms_min $t.backoff_ms_max }}
 {{- fail (printf "timeouts.backoff_ms_min (%d) must not exceed timeouts.backoff_ms_max (%d) (unset, they are %d and %d, the node's defaults)" $t.backoff_ms_min $t.backoff_ms_max $nodeDefaults.backoff_ms_min $nodeDefaults.backoff_ms_max) }}
 {{- end }}

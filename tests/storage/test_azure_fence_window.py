@@ -1,0 +1,137 @@
+"""Azure Blob has no condition spanning two blobs, so a fenced write there is a read of the
+partition's ownership blob and then the write: a write that passed the check and was held on the
+network landed after its owner's lease ended, after another node took the partition and scanned
+its log, and that node never learned of it (a vote nobody runs until a later recovery applies its
+old redo over later commits; found by review, 2026-11-26). Every request now carries a shared
+access signature that Azure refuses after a time the adapter sets: a fenced write's ends before
+the lease the ownership blob it read can still grant, and a release of a partition is not
+accepted before the fenced writes this store signed for it have expired. Against Azurite, through
+a proxy that holds the write (tests/storage/servers.py HoldingProxy)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+
+import pytest
+
+from storage_adapters.contract import LogId, Ownership, RecordBody, TxnState
+from storage_adapters.errors import StorageError, StorageUnavailable
+from storage_adapters.factory import StoreConfig, open_store
+from storage_adapters.store import LogStore
+from tests.conftest import Services
+from tests.storage.servers import HoldingProxy
+
+pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
+
+DEADLINE_MS = 1_000
+DEADLINE_MS_CHECKS = 10_000
+# The lease the ownership record grants: a held write outlives it.
+LEASE_MS = 2_000
+# How long the proxy holds a record write: past the lease and the new owner's take and scan.
+HOLD_S = LEASE_MS / 1000 + 2.5
+# A release waits for the owner's fenced writes to expire, which may take longer than its deadline.
+RELEASE_ATTEMPT_COUNT_MAX = 20
+PARTITION = "fence"
+LOG = LogId.partition(PARTITION)
+BODY = RecordBody((PARTITION,), "n1", b"old redo")
+
+
+def _holds_record_puts(chunk: bytes) -> bool:
+    request_line = chunk.split(b"\r\n", 1)[0]
+    return chunk.startswith(b"PUT ") and b"/txn/" in request_line
+
+
+@dataclass
+class _Stores:
+    proxy: HoldingProxy
+    old_owner: LogStore  # through the proxy
+    new_owner: LogStore  # straight to Azurite
+
+
+@pytest.fixture
+async def stores(services: Services) -> AsyncIterator[_Stores]:
+    port = int(services.azure_connection_string.split("BlobEndpoint=http://127.0.0.1:", 1)[1].split("/", 1)[0])
+    proxy = await HoldingProxy(port, _holds_record_puts, HOLD_S).start()
+    container = f"fence-{uuid.uuid4().hex[:10]}"
+    through_proxy = services.azure_connection_string.replace(f"127.0.0.1:{port}", f"127.0.0.1:{proxy.port}")
+    old_owner = await open_store(StoreConfig(backend="azure_blob", azure_connection_string=through_proxy,
+                                             azure_container=container, timeout_ms_call=DEADLINE_MS))
+    new_owner = await open_store(StoreConfig(backend="azure_blob", azure_container=container,
+                                             azure_connection_string=services.azure_connection_string,
+                                             timeout_ms_call=DEADLINE_MS_CHECKS))
+    try:
+        yield _Stores(proxy, old_owner, new_owner)
+    finally:
+        proxy.close()
+        await old_owner.close()
+        await new_owner.delete_container()  # type: ignore[attr-defined]
+        await new_owner.close()
+
+
+async def _held_vote(stores: _Stores, taken: Ownership) -> asyncio.Task[object]:
+    """The old owner's fenced vote, its record write held by the proxy past the call's deadline."""
+    stores.proxy.holding = True
+    vote = asyncio.create_task(stores.old_owner.log_once(LOG, "t1", TxnState.VOTE_YES, BODY, taken.fence()))
+    with pytest.raises(StorageUnavailable):
+        await vote
+    assert stores.proxy.held_count == 1
+    stores.proxy.holding = False
+    return vote
+
+
+async def _land_then_read(stores: _Stores, since_s: float) -> object:
+    """Wait until the held write has reached Azurite, then what the log holds for it."""
+    await asyncio.sleep(max(0.0, since_s + HOLD_S + 0.5 - time.monotonic()))
+    return await stores.new_owner.read(LOG, "t1")
+
+
+async def _take_at(new_owner: LogStore, expected: Ownership, at_s: float) -> Ownership:
+    """Take the partition from `expected` at `at_s` (time.monotonic()), then scan its log."""
+    await asyncio.sleep(max(0.0, at_s - time.monotonic()))
+    taken = replace(expected, owner="n2", epoch=expected.epoch + 1, version=expected.version + 1)
+    assert (await new_owner.write_owner(expected, taken)).written
+    # What the new owner does first: the partition's unfinished records, which it runs.
+    assert await new_owner.scan_unfinished(LOG) == []
+    return taken
+
+
+async def test_a_fenced_write_held_past_the_lease_never_lands_after_the_next_owners_scan(stores: _Stores) -> None:
+    taken = Ownership(PARTITION, "n1", epoch=1, version=1, lease_ms=LEASE_MS)
+    assert (await stores.new_owner.write_owner(None, taken)).written
+    # The renewal's time, as the taker counts from it: it has seen this version at least this long.
+    renewed_s = time.monotonic()
+    sent_s = time.monotonic()
+    await _held_vote(stores, taken)
+    # As a taker does: the same (epoch, version) for the whole lease (the node adds clock slack).
+    await _take_at(stores.new_owner, taken, renewed_s + LEASE_MS / 1000 + 0.1)
+    assert await _land_then_read(stores, sent_s) is None, (
+        "the deposed owner's vote landed after the new owner took the partition and scanned its log"
+    )
+
+
+async def test_a_release_is_not_accepted_before_the_owners_fenced_writes_expired(stores: _Stores) -> None:
+    taken = Ownership(PARTITION, "n1", epoch=1, version=1, lease_ms=LEASE_MS)
+    assert (await stores.new_owner.write_owner(None, taken)).written
+    sent_s = time.monotonic()
+    await _held_vote(stores, taken)
+    # The owner releases (a shutdown, a hand-over) while its vote is still on the network; a
+    # released partition is taken at once.
+    released = replace(taken, owner="", version=taken.version + 1)
+    for _ in range(RELEASE_ATTEMPT_COUNT_MAX):  # as the ownership machine retries a release
+        try:
+            assert (await stores.old_owner.write_owner(taken, released)).written
+            break
+        except StorageError:
+            if (await stores.new_owner.read_owners([PARTITION])).get(PARTITION) == released:
+                break  # it landed, its answer did not come back
+            await asyncio.sleep(0.2)
+    else:
+        raise AssertionError("the release never landed")
+    await _take_at(stores.new_owner, released, time.monotonic())
+    assert await _land_then_read(stores, sent_s) is None, (
+        "the released owner's vote landed after the next owner took the partition and scanned its log"
+    )
