@@ -155,9 +155,10 @@ def test_resolve_that_writes_into_collected_slots(monkeypatch: pytest.MonkeyPatc
         return self._termination.start()
 
     monkeypatch.setattr(resolve.Resolver, "_on_read", blind)
-    # Seed 2: found at schedule 898; seed 1 at 2,561. Seed 4242, which found it before, needs more
-    # than the bound since recovery lists the nodes' identities (its schedules' timing moved).
-    violations = _found(Protocol.CORNUS, seed=2)
+    # Seed 9: found at schedule 35 (seeds 7 and 6 at 61 and 190, 2 at 898; 3-5, 8 and 10-12 need
+    # more than 400), so the test costs little of the suite's time. Seed 4242, which found it
+    # before, needs more than the bound since recovery lists the nodes' identities.
+    violations = _found(Protocol.CORNUS, seed=9)
     assert any("resolve" in v or "recreated" in v or "agreement" in v for v in violations), violations
 
 
@@ -488,11 +489,12 @@ def test_a_status_answer_blind_to_running_participants(monkeypatch: pytest.Monke
     """Found by review (2026-11-26): a node answered "nothing" of a transaction a partition it holds
     still ran (a machine whose vote's write was on its way, an execution a Prepare could still
     reach) once its coordinator had restarted; the status call said "not known" of a transaction
-    that then committed. (Seed 2: found at schedule 700. Seed 99, which found it at 714 before,
-    and seeds 4242 and 1 need more than the bound since recovery lists the nodes' identities.)"""
+    that then committed. (Seed 17: found at schedule 22, seed 2 at 700; seeds 3-16 and 18-30 need
+    more than 300. Seed 99, which found it at 714 before, and seeds 4242 and 1 need more than the
+    bound since recovery lists the nodes' identities.)"""
     knows = status.node_knows
     monkeypatch.setattr(status, "node_knows", lambda **answer: knows(**{**answer, "participating": False}))
-    violations = _found(seed=2)
+    violations = _found(seed=17)
     assert any("is not known; it committed" in v for v in violations), violations
 
 
