@@ -437,6 +437,12 @@ def _status_error(status: int, code: str, message: str | None, what: str) -> Sto
     """The contract's error for an HTTP error status: the retryable ones are StorageUnavailable."""
     if status >= 500 or status in (408, 429):
         return StorageUnavailable(f"azure_blob {what}: HTTP {status} {code}")
+    if status == 403:
+        # Not a late arrival (arrived_expired): the key, or a clock.
+        return StorageError(
+            f"azure_blob {what}: HTTP 403 {code}: {message} (check the account key, and that this node's clock "
+            "is not behind Azure's by more than the storage deadline: each request's signature expires then)"
+        )
     return StorageError(f"azure_blob {what}: HTTP {status} {code}: {message}")
 
 
@@ -960,12 +966,8 @@ class AzureBlobStore(LogStore):
             raise _first_leaf(errors) from None
         owners = owners_read.result()
         read = dict(zip(keeping, records_read.result(), strict=True))
-        held = {p: stored.ownership if stored is not None else None for p, stored in zip(fenced, owners, strict=True)}
-        for stored in owners:
-            if stored is not None:
-                # Only the partitions of admitted fences are written (those of refused ones write
-                # nothing), and each one's lease window bounds the writes.
-                admit_until(stored.ownership.partition, stored.last_modified, stored.ownership.lease_ms)
+        stored_owners = dict(zip(fenced, owners, strict=True))
+        held = {p: stored.ownership if stored is not None else None for p, stored in stored_owners.items()}
         outcomes: list[bool | StorageError] = [False] * len(requests)
         deleting: list[int] = []
         kept: list[int] = []
@@ -973,7 +975,13 @@ class AzureBlobStore(LogStore):
             fence = request.fence
             if fence is not None and not fence.admits(held[fence.partition]):
                 outcomes[index] = Fenced(fence, held[fence.partition])
-            elif request.keep is None:
+                continue
+            if fence is not None:
+                # Each admitting record's lease window bounds the batch's writes (azure_signing).
+                stored_owner = stored_owners[fence.partition]
+                assert stored_owner is not None
+                admit_until(fence.partition, stored_owner.last_modified, stored_owner.ownership.lease_ms)
+            if request.keep is None:
                 deleting.append(index)
             elif isinstance(read[index], StorageError):
                 outcomes[index] = read[index]  # its record could not be read: nothing written

@@ -50,6 +50,7 @@ class _Stores:
     proxy: HoldingProxy
     old_owner: LogStore  # through the proxy
     new_owner: LogStore  # straight to Azurite
+    patient_owner: LogStore  # through the proxy, with a deadline past the hold
 
 
 @pytest.fixture
@@ -63,11 +64,14 @@ async def stores(services: Services) -> AsyncIterator[_Stores]:
     new_owner = await open_store(StoreConfig(backend="azure_blob", azure_container=container,
                                              azure_connection_string=services.azure_connection_string,
                                              timeout_ms_call=DEADLINE_MS_CHECKS))
+    patient_owner = await open_store(StoreConfig(backend="azure_blob", azure_connection_string=through_proxy,
+                                                 azure_container=container, timeout_ms_call=DEADLINE_MS_CHECKS))
     try:
-        yield _Stores(proxy, old_owner, new_owner)
+        yield _Stores(proxy, old_owner, new_owner, patient_owner)
     finally:
         proxy.close()
         await old_owner.close()
+        await patient_owner.close()
         await new_owner.delete_container()  # type: ignore[attr-defined]
         await new_owner.close()
 
@@ -135,3 +139,16 @@ async def test_a_release_is_not_accepted_before_the_owners_fenced_writes_expired
     assert await _land_then_read(stores, sent_s) is None, (
         "the released owner's vote landed after the next owner took the partition and scanned its log"
     )
+
+
+async def test_a_fenced_write_that_arrives_after_its_lease_window_is_refused_as_unavailable(stores: _Stores) -> None:
+    """Its caller still waiting (a deadline past the hold), the write reaches Azure after the lease
+    its ownership blob granted: Azure refuses its signature (403), which is the write arriving late,
+    retryable, not a credential problem (that would be a StorageError the node cannot go on from)."""
+    taken = Ownership(PARTITION, "n1", epoch=1, version=1, lease_ms=LEASE_MS)
+    assert (await stores.new_owner.write_owner(None, taken)).written
+    stores.proxy.holding = True
+    with pytest.raises(StorageUnavailable, match="arrived after its signature expired"):
+        await stores.patient_owner.log_once(LOG, "t1", TxnState.VOTE_YES, BODY, taken.fence())
+    assert stores.proxy.held_count == 1
+    assert await stores.new_owner.read(LOG, "t1") is None
