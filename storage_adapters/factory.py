@@ -69,12 +69,12 @@ class StoreConfig:
             raise ValidationError("backend azure_blob needs azure_connection_string")
         validate_azure_tombstone_keep_days(self.azure_tombstone_keep_days)
         if self.backend == "azure_blob" and "sharedaccesssignature=" in self.azure_connection_string.lower():
-            # A SAS request carries no timestamp the service ages out: it may land until the SAS
-            # expires, past any tombstone's keep (LATE_WRITE_WINDOW_MS).
+            # A SAS of the user's may land until it expires, past any tombstone's keep
+            # (LATE_WRITE_WINDOW_MS); the node signs each request itself (azure_signing).
             raise ValidationError(
                 "azure_connection_string carries a SharedAccessSignature: use the account key (AccountKey=), "
-                "whose requests expire 15 minutes after they are signed; a SAS request may land until the SAS "
-                "expires, after the records it could recreate were collected"
+                "with which the node signs each request for that request's deadline; a SAS request may land "
+                "until the SAS expires, after the records it could recreate were collected"
             )
 
     @property
