@@ -163,6 +163,7 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    ScanPage,
     Tombstone,
     TxnState,
     check_log_transition,
@@ -206,6 +207,11 @@ OWNER_LIST_BLOB_COUNT_MAX = 16 * OWNER_READ_COUNT_MAX
 IDENTITY_LIST_BLOB_COUNT_MAX = 16 * IDENTITY_PAGE_COUNT_MAX
 # The service's limit on names in one listing response.
 LIST_RESULTS_PER_PAGE_MAX = 5000
+# Names one scan page may walk: two listing responses. Tombstones stay in the listing until the
+# lifecycle rule drops them, a day or more, so a busy log holds millions: one call walking them
+# all outlived its deadline on every retry, and recovery never finished (found by review). The page
+# then ends where the walk stopped, and the next resumes there.
+SCAN_WALK_NAME_COUNT_MAX = 2 * LIST_RESULTS_PER_PAGE_MAX
 
 _STATE_METADATA = "state"
 _APPLIED_METADATA = "applied"
@@ -743,7 +749,7 @@ class AzureBlobStore(LogStore):
             if s is not None and is_unfinished(s.record.state, s.record.applied)
         }
 
-    async def _scan_unfinished(self, log: LogId, limit: int, after: str) -> list[Record]:
+    async def _scan_page(self, log: LogId, limit: int, after: str) -> ScanPage:
         prefix = _record_prefix(log)
         found: dict[str, Record] = {}
         # The listing is in name order; startFrom (inclusive) skips the names of earlier pages.
@@ -756,10 +762,12 @@ class AzureBlobStore(LogStore):
             )
         )
         last_name = ""
+        last_walked = ""  # the greatest id past `after` listed so far
+        walked_count = 0
         exhausted = False
         for _ in range(SCAN_ROUND_COUNT_MAX):
             txns: list[str] = []
-            while len(found) + len(txns) < limit:
+            while len(found) + len(txns) < limit and walked_count < SCAN_WALK_NAME_COUNT_MAX:
                 blob = await anext(blobs, None)
                 if blob is None:
                     exhausted = True
@@ -769,6 +777,8 @@ class AzureBlobStore(LogStore):
                 txn = _txn_of(prefix, blob.name)
                 if txn <= after:
                     continue
+                walked_count += 1
+                last_walked = max(last_walked, txn)
                 # The metadata lets us skip finished records without reading them. A blob
                 # without it (or with a value we do not know) is read rather than skipped, so
                 # nothing unfinished hides.
@@ -781,23 +791,23 @@ class AzureBlobStore(LogStore):
             # A record finished or collected since it was listed drops out here; the next
             # round refills the page from where the listing stopped.
             found |= await self._read_unfinished(log, txns)
-            if exhausted or len(found) == limit:
+            if exhausted or len(found) == limit or walked_count >= SCAN_WALK_NAME_COUNT_MAX:
                 break
         else:
             raise StorageUnavailable(
                 f"azure_blob: scan of {log.key}: records kept finishing under it for {SCAN_ROUND_COUNT_MAX} rounds"
             )
-        if not exhausted:
-            # The page stops short of the listing's end, so ids below its last one may still
-            # lie ahead in name order: only that id's dotted prefixes can (module docstring).
-            assert len(found) == limit
-            missed = [
-                txn
-                for txn in _dotted_prefixes(max(found))
-                if txn > after and _record_name(log, txn) > last_name
-            ]
-            found |= await self._read_unfinished(log, missed)
-        return [found[txn] for txn in sorted(found)[:limit]]
+        if exhausted:
+            return ScanPage(tuple(found[txn] for txn in sorted(found)), None)
+        # The page stops short of the listing's end (full, or at the walk's bound), so ids below
+        # where it stops may still lie ahead in name order: only that id's dotted prefixes can
+        # (module docstring).
+        stop = max(found) if len(found) == limit else last_walked
+        assert stop > after
+        missed = [txn for txn in _dotted_prefixes(stop) if txn > after and _record_name(log, txn) > last_name]
+        found |= await self._read_unfinished(log, missed)
+        records = tuple(found[txn] for txn in sorted(found)[:limit])
+        return ScanPage(records, records[-1].txn if len(records) == limit else stop)
 
     async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
         unique = list(dict.fromkeys(keys))

@@ -95,6 +95,7 @@ own Fenced and its own deadline.
 from __future__ import annotations
 
 import enum
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -117,6 +118,10 @@ SCAN_PAGE_COUNT_MAX = 1000
 # in separate requests: only a record finished or deleted between the two makes another round
 # necessary, to refill the page from further on, so running out means the log churns too fast.
 SCAN_ROUND_COUNT_MAX = 8
+# Calls one `scan_unfinished` (the whole-page form, for tools and tests) may make of
+# `scan_unfinished_page`, whose pages can stop short of `limit` where a backend walks finished
+# records: enough for a log of about 10^8 tombstones at the walk bounds below.
+SCAN_CALL_COUNT_MAX = 10_000
 # Ownership records one `read_owners` call may return: the runtime's partition count limit.
 OWNER_READ_COUNT_MAX = 4096
 # The ownership record of a node's identity is named with this prefix and the node id.
@@ -281,6 +286,25 @@ class LogOnceResult:
 
     state: TxnState
     created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ScanPage:
+    """One `scan_unfinished_page` answer: unfinished records in ascending txn-id order, and where
+    the next page starts. `resume_after` None: nothing unfinished lies past this page. Otherwise
+    the next page is asked for after it, and it is at or past the last record's id (a backend that
+    walks finished records to find unfinished ones stops its walk at a bound, maybe with no record
+    yet, and resumes where the walk stopped)."""
+
+    records: tuple[Record, ...]
+    resume_after: str | None
+
+    def __post_init__(self) -> None:
+        txns = [record.txn for record in self.records]
+        assert all(a < b for a, b in itertools.pairwise(txns)), f"a page out of order: {txns}"
+        assert self.resume_after is None or not txns or self.resume_after >= txns[-1], (
+            f"a page resumes after {self.resume_after!r}, before its last record {txns[-1]!r}"
+        )
 
 
 @dataclass(frozen=True, slots=True)

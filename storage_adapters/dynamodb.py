@@ -111,6 +111,7 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    ScanPage,
     Tombstone,
     TxnState,
     check_log_transition,
@@ -140,9 +141,13 @@ BATCH_GET_CONCURRENCY_MAX = 16
 # may still end a response early (with LastEvaluatedKey), and the walk goes on from there, but
 # never past this many, which would mean the service keeps cutting pages short.
 IDENTITY_QUERY_COUNT_MAX = 8
-# A Query page holds at most 1 MB; this bounds the pages one scan may walk (1000 pages is 1 GB of
-# one log's records, far past anything garbage collection lets accumulate).
-QUERY_PAGE_COUNT_MAX = 1000
+# Records one scan page may walk, and the Query pages it may take to walk them. A Query evaluates
+# every record of the log past its start, tombstones included (the filter drops them after they
+# are read), at most 1 MB a page: a log of many tombstones (outcome_keep_ms is 15 minutes here) is
+# walked over several calls, each well inside its deadline, rather than in one that outlived it
+# on every retry, so that recovery never finished (found by review).
+SCAN_WALK_ITEM_COUNT_MAX = 20_000
+SCAN_QUERY_PAGE_COUNT_MAX = 8
 # botocore's retries stay off (one attempt): a retried conditional PutItem whose first attempt
 # landed but whose response was lost would fail its condition and make the winner believe it lost.
 # Retrying is the caller's job, under its deadline, and every LogStore call is idempotent.
@@ -239,6 +244,12 @@ def _expires_at_s(keep_ms: int) -> int:
 
 def _record_key(log: LogId, txn: str) -> dict[str, Any]:
     return {"pk": {"S": _TXN_PK_PREFIX + log.key}, "sk": {"S": txn}}
+
+
+def _txn_of_key(log: LogId, key: dict[str, Any]) -> str:
+    """The txn id of a key of `log`'s records (a Query's LastEvaluatedKey)."""
+    assert key["pk"]["S"] == _TXN_PK_PREFIX + log.key, key
+    return str(key["sk"]["S"])
 
 
 def _data_key(partition: str, key: str) -> dict[str, Any]:
@@ -680,7 +691,7 @@ class DynamoDbStore(LogStore):
         item = await self._get_item(_record_key(log, txn))
         return _decode_record(log, txn, item) if item is not None else None
 
-    async def _scan_unfinished(self, log: LogId, limit: int, after: str) -> list[Record]:
+    async def _scan_page(self, log: LogId, limit: int, after: str) -> ScanPage:
         records: list[Record] = []
         request: dict[str, Any] = {
             "TableName": self._table,
@@ -699,20 +710,26 @@ class DynamoDbStore(LogStore):
             # The start key need not name a stored item: DynamoDB resumes at the first sk above it,
             # and string sort keys compare by their UTF-8 bytes, the contract's order for ASCII ids.
             request["ExclusiveStartKey"] = _record_key(log, after)
-        for _ in range(QUERY_PAGE_COUNT_MAX):
+        walk_left = SCAN_WALK_ITEM_COUNT_MAX
+        for _ in range(SCAN_QUERY_PAGE_COUNT_MAX):
+            if walk_left <= 0:
+                break
+            request["Limit"] = walk_left  # records evaluated, not returned: the filter comes after
             response = await self._client.query(**request)
+            walk_left -= response["ScannedCount"]
             for item in response.get("Items", []):
                 record = _decode_record(log, item["sk"]["S"], item)
                 assert is_unfinished(record.state, record.applied)
                 assert record.txn > after and (not records or record.txn > records[-1].txn)
                 records.append(record)
                 if len(records) == limit:
-                    return records
+                    return ScanPage(tuple(records), record.txn)
             last = response.get("LastEvaluatedKey")
             if last is None:
-                return records
+                return ScanPage(tuple(records), None)
             request["ExclusiveStartKey"] = last
-        raise StorageUnavailable(f"dynamodb: scan of {log.key} walked {QUERY_PAGE_COUNT_MAX} pages")
+        # The walk's bound: the next page resumes past the last record this one evaluated.
+        return ScanPage(tuple(records), _txn_of_key(log, request["ExclusiveStartKey"]))
 
     async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
         # BatchGetItem rejects a request that names one key twice.

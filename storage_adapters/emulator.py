@@ -46,11 +46,12 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    ScanPage,
     Tombstone,
     TxnState,
 )
 from storage_adapters.errors import StorageError, StorageUnavailable
-from storage_adapters.store import DeleteRequest, LogStore, call_deadline
+from storage_adapters.store import DeleteRequest, LogStore, call_deadline, whole_page
 
 # Reads waiting for the reader thread, and writes waiting for the writer's answer; past this the
 # store answers StorageUnavailable at once instead of letting an overloaded caller queue without
@@ -452,8 +453,9 @@ class EmulatorStore(LogStore):
     async def _read(self, log: LogId, txn: str) -> Record | None:
         return await self._read_call(lambda conn: emulator_sql.read(conn, log, txn))
 
-    async def _scan_unfinished(self, log: LogId, limit: int, after: str) -> list[Record]:
-        return await self._read_call(lambda conn: emulator_sql.scan_unfinished(conn, log, limit, after))
+    async def _scan_page(self, log: LogId, limit: int, after: str) -> ScanPage:
+        records = await self._read_call(lambda conn: emulator_sql.scan_unfinished(conn, log, limit, after))
+        return whole_page(records, limit)
 
     async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
         return await self._read_call(lambda conn: emulator_sql.read_data(conn, partition, keys))

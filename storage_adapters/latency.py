@@ -28,6 +28,7 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    ScanPage,
     Tombstone,
     TxnState,
 )
@@ -143,8 +144,8 @@ class LatencyInjectingStore(DelegatingStore):
     async def read(self, log: LogId, txn: str) -> Record | None:
         return await self._answered(lambda: self.inner.read(log, txn))
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
-        return await self._answered(lambda: self.inner.scan_unfinished(log, limit, after))
+    async def scan_unfinished_page(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> ScanPage:
+        return await self._answered(lambda: self.inner.scan_unfinished_page(log, limit, after))
 
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
         return await self._answered(lambda: self.inner.read_data(partition, keys))

@@ -59,6 +59,7 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    ScanPage,
     Tombstone,
     TxnState,
     check_tombstone,
@@ -75,7 +76,7 @@ from storage_adapters.errors import (
     StorageUnavailable,
 )
 from storage_adapters.resp_pipe import SERVER_STATE_REPLIES, RespAddress, RespPipe
-from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore, call_deadline_if_set
+from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore, call_deadline_if_set, whole_page
 
 TIMEOUT_MS_CALL_DEFAULT = 5_000
 CONNECTION_COUNT_MAX = 64
@@ -528,7 +529,10 @@ class RedisStore(LogStore):
         fields = await self._client.hgetall(_record_key(log, txn))
         return _record_from_hash(log, txn, fields) if fields else None
 
-    async def _scan_unfinished(self, log: LogId, limit: int, after: str) -> list[Record]:
+    async def _scan_page(self, log: LogId, limit: int, after: str) -> ScanPage:
+        return whole_page(await self._scan_records(log, limit, after), limit)
+
+    async def _scan_records(self, log: LogId, limit: int, after: str) -> list[Record]:
         index_key = _index_key(log)
         records: list[Record] = []
         start = after

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from storage_adapters.contract import (
     IDENTITY_PAGE_COUNT_MAX,
+    SCAN_CALL_COUNT_MAX,
     SCAN_PAGE_COUNT_MAX,
     TOMBSTONE_KEEP_MS_MAX,
     Fence,
@@ -25,6 +26,7 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    ScanPage,
     Tombstone,
     TxnState,
     validate_body,
@@ -92,6 +94,12 @@ def call_deadline_if_set() -> float | None:
     """`call_deadline()` where the template fixed one, for a call bounded by its own I/O too (a
     batch of coalesced deletes, bounded by its earliest caller's deadline); None elsewhere."""
     return _call_deadline.get(None)
+
+
+def whole_page(records: Sequence[Record], limit: int) -> ScanPage:
+    """The page of a backend whose scan walks only unfinished records (an index): it stops short of
+    `limit` only at the log's end."""
+    return ScanPage(tuple(records), records[-1].txn if len(records) == limit else None)
 
 
 class DeleteRequest(NamedTuple):
@@ -249,17 +257,38 @@ class LogStore(abc.ABC):
         validate_txn(txn)
         return await self._bounded(self._read(log, txn), "read")
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
+    async def scan_unfinished_page(
+        self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "",
+    ) -> ScanPage:
         """Up to `limit` records of `log` that still need work (VOTE_YES, or COMMIT not applied), whose
-        txn id sorts strictly after `after` ("" = from the start), in ascending txn-id order. A page
-        with fewer than `limit` records is the last one; to read the next page pass the last txn id
-        of this page as `after`. Each record is as read during the call: one finished or deleted
-        meanwhile is left out and the page refilled from further on, so only the end makes a page
-        short. `after` need not name an existing record."""
+        txn id sorts strictly after `after` ("" = from the start), in ascending txn-id order, and
+        where the next page starts (`ScanPage.resume_after`, None at the log's end). One call,
+        within its deadline however many finished records the log holds: a backend that walks
+        them to find unfinished ones (Azure's listing, DynamoDB's filtered query) stops after a
+        bounded walk and says where it stopped, so its page may hold fewer than `limit` records,
+        even none, and still not be the last (found by review: one call walked every tombstone,
+        and a log of many outlived its deadline on every retry: the node never got ready). Each
+        record is as read during the call: one finished or deleted meanwhile is left out and the
+        page refilled from further on. `after` need not name an existing record."""
         validate_log(log)
         validate_scan_limit(limit)
         validate_scan_after(after)
-        return await self._bounded(self._scan_unfinished(log, limit, after), "scan_unfinished")
+        return await self._bounded(self._scan_page(log, limit, after), "scan_unfinished")
+
+    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
+        """The records of `scan_unfinished_page`, pages followed until `limit` are found or the log
+        ends: a list with fewer than `limit` records is the last one; to read on, pass its last txn
+        id as `after`. Each page call has its own deadline (at most SCAN_CALL_COUNT_MAX of them),
+        so this suits tools and tests; recovery asks for pages itself."""
+        validate_scan_limit(limit)
+        records: list[Record] = []
+        for _ in range(SCAN_CALL_COUNT_MAX):
+            page = await self.scan_unfinished_page(log, limit - len(records), after)
+            records.extend(page.records)
+            if page.resume_after is None or len(records) == limit:
+                return records
+            after = page.resume_after
+        raise StorageUnavailable(f"scan of {log.key}: {SCAN_CALL_COUNT_MAX} pages, and the log goes on")
 
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
         """Committed values of `keys` in `partition` (None for absent keys)."""
@@ -444,7 +473,7 @@ class LogStore(abc.ABC):
     async def _read(self, log: LogId, txn: str) -> Record | None: ...
 
     @abc.abstractmethod
-    async def _scan_unfinished(self, log: LogId, limit: int, after: str) -> list[Record]: ...
+    async def _scan_page(self, log: LogId, limit: int, after: str) -> ScanPage: ...
 
     @abc.abstractmethod
     async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]: ...
@@ -498,8 +527,10 @@ class DelegatingStore(LogStore):
     async def read(self, log: LogId, txn: str) -> Record | None:
         return await self.inner.read(log, txn)
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
-        return await self.inner.scan_unfinished(log, limit, after)
+    async def scan_unfinished_page(
+        self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "",
+    ) -> ScanPage:
+        return await self.inner.scan_unfinished_page(log, limit, after)
 
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
         return await self.inner.read_data(partition, keys)
@@ -530,5 +561,5 @@ class DelegatingStore(LogStore):
     async def _unreachable(self, *args: object) -> Any:
         raise AssertionError(f"{type(self).__name__} forwards whole calls to its inner store")
 
-    _log_once = _log = _read = _scan_unfinished = _read_data = _unreachable
+    _log_once = _log = _read = _scan_page = _read_data = _unreachable
     _apply_redo = _delete = _read_owners = _write_owner = _list_identities = _unreachable

@@ -97,7 +97,9 @@ class ReadRecord:
 @dataclass(frozen=True, slots=True)
 class ScanLog:
     """One page of a log's unfinished records whose txn sorts after `after`; answered by
-    ScanReturned. A page shorter than `limit` is the last."""
+    ScanReturned with a ScanPage, whose `resume_after` (None at the log's end) is where the next
+    page starts: a page may stop short of `limit`, even empty, where storage walks finished records
+    (LogStore.scan_unfinished_page)."""
 
     owner: str
     log: LogId

@@ -21,7 +21,7 @@ from cornus.protocol.effects import (
     Timer,
 )
 from cornus.protocol.messages import Message
-from storage_adapters.contract import LogKind, LogOnceResult, Record, TxnState
+from storage_adapters.contract import LogKind, LogOnceResult, Record, ScanPage, TxnState
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +156,7 @@ class RecordRead(_Answer):
 @dataclass(frozen=True, slots=True)
 class ScanReturned(_Answer):
     call: ScanLog
-    result: tuple[Record, ...] | StorageUnreachable
+    result: ScanPage | StorageUnreachable
 
     @property
     def txn(self) -> str:
@@ -256,7 +256,7 @@ Event = (
 )
 
 # Answers to storage calls, and the state a plain Log answers with.
-StorageResult = LogOnceResult | TxnState | bool | Record | None | tuple[Record, ...] | StorageUnreachable
+StorageResult = LogOnceResult | TxnState | bool | Record | None | ScanPage | StorageUnreachable
 
 
 def answer(call: StorageCall, result: StorageResult) -> Event:

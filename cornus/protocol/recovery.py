@@ -5,9 +5,10 @@ records found mean. The runtime (or the simulator) only carries out its scans an
    writes that could still commit a yes vote of ours, land within it (ProtocolConfig).
 2. Scan every page of: each owned partition's log, this node's coordinator log, and every
    coordinator's log (coordinator-log participants log nothing before the decision, so their yes
-   votes live only in the coordinators' redo records). A page shorter than the limit is the last;
-   the next page starts after the last txn of the one before (a scan without a cursor would see
-   the first page again and again, since its records stay unfinished until resolved). "Every
+   votes live only in the coordinators' redo records). A page says where the next one starts (its
+   `resume_after`; None: the log's end), which may be past its last record or, where storage walks
+   tombstones, a page of none (a scan without a cursor would see the first page again and again,
+   since its records stay unfinished until resolved). "Every
    coordinator" is every node that ever took an identity in storage (listed, page by page), not
    only the configured ones: a node added by a rollout this process's configuration predates may
    hold the only copy of our yes votes, and a node writes no coordinator-log record before its
@@ -39,7 +40,7 @@ from cornus.protocol.events import (
     StorageUnreachable,
     TimerFired,
 )
-from storage_adapters.contract import IDENTITY_PAGE_COUNT_MAX, LogId, LogKind, Record, RecordBody, TxnState
+from storage_adapters.contract import IDENTITY_PAGE_COUNT_MAX, LogId, LogKind, Record, RecordBody, ScanPage, TxnState
 
 # The owner of recovery's storage calls and timers. '~' cannot appear in a partition or node id,
 # so it never names a host.
@@ -142,10 +143,14 @@ class Recovery:
         return self._after_answer()
 
     # -- steps -------------------------------------------------------------------------------------
-    def _on_page(self, call: ScanLog, page: tuple[Record, ...]) -> list[ScanLog]:
-        assert len(page) <= call.limit, f"{len(page)} records in a page of {call.limit}"
+    def _on_page(self, call: ScanLog, page: ScanPage) -> list[ScanLog]:
+        assert len(page.records) <= call.limit, f"{len(page.records)} records in a page of {call.limit}"
+        # A page that goes on moves its cursor forward, or recovery would ask for it forever.
+        assert page.resume_after is None or page.resume_after > call.after, (
+            f"a page of {call.log.key} after {call.after!r} resumes at {page.resume_after!r}"
+        )
         previous = call.after
-        for record in page:
+        for record in page.records:
             assert record.log == call.log and record.txn > previous, "a page must ascend past its cursor"
             assert not record.state.is_decision or (record.state is TxnState.COMMIT and not record.applied), (
                 f"scan returned a finished record {record.txn} ({record.state})"
@@ -155,10 +160,10 @@ class Recovery:
                 f"{call.log.key} holds {record.txn}, whose id names no protocol: resolve it by hand"
             )
             previous = record.txn
-        self._found[call.log].extend(page)
-        if len(page) < call.limit:
+        self._found[call.log].extend(page.records)
+        if page.resume_after is None:
             return []
-        return [self._scan(call.log, page[-1].txn)]
+        return [self._scan(call.log, page.resume_after)]
 
     def _on_identities(self, call: ListIdentities, page: tuple[str, ...]) -> list[ScanLog | ListIdentities]:
         """Step 2's list of coordinators: each listed node whose log is not scanned yet gets its

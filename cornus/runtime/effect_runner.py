@@ -293,7 +293,7 @@ class EffectRunner:
             return answer(call, await store.delete(call.log, call.txn, fence, call.keep))
         if isinstance(call, ReadRecord):
             return answer(call, await store.read(call.log, call.txn))
-        return answer(call, tuple(await store.scan_unfinished(call.log, call.limit, call.after)))
+        return answer(call, await store.scan_unfinished_page(call.log, call.limit, call.after))
 
     def _list_identities(self, effect: ListIdentities) -> None:
         flight = _Flight(effect.owner, None)

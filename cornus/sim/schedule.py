@@ -193,6 +193,11 @@ class Schedule:
     # coordinator log exists (found by review: recovery scanned the configured nodes' logs only,
     # and lost the coordinator-log yes votes that only the added node's redo records held).
     rollout: bool = False
+    # Whether storage answers scans as a backend that walks finished records does (Azure's
+    # listing, DynamoDB's filtered query): a page may stop partway, at a record or at a finished
+    # one before it, maybe with no record, and says where the next one starts (found by review: a
+    # scan that walked every tombstone in one call outlived its deadline, so pages now stop short).
+    short_scans: bool = False
 
     def __post_init__(self) -> None:
         assert 1 <= self.partition_count <= PARTITION_COUNT_MAX
@@ -422,4 +427,5 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         # One in four runs a rollout (from a hash of the seed, as the late window: the other
         # schedules stay what they were).
         rollout=zlib.crc32(f"{seed}/rollout".encode()) % 4 == 0,
+        short_scans=zlib.crc32(f"{seed}/scans".encode()) % 4 == 0,
     )

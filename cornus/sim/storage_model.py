@@ -7,6 +7,7 @@ it broke."""
 from __future__ import annotations
 
 import heapq
+import random
 from dataclasses import dataclass, field
 
 from cornus.sim import redo
@@ -16,6 +17,7 @@ from storage_adapters.contract import (
     LogOnceResult,
     Record,
     RecordBody,
+    ScanPage,
     Tombstone,
     TxnState,
     check_tombstone,
@@ -189,10 +191,24 @@ class StorageModel:
         state = self.state(log, txn)
         return self.deleted.get((log, txn)) if state is None else state
 
-    def scan_unfinished(self, log: LogId, after: str, limit: int) -> tuple[Record, ...]:
+    def scan_unfinished(self, log: LogId, after: str, limit: int) -> ScanPage:
+        """The page of a backend whose scan walks only unfinished records (an index)."""
         found = sorted(
             (txn, stored) for (record_log, txn), stored in self.records.items()
             if record_log == log and txn > after
             and (stored.state is TxnState.VOTE_YES or (stored.state is TxnState.COMMIT and not stored.applied))
         )
-        return tuple(Record(log, txn, stored.state, stored.body, stored.applied) for txn, stored in found[:limit])
+        records = tuple(Record(log, txn, stored.state, stored.body, stored.applied) for txn, stored in found[:limit])
+        return ScanPage(records, records[-1].txn if len(records) == limit else None)
+
+    def stopped_short(self, log: LogId, after: str, page: ScanPage, rng: random.Random) -> ScanPage:
+        """`page` as a backend that walks finished records may answer it (Azure's listing, DynamoDB's
+        filtered query): its walk stopped at some stored record past `after`, unfinished or not,
+        and the page holds the unfinished ones up to there and resumes there. Where the page was
+        full, the walk stopped before its last record, or what lay past it would be skipped."""
+        stops = [txn for (record_log, txn) in self.records if record_log == log and txn > after
+                 and (page.resume_after is None or txn < page.records[-1].txn)]
+        if not stops:
+            return page
+        stop = rng.choice(sorted(stops))
+        return ScanPage(tuple(record for record in page.records if record.txn <= stop), stop)

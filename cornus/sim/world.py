@@ -106,6 +106,10 @@ IDENTITY_CHECK_MS_SLOW = 20  # Schedule.slow_identity: renewals more often than 
 # the end of a Move's gap (the runtime's ownership tick, which runs once the node is up).
 TAKE_RETRY_MS = 10
 
+# Where a schedule's storage walks finished records (Schedule.short_scans), how many of its scan
+# pages stop short of where a page of an index ends.
+SHORT_SCAN_PROBABILITY = 0.5
+
 (
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
     _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
@@ -260,6 +264,9 @@ class World:
         self.hook_crash_down_ms = 1  # how long a node crashed by the hook stays down
         self.trace_paths = trace_paths
         self.rng = random.Random(schedule.seed)
+        # Where short scans stop (Schedule.short_scans): a generator of its own, so the other
+        # schedules' draws, and their runs, stay what they were.
+        self._scan_rng = random.Random(f"{schedule.seed}/scans")
         self.storage = StorageModel()
         self.outcome = Outcome()
         self.now_ms = 0
@@ -1336,7 +1343,10 @@ class World:
             return storage.delete(call.log, call.txn)
         if isinstance(call, ReadRecord):
             return storage.read(call.log, call.txn)
-        return storage.scan_unfinished(call.log, call.after, call.limit)
+        page = storage.scan_unfinished(call.log, call.after, call.limit)
+        if self.schedule.short_scans and self._scan_rng.random() < SHORT_SCAN_PROBABILITY:
+            return storage.stopped_short(call.log, call.after, page, self._scan_rng)
+        return page
 
     # -- manual resolve ---------------------------------------------------------------------------
     def _start_resolve(self, index: int) -> None:

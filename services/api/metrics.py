@@ -44,6 +44,7 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    ScanPage,
     Tombstone,
     TxnState,
 )
@@ -257,10 +258,10 @@ class InstrumentedStore(DelegatingStore):
         self._done("read", started, None)
         return result
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
+    async def scan_unfinished_page(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> ScanPage:
         started = time.perf_counter()
         try:
-            result = await self.inner.scan_unfinished(log, limit, after)
+            result = await self.inner.scan_unfinished_page(log, limit, after)
         except Exception as error:
             self._done("scan_unfinished", started, error)
             raise

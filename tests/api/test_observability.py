@@ -17,6 +17,7 @@ from services.api.metrics import PHASES, InstrumentedStore, Metrics
 from storage_adapters.contract import (
     LogId,
     Record,
+    ScanPage,
 )
 from storage_adapters.errors import StorageUnavailable
 from tests.api.conftest import API_PARTITION_COUNT, emulator_storage
@@ -111,8 +112,8 @@ class _FlakyStore(UnusedStore):
     async def _read(self, log: LogId, txn: str) -> Record | None:
         raise StorageUnavailable("flaky: no answer within 1 ms")
 
-    async def _scan_unfinished(self, log: LogId, limit: int, after: str) -> list[Record]:
-        return []
+    async def _scan_page(self, log: LogId, limit: int, after: str) -> ScanPage:
+        return ScanPage((), None)
 
     async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
         return dict.fromkeys(keys)

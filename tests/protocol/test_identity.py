@@ -21,7 +21,7 @@ from cornus.protocol.identity_watch import VacancyWatch
 from cornus.protocol.messages import DecisionAnswer, DecisionQuery
 from cornus.protocol.node_core import NodeCore
 from cornus.protocol.txn_ids import new_txn_id
-from storage_adapters.contract import TxnState
+from storage_adapters.contract import ScanPage, TxnState
 
 NODE = "n0"
 IDENTITY_CHECK_MS = ProtocolConfig().identity_check_ms
@@ -42,7 +42,7 @@ def _recovered(epoch: int = 3) -> NodeCore:
     scans = core.handle(TimerFired(_timers(effects)["settle"].timer))
     for scan in scans:
         assert isinstance(scan, ScanLog)
-        core.handle(ScanReturned(scan, ()))
+        core.handle(ScanReturned(scan, ScanPage((), None)))
     assert core.recovered
     return core
 

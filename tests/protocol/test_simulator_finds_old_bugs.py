@@ -29,7 +29,7 @@ from cornus.sim import redo as sim_redo
 from cornus.sim import world as sim_world
 from cornus.sim.explore import explore, run_schedule
 from cornus.sim.schedule import FAULTS_END_MS, LATE_WINDOW_MS_MIN, Outage, Schedule, TxnPlan
-from storage_adapters.contract import LogId, Record, RecordBody, TxnState
+from storage_adapters.contract import LogId, Record, RecordBody, ScanPage, TxnState
 
 # Schedules each old rule gets before the test gives up on the simulator (found in far fewer).
 SCHEDULE_COUNT_MAX = 3000
@@ -66,11 +66,11 @@ def _first_found(
 class _CursorlessRecovery(Recovery):
     """The old loop: scan again from the start; stop on a short page or one with nothing new."""
 
-    def _on_page(self, call: ScanLog, page: tuple[Record, ...]) -> list[ScanLog]:
+    def _on_page(self, call: ScanLog, page: ScanPage) -> list[ScanLog]:
         seen = {record.txn for record in self._found[call.log]}
-        fresh = [record for record in page if record.txn not in seen]
+        fresh = [record for record in page.records if record.txn not in seen]
         self._found[call.log].extend(fresh)
-        if len(page) < call.limit or not fresh:
+        if page.resume_after is None or not fresh:
             return []
         return [self._scan(call.log, "")]
 

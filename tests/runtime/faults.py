@@ -49,6 +49,7 @@ from storage_adapters.contract import (
     OwnerWriteResult,
     Record,
     RecordBody,
+    ScanPage,
     Tombstone,
     TxnState,
 )
@@ -227,9 +228,9 @@ class FaultyStore(DelegatingStore):
     async def read(self, log: LogId, txn: str) -> Record | None:
         return await self._run("read", {"log": log, "txn": txn}, lambda: self.inner.read(log, txn))
 
-    async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
+    async def scan_unfinished_page(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> ScanPage:
         args = {"log": log, "limit": limit, "after": after}
-        return await self._run("scan_unfinished", args, lambda: self.inner.scan_unfinished(log, limit, after))
+        return await self._run("scan_unfinished", args, lambda: self.inner.scan_unfinished_page(log, limit, after))
 
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
         args = {"partition": partition, "keys": tuple(keys)}
