@@ -69,9 +69,11 @@ write that passed the check could once be held on the network and land after ano
 taken the partition and scanned its log; now every request is signed for a time Azure checks on
 arrival (storage_adapters/azure_signing.py): a fenced write expires when the lease its ownership
 blob can still grant ends (the blob's Last-Modified plus lease_ms), which no taker's wait ends
-before, and a write passing a partition on is not accepted before this store's fenced writes for
-it have expired. What remains is Azure's own clocks (the Last-Modified stamp and the signature
-check) drifting apart by more than a taker's clock slack.
+before, and a write passing a partition on is not accepted before this store's unanswered fenced
+writes for it have expired (and stops the ones it has not sent). What remains is in
+azure_signing's docstring: Azure's own clocks (the Last-Modified stamp and the signature check)
+drifting apart by more than a taker's clock slack, and a request's body arriving long after its
+headers.
 
 Garbage collection's deletes of one event-loop tick (the contract's base joins them) go to Azure
 all at once, each its own Delete Blob request, after one read per fenced partition's ownership
@@ -496,6 +498,8 @@ class AzureBlobStore(LogStore):
         self._container = container
         assert isinstance(service.credential, ExpiringSignatures), "open() signs every request (azure_signing)"
         self._signatures = service.credential
+        # The start a passing-on write of each partition carries (write_owner), until it is sent.
+        self._not_before_unix_s: dict[str, int] = {}
         # The lifecycle rule deletes a tombstone more than this many days after its last write, so
         # it stays at least this long (a rewrite only restarts the count), and no longer than this
         # plus the rule's day or two: a longer keep would be cut short.
@@ -564,10 +568,11 @@ class AzureBlobStore(LogStore):
         if isinstance(error, ServiceRequestError | ServiceResponseError | aiohttp.ClientError | OSError):
             return StorageUnavailable(f"azure_blob {what}: {type(error).__name__}: {error}")
         if isinstance(error, HttpResponseError):
-            if arrived_expired(error):
-                # Its signature ran out before it arrived (azure_signing): a late request, not a
-                # credential Azure refuses.
-                return StorageUnavailable(f"azure_blob {what}: arrived after its signature expired")
+            late = arrived_expired(error)
+            if late is not None:
+                # Its signature was out of its time when it arrived (azure_signing): a late (or,
+                # with a start, early) request, not a credential Azure refuses.
+                return StorageUnavailable(f"azure_blob {what}: {late}")
             if error.status_code is None:
                 # No response to judge: a body cut short (azure-core's IncompleteReadError) or a
                 # download whose body reads failed. Only errors the storage SDK processed carry
@@ -669,7 +674,7 @@ class AzureBlobStore(LogStore):
         if not fence.admits(owner):
             raise Fenced(fence, owner)
         assert stored is not None
-        admit_until(fence.partition, stored.last_modified, stored.ownership.lease_ms)
+        admit_until(fence.partition, fence.epoch, stored.last_modified, stored.ownership.lease_ms)
 
     async def _get_fenced(self, log: LogId, txn: str, fence: Fence | None) -> _Stored | None:
         """The record, as `_get`; with a fence, the fence checked too, in a request run alongside
@@ -990,7 +995,7 @@ class AzureBlobStore(LogStore):
                 # Each admitting record's lease window bounds the batch's writes (azure_signing).
                 stored_owner = stored_owners[fence.partition]
                 assert stored_owner is not None
-                admit_until(fence.partition, stored_owner.last_modified, stored_owner.ownership.lease_ms)
+                admit_until(fence.partition, fence.epoch, stored_owner.last_modified, stored_owner.ownership.lease_ms)
             if request.keep is None:
                 deleting.append(index)
             elif isinstance(read[index], StorageError):
@@ -1105,29 +1110,24 @@ class AzureBlobStore(LogStore):
         return sorted(found)[:limit]
 
     async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
-        """As the contract's, and a write that passes the partition on waits first, outside the
-        call's deadline, until every fenced write this store signed for it has expired (at most
-        a call's deadline and a second: azure_signing)."""
-        expiry_unix_s = self._fenced_expiry_passed_on(expected, new)
-        if expiry_unix_s is not None:
-            await asyncio.sleep(max(0.0, expiry_unix_s + 1 - time.time()))
+        """As the contract's, and a write that passes the partition on (a release, a take in a new
+        epoch) first stops this store's fenced writes of the epoch passed on, then waits, outside
+        the call's deadline, until those it sent and heard no answer to have expired (at most a
+        call's deadline and a second; usually none is left), and carries a start after them, which
+        Azure checks by its clock (azure_signing)."""
+        if isinstance(expected, Ownership) and isinstance(new, Ownership) and expected.owner \
+                and (new.owner, new.epoch) != (expected.owner, expected.epoch):
+            expiry_unix_s = self._signatures.pass_on(new.partition, expected.epoch)
+            if expiry_unix_s is not None:
+                self._not_before_unix_s[new.partition] = expiry_unix_s + 1
+                await asyncio.sleep(max(0.0, expiry_unix_s + 1 - time.time()))
         return await super().write_owner(expected, new)
-
-    def _fenced_expiry_passed_on(self, expected: object, new: object) -> int | None:
-        """The latest expiry this store signed for a fenced write of the partition that `new`
-        passes on from `expected` (another owner, or a new epoch); None if it passes nothing on or
-        no such write was signed."""
-        if not (isinstance(expected, Ownership) and isinstance(new, Ownership) and expected.owner):
-            return None
-        if (new.owner, new.epoch) == (expected.owner, expected.epoch):
-            return None
-        return self._signatures.fenced_expiry_unix_s.get(new.partition)
 
     @in_signing_window
     async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
-        expiry_unix_s = self._fenced_expiry_passed_on(expected, new)
-        if expiry_unix_s is not None:
-            not_before(expiry_unix_s + 1)
+        start_unix_s = self._not_before_unix_s.pop(new.partition, None)
+        if start_unix_s is not None:
+            not_before(start_unix_s)
         if expected is None:
             if await self._put_owner(new, None):
                 return OwnerWriteResult(stored=new, written=True)

@@ -10,20 +10,27 @@ partition and scanned its log (found by review, 2026-11-26; tests/storage/test_a
 
 So every request carries an account shared access signature (SAS) signed for it alone, whose
 expiry (`se`) Azure checks on arrival, with its own clock:
-- every request's expiry is its call's deadline (rounded up to a whole second, a SAS's
-  resolution): what lands at all lands by then;
+- every request's expiry is its call's deadline by this node's clock (rounded up to a whole
+  second, a SAS's resolution): what lands at all lands by then, give or take how far this node's
+  clock runs ahead of Azure's;
 - a fenced write's expiry is at most the end of the lease that the ownership blob it checked can
   still grant: that blob's Last-Modified (when its current version landed, by Azure's clock) plus
   the record's lease_ms. A taker takes only after watching that version unchanged for the lease
   plus clock slack (cornus.protocol.ownership), so an accepted fenced write landed before any take,
-  and before the new owner's scan. One whose window is already over is not sent
-  (StorageUnavailable: the owner's next renewal opens a new one);
-- a write that passes a partition on (a release, a take in a new epoch) carries a start (`st`)
-  after every fenced write this store signed for that partition expires, and waits until then
-  before it is sent: a released partition is taken at once, so what its owner still had on the
-  network must be refused by then.
-A 403 for a request whose signature had expired by the time the answer came is that request
-arriving late (StorageUnavailable), not a credential problem.
+  and before the new owner's scan. Both ends of that are Azure's clock; this node's is not
+  consulted (a request whose window is over is sent, and refused);
+- a write that passes a partition on (a release, a take in a new epoch) first stops this store
+  from sending fenced writes of the epoch passed on (a fence check still in flight would send one
+  after), then waits until those it sent and heard no answer to have expired, and carries a start
+  (`st`) after them: a released partition is taken at once, so what its owner still had on the
+  network must be refused by then. Answered ones have landed or been refused already, so a
+  release after a quiet spell waits for nothing.
+A 403 for a request whose signature was out of its time by Azure's clock when it arrived (the
+answer's Date header) is that request arriving late, or early (StorageUnavailable: retried), not a
+credential problem (StorageError). What this leaves: a request's headers are checked on arrival,
+so a body held up after them (one TCP segment for records; a data blob of many) could commit
+later; and Azure's own clocks (the Last-Modified stamp, the signature check) must agree within a
+taker's clock slack.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import asyncio
 import collections
 import contextlib
 import datetime
+import email.utils
 import functools
 import math
 import time
@@ -52,27 +60,30 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 # What the signatures allow: the blob operations the backend makes (records, data, ownership,
-# listings, index tags, Blob Batch) on the account's containers and blobs.
+# listings, index tags) on the account's containers and blobs.
 _RESOURCE_TYPES = ResourceTypes(service=True, container=True, object=True)
 _PERMISSIONS = AccountSasPermissions(read=True, write=True, delete=True, list=True, create=True, tag=True)
 # Signatures differ only by their expiry and start, a few per second: signed once each (HMAC and
 # formatting cost about 0.1 ms), the last few kept.
 SIGNATURE_CACHE_COUNT_MAX = 64
-# Partitions whose last fenced write's expiry is remembered: a node owns at most a few thousand
-# (OWNER_READ_COUNT_MAX); entries already expired are dropped past this.
-SIGNED_PARTITION_COUNT_MAX = 8192
+# Fenced requests this store has sent and heard no answer to, remembered until their signatures
+# expire: a node owns at most a few thousand partitions (OWNER_READ_COUNT_MAX), with a call or
+# two in flight on each; past this, entries already expired are dropped, then the oldest.
+UNANSWERED_COUNT_MAX = 16_384
 # Requests that write nothing: a window's bounds are for writes (a fence check's own read of the
 # ownership blob must never be refused by the start it is about to compute).
 _READS = frozenset({"GET", "HEAD"})
+# Where a fenced request's token travels from its signing to its answer (the pipeline context).
+_TOKEN = "cornus_fenced_request"
 
 
 @dataclass(slots=True)
 class _Window:
-    """What the requests of one storage call may be signed for: each fenced partition's lease end
-    (unix seconds, Azure's clock) as the call's ownership reads found it, and the start a write
-    passing a partition on must carry."""
+    """What the requests of one storage call may be signed for: each fenced partition's epoch and
+    lease end (unix seconds, Azure's clock) as the call's ownership reads found them, and the start
+    a write passing a partition on must carry."""
 
-    lease_ends_unix_s: dict[str, int] = field(default_factory=dict)
+    fences: dict[str, tuple[int, int]] = field(default_factory=dict)  # partition -> (epoch, lease end)
     not_before_unix_s: int | None = None
 
 
@@ -101,14 +112,15 @@ def in_signing_window(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitabl
     return in_window
 
 
-def admit_until(partition: str, last_modified: datetime.datetime | None, lease_ms: int) -> None:
-    """A fence check of this call admitted the ownership blob of `partition`, written (its current
-    version) at `last_modified` with `lease_ms`: the call's writes from now on must land by then."""
+def admit_until(partition: str, epoch: int, last_modified: datetime.datetime | None, lease_ms: int) -> None:
+    """A fence check of this call admitted the ownership blob of `partition` at `epoch`, written
+    (its current version) at `last_modified` with `lease_ms`: the call's writes from now on must
+    land by then."""
     window = _window.get()
     assert window is not None, "a fence checked outside signing_window()"
     assert last_modified is not None, f"the ownership blob of {partition} has no Last-Modified"
     # Last-Modified has whole seconds, truncated: the version landed at or after it.
-    window.lease_ends_unix_s[partition] = math.floor(last_modified.timestamp() + lease_ms / 1000)
+    window.fences[partition] = (epoch, math.floor(last_modified.timestamp() + lease_ms / 1000))
 
 
 def not_before(unix_s: int) -> None:
@@ -118,9 +130,16 @@ def not_before(unix_s: int) -> None:
     window.not_before_unix_s = unix_s
 
 
+@dataclass(frozen=True, slots=True)
+class _Unanswered:
+    partitions: tuple[str, ...]
+    expires_unix_s: int
+
+
 class ExpiringSignatures(SharedKeyCredentialPolicy):
-    """The client's credential policy: signs each request (Blob Batch subrequests included) with
-    an account SAS of its own expiry, instead of a Shared Key header (see the module docstring)."""
+    """The client's credential policy: signs each request with an account SAS of its own expiry,
+    instead of a Shared Key header (see the module docstring), and keeps what a release of a
+    partition must wait for: its fenced requests still unanswered, and the epochs passed on."""
 
     def __init__(self, account_name: str, account_key: str, lifetime_s_max: float) -> None:
         super().__init__(account_name, account_key)
@@ -128,8 +147,20 @@ class ExpiringSignatures(SharedKeyCredentialPolicy):
         # Where no call deadline is known (a call bounded by its I/O), the client's own timeouts.
         self._lifetime_s_max = lifetime_s_max
         self._signatures: collections.OrderedDict[tuple[int, int | None], str] = collections.OrderedDict()
-        # The latest expiry signed for a fenced write of each partition (unix seconds).
-        self.fenced_expiry_unix_s: dict[str, int] = {}
+        self._unanswered: collections.OrderedDict[object, _Unanswered] = collections.OrderedDict()
+        # Per partition, the epoch this store is passing (or passed) on: its fenced writes of that
+        # epoch or an earlier one are not sent any more. Passing a partition on waits for what was
+        # sent before; this stops what a fence check still in flight would send after.
+        self._passed_on: dict[str, int] = {}
+
+    def pass_on(self, partition: str, epoch: int) -> int | None:
+        """Stop signing fenced writes of `partition` at `epoch` or before, and say until when (unix
+        seconds, as signed) Azure may still accept one already sent and unanswered (None: none)."""
+        self._passed_on[partition] = max(epoch, self._passed_on.get(partition, 0))
+        now_unix_s = time.time()
+        expiries = [entry.expires_unix_s for entry in self._unanswered.values()
+                    if partition in entry.partitions and entry.expires_unix_s >= now_unix_s]
+        return max(expiries, default=None)
 
     def on_request(self, request: Any) -> None:
         now_unix_s = time.time()
@@ -142,25 +173,37 @@ class ExpiringSignatures(SharedKeyCredentialPolicy):
         start_unix_s = None
         if window is not None and request.http_request.method not in _READS:
             start_unix_s = window.not_before_unix_s
-            if window.lease_ends_unix_s:
-                expires_unix_s = min(expires_unix_s, *window.lease_ends_unix_s.values())
-                if expires_unix_s <= now_unix_s:
-                    raise StorageUnavailable(
-                        "azure_blob: the partition's ownership record grants no lease long enough for this "
-                        f"write to land (its lease ended {now_unix_s - expires_unix_s:.1f} s ago, by the "
-                        "blob's Last-Modified): not sent; the owner's next renewal opens a new window"
-                    )
-                self._remember(window.lease_ends_unix_s, expires_unix_s, now_unix_s)
+            if window.fences:
+                for partition, (epoch, _) in window.fences.items():
+                    if epoch <= self._passed_on.get(partition, 0):
+                        raise StorageUnavailable(
+                            f"azure_blob: a write fenced by {partition} epoch {epoch}, which this node is passing "
+                            "on: not sent"
+                        )
+                # Azure judges the expiry by its clock, as it stamped Last-Modified: no check here
+                # against this node's clock, which may differ (a request past it is refused there).
+                expires_unix_s = min(expires_unix_s, *(end for _, end in window.fences.values()))
+                self._remember(request, tuple(window.fences), expires_unix_s, now_unix_s)
         url = request.http_request.url
         request.http_request.url = url + ("&" if "?" in url else "?") + self._signature(expires_unix_s, start_unix_s)
 
-    def _remember(self, partitions: dict[str, int], expires_unix_s: int, now_unix_s: float) -> None:
-        for partition in partitions:
-            self.fenced_expiry_unix_s[partition] = max(expires_unix_s, self.fenced_expiry_unix_s.get(partition, 0))
-        if len(self.fenced_expiry_unix_s) > SIGNED_PARTITION_COUNT_MAX:
-            for partition, expiry in list(self.fenced_expiry_unix_s.items()):
-                if expiry < now_unix_s:
-                    del self.fenced_expiry_unix_s[partition]
+    def on_response(self, request: Any, response: Any) -> None:
+        # Answered: it landed or was refused, and can land no later.
+        token = request.context.get(_TOKEN)
+        if token is not None:
+            self._unanswered.pop(token, None)
+
+    def _remember(self, request: Any, partitions: tuple[str, ...], expires_unix_s: int, now_unix_s: float) -> None:
+        token = object()
+        request.context[_TOKEN] = token
+        self._unanswered[token] = _Unanswered(partitions, expires_unix_s)
+        if len(self._unanswered) > UNANSWERED_COUNT_MAX:
+            for key, entry in list(self._unanswered.items()):
+                if entry.expires_unix_s < now_unix_s:
+                    del self._unanswered[key]
+            while len(self._unanswered) > UNANSWERED_COUNT_MAX:
+                # Bounded all the same: the oldest goes (a release may then wait too little for it).
+                self._unanswered.popitem(last=False)
 
     def _signature(self, expires_unix_s: int, start_unix_s: int | None) -> str:
         key = (expires_unix_s, start_unix_s)
@@ -177,16 +220,28 @@ class ExpiringSignatures(SharedKeyCredentialPolicy):
         return signature
 
 
-def arrived_expired(error: HttpResponseError) -> bool:
-    """Whether `error` is Azure refusing a request whose signature had expired by now: it arrived
-    after its call's deadline or its lease window, or (with a start) before it may land."""
+def arrived_expired(error: HttpResponseError) -> str | None:
+    """Why Azure refused a request whose signature was out of its time by Azure's own clock (the
+    answer's Date header; this node's where there is none): it arrived after its call's deadline or
+    lease window, or before the start it carried. None for any other error."""
     if error.status_code != 403 or error.response is None:
-        return False
+        return None
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(error.response.request.url).query)
-    now = datetime.datetime.now(datetime.UTC)
     try:
         expires = datetime.datetime.fromisoformat(query["se"][0])
         start = datetime.datetime.fromisoformat(query["st"][0]) if "st" in query else None
     except (KeyError, IndexError, ValueError):
-        return False
-    return now >= expires or (start is not None and now < start)
+        return None
+    node_now = datetime.datetime.now(datetime.UTC)
+    azure_now = node_now
+    date = error.response.headers.get("Date")
+    if date:
+        with contextlib.suppress(TypeError, ValueError):
+            azure_now = email.utils.parsedate_to_datetime(date)
+    # The Date header has whole seconds: Azure's refusal past `se` shows as a Date at or past it.
+    clocks = f"Azure's clock {azure_now.isoformat()}, this node's {node_now.isoformat(timespec='seconds')}"
+    if azure_now >= expires:
+        return f"it arrived after its signature expired at {expires.isoformat()} ({clocks})"
+    if start is not None and azure_now < start:
+        return f"it arrived before its signature's start {start.isoformat()} ({clocks})"
+    return None

@@ -30,9 +30,9 @@ DAY_MS = 86_400_000
 # is its signature: SigV4 requests must reach AWS within 5 minutes of their timestamp (15 for some
 # services). So a request held up in the network, a proxy or a retransmitting socket can land up
 # to 15 minutes late, and garbage collection must leave tombstones that outlive that. Azure's
-# requests carry signatures that expire at their deadline, by Azure's clock
-# (storage_adapters/azure_signing.py); the window stays 15 minutes there, so that a node clock
-# running up to that far ahead of Azure's still cannot make a collected record reappear.
+# requests carry signatures that expire at their deadline by the node's clock, which Azure checks
+# by its own (storage_adapters/azure_signing.py); the window stays 15 minutes there, so that a
+# node clock running up to that far ahead of Azure's still cannot make a collected record reappear.
 LATE_WRITE_WINDOW_MS = {"emulator": 0, "redis": 0, "azure_blob": 900_000, "dynamodb": 900_000}
 # On Azure a fenced write must land before the lease its ownership blob grants ends: the blob's
 # Last-Modified (whole seconds, truncated) plus lease_ms (storage_adapters/azure_signing.py). An

@@ -86,14 +86,17 @@ def azurite_connection_string(services: Services, port: int) -> str:
 class HoldingProxy:
     """A loopback TCP proxy in front of a server that, while `holding`, holds each client chunk
     `holds(chunk)` picks for `hold_s` before passing it on: a request still on the network when its
-    caller's deadline passes, which lands later. While `swallowing`, a new connection is read and
-    never answered (a server that accepted it and went silent)."""
+    caller's deadline passes, which lands later. With `holding_replies`, such a request goes on at
+    once and its reply is held instead (a read answered late, after what it read had changed).
+    While `swallowing`, a new connection is read and never answered (a server that accepted it and
+    went silent)."""
 
     def __init__(self, upstream_port: int, holds: Callable[[bytes], bool], hold_s: float) -> None:
         self.upstream_port = upstream_port
         self.holds = holds
         self.hold_s = hold_s
         self.holding = False
+        self.holding_replies = False
         self.swallowing = False
         self.held_count = 0
         self.port = 0
@@ -115,13 +118,22 @@ class HoldingProxy:
             writer.close()
             return
         upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        await asyncio.gather(self._pump(reader, upstream_writer, True), self._pump(upstream_reader, writer, False))
+        reply_held = asyncio.Event()  # the connection's next reply is held (holding_replies)
+        await asyncio.gather(self._pump(reader, upstream_writer, True, reply_held),
+                             self._pump(upstream_reader, writer, False, reply_held))
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, outbound: bool) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, outbound: bool,
+                    reply_held: asyncio.Event) -> None:
         try:
             while data := await reader.read(1 << 20):
                 if outbound and self.holding and self.holds(data):
                     self.held_count += 1
+                    if self.holding_replies:
+                        reply_held.set()
+                    else:
+                        await asyncio.sleep(self.hold_s)
+                elif not outbound and reply_held.is_set():
+                    reply_held.clear()
                     await asyncio.sleep(self.hold_s)
                 writer.write(data)
                 await writer.drain()

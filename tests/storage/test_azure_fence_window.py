@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+import types
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 import pytest
+from azure.core.exceptions import HttpResponseError
+from azure.core.rest import HttpRequest
 
+from storage_adapters.azure_signing import arrived_expired
 from storage_adapters.contract import LogId, Ownership, RecordBody, TxnState
-from storage_adapters.errors import StorageError, StorageUnavailable
+from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
 from storage_adapters.store import LogStore
 from tests.conftest import Services
@@ -35,6 +39,8 @@ LEASE_MS = 2_000
 HOLD_S = LEASE_MS / 1000 + 2.5
 # A release waits for the owner's fenced writes to expire, which may take longer than its deadline.
 RELEASE_ATTEMPT_COUNT_MAX = 20
+# Polls (10 ms apart) for the proxy to hold a request sent just before.
+HELD_POLL_COUNT_MAX = 500
 PARTITION = "fence"
 LOG = LogId.partition(PARTITION)
 BODY = RecordBody((PARTITION,), "n1", b"old redo")
@@ -129,7 +135,7 @@ async def test_a_release_is_not_accepted_before_the_owners_fenced_writes_expired
         try:
             assert (await stores.old_owner.write_owner(taken, released)).written
             break
-        except StorageError:
+        except StorageUnavailable:
             if (await stores.new_owner.read_owners([PARTITION])).get(PARTITION) == released:
                 break  # it landed, its answer did not come back
             await asyncio.sleep(0.2)
@@ -152,3 +158,54 @@ async def test_a_fenced_write_that_arrives_after_its_lease_window_is_refused_as_
         await stores.patient_owner.log_once(LOG, "t1", TxnState.VOTE_YES, BODY, taken.fence())
     assert stores.proxy.held_count == 1
     assert await stores.new_owner.read(LOG, "t1") is None
+
+
+async def test_a_fenced_write_whose_check_was_in_flight_when_its_partition_was_released_is_not_sent(
+        stores: _Stores) -> None:
+    """The fence check read the ownership blob before the release landed, and its answer came after:
+    the write it admitted would go out with nothing unanswered for the release to wait for, and
+    the partition, released, is taken at once (found by review, 2026-11-27)."""
+    stores.proxy.holds = _holds_ownership_reads
+    stores.proxy.holding_replies = True
+    taken = Ownership(PARTITION, "n1", epoch=1, version=1, lease_ms=60_000)
+    assert (await stores.new_owner.write_owner(None, taken)).written
+    stores.proxy.holding = True
+    vote = asyncio.create_task(stores.patient_owner.log_once(LOG, "t1", TxnState.VOTE_YES, BODY, taken.fence()))
+    for _ in range(HELD_POLL_COUNT_MAX):  # until the proxy holds the vote's fence check
+        if stores.proxy.held_count:
+            break
+        await asyncio.sleep(0.01)
+    assert stores.proxy.held_count == 1
+    stores.proxy.holding = False  # only that one is held
+    released = replace(taken, owner="", version=taken.version + 1)
+    assert (await stores.patient_owner.write_owner(taken, released)).written
+    await _take_at(stores.new_owner, released, time.monotonic())
+    with pytest.raises(StorageUnavailable, match="passing on"):
+        await vote
+    assert await stores.new_owner.read(LOG, "t1") is None
+
+
+def _holds_ownership_reads(chunk: bytes) -> bool:
+    request_line = chunk.split(b"\r\n", 1)[0]
+    return chunk.startswith(b"GET ") and b"/own/" in request_line
+
+
+def _refusal(status: int, url: str, date: str | None) -> HttpResponseError:
+    """An HTTP error as the SDK raises it, for `url` answered with `status` and a Date header."""
+    request = HttpRequest("PUT", url)
+    response = types.SimpleNamespace(status_code=status, reason="Forbidden", request=request,
+                                     headers={"Date": date} if date else {}, text=lambda encoding=None: "")
+    error = HttpResponseError(message="refused")
+    error.status_code, error.response = status, response  # type: ignore[assignment]
+    return error
+
+
+def test_a_refused_signature_is_judged_late_or_early_by_azures_clock() -> None:
+    """By the answer's Date, not this node's clock (found by review: a node clock ahead of Azure's
+    took a release refused for its start for a credential problem, and the node exited)."""
+    url = "https://a.blob.core.windows.net/c/b?se=2030-01-01T00%3A00%3A10Z&st=2030-01-01T00%3A00%3A05Z&sig=x"
+    assert "after its signature expired" in arrived_expired(_refusal(403, url, "Tue, 01 Jan 2030 00:00:10 GMT"))
+    assert "before its signature's start" in arrived_expired(_refusal(403, url, "Tue, 01 Jan 2030 00:00:04 GMT"))
+    # In its time by Azure's clock: refused for something else (a key), not late.
+    assert arrived_expired(_refusal(403, url, "Tue, 01 Jan 2030 00:00:07 GMT")) is None
+    assert arrived_expired(_refusal(404, url, "Tue, 01 Jan 2030 00:00:11 GMT")) is None
