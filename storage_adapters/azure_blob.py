@@ -36,7 +36,7 @@ split them:
 Ids are used verbatim as path segments except that a trailing '.' gets a '~' appended, because
 Azure treats a path segment ending in '.' specially (and '.'/'..' would be path-normalized);
 '~' is outside the id alphabet, so the mapping stays injective. It is not order-preserving, which
-`scan_unfinished` must mend: '~' sorts above every id character, so `a.~` lists after `a.b` though
+`_scan_page` must mend: '~' sorts above every id character, so `a.~` lists after `a.b` though
 the id `a.` sorts before `a.b`. Data keys are arbitrary UTF-8, so they are urlsafe base64 (at most
 684 characters for 512 bytes, well under the 1024-character name limit).
 
@@ -56,7 +56,7 @@ names at or below the cursor that the listing can meet (the cursor's own and its
 prefixes': names are not in id order, see above), and no other blob is read. Where the page stops
 short of the listing's end, ids below its last one whose names list later (only that id's
 '.'-ended prefixes) are looked up by name, in one more round of concurrent requests, as
-`scan_unfinished` does. No registry is kept beside the records: a take is the record's own put.
+`_scan_page` does. No registry is kept beside the records: a take is the record's own put.
 
 Fencing on Azure rests on Azure's clock as well as on storage, and this is why. A fenced write
 must land only while the partition's ownership record names the fence's owner and epoch, but the
@@ -175,7 +175,7 @@ from storage_adapters.contract import (
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
 from storage_adapters.factory import AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT, DAY_MS, validate_azure_tombstone_keep_days
-from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore
+from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore, call_deadline
 
 # How often a read-modify-write may lose an ETag race before we give up and report contention as
 # unavailability (retryable). Writers of one record are few (a coordinator and the terminators of
@@ -209,11 +209,13 @@ OWNER_LIST_BLOB_COUNT_MAX = 16 * OWNER_READ_COUNT_MAX
 IDENTITY_LIST_BLOB_COUNT_MAX = 16 * IDENTITY_PAGE_COUNT_MAX
 # The service's limit on names in one listing response.
 LIST_RESULTS_PER_PAGE_MAX = 5000
-# Names one scan page may walk: two listing responses. Tombstones stay in the listing until the
+# Names one scan page may list: two listing responses. Tombstones stay in the listing until the
 # lifecycle rule drops them, a day or more, so a busy log holds millions: one call walking them
 # all outlived its deadline on every retry, and recovery never finished (found by review). The page
-# then ends where the walk stopped, and the next resumes there.
+# then ends where the walk stopped, and the next resumes there. It also stops once this share of
+# its call's time is gone (a slow listing), keeping the rest for reading what it found.
 SCAN_WALK_NAME_COUNT_MAX = 2 * LIST_RESULTS_PER_PAGE_MAX
+SCAN_WALK_TIME_SHARE = 0.5
 
 _STATE_METADATA = "state"
 _APPLIED_METADATA = "applied"
@@ -763,26 +765,35 @@ class AzureBlobStore(LogStore):
         # everything before it.
         blobs = aiter(
             self._container.list_blobs(
-                name_starts_with=prefix, include=["metadata"], start_from=prefix + after if after else None
+                name_starts_with=prefix, include=["metadata"], start_from=prefix + after if after else None,
+                results_per_page=min(LIST_RESULTS_PER_PAGE_MAX, SCAN_WALK_NAME_COUNT_MAX),
             )
         )
+        loop = asyncio.get_running_loop()
+        walk_until = loop.time() + (call_deadline() - loop.time()) * SCAN_WALK_TIME_SHARE
         last_name = ""
         last_walked = ""  # the greatest id past `after` listed so far
-        walked_count = 0
+        listed_count = 0
+
+        def walked_enough() -> bool:
+            # Only once an id past `after` was walked: the page must move its cursor (the names
+            # at or below it, the cursor's own and its dotted prefixes', list first).
+            return bool(last_walked) and (listed_count >= SCAN_WALK_NAME_COUNT_MAX or loop.time() >= walk_until)
+
         exhausted = False
         for _ in range(SCAN_ROUND_COUNT_MAX):
             txns: list[str] = []
-            while len(found) + len(txns) < limit and walked_count < SCAN_WALK_NAME_COUNT_MAX:
+            while len(found) + len(txns) < limit and not walked_enough():
                 blob = await anext(blobs, None)
                 if blob is None:
                     exhausted = True
                     break
                 assert blob.name > last_name, "a listing is in name order"
                 last_name = blob.name
+                listed_count += 1
                 txn = _txn_of(prefix, blob.name)
                 if txn <= after:
                     continue
-                walked_count += 1
                 last_walked = max(last_walked, txn)
                 # The metadata lets us skip finished records without reading them. A blob
                 # without it (or with a value we do not know) is read rather than skipped, so
@@ -796,7 +807,7 @@ class AzureBlobStore(LogStore):
             # A record finished or collected since it was listed drops out here; the next
             # round refills the page from where the listing stopped.
             found |= await self._read_unfinished(log, txns)
-            if exhausted or len(found) == limit or walked_count >= SCAN_WALK_NAME_COUNT_MAX:
+            if exhausted or len(found) == limit or walked_enough():
                 break
         else:
             raise StorageUnavailable(
@@ -873,7 +884,17 @@ class AzureBlobStore(LogStore):
         if stored.record.applied:
             # Writing again could undo a later txn's writes to the same keys.
             return False
-        await _gather_bounded([lambda k=k, v=v: put(k, v) for k, v in writes.items()])
+        items = list(writes.items())
+        for start in range(0, len(items), DATA_CONCURRENCY_MAX):
+            if start and fence is not None:
+                # The lease window the first check found may end before many keys are in: each
+                # chunk after the first checks the fence again, for a window from the latest
+                # renewal (found under CI load: a 40-key apply outlived its window on every retry).
+                await self._check_fence(fence)
+            chunk = items[start:start + DATA_CONCURRENCY_MAX]
+            await _gather_bounded([lambda k=k, v=v: put(k, v) for k, v in chunk])
+        if len(items) > DATA_CONCURRENCY_MAX and fence is not None:
+            await self._check_fence(fence)  # and the marker, after the last chunk
         # The data is in; now the record, COMMIT (if it was still our VOTE_YES) and applied.
         # Losing its ETag race (a concurrent applier, or an idempotent log(COMMIT) rewrite)
         # only means we read again and retry the marker. Nothing can have turned the record

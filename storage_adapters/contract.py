@@ -48,9 +48,11 @@ the COMMIT was never logged, so the caller is wrong about the outcome.
 is the whole of Cornus's requirement on storage, and every backend does it in ONE round trip.
 
 Recovery reads a log's unfinished records in pages keyed by txn id: each page starts strictly after
-the last txn id of the one before, so records that stay unfinished (all of them, until recovery
-resolves them) cannot hold later ones back. Txn ids are ASCII, so every backend's native order
-(SQLite BINARY, Redis lex, DynamoDB bytes) is plain string order.
+where the one before said it stopped (`ScanPage.resume_after`, at or past its last record), so
+records that stay unfinished (all of them, until recovery resolves them) cannot hold later ones
+back, and a backend that walks finished records to find them walks a bounded number per page. Txn
+ids are ASCII, so every backend's native order (SQLite BINARY, Redis lex, DynamoDB bytes) is plain
+string order.
 
 Ownership. Each partition has exactly one writer, its owner, named by an ownership record that
 `write_owner` changes by compare-and-swap in one round trip (as `log_once` does records):
@@ -120,7 +122,8 @@ SCAN_PAGE_COUNT_MAX = 1000
 SCAN_ROUND_COUNT_MAX = 8
 # Calls one `scan_unfinished` (the whole-page form, for tools and tests) may make of
 # `scan_unfinished_page`, whose pages can stop short of `limit` where a backend walks finished
-# records: enough for a log of about 10^8 tombstones at the walk bounds below.
+# records: enough for a log of about 10^8 tombstones at the backends' walk bounds
+# (azure_blob.SCAN_WALK_NAME_COUNT_MAX, dynamodb.SCAN_WALK_ITEM_COUNT_MAX).
 SCAN_CALL_COUNT_MAX = 10_000
 # Ownership records one `read_owners` call may return: the runtime's partition count limit.
 OWNER_READ_COUNT_MAX = 4096

@@ -121,7 +121,7 @@ from storage_adapters.contract import (
     is_unfinished,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
-from storage_adapters.store import LogStore
+from storage_adapters.store import LogStore, call_deadline
 
 # DynamoDB's own limits on one TransactWriteItems: 100 items and 4 MB. We stay under the bytes
 # limit with room for attribute names and the record's update.
@@ -148,6 +148,8 @@ IDENTITY_QUERY_COUNT_MAX = 8
 # on every retry, so that recovery never finished (found by review).
 SCAN_WALK_ITEM_COUNT_MAX = 20_000
 SCAN_QUERY_PAGE_COUNT_MAX = 8
+# And no new Query page once this share of the call's time is gone (slow pages).
+SCAN_WALK_TIME_SHARE = 0.5
 # botocore's retries stay off (one attempt): a retried conditional PutItem whose first attempt
 # landed but whose response was lost would fail its condition and make the winner believe it lost.
 # Retrying is the caller's job, under its deadline, and every LogStore call is idempotent.
@@ -711,8 +713,10 @@ class DynamoDbStore(LogStore):
             # and string sort keys compare by their UTF-8 bytes, the contract's order for ASCII ids.
             request["ExclusiveStartKey"] = _record_key(log, after)
         walk_left = SCAN_WALK_ITEM_COUNT_MAX
-        for _ in range(SCAN_QUERY_PAGE_COUNT_MAX):
-            if walk_left <= 0:
+        loop = asyncio.get_running_loop()
+        walk_until = loop.time() + (call_deadline() - loop.time()) * SCAN_WALK_TIME_SHARE
+        for page_index in range(SCAN_QUERY_PAGE_COUNT_MAX):
+            if page_index and (walk_left <= 0 or loop.time() >= walk_until):
                 break
             request["Limit"] = walk_left  # records evaluated, not returned: the filter comes after
             response = await self._client.query(**request)

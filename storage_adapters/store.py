@@ -46,7 +46,7 @@ from storage_adapters.contract import (
     validate_txn,
     validate_writes,
 )
-from storage_adapters.errors import StorageError, StorageUnavailable, ValidationError
+from storage_adapters.errors import InvariantViolation, StorageError, StorageUnavailable, ValidationError
 
 # Deletes one coalesced backend request may carry. A Redis script blocks the server for everyone
 # while it runs (about 3 us per record deleted, so ~0.4 ms at this size), an Azure batch takes at
@@ -287,6 +287,8 @@ class LogStore(abc.ABC):
             records.extend(page.records)
             if page.resume_after is None or len(records) == limit:
                 return records
+            if page.resume_after <= after:
+                raise InvariantViolation(f"a scan page of {log.key} after {after!r} resumes at {page.resume_after!r}")
             after = page.resume_after
         raise StorageUnavailable(f"scan of {log.key}: {SCAN_CALL_COUNT_MAX} pages, and the log goes on")
 

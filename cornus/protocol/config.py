@@ -82,7 +82,7 @@ class ProtocolConfig:
     # A record deletion is retried this often while storage is unreachable, then left in place:
     # a decided record left behind is garbage, never a wrong answer.
     gc_attempt_count_max: int = 8
-    # Records one recovery scan call returns.
+    # Records one recovery scan call returns at most (a page may hold fewer and not be the last).
     scan_page_count_max: int = 500
     # How often a node reads its identity record with no presumed ABORT waiting for it
     # (cornus.protocol.hosts): how long a process that a later one of the same node id replaced

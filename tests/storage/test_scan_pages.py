@@ -65,3 +65,18 @@ async def test_pages_walk_a_bounded_number_of_records_and_resume_where_they_stop
     # The whole-page form follows the pages itself.
     assert [record.txn for record in await store.scan_unfinished(log, LIMIT)] == unfinished
     assert [record.txn for record in await store.scan_unfinished(log, 2)] == unfinished[:2]
+
+
+async def test_a_page_that_stops_at_its_walk_bound_keeps_the_ids_azure_lists_late(
+        store: LogStore, ns: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Azure names an id ending in '.' with '~' appended, which lists after the ids it prefixes
+    (`a.~` after `a.a`): a walk that stops at `a.a` must still return `a.`, which it has not listed."""
+    monkeypatch.setattr(azure_blob, "SCAN_WALK_NAME_COUNT_MAX", 1)
+    monkeypatch.setattr(dynamodb, "SCAN_WALK_ITEM_COUNT_MAX", 1)
+    log = LogId.partition(ns)
+    body = RecordBody((ns,), "n1", b"redo")
+    await store.log_once(log, "a.", TxnState.VOTE_YES, body)
+    await store.log_once(log, "a.a", TxnState.ABORT, body)
+    await store.log_once(log, "a.b", TxnState.VOTE_YES, body)
+    pages = await _pages(store, log)
+    assert [record.txn for page in pages for record in page.records] == ["a.", "a.b"], pages
