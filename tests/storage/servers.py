@@ -141,3 +141,12 @@ class HoldingProxy:
             pass
         finally:
             writer.close()
+
+
+async def azurite_behind(connection_string: str, holds: Callable[[bytes], bool], hold_s: float) -> tuple[
+        HoldingProxy, str]:
+    """A HoldingProxy in front of the Azurite that `connection_string` names, and the connection
+    string that goes through it."""
+    port = int(connection_string.split("BlobEndpoint=http://127.0.0.1:", 1)[1].split("/", 1)[0])
+    proxy = await HoldingProxy(port, holds, hold_s).start()
+    return proxy, connection_string.replace(f"127.0.0.1:{port}", f"127.0.0.1:{proxy.port}")

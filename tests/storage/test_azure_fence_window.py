@@ -27,7 +27,7 @@ from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
 from storage_adapters.store import LogStore
 from tests.conftest import Services
-from tests.storage.servers import HoldingProxy
+from tests.storage.servers import HoldingProxy, azurite_behind
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
 
@@ -61,10 +61,8 @@ class _Stores:
 
 @pytest.fixture
 async def stores(services: Services) -> AsyncIterator[_Stores]:
-    port = int(services.azure_connection_string.split("BlobEndpoint=http://127.0.0.1:", 1)[1].split("/", 1)[0])
-    proxy = await HoldingProxy(port, _holds_record_puts, HOLD_S).start()
+    proxy, through_proxy = await azurite_behind(services.azure_connection_string, _holds_record_puts, HOLD_S)
     container = f"fence-{uuid.uuid4().hex[:10]}"
-    through_proxy = services.azure_connection_string.replace(f"127.0.0.1:{port}", f"127.0.0.1:{proxy.port}")
     old_owner = await open_store(StoreConfig(backend="azure_blob", azure_connection_string=through_proxy,
                                              azure_container=container, timeout_ms_call=DEADLINE_MS))
     new_owner = await open_store(StoreConfig(backend="azure_blob", azure_container=container,

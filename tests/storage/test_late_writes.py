@@ -24,7 +24,7 @@ from storage_adapters.redis_store import RedisStore
 from storage_adapters.store import LogStore
 from tests.conftest import Services
 from tests.storage.conftest import refuse_what_dynamodb_refuses
-from tests.storage.servers import HoldingProxy
+from tests.storage.servers import HoldingProxy, azurite_behind
 from tests.worker import redis_db_bench
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
@@ -93,10 +93,8 @@ async def test_a_late_data_write_of_an_azure_apply_never_undoes_a_later_write(
     """Azure writes a redo's data blobs one by one, unconditionally, then marks the record applied:
     a data write of an attempt that timed out, landing after the retry applied the redo and a later
     transaction wrote (or deleted) the same key, put the old value back."""
-    port = int(services.azure_connection_string.split("BlobEndpoint=http://127.0.0.1:", 1)[1].split("/", 1)[0])
-    proxy = await HoldingProxy(port, _holds_azure_data_writes, HOLD_S).start()
+    proxy, through_proxy = await azurite_behind(services.azure_connection_string, _holds_azure_data_writes, HOLD_S)
     container = f"late-{uuid.uuid4().hex[:10]}"
-    through_proxy = services.azure_connection_string.replace(f"127.0.0.1:{port}", f"127.0.0.1:{proxy.port}")
     store = await open_store(StoreConfig(backend="azure_blob", azure_connection_string=through_proxy,
                                          azure_container=container, timeout_ms_call=DEADLINE_MS))
     direct = await open_store(StoreConfig(backend="azure_blob", azure_container=container,
@@ -220,15 +218,13 @@ async def _stores_behind_a_holding_proxy(backend: str, services: Services, table
         return (proxy, await open_store(dynamodb(f"http://127.0.0.1:{proxy.port}", DEADLINE_MS)),
                 await open_store(dynamodb(services.dynamodb_endpoint, DEADLINE_MS_CHECKS)))
     connection = services.azure_connection_string
-    port = int(connection.split("BlobEndpoint=http://127.0.0.1:", 1)[1].split("/", 1)[0])
-    proxy = await HoldingProxy(
-        port, lambda c: c.startswith(b"PUT ") and b"/txn/" in c.split(b"\r\n", 1)[0], HOLD_S).start()
+    proxy, through_proxy = await azurite_behind(
+        connection, lambda c: c.startswith(b"PUT ") and b"/txn/" in c.split(b"\r\n", 1)[0], HOLD_S)
 
     def azure(connection_string: str, timeout_ms: int) -> StoreConfig:
         return StoreConfig(backend="azure_blob", azure_connection_string=connection_string, azure_container=table,
                            timeout_ms_call=timeout_ms)
-    return (proxy, await open_store(azure(connection.replace(f"127.0.0.1:{port}", f"127.0.0.1:{proxy.port}"),
-                                          DEADLINE_MS)),
+    return (proxy, await open_store(azure(through_proxy, DEADLINE_MS)),
             await open_store(azure(connection, DEADLINE_MS_CHECKS)))
 
 
