@@ -93,26 +93,29 @@ and judge that. A fenced keep reads the ownership blob alongside the record, as 
 tick's batch each keep is its own read and put, all at once (bounded), beside the plain deletes;
 the batch's one read per fenced partition's ownership blob runs alongside the keeps' record reads.
 
-Azure Blob has no expiry per blob (Set Blob Expiry is for hierarchical-namespace accounts only),
-so storage drops tombstones through a lifecycle management rule: each tombstone carries the blob
-index tag `cornus-tombstone` = `1` (set by the same Put Blob), and the Terraform module's rule
-(terraform/modules/azure) deletes base blobs with that tag some days after their last
-modification (`tombstone_keep_days`, which must cover the nodes' keep_ms). The rule filters on
-the tag, so it never deletes an ordinary record: a Put Blob replaces a blob's tags with those it
-carries (none, for a record). The one write that may land on a tombstone, a `log` of its own
-decision (an idempotent rewrite, which may bring the vote's body back), carries the tag and the
-expiry again, so the blob stays a tombstone as it does on every other backend (`_replace`).
-Keeping again re-puts the tombstone, which restarts the rule's count from the new modification.
-The tombstone's metadata also holds its expiry, the writer's wall clock when it sent the put
-plus keep_ms, for operators and for checking the rule's days against it; the rule itself counts
-from Last-Modified, set when the put lands, so it never drops one early. Lifecycle rules run
-about once a day, so a tombstone stays between `tombstone_keep_days` and a day or two more
-(`drops_tombstones_at_expiry` is False). The rule drops a tombstone after its days whatever keep_ms
-it was written with, so the store is told them (`open`'s `tombstone_keep_days`, the node's
+Azure Blob has no expiry per blob (Set Blob Expiry is for hierarchical-namespace accounts only), so
+storage drops tombstones through a lifecycle management rule: each tombstone carries the blob index
+tag `cornus-tombstone` = `1` (set by the same Put Blob), and the Terraform module's rule
+(terraform/modules/azure) deletes base blobs with that tag some days after their last modification
+(`tombstone_keep_days`, which must cover the nodes' keep_ms). The rule filters on the tag, so it
+never deletes an ordinary record: a Put Blob replaces a blob's tags with those it carries (none,
+for a record). The one write that may land on a tombstone, a `log` of its own decision (an
+idempotent rewrite, which may bring the vote's body back), carries the tag and the expiry again, so
+the blob stays a tombstone as it does on every other backend (`_replace`). Keeping again re-puts
+the tombstone, which restarts the rule's count from the new modification. The tombstone's metadata
+also holds its expiry, the writer's wall clock when it sent the put plus keep_ms, for operators and
+for checking the rule's days against it; the rule itself counts from Last-Modified, set when the
+put lands, so it never drops one early. Lifecycle rules run about once a day, so the rule alone
+leaves a tombstone between `tombstone_keep_days` and a day or two more, and recovery scans would
+walk all of them: so the store that put a tombstone also deletes it once its keep has passed, if it
+is still that blob (If-Match; a `log` rewriting it hands the sweep its new ETag), within a sweep
+interval (storage_adapters/azure_tombstone_sweep.py; `drops_tombstones_at_expiry`). The rule drops
+those the sweep never got to (a process that stopped). It drops a tombstone after its days whatever
+keep_ms it was written with, so the store is told them (`open`'s `tombstone_keep_days`, the node's
 CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS, which the chart sets from the module's helm_values) and
 `delete` refuses a longer keep, writing nothing (`tombstone_keep_ms_max`); a node refuses an
-outcome_keep_ms longer than them at start. Azurite has no lifecycle management at all: there,
-tombstones stay until deleted (a plain `delete` removes one like any record).
+outcome_keep_ms longer than them at start. Azurite has no lifecycle management at all: there, only
+the sweep (and a plain `delete`) removes tombstones.
 
 Durability: Azure acknowledges a Put Blob only after it is durably stored (LRS: 3 replicas), which
 is what a vote needs. Azurite keeps blobs on disk too, but is a test double, not a deployment.
@@ -152,6 +155,7 @@ from storage_adapters.azure_signing import (
     in_signing_window,
     not_before,
 )
+from storage_adapters.azure_tombstone_sweep import TombstoneSweep
 from storage_adapters.contract import (
     IDENTITY_PAGE_COUNT_MAX,
     IDENTITY_PREFIX,
@@ -490,6 +494,8 @@ class AzureBlobStore(LogStore):
     backend_name = "azure_blob"
     # A tick's deletes and keeps share their ownership reads (see _delete_many).
     coalesces_deletes = True
+    # The store's own sweep deletes its tombstones once their keep has passed (azure_tombstone_sweep).
+    drops_tombstones_at_expiry = True
 
     def __init__(
         self, service: BlobServiceClient, container: ContainerClient, timeout_ms_call: int,
@@ -500,6 +506,8 @@ class AzureBlobStore(LogStore):
         self._container = container
         assert isinstance(service.credential, ExpiringSignatures), "open() signs every request (azure_signing)"
         self._signatures = service.credential
+        # Deletes the tombstones this store puts once their keep has passed (azure_tombstone_sweep).
+        self._tombstone_sweep = TombstoneSweep(self._delete_tombstone)
         # The start a passing-on write of each partition carries (write_owner), until it is sent.
         self._not_before_unix_s: dict[str, int] = {}
         # The lifecycle rule deletes a tombstone more than this many days after its last write, so
@@ -604,30 +612,32 @@ class AzureBlobStore(LogStore):
     async def _put_if(
         self, name: str, content: bytes, metadata: dict[str, str], etag: str | None,
         tags: dict[str, str] | None = None,
-    ) -> bool:
+    ) -> str | None:
         """Put the blob `name` if its ETag is still `etag` (`If-Match`), or, with `etag` None, if
         there is no such blob (`If-None-Match: *`); False if that precondition lost (another
         writer's blob stands, or the blob changed or went). Any other refusal is raised as the
         error it is (`_lost_race`). The one conditional put of every record, tombstone and
-        ownership write."""
+        ownership write. The blob's new ETag, or None where the precondition lost."""
         blob = self._container.get_blob_client(name)
         try:
             if etag is None:
                 # overwrite=False is what sends If-None-Match: *.
-                await blob.upload_blob(content, overwrite=False, metadata=metadata, tags=tags)
+                written = await blob.upload_blob(content, overwrite=False, metadata=metadata, tags=tags)
             else:
-                await blob.upload_blob(content, overwrite=True, metadata=metadata, tags=tags, etag=etag,
-                                       match_condition=MatchConditions.IfNotModified)
+                written = await blob.upload_blob(content, overwrite=True, metadata=metadata, tags=tags, etag=etag,
+                                                 match_condition=MatchConditions.IfNotModified)
         except _PRECONDITION_ERRORS as error:
             if not _lost_race(error):
                 raise
-            return False
-        return True
+            return None
+        new_etag = written["etag"]
+        assert new_etag, f"{name}: a put answered without an ETag"
+        return str(new_etag)
 
     async def _create(self, record: Record) -> bool:
         """Put the record if absent; False if a blob already exists."""
         content, metadata = _encode_record(record)
-        return await self._put_if(_record_name(record.log, record.txn), content, metadata, None)
+        return await self._put_if(_record_name(record.log, record.txn), content, metadata, None) is not None
 
     async def _replace(self, stored: _Stored, record: Record) -> bool:
         """Overwrite `stored` with `record` if its ETag is still the one read; False if it changed or
@@ -643,13 +653,34 @@ class AzureBlobStore(LogStore):
             assert not is_unfinished(record.state, record.applied), record
             metadata[TOMBSTONE_EXPIRY_METADATA] = stored.tombstone_expiry
             tags = _TOMBSTONE_TAGS
-        return await self._put_if(_record_name(record.log, record.txn), content, metadata, stored.etag, tags)
+        name = _record_name(record.log, record.txn)
+        written = await self._put_if(name, content, metadata, stored.etag, tags)
+        if written is not None and stored.tombstone_expiry is not None:
+            # Still the tombstone, with a new ETag: the sweep deletes it at the expiry it had.
+            self._tombstone_sweep.remember(name, written, max(0, int(stored.tombstone_expiry) - _now_ms()))
+        return written is not None
 
     async def _put_tombstone(self, log: LogId, txn: str, keep: Tombstone, etag: str | None) -> bool:
         """Put `keep`'s tombstone, tagged for the lifecycle rule, over the record's blob if its ETag
         is still `etag` (None: if there is no blob); False if that precondition failed."""
         content, metadata = _encode_tombstone(log, txn, keep)
-        return await self._put_if(_record_name(log, txn), content, metadata, etag, _TOMBSTONE_TAGS)
+        name = _record_name(log, txn)
+        written = await self._put_if(name, content, metadata, etag, _TOMBSTONE_TAGS)
+        if written is None:
+            return False
+        self._tombstone_sweep.remember(name, written, keep.keep_ms)
+        return True
+
+    async def _delete_tombstone(self, name: str, etag: str) -> None:
+        """Delete the tombstone blob `name` if it is still the one put with `etag` (the sweep, once
+        its keep has passed); one rewritten since, or gone, is left as it is."""
+
+        async def delete() -> None:
+            blob = self._container.get_blob_client(name)
+            with contextlib.suppress(ResourceNotFoundError, ResourceModifiedError):
+                await blob.delete_blob(etag=etag, match_condition=MatchConditions.IfNotModified)
+
+        await self._bounded(delete(), "delete")
 
     async def _get_owner(self, partition: str) -> _StoredOwner | None:
         blob = self._container.get_blob_client(_owner_name(partition))
@@ -666,7 +697,8 @@ class AzureBlobStore(LogStore):
         """Put the ownership record if the blob's ETag is still `etag` (None: if there is no blob);
         False if that precondition failed."""
         content = _encode_owner(ownership)
-        return await self._put_if(_owner_name(ownership.partition), content, _owner_metadata(content), etag)
+        content_metadata = _owner_metadata(content)
+        return await self._put_if(_owner_name(ownership.partition), content, content_metadata, etag) is not None
 
     async def _check_fence(self, fence: Fence) -> None:
         """Raise Fenced unless the ownership record admits `fence`. A request of its own, BEFORE the
@@ -1174,6 +1206,7 @@ class AzureBlobStore(LogStore):
         return OwnerWriteResult(stored=won.ownership, written=False)
 
     async def close(self) -> None:
+        await self._tombstone_sweep.close()
         # Container and blob clients share the service's transport; closing it closes them all.
         await self._service.close()
 

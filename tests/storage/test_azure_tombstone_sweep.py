@@ -1,0 +1,53 @@
+"""The Azure store's sweep of its own tombstones (storage_adapters/azure_tombstone_sweep.py), with a
+recording delete in place of Azure: nothing before its keep ends, a failed delete tried again, and
+a bounded number pending. Against Azurite, tests/storage/test_tombstones.py waits for the drop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from storage_adapters import azure_tombstone_sweep
+from storage_adapters.azure_tombstone_sweep import TombstoneSweep
+from storage_adapters.errors import StorageUnavailable
+
+
+async def test_a_tombstone_is_deleted_once_its_keep_has_passed_and_a_failed_delete_again() -> None:
+    deleted: list[tuple[str, str]] = []
+    failing = {"b"}
+
+    async def delete(name: str, etag: str) -> None:
+        if name in failing:
+            raise StorageUnavailable("azure_blob delete: no answer")
+        deleted.append((name, etag))
+
+    sweep = TombstoneSweep(delete)
+    try:
+        sweep.remember("a", "e1", 0)
+        sweep.remember("b", "e2", 0)
+        sweep.remember("c", "e3", 60_000)
+        assert await sweep.sweep_once() == 1
+        assert deleted == [("a", "e1")]  # "c" keeps for a minute yet; "b" failed
+        failing.clear()
+        assert await sweep.sweep_once() == 1
+        assert deleted == [("a", "e1"), ("b", "e2")]
+        assert sweep.deleted_count == 2
+    finally:
+        await sweep.close()
+
+
+async def test_past_the_bound_a_tombstone_is_left_to_the_lifecycle_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(azure_tombstone_sweep, "SWEEP_PENDING_COUNT_MAX", 2)
+
+    async def delete(name: str, etag: str) -> None:
+        await asyncio.sleep(0)
+
+    sweep = TombstoneSweep(delete)
+    try:
+        for name in "abc":
+            sweep.remember(name, "e", 0)
+        assert sweep.dropped_count == 1
+        assert await sweep.sweep_once() == 2
+    finally:
+        await sweep.close()
