@@ -145,6 +145,7 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
+from azure.storage.blob import BlobProperties
 from azure.storage.blob._shared.authentication import SharedKeyCredentialPolicy
 from azure.storage.blob.aio import BlobServiceClient, ContainerClient
 
@@ -189,6 +190,10 @@ ETAG_RETRY_COUNT_MAX = 16
 # enough to hide per-request latency, few enough not to exhaust the connection pool or the
 # account's per-partition request rate.
 DATA_CONCURRENCY_MAX = 32
+# Data blobs a fenced apply writes between two checks of its fence (each check starts a lease
+# window from the latest renewal, azure_signing): four rounds of concurrent puts, well inside a
+# window, and eight checks at most for the largest redo (DATA_BATCH_COUNT_MAX keys).
+APPLY_CHUNK_COUNT = 4 * DATA_CONCURRENCY_MAX
 # The SDK's own retries stay off: a retried conditional Put whose first attempt landed but whose
 # response was lost would come back as a 409 and make the winner believe it lost. Retrying is the
 # caller's job, under its deadline, and every LogStore call is idempotent.
@@ -232,6 +237,9 @@ _TOMBSTONE_TAGS = {TOMBSTONE_TAG: TOMBSTONE_TAG_VALUE}
 # A decision tombstone's expiry (wall clock, ms since the epoch), for operators and checks: the
 # lifecycle rule counts days from Last-Modified instead (see the module docstring).
 TOMBSTONE_EXPIRY_METADATA = "tombstone_expires_at_ms"
+# And its keep (ms): a store that rewrites the tombstone (a late `log`) has its sweep delete it that
+# long after the rewrite, counted by its own clock (not from the expiry above, another node's).
+TOMBSTONE_KEEP_METADATA = "tombstone_keep_ms"
 # The ownership record, urlsafe base64 of the body, so a listing carries it.
 _OWNER_METADATA = "ownership"
 _OWNER_PREFIX = "own/"
@@ -244,11 +252,13 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class _Stored:
     """A record as read, with the ETag that a conditional overwrite must match and, for a decision
-    tombstone, its expiry metadata (None for any other record), which an overwrite carries again."""
+    tombstone, its expiry and keep metadata (None for any other record), which an overwrite carries
+    again."""
 
     record: Record
     etag: str
     tombstone_expiry: str | None = None
+    tombstone_keep_ms: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,6 +408,7 @@ def _encode_tombstone(log: LogId, txn: str, keep: Tombstone) -> tuple[bytes, dic
     assert not is_unfinished(record.state, record.applied), record
     content, metadata = _encode_record(record)
     metadata[TOMBSTONE_EXPIRY_METADATA] = str(now_ms + keep.keep_ms)
+    metadata[TOMBSTONE_KEEP_METADATA] = str(keep.keep_ms)
     return content, metadata
 
 
@@ -606,8 +617,9 @@ class AzureBlobStore(LogStore):
             return None
         etag = downloader.properties.etag
         assert etag
-        expiry = (downloader.properties.metadata or {}).get(TOMBSTONE_EXPIRY_METADATA)
-        return _Stored(_decode_record(log, txn, data), etag, expiry)
+        metadata = downloader.properties.metadata or {}
+        return _Stored(_decode_record(log, txn, data), etag, metadata.get(TOMBSTONE_EXPIRY_METADATA),
+                       metadata.get(TOMBSTONE_KEEP_METADATA))
 
     async def _put_if(
         self, name: str, content: bytes, metadata: dict[str, str], etag: str | None,
@@ -652,12 +664,16 @@ class AzureBlobStore(LogStore):
         if stored.tombstone_expiry is not None:
             assert not is_unfinished(record.state, record.applied), record
             metadata[TOMBSTONE_EXPIRY_METADATA] = stored.tombstone_expiry
+            if stored.tombstone_keep_ms is not None:
+                metadata[TOMBSTONE_KEEP_METADATA] = stored.tombstone_keep_ms
             tags = _TOMBSTONE_TAGS
         name = _record_name(record.log, record.txn)
         written = await self._put_if(name, content, metadata, stored.etag, tags)
-        if written is not None and stored.tombstone_expiry is not None:
-            # Still the tombstone, with a new ETag: the sweep deletes it at the expiry it had.
-            self._tombstone_sweep.remember(name, written, max(0, int(stored.tombstone_expiry) - _now_ms()))
+        if written is not None and stored.tombstone_keep_ms is not None and stored.tombstone_keep_ms.isdigit():
+            # Still the tombstone, with a new ETag: the sweep deletes it a whole keep from now (later
+            # than it had to, never earlier: the expiry it had is another node's clock, found by
+            # review). One written before its keep was recorded is left to the lifecycle rule.
+            self._tombstone_sweep.remember(name, written, int(stored.tombstone_keep_ms))
         return written is not None
 
     async def _put_tombstone(self, log: LogId, txn: str, keep: Tombstone, etag: str | None) -> bool:
@@ -795,34 +811,49 @@ class AzureBlobStore(LogStore):
         # No name is below its own id, so every id above `after` lists at or past it. The id
         # filter below stays: it drops `after` itself and, were startFrom ignored by a service,
         # everything before it.
-        blobs = aiter(
-            self._container.list_blobs(
-                name_starts_with=prefix, include=["metadata"], start_from=prefix + after if after else None,
-                results_per_page=min(LIST_RESULTS_PER_PAGE_MAX, SCAN_WALK_NAME_COUNT_MAX),
-            )
-        )
+        listing = self._container.list_blobs(
+            name_starts_with=prefix, include=["metadata"], start_from=prefix + after if after else None,
+            results_per_page=min(LIST_RESULTS_PER_PAGE_MAX, SCAN_WALK_NAME_COUNT_MAX),
+        ).by_page()
+        listed: collections.deque[BlobProperties] = collections.deque()  # the current response's rest
         loop = asyncio.get_running_loop()
         walk_until = loop.time() + (call_deadline() - loop.time()) * SCAN_WALK_TIME_SHARE
         last_name = ""
         last_walked = ""  # the greatest id past `after` listed so far
         listed_count = 0
-
-        def walked_enough() -> bool:
-            # Only once an id past `after` was walked: the page must move its cursor (the names
-            # at or below it, the cursor's own and its dotted prefixes', list first).
-            return bool(last_walked) and (listed_count >= SCAN_WALK_NAME_COUNT_MAX or loop.time() >= walk_until)
-
         exhausted = False
+
+        async def next_blob() -> BlobProperties | None:
+            """The next name listed; None at the listing's end (`exhausted`) or, between two
+            listing responses (time passes only in them), once this page walked enough: its bound
+            of names, or its share of the call's time. Only once an id past `after` was walked:
+            the page must move its cursor (the cursor's own name and its dotted prefixes' list
+            first)."""
+            nonlocal exhausted, listed_count
+            if not listed:
+                if last_walked and (listed_count >= SCAN_WALK_NAME_COUNT_MAX or loop.time() >= walk_until):
+                    return None
+                # A response may hold no name and still go on (a continuation marker); each one
+                # moves the marker, and the call's deadline bounds them.
+                while not listed:
+                    response = await anext(listing, None)
+                    if response is None:
+                        exhausted = True
+                        return None
+                    listed.extend([blob async for blob in response])
+            listed_count += 1
+            return listed.popleft()
+
+        stopped = False  # at the listing's end, or the walk's bound
         for _ in range(SCAN_ROUND_COUNT_MAX):
             txns: list[str] = []
-            while len(found) + len(txns) < limit and not walked_enough():
-                blob = await anext(blobs, None)
+            while len(found) + len(txns) < limit:
+                blob = await next_blob()
                 if blob is None:
-                    exhausted = True
+                    stopped = True
                     break
                 assert blob.name > last_name, "a listing is in name order"
                 last_name = blob.name
-                listed_count += 1
                 txn = _txn_of(prefix, blob.name)
                 if txn <= after:
                     continue
@@ -839,7 +870,7 @@ class AzureBlobStore(LogStore):
             # A record finished or collected since it was listed drops out here; the next
             # round refills the page from where the listing stopped.
             found |= await self._read_unfinished(log, txns)
-            if exhausted or len(found) == limit or walked_enough():
+            if stopped or len(found) == limit:
                 break
         else:
             raise StorageUnavailable(
@@ -906,10 +937,9 @@ class AzureBlobStore(LogStore):
                 ) from error
             self._remember_etag(known, written["etag"])
 
-        # The fence is checked once, before any data is written: the data writes are the ones
-        # that could clobber a new owner's, and checking again before the marker would not
-        # stop them. A redo refused here writes nothing; one deposed mid-way is the case the
-        # module docstring describes.
+        # The fence is checked before any data is written (a redo refused here writes nothing),
+        # and again before each later chunk and the marker, for a lease window from the latest
+        # renewal (azure_signing): a redo deposed mid-way is a crash mid-apply to the next owner.
         stored = await self._get_fenced(log, txn, fence)
         self._check_appliable(log, txn, stored)
         assert stored is not None
@@ -917,15 +947,15 @@ class AzureBlobStore(LogStore):
             # Writing again could undo a later txn's writes to the same keys.
             return False
         items = list(writes.items())
-        for start in range(0, len(items), DATA_CONCURRENCY_MAX):
+        for start in range(0, len(items), APPLY_CHUNK_COUNT):
             if start and fence is not None:
                 # The lease window the first check found may end before many keys are in: each
                 # chunk after the first checks the fence again, for a window from the latest
                 # renewal (found under CI load: a 40-key apply outlived its window on every retry).
                 await self._check_fence(fence)
-            chunk = items[start:start + DATA_CONCURRENCY_MAX]
+            chunk = items[start:start + APPLY_CHUNK_COUNT]
             await _gather_bounded([lambda k=k, v=v: put(k, v) for k, v in chunk])
-        if len(items) > DATA_CONCURRENCY_MAX and fence is not None:
+        if len(items) > APPLY_CHUNK_COUNT and fence is not None:
             await self._check_fence(fence)  # and the marker, after the last chunk
         # The data is in; now the record, COMMIT (if it was still our VOTE_YES) and applied.
         # Losing its ETag race (a concurrent applier, or an idempotent log(COMMIT) rewrite)

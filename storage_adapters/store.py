@@ -324,7 +324,10 @@ class LogStore(abc.ABC):
         safely. True if this call applied the redo, False if it was applied before (an earlier
         attempt landed: one that timed out, or one before a restart). A caller caching data
         caches it either way while it holds the keys' locks: no other transaction wrote them since.
-        With a fence, raise Fenced (writing nothing) unless the fence holds."""
+        With a fence, raise Fenced unless the fence holds: writing nothing where it fails at the
+        start; where a backend applies in several requests and finds the fence gone between them
+        (DynamoDB's chunks, Azure's chunks), some data is in and the record is as it was, as after
+        a crash mid-apply, which the next owner's recovery applies again."""
         validate_partition(partition)
         validate_txn(txn)
         checked = validate_writes(writes)
