@@ -177,6 +177,7 @@ from storage_adapters.contract import (
     check_tombstone,
     is_unfinished,
     validate_id,
+    validate_owner_write,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
 from storage_adapters.factory import AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT, DAY_MS, validate_azure_tombstone_keep_days
@@ -626,10 +627,10 @@ class AzureBlobStore(LogStore):
         tags: dict[str, str] | None = None,
     ) -> str | None:
         """Put the blob `name` if its ETag is still `etag` (`If-Match`), or, with `etag` None, if
-        there is no such blob (`If-None-Match: *`); False if that precondition lost (another
-        writer's blob stands, or the blob changed or went). Any other refusal is raised as the
-        error it is (`_lost_race`). The one conditional put of every record, tombstone and
-        ownership write. The blob's new ETag, or None where the precondition lost."""
+        there is no such blob (`If-None-Match: *`): the blob's new ETag, or None if that
+        precondition lost (another writer's blob stands, or the blob changed or went). Any other
+        refusal is raised as the error it is (`_lost_race`). The one conditional put of every
+        record, tombstone and ownership write."""
         blob = self._container.get_blob_client(name)
         try:
             if etag is None:
@@ -1196,10 +1197,11 @@ class AzureBlobStore(LogStore):
         """As the contract's, and a write that passes the partition on (a release, a take in a new
         epoch) first stops this store's fenced writes of the epoch passed on, then waits, outside
         the call's deadline, until those it sent and heard no answer to have expired (at most a
-        call's deadline and a second; usually none is left), and carries a start after them, which
+        call's deadline and two seconds, its rounding and the start's; usually none is left), and
+        carries a start after them, which
         Azure checks by its clock (azure_signing)."""
-        if isinstance(expected, Ownership) and isinstance(new, Ownership) and expected.owner \
-                and (new.owner, new.epoch) != (expected.owner, expected.epoch):
+        validate_owner_write(expected, new)  # a bad call changes nothing, here either
+        if expected is not None and expected.owner and (new.owner, new.epoch) != (expected.owner, expected.epoch):
             expiry_unix_s = self._signatures.pass_on(new.partition, expected.epoch)
             if expiry_unix_s is not None:
                 self._not_before_unix_s[new.partition] = expiry_unix_s + 1

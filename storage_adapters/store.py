@@ -49,8 +49,8 @@ from storage_adapters.contract import (
 from storage_adapters.errors import InvariantViolation, StorageError, StorageUnavailable, ValidationError
 
 # Deletes one coalesced backend request may carry. A Redis script blocks the server for everyone
-# while it runs (about 3 us per record deleted, so ~0.4 ms at this size), an Azure batch takes at
-# most 256, and past a few dozen the per-request cost is already spread thin: garbage collection
+# while it runs (about 3 us per record deleted, so ~0.4 ms at this size), and past a few dozen the
+# per-request cost is already spread thin: garbage collection
 # gains little from bigger batches and other clients' latency would pay for them.
 DELETE_BATCH_COUNT_MAX = 128
 

@@ -72,8 +72,9 @@ class ProtocolConfig:
     # transaction for this long (some 600,000 at 1,000 transactions a second).
     outcome_keep_ms: int = 600_000
     # How long past its deadline plus the slack a storage call may still land, where storage
-    # itself cannot refuse a late call (DynamoDB and Azure Blob check no deadline; only their
-    # request signatures age out, after 15 minutes). 0: storage refuses any call past its deadline
+    # itself cannot refuse a late call (DynamoDB checks no deadline, only its signatures age out,
+    # after minutes; Azure's expire at the call's deadline by the node's clock, which may run ahead
+    # of Azure's: the window covers 15 minutes of it). 0: storage refuses any call past its deadline
     # (Redis's scripts, the emulator's writer), so the grace alone outlives every call in flight.
     # Above 0, garbage collection leaves every participant's record as a tombstone, never a gap a
     # late vote could fill, and the tombstones outlive the window (found by review: a vote that

@@ -961,8 +961,8 @@ def test_a_hand_built_config_keeps_its_backends_late_window():
 
 
 def test_an_azure_sas_connection_string_is_refused():
-    """A SAS request may land until the SAS expires, past any tombstone's keep: only the account
-    key (Shared Key, whose requests expire after 15 minutes) bounds how late a request lands."""
+    """A SAS of the user's may land until it expires, past any tombstone's keep: with the account
+    key the node signs each request itself, for that request's deadline (azure_signing)."""
     with pytest.raises(ValidationError, match="SharedAccessSignature"):
         StoreConfig(backend="azure_blob", azure_connection_string="BlobEndpoint=https://a;SharedAccessSignature=sv=1")
 

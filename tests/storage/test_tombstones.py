@@ -261,7 +261,7 @@ async def test_a_fenced_coordinator_tombstone_is_refused_and_writes_nothing_howe
 
 async def test_coordinator_tombstones_of_one_tick_each_get_their_own_answer(store: LogStore, ns: str) -> None:
     """Where deletes of one tick go to storage together (one script per log on Redis, one
-    transaction on the emulator, a Blob Batch beside the keeps on Azure), a coordinator log's keeps
+    transaction on the emulator, one request each beside the keeps on Azure), a coordinator log's keeps
     among them: each caller its own answer, refusal or Fenced, under the same rule as alone."""
     node, log, partition = ns, LogId.coordinator(ns), LogId.partition(ns)
     name = identity_name(node)
@@ -381,7 +381,7 @@ async def test_tombstones_and_deletes_of_one_tick_each_get_their_own_answer(stor
     await store.log_once(log, "refused", VOTE, body(ns))
     await store.log_once(other, "kept", ABORT, body(ns))
     # Plain deletes of several records (and one absent), so that a backend's many-record request
-    # (Azure's Blob Batch) carries them beside the keeps.
+    # carries them beside the keeps.
     await store.log_once(other, "deleted", ABORT, body(ns))
     answers = await asyncio.gather(
         store.delete(log, "kept", keep=tombstone(COMMIT)),
@@ -436,11 +436,11 @@ async def test_a_tombstone_in_either_kind_of_log_is_kept_at_least_keep_ms(store:
 
 
 async def test_a_tombstone_in_either_kind_of_log_is_dropped_after_keep_ms(store: LogStore, ns: str) -> None:
-    """Storage must not keep tombstones forever: Redis drops one at its expiry and the emulator's
-    writer in its next purge; DynamoDB's table TTL and an Azure lifecycle rule do it within days
-    (what each backend hands them is checked in its own tests), so here only the first two."""
+    """Storage must not keep tombstones forever: Redis drops one at its expiry, the emulator's
+    writer in its next purge, the Azure store's own sweep within its interval; DynamoDB's table
+    TTL does it within days (what it is handed is checked in its own tests), so not here."""
     if not store.drops_tombstones_at_expiry:
-        assert store.backend_name in ("dynamodb", "azure_blob"), store.backend_name
+        assert store.backend_name == "dynamodb", store.backend_name
         pytest.skip("storage drops these tombstones days after expiry; their own tests check what it is handed")
 
     async def check(ns: str, kind: LogKind) -> None:
