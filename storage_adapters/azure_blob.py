@@ -155,6 +155,7 @@ from storage_adapters.azure_signing import (
     arrived_expired,
     in_signing_window,
     not_before,
+    signing_window,
 )
 from storage_adapters.azure_tombstone_sweep import TombstoneSweep
 from storage_adapters.contract import (
@@ -1041,7 +1042,6 @@ class AzureBlobStore(LogStore):
             mapped.__cause__ = error
             return mapped
 
-    @in_signing_window
     async def _delete_many(self, requests: Sequence[DeleteRequest]) -> list[bool | StorageError]:
         """The plain deletes each as one request (`_delete_blob`), the keeps each as its own read and
         conditional put, all at once (bounded), after one read of each
@@ -1075,11 +1075,6 @@ class AzureBlobStore(LogStore):
             if fence is not None and not fence.admits(held[fence.partition]):
                 outcomes[index] = Fenced(fence, held[fence.partition])
                 continue
-            if fence is not None:
-                # Each admitting record's lease window bounds the batch's writes (azure_signing).
-                stored_owner = stored_owners[fence.partition]
-                assert stored_owner is not None
-                admit_until(fence.partition, fence.epoch, stored_owner.last_modified, stored_owner.ownership.lease_ms)
             if request.keep is None:
                 deleting.append(index)
             elif isinstance(read[index], StorageError):
@@ -1087,14 +1082,30 @@ class AzureBlobStore(LogStore):
             else:
                 kept.append(index)
 
+        async def delete(index: int) -> bool:
+            return await self._delete_blob(requests[index])
+
         async def keep(index: int) -> bool:
             request, stored = requests[index], read[index]
             assert request.keep is not None and not isinstance(stored, StorageError)
             return await self._keep(request.log, request.txn, request.fence, request.keep, stored)
 
+        async def in_own_window(index: int, call: Callable[[int], Awaitable[bool]]) -> bool:
+            """`call(index)` in a signing window of its own, which the request's fence's lease
+            window alone bounds: one partition's ending lease (or release) neither caps nor stops
+            the other partitions' writes of the tick (found by review)."""
+            with signing_window():
+                fence = requests[index].fence
+                if fence is not None:
+                    stored_owner = stored_owners[fence.partition]
+                    assert stored_owner is not None
+                    admit_until(fence.partition, fence.epoch, stored_owner.last_modified,
+                                stored_owner.ownership.lease_ms)
+                return await call(index)
+
         answers = await _gather_bounded(
-            [lambda i=i: self._answer(self._delete_blob(requests[i])) for i in deleting]
-            + [lambda i=i: self._answer(keep(i)) for i in kept]
+            [lambda i=i: self._answer(in_own_window(i, delete)) for i in deleting]
+            + [lambda i=i: self._answer(in_own_window(i, keep)) for i in kept]
         )
         for index, answer in zip(deleting + kept, answers, strict=True):
             outcomes[index] = answer
