@@ -89,6 +89,20 @@ async def _held_vote(stores: _Stores, taken: Ownership) -> asyncio.Task[object]:
     return vote
 
 
+async def _patient_vote_held(stores: _Stores, taken: Ownership) -> asyncio.Task[object]:
+    """The owner's fenced vote through the patient store, once the proxy holds the one request (or
+    reply) of it that it picks; nothing after that one is held."""
+    stores.proxy.holding = True
+    vote = asyncio.create_task(stores.patient_owner.log_once(LOG, "t1", TxnState.VOTE_YES, BODY, taken.fence()))
+    for _ in range(HELD_POLL_COUNT_MAX):
+        if stores.proxy.held_count:
+            break
+        await asyncio.sleep(0.01)
+    assert stores.proxy.held_count == 1
+    stores.proxy.holding = False
+    return vote
+
+
 async def _land_then_read(stores: _Stores, since_s: float) -> object:
     """Wait until the held write has reached Azurite, then what the log holds for it."""
     await asyncio.sleep(max(0.0, since_s + HOLD_S + 0.5 - time.monotonic()))
@@ -126,14 +140,7 @@ async def test_a_release_is_not_accepted_before_the_owners_fenced_writes_expired
     taken = Ownership(PARTITION, "n1", epoch=1, version=1, lease_ms=60_000)
     assert (await stores.new_owner.write_owner(None, taken)).written
     sent_s = time.monotonic()
-    stores.proxy.holding = True
-    vote = asyncio.create_task(stores.patient_owner.log_once(LOG, "t1", TxnState.VOTE_YES, BODY, taken.fence()))
-    for _ in range(HELD_POLL_COUNT_MAX):  # until the proxy holds the vote's record write
-        if stores.proxy.held_count:
-            break
-        await asyncio.sleep(0.01)
-    assert stores.proxy.held_count == 1
-    stores.proxy.holding = False
+    vote = await _patient_vote_held(stores, taken)
     vote.cancel()
     released = replace(taken, owner="", version=taken.version + 1)
     assert (await stores.patient_owner.write_owner(taken, released)).written
@@ -166,14 +173,7 @@ async def test_a_fenced_write_whose_check_was_in_flight_when_its_partition_was_r
     stores.proxy.holding_replies = True
     taken = Ownership(PARTITION, "n1", epoch=1, version=1, lease_ms=60_000)
     assert (await stores.new_owner.write_owner(None, taken)).written
-    stores.proxy.holding = True
-    vote = asyncio.create_task(stores.patient_owner.log_once(LOG, "t1", TxnState.VOTE_YES, BODY, taken.fence()))
-    for _ in range(HELD_POLL_COUNT_MAX):  # until the proxy holds the vote's fence check
-        if stores.proxy.held_count:
-            break
-        await asyncio.sleep(0.01)
-    assert stores.proxy.held_count == 1
-    stores.proxy.holding = False  # only that one is held
+    vote = await _patient_vote_held(stores, taken)
     released = replace(taken, owner="", version=taken.version + 1)
     assert (await stores.patient_owner.write_owner(taken, released)).written
     await _take_at(stores.new_owner, released, time.monotonic())
