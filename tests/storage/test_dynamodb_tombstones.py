@@ -25,7 +25,7 @@ from storage_adapters.dynamodb import OPEN_CALL_ATTEMPT_COUNT_MAX, TOMBSTONE_ROU
 from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, StorageUnavailable
 from storage_adapters.factory import open_store
 from tests.conftest import Services
-from tests.storage.conftest import config_for, refuse_what_dynamodb_refuses
+from tests.storage.conftest import config_for, drop_dynamodb_table, refuse_what_dynamodb_refuses
 from tests.storage.test_conformance import body, each_variant
 from tests.storage.test_ownership import take_first
 
@@ -52,13 +52,15 @@ def raw(services: Services) -> Iterator[Any]:
 
 @pytest.fixture
 async def dynamodb(services: Services, run_id: str, tmp_path: Any) -> AsyncIterator[DynamoDbStore]:
-    store = await open_store(config_for("dynamodb", services, run_id, str(tmp_path)))
+    config = config_for("dynamodb", services, f"{run_id}-{uuid.uuid4().hex[:8]}", str(tmp_path))
+    store = await open_store(config)  # a table of its own (tests/storage/conftest.py store_config)
     assert isinstance(store, DynamoDbStore)
     refuse_what_dynamodb_refuses(store)
     try:
         yield store
     finally:
         await store.close()
+        await drop_dynamodb_table(config)
 
 
 @contextlib.contextmanager
