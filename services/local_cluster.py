@@ -4,7 +4,6 @@ watch and a bounded, clean stop. `cornus cluster up` and `cornus bench` run thei
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -12,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import httpx
 
 from cornus.protocol.config import Protocol
 from cornus.runtime.config import NodeConfig, load_node_config
+from services import node_launcher
 from storage_adapters.errors import ValidationError
 
 
@@ -56,7 +56,7 @@ class ClusterNode:
     api_port: int
     peer_port: int
     log_path: Path
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | node_launcher.LaunchedProcess | None = None
 
     @property
     def url(self) -> str:
@@ -123,21 +123,6 @@ def local_members(
     return members, peers
 
 
-def die_with_parent(parent_pid: int) -> Callable[[], None]:
-    def set_parent_death_signal() -> None:
-        # Runs in the child before exec. If `cluster up` itself is killed with SIGKILL it cannot
-        # stop its nodes; on Linux the kernel then sends them SIGTERM instead of leaving orphans.
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return set_parent_death_signal
-
-
-PR_SET_PDEATHSIG = 1
-
-
 def start_node(
     node: ClusterNode,
     peers: str,
@@ -145,25 +130,35 @@ def start_node(
     settings: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
 ) -> None:
-    """Start `node` as a `cornus serve` child. `storage_argv` are its storage flags (e.g.
-    --backend emulator --emulator-path F); `settings` are NAME=VALUE timeouts and limits; `environ`
-    adds to its environment (e.g. CORNUS_FAILPOINTS for this node alone)."""
+    """Start `node` as a `cornus serve` process (forked by `node_launcher`, see why there).
+    `storage_argv` are its storage flags (e.g. --backend emulator --emulator-path F); `settings`
+    are NAME=VALUE timeouts and limits; `environ` adds to its environment (e.g. CORNUS_FAILPOINTS
+    for this node alone)."""
     assert not node.alive
     config = node.config
-    argv = [sys.executable, "-m", "services.cli", "serve", "--node-id", config.node_id,
+    args = ["serve", "--node-id", config.node_id,
             "--listen", config.listen, "--api-listen", config.api_listen,
             "--grpc-api-listen", config.grpc_api_listen, "--peers", peers,
             "--partition-count", str(config.partition_count), "--protocol", config.protocol.value, *storage_argv]
     for item in settings:
-        argv += ["--set", item]
+        args += ["--set", item]
+    env = {**os.environ, **(environ or {})}
+    if node_launcher.enabled():
+        node.process = node_launcher.NodeLauncher.shared().spawn(args, env, node.log_path)
+        return
+    parent_pid = os.getpid()
     with node.log_path.open("ab") as log:
         node.process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(environ or {})},
+            [sys.executable, "-m", "services.cli", *args], stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, env=env,
             # Its own session: a Ctrl-C in the terminal reaches the parent only, which then
             # stops the nodes in order instead of all of them racing to exit at once.
             start_new_session=True,
-            # preexec_fn is unsafe only beside other threads; callers start nodes before any.
-            preexec_fn=die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+            # If `cluster up` itself is killed with SIGKILL it cannot stop its nodes; on Linux the
+            # kernel then sends them SIGTERM instead of leaving orphans. preexec_fn is unsafe only
+            # beside other threads; callers start nodes before any.
+            preexec_fn=(lambda: node_launcher.die_with_parent(parent_pid))  # noqa: PLW1509
+            if sys.platform.startswith("linux") else None,
         )
 
 

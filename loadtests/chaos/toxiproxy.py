@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from services.local_cluster import die_with_parent
+from services.node_launcher import die_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "scripts" / "toxiproxy.sh"
@@ -62,6 +62,7 @@ class Toxiproxy:
 
     def start(self) -> None:
         assert self.process is None
+        parent_pid = os.getpid()
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [self.binary, "-host", "127.0.0.1", "-port", str(self.api_port), "-seed", str(self.seed)],
@@ -71,7 +72,7 @@ class Toxiproxy:
                 start_new_session=True,
                 # Started before any harness thread exists, so preexec_fn is safe here; if the harness
                 # is killed with SIGKILL the kernel still stops the proxy.
-                preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509
+                preexec_fn=lambda: die_with_parent(parent_pid),  # noqa: PLW1509
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from services import node_launcher
 from services.cli import parse_op
 from services.client import CornusClient
 from storage_adapters.errors import ValidationError
@@ -113,11 +114,12 @@ def cornus(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie (an orphan waits for whatever reaps in this container)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return True
-    return False
+    return stat.rpartition(")")[2].split()[0] == "Z"
 
 
 def wait_gone(pids: list[int]) -> list[int]:
@@ -225,6 +227,26 @@ def test_cluster_up_exits_nonzero_when_a_node_dies(cluster_up: list[ClusterUp]) 
     assert cluster.wait() == 1, cluster.report()
     assert wait_gone([row.pid for row in rows]) == []
     assert f"node n1 (pid {rows[1].pid}) died: killed by SIGKILL" in cluster.report()
+
+
+def parent_pid(pid: int) -> int:
+    # /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after its ")".
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+
+
+@pytest.mark.skipif(not node_launcher.enabled(), reason="nodes are forked by a launcher on Linux only")
+def test_cluster_up_killed_with_sigkill_leaves_no_node_behind(cluster_up: list[ClusterUp]) -> None:
+    cluster = ClusterUp("--nodes", "2", "--partitions", "2")
+    cluster_up.append(cluster)
+    rows = cluster.table()
+    launchers = {parent_pid(row.pid) for row in rows}
+    assert len(launchers) == 1 and cluster.process.pid not in launchers, "both nodes are the launcher's children"
+    assert parent_pid(launchers.copy().pop()) == cluster.process.pid
+    assert all(os.getsid(row.pid) == row.pid for row in rows), "each node leads a session of its own"
+
+    cluster.process.kill()  # nothing of `cluster up` runs: the kernel's death signals must end the rest
+    cluster.process.wait(TIMEOUT_S_EXIT)
+    assert wait_gone([*launchers, *(row.pid for row in rows)]) == []
 
 
 def test_cluster_up_refuses_bad_input_and_starts_nothing(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.cluster import zygote
+from services import node_launcher
 from tests.worker import free_port
 
 READY_TIMEOUT_S = 60.0
@@ -49,7 +49,7 @@ class NodeProcess:
     node_id: str
     peer_port: int
     api_port: int
-    process: subprocess.Popen[bytes] | zygote.ForkedProcess | None = None
+    process: subprocess.Popen[bytes] | node_launcher.LaunchedProcess | None = None
     log_path: Path | None = None
     env: dict[str, str] = field(default_factory=dict)  # on top of the cluster's, for this node only
     grpc_api_port: int = 0  # 0: no public gRPC API
@@ -118,8 +118,8 @@ class Cluster:
         node.log_path = self.directory / f"{node_id}.log"
         config = ["--config", str(node.config_path)] if node.config_path else []
         args = ["serve", "--node-id", node_id, "--api-listen", f"127.0.0.1:{node.api_port}", *config]
-        if zygote.enabled():
-            node.process = zygote.Zygote.get().spawn(args, env, node.log_path)
+        if node_launcher.enabled():
+            node.process = node_launcher.NodeLauncher.shared().spawn(args, env, node.log_path)
         else:
             with node.log_path.open("ab") as log:
                 node.process = subprocess.Popen(
