@@ -47,6 +47,10 @@ LAUNCHER_POLL_S_WAIT = 0.01
 LAUNCHER_REQUEST_BYTES_MAX = 1 << 20
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+# A forked node's command line is the launcher's; its name (what `top` and `ps -o comm` show, and
+# `pkill cornus-node` matches) tells it apart.
+NODE_PROCESS_NAME = b"cornus-node"
 
 
 def enabled() -> bool:
@@ -173,6 +177,7 @@ def _run_node(request: Mapping[str, object], launcher_pid: int) -> None:
     try:
         os.setsid()  # its own process group, killed as one (os.killpg), as start_new_session did
         die_with_parent(launcher_pid)
+        ctypes.CDLL(None).prctl(PR_SET_NAME, NODE_PROCESS_NAME)
         log = os.open(str(request["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)

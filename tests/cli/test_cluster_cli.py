@@ -243,6 +243,7 @@ def test_cluster_up_killed_with_sigkill_leaves_no_node_behind(cluster_up: list[C
     assert len(launchers) == 1 and cluster.process.pid not in launchers, "both nodes are the launcher's children"
     assert parent_pid(launchers.copy().pop()) == cluster.process.pid
     assert all(os.getsid(row.pid) == row.pid for row in rows), "each node leads a session of its own"
+    assert all(Path(f"/proc/{row.pid}/comm").read_text() == "cornus-node\n" for row in rows)
 
     cluster.process.kill()  # nothing of `cluster up` runs: the kernel's death signals must end the rest
     cluster.process.wait(TIMEOUT_S_EXIT)
