@@ -131,7 +131,7 @@ import contextlib
 import datetime
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -1247,6 +1247,12 @@ class AzureBlobStore(LogStore):
             expected.version,
         ), f"ownership of {new.partition}: precondition failed on the expected record"
         return OwnerWriteResult(stored=won.ownership, written=False)
+
+    def housekeeping_counts(self) -> Mapping[str, int]:
+        # A rising left-to-the-rule count means the sweep falls behind (or Azure refuses its
+        # deletes): recovery scans then list those tombstones until the lifecycle rule runs.
+        return {"tombstones_swept": self._tombstone_sweep.deleted_count,
+                "tombstones_left_to_lifecycle_rule": self._tombstone_sweep.dropped_count}
 
     async def close(self) -> None:
         await self._tombstone_sweep.close()

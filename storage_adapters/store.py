@@ -452,6 +452,11 @@ class LogStore(abc.ABC):
         validate_identity_limit(limit)
         return await self._bounded(self._list_identities(after, limit), "list_identities")
 
+    def housekeeping_counts(self) -> Mapping[str, int]:
+        """Counters (they only grow) of the work a store does on its own, in the background, by
+        name; what an operator watches to see it keep up. None on most backends."""
+        return {}
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Release connections. The store is unusable afterwards."""
@@ -558,6 +563,9 @@ class DelegatingStore(LogStore):
 
     async def list_identities(self, after: str = "", limit: int = IDENTITY_PAGE_COUNT_MAX) -> list[str]:
         return await self.inner.list_identities(after, limit)
+
+    def housekeeping_counts(self) -> Mapping[str, int]:
+        return self.inner.housekeeping_counts()
 
     async def close(self) -> None:
         await self.inner.close()

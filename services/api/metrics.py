@@ -114,6 +114,9 @@ class Metrics:
                                               lambda: node.counters))
         self.registry.register(_EventCounters("cornus_transport_events", "Frames and messages between the nodes",
                                               node.transport.counts))
+        self.registry.register(_EventCounters("cornus_storage_housekeeping",
+                                              "The store's own background work (Azure: its tombstone sweep)",
+                                              node.store.housekeeping_counts))
 
     def observe_outcome(self, protocol: str, outcome: Outcome) -> None:
         # `labels()` parses and checks its arguments on every call (some 3 us, five calls a

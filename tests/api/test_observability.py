@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -227,3 +228,30 @@ def test_readyz_is_503_until_recovery_has_run(tmp_path: Path) -> None:
         # Recovery waits out one storage deadline (2 s here) before it scans, so the REST server,
         # which starts at once, answers 503 first.
         assert 503 in seen and set(seen) <= {200, 503}, seen
+
+
+class _SweepingStore(UnusedStore):
+    """A store whose own background work has done something (as Azure's tombstone sweep does)."""
+
+    counts = {"tombstones_swept": 7, "tombstones_left_to_lifecycle_rule": 1}
+
+    def housekeeping_counts(self) -> Mapping[str, int]:
+        return dict(self.counts)
+
+
+def test_the_store_s_housekeeping_counts_are_exported_as_they_are_at_scrape_time() -> None:
+    """Azure's tombstone sweep runs beside the transactions; an operator sees it fall behind (its
+    deletes refused, or more tombstones than it tracks) only through these counters."""
+    metrics = Metrics()
+    store = _SweepingStore(timeout_ms_call=1_000)
+    node = SimpleNamespace(
+        outcome_observers=[], in_doubt_count=lambda: 0, core=SimpleNamespace(applying_count=lambda: 0), ready=True,
+        counters={}, transport=SimpleNamespace(counts=dict), store=InstrumentedStore(store, metrics),
+    )
+    metrics.bind(node)  # type: ignore[arg-type]
+    family = "cornus_storage_housekeeping_total"
+    assert metrics.registry.get_sample_value(family, {"event": "tombstones_swept"}) == 7
+    store.counts = {"tombstones_swept": 9, "tombstones_left_to_lifecycle_rule": 1}
+    assert metrics.registry.get_sample_value(family, {"event": "tombstones_swept"}) == 9
+    assert metrics.registry.get_sample_value(family, {"event": "tombstones_left_to_lifecycle_rule"}) == 1
+
