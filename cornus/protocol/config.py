@@ -107,6 +107,20 @@ class ProtocolConfig:
         )
 
     @property
+    def identity_write_window_ms(self) -> int:
+        """How long after a read (or renewal, or the take) of the node's identity record left that
+        found it still this process's, the process may still make a write storage cannot fence
+        for the node itself (its coordinator's termination LogOnce(ABORT) on a participant's log,
+        its collection's deletes; cornus.runtime.identity). Such a write lands within a storage
+        deadline plus the slack of leaving. A later process of the node took the identity after
+        that read was answered, and collects a transaction (the same one, when a client sent its
+        one-shot again with the same id) at least gc_grace_ms after its take: so the write lands
+        before anything it could re-create was collected. (Found by review: a process cut off
+        past the other's collection re-created a deleted record as ABORT, beside a COMMIT.) At
+        least one storage deadline, by gc_grace_ms's own rule."""
+        return self.gc_grace_ms - self.storage_deadline_ms - self.clock_slack_ms
+
+    @property
     def identity_vacant_ms(self) -> int:
         """How long a parked process (one a later process of its node deposed) must see the
         node's identity record unchanged before it takes the record for vacant and exits, to be

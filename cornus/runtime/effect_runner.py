@@ -98,6 +98,7 @@ class EffectRunner:
         failpoints: Failpoints,
         timings: TimingLog,
         counters: collections.Counter[str],
+        identity_write_window_ms: int,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -110,6 +111,7 @@ class EffectRunner:
         self.counters = counters
         self.feed: Callable[[Event], None] = _unwired
         self.may_act: Callable[[str], bool] = _unwired
+        self.acts_for_node: Callable[[str], bool] = _unwired  # a host of the node itself, not a partition's
         self.on_reply: Callable[[Reply], None] = _unwired
         self.on_decided: Callable[[Decided], None] = _unwired
         self.on_recovered: Callable[[RecoveryFinished], None] = _unwired
@@ -117,7 +119,7 @@ class EffectRunner:
         self.on_deposed: Callable[[str], None] = _unwired  # (why): a later process took the node's identity
         self.stopped = False
         # This process's take of the node's identity, whose fence its coordinator-log writes carry.
-        self.identity = identity.IdentityHolder(store, node_id)
+        self.identity = identity.IdentityHolder(store, node_id, identity_write_window_ms)
         # The node's event loop, kept at first use: asyncio.get_running_loop() makes a getpid system
         # call on Python 3.11, and every storage call and timer of a transaction needs the loop. A
         # runner belongs to one node, which runs on one loop.
@@ -237,6 +239,11 @@ class EffectRunner:
             # pull it from under the effects after this one.
             self.counters["writes_skipped_not_held"] += 1
             return
+        if unfenced and self.acts_for_node(call.owner):
+            assert deadline is not None
+            deadline = await self._admit_for_node(call, deadline)
+            if deadline is None:
+                return
         fence = None
         if partition == self.identity.name:
             fence = self.identity.fence
@@ -279,6 +286,34 @@ class EffectRunner:
                 self.failpoints.hit("coordinator.after_decision_log")
         if not self.stopped:
             self.feed(event)
+
+    async def _admit_for_node(self, call: StorageCall, deadline: float) -> float | None:
+        """The deadline a write storage cannot fence, made for the node itself (its coordinator's,
+        its start recovery's), may leave with: only while a recent read of the identity record
+        found it this process's (IdentityHolder.admits_unfenced_write); past that, after one more
+        read. None if it must not leave: a later process of the node took the identity (the node
+        is deposed), or storage did not answer the read (the write is answered as unreachable,
+        and its machine tries again later)."""
+        timeout_s = self.store.timeout_ms_call / 1000
+        if self.identity.admits_unfenced_write(deadline - timeout_s):
+            return deadline
+        self.counters["identity_reads_for_writes"] += 1
+        try:
+            still = await self.identity.confirm()
+        except StorageUnavailable as error:
+            if not self.stopped:
+                self.feed(answer(call, StorageUnreachable(f"the node's identity could not be read: {error}")))
+            return None
+        if not still:
+            self.on_deposed(f"another process took node id {self.node_id}: found before {call!r}")
+            return None
+        now = self._running_loop().time()
+        if not self.identity.admits_unfenced_write(now):  # the process stalled since the read left
+            self.counters["writes_refused_identity_stale"] += 1
+            if not self.stopped:
+                self.feed(answer(call, StorageUnreachable("the node's identity read is stale: the process stalled")))
+            return None
+        return now + timeout_s
 
     async def _answer(self, call: StorageCall, fence: Fence | None) -> Event:
         store = self.store

@@ -33,37 +33,84 @@ class IdentityHolder:
     and answers each with its event; storage refusing what the contract allows (InvariantViolation)
     goes up to the caller."""
 
-    def __init__(self, store: LogStore, node_id: str) -> None:
+    def __init__(self, store: LogStore, node_id: str, write_window_ms: int) -> None:
         self._store = store
         self._node_id = node_id
         self.name = identity_name(node_id)
         self.fence: Fence | None = None  # None until taken
         self._record: Ownership | None = None
+        # When (event-loop seconds) the latest take, check or renewal that found the record still
+        # this process's left: what admits the node's own unfenced writes for write_window_ms
+        # (ProtocolConfig.identity_write_window_ms).
+        self._confirmed_at_s: float | None = None
+        self._write_window_s = write_window_ms / 1000
+        self._confirming: asyncio.Future[bool] | None = None  # a read for `confirm`, shared
 
     async def take(self, effect: TakeIdentity) -> IdentityTaken:
         assert effect.node == self._node_id and self.fence is None, effect
+        left_s = asyncio.get_running_loop().time()
         try:
             taken = await take(self._store, self._node_id)
         except StorageUnavailable as error:
             log.warning("node %s could not take its identity (%s); retrying", self._node_id, error)
             return IdentityTaken(StorageUnreachable(str(error)))
         self._record, self.fence = taken, taken.fence()
+        self._confirmed(left_s)
         log.info("node %s took its identity epoch=%d", self._node_id, taken.epoch)
         return IdentityTaken(taken.epoch)
 
     async def check(self, effect: CheckIdentity) -> IdentityChecked:
         fence, record = self.fence, self._record
         assert fence is not None and record is not None and fence.epoch == effect.epoch, (fence, effect)
+        left_s = asyncio.get_running_loop().time()
         try:
             if not effect.renew:
-                return IdentityChecked(self._node_id, await held(self._store, fence))
+                still = await held(self._store, fence)
+                if still:
+                    self._confirmed(left_s)
+                return IdentityChecked(self._node_id, still)
             renewed = await renew(self._store, record)
         except StorageUnavailable as error:
             return IdentityChecked(self._node_id, StorageUnreachable(str(error)))
         # The core checks once at a time, so no other renewal moved the record meanwhile.
         if renewed is not None:
             self._record = renewed
+            self._confirmed(left_s)
         return IdentityChecked(self._node_id, renewed is not None)
+
+    def admits_unfenced_write(self, now_s: float) -> bool:
+        """Whether a write storage cannot fence, made for the node itself and leaving at `now_s`
+        (its deadline fixed then), lands before a later process of the node could have collected
+        what it writes to (ProtocolConfig.identity_write_window_ms)."""
+        return self._confirmed_at_s is not None and now_s - self._confirmed_at_s <= self._write_window_s
+
+    async def confirm(self) -> bool:
+        """Read the identity record now: True if it is still this process's (which admits the
+        node's unfenced writes again for the window), False if a later process took it. Callers
+        asking while a read is out share it (a burst of writes after an outage makes one read).
+        StorageUnavailable when storage does not answer within its deadline."""
+        if self._confirming is None:
+            fence = self.fence
+            assert fence is not None, "a write for the node before it took its identity"
+            left_s = asyncio.get_running_loop().time()
+
+            async def read() -> bool:
+                try:
+                    still = await held(self._store, fence)
+                finally:
+                    self._confirming = None
+                if still:
+                    self._confirmed(left_s)
+                return still
+
+            self._confirming = asyncio.ensure_future(read())
+            # Its error is every waiter's; retrieved here too, for when all of them were cancelled.
+            self._confirming.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return await asyncio.shield(self._confirming)
+
+    def _confirmed(self, left_s: float) -> None:
+        if self._confirmed_at_s is None or left_s > self._confirmed_at_s:
+            self._confirmed_at_s = left_s
 
 
 async def take(store: LogStore, node_id: str) -> Ownership:

@@ -122,6 +122,7 @@ class Node:
         self.runner = EffectRunner(
             self.node_id, store=store, transport=transport, partitions=self.partitions, route=self._route,
             fence_of=self.ownership.fence, failpoints=self.failpoints, timings=self.timings, counters=self.counters,
+            identity_write_window_ms=config.protocol_config.identity_write_window_ms,
         )
         self.coordination = Coordination(
             config, transport, self.failpoints, self.timings, self.counters, owner_of=self._owner_of
@@ -133,6 +134,7 @@ class Node:
         )
         self.runner.feed = self.coordination.feed = self._feed
         self.runner.may_act = self._may_act
+        self.runner.acts_for_node = lambda host: self.core.partition_of(host) is None
         self.runner.on_reply = self.coordination.on_reply
         self.runner.on_decided = self.coordination.on_decided
         self.runner.on_recovered = self.readiness.recovered

@@ -4,13 +4,18 @@ real-process test (tests/cluster/test_second_process.py) cannot time."""
 from __future__ import annotations
 
 import asyncio
+import secrets
+import time
 
 import pytest
 
+from cornus.protocol.config import Protocol
 from cornus.protocol.effects import RecoveryFinished
+from cornus.protocol.txn_ids import client_txn_id
 from cornus.runtime import identity
 from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind
-from tests.runtime.faults import local_cluster
+from storage_adapters.contract import LogId, Tombstone, TxnState
+from tests.runtime.faults import FaultyStore, keys_in, local_cluster, puts, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,3 +87,57 @@ async def test_a_node_deposed_while_it_stops_watches_nothing_after_the_stop(tmp_
         node.parking.park(halt)
         await node.parking.stop()
         assert halted.is_set() and node.parking._watching is None
+
+
+async def test_a_process_cut_off_past_collection_never_writes_into_the_collected_transaction(tmp_path) -> None:
+    """Found by review: two processes of n0 alive (a force-deleted pod beside its replacement).
+    The first coordinates a Cornus one-shot, then is cut off from the network and storage; its
+    termination's LogOnce(ABORT) keeps failing and is retried. Meanwhile the transaction commits
+    (here its participants end it themselves; in the review the client's resend of its id reached
+    the second process), and the second process, which coordinates it too, collects it: one
+    participant's record becomes a tombstone, the other's is deleted. The first process comes
+    back, and its next retry, before its next identity check, created an ABORT record in the
+    deleted slot beside the other's COMMIT: the status call then crashes on the split decision,
+    and once the tombstone expires says ABORTED for good. A coordinator's writes that storage
+    cannot fence must go only while a recent check confirmed the identity."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=4) as cluster:
+        first, faults = cluster.node("n0"), cluster.faults["n0"]
+        remote = [p for p in cluster.partitions if cluster.owner_of(p) == "n1"][:2]
+        assert len(remote) == 2
+        txn = client_txn_id(int(time.time() * 1000), "n0", secrets.token_hex(16), Protocol.CORNUS)
+        keys = keys_in(4, remote)
+        votes = cluster.faults["n1"].hold("log_once", where=lambda a: a["txn"] == txn)
+        for method in FaultyStore.METHODS:
+            faults.fail(method, None)  # the first process is cut off from storage from here on
+        execute = asyncio.create_task(
+            first.execute(puts({keys[p]: b"v" for p in remote}), Protocol.CORNUS, client_txn=txn))
+        participants = [cluster.node("n1").core.host(p) for p in remote]
+        await wait_until(lambda: _true(all(txn in host.machines for host in participants)), 5,
+                         "the one-shot's requests never reached their owner")
+        cluster.network.down.add("n0")  # and from the network: the votes never reach it
+        votes.set()
+
+        async def committed() -> bool:
+            records = [await cluster.record(p, txn) for p in remote]
+            return all(r is not None and r.state is TxnState.COMMIT and r.applied for r in records)
+
+        await wait_until(committed, 10, "the participants never ended the transaction themselves")
+        # The second process of n0: it takes the identity, coordinates the transaction (its
+        # participants commit it) and collects it, as garbage collection does on this backend.
+        await identity.take(cluster.real_store, "n0")
+        store = cluster.real_store
+        assert await store.delete(LogId.partition(remote[0]), txn, keep=Tombstone(TxnState.COMMIT, 60_000))
+        assert await store.delete(LogId.partition(remote[1]), txn)
+
+        cluster.network.down.discard("n0")
+        faults.heal()
+        await wait_until(lambda: _true(first.deposed), 10, "the first process never learnt it was deposed")
+        assert await cluster.record(remote[1], txn) is None, "a write of the deposed process re-created the record"
+        landed = [c for c in faults.calls_of("log_once") if c.args["txn"] == txn and c.outcome == "ok"]
+        assert not landed, f"the deposed process's termination wrote: {landed}"
+        execute.cancel()
+
+
+async def _true(value: bool) -> bool:
+    return value
+

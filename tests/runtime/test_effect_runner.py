@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cornus.protocol import txn_ids
-from cornus.protocol.config import Protocol
+from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.effects import LogOnce, ReadRecord, ReleaseLocks, StartTimer, Timer
 from cornus.protocol.events import Event, StorageUnreachable, TimerFired
 from cornus.protocol.locks import Policy
@@ -65,8 +65,10 @@ class _Harness:
             "n0", store=self.store, transport=None,  # type: ignore[arg-type]  # nothing is sent here
             partitions={}, route=lambda host: None, fence_of=lambda partition: FENCE,
             failpoints=Failpoints({}), timings=TimingLog(), counters=collections.Counter(),
+            identity_write_window_ms=ProtocolConfig().identity_write_window_ms,
         )
         self.runner.feed = self.fed.append
+        self.runner.acts_for_node = lambda host: False  # every host here is a partition's
         self.runner.on_fenced = lambda partition, epoch: self.fenced.append((partition, epoch))
 
     async def vote_in_flight(self) -> asyncio.Future[Any]:
@@ -182,9 +184,11 @@ async def test_an_unfenced_write_frozen_after_its_lease_check_is_refused_by_stor
             "n0", store=store, transport=None,  # type: ignore[arg-type]  # nothing is sent here
             partitions={}, route=lambda host: None, fence_of=lambda partition: FENCE,
             failpoints=Failpoints({}), timings=TimingLog(), counters=collections.Counter(),
+            identity_write_window_ms=ProtocolConfig().identity_write_window_ms,
         )
         fed: list[Event] = []
         runner.feed = fed.append
+        runner.acts_for_node = lambda host: False
 
         def held_then_frozen(host: str) -> bool:
             time.sleep(2 * FROZEN_DEADLINE_MS / 1000)  # stopped just after the check passed
@@ -226,8 +230,10 @@ async def test_a_call_started_after_an_unfenced_writes_answer_gets_a_deadline_of
         "n0", store=store, transport=None,  # type: ignore[arg-type]  # nothing is sent here
         partitions={}, route=lambda host: None, fence_of=lambda partition: FENCE,
         failpoints=Failpoints({}), timings=TimingLog(), counters=collections.Counter(),
+        identity_write_window_ms=ProtocolConfig().identity_write_window_ms,
     )
     runner.may_act = lambda host: True
+    runner.acts_for_node = lambda host: False
     fed: list[Event] = []
     timer = Timer(PARTITION, TXN, "retry")
 
