@@ -111,6 +111,7 @@ class Refusal(enum.Enum):
 
     ABORTED = "aborted"  # aborted here before: nothing of it may run again
     STATE_LOST = "state_lost"  # a continued request, but its earlier operations are gone
+    DUPLICATE = "duplicate"  # a first request of a transaction that runs here already
 
 
 @dataclass(slots=True)
@@ -167,6 +168,14 @@ class PartitionExecutions(Generic[V]):
                 return Refusal.STATE_LOST
             execution = self.executions[txn] = Execution(coordinator, now_ms)
             self.locks.register(txn, begin_ms_of(txn))
+        elif not continued:
+            # A second first request of one transaction: only a client that sent a one-shot's id
+            # to two processes of its coordinator's node makes one (a pod replaced while its
+            # process ran on). The first request may still wait for a lock here: this one must
+            # not queue beside it (found by the simulator: the lock table's waits broke), nor run
+            # the operations twice. Its coordinator hears that the transaction runs here, and may
+            # have voted: it ends the transaction through the logs.
+            return Refusal.DUPLICATE
         execution.last_active_ms = now_ms
         return execution
 

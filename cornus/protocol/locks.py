@@ -86,6 +86,7 @@ class LockTable:
             waits = True
         if not waits:
             return Grant.ABORT
+        assert key not in self._waiting.get(txn, ()), f"{txn} already waits for {key!r}"
         entry.waiters.append(Waiter(txn, key, mode, timestamp, now_ms + self.timeout_ms_wait))
         self._waiting.setdefault(txn, set()).add(key)
         self._keys_waited.add(key)

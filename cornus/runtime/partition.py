@@ -80,6 +80,9 @@ class PartitionRuntime:
         execution = state.begin(txn, request.coordinator, now_ms, continued=request.continued)
         if execution is Refusal.ABORTED:
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} was aborted on {self.name}")
+        if execution is Refusal.DUPLICATE:
+            # ABORTED, no refusal: the transaction's other request may vote here (Refusal.DUPLICATE).
+            return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} is already executing on {self.name}")
         if execution is Refusal.STATE_LOST:
             return ExecuteResponse(
                 ExecuteStatus.ABORTED, detail=f"{self.name} lost the execution state of {txn} (it restarted)"

@@ -27,6 +27,9 @@ from cornus.protocol.config import Protocol
 # Faults (crashes, outages, slow calls, message loss for the blocking protocols) happen only before
 # this time; afterwards every node is up and storage is reachable, so liveness can be judged.
 FAULTS_END_MS = 1000
+# A cut Twin's first process (Twin.cut_ms) may live past the other faults' end, up to this: what
+# it does when it is back, after the second process collected what they both ran, is the point.
+TWIN_CUT_END_MS_MAX = 2_000
 # The shortest late window of storage that takes calls late: above the longest grace a schedule
 # gets (2 deadlines of 2 * 40 + 1 ms, plus the slack, or 1 s), so that late calls land after
 # garbage collection.
@@ -111,6 +114,23 @@ class Twin:
     node: str
     at_ms: int
     overlap_ms: int
+    # When above 0: `cut_after_ms` after the second process starts, the first is cut off from
+    # storage and the network (a partitioned host) for `cut_ms`, then comes back. Until the cut,
+    # one-shots for the node still reach the first (a client's old connection); at the cut their
+    # client, told nothing, sends them again with their ids, and the second process runs them
+    # too (the runtime accepts an id begun after its start that it does not know), commits and
+    # collects them while the first is away. (Found by review: the first process, back, wrote
+    # into what the second had collected.)
+    cut_after_ms: int = 0
+    cut_ms: int = 0
+
+    @property
+    def cut_start_ms(self) -> int:
+        return self.at_ms + self.cut_after_ms
+
+    @property
+    def cut_end_ms(self) -> int:
+        return self.cut_start_ms + self.cut_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +244,10 @@ class Schedule:
             # Coordinators only: a partition's two processes are ownership's case (fenced writes,
             # explored by ownership_world), and moves would need both processes' tenures.
             assert twin.node in COORDINATORS and not self.moves, twin
-            assert twin.at_ms >= 0 and twin.overlap_ms >= 1 and twin.at_ms + twin.overlap_ms <= FAULTS_END_MS
+            ends_by_ms = TWIN_CUT_END_MS_MAX if twin.cut_ms else FAULTS_END_MS
+            assert twin.at_ms >= 0 and twin.overlap_ms >= 1 and twin.at_ms + twin.overlap_ms <= ends_by_ms, twin
+            # A cut first process comes back before it dies: what it does then is the point.
+            assert twin.cut_ms == 0 or (twin.cut_after_ms >= 1 and twin.cut_after_ms + twin.cut_ms < twin.overlap_ms)
         assert len({twin.node for twin in self.twins}) == len(self.twins), "one second process per node"
         for outage in self.outages:
             assert 0 <= outage.start_ms <= outage.end_ms <= FAULTS_END_MS
@@ -389,6 +412,21 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         outages.append(Outage((f"c.{node}",), start_ms, min(FAULTS_END_MS, start_ms + 20 + (seed >> 23) % 300)))
         txns += [dataclasses.replace(plan, coordinator=node, start_ms=max(0, start_ms - 30 + plan.start_ms // 8))
                  for plan in list(txns)]
+    elif twins and seed % 8 == 7:
+        # And one in eight (the schedules no other fault class takes: seed % 8 == 7) cuts
+        # the first process of a second one off long enough for the second to commit and collect
+        # the one-shots sent again to it (world.config_for: a grace of 400 ms there), and lets it
+        # back before it dies. The cut comes once the second process is ready (its recovery
+        # waits out calls of the first's, some 300 ms here), so that the client's second send is
+        # taken; one-shots for the node reach the first process just before it, so that the cut
+        # finds them running.
+        node = COORDINATORS[(seed >> 3) % 2]
+        draw = zlib.crc32(f"{seed}/cut-ms".encode())
+        cut_after_ms, cut_ms = 320 + draw % 60, 500 + (draw >> 8) % 300
+        twin = Twin(node, 5 + (seed >> 4) % 300, cut_after_ms + cut_ms + 50 + (draw >> 16) % 200, cut_after_ms, cut_ms)
+        twin_schedules = (twin,)
+        txns += [dataclasses.replace(plan, coordinator=node, one_shot=True, start_ms=twin.cut_start_ms - 1 - index % 3)
+                 for index, plan in enumerate(txns[:4]) if plan.writes]
     return Schedule(
         seed=seed,
         partition_count=partition_count,
@@ -419,7 +457,7 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         think_ms=think_ms if thinking else 0,
         # One schedule in eight runs the other lock policy.
         wait_die=seed % 8 == 3,
-        slow_identity=bool(twin_schedules) and (seed >> 26) % 2 == 0,
+        slow_identity=bool(twin_schedules) and not twin_schedules[0].cut_ms and (seed >> 26) % 2 == 0,
         # One schedule in four gives every node a clock of its own (not drawn from `rng` either).
         clock_offsets_ms=tuple(
             (name, zlib.crc32(f"{seed}/{name}/clock".encode()) % (CLOCK_OFFSET_MS_MAX + 1)) for name in nodes

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from cornus.protocol import status
+from cornus.protocol import status, txn_ids
 from cornus.protocol.backoff import JitterSource
 from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min, outcome_keep_ms_min
 from cornus.protocol.effects import (
@@ -67,14 +67,14 @@ from cornus.protocol.hosts import CoordinatorFactory, ParticipantFactory
 from cornus.protocol.identity_watch import Observed, VacancyWatch
 from cornus.protocol.locks import Grant, LockMode, Policy, Waiter
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
-from cornus.protocol.node_core import NodeCore, recovery_owner
+from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
 from cornus.protocol.ownership import fenced_partition
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.participant_blocking import CoordinatorLogParticipant
 from cornus.protocol.resolve import Resolver
 from cornus.protocol.txn_ids import PROTOCOL_TAGS, begin_ms_of, protocol_of
 from cornus.sim import redo
-from cornus.sim.schedule import CLOCK_OFFSET_MS_MAX, COORDINATORS, FAULTS_END_MS, Move, Schedule, Twin, node_of
+from cornus.sim.schedule import CLOCK_OFFSET_MS_MAX, COORDINATORS, FAULTS_END_MS, Move, Schedule, Twin, TxnPlan, node_of
 from cornus.sim.status_probe import StatusProbe
 from cornus.sim.storage_model import StorageModel, WriteRefused
 from storage_adapters.contract import IDENTITY_PREFIX, LogId, TxnState, identity_name, is_identity
@@ -102,6 +102,13 @@ IDENTITY_CHECK_MS_TWINS = 150
 IDENTITY_CHECK_MS = 1_000
 IDENTITY_CHECK_MS_SLOW = 20  # Schedule.slow_identity: renewals more often than a deadline
 
+# An owner's answers the runtime sends as ExecuteStatus.ABORTED (Node.on_request, PartitionRuntime):
+# it knows the transaction already, and its vote may stand.
+ALREADY_COMMITTING = "already committing"
+ABORTED_HERE = "aborted here already"
+ABORTED_WHILE_WAITING = "aborted while waiting"
+_ABORTED_ANSWERS = frozenset({ALREADY_COMMITTING, ABORTED_HERE, ABORTED_WHILE_WAITING})
+
 # How often the node a partition moves to tries its take again while it is down or recovering, at
 # the end of a Move's gap (the runtime's ownership tick, which runs once the node is up).
 TAKE_RETRY_MS = 10
@@ -114,8 +121,8 @@ SHORT_SCAN_PROBABILITY = 0.5
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
     _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
     _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _IDENTITY_ARRIVE, _WATCH, _WATCH_LANDS, _WATCHED, _STATUS, _STATUS_ANSWER,
-    _TAKE,
-) = range(29)
+    _TAKE, _CONFIRM, _RESEND,
+) = range(31)
 
 
 _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
@@ -137,19 +144,29 @@ def config_for(schedule: Schedule) -> ProtocolConfig:
     """The protocol configuration matching the schedule's storage: a deadline just above the
     slowest round trip, and the smallest grace the rule allows (or 1 s, whichever is longer)."""
     deadline = 2 * schedule.storage_ms_max + 1
-    grace_ms = max(1000, gc_grace_ms_min(deadline, CLOCK_SLACK_MS))
+    # Past every one-shot request's window (status.requests_window_ms), as the runtime's defaults
+    # are: a client's second send of a one-shot meets its records, never their collection.
+    # Else 1 s; a cut Twin's second process must collect within the first's cut.
+    grace_floor_ms = 2 * TIMEOUT_MS_EXECUTE if any(twin.cut_ms for twin in schedule.twins) else 1000
+    grace_ms = max(grace_floor_ms, gc_grace_ms_min(deadline, CLOCK_SLACK_MS))
+    keep_ms = max(1000, grace_ms)
     return ProtocolConfig(
         storage_deadline_ms=deadline,
         clock_slack_ms=CLOCK_SLACK_MS,
         gc_grace_ms=grace_ms,
         # As short as the grace (plus what outlives a late call, on storage that takes them), so
         # that tombstones expire within a run and a late call that meets the empty slot after one
-        # is explored too.
-        outcome_keep_ms=grace_ms + outcome_keep_ms_min(deadline, CLOCK_SLACK_MS, schedule.late_window_ms)
-        if schedule.late_window_ms else grace_ms,
+        # is explored too; never under 1 s, which collection's retries through an outage fit in
+        # (a cut Twin's shorter grace, kept as long, let a retry rewrite a tombstone that an
+        # earlier, unanswered try of it had left and that had expired since).
+        outcome_keep_ms=keep_ms + outcome_keep_ms_min(deadline, CLOCK_SLACK_MS, schedule.late_window_ms)
+        if schedule.late_window_ms else keep_ms,
         late_write_window_ms=schedule.late_window_ms,
         scan_page_count_max=schedule.scan_page_max,
+        # A cut Twin's first process must not learn of the second before its cut (the runtime
+        # checks every 2 s): it is deposed by the read its writes wait for once back, or the next.
         identity_check_ms=(IDENTITY_CHECK_MS_SLOW if schedule.slow_identity
+                           else IDENTITY_CHECK_MS if any(twin.cut_ms for twin in schedule.twins)
                            else IDENTITY_CHECK_MS_TWINS if schedule.twins else IDENTITY_CHECK_MS),
     )
 
@@ -189,6 +206,11 @@ class Node:
     # dropped, never fed to the partition's host of a later one (the runtime's cancel_owned).
     tenures: dict[str, int] = field(default_factory=dict)
     path: frozenset[tuple[int, int]] = frozenset({(0, 0)})
+    # When this process's latest take or check of its identity left, and when the latest one
+    # that found the identity its own left: what admits its writes storage cannot fence for the
+    # node itself (ProtocolConfig.identity_write_window_ms, cornus.runtime.identity).
+    identity_left_ms: int = 0
+    identity_confirmed_ms: int | None = None
 
     def reset_memory(self, policy: Policy) -> None:
         self.timers.clear()
@@ -279,11 +301,7 @@ class World:
         assert CLOCK_OFFSET_MS_MAX <= CLOCK_SLACK_MS, "two nodes' clocks may differ by the slack at most"
         self.clock_offsets_ms = dict(schedule.clock_offsets_ms)
         # Each id begins with the time by its coordinator's clock when it began.
-        self.txns = tuple(
-            f"{plan.start_ms + 1 + self.clock_offsets_ms.get(plan.coordinator, 0)}.{plan.coordinator}.sim.{index}."
-            f"{PROTOCOL_TAGS[plan.protocol]}"
-            for index, plan in enumerate(schedule.txns)
-        )
+        self.txns = tuple(self._txn_id(index, plan) for index, plan in enumerate(schedule.txns))
         self.plans = dict(zip(self.txns, schedule.txns, strict=True))
         self.nodes: dict[str, Node] = {}
         # A coordinator's first process while a second one runs beside it (Twin), by node name.
@@ -312,6 +330,11 @@ class World:
         self.parked: dict[tuple[str, int], _Parked] = {}
         # When the first process of each node's Twin dies (Twin.overlap_ms after the second starts).
         self._twin_end_ms: dict[str, int] = {}
+        self._twin_of = {twin.node: twin for twin in schedule.twins}
+        # One-shots as first sent (their redos and the versions they expect), by id: a client
+        # that sends one again sends the same; and those a cut Twin's first process took, by node.
+        self._one_shot_sent: dict[str, tuple[tuple[tuple[str, bytes], ...], dict[str, int | None]]] = {}
+        self._to_resend: dict[str, list[str]] = {}
         for partition in self.partitions:
             self.nodes[node_of(partition)] = Node(node_of(partition), None, (partition,), epochs={partition: 1})
         for node in self.nodes.values():
@@ -345,7 +368,9 @@ class World:
         # A node's status answer comes as late as the asking node waits for it (a peer request's
         # deadline): it tells of that moment.
         self.status_answer_ms_max = TIMEOUT_MS_EXECUTE
-        self.liveness_check_ms = FAULTS_END_MS + self.liveness_bound_ms()
+        # A cut Twin's first process may come back after faults end (Twin.cut_ms): a fault too.
+        faults_end_ms = max([FAULTS_END_MS, *(twin.at_ms + twin.overlap_ms for twin in schedule.twins)])
+        self.liveness_check_ms = faults_end_ms + self.liveness_bound_ms()
         # Late duplicates arrive up to two graces after they were sent: let them, and the garbage
         # collection they may race with, play out before the end.
         self.end_ms = self.liveness_check_ms + 4 * self.config.gc_grace_ms + schedule.delay_ms_max
@@ -436,6 +461,8 @@ class World:
             self._push(move.at_ms, _MOVE, move)
         for twin in self.schedule.twins:
             self._push(twin.at_ms, _TWIN, twin)
+            if twin.cut_ms:
+                self._push(twin.cut_start_ms, _RESEND, twin)
         for index, resolve in enumerate(self.schedule.resolves):
             self._push(resolve.at_ms, _RESOLVE, index)
         self._push(self.liveness_check_ms, _CHECK, None)
@@ -457,6 +484,10 @@ class World:
                 if tenure != self._tenure(node, event.host):
                     self.outcome.stale_answers += 1
                     return
+                if ((isinstance(event, IdentityChecked) and event.held is True)
+                        or (isinstance(event, IdentityTaken) and isinstance(event.epoch, int))):
+                    # Heard by the process: only now may it count on it (the runtime's await).
+                    self._identity_confirmed(node, node.identity_left_ms)
                 self._feed(node, event, path)
         elif kind == _TIMER:
             name, incarnation, timer, generation, path = data
@@ -478,6 +509,10 @@ class World:
             self._twin(data)
         elif kind == _TWIN_END:
             self._twin_ends(*data)
+        elif kind == _CONFIRM:
+            self._confirm_step(data)
+        elif kind == _RESEND:
+            self._resend(data)
         elif kind == _IDENTITY_ARRIVE:
             self._identity_arrive(data)
         elif kind == _WATCH:
@@ -529,10 +564,20 @@ class World:
         continued requests, a moment later. Any refusal aborts before commit, as the runtime's
         coordinator does when an execute request fails."""
         plan = self.plans[txn]
+        first = self.twins.get(plan.coordinator)
+        twin = self._twin_of.get(plan.coordinator)
+        if (plan.one_shot and first is not None and first.ready and twin is not None and twin.cut_ms
+                and self.now_ms < twin.cut_start_ms and txn not in self._one_shot_sent):
+            # Over the client's old connection, to the first process; sent again at its cut.
+            self._to_resend.setdefault(plan.coordinator, []).append(txn)
+            self._start_one_shot(txn, first)
+            return
         if not self.nodes[plan.coordinator].ready:
             return
+        if txn in self._one_shot_sent and not self._accepts_again(txn):
+            return  # its client is refused, and asks the status call instead
         if plan.one_shot:
-            self._start_one_shot(txn)
+            self._start_one_shot(txn, self.nodes[plan.coordinator])
             return
         coordinator = self.nodes[plan.coordinator]
         self.executing[txn] = (coordinator.name, coordinator.incarnation)
@@ -624,22 +669,26 @@ class World:
         self._push(self.now_ms + EXECUTION_IDLE_MS + 1, _IDLE, (node.name, node.incarnation, partition, txn))
         return execution
 
-    def _start_one_shot(self, txn: str) -> None:
+    def _start_one_shot(self, txn: str, coordinator: Node) -> None:
         """The runtime's one-shot with the prepares carried by the requests: the caller names each
         write's value (the version after the one it expects, read now through the owner's cache, as
         the caller's own earlier read would be served), the coordinator's machine starts at once,
         and each partition's request travels like any message (late, lost, or to a node that is
         down)."""
         plan = self.plans[txn]
-        coordinator = self.nodes[plan.coordinator]
-        versions = {p: self._caller_read(p, f"k{k}") for p, k in plan.writes}
-        redos = [(p, redo.encode({f"k{k}": versions[p] + 1})) for p, k in plan.writes]
-        # A partition only read votes too (paper 3.5), and its redo names the key it read.
-        redos += [(p, redo.encode({}, (f"k{k}",))) for p, k in plan.reads]
-        expected: dict[str, int | None] = {**versions, **dict.fromkeys((p for p, _ in plan.reads), None)}
-        writes = tuple(sorted(redos))
-        self.outcome.reads[txn], self.outcome.writes[txn] = {}, {}
-        self.outcome.executed_on[txn] = set()
+        sent = self._one_shot_sent.get(txn)
+        if sent is None:
+            versions = {p: self._caller_read(p, f"k{k}") for p, k in plan.writes}
+            redos = [(p, redo.encode({f"k{k}": versions[p] + 1})) for p, k in plan.writes]
+            # A partition only read votes too (paper 3.5), and its redo names the key it read.
+            redos += [(p, redo.encode({}, (f"k{k}",))) for p, k in plan.reads]
+            expected: dict[str, int | None] = {**versions, **dict.fromkeys((p for p, _ in plan.reads), None)}
+            writes = tuple(sorted(redos))
+            self._one_shot_sent[txn] = (writes, expected)
+            self.outcome.reads[txn], self.outcome.writes[txn] = {}, {}
+            self.outcome.executed_on[txn] = set()
+        else:
+            writes, expected = sent  # sent again by its client: the same id and operations
         self._feed(coordinator, CommitRequested(coordinator.name, txn, writes, (), prepare_sent=True), coordinator.path)
         participants = tuple(p for p, _ in writes)
         for partition, key_index in (*plan.writes, *plan.reads):
@@ -675,7 +724,9 @@ class World:
             self._answer_execute(txn, partition, incarnation, None)
             return
         if not self._serves(node, partition, txn):
-            self._answer_execute(txn, partition, incarnation, "not ready")
+            committing = (node.core is not None and partition in node.core.partitions
+                          and node.core.execute_refusal(partition, txn) is ExecuteRefusal.COMMITTING)
+            self._answer_execute(txn, partition, incarnation, ALREADY_COMMITTING if committing else "not ready")
             return
         begin_ms = begin_ms_of(txn)
         deadline_ms = (status.request_deadline_ms(begin_ms + TIMEOUT_MS_EXECUTE, begin_ms, TIMEOUT_MS_EXECUTE)
@@ -686,7 +737,7 @@ class World:
         table = node.tables[partition]
         execution = self._begin_execution(node, partition, txn)
         if execution is None:
-            self._answer_execute(txn, partition, incarnation, "aborted here already")
+            self._answer_execute(txn, partition, incarnation, ABORTED_HERE)
             return
         mode = LockMode.SHARED if expected is None else LockMode.EXCLUSIVE
         grant = table.lock(txn, key, mode, self.now_ms)
@@ -716,7 +767,7 @@ class World:
         if not table.is_current(txn, execution):
             # Dropped while it waited: not resurrected, and what the grant gave it goes back.
             self._wake(node, partition, table.release(txn), txn)
-            self._answer_execute(txn, partition, carried.incarnation, "aborted while waiting")
+            self._answer_execute(txn, partition, carried.incarnation, ABORTED_WHILE_WAITING)
             return
         self._locked(carried, execution)
 
@@ -825,9 +876,15 @@ class World:
         self._unanswered.discard(key)
         if refusal:
             coordinator = self.process(self.plans[txn].coordinator, incarnation)
+            if coordinator is not None and self._cut_off(coordinator):
+                self._unanswered.add(key)  # lost on the way: its deadline tells the coordinator
+                return
             if coordinator is not None:
-                self._feed(coordinator, ExecuteFailed(coordinator.name, txn, partition, refused=True, detail=refusal),
-                           coordinator.path)
+                # An ABORTED answer is no refusal: the owner's vote may stand (the runtime's
+                # Coordination._start_prepared), so a Cornus machine ends it through the logs.
+                failed = ExecuteFailed(coordinator.name, txn, partition, refused=refusal not in _ABORTED_ANSWERS,
+                                       detail=refusal)
+                self._feed(coordinator, failed, coordinator.path)
 
     def _execute_deadline(self, txn: str, partition: str, incarnation: int) -> None:
         key = (txn, partition, incarnation)
@@ -885,6 +942,8 @@ class World:
             # Two processes answer to the node's name: a message may reach either (a connection
             # the first one still holds, or a new one to the second).
             node = first
+            if self._cut_off(first):
+                return
         if node is None or not node.alive or node.core is None:
             return  # to a partition nobody holds (a Move's gap), or to a node that is down: lost
         if node.core.ends_execution(to, message):
@@ -985,6 +1044,23 @@ class World:
             return node
         first = self.twins.get(name)
         return first if first is not None and first.incarnation == incarnation else None
+
+    def _resend(self, twin: Twin) -> None:
+        """The cut of a Twin's first process: the client of the one-shots it took sends them
+        again, with their ids, to the second process (once that one is ready)."""
+        if not self.nodes[twin.node].ready:
+            if self.now_ms + TAKE_RETRY_MS < twin.cut_end_ms:
+                self._push(self.now_ms + TAKE_RETRY_MS, _RESEND, twin)
+            return
+        for txn in self._to_resend.pop(twin.node, []):
+            # Its client heard nothing, and named the transaction: it can send it again as it was.
+            if txn not in self.outcome.replies and txn_ids.is_client_chosen(txn):
+                self._push(self.now_ms + self.rng.randint(1, self.schedule.delay_ms_max), _EXECUTE, txn)
+
+    def _accepts_again(self, txn: str) -> bool:
+        """Whether the second process runs a one-shot its client sent again: as the runtime's
+        check_client_txn, only while its begin is recent (the peer request timeout here)."""
+        return self.clock_ms(self.plans[txn].coordinator) - begin_ms_of(txn) <= TIMEOUT_MS_EXECUTE
 
     def _twin(self, twin: Twin) -> None:
         """A second process of `twin.node` starts (and recovers) while the first runs on."""
@@ -1179,6 +1255,8 @@ class World:
         elif isinstance(effect, CancelTimer):
             node.timers.pop(effect.timer, None)
         elif isinstance(effect, Reply):
+            if self._cut_off(node):
+                return  # lost on the way to its client
             self.outcome.replies.setdefault(effect.txn, []).append(effect.outcome)
             self.outcome.reply_paths.append(node.path)
         elif isinstance(effect, ReleaseLocks):
@@ -1198,6 +1276,13 @@ class World:
         elif isinstance(effect, TerminationStarted):
             self.outcome.terminations += 1
         elif isinstance(effect, TakeIdentity | CheckIdentity):
+            node.identity_left_ms = self.now_ms
+            if self._cut_off(node):
+                unanswered = (IdentityTaken(StorageUnreachable("cut off")) if isinstance(effect, TakeIdentity)
+                              else IdentityChecked(node.name, StorageUnreachable("cut off")))
+                data = (node.name, node.incarnation, unanswered, node.path, 0)
+                self._push(self.now_ms + self.deadline_ms, _RETURN, data)
+                return
             if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
                 # Unreachable: its caller hears so at the deadline. A take may have landed all
                 # the same, at once (the runtime's read-then-swap take cannot land after a later
@@ -1234,6 +1319,8 @@ class World:
 
     def _send(self, node: Node, effect: Send) -> None:
         self.outcome.messages += 1
+        if self._cut_off(node):
+            return
         lossy = 0 <= self.now_ms < FAULTS_END_MS or protocol_of(effect.message.txn) is Protocol.CORNUS
         if lossy and self.rng.random() < self.schedule.loss_probability:
             return
@@ -1254,6 +1341,18 @@ class World:
         fenced = fenced_partition(call) if process is not None else None
         epoch = process.epochs[fenced] if process is not None and fenced is not None else 0
         tenure = self._tenure(process, call.owner) if process is not None else 0
+        if process is not None and self._cut_off(process):
+            unreachable = answer(call, StorageUnreachable("cut off"))
+            self._push(self.now_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path, tenure))
+            return
+        if (process is not None and fenced is None and isinstance(call, LogOnce | Log | DeleteRecord)
+                and process.core is not None and process.core.partition_of(call.owner) is None
+                and not self._identity_admits(process)):
+            # A write for the node itself that storage cannot fence waits for a read of the
+            # identity record (the runtime's EffectRunner._admit_for_node).
+            self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _CONFIRM,
+                       (owner, incarnation, call, path, self.now_ms, None))
+            return
         if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
             unreachable = answer(call, StorageUnreachable("the call outlived its deadline"))
             self._push(self.now_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path, tenure))
@@ -1266,6 +1365,59 @@ class World:
             return
         self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _ARRIVE,
                    (owner, incarnation, call, path, True, epoch, tenure))
+
+    def _txn_id(self, index: int, plan: TxnPlan) -> str:
+        begin_ms = plan.start_ms + 1 + self.clock_offsets_ms.get(plan.coordinator, 0)
+        twin = next((t for t in self.schedule.twins if t.node == plan.coordinator and t.cut_ms), None)
+        if (plan.one_shot and plan.protocol is Protocol.CORNUS and twin is not None
+                and twin.at_ms <= plan.start_ms < twin.cut_start_ms):
+            # One its client may send again (Twin.cut_ms): an id the client chose. Cornus only:
+            # a blocking protocol's coordinator decides ABORT without a record (presumed abort),
+            # and two processes running one id can then decide both ways (found here; open, see
+            # docs/deploy.md "Two processes with one node id").
+            return txn_ids.client_txn_id(begin_ms, plan.coordinator, f"{index:016x}", plan.protocol)
+        return f"{begin_ms}.{plan.coordinator}.sim.{index}.{PROTOCOL_TAGS[plan.protocol]}"
+
+    def _identity_admits(self, process: Node) -> bool:
+        confirmed = process.identity_confirmed_ms
+        return confirmed is not None and self.now_ms - confirmed <= self.config.identity_write_window_ms
+
+    def _identity_confirmed(self, process: Node, left_ms: int) -> None:
+        if process.identity_confirmed_ms is None or left_ms > process.identity_confirmed_ms:
+            process.identity_confirmed_ms = left_ms
+
+    def _confirm_step(self, data: tuple[str, int, StorageCall, Any, int, bool | None]) -> None:
+        """The read of the identity record a write for the node waits for: it lands (`held`
+        None: read now), then its answer reaches the process, which then writes (the call again,
+        admitted now), stops (deposed), or hears the write unreachable (the read was)."""
+        owner, incarnation, call, path, left_ms, held = data
+        process = self.process(owner, incarnation)
+        if process is None:
+            return
+        tenure = self._tenure(process, call.owner)
+        if held is None:
+            if self._cut_off(process) or (
+                    0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability):
+                unreachable = answer(call, StorageUnreachable("the identity read outlived its deadline"))
+                self._push(left_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path, tenure))
+                return
+            identity = identity_name(owner)
+            still = self.epoch.get(identity, 0) == process.epochs.get(identity)
+            self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _CONFIRM,
+                       (owner, incarnation, call, path, left_ms, still))
+            return
+        if not held:
+            self._depose(owner, incarnation)
+            return
+        self._identity_confirmed(process, left_ms)
+        self._call(owner, incarnation, call, path)
+
+    def _cut_off(self, process: Node) -> bool:
+        """Whether `process` is the first process of a cut Twin, within its cut."""
+        if self.twins.get(process.name) is not process:
+            return False
+        twin = self._twin_of[process.name]
+        return twin.cut_ms > 0 and twin.cut_start_ms <= self.now_ms < twin.cut_end_ms
 
     def _list_identities(self, node: Node, call: ListIdentities) -> None:
         """Which nodes ever took an identity: read as the call leaves (a node that takes one later

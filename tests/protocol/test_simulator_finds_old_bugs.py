@@ -16,7 +16,7 @@ from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
 from cornus.protocol.effects import DeleteRecord, Effect, Log, ReleaseLocks, RetakeLocks, ScanLog, Send, Timer
 from cornus.protocol.events import RecordRead, StorageUnreachable
-from cornus.protocol.execution import PartitionExecutions
+from cornus.protocol.execution import PartitionExecutions, Refusal
 from cornus.protocol.hosts import PartitionHost
 from cornus.protocol.messages import Decision, DecisionAck, Vote
 from cornus.protocol.participant_base import ParticipantBase, Phase
@@ -182,6 +182,9 @@ def test_grace_shorter_than_a_late_call(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(sim_world, "config_for", short_grace)
     monkeypatch.setattr(explore_module, "random_schedule", slow_calls)
+    # The window for a node's own unfenced writes derives from the grace (it would be negative
+    # here, and no collection could run): kept at the least a valid grace gives.
+    monkeypatch.setattr(ProtocolConfig, "identity_write_window_ms", property(lambda config: config.storage_deadline_ms))
     violations = _found()
     # A late call lands on a collected record: recreating it, or applying its redo with no record;
     # or the records went before the decision's trace was sure, and the status call, asked then,
@@ -523,3 +526,43 @@ def test_recovery_blind_to_a_coordinator_a_rollout_added(monkeypatch: pytest.Mon
     monkeypatch.setattr(Recovery, "_on_identities", lambda self, call, page: [])
     violations = _found(Protocol.COORDINATOR_LOG)
     assert any("never applied" in v or "lost" in v or "atomicity" in v for v in violations), violations
+
+
+# -- a process of a node writes for the node after a later process collected what it writes to -----
+def test_a_process_cut_off_past_collection_writes_into_the_collected_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review (2026-11-27): a process cut off from storage and the network while a later
+    process of its node ran the same one-shot (its client sent the id again) and collected it came
+    back, and its termination's retry, before its next identity check, re-created a collected
+    record as ABORT beside a COMMIT. The runtime now sends such a write only within a window after
+    a read of the identity record found it the process's own (cornus.runtime.identity); the world
+    keeps that rule too (World._identity_admits), which this puts back as it was. Schedule:
+    Twin.cut_ms."""
+    monkeypatch.setattr(sim_world.World, "_identity_admits", lambda world, process: True)
+    count, failures = explore(Protocol.CORNUS, 200, seed=1, report_max=1, twins=True)
+    assert failures, f"the simulator ran {count} schedules and did not find the old bug"
+    expected = ("recreated as ABORT after garbage collection", "both COMMIT and ABORT", "both committed and aborted")
+    assert any(word in v for v in failures[0][1] for word in expected), failures[0][1]
+
+
+def test_a_second_first_request_of_one_transaction_queues_beside_the_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the simulator with the test above: the one-shot a client sent to two processes of
+    its coordinator's node reached an owner twice; the second request joined the execution of the
+    first, still waiting for a lock, and waited for the same key a second time, which the lock
+    table's bookkeeping cannot hold (the runtime crashed on it). An owner now answers such a
+    request that the transaction runs there (Refusal.DUPLICATE)."""
+    begin = PartitionExecutions.begin
+
+    def joins_the_first(executions: PartitionExecutions[int], txn: str, coordinator: str, now_ms: int, *,
+                        continued: bool = False) -> object:
+        result = begin(executions, txn, coordinator, now_ms, continued=continued)
+        if result is Refusal.DUPLICATE:
+            result = executions.executions[txn]
+            result.last_active_ms = now_ms
+        return result
+
+    monkeypatch.setattr(PartitionExecutions, "begin", joins_the_first)
+    count, failures = explore(Protocol.CORNUS, 200, seed=4, report_max=1, twins=True)
+    assert failures, f"the simulator ran {count} schedules and did not find the old bug"
+    assert any("already waits for" in v for v in failures[0][1]), failures[0][1]

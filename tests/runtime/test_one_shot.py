@@ -16,8 +16,9 @@ import pytest
 from cornus.protocol import redo_bundle
 from cornus.protocol.config import Protocol
 from cornus.protocol.effects import ApplyRedo
+from cornus.protocol.locks import Policy
 from cornus.protocol.messages import Decision, Prepare, ReleaseReadOnly
-from cornus.protocol.txn_ids import client_txn_id
+from cornus.protocol.txn_ids import client_txn_id, new_txn_id
 from cornus.runtime import coordination
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.local_transport import LocalTransport
@@ -430,3 +431,37 @@ async def test_an_owner_already_committing_the_transaction_is_not_taken_for_a_re
             return all(r is not None and r.state is TxnState.COMMIT and r.applied for r in records)
 
         await wait_until(applied, 5, "the votes of the transaction were not committed and applied")
+
+
+async def test_a_second_request_of_a_one_shot_waiting_for_a_lock_is_answered_that_it_runs_here(tmp_path):
+    """Found by the simulator: a client that sent a one-shot's id to two processes of its
+    coordinator's node (a pod replaced while its process ran on) had both requests reach the
+    owner. The second joined the first's execution, which waited for a lock, and waited for the
+    same key again; the lock table cannot hold two waits of one transaction on one key, and the
+    release that granted them raised. The owner now answers the second that the transaction runs
+    there (ABORTED: no refusal, so its coordinator ends it through the logs), and the first goes
+    on."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2, lock_policy=Policy.WAIT_DIE) as cluster:
+        partition = next(p for p in cluster.partitions if cluster.owner_of(p) == "n1")
+        owner, key = cluster.node("n1"), keys_in(2, [partition])[partition]
+        now_ms = int(time.time() * 1000)
+        older = client_txn_id(now_ms - 100, "n0", secrets.token_hex(16), Protocol.CORNUS)
+        younger = new_txn_id(now_ms, "n0", "abc123", 1, Protocol.CORNUS)
+        held = await owner.on_request("n0", ExecuteRequest(younger, partition, "n0", tuple(puts({key: b"young"}))))
+        assert held.status is ExecuteStatus.OK, held
+
+        def one_shot() -> ExecuteRequest:
+            return ExecuteRequest(older, partition, "n0", tuple(puts({key: b"old"})), participants=(partition,),
+                                  deadline_unix_ms=int(time.time() * 1000) + 2_000)
+
+        first = asyncio.create_task(owner.on_request("n0", one_shot()))
+        await wait_until(lambda: _waiting(owner, partition, older), 5, "the older one-shot never waited for the lock")
+        second = await owner.on_request("n0", one_shot())
+        assert second.status is ExecuteStatus.ABORTED and "already executing" in second.detail, second
+        dropped = await owner.on_request("n0", ExecuteRequest(younger, partition, "n0", (), abort=True))
+        assert dropped.status is ExecuteStatus.OK, dropped
+        assert (await asyncio.wait_for(first, 5)).status is ExecuteStatus.OK
+
+
+async def _waiting(node, partition: str, txn: str) -> bool:
+    return txn in node.partitions[partition].state.locks._waiting
