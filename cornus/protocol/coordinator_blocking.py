@@ -4,9 +4,9 @@ reply. After a restart both resend logged decisions and abort what they never de
 
 from __future__ import annotations
 
-from cornus.protocol import redo_bundle
+from cornus.protocol import redo_bundle, txn_ids
 from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
-from cornus.protocol.effects import CancelTimer, Effect, Log, StartTimer
+from cornus.protocol.effects import CancelTimer, ConfirmIdentity, Effect, Log, StartTimer
 from cornus.protocol.events import Event, ExecuteFailed, LogReturned, MessageReceived, Recovered, StorageUnreachable
 from cornus.protocol.messages import DecisionAnswer, DecisionQuery, Vote
 from storage_adapters.contract import LogOnceResult, Record, RecordBody, TxnState
@@ -18,6 +18,8 @@ class TwoPhaseCoordinator(CoordinatorBase):
     _commit_call: Log | None = None
     _redo_call: Log | None = None
     _redo_durable = True
+    # An ABORT decided for a client-chosen id, waiting for the identity read (`_abort`).
+    _abort_reason: str | None = None
 
     def _started(self) -> list[Effect]:
         if not self.logs_redo:
@@ -38,7 +40,7 @@ class TwoPhaseCoordinator(CoordinatorBase):
         if vote.unknown or not vote.yes:
             # A 2PC or coordinator-log participant learns the decision only through us, so one
             # that no longer knows the transaction never voted yes while we are collecting.
-            return self._announce(TxnState.ABORT, reason=f"{vote.partition} voted no")
+            return self._abort(f"{vote.partition} voted no")
         self.votes_yes.add(vote.partition)
         return self._maybe_commit()
 
@@ -49,14 +51,36 @@ class TwoPhaseCoordinator(CoordinatorBase):
             return []
         # Presumed abort: until COMMIT is logged, ABORT is ours to choose, whatever that
         # partition did; a participant that voted yes learns it from us.
-        return self._announce(TxnState.ABORT, reason=f"{failed.partition}: {failed.detail}")
+        return self._abort(f"{failed.partition}: {failed.detail}")
 
     def _maybe_commit(self) -> list[Effect]:
-        if self.votes_yes != set(self.participants) or not self._redo_durable or self._commit_call:
+        if (self.votes_yes != set(self.participants) or not self._redo_durable or self._commit_call
+                or self._abort_reason is not None):
             return []
         body = None if self.logs_redo else RecordBody(self.participants, self.node)
         self._commit_call = Log(self.node, self.coordinator_log, self.txn, TxnState.COMMIT, body)
         return [*self._settle(TxnState.COMMIT), CancelTimer(self._timer("votes")), self._commit_call]
+
+    def _abort(self, reason: str) -> list[Effect]:
+        """Decide ABORT, which presumed abort records nowhere. For an id the client chose, only
+        once a read of the node's identity record made after this decision found it ours: the
+        client may have sent the id to a later process of this node too (a pod replaced while
+        this one ran on), which accepts only ids begun after it took the identity, so that read
+        finds its take; else it may commit the transaction while ours, heard later, aborts it
+        at a participant (found by the simulator's cut twins). Until then nothing commits here."""
+        if not txn_ids.is_client_chosen(self.txn):
+            return self._announce(TxnState.ABORT, reason=reason)
+        if self._abort_reason is not None:
+            return []  # decided already; the read is on its way
+        self._abort_reason = reason
+        return [CancelTimer(self._timer("votes")), ConfirmIdentity(self.node, self.txn)]
+
+    def abort_confirmed(self) -> list[Effect]:
+        """The identity read `_abort` waited for found the identity this process's."""
+        assert self._abort_reason is not None and self._commit_call is None, self.txn
+        if self.phase is not CoordPhase.COLLECTING:
+            return []  # a participant's ABORT acknowledgement decided it meanwhile
+        return self._announce(TxnState.ABORT, reason=self._abort_reason)
 
     def _may_adopt(self, decision: TxnState) -> bool:
         # Once COMMIT is being logged only its result decides; an abort ack then is impossible.
@@ -70,7 +94,7 @@ class TwoPhaseCoordinator(CoordinatorBase):
             # 2PC cannot terminate through the participants' logs: not hearing means abort.
             if self._commit_call is not None:
                 return []
-            return self._announce(TxnState.ABORT, reason="votes missing at the vote timeout")
+            return self._abort("votes missing at the vote timeout")
         assert kind == "retry", kind
         if self._commit_call is not None:
             return [self._commit_call]
@@ -102,7 +126,7 @@ class TwoPhaseCoordinator(CoordinatorBase):
         effects: list[Effect] = []
         if self.phase is CoordPhase.COLLECTING and self._commit_call is None:
             # Undecided and COMMIT not being logged: abort now rather than keep the asker waiting.
-            effects = self._announce(TxnState.ABORT, reason=f"{query.sender} asked before every vote was in")
+            effects = self._abort(f"{query.sender} asked before every vote was in")
         known = None if self.phase in (CoordPhase.VALIDATING, CoordPhase.COLLECTING) else self.decision
         return [*effects, self._send(query.sender, DecisionAnswer(self.txn, self.node, known))]
 

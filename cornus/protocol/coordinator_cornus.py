@@ -3,6 +3,7 @@ send decisions asynchronously, and on a vote timeout terminate through the parti
 
 from __future__ import annotations
 
+from cornus.protocol import txn_ids
 from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
 from cornus.protocol.effects import Effect, TerminationEnded, TerminationStarted
 from cornus.protocol.events import Event, ExecuteFailed, LogReturned, StorageUnreachable
@@ -29,9 +30,13 @@ class CornusCoordinator(CoordinatorBase):
         return []
 
     def _on_execution_failed(self, failed: ExecuteFailed) -> list[Effect]:
-        if failed.refused:
+        if failed.refused and not txn_ids.is_client_chosen(self.txn):
             # That partition never voted and never will, so no log can ever hold all VOTE_YES:
-            # abort without asking any log, as on a no vote.
+            # abort without asking any log, as on a no vote. Not for an id the client chose: it
+            # may run at another process of this node too (a pod replaced while its process ran
+            # on, the client sending it again), whose request the owner may have voted for and
+            # finished, and a refusal of ours says nothing of that vote (found while modelling
+            # that in the simulator: ABORTED answered for a transaction the other committed).
             return self._announce(TxnState.ABORT, reason=f"{failed.partition}: {failed.detail}")
         if failed.partition in self.votes_yes:
             return []  # its answer was lost, but its vote came: nothing is missing

@@ -258,6 +258,18 @@ class CheckIdentity:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfirmIdentity:
+    """A blocking protocol's coordinator decided ABORT for `txn`, an id the client chose, without
+    a record: before anyone hears it, a read of the node's identity record made after now must
+    find it this process's (a later process of the node may run the same id, and commit it).
+    Between a machine and its CoordinatorHost, which answers with the machine's
+    `abort_confirmed()`; it never reaches the runtime."""
+
+    node: str
+    txn: str
+
+
+@dataclass(frozen=True, slots=True)
 class Deposed:
     """Another process of this node took its identity after this one: this one must stop acting at
     once, since it could presume ABORT for a transaction of the other's. The runtime parks it,
@@ -270,5 +282,5 @@ class Deposed:
 Effect = (
     Send | LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog | ListIdentities | Reply | StartTimer
     | CancelTimer | ReleaseLocks | LocksPrepared | RetakeLocks | CacheRedo | Decided | TerminationStarted
-    | TerminationEnded | RecoveryFinished | TakeIdentity | CheckIdentity | Deposed
+    | TerminationEnded | RecoveryFinished | TakeIdentity | CheckIdentity | ConfirmIdentity | Deposed
 )

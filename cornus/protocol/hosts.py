@@ -13,7 +13,16 @@ from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.coordinator_base import CoordinatorBase
 from cornus.protocol.coordinator_blocking import CoordinatorLogCoordinator, TwoPhaseCoordinator
 from cornus.protocol.coordinator_cornus import CornusCoordinator
-from cornus.protocol.effects import CheckIdentity, Deposed, Effect, ReleaseLocks, Send, StartTimer, Timer
+from cornus.protocol.effects import (
+    CheckIdentity,
+    ConfirmIdentity,
+    Deposed,
+    Effect,
+    ReleaseLocks,
+    Send,
+    StartTimer,
+    Timer,
+)
 from cornus.protocol.events import (
     CommitRequested,
     Event,
@@ -176,6 +185,13 @@ class CoordinatorHost:
         # and those that came after it left, which only the next check may cover.
         self._presumptions_checking: set[tuple[str, str]] = set()
         self._presumptions_waiting: set[tuple[str, str]] = set()
+        # ABORTs of client-chosen ids waiting for an identity read (ConfirmIdentity), as the
+        # presumptions: those the check in flight covers, those that came after it left, and
+        # those whose read went unanswered, which wait for the next periodic check (asking again
+        # at once would spin while storage is away).
+        self._aborts_checking: set[str] = set()
+        self._aborts_waiting: set[str] = set()
+        self._aborts_unchecked: set[str] = set()
         self._check_in_flight = False
         self._renewal_owed = False
 
@@ -204,7 +220,17 @@ class CoordinatorHost:
         effects = machine.handle(event)
         if machine.finished:
             del self.machines[txn]
-        return effects
+        return self._confirmations(effects)
+
+    def _confirmations(self, effects: list[Effect]) -> list[Effect]:
+        """The machines' ConfirmIdentity effects, taken out and turned into an identity check."""
+        confirm = [effect for effect in effects if isinstance(effect, ConfirmIdentity)]
+        if not confirm:
+            return effects
+        for effect in confirm:
+            assert effect.node == self.node and effect.txn in self.machines, effect
+            self._aborts_waiting.add(effect.txn)
+        return [effect for effect in effects if not isinstance(effect, ConfirmIdentity)] + self._check_identity()
 
     def _unknown(self, message: object) -> list[Effect]:
         self.counters["unknown_txn_messages"] += 1
@@ -235,9 +261,13 @@ class CoordinatorHost:
         # A tick while a check is in flight owes its renewal to the next check: under a stream of
         # presumptions every tick could find one in flight, and renewals would stop.
         self._renewal_owed |= periodic
-        if self._check_in_flight or not (self._presumptions_waiting or self._renewal_owed):
+        if periodic:
+            self._aborts_waiting |= self._aborts_unchecked
+            self._aborts_unchecked.clear()
+        if self._check_in_flight or not (self._presumptions_waiting or self._renewal_owed or self._aborts_waiting):
             return []
         self._presumptions_checking, self._presumptions_waiting = self._presumptions_waiting, set()
+        self._aborts_checking, self._aborts_waiting = self._aborts_waiting, set()
         self._check_in_flight = True
         renew, self._renewal_owed = self._renewal_owed, False
         return [CheckIdentity(self.node, self.identity_epoch, renew=renew)]
@@ -246,8 +276,10 @@ class CoordinatorHost:
         assert self._check_in_flight, "an identity check nobody asked for"
         self._check_in_flight = False
         checked, self._presumptions_checking = self._presumptions_checking, set()
+        aborts, self._aborts_checking = self._aborts_checking, set()
         if isinstance(event.held, StorageUnreachable):
             self.counters["presumptions_unchecked"] += 1
+            self._aborts_unchecked |= aborts
             return self._check_identity()  # the askers ask again; those waiting get a check now
         if not event.held:
             return [Deposed(self.node, self.identity_epoch)]
@@ -257,4 +289,12 @@ class CoordinatorHost:
             # One started meanwhile (its id came in a query before its commit request) answers.
             if txn not in self.machines
         ]
+        for txn in sorted(aborts):
+            machine = self.machines.get(txn)
+            if machine is None:
+                continue  # a participant's acknowledgement decided it, and it was collected since
+            assert isinstance(machine, TwoPhaseCoordinator), (txn, machine)
+            effects += machine.abort_confirmed()
+            if machine.finished:
+                del self.machines[txn]
         return effects + self._check_identity()

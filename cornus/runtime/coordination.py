@@ -174,6 +174,11 @@ class Coordination:
         # A client-chosen id must begin after this (txn_ids.client_begin_problem): this life knows
         # nothing of the ids an earlier one ran.
         self.started_unix_ms = int(time.time() * 1000)
+        # When (wall clock) this process took the node's identity; None before. A client-chosen
+        # id must also begin a clock slack after it: an earlier process of the node that still
+        # runs and aborts the same id reads the identity record after its decision, and must
+        # find this take there (TwoPhaseCoordinator._abort).
+        self.identity_taken_unix_ms: Callable[[], int | None] = lambda: None
 
     # -- begin and operations ----------------------------------------------------------------------
     def begin(self, protocol: Protocol | None = None, client_txn: str | None = None) -> str:
@@ -204,8 +209,11 @@ class Coordination:
 
     def _check_client_txn(self, txn: object, protocol: Protocol) -> str:
         """`txn` if this node may run a transaction under that client-chosen id with `protocol`."""
+        taken_ms = self.identity_taken_unix_ms()
+        after_ms = self.started_unix_ms if taken_ms is None else max(
+            self.started_unix_ms, taken_ms + self.config.protocol_config.clock_slack_ms)
         checked = check_client_txn(
-            txn, protocol, self.node_id, now_ms=int(time.time() * 1000), started_ms=self.started_unix_ms,
+            txn, protocol, self.node_id, now_ms=int(time.time() * 1000), started_ms=after_ms,
             timeout_ms_peer_request=self.config.limits.timeout_ms_peer_request,
         )
         # Within the begin's age bound, memory holds every id this life ran (an outcome is pushed
@@ -602,11 +610,14 @@ class Coordination:
                     raise TxnAborted(aborted, refused_as_invalid=True)
                 return aborted, []
             return self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, reply.reason)), []
-        # Every participant voted yes, so every request ran; its answer left before its vote.
+        # Every participant voted yes, so every request ran; its answer left before its vote. Or,
+        # for an id the client chose, a request of another process of this node ran there and
+        # voted, and ours was refused (CornusCoordinator._on_execution_failed): its values are
+        # lost below.
         await all_answered
-        assert all(refused is False or r.status is ExecuteStatus.OK for r, refused in answers.values()), (
-            f"{ctx.txn} committed although a partition refused it: {answers}"
-        )
+        assert txn_ids.is_client_chosen(ctx.txn) or all(
+            refused is False or r.status is ExecuteStatus.OK for r, refused in answers.values()
+        ), f"{ctx.txn} committed although a partition refused it: {answers}"
         committed = self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.COMMITTED))
         lost = sorted(p for p, (response, _) in answers.items() if response.status is not ExecuteStatus.OK)
         if lost:

@@ -1,6 +1,9 @@
 """Carries out the core's effects on one node: storage calls (their answers come back as events),
 messages to peers, timers, locks and the owner's cache, replies to callers, and the timing marks.
 It decides nothing: every rule is in `cornus.protocol`; this maps each effect to one action.
+It is a little over 450 lines because a storage call's gates (the partition's lease, the node's
+identity window, the fence) sit with the call they gate: each is a call into ownership.py or
+identity.py, and the call's task is where its deadline is fixed.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from cornus.protocol.effects import (
     CacheRedo,
     CancelTimer,
     CheckIdentity,
+    ConfirmIdentity,
     Decided,
     DeleteRecord,
     Deposed,
@@ -146,6 +150,7 @@ class EffectRunner:
             TakeIdentity: lambda e: self.spawn(self._identity_call(self.identity.take(e), e)),
             CheckIdentity: lambda e: self.spawn(self._identity_call(self.identity.check(e), e)),
             Deposed: lambda e: self.on_deposed(f"another process took node id {e.node} (epoch {e.epoch} was ours)"),
+            ConfirmIdentity: _consumed_by_the_core,
         }
         assert set(self._handlers) == set(typing.get_args(Effect)), "an effect has no handler"
 
@@ -289,31 +294,17 @@ class EffectRunner:
 
     async def _admit_for_node(self, call: StorageCall, deadline: float) -> float | None:
         """The deadline a write storage cannot fence, made for the node itself (its coordinator's,
-        its start recovery's), may leave with: only while a recent read of the identity record
-        found it this process's (IdentityHolder.admits_unfenced_write); past that, after one more
-        read. None if it must not leave: a later process of the node took the identity (the node
-        is deposed), or storage did not answer the read (the write is answered as unreachable,
-        and its machine tries again later)."""
-        timeout_s = self.store.timeout_ms_call / 1000
-        if self.identity.admits_unfenced_write(deadline - timeout_s):
-            return deadline
-        self.counters["identity_reads_for_writes"] += 1
-        try:
-            still = await self.identity.confirm()
-        except StorageUnavailable as error:
-            if not self.stopped:
-                self.feed(answer(call, StorageUnreachable(f"the node's identity could not be read: {error}")))
-            return None
-        if not still:
+        its start recovery's), may leave with (IdentityHolder.write_deadline); None if it must
+        not leave: the node is deposed, or the write is answered as unreachable (its machine
+        tries again later)."""
+        admitted = await self.identity.write_deadline(deadline, self.store.timeout_ms_call / 1000, self.counters)
+        if isinstance(admitted, float):
+            return admitted
+        if admitted is identity.Refused.DEPOSED:
             self.on_deposed(f"another process took node id {self.node_id}: found before {call!r}")
-            return None
-        now = self._running_loop().time()
-        if not self.identity.admits_unfenced_write(now):  # the process stalled since the read left
-            self.counters["writes_refused_identity_stale"] += 1
-            if not self.stopped:
-                self.feed(answer(call, StorageUnreachable("the node's identity read is stale: the process stalled")))
-            return None
-        return now + timeout_s
+        elif not self.stopped:
+            self.feed(answer(call, StorageUnreachable(f"the node's identity is not confirmed: {admitted.value}")))
+        return None
 
     async def _answer(self, call: StorageCall, fence: Fence | None) -> Event:
         store = self.store
@@ -479,6 +470,10 @@ def _is_vote_write(call: Effect) -> bool:
         and call.log.kind is LogKind.PARTITION
         and call.log.name == call.owner
     )
+
+
+def _consumed_by_the_core(effect: object) -> None:
+    raise AssertionError(f"{effect!r} left the core: its CoordinatorHost answers it")
 
 
 def _unwired(_: object) -> None:

@@ -8,6 +8,8 @@ this is their storage I/O."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import enum
 import logging
 import time
 
@@ -25,6 +27,14 @@ log = logging.getLogger("cornus.node")
 # at once, and a parked one judges it vacant by its own configuration (identity_vacant_ms), not by
 # this field. The longest allowed says so to a reader of the record.
 IDENTITY_LEASE_MS = OWNER_LEASE_MS_MAX
+
+
+class Refused(enum.Enum):
+    """Why a write for the node itself may not leave (IdentityHolder.write_deadline)."""
+
+    DEPOSED = "a later process of the node took its identity"
+    UNREACHABLE = "storage did not answer the read of the identity record"
+    STALE = "the process stalled past the window since the read left"
 
 
 class IdentityHolder:
@@ -45,6 +55,7 @@ class IdentityHolder:
         self._confirmed_at_s: float | None = None
         self._write_window_s = write_window_ms / 1000
         self._confirming: asyncio.Future[bool] | None = None  # a read for `confirm`, shared
+        self.taken_unix_ms: int | None = None  # when (wall clock) the take returned
 
     async def take(self, effect: TakeIdentity) -> IdentityTaken:
         assert effect.node == self._node_id and self.fence is None, effect
@@ -56,6 +67,7 @@ class IdentityHolder:
             return IdentityTaken(StorageUnreachable(str(error)))
         self._record, self.fence = taken, taken.fence()
         self._confirmed(left_s)
+        self.taken_unix_ms = int(time.time() * 1000)
         log.info("node %s took its identity epoch=%d", self._node_id, taken.epoch)
         return IdentityTaken(taken.epoch)
 
@@ -77,6 +89,29 @@ class IdentityHolder:
             self._record = renewed
             self._confirmed(left_s)
         return IdentityChecked(self._node_id, renewed is not None)
+
+    async def write_deadline(
+        self, deadline_s: float, timeout_s: float, counters: collections.Counter[str],
+    ) -> float | Refused:
+        """The deadline a write that storage cannot fence, made for the node itself and given
+        `deadline_s` as it left, may keep: it, while a recent read of the record found it this
+        process's (`admits_unfenced_write`); past that, a fresh one after one more read. Refused
+        if a later process took the identity, the read went unanswered, or the process stalled
+        past the window since the read left."""
+        if self.admits_unfenced_write(deadline_s - timeout_s):
+            return deadline_s
+        counters["identity_reads_for_writes"] += 1
+        try:
+            still = await self.confirm()
+        except StorageUnavailable:
+            return Refused.UNREACHABLE
+        if not still:
+            return Refused.DEPOSED
+        now_s = asyncio.get_running_loop().time()
+        if not self.admits_unfenced_write(now_s):
+            counters["writes_refused_identity_stale"] += 1
+            return Refused.STALE
+        return now_s + timeout_s
 
     def admits_unfenced_write(self, now_s: float) -> bool:
         """Whether a write storage cannot fence, made for the node itself and leaving at `now_s`

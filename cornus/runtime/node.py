@@ -135,6 +135,7 @@ class Node:
         self.runner.feed = self.coordination.feed = self._feed
         self.runner.may_act = self._may_act
         self.runner.acts_for_node = lambda host: self.core.partition_of(host) is None
+        self.coordination.identity_taken_unix_ms = lambda: self.runner.identity.taken_unix_ms
         self.runner.on_reply = self.coordination.on_reply
         self.runner.on_decided = self.coordination.on_decided
         self.runner.on_recovered = self.readiness.recovered

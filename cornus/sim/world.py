@@ -211,6 +211,7 @@ class Node:
     # node itself (ProtocolConfig.identity_write_window_ms, cornus.runtime.identity).
     identity_left_ms: int = 0
     identity_confirmed_ms: int | None = None
+    identity_taken_ms: int | None = None  # by the node's clock, when the take's answer came
 
     def reset_memory(self, policy: Policy) -> None:
         self.timers.clear()
@@ -488,6 +489,8 @@ class World:
                         or (isinstance(event, IdentityTaken) and isinstance(event.epoch, int))):
                     # Heard by the process: only now may it count on it (the runtime's await).
                     self._identity_confirmed(node, node.identity_left_ms)
+                    if isinstance(event, IdentityTaken):
+                        node.identity_taken_ms = self.clock_ms(node.name)
                 self._feed(node, event, path)
         elif kind == _TIMER:
             name, incarnation, timer, generation, path = data
@@ -1059,8 +1062,13 @@ class World:
 
     def _accepts_again(self, txn: str) -> bool:
         """Whether the second process runs a one-shot its client sent again: as the runtime's
-        check_client_txn, only while its begin is recent (the peer request timeout here)."""
-        return self.clock_ms(self.plans[txn].coordinator) - begin_ms_of(txn) <= TIMEOUT_MS_EXECUTE
+        check_client_txn, only while its begin is recent (the peer request timeout here) and a
+        clock slack after the process took the node's identity (Coordination._check_client_txn)."""
+        name = self.plans[txn].coordinator
+        taken_ms = self.nodes[name].identity_taken_ms
+        begin_ms = begin_ms_of(txn)
+        return (taken_ms is not None and begin_ms > taken_ms + CLOCK_SLACK_MS
+                and self.clock_ms(name) - begin_ms <= TIMEOUT_MS_EXECUTE)
 
     def _twin(self, twin: Twin) -> None:
         """A second process of `twin.node` starts (and recovers) while the first runs on."""
@@ -1369,12 +1377,8 @@ class World:
     def _txn_id(self, index: int, plan: TxnPlan) -> str:
         begin_ms = plan.start_ms + 1 + self.clock_offsets_ms.get(plan.coordinator, 0)
         twin = next((t for t in self.schedule.twins if t.node == plan.coordinator and t.cut_ms), None)
-        if (plan.one_shot and plan.protocol is Protocol.CORNUS and twin is not None
-                and twin.at_ms <= plan.start_ms < twin.cut_start_ms):
-            # One its client may send again (Twin.cut_ms): an id the client chose. Cornus only:
-            # a blocking protocol's coordinator decides ABORT without a record (presumed abort),
-            # and two processes running one id can then decide both ways (found here; open, see
-            # docs/deploy.md "Two processes with one node id").
+        if plan.one_shot and twin is not None and twin.at_ms <= plan.start_ms < twin.cut_start_ms:
+            # One its client may send again (Twin.cut_ms): an id the client chose.
             return txn_ids.client_txn_id(begin_ms, plan.coordinator, f"{index:016x}", plan.protocol)
         return f"{begin_ms}.{plan.coordinator}.sim.{index}.{PROTOCOL_TAGS[plan.protocol]}"
 

@@ -14,6 +14,7 @@ import pytest
 from cornus.protocol import identity_watch, node_core, resolve, status
 from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
+from cornus.protocol.coordinator_blocking import TwoPhaseCoordinator
 from cornus.protocol.effects import DeleteRecord, Effect, Log, ReleaseLocks, RetakeLocks, ScanLog, Send, Timer
 from cornus.protocol.events import RecordRead, StorageUnreachable
 from cornus.protocol.execution import PartitionExecutions, Refusal
@@ -566,3 +567,18 @@ def test_a_second_first_request_of_one_transaction_queues_beside_the_first(monke
     count, failures = explore(Protocol.CORNUS, 200, seed=4, report_max=1, twins=True)
     assert failures, f"the simulator ran {count} schedules and did not find the old bug"
     assert any("already waits for" in v for v in failures[0][1]), failures[0][1]
+
+
+def test_a_blocking_abort_of_a_client_chosen_id_told_without_reading_the_identity(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the simulator's cut twins (2026-11-27): a 2PC coordinator decides ABORT without a
+    record (presumed abort). A one-shot whose client-chosen id reached two processes of its node
+    was aborted by the older, cut off at its vote timeout, which told it once back, while the
+    newer one had the votes and committed it. The older one now reads the identity record first
+    (TwoPhaseCoordinator._abort), which this puts back as it was."""
+    monkeypatch.setattr(TwoPhaseCoordinator, "_abort",
+                        lambda machine, reason: machine._announce(TxnState.ABORT, reason=reason))
+    count, failures = explore(Protocol.TWO_PC, 300, seed=3, report_max=1, twins=True)
+    assert failures, f"the simulator ran {count} schedules and did not find the old bug"
+    assert any("both committed and aborted" in v for v in failures[0][1]), failures[0][1]

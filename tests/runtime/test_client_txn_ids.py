@@ -70,3 +70,27 @@ async def test_a_one_shot_run_as_begin_ops_and_abort_frees_its_refused_id_too(tm
         await node.abort(other)
         with pytest.raises(TxnWrongState, match="already known"):
             await node.execute([Op(OpKind.PUT, "k1", b"w")], client_txn=other)
+
+
+async def test_an_id_begun_before_the_process_took_the_identity_and_a_slack_is_refused(tmp_path):
+    """A process of a node that a later one replaced may still run: it aborts a blocking-protocol
+    one-shot it got, and reads the identity record after deciding before it tells anyone
+    (TwoPhaseCoordinator._abort). The later process must find its own take in that read's past,
+    so it runs a resent id only if it began a clock slack after the take, not merely after the
+    process started (it takes the identity later, after a slow storage's retries even)."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        coordination = node.coordination
+        slack_ms = node.config.protocol_config.clock_slack_ms
+        taken_ms = node.runner.identity.taken_unix_ms
+        assert taken_ms is not None and taken_ms >= coordination.started_unix_ms
+        now_ms = int(time.time() * 1000)
+        # As if the take had returned just now, long after the process started.
+        coordination.identity_taken_unix_ms = lambda: now_ms - slack_ms + 50
+        within_slack = client_txn_id(now_ms - 10, "n0", secrets.token_hex(16), Protocol.CORNUS)
+        with pytest.raises(ClientTxnBeginRefused, match="not after this node's coordinator started"):
+            await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=within_slack)
+        coordination.identity_taken_unix_ms = lambda: now_ms - slack_ms - 50
+        after = client_txn_id(now_ms - 10, "n0", secrets.token_hex(16), Protocol.CORNUS)
+        outcome = await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=after)
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome

@@ -465,3 +465,34 @@ async def test_a_second_request_of_a_one_shot_waiting_for_a_lock_is_answered_tha
 
 async def _waiting(node, partition: str, txn: str) -> bool:
     return txn in node.partitions[partition].state.locks._waiting
+
+
+async def test_a_refusal_of_a_client_chosen_id_does_not_abort_what_another_process_committed(tmp_path):
+    """Found while modelling a node's second process in the simulator: a client-chosen id may run
+    at two processes of its coordinator's node (a pod replaced while its process ran on, the
+    client sending it again). The owner voted for one process's request, the transaction
+    committed and its machine there finished, and then refused the other process's request (a
+    lock another transaction held): that process took the refusal for "never voted" and answered
+    ABORTED for a committed transaction. A refusal of a client-chosen id now ends the transaction
+    through the logs, which tell COMMIT. Played here by the other process's request sent straight
+    to the owner."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        partition = next(p for p in cluster.partitions if cluster.owner_of(p) == "n1")
+        owner, node, key = cluster.node("n1"), cluster.node("n0"), keys_in(2, [partition])[partition]
+        txn = client_txn_id(int(time.time() * 1000), "n0", secrets.token_hex(16), Protocol.CORNUS)
+        request = ExecuteRequest(txn, partition, "n0", tuple(puts({key: b"v"})), participants=(partition,),
+                                 deadline_unix_ms=int(time.time() * 1000) + 2_000)
+        assert (await owner.on_request("n0", request)).status is ExecuteStatus.OK
+
+        async def committed_and_forgotten() -> bool:
+            record = await cluster.record(partition, txn)
+            running = txn in owner.core.host(partition).machines
+            return record is not None and record.state is TxnState.COMMIT and record.applied and not running
+
+        await wait_until(committed_and_forgotten, 5, "the participant never ended the transaction itself")
+        other = new_txn_id(int(time.time() * 1000), "n0", "abc123", 1, Protocol.CORNUS)
+        held = await owner.on_request("n0", ExecuteRequest(other, partition, "n0", tuple(puts({key: b"w"}))))
+        assert held.status is ExecuteStatus.OK, held  # the lock the second request is refused on
+        outcome = await node.execute(puts({key: b"v"}), Protocol.CORNUS, client_txn=txn)
+        # Committed; what this process's request would have read there is not known.
+        assert outcome.status is OutcomeStatus.UNKNOWN and outcome.detail.startswith("committed"), outcome
