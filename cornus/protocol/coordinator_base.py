@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 
+from cornus.protocol import txn_ids
 from cornus.protocol.backoff import Backoff, JitterSource
 from cornus.protocol.config import ProtocolConfig
 from cornus.protocol.effects import (
@@ -180,8 +181,12 @@ class CoordinatorBase:
         assert self.prepare_sent, f"{failed.txn}: an execution failure reported for a prepare the machine sent"
         if failed.partition not in self.participants or self.phase is not CoordPhase.COLLECTING:
             return []  # decided already (e.g. another partition refused first)
-        # A refusal means no vote of that partition can exist (ExecuteFailed), so none arrived.
-        assert not (failed.refused and failed.partition in self.votes_yes), f"{failed.partition} refused but voted"
+        if failed.refused and failed.partition in self.votes_yes:
+            # A refusal means no vote of that partition can exist (ExecuteFailed), so none arrived;
+            # unless the client chose the id and sent it to another process of this node too,
+            # whose request voted there, and whose vote reached us (found by review).
+            assert txn_ids.is_client_chosen(self.txn), f"{failed.partition} refused but voted"
+            return []
         return self._on_execution_failed(failed)
 
     def _abort_before_prepare(self, reason: str) -> list[Effect]:

@@ -47,7 +47,9 @@ class TwoPhaseCoordinator(CoordinatorBase):
     def _on_execution_failed(self, failed: ExecuteFailed) -> list[Effect]:
         if self._commit_call is not None:
             # Every vote was yes (its answer was lost, its vote was not): COMMIT is being logged.
-            assert not failed.refused
+            # A refusal then is of a client-chosen id whose vote came from another process's
+            # request (CoordinatorBase._on_execute_failed).
+            assert not failed.refused or txn_ids.is_client_chosen(self.txn), failed
             return []
         # Presumed abort: until COMMIT is logged, ABORT is ours to choose, whatever that
         # partition did; a participant that voted yes learns it from us.

@@ -32,7 +32,7 @@ from typing import Generic, Protocol, TypeVar
 
 from cornus.protocol.events import Executed
 from cornus.protocol.locks import Grant, LockMode, LockTable, Policy, Waiter
-from cornus.protocol.txn_ids import begin_ms_of
+from cornus.protocol.txn_ids import begin_ms_of, is_client_chosen
 
 V = TypeVar("V")
 
@@ -112,6 +112,7 @@ class Refusal(enum.Enum):
     ABORTED = "aborted"  # aborted here before: nothing of it may run again
     STATE_LOST = "state_lost"  # a continued request, but its earlier operations are gone
     DUPLICATE = "duplicate"  # a first request of a transaction that runs here already
+    ENDED = "ended"  # a first request of a client-chosen id whose run here ended (ReleaseLocks)
 
 
 @dataclass(slots=True)
@@ -150,6 +151,11 @@ class PartitionExecutions(Generic[V]):
         self.buffered_bytes = 0
         self._aborted_count_max = aborted_remembered_count_max
         self._aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # Client-chosen ids whose execution here ended, as many as aborted ones: 10,000 covers the
+        # one-shot request window (begin + peer request timeout + 2 slacks, 4 s by default) at
+        # 2,500 such transactions a second per partition; past the window, requests are refused
+        # by their deadline anyway.
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._cache: collections.OrderedDict[str, V | None] = collections.OrderedDict()
 
     # --- the execution phase -------------------------------------------------------------------
@@ -158,6 +164,11 @@ class PartitionExecutions(Generic[V]):
         may not run."""
         if txn in self._aborted:
             return Refusal.ABORTED
+        if txn in self._ended:
+            # Its run here voted, was decided and let go; another process of its coordinator's
+            # node, to which the client sent the id too, asks again (found by review: run again,
+            # its vote met the decision in the log, and the owner crashed on it).
+            return Refusal.ENDED
         execution = self.executions.get(txn)
         if execution is None:
             # Locks without an execution are a recovered transaction's, and its machine answers
@@ -261,6 +272,10 @@ class PartitionExecutions(Generic[V]):
 
     def release(self, txn: str) -> list[Waiter]:
         """The execution ends and its locks go; returns the lock waiters granted by the release."""
+        if is_client_chosen(txn):
+            self._ended[txn] = None
+            while len(self._ended) > self._aborted_count_max:
+                self._ended.popitem(last=False)
         execution = self.executions.pop(txn, None)
         if execution is not None:
             self.buffered_bytes -= execution.buffered_bytes

@@ -17,6 +17,7 @@ from cornus.protocol.config import ProtocolConfig
 from cornus.protocol.effects import TAKE_IDENTITY_ROUND_COUNT_MAX, CheckIdentity, TakeIdentity
 from cornus.protocol.events import IdentityChecked, IdentityTaken, StorageUnreachable
 from cornus.protocol.identity_watch import Observed, VacancyWatch
+from cornus.runtime.clocks import now_ms
 from storage_adapters.contract import OWNER_LEASE_MS_MAX, Fence, Ownership, identity_name
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.store import LogStore
@@ -49,7 +50,7 @@ class IdentityHolder:
         self.name = identity_name(node_id)
         self.fence: Fence | None = None  # None until taken
         self._record: Ownership | None = None
-        # When (event-loop seconds) the latest take, check or renewal that found the record still
+        # When (_boot_s seconds) the latest take, check or renewal that found the record still
         # this process's left: what admits the node's own unfenced writes for write_window_ms
         # (ProtocolConfig.identity_write_window_ms).
         self._confirmed_at_s: float | None = None
@@ -59,7 +60,7 @@ class IdentityHolder:
 
     async def take(self, effect: TakeIdentity) -> IdentityTaken:
         assert effect.node == self._node_id and self.fence is None, effect
-        left_s = asyncio.get_running_loop().time()
+        left_s = _boot_s()
         try:
             taken = await take(self._store, self._node_id)
         except StorageUnavailable as error:
@@ -74,7 +75,7 @@ class IdentityHolder:
     async def check(self, effect: CheckIdentity) -> IdentityChecked:
         fence, record = self.fence, self._record
         assert fence is not None and record is not None and fence.epoch == effect.epoch, (fence, effect)
-        left_s = asyncio.get_running_loop().time()
+        left_s = _boot_s()
         try:
             if not effect.renew:
                 still = await held(self._store, fence)
@@ -98,7 +99,10 @@ class IdentityHolder:
         process's (`admits_unfenced_write`); past that, a fresh one after one more read. Refused
         if a later process took the identity, the read went unanswered, or the process stalled
         past the window since the read left."""
-        if self.admits_unfenced_write(deadline_s - timeout_s):
+        # Checked on the clock that counts a suspend (the deadline's is the event loop's, which
+        # does not): a process resumed after the later one collected must not find its window
+        # still open (found by review, as the leases' clock was).
+        if self.admits_unfenced_write(_boot_s()):
             return deadline_s
         counters["identity_reads_for_writes"] += 1
         try:
@@ -107,13 +111,13 @@ class IdentityHolder:
             return Refused.UNREACHABLE
         if not still:
             return Refused.DEPOSED
-        now_s = asyncio.get_running_loop().time()
-        if not self.admits_unfenced_write(now_s):
+        if not self.admits_unfenced_write(_boot_s()):
             counters["writes_refused_identity_stale"] += 1
             return Refused.STALE
-        return now_s + timeout_s
+        return asyncio.get_running_loop().time() + timeout_s
 
     def admits_unfenced_write(self, now_s: float) -> bool:
+        # `now_s` on the suspend-counting clock (_boot_s), as the confirmations are.
         """Whether a write storage cannot fence, made for the node itself and leaving at `now_s`
         (its deadline fixed then), lands before a later process of the node could have collected
         what it writes to (ProtocolConfig.identity_write_window_ms)."""
@@ -127,7 +131,7 @@ class IdentityHolder:
         if self._confirming is None:
             fence = self.fence
             assert fence is not None, "a write for the node before it took its identity"
-            left_s = asyncio.get_running_loop().time()
+            left_s = _boot_s()
 
             async def read() -> bool:
                 try:
@@ -146,6 +150,11 @@ class IdentityHolder:
     def _confirmed(self, left_s: float) -> None:
         if self._confirmed_at_s is None or left_s > self._confirmed_at_s:
             self._confirmed_at_s = left_s
+
+
+def _boot_s() -> float:
+    """Seconds on the leases' clock (cornus.runtime.clocks), which counts a machine's suspend."""
+    return now_ms() / 1000
 
 
 async def take(store: LogStore, node_id: str) -> Ownership:

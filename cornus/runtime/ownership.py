@@ -33,6 +33,7 @@ from cornus.protocol.ownership import (
     ReadOwners,
     WriteOwner,
 )
+from cornus.runtime.clocks import now_ms
 from cornus.runtime.effect_runner import fatal
 from storage_adapters.contract import Fence, Ownership
 from storage_adapters.errors import StorageUnavailable
@@ -41,16 +42,6 @@ from storage_adapters.store import LogStore
 log = logging.getLogger("cornus.ownership")
 # Log record attributes that have services.api.logs write a line in the caller, not queue it.
 WRITTEN_AT_ONCE = {"write_at_once": True}
-
-
-# The lease clock counts time the machine spent suspended (found by review): CLOCK_MONOTONIC
-# stops during a suspend or a hibernation, and a node resumed from one found its lease still good
-# long after another node had taken its partitions, and ran its expired timers as their owner.
-LEASE_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
-
-
-def now_ms() -> int:
-    return time.clock_gettime_ns(LEASE_CLOCK) // 1_000_000
 
 
 def unix_ms_of(monotonic_ms: int) -> int:

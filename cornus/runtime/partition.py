@@ -83,6 +83,8 @@ class PartitionRuntime:
         if execution is Refusal.DUPLICATE:
             # ABORTED, no refusal: the transaction's other request may vote here (Refusal.DUPLICATE).
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} is already executing on {self.name}")
+        if execution is Refusal.ENDED:
+            return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} already ran on {self.name}, and ended")
         if execution is Refusal.STATE_LOST:
             return ExecuteResponse(
                 ExecuteStatus.ABORTED, detail=f"{self.name} lost the execution state of {txn} (it restarted)"

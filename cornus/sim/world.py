@@ -106,7 +106,7 @@ IDENTITY_CHECK_MS_SLOW = 20  # Schedule.slow_identity: renewals more often than 
 # it knows the transaction already, and its vote may stand.
 ALREADY_COMMITTING = "already committing"
 ABORTED_HERE = "aborted here already"
-ABORTED_WHILE_WAITING = "aborted while waiting"
+ABORTED_WHILE_WAITING = "dropped while it waited"  # not _unpark's refusal: the runtime's CONFLICT there
 _ABORTED_ANSWERS = frozenset({ALREADY_COMMITTING, ABORTED_HERE, ABORTED_WHILE_WAITING})
 
 # How often the node a partition moves to tries its take again while it is down or recovering, at

@@ -7,8 +7,20 @@ from __future__ import annotations
 import random
 
 from cornus.protocol.config import Protocol, ProtocolConfig
-from cornus.protocol.effects import CheckIdentity, Deposed, Effect, ScanLog, Send, StartTimer, TakeIdentity, Timer
+from cornus.protocol.effects import (
+    CheckIdentity,
+    Deposed,
+    Effect,
+    Reply,
+    ScanLog,
+    Send,
+    StartTimer,
+    TakeIdentity,
+    Timer,
+)
 from cornus.protocol.events import (
+    CommitRequested,
+    ExecuteFailed,
     IdentityChecked,
     IdentityTaken,
     MessageReceived,
@@ -18,9 +30,9 @@ from cornus.protocol.events import (
 )
 from cornus.protocol.hosts import IDENTITY_CHECK_TIMER
 from cornus.protocol.identity_watch import VacancyWatch
-from cornus.protocol.messages import DecisionAnswer, DecisionQuery
+from cornus.protocol.messages import Decision, DecisionAnswer, DecisionQuery, Vote
 from cornus.protocol.node_core import NodeCore
-from cornus.protocol.txn_ids import new_txn_id
+from cornus.protocol.txn_ids import client_txn_id, new_txn_id
 from storage_adapters.contract import ScanPage, TxnState
 
 NODE = "n0"
@@ -149,3 +161,41 @@ def test_a_live_holder_on_slow_storage_is_never_taken_for_vacant() -> None:
             # Sent a moment before it was served; its answer comes a deadline later.
             sent_ms = served_ms - 1
             assert not watch.observed(sent_ms, served_ms + deadline, (2, version)), (version, served_ms)
+
+
+def _one_shot(core: NodeCore, protocol: Protocol) -> str:
+    txn = client_txn_id(5, NODE, "0" * 16, protocol)
+    core.handle(CommitRequested(NODE, txn, (("p1", b"k=1"),), (), prepare_sent=True))
+    return txn
+
+
+def test_a_blocking_abort_of_a_client_chosen_id_is_told_once_a_later_read_finds_the_identity() -> None:
+    """A 2PC coordinator records an ABORT nowhere; a later process of the node may run the same
+    client-chosen id and commit it, so the ABORT waits for a read made after it was decided."""
+    core = _recovered()
+    txn = _one_shot(core, Protocol.TWO_PC)
+    effects = core.handle(TimerFired(Timer(NODE, txn, "votes")))
+    assert CheckIdentity(NODE, 3) in effects and not any(isinstance(e, Reply | Send) for e in effects), effects
+    # Unanswered: nothing is told, and no read at once (it would spin while storage is away) ...
+    assert core.handle(IdentityChecked(NODE, StorageUnreachable("down"))) == []
+    # ... but at the next periodic one.
+    tick = TimerFired(Timer(NODE, "", IDENTITY_CHECK_TIMER))
+    assert core.handle(tick) == [StartTimer(tick.timer, IDENTITY_CHECK_MS), CheckIdentity(NODE, 3, renew=True)]
+    effects = core.handle(IdentityChecked(NODE, True))
+    assert Reply(txn, TxnState.ABORT, "votes missing at the vote timeout") in effects, effects
+    assert Send(NODE, "p1", Decision(txn, TxnState.ABORT)) in effects, effects
+    # A system-made id is told at once: no other process can run it.
+    other = new_txn_id(7, NODE, "i", 9, Protocol.TWO_PC)
+    core.handle(CommitRequested(NODE, other, (("p1", b"k=1"),), (), prepare_sent=True))
+    effects = core.handle(TimerFired(Timer(NODE, other, "votes")))
+    assert Send(NODE, "p1", Decision(other, TxnState.ABORT)) in effects, effects
+
+
+def test_a_client_chosen_id_refused_where_it_voted_for_another_process_waits_for_the_rest() -> None:
+    """The vote for one process's request reaches the other, whose own request there is refused
+    (past its deadline, say): no impossible state, and no ABORT."""
+    core = _recovered()
+    txn = _one_shot(core, Protocol.CORNUS)
+    effects = core.handle(MessageReceived("p1", NODE, Vote(txn, "p1", yes=True)))
+    assert Reply(txn, TxnState.COMMIT, "") in effects, effects
+    assert core.handle(ExecuteFailed(NODE, txn, "p1", refused=True, detail="arrived past its deadline")) == []

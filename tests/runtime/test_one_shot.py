@@ -496,3 +496,28 @@ async def test_a_refusal_of_a_client_chosen_id_does_not_abort_what_another_proce
         outcome = await node.execute(puts({key: b"v"}), Protocol.CORNUS, client_txn=txn)
         # Committed; what this process's request would have read there is not known.
         assert outcome.status is OutcomeStatus.UNKNOWN and outcome.detail.startswith("committed"), outcome
+
+
+async def test_a_client_chosen_id_that_ran_and_ended_at_an_owner_is_not_run_there_again(tmp_path):
+    """Found by review: the one-shot a client sent to two processes of its coordinator's node
+    reached an owner again after its run there had voted, been decided and let go (nothing
+    remembered it). The owner ran it afresh, and its vote met the decision in the log: the owner
+    crashed on that as an impossible state. Now the owner answers that it ran and ended there
+    (ABORTED, no refusal), and the coordinator learns the outcome from the logs."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        partition = next(p for p in cluster.partitions if cluster.owner_of(p) == "n1")
+        owner, node, key = cluster.node("n1"), cluster.node("n0"), keys_in(2, [partition])[partition]
+        txn = client_txn_id(int(time.time() * 1000), "n0", secrets.token_hex(16), Protocol.CORNUS)
+        request = ExecuteRequest(txn, partition, "n0", tuple(puts({key: b"v"})), participants=(partition,),
+                                 deadline_unix_ms=int(time.time() * 1000) + 2_000)
+        assert (await owner.on_request("n0", request)).status is ExecuteStatus.OK
+
+        async def committed_and_forgotten() -> bool:
+            record = await cluster.record(partition, txn)
+            running = txn in owner.core.host(partition).machines
+            return record is not None and record.state is TxnState.COMMIT and record.applied and not running
+
+        await wait_until(committed_and_forgotten, 5, "the participant never ended the transaction itself")
+        outcome = await node.execute(puts({key: b"v"}), Protocol.CORNUS, client_txn=txn)
+        assert outcome.status is OutcomeStatus.UNKNOWN and outcome.detail.startswith("committed"), outcome
+        assert await cluster.value(key) == b"v"
