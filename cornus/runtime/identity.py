@@ -117,10 +117,10 @@ class IdentityHolder:
         return asyncio.get_running_loop().time() + timeout_s
 
     def admits_unfenced_write(self, now_s: float) -> bool:
-        # `now_s` on the suspend-counting clock (_boot_s), as the confirmations are.
         """Whether a write storage cannot fence, made for the node itself and leaving at `now_s`
-        (its deadline fixed then), lands before a later process of the node could have collected
-        what it writes to (ProtocolConfig.identity_write_window_ms)."""
+        (on the suspend-counting clock, `_boot_s`, as the confirmations are), lands before a later
+        process of the node could have collected what it writes to
+        (ProtocolConfig.identity_write_window_ms)."""
         return self._confirmed_at_s is not None and now_s - self._confirmed_at_s <= self._write_window_s
 
     async def confirm(self) -> bool:

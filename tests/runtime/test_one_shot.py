@@ -22,6 +22,7 @@ from cornus.protocol.txn_ids import client_txn_id, new_txn_id
 from cornus.runtime import coordination
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.local_transport import LocalTransport
+from cornus.runtime.node import Node
 from cornus.runtime.outcome import AbortReason, OutcomeStatus
 from cornus.runtime.transport import PeerUnavailable
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, Routed
@@ -477,19 +478,7 @@ async def test_a_refusal_of_a_client_chosen_id_does_not_abort_what_another_proce
     through the logs, which tell COMMIT. Played here by the other process's request sent straight
     to the owner."""
     async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
-        partition = next(p for p in cluster.partitions if cluster.owner_of(p) == "n1")
-        owner, node, key = cluster.node("n1"), cluster.node("n0"), keys_in(2, [partition])[partition]
-        txn = client_txn_id(int(time.time() * 1000), "n0", secrets.token_hex(16), Protocol.CORNUS)
-        request = ExecuteRequest(txn, partition, "n0", tuple(puts({key: b"v"})), participants=(partition,),
-                                 deadline_unix_ms=int(time.time() * 1000) + 2_000)
-        assert (await owner.on_request("n0", request)).status is ExecuteStatus.OK
-
-        async def committed_and_forgotten() -> bool:
-            record = await cluster.record(partition, txn)
-            running = txn in owner.core.host(partition).machines
-            return record is not None and record.state is TxnState.COMMIT and record.applied and not running
-
-        await wait_until(committed_and_forgotten, 5, "the participant never ended the transaction itself")
+        owner, node, partition, key, txn = await _committed_by_another_process(cluster)
         other = new_txn_id(int(time.time() * 1000), "n0", "abc123", 1, Protocol.CORNUS)
         held = await owner.on_request("n0", ExecuteRequest(other, partition, "n0", tuple(puts({key: b"w"}))))
         assert held.status is ExecuteStatus.OK, held  # the lock the second request is refused on
@@ -505,19 +494,28 @@ async def test_a_client_chosen_id_that_ran_and_ended_at_an_owner_is_not_run_ther
     crashed on that as an impossible state. Now the owner answers that it ran and ended there
     (ABORTED, no refusal), and the coordinator learns the outcome from the logs."""
     async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
-        partition = next(p for p in cluster.partitions if cluster.owner_of(p) == "n1")
-        owner, node, key = cluster.node("n1"), cluster.node("n0"), keys_in(2, [partition])[partition]
-        txn = client_txn_id(int(time.time() * 1000), "n0", secrets.token_hex(16), Protocol.CORNUS)
-        request = ExecuteRequest(txn, partition, "n0", tuple(puts({key: b"v"})), participants=(partition,),
-                                 deadline_unix_ms=int(time.time() * 1000) + 2_000)
-        assert (await owner.on_request("n0", request)).status is ExecuteStatus.OK
-
-        async def committed_and_forgotten() -> bool:
-            record = await cluster.record(partition, txn)
-            running = txn in owner.core.host(partition).machines
-            return record is not None and record.state is TxnState.COMMIT and record.applied and not running
-
-        await wait_until(committed_and_forgotten, 5, "the participant never ended the transaction itself")
+        _, node, _, key, txn = await _committed_by_another_process(cluster)
         outcome = await node.execute(puts({key: b"v"}), Protocol.CORNUS, client_txn=txn)
         assert outcome.status is OutcomeStatus.UNKNOWN and outcome.detail.startswith("committed"), outcome
         assert await cluster.value(key) == b"v"
+
+
+async def _committed_by_another_process(cluster: LocalCluster) -> tuple[Node, Node, str, str, str]:
+    """A Cornus one-shot with a client-chosen id that n1 ran for another process of n0 (its request
+    sent straight to n1), voted on, committed itself and forgot: (n1, n0, its partition, its key,
+    its id)."""
+    partition = next(p for p in cluster.partitions if cluster.owner_of(p) == "n1")
+    owner, node, key = cluster.node("n1"), cluster.node("n0"), keys_in(2, [partition])[partition]
+    txn = client_txn_id(int(time.time() * 1000), "n0", secrets.token_hex(16), Protocol.CORNUS)
+    request = ExecuteRequest(txn, partition, "n0", tuple(puts({key: b"v"})), participants=(partition,),
+                             deadline_unix_ms=int(time.time() * 1000) + 2_000)
+    assert (await owner.on_request("n0", request)).status is ExecuteStatus.OK
+
+    async def committed_and_forgotten() -> bool:
+        record = await cluster.record(partition, txn)
+        running = txn in owner.core.host(partition).machines
+        return record is not None and record.state is TxnState.COMMIT and record.applied and not running
+
+    await wait_until(committed_and_forgotten, 5, "the participant never ended the transaction itself")
+    return owner, node, partition, key, txn
+
