@@ -418,15 +418,17 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         # the one-shots sent again to it (world.config_for: a grace of 400 ms there), and lets it
         # back before it dies. The cut comes once the second process is ready (its recovery
         # waits out calls of the first's, some 300 ms here), so that the client's second send is
-        # taken; one-shots for the node reach the first process just before it, so that the cut
-        # finds them running.
+        # taken. One-shots for the node reach the first process just before it, so that the cut
+        # finds them running, and some a little earlier, so that they end before it and their
+        # replies are lost in it (World._resend: their clients send them again too).
         node = COORDINATORS[(seed >> 3) % 2]
         draw = zlib.crc32(f"{seed}/cut-ms".encode())
         cut_after_ms, cut_ms = 320 + draw % 60, 500 + (draw >> 8) % 300
         twin = Twin(node, 5 + (seed >> 4) % 300, cut_after_ms + cut_ms + 50 + (draw >> 16) % 200, cut_after_ms, cut_ms)
         twin_schedules = (twin,)
-        txns += [dataclasses.replace(plan, coordinator=node, one_shot=True, start_ms=twin.cut_start_ms - 1 - index % 3)
-                 for index, plan in enumerate(txns[:4]) if plan.writes]
+        before_cut_ms = [1 + index % 3 if index % 2 else 30 + 40 * (index % 3) for index in range(4)]
+        txns += [dataclasses.replace(plan, coordinator=node, one_shot=True, start_ms=twin.cut_start_ms - before)
+                 for plan, before in zip(txns[:4], before_cut_ms, strict=False) if plan.writes]
     return Schedule(
         seed=seed,
         partition_count=partition_count,

@@ -1056,8 +1056,10 @@ class World:
                 self._push(self.now_ms + TAKE_RETRY_MS, _RESEND, twin)
             return
         for txn in self._to_resend.pop(twin.node, []):
-            # Its client heard nothing, and named the transaction: it can send it again as it was.
-            if txn not in self.outcome.replies and txn_ids.is_client_chosen(txn):
+            # Its client heard nothing (no reply, or, for half of them, one lost in the cut; not
+            # drawn from the RNG), and named the transaction: it can send it again as it was.
+            lost = txn not in self.outcome.replies or zlib.crc32(f"{txn}/lost".encode()) % 2 == 0
+            if lost and txn_ids.is_client_chosen(txn):
                 self._push(self.now_ms + self.rng.randint(1, self.schedule.delay_ms_max), _EXECUTE, txn)
 
     def _accepts_again(self, txn: str) -> bool:

@@ -291,7 +291,9 @@ def test_a_continued_request_that_a_restarted_owner_runs_afresh(monkeypatch: pyt
     def forget_continued(
         self: PartitionExecutions[int], txn: str, coordinator: str, now_ms: int, *, continued: bool = False,
     ) -> object:
-        return original(self, txn, coordinator, now_ms)
+        # Only where the state is gone: a continued request beside a live execution would now be
+        # refused as a second first request (Refusal.DUPLICATE), which is not the old rule.
+        return original(self, txn, coordinator, now_ms, continued=continued and txn in self.executions)
 
     monkeypatch.setattr(PartitionExecutions, "begin", forget_continued)
     violations = _found(seed=15)
@@ -579,6 +581,25 @@ def test_a_blocking_abort_of_a_client_chosen_id_told_without_reading_the_identit
     (TwoPhaseCoordinator._abort), which this puts back as it was."""
     monkeypatch.setattr(TwoPhaseCoordinator, "_abort",
                         lambda machine, reason: machine._announce(TxnState.ABORT, reason=reason))
-    count, failures = explore(Protocol.TWO_PC, 300, seed=3, report_max=1, twins=True)
+    count, failures = explore(Protocol.TWO_PC, 400, seed=5, report_max=1, twins=True)
     assert failures, f"the simulator ran {count} schedules and did not find the old bug"
     assert any("both committed and aborted" in v for v in failures[0][1]), failures[0][1]
+
+
+def test_a_client_chosen_id_run_again_where_it_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review (2026-11-27), then by the cut twins once replies could be lost in the cut:
+    a one-shot that one process of its node ran to the end at an owner reached that owner again
+    from the other process (the client sent its id again), and ran afresh; its vote met the
+    decision in the log, which storage refuses (the runtime stopped on it). The owner now
+    remembers the client-chosen ids whose run ended there (Refusal.ENDED); this forgets them."""
+    begin = PartitionExecutions.begin
+
+    def forgets_what_ended(executions: PartitionExecutions[int], txn: str, coordinator: str, now_ms: int, *,
+                           continued: bool = False) -> object:
+        executions._ended.clear()
+        return begin(executions, txn, coordinator, now_ms, continued=continued)
+
+    monkeypatch.setattr(PartitionExecutions, "begin", forgets_what_ended)
+    count, failures = explore(Protocol.TWO_PC, 200, seed=6, report_max=1, twins=True)
+    assert failures, f"the simulator ran {count} schedules and did not find the old bug"
+    assert any("VOTE_YES) over" in v for v in failures[0][1]), failures[0][1]
