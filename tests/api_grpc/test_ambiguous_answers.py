@@ -95,8 +95,14 @@ async def test_an_execute_past_its_deadline_names_its_transaction_for_status(tmp
         assert txn, "the caller was not told which transaction to ask Status about"
         served.cluster.faults["n0"].heal()
         outcome = await _decided(served.node, txn)
-        values = [await served.cluster.value(k) for k in served.keys]
-        assert values == ([b"v", b"v"] if outcome.status is OutcomeStatus.COMMITTED else [None, None])
+        expected = [b"v", b"v"] if outcome.status is OutcomeStatus.COMMITTED else [None, None]
+
+        async def applied() -> bool:
+            # The status call tells the decision from the logs; the participants apply it a moment
+            # later (the fresh-clone suite read storage in between once).
+            return [await served.cluster.value(k) for k in served.keys] == expected
+
+        await wait_until(applied, 10, lambda: f"{txn} is {outcome.status}, and storage does not say so")
 
 
 async def test_the_example_client_names_the_transaction_to_ask_about(tmp_path, capsys):
