@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -79,12 +80,17 @@ def cluster_ports(node_count: int, base_port: int | None) -> list[tuple[int, int
     peers on base+nodes+i and public gRPC on base+2*nodes+i; else ports the kernel picks."""
     if base_port is None:
         sockets: list[socket.socket] = []
+        candidates = _stable_ports()
         try:
             # Hold every socket until all are bound, so no port is handed out twice.
-            for _ in range(3 * node_count):
+            while len(sockets) < 3 * node_count:
                 sock = socket.socket()
+                try:
+                    sock.bind(("127.0.0.1", candidates.pop() if candidates else 0))
+                except OSError:
+                    sock.close()
+                    continue
                 sockets.append(sock)
-                sock.bind(("127.0.0.1", 0))
             ports = [sock.getsockname()[1] for sock in sockets]
         finally:
             for sock in sockets:
@@ -101,6 +107,25 @@ def cluster_ports(node_count: int, base_port: int | None) -> list[tuple[int, int
             except OSError as error:
                 raise ValidationError(f"port 127.0.0.1:{port} is not free ({error.strerror})") from None
     return pairs
+
+
+# Ports tried below the kernel's ephemeral range before falling back to one the kernel picks: a
+# port from that range, probed free and let go until the node binds it, can meanwhile become the
+# source port of any outgoing connection on the machine (found by the suite: a bench node failed
+# to bind its gRPC port). Below the range only another listener can take it.
+STABLE_PORTS_TRIED_MAX = 64
+EPHEMERAL_RANGE_PATH = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _stable_ports() -> list[int]:
+    """Random candidate ports in the 12,000 below the ephemeral range (none where it is unknown)."""
+    try:
+        low = int(EPHEMERAL_RANGE_PATH.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return []
+    if low - 12_000 < 1024:
+        return []
+    return random.sample(range(low - 12_000, low), STABLE_PORTS_TRIED_MAX)
 
 
 def local_members(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from services import node_launcher
+from services import local_cluster, node_launcher
 from services.cli import parse_op
 from services.client import CornusClient
 from storage_adapters.errors import ValidationError
@@ -276,3 +276,14 @@ def test_parse_op(text: str, kind: str, key: str, value: str | None) -> None:
 def test_parse_op_refuses(text: str) -> None:
     with pytest.raises(ValidationError):
         parse_op(text)
+
+
+@pytest.mark.skipif(not local_cluster.EPHEMERAL_RANGE_PATH.exists(), reason="the kernel's ephemeral range is Linux's")
+def test_cluster_ports_come_from_below_the_ephemeral_range_and_are_distinct() -> None:
+    """A kernel-picked port, probed free and let go until the node binds it, can become the source
+    port of another process's outgoing connection meanwhile (a bench node of the suite failed to
+    bind its gRPC port so): the nodes' ports come from below that range."""
+    low = int(local_cluster.EPHEMERAL_RANGE_PATH.read_text().split()[0])
+    ports = [port for triple in local_cluster.cluster_ports(8, None) for port in triple]
+    assert len(set(ports)) == len(ports) == 24
+    assert all(low - 12_000 <= port < low for port in ports), ports
