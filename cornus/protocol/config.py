@@ -31,6 +31,16 @@ def gc_grace_ms_min(storage_deadline_ms: int, clock_slack_ms: int) -> int:
     return 2 * storage_deadline_ms + clock_slack_ms
 
 
+def identity_window_admits(confirmed_ms: float | None, now_ms: float, window_ms: int) -> bool:
+    """Whether a write storage cannot fence, made for the node itself and leaving at `now_ms`,
+    lands before a later process of the node could have collected what it writes to:
+    `confirmed_ms` is when the latest read, renewal or take of the identity record that found it
+    this process's left (None: none yet), on the same clock, and `window_ms` is
+    ProtocolConfig.identity_write_window_ms. The runtime (cornus.runtime.identity) and the
+    simulator's world both ask this."""
+    return confirmed_ms is not None and now_ms - confirmed_ms <= window_ms
+
+
 def outcome_keep_ms_min(storage_deadline_ms: int, clock_slack_ms: int, late_write_window_ms: int) -> int:
     """The shortest keep of a decision's tombstones where storage takes calls late
     (`late_write_window_ms`): a call sent before the tombstone was written lands within its

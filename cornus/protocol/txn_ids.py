@@ -111,6 +111,17 @@ def client_txn_format_problem(txn: str, node: str) -> str:
     return ""
 
 
+def client_begins_after_ms(started_ms: int, identity_taken_ms: int | None, clock_slack_ms: int) -> int:
+    """What a client-chosen id's begin must be after, at a coordinator process that started at
+    `started_ms` and took its node's identity at `identity_taken_ms` (None: not yet): its start,
+    and a clock slack after the take. An earlier process of the node that still runs and aborts
+    the same id under a blocking protocol reads the identity record after its decision, and must
+    find this take there (TwoPhaseCoordinator._abort)."""
+    if identity_taken_ms is None:
+        return started_ms
+    return max(started_ms, identity_taken_ms + clock_slack_ms)
+
+
 def client_begin_problem(begin_ms: int, now_ms: int, started_ms: int, age_ms_max: int) -> str:
     """What is wrong with the begin time of a client-chosen id ("" if nothing), by the receiving
     node's clock `now_ms`, given the wall time `started_ms` at which its coordinator process

@@ -174,10 +174,8 @@ class Coordination:
         # A client-chosen id must begin after this (txn_ids.client_begin_problem): this life knows
         # nothing of the ids an earlier one ran.
         self.started_unix_ms = int(time.time() * 1000)
-        # When (wall clock) this process took the node's identity; None before. A client-chosen
-        # id must also begin a clock slack after it: an earlier process of the node that still
-        # runs and aborts the same id reads the identity record after its decision, and must
-        # find this take there (TwoPhaseCoordinator._abort).
+        # When (wall clock) this process took the node's identity; None before
+        # (txn_ids.client_begins_after_ms says why a client-chosen id must begin after it).
         self.identity_taken_unix_ms: Callable[[], int | None] = lambda: None
 
     # -- begin and operations ----------------------------------------------------------------------
@@ -209,9 +207,8 @@ class Coordination:
 
     def _check_client_txn(self, txn: object, protocol: Protocol) -> str:
         """`txn` if this node may run a transaction under that client-chosen id with `protocol`."""
-        taken_ms = self.identity_taken_unix_ms()
-        after_ms = self.started_unix_ms if taken_ms is None else max(
-            self.started_unix_ms, taken_ms + self.config.protocol_config.clock_slack_ms)
+        after_ms = txn_ids.client_begins_after_ms(
+            self.started_unix_ms, self.identity_taken_unix_ms(), self.config.protocol_config.clock_slack_ms)
         checked = check_client_txn(
             txn, protocol, self.node_id, now_ms=int(time.time() * 1000), started_ms=after_ms,
             timeout_ms_peer_request=self.config.limits.timeout_ms_peer_request,

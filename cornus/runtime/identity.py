@@ -13,7 +13,7 @@ import enum
 import logging
 import time
 
-from cornus.protocol.config import ProtocolConfig
+from cornus.protocol.config import ProtocolConfig, identity_window_admits
 from cornus.protocol.effects import TAKE_IDENTITY_ROUND_COUNT_MAX, CheckIdentity, TakeIdentity
 from cornus.protocol.events import IdentityChecked, IdentityTaken, StorageUnreachable
 from cornus.protocol.identity_watch import Observed, VacancyWatch
@@ -54,7 +54,7 @@ class IdentityHolder:
         # this process's left: what admits the node's own unfenced writes for write_window_ms
         # (ProtocolConfig.identity_write_window_ms).
         self._confirmed_at_s: float | None = None
-        self._write_window_s = write_window_ms / 1000
+        self._write_window_ms = write_window_ms
         self._confirming: asyncio.Future[bool] | None = None  # a read for `confirm`, shared
         self.taken_unix_ms: int | None = None  # when (wall clock) the take returned
 
@@ -121,7 +121,8 @@ class IdentityHolder:
         (on the suspend-counting clock, `_boot_s`, as the confirmations are), lands before a later
         process of the node could have collected what it writes to
         (ProtocolConfig.identity_write_window_ms)."""
-        return self._confirmed_at_s is not None and now_s - self._confirmed_at_s <= self._write_window_s
+        confirmed_ms = None if self._confirmed_at_s is None else self._confirmed_at_s * 1000
+        return identity_window_admits(confirmed_ms, now_s * 1000, self._write_window_ms)
 
     async def confirm(self) -> bool:
         """Read the identity record now: True if it is still this process's (which admits the

@@ -21,7 +21,13 @@ from typing import Any, TypeGuard
 
 from cornus.protocol import status, txn_ids
 from cornus.protocol.backoff import JitterSource
-from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min, outcome_keep_ms_min
+from cornus.protocol.config import (
+    Protocol,
+    ProtocolConfig,
+    gc_grace_ms_min,
+    identity_window_admits,
+    outcome_keep_ms_min,
+)
 from cornus.protocol.effects import (
     TAKE_IDENTITY_ROUND_COUNT_MAX,
     ApplyRedo,
@@ -1068,9 +1074,10 @@ class World:
         clock slack after the process took the node's identity (Coordination._check_client_txn)."""
         name = self.plans[txn].coordinator
         taken_ms = self.nodes[name].identity_taken_ms
-        begin_ms = begin_ms_of(txn)
-        return (taken_ms is not None and begin_ms > taken_ms + CLOCK_SLACK_MS
-                and self.clock_ms(name) - begin_ms <= TIMEOUT_MS_EXECUTE)
+        if taken_ms is None:
+            return False
+        after_ms = txn_ids.client_begins_after_ms(0, taken_ms, CLOCK_SLACK_MS)
+        return not txn_ids.client_begin_problem(begin_ms_of(txn), self.clock_ms(name), after_ms, TIMEOUT_MS_EXECUTE)
 
     def _twin(self, twin: Twin) -> None:
         """A second process of `twin.node` starts (and recovers) while the first runs on."""
@@ -1385,8 +1392,7 @@ class World:
         return f"{begin_ms}.{plan.coordinator}.sim.{index}.{PROTOCOL_TAGS[plan.protocol]}"
 
     def _identity_admits(self, process: Node) -> bool:
-        confirmed = process.identity_confirmed_ms
-        return confirmed is not None and self.now_ms - confirmed <= self.config.identity_write_window_ms
+        return identity_window_admits(process.identity_confirmed_ms, self.now_ms, self.config.identity_write_window_ms)
 
     def _identity_confirmed(self, process: Node, left_ms: int) -> None:
         if process.identity_confirmed_ms is None or left_ms > process.identity_confirmed_ms:
