@@ -200,6 +200,10 @@ APPLY_CHUNK_COUNT = 4 * DATA_CONCURRENCY_MAX
 # response was lost would come back as a 409 and make the winner believe it lost. Retrying is the
 # caller's job, under its deadline, and every LogStore call is idempotent.
 SDK_RETRY_COUNT_MAX = 0
+# How often a release (or a take in a new epoch) looks again whether the fenced writes it waits
+# for have their answers: they usually do within a round trip, long before their signatures
+# expire, and a clean stop's release must land within its budget (cornus.runtime.node).
+UNANSWERED_POLL_MS = 10
 # Only an unexpected layout change could make a stored record fail to parse; the format carries a
 # version so such a change is detected rather than misread.
 RECORD_FORMAT_VERSION = 1
@@ -1207,16 +1211,22 @@ class AzureBlobStore(LogStore):
     async def write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
         """As the contract's, and a write that passes the partition on (a release, a take in a new
         epoch) first stops this store's fenced writes of the epoch passed on, then waits, outside
-        the call's deadline, until those it sent and heard no answer to have expired (at most a
-        call's deadline and two seconds, its rounding and the start's; usually none is left), and
-        carries a start after them, which
-        Azure checks by its clock (azure_signing)."""
+        the call's deadline, until each of those it sent has its answer (usually within a round
+        trip) or has expired (at most a call's deadline and two seconds, its rounding and the
+        start's): an answered write landed or was refused, and can land no later; after an expiry
+        the write carries a start past it, which Azure checks by its clock (azure_signing)."""
         validate_owner_write(expected, new)  # a bad call changes nothing, here either
         if expected is not None and expected.owner and (new.owner, new.epoch) != (expected.owner, expected.epoch):
-            expiry_unix_s = self._signatures.pass_on(new.partition, expected.epoch)
-            if expiry_unix_s is not None:
-                self._not_before_unix_s[new.partition] = expiry_unix_s + 1
-                await asyncio.sleep(max(0.0, expiry_unix_s + 1 - time.time()))
+            until_unix_s = self._signatures.pass_on(new.partition, expected.epoch)
+            # Bounded: no fenced write of the partition is signed after pass_on, so `until` only
+            # falls, and the loop ends by its expiry at the latest.
+            while until_unix_s is not None:
+                left_s = until_unix_s + 1 - time.time()
+                if left_s <= 0:
+                    self._not_before_unix_s[new.partition] = until_unix_s + 1
+                    break
+                await asyncio.sleep(min(left_s, UNANSWERED_POLL_MS / 1000))
+                until_unix_s = self._signatures.unanswered_until(new.partition)
         return await super().write_owner(expected, new)
 
     @in_signing_window

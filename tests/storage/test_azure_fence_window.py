@@ -21,6 +21,7 @@ import pytest
 from azure.core.exceptions import HttpResponseError
 from azure.core.rest import HttpRequest
 
+from cornus.runtime.node import TIMEOUT_MS_RELEASE
 from storage_adapters.azure_signing import arrived_expired
 from storage_adapters.contract import LogId, Ownership, RecordBody, TxnState
 from storage_adapters.errors import StorageUnavailable
@@ -37,6 +38,8 @@ DEADLINE_MS_CHECKS = 10_000
 LEASE_MS = 2_000
 # How long the proxy holds a record write: past the lease and the new owner's take and scan.
 HOLD_S = LEASE_MS / 1000 + 2.5
+# A hold well inside the stop's release budget, and the patient store's deadline well outside it.
+HOLD_S_SHORT = 0.3
 # Polls (10 ms apart) for the proxy to hold a request sent just before.
 HELD_POLL_COUNT_MAX = 500
 PARTITION = "fence"
@@ -149,6 +152,25 @@ async def test_a_release_is_not_accepted_before_the_owners_fenced_writes_expired
     assert landed is None or "t1" in scanned, (
         "the released owner's vote landed after the next owner took the partition and scanned its log"
     )
+
+
+async def test_a_release_waits_for_the_answers_of_the_owners_fenced_writes_not_for_their_expiry(
+        stores: _Stores) -> None:
+    """A clean stop gives its releases TIMEOUT_MS_RELEASE: a release that waited, whatever their
+    answers, for the signatures of the fenced writes unanswered when it began to expire (a call's
+    deadline and more) was cancelled by the stop, and the next owner waited out the lease on
+    every stop under load (found by review, 2026-11-27). An answered write landed (or was
+    refused) and can land no later: the release goes once the answer is in."""
+    stores.proxy.hold_s = HOLD_S_SHORT
+    taken = Ownership(PARTITION, "n1", epoch=1, version=1, lease_ms=60_000)
+    assert (await stores.new_owner.write_owner(None, taken)).written
+    vote = await _patient_vote_held(stores, taken)
+    released = replace(taken, owner="", version=taken.version + 1)
+    async with asyncio.timeout(TIMEOUT_MS_RELEASE / 1000):
+        assert (await stores.patient_owner.write_owner(taken, released)).written
+    assert vote.done() and vote.exception() is None, "the release went before the vote's answer"
+    record = await stores.new_owner.read(LOG, "t1")
+    assert record is not None and record.state is TxnState.VOTE_YES
 
 
 async def test_a_fenced_write_that_arrives_after_its_lease_window_is_refused_as_unavailable(stores: _Stores) -> None:
