@@ -216,7 +216,7 @@ class EmulatorStore(LogStore):
         # up one after another while no writer is up do not each start one.
         self._spawned: subprocess.Popen[bytes] | None = None
         # A start under way (its process is only known when the thread that starts it returns).
-        self._spawning: asyncio.Future[subprocess.Popen[bytes]] | None = None
+        self._spawning: asyncio.Future[subprocess.Popen[bytes] | None] | None = None
         self._spawned_at = -float("inf")
         # Why the last search for a writer found none to use (for open's error).
         self._no_writer_because = "nobody listens"
@@ -396,12 +396,12 @@ class EmulatorStore(LogStore):
         spawning.add_done_callback(self._spawn_done)
         await asyncio.shield(spawning)
 
-    def _spawn_done(self, spawning: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+    def _spawn_done(self, spawning: asyncio.Future[subprocess.Popen[bytes] | None]) -> None:
         if spawning.cancelled():
             return
         error = spawning.exception()
         if error is None:
-            self._spawned = spawning.result()
+            self._spawned = spawning.result()  # None: another process starts it
         else:  # said by the next call that finds no writer, even if this one's caller gave up
             self._no_writer_because = f"starting a writer failed: {type(error).__name__}: {error}"
 
@@ -481,10 +481,21 @@ class EmulatorStore(LogStore):
             await asyncio.to_thread(self._reader.join, self.timeout_ms_call / 1000)
 
 
-def _start_writer(path: Path) -> subprocess.Popen[bytes]:
+def _start_writer(path: Path) -> subprocess.Popen[bytes] | None:
     """Start a writer for `path` as this process's child, and a thread that reaps it when it exits
     (so no zombie stays, also where this process is PID 1 of a container and so would inherit
-    and never reap a detached one)."""
+    and never reap a detached one). None when another process is starting one (its start lock,
+    emulator_writer.lock_start): the caller connects to that one once it listens."""
+    starting_fd = emulator_writer.lock_start(path)
+    if starting_fd is None:
+        return None
+    try:
+        return _spawn(path, starting_fd)
+    finally:
+        os.close(starting_fd)  # the writer holds the lock from here on (its inherited copy)
+
+
+def _spawn(path: Path, starting_fd: int) -> subprocess.Popen[bytes]:
     # Its code is this process's: PYTHONPATH names this package's directory first, and `-P`
     # (spawn_command) keeps the working directory off the module path; that directory is the
     # root, so the writer holds no node's directory busy either.
@@ -497,8 +508,8 @@ def _start_writer(path: Path) -> subprocess.Popen[bytes]:
         # Its own session: a signal to this node's process group does not reach the writer that
         # the other nodes share.
         process = subprocess.Popen(
-            emulator_writer.spawn_command(path), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-            start_new_session=True, env=env, cwd="/",
+            emulator_writer.spawn_command(path, starting_fd), stdin=subprocess.DEVNULL, stdout=log_file,
+            stderr=log_file, start_new_session=True, env=env, cwd="/", pass_fds=(starting_fd,),
         )
     threading.Thread(target=process.wait, daemon=True, name=f"cornus-writer-reaper-{process.pid}").start()
     return process

@@ -14,9 +14,14 @@ the name goes with the directory the file is in). It admits only processes of it
 of the file it has open. A store uses a writer only if both match its own code and what the path
 names now (`hello_problem`), so a writer left running on a deleted or replaced file, or from
 other code, never takes a store's writes. A store that finds nobody there starts one
-(`spawn_command`) as its own child, and reaps it when it exits. Of writers started together, the
-one that takes the exclusive `flock` on `<file>.writer-lock` serves, and the others leave as
-soon as they see it serve. It leaves IDLE_MS_MAX after its last client did, and within
+(`spawn_command`) as its own child, and reaps it when it exits, unless another process is
+starting one: a start holds the `flock` on `<file>.writer-starting`, from before the process is
+started until the writer listens (the writer holds it, inherited, and closes it then), so the
+nodes of a cluster that start together start one writer, not one each (each start is a Python
+start, some 0.2 s of CPU). Of writers started together all the same (a start that outlived the
+lock, a file shared across machines' processes with no common lock), the one that takes the
+exclusive `flock` on `<file>.writer-lock` serves, and the others leave as soon as they see it
+serve. It leaves IDLE_MS_MAX after its last client did, and within
 FILE_CHECK_MS once the file, the lock file or the socket at the path are no longer the ones it
 has (checked also whenever a client connects). While it serves it also deletes the tombstones
 (LogStore.delete with keep) whose expiry has come, in bounded rounds on a timer of its own
@@ -85,6 +90,7 @@ logger = logging.getLogger("cornus.emulator_writer")
 
 SOCKET_SUFFIX = ".writer.sock"
 LOCK_SUFFIX = ".writer-lock"
+STARTING_SUFFIX = ".writer-starting"
 LOG_SUFFIX = ".writer.log"
 # What a Unix socket's address may hold (sun_path less its terminating NUL): the socket is named
 # through /proc/self/fd (`socket_address`), so only the file's name counts against it.
@@ -189,11 +195,25 @@ def socket_address(path: Path) -> Iterator[str]:
         os.close(directory)
 
 
-def spawn_command(path: Path) -> list[str]:
+def spawn_command(path: Path, starting_fd: int | None = None) -> list[str]:
     """The writer's command line. `-P`: not the working directory's `storage_adapters` first on
     the module path, which `-m` would otherwise put there, but the one its starter names in
-    PYTHONPATH; `-s`: nor the user's site-packages."""
-    return [sys.executable, "-P", "-s", "-m", "storage_adapters.emulator_writer", str(Path(path).absolute())]
+    PYTHONPATH; `-s`: nor the user's site-packages. `starting_fd`: the inherited descriptor of
+    the start's lock (`<file>.writer-starting`), which the writer closes once it listens."""
+    command = [sys.executable, "-P", "-s", "-m", "storage_adapters.emulator_writer", str(Path(path).absolute())]
+    return command if starting_fd is None else [*command, str(starting_fd)]
+
+
+def lock_start(path: Path) -> int | None:
+    """The descriptor of the start lock of `path`'s writer, held (pass it to the writer, then close
+    it), or None when another process is starting a writer for it (it listens soon)."""
+    fd = os.open(f"{path}{STARTING_SUFFIX}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def spawn_environment() -> dict[str, str]:
@@ -585,6 +605,8 @@ def _listen(path: Path) -> tuple[socket.socket, tuple[int, int]]:
 
 def main(argv: list[str]) -> int:
     path = Path(argv[0])
+    # The start's lock (lock_start), inherited: held until this writer listens, or leaves.
+    starting_fd = int(argv[1]) if len(argv) > 1 else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s writer %(process)d %(levelname)s %(message)s")
     lock_fd = _take_lock(path)
     if lock_fd is None:
@@ -595,6 +617,8 @@ def main(argv: list[str]) -> int:
         database_fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         conn = emulator_sql.connect(path, WRITER_START_MS_MAX)
         listener, socket_identity = _listen(path)
+        if starting_fd is not None:
+            os.close(starting_fd)  # a store that finds nobody listening from now on starts one
         files = _Files(path, file_identity(os.fstat(database_fd)), file_identity(os.fstat(lock_fd)), socket_identity)
         os.close(database_fd)
         try:

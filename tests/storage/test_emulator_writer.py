@@ -3,7 +3,8 @@ a file shares one; a write never lands after its caller was told it failed, also
 writer took most of the deadline; a writer killed with -9 costs only the calls in flight, and the
 next call starts a new one; a writer leaves after its last client, and at once when a writer
 already serves; a writer on a deleted file takes no new store's writes; a short call deadline
-still starts a writer, and callers that give up start one writer, not one each; an exited writer
+still starts a writer, and callers that give up start one writer, not one each, as do stores
+that open a fresh file together; an exited writer
 is reaped by the node that started it, even one that is PID 1 (a subreaper here)."""
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ TIMEOUT_MS_CALL = 1_000
 # What a deadline may overrun by on a loaded 2-core machine; a hang would blow far past it.
 DEADLINE_SLACK_S = 3.0
 LOG = LogId.partition("p0")
+# Stores that open one fresh file at once, as a cluster's nodes do.
+TOGETHER_STORE_COUNT = 3
 BODY = RecordBody(("p0",), "n0", b"")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,6 +56,30 @@ async def test_stores_on_one_file_share_one_writer(store: EmulatorStore, tmp_pat
         assert (await store.read(LOG, "t1")) is not None
     finally:
         await other.close()
+
+
+async def test_stores_opening_a_fresh_file_together_start_one_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cluster's nodes start together on a new file: each found nobody listening and started a
+    writer of its own (a Python start, some 0.2 s of CPU each), and all but one left at once."""
+    started: list[object] = []
+    spawn_command = emulator_writer.spawn_command
+
+    def counted(*args: object) -> list[str]:
+        started.append(args)
+        return spawn_command(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(emulator_writer, "spawn_command", counted)
+    path = tmp_path / "cornus.db"
+    stores = await asyncio.gather(*(EmulatorStore.open(path, timeout_ms_call=TIMEOUT_MS_CALL)
+                                    for _ in range(TOGETHER_STORE_COUNT)))
+    try:
+        assert len({store.writer_pid for store in stores}) == 1
+        assert len(started) == 1, f"{len(started)} writers started"
+    finally:
+        for store in stores:
+            await store.close()
 
 
 async def test_a_write_past_its_deadline_while_the_file_is_locked_never_lands(
