@@ -36,6 +36,7 @@ from tests.deploy.conftest import (
     RELEASE,
     VALUES_FILES,
     find,
+    parse_manifests,
     render,
     render_error,
     run_helm,
@@ -348,7 +349,7 @@ def test_helm_refuses_exactly_the_timeouts_the_node_refuses(helm_bin: str, redis
     node_refusal = _node_verdict(environ)
     if done.returncode == 0:
         # Installed: the pods get exactly what the render says, and the node must take it.
-        rendered = pod_environ(node_container([d for d in yaml.safe_load_all(done.stdout) if d]), "cornus-0")
+        rendered = pod_environ(node_container(parse_manifests(done.stdout)), "cornus-0")
         assert not node_refusal and not _node_verdict(rendered), (
             f"helm installs {extra}, the node refuses it: {node_refusal or _node_verdict(rendered)}")
         assert not helm_word, f"{case}: expected a refusal naming {helm_word}"
@@ -635,7 +636,7 @@ def test_helm_refuses_exactly_the_outcome_keeps_the_azure_lifecycle_rule_would_c
         environ[f"CORNUS_{name.upper()}"] = str(value)
     node_refusal = _node_verdict(environ)
     if done.returncode == 0:
-        rendered = pod_environ(node_container([d for d in yaml.safe_load_all(done.stdout) if d]), "cornus-0")
+        rendered = pod_environ(node_container(parse_manifests(done.stdout)), "cornus-0")
         assert rendered["CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS"] == str(days)
         assert not node_refusal and not _node_verdict(rendered), (
             f"helm installs {extra}, the node refuses it: {node_refusal or _node_verdict(rendered)}")
