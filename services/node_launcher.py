@@ -224,9 +224,17 @@ def serve() -> None:
     """The launcher: import the node's code, then answer request lines on stdin, one line on
     stdout each: {"op": "fork", "args", "env", "log", "cwd"} forks a node and answers its pid;
     {"op": "poll", "pid"} answers its exit status, or "-" while it runs."""
-    # Imported here, so that every node forked inherits them.
+    # Imported here, so that every node forked inherits them: what every node imports, and what
+    # the default configurations' nodes import as they start (the public gRPC API, the embedded
+    # default's store, what FastAPI imports lazily), which took a quarter of a forked node's CPU
+    # up to ready. Importing gRPC starts none of its threads (a channel or server does), so the
+    # fork below stays safe.
+    import pydantic.v1  # noqa: F401 (FastAPI imports it as it builds the REST API's routes)
+
     import services.cli
+    import services.public_api.server
     import services.serve  # noqa: F401
+    import storage_adapters.emulator  # noqa: F401
 
     # A fork copies only the forking thread: a lock held by another would stay locked in every node.
     assert threading.active_count() == 1, threading.enumerate()

@@ -91,9 +91,10 @@ async def serve(config: NodeConfig) -> int:
     host, port = config.api_listen.rsplit(":", 1)
     server = uvicorn.Server(
         # log_config=None: uvicorn keeps its hands off logging, so its lines propagate to our JSON handler.
+        # ws="none": the API has no WebSocket route, and uvicorn imported a WebSocket library for it.
         uvicorn.Config(build_app(node, metrics), host=host, port=int(port), log_level="warning", lifespan="off",
                        timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S_REQUESTS, log_config=None,
-                       http=LimitedHttpProtocol)
+                       http=LimitedHttpProtocol, ws="none")
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
