@@ -42,6 +42,7 @@ import datetime
 import email.utils
 import functools
 import math
+import re
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator
@@ -75,6 +76,8 @@ UNANSWERED_COUNT_MAX = 16_384
 _READS = frozenset({"GET", "HEAD"})
 # Where a fenced request's token travels from its signing to its answer (the pipeline context).
 _TOKEN = "cornus_fenced_request"
+# The server's time in an error's message ("...\nRequestId:...\nTime:2026-11-27T06:24:40.0094478Z").
+_ERROR_TIME = re.compile(r"\bTime:(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)")
 
 
 @dataclass(slots=True)
@@ -238,11 +241,19 @@ def arrived_expired(error: HttpResponseError) -> str | None:
     except (KeyError, IndexError, ValueError):
         return None
     node_now = datetime.datetime.now(datetime.UTC)
-    azure_now = node_now
+    # The later of the answer's Date and the error's own Time: the Date header may lag the clock
+    # that judged the request (Node's HTTP server, Azurite's, caches it, refreshed by a timer that
+    # runs late on a busy machine).
+    seen: list[datetime.datetime] = []
     date = error.response.headers.get("Date")
     if date:
         with contextlib.suppress(TypeError, ValueError):
-            azure_now = email.utils.parsedate_to_datetime(date)
+            seen.append(email.utils.parsedate_to_datetime(date))
+    stamped = _ERROR_TIME.search(error.message or "")
+    if stamped is not None:
+        with contextlib.suppress(ValueError):
+            seen.append(datetime.datetime.fromisoformat(stamped.group(1)))
+    azure_now = max(seen, default=node_now)
     # The Date header has whole seconds: Azure's refusal past `se` shows as a Date at or past it.
     clocks = f"Azure's clock {azure_now.isoformat()}, this node's {node_now.isoformat(timespec='seconds')}"
     if azure_now >= expires:

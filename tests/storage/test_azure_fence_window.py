@@ -209,12 +209,13 @@ def _holds_ownership_reads(chunk: bytes) -> bool:
     return chunk.startswith(b"GET ") and b"/own/" in request_line
 
 
-def _refusal(status: int, url: str, date: str | None) -> HttpResponseError:
-    """An HTTP error as the SDK raises it, for `url` answered with `status` and a Date header."""
+def _refusal(status: int, url: str, date: str | None, message: str = "refused") -> HttpResponseError:
+    """An HTTP error as the SDK raises it, for `url` answered with `status`, a Date header and the
+    error's `message`."""
     request = HttpRequest("PUT", url)
     response = types.SimpleNamespace(status_code=status, reason="Forbidden", request=request,
                                      headers={"Date": date} if date else {}, text=lambda encoding=None: "")
-    error = HttpResponseError(message="refused")
+    error = HttpResponseError(message=message)
     error.status_code, error.response = status, response  # type: ignore[assignment]
     return error
 
@@ -228,3 +229,18 @@ def test_a_refused_signature_is_judged_late_or_early_by_azures_clock() -> None:
     # In its time by Azure's clock: refused for something else (a key), not late.
     assert arrived_expired(_refusal(403, url, "Tue, 01 Jan 2030 00:00:07 GMT")) is None
     assert arrived_expired(_refusal(404, url, "Tue, 01 Jan 2030 00:00:11 GMT")) is None
+
+
+def test_a_signature_refused_past_its_expiry_is_late_though_the_date_header_lags() -> None:
+    """The Date header can lag the clock that refused the request: Azurite's (Node's HTTP server
+    caches it, refreshed by a timer that runs late on a loaded machine) said 06:24:39 for a refusal
+    at 06:24:40.009, past an expiry of 06:24:40, and a large apply's late put was taken for a
+    credential problem, which no caller retries (the fresh-clone suite, 2026-11-27). The error's
+    own Time (Azure's and Azurite's messages carry one, to the millisecond or better) counts too."""
+    url = "https://a.blob.core.windows.net/c/b?se=2030-01-01T00%3A00%3A10Z&sig=x"
+    refused = "Server failed to authenticate the request.\nRequestId:r1\nTime:2030-01-01T00:00:10.0094478Z"
+    assert "after its signature expired" in arrived_expired(
+        _refusal(403, url, "Tue, 01 Jan 2030 00:00:09 GMT", refused))
+    # A credential problem well inside the signature's time stays one.
+    refused_early = "Server failed to authenticate the request.\nRequestId:r2\nTime:2030-01-01T00:00:07.5Z"
+    assert arrived_expired(_refusal(403, url, "Tue, 01 Jan 2030 00:00:07 GMT", refused_early)) is None
