@@ -258,6 +258,9 @@ class Outcome:
     stale_answers: int = 0  # answers to calls of a partition's earlier tenure on the same node, dropped
     fenced_writes: int = 0  # writes of a partition's old owner that storage refused after a move
     deposed: int = 0  # processes stopped because a later process of their node took its identity
+    # Writes for the node itself that its identity window let through (no read first) while a
+    # later process held the identity (World._call).
+    stale_window_writes: int = 0
     vacancy_exits: int = 0  # parked processes that found their node's identity vacant and exited
     late_duplicates: int = 0  # second copies of messages sent to arrive after the GC grace
     status_questions: int = 0  # status calls asked of the world and answered by every node
@@ -1370,6 +1373,12 @@ class World:
             self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _CONFIRM,
                        (owner, incarnation, call, path, self.now_ms, None))
             return
+        if (process is not None and fenced is None and process.core is not None
+                and process.core.identity_epoch != self.epoch.get(identity_name(owner), 0)
+                and isinstance(call, LogOnce | Log | DeleteRecord) and process.core.partition_of(call.owner) is None):
+            # Let through by the window although a later process holds the identity now: the
+            # boundary the window's bound (gc_grace_ms less a deadline and the slack) keeps safe.
+            self.outcome.stale_window_writes += 1
         if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
             unreachable = answer(call, StorageUnreachable("the call outlived its deadline"))
             self._push(self.now_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path, tenure))
