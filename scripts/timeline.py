@@ -1,11 +1,14 @@
 """Read a test timeline (CORNUS_TEST_TIMELINE, tests/conftest.py) and say where the suite's wall
 time went: each worker's busy time and end, the tests of the worker that ended last, the longest
 tests and, where the file has CPU columns, the tests and files that spent the most CPU (their
-worker's and their waited-for child processes'). Usage: python3 scripts/timeline.py FILE [LONGEST_COUNT]."""
+worker's and their waited-for child processes', and the nodes they started from a node launcher,
+which FILE.nodes holds: services/node_launcher.py). Usage: python3 scripts/timeline.py FILE
+[LONGEST_COUNT]."""
 
 from __future__ import annotations
 
 import collections
+import os
 import sys
 
 
@@ -40,6 +43,14 @@ def main(path: str, longest_count: int = 25) -> None:
 
     if not cpu_s:
         return
+    node_cpu_s = 0.0
+    if os.path.exists(f"{path}.nodes"):
+        with open(f"{path}.nodes") as nodes:
+            for line in nodes:
+                nodeid, user_s, system_s = line.rstrip("\n").split("\t")
+                cpu_s[nodeid or "(no test)"] = cpu_s.get(nodeid or "(no test)", 0.0) + float(user_s) + float(system_s)
+                node_cpu_s += float(user_s) + float(system_s)
+        print(f"nodes started from launchers: {node_cpu_s:.0f} s of CPU, counted with the tests that started them")
     print(f"CPU: {sum(cpu_s.values()):.0f} s in all; the {longest_count} tests that spent the most:")
     for nodeid, spent_s in sorted(cpu_s.items(), key=lambda item: -item[1])[:longest_count]:
         print(f"  {spent_s:6.1f} s  {nodeid}")

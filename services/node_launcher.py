@@ -208,16 +208,24 @@ def _run_node(request: Mapping[str, object], launcher_pid: int) -> None:
             os._exit(code)
 
 
-def _collect(exits: dict[int, int]) -> None:
-    """Collect every node that exited since, so none stays a zombie for long."""
+def _collect(exits: dict[int, int], started_by: dict[int, str]) -> None:
+    """Collect every node that exited since, so none stays a zombie for long; with
+    CORNUS_TEST_TIMELINE set (the test suite's timing, tests/conftest.py), append each node's CPU
+    seconds, and the test that started it, to that file's `.nodes` companion: the test's own
+    numbers cannot hold them (the nodes are the launcher's children, not the test's)."""
+    timeline = os.environ.get("CORNUS_TEST_TIMELINE", "")
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
         exits[pid] = os.waitstatus_to_exitcode(status)
+        started = started_by.pop(pid, "")
+        if timeline:
+            with open(f"{timeline}.nodes", "a") as nodes:
+                nodes.write(f"{started}\t{usage.ru_utime:.2f}\t{usage.ru_stime:.2f}\n")
 
 
 def serve() -> None:
@@ -240,10 +248,11 @@ def serve() -> None:
     assert threading.active_count() == 1, threading.enumerate()
     launcher_pid = os.getpid()
     exits: dict[int, int] = {}  # nodes that exited, by pid: their status, until asked for it
+    started_by: dict[int, str] = {}  # running nodes, by pid: the test that started them, if any
     while line := sys.stdin.buffer.readline(LAUNCHER_REQUEST_BYTES_MAX + 1):
         assert line.endswith(b"\n"), f"a launcher request over {LAUNCHER_REQUEST_BYTES_MAX} bytes"
         request = json.loads(line)
-        _collect(exits)
+        _collect(exits, started_by)
         if request["op"] == "poll":
             code = exits.pop(request["pid"], None)
             answer = "-" if code is None else str(code)
@@ -252,11 +261,12 @@ def serve() -> None:
             child = os.fork()
             if child == 0:
                 _run_node(request, launcher_pid)
+            started_by[child] = str(request["env"].get("PYTEST_CURRENT_TEST", "")).rsplit(" (", 1)[0]
             answer = str(child)
         sys.stdout.buffer.write(answer.encode() + b"\n")
         sys.stdout.buffer.flush()
     # Nodes already stopped are collected, so their CPU time counts in the starter's children's.
-    _collect(exits)
+    _collect(exits, started_by)
 
 
 if __name__ == "__main__":
