@@ -169,7 +169,7 @@ def validate_id(value: object, what: str, length_max: int) -> str:
         raise ValidationError(f"{what} must not be empty")
     if len(value) > length_max:
         raise ValidationError(f"{what} is {len(value)} characters, the limit is {length_max}")
-    if not _ID_PATTERN.match(value):
+    if not _ID_PATTERN.fullmatch(value):  # match's "$" also passes a trailing newline
         raise ValidationError(f"{what} {value!r} may only hold letters, digits and '_.:-'")
     return value
 

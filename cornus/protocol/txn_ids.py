@@ -57,6 +57,15 @@ def begin_ms_of(txn: str) -> int:
     return int(head) if head.isdigit() else 0
 
 
+# What a transaction id a caller names may look like, checked alike by the REST and gRPC APIs (by
+# full match: Python's "$" alone also matches before a trailing newline, and such an id reached
+# the status call, which said "never known"). A leading letter or digit keeps "." and ".." out: a
+# client's URL library would resolve them as path segments and send the request to another route.
+# Every id this system makes fits it.
+TXN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
+TXN_ID_PATTERN_SAYS = "a letter or digit, then letters, digits and '_.:-'"
+
+
 # How far behind the receiving node's clock a client-chosen id's begin may be. The status call's
 # windows (a request "may still be on its way", a record "is kept") and the owners' deadline for a
 # one-shot's requests all count from the begin an id carries (status.py), so it must be close to

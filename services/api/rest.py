@@ -37,6 +37,7 @@ from starlette.routing import Match, Route
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
+from cornus.protocol.txn_ids import TXN_ID_PATTERN
 from cornus.runtime.node import Node, TxnAborted
 from cornus.runtime.outcome import (
     ClientTxnBeginRefused,
@@ -102,9 +103,6 @@ PathKey = Annotated[
     Path(min_length=1, max_length=DATA_KEY_BYTES_MAX, description=_KEY_DOC, examples=["alice"]),
     AfterValidator(_utf8_bytes_max("key", DATA_KEY_BYTES_MAX)),
 ]
-# A leading letter or digit keeps "." and ".." out: a client's URL library would resolve them as
-# path segments and send the request to another route.
-TXN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
 TxnId = Annotated[
     str,
     Path(min_length=1, max_length=TXN_ID_LENGTH_MAX, pattern=TXN_ID_PATTERN,

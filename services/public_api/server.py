@@ -35,6 +35,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cornus.protocol.config import Protocol
+from cornus.protocol.txn_ids import TXN_ID_PATTERN, TXN_ID_PATTERN_SAYS
 from cornus.runtime.node import Node, TxnAborted, one_shot_outcome
 from cornus.runtime.outcome import (
     AbortReason,
@@ -80,7 +81,7 @@ SHUTDOWN_MS_ANSWER_MARGIN = 500
 # deadline; shutdown waits this long for them.
 SHUTDOWN_MS_BACKGROUND = 12_000
 
-_TXN_ID = re.compile(r"^[A-Za-z0-9_.:-]+$")
+_TXN_ID = re.compile(TXN_ID_PATTERN)
 
 _OUTCOMES = {
     OutcomeStatus.COMMITTED: pb.OUTCOME_COMMITTED,
@@ -157,8 +158,8 @@ def _txn(txn: str) -> str:
         raise ValidationError("txn must not be empty")
     if len(txn) > TXN_ID_LENGTH_MAX:
         raise ValidationError(f"txn is {len(txn)} characters, the limit is {TXN_ID_LENGTH_MAX}")
-    if not _TXN_ID.match(txn):
-        raise ValidationError(f"txn {txn!r} has characters other than A-Z a-z 0-9 _ . : -")
+    if not _TXN_ID.fullmatch(txn):
+        raise ValidationError(f"txn {txn!r} is not {TXN_ID_PATTERN_SAYS}")
     return txn
 
 

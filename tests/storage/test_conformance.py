@@ -392,6 +392,7 @@ def _bad_calls(ns: str) -> list[tuple[str, str, tuple[Any, ...]]]:
         ("empty txn", "log_once", (log, "", VOTE, ok)),
         ("txn with slash", "log_once", (log, "a/b", VOTE, ok)),
         ("txn with brace", "log", (log, "a{b}", VOTE, ok)),
+        ("txn with a trailing newline", "log_once", (log, "t\n", VOTE, ok)),
         ("txn too long", "log_once", (log, "t" * (TXN_ID_LENGTH_MAX + 1), VOTE, ok)),
         ("txn not a string", "log_once", (log, 42, VOTE, ok)),
         ("state as string", "log_once", (log, "t", "COMMIT", ok)),
@@ -436,7 +437,7 @@ async def test_bad_input_is_refused_and_changes_nothing(store: LogStore, ns: str
         with pytest.raises(ValidationError):
             RecordBody(**fields)
             pytest.fail(f"{label}: accepted")
-    for bad_log_name in ["", "a/b", "x" * 65, "{tag}"]:
+    for bad_log_name in ["", "a/b", "x" * 65, "{tag}", "p\n"]:
         with pytest.raises(ValidationError):
             LogId.partition(bad_log_name)
     assert await store.read(log, "t") == before
