@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import time
@@ -225,6 +226,13 @@ class Coordination:
         if ctx is None:
             if txn in self.outcomes:
                 raise TxnWrongState(f"transaction {txn} already ended: {self.outcomes[txn].status}")
+            if txn in self._reported_unknown:
+                # Not "no such transaction": its caller may read that as "never ran" and run it
+                # again (found by review).
+                known = self._reported_unknown[txn]
+                since = "not decided yet" if known is None else f"decided since: {known.status}"
+                raise TxnWrongState(f"transaction {txn} already ended: its commit was answered unknown ({since}); "
+                                    "ask its status")
             raise TxnNotFound(f"no transaction {txn} on {self.node_id}")
         if ctx.state is not OutcomeStatus.ACTIVE:
             raise TxnWrongState(f"transaction {txn} is {ctx.state}, not active")
@@ -502,13 +510,8 @@ class Coordination:
             redo_by_partition = one_shot_redo(ctx.protocol, by_partition) if writes_somewhere else None
             if redo_by_partition is not None:
                 self._hold_writes(ctx, ops)  # run_ops holds them on the other path
-        except ValidationError:
-            await self._abort(ctx, AbortReason.CLIENT, "invalid request")
-            self._forget_refused(ctx, client_txn)
-            raise
-        except NodeOverloaded:
-            await self._abort(ctx, AbortReason.PEER_UNAVAILABLE, "node overloaded")
-            self._forget_refused(ctx, client_txn)
+        except (ValidationError, NodeOverloaded) as refused:
+            await self._refuse_one_shot(ctx, client_txn, refused)
             raise
         gets = [op.key for op in ops if op.kind is OpKind.GET]
         if redo_by_partition is not None:
@@ -521,12 +524,22 @@ class Coordination:
                 values = await self.run_ops(txn, ops)
             except TxnAborted as aborted:
                 return one_shot_outcome(aborted)
-            except ValidationError:
-                await self._abort(ctx, AbortReason.CLIENT, "invalid request")
+            except (ValidationError, NodeOverloaded) as refused:
+                # As above (found by review: a refusal here left a client-chosen id taken, and a
+                # NodeOverloaded left the transaction open, holding its slot, until the idle sweep).
+                await self._refuse_one_shot(ctx, client_txn, refused)
                 raise
             outcome = await self.commit(txn)
         reads = tuple(zip(gets, values, strict=True)) if outcome.status is OutcomeStatus.COMMITTED else ()
         return Outcome(outcome.txn, outcome.status, outcome.reason, outcome.detail, reads, outcome.timing_ms)
+
+    async def _refuse_one_shot(self, ctx: CoordinatedTxn, client_txn: str | None, refused: Exception) -> None:
+        """End a one-shot refused with nothing run (bad input, or no room for its writes here)."""
+        if isinstance(refused, NodeOverloaded):
+            await self._abort(ctx, AbortReason.PEER_UNAVAILABLE, "node overloaded")
+        else:
+            await self._abort(ctx, AbortReason.CLIENT, "invalid request")
+        self._forget_refused(ctx, client_txn)
 
     def _forget_refused(self, ctx: CoordinatedTxn, client_txn: str | None) -> None:
         """A one-shot refused before any request left this node changed nothing, and the caller was
@@ -611,12 +624,17 @@ class Coordination:
         # for an id the client chose, a request of another process of this node ran there and
         # voted, and ours was refused (CornusCoordinator._on_execution_failed): its values are
         # lost below.
-        await all_answered
+        if not all_answered.done():
+            # Bounded: every request has that deadline, by which its future settles; one that is
+            # cancelled instead (the transport closing) is never answered, and counts as lost.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.limits.timeout_ms_peer_request / 1000):
+                    await asyncio.shield(all_answered)
         assert txn_ids.is_client_chosen(ctx.txn) or all(
             refused is False or r.status is ExecuteStatus.OK for r, refused in answers.values()
         ), f"{ctx.txn} committed although a partition refused it: {answers}"
         committed = self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.COMMITTED))
-        lost = sorted(p for p, (response, _) in answers.items() if response.status is not ExecuteStatus.OK)
+        lost = sorted(p for p in by_partition if p not in answers or answers[p][0].status is not ExecuteStatus.OK)
         if lost:
             # Committed (every participant's log holds its yes vote, and the status call says
             # so) but an owner's answer, and what was read there, was lost: the caller is sent

@@ -374,6 +374,32 @@ async def test_a_one_shot_request_cancelled_at_shutdown_is_not_a_fatal_error(mon
     assert answers == [("p1", ExecuteStatus.UNAVAILABLE, False)], answers
 
 
+async def test_a_committed_one_shot_whose_request_was_cancelled_unanswered_still_answers(tmp_path):
+    """After the COMMIT decision the coordinator waits for every owner's answer (the values it
+    read). A request whose future was cancelled instead of answered (the transport closing) is
+    never answered, and that wait had no bound of its own (found by review): it is bounded by the
+    requests' deadline now, and the missing answer counts as lost (UNKNOWN, "committed, but")."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        node = cluster.node("n0")
+        keys = keys_in(2, ["p0", "p1"])
+        transport = node.coordination.transport
+        real_start = transport.start_request
+
+        def start_request(to_node: str, request: ExecuteRequest, timeout_ms: int) -> asyncio.Future[object]:
+            sent = real_start(to_node, request, timeout_ms)
+            if request.partition != "p1":
+                return sent
+            cancelled: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+            cancelled.cancel()  # sent, and it runs and votes there; its answer never comes here
+            return cancelled
+
+        transport.start_request = start_request  # type: ignore[method-assign]
+        bound_s = node.config.limits.timeout_ms_peer_request / 1000 + 5
+        async with asyncio.timeout(bound_s):
+            outcome = await node.execute(puts({keys["p0"]: b"a", keys["p1"]: b"b"}))
+        assert outcome.status is OutcomeStatus.UNKNOWN and "committed, but" in outcome.detail, outcome
+
+
 async def test_a_one_shot_whose_reads_would_outgrow_the_record_runs_in_two_steps(tmp_path, monkeypatch):
     """Its writes fit a record, but not with the keys it only read, which a one-shot's vote names:
     it runs its operations first and commits after (where a vote names no read), not refused."""

@@ -5,9 +5,15 @@ aborted."""
 
 from __future__ import annotations
 
+import secrets
+import time
+
 import pytest
 
+from cornus.protocol.config import Protocol
+from cornus.protocol.txn_ids import client_txn_id
 from cornus.runtime import coordination
+from cornus.runtime.admission import one_shot_redo
 from cornus.runtime.outcome import NodeOverloaded, OutcomeStatus
 from cornus.runtime.wire import Op, OpKind
 from storage_adapters.contract import DATA_VALUE_BYTES_MAX
@@ -77,3 +83,23 @@ async def test_a_key_written_again_is_held_once(tmp_path, monkeypatch) -> None:
         for open_txn in (txn, other):
             await node.abort(open_txn)
         assert node.coordination.writes_held_bytes == 0
+
+
+async def test_a_one_shot_refused_for_room_on_its_run_first_path_ends_and_frees_its_id(tmp_path, monkeypatch):
+    """A one-shot whose redo with the keys it reads outgrows a record runs its operations first
+    and commits after; there a refusal for room (NodeOverloaded) left the transaction open,
+    holding its slot until the idle sweep, and kept its client-chosen id taken, though nothing
+    had run (found by review)."""
+    monkeypatch.setattr(coordination, "WRITES_HELD_BYTES_MAX", 100_000)
+    async with local_cluster(tmp_path, node_count=1, partition_count=1) as cluster:
+        node = cluster.node()
+        value = b"v" * 60_000
+        ops = [Op(OpKind.PUT, "w0", value), Op(OpKind.PUT, "w1", value)]
+        ops += [Op(OpKind.GET, f"r{i:03}" + "k" * 480) for i in range(30)]  # their names outgrow the record
+        assert one_shot_redo(Protocol.CORNUS, {"p0": ops}) is None, "the test's one-shot must run its ops first"
+        txn = client_txn_id(int(time.time() * 1000), "n0", secrets.token_hex(16), Protocol.CORNUS)
+        with pytest.raises(NodeOverloaded):
+            await node.execute(ops, Protocol.CORNUS, txn)
+        assert node.coordination.txns == {}, "the refused one-shot is still open"
+        monkeypatch.setattr(coordination, "WRITES_HELD_BYTES_MAX", 1_000_000)
+        assert (await node.execute(ops, Protocol.CORNUS, txn)).status is OutcomeStatus.COMMITTED

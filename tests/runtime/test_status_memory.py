@@ -14,7 +14,7 @@ from cornus.protocol.config import Protocol
 from cornus.protocol.effects import Reply
 from cornus.protocol.status import kept_floor_ms, kept_window_ms
 from cornus.runtime import coordination
-from cornus.runtime.outcome import OutcomeStatus
+from cornus.runtime.outcome import OutcomeStatus, TxnWrongState
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, StatusRequest
 from storage_adapters.contract import LogId, Record, TxnState
 from tests.runtime.faults import commit_told_unknown, keys_in, local_cluster, puts, wait_collected, wait_until
@@ -92,6 +92,32 @@ async def test_the_outcome_of_a_commit_reported_unknown_survives_other_traffic(t
         assert status is not None, f"storage holds {values}; status call: no such transaction"
         expected = OutcomeStatus.COMMITTED if values == writes else OutcomeStatus.ABORTED
         assert status.status is expected, (status, values)
+
+
+async def test_calls_on_a_transaction_whose_commit_was_told_unknown_say_so_not_no_such_transaction(
+        tmp_path, monkeypatch):
+    """A commit that outlived its deadline was answered UNKNOWN and forgotten as a transaction of
+    this node: a commit or abort sent again (a gRPC client whose own deadline came first), before
+    or after the decision, heard "no transaction ... on n0", NOT_FOUND over gRPC, which a client
+    may take for "never existed" and run again (found by review)."""
+    monkeypatch.setattr(coordination, "TIMEOUT_MS_COMMIT", 200)
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        keys = keys_in(2, ["p0", "p1"])
+        txn = await commit_told_unknown(cluster, node, {keys["p0"]: b"a", keys["p1"]: b"b"})
+        for call in (node.commit, node.abort):
+            with pytest.raises(TxnWrongState, match="ask its status"):
+                await call(txn)
+        with pytest.raises(TxnWrongState, match="ask its status"):
+            await node.run_ops(txn, puts({keys["p0"]: b"c"}))
+
+        async def decided() -> bool:
+            known = node.status(txn)
+            return known is not None and known.status is not OutcomeStatus.UNKNOWN
+
+        await wait_until(decided, 10, "the transaction told unknown was never decided")
+        with pytest.raises(TxnWrongState, match="committed"):
+            await node.abort(txn)
 
 
 async def test_the_outcome_of_a_commit_reported_unknown_survives_collection_and_a_coordinator_restart(
