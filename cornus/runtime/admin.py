@@ -25,7 +25,7 @@ from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.transport import Transport
 from cornus.runtime.wire import StatusRequest, StatusResponse
 from storage_adapters.contract import LogId, TxnState
-from storage_adapters.errors import StorageUnavailable
+from storage_adapters.errors import StorageUnavailable, ValidationError
 from storage_adapters.store import LogStore, call_deadline_at
 
 # Storage calls one manual resolve keeps in flight (it reads every partition's log).
@@ -236,7 +236,11 @@ class Admin:
     # -- manual resolve ----------------------------------------------------------------------------
     async def resolve(self, txn: str) -> Outcome:
         """Finish a transaction by hand from any node, reading storage directly (every node can),
-        by the core's rules (cornus.protocol.resolve)."""
+        by the core's rules (cornus.protocol.resolve). ValidationError, and nothing read or
+        written, for an id that names no protocol: no node made it, and no rule decides it."""
+        if txn_ids.protocol_of(txn) is None:
+            raise ValidationError(f"{txn!r} names no protocol (the ids this cluster makes end in their protocol's "
+                                  f"tag: {', '.join(sorted(txn_ids.PROTOCOL_TAGS.values()))}): nothing to resolve")
         pc = self.config.protocol_config
         resolver = Resolver(txn, self.config.partitions, pc, random.Random())
         # The write window runs on the lease clock, which counts a suspend of the machine (found

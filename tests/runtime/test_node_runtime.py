@@ -167,6 +167,25 @@ async def test_admin_listing_and_resolve_of_a_voted_transaction(tmp_path):
         assert not [m for m in cluster.node("n0").core.coordinator.machines.values() if m.phase is CoordPhase.DECIDED]
 
 
+async def test_resolve_of_an_id_that_names_no_protocol_is_refused_and_reads_nothing(tmp_path):
+    """An id without a protocol's tag names no transaction any node made: resolve answered 202
+    "unknown" (and `cornus resolve` exit 1, "in doubt") instead of refusing the input (found by
+    review)."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        reads: list[object] = []
+        real_read = cluster.real_store.read
+
+        async def counted(*args: object, **kwargs: object) -> object:
+            reads.append(args)
+            return await real_read(*args, **kwargs)  # type: ignore[arg-type]
+
+        cluster.real_store.read = counted  # type: ignore[method-assign]
+        for bad in ("abc", "1717171717171.n0.a1b2c3.1", "1717171717171.n0.a1b2c3.1.paxos"):
+            with pytest.raises(ValidationError, match="names no protocol"):
+                await cluster.node().resolve(bad)
+        assert reads == []
+
+
 def _async(check):  # type: ignore[no-untyped-def]
     async def wrapped() -> bool:
         return bool(check())
