@@ -243,6 +243,9 @@ def serve() -> None:
     import services.public_api.server
     import services.serve  # noqa: F401
     import storage_adapters.emulator  # noqa: F401
+    from services.api import rest
+
+    rest.prebuild()  # the REST API's routes, which each node forked from here takes (rest.build_app)
 
     # A fork copies only the forking thread: a lock held by another would stay locked in every node.
     assert threading.active_count() == 1, threading.enumerate()
