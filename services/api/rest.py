@@ -13,8 +13,9 @@ a body over the size limit. Every input is checked before the node sees it, so a
 never aborts the interactive transaction it names. A one-shot an owner refuses as invalid is a 400
 too (it changed nothing), as in gRPC (INVALID_ARGUMENT): `one_shot_outcome` in the runtime.
 
-A node still recovering refuses begin, execute and the status call with 503 `unavailable`, as gRPC
-refuses every call with UNAVAILABLE: it does not know yet what its logs hold.
+A node still recovering refuses begin, execute and the status call with 503 `unavailable` (gRPC:
+UNAVAILABLE), the node's own gates, which both APIs leave to it: it does not know yet what its
+logs hold. Calls on a transaction already open are served.
 """
 
 from __future__ import annotations

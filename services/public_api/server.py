@@ -317,9 +317,6 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         if remaining_s is not None and remaining_s <= 0:
             work.close()
             raise DeadlineExceeded(f"the deadline passed before {what} started; nothing changed")
-        if not self._node.ready:
-            work.close()
-            raise NodeOverloaded(f"{self._node.node_id} is still recovering")
         task = asyncio.ensure_future(work)
         self.background.add(task)
         task.add_done_callback(self._work_done)
@@ -404,9 +401,7 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
     @_status_codes
     async def Begin(self, request: pb.BeginRequest, context: grpc.aio.ServicerContext) -> pb.BeginResponse:
         protocol = _protocol(request.protocol)
-        if not self._node.ready:
-            raise NodeOverloaded(f"{self._node.node_id} is still recovering")
-        return pb.BeginResponse(txn=self._node.begin(protocol))
+        return pb.BeginResponse(txn=self._node.begin(protocol))  # refused by the node while it recovers
 
     @_status_codes
     async def Read(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> pb.ReadResponse:
