@@ -1217,16 +1217,19 @@ class AzureBlobStore(LogStore):
         the write carries a start past it, which Azure checks by its clock (azure_signing)."""
         validate_owner_write(expected, new)  # a bad call changes nothing, here either
         if expected is not None and expected.owner and (new.owner, new.epoch) != (expected.owner, expected.epoch):
+            passed_unix_s = time.time()
             until_unix_s = self._signatures.pass_on(new.partition, expected.epoch)
             # Bounded: no fenced write of the partition is signed after pass_on, so `until` only
-            # falls, and the loop ends by its expiry at the latest.
+            # falls (as answers come), and the loop ends by its expiry at the latest. A write still
+            # unanswered then stays counted, past its expiry by this clock too: the release
+            # carries a start after it, for Azure's clock.
             while until_unix_s is not None:
                 left_s = until_unix_s + 1 - time.time()
                 if left_s <= 0:
                     self._not_before_unix_s[new.partition] = until_unix_s + 1
                     break
                 await asyncio.sleep(min(left_s, UNANSWERED_POLL_MS / 1000))
-                until_unix_s = self._signatures.unanswered_until(new.partition)
+                until_unix_s = self._signatures.unanswered_until(new.partition, passed_unix_s)
         return await super().write_owner(expected, new)
 
     @in_signing_window

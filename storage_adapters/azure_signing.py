@@ -160,14 +160,14 @@ class ExpiringSignatures(SharedKeyCredentialPolicy):
         """Stop signing fenced writes of `partition` at `epoch` or before, and say until when (unix
         seconds, as signed) Azure may still accept one already sent and unanswered (None: none)."""
         self._passed_on[partition] = max(epoch, self._passed_on.get(partition, 0))
-        return self.unanswered_until(partition)
+        return self.unanswered_until(partition, time.time())
 
-    def unanswered_until(self, partition: str) -> int | None:
+    def unanswered_until(self, partition: str, since_unix_s: float) -> int | None:
         """Until when (unix seconds, as signed) Azure may still accept a fenced write of
-        `partition` this store sent and has no answer to (None: none is left)."""
-        now_unix_s = time.time()
+        `partition` this store sent and has no answer to, of those whose signature had not expired
+        at `since_unix_s` (None: none is left)."""
         expiries = [entry.expires_unix_s for entry in self._unanswered.values()
-                    if partition in entry.partitions and entry.expires_unix_s >= now_unix_s]
+                    if partition in entry.partitions and entry.expires_unix_s >= since_unix_s]
         return max(expiries, default=None)
 
     def on_request(self, request: Any) -> None:

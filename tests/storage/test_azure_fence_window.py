@@ -22,6 +22,7 @@ from azure.core.exceptions import HttpResponseError
 from azure.core.rest import HttpRequest
 
 from cornus.runtime.node import TIMEOUT_MS_RELEASE
+from storage_adapters import azure_blob
 from storage_adapters.azure_signing import arrived_expired
 from storage_adapters.contract import LogId, Ownership, RecordBody, TxnState
 from storage_adapters.errors import StorageUnavailable
@@ -171,6 +172,30 @@ async def test_a_release_waits_for_the_answers_of_the_owners_fenced_writes_not_f
     assert vote.done() and vote.exception() is None, "the release went before the vote's answer"
     record = await stores.new_owner.read(LOG, "t1")
     assert record is not None and record.state is TxnState.VOTE_YES
+
+
+async def test_a_release_after_a_fenced_write_that_stayed_unanswered_starts_after_its_expiry(
+        stores: _Stores, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write whose answer never came may still land until its signature expires by Azure's
+    clock, which may lag this node's: the release waits out the expiry by this clock and carries
+    a start after it, which Azure checks by its own. (The release's wait for answers, above, once
+    dropped a write from its count as its expiry passed here, and the release then went without
+    that start: found by review of that change.)"""
+    starts: list[int] = []
+    real_not_before = azure_blob.not_before
+
+    def recorded(unix_s: int) -> None:
+        starts.append(unix_s)
+        real_not_before(unix_s)
+
+    monkeypatch.setattr(azure_blob, "not_before", recorded)
+    taken = Ownership(PARTITION, "n1", epoch=1, version=1, lease_ms=60_000)
+    assert (await stores.new_owner.write_owner(None, taken)).written
+    await _held_vote(stores, taken)  # its caller gave up at its deadline; no answer will come
+    released_s = time.time()
+    released = replace(taken, owner="", version=taken.version + 1)
+    assert (await stores.old_owner.write_owner(taken, released)).written
+    assert len(starts) == 1 and released_s < starts[0] <= released_s + DEADLINE_MS / 1000 + 2, starts
 
 
 async def test_a_fenced_write_that_arrives_after_its_lease_window_is_refused_as_unavailable(stores: _Stores) -> None:
