@@ -377,9 +377,10 @@ class Coordination:
         await self._request_partition(ExecuteRequest(txn, partition, self.node_id, (), abort=True))
 
     async def abort(self, txn: str, *, input_refused: bool = False) -> Outcome:
-        """Abort an active transaction. `input_refused`: its caller's input was refused before any
-        of it ran (a one-shot run as begin, run_ops and commit, as the public gRPC API does), so a
-        client-chosen id of it stays free for the corrected request, as `execute` leaves it."""
+        """Abort an active transaction. `input_refused`: its caller's request was refused before any
+        of it ran (bad input, or no room for its writes: a one-shot run as begin, run_ops and
+        commit, as the public gRPC API does), so a client-chosen id of it stays free for the
+        corrected request or the retry, as `execute` leaves it."""
         ctx = self.active(txn)
         outcome = await self._abort(ctx, AbortReason.CLIENT, "aborted by the caller")
         if input_refused:

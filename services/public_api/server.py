@@ -367,8 +367,9 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         except BaseException as error:
             # The caller is gone (metadata could not be sent), the input was bad, or the task was
             # cancelled: nothing committed, and the transaction must not wait for the idle sweep.
-            # Bad input frees a client-chosen id for the corrected request, as REST's execute does.
-            await node.abort(txn, input_refused=isinstance(error, ValidationError))
+            # Bad input, or no room for its writes here, frees a client-chosen id for the corrected
+            # request or the retry, as REST's execute does.
+            await node.abort(txn, input_refused=isinstance(error, ValidationError | NodeOverloaded))
             raise
         if call.refused or (deadline_s is not None and time.monotonic() >= deadline_s):
             # Nobody would hear of this commit: the caller was told DEADLINE_EXCEEDED (or, as the

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,9 @@ import grpc
 import pytest
 
 import services.public_api  # noqa: F401 - builds the generated code before it is imported below
+from cornus.protocol.config import Protocol
+from cornus.protocol.txn_ids import client_txn_id
+from cornus.runtime import coordination
 from cornus.runtime.node import Node
 from cornus.runtime.outcome import Outcome, OutcomeStatus
 from services.public_api import TXN_METADATA_KEY, example
@@ -167,3 +172,19 @@ async def test_calls_on_an_open_transaction_are_served_while_the_node_is_not_rea
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await served.stub.Status(pb.TxnRequest(txn=txn), timeout=5)
         assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, refused.value
+
+
+async def test_a_one_shot_refused_for_room_leaves_its_client_chosen_id_free(tmp_path, monkeypatch):
+    """Refused before anything ran (no room for its writes on the coordinator: UNAVAILABLE, retry
+    later), a one-shot's client-chosen id was kept as a transaction that ended, and the retry the
+    answer asks for, with the same id, was refused as "already known" (found by review; REST
+    frees it)."""
+    monkeypatch.setattr(coordination, "WRITES_HELD_BYTES_MAX", 1_000)
+    async with _served(tmp_path) as served:
+        txn = client_txn_id(int(time.time() * 1000), served.node.node_id, secrets.token_hex(16), Protocol.CORNUS)
+        request = pb.ExecuteRequest(txn=txn, ops=[pb.Op(kind=pb.OP_KIND_PUT, key=served.keys[0], value=b"v" * 5_000)])
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await served.stub.Execute(request, timeout=5)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, refused.value
+        monkeypatch.setattr(coordination, "WRITES_HELD_BYTES_MAX", 10_000_000)
+        assert (await served.stub.Execute(request, timeout=5)).outcome == pb.OUTCOME_COMMITTED
