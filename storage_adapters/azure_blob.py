@@ -1218,6 +1218,7 @@ class AzureBlobStore(LogStore):
         validate_owner_write(expected, new)  # a bad call changes nothing, here either
         if expected is not None and expected.owner and (new.owner, new.epoch) != (expected.owner, expected.epoch):
             passed_unix_s = time.time()
+            answered = self._signatures.answered_count
             until_unix_s = self._signatures.pass_on(new.partition, expected.epoch)
             # Bounded: no fenced write of the partition is signed after pass_on, so `until` only
             # falls (as answers come), and the loop ends by its expiry at the latest. A write still
@@ -1229,7 +1230,9 @@ class AzureBlobStore(LogStore):
                     self._not_before_unix_s[new.partition] = until_unix_s + 1
                     break
                 await asyncio.sleep(min(left_s, UNANSWERED_POLL_MS / 1000))
-                until_unix_s = self._signatures.unanswered_until(new.partition, passed_unix_s)
+                if self._signatures.answered_count != answered:  # else nothing changed
+                    answered = self._signatures.answered_count
+                    until_unix_s = self._signatures.unanswered_until(new.partition, passed_unix_s)
         return await super().write_owner(expected, new)
 
     @in_signing_window

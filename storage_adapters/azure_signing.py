@@ -21,16 +21,17 @@ expiry (`se`) Azure checks on arrival, with its own clock:
   consulted (a request whose window is over is sent, and refused);
 - a write that passes a partition on (a release, a take in a new epoch) first stops this store
   from sending fenced writes of the epoch passed on (a fence check still in flight would send one
-  after), then waits until those it sent and heard no answer to have expired, and carries a start
-  (`st`) after them: a released partition is taken at once, so what its owner still had on the
-  network must be refused by then. Answered ones have landed or been refused already, so a
-  release after a quiet spell waits for nothing.
-A 403 for a request whose signature was out of its time by Azure's clock when it arrived (the
-answer's Date header) is that request arriving late, or early (StorageUnavailable: retried), not a
-credential problem (StorageError). What this leaves: a request's headers are checked on arrival,
-so a body held up after them (one TCP segment for records; a data blob of many) could commit
-later; and Azure's own clocks (the Last-Modified stamp, the signature check) must agree within a
-taker's clock slack.
+  after), then waits until each of those it sent and had no answer to has its answer, or has
+  expired, and then carries a start (`st`) after that expiry: a released partition is taken at
+  once, so what its owner still had on the network must be refused by then. Answered ones have
+  landed or been refused already (but a 5xx, after which Azure may still complete the operation),
+  so a release usually waits a round trip at most.
+A 403 for a request whose signature was out of its time by Azure's clock when it arrived (the later
+of the answer's Date header and the error message's own Time) is that request arriving late, or
+early (StorageUnavailable: retried), not a credential problem (StorageError). What this leaves: a
+request's headers are checked on arrival, so a body held up after them (one TCP segment for
+records; a data blob of many) could commit later; and Azure's own clocks (the Last-Modified stamp,
+the signature check) must agree within a taker's clock slack.
 """
 
 from __future__ import annotations
@@ -151,6 +152,9 @@ class ExpiringSignatures(SharedKeyCredentialPolicy):
         self._lifetime_s_max = lifetime_s_max
         self._signatures: collections.OrderedDict[tuple[int, int | None], str] = collections.OrderedDict()
         self._unanswered: collections.OrderedDict[object, _Unanswered] = collections.OrderedDict()
+        # Fenced writes answered so far: a release waiting for answers looks through the unanswered
+        # ones again only when it has grown (a stalled storage answers nothing for seconds).
+        self.answered_count = 0
         # Per partition, the epoch this store is passing (or passed) on: its fenced writes of that
         # epoch or an earlier one are not sent any more. Passing a partition on waits for what was
         # sent before; this stops what a fence check still in flight would send after.
@@ -196,10 +200,12 @@ class ExpiringSignatures(SharedKeyCredentialPolicy):
         request.http_request.url = url + ("&" if "?" in url else "?") + self._signature(expires_unix_s, start_unix_s)
 
     def on_response(self, request: Any, response: Any) -> None:
-        # Answered: it landed or was refused, and can land no later.
+        # Answered: it landed or was refused, and can land no later. Not a 5xx: Azure's 500
+        # OperationTimedOut, say, may still complete the operation.
         token = request.context.get(_TOKEN)
-        if token is not None:
+        if token is not None and response.http_response.status_code < 500:
             self._unanswered.pop(token, None)
+            self.answered_count += 1
 
     def _remember(self, request: Any, partitions: tuple[str, ...], expires_unix_s: int, now_unix_s: float) -> None:
         token = object()
@@ -230,8 +236,9 @@ class ExpiringSignatures(SharedKeyCredentialPolicy):
 
 def arrived_expired(error: HttpResponseError) -> str | None:
     """Why Azure refused a request whose signature was out of its time by Azure's own clock (the
-    answer's Date header; this node's where there is none): it arrived after its call's deadline or
-    lease window, or before the start it carried. None for any other error."""
+    later of the answer's Date header and the error message's Time; this node's where there is
+    neither): it arrived after its call's deadline or lease window, or before the start it
+    carried. None for any other error."""
     if error.status_code != 403 or error.response is None:
         return None
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(error.response.request.url).query)

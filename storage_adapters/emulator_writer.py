@@ -213,6 +213,9 @@ def lock_start(path: Path) -> int | None:
     except BlockingIOError:
         os.close(fd)
         return None
+    except BaseException:
+        os.close(fd)  # a filesystem without flock, say: the caller hears it, and no descriptor is kept
+        raise
     return fd
 
 

@@ -106,11 +106,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # `CORNUS_TEST_TIMELINE=FILE`: each test's worker, start and end (wall-clock seconds, setup to
 # teardown), and the CPU seconds it spent in the worker and in the child processes it waited for
-# (CLI and bench processes and what they started; not the nodes the cluster harness forks from its
-# worker's node launcher, which lives as long as the worker, nor the services) appended to FILE as
-# tab-separated lines: what tells which tests make the suite's tail when its wall time is over
-# budget, and, since the suite is bound by CI's two cores, which tests spend them
-# (scripts/timeline.py reads it).
+# (CLI and bench processes and what they started; not the services, nor the nodes a node launcher
+# forked: each launcher appends those to FILE.nodes, with the test that started them,
+# services/node_launcher.py) appended to FILE as tab-separated lines: what tells which tests make
+# the suite's tail when its wall time is over budget, and, since the suite is bound by CI's two
+# cores, which tests spend them (scripts/timeline.py reads it).
 _TIMELINE = os.environ.get("CORNUS_TEST_TIMELINE", "")
 
 

@@ -23,7 +23,7 @@ from azure.core.rest import HttpRequest
 
 from cornus.runtime.node import TIMEOUT_MS_RELEASE
 from storage_adapters import azure_blob
-from storage_adapters.azure_signing import arrived_expired
+from storage_adapters.azure_signing import ExpiringSignatures, arrived_expired
 from storage_adapters.contract import LogId, Ownership, RecordBody, TxnState
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
@@ -269,3 +269,24 @@ def test_a_signature_refused_past_its_expiry_is_late_though_the_date_header_lags
     # A credential problem well inside the signature's time stays one.
     refused_early = "Server failed to authenticate the request.\nRequestId:r2\nTime:2030-01-01T00:00:07.5Z"
     assert arrived_expired(_refusal(403, url, "Tue, 01 Jan 2030 00:00:07 GMT", refused_early)) is None
+
+
+def test_a_fenced_write_answered_with_a_server_error_stays_unanswered() -> None:
+    """A release waits only for writes without an answer; a 5xx is no answer it may count on (Azure's
+    500 OperationTimedOut may still complete the operation): the write stays counted until it
+    expires (found by review)."""
+    signatures = ExpiringSignatures("account", "a2V5", 5.0)
+    now_unix_s = int(time.time())
+
+    def fenced_write(expires_unix_s: int) -> types.SimpleNamespace:
+        request = types.SimpleNamespace(context={})
+        signatures._remember(request, (PARTITION,), expires_unix_s, time.time())
+        return request
+
+    def answer(request: types.SimpleNamespace, status: int) -> None:
+        signatures.on_response(request, types.SimpleNamespace(http_response=types.SimpleNamespace(status_code=status)))
+
+    failed, landed = fenced_write(now_unix_s + 30), fenced_write(now_unix_s + 60)
+    answer(failed, 500)
+    answer(landed, 201)
+    assert signatures.unanswered_until(PARTITION, time.time()) == now_unix_s + 30
