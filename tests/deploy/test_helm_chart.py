@@ -452,6 +452,30 @@ def test_network_policy_lets_dynamodb_nodes_reach_the_eks_pod_identity_agent(
         )
 
 
+# The address storage is reached at, and the ports the nodes' egress must then admit (those of
+# the URL the chart was given; without one in it, the scheme's).
+STORAGE_PORTS = [
+    (["storage.redis.url=rediss://redis.example:10000/0"], 10000),
+    (["storage.redis.url=redis://redis.example/0"], 6379),
+    (["storage.backend=dynamodb", "storage.dynamodb.endpoint=http://dynamodb-local.dev:8000"], 8000),
+    (["storage.backend=dynamodb", "storage.dynamodb.endpoint=http://dynamodb-local.dev"], 80),
+    (["storage.backend=dynamodb"], 443),
+    (["storage.redis.url=redis://redis.example:7000/0", "networkPolicy.storagePorts={7001}"], 7001),
+]
+
+
+@pytest.mark.parametrize(("sets", "port"), STORAGE_PORTS)
+def test_network_policy_lets_nodes_reach_storage_on_the_port_of_its_url(
+    helm_bin: str, sets: list[str], port: int
+) -> None:
+    """The egress rule admitted only the backend's usual ports (6379 and 6380, 443): with a URL on
+    another (Azure Managed Redis listens on 10000, DynamoDB Local on 8000), a cluster that enforces
+    the policy cut every node off storage, and they restarted in a loop (found by review)."""
+    policy = find(render(helm_bin, sets=["devRedis.enabled=false", *sets]), "NetworkPolicy", "cornus")
+    assert _egress_allows(policy, "203.0.113.7/32", port), policy["spec"]["egress"]
+    assert not _egress_allows(policy, "203.0.113.7/32", 6380 if port != 6380 else 6379), policy["spec"]["egress"]
+
+
 def _pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Every pod spec a render creates (workloads' templates, hook jobs, bare pods), by kind/name."""
     specs = {}

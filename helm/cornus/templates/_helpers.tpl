@@ -138,11 +138,27 @@ Service picks.
 {{- end }}
 {{- end }}
 
-{{/* The port storage is reached on, for the NetworkPolicy's egress rule. */}}
+{{/* The ports storage is reached on, for the NetworkPolicy's egress rule: networkPolicy.storagePorts,
+else the port of the URL the chart was given (storage.redis.url, storage.dynamodb.endpoint: a
+cluster that enforces the policy cut nodes off a server on any other port, and they restarted
+in a loop; found by review), else the backend's usual ones. A URL held in a Secret is not seen
+here: its port goes in networkPolicy.storagePorts. */}}
 {{- define "cornus.storagePorts" -}}
 {{- $backend := .Values.storage.backend }}
+{{- $url := "" }}
+{{- if eq $backend "redis" }}{{ $url = .Values.storage.redis.url }}{{ end }}
+{{- if eq $backend "dynamodb" }}{{ $url = .Values.storage.dynamodb.endpoint }}{{ end }}
+{{- $parsed := dict }}
+{{- if $url }}{{ $parsed = urlParse $url }}{{ end }}
+{{- $host := get $parsed "host" | default "" }}
 {{- if .Values.networkPolicy.storagePorts }}
 {{- toJson .Values.networkPolicy.storagePorts }}
+{{- else if regexMatch ":[0-9]+$" $host }}
+{{- toJson (list (regexFind "[0-9]+$" $host | int)) }}
+{{- else if and $url (eq $backend "redis") }}
+{{- toJson (list 6379) }}
+{{- else if $url }}
+{{- toJson (list (ternary 80 443 (eq (get $parsed "scheme") "http"))) }}
 {{- else if eq $backend "redis" }}
 {{- toJson (list 6379 6380) }}
 {{- else if eq $backend "emulator" }}
