@@ -291,11 +291,41 @@ def timeout_names_all() -> set[str]:
     )
 
 
+def _is_timer(name: str) -> bool:
+    # Not the tombstones' keep, which storage counts, not a timer of ours.
+    return (name.endswith("_ms") or name.startswith(("timeout_ms_", "backoff_ms_"))) and name != "outcome_keep_ms"
+
+
+def timeout_maxima() -> dict[str, int]:
+    """The largest value a node takes for each timeout and limit it can be given (CORNUS_<NAME>),
+    each on its own; combinations have rules of their own, checked at start. The chart's schema
+    states the same bounds (a value it let through, the node refused, and every pod restarted in
+    a loop: found by review; tests/deploy checks the two agree)."""
+    settable = timeout_names_all() - {"storage_deadline_ms", "late_write_window_ms"}
+    maxima = {name: TIMER_MS_MAX for name in settable if _is_timer(name)}
+    maxima.update(_LIMIT_MAX)
+    maxima.update({
+        "lease_ms": OWNER_LEASE_MS_MAX,
+        "renew_interval_ms": OWNER_LEASE_MS_MAX // 2,  # at most half the lease
+        "drain_ms_max": TIMER_MS_MAX,
+        "outcome_keep_ms": TOMBSTONE_KEEP_MS_MAX,
+        "scan_page_count_max": SCAN_PAGE_COUNT_MAX,
+        "gc_attempt_count_max": GC_ATTEMPT_COUNT_MAX,
+    })
+    assert set(maxima) == settable, sorted(settable ^ set(maxima))
+    return maxima
+
+
 def _ownership_config(values: Mapping[str, int], protocol_config: ProtocolConfig, backend: str) -> OwnershipConfig:
     """OwnershipConfig asserts its rules (it is the pure core's); user input gets clear errors."""
     merged = {**dataclasses.asdict(OwnershipConfig()), **values, "clock_slack_ms": protocol_config.clock_slack_ms}
     if merged["lease_ms"] > OWNER_LEASE_MS_MAX:
         raise ValidationError(f"lease_ms is {merged['lease_ms']}, the limit is {OWNER_LEASE_MS_MAX}")
+    for name in ("failover_delay_ms", "drain_ms_max"):
+        # A node that waited longer than this before taking a dead node's partitions, or for a
+        # hand-over, left them unserved past any client's patience.
+        if merged[name] > TIMER_MS_MAX:
+            raise ValidationError(f"{name} is {merged[name]}, more than its maximum {TIMER_MS_MAX} (an hour)")
     if 2 * merged["renew_interval_ms"] > merged["lease_ms"]:
         raise ValidationError(
             f"renew_interval_ms ({merged['renew_interval_ms']}) must be at most half of lease_ms "
@@ -359,9 +389,7 @@ def _protocol_config(values: Mapping[str, int], storage: StoreConfig) -> Protoco
             f"to at least {-(-merged['outcome_keep_ms'] // DAY_MS)}, or lower outcome_keep_ms"
         )
     for name, value in merged.items():
-        # Timers; not the tombstones' keep, which storage counts, not a timer of ours.
-        timer = (name.endswith("_ms") or name.startswith(("timeout_ms_", "backoff_ms_"))) and name != "outcome_keep_ms"
-        if timer and isinstance(value, int) and value > TIMER_MS_MAX:
+        if _is_timer(name) and isinstance(value, int) and value > TIMER_MS_MAX:
             raise ValidationError(f"{name} is {value}, more than its maximum {TIMER_MS_MAX} (an hour)")
     if merged["gc_attempt_count_max"] > GC_ATTEMPT_COUNT_MAX:
         raise ValidationError(f"gc_attempt_count_max must be at most {GC_ATTEMPT_COUNT_MAX}")

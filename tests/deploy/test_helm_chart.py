@@ -23,7 +23,7 @@ import yaml
 
 from cornus.protocol.config import ProtocolConfig
 from cornus.protocol.ownership import OwnershipConfig
-from cornus.runtime.config import RuntimeLimits, load_node_config, timeout_names_all
+from cornus.runtime.config import RuntimeLimits, load_node_config, timeout_maxima, timeout_names_all
 from services.client import ClientConfig
 from services.serve import SHUTDOWN_BUDGET_S, STORAGE_OPEN_TIMEOUT_S
 from storage_adapters.contract import OWNER_LEASE_MS_MAX, PARTICIPANT_COUNT_MAX, SCAN_PAGE_COUNT_MAX
@@ -356,6 +356,25 @@ def test_helm_refuses_exactly_the_timeouts_the_node_refuses(helm_bin: str, redis
     else:
         assert node_refusal, f"helm refuses {extra}, which the node accepts:\n{done.stderr}"
         assert helm_word in done.stderr and node_word in node_refusal, (done.stderr, node_refusal)
+
+
+def test_the_chart_bounds_each_timeout_where_the_node_does(
+    helm_bin: str, redis_pod_environ: dict[str, str], tmp_path: Path,
+) -> None:
+    """The schema bounded four of the timeouts and limits; the node bounds every one, so a value
+    over the node's maximum installed, and every pod restarted in a loop refusing it (found by
+    review: timeout_ms_peer_request 300001, identity_check_ms 3600001, ...). Each one past its
+    maximum is refused by both now."""
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["timeouts"]
+    maxima = timeout_maxima()
+    assert set(schema["propertyNames"]["enum"]) == set(maxima)
+    for name, maximum in sorted(maxima.items()):
+        assert schema["properties"][name]["maximum"] == maximum, name
+        over = {"timeouts": {name: maximum + 1}}
+        done = run_helm(helm_bin, _template_args(VALUES_FILES["redis"], over, "--set", tmp_path))
+        assert done.returncode != 0 and name in done.stderr, (name, done.stderr)
+        assert _node_verdict({**redis_pod_environ, f"CORNUS_{name.upper()}": str(maximum + 1)}), (
+            f"the node takes {name}={maximum + 1}")
 
 
 def test_manifests_validate_against_kubernetes_schemas(helm_bin: str, tmp_path: Path) -> None:
