@@ -19,6 +19,12 @@ output "storage_connection_string" {
   sensitive   = true
 }
 
+output "storage_secondary_connection_string" {
+  description = "The connection string of the account's other key: rotate through it (docs/deploy.md, section 3), never by renewing the key the nodes use."
+  value       = azurerm_storage_account.cornus.secondary_connection_string
+  sensitive   = true
+}
+
 output "redis_url" {
   description = "rediss:// URL of the Azure Cache for Redis, password included (for the Secret of storage.redis.existingSecret); null without redis_enabled."
   value       = var.redis_enabled ? "rediss://:${azurerm_redis_cache.cornus[0].primary_access_key}@${azurerm_redis_cache.cornus[0].hostname}:${azurerm_redis_cache.cornus[0].ssl_port}/0" : null
