@@ -82,10 +82,27 @@ async def serve(config: NodeConfig) -> int:
     parked node found its identity vacant and must be restarted)."""
     if not config.api_listen:
         raise ValueError("api_listen is required to serve (file, CORNUS_API_LISTEN or --api-listen)")
+    # Before anything that can wait: a container's first process (PID 1, no init) gets no signal it
+    # has no handler for, and a node stopped while it waited for storage at its start ignored
+    # SIGTERM, then took its identity and partitions and was killed holding them (found by review).
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     failpoints = Failpoints.from_env()
     # Wrapped before the Node gets it, so every storage call of the node is measured.
     metrics = Metrics()
-    store = InstrumentedStore(await open_store_patiently(config.storage), metrics)
+    opening = asyncio.create_task(open_store_patiently(config.storage))
+    stopped_opening = asyncio.create_task(stop.wait())
+    await asyncio.wait({opening, stopped_opening}, return_when=asyncio.FIRST_COMPLETED)
+    stopped_opening.cancel()
+    if not opening.done():
+        opening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await opening
+        log.info("node %s: stopped while it waited for storage at its start", config.node_id)
+        return 0
+    store = InstrumentedStore(opening.result(), metrics)
     transport = PeerTransport(config.node_id, config.listen, config.peers)
     node = Node(config, store, transport, failpoints)
     host, port = config.api_listen.rsplit(":", 1)
@@ -96,10 +113,6 @@ async def serve(config: NodeConfig) -> int:
                        timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S_REQUESTS, log_config=None,
                        http=LimitedHttpProtocol, ws="none")
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     grpc_api = None
     try:
         await node.start(wait_ready=False)
