@@ -45,8 +45,8 @@ def test_a_node_that_is_pid_one_stops_on_sigterm_while_it_waits_for_storage(tmp_
     log = tmp_path / "n0.log"
     with log.open("ab") as out:
         unshare = subprocess.Popen(
-            ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-m", "services.cli", "serve",
-             "--node-id", "n0", "--api-listen", f"127.0.0.1:{free_port()}"],
+            ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-m", "services.cli",
+             "serve", "--node-id", "n0", "--api-listen", f"127.0.0.1:{free_port()}"],
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )
     try:
