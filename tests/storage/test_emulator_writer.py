@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
 import signal
@@ -80,6 +81,20 @@ async def test_stores_opening_a_fresh_file_together_start_one_writer(
     finally:
         for store in stores:
             await store.close()
+
+
+def test_a_start_lock_that_cannot_be_taken_keeps_no_descriptor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a filesystem without flock (ENOLCK), each try to start a writer, every SPAWN_INTERVAL_MS,
+    kept the lock file's descriptor open (found by review)."""
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "no locks available")
+
+    monkeypatch.setattr(emulator_writer.fcntl, "flock", no_locks)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(OSError):
+            emulator_writer.lock_start(tmp_path / "cornus.db")
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 async def test_a_write_past_its_deadline_while_the_file_is_locked_never_lands(
