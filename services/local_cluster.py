@@ -115,17 +115,28 @@ def cluster_ports(node_count: int, base_port: int | None) -> list[tuple[int, int
 # to bind its gRPC port). Below the range only another listener can take it.
 STABLE_PORTS_TRIED_MAX = 64
 EPHEMERAL_RANGE_PATH = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# How many ports just below the ephemeral range local clusters draw from. Only these: the test
+# suite hands its own servers ports from below them (tests/worker.py), which a node killed and
+# restarted leaves free meanwhile; a bench of the suite drawing from the same ports took one such
+# (the fresh-clone suite: a bench node could not bind its peer port).
+STABLE_PORT_COUNT = 6_000
+
+
+def stable_port_range() -> tuple[int, int] | None:
+    """[low, high) of the STABLE_PORT_COUNT ports below the ephemeral range (None where it is unknown)."""
+    try:
+        ephemeral_low = int(EPHEMERAL_RANGE_PATH.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if ephemeral_low - STABLE_PORT_COUNT < 1024:
+        return None
+    return ephemeral_low - STABLE_PORT_COUNT, ephemeral_low
 
 
 def _stable_ports() -> list[int]:
-    """Random candidate ports in the 12,000 below the ephemeral range (none where it is unknown)."""
-    try:
-        low = int(EPHEMERAL_RANGE_PATH.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return []
-    if low - 12_000 < 1024:
-        return []
-    return random.sample(range(low - 12_000, low), STABLE_PORTS_TRIED_MAX)
+    """Random candidate ports of stable_port_range (none where it is unknown)."""
+    bounds = stable_port_range()
+    return [] if bounds is None else random.sample(range(*bounds), STABLE_PORTS_TRIED_MAX)
 
 
 def local_members(

@@ -19,8 +19,11 @@ from typing import TextIO
 
 # Ports handed to servers that a test kills and restarts on the same port come from below the
 # kernel's ephemeral range (32768-60999 on Linux): a port from that range, left free while its
-# server is down, can be taken as the source port of any outgoing connection meanwhile.
-STABLE_PORT_RANGE = (20_000, 32_000)
+# server is down, can be taken as the source port of any outgoing connection meanwhile. And from
+# below the ports local clusters (cornus bench, cluster up, started by tests too) draw from, just
+# under that range (services.local_cluster.stable_port_range, 26768-32768 here), which could
+# otherwise take a port a test's node left free while it restarted.
+STABLE_PORT_RANGE = (14_000, 26_000)
 _PORT_ATTEMPT_COUNT_MAX = 1_000
 _rng = random.Random()
 

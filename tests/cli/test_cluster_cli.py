@@ -23,6 +23,7 @@ from services import local_cluster, node_launcher
 from services.cli import parse_op
 from services.client import CornusClient
 from storage_adapters.errors import ValidationError
+from tests import worker
 from tests.cluster.harness import unknown_txn_id
 
 TIMEOUT_S_TABLE = 90.0
@@ -286,4 +287,8 @@ def test_cluster_ports_come_from_below_the_ephemeral_range_and_are_distinct() ->
     low = int(local_cluster.EPHEMERAL_RANGE_PATH.read_text().split()[0])
     ports = [port for triple in local_cluster.cluster_ports(8, None) for port in triple]
     assert len(set(ports)) == len(ports) == 24
-    assert all(low - 12_000 <= port < low for port in ports), ports
+    assert all(low - local_cluster.STABLE_PORT_COUNT <= port < low for port in ports), ports
+    # Nor from the ports the suite hands its own servers (a bench of the suite took one a test's
+    # restarting node had left free).
+    assert local_cluster.stable_port_range() == (low - local_cluster.STABLE_PORT_COUNT, low)
+    assert worker.STABLE_PORT_RANGE[1] <= low - local_cluster.STABLE_PORT_COUNT, worker.STABLE_PORT_RANGE
