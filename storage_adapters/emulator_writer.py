@@ -616,14 +616,22 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         # The file's identity is taken before SQLite opens it and checked after, so the
-        # connection is on the file the hello names.
+        # connection is on the file the hello names. The descriptor stays open until SQLite's
+        # connection is closed: closing any descriptor of a file drops every POSIX lock this
+        # process holds on it, SQLite's among them, and another process's last close then took
+        # itself for the file's last user and deleted the write-ahead log under this writer,
+        # whose commits from then on no other process could read (found on a cluster restarted
+        # at once: its nodes read their own ownership writes as never made).
         database_fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        conn = emulator_sql.connect(path, WRITER_START_MS_MAX)
+        try:
+            conn = emulator_sql.connect(path, WRITER_START_MS_MAX)
+        except BaseException:
+            os.close(database_fd)
+            raise
         listener, socket_identity = _listen(path)
         if starting_fd is not None:
             os.close(starting_fd)  # a store that finds nobody listening from now on starts one
         files = _Files(path, file_identity(os.fstat(database_fd)), file_identity(os.fstat(lock_fd)), socket_identity)
-        os.close(database_fd)
         try:
             if not files.unchanged():
                 logger.info("%s was replaced as this writer started: leaving", path)
@@ -639,6 +647,7 @@ def main(argv: list[str]) -> int:
                     os.unlink(f"{path}{SOCKET_SUFFIX}")
             listener.close()
             conn.close()
+            os.close(database_fd)  # only now: see where it was opened
     finally:
         os.close(lock_fd)
     return 0

@@ -59,6 +59,41 @@ async def test_stores_on_one_file_share_one_writer(store: EmulatorStore, tmp_pat
         await other.close()
 
 
+async def test_writes_stay_visible_to_readers_after_another_process_closed_its_store(tmp_path: Path) -> None:
+    """The writer kept a descriptor of the database of its own beside SQLite's, to check the
+    file's identity, and closed it after SQLite had opened the file: closing any descriptor of a
+    file drops every POSIX lock the process holds on it, SQLite's shared lock among them. The
+    next process to close its last connection then took itself for the file's last user,
+    checkpointed and deleted the write-ahead log under the serving writer, whose commits from
+    then on went to the deleted log: every other process read the file as it was (found on a
+    cluster stopped and started again at once: each node read its partitions' ownership records
+    as released, took them, and lost them to its own stale reads, never to be ready)."""
+    path = tmp_path / "cornus.db"
+    first = textwrap.dedent(f"""
+        import asyncio
+        from storage_adapters.emulator import EmulatorStore
+        from storage_adapters.contract import LogId, RecordBody, TxnState
+        async def main():
+            store = await EmulatorStore.open({str(path)!r}, timeout_ms_call={TIMEOUT_MS_CALL})
+            await store.log_once(LogId.partition("p0"), "t0", TxnState.VOTE_YES, RecordBody(("p0",), "n0", b""))
+            await store.close()
+        asyncio.run(main())
+    """)
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", first, cwd=REPO_ROOT)
+    assert await asyncio.wait_for(process.wait(), 60) == 0
+    # Within the writer's idle time (it serves on with no client for IDLE_MS_MAX): this store's
+    # writes go to the writer the other process started.
+    store = await EmulatorStore.open(path, timeout_ms_call=TIMEOUT_MS_CALL)
+    try:
+        assert (await store.read(LOG, "t0")) is not None
+        assert (await store.log_once(LOG, "t1", TxnState.VOTE_YES, BODY)).created
+        assert (await store.read(LOG, "t1")) is not None, "the store's own answered write is not read back"
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            assert conn.execute("SELECT count(*) FROM txn_log").fetchone() == (2,)
+    finally:
+        await store.close()
+
+
 async def test_stores_opening_a_fresh_file_together_start_one_writer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
