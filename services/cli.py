@@ -135,7 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
     from services.serve import run
 
     overrides: dict[str, object] = {
-        "node_id": args.node_id, "listen": args.listen, "api_listen": args.api_listen,
+        "node_id": args.node_id, "cluster_id": args.cluster_id, "listen": args.listen, "api_listen": args.api_listen,
         "grpc_api_listen": args.grpc_api_listen, "peers": args.peers,
         "partition_count": args.partition_count, "protocol": args.protocol, "lock_policy": args.lock_policy,
     }
@@ -833,6 +833,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-api-listen", help="public gRPC API address host:port (off when unset)")
     serve.add_argument("--peers", help="every node: n0=host:port,n1=host:port")
     serve.add_argument("--partition-count", type=int, help="number of partitions p0..pN-1")
+    serve.add_argument("--cluster-id", help="which deployment this node belongs to (default: cornus); the storage "
+                                            "records it with the partition count, and refuses a node set otherwise")
     serve.add_argument("--protocol", help="cornus, 2pc or coordinator-log: the default of transactions naming none")
     serve.add_argument("--lock-policy", help="no_wait (abort on a lock conflict, the default) or wait_die "
                                              "(an older transaction waits for younger holders)")

@@ -15,6 +15,7 @@ import time
 
 import uvicorn
 
+from cornus.runtime.cluster_record import EXIT_CODE_CLUSTER_MISMATCH, ClusterMismatch
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import TIMEOUT_MS_COMMIT
 from cornus.runtime.failpoints import Failpoints
@@ -77,9 +78,29 @@ async def open_store_patiently(storage: StoreConfig) -> LogStore:
             delay_s = min(2 * delay_s, STORAGE_OPEN_BACKOFF_S_MAX)
 
 
+async def _done_unless_stopped(task: asyncio.Task[object], stop: asyncio.Event) -> bool:
+    """Wait for `task` unless `stop` comes first; then cancel it and answer False."""
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if task.done():
+        return True
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return False
+
+
+async def _close_store(store: LogStore) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(SHUTDOWN_TIMEOUT_S_STORE):
+            await store.close()
+
+
 async def serve(config: NodeConfig) -> int:
-    """Serve until told to stop; the process's exit status (0, or EXIT_CODE_IDENTITY_VACANT when a
-    parked node found its identity vacant and must be restarted)."""
+    """Serve until told to stop; the process's exit status (0; EXIT_CODE_IDENTITY_VACANT when a
+    parked node found its identity vacant and must be restarted; EXIT_CODE_CLUSTER_MISMATCH when
+    the storage is recorded for another cluster configuration)."""
     if not config.api_listen:
         raise ValueError("api_listen is required to serve (file, CORNUS_API_LISTEN or --api-listen)")
     # Before anything that can wait: a container's first process (PID 1, no init) gets no signal it
@@ -93,18 +114,25 @@ async def serve(config: NodeConfig) -> int:
     # Wrapped before the Node gets it, so every storage call of the node is measured.
     metrics = Metrics()
     opening = asyncio.create_task(open_store_patiently(config.storage))
-    stopped_opening = asyncio.create_task(stop.wait())
-    await asyncio.wait({opening, stopped_opening}, return_when=asyncio.FIRST_COMPLETED)
-    stopped_opening.cancel()
-    if not opening.done():
-        opening.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await opening
+    if not await _done_unless_stopped(opening, stop):
         log.info("node %s: stopped while it waited for storage at its start", config.node_id)
         return 0
     store = InstrumentedStore(opening.result(), metrics)
     transport = PeerTransport(config.node_id, config.listen, config.peers)
     node = Node(config, store, transport, failpoints)
+    # The cluster record is checked before the node takes anything, and may wait for storage too.
+    claiming = asyncio.create_task(node.claim_cluster())
+    try:
+        if not await _done_unless_stopped(claiming, stop):
+            log.info("node %s: stopped while it checked the storage's cluster record", config.node_id)
+            return 0
+        claiming.result()  # raises what the claim raised
+    except ClusterMismatch as error:
+        log.error("%s", error)
+        return EXIT_CODE_CLUSTER_MISMATCH
+    finally:
+        if not node.cluster_claimed:  # the node never started: only its store to close
+            await _close_store(store)
     host, port = config.api_listen.rsplit(":", 1)
     server = uvicorn.Server(
         # log_config=None: uvicorn keeps its hands off logging, so its lines propagate to our JSON handler.
@@ -145,9 +173,7 @@ async def serve(config: NodeConfig) -> int:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SHUTDOWN_TIMEOUT_S_NODE):
                 await node.stop()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(SHUTDOWN_TIMEOUT_S_STORE):
-                await store.close()
+        await _close_store(store)
     return EXIT_CODE_IDENTITY_VACANT if node.parking.vacant.is_set() else 0
 
 

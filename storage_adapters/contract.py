@@ -85,6 +85,15 @@ some yes votes). A node is listed from its first take on and stays listed (ident
 never deleted; a listed node whose log is empty costs recovery one empty scan). Each backend
 lists them in a bounded number of round trips, without reading the log or data records.
 
+The cluster record. One record, `CLUSTER_RECORD_TXN` in the cluster log (`LogId.cluster()`, a
+kind of log of its own, so no partition or node can name it), says which deployment the storage
+belongs to and over how many partitions its keys are spread: data is stored by partition, and a
+node that spread keys over another count would read committed values as absent and split a key
+in two. The runtime writes it with `log_once` (a COMMIT, its content in the body's redo) before a
+node takes anything, and reads it back when it was there already (cornus.runtime.cluster_record).
+No fence guards it (no node owns it), no scan returns it, and nothing deletes it (`delete`
+refuses): storage keeps it as long as the data, which means nothing without it.
+
 What is done once, in `LogStore` (store.py), for every backend. Its public methods are a template: they
 validate the arguments (ValidationError before any I/O), bound the call by the store's deadline
 (StorageUnavailable past it) and map the backend's errors, then call the backend's protected
@@ -159,6 +168,15 @@ class TxnState(enum.StrEnum):
 class LogKind(enum.StrEnum):
     PARTITION = "p"
     COORDINATOR = "c"
+    CLUSTER = "k"  # the one log of the cluster record (LogId.cluster)
+
+
+# The kinds of log that hold transactions' records (scanned, collected, kept as tombstones).
+TXN_LOG_KINDS = (LogKind.PARTITION, LogKind.COORDINATOR)
+# The cluster log's name and its one record's txn id: fixed, since every node of a deployment, and
+# every deployment pointed at the same storage by mistake, must find the same record.
+CLUSTER_LOG_NAME = "cluster"
+CLUSTER_RECORD_TXN = "cluster"
 
 
 def validate_id(value: object, what: str, length_max: int) -> str:
@@ -195,6 +213,8 @@ class LogId:
         validate_id(self.name, "log name", LOG_NAME_LENGTH_MAX)
         if self.kind is LogKind.PARTITION:
             validate_partition(self.name)
+        if self.kind is LogKind.CLUSTER and self.name != CLUSTER_LOG_NAME:
+            raise ValidationError(f"the cluster log is named {CLUSTER_LOG_NAME!r}, not {self.name!r}")
         object.__setattr__(self, "key", f"{self.kind.value}.{self.name}")
 
     @classmethod
@@ -204,6 +224,10 @@ class LogId:
     @classmethod
     def coordinator(cls, name: str) -> LogId:
         return _interned(LogKind.COORDINATOR, name)
+
+    @classmethod
+    def cluster(cls) -> LogId:
+        return _interned(LogKind.CLUSTER, CLUSTER_LOG_NAME)
 
 
 _log_ids: dict[tuple[LogKind, str], LogId] = {}
@@ -404,7 +428,11 @@ def validate_fence(fence: object, partition: str) -> Fence | None:
 
 def validate_log_fence(fence: object, log: LogId) -> Fence | None:
     """A partition's log is fenced by the partition's owner, a coordinator's log by the identity of
-    the node it belongs to."""
+    the node it belongs to; the cluster log by nothing (written once, before any owner exists)."""
+    if log.kind is LogKind.CLUSTER:
+        if fence is not None:
+            raise ValidationError("a write to the cluster log carries no fence: no node owns it")
+        return None
     if log.kind is LogKind.COORDINATOR:
         return validate_fence(fence, identity_name(log.name))
     return validate_fence(fence, log.name)
@@ -449,6 +477,14 @@ def validate_state(state: object) -> TxnState:
 def validate_log(log: object) -> LogId:
     if not isinstance(log, LogId):
         raise ValidationError(f"log must be a LogId, got {type(log).__name__}")
+    return log
+
+
+def validate_not_cluster_log(log: LogId, call: str) -> LogId:
+    """The cluster record is only written once and read: a scan would take it for an unapplied
+    COMMIT, and a delete would leave the data without the count its keys are spread by."""
+    if log.kind is LogKind.CLUSTER:
+        raise ValidationError(f"{call} of the cluster log: its one record is only written once (log_once) and read")
     return log
 
 

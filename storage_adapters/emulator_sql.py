@@ -312,6 +312,7 @@ _TOMBSTONE_BODY_COLUMNS = (json.dumps(_BODY_DEFAULT[0]), *_BODY_DEFAULT[1:])
 _LOG_IDS_BY_KIND: dict[str, Callable[[str], LogId]] = {
     LogKind.PARTITION.value: LogId.partition,
     LogKind.COORDINATOR.value: LogId.coordinator,
+    LogKind.CLUSTER.value: lambda name: LogId(LogKind.CLUSTER, name),
 }
 
 

@@ -36,6 +36,7 @@ from storage_adapters.contract import (
     validate_identity_limit,
     validate_log,
     validate_log_fence,
+    validate_not_cluster_log,
     validate_owner_partitions,
     validate_owner_write,
     validate_partition,
@@ -270,7 +271,7 @@ class LogStore(abc.ABC):
         and a log of many outlived its deadline on every retry: the node never got ready). Each
         record is as read during the call: one finished or deleted meanwhile is left out and the
         page refilled from further on. `after` need not name an existing record."""
-        validate_log(log)
+        validate_not_cluster_log(validate_log(log), "scan_unfinished")
         validate_scan_limit(limit)
         validate_scan_after(after)
         return await self._bounded(self._scan_page(log, limit, after), "scan_unfinished")
@@ -348,7 +349,7 @@ class LogStore(abc.ABC):
         Where the backend `coalesces_deletes`, the deletes of one event-loop tick go to storage
         together, at most DELETE_BATCH_COUNT_MAX per request, and each caller still gets its own
         answer, its own Fenced and its own deadline (counted from its call)."""
-        validate_log(log)
+        validate_not_cluster_log(validate_log(log), "delete")
         validate_txn(txn)
         validate_log_fence(fence, log)
         validate_tombstone(keep, log)

@@ -2,6 +2,7 @@
 then command-line flags (each overriding the one before), and checked before anything starts.
 
     node_id = "n0"
+    cluster_id = "cornus"              # which deployment: recorded in storage by its first node
     listen = "127.0.0.1:7100"          # node-to-node transport (TCP)
     api_listen = "127.0.0.1:8100"      # public REST API
     grpc_api_listen = "127.0.0.1:9100" # public gRPC API (optional)
@@ -23,9 +24,9 @@ then command-line flags (each overriding the one before), and checked before any
 Which node owns a partition is decided at run time, by leases in storage (cornus.protocol.ownership);
 the configuration only names each partition's preferred owner, which gets it when it is alive.
 
-Environment: CORNUS_NODE_ID, CORNUS_LISTEN, CORNUS_API_LISTEN, CORNUS_GRPC_API_LISTEN, CORNUS_PROTOCOL,
-CORNUS_LOCK_POLICY, CORNUS_PARTITION_COUNT, CORNUS_PEERS ("n0=host:port,n1=host:port"), CORNUS_STORAGE_<FIELD>, and
-CORNUS_<TIMEOUT FIELD> (e.g. CORNUS_TIMEOUT_MS_PREPARE).
+Environment: CORNUS_NODE_ID, CORNUS_CLUSTER_ID, CORNUS_LISTEN, CORNUS_API_LISTEN, CORNUS_GRPC_API_LISTEN,
+CORNUS_PROTOCOL, CORNUS_LOCK_POLICY, CORNUS_PARTITION_COUNT, CORNUS_PEERS ("n0=host:port,n1=host:port"),
+CORNUS_STORAGE_<FIELD>, and CORNUS_<TIMEOUT FIELD> (e.g. CORNUS_TIMEOUT_MS_PREPARE).
 
 One concern, kept in one file past 450 lines on purpose: reading the three sources and the checks
 across their fields are one job, since a rule (a grace against the storage deadline, a keep against
@@ -50,6 +51,7 @@ from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min, ou
 from cornus.protocol.locks import Policy
 from cornus.protocol.ownership import OwnershipConfig, placement
 from cornus.protocol.status import requests_window_ms
+from cornus.runtime.cluster_record import CLUSTER_ID_LENGTH_MAX, DEFAULT_CLUSTER_ID
 from storage_adapters.contract import (
     LOG_NAME_LENGTH_MAX,
     NODE_ID_LENGTH_MAX,
@@ -139,6 +141,10 @@ _LIMIT_MAX = {
 class NodeConfig:
     node_id: str
     peers: dict[str, str]
+    # Which deployment this node belongs to: with partition_count, what the storage's cluster
+    # record must say (cornus.runtime.cluster_record), so that a second deployment pointed at the
+    # same storage (a release of the same name in another namespace) refuses it.
+    cluster_id: str = DEFAULT_CLUSTER_ID
     listen: str = ""
     api_listen: str = ""
     grpc_api_listen: str = ""
@@ -155,6 +161,7 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         validate_id(self.node_id, "node_id", NODE_ID_LENGTH_MAX)
+        validate_id(self.cluster_id, "cluster_id", CLUSTER_ID_LENGTH_MAX)
         check_peers(self.peers)
         if self.node_id not in self.peers:
             raise ValidationError(f"peers must include this node ({self.node_id})")
@@ -421,12 +428,13 @@ def load_node_config(
             raw = tomllib.loads(Path(path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as error:
             raise ValidationError(f"config file {path}: {error}") from error
-    known = {"node_id", "listen", "api_listen", "grpc_api_listen", "protocol", "lock_policy", "partition_count",
-             "peers", "partition_owners", "storage", "timeouts"}
+    known = {"node_id", "cluster_id", "listen", "api_listen", "grpc_api_listen", "protocol", "lock_policy",
+             "partition_count", "peers", "partition_owners", "storage", "timeouts"}
     unknown = set(raw) - known
     if unknown:
         raise ValidationError(f"config file {path}: unknown keys {', '.join(sorted(unknown))}")
-    for name in ("node_id", "listen", "api_listen", "grpc_api_listen", "protocol", "lock_policy", "partition_count"):
+    for name in ("node_id", "cluster_id", "listen", "api_listen", "grpc_api_listen", "protocol", "lock_policy",
+                 "partition_count"):
         if f"CORNUS_{name.upper()}" in environ:
             raw[name] = environ[f"CORNUS_{name.upper()}"]
     if "CORNUS_PEERS" in environ:
@@ -482,6 +490,7 @@ def load_node_config(
     return NodeConfig(
         lock_policy=parse_lock_policy(raw.get("lock_policy", Policy.NO_WAIT.value)),
         node_id=raw["node_id"],
+        cluster_id=raw.get("cluster_id", DEFAULT_CLUSTER_ID),
         peers=dict(raw["peers"]),
         listen=raw.get("listen", ""),
         api_listen=raw.get("api_listen", ""),

@@ -6,7 +6,8 @@ The parts, each in its own module: effect execution (effect_runner.py), the clie
 this node coordinates (coordination.py), the partitions' execution phase, locks and cache
 (partition.py), partition ownership (ownership.py), readiness after recovery (readiness.py), what
 operators and peers ask about transactions (admin.py), a deposed process's parking (parking.py),
-and what a peer's request may say (wire.py). This module wires them and carries inbound traffic;
+the storage's cluster record, checked before anything is taken (cluster_record.py), and what a
+peer's request may say (wire.py). This module wires them and carries inbound traffic;
 it is a little over 450 lines because the admission of a peer's request (`on_request`: its
 deadline, ownership, readiness, the carried prepare) is the inbound traffic's own concern, and
 every rule in it is a call into the core or into the parts above.
@@ -37,7 +38,9 @@ from cornus.protocol.locks import Policy
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
 from cornus.protocol.ownership import Lost, OwnershipMachine
+from cornus.runtime import cluster_record
 from cornus.runtime.admin import Admin, PartitionInfo, TxnInfo
+from cornus.runtime.cluster_record import ClusterRecord
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination, TxnAborted, one_shot_outcome
 from cornus.runtime.effect_runner import EffectRunner, fatal
@@ -148,6 +151,7 @@ class Node:
         # owners' business (a partition moving aborts the transactions that touch it, retryable).
         self.coordination.ready = lambda: self.readiness.ready and not self.deposed
         self._sweeper: asyncio.Task[None] | None = None
+        self.cluster_claimed = False
 
     # === lifecycle =================================================================================
 
@@ -165,7 +169,16 @@ class Node:
                 return False
         return True
 
+    async def claim_cluster(self) -> None:
+        """Check the storage's cluster record against this node's configuration (writing it over
+        empty storage): ClusterMismatch if they differ. Before the node takes anything."""
+        mine = ClusterRecord(self.config.cluster_id, self.config.partition_count)
+        await cluster_record.claim(self.store, mine, self.node_id)
+        self.cluster_claimed = True
+
     async def start(self, wait_ready: bool = True) -> None:
+        if not self.cluster_claimed:
+            await self.claim_cluster()
         await self.transport.start(self)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="cornus-sweeper")
         self.runner.run(self.core.start())

@@ -1,51 +1,41 @@
-"""Nodes that disagree on `partition_count`, on real node processes: each maps keys to partitions
-with its own count, so without a check the same key would be stored and locked under two
-partitions (lost updates, reads that miss acknowledged writes). An owner refuses an operation on a
-key its count does not place in the partition asked, naming both, and nothing is written."""
+"""Nodes that disagree on `partition_count`, started together over one storage, on real node
+processes: each would map keys to partitions with its own count, so the same key would be stored
+and locked under two partitions (lost updates, reads that miss acknowledged writes). The storage's
+cluster record (cornus/runtime/cluster_record.py) holds the count of whichever node claimed it
+first, and the other refuses the storage before it takes anything. (An owner also refuses an
+operation on a key its count places elsewhere, cornus/runtime/partition.py: a second line that
+the record leaves no way to reach with real processes.)"""
 
 from __future__ import annotations
 
-import asyncio
-import zlib
+import time
 from pathlib import Path
 
-from storage_adapters.factory import StoreConfig, open_store
+from cornus.runtime.cluster_record import EXIT_CODE_CLUSTER_MISMATCH
 from tests.cluster.conftest import storage_for
 from tests.cluster.harness import running_cluster
 from tests.conftest import Services
 
-# n0 maps keys over 4 partitions, n1 over 3. Both prefer p1 for n1 (round-robin over n0, n1).
 PARTITIONS, PARTITIONS_OF_N1 = 4, 3
+EXIT_WAIT_S = 30.0
 
 
-def _key_in_p1_for_n0_only() -> str:
-    for index in range(10_000):
-        key = f"k{index}"
-        crc = zlib.crc32(key.encode())
-        if crc % PARTITIONS == 1 and crc % PARTITIONS_OF_N1 != 1:
-            return key
-    raise AssertionError("no key maps to p1 under 4 partitions and elsewhere under 3")
-
-
-def test_an_owner_refuses_a_key_its_partition_count_places_elsewhere(services: Services, tmp_path: Path) -> None:
-    key = _key_in_p1_for_n0_only()
+def test_of_two_nodes_started_together_with_different_counts_one_refuses_the_storage(
+    services: Services, tmp_path: Path,
+) -> None:
     storage = {**storage_for("emulator", services, tmp_path), "timeout_ms_call": "1000"}
     with running_cluster("cornus", storage, node_count=2, partition_count=PARTITIONS) as cluster:
         cluster.nodes["n1"].env["CORNUS_PARTITION_COUNT"] = str(PARTITIONS_OF_N1)
-        cluster.start_all()
-        response = cluster.execute("n0", [{"op": "put", "key": key, "value": "v"}])
-        assert response.status_code == 400, response.text
-        assert "partition_count" in response.json()["detail"], response.text
-        # A read is refused the same way, and nothing was written where either count places it.
-        read = cluster.execute("n0", [{"op": "get", "key": key}])
-        assert read.status_code == 400 and "partition_count" in read.json()["detail"], read.text
-        assert asyncio.run(_stored(storage["emulator_path"], key)) == [None, None]
-
-
-async def _stored(emulator_path: str, key: str) -> list[bytes | None]:
-    store = await open_store(StoreConfig(backend="emulator", emulator_path=emulator_path))
-    try:
-        placed = {f"p{zlib.crc32(key.encode()) % count}" for count in (PARTITIONS, PARTITIONS_OF_N1)}
-        return [(await store.read_data(partition, [key]))[key] for partition in sorted(placed)]
-    finally:
-        await store.close()
+        for node_id in cluster.nodes:
+            cluster.start(node_id, wait=False)
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while all(node.alive for node in cluster.nodes.values()):
+            assert time.monotonic() < deadline, "both nodes run over one storage with different partition counts"
+            time.sleep(0.05)
+        (refused,) = [node_id for node_id, node in cluster.nodes.items() if not node.alive]
+        (serving,) = [node_id for node_id in cluster.nodes if node_id != refused]
+        assert cluster.wait_exit(refused) == EXIT_CODE_CLUSTER_MISMATCH, cluster.log(refused)
+        assert "partition_count" in cluster.log(refused)
+        counts = {"n0": PARTITIONS, "n1": PARTITIONS_OF_N1}
+        assert f"partition_count {counts[serving]} (this node: {counts[refused]})" in cluster.log(refused)
+        assert cluster.nodes[serving].alive

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,21 @@ def test_partition_count_is_in_the_immutable_selector(helm_bin: str) -> None:
     assert env["CORNUS_PARTITION_COUNT"] == "24"
 
 
+def test_each_release_names_its_own_cluster_unless_told_which(helm_bin: str) -> None:
+    """The cluster id goes into the storage's cluster record (cornus/runtime/cluster_record.py):
+    two releases of one name in two namespaces have the same node ids, and their ids must differ
+    so that the second one over the same storage refuses it rather than take the first one's
+    identities. One set by hand (a release moved to another namespace) is passed as it is."""
+    def cluster_id(namespace: str, sets: Sequence[str] = ()) -> str:
+        docs = render(helm_bin, VALUES_FILES["redis"], sets, namespace=namespace)
+        config = load_node_config(environ=pod_environ(node_container(docs), f"{RELEASE}-0"))
+        return config.cluster_id
+
+    assert cluster_id("team-a") == f"team-a.{RELEASE}"
+    assert cluster_id("team-b") == f"team-b.{RELEASE}"
+    assert cluster_id("team-b", ["clusterId=team-a.cornus"]) == "team-a.cornus"
+
+
 def test_schema_timeouts_are_the_nodes() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     names = set(schema["properties"]["timeouts"]["propertyNames"]["enum"])
@@ -202,6 +218,8 @@ def test_schema_timeouts_are_the_nodes() -> None:
         (["storage.backend=azure_blob", "storage.azureBlob.existingSecret=s", "storage.azureBlob.container=A_b"],
          "an Azure container name"),
         (["resources.requests.cpu=lots"], "a Kubernetes quantity"),
+        (["clusterId=team a"], "a cluster id"),
+        ([f"clusterId={'c' * 129}"], "/clusterId"),
         (["serviceMonitor.interval=30 seconds"], "a Prometheus duration"),
         # The explanation is no value itself.
         (["image.digest=an image digest: sha256: followed by 64 lowercase hex digits\\, or empty for none"],

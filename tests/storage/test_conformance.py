@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import multiprocessing
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -10,8 +11,10 @@ from itertools import product
 from typing import Any
 
 import pytest
+import redis
 
 from storage_adapters.contract import (
+    CLUSTER_RECORD_TXN,
     DATA_BATCH_COUNT_MAX,
     DATA_KEY_BYTES_MAX,
     DATA_VALUE_BYTES_MAX,
@@ -19,7 +22,9 @@ from storage_adapters.contract import (
     REDO_BYTES_MAX,
     SCAN_PAGE_COUNT_MAX,
     TXN_ID_LENGTH_MAX,
+    Fence,
     LogId,
+    LogKind,
     Record,
     RecordBody,
     TxnState,
@@ -27,6 +32,7 @@ from storage_adapters.contract import (
 from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, ValidationError
 from storage_adapters.factory import StoreConfig, open_store
 from storage_adapters.store import LogStore
+from tests.worker import redis_db_cluster
 
 VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
 
@@ -423,6 +429,43 @@ def _bad_bodies(ns: str) -> list[tuple[str, dict[str, Any]]]:
         ("participants as list", {"participants": [ns]}),
         ("bad coordinator", {"coordinator": "node 1"}),
     ]
+
+
+# --- the cluster record -----------------------------------------------------------------------
+
+
+async def test_the_cluster_record_is_written_once_read_back_and_never_scanned_deleted_or_fenced(
+    store_config: StoreConfig,
+) -> None:
+    """One record per storage, so this test needs storage of its own: Redis a database emptied
+    first (the other backends' fixtures give each test its own file, container or table)."""
+    if store_config.backend == "redis":
+        url = store_config.redis_url.rsplit("/", 1)[0] + f"/{redis_db_cluster()}"
+        client = redis.Redis.from_url(url, socket_timeout=5)
+        client.flushdb()
+        client.close()
+        store_config = dataclasses.replace(store_config, redis_url=url)
+    store = await open_store(store_config)
+    try:
+        log = LogId.cluster()
+        results = await asyncio.gather(*(
+            store.log_once(log, CLUSTER_RECORD_TXN, COMMIT, RecordBody(redo=f"claim-{i}".encode())) for i in range(16)
+        ))
+        winners = [i for i, result in enumerate(results) if result.created]
+        assert len(winners) == 1 and {result.state for result in results} == {COMMIT}, results
+        stored = await store.read(log, CLUSTER_RECORD_TXN)
+        assert stored is not None and stored.state is COMMIT and stored.body.redo == f"claim-{winners[0]}".encode()
+        with pytest.raises(ValidationError, match="cluster log"):
+            await store.scan_unfinished_page(log)
+        with pytest.raises(ValidationError, match="cluster log"):
+            await store.delete(log, CLUSTER_RECORD_TXN)
+        with pytest.raises(ValidationError, match="no fence"):
+            await store.log_once(log, CLUSTER_RECORD_TXN, COMMIT, RecordBody(), fence=Fence("p0", "n0", 1))
+        with pytest.raises(ValidationError, match="cluster log is named"):
+            LogId(LogKind.CLUSTER, "p0")
+        assert await store.read(log, CLUSTER_RECORD_TXN) == stored
+    finally:
+        await store.close()
 
 
 async def test_bad_input_is_refused_and_changes_nothing(store: LogStore, ns: str) -> None:

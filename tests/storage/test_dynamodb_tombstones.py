@@ -20,7 +20,16 @@ from typing import Any
 import botocore.session
 import pytest
 
-from storage_adapters.contract import Fence, LogId, LogKind, RecordBody, Tombstone, TxnState, identity_name
+from storage_adapters.contract import (
+    TXN_LOG_KINDS,
+    Fence,
+    LogId,
+    LogKind,
+    RecordBody,
+    Tombstone,
+    TxnState,
+    identity_name,
+)
 from storage_adapters.dynamodb import OPEN_CALL_ATTEMPT_COUNT_MAX, TOMBSTONE_ROUND_COUNT_MAX, DynamoDbStore
 from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, StorageUnavailable
 from storage_adapters.factory import open_store
@@ -166,7 +175,7 @@ async def test_a_tombstone_item_expires_at_epoch_seconds_and_holds_no_body(
         assert again is not None and before_s + 2 <= int(again["expires_at"]["N"]) <= math.ceil(time.time() + 2)
         assert again["created_at_ms"] == item["created_at_ms"]
 
-    await each_variant(ns, product([True, False], [False, True], LogKind), check)
+    await each_variant(ns, product([True, False], [False, True], TXN_LOG_KINDS), check)
 
 
 async def test_an_abort_tombstone_over_a_vote_leaves_the_decision_alone(

@@ -12,6 +12,7 @@ import pytest
 
 from storage_adapters.contract import (
     TOMBSTONE_KEEP_MS_MAX,
+    TXN_LOG_KINDS,
     LogId,
     LogKind,
     LogOnceResult,
@@ -414,7 +415,7 @@ async def commit_to_keep(store: LogStore, log: LogId, txn: str) -> None:
 # Both kinds of log: a coordinator's tombstone is dropped, and survives a late write, as a
 # partition's does. Each test below checks both kinds at once, on one store: each kind mostly
 # waits out its tombstone's keep, and the waits need not add up.
-LOG_KINDS = list(product(LogKind))
+LOG_KINDS = list(product(TXN_LOG_KINDS))
 
 
 async def test_a_tombstone_in_either_kind_of_log_is_kept_at_least_keep_ms(store: LogStore, ns: str) -> None:

@@ -14,6 +14,15 @@ The StatefulSet's name, and so every pod's ("<fullname>-<ordinal>", which is als
 52 characters at most: the StatefulSet controller labels each pod with
 "<name>-<10-character revision hash>", and a label value holds 63.
 */}}
+{{/*
+The deployment the storage's cluster record names (cornus/runtime/cluster_record.py): the
+namespace and the fullname, since two releases of one name in two namespaces have the same node
+ids, and over the same storage would take each other's identities.
+*/}}
+{{- define "cornus.clusterId" -}}
+{{- default (printf "%s.%s" .Release.Namespace (include "cornus.fullname" .)) .Values.clusterId -}}
+{{- end }}
+
 {{- define "cornus.fullname" -}}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}

@@ -1,0 +1,132 @@
+"""The cluster record (storage_adapters.contract, "The cluster record"): which deployment a storage
+holds and how its keys are placed on partitions. A node claims it before it takes anything (its
+identity, a partition): over empty storage it writes the record with `log_once`, and otherwise
+reads the one stored and refuses the storage unless it says what the node's configuration says.
+
+Why: data is stored by partition, and which partition holds a key is the key's hash modulo the
+partition count (cornus.runtime.keys). A deployment reinstalled with another count over the same
+storage read about half its committed keys as absent and split new writes of a key in two; a
+second release with the same name over the same storage took the first one's node identities and
+fenced its writes (both found by review). Neither can be undone from inside a running node, so
+the mismatch ends the process with EXIT_CODE_CLUSTER_MISMATCH and a message naming both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from storage_adapters.contract import CLUSTER_RECORD_TXN, LogId, RecordBody, TxnState
+from storage_adapters.errors import InvariantViolation, StorageUnavailable
+from storage_adapters.store import LogStore
+
+log = logging.getLogger("cornus.node")
+
+# The cluster id a node has when its configuration names none.
+DEFAULT_CLUSTER_ID = "cornus"
+# Room for the chart's default, "<namespace>.<release>" (63 and 53 characters at most).
+CLUSTER_ID_LENGTH_MAX = 128
+# sysexits' EX_CONFIG: the configuration disagrees with the storage, so a restart cannot help and
+# a supervisor's crash loop shows the message in the log.
+EXIT_CODE_CLUSTER_MISMATCH = 78
+# How keys are placed on partitions (cornus.runtime.keys.partition_of), recorded so that a change
+# of it is refused as a change of the count is.
+KEY_PLACEMENT = "crc32-modulo"
+RECORD_FORMAT_VERSION = 1
+# While storage is unavailable the claim is tried again, with backoff, for this long: as long as
+# a node waits for storage to open at its start (services.serve.STORAGE_OPEN_TIMEOUT_S).
+CLAIM_TIMEOUT_S = 60.0
+CLAIM_BACKOFF_S_MIN = 0.1
+CLAIM_BACKOFF_S_MAX = 2.0
+
+
+class ClusterMismatch(Exception):
+    """The storage's cluster record names another deployment or another key placement."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRecord:
+    cluster_id: str
+    partition_count: int
+    key_placement: str = KEY_PLACEMENT
+
+    def encode(self, recorded_by: str) -> bytes:
+        return json.dumps({"v": RECORD_FORMAT_VERSION, "cluster_id": self.cluster_id,
+                           "partition_count": self.partition_count, "key_placement": self.key_placement,
+                           "recorded_by": recorded_by}, sort_keys=True).encode()
+
+    @staticmethod
+    def decode(redo: bytes) -> tuple[ClusterRecord, str]:
+        """The record and the node that wrote it; InvariantViolation if it is not one this
+        version wrote (nothing else writes the cluster log)."""
+        try:
+            content = json.loads(redo)
+            if content["v"] != RECORD_FORMAT_VERSION:
+                raise InvariantViolation(f"the cluster record has format version {content['v']!r}")
+            record = ClusterRecord(str(content["cluster_id"]), int(content["partition_count"]),
+                                   str(content["key_placement"]))
+            return record, str(content["recorded_by"])
+        except (ValueError, TypeError, KeyError) as error:
+            raise InvariantViolation(f"the cluster record is unreadable: {error!r}") from error
+
+    def differences(self, stored: ClusterRecord) -> list[str]:
+        """Each setting on which this node's configuration differs from the stored record."""
+        return [f"{name} {getattr(stored, name)!r} (this node: {getattr(self, name)!r})"
+                for name in ("cluster_id", "partition_count", "key_placement")
+                if getattr(self, name) != getattr(stored, name)]
+
+
+async def claim_once(store: LogStore, mine: ClusterRecord, node_id: str) -> bool:
+    """Write `mine` as the storage's cluster record, or check the stored one against it; True if
+    this call wrote it. ClusterMismatch if the stored one differs; StorageUnavailable as storage's."""
+    cluster_log = LogId.cluster()
+    # Read first: every start but the storage's first finds the record there, and needs no write.
+    stored = await store.read(cluster_log, CLUSTER_RECORD_TXN)
+    if stored is None:
+        body = RecordBody(redo=mine.encode(node_id))
+        result = await store.log_once(cluster_log, CLUSTER_RECORD_TXN, TxnState.COMMIT, body)
+        if result.created:
+            log.info("node %s recorded the storage as cluster %s with %d partitions", node_id, mine.cluster_id,
+                     mine.partition_count)
+            return True
+        stored = await store.read(cluster_log, CLUSTER_RECORD_TXN)  # another node's, written since
+    if stored is None or stored.state is not TxnState.COMMIT:
+        # Only log_once writes it (a COMMIT), and nothing deletes it (LogStore.delete refuses).
+        raise InvariantViolation(f"the cluster record went or changed after it was written: {stored}")
+    recorded, recorded_by = ClusterRecord.decode(stored.body.redo)
+    differences = mine.differences(recorded)
+    if differences:
+        why = []
+        if recorded.cluster_id != mine.cluster_id:
+            why.append("it is another deployment's: this node would take that deployment's node identities "
+                       "and partitions")
+        if (recorded.partition_count, recorded.key_placement) != (mine.partition_count, mine.key_placement):
+            why.append("data is stored by partition, and a node that placed keys otherwise would read committed "
+                       "values as absent and split new writes of a key in two")
+        raise ClusterMismatch(
+            f"node {node_id} refuses this storage: its cluster record, written by node {recorded_by} at unix ms "
+            f"{stored.created_at_ms}, says {'; '.join(differences)}; {', and '.join(why)}. Start the node with "
+            f"the recorded settings, or point it at storage of its own (the partition count of existing data "
+            f"cannot change)"
+        )
+    return False
+
+
+async def claim(store: LogStore, mine: ClusterRecord, node_id: str) -> None:
+    """`claim_once`, tried again while storage is unavailable, for up to CLAIM_TIMEOUT_S."""
+    deadline = time.monotonic() + CLAIM_TIMEOUT_S
+    delay_s = CLAIM_BACKOFF_S_MIN
+    while True:
+        try:
+            await claim_once(store, mine, node_id)
+            return
+        except StorageUnavailable as error:
+            if time.monotonic() + delay_s > deadline:
+                raise
+            log.warning("node %s could not read the cluster record (%s); trying again in %.1f s", node_id, error,
+                        delay_s)
+            await asyncio.sleep(delay_s)
+            delay_s = min(2 * delay_s, CLAIM_BACKOFF_S_MAX)

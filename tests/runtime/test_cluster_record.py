@@ -1,0 +1,73 @@
+"""The cluster record's claim (cornus/runtime/cluster_record.py) over a real emulator file: the
+first claim writes it, the same configuration reads it back, any other refuses the storage naming
+each difference, and a record no version wrote is an invariant broken, not a match. The node-level
+refusal, on real processes over the emulator and Redis, is tests/cluster/test_cluster_record.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from cornus.runtime.cluster_record import ClusterMismatch, ClusterRecord, claim_once
+from cornus.runtime.config import load_node_config
+from storage_adapters.contract import CLUSTER_RECORD_TXN, LogId, RecordBody, TxnState
+from storage_adapters.emulator import EmulatorStore
+from storage_adapters.errors import InvariantViolation, ValidationError
+
+MINE = ClusterRecord("team-a.cornus", 12)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[EmulatorStore]:
+    opened = await EmulatorStore.open(tmp_path / "cornus.db", timeout_ms_call=2_000)
+    yield opened
+    await opened.close()
+
+
+async def test_the_first_claim_writes_the_record_and_the_same_configuration_reads_it_back(
+    store: EmulatorStore,
+) -> None:
+    assert await claim_once(store, MINE, "n0") is True
+    assert await claim_once(store, MINE, "n1") is False
+    stored = await store.read(LogId.cluster(), CLUSTER_RECORD_TXN)
+    assert stored is not None and ClusterRecord.decode(stored.body.redo) == (MINE, "n0")
+
+
+@pytest.mark.parametrize(("other", "named", "why"), [
+    (ClusterRecord("team-a.cornus", 24), "partition_count 12 (this node: 24)", "committed values as absent"),
+    (ClusterRecord("team-b.cornus", 12), "cluster_id 'team-a.cornus' (this node: 'team-b.cornus')",
+     "node identities"),
+    (ClusterRecord("team-a.cornus", 12, "another-hash"), "key_placement 'crc32-modulo'", "committed values"),
+])
+async def test_another_configuration_refuses_the_storage_naming_each_difference(
+    store: EmulatorStore, other: ClusterRecord, named: str, why: str,
+) -> None:
+    await claim_once(store, MINE, "n0")
+    with pytest.raises(ClusterMismatch) as refused:
+        await claim_once(store, other, "n5")
+    assert named in str(refused.value) and why in str(refused.value) and "by node n0" in str(refused.value)
+    # The record is as the first node wrote it.
+    stored = await store.read(LogId.cluster(), CLUSTER_RECORD_TXN)
+    assert stored is not None and ClusterRecord.decode(stored.body.redo) == (MINE, "n0")
+
+
+@pytest.mark.parametrize("redo", [b"", b"not json", b'{"v": 2}', b'{"v": 1, "cluster_id": "c"}'])
+async def test_a_record_no_version_wrote_is_an_invariant_broken(store: EmulatorStore, redo: bytes) -> None:
+    await store.log_once(LogId.cluster(), CLUSTER_RECORD_TXN, TxnState.COMMIT, RecordBody(redo=redo))
+    with pytest.raises(InvariantViolation, match="cluster record"):
+        await claim_once(store, MINE, "n0")
+
+
+def test_the_cluster_id_comes_from_file_environment_or_flag_and_is_checked(tmp_path: Path) -> None:
+    base = {"CORNUS_NODE_ID": "n0", "CORNUS_PEERS": "n0=127.0.0.1:7100", "CORNUS_PARTITION_COUNT": "2"}
+    assert load_node_config(environ=base).cluster_id == "cornus"
+    assert load_node_config(environ={**base, "CORNUS_CLUSTER_ID": "team-a.cornus"}).cluster_id == "team-a.cornus"
+    config_file = tmp_path / "node.toml"
+    config_file.write_text('cluster_id = "from-file"\n')
+    assert load_node_config(config_file, environ=base).cluster_id == "from-file"
+    assert load_node_config(config_file, environ=base, overrides={"cluster_id": "flag"}).cluster_id == "flag"
+    for bad in ("team a", "", "c" * 129):
+        with pytest.raises(ValidationError, match="cluster_id"):
+            load_node_config(environ={**base, "CORNUS_CLUSTER_ID": bad})
