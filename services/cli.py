@@ -780,6 +780,11 @@ def _bench(args: argparse.Namespace) -> int:
     partitions = args.partitions if args.partitions is not None else args.nodes
     if sweep_param == "nodes" and args.partitions is not None:
         raise ValidationError("--sweep nodes runs one partition per node; leave --partitions out")
+    if sweep_param == "nodes" and storage.backend == "redis" and not args.flush_redis and len(sweep_values) > 1:
+        # A sweep's points reuse each protocol's database, which keeps the partition count of its
+        # first cluster (cornus.runtime.cluster_record): the second point's nodes would refuse it.
+        raise ValidationError("--sweep nodes over Redis changes the partition count at each point, and a database "
+                              "keeps its first one: add --flush-redis (empties the run's databases before each point)")
     base = RunSettings(
         workload=args.workload, knobs=tuple(sorted(knobs.items())), nodes=args.nodes, partitions=partitions,
         clients=args.clients, seconds=args.seconds, route_to_owner=args.route == "owner",

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from cornus.protocol.config import Protocol
+from cornus.runtime.cluster_record import EXIT_CODE_CLUSTER_MISMATCH
 from cornus.runtime.config import NodeConfig, load_node_config
 from services import node_launcher
 from storage_adapters.errors import ValidationError
@@ -213,6 +214,10 @@ def report_dead(node: ClusterNode) -> None:
     assert node.process is not None
     code = node.process.returncode
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    if code == EXIT_CODE_CLUSTER_MISMATCH:
+        # Local clusters reuse storage that outlives them: a Redis database, a --data-dir.
+        how += (" (the storage holds an earlier cluster of another partition count or id: `cornus bench "
+                "--flush-redis` empties a run's Redis databases first, or give the cluster storage of its own)")
     print(f"cornus: node {node.config.node_id} (pid {node.process.pid}) died: {how}; stopping the cluster\n"
           f"--- last lines of {node.log_path} ---\n{node.log_tail()}", file=sys.stderr, flush=True)
 
