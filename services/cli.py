@@ -77,8 +77,6 @@ def _add_storage_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--redis-url", help="e.g. redis://127.0.0.1:6379/0")
     group.add_argument("--azure-connection-string", help="Azure Storage connection string")
     group.add_argument("--azure-container", help="blob container for records and data")
-    group.add_argument("--azure-tombstone-keep-days", type=int,
-                       help="days of the lifecycle rule deleting decision tombstones (Terraform tombstone_keep_days)")
     group.add_argument("--dynamodb-table", help="DynamoDB table (created if absent)")
     group.add_argument("--dynamodb-endpoint", help="endpoint URL, e.g. a local moto server")
     group.add_argument("--dynamodb-region", help="AWS region")
@@ -104,7 +102,7 @@ def _store_config(args: argparse.Namespace, backend: str) -> StoreConfig:
     overrides = {
         name: getattr(args, name, None)
         for name in ("timeout_ms_call", "emulator_path", "redis_url", "azure_connection_string", "azure_container",
-                     "azure_tombstone_keep_days", "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency")
+                     "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency")
     }
     return StoreConfig.from_env(backend=backend, **overrides)
 
@@ -140,7 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
         "partition_count": args.partition_count, "protocol": args.protocol, "lock_policy": args.lock_policy,
     }
     for name in ("timeout_ms_call", "emulator_path", "redis_url", "azure_connection_string", "azure_container",
-                 "azure_tombstone_keep_days", "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency",
+                 "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency",
                  "backend"):
         overrides[f"storage_{name}"] = getattr(args, name, None)
     for item in args.set or []:
@@ -617,8 +615,8 @@ def _storage_argv(storage: StoreConfig) -> list[str]:
     goes by _storage_environ)."""
     defaults = StoreConfig()
     argv = ["--backend", storage.backend]
-    for name in ("timeout_ms_call", "redis_url", "azure_container", "azure_tombstone_keep_days",
-                 "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency"):
+    for name in ("timeout_ms_call", "redis_url", "azure_container", "dynamodb_table", "dynamodb_endpoint",
+                 "dynamodb_region", "latency"):
         value = getattr(storage, name)
         if value and value != getattr(defaults, name):
             argv += [f"--{name.replace('_', '-')}", str(value)]

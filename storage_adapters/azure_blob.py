@@ -94,28 +94,30 @@ tick's batch each keep is its own read and put, all at once (bounded), beside th
 the batch's one read per fenced partition's ownership blob runs alongside the keeps' record reads.
 
 Azure Blob has no expiry per blob (Set Blob Expiry is for hierarchical-namespace accounts only), so
-storage drops tombstones through a lifecycle management rule: each tombstone carries the blob index
-tag `cornus-tombstone` = `1` (set by the same Put Blob), and the Terraform module's rule
-(terraform/modules/azure) deletes base blobs with that tag some days after their last modification
-(`tombstone_keep_days`, which must cover the nodes' keep_ms). The rule filters on the tag, so it
-never deletes an ordinary record: a Put Blob replaces a blob's tags with those it carries (none,
-for a record). The one write that may land on a tombstone, a `log` of its own decision (an
-idempotent rewrite, which may bring the vote's body back), carries the tag and the expiry again, so
-the blob stays a tombstone as it does on every other backend (`_replace`). Keeping again re-puts
-the tombstone, which restarts the rule's count from the new modification. The tombstone's metadata
+storage drops tombstones through lifecycle management rules, which select blobs by blob index tags
+and delete them some whole days after their last modification. Each tombstone carries, set by the
+same Put Blob, the tag `cornus-tombstone-days` = its keep in whole days, rounded up (1 to 7), and
+the Terraform module (terraform/modules/azure) has one rule per such value that deletes the blobs
+tagged with it that many days after their last modification: the rule that drops a tombstone
+follows the keep it was written with, whatever any setting says later (found by review: one rule
+of a module variable's days dropped every tombstone then, and lowering the variable, which
+Terraform applies at once, dropped longer-kept ones early). Each also carries `cornus-tombstone` =
+`1`, which earlier versions tagged alone, and whose rule deletes after 8 days, past the longest
+keep (TOMBSTONE_KEEP_MS_MAX): a backstop that is never early. The rules filter on tags no record
+carries (a Put Blob replaces a blob's tags with those it carries: none, for a record), so they never
+delete one. The one write that may land on a tombstone, a `log` of its own decision (an idempotent
+rewrite, which may bring the vote's body back), carries the tags and the expiry again, so the blob
+stays a tombstone as it does on every other backend (`_replace`). Keeping again re-puts the
+tombstone, which restarts the rule's count from the new modification. The tombstone's metadata
 also holds its expiry, the writer's wall clock when it sent the put plus keep_ms, for operators and
-for checking the rule's days against it; the rule itself counts from Last-Modified, set when the
-put lands, so it never drops one early. Lifecycle rules run about once a day, so the rule alone
-leaves a tombstone between `tombstone_keep_days` and a day or two more, and recovery scans would
-walk all of them: so the store that put a tombstone also deletes it once its keep has passed, if it
-is still that blob (If-Match; a `log` rewriting it hands the sweep its new ETag), within a sweep
-interval (storage_adapters/azure_tombstone_sweep.py; `drops_tombstones_at_expiry`). The rule drops
-those the sweep never got to (a process that stopped). It drops a tombstone after its days whatever
-keep_ms it was written with, so the store is told them (`open`'s `tombstone_keep_days`, the node's
-CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS, which the chart sets from the module's helm_values) and
-`delete` refuses a longer keep, writing nothing (`tombstone_keep_ms_max`); a node refuses an
-outcome_keep_ms longer than them at start. Azurite has no lifecycle management at all: there, only
-the sweep (and a plain `delete`) removes tombstones.
+for checks, and its keep; the rules count from Last-Modified, set when the put lands, so they never
+drop one early. Lifecycle rules run about once a day, so a rule alone leaves a tombstone up to a day
+or two past its days, and recovery scans would walk all of them: so the store that put a tombstone
+also deletes it once its keep has passed, if it is still that blob (If-Match; a `log` rewriting it
+hands the sweep its new ETag), within a sweep interval (storage_adapters/azure_tombstone_sweep.py;
+`drops_tombstones_at_expiry`). The rules drop those the sweep never got to (a process that
+stopped). Azurite has no lifecycle management at all: there, only the sweep (and a plain `delete`)
+removes tombstones.
 
 Durability: Azure acknowledges a Put Blob only after it is durably stored (LRS: 3 replicas), which
 is what a vote needs. Azurite keeps blobs on disk too, but is a test double, not a deployment.
@@ -164,6 +166,7 @@ from storage_adapters.contract import (
     NODE_ID_LENGTH_MAX,
     OWNER_READ_COUNT_MAX,
     SCAN_ROUND_COUNT_MAX,
+    TOMBSTONE_KEEP_MS_MAX,
     Fence,
     LogId,
     LogOnceResult,
@@ -181,7 +184,6 @@ from storage_adapters.contract import (
     validate_owner_write,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
-from storage_adapters.factory import AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT, DAY_MS, validate_azure_tombstone_keep_days
 from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore, call_deadline
 
 # How often a read-modify-write may lose an ETag race before we give up and report contention as
@@ -234,12 +236,27 @@ SCAN_WALK_TIME_SHARE = 0.5
 
 _STATE_METADATA = "state"
 _APPLIED_METADATA = "applied"
-# A decision tombstone's blob index tag, on which the Terraform module's lifecycle rule filters
-# (terraform/modules/azure/main.tf spells the same name and value): only a blob that carries it is
-# ever deleted by that rule, so no record a node still needs can be.
+# A decision tombstone's blob index tags, on which the Terraform module's lifecycle rules filter
+# (terraform/modules/azure/main.tf spells the same names and values): only a blob that carries one
+# is ever deleted by those rules, so no record a node still needs can be. The days tag says after
+# how many whole days its rule may delete the tombstone: its keep, rounded up.
 TOMBSTONE_TAG = "cornus-tombstone"
 TOMBSTONE_TAG_VALUE = "1"
-_TOMBSTONE_TAGS = {TOMBSTONE_TAG: TOMBSTONE_TAG_VALUE}
+TOMBSTONE_DAYS_TAG = "cornus-tombstone-days"
+DAY_MS = 86_400_000  # lifecycle rules count whole days
+TOMBSTONE_DAYS_MAX = -(-TOMBSTONE_KEEP_MS_MAX // DAY_MS)
+
+
+def tombstone_tags(keep_ms: int | None) -> dict[str, str]:
+    """The tags of a tombstone kept `keep_ms` (None: one an earlier version wrote without its
+    keep, which only the backstop rule of the legacy tag drops, 8 days after its last write)."""
+    if keep_ms is None:
+        return {TOMBSTONE_TAG: TOMBSTONE_TAG_VALUE}
+    days = -(-keep_ms // DAY_MS)
+    assert 1 <= days <= TOMBSTONE_DAYS_MAX, f"a keep of {keep_ms} ms has no lifecycle rule"
+    return {TOMBSTONE_TAG: TOMBSTONE_TAG_VALUE, TOMBSTONE_DAYS_TAG: str(days)}
+
+
 # A decision tombstone's expiry (wall clock, ms since the epoch), for operators and checks: the
 # lifecycle rule counts days from Last-Modified instead (see the module docstring).
 TOMBSTONE_EXPIRY_METADATA = "tombstone_expires_at_ms"
@@ -265,6 +282,13 @@ class _Stored:
     etag: str
     tombstone_expiry: str | None = None
     tombstone_keep_ms: str | None = None
+
+
+def _keep_ms_of(stored: _Stored) -> int | None:
+    """The keep a tombstone was written with, from its metadata; None where an earlier version
+    recorded none."""
+    keep = stored.tombstone_keep_ms
+    return int(keep) if keep is not None and keep.isdigit() else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -514,10 +538,7 @@ class AzureBlobStore(LogStore):
     # The store's own sweep deletes its tombstones once their keep has passed (azure_tombstone_sweep).
     drops_tombstones_at_expiry = True
 
-    def __init__(
-        self, service: BlobServiceClient, container: ContainerClient, timeout_ms_call: int,
-        tombstone_keep_days: int = AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT,
-    ) -> None:
+    def __init__(self, service: BlobServiceClient, container: ContainerClient, timeout_ms_call: int) -> None:
         super().__init__(timeout_ms_call)
         self._service = service
         self._container = container
@@ -527,11 +548,6 @@ class AzureBlobStore(LogStore):
         self._tombstone_sweep = TombstoneSweep(self._delete_tombstone)
         # The start a passing-on write of each partition carries (write_owner), until it is sent.
         self._not_before_unix_s: dict[str, int] = {}
-        # The lifecycle rule deletes a tombstone more than this many days after its last write, so
-        # it stays at least this long (a rewrite only restarts the count), and no longer than this
-        # plus the rule's day or two: a longer keep would be cut short.
-        self._tombstone_keep_days = tombstone_keep_days
-        self.tombstone_keep_ms_max = tombstone_keep_days * DAY_MS
         # The ETag of each data blob as this store last wrote or read it: a data write is
         # conditional on it (see put in _apply_redo), and an owner, the only writer of its keys,
         # mostly knows it, so the write costs one request, not a read first. A stale entry (the
@@ -546,11 +562,7 @@ class AzureBlobStore(LogStore):
         *,
         timeout_ms_call: int = 5000,
         create_container: bool = True,
-        tombstone_keep_days: int = AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT,
     ) -> AzureBlobStore:
-        """`tombstone_keep_days` are those of the lifecycle rule that drops tombstones (the
-        Terraform module's variable of that name): `delete` refuses a longer keep."""
-        validate_azure_tombstone_keep_days(tombstone_keep_days)
         if not isinstance(connection_string, str) or not connection_string:
             raise ValidationError("connection_string must be a non-empty string")
         if not isinstance(container, str) or not container:
@@ -576,7 +588,7 @@ class AzureBlobStore(LogStore):
             read_timeout=timeout_s,
             retry_total=SDK_RETRY_COUNT_MAX,
         )
-        store = cls(service, service.get_container_client(container), timeout_ms_call, tombstone_keep_days)
+        store = cls(service, service.get_container_client(container), timeout_ms_call)
         if create_container:
             try:
                 await store._bounded(store._create_container(), "create_container")
@@ -584,10 +596,6 @@ class AzureBlobStore(LogStore):
                 await service.close()
                 raise
         return store
-
-    def _tombstone_keep_limit(self) -> str:
-        return (f"the lifecycle rule's tombstone_keep_days, {self._tombstone_keep_days}: raise it in the Terraform "
-                "module and the store's azure_tombstone_keep_days, or keep tombstones for less")
 
     def _storage_error(self, error: Exception, what: str) -> StorageError | None:
         """Transport failures and the service's errors as the contract's typed errors, so callers
@@ -672,14 +680,15 @@ class AzureBlobStore(LogStore):
             metadata[TOMBSTONE_EXPIRY_METADATA] = stored.tombstone_expiry
             if stored.tombstone_keep_ms is not None:
                 metadata[TOMBSTONE_KEEP_METADATA] = stored.tombstone_keep_ms
-            tags = _TOMBSTONE_TAGS
+            tags = tombstone_tags(_keep_ms_of(stored))
         name = _record_name(record.log, record.txn)
         written = await self._put_if(name, content, metadata, stored.etag, tags)
-        if written is not None and stored.tombstone_keep_ms is not None and stored.tombstone_keep_ms.isdigit():
+        keep_ms = _keep_ms_of(stored)
+        if written is not None and keep_ms is not None:
             # Still the tombstone, with a new ETag: the sweep deletes it a whole keep from now (later
             # than it had to, never earlier: the expiry it had is another node's clock, found by
             # review). One written before its keep was recorded is left to the lifecycle rule.
-            self._tombstone_sweep.remember(name, written, int(stored.tombstone_keep_ms))
+            self._tombstone_sweep.remember(name, written, keep_ms)
         return written is not None
 
     async def _put_tombstone(self, log: LogId, txn: str, keep: Tombstone, etag: str | None) -> bool:
@@ -687,7 +696,7 @@ class AzureBlobStore(LogStore):
         is still `etag` (None: if there is no blob); False if that precondition failed."""
         content, metadata = _encode_tombstone(log, txn, keep)
         name = _record_name(log, txn)
-        written = await self._put_if(name, content, metadata, etag, _TOMBSTONE_TAGS)
+        written = await self._put_if(name, content, metadata, etag, tombstone_tags(keep.keep_ms))
         if written is None:
             return False
         self._tombstone_sweep.remember(name, written, keep.keep_ms)

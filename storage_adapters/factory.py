@@ -15,15 +15,6 @@ from storage_adapters.store import LogStore
 
 BACKENDS = ("emulator", "redis", "azure_blob", "dynamodb")
 TIMEOUT_MS_CALL_MAX = 600_000
-# Azure Blob drops decision tombstones by a lifecycle rule (the Terraform module's
-# `tombstone_keep_days`), which deletes each that many whole days after its last write, whatever
-# keep it was written with: the store is told those days, and a keep longer than they are (a
-# node's outcome_keep_ms, at start) is refused. The module's bounds and default: a week's keep
-# (TOMBSTONE_KEEP_MS_MAX) fits in 8 days, longer is a leak.
-AZURE_TOMBSTONE_KEEP_DAYS_MIN = 1
-AZURE_TOMBSTONE_KEEP_DAYS_MAX = 8
-AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT = 1
-DAY_MS = 86_400_000
 # How long past its deadline a request may still land, per backend (ProtocolConfig's
 # late_write_window_ms). Redis's scripts and the emulator's writer refuse a call past its deadline
 # themselves: 0. DynamoDB and Azure Blob check no deadline of ours; what ends a request's life there
@@ -41,7 +32,7 @@ LATE_WRITE_WINDOW_MS = {"emulator": 0, "redis": 0, "azure_blob": 900_000, "dynam
 # window closed.
 AZURE_LEASE_MARGIN_MS = 2_000
 # The fields given as integers; the environment's strings are converted.
-_INT_FIELDS = ("timeout_ms_call", "azure_tombstone_keep_days")
+_INT_FIELDS = ("timeout_ms_call",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +43,6 @@ class StoreConfig:
     redis_url: str = "redis://127.0.0.1:6379/0"
     azure_connection_string: str = ""
     azure_container: str = "cornus"
-    # The days of the Azure lifecycle rule that drops tombstones (see AZURE_TOMBSTONE_KEEP_DAYS_MIN).
-    azure_tombstone_keep_days: int = AZURE_TOMBSTONE_KEEP_DAYS_DEFAULT
     dynamodb_table: str = "cornus"
     dynamodb_endpoint: str | None = None
     dynamodb_region: str = "us-east-1"
@@ -67,7 +56,6 @@ class StoreConfig:
             raise ValidationError(f"timeout_ms_call must be an int in 1..{TIMEOUT_MS_CALL_MAX}")
         if self.backend == "azure_blob" and not self.azure_connection_string:
             raise ValidationError("backend azure_blob needs azure_connection_string")
-        validate_azure_tombstone_keep_days(self.azure_tombstone_keep_days)
         if self.backend == "azure_blob" and "sharedaccesssignature=" in self.azure_connection_string.lower():
             # A SAS of the user's may land until it expires, past any tombstone's keep
             # (LATE_WRITE_WINDOW_MS); the node signs each request itself (azure_signing).
@@ -110,19 +98,6 @@ def env_values(environ: Mapping[str, str]) -> dict[str, object]:
     return values
 
 
-def validate_azure_tombstone_keep_days(days: object) -> int:
-    """`days` if the Azure lifecycle rule could have been made with them (the Terraform module's
-    `tombstone_keep_days`: whole days in its bounds), else ValidationError."""
-    if not isinstance(days, int) or isinstance(days, bool) or not (
-        AZURE_TOMBSTONE_KEEP_DAYS_MIN <= days <= AZURE_TOMBSTONE_KEEP_DAYS_MAX
-    ):
-        raise ValidationError(
-            f"azure tombstone_keep_days must be a whole number of days in {AZURE_TOMBSTONE_KEEP_DAYS_MIN}.."
-            f"{AZURE_TOMBSTONE_KEEP_DAYS_MAX} (the Terraform module's lifecycle rule), got {days!r}"
-        )
-    return days
-
-
 async def open_store(config: StoreConfig) -> LogStore:
     """Connect to the configured backend (creating its container/table if needed)."""
     store: LogStore
@@ -141,7 +116,6 @@ async def open_store(config: StoreConfig) -> LogStore:
             config.azure_connection_string,
             config.azure_container,
             timeout_ms_call=config.timeout_ms_call,
-            tombstone_keep_days=config.azure_tombstone_keep_days,
         )
     else:
         assert config.backend == "dynamodb"

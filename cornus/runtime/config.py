@@ -62,7 +62,7 @@ from storage_adapters.contract import (
     validate_id,
 )
 from storage_adapters.errors import ValidationError
-from storage_adapters.factory import AZURE_LEASE_MARGIN_MS, DAY_MS, StoreConfig, env_values
+from storage_adapters.factory import AZURE_LEASE_MARGIN_MS, StoreConfig, env_values
 
 PARTITION_COUNT_MAX = 4096
 # Deletions of one record retried at most this often: each is a storage call while it is down.
@@ -386,15 +386,6 @@ def _protocol_config(values: Mapping[str, int], storage: StoreConfig) -> Protoco
         raise ValidationError(
             f"outcome_keep_ms is {merged['outcome_keep_ms']}, more than its maximum {TOMBSTONE_KEEP_MS_MAX} (a week)"
         )
-    rule_ms = storage.azure_tombstone_keep_days * DAY_MS
-    if storage.backend == "azure_blob" and merged["outcome_keep_ms"] > rule_ms:
-        # The store would refuse every such keep (LogStore.delete): say so at start instead.
-        raise ValidationError(
-            f"outcome_keep_ms is {merged['outcome_keep_ms']}, but Azure's lifecycle rule deletes tombstones "
-            f"tombstone_keep_days ({storage.azure_tombstone_keep_days}, storage azure_tombstone_keep_days) after "
-            f"their last write, {rule_ms} ms: raise tombstone_keep_days (Terraform) and azure_tombstone_keep_days "
-            f"to at least {-(-merged['outcome_keep_ms'] // DAY_MS)}, or lower outcome_keep_ms"
-        )
     for name, value in merged.items():
         if _is_timer(name) and isinstance(value, int) and value > TIMER_MS_MAX:
             raise ValidationError(f"{name} is {value}, more than its maximum {TIMER_MS_MAX} (an hour)")
@@ -468,9 +459,8 @@ def load_node_config(
     if unknown:
         raise ValidationError(f"unknown storage settings: {', '.join(sorted(unknown))}")
     storage_values = {**storage_file, **env_values(environ), **storage_flags}
-    for name in ("timeout_ms_call", "azure_tombstone_keep_days"):
-        if name in storage_values:
-            storage_values[name] = _int(storage_values[name], f"storage {name}")
+    if "timeout_ms_call" in storage_values:
+        storage_values["timeout_ms_call"] = _int(storage_values["timeout_ms_call"], "storage timeout_ms_call")
     try:
         storage = StoreConfig(**storage_values)
     except TypeError as error:

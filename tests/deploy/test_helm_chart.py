@@ -219,6 +219,8 @@ def test_schema_timeouts_are_the_nodes() -> None:
          "an Azure container name"),
         (["resources.requests.cpu=lots"], "a Kubernetes quantity"),
         (["clusterId=team a"], "a cluster id"),
+        # Gone with the one lifecycle rule it named (each tombstone is tagged with its own days).
+        (["storage.azureBlob.tombstoneKeepDays=1"], "tombstoneKeepDays"),
         ([f"clusterId={'c' * 129}"], "/clusterId"),
         (["serviceMonitor.interval=30 seconds"], "a Prometheus duration"),
         # The explanation is no value itself.
@@ -636,22 +638,13 @@ def test_rebalance_hook_ends_within_helms_default_timeout_and_fails_on_its_verdi
 
 
 _DAY_MS = 86_400_000
-# Azure's tombstones are dropped by the Terraform module's lifecycle rule tombstone_keep_days after
-# their last write (storage.azureBlob.tombstoneKeepDays, 1 by default as in the module): each side
-# of outcome_keep_ms <= days * a day, and the rule's bounds. (values beyond
-# ci/azure-blob-values.yaml, the word helm's refusal names, the word the node's does.)
+# Azure settings on each side of the rules the node applies to them (values beyond
+# ci/azure-blob-values.yaml, the word helm's refusal names, the word the node's does). A tombstone's
+# keep has no lifecycle rule of the install to fit: each is tagged with its own days, and the
+# Terraform module has a rule for each (tests/storage/test_azure_lifecycle.py).
 AZURE_KEEP_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "the defaults": ({}, "", ""),
-    "a day's keep on the default rule": ({"timeouts": {"outcome_keep_ms": _DAY_MS}}, "", ""),
-    "past the default rule": ({"timeouts": {"outcome_keep_ms": _DAY_MS + 1}}, "tombstoneKeepDays",
-                              "tombstone_keep_days"),
-    "two days on a two days' rule": ({"storage": {"azureBlob": {"tombstoneKeepDays": 2}},
-                                      "timeouts": {"outcome_keep_ms": 2 * _DAY_MS}}, "", ""),
-    "past a two days' rule": ({"storage": {"azureBlob": {"tombstoneKeepDays": 2}},
-                               "timeouts": {"outcome_keep_ms": 2 * _DAY_MS + 1}}, "tombstoneKeepDays",
-                              "tombstone_keep_days"),
-    "a week on an eight days' rule": ({"storage": {"azureBlob": {"tombstoneKeepDays": 8}},
-                                       "timeouts": {"outcome_keep_ms": 7 * _DAY_MS}}, "", ""),
+    "a week's keep": ({"timeouts": {"outcome_keep_ms": 7 * _DAY_MS}}, "", ""),
     # Azure's requests may land up to 15 minutes late: the tombstones must outlive that (the
     # deadline, 8 s in these values, plus the slack, 1 s, plus 15 minutes), set or, unset, the
     # node's default.
@@ -673,32 +666,23 @@ AZURE_KEEP_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
                                            "lease_ms", "lease_ms"),
     "a renewal too close to the lease": ({"timeouts": {"renew_interval_ms": 1_500, "lease_ms": 3_000}},
                                          "lease_ms", "lease_ms"),
-    "a rule of nine days": ({"storage": {"azureBlob": {"tombstoneKeepDays": 9}}}, "tombstoneKeepDays",
-                            "tombstone_keep_days"),
-    "a rule of no days": ({"storage": {"azureBlob": {"tombstoneKeepDays": 0}}}, "tombstoneKeepDays",
-                          "tombstone_keep_days"),
 }
 
 
 @pytest.mark.parametrize(("case", "how"), [(case, how) for case in sorted(AZURE_KEEP_CASES)
                                            for how in ("values file", "--set")])
-def test_helm_refuses_exactly_the_outcome_keeps_the_azure_lifecycle_rule_would_cut_short(
+def test_helm_refuses_exactly_the_azure_settings_the_node_refuses(
         helm_bin: str, tmp_path: Path, case: str, how: str) -> None:
-    """Found by review: nothing checked outcome_keep_ms against the rule's days, so a tombstone
-    could be deleted before the status call stopped counting on it. The chart knows both (the
-    Terraform module's helm_values hand it the rule's days), passes the days to the node
-    (CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS), and refuses what the node would refuse."""
+    """The chart mirrors the node's checks of Azure's keeps, late writes and leases, so that no
+    install crash-loops its pods and none the node would run is refused."""
     extra, helm_word, node_word = AZURE_KEEP_CASES[case]
     done = run_helm(helm_bin, _template_args(VALUES_FILES["azure_blob"], extra, how, tmp_path))
     environ = pod_environ(node_container(render(helm_bin, VALUES_FILES["azure_blob"])), "cornus-0")
-    days = extra.get("storage", {}).get("azureBlob", {}).get("tombstoneKeepDays", 1)
-    environ["CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS"] = str(days)
     for name, value in extra.get("timeouts", {}).items():
         environ[f"CORNUS_{name.upper()}"] = str(value)
     node_refusal = _node_verdict(environ)
     if done.returncode == 0:
         rendered = pod_environ(node_container(parse_manifests(done.stdout)), "cornus-0")
-        assert rendered["CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS"] == str(days)
         assert not node_refusal and not _node_verdict(rendered), (
             f"helm installs {extra}, the node refuses it: {node_refusal or _node_verdict(rendered)}")
         assert not helm_word, f"{case}: expected a refusal naming {helm_word}"

@@ -21,8 +21,8 @@ import yaml
 
 from cornus.runtime.config import load_node_config
 from storage_adapters import azure_blob
-from storage_adapters.contract import LogId
-from storage_adapters.factory import AZURE_TOMBSTONE_KEEP_DAYS_MAX, AZURE_TOMBSTONE_KEEP_DAYS_MIN, StoreConfig
+from storage_adapters.azure_blob import DAY_MS
+from storage_adapters.contract import TOMBSTONE_KEEP_MS_MAX, LogId
 from tests.deploy.conftest import CHART, REPO, TERRAFORM, VALUES_FILES, find, render
 from tests.deploy.test_helm_chart import DIGEST, node_container, pod_environ
 
@@ -215,60 +215,49 @@ def _lifecycle_rules() -> dict[str, dict[str, Any]]:
     return rules
 
 
-def test_azure_lifecycle_rule_deletes_decision_tombstones_and_never_a_record() -> None:
-    """Azure Blob cannot expire a blob by itself, so a lifecycle rule drops the decision tombstones
-    that garbage collection leaves: it must select them by the blob index tag the adapter puts on
-    each tombstone, and only on tombstones (tests/storage/test_azure_tombstones.py), because a rule
-    without that filter would delete records that transactions still need."""
+def test_azure_lifecycle_rules_delete_decision_tombstones_and_never_a_record() -> None:
+    """Azure Blob cannot expire a blob by itself, so lifecycle rules drop the decision tombstones
+    that garbage collection leaves: they must select them by the blob index tags the adapter puts
+    on each tombstone, and only on tombstones (tests/storage/test_azure_tombstones.py), because a
+    rule without that filter would delete records that transactions still need. One rule per keep
+    in whole days, up to a week's (tests/storage/test_azure_lifecycle.py checks each tombstone
+    outlives its keep under them), and the backstop on the tag earlier versions set alone."""
     rules = _lifecycle_rules()
     assert set(rules) == {"delete-old-transaction-records", "delete-expired-decision-tombstones"}
-    rule = rules["delete-expired-decision-tombstones"]
-    assert rule["enabled"] is True
-    (filters,) = rule["filters"]
+    backstop = rules["delete-expired-decision-tombstones"]
+    (filters,) = backstop["filters"]
     (tag,) = filters["match_blob_index_tag"]
     assert (unquote(tag["name"]), unquote(tag["operation"]), unquote(tag["value"])) == (
         azure_blob.TOMBSTONE_TAG, "==", azure_blob.TOMBSTONE_TAG_VALUE) == ("cornus-tombstone", "==", "1")
-    assert filters["prefix_match"] == ["${local.record_prefix}"]
-    assert [unquote(kind) for kind in filters["blob_types"]] == ["blockBlob"]
-    # Only the base blob is deleted, by days since its last write (keeping again rewrites it).
-    (actions,) = rule["actions"]
-    assert set(actions) - {"__is_block__"} == {"base_blob"}
+    (actions,) = backstop["actions"]
+    (base_blob,) = actions["base_blob"]
+    # Past the longest keep there is: a tombstone an earlier version wrote, whose keep is unknown.
+    assert base_blob["delete_after_days_since_modification_greater_than"] * DAY_MS > TOMBSTONE_KEEP_MS_MAX
+    (policy,) = resources(MODULES / "azure", "azurerm_storage_management_policy").values()
+    (dynamic,) = policy["dynamic"]
+    (by_days,) = dynamic.values()
+    assert by_days["for_each"] == "${local.tombstone_keep_days_all}"
+    keeps_days = blocks(MODULES / "azure", "locals")["tombstone_keep_days_all"]
+    assert keeps_days == list(range(1, azure_blob.TOMBSTONE_DAYS_MAX + 1))
+    (content,) = by_days["content"]
+    assert content["enabled"] is True
+    (filters,) = content["filters"]
+    (tag,) = filters["match_blob_index_tag"]
+    assert (unquote(tag["name"]), unquote(tag["operation"]), tag["value"]) == (
+        azure_blob.TOMBSTONE_DAYS_TAG, "==", "${rule.value}")
+    (actions,) = content["actions"]
+    assert set(actions) - {"__is_block__"} == {"base_blob"}  # only the base blob, by days since its last write
     (base_blob,) = actions["base_blob"]
     assert {key: value for key, value in base_blob.items() if key != "__is_block__"} == {
-        "delete_after_days_since_modification_greater_than": "${var.tombstone_keep_days}"}
-    # Every rule, this one too, stays under the record prefix: data and ownership blobs never expire.
-    for name, other in rules.items():
-        assert other["filters"][0]["prefix_match"] == ["${local.record_prefix}"], name
-    variable = blocks(MODULES / "azure", "variable")["tombstone_keep_days"]
-    assert variable["default"] == 1
-    assert "outcome keep" in unquote(variable["description"])
-    (validation,) = variable["validation"]
-    assert ">= 1" in validation["condition"] and "<= 8" in validation["condition"]  # a week's keep, and a day
+        "delete_after_days_since_modification_greater_than": "${rule.value}"}
+    # Every rule stays under the record prefix: data and ownership blobs never expire.
+    for name, rule in [*rules.items(), ("by days", content)]:
+        assert rule["filters"][0]["prefix_match"] == ["${local.record_prefix}"], name
+        assert [unquote(kind) for kind in rule["filters"][0]["blob_types"]] == ["blockBlob"], name
+    assert "tombstone_keep_days" not in blocks(MODULES / "azure", "variable")
     # Blob index tags exist only on accounts without a hierarchical namespace.
     account = resources(MODULES / "azure", "azurerm_storage_account")["cornus"]
     assert account.get("is_hns_enabled", False) is False
-
-
-def test_azure_module_hands_the_tombstone_rules_days_to_the_chart() -> None:
-    """A tombstone must be kept outcome_keep_ms, and the rule deletes it tombstone_keep_days after
-    its last write whatever it was asked: nothing compared the two (found by review). The module
-    knows the days, the chart knows both: the module's helm_values hand the days to the chart
-    (storage.azureBlob.tombstoneKeepDays), which refuses an outcome_keep_ms they would cut short
-    and passes them to the node, which refuses it too and refuses such a keep
-    (tests/deploy/test_helm_chart.py, tests/storage/test_azure_tombstones.py). All three bound the
-    days alike, with the module's default."""
-    values = _applied(_output_value(MODULES / "azure", "helm_values"), lambda ref: "${" + ref + "}")
-    assert values["storage"]["azureBlob"]["tombstoneKeepDays"] == "${var.tombstone_keep_days}"
-    variable = blocks(MODULES / "azure", "variable")["tombstone_keep_days"]
-    schema = json.loads((CHART / "values.schema.json").read_text())
-    days = schema["properties"]["storage"]["properties"]["azureBlob"]["properties"]["tombstoneKeepDays"]
-    chart_default = yaml.safe_load((CHART / "values.yaml").read_text())["storage"]["azureBlob"]["tombstoneKeepDays"]
-    assert (days["type"], days["minimum"], days["maximum"]) == (
-        "integer", AZURE_TOMBSTONE_KEEP_DAYS_MIN, AZURE_TOMBSTONE_KEEP_DAYS_MAX) == ("integer", 1, 8)
-    (validation,) = variable["validation"]
-    assert f">= {AZURE_TOMBSTONE_KEEP_DAYS_MIN}" in validation["condition"]
-    assert f"<= {AZURE_TOMBSTONE_KEEP_DAYS_MAX}" in validation["condition"]
-    assert variable["default"] == chart_default == StoreConfig().azure_tombstone_keep_days == 1
 
 
 def test_azure_redis_persists_its_aof_through_the_storage_firewall() -> None:

@@ -7,7 +7,6 @@ the blobs with the SDK, beside the store, in the container it uses."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from azure.storage.blob.aio import BlobServiceClient, ContainerClient
 
 from storage_adapters import azure_blob
 from storage_adapters.contract import LogId, RecordBody, Tombstone, TxnState
-from storage_adapters.errors import DecisionFlipRefused, ValidationError
+from storage_adapters.errors import DecisionFlipRefused
 from storage_adapters.factory import StoreConfig, open_store
 from tests.conftest import Services
 from tests.storage.conftest import config_for
@@ -28,10 +27,16 @@ VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
 # the adapter's constants must agree with it, not define it.
 TAG = "cornus-tombstone"
 TAG_VALUE = "1"
+DAYS_TAG = "cornus-tombstone-days"
 KEEP_MS = 3_600_000
 KEEP_MS_AGAIN = 60_000
-# A day, in the unit of keep_ms: the lifecycle rule counts whole days.
+# A day, in the unit of keep_ms: the lifecycle rules count whole days.
 DAY_MS = 86_400_000
+# A keep that is no whole number of days: its tombstone is tagged with the days rounded up.
+KEEP_MS_DAYS = 3 * DAY_MS + 1
+# A tombstone's tags, kept under a day (KEEP_MS, KEEP_MS_AGAIN) or KEEP_MS_DAYS.
+TAGS_OF_A_DAY = {TAG: TAG_VALUE, DAYS_TAG: "1"}
+TAGS_OF_FOUR_DAYS = {TAG: TAG_VALUE, DAYS_TAG: "4"}
 # The lifecycle rule's filter, as a Find Blobs by Tags expression (Azurite answers it).
 TAG_FILTER = f"\"{TAG}\" = '{TAG_VALUE}'"
 
@@ -91,7 +96,8 @@ def _now_ms() -> int:
 async def test_only_tombstones_carry_the_tag_the_lifecycle_rule_deletes_by(
     store: azure_blob.AzureBlobStore, container: ContainerClient, ns: str
 ) -> None:
-    assert (azure_blob.TOMBSTONE_TAG, azure_blob.TOMBSTONE_TAG_VALUE) == (TAG, TAG_VALUE)
+    assert (azure_blob.TOMBSTONE_TAG, azure_blob.TOMBSTONE_TAG_VALUE, azure_blob.TOMBSTONE_DAYS_TAG) == (
+        TAG, TAG_VALUE, DAYS_TAG)
     log = LogId.partition(ns)
     await store.log_once(log, "voted", VOTE, body(ns))
     await store.log_once(log, "aborted", ABORT, body(ns))
@@ -106,7 +112,7 @@ async def test_only_tombstones_carry_the_tag_the_lifecycle_rule_deletes_by(
     after_ms = _now_ms()
     for txn, state, applied in (("kept", COMMIT, "true"), ("absent", ABORT, "false")):
         tags, metadata = await _tags_and_metadata(container, log, txn)
-        assert tags == {TAG: TAG_VALUE}, txn
+        assert tags == TAGS_OF_A_DAY, txn
         assert (metadata["state"], metadata["applied"]) == (state, applied), txn
         _expiry_within(metadata, before_ms, after_ms, KEEP_MS)
     assert await _selected_by_the_rule(container, log) == {"kept", "absent"}
@@ -116,7 +122,7 @@ async def test_only_tombstones_carry_the_tag_the_lifecycle_rule_deletes_by(
     assert await store.delete(log, "kept", keep=Tombstone(COMMIT, KEEP_MS_AGAIN)) is True
     after_ms = _now_ms()
     tags, metadata = await _tags_and_metadata(container, log, "kept")
-    assert tags == {TAG: TAG_VALUE}
+    assert tags == TAGS_OF_A_DAY
     _expiry_within(metadata, before_ms, after_ms, KEEP_MS_AGAIN)
 
     # A plain delete removes a tombstone like any record.
@@ -137,9 +143,10 @@ async def test_a_log_over_a_tombstone_leaves_it_a_tombstone_the_rule_still_drops
     await store.log_once(log, "t", VOTE, body(ns))
     if decision is COMMIT:
         assert await store.apply_redo(ns, "t", {"k": b"v"})
-    assert await store.delete(log, "t", keep=Tombstone(decision, KEEP_MS)) is True
+    # Longer than a day: the rewrite must carry the days of the keep, read from the tombstone.
+    assert await store.delete(log, "t", keep=Tombstone(decision, KEEP_MS_DAYS)) is True
     kept_tags, kept_metadata = await _tags_and_metadata(container, log, "t")
-    assert kept_tags == {TAG: TAG_VALUE}
+    assert kept_tags == TAGS_OF_FOUR_DAYS
 
     assert await store.log(log, "t", decision, body(ns)) is decision
     record = await store.read(log, "t")
@@ -173,7 +180,7 @@ async def test_a_coordinators_tombstone_is_tagged_and_stays_so_under_a_late_log(
     after_ms = _now_ms()
     applied = "true" if decision is COMMIT else "false"
     kept_tags, kept_metadata = await _tags_and_metadata(container, log, "t")
-    assert kept_tags == {TAG: TAG_VALUE}
+    assert kept_tags == TAGS_OF_A_DAY
     assert (kept_metadata["state"], kept_metadata["applied"]) == (decision, applied)
     _expiry_within(kept_metadata, before_ms, after_ms, KEEP_MS)
     assert await _selected_by_the_rule(container, log) == {"t"}
@@ -221,56 +228,3 @@ async def test_a_keep_judges_a_record_changed_between_its_read_and_its_put(
     assert await _tags_and_metadata(container, log, "t") == ({}, {"state": COMMIT, "applied": "false"})
 
 
-@pytest.mark.parametrize("days", [None, 2], ids=["default", "two-days"])
-async def test_a_keep_longer_than_the_lifecycle_rule_is_refused_and_writes_nothing(
-    config: StoreConfig, container: ContainerClient, ns: str, days: int | None
-) -> None:
-    """The lifecycle rule deletes a tombstone `tombstone_keep_days` after its last write, whatever
-    keep_ms it was asked for: a keep longer than that would be dropped early, and a status call
-    would say "not known" of an outcome it was promised (found by review: nothing compared the
-    two). The store is told the rule's days (the Terraform module's default, 1, unless set) and
-    refuses such a keep before any I/O."""
-    if days is not None:
-        config = dataclasses.replace(config, azure_tombstone_keep_days=days)
-    rule_ms = (days or 1) * DAY_MS
-    store = await open_store(config)
-    try:
-        log = LogId.partition(ns)
-        await store.log_once(log, "voted", VOTE, body(ns))
-        before = await _tags_and_metadata(container, log, "voted")
-        for txn in ("voted", "absent"):
-            with pytest.raises(ValidationError, match=rf"tombstone_keep_days, {days or 1}"):
-                await store.delete(log, txn, keep=Tombstone(ABORT, rule_ms + 1))
-        record = await store.read(log, "voted")
-        assert record is not None and (record.state, record.body) == (VOTE, body(ns))
-        assert await _tags_and_metadata(container, log, "voted") == before
-        assert await store.read(log, "absent") is None
-        # The rule's whole days are kept.
-        assert await store.delete(log, "voted", keep=Tombstone(ABORT, rule_ms)) is True
-        assert await store.delete(log, "absent", keep=Tombstone(ABORT, rule_ms)) is False
-        assert await _selected_by_the_rule(container, log) == {"voted", "absent"}
-    finally:
-        await store.close()
-
-
-@pytest.mark.parametrize("bad", [0, 9, -1, 1.5, True, "1", None])
-async def test_the_lifecycle_rules_days_must_be_whole_days_the_rule_allows(services: Services, bad: object) -> None:
-    """What the Terraform module's variable allows (whole days, 1..8), or a clear error before any
-    I/O: from the configuration and at open alike."""
-    with pytest.raises(ValidationError, match="tombstone_keep_days"):
-        StoreConfig(backend="azure_blob", azure_connection_string=services.azure_connection_string,
-                    azure_tombstone_keep_days=bad)  # type: ignore[arg-type]
-    with pytest.raises(ValidationError, match="tombstone_keep_days"):
-        await azure_blob.AzureBlobStore.open(
-            services.azure_connection_string, "never-made", tombstone_keep_days=bad)  # type: ignore[arg-type]
-
-
-def test_the_lifecycle_rules_days_come_from_the_environment() -> None:
-    environ = {"CORNUS_STORAGE_BACKEND": "azure_blob",
-               "CORNUS_STORAGE_AZURE_CONNECTION_STRING": "UseDevelopmentStorage=true"}
-    days = "CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS"
-    assert StoreConfig.from_env(environ).azure_tombstone_keep_days == 1
-    assert StoreConfig.from_env({**environ, days: "3"}).azure_tombstone_keep_days == 3
-    for bad in ("a day", "9"):
-        with pytest.raises(ValidationError, match=r"(?i)tombstone_keep_days"):
-            StoreConfig.from_env({**environ, days: bad})

@@ -272,13 +272,6 @@ helm refuses exactly the combinations the node refuses.
 {{- if gt $lateVote (add $t.gc_grace_ms $keepMs) }}
 {{- fail (printf "timeouts.timeout_ms_peer_request is %d: a one-shot's vote may land up to %d ms after its begin, after its records were collected (gc_grace_ms %d) and its tombstone dropped (outcome_keep_ms %d): lower timeout_ms_peer_request or raise outcome_keep_ms" $t.timeout_ms_peer_request $lateVote $t.gc_grace_ms $keepMs) }}
 {{- end }}
-{{- /* Azure's lifecycle rule deletes a tombstone tombstoneKeepDays after its last write, whatever keep it was given. */}}
-{{- if eq .Values.storage.backend "azure_blob" }}
-{{- $days := int64 .Values.storage.azureBlob.tombstoneKeepDays }}
-{{- if gt $t.outcome_keep_ms (mul $days 86400000) }}
-{{- fail (printf "timeouts.outcome_keep_ms is %d, but the lifecycle rule deletes decision tombstones storage.azureBlob.tombstoneKeepDays (%d, the Terraform module's tombstone_keep_days) after their last write, %d ms: raise tombstone_keep_days in Terraform (its helm_values pass it here) to at least %d, or lower outcome_keep_ms (unset, it is %d, the node's default)" $t.outcome_keep_ms $days (mul $days 86400000) (div (add $t.outcome_keep_ms 86399999) 86400000) $nodeDefaults.outcome_keep_ms) }}
-{{- end }}
-{{- end }}
 {{- /* The release in the cluster, when there is one (lookup is empty under helm template). */}}
 {{- $previous := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "cornus.fullname" .) }}
 {{- if $previous }}

@@ -7,6 +7,9 @@ locals {
   # Record blobs are named txn/<log>/<txn> inside the container (storage_adapters/azure_blob.py,
   # _record_name); data (data/) and ownership (own/) blobs must never expire.
   record_prefix = "${var.container_name}/txn/"
+  # The keeps of decision tombstones, in whole days: up to a week (TOMBSTONE_KEEP_MS_MAX), one
+  # lifecycle rule each.
+  tombstone_keep_days_all = [1, 2, 3, 4, 5, 6, 7]
 }
 
 resource "azurerm_resource_group" "cornus" {
@@ -83,9 +86,35 @@ resource "azurerm_storage_management_policy" "cornus" {
 
   # Decision tombstones: what the nodes' garbage collection leaves in a record's place (the
   # decision alone), which Azure Blob cannot expire by itself. The adapter tags each one, and only
-  # those, with cornus-tombstone = 1 (storage_adapters/azure_blob.py, TOMBSTONE_TAG): filtered on
-  # that tag, this rule can never delete a record a transaction still needs. Keeping a tombstone
-  # again rewrites it, which restarts its days.
+  # those (storage_adapters/azure_blob.py, tombstone_tags): filtered on those tags, these rules can
+  # never delete a record a transaction still needs. cornus-tombstone-days is the tombstone's keep
+  # in whole days, rounded up, and its rule deletes it that many days after its last write: each
+  # tombstone goes by the keep it was written with, whatever the nodes are set to since. Keeping
+  # a tombstone again rewrites it, which restarts its days.
+  dynamic "rule" {
+    for_each = local.tombstone_keep_days_all
+    content {
+      name    = "delete-decision-tombstones-kept-${rule.value}-days"
+      enabled = true
+      filters {
+        prefix_match = [local.record_prefix]
+        blob_types   = ["blockBlob"]
+        match_blob_index_tag {
+          name      = "cornus-tombstone-days"
+          operation = "=="
+          value     = rule.value
+        }
+      }
+      actions {
+        base_blob {
+          delete_after_days_since_modification_greater_than = rule.value
+        }
+      }
+    }
+  }
+
+  # The tag every tombstone also carries, and earlier versions set alone (with no record of the
+  # keep): deleted past the longest keep there is (a week), so never early.
   rule {
     name    = "delete-expired-decision-tombstones"
     enabled = true
@@ -100,7 +129,7 @@ resource "azurerm_storage_management_policy" "cornus" {
     }
     actions {
       base_blob {
-        delete_after_days_since_modification_greater_than = var.tombstone_keep_days
+        delete_after_days_since_modification_greater_than = 8
       }
     }
   }

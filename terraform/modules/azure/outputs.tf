@@ -41,9 +41,6 @@ output "helm_values" {
       timeoutMsCall = 8000
       azureBlob = {
         container = azurerm_storage_container.cornus.name
-        # The tombstone rule's days: the chart refuses a timeouts.outcome_keep_ms they would cut
-        # short, and the nodes refuse such a keep (CORNUS_STORAGE_AZURE_TOMBSTONE_KEEP_DAYS).
-        tombstoneKeepDays = var.tombstone_keep_days
       }
     }
     timeouts = {

@@ -49,16 +49,6 @@ variable "record_retention_days" {
   }
 }
 
-variable "tombstone_keep_days" {
-  description = "Days a decision tombstone (what garbage collection leaves in a collected record's place, so a transaction's outcome can still be told; a blob under <container>/txn/ tagged cornus-tombstone = 1) stays after it was last written before a lifecycle rule deletes it. It must cover the nodes' outcome keep setting (the keep_ms their garbage collection gives each tombstone): the rule counts whole days from the tombstone's last modification and runs about once a day, so a tombstone lives from this many days to a day or two more. The module's helm_values pass it to the chart (storage.azureBlob.tombstoneKeepDays), which refuses a timeouts.outcome_keep_ms longer than it, as the nodes do."
-  type        = number
-  default     = 1
-  validation {
-    condition     = var.tombstone_keep_days >= 1 && var.tombstone_keep_days <= 8 && floor(var.tombstone_keep_days) == var.tombstone_keep_days
-    error_message = "tombstone_keep_days must be a whole number of days from 1 to 8: lifecycle rules count whole days, a tombstone must outlive the nodes' outcome keep setting, and that is at most a week (TOMBSTONE_KEEP_MS_MAX); longer keeps a leak."
-  }
-}
-
 variable "soft_delete_retention_days" {
   description = "Days a deleted blob or container can be restored (soft delete), against a mistaken deletion of data."
   type        = number

@@ -1,0 +1,148 @@
+"""Azure's lifecycle rules against the tombstones the adapter writes: each tombstone must outlive
+the keep it was written with, under every rule of the Terraform module (terraform/modules/azure)
+that selects it, whatever values the module's variables allow. Found by review: the one tombstone
+rule deleted every tombstone a module variable's days after its last write, the node's keep was a
+setting of its own, and lowering the variable (Terraform shrinks the rule at once, before the pods
+roll) dropped longer-kept tombstones early; a status call then said "not known" (may run again)
+of a committed transaction. The rules are evaluated here from the module's HCL (python-hcl2), on
+the tags Azurite stores (it has no lifecycle management to run them)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import hcl2
+import pytest
+from azure.storage.blob.aio import BlobServiceClient
+
+from storage_adapters import azure_blob
+from storage_adapters.contract import TOMBSTONE_KEEP_MS_MAX, LogId, RecordBody, Tombstone, TxnState
+from storage_adapters.factory import StoreConfig, open_store
+from tests.conftest import Services
+from tests.storage.conftest import config_for
+
+MODULE = Path(__file__).resolve().parents[2] / "terraform" / "modules" / "azure"
+DAY_MS = 86_400_000
+# Each side of each whole day a keep may fall on, up to the longest keep there is.
+KEEPS_MS = sorted({1, 60_000, DAY_MS - 1, DAY_MS, DAY_MS + 1, 3 * DAY_MS + 5, 6 * DAY_MS + 1,
+                   TOMBSTONE_KEEP_MS_MAX - 1, TOMBSTONE_KEEP_MS_MAX})
+_REFERENCE = re.compile(r"^\$\{(?P<ref>[^{}]+)\}$")
+
+
+def _unquote(value: Any) -> Any:
+    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"':
+        return value[1:-1]
+    return value
+
+
+def _blocks(kind: str) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for path in sorted(MODULE.glob("*.tf")):
+        for block in hcl2.loads(path.read_text()).get(kind, []):
+            found.update({_unquote(label): body for label, body in block.items()})
+    return found
+
+
+def _smallest_allowed(variable: str) -> int:
+    """The fewest days a module variable may be set to (its validation's `>= n`): what a user may
+    lower it to at any time."""
+    (validation,) = _blocks("variable")[variable]["validation"]
+    (low,) = re.findall(rf"var\.{variable} >= (\d+)", validation["condition"])
+    return int(low)
+
+
+def _days(value: Any, bindings: dict[str, str]) -> int:
+    """The fewest days a rule's `delete_after_days_since_modification_greater_than` can be."""
+    if isinstance(value, int):
+        return value
+    reference = _REFERENCE.match(str(value))
+    assert reference is not None, f"a rule's days must be a number or a reference, got {value!r}"
+    ref = reference["ref"]
+    if ref.startswith("var."):
+        return _smallest_allowed(ref.removeprefix("var."))
+    assert ref in bindings, f"unknown reference {ref} in a rule's days"
+    return int(bindings[ref])
+
+
+def _expanded_rules() -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """Every rule of the module's policy, a `dynamic "rule"` once per value of its for_each (a
+    local list), each with what `rule.value` stands for in it."""
+    (policy,) = _blocks("resource")["azurerm_storage_management_policy"].values()
+    rules: list[tuple[dict[str, Any], dict[str, str]]] = [(rule, {}) for rule in policy.get("rule", [])]
+    for dynamic in policy.get("dynamic", []):
+        (block,) = dynamic.values()
+        reference = _REFERENCE.match(block["for_each"])
+        assert reference is not None and reference["ref"].startswith("local."), block["for_each"]
+        values = _blocks("locals")[reference["ref"].removeprefix("local.")]
+        (content,) = block["content"]
+        rules += [(content, {"rule.value": str(value)}) for value in values]
+    return rules
+
+
+def _rule_name(rule: dict[str, Any], bindings: dict[str, str]) -> str:
+    name = str(_unquote(rule["name"]))
+    for ref, value in bindings.items():
+        name = name.replace("${" + ref + "}", value)
+    return name
+
+
+def _tag_value(value: Any, bindings: dict[str, str]) -> str:
+    reference = _REFERENCE.match(str(_unquote(value)))
+    return bindings[reference["ref"]] if reference else str(_unquote(value))
+
+
+def _deleting_rules(tags: dict[str, str]) -> dict[str, int]:
+    """Each rule that selects a record blob (every rule filters on the record prefix) with these
+    blob index tags, and the fewest days after its last write at which it deletes it."""
+    selected = {}
+    for rule, bindings in _expanded_rules():
+        (filters,) = rule["filters"]
+        wanted = {_unquote(tag["name"]): _tag_value(tag["value"], bindings)
+                  for tag in filters.get("match_blob_index_tag", [])}
+        assert all(_unquote(tag["operation"]) == "==" for tag in filters.get("match_blob_index_tag", []))
+        if all(tags.get(name) == value for name, value in wanted.items()):
+            (actions,) = rule["actions"]
+            (base_blob,) = actions["base_blob"]
+            selected[_rule_name(rule, bindings)] = _days(
+                base_blob["delete_after_days_since_modification_greater_than"], bindings)
+    return selected
+
+
+@pytest.fixture
+async def store(services: Services, run_id: str, tmp_path: Path) -> AsyncIterator[azure_blob.AzureBlobStore]:
+    config: StoreConfig = config_for("azure_blob", services, run_id, str(tmp_path))
+    opened = await open_store(config)
+    assert isinstance(opened, azure_blob.AzureBlobStore)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_every_tombstone_outlives_its_keep_under_every_rule_that_selects_it_whatever_the_variables(
+    store: azure_blob.AzureBlobStore, services: Services, ns: str,
+) -> None:
+    service = BlobServiceClient.from_connection_string(services.azure_connection_string, retry_total=0)
+    try:
+        container = service.get_container_client(store._container.container_name)
+        for index, keep_ms in enumerate(KEEPS_MS):
+            log = LogId.partition(f"{ns}-{index}")
+            await store.log_once(log, "t", TxnState.VOTE_YES, RecordBody((log.name,), "n0", b""))
+            assert await store.delete(log, "t", keep=Tombstone(TxnState.ABORT, keep_ms)) is True
+            tags = await container.get_blob_client(azure_blob._record_name(log, "t")).get_blob_tags()
+            rules = _deleting_rules(tags)
+            # Deleted in the end (no leak), by its own days, rounded up to whole days, and never
+            # earlier than its keep by any rule.
+            assert rules, f"no rule ever deletes a tombstone tagged {tags}"
+            assert min(rules.values()) == -(-keep_ms // DAY_MS), (keep_ms, tags, rules)
+            for name, days in rules.items():
+                assert days * DAY_MS >= keep_ms, f"rule {name} deletes a tombstone kept {keep_ms} ms after {days} days"
+            # A record that is no tombstone carries no tag a tombstone rule selects it by.
+            await store.log_once(log, "voted", TxnState.VOTE_YES, RecordBody((log.name,), "n0", b""))
+            voted = await container.get_blob_client(azure_blob._record_name(log, "voted")).get_blob_tags()
+            assert set(_deleting_rules(voted)) == {"delete-old-transaction-records"}, voted
+    finally:
+        await service.close()
