@@ -26,6 +26,7 @@ import atexit
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import select
 import signal
@@ -202,6 +203,10 @@ def _run_node(request: Mapping[str, object], launcher_pid: int) -> None:
         traceback.print_exc()
     finally:
         try:
+            # os._exit skips atexit, where logging.shutdown writes the lines still queued for the
+            # log's writer thread (services.api.logs, bounded): a node's last line, the one that
+            # says why it exits (a refused cluster record), was lost now and then.
+            logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()
         finally:

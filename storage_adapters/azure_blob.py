@@ -27,7 +27,10 @@ Layout, with transaction state, data and ownership under distinct prefixes so ac
 split them:
 
     txn/<log.key>/<txn>             JSON record; metadata {state, applied} for scans; a decision
-                                    tombstone also has tag cornus-tombstone=1, metadata its expiry
+                                    tombstone also has tags cornus-tombstone=1 and
+                                    cornus-tombstone-days=<its keep in days>, metadata its expiry
+    cluster/cluster                 the cluster record (contract.py), as a record; outside txn/,
+                                    whose old blobs a lifecycle rule sweeps
     data/<partition>/<b64url(key)>  raw value bytes; metadata {deleted: 1} for a deleted value
     own/<partition>                 JSON ownership record; metadata {ownership} for listings
     own/node:<node>                 a node's identity record (its `identity_name`), the same;
@@ -169,6 +172,7 @@ from storage_adapters.contract import (
     TOMBSTONE_KEEP_MS_MAX,
     Fence,
     LogId,
+    LogKind,
     LogOnceResult,
     Ownership,
     OwnerWriteResult,
@@ -307,10 +311,14 @@ def _segment(value: str) -> str:
 
 
 def _record_name(log: LogId, txn: str) -> str:
-    return f"txn/{_segment(log.key)}/{_segment(txn)}"
+    return f"{_record_prefix(log)}{_segment(txn)}"
 
 
 def _record_prefix(log: LogId) -> str:
+    if log.kind is LogKind.CLUSTER:
+        # Outside txn/, which the Terraform module's rule of old records sweeps: the cluster
+        # record is never rewritten, and must last as long as the data it describes.
+        return "cluster/"
     return f"txn/{_segment(log.key)}/"
 
 

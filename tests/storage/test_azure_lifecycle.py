@@ -19,7 +19,14 @@ import pytest
 from azure.storage.blob.aio import BlobServiceClient
 
 from storage_adapters import azure_blob
-from storage_adapters.contract import TOMBSTONE_KEEP_MS_MAX, LogId, RecordBody, Tombstone, TxnState
+from storage_adapters.contract import (
+    CLUSTER_RECORD_TXN,
+    TOMBSTONE_KEEP_MS_MAX,
+    LogId,
+    RecordBody,
+    Tombstone,
+    TxnState,
+)
 from storage_adapters.factory import StoreConfig, open_store
 from tests.conftest import Services
 from tests.storage.conftest import config_for
@@ -94,12 +101,24 @@ def _tag_value(value: Any, bindings: dict[str, str]) -> str:
     return bindings[reference["ref"]] if reference else str(_unquote(value))
 
 
-def _deleting_rules(tags: dict[str, str]) -> dict[str, int]:
-    """Each rule that selects a record blob (every rule filters on the record prefix) with these
-    blob index tags, and the fewest days after its last write at which it deletes it."""
+def _prefix(value: Any, container: str) -> str:
+    """A rule's prefix_match, resolved: `<container>/...`, through the module's locals."""
+    text = str(_unquote(value))
+    reference = _REFERENCE.match(text)
+    if reference is not None:
+        assert reference["ref"].startswith("local."), text
+        text = str(_unquote(_blocks("locals")[reference["ref"].removeprefix("local.")]))
+    return text.replace("${var.container_name}", container)
+
+
+def _deleting_rules(container: str, blob: str, tags: dict[str, str]) -> dict[str, int]:
+    """Each rule that selects the blob `blob` of `container` with these blob index tags, and the
+    fewest days after its last write at which it deletes it."""
     selected = {}
     for rule, bindings in _expanded_rules():
         (filters,) = rule["filters"]
+        if not any(f"{container}/{blob}".startswith(_prefix(prefix, container)) for prefix in filters["prefix_match"]):
+            continue
         wanted = {_unquote(tag["name"]): _tag_value(tag["value"], bindings)
                   for tag in filters.get("match_blob_index_tag", [])}
         assert all(_unquote(tag["operation"]) == "==" for tag in filters.get("match_blob_index_tag", []))
@@ -132,8 +151,9 @@ async def test_every_tombstone_outlives_its_keep_under_every_rule_that_selects_i
             log = LogId.partition(f"{ns}-{index}")
             await store.log_once(log, "t", TxnState.VOTE_YES, RecordBody((log.name,), "n0", b""))
             assert await store.delete(log, "t", keep=Tombstone(TxnState.ABORT, keep_ms)) is True
-            tags = await container.get_blob_client(azure_blob._record_name(log, "t")).get_blob_tags()
-            rules = _deleting_rules(tags)
+            name = azure_blob._record_name(log, "t")
+            tags = await container.get_blob_client(name).get_blob_tags()
+            rules = _deleting_rules(container.container_name, name, tags)
             # Deleted in the end (no leak), by its own days, rounded up to whole days, and never
             # earlier than its keep by any rule.
             assert rules, f"no rule ever deletes a tombstone tagged {tags}"
@@ -142,7 +162,26 @@ async def test_every_tombstone_outlives_its_keep_under_every_rule_that_selects_i
                 assert days * DAY_MS >= keep_ms, f"rule {name} deletes a tombstone kept {keep_ms} ms after {days} days"
             # A record that is no tombstone carries no tag a tombstone rule selects it by.
             await store.log_once(log, "voted", TxnState.VOTE_YES, RecordBody((log.name,), "n0", b""))
-            voted = await container.get_blob_client(azure_blob._record_name(log, "voted")).get_blob_tags()
-            assert set(_deleting_rules(voted)) == {"delete-old-transaction-records"}, voted
+            name = azure_blob._record_name(log, "voted")
+            voted = await container.get_blob_client(name).get_blob_tags()
+            assert set(_deleting_rules(container.container_name, name, voted)) == {"delete-old-transaction-records"}
+    finally:
+        await service.close()
+
+
+async def test_no_rule_ever_deletes_the_cluster_record(store: azure_blob.AzureBlobStore, services: Services) -> None:
+    """The cluster record (cornus/runtime/cluster_record.py) is written once and never rewritten,
+    and must last as long as the data, which no rule deletes: a record the rule of old transaction
+    records swept (found by review: it lay under txn/, 30 days by default) would let the next node
+    record another partition count over the same data."""
+    await store.log_once(LogId.cluster(), CLUSTER_RECORD_TXN, TxnState.COMMIT, RecordBody(redo=b"{}"))
+    name = azure_blob._record_name(LogId.cluster(), CLUSTER_RECORD_TXN)
+    service = BlobServiceClient.from_connection_string(services.azure_connection_string, retry_total=0)
+    try:
+        container = service.get_container_client(store._container.container_name)
+        tags = await container.get_blob_client(name).get_blob_tags()
+        assert _deleting_rules(container.container_name, name, tags) == {}, name
+        # The data it describes is kept as long: no rule selects a data blob either.
+        assert _deleting_rules(container.container_name, "data/p0/aw", {}) == {}
     finally:
         await service.close()
