@@ -83,6 +83,22 @@ def _add_storage_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--latency", help="injected latency per call: fixed:MS, uniform:LO:HI or lognormal:P50:P99")
 
 
+def _add_flush_redis_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--flush-redis", action="store_true",
+                        help="with --backend redis: empty the databases the runs use before each run")
+
+
+def _check_redis_points(args: argparse.Namespace, storage: StoreConfig, partition_counts: Sequence[object]) -> None:
+    """--flush-redis only on Redis, and needed there by runs of several partition counts: the runs
+    reuse each protocol's database, which keeps the partition count of its first cluster
+    (cornus.runtime.cluster_record), so a later run's nodes would refuse it."""
+    if args.flush_redis and storage.backend != "redis":
+        raise ValidationError("--flush-redis is for --backend redis")
+    if storage.backend == "redis" and not args.flush_redis and len(set(partition_counts)) > 1:
+        raise ValidationError("--sweep nodes over Redis changes the partition count at each point, and a database "
+                              "keeps its first one: add --flush-redis (empties the run's databases before each point)")
+
+
 def _add_keep_storage_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-storage", action="store_true",
                         help="with --backend azure_blob or dynamodb: keep the container or table each run creates "
@@ -692,16 +708,18 @@ def _termination_bench(args: argparse.Namespace) -> int:
     for count in node_counts:
         if not NODES_MIN <= count <= NODES_MAX:
             raise ValidationError(f"--nodes must be in {NODES_MIN}..{NODES_MAX}, got {count}")
+    _check_redis_points(args, storage, node_counts)  # one partition per node
     settings = _bench_node_settings(args, storage)
     out = _out_dir(args) if args.sweep or args.out else None
     summary_rows = []
-    for count in node_counts:
+    for point, count in enumerate(node_counts):
         print(f"cornus termination-bench: {count} nodes, {args.rounds} coordinator kills at coordinator.after_votes, "
               f"storage {storage.backend}, injected latency {latency_label(latency)}", flush=True)
         try:
             rows = run_termination_bench(storage, _storage_argv(storage), nodes=count, rounds=args.rounds,
                                          settings=settings, storage_environ=_storage_environ(storage),
-                                         keep_storage=args.keep_storage)
+                                         keep_storage=args.keep_storage, flush_redis=args.flush_redis,
+                                         run_index=point)
         except (RuntimeError, httpx.HTTPError, subprocess.TimeoutExpired) as error:
             return _run_failed("termination-bench", error)
         print(format_terminations(rows), flush=True)
@@ -770,19 +788,13 @@ def _bench(args: argparse.Namespace) -> int:
 
     protocols = [Protocol(p) for p in (args.protocol or [p.value for p in Protocol])]
     storage, latency = _bench_storage(args)
-    if args.flush_redis and storage.backend != "redis":
-        raise ValidationError("--flush-redis is for --backend redis")
     _check_keep_storage(args, storage)
     knobs = _bench_knobs(args)
     sweep_param, sweep_values = parse_sweep(args.sweep, args.workload) if args.sweep else ("", [])
     partitions = args.partitions if args.partitions is not None else args.nodes
     if sweep_param == "nodes" and args.partitions is not None:
         raise ValidationError("--sweep nodes runs one partition per node; leave --partitions out")
-    if sweep_param == "nodes" and storage.backend == "redis" and not args.flush_redis and len(sweep_values) > 1:
-        # A sweep's points reuse each protocol's database, which keeps the partition count of its
-        # first cluster (cornus.runtime.cluster_record): the second point's nodes would refuse it.
-        raise ValidationError("--sweep nodes over Redis changes the partition count at each point, and a database "
-                              "keeps its first one: add --flush-redis (empties the run's databases before each point)")
+    _check_redis_points(args, storage, sweep_values if sweep_param == "nodes" else [])
     base = RunSettings(
         workload=args.workload, knobs=tuple(sorted(knobs.items())), nodes=args.nodes, partitions=partitions,
         clients=args.clients, seconds=args.seconds, route_to_owner=args.route == "owner",
@@ -892,8 +904,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cluster.add_argument("--keep-logs", action="store_true",
                                help="copy every run's node logs into <out>/logs/<protocol>-<run>/ (by default only a "
                                     "failed run's are kept, in the directory its error names)")
-    bench_cluster.add_argument("--flush-redis", action="store_true",
-                               help="with --backend redis: empty the databases the runs use before each run")
+    _add_flush_redis_flag(bench_cluster)
     _add_keep_storage_flag(bench_cluster)
     knobs = bench_cluster.add_argument_group("workload knobs (each belongs to one workload)")
     knobs.add_argument("--theta", type=float, help="ycsb: Zipfian skew in [0, 0.99] (default 0, uniform)")
@@ -929,6 +940,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="run at each node count and plot the time to terminate against it (Figure 8)")
     termination.add_argument("--out", help="directory for termination.csv and termination.png "
                                            "(default bench-results/<date-time>; written with --sweep or --out)")
+    _add_flush_redis_flag(termination)
     _add_keep_storage_flag(termination)
     _add_local_cluster_flags(termination)
     termination.set_defaults(handler=_termination_bench)

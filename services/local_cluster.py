@@ -216,8 +216,9 @@ def report_dead(node: ClusterNode) -> None:
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
     if code == EXIT_CODE_CLUSTER_MISMATCH:
         # Local clusters reuse storage that outlives them: a Redis database, a --data-dir.
-        how += (" (the storage holds an earlier cluster of another partition count or id: `cornus bench "
-                "--flush-redis` empties a run's Redis databases first, or give the cluster storage of its own)")
+        how += (" (the storage holds an earlier cluster's, of another partition count or id: on Redis, --flush-redis "
+                "of cornus bench and termination-bench empties a run's databases first; otherwise give the "
+                "cluster storage of its own, e.g. another --data-dir)")
     print(f"cornus: node {node.config.node_id} (pid {node.process.pid}) died: {how}; stopping the cluster\n"
           f"--- last lines of {node.log_path} ---\n{node.log_tail()}", file=sys.stderr, flush=True)
 

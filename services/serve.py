@@ -11,10 +11,10 @@ import gc
 import logging
 import signal
 import sys
-import time
 
 import uvicorn
 
+from cornus.runtime import patience
 from cornus.runtime.cluster_record import EXIT_CODE_CLUSTER_MISMATCH, ClusterMismatch
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import TIMEOUT_MS_COMMIT
@@ -26,8 +26,7 @@ from services.api.logs import configure_json_logging, level_from_env
 from services.api.metrics import InstrumentedStore, Metrics
 from services.api.rest import build_app
 from services.node_rpc.transport import PeerTransport
-from storage_adapters.errors import StorageUnavailable
-from storage_adapters.factory import StoreConfig, open_store
+from storage_adapters.factory import open_store
 from storage_adapters.store import LogStore
 
 log = logging.getLogger("cornus.serve")
@@ -47,13 +46,9 @@ SHUTDOWN_TIMEOUT_S_NODE = 10.0
 SHUTDOWN_TIMEOUT_S_STORE = 2.0
 # All of it: the chart's terminationGracePeriodSeconds must exceed this.
 SHUTDOWN_BUDGET_S = SHUTDOWN_TIMEOUT_S + SHUTDOWN_TIMEOUT_S_GRPC + SHUTDOWN_TIMEOUT_S_NODE + SHUTDOWN_TIMEOUT_S_STORE
-# A node that starts while its storage cannot be reached (a network blip, storage restarting, a
-# node restarted in the middle of a partition) tries again with backoff for this long before it
-# gives up and exits for its supervisor: a node without storage can do nothing, but exiting at the
-# first refused connection turns every short outage into a restart loop.
-STORAGE_OPEN_TIMEOUT_S = 60.0
-STORAGE_OPEN_BACKOFF_S_MIN = 0.1
-STORAGE_OPEN_BACKOFF_S_MAX = 2.0
+# How long a start waits for unreachable storage (cornus.runtime.patience): the chart's startup
+# probe must allow more.
+STORAGE_OPEN_TIMEOUT_S = patience.STORAGE_WAIT_TIMEOUT_S
 # Allocations (less deallocations) between two young-generation collections of the cyclic GC;
 # Python's default is 700. A committed transaction allocates thousands of short-lived objects,
 # nearly all freed by reference counting, so at 700 the collector ran several times per
@@ -63,26 +58,16 @@ STORAGE_OPEN_BACKOFF_S_MAX = 2.0
 GC_GEN0_ALLOCATIONS_MAX = 20_000
 
 
-async def open_store_patiently(storage: StoreConfig) -> LogStore:
-    """`open_store`, retried while storage is unavailable, up to STORAGE_OPEN_TIMEOUT_S."""
-    deadline = time.monotonic() + STORAGE_OPEN_TIMEOUT_S
-    delay_s = STORAGE_OPEN_BACKOFF_S_MIN
-    while True:
-        try:
-            return await open_store(storage)
-        except StorageUnavailable as error:
-            if time.monotonic() + delay_s > deadline:
-                raise
-            log.warning("storage is unreachable at start (%s); trying again in %.1f s", error, delay_s)
-            await asyncio.sleep(delay_s)
-            delay_s = min(2 * delay_s, STORAGE_OPEN_BACKOFF_S_MAX)
-
-
 async def _done_unless_stopped(task: asyncio.Task[object], stop: asyncio.Event) -> bool:
     """Wait for `task` unless `stop` comes first; then cancel it and answer False."""
     stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()  # not left running under what the caller closes next (the store)
+        raise
+    finally:
+        stopped.cancel()
     if task.done():
         return True
     task.cancel()
@@ -113,7 +98,9 @@ async def serve(config: NodeConfig) -> int:
     failpoints = Failpoints.from_env()
     # Wrapped before the Node gets it, so every storage call of the node is measured.
     metrics = Metrics()
-    opening = asyncio.create_task(open_store_patiently(config.storage))
+    deadline_s = patience.start_deadline_s()  # for every storage call of the start together
+    opening = asyncio.create_task(
+        patience.patiently(lambda: open_store(config.storage), "storage is unreachable at start", deadline_s))
     if not await _done_unless_stopped(opening, stop):
         log.info("node %s: stopped while it waited for storage at its start", config.node_id)
         return 0
@@ -121,7 +108,7 @@ async def serve(config: NodeConfig) -> int:
     transport = PeerTransport(config.node_id, config.listen, config.peers)
     node = Node(config, store, transport, failpoints)
     # The cluster record is checked before the node takes anything, and may wait for storage too.
-    claiming = asyncio.create_task(node.claim_cluster())
+    claiming = asyncio.create_task(node.claim_cluster(deadline_s))
     try:
         if not await _done_unless_stopped(claiming, stop):
             log.info("node %s: stopped while it checked the storage's cluster record", config.node_id)

@@ -683,15 +683,15 @@ class AzureBlobStore(LogStore):
         finds a COMMIT one applied), so what stays tagged is still a finished record."""
         content, metadata = _encode_record(record)
         tags = None
+        keep_ms = _keep_ms_of(stored)
         if stored.tombstone_expiry is not None:
             assert not is_unfinished(record.state, record.applied), record
             metadata[TOMBSTONE_EXPIRY_METADATA] = stored.tombstone_expiry
             if stored.tombstone_keep_ms is not None:
                 metadata[TOMBSTONE_KEEP_METADATA] = stored.tombstone_keep_ms
-            tags = tombstone_tags(_keep_ms_of(stored))
+            tags = tombstone_tags(keep_ms)
         name = _record_name(record.log, record.txn)
         written = await self._put_if(name, content, metadata, stored.etag, tags)
-        keep_ms = _keep_ms_of(stored)
         if written is not None and keep_ms is not None:
             # Still the tombstone, with a new ETag: the sweep deletes it a whole keep from now (later
             # than it had to, never earlier: the expiry it had is another node's clock, found by

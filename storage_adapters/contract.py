@@ -26,8 +26,9 @@ Transitions a record may make, and which call may make them:
 
 A tombstone is what garbage collection leaves in a record's place: the decision alone, no body (a
 COMMIT one applied), kept at least `keep_ms` and then dropped by storage (Redis: key expiry;
-emulator: its writer's purge; DynamoDB: the table's TTL on `expires_at`; Azure: a lifecycle rule on
-the blob index tag `cornus-tombstone`, which the Terraform module sets up). Until then it reads as
+emulator: its writer's purge; DynamoDB: the table's TTL on `expires_at`; Azure: the store's own
+sweep, and lifecycle rules on blob index tags that carry each tombstone's keep in days, which the
+Terraform module sets up). Until then it reads as
 a finished record of its decision, so no recovery scan returns it, and a late write meets it rather
 than an empty slot: a LogOnce is told the decision, a `log` of the other decision or of VOTE_YES is
 refused, and a `log` of its own decision is the idempotent rewrite, which may bring a body back but
@@ -171,8 +172,6 @@ class LogKind(enum.StrEnum):
     CLUSTER = "k"  # the one log of the cluster record (LogId.cluster)
 
 
-# The kinds of log that hold transactions' records (scanned, collected, kept as tombstones).
-TXN_LOG_KINDS = (LogKind.PARTITION, LogKind.COORDINATOR)
 # The cluster log's name and its one record's txn id: fixed, since every node of a deployment, and
 # every deployment pointed at the same storage by mistake, must find the same record.
 CLUSTER_LOG_NAME = "cluster"
@@ -200,7 +199,8 @@ _LOG_IDS_INTERNED_COUNT_MAX = 4096
 
 @dataclass(frozen=True, slots=True)
 class LogId:
-    """Which log a record lives in: a partition's log or a coordinator node's log."""
+    """Which log a record lives in: a partition's log, a coordinator node's log, or the cluster
+    log of the one cluster record."""
 
     kind: LogKind
     name: str

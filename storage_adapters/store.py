@@ -18,7 +18,6 @@ from storage_adapters.contract import (
     IDENTITY_PAGE_COUNT_MAX,
     SCAN_CALL_COUNT_MAX,
     SCAN_PAGE_COUNT_MAX,
-    TOMBSTONE_KEEP_MS_MAX,
     Fence,
     LogId,
     LogOnceResult,
@@ -47,7 +46,7 @@ from storage_adapters.contract import (
     validate_txn,
     validate_writes,
 )
-from storage_adapters.errors import InvariantViolation, StorageError, StorageUnavailable, ValidationError
+from storage_adapters.errors import InvariantViolation, StorageError, StorageUnavailable
 
 # Deletes one coalesced backend request may carry. A Redis script blocks the server for everyone
 # while it runs (about 3 us per record deleted, so ~0.4 ms at this size), and past a few dozen the
@@ -156,10 +155,6 @@ class LogStore(abc.ABC):
     # emulator's purge), or leaves it to a service-side rule that takes days (DynamoDB's table
     # TTL, an Azure lifecycle rule): the suite waits for the drop only where it is prompt.
     drops_tombstones_at_expiry: bool = False
-    # The longest keep storage honours, where a service-side rule drops tombstones after a fixed
-    # time whatever keep they were written with (Azure's lifecycle rule): `delete` refuses a
-    # longer keep before any I/O, which would otherwise be cut short.
-    tombstone_keep_ms_max: int = TOMBSTONE_KEEP_MS_MAX
 
     def __init__(self, timeout_ms_call: int) -> None:
         assert timeout_ms_call > 0, timeout_ms_call
@@ -353,11 +348,6 @@ class LogStore(abc.ABC):
         validate_txn(txn)
         validate_log_fence(fence, log)
         validate_tombstone(keep, log)
-        if keep is not None and keep.keep_ms > self.tombstone_keep_ms_max:
-            raise ValidationError(
-                f"keep_ms is {keep.keep_ms}, but {self.backend_name} drops tombstones after "
-                f"{self.tombstone_keep_ms_max} ms ({self._tombstone_keep_limit()}): the tombstone would go early"
-            )
         if not self.coalesces_deletes:
             return await self._bounded(self._delete(log, txn, fence, keep), "delete")
         loop = asyncio.get_running_loop()
@@ -383,10 +373,6 @@ class LogStore(abc.ABC):
             ) from error
         finally:
             expiry.cancel()
-
-    def _tombstone_keep_limit(self) -> str:
-        """What sets `tombstone_keep_ms_max`, for the refusal of a longer keep."""
-        return "the contract's limit"
 
     def _flush_deletes(self, loop: asyncio.AbstractEventLoop) -> None:
         waiting = self._deletes_waiting.pop(loop)

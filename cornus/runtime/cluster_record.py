@@ -13,21 +13,21 @@ the mismatch ends the process with EXIT_CODE_CLUSTER_MISMATCH and a message nami
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
 from dataclasses import dataclass
 
-from storage_adapters.contract import CLUSTER_RECORD_TXN, LogId, RecordBody, TxnState
-from storage_adapters.errors import InvariantViolation, StorageUnavailable
+from cornus.runtime.keys import partition_names
+from cornus.runtime.patience import patiently
+from storage_adapters.contract import CLUSTER_RECORD_TXN, OWNER_READ_COUNT_MAX, LogId, RecordBody, TxnState
+from storage_adapters.errors import InvariantViolation
 from storage_adapters.store import LogStore
 
 log = logging.getLogger("cornus.node")
 
 # The cluster id a node has when its configuration names none.
 DEFAULT_CLUSTER_ID = "cornus"
-# Room for the chart's default, "<namespace>.<release>" (63 and 53 characters at most).
+# Room for the chart's default, "<namespace>.<fullname>" (63 and 52 characters at most).
 CLUSTER_ID_LENGTH_MAX = 128
 # sysexits' EX_CONFIG: the configuration disagrees with the storage, so a restart cannot help and
 # a supervisor's crash loop shows the message in the log.
@@ -36,11 +36,6 @@ EXIT_CODE_CLUSTER_MISMATCH = 78
 # of it is refused as a change of the count is.
 KEY_PLACEMENT = "crc32-modulo"
 RECORD_FORMAT_VERSION = 1
-# While storage is unavailable the claim is tried again, with backoff, for this long: as long as
-# a node waits for storage to open at its start (services.serve.STORAGE_OPEN_TIMEOUT_S).
-CLAIM_TIMEOUT_S = 60.0
-CLAIM_BACKOFF_S_MIN = 0.1
-CLAIM_BACKOFF_S_MAX = 2.0
 
 
 class ClusterMismatch(Exception):
@@ -86,6 +81,7 @@ async def claim_once(store: LogStore, mine: ClusterRecord, node_id: str) -> bool
     # Read first: every start but the storage's first finds the record there, and needs no write.
     stored = await store.read(cluster_log, CLUSTER_RECORD_TXN)
     if stored is None:
+        await _check_partitions_taken(store, mine, node_id)
         body = RecordBody(redo=mine.encode(node_id))
         result = await store.log_once(cluster_log, CLUSTER_RECORD_TXN, TxnState.COMMIT, body)
         if result.created:
@@ -115,18 +111,34 @@ async def claim_once(store: LogStore, mine: ClusterRecord, node_id: str) -> bool
     return False
 
 
-async def claim(store: LogStore, mine: ClusterRecord, node_id: str) -> None:
-    """`claim_once`, tried again while storage is unavailable, for up to CLAIM_TIMEOUT_S."""
-    deadline = time.monotonic() + CLAIM_TIMEOUT_S
-    delay_s = CLAIM_BACKOFF_S_MIN
-    while True:
-        try:
-            await claim_once(store, mine, node_id)
-            return
-        except StorageUnavailable as error:
-            if time.monotonic() + delay_s > deadline:
-                raise
-            log.warning("node %s could not read the cluster record (%s); trying again in %.1f s", node_id, error,
-                        delay_s)
-            await asyncio.sleep(delay_s)
-            delay_s = min(2 * delay_s, CLAIM_BACKOFF_S_MAX)
+async def _check_partitions_taken(store: LogStore, mine: ClusterRecord, node_id: str) -> None:
+    """Before the first record: storage written by a version before it (found by review: the
+    first node of an upgrade recorded whatever it was given, a wrong partition count included)
+    holds the ownership records of the partitions its nodes took, p0 to its count less one, and
+    never deletes them. None is empty storage. Otherwise they must be this node's partitions, and
+    no more: ClusterMismatch if not."""
+    names = (*partition_names(mine.partition_count), f"p{mine.partition_count}")
+    taken: set[str] = set()
+    for start in range(0, len(names), OWNER_READ_COUNT_MAX):
+        taken.update((await store.read_owners(names[start:start + OWNER_READ_COUNT_MAX])).keys())
+    if not taken or taken == set(names[:-1]):
+        return
+    indexes = sorted(int(name[1:]) for name in taken)
+    if indexes == list(range(indexes[0], indexes[-1] + 1)):
+        which = f"p{indexes[0]}..p{indexes[-1]}"
+    else:
+        which = ", ".join(f"p{index}" for index in indexes[:8]) + (", ..." if len(indexes) > 8 else "")
+    raise ClusterMismatch(
+        f"node {node_id} refuses this storage: it has no cluster record (an earlier version wrote it), and the "
+        f"partitions its nodes took include {which} (this node: {mine.partition_count}, "
+        f"p0..p{mine.partition_count - 1}); data is stored by partition, and a node that "
+        f"placed keys otherwise would read committed values as absent and split new writes of a key in two. "
+        f"Start the node with the partition count the storage was written with"
+    )
+
+
+async def claim(store: LogStore, mine: ClusterRecord, node_id: str, deadline_s: float) -> None:
+    """`claim_once`, tried again while storage is unavailable, until `deadline_s`
+    (time.monotonic(); cornus.runtime.patience)."""
+    await patiently(lambda: claim_once(store, mine, node_id), f"node {node_id} could not read the cluster record",
+                    deadline_s)

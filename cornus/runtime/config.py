@@ -52,6 +52,7 @@ from cornus.protocol.locks import Policy
 from cornus.protocol.ownership import OwnershipConfig, placement
 from cornus.protocol.status import requests_window_ms
 from cornus.runtime.cluster_record import CLUSTER_ID_LENGTH_MAX, DEFAULT_CLUSTER_ID
+from cornus.runtime.keys import partition_names
 from storage_adapters.contract import (
     LOG_NAME_LENGTH_MAX,
     NODE_ID_LENGTH_MAX,
@@ -201,7 +202,7 @@ class NodeConfig:
 
     @property
     def partitions(self) -> tuple[str, ...]:
-        return tuple(f"p{index}" for index in range(self.partition_count))
+        return partition_names(self.partition_count)
 
     def preferred_owner(self, partition: str) -> str:
         """The node that should hold `partition` while it is alive (who holds it is in storage)."""

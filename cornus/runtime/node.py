@@ -38,7 +38,7 @@ from cornus.protocol.locks import Policy
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
 from cornus.protocol.ownership import Lost, OwnershipMachine
-from cornus.runtime import cluster_record
+from cornus.runtime import cluster_record, patience
 from cornus.runtime.admin import Admin, PartitionInfo, TxnInfo
 from cornus.runtime.cluster_record import ClusterRecord
 from cornus.runtime.config import NodeConfig
@@ -169,16 +169,17 @@ class Node:
                 return False
         return True
 
-    async def claim_cluster(self) -> None:
+    async def claim_cluster(self, deadline_s: float) -> None:
         """Check the storage's cluster record against this node's configuration (writing it over
-        empty storage): ClusterMismatch if they differ. Before the node takes anything."""
+        empty storage), waiting for unreachable storage until `deadline_s` (time.monotonic()):
+        ClusterMismatch if they differ. Before the node takes anything."""
         mine = ClusterRecord(self.config.cluster_id, self.config.partition_count)
-        await cluster_record.claim(self.store, mine, self.node_id)
+        await cluster_record.claim(self.store, mine, self.node_id, deadline_s)
         self.cluster_claimed = True
 
     async def start(self, wait_ready: bool = True) -> None:
         if not self.cluster_claimed:
-            await self.claim_cluster()
+            await self.claim_cluster(patience.start_deadline_s())
         await self.transport.start(self)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="cornus-sweeper")
         self.runner.run(self.core.start())

@@ -50,9 +50,11 @@ class NodeTermination:
 
 def run_termination_bench(
     storage: StoreConfig, storage_argv: list[str], *, nodes: int, rounds: int, settings: list[str],
-    storage_environ: Mapping[str, str] | None = None, keep_storage: bool = False,
+    storage_environ: Mapping[str, str] | None = None, keep_storage: bool = False, flush_redis: bool = False,
+    run_index: int = 0,
 ) -> list[NodeTermination]:
-    """`storage_environ` goes to the nodes' environment (secrets: argv is visible to every user)."""
+    """`storage_environ` goes to the nodes' environment (secrets: argv is visible to every user).
+    `run_index`: the point of a sweep, whose container or table is its own (loadtests.bench.namespaces)."""
     if not NODES_MIN <= nodes <= NODES_MAX:
         raise ValidationError(f"--nodes must be in {NODES_MIN}..{NODES_MAX}")
     if not 0 < rounds <= ROUNDS_MAX:
@@ -60,7 +62,7 @@ def run_termination_bench(
     # One partition per node: n0 coordinates, every other node is a participant.
     spec = ClusterSpec(nodes=nodes, partitions=nodes, protocol=Protocol.CORNUS, storage=storage,
                        storage_argv=storage_argv, settings=settings, environ=dict(storage_environ or {}),
-                       keep_storage=keep_storage)
+                       keep_storage=keep_storage, flush_redis=flush_redis, run_index=run_index)
     with bench_cluster(spec, prefix="cornus-termination-") as cluster, \
             httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
         coordinator, participants = cluster.members[0], cluster.members[1:]

@@ -3,8 +3,8 @@ processes: each would map keys to partitions with its own count, so the same key
 and locked under two partitions (lost updates, reads that miss acknowledged writes). The storage's
 cluster record (cornus/runtime/cluster_record.py) holds the count of whichever node claimed it
 first, and the other refuses the storage before it takes anything. (An owner also refuses an
-operation on a key its count places elsewhere, cornus/runtime/partition.py: a second line that
-the record leaves no way to reach with real processes.)"""
+operation on a key its count places elsewhere, cornus/runtime/partition.py, a second line:
+tests/runtime/test_partition.py.)"""
 
 from __future__ import annotations
 

@@ -149,6 +149,10 @@ def test_termination_bench_times_termination_after_coordinator_kills(tmp_path):
     (["--set", "timeout_ms_prepare=abc"], "timeout_ms_prepare must be an integer"),
     (["--out", __file__], f"{__file__} is not a directory"),
     (["--keep-storage"], "--keep-storage is for --backend azure_blob or dynamodb"),
+    (["--flush-redis"], "--flush-redis is for --backend redis"),
+    # One partition per node: each point's count differs, and a Redis database keeps its first.
+    (["--backend", "redis", "--redis-url", "redis://127.0.0.1:1/0", "--sweep", "nodes=3,4"],
+     "--sweep nodes over Redis changes the partition count at each point"),
 ])
 def test_termination_bench_refuses_bad_input(args, message):
     done = _cornus("termination-bench", *args)

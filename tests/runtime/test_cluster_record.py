@@ -5,6 +5,7 @@ refusal, on real processes over the emulator and Redis, is tests/cluster/test_cl
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from cornus.runtime.cluster_record import ClusterMismatch, ClusterRecord, claim_once
 from cornus.runtime.config import load_node_config
-from storage_adapters.contract import CLUSTER_RECORD_TXN, LogId, RecordBody, TxnState
+from storage_adapters.contract import CLUSTER_RECORD_TXN, LogId, Ownership, RecordBody, TxnState
 from storage_adapters.emulator import EmulatorStore
 from storage_adapters.errors import InvariantViolation, ValidationError
 
@@ -51,6 +52,35 @@ async def test_another_configuration_refuses_the_storage_naming_each_difference(
     # The record is as the first node wrote it.
     stored = await store.read(LogId.cluster(), CLUSTER_RECORD_TXN)
     assert stored is not None and ClusterRecord.decode(stored.body.redo) == (MINE, "n0")
+
+
+async def _take(store: EmulatorStore, partitions: int) -> None:
+    """What a cluster of an earlier version leaves: an ownership record per partition it took."""
+    for index in range(partitions):
+        await store.write_owner(None, Ownership(f"p{index}", "n0", 1, 1, 4_000))
+
+
+@pytest.mark.parametrize(("taken", "count", "named"), [
+    (4, 8, "include p0..p3 (this node: 8"),
+    (4, 2, "include p0..p2 (this node: 2"),  # it looks no further than one past its own
+])
+async def test_storage_of_an_earlier_version_is_refused_where_its_partitions_say_another_count(
+    store: EmulatorStore, taken: int, count: int, named: str,
+) -> None:
+    """Storage written before the record existed has none (found by review: the first node of an
+    upgrade recorded whatever it was given, a wrong partitionCount included). Its ownership
+    records name the partitions its nodes took, p0 to its count less one: a node whose count
+    differs refuses it, and nothing is recorded."""
+    await _take(store, taken)
+    with pytest.raises(ClusterMismatch, match=re.escape(named)):
+        await claim_once(store, ClusterRecord("cornus", count), "n1")
+    assert await store.read(LogId.cluster(), CLUSTER_RECORD_TXN) is None
+
+
+async def test_storage_of_an_earlier_version_with_the_same_count_is_recorded(store: EmulatorStore) -> None:
+    await _take(store, 4)
+    assert await claim_once(store, ClusterRecord("cornus", 4), "n1") is True
+    assert await claim_once(store, ClusterRecord("cornus", 4), "n0") is False
 
 
 @pytest.mark.parametrize("redo", [b"", b"not json", b'{"v": 2}', b'{"v": 1, "cluster_id": "c"}'])

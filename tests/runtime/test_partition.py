@@ -10,6 +10,7 @@ from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
 from cornus.protocol.execution import BUFFERED_BYTES_MAX
 from cornus.protocol.locks import Policy
+from cornus.runtime.keys import partition_of
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind
 from storage_adapters.contract import DATA_VALUE_BYTES_MAX
@@ -118,3 +119,20 @@ async def test_a_key_written_again_counts_once_against_the_budget() -> None:
     assert partition.state.buffered_bytes == partition.state.write_bytes("k", b"small")
     partition.release(txn)
     assert partition.state.buffered_bytes == 0
+
+
+async def test_an_owner_refuses_a_key_its_partition_count_places_elsewhere_and_locks_nothing() -> None:
+    """The second line behind the cluster record (tests/cluster/test_cluster_record.py): nodes
+    that disagree on partition_count would store and lock one key under two partitions. An owner
+    refuses an operation on a key its own count places in another partition, naming both, before
+    it takes a lock or buffers a write (it was tested on real processes until the record made
+    such a cluster unable to start)."""
+    partition = PartitionRuntime("p1", UnusedStore(timeout_ms_call=1000), Policy.NO_WAIT, TIMEOUT_MS_LOCK_WAIT, 100,
+                                 partition_count=4)
+    elsewhere = next(key for key in (f"k{index}" for index in range(1000)) if partition_of(key, 4) != "p1")
+    txn = txn_ids.new_txn_id(int(time.time() * 1000), "n0", "aaaaaa", 1, Protocol.CORNUS)
+    for op in (Op(OpKind.PUT, elsewhere, b"v"), Op(OpKind.GET, elsewhere)):
+        answer = await partition.execute(ExecuteRequest(txn, "p1", "n0", (op,)))
+        assert answer.status is ExecuteStatus.INVALID, answer
+        assert "disagree on partition_count" in answer.detail and partition_of(elsewhere, 4) in answer.detail
+    assert partition.locks.holders(elsewhere) == {} and txn not in partition.executions

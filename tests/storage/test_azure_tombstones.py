@@ -1,9 +1,10 @@
-"""Decision tombstones on Azure Blob, as stored: what the lifecycle rule of the Terraform module
-(terraform/modules/azure) is handed to drop them by (the blob index tag `cornus-tombstone` = `1`,
-on tombstones and on nothing else) and the expiry each carries, and a keep's conditional put,
-which must judge a record changed between its read and its write rather than overwrite it. Azurite
-has no lifecycle management, so the conformance suite cannot see any of this: these tests read
-the blobs with the SDK, beside the store, in the container it uses."""
+"""Decision tombstones on Azure Blob, as stored: what the lifecycle rules of the Terraform module
+(terraform/modules/azure) are handed to drop them by (the blob index tags `cornus-tombstone` = `1`
+and `cornus-tombstone-days` = the keep in days, on tombstones and on nothing else) and the expiry
+each carries, and a keep's conditional put, which must judge a record changed between its read
+and its write rather than overwrite it. Azurite has no lifecycle management, so the conformance
+suite cannot see any of this: these tests read the blobs with the SDK, beside the store, in the
+container it uses (tests/storage/test_azure_lifecycle.py runs the module's rules over them)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,6 @@ import botocore.session
 import pytest
 
 from storage_adapters.contract import (
-    TXN_LOG_KINDS,
     Fence,
     LogId,
     LogKind,
@@ -37,6 +36,7 @@ from tests.conftest import Services
 from tests.storage.conftest import config_for, drop_dynamodb_table, refuse_what_dynamodb_refuses
 from tests.storage.test_conformance import body, each_variant
 from tests.storage.test_ownership import take_first
+from tests.storage.test_tombstones import TXN_LOG_KINDS
 
 pytestmark = pytest.mark.services
 

@@ -12,7 +12,6 @@ import pytest
 
 from storage_adapters.contract import (
     TOMBSTONE_KEEP_MS_MAX,
-    TXN_LOG_KINDS,
     LogId,
     LogKind,
     LogOnceResult,
@@ -415,6 +414,8 @@ async def commit_to_keep(store: LogStore, log: LogId, txn: str) -> None:
 # Both kinds of log: a coordinator's tombstone is dropped, and survives a late write, as a
 # partition's does. Each test below checks both kinds at once, on one store: each kind mostly
 # waits out its tombstone's keep, and the waits need not add up.
+# The kinds of log that hold transactions' records (the cluster log holds one record, never kept).
+TXN_LOG_KINDS = (LogKind.PARTITION, LogKind.COORDINATOR)
 LOG_KINDS = list(product(TXN_LOG_KINDS))
 
 

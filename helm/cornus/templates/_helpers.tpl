@@ -10,11 +10,6 @@ combination of values at install time (beyond what values.schema.json can say) a
 {{- end }}
 
 {{/*
-The StatefulSet's name, and so every pod's ("<fullname>-<ordinal>", which is also the node id).
-52 characters at most: the StatefulSet controller labels each pod with
-"<name>-<10-character revision hash>", and a label value holds 63.
-*/}}
-{{/*
 The deployment the storage's cluster record names (cornus/runtime/cluster_record.py): the
 namespace and the fullname, since two releases of one name in two namespaces have the same node
 ids, and over the same storage would take each other's identities.
@@ -23,6 +18,11 @@ ids, and over the same storage would take each other's identities.
 {{- default (printf "%s.%s" .Release.Namespace (include "cornus.fullname" .)) .Values.clusterId -}}
 {{- end }}
 
+{{/*
+The StatefulSet's name, and so every pod's ("<fullname>-<ordinal>", which is also the node id).
+52 characters at most: the StatefulSet controller labels each pod with
+"<name>-<10-character revision hash>", and a label value holds 63.
+*/}}
 {{- define "cornus.fullname" -}}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
