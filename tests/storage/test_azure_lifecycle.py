@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import hcl2
 import pytest
 from azure.storage.blob.aio import BlobServiceClient
 
@@ -29,9 +28,10 @@ from storage_adapters.contract import (
 )
 from storage_adapters.factory import StoreConfig, open_store
 from tests.conftest import Services
+from tests.deploy.test_terraform import MODULES, blocks, resources, unquote
 from tests.storage.conftest import config_for
 
-MODULE = Path(__file__).resolve().parents[2] / "terraform" / "modules" / "azure"
+MODULE = MODULES / "azure"
 DAY_MS = 86_400_000
 # Each side of each whole day a keep may fall on, up to the longest keep there is.
 KEEPS_MS = sorted({1, 60_000, DAY_MS - 1, DAY_MS, DAY_MS + 1, 3 * DAY_MS + 5, 6 * DAY_MS + 1,
@@ -39,24 +39,10 @@ KEEPS_MS = sorted({1, 60_000, DAY_MS - 1, DAY_MS, DAY_MS + 1, 3 * DAY_MS + 5, 6 
 _REFERENCE = re.compile(r"^\$\{(?P<ref>[^{}]+)\}$")
 
 
-def _unquote(value: Any) -> Any:
-    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"':
-        return value[1:-1]
-    return value
-
-
-def _blocks(kind: str) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for path in sorted(MODULE.glob("*.tf")):
-        for block in hcl2.loads(path.read_text()).get(kind, []):
-            found.update({_unquote(label): body for label, body in block.items()})
-    return found
-
-
 def _smallest_allowed(variable: str) -> int:
     """The fewest days a module variable may be set to (its validation's `>= n`): what a user may
     lower it to at any time."""
-    (validation,) = _blocks("variable")[variable]["validation"]
+    (validation,) = blocks(MODULE, "variable")[variable]["validation"]
     (low,) = re.findall(rf"var\.{variable} >= (\d+)", validation["condition"])
     return int(low)
 
@@ -77,37 +63,37 @@ def _days(value: Any, bindings: dict[str, str]) -> int:
 def _expanded_rules() -> list[tuple[dict[str, Any], dict[str, str]]]:
     """Every rule of the module's policy, a `dynamic "rule"` once per value of its for_each (a
     local list), each with what `rule.value` stands for in it."""
-    (policy,) = _blocks("resource")["azurerm_storage_management_policy"].values()
+    (policy,) = resources(MODULE, "azurerm_storage_management_policy").values()
     rules: list[tuple[dict[str, Any], dict[str, str]]] = [(rule, {}) for rule in policy.get("rule", [])]
     for dynamic in policy.get("dynamic", []):
         (block,) = dynamic.values()
         reference = _REFERENCE.match(block["for_each"])
         assert reference is not None and reference["ref"].startswith("local."), block["for_each"]
-        values = _blocks("locals")[reference["ref"].removeprefix("local.")]
+        values = blocks(MODULE, "locals")[reference["ref"].removeprefix("local.")]
         (content,) = block["content"]
         rules += [(content, {"rule.value": str(value)}) for value in values]
     return rules
 
 
 def _rule_name(rule: dict[str, Any], bindings: dict[str, str]) -> str:
-    name = str(_unquote(rule["name"]))
+    name = str(unquote(rule["name"]))
     for ref, value in bindings.items():
         name = name.replace("${" + ref + "}", value)
     return name
 
 
 def _tag_value(value: Any, bindings: dict[str, str]) -> str:
-    reference = _REFERENCE.match(str(_unquote(value)))
-    return bindings[reference["ref"]] if reference else str(_unquote(value))
+    reference = _REFERENCE.match(str(unquote(value)))
+    return bindings[reference["ref"]] if reference else str(unquote(value))
 
 
 def _prefix(value: Any, container: str) -> str:
     """A rule's prefix_match, resolved: `<container>/...`, through the module's locals."""
-    text = str(_unquote(value))
+    text = str(unquote(value))
     reference = _REFERENCE.match(text)
     if reference is not None:
         assert reference["ref"].startswith("local."), text
-        text = str(_unquote(_blocks("locals")[reference["ref"].removeprefix("local.")]))
+        text = str(unquote(blocks(MODULE, "locals")[reference["ref"].removeprefix("local.")]))
     return text.replace("${var.container_name}", container)
 
 
@@ -119,9 +105,9 @@ def _deleting_rules(container: str, blob: str, tags: dict[str, str]) -> dict[str
         (filters,) = rule["filters"]
         if not any(f"{container}/{blob}".startswith(_prefix(prefix, container)) for prefix in filters["prefix_match"]):
             continue
-        wanted = {_unquote(tag["name"]): _tag_value(tag["value"], bindings)
+        wanted = {unquote(tag["name"]): _tag_value(tag["value"], bindings)
                   for tag in filters.get("match_blob_index_tag", [])}
-        assert all(_unquote(tag["operation"]) == "==" for tag in filters.get("match_blob_index_tag", []))
+        assert all(unquote(tag["operation"]) == "==" for tag in filters.get("match_blob_index_tag", []))
         if all(tags.get(name) == value for name, value in wanted.items()):
             (actions,) = rule["actions"]
             (base_blob,) = actions["base_blob"]
