@@ -81,7 +81,14 @@ async def claim_once(store: LogStore, mine: ClusterRecord, node_id: str) -> bool
     # Read first: every start but the storage's first finds the record there, and needs no write.
     stored = await store.read(cluster_log, CLUSTER_RECORD_TXN)
     if stored is None:
-        await _check_partitions_taken(store, mine, node_id)
+        refusal = await _partitions_taken_refusal(store, mine, node_id)
+        if refusal is not None:
+            # Or a node of this version wrote the record since, and took some partitions: then the
+            # record is there now (it was written before any take), and goes first.
+            stored = await store.read(cluster_log, CLUSTER_RECORD_TXN)
+            if stored is None:
+                raise ClusterMismatch(refusal)
+    if stored is None:
         body = RecordBody(redo=mine.encode(node_id))
         result = await store.log_once(cluster_log, CLUSTER_RECORD_TXN, TxnState.COMMIT, body)
         if result.created:
@@ -111,29 +118,31 @@ async def claim_once(store: LogStore, mine: ClusterRecord, node_id: str) -> bool
     return False
 
 
-async def _check_partitions_taken(store: LogStore, mine: ClusterRecord, node_id: str) -> None:
+async def _partitions_taken_refusal(store: LogStore, mine: ClusterRecord, node_id: str) -> str | None:
     """Before the first record: storage written by a version before it (found by review: the
     first node of an upgrade recorded whatever it was given, a wrong partition count included)
     holds the ownership records of the partitions its nodes took, p0 to its count less one, and
     never deletes them. None is empty storage. Otherwise they must be this node's partitions, and
-    no more: ClusterMismatch if not."""
+    no more: the refusal's reason if not, else None."""
     names = (*partition_names(mine.partition_count), f"p{mine.partition_count}")
     taken: set[str] = set()
     for start in range(0, len(names), OWNER_READ_COUNT_MAX):
         taken.update((await store.read_owners(names[start:start + OWNER_READ_COUNT_MAX])).keys())
     if not taken or taken == set(names[:-1]):
-        return
+        return None
     indexes = sorted(int(name[1:]) for name in taken)
-    if indexes == list(range(indexes[0], indexes[-1] + 1)):
+    if len(indexes) == 1:
+        which = f"p{indexes[0]}"
+    elif indexes == list(range(indexes[0], indexes[-1] + 1)):
         which = f"p{indexes[0]}..p{indexes[-1]}"
     else:
         which = ", ".join(f"p{index}" for index in indexes[:8]) + (", ..." if len(indexes) > 8 else "")
-    raise ClusterMismatch(
+    return (
         f"node {node_id} refuses this storage: it has no cluster record (an earlier version wrote it), and the "
         f"partitions its nodes took include {which} (this node: {mine.partition_count}, "
-        f"p0..p{mine.partition_count - 1}); data is stored by partition, and a node that "
-        f"placed keys otherwise would read committed values as absent and split new writes of a key in two. "
-        f"Start the node with the partition count the storage was written with"
+        f"p0..p{mine.partition_count - 1}); data is stored by partition, and a node that placed keys otherwise "
+        f"would read committed values as absent and split new writes of a key in two. Start the node with the "
+        f"partition count the storage was written with"
     )
 
 

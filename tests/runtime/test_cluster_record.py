@@ -83,6 +83,32 @@ async def test_storage_of_an_earlier_version_with_the_same_count_is_recorded(sto
     assert await claim_once(store, ClusterRecord("cornus", 4), "n0") is False
 
 
+async def test_a_node_that_raced_another_to_the_first_record_reads_it_not_the_partitions_taken_since(
+    store: EmulatorStore, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review of the check above: two nodes over empty storage both read no record; one
+    writes it and takes its first partitions before the other reads the ownership records, which
+    then name some partitions and not others. That is this version's cluster, whose record is
+    there by then: the node reads it again and goes by it, rather than refuse the storage."""
+    assert await claim_once(store, MINE, "n0") is True
+    await store.write_owner(None, Ownership("p0", "n0", 1, 1, 4_000))
+    read = store.read
+    missed: list[LogId] = []
+
+    async def first_read_missed(log: LogId, txn: str) -> object:
+        if log == LogId.cluster() and not missed:
+            missed.append(log)
+            return None  # as it was before the other node wrote it
+        return await read(log, txn)
+
+    monkeypatch.setattr(store, "read", first_read_missed)
+    assert await claim_once(store, MINE, "n1") is False
+    assert missed
+    with pytest.raises(ClusterMismatch, match="partition_count 12"):
+        missed.clear()
+        await claim_once(store, ClusterRecord("team-a.cornus", 13), "n2")
+
+
 @pytest.mark.parametrize("redo", [b"", b"not json", b'{"v": 2}', b'{"v": 1, "cluster_id": "c"}'])
 async def test_a_record_no_version_wrote_is_an_invariant_broken(store: EmulatorStore, redo: bytes) -> None:
     await store.log_once(LogId.cluster(), CLUSTER_RECORD_TXN, TxnState.COMMIT, RecordBody(redo=redo))
