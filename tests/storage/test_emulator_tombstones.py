@@ -201,6 +201,13 @@ def test_the_writer_keeps_a_coordinators_commit_never_applied_and_refuses_one_ov
 # --- the purge ------------------------------------------------------------------------------------
 
 
+# How long ago the tombstones a test wants purged expired: the purge's clock lags the wall clock
+# by what the wall clock gained on the monotonic one since the process began (on purpose:
+# emulator_sql._purge_now_ms), and in a test worker that lived minutes under NTP's slewing that
+# was more than the millisecond these tests allowed (the fresh-clone suite: nothing purged).
+EXPIRED_AGO_MS = 60_000
+
+
 def insert_tombstones(conn: sqlite3.Connection, prefix: str, count: int, expires_at_ms: int | None) -> None:
     conn.execute("BEGIN")
     conn.executemany(
@@ -232,7 +239,7 @@ def test_purge_rounds_are_bounded_and_follow_each_other_while_expired_tombstones
     count_max = emulator_writer.TOMBSTONE_PURGE_COUNT_MAX
     expired = 2 * count_max + 7
     now_ms = int(time.time() * 1000)
-    insert_tombstones(conn, "expired", expired, now_ms - 1)
+    insert_tombstones(conn, "expired", expired, now_ms - EXPIRED_AGO_MS)
     insert_tombstones(conn, "kept", 5, now_ms + KEEP_MS_LONG)
     # Ordinary records: no expiry, never purged, however old.
     emulator_sql.log_once(conn, LOG.key, "voted", VOTE_YES, BODY_WIRE, None)
@@ -255,7 +262,7 @@ def test_purge_rounds_are_bounded_and_follow_each_other_while_expired_tombstones
 
 def test_a_purge_round_never_waits_for_another_programs_write_lock(writer: emulator_writer._Writer) -> None:
     path = writer.files.path
-    insert_tombstones(writer.conn, "expired", 3, int(time.time() * 1000) - 1)
+    insert_tombstones(writer.conn, "expired", 3, int(time.time() * 1000) - EXPIRED_AGO_MS)
     # A batch before left a long busy_timeout (its most patient caller's).
     writer.conn.execute(f"PRAGMA busy_timeout = {TIMEOUT_MS_CALL}")
     holder = sqlite3.connect(path, isolation_level=None)
