@@ -308,6 +308,25 @@ def test_azure_example_signs_in_to_the_cluster_with_entra_id() -> None:
     assert 'command     = "kubelogin"' in main and '"get-token", "--login", "azurecli"' in main
 
 
+def test_aws_example_gets_a_fresh_cluster_token_for_every_call() -> None:
+    """The example's helm provider used aws_eks_cluster_auth's token, read once when Terraform
+    refreshes its data sources and valid 15 minutes: the release waits up to 15 minutes (timeout
+    900) after a plan and a refresh, so a slow rollout failed Unauthorized halfway (found by
+    review). The provider runs `aws eks get-token` whenever it needs one instead."""
+    providers = {}
+    for path in sorted((EXAMPLES / "aws").glob("*.tf")):
+        for block in load(path).get("provider", []):
+            providers.update({unquote(name): body for name, body in block.items()})
+    connection = providers["helm"]["kubernetes"][0]
+    assert "token" not in connection, "a token read at refresh expires during the apply"
+    (exec_,) = connection["exec"]
+    assert (unquote(exec_["command"]), unquote(exec_["api_version"])) == ("aws", "client.authentication.k8s.io/v1beta1")
+    args = [unquote(arg) for arg in exec_["args"]]
+    assert args[:2] == ["eks", "get-token"] and "${var.eks_cluster_name}" in args
+    assert "aws_eks_cluster_auth" not in {unquote(kind) for path in sorted((EXAMPLES / "aws").glob("*.tf"))
+                                          for block in load(path).get("data", []) for kind in block}
+
+
 def test_checkov_terraform(checkov_bin: str) -> None:
     done = subprocess.run([checkov_bin, "-d", str(TERRAFORM), "--framework", "terraform", "--quiet", "--compact",
                            "--skip-download", "-o", "json"],

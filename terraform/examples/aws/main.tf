@@ -9,19 +9,22 @@ data "aws_eks_cluster" "eks" {
   name = var.eks_cluster_name
 }
 
-data "aws_eks_cluster_auth" "eks" {
-  name = var.eks_cluster_name
-}
-
 data "aws_iam_openid_connect_provider" "eks" {
   url = data.aws_eks_cluster.eks.identity[0].oidc[0].issuer
 }
 
+# A token per call, from the AWS CLI (as `aws eks update-kubeconfig` sets up): an
+# aws_eks_cluster_auth token is read once at refresh and lasts 15 minutes, which a plan, a refresh
+# and the release's own wait (up to 15 minutes) outlast.
 provider "helm" {
   kubernetes {
     host                   = data.aws_eks_cluster.eks.endpoint
     cluster_ca_certificate = base64decode(data.aws_eks_cluster.eks.certificate_authority[0].data)
-    token                  = data.aws_eks_cluster_auth.eks.token
+    exec {
+      api_version = "client.authentication.k8s.io/v1beta1"
+      command     = "aws"
+      args        = ["eks", "get-token", "--cluster-name", var.eks_cluster_name, "--region", var.region]
+    }
   }
 }
 
