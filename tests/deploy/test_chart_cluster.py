@@ -342,6 +342,12 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
         output = hook_output(run_hook(local_argv(hook_container["command"], hook_container["args"]), hook_env,
                                       workdir), "helm test hook")
         assert output.count("committed") == 2, output
+        # It leaves nothing in the user's storage: every key it wrote is gone (each revision's
+        # test wrote eight keys that stayed for good, found by review).
+        prefix = hook_env["CORNUS_TEST_KEY_PREFIX"]
+        absent = [sys.executable, "-m", "services.cli", "txn", "--url", hook_env["CORNUS_TEST_URL"],
+                  *(f"check:{prefix}{index}" for index in range(8))]
+        assert "committed" in hook_output(run_hook(absent, hook_env, workdir), "the hook's keys are gone")
 
         # The post-install/post-upgrade rebalance hook, as rendered: every node answers with the
         # rendered node set and every partition is on its preferred node, so it exits 0.
