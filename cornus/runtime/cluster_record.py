@@ -122,8 +122,9 @@ async def _partitions_taken_refusal(store: LogStore, mine: ClusterRecord, node_i
     """Before the first record: storage written by a version before it (found by review: the
     first node of an upgrade recorded whatever it was given, a wrong partition count included)
     holds the ownership records of the partitions its nodes took, p0 to its count less one, and
-    never deletes them. None is empty storage. Otherwise they must be this node's partitions, and
-    no more: the refusal's reason if not, else None."""
+    never deletes them. None is empty storage. One past this node's count taken means a larger
+    count, and p0 to some pK short of it taken means a smaller one: the refusal's reason then,
+    else None."""
     names = (*partition_names(mine.partition_count), f"p{mine.partition_count}")
     taken: set[str] = set()
     for start in range(0, len(names), OWNER_READ_COUNT_MAX):
@@ -131,6 +132,16 @@ async def _partitions_taken_refusal(store: LogStore, mine: ClusterRecord, node_i
     if not taken or taken == set(names[:-1]):
         return None
     indexes = sorted(int(name[1:]) for name in taken)
+    beyond = mine.partition_count in indexes  # a partition past this node's: more of them
+    prefix = indexes == list(range(len(indexes)))  # all of a smaller count's: fewer of them
+    if not beyond and not prefix:
+        # Some of this node's partitions and no others: a deployment of this count that stopped
+        # before its nodes took them all (each takes its preferred ones first, every Nth), found
+        # by review of the first version of this check, which refused it for good.
+        log.warning("node %s: storage of an earlier version, with %d of this node's %d partitions taken and "
+                    "no others; recording it with %d", node_id, len(indexes), mine.partition_count,
+                    mine.partition_count)
+        return None
     if len(indexes) == 1:
         which = f"p{indexes[0]}"
     elif indexes == list(range(indexes[0], indexes[-1] + 1)):

@@ -83,6 +83,17 @@ async def test_storage_of_an_earlier_version_with_the_same_count_is_recorded(sto
     assert await claim_once(store, ClusterRecord("cornus", 4), "n0") is False
 
 
+async def test_storage_of_an_earlier_version_that_stopped_before_taking_every_partition_is_recorded(
+    store: EmulatorStore,
+) -> None:
+    """A deployment of 2 nodes and 6 partitions whose n1 never started: n0 took its preferred
+    p0, p2 and p4 (round-robin). That is some of this count's partitions and no others, so the
+    count stands (found by review: the first version of the check refused it for good)."""
+    for index in (0, 2, 4):
+        await store.write_owner(None, Ownership(f"p{index}", "n0", 1, 1, 4_000))
+    assert await claim_once(store, ClusterRecord("cornus", 6), "n1") is True
+
+
 async def test_a_node_that_raced_another_to_the_first_record_reads_it_not_the_partitions_taken_since(
     store: EmulatorStore, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
