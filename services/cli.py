@@ -67,7 +67,7 @@ from services.local_cluster import (
     wait_cluster_ready,
 )
 from storage_adapters.errors import StorageError, ValidationError
-from storage_adapters.factory import BACKENDS, StoreConfig
+from storage_adapters.factory import BACKENDS, REDIS_DURABILITIES, StoreConfig
 
 
 def _add_storage_flags(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +75,9 @@ def _add_storage_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--timeout-ms-call", type=int, help="deadline of every storage call")
     group.add_argument("--emulator-path", help="SQLite file of the emulator backend")
     group.add_argument("--redis-url", help="e.g. redis://127.0.0.1:6379/0")
+    group.add_argument("--redis-durability", choices=REDIS_DURABILITIES,
+                       help="aof (default): refuse a Redis that answers writes before its append-only file has "
+                            "them on disk; none: check nothing")
     group.add_argument("--azure-connection-string", help="Azure Storage connection string")
     group.add_argument("--azure-container", help="blob container for records and data")
     group.add_argument("--dynamodb-table", help="DynamoDB table (created if absent)")
@@ -117,8 +120,8 @@ def _add_local_cluster_flags(parser: argparse.ArgumentParser) -> None:
 def _store_config(args: argparse.Namespace, backend: str) -> StoreConfig:
     overrides = {
         name: getattr(args, name, None)
-        for name in ("timeout_ms_call", "emulator_path", "redis_url", "azure_connection_string", "azure_container",
-                     "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency")
+        for name in ("timeout_ms_call", "emulator_path", "redis_url", "redis_durability", "azure_connection_string",
+                     "azure_container", "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency")
     }
     return StoreConfig.from_env(backend=backend, **overrides)
 
@@ -153,8 +156,8 @@ def _serve(args: argparse.Namespace) -> int:
         "grpc_api_listen": args.grpc_api_listen, "peers": args.peers,
         "partition_count": args.partition_count, "protocol": args.protocol, "lock_policy": args.lock_policy,
     }
-    for name in ("timeout_ms_call", "emulator_path", "redis_url", "azure_connection_string", "azure_container",
-                 "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency",
+    for name in ("timeout_ms_call", "emulator_path", "redis_url", "redis_durability", "azure_connection_string",
+                 "azure_container", "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency",
                  "backend"):
         overrides[f"storage_{name}"] = getattr(args, name, None)
     for item in args.set or []:
@@ -631,8 +634,8 @@ def _storage_argv(storage: StoreConfig) -> list[str]:
     goes by _storage_environ)."""
     defaults = StoreConfig()
     argv = ["--backend", storage.backend]
-    for name in ("timeout_ms_call", "redis_url", "azure_container", "dynamodb_table", "dynamodb_endpoint",
-                 "dynamodb_region", "latency"):
+    for name in ("timeout_ms_call", "redis_url", "redis_durability", "azure_container", "dynamodb_table",
+                 "dynamodb_endpoint", "dynamodb_region", "latency"):
         value = getattr(storage, name)
         if value and value != getattr(defaults, name):
             argv += [f"--{name.replace('_', '-')}", str(value)]

@@ -15,6 +15,12 @@ from storage_adapters.store import LogStore
 
 BACKENDS = ("emulator", "redis", "azure_blob", "dynamodb")
 TIMEOUT_MS_CALL_MAX = 600_000
+# What a Redis must do before it answers a write: "aof", write it to its append-only file and fsync
+# it (appendonly yes, appendfsync always; checked at open, storage_adapters/redis_store.py), since a
+# vote Redis acknowledged and then lost on a restart lets a terminator log ABORT after COMMIT was
+# returned; "none", nothing checked (a benchmark, or a Redis whose durability the operator
+# answers for otherwise), said in the log at open.
+REDIS_DURABILITIES = ("aof", "none")
 # How long past its deadline a request may still land, per backend (ProtocolConfig's
 # late_write_window_ms). Redis's scripts and the emulator's writer refuse a call past its deadline
 # themselves: 0. DynamoDB and Azure Blob check no deadline of ours; what ends a request's life there
@@ -41,6 +47,8 @@ class StoreConfig:
     timeout_ms_call: int = 5_000
     emulator_path: str = "cornus.db"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # What the Redis must guarantee before it answers a write (REDIS_DURABILITIES).
+    redis_durability: str = "aof"
     azure_connection_string: str = ""
     azure_container: str = "cornus"
     dynamodb_table: str = "cornus"
@@ -54,6 +62,9 @@ class StoreConfig:
             raise ValidationError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if not isinstance(self.timeout_ms_call, int) or not 0 < self.timeout_ms_call <= TIMEOUT_MS_CALL_MAX:
             raise ValidationError(f"timeout_ms_call must be an int in 1..{TIMEOUT_MS_CALL_MAX}")
+        if self.redis_durability not in REDIS_DURABILITIES:
+            raise ValidationError(f"redis_durability must be one of {', '.join(REDIS_DURABILITIES)}, "
+                                  f"got {self.redis_durability!r}")
         if self.backend == "azure_blob" and not self.azure_connection_string:
             raise ValidationError("backend azure_blob needs azure_connection_string")
         if self.backend == "azure_blob" and "sharedaccesssignature=" in self.azure_connection_string.lower():
@@ -108,7 +119,8 @@ async def open_store(config: StoreConfig) -> LogStore:
     elif config.backend == "redis":
         from storage_adapters.redis_store import RedisStore
 
-        store = await RedisStore.open(config.redis_url, timeout_ms_call=config.timeout_ms_call)
+        store = await RedisStore.open(config.redis_url, timeout_ms_call=config.timeout_ms_call,
+                                      durability=config.redis_durability)
     elif config.backend == "azure_blob":
         from storage_adapters.azure_blob import AzureBlobStore
 

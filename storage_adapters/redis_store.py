@@ -305,6 +305,10 @@ def _owner_from_flat(partition: str, flat: Sequence[bytes]) -> Ownership | None:
     )
 
 
+def _as_text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _redacted(url: str) -> str:
     """`url` fit for a log line or an error: host, port and database, never the credentials."""
     address = parse_url(url)
@@ -367,7 +371,10 @@ class RedisStore(LogStore):
         return _PIPED_CALLS if self._pipe is not None else frozenset()
 
     @classmethod
-    async def open(cls, url: str, *, timeout_ms_call: int = TIMEOUT_MS_CALL_DEFAULT) -> RedisStore:
+    async def open(cls, url: str, *, timeout_ms_call: int = TIMEOUT_MS_CALL_DEFAULT,
+                   durability: str = "aof") -> RedisStore:
+        """`durability`: what the server must guarantee before it answers a write
+        (storage_adapters.factory.REDIS_DURABILITIES), checked here."""
         timeout_s = timeout_ms_call / 1000
         # A blocking pool: a burst of calls beyond CONNECTION_COUNT_MAX waits for a connection
         # (within the call's deadline) instead of failing at once with "Too many connections"
@@ -393,8 +400,13 @@ class RedisStore(LogStore):
                 timeout_ms_call,
             )
         await store._bounded(client.ping(), "PING")
-        await store._refuse_eviction(url)
-        await store._measure_clock()
+        try:
+            await store._refuse_eviction(url)
+            await store._refuse_volatility(url, durability)
+            await store._measure_clock()
+        except BaseException:
+            await store.close()
+            raise
         return store
 
     async def _refuse_eviction(self, url: str) -> None:
@@ -416,6 +428,47 @@ class RedisStore(LogStore):
                 f"redis at {_redacted(url)} has maxmemory {limit} and maxmemory-policy is {policy}: it may evict "
                 "keys, and an evicted vote or decision tombstone loses a transaction's outcome. Set "
                 "maxmemory-policy noeviction (a full Redis then refuses writes, which Cornus retries)"
+            )
+
+    async def _refuse_volatility(self, url: str, durability: str) -> None:
+        """Refuse a Redis that answers a write before it is on disk, unless told `none` (found by
+        review: nothing checked it, and Redis's own default is no append-only file at all). INFO
+        says whether the append-only file is on; its fsync policy only CONFIG GET tells, which
+        managed services deny: then the part that goes unchecked is said in the log."""
+        where = _redacted(url)
+        if durability == "none":
+            log.warning("redis at %s: redis_durability none, nothing checked: a write Redis acknowledged may be "
+                        "lost on its restart or failover, and with it a transaction's outcome", where)
+            return
+        assert durability == "aof", durability
+        way_out = ("or set redis_durability none (CORNUS_STORAGE_REDIS_DURABILITY) if its durability comes from "
+                   "elsewhere and you answer for it")
+        try:
+            persistence = await self._bounded(self._client.info("persistence"), "INFO")
+        except redis.exceptions.NoPermissionError:
+            log.warning("redis at %s denies INFO: cannot check that it writes an append-only file before it "
+                        "answers, which Cornus needs", where)
+            return
+        if int(persistence.get("aof_enabled", 0)) != 1:
+            raise StorageError(
+                f"redis at {where}: appendonly is no: it answers writes it may lose on a restart, and a lost vote "
+                f"or decision loses a transaction's outcome. Run it with appendonly yes and appendfsync always, "
+                f"{way_out}"
+            )
+        try:
+            fsync = await self._bounded(self._client.config_get("appendfsync"), "CONFIG GET")
+        except redis.exceptions.ResponseError:  # NoPermissionError among them; managed services deny CONFIG
+            log.warning("redis at %s denies CONFIG GET: cannot check that appendfsync is always, which Cornus "
+                        "needs (everysec loses up to a second of acknowledged writes on a crash)", where)
+            return
+        # Keys and values as bytes or str, by redis-py version: compared as text.
+        texts = {_as_text(key): _as_text(value) for key, value in fsync.items()}
+        policy = texts.get("appendfsync", "")
+        if policy != "always":
+            raise StorageError(
+                f"redis at {where}: appendfsync is {policy}: it answers writes before they are on disk, and loses "
+                f"them on a crash (a lost vote or decision loses a transaction's outcome). Set appendfsync always, "
+                f"{way_out}"
             )
 
     async def _measure_clock(self) -> None:

@@ -219,6 +219,7 @@ def test_schema_timeouts_are_the_nodes() -> None:
          "an Azure container name"),
         (["resources.requests.cpu=lots"], "a Kubernetes quantity"),
         (["clusterId=team a"], "a cluster id"),
+        (["storage.redis.durability=sometimes"], "/storage/redis/durability"),
         # Gone with the one lifecycle rule it named (each tombstone is tagged with its own days).
         (["storage.azureBlob.tombstoneKeepDays=1"], "tombstoneKeepDays"),
         ([f"clusterId={'c' * 129}"], "/clusterId"),

@@ -59,8 +59,10 @@ class ServerProcess:
 
 def start_redis(services: Services, directory: Path, port: int | None = None, *options: str) -> ServerProcess:
     port = port or free_port()
+    # Durable as the node requires (a later option overrides: a test of a Redis that is not, passes
+    # --appendonly no).
     argv = [services.get("CORNUS_REDIS_SERVER_BIN"), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-            "--appendonly", "no", "--dir", str(directory), *options]
+            "--appendonly", "yes", "--appendfsync", "always", "--dir", str(directory), *options]
     return ServerProcess(argv, port)
 
 
