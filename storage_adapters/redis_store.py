@@ -399,8 +399,8 @@ class RedisStore(LogStore):
                             address.get("password")),
                 timeout_ms_call,
             )
-        await store._bounded(client.ping(), "PING")
         try:
+            await store._bounded(client.ping(), "PING")
             await store._refuse_eviction(url)
             await store._refuse_volatility(url, durability)
             await store._measure_clock()
@@ -463,7 +463,11 @@ class RedisStore(LogStore):
             return
         # Keys and values as bytes or str, by redis-py version: compared as text.
         texts = {_as_text(key): _as_text(value) for key, value in fsync.items()}
-        policy = texts.get("appendfsync", "")
+        policy = texts.get("appendfsync")
+        if policy is None:  # a proxy or service that answers nothing for settings it does not expose
+            log.warning("redis at %s does not say its appendfsync: cannot check that it is always, which Cornus "
+                        "needs", where)
+            return
         if policy != "always":
             raise StorageError(
                 f"redis at {where}: appendfsync is {policy}: it answers writes before they are on disk, and loses "

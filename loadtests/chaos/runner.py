@@ -271,7 +271,9 @@ def _run(options: RunOptions, port: Callable[[], int], workdir: Path, summary: d
     # The auditor goes straight to storage, never through a proxy, with a deadline of its own.
     location = ({"redis_url": storage.redis_url} if storage.backend == "redis"
                 else {"emulator_path": storage.emulator_path})
-    store_config = StoreConfig(backend=storage.backend, timeout_ms_call=max(5_000, storage.timeout_ms_call), **location)
+    # From the environment the nodes inherit too (CORNUS_STORAGE_REDIS_DURABILITY among it), then these.
+    store_config = StoreConfig.from_env(backend=storage.backend, timeout_ms_call=max(5_000, storage.timeout_ms_call),
+                                        **location)
     auditor = Auditor(store_config, options.audit_interval_s)
     auditor.start()
     cleanup.callback(auditor.stop)

@@ -6,7 +6,10 @@ durability comes from elsewhere, and says so in the log. Real redis-servers, one
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from storage_adapters.errors import StorageError, ValidationError
 from storage_adapters.factory import StoreConfig, open_store
 from tests.conftest import Services
 from tests.storage import servers
+from tests.worker import free_port
 
 TIMEOUT_MS_CALL = 5_000
 
@@ -68,3 +72,48 @@ def test_the_durability_setting_is_checked_and_read_from_the_environment() -> No
     environ = {"CORNUS_STORAGE_BACKEND": "redis", "CORNUS_STORAGE_REDIS_DURABILITY": "none"}
     assert StoreConfig.from_env(environ).redis_durability == "none"
     assert StoreConfig().redis_durability == "aof"
+
+
+async def _standing_in(port: int) -> asyncio.Server:
+    """A RESP stand-in for a service that keeps its append-only file on but answers nothing for
+    CONFIG GET appendfsync (a proxy, a managed service that hides the setting)."""
+    sections = {b"memory": b"maxmemory:0\r\nmaxmemory_policy:noeviction\r\n", b"persistence": b"aof_enabled:1\r\n"}
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while header := await reader.readline():
+                words = []
+                for _ in range(int(header[1:])):
+                    size = int((await reader.readline())[1:])
+                    words.append((await reader.readexactly(size + 2))[:-2])
+                command = words[0].upper()
+                if command == b"INFO":
+                    text = sections[words[1].lower()]
+                    writer.write(b"$%d\r\n%s\r\n" % (len(text), text))
+                elif command == b"CONFIG":
+                    writer.write(b"*0\r\n")
+                elif command == b"TIME":
+                    now_us = time.time_ns() // 1000
+                    seconds, micros = str(now_us // 1_000_000).encode(), str(now_us % 1_000_000).encode()
+                    writer.write(b"*2\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(seconds), seconds, len(micros), micros))
+                elif command == b"PING":
+                    writer.write(b"+PONG\r\n")
+                else:
+                    writer.write(b"+OK\r\n")
+                await writer.drain()
+
+    return await asyncio.start_server(serve, "127.0.0.1", port)
+
+
+async def test_a_redis_that_does_not_say_its_fsync_policy_opens_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found by review: an empty CONFIG GET reply was refused as "appendfsync is " (nothing)."""
+    port = free_port()
+    server = await _standing_in(port)
+    try:
+        with caplog.at_level(logging.WARNING, logger="cornus.storage"):
+            await _open(port)
+        assert any("does not say its appendfsync" in record.getMessage() for record in caplog.records), caplog.text
+    finally:
+        server.close()
