@@ -152,3 +152,10 @@ async def azurite_behind(connection_string: str, holds: Callable[[bytes], bool],
     port = int(connection_string.split("BlobEndpoint=http://127.0.0.1:", 1)[1].split("/", 1)[0])
     proxy = await HoldingProxy(port, holds, hold_s).start()
     return proxy, connection_string.replace(f"127.0.0.1:{port}", f"127.0.0.1:{proxy.port}")
+
+
+def resp_time_reply() -> bytes:
+    """What a RESP stand-in answers to TIME: this machine's clock, as Redis encodes it."""
+    now_us = time.time_ns() // 1000
+    seconds, micros = str(now_us // 1_000_000).encode(), str(now_us % 1_000_000).encode()
+    return b"*2\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(seconds), seconds, len(micros), micros)

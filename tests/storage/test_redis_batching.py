@@ -19,7 +19,7 @@ from storage_adapters.redis_store import CONNECTION_COUNT_MAX, RedisStore
 from storage_adapters.resp_pipe import RespAddress, RespPipe, _Protocol
 from tests.conftest import Services
 from tests.storage.conftest import TIMEOUT_MS_CALL_TEST
-from tests.storage.servers import HoldingProxy
+from tests.storage.servers import HoldingProxy, resp_time_reply
 from tests.worker import free_port, redis_db_bench
 
 RACER_COUNT = 60
@@ -342,9 +342,7 @@ async def _answering_with(reply: bytes, port: int, select_reply: bytes = b"+OK\r
                     await asyncio.sleep(0.1)  # a window in which the connection is up but not set up
                     writer.write(select_reply)
                 elif command == b"TIME":
-                    now_us = time.time_ns() // 1000
-                    seconds, micros = str(now_us // 1_000_000).encode(), str(now_us % 1_000_000).encode()
-                    writer.write(b"*2\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(seconds), seconds, len(micros), micros))
+                    writer.write(resp_time_reply())
                 elif command == b"PING":
                     writer.write(b"+PONG\r\n")
                 elif command in (b"EVALSHA", b"EVAL"):

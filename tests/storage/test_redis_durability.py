@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -93,9 +92,7 @@ async def _standing_in(port: int) -> asyncio.Server:
                 elif command == b"CONFIG":
                     writer.write(b"*0\r\n")
                 elif command == b"TIME":
-                    now_us = time.time_ns() // 1000
-                    seconds, micros = str(now_us // 1_000_000).encode(), str(now_us % 1_000_000).encode()
-                    writer.write(b"*2\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(seconds), seconds, len(micros), micros))
+                    writer.write(servers.resp_time_reply())
                 elif command == b"PING":
                     writer.write(b"+PONG\r\n")
                 else:
