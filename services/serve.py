@@ -14,8 +14,9 @@ import sys
 
 import uvicorn
 
+from cornus.protocol.cluster_record import ClusterMismatch
 from cornus.runtime import patience
-from cornus.runtime.cluster_record import EXIT_CODE_CLUSTER_MISMATCH, ClusterMismatch
+from cornus.runtime.cluster_record import EXIT_CODE_CLUSTER_MISMATCH
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import TIMEOUT_MS_COMMIT
 from cornus.runtime.failpoints import Failpoints

@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cornus.protocol.cluster_record import CLUSTER_ID_LENGTH_MAX, DEFAULT_CLUSTER_ID
 from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min, outcome_keep_ms_min
 from cornus.protocol.locks import Policy
 from cornus.protocol.ownership import OwnershipConfig, placement
 from cornus.protocol.status import requests_window_ms
-from cornus.runtime.cluster_record import CLUSTER_ID_LENGTH_MAX, DEFAULT_CLUSTER_ID
 from cornus.runtime.keys import partition_names
 from storage_adapters.contract import (
     LOG_NAME_LENGTH_MAX,
@@ -143,7 +143,7 @@ class NodeConfig:
     node_id: str
     peers: dict[str, str]
     # Which deployment this node belongs to: with partition_count, what the storage's cluster
-    # record must say (cornus.runtime.cluster_record), so that a second deployment pointed at the
+    # record must say (cornus.protocol.cluster_record), so that a second deployment pointed at the
     # same storage (a release of the same name in another namespace) refuses it.
     cluster_id: str = DEFAULT_CLUSTER_ID
     listen: str = ""

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from cornus.protocol import status, txn_ids
+from cornus.protocol.cluster_record import ClusterRecord
 from cornus.protocol.config import Protocol
 from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.effects import RecoveryFinished
@@ -40,7 +41,6 @@ from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
 from cornus.protocol.ownership import Lost, OwnershipMachine
 from cornus.runtime import cluster_record, patience
 from cornus.runtime.admin import Admin, PartitionInfo, TxnInfo
-from cornus.runtime.cluster_record import ClusterRecord
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination, TxnAborted, one_shot_outcome
 from cornus.runtime.effect_runner import EffectRunner, fatal

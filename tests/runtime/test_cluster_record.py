@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cornus.runtime.cluster_record import ClusterMismatch, ClusterRecord, claim_once
+from cornus.protocol.cluster_record import ClusterMismatch, ClusterRecord
+from cornus.runtime.cluster_record import claim_once
 from cornus.runtime.config import load_node_config
 from storage_adapters.contract import CLUSTER_RECORD_TXN, LogId, Ownership, RecordBody, TxnState
 from storage_adapters.emulator import EmulatorStore
