@@ -75,9 +75,10 @@ def _add_storage_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--timeout-ms-call", type=int, help="deadline of every storage call")
     group.add_argument("--emulator-path", help="SQLite file of the emulator backend")
     group.add_argument("--redis-url", help="e.g. redis://127.0.0.1:6379/0")
-    group.add_argument("--redis-durability", choices=REDIS_DURABILITIES,
+    group.add_argument("--redis-durability", metavar="|".join(REDIS_DURABILITIES),
                        help="aof (default): refuse a Redis that answers writes before its append-only file has "
-                            "them on disk; none: check nothing")
+                            "them on disk; replicas:N: answer a write only once N replicas have it (WAIT; for a "
+                            "managed Redis that replicates and fsyncs nothing per write); none: check nothing")
     group.add_argument("--azure-connection-string", help="Azure Storage connection string")
     group.add_argument("--azure-container", help="blob container for records and data")
     group.add_argument("--dynamodb-table", help="DynamoDB table (created if absent)")

@@ -18,9 +18,14 @@ TIMEOUT_MS_CALL_MAX = 600_000
 # What a Redis must do before it answers a write: "aof", write it to its append-only file and fsync
 # it (appendonly yes, appendfsync always; checked at open, storage_adapters/redis_store.py), since a
 # vote Redis acknowledged and then lost on a restart lets a terminator log ABORT after COMMIT was
-# returned; "none", nothing checked (a benchmark, or a Redis whose durability the operator
+# returned; "replicas:N", have it on N replicas (the node sends WAIT after its writes: the managed
+# services, which fsync nothing per write but replicate, lose an acknowledged write on a failover
+# otherwise); "none", nothing checked (a benchmark, or a Redis whose durability the operator
 # answers for otherwise), said in the log at open.
-REDIS_DURABILITIES = ("aof", "none")
+REDIS_DURABILITIES = ("aof", "replicas:N", "none")
+# More replicas than any managed Redis offers a primary (ElastiCache: 5, Azure Cache: 3): a larger
+# count is a typo, and every write would wait for replicas that do not exist.
+REDIS_REPLICA_COUNT_MAX = 5
 # How long past its deadline a request may still land, per backend (ProtocolConfig's
 # late_write_window_ms). Redis's scripts and the emulator's writer refuse a call past its deadline
 # themselves: 0. DynamoDB and Azure Blob check no deadline of ours; what ends a request's life there
@@ -62,9 +67,7 @@ class StoreConfig:
             raise ValidationError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if not isinstance(self.timeout_ms_call, int) or not 0 < self.timeout_ms_call <= TIMEOUT_MS_CALL_MAX:
             raise ValidationError(f"timeout_ms_call must be an int in 1..{TIMEOUT_MS_CALL_MAX}")
-        if self.redis_durability not in REDIS_DURABILITIES:
-            raise ValidationError(f"redis_durability must be one of {', '.join(REDIS_DURABILITIES)}, "
-                                  f"got {self.redis_durability!r}")
+        redis_replica_count(self.redis_durability)  # refuses a value that is none of them
         if self.backend == "azure_blob" and not self.azure_connection_string:
             raise ValidationError("backend azure_blob needs azure_connection_string")
         if self.backend == "azure_blob" and "sharedaccesssignature=" in self.azure_connection_string.lower():
@@ -90,6 +93,18 @@ class StoreConfig:
 
     def with_backend(self, backend: str) -> StoreConfig:
         return replace(self, backend=backend)
+
+
+def redis_replica_count(durability: str) -> int:
+    """How many replicas must have a write before the Redis store answers it: N of "replicas:N",
+    0 for "aof" and "none"; ValidationError for anything else."""
+    if durability in ("aof", "none"):
+        return 0
+    kind, _, count = durability.partition(":")
+    if kind == "replicas" and count.isdigit() and 1 <= int(count) <= REDIS_REPLICA_COUNT_MAX:
+        return int(count)
+    raise ValidationError(f"redis_durability must be aof, none or replicas:N with N in 1..{REDIS_REPLICA_COUNT_MAX}, "
+                          f"got {durability!r}")
 
 
 def env_values(environ: Mapping[str, str]) -> dict[str, object]:
@@ -120,7 +135,8 @@ async def open_store(config: StoreConfig) -> LogStore:
         from storage_adapters.redis_store import RedisStore
 
         store = await RedisStore.open(config.redis_url, timeout_ms_call=config.timeout_ms_call,
-                                      durability=config.redis_durability)
+                                      durability=config.redis_durability.partition(":")[0],
+                                      replica_count=redis_replica_count(config.redis_durability))
     elif config.backend == "azure_blob":
         from storage_adapters.azure_blob import AzureBlobStore
 

@@ -27,8 +27,15 @@ do both on Redis Cluster, and added first, a node is listed before its take can 
 and releases (the same epoch) add nothing and cost no second round trip. Members are never
 removed: nor are identity records.
 
-Durability is the server's job: run it with `appendfsync always` (or WAITAOF/WAIT to replicas), or
-a failover may lose an acknowledged VOTE_YES.
+Durability: a write is answered once the server has it on disk (durability "aof": `appendonly yes`
+and `appendfsync always`, checked at open), or on N replicas ("replicas:N": every write is followed
+by a WAIT on its connection, and a write fewer replicas had by WAIT's timeout fails as unavailable),
+or as the server answers it ("none"). Replication is asynchronous, so WAIT is what makes a write
+survive the primary: without it a failover loses what the primary acknowledged and had not sent
+yet. A call that wrote nothing (a log_once that found a record) waits for nothing: what it read
+may be another node's write not yet replicated, but that node's call is not answered until it is,
+and every write this node makes after acting on it is later in the one replication stream, so a
+replica that has this node's next write has the one it read too.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -75,10 +82,15 @@ from storage_adapters.errors import (
     StorageError,
     StorageUnavailable,
 )
-from storage_adapters.resp_pipe import SERVER_STATE_REPLIES, RespAddress, RespPipe
+from storage_adapters.resp_pipe import SERVER_STATE_REPLIES, NotReplicated, RespAddress, RespPipe
 from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore, call_deadline_if_set, whole_page
 
 TIMEOUT_MS_CALL_DEFAULT = 5_000
+# WAIT's timeout (durability "replicas:N"), as a share of the call's deadline: Redis holds a
+# connection's later commands while its WAIT waits, so a call that queued behind one still has the
+# rest of its deadline for its own write and WAIT; and a WAIT that ends first says why the call
+# failed (too few replicas), where the caller's own timer would say only that it timed out.
+REPLICA_WAIT_SHARE_OF_CALL = 0.5
 CONNECTION_COUNT_MAX = 64
 log = logging.getLogger("cornus.storage.redis")
 
@@ -345,9 +357,14 @@ class RedisStore(LogStore):
     coalesces_deletes = True
     drops_tombstones_at_expiry = True
 
-    def __init__(self, client: aioredis.Redis, timeout_ms_call: int) -> None:
+    def __init__(self, client: aioredis.Redis, timeout_ms_call: int, replica_count: int = 0) -> None:
         super().__init__(timeout_ms_call)
+        assert replica_count >= 0, replica_count
         self._client = client
+        # Replicas that must have a write before it is answered (durability "replicas:N"), and
+        # how long a WAIT for them may take.
+        self._replica_count = replica_count
+        self._timeout_ms_replica_wait = max(1, int(timeout_ms_call * REPLICA_WAIT_SHARE_OF_CALL))
         self._scripts = {
             source: client.register_script(_DEADLINE + source) for source in (_LOG_ONCE, _LOG, _APPLY_REDO)
         }
@@ -372,9 +389,11 @@ class RedisStore(LogStore):
 
     @classmethod
     async def open(cls, url: str, *, timeout_ms_call: int = TIMEOUT_MS_CALL_DEFAULT,
-                   durability: str = "aof") -> RedisStore:
-        """`durability`: what the server must guarantee before it answers a write
-        (storage_adapters.factory.REDIS_DURABILITIES), checked here."""
+                   durability: str = "aof", replica_count: int = 0) -> RedisStore:
+        """`durability`: what the server must guarantee before it answers a write, "aof",
+        "replicas" (then `replica_count` of them) or "none" (storage_adapters.factory
+        .REDIS_DURABILITIES), checked here."""
+        assert (durability == "replicas") == (replica_count > 0), (durability, replica_count)
         timeout_s = timeout_ms_call / 1000
         # A blocking pool: a burst of calls beyond CONNECTION_COUNT_MAX waits for a connection
         # (within the call's deadline) instead of failing at once with "Too many connections"
@@ -391,13 +410,13 @@ class RedisStore(LogStore):
             decode_responses=False,
         )
         client = aioredis.Redis.from_pool(pool)  # the client owns the pool: closing it closes the pool
-        store = cls(client, timeout_ms_call)
+        store = cls(client, timeout_ms_call, replica_count)
         address = parse_url(url)
         if "connection_class" not in address:  # plain TCP
             store._pipe = RespPipe(
                 RespAddress(address["host"], address["port"], address.get("db", 0), address.get("username"),
                             address.get("password")),
-                timeout_ms_call,
+                timeout_ms_call, replica_count, store._timeout_ms_replica_wait if replica_count else 0,
             )
         try:
             await store._bounded(client.ping(), "PING")
@@ -440,6 +459,9 @@ class RedisStore(LogStore):
             log.warning("redis at %s: redis_durability none, nothing checked: a write Redis acknowledged may be "
                         "lost on its restart or failover, and with it a transaction's outcome", where)
             return
+        if durability == "replicas":
+            await self._refuse_too_few_replicas(where)
+            return
         assert durability == "aof", durability
         way_out = ("or set redis_durability none (CORNUS_STORAGE_REDIS_DURABILITY) if its durability comes from "
                    "elsewhere and you answer for it")
@@ -474,6 +496,42 @@ class RedisStore(LogStore):
                 f"them on a crash (a lost vote or decision loses a transaction's outcome). Set appendfsync always, "
                 f"{way_out}"
             )
+
+    async def _refuse_too_few_replicas(self, where: str) -> None:
+        """Durability "replicas:N": the server must be a primary with at least N replicas connected,
+        or every write would fail. Unavailable, not a configuration error: a replica restarting, or
+        a failover moving the primary's address, passes, and the node's start waits for it."""
+        wanted = self._replica_count
+        try:
+            replication = await self._bounded(self._client.info("replication"), "INFO")
+        except redis.exceptions.NoPermissionError:
+            log.warning("redis at %s denies INFO: cannot check that it is a primary with %d replicas; each write "
+                        "still waits for them", where, wanted)
+            return
+        role = str(replication.get("role", ""))
+        if role != "master":
+            raise StorageUnavailable(f"redis at {where} is not a primary (role {role}): its writes are refused")
+        connected = int(replication.get("connected_slaves", 0))
+        if connected < wanted:
+            raise StorageUnavailable(
+                f"redis at {where} has {connected} connected replica(s), and redis_durability replicas:{wanted} "
+                f"answers a write only once {wanted} have it"
+            )
+
+    async def _replicated(self, queue: Callable[[Any], Awaitable[Any]]) -> Any:
+        """The reply of the write that `queue` puts on a redis-py pipeline, answered once the
+        replicas asked for have it (WAIT, on the pipeline's connection: it waits for that
+        connection's writes). Where the pipelined connection is not used (TLS, a Unix socket),
+        and for ownership writes."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            await queue(pipe)
+            pipe.execute_command("WAIT", self._replica_count, self._timeout_ms_replica_wait)
+            reply, replicated = await pipe.execute()
+        if replicated < self._replica_count:
+            raise NotReplicated(
+                f"the write is on the primary but on {replicated} of the {self._replica_count} replicas asked for "
+                f"after {self._timeout_ms_replica_wait} ms: a failover may lose it")
+        return reply
 
     async def _measure_clock(self) -> None:
         """Measure Redis's clock against this node's (CLOCK_OFFSET_REFRESH_S)."""
@@ -538,7 +596,11 @@ class RedisStore(LogStore):
         deadline_ms = int(_now_ms() + timeout_s * 1000 + self._clock_offset_ms)
         args = [*args, deadline_ms]
         if self._pipe is None:
-            reply = await script(keys=keys, args=args)  # the script refuses to run past deadline_ms
+            # The script refuses to run past deadline_ms.
+            if self._replica_count:
+                reply = await self._replicated(lambda pipe: script(keys=keys, args=args, client=pipe))
+            else:
+                reply = await script(keys=keys, args=args)
         else:
             reply = await self._pipe.evalsha(script.sha, script.script, keys, args, timeout_s)
         if isinstance(reply, list) and reply == [b"LATE"]:
@@ -716,13 +778,18 @@ class RedisStore(LogStore):
             # A take of a node's identity: its node joins the registry first, in a round trip of
             # its own (another slot; see the module docstring), so that no take succeeds unlisted.
             # Idempotent: a repeated take, or one that then loses its race, changes nothing or
-            # lists a node whose log is empty, which recovery scans for nothing.
+            # lists a node whose log is empty, which recovery scans for nothing. No WAIT of its own
+            # with replicas: the take's write comes later in the replication stream, and waits.
             await self._client.zadd(IDENTITY_REGISTRY_KEY, {new.partition[len(IDENTITY_PREFIX) :]: 0})
         expected_args = ["", ""] if expected is None else [str(expected.epoch), str(expected.version)]
-        written, stored = await self._write_owner_script(
-            keys=[_owner_key(new.partition)],
-            args=[*expected_args, new.owner, str(new.epoch), str(new.version), str(new.lease_ms), new.wanted_by],
-        )
+        keys = [_owner_key(new.partition)]
+        args = [*expected_args, new.owner, str(new.epoch), str(new.version), str(new.lease_ms), new.wanted_by]
+        if self._replica_count:
+            # A take lost in a failover would let the owner it fenced out write again.
+            written, stored = await self._replicated(
+                lambda pipe: self._write_owner_script(keys=keys, args=args, client=pipe))
+        else:
+            written, stored = await self._write_owner_script(keys=keys, args=args)
         return OwnerWriteResult(_owner_from_flat(new.partition, stored), written == 1)
 
     async def _list_identities(self, after: str, limit: int) -> list[str]:

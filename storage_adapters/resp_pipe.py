@@ -17,6 +17,13 @@ that went dark, took every later call until the kernel gave up, some 15 minutes)
 lost connection fails every pending call (the caller cannot know whether its script ran, exactly
 as after a timeout) and the next call connects again. NOSCRIPT (Redis lost its script cache: the
 script did not run) loads the script and sends that call once more.
+
+Replicas (`replica_count` > 0, the store's "replicas:N" durability): a tick's scripts are followed
+by one WAIT on the same connection, which Redis answers once that many replicas have every write
+the connection made before it, or at its timeout with fewer. Each script's reply is held until
+then, and a WAIT answered with fewer fails every script of its tick (NotReplicated: the write is on
+the primary, and a failover may lose it). Redis blocks the connection while WAIT waits, so the
+next tick's scripts queue behind it and share the next WAIT: group commit again.
 """
 
 from __future__ import annotations
@@ -43,6 +50,11 @@ SERVER_STATE_REPLIES = frozenset({
 class ServerNotServing(redis.exceptions.ConnectionError):
     """An error reply of SERVER_STATE_REPLIES: the command did not run."""
 
+
+class NotReplicated(redis.exceptions.ConnectionError):
+    """The write ran on the primary, but fewer replicas than asked had it by WAIT's timeout: its
+    outcome is unknown (a failover may lose it), as after a timeout."""
+
 # Calls sent and not yet answered; past it a call is refused at once (Redis is not keeping up).
 PENDING_COUNT_MAX = 16_384
 
@@ -56,15 +68,26 @@ class RespAddress:
     password: str | None = None
 
 
+# A held outcome not yet known (a script's reply before its WAIT's), or one that a resent call
+# settles instead (NOSCRIPT).
+_UNSET = object()
+_RESENT = object()
+
+
 class _Reply:
     """What one pending slot does with its reply: settle a caller's future, or (for the
-    connection's own AUTH and SELECT) check it."""
+    connection's own AUTH and SELECT) check it, or (a WAIT's) release the scripts sent before it."""
 
-    __slots__ = ("future", "retry")
+    __slots__ = ("future", "held", "outcome", "releases", "retry")
 
-    def __init__(self, future: asyncio.Future[Any] | None, retry: tuple[str, Sequence[Any]] | None) -> None:
+    def __init__(self, future: asyncio.Future[Any] | None, retry: tuple[str, Sequence[Any]] | None,
+                 *, held: bool = False, releases: list[_Reply] | None = None) -> None:
         self.future = future
         self.retry = retry  # (script source, EVALSHA command) to resend after NOSCRIPT
+        # Held: the reply (or error) waits in `outcome` for the WAIT sent after it.
+        self.held = held
+        self.outcome: Any = _UNSET
+        self.releases = releases  # a WAIT's: the held slots its reply settles
 
 
 def _pack(args: Sequence[Any]) -> bytes:
@@ -104,10 +127,17 @@ class _Protocol(asyncio.Protocol):
 class RespPipe:
     """A lazily connected, pipelined connection. `evalsha` is the only command callers use."""
 
-    def __init__(self, address: RespAddress, timeout_ms_connect: int) -> None:
+    def __init__(self, address: RespAddress, timeout_ms_connect: int, replica_count: int = 0,
+                 timeout_ms_replica_wait: int = 0) -> None:
         assert timeout_ms_connect > 0
+        assert replica_count >= 0 and (timeout_ms_replica_wait > 0) == (replica_count > 0), (
+            replica_count, timeout_ms_replica_wait)  # WAIT's timeout 0 would block forever
         self.address = address
         self.timeout_ms_connect = timeout_ms_connect
+        self.replica_count = replica_count
+        self.timeout_ms_replica_wait = timeout_ms_replica_wait
+        # The scripts sent this tick: the WAIT the tick's write ends with releases them.
+        self._unwaited: list[_Reply] = []
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
         self._pending: collections.deque[_Reply] = collections.deque()
@@ -116,6 +146,7 @@ class RespPipe:
         self._closed = False
         self.call_count = 0
         self.write_count = 0  # socket writes: one per tick with calls in it
+        self.wait_count = 0  # WAITs sent: one per tick with scripts in it, with replicas
         self.dropped_silent_count = 0  # connections dropped for silence (_expire)
 
     async def evalsha(self, sha: str, source: str, keys: Sequence[str], args: Sequence[Any], timeout_s: float) -> Any:
@@ -135,7 +166,7 @@ class RespPipe:
             deadline_s = loop.time() + timeout_s
         command = ["EVALSHA", sha, len(keys), *keys, *args]
         future: asyncio.Future[Any] = loop.create_future()
-        self._send(protocol, command, _Reply(future, (source, command)))
+        self._send(protocol, command, _Reply(future, (source, command), held=self.replica_count > 0))
         self.call_count += 1
         expiry = loop.call_at(deadline_s, self._expire, future, protocol, loop.time(), timeout_s)
         try:
@@ -150,6 +181,8 @@ class RespPipe:
             raise redis.exceptions.ConnectionError(f"{PENDING_COUNT_MAX} redis calls unanswered")
         self._outgoing.append(_pack(command))
         self._pending.append(reply)
+        if reply.held:
+            self._unwaited.append(reply)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             protocol.loop.call_soon(self._flush)
@@ -159,6 +192,12 @@ class RespPipe:
         protocol = self._protocol
         if protocol is None or protocol.transport is None or not self._outgoing:
             return
+        if self._unwaited:
+            # Bounded: within the pending count its scripts were admitted under, plus one.
+            self._outgoing.append(_pack(("WAIT", self.replica_count, self.timeout_ms_replica_wait)))
+            self._pending.append(_Reply(None, None, releases=self._unwaited))
+            self._unwaited = []
+            self.wait_count += 1
         protocol.transport.write(b"".join(self._outgoing))
         self._outgoing.clear()
         self.write_count += 1
@@ -219,6 +258,9 @@ class RespPipe:
         if protocol is not self._protocol or not self._pending:
             return  # an old connection's, or a reply nobody asked for: never hand it to a caller
         slot = self._pending.popleft()
+        if slot.releases is not None:
+            self._release(slot.releases, reply)
+            return
         future = slot.future
         if isinstance(reply, hiredis.ReplyError):
             message = str(reply)
@@ -230,9 +272,11 @@ class RespPipe:
                 load.add_done_callback(lambda done: done.cancelled() or done.exception())
                 try:
                     self._send(protocol, ["SCRIPT", "LOAD", source], _Reply(load, None))
-                    self._send(protocol, command, _Reply(future, None))
+                    self._send(protocol, command, _Reply(future, None, held=slot.held))
                 except redis.exceptions.ConnectionError as error:  # too many unanswered calls
-                    future.set_exception(error)
+                    self._settle(slot, error)
+                    return
+                slot.outcome = _RESENT  # the resent call settles the future, after its own WAIT
                 return
             error: Exception
             if message.startswith("NOSCRIPT"):
@@ -241,11 +285,41 @@ class RespPipe:
                 error = ServerNotServing(message)
             else:
                 error = redis.exceptions.ResponseError(message)
-            if future is not None and not future.done():
-                future.set_exception(error)
+            self._settle(slot, error)
             return
-        if future is not None and not future.done():
-            future.set_result(reply)
+        self._settle(slot, reply)
+
+    @staticmethod
+    def _settle(slot: _Reply, outcome: Any) -> None:
+        """Settle the slot's caller with `outcome` (a reply, or an exception to raise), or hold it
+        for the WAIT sent after it."""
+        if slot.held:
+            slot.outcome = outcome
+            return
+        future = slot.future
+        if future is None or future.done():
+            return
+        if isinstance(outcome, Exception):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    def _release(self, held: list[_Reply], reply: Any) -> None:
+        """A WAIT's reply: the held scripts' outcomes go to their callers if enough replicas had
+        them, else NotReplicated to each (the scripts ran; a failover may undo them)."""
+        failure: Exception | None = None
+        if isinstance(reply, hiredis.ReplyError):
+            failure = NotReplicated(f"WAIT for replicas refused: {reply}")
+        elif not isinstance(reply, int) or reply < self.replica_count:
+            failure = NotReplicated(
+                f"the write is on the primary but on {reply} of the {self.replica_count} replicas asked for after "
+                f"{self.timeout_ms_replica_wait} ms: a failover may lose it")
+        for slot in held:
+            assert slot.outcome is not _UNSET, "Redis answers in order: every script before its WAIT"
+            if slot.outcome is _RESENT:
+                continue
+            slot.held = False
+            self._settle(slot, slot.outcome if failure is None else failure)
 
     def _expire(self, future: asyncio.Future[Any], protocol: _Protocol, sent_s: float, timeout_s: float) -> None:
         if future.done():
@@ -269,10 +343,13 @@ class RespPipe:
             return
         self._protocol = None
         self._outgoing.clear()
+        self._unwaited = []
         pending, self._pending = self._pending, collections.deque()
         for slot in pending:
-            if slot.future is not None and not slot.future.done():
-                slot.future.set_exception(redis.exceptions.ConnectionError(f"redis connection lost: {exc}"))
+            # A WAIT's held scripts were answered, but not released: they fail with it.
+            for each in [slot, *(slot.releases or ())]:
+                if each.future is not None and not each.future.done():
+                    each.future.set_exception(redis.exceptions.ConnectionError(f"redis connection lost: {exc}"))
 
     async def close(self) -> None:
         self._closed = True

@@ -220,6 +220,7 @@ def test_schema_timeouts_are_the_nodes() -> None:
         (["resources.requests.cpu=lots"], "a Kubernetes quantity"),
         (["clusterId=team a"], "a cluster id"),
         (["storage.redis.durability=sometimes"], "/storage/redis/durability"),
+        (["storage.redis.durability=replicas:9"], "aof, none, or replicas:N with N from 1 to 5"),
         # Gone with the one lifecycle rule it named (each tombstone is tagged with its own days).
         (["storage.azureBlob.tombstoneKeepDays=1"], "tombstoneKeepDays"),
         ([f"clusterId={'c' * 129}"], "/clusterId"),
@@ -690,3 +691,11 @@ def test_helm_refuses_exactly_the_azure_settings_the_node_refuses(
     else:
         assert node_refusal, f"helm refuses {extra}, which the node accepts:\n{done.stderr}"
         assert helm_word in done.stderr and node_word in node_refusal, (done.stderr, node_refusal)
+
+
+def test_the_redis_durability_value_reaches_the_node_which_accepts_it(helm_bin: str) -> None:
+    """replicas:N (a managed Redis: its replicas are its durability) goes to the node as given."""
+    docs = render(helm_bin, VALUES_FILES["redis"], ["storage.redis.durability=replicas:2"])
+    environ = pod_environ(node_container(docs), "cornus-0")
+    assert environ["CORNUS_STORAGE_REDIS_DURABILITY"] == "replicas:2"
+    assert StoreConfig.from_env(environ).redis_durability == "replicas:2"

@@ -217,6 +217,26 @@ def test_the_elasticache_redis_never_evicts() -> None:
     assert unquote(replication["parameter_group_name"]) == "${aws_elasticache_parameter_group.cornus[0].name}"
 
 
+@pytest.mark.parametrize(("module", "cache", "replicas"), [
+    ("aws", "aws_elasticache_replication_group",
+     "${aws_elasticache_replication_group.cornus[0].num_cache_clusters - 1}"),
+    ("azure", "azurerm_redis_cache", "1"),
+])
+def test_the_managed_redis_is_named_with_the_durability_its_replicas_give(module: str, cache: str,
+                                                                          replicas: str) -> None:
+    """Neither managed Redis fsyncs each write, so the node must wait for its replicas (found by
+    review: the docs sent users to durability none, which a failover turns into a lost vote). The
+    module says how many there are, for storage.redis.durability."""
+    value = unquote(_output_value(MODULES / module, "redis_durability"))
+    assert f"\"replicas:{replicas}\"" in value, value
+    resource = resources(MODULES / module, cache)["cornus"]
+    if module == "aws":
+        assert resource["num_cache_clusters"] == 2, "one primary and one replica: replicas:1"
+    else:
+        assert unquote(resource["sku_name"]) == "Premium" and "replicas_per_master" not in resource, (
+            "a Premium cache has one replica unless replicas_per_master says otherwise")
+
+
 def _lifecycle_rules() -> dict[str, dict[str, Any]]:
     """The Azure module's lifecycle management rules, by name (every rule of its one policy)."""
     (policy,) = resources(MODULES / "azure", "azurerm_storage_management_policy").values()

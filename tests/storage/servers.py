@@ -91,7 +91,8 @@ class HoldingProxy:
     caller's deadline passes, which lands later. With `holding_replies`, such a request goes on at
     once and its reply is held instead (a read answered late, after what it read had changed).
     While `swallowing`, a new connection is read and never answered (a server that accepted it and
-    went silent)."""
+    went silent). While `cutting`, whatever the server sends is dropped (a link whose way back was
+    cut: a replica behind the proxy stops receiving its primary's stream, and neither side knows)."""
 
     def __init__(self, upstream_port: int, holds: Callable[[bytes], bool], hold_s: float) -> None:
         self.upstream_port = upstream_port
@@ -100,6 +101,7 @@ class HoldingProxy:
         self.holding = False
         self.holding_replies = False
         self.swallowing = False
+        self.cutting = False
         self.held_count = 0
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -128,6 +130,8 @@ class HoldingProxy:
                     reply_held: asyncio.Event) -> None:
         try:
             while data := await reader.read(1 << 20):
+                if not outbound and self.cutting:
+                    continue
                 if outbound and self.holding and self.holds(data):
                     self.held_count += 1
                     if self.holding_replies:

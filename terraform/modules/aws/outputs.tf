@@ -18,6 +18,11 @@ output "policy_arn" {
   value       = aws_iam_policy.dynamodb.arn
 }
 
+output "redis_durability" {
+  description = "storage.redis.durability for the ElastiCache group: its replica must have each write before the node answers it (the group replicates asynchronously and fsyncs nothing per write; docs/deploy.md, \"Durability\"); null without elasticache_enabled."
+  value       = var.elasticache_enabled ? "replicas:${aws_elasticache_replication_group.cornus[0].num_cache_clusters - 1}" : null
+}
+
 output "redis_url" {
   description = "rediss:// URL of the ElastiCache primary, AUTH token included (for the Secret of storage.redis.existingSecret); null without elasticache_enabled."
   value       = var.elasticache_enabled ? "rediss://:${var.elasticache_auth_token}@${aws_elasticache_replication_group.cornus[0].primary_endpoint_address}:6379/0" : null

@@ -36,7 +36,7 @@ variable "service_account_name" {
 }
 
 variable "elasticache_enabled" {
-  description = "Also create an ElastiCache Redis replication group (TLS, AUTH token, Multi-AZ) for the redis backend. Its replication is asynchronous: read docs/deploy.md, \"Durability\", first."
+  description = "Also create an ElastiCache Redis replication group (TLS, AUTH token, Multi-AZ) for the redis backend. Its replication is asynchronous: set the chart's storage.redis.durability to the redis_durability output (docs/deploy.md, \"Durability\")."
   type        = bool
   default     = false
 }

@@ -159,7 +159,8 @@ resource "azurerm_redis_cache" "cornus" {
 
   redis_configuration {
     # AOF persistence to the storage account below. Azure writes the AOF once per second, not
-    # per write (no appendfsync always): see docs/deploy.md, "Durability", before relying on it.
+    # per write (no appendfsync always): the nodes wait for the replica instead (the
+    # redis_durability output, replicas:1; docs/deploy.md, "Durability").
     aof_backup_enabled                     = true
     aof_storage_connection_string_0        = azurerm_storage_account.aof[0].primary_blob_connection_string
     data_persistence_authentication_method = "ManagedIdentity"

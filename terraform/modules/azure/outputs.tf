@@ -25,6 +25,11 @@ output "storage_secondary_connection_string" {
   sensitive   = true
 }
 
+output "redis_durability" {
+  description = "storage.redis.durability for the Azure Cache: its replica (a Premium cache has one) must have each write before the node answers it (the AOF is written once per second, replication is asynchronous; docs/deploy.md, \"Durability\"); null without redis_enabled."
+  value       = var.redis_enabled ? "replicas:1" : null
+}
+
 output "redis_url" {
   description = "rediss:// URL of the Azure Cache for Redis, password included (for the Secret of storage.redis.existingSecret); null without redis_enabled."
   value       = var.redis_enabled ? "rediss://:${azurerm_redis_cache.cornus[0].primary_access_key}@${azurerm_redis_cache.cornus[0].hostname}:${azurerm_redis_cache.cornus[0].ssl_port}/0" : null

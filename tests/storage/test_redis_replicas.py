@@ -1,0 +1,204 @@
+"""A Redis whose durability is its replicas (ElastiCache, Azure Cache: no fsync per write, and
+replication is asynchronous) loses a write it acknowledged when its primary dies before the write
+reached a replica and the replica is promoted. `redis_durability = "replicas:N"` answers a write
+only once N replicas have it (WAIT after the write, on the same connection), and refuses a server
+that has fewer. Real redis-servers: a primary and its replica, whose replication stream goes
+through a proxy that can cut it, so a write can be on the primary and on no replica."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from storage_adapters.contract import LogId, Ownership, RecordBody, Tombstone, TxnState
+from storage_adapters.errors import StorageError, StorageUnavailable, ValidationError
+from storage_adapters.factory import StoreConfig, open_store
+from storage_adapters.redis_store import RedisStore
+from storage_adapters.store import LogStore
+from tests.conftest import Services
+from tests.storage import servers
+
+# A write the replicas never acknowledge fails within it: long enough for a loaded machine.
+TIMEOUT_MS_CALL = 4_000
+LINK_TIMEOUT_S = 30.0
+BODY = RecordBody(("p0",), "node-0", b"redo")
+LOG = LogId.partition("p0")
+
+
+@dataclass
+class Pair:
+    primary: servers.ServerProcess
+    replica: servers.ServerProcess
+    link: servers.HoldingProxy  # the replica's connection to its primary goes through it
+    primary_url: str
+
+    async def promote(self) -> LogStore:
+        """The primary dies, its replica takes over (what a failover does): a store over it."""
+        self.primary.kill()
+        self.link.close()
+        client = aioredis.Redis(port=self.replica.port)
+        await client.replicaof("NO", "ONE")
+        await client.aclose()
+        return await open_store(StoreConfig(backend="redis", redis_url=f"redis://127.0.0.1:{self.replica.port}/0",
+                                            timeout_ms_call=TIMEOUT_MS_CALL, redis_durability="none"))
+
+
+async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + LINK_TIMEOUT_S
+    while not await check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def replicated(services: Services, tmp_path: Path, unix_socket: bool = False) -> AsyncIterator[Pair]:
+    (tmp_path / "primary").mkdir()
+    (tmp_path / "replica").mkdir()
+    socket_path = tmp_path / "primary.sock"
+    # No append-only file on either: the replicas are the durability here, as on the managed
+    # services. No delay before the full sync's transfer, which otherwise waits 5 s for others.
+    primary = servers.start_redis(services, tmp_path / "primary", None, "--appendonly", "no",
+                                  "--repl-diskless-sync-delay", "0",
+                                  *(("--unixsocket", str(socket_path)) if unix_socket else ()))
+    link = await servers.HoldingProxy(primary.port, lambda _: False, 0).start()
+    replica = servers.start_redis(services, tmp_path / "replica", None, "--appendonly", "no",
+                                  "--replicaof", "127.0.0.1", str(link.port))
+    url = f"unix://{socket_path}?db=0" if unix_socket else f"redis://127.0.0.1:{primary.port}/0"
+    primary_client, replica_client = aioredis.Redis(port=primary.port), aioredis.Redis(port=replica.port)
+    try:
+        async def linked() -> bool:
+            replication = await replica_client.info("replication")
+            return (replication.get("master_link_status") == "up"
+                    and (await primary_client.info("replication")).get("connected_slaves") == 1)
+
+        await _until(linked, "the replica never synced with its primary")
+        yield Pair(primary, replica, link, url)
+    finally:
+        await primary_client.aclose()
+        await replica_client.aclose()
+        link.close()
+        primary.kill()
+        replica.kill()
+
+
+async def _open(url: str, durability: str) -> RedisStore:
+    store = await open_store(StoreConfig(backend="redis", redis_url=url, timeout_ms_call=TIMEOUT_MS_CALL,
+                                         redis_durability=durability))
+    assert isinstance(store, RedisStore)
+    return store
+
+
+async def _on_replica(pair: Pair, store: LogStore, txn: str) -> None:
+    """Wait until the replica has `txn`'s record, the last write before the stream is cut."""
+    client = aioredis.Redis(port=pair.replica.port)
+    try:
+        async def arrived() -> bool:
+            return bool(await client.keys(f"cxtxn:*:{txn}"))
+
+        await _until(arrived, f"{txn} never reached the replica")
+    finally:
+        await client.aclose()
+
+
+async def test_without_waiting_a_failover_loses_an_acknowledged_vote(services: Services, tmp_path: Path) -> None:
+    """What `replicas:N` is for, shown on what opens today (durability none): the harness can
+    lose a write, so the test below can fail."""
+    async with replicated(services, tmp_path) as pair:
+        store = await _open(pair.primary_url, "none")
+        await store.log_once(LOG, "txn-a", TxnState.VOTE_YES, BODY)
+        await _on_replica(pair, store, "txn-a")
+        pair.link.cutting = True
+        acknowledged = await store.log_once(LOG, "txn-b", TxnState.VOTE_YES, BODY)
+        assert acknowledged.created
+        await store.close()
+        promoted = await pair.promote()
+        try:
+            assert (await promoted.read(LOG, "txn-a")) is not None
+            assert (await promoted.read(LOG, "txn-b")) is None, "the acknowledged vote was lost"
+        finally:
+            await promoted.close()
+
+
+@pytest.mark.parametrize("unix_socket", [False, True], ids=["pipelined", "redis-py"])
+async def test_with_replicas_every_acknowledged_write_survives_a_failover(
+    services: Services, tmp_path: Path, unix_socket: bool,
+) -> None:
+    """Each kind of write (a vote, a decision, an apply, a delete, an ownership write) is answered
+    only once the replica has it: with the stream cut, each fails (outcome unknown, as after a
+    timeout) instead, and whatever was answered before is on the promoted replica. Over a TCP URL
+    the hot scripts go through the store's own pipelined connection; over a Unix socket (as over
+    TLS) through redis-py: both paths are checked."""
+    async with replicated(services, tmp_path, unix_socket) as pair:
+        store = await _open(pair.primary_url, "replicas:1")
+        owner = Ownership("p0", "node-0", 1, 1, 10_000, "")
+        try:
+            # Redis lost its scripts (a restart, SCRIPT FLUSH): each call that meets NOSCRIPT is sent
+            # again, and answered after the WAIT that follows it.
+            primary_client = aioredis.Redis(port=pair.primary.port)
+            await primary_client.script_flush()
+            await primary_client.aclose()
+            # Concurrent: one tick's writes share a WAIT on the pipelined connection.
+            await asyncio.gather(*(store.log_once(LOG, f"txn-{index}", TxnState.VOTE_YES, BODY)
+                                   for index in range(20)))
+            assert (store._pipe is None) == unix_socket
+            if store._pipe is not None:
+                assert 1 <= store._pipe.wait_count < 5, store._pipe.wait_count
+            await store.log(LOG, "txn-0", TxnState.COMMIT)
+            await store.apply_redo("p0", "txn-0", {"k": b"v"})
+            await store.delete(LOG, "txn-1", keep=Tombstone(TxnState.ABORT, 60_000))
+            assert (await store.write_owner(None, owner)).written
+            pair.link.cutting = True
+            started_s = time.monotonic()
+            late = await asyncio.gather(
+                store.log_once(LOG, "txn-late", TxnState.VOTE_YES, BODY),
+                store.log(LOG, "txn-2", TxnState.ABORT),
+                store.apply_redo("p0", "txn-3", {"k": b"late"}),
+                store.delete(LOG, "txn-4"),
+                store.write_owner(owner, Ownership("p0", "node-1", 2, 2, 10_000, "")),
+                return_exceptions=True,
+            )
+            # None answered: each failed as unavailable (its outcome unknown). The first says
+            # why; one queued behind another's WAIT may run out of its deadline first.
+            assert all(isinstance(outcome, StorageUnavailable) for outcome in late), late
+            assert "replicas" in str(late[0]), late[0]
+            assert time.monotonic() - started_s < 2 * TIMEOUT_MS_CALL / 1000, "within their deadlines"
+        finally:
+            await store.close()
+        promoted = await pair.promote()
+        try:
+            for index in range(20):
+                record = await promoted.read(LOG, f"txn-{index}")
+                assert record is not None or index == 1, f"txn-{index}'s acknowledged vote was lost"
+            committed = await promoted.read(LOG, "txn-0")
+            assert committed is not None and committed.state is TxnState.COMMIT and committed.applied
+            assert (await promoted.read_data("p0", ["k"])) == {"k": b"v"}
+            tombstone = await promoted.read(LOG, "txn-1")
+            assert tombstone is not None and tombstone.state is TxnState.ABORT
+            assert (await promoted.read_owners(["p0"]))["p0"] == owner
+        finally:
+            await promoted.close()
+
+
+async def test_a_redis_with_fewer_replicas_than_asked_is_refused(services: Services, tmp_path: Path) -> None:
+    async with replicated(services, tmp_path) as pair:
+        with pytest.raises(StorageUnavailable, match=r"1 connected replica.*replicas:2"):
+            await _open(pair.primary_url, "replicas:2")
+        # A replica is not the primary: its writes are refused anyway, said at open.
+        with pytest.raises(StorageError, match="not a primary"):
+            await _open(f"redis://127.0.0.1:{pair.replica.port}/0", "replicas:1")
+        store = await _open(pair.primary_url, "replicas:1")
+        await store.close()
+
+
+@pytest.mark.parametrize("value", ["replicas", "replicas:0", "replicas:x", "replicas:10", "replicas:-1", "aof:1"])
+def test_the_replica_count_is_checked(value: str) -> None:
+    with pytest.raises(ValidationError, match="redis_durability"):
+        StoreConfig(backend="redis", redis_durability=value)
+    assert StoreConfig(backend="redis", redis_durability="replicas:2").redis_durability == "replicas:2"
