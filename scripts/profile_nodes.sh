@@ -24,7 +24,8 @@ cornus bench --seconds "$((seconds + warmup_s + 5))" "$@" >"$out/bench.txt" 2>&1
 bench=$!
 trap 'kill $bench 2>/dev/null || true' EXIT
 sleep "$warmup_s"
-pids=$(pgrep -f "services.cli serve" || true)
+# Nodes run under the launcher (services/node_launcher.py) or as `cornus serve`.
+pids=$(pgrep -f "services.node_launcher|services.cli serve" || true)
 [ -n "$pids" ] || { echo "no node processes found; bench output:"; cat "$out/bench.txt"; exit 1; }
 for pid in $pids; do
   py-spy record -p "$pid" -d "$seconds" -f raw --nonblocking -o "$out/node-$pid.raw" >/dev/null 2>&1 &

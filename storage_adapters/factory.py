@@ -7,6 +7,7 @@ Backends are imported only when chosen, so the embedded emulator never loads a c
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -100,9 +101,10 @@ def redis_replica_count(durability: str) -> int:
     0 for "aof" and "none"; ValidationError for anything else."""
     if durability in ("aof", "none"):
         return 0
-    kind, _, count = durability.partition(":")
-    if kind == "replicas" and count.isdigit() and 1 <= int(count) <= REDIS_REPLICA_COUNT_MAX:
-        return int(count)
+    # ASCII digits without a leading zero, as the chart's schema has it (str.isdigit takes "²").
+    matched = re.fullmatch(r"replicas:([1-9][0-9]?)", durability, re.ASCII)
+    if matched and int(matched[1]) <= REDIS_REPLICA_COUNT_MAX:
+        return int(matched[1])
     raise ValidationError(f"redis_durability must be aof, none or replicas:N with N in 1..{REDIS_REPLICA_COUNT_MAX}, "
                           f"got {durability!r}")
 

@@ -32,12 +32,13 @@ and `appendfsync always`, checked at open), or on N replicas ("replicas:N": ever
 by a WAIT on its connection, and a write fewer replicas had by WAIT's timeout fails as unavailable),
 or as the server answers it ("none"). Replication is asynchronous, so WAIT is what makes a write
 survive the primary: without it a failover loses what the primary acknowledged and had not sent
-yet. A call that wrote nothing (a log_once that found a record) waits too: what it read may be
-another node's write not yet replicated. Redis 7.0 sets a connection's replication offset at each
-command, so the WAIT covers that write as well; where a server sets it only at writes, that node's
-own call is still not answered until its write is replicated, and every write this node makes
-after acting on it is later in the one replication stream, so a replica that has this node's next
-write has the one it read too.
+yet. A call that wrote nothing (a log_once that found a record) waits too, but what it found may
+be another node's write not yet replicated, which its WAIT need not cover (a server may move a
+connection's offset only at that connection's own writes). That node's call is not answered until
+its write is replicated, and every write this node makes after acting on it comes later in the one
+replication stream, so a replica that has this node's next write has the one it read too. Plain
+reads (a status call's) wait for nothing: one may report an outcome whose writer is still waiting
+for its replicas, which a failover at that moment loses.
 """
 
 from __future__ import annotations

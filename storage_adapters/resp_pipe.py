@@ -57,6 +57,10 @@ class NotReplicated(redis.exceptions.ConnectionError):
 
 # Calls sent and not yet answered; past it a call is refused at once (Redis is not keeping up).
 PENDING_COUNT_MAX = 16_384
+# How many WAIT timeouts of silence a call must see before it takes the connection for dead: a
+# WAIT that began before the call answers within one timeout of its start, so anything over one
+# is silence no WAIT explains; two leave room for the WAIT's reply on a loaded machine.
+WAIT_SILENCE_FACTOR = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,8 +331,12 @@ class RespPipe:
         # The reply, when it comes, is read and dropped in turn (on_reply skips settled futures).
         future.set_exception(TimeoutError())
         # A whole deadline of silence, not less: a call that connected first spent part of its
-        # deadline connecting (found by review: a fresh connection was dropped at once).
-        silent = protocol.heard_s < sent_s and protocol.loop.time() - sent_s >= timeout_s
+        # deadline connecting (found by review: a fresh connection was dropped at once). And with
+        # replicas, more than a WAIT's timeout: Redis answers nothing behind a waiting WAIT, which
+        # a call with a deadline cut short by its caller took for a dead connection (found by
+        # review). A call with a longer deadline judges the connection then.
+        quiet_s_min = max(timeout_s, self.timeout_ms_replica_wait / 1000 * WAIT_SILENCE_FACTOR)
+        silent = protocol.heard_s < sent_s and protocol.loop.time() - sent_s >= quiet_s_min
         if protocol is self._protocol and silent:
             # Not a byte since this call left, for a whole deadline: Redis hung, or the address
             # went dark. Every call pending on it fails as this one did (each may or may not have

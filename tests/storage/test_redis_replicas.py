@@ -21,6 +21,7 @@ from storage_adapters.contract import LogId, Ownership, RecordBody, Tombstone, T
 from storage_adapters.errors import StorageError, StorageUnavailable, ValidationError
 from storage_adapters.factory import StoreConfig, open_store
 from storage_adapters.redis_store import RedisStore
+from storage_adapters.resp_pipe import RespAddress, RespPipe
 from storage_adapters.store import LogStore
 from tests.conftest import Services
 from tests.storage import servers
@@ -197,8 +198,37 @@ async def test_a_redis_with_fewer_replicas_than_asked_is_refused(services: Servi
         await store.close()
 
 
-@pytest.mark.parametrize("value", ["replicas", "replicas:0", "replicas:x", "replicas:10", "replicas:-1", "aof:1"])
+@pytest.mark.parametrize("value", ["replicas", "replicas:0", "replicas:x", "replicas:10", "replicas:-1", "aof:1",
+                                   "replicas:01", "replicas:\u00b2", "replicas:\u0663", " replicas:1"])
 def test_the_replica_count_is_checked(value: str) -> None:
     with pytest.raises(ValidationError, match="redis_durability"):
         StoreConfig(backend="redis", redis_durability=value)
     assert StoreConfig(backend="redis", redis_durability="replicas:2").redis_durability == "replicas:2"
+
+
+async def test_a_call_with_a_short_deadline_behind_a_waiting_wait_does_not_drop_the_connection(
+    services: Services, tmp_path: Path,
+) -> None:
+    """Found by review: Redis holds a connection's later commands while its WAIT waits, so a call
+    sent behind one hears nothing for up to WAIT's timeout. A call whose deadline is shorter than
+    that (a deadline cut short by its caller's) took the silence for a dead connection and dropped
+    it, failing the writes before it that the replica was about to confirm."""
+    async with replicated(services, tmp_path) as pair:
+        client = aioredis.Redis(port=pair.primary.port)
+        source = "return redis.call('SET', KEYS[1], ARGV[1])"
+        sha = await client.script_load(source)
+        await client.aclose()
+        pipe = RespPipe(RespAddress("127.0.0.1", pair.primary.port), TIMEOUT_MS_CALL, 1, TIMEOUT_MS_CALL // 2)
+        try:
+            assert await pipe.evalsha(sha, source, ["warm"], ["1"], 1.0) == b"OK"
+            # The replica's acknowledgements now reach the primary half a second late: writes
+            # are replicated, and each WAIT waits about that long.
+            pair.link.holds, pair.link.hold_s, pair.link.holding = (lambda _: True), 0.5, True
+            first = asyncio.ensure_future(pipe.evalsha(sha, source, ["first"], ["1"], TIMEOUT_MS_CALL / 1000))
+            await asyncio.sleep(0.05)  # its script answered; its WAIT waits
+            with pytest.raises(TimeoutError):
+                await pipe.evalsha(sha, source, ["short"], ["1"], 0.2)
+            assert await first == b"OK"
+            assert pipe.dropped_silent_count == 0
+        finally:
+            await pipe.close()
