@@ -87,6 +87,15 @@ start_redis() {
       log "the redis-server on port $redis_port has ${count:-an unknown number of} databases; the tests need $redis_database_count: stop it (scripts/services.sh down) and run up again"
       return 1
     fi
+    # The nodes refuse a Redis that answers writes before they are on disk (redis_durability aof):
+    # say so here, once, rather than in every test that opens it.
+    local appendonly appendfsync
+    appendonly=$(redis-cli -p "$redis_port" config get appendonly 2>/dev/null | tail -n 1)
+    appendfsync=$(redis-cli -p "$redis_port" config get appendfsync 2>/dev/null | tail -n 1)
+    if [ "$appendonly" != yes ] || [ "$appendfsync" != always ]; then
+      log "the redis-server on port $redis_port runs with appendonly ${appendonly:-unknown}, appendfsync ${appendfsync:-unknown}; the nodes need yes and always: stop it (scripts/services.sh down) and run up again"
+      return 1
+    fi
     return 0
   fi
   # appendfsync always: an acknowledged VOTE_YES must survive a restart (DESIGN section 3).

@@ -436,13 +436,9 @@ class RedisStore(LogStore):
         votes, and a `volatile-*` one drops decision tombstones first (the only keys given a TTL),
         so the status call would say "not known" of a committed transaction (found by review; the
         managed Redis services default to volatile-lru). No limit (maxmemory 0) evicts nothing."""
-        try:
-            memory = await self._bounded(self._client.info("memory"), "INFO")
-        except redis.exceptions.NoPermissionError:
-            # A least-privilege ACL may deny INFO (it is in @dangerous): say what goes unchecked.
-            log.warning("redis at %s denies INFO: cannot check that maxmemory-policy is noeviction, which "
-                        "Cornus needs (an evicted vote or tombstone loses a transaction's outcome)",
-                        _redacted(url))
+        memory = await self._info("memory", _redacted(url), "that maxmemory-policy is noeviction, which Cornus "
+                                  "needs (an evicted vote or tombstone loses a transaction's outcome)")
+        if memory is None:
             return
         policy, limit = str(memory.get("maxmemory_policy", "")), int(memory.get("maxmemory", 0))
         if limit and policy != "noeviction":
@@ -451,6 +447,17 @@ class RedisStore(LogStore):
                 "keys, and an evicted vote or decision tombstone loses a transaction's outcome. Set "
                 "maxmemory-policy noeviction (a full Redis then refuses writes, which Cornus retries)"
             )
+
+    async def _info(self, section: str, where: str, unchecked: str) -> dict[str, Any] | None:
+        """INFO `section`, or None where the server will not answer it, with a warning naming what
+        goes unchecked: a least-privilege ACL denies INFO (it is in @dangerous), and a proxy that
+        forwards only data commands does not know it (found by review: that failed the open with
+        a raw "unknown command")."""
+        try:
+            return await self._bounded(self._client.info(section), "INFO")
+        except redis.exceptions.ResponseError as error:  # NoPermissionError among them
+            log.warning("redis at %s does not answer INFO (%s): cannot check %s", where, error, unchecked)
+            return None
 
     async def _refuse_volatility(self, url: str, durability: str) -> None:
         """Refuse a Redis that answers a write before it is on disk, unless told `none` (found by
@@ -468,11 +475,9 @@ class RedisStore(LogStore):
         assert durability == "aof", durability
         way_out = ("or set redis_durability none (CORNUS_STORAGE_REDIS_DURABILITY) if its durability comes from "
                    "elsewhere and you answer for it")
-        try:
-            persistence = await self._bounded(self._client.info("persistence"), "INFO")
-        except redis.exceptions.NoPermissionError:
-            log.warning("redis at %s denies INFO: cannot check that it writes an append-only file before it "
-                        "answers, which Cornus needs", where)
+        persistence = await self._info("persistence", where, "that it writes an append-only file before it answers, "
+                                       "which Cornus needs")
+        if persistence is None:
             return
         if int(persistence.get("aof_enabled", 0)) != 1:
             raise StorageError(
@@ -505,11 +510,9 @@ class RedisStore(LogStore):
         or every write would fail. Unavailable, not a configuration error: a replica restarting, or
         a failover moving the primary's address, passes, and the node's start waits for it."""
         wanted = self._replica_count
-        try:
-            replication = await self._bounded(self._client.info("replication"), "INFO")
-        except redis.exceptions.NoPermissionError:
-            log.warning("redis at %s denies INFO: cannot check that it is a primary with %d replicas; each write "
-                        "still waits for them", where, wanted)
+        replication = await self._info("replication", where, f"that it is a primary with {wanted} replicas; each "
+                                       "write still waits for them")
+        if replication is None:
             return
         role = str(replication.get("role", ""))
         if role != "master":

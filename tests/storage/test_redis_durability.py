@@ -73,9 +73,10 @@ def test_the_durability_setting_is_checked_and_read_from_the_environment() -> No
     assert StoreConfig().redis_durability == "aof"
 
 
-async def _standing_in(port: int) -> asyncio.Server:
+async def _standing_in(port: int, knows_info: bool = True) -> asyncio.Server:
     """A RESP stand-in for a service that keeps its append-only file on but answers nothing for
-    CONFIG GET appendfsync (a proxy, a managed service that hides the setting)."""
+    CONFIG GET appendfsync (a proxy, a managed service that hides the setting); without
+    `knows_info`, one that does not know INFO at all (a proxy that forwards only data commands)."""
     sections = {b"memory": b"maxmemory:0\r\nmaxmemory_policy:noeviction\r\n", b"persistence": b"aof_enabled:1\r\n"}
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -86,7 +87,9 @@ async def _standing_in(port: int) -> asyncio.Server:
                     size = int((await reader.readline())[1:])
                     words.append((await reader.readexactly(size + 2))[:-2])
                 command = words[0].upper()
-                if command == b"INFO":
+                if command == b"INFO" and not knows_info:
+                    writer.write(b"-ERR unknown command 'INFO', with args beginning with: \r\n")
+                elif command == b"INFO":
                     text = sections[words[1].lower()]
                     writer.write(b"$%d\r\n%s\r\n" % (len(text), text))
                 elif command == b"CONFIG":
@@ -112,5 +115,24 @@ async def test_a_redis_that_does_not_say_its_fsync_policy_opens_with_a_warning(
         with caplog.at_level(logging.WARNING, logger="cornus.storage"):
             await _open(port)
         assert any("does not say its appendfsync" in record.getMessage() for record in caplog.records), caplog.text
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("durability", ["aof", "replicas:1"])
+async def test_a_redis_that_does_not_know_info_opens_with_a_warning_naming_what_went_unchecked(
+    caplog: pytest.LogCaptureFixture, durability: str,
+) -> None:
+    """Found by review: a proxy that answers INFO with "unknown command" failed the open with a
+    raw ResponseError, where a server that denies INFO starts with a warning."""
+    port = free_port()
+    server = await _standing_in(port, knows_info=False)
+    try:
+        with caplog.at_level(logging.WARNING, logger="cornus.storage"):
+            await _open(port, durability)
+        messages = [record.getMessage() for record in caplog.records]
+        assert any("maxmemory-policy" in message and "INFO" in message for message in messages), caplog.text
+        unchecked = "append-only file" if durability == "aof" else "replicas"
+        assert any(unchecked in message and "INFO" in message for message in messages), caplog.text
     finally:
         server.close()
