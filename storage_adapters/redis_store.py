@@ -506,7 +506,7 @@ class RedisStore(LogStore):
             )
 
     async def _refuse_too_few_replicas(self, where: str) -> None:
-        """Durability "replicas:N": the server must be a primary with at least N replicas connected,
+        """Durability "replicas:N": the server must be a primary with at least N replicas in sync,
         or every write would fail. Unavailable, not a configuration error: a replica restarting, or
         a failover moving the primary's address, passes, and the node's start waits for it."""
         wanted = self._replica_count
@@ -517,11 +517,15 @@ class RedisStore(LogStore):
         role = str(replication.get("role", ""))
         if role != "master":
             raise StorageUnavailable(f"redis at {where} is not a primary (role {role}): its writes are refused")
-        connected = int(replication.get("connected_slaves", 0))
-        if connected < wanted:
+        # Only replicas in sync count: connected_slaves also counts one still waiting for its first
+        # copy, which acknowledges nothing (found by review). redis-py parses each slaveN line.
+        online = sum(1 for name, replica in replication.items()
+                     if name.startswith("slave") and isinstance(replica, dict) and replica.get("state") == "online")
+        if online < wanted:
+            connected = int(replication.get("connected_slaves", 0))
             raise StorageUnavailable(
-                f"redis at {where} has {connected} connected replica(s), and redis_durability replicas:{wanted} "
-                f"answers a write only once {wanted} have it"
+                f"redis at {where} has {online} replica(s) in sync ({connected} connected), and redis_durability "
+                f"replicas:{wanted} answers a write only once {wanted} have it"
             )
 
     async def _replicated(self, queue: Callable[[Any], Awaitable[Any]]) -> Any:

@@ -189,7 +189,7 @@ async def test_with_replicas_every_acknowledged_write_survives_a_failover(
 
 async def test_a_redis_with_fewer_replicas_than_asked_is_refused(services: Services, tmp_path: Path) -> None:
     async with replicated(services, tmp_path) as pair:
-        with pytest.raises(StorageUnavailable, match=r"1 connected replica.*replicas:2"):
+        with pytest.raises(StorageUnavailable, match=r"1 replica\(s\) in sync.*replicas:2"):
             await _open(pair.primary_url, "replicas:2")
         # A replica is not the primary: its writes are refused anyway, said at open.
         with pytest.raises(StorageError, match="not a primary"):
@@ -232,3 +232,28 @@ async def test_a_call_with_a_short_deadline_behind_a_waiting_wait_does_not_drop_
             assert pipe.dropped_silent_count == 0
         finally:
             await pipe.close()
+
+
+async def test_a_replica_still_syncing_does_not_count(services: Services, tmp_path: Path) -> None:
+    """Found by review: INFO's connected_slaves counts a replica that has not received its first
+    copy yet, which can acknowledge no write; the open passed and every write then failed."""
+    (tmp_path / "primary").mkdir()
+    (tmp_path / "replica").mkdir()
+    # The first copy waits this long to leave (Redis's way to gather replicas for one transfer):
+    # the replica is connected, and not in sync, all along.
+    primary = servers.start_redis(services, tmp_path / "primary", None, "--appendonly", "no",
+                                  "--repl-diskless-sync-delay", "30")
+    replica = servers.start_redis(services, tmp_path / "replica", None, "--appendonly", "no",
+                                  "--replicaof", "127.0.0.1", str(primary.port))
+    client = aioredis.Redis(port=primary.port)
+    try:
+        async def connected() -> bool:
+            return (await client.info("replication")).get("connected_slaves") == 1
+
+        await _until(connected, "the replica never connected")
+        with pytest.raises(StorageUnavailable, match="0 replica"):
+            await _open(f"redis://127.0.0.1:{primary.port}/0", "replicas:1")
+    finally:
+        await client.aclose()
+        primary.kill()
+        replica.kill()
