@@ -276,7 +276,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _resolve(args: argparse.Namespace) -> int:
     with CornusClient(args.url, config=_client_config(args)) as client:
-        outcome = client.resolve(args.txn, args.url)
+        outcome = client.resolve(args.txn, args.url, force=args.force)
     _print_outcome(outcome, args.json)
     return 0 if outcome.status in (Status.COMMITTED, Status.ABORTED) else 1
 
@@ -998,6 +998,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "log). Exit 0 when it is committed or aborted, 1 when still unknown or unreachable.",
     )
     resolve.add_argument("--url", required=True, help="a node's REST URL")
+    resolve.add_argument("--force", action="store_true",
+                         help="resolve a transaction its coordinator's node still runs (refused otherwise): aborts it "
+                              "where nothing voted yet")
     resolve.add_argument("txn", help="a transaction id")
     _add_client_flags(resolve)
     resolve.set_defaults(handler=_resolve)

@@ -17,6 +17,11 @@ One round, never retried by itself:
    window, or whose storage does not answer, reports "in doubt" instead of retrying later, when
    that bound would no longer hold. 2PC and coordinator-log may be decided only by their
    coordinator, whose log is read instead.
+
+Before the round, unless forced: a resolve is for a transaction whose coordinator is gone. One its
+coordinator's node still runs (`refusal_while_running`) finishes there by itself, and termination
+would abort it where nothing voted yet: legal, and a surprise to the client whose healthy
+transaction it was (found by review).
 """
 
 from __future__ import annotations
@@ -26,11 +31,26 @@ from cornus.protocol.backoff import Backoff, JitterSource
 from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.effects import Effect, LogOnce, ReadRecord, StartTimer, Timer
 from cornus.protocol.events import Event, LogReturned, RecordRead, StorageUnreachable, TimerFired
+from cornus.protocol.status import Known
 from cornus.protocol.termination import Termination, decision_among
 from storage_adapters.contract import LogId, LogKind, Record, TxnState
 
 # The owner of a resolve's storage calls. '~' cannot appear in a partition or node id.
 RESOLVE = "~resolve"
+
+
+def refusal_while_running(txn: str, coordinator: str, known: Known) -> str | None:
+    """Why a resolve without force must not run, given what the transaction's coordinator's node
+    says of it (`known`, as its status answer has it; NOTHING when it did not answer); None: run
+    it. ACTIVE: its operations run there. IN_DOUBT: its commit runs there, or a partition of that
+    node runs it, which finishes it by termination itself. A node that knows an outcome, or
+    nothing (a new process, or none answered), leaves the transaction to the resolve."""
+    what = {Known.ACTIVE: "its operations run there", Known.IN_DOUBT: "its commit or a participant runs there"}
+    if known not in what:
+        return None
+    return (f"{txn} is running at its coordinator {coordinator} ({what[known]}), which finishes it by itself; "
+            "resolve is for a transaction whose coordinator is gone. Wait for it, abort it at its coordinator, "
+            "or resolve with force to abort it anyway")
 
 
 class Resolver:

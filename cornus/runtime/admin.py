@@ -15,11 +15,11 @@ from cornus.protocol import txn_ids
 from cornus.protocol.effects import Effect, LogOnce, ReadRecord, StartTimer, Timer
 from cornus.protocol.events import Event, StorageUnreachable, TimerFired, answer
 from cornus.protocol.node_core import NodeCore
-from cornus.protocol.resolve import Resolver
+from cornus.protocol.resolve import Resolver, refusal_while_running
 from cornus.protocol.status import Known, NodeAnswer, kept_window_ms, node_knows, requests_window_ms, verdict
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination
-from cornus.runtime.outcome import AbortReason, Outcome, OutcomeStatus
+from cornus.runtime.outcome import AbortReason, Outcome, OutcomeStatus, TxnWrongState
 from cornus.runtime.ownership import now_ms
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.transport import Transport
@@ -153,15 +153,7 @@ class Admin:
                 record = await self.store.read(LogId.partition(partition), request.txn)
                 if record is not None:
                     states.append((partition, record.state))
-        known = Known.NOTHING
-        if request.txn:
-            remembered = self.coordination.known(request.txn)
-            machine = self.core.coordinator.machines.get(request.txn)
-            known = node_knows(
-                remembered=Known.NOTHING if remembered is None else Known.of(remembered.status.value),
-                coordinating=machine is not None, decision=None if machine is None else machine.decision,
-                participating=runs_before or self._runs_here(request.txn, served),
-            )
+        known = self._knows(request.txn, served, runs_before) if request.txn else Known.NOTHING
         return StatusResponse(
             node=self.node_id,
             ready=ready,
@@ -173,6 +165,34 @@ class Admin:
             kept_window_ms=kept_window_ms(self.config.protocol_config),
             config_since_unix_ms=self._since_ms,
         )
+
+    def _knows(self, txn: str, served: tuple[str, ...], runs_before: bool = False) -> Known:
+        """What this node tells of `txn` itself (cornus.protocol.status.node_knows)."""
+        remembered = self.coordination.known(txn)
+        machine = self.core.coordinator.machines.get(txn)
+        return node_knows(
+            remembered=Known.NOTHING if remembered is None else Known.of(remembered.status.value),
+            coordinating=machine is not None, decision=None if machine is None else machine.decision,
+            participating=runs_before or self._runs_here(txn, served),
+        )
+
+    async def _coordinator_knows(self, txn: str) -> tuple[str, Known]:
+        """The transaction's coordinator, and what its node tells of the transaction: this node's
+        own word, or its status answer; NOTHING when it does not answer (gone: what a resolve is
+        for) or is no peer of this node's."""
+        coordinator = txn_ids.coordinator_of(txn)
+        if coordinator == self.node_id:
+            return coordinator, self._knows(txn, tuple(self.partitions))
+        if coordinator not in self.config.peers:
+            return coordinator, Known.NOTHING
+        try:
+            response = await self.transport.request(coordinator, StatusRequest(txn),
+                                                    self.config.limits.timeout_ms_peer_request)
+        except Exception:  # any: it did not answer, which is the case a resolve is for
+            return coordinator, Known.NOTHING
+        if not isinstance(response, StatusResponse):
+            return coordinator, Known.NOTHING
+        return coordinator, Known.of(response.txn_outcome)
 
     def _requests_window_ms(self) -> int:
         limits, protocol = self.config.limits, self.config.protocol_config
@@ -234,13 +254,19 @@ class Admin:
         return infos
 
     # -- manual resolve ----------------------------------------------------------------------------
-    async def resolve(self, txn: str) -> Outcome:
+    async def resolve(self, txn: str, *, force: bool = False) -> Outcome:
         """Finish a transaction by hand from any node, reading storage directly (every node can),
         by the core's rules (cornus.protocol.resolve). ValidationError, and nothing read or
-        written, for an id that names no protocol: no node made it, and no rule decides it."""
+        written, for an id that names no protocol: no node made it, and no rule decides it.
+        TxnWrongState, and nothing written, for one its coordinator's node still runs, unless
+        `force` (cornus.protocol.resolve.refusal_while_running)."""
         if txn_ids.protocol_of(txn) is None:
             raise ValidationError(f"{txn!r} names no protocol (the ids this cluster makes end in their protocol's "
                                   f"tag: {', '.join(sorted(txn_ids.PROTOCOL_TAGS.values()))}): nothing to resolve")
+        if not force:
+            refusal = refusal_while_running(txn, *await self._coordinator_knows(txn))
+            if refusal is not None:
+                raise TxnWrongState(refusal)
         pc = self.config.protocol_config
         resolver = Resolver(txn, self.config.partitions, pc, random.Random())
         # The write window runs on the lease clock, which counts a suspend of the machine (found

@@ -447,8 +447,8 @@ class Node:
             raise NodeOverloaded(f"{self.node_id} is still recovering")
         return await self.admin.resolve_status(txn)
 
-    async def resolve(self, txn: str) -> Outcome:
-        return await self.admin.resolve(txn)
+    async def resolve(self, txn: str, *, force: bool = False) -> Outcome:
+        return await self.admin.resolve(txn, force=force)
 
     def transactions(self) -> list[TxnInfo]:
         return self.admin.transactions()

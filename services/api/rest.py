@@ -768,10 +768,14 @@ def _fastapi_app(served: _Served) -> FastAPI:
 
     @app.post("/v1/admin/resolve/{txn}", operation_id="admin_resolve", response_model=OutcomeOut,
               summary="Run termination for a transaction by hand",
-              responses=_responses(202, 400, 404, 422, extra={409: _ABORTED, 503: _STORAGE_UNAVAILABLE}))
-    async def resolve(txn: TxnId) -> JSONResponse:
+              description=("For a transaction whose coordinator is gone. One its coordinator's node still runs is "
+                           "409 wrong_state, nothing written, unless force=true, which aborts it where nothing "
+                           "voted yet."),
+              responses=_responses(202, 400, 404, 422, extra={409: _ABORTED_OR_WRONG_STATE,
+                                                              503: _STORAGE_UNAVAILABLE}))
+    async def resolve(txn: TxnId, force: bool = False) -> JSONResponse:
         with txn_context(txn):
-            outcome = await served.node.resolve(txn)
+            outcome = await served.node.resolve(txn, force=force)
             log.info("resolved by hand: %s", outcome.status)
             return _outcome_response(outcome)
 

@@ -408,9 +408,11 @@ class CornusClient:
             return [PartitionInfo.from_json(node_url, row) for row in body["partitions"]]
         raise Unavailable(unreachable("", "", f"no node reachable: {', '.join(failures)}"))
 
-    def resolve(self, txn: str, url: str | None = None) -> Outcome:
-        """Run termination for `txn` by hand (any node can: it reads storage directly)."""
-        path = f"/v1/admin/resolve/{txn_path(txn).removeprefix('/v1/txn/')}"
+    def resolve(self, txn: str, url: str | None = None, *, force: bool = False) -> Outcome:
+        """Run termination for `txn` by hand (any node can: it reads storage directly). WrongState
+        for a transaction its coordinator's node still runs, unless `force` (which aborts it where
+        nothing voted yet)."""
+        path = f"/v1/admin/resolve/{txn_path(txn).removeprefix('/v1/txn/')}" + ("?force=true" if force else "")
         failures: list[str] = []
         for node_url in [normalize_url(url)] if url else self._rotation.order():
             try:

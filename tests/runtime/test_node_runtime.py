@@ -5,13 +5,15 @@ validation, recovery and readiness, the limits at the edge, the admin listing an
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from cornus.protocol.config import Protocol
 from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.effects import CancelTimer, StartTimer, Timer
 from cornus.protocol.participant_base import Phase
-from cornus.runtime.outcome import AbortReason, OutcomeStatus
+from cornus.runtime.outcome import AbortReason, OutcomeStatus, TxnWrongState
 from cornus.runtime.wire import Op, OpKind
 from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.errors import ValidationError
@@ -191,3 +193,35 @@ def _async(check):  # type: ignore[no-untyped-def]
         return bool(check())
 
     return wrapped
+
+
+@pytest.mark.parametrize("resolver", ["n0", "n1"], ids=["at-its-coordinator", "at-another-node"])
+async def test_resolve_of_a_commit_running_at_its_coordinator_is_refused_unless_forced(tmp_path, resolver):
+    """Found by review: resolve is for a transaction whose coordinator is gone, and it aborted a
+    healthy commit as well: with one vote in storage and the other still on its way, termination
+    logs ABORT where nothing voted yet (legal, and a surprise to the client whose transaction it
+    was). Refused now, with the coordinator named and nothing written; `force` aborts it, and its
+    commit says so. (Longer vote and decision timeouts: the coordinator's own termination would
+    otherwise finish it within the test's first steps; a node's start waits one vote timeout.)"""
+    slow = {"timeout_ms_votes": 2_000, "timeout_ms_decision": 60_000}
+    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol_config=slow) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        coordinator = cluster.node("n0")
+        txn = coordinator.begin(Protocol.CORNUS)
+        await coordinator.run_ops(txn, puts({key: b"v" for key in keys.values()}))
+        # p1's owner (n1) holds its vote's write: p0 votes, the commit waits for p1.
+        vote = cluster.faults["n1"].hold(
+            "log_once", where=lambda args: args["log"] == LogId.partition("p1") and args["state"] is TxnState.VOTE_YES)
+        commit = asyncio.ensure_future(coordinator.commit(txn))
+
+        async def p0_voted() -> bool:
+            return await cluster.record("p0", txn) is not None
+
+        await wait_until(p0_voted, 5, "p0 never voted")
+        with pytest.raises(TxnWrongState, match="running at its coordinator n0"):
+            await cluster.node(resolver).resolve(txn)
+        assert await cluster.record("p1", txn) is None, "the refused resolve wrote"
+        forced = await cluster.node(resolver).resolve(txn, force=True)
+        assert forced.status is OutcomeStatus.ABORTED, forced
+        vote.set()
+        assert (await commit).status is OutcomeStatus.ABORTED
