@@ -121,6 +121,18 @@ async def test_a_dropped_hosts_unavailable_write_is_forgotten(harness: _Harness)
     assert harness.fed == [] and harness.fenced == []
 
 
+async def test_a_dropped_hosts_write_not_sent_yet_is_never_sent(harness: _Harness) -> None:
+    """Found by audit: a fenced write looked its fence up by the partition's name as its task sent
+    it, so a write of a host dropped before that, with the partition taken again meanwhile (here:
+    fence_of answers a fence), would have gone out under the new take's fence, which storage
+    accepts. Not sent: nothing waits for its answer, as for a host whose lease is not good."""
+    harness.runner.run([LogOnce(PARTITION, LogId.partition(PARTITION), TXN, TxnState.VOTE_YES, RecordBody())])
+    harness.runner.cancel_owned({PARTITION})  # before the call's task first runs
+    await harness.settle()
+    assert not harness.store.calls, "a dropped host's write went out under the partition's current fence"
+    assert harness.runner.counters["writes_skipped_not_held"] == 1
+
+
 async def test_a_dropped_hosts_read_is_cancelled(harness: _Harness) -> None:
     harness.runner.run([ReadRecord(PARTITION, LogId.partition(PARTITION), TXN)])
     await asyncio.wait_for(harness.store.arrived.wait(), 5)
