@@ -28,6 +28,7 @@ from cornus.protocol.config import Protocol
 from cornus.protocol.effects import Decided, Reply
 from cornus.protocol.events import CommitRequested, Event, ExecuteFailed
 from cornus.protocol.execution import refresh_due, refresh_unanswered_ms
+from cornus.protocol.owner_answer import refuses
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.admission import check_client_txn, check_growth, one_shot_redo
 from cornus.runtime.config import NodeConfig
@@ -667,15 +668,11 @@ class Coordination:
             if error is None:
                 response = future.result()
                 assert isinstance(response, ExecuteResponse)
-                # ABORTED: the owner knows the transaction already ("already committing": a machine
-                # runs it there, for an earlier process of this node that the client sent the same
-                # id to; or an ABORT overtook the request). Its vote may stand, so it is no
-                # refusal: a Cornus machine ends the transaction through the logs (found by review:
-                # taken for a refusal, it decided ABORT beside the earlier process's COMMIT). The
-                # blocking protocols abort either way; there the earlier process's COMMIT is a write
-                # to this node's coordinator log, which the identity fence refuses once a later
-                # process took the node's name.
-                answered(partition, response, response.status is not ExecuteStatus.ABORTED)
+                # The core's rule (ABORTED is none: the owner's vote may stand). The blocking
+                # protocols abort either way; there an earlier process's COMMIT is a write to this
+                # node's coordinator log, which the identity fence refuses once a later process took
+                # the node's name.
+                answered(partition, response, refuses(response.status))
             elif isinstance(error, PeerUnavailable):
                 answered(partition, ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"owner of {partition}: {error}"),
                          False)

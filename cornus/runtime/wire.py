@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cornus.protocol.messages import Message
+from cornus.protocol.owner_answer import ExecuteStatus
 from storage_adapters.contract import DATA_VALUE_BYTES_MAX, PARTICIPANT_COUNT_MAX, TxnState, validate_data_key
 from storage_adapters.errors import ValidationError
 
@@ -41,17 +42,6 @@ def validate_op(op: Op) -> None:
         raise ValidationError(f"{op.kind} of {op.key!r} takes no value")
     if op.value is not None and len(op.value) > DATA_VALUE_BYTES_MAX:
         raise ValidationError(f"value of {op.key!r} is {len(op.value)} bytes, the limit is {DATA_VALUE_BYTES_MAX}")
-
-
-class ExecuteStatus(enum.StrEnum):
-    OK = "ok"
-    CONFLICT = "conflict"  # a lock was held by another txn: retryable
-    CHECK_FAILED = "check_failed"  # a CHECK op saw another value: the txn must abort
-    ABORTED = "aborted"  # the partition already aborted this txn (e.g. it timed out)
-    NOT_OWNER = "not_owner"  # the receiver does not own the partition
-    NOT_READY = "not_ready"  # the receiver is still recovering: retryable
-    INVALID = "invalid"  # bad request (ids, sizes): not retryable
-    UNAVAILABLE = "unavailable"  # storage did not answer: retryable
 
 
 @dataclass(frozen=True, slots=True)

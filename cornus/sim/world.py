@@ -74,6 +74,7 @@ from cornus.protocol.identity_watch import Observed, VacancyWatch
 from cornus.protocol.locks import Grant, LockMode, Policy, Waiter
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
+from cornus.protocol.owner_answer import ExecuteStatus, refuses
 from cornus.protocol.ownership import fenced_partition
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.participant_blocking import CoordinatorLogParticipant
@@ -108,12 +109,27 @@ IDENTITY_CHECK_MS_TWINS = 150
 IDENTITY_CHECK_MS = 1_000
 IDENTITY_CHECK_MS_SLOW = 20  # Schedule.slow_identity: renewals more often than a deadline
 
-# An owner's answers the runtime sends as ExecuteStatus.ABORTED (Node.on_request, PartitionRuntime):
-# it knows the transaction already, and its vote may stand.
+# An owner's failed answers, as the world says them, and the status the runtime answers each with
+# (Node.on_request, PartitionRuntime.execute), which the core's rule reads (owner_answer.refuses).
 ALREADY_COMMITTING = "already committing"
 ABORTED_HERE = "aborted here already"
-ABORTED_WHILE_WAITING = "dropped while it waited"  # not _unpark's refusal: the runtime's CONFLICT there
-_ABORTED_ANSWERS = frozenset({ALREADY_COMMITTING, ABORTED_HERE, ABORTED_WHILE_WAITING})
+ABORTED_WHILE_WAITING = "dropped while it waited"  # the coordinator aborted it while it waited
+_STATUS_OF_ANSWER = {
+    ALREADY_COMMITTING: ExecuteStatus.ABORTED,
+    ABORTED_HERE: ExecuteStatus.ABORTED,
+    ABORTED_WHILE_WAITING: ExecuteStatus.ABORTED,
+    # Dropped while its storage read was out (an abort, an idle timeout): ABORTED in the runtime,
+    # where the world took it for a refusal until the rule was shared (found by audit).
+    "aborted while reading": ExecuteStatus.ABORTED,
+    "not ready": ExecuteStatus.NOT_READY,
+    "arrived past its deadline": ExecuteStatus.UNAVAILABLE,
+    "conflict": ExecuteStatus.CONFLICT,
+    "lock wait timed out": ExecuteStatus.CONFLICT,
+    "aborted while waiting": ExecuteStatus.CONFLICT,  # its locks released under it: the runtime's CONFLICT
+    "the partition was lost": ExecuteStatus.NOT_OWNER,
+    "no node holds it": ExecuteStatus.NOT_OWNER,  # the coordinator's own answer (Coordination._start_prepared)
+    "check failed": ExecuteStatus.CHECK_FAILED,
+}
 
 # How often the node a partition moves to tries its take again while it is down or recovering, at
 # the end of a Move's gap (the runtime's ownership tick, which runs once the node is up).
@@ -892,10 +908,8 @@ class World:
                 self._unanswered.add(key)  # lost on the way: its deadline tells the coordinator
                 return
             if coordinator is not None:
-                # An ABORTED answer is no refusal: the owner's vote may stand (the runtime's
-                # Coordination._start_prepared), so a Cornus machine ends it through the logs.
-                failed = ExecuteFailed(coordinator.name, txn, partition, refused=refusal not in _ABORTED_ANSWERS,
-                                       detail=refusal)
+                failed = ExecuteFailed(coordinator.name, txn, partition,
+                                       refused=refuses(_STATUS_OF_ANSWER[refusal]), detail=refusal)
                 self._feed(coordinator, failed, coordinator.path)
 
     def _execute_deadline(self, txn: str, partition: str, incarnation: int) -> None:
