@@ -103,6 +103,31 @@ def _client_loop(cluster: Cluster, index: int, stop: threading.Event, tally: Tal
                 time.sleep(0.05)  # the node is probably down: do not spin on it
 
 
+def start_transfers(cluster: Cluster, mixed: bool = False) -> tuple[threading.Event, Tally, list[threading.Thread]]:
+    """Fund the accounts, then start CLIENT_COUNT client threads transferring between them until
+    the returned event is set."""
+    setup = cluster.execute("n0", [{"op": "put", "key": a, "value": str(BALANCE_START)} for a in _accounts()])
+    assert setup.status_code == 200, setup.text
+    stop, tally = threading.Event(), Tally()
+    clients = [threading.Thread(target=_client_loop, args=(cluster, index, stop, tally, mixed))
+               for index in range(CLIENT_COUNT)]
+    for thread in clients:
+        thread.start()
+    return stop, tally, clients
+
+
+def settled_state(cluster: Cluster, tally: Tally, read_timeout_s: float = 30.0) -> tuple[
+        dict[str, str | None], dict[str, str | None]]:
+    """Once no transaction is in flight: the balances, and the marker of every transfer a client
+    was told committed, as the nodes answer them."""
+    _settle(cluster)
+    balances = cluster.read("n0", _accounts(), read_timeout_s)
+    markers: dict[str, str | None] = {}
+    for start in range(0, len(tally.committed), 500):  # within the op limit of one request
+        markers.update(cluster.read("n1", tally.committed[start : start + 500], read_timeout_s))
+    return balances, markers
+
+
 def _chaos(cluster: Cluster, kills: list[str], restarts: list[str]) -> None:
     rng = random.Random(7)
     for _ in range(KILL_COUNT):
@@ -136,17 +161,11 @@ def test_bank_with_kills_and_restarts(protocol: str, storage: dict[str, str]) ->
     mixed = protocol == MIXED
     with running_cluster("cornus" if mixed else protocol, {**storage, **FAST_STORAGE}, settings=SETTINGS) as cluster:
         cluster.start_all()
-        accounts = _accounts()
-        setup = cluster.execute("n0", [{"op": "put", "key": a, "value": str(BALANCE_START)} for a in accounts])
-        assert setup.status_code == 200, setup.text
-
-        stop, tally, kills, restarts = threading.Event(), Tally(), [], []
-        clients = [
-            threading.Thread(target=_client_loop, args=(cluster, i, stop, tally, mixed)) for i in range(CLIENT_COUNT)
-        ]
+        stop, tally, clients = start_transfers(cluster, mixed)
+        kills: list[str] = []
+        restarts: list[str] = []
         chaos = threading.Thread(target=_chaos, args=(cluster, kills, restarts))
-        for thread in [*clients, chaos]:
-            thread.start()
+        chaos.start()
         chaos.join(WORKLOAD_TIMEOUT_S)  # the workload lasts as long as the kills and restarts take
         stop.set()
         for thread in [chaos, *clients]:
@@ -155,12 +174,8 @@ def test_bank_with_kills_and_restarts(protocol: str, storage: dict[str, str]) ->
 
         for node_id in cluster.nodes:
             cluster.wait_ready(node_id)
-        _settle(cluster)
-        balances = cluster.read("n0", accounts)
+        balances, markers = settled_state(cluster, tally)
         total = sum(int(value) for value in balances.values())  # type: ignore[arg-type]
-        markers: dict[str, str | None] = {}
-        for start in range(0, len(tally.committed), 500):  # within the op limit of one request
-            markers.update(cluster.read("n1", tally.committed[start : start + 500]))
         print(f"{protocol}: {len(tally.committed)} committed, {tally.aborted} aborted, {tally.unknown} unknown, "
               f"{tally.failed_before_commit} failed before commit; kills {kills}; total {total}")
         assert len(kills) == len(restarts) == KILL_COUNT, f"kills {kills}, restarts {restarts}"

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import httpx
 import pytest
 
 from tests.cluster.harness import Cluster, keys_on, running_cluster
-from tests.cluster.test_bank import ACCOUNT_COUNT, BALANCE_START, CLIENT_COUNT, Tally, _accounts, _client_loop, _settle
+from tests.cluster.test_bank import ACCOUNT_COUNT, BALANCE_START, settled_state, start_transfers
 from tests.conftest import Services
 from tests.storage import servers
 from tests.worker import free_port
@@ -242,14 +241,7 @@ def test_scale_from_three_nodes_to_four_and_back_under_the_bank_workload(storage
             cluster.start(node_id, wait=False)
         for node_id in three:
             cluster.wait_ready(node_id)
-        accounts = _accounts()
-        setup = cluster.execute("n0", [{"op": "put", "key": a, "value": str(BALANCE_START)} for a in accounts])
-        assert setup.status_code == 200, setup.text
-        stop, tally = threading.Event(), Tally()
-        clients = [threading.Thread(target=_client_loop, args=(cluster, i, stop, tally, False))
-                   for i in range(CLIENT_COUNT)]
-        for thread in clients:
-            thread.start()
+        stop, tally, clients = start_transfers(cluster)
         try:
             up_s = _wait_placed(cluster, three)
             cluster.nodes["n3"].env["CORNUS_PEERS"] = _peers(cluster, four)
@@ -270,12 +262,8 @@ def test_scale_from_three_nodes_to_four_and_back_under_the_bank_workload(storage
                 thread.join(120)
         assert not any(thread.is_alive() for thread in clients)
         del cluster.nodes["n3"]  # stopped for good: the checks below ask only the three
-        _settle(cluster)
-        balances = cluster.read("n0", accounts, READ_TIMEOUT_S)
+        balances, markers = settled_state(cluster, tally, READ_TIMEOUT_S)
         total = sum(int(value) for value in balances.values())  # type: ignore[arg-type]
-        markers: dict[str, str | None] = {}
-        for start in range(0, len(tally.committed), 500):
-            markers.update(cluster.read("n1", tally.committed[start : start + 500], READ_TIMEOUT_S))
         print(f"scale 3->4->3: {len(tally.committed)} committed, {tally.aborted} aborted, {tally.unknown} unknown, "
               f"{tally.failed_before_commit} failed before commit; placed in {up_s:.1f} s up, {down_s:.1f} s down")
         assert len(tally.committed) > 20, "too few transfers committed to mean anything"

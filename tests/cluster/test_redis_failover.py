@@ -22,7 +22,7 @@ import redis
 from cornus.runtime.keys import partition_of
 from storage_adapters.factory import StoreConfig, open_store
 from tests.cluster.harness import running_cluster
-from tests.cluster.test_bank import ACCOUNT_COUNT, BALANCE_START, CLIENT_COUNT, Tally, _accounts, _client_loop, _settle
+from tests.cluster.test_bank import ACCOUNT_COUNT, BALANCE_START, settled_state, start_transfers
 from tests.conftest import Services
 from tests.storage import servers
 
@@ -114,14 +114,7 @@ def test_bank_across_a_redis_failover_loses_no_acknowledged_transfer(services: S
                    "redis_durability": "replicas:1"}
         with running_cluster("cornus", storage, settings={"timeout_ms_txn_idle": 1500}) as cluster:
             cluster.start_all()
-            accounts = _accounts()
-            setup = cluster.execute("n0", [{"op": "put", "key": a, "value": str(BALANCE_START)} for a in accounts])
-            assert setup.status_code == 200, setup.text
-            stop, tally = threading.Event(), Tally()
-            clients = [threading.Thread(target=_client_loop, args=(cluster, i, stop, tally, False))
-                       for i in range(CLIENT_COUNT)]
-            for thread in clients:
-                thread.start()
+            stop, tally, clients = start_transfers(cluster)
             time.sleep(BEFORE_S)
             committed_before_cut = len(tally.committed)
             link.cutting = True
@@ -148,11 +141,8 @@ def test_bank_across_a_redis_failover_loses_no_acknowledged_transfer(services: S
 
             for node_id in cluster.nodes:
                 cluster.wait_ready(node_id)
-            _settle(cluster)
-            balances = cluster.read("n0", accounts)
-            markers: dict[str, str | None] = {}
-            for start in range(0, len(tally.committed), 500):  # within the op limit of one request
-                markers.update(cluster.read("n1", tally.committed[start : start + 500]))
+            balances, markers = settled_state(cluster, tally)
+            accounts = list(balances)
             stored = _stored(replica.port, [*accounts, *tally.committed], cluster.partition_count)
         total = sum(int(value) for value in balances.values())  # type: ignore[arg-type]
         print(f"{len(tally.committed)} committed ({committed_before_cut} before the cut), {tally.aborted} aborted, "
