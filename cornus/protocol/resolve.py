@@ -49,8 +49,8 @@ def refusal_while_running(txn: str, coordinator: str, known: Known) -> str | Non
     if known not in what:
         return None
     return (f"{txn} is running at its coordinator {coordinator} ({what[known]}), which finishes it by itself; "
-            "resolve is for a transaction whose coordinator is gone. Wait for it, abort it at its coordinator, "
-            "or resolve with force to abort it anyway")
+            "resolve is for a transaction whose coordinator is gone. Wait for it, or resolve with force: "
+            "termination runs anyway and aborts it where a participant has not voted yet")
 
 
 class Resolver:

@@ -43,14 +43,20 @@ class _ProxyLoop:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
+        self.proxies: list[servers.HoldingProxy] = []
 
     def proxy(self, upstream_port: int) -> servers.HoldingProxy:
         start = servers.HoldingProxy(upstream_port, lambda _: False, 0).start()
-        return asyncio.run_coroutine_threadsafe(start, self.loop).result(10)
+        proxy = asyncio.run_coroutine_threadsafe(start, self.loop).result(10)
+        self.proxies.append(proxy)
+        return proxy
 
     def close(self) -> None:
+        for proxy in self.proxies:
+            self.loop.call_soon_threadsafe(proxy.close)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+        self.loop.close()
 
 
 def _stored(port: int, keys: list[str], partition_count: int) -> dict[str, bytes | None]:
@@ -115,29 +121,33 @@ def test_bank_across_a_redis_failover_loses_no_acknowledged_transfer(services: S
         with running_cluster("cornus", storage, settings={"timeout_ms_txn_idle": 1500}) as cluster:
             cluster.start_all()
             stop, tally, clients = start_transfers(cluster)
-            time.sleep(BEFORE_S)
-            committed_before_cut = len(tally.committed)
-            link.cutting = True
-            time.sleep(CUT_S)
-            # The failover: the primary dies with whatever the replica never got, the replica takes
-            # over at the same endpoint, and a new replica joins it.
-            primary.kill()
-            promoted = redis.Redis(port=replica.port, socket_timeout=5)
-            promoted.replicaof("NO", "ONE")
-            promoted.close()
-            endpoint.upstream_port = replica.port
-            processes.append(servers.start_redis(services, tmp_path / "second-replica", None, "--appendonly", "no",
-                                                 "--replicaof", "127.0.0.1", str(replica.port)))
-            _until_replicated(replica.port)
-            failed_over_s, committed_at_failover = time.monotonic(), len(tally.committed)
-            while len(tally.committed) < committed_at_failover + COMMITTED_AFTER_COUNT:
-                assert time.monotonic() - failed_over_s < RECOVERY_TIMEOUT_S, "no transfers commit after the failover"
-                time.sleep(0.1)
-            recovery_s = time.monotonic() - failed_over_s
-            stop.set()
-            for thread in clients:
-                thread.join(120)
-                assert not thread.is_alive()
+            try:
+                time.sleep(BEFORE_S)
+                committed_before_cut = len(tally.committed)
+                link.cutting = True
+                time.sleep(CUT_S)
+                # The failover: the primary dies with whatever the replica never got, the replica takes
+                # over at the same endpoint, and a new replica joins it.
+                primary.kill()
+                promoted = redis.Redis(port=replica.port, socket_timeout=5)
+                promoted.replicaof("NO", "ONE")
+                promoted.close()
+                endpoint.upstream_port = replica.port
+                processes.append(servers.start_redis(services, tmp_path / "second-replica", None,
+                                                     "--appendonly", "no", "--replicaof", "127.0.0.1",
+                                                     str(replica.port)))
+                _until_replicated(replica.port)
+                failed_over_s, committed_at_failover = time.monotonic(), len(tally.committed)
+                while len(tally.committed) < committed_at_failover + COMMITTED_AFTER_COUNT:
+                    assert time.monotonic() - failed_over_s < RECOVERY_TIMEOUT_S, (
+                        "no transfers commit after the failover")
+                    time.sleep(0.1)
+                recovery_s = time.monotonic() - failed_over_s
+            finally:
+                stop.set()
+                for thread in clients:
+                    thread.join(120)
+            assert not any(thread.is_alive() for thread in clients)
 
             for node_id in cluster.nodes:
                 cluster.wait_ready(node_id)
@@ -148,8 +158,7 @@ def test_bank_across_a_redis_failover_loses_no_acknowledged_transfer(services: S
         print(f"{len(tally.committed)} committed ({committed_before_cut} before the cut), {tally.aborted} aborted, "
               f"{tally.unknown} unknown, {tally.failed_before_commit} failed before commit; commits again "
               f"{recovery_s:.1f} s after the failover; total {total}")
-        assert committed_before_cut > 5 and len(tally.committed) > committed_before_cut, (
-            "transfers committed before the failover and after it")
+        assert committed_before_cut > 5, "too few transfers committed before the failover to mean anything"
         missing = [marker for marker, value in markers.items() if value != "done"]
         assert not missing, f"acknowledged transfers lost in the failover: {missing}"
         assert total == ACCOUNT_COUNT * BALANCE_START, f"money was created or lost: {balances}"

@@ -203,7 +203,7 @@ async def test_resolve_of_a_commit_running_at_its_coordinator_is_refused_unless_
     was). Refused now, with the coordinator named and nothing written; `force` aborts it, and its
     commit says so. (Longer vote and decision timeouts: the coordinator's own termination would
     otherwise finish it within the test's first steps; a node's start waits one vote timeout.)"""
-    slow = {"timeout_ms_votes": 2_000, "timeout_ms_decision": 60_000}
+    slow = {"timeout_ms_votes": 4_000, "timeout_ms_decision": 60_000}
     async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol_config=slow) as cluster:
         keys = keys_in(2, ["p0", "p1"])
         coordinator = cluster.node("n0")

@@ -242,7 +242,7 @@ async def test_a_replica_still_syncing_does_not_count(services: Services, tmp_pa
     # The first copy waits this long to leave (Redis's way to gather replicas for one transfer):
     # the replica is connected, and not in sync, all along.
     primary = servers.start_redis(services, tmp_path / "primary", None, "--appendonly", "no",
-                                  "--repl-diskless-sync-delay", "30")
+                                  "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "30")
     replica = servers.start_redis(services, tmp_path / "replica", None, "--appendonly", "no",
                                   "--replicaof", "127.0.0.1", str(primary.port))
     client = aioredis.Redis(port=primary.port)
