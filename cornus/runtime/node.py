@@ -374,6 +374,12 @@ class Node:
                                                   self.config.limits.timeout_ms_peer_request)
                        if request.participants else request.deadline_unix_ms)
         if status.request_expired(deadline_ms, int(time.time() * 1000), self._clock_slack_ms):
+            if (request.partition in self.core.partitions and not request.abort
+                    and self.core.execute_refusal(request.partition, request.txn) is ExecuteRefusal.COMMITTING):
+                # A machine runs it here: its vote may stand, so the answer is no refusal, late or
+                # not (found by review: UNAVAILABLE, a refusal, told its coordinator this owner
+                # would never vote; the simulator answered it as committing).
+                return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{request.txn} is already committing")
             # Its sender gave up long ago; the status call may since have said "not known".
             self.counters["requests_past_deadline"] += 1
             count = self.counters["requests_past_deadline"]

@@ -14,7 +14,7 @@ from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.effects import CancelTimer, StartTimer, Timer
 from cornus.protocol.participant_base import Phase
 from cornus.runtime.outcome import AbortReason, OutcomeStatus, TxnWrongState
-from cornus.runtime.wire import Op, OpKind
+from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind
 from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.errors import ValidationError
 from tests.runtime.faults import (
@@ -225,3 +225,29 @@ async def test_resolve_of_a_commit_running_at_its_coordinator_is_refused_unless_
         assert forced.status is OutcomeStatus.ABORTED, forced
         vote.set()
         assert (await commit).status is OutcomeStatus.ABORTED
+
+
+async def test_a_request_past_its_deadline_for_a_transaction_committing_here_is_no_refusal(tmp_path):
+    """Found by review: an owner checked a request's deadline before whether its machine already
+    runs the transaction, and answered a late request of a committing transaction UNAVAILABLE,
+    which its coordinator takes for a refusal (the owner never votes) where its vote stands; the
+    simulator answers it as committing (ABORTED: no refusal), as owner_answer.refuses has it."""
+    slow = {"timeout_ms_votes": 4_000, "timeout_ms_decision": 60_000}
+    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol_config=slow) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        coordinator = cluster.node("n0")
+        txn = coordinator.begin(Protocol.CORNUS)
+        await coordinator.run_ops(txn, puts({key: b"v" for key in keys.values()}))
+        vote = cluster.faults["n1"].hold(
+            "log_once", where=lambda args: args["log"] == LogId.partition("p1") and args["state"] is TxnState.VOTE_YES)
+        commit = asyncio.ensure_future(coordinator.commit(txn))
+
+        async def p0_voted() -> bool:
+            return await cluster.record("p0", txn) is not None
+
+        await wait_until(p0_voted, 5, "p0 never voted")
+        late = ExecuteRequest(txn, "p0", "n0", (Op(OpKind.GET, keys["p0"]),), deadline_unix_ms=1)
+        answer = await coordinator.on_request("n0", late)
+        assert answer.status is ExecuteStatus.ABORTED, answer
+        vote.set()
+        assert (await commit).status is OutcomeStatus.COMMITTED
