@@ -139,6 +139,10 @@ class Admin:
                        detail=found.detail)
 
     async def status_response(self, request: StatusRequest, ready: bool) -> StatusResponse:
+        if request.memory_only:
+            # What it knows of the transaction itself; no record read, so no partition named read.
+            known = self._knows(request.txn, tuple(self.partitions)) if request.txn else Known.NOTHING
+            return self._status(ready, (), (), known)
         states: list[tuple[str, TxnState]] = []
         # Partitions come and go while we read: the answer names those read, never one taken
         # since (found by review: claimed read, its tombstone, all a collected transaction has
@@ -154,11 +158,15 @@ class Admin:
                 if record is not None:
                     states.append((partition, record.state))
         known = self._knows(request.txn, served, runs_before) if request.txn else Known.NOTHING
+        return self._status(ready, served, tuple(states), known)
+
+    def _status(self, ready: bool, served: tuple[str, ...], states: tuple[tuple[str, TxnState], ...],
+                known: Known) -> StatusResponse:
         return StatusResponse(
             node=self.node_id,
             ready=ready,
             partitions=served,
-            txn_states=tuple(states),
+            txn_states=states,
             in_doubt_count=self.core.in_doubt_count(),
             txn_outcome=known.value,
             requests_window_ms=self._requests_window_ms(),
@@ -186,7 +194,7 @@ class Admin:
         if coordinator not in self.config.peers:
             return coordinator, Known.NOTHING
         try:
-            response = await self.transport.request(coordinator, StatusRequest(txn),
+            response = await self.transport.request(coordinator, StatusRequest(txn, memory_only=True),
                                                     self.config.limits.timeout_ms_peer_request)
         except Exception:  # any: it did not answer, which is the case a resolve is for
             return coordinator, Known.NOTHING

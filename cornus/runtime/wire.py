@@ -80,9 +80,12 @@ class ExecuteResponse:
 
 @dataclass(frozen=True, slots=True)
 class StatusRequest:
-    """Ask a node about itself, and about `txn` on the partitions it owns when `txn` is set."""
+    """Ask a node about itself, and about `txn` on the partitions it owns when `txn` is set.
+    `memory_only`: what it knows of `txn` itself, reading no records (the resolve's question to
+    a transaction's coordinator, which must not wait on that node's storage)."""
 
     txn: str = ""
+    memory_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,6 +185,7 @@ def _encode_status_request(envelope: pb.PeerEnvelope, value: StatusRequest) -> N
     body = envelope.status_request
     body.SetInParent()
     body.txn = value.txn
+    body.memory_only = value.memory_only
 
 
 def encode_status_response(body: pb.StatusResponse, value: StatusResponse) -> None:
@@ -322,7 +323,7 @@ def _decode_execute_response(body: pb.ExecuteResponse) -> ExecuteResponse:
 
 
 def _decode_status_request(body: pb.StatusRequest) -> StatusRequest:
-    return StatusRequest(txn=body.txn)
+    return StatusRequest(txn=body.txn, memory_only=body.memory_only)
 
 
 def decode_status_response(body: pb.StatusResponse) -> StatusResponse:

@@ -227,6 +227,34 @@ async def test_resolve_of_a_commit_running_at_its_coordinator_is_refused_unless_
         assert (await commit).status is OutcomeStatus.ABORTED
 
 
+async def test_resolve_asks_the_coordinator_what_it_runs_without_waiting_on_its_storage(tmp_path):
+    """Found by review: the resolve's question to the coordinator's node was the full status call,
+    which reads every partition that node serves before it answers. With that node's storage
+    failing (here: its reads), the question failed, the resolve took the coordinator for gone, and
+    aborted its healthy commit. The question is answered from memory now."""
+    slow = {"timeout_ms_votes": 4_000, "timeout_ms_decision": 60_000}
+    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol_config=slow) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        coordinator = cluster.node("n0")
+        txn = coordinator.begin(Protocol.CORNUS)
+        await coordinator.run_ops(txn, puts({key: b"v" for key in keys.values()}))
+        vote = cluster.faults["n1"].hold(
+            "log_once", where=lambda args: args["log"] == LogId.partition("p1") and args["state"] is TxnState.VOTE_YES)
+        commit = asyncio.ensure_future(coordinator.commit(txn))
+
+        async def p0_voted() -> bool:
+            return await cluster.record("p0", txn) is not None
+
+        await wait_until(p0_voted, 5, "p0 never voted")
+        cluster.faults["n0"].fail("read", count=None)
+        with pytest.raises(TxnWrongState, match="running at its coordinator n0"):
+            await cluster.node("n1").resolve(txn)
+        assert await cluster.record("p1", txn) is None, "the refused resolve wrote"
+        cluster.faults["n0"].heal()
+        vote.set()
+        assert (await commit).status is OutcomeStatus.COMMITTED
+
+
 async def test_a_request_past_its_deadline_for_a_transaction_committing_here_is_no_refusal(tmp_path):
     """Found by review: an owner checked a request's deadline before whether its machine already
     runs the transaction, and answered a late request of a committing transaction UNAVAILABLE,
