@@ -18,10 +18,11 @@ One round, never retried by itself:
    that bound would no longer hold. 2PC and coordinator-log may be decided only by their
    coordinator, whose log is read instead.
 
-Before the round, unless forced: a resolve is for a transaction whose coordinator is gone. One its
-coordinator's node still runs (`refusal_while_running`) finishes there by itself, and termination
-would abort it where nothing voted yet: legal, and a surprise to the client whose healthy
-transaction it was (found by review).
+Before its first write, unless forced: a resolve is for a transaction whose coordinator is gone.
+One its coordinator's node still runs (`refusal_while_running`) finishes there by itself, and
+termination would abort it where nothing voted yet: legal, and a surprise to the client whose
+healthy transaction it was (found by review). A resolve that only reads a decision writes nothing,
+and is never refused.
 """
 
 from __future__ import annotations

@@ -267,14 +267,12 @@ class Admin:
         by the core's rules (cornus.protocol.resolve). ValidationError, and nothing read or
         written, for an id that names no protocol: no node made it, and no rule decides it.
         TxnWrongState, and nothing written, for one its coordinator's node still runs, unless
-        `force` (cornus.protocol.resolve.refusal_while_running)."""
+        `force` (cornus.protocol.resolve.refusal_while_running): asked before the first write, so a
+        resolve that only reads a decision is never refused."""
         if txn_ids.protocol_of(txn) is None:
             raise ValidationError(f"{txn!r} names no protocol (the ids this cluster makes end in their protocol's "
                                   f"tag: {', '.join(sorted(txn_ids.PROTOCOL_TAGS.values()))}): nothing to resolve")
-        if not force:
-            refusal = refusal_while_running(txn, *await self._coordinator_knows(txn))
-            if refusal is not None:
-                raise TxnWrongState(refusal)
+        asked = force
         pc = self.config.protocol_config
         resolver = Resolver(txn, self.config.partitions, pc, random.Random())
         # The write window runs on the lease clock, which counts a suspend of the machine (found
@@ -307,6 +305,13 @@ class Admin:
                 else:
                     assert isinstance(effect, LogOnce | ReadRecord), effect
                     calls.append(effect)
+            if not asked and any(isinstance(c, LogOnce) for c in calls):
+                # The writes' deadline is fixed already: this question cannot push them past the
+                # window, only make them refused (the resolve then says "in doubt").
+                asked = True
+                refusal = refusal_while_running(txn, *await self._coordinator_knows(txn))
+                if refusal is not None:
+                    raise TxnWrongState(refusal)
             events = await asyncio.gather(*(call(c) for c in calls))
             effects = []
             if window is not None:

@@ -255,6 +255,32 @@ async def test_resolve_asks_the_coordinator_what_it_runs_without_waiting_on_its_
         assert (await commit).status is OutcomeStatus.COMMITTED
 
 
+async def test_resolve_of_a_transaction_whose_decision_is_logged_reads_it_even_while_its_coordinator_runs(tmp_path):
+    """Found by review: the refusal came before the reads, so a resolve that would only have read
+    a decision (here a terminator's ABORT in p1's log, while the coordinator still waits for p1's
+    vote) was refused. The question is asked before the first write now."""
+    slow = {"timeout_ms_votes": 4_000, "timeout_ms_decision": 60_000}
+    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol_config=slow) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        coordinator = cluster.node("n0")
+        txn = coordinator.begin(Protocol.CORNUS)
+        await coordinator.run_ops(txn, puts({key: b"v" for key in keys.values()}))
+        vote = cluster.faults["n1"].hold(
+            "log_once", where=lambda args: args["log"] == LogId.partition("p1") and args["state"] is TxnState.VOTE_YES)
+        commit = asyncio.ensure_future(coordinator.commit(txn))
+
+        async def p0_voted() -> bool:
+            return await cluster.record("p0", txn) is not None
+
+        await wait_until(p0_voted, 5, "p0 never voted")
+        body = (await cluster.record("p0", txn)).body  # type: ignore[union-attr]
+        await cluster.real_store.log_once(LogId.partition("p1"), txn, TxnState.ABORT, body)
+        resolved = await cluster.node("n1").resolve(txn)
+        assert resolved.status is OutcomeStatus.ABORTED, resolved
+        vote.set()
+        assert (await commit).status is OutcomeStatus.ABORTED
+
+
 async def test_a_request_past_its_deadline_for_a_transaction_committing_here_is_no_refusal(tmp_path):
     """Found by review: an owner checked a request's deadline before whether its machine already
     runs the transaction, and answered a late request of a committing transaction UNAVAILABLE,
