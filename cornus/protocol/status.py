@@ -62,6 +62,22 @@ def requests_window_ms(timeout_ms_request: int, clock_slack_ms: int) -> int:
     return timeout_ms_request + 2 * clock_slack_ms
 
 
+def late_vote_ms(timeout_ms_request: int, config: ProtocolConfig) -> int:
+    """How long after its begin a one-shot's vote may still land: its request runs at an owner up
+    to `requests_window_ms`, and the vote's write lands up to a storage deadline, the slack and
+    the backend's late window after that."""
+    return (requests_window_ms(timeout_ms_request, config.clock_slack_ms) + config.storage_deadline_ms
+            + config.clock_slack_ms + config.late_write_window_ms)
+
+
+def late_votes_meet_their_tombstone(timeout_ms_request: int, config: ProtocolConfig) -> bool:
+    """Whether the decision's tombstone still stands when a one-shot's vote lands at its latest:
+    else a request that arrived after its transaction was collected could fill the emptied slots
+    with votes (found by review: nothing compared them, and a long wait beside a short keep
+    allowed it). The runtime refuses a configuration that breaks it; the simulator asserts it."""
+    return late_vote_ms(timeout_ms_request, config) <= config.gc_grace_ms + config.outcome_keep_ms
+
+
 def kept_floor_ms(config: ProtocolConfig) -> int:
     """How long after its begin a transaction that voted surely leaves a record, whatever
     outcome_keep_ms (which may be 0) and gc_grace_ms (which has a floor) the coordinator that

@@ -51,7 +51,7 @@ from cornus.protocol.cluster_record import CLUSTER_ID_LENGTH_MAX, DEFAULT_CLUSTE
 from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min, outcome_keep_ms_min
 from cornus.protocol.locks import Policy
 from cornus.protocol.ownership import OwnershipConfig, placement
-from cornus.protocol.status import requests_window_ms
+from cornus.protocol.status import late_vote_ms, late_votes_meet_their_tombstone
 from cornus.runtime.keys import partition_names
 from storage_adapters.contract import (
     LOG_NAME_LENGTH_MAX,
@@ -497,19 +497,13 @@ def load_node_config(
 
 
 def _check_late_votes(limits: RuntimeLimits, protocol_config: ProtocolConfig) -> None:
-    """A one-shot's request runs at an owner until its begin plus timeout_ms_peer_request (and the
-    slack, twice by another node's clock), and its vote lands up to a storage deadline, the slack
-    and the backend's late window later: the decision's tombstone must still stand then, or a
-    request that arrived after its transaction was collected could fill the emptied slots with
-    votes (found by review: nothing compared them, and a long wait beside a short keep allowed it)."""
-    pc = protocol_config
-    late_vote_ms = (requests_window_ms(limits.timeout_ms_peer_request, pc.clock_slack_ms)
-                    + pc.storage_deadline_ms + pc.clock_slack_ms + pc.late_write_window_ms)
-    if late_vote_ms > pc.gc_grace_ms + pc.outcome_keep_ms:
+    """The core's rule (status.late_votes_meet_their_tombstone), said in the settings' names."""
+    pc, request_ms = protocol_config, limits.timeout_ms_peer_request
+    if not late_votes_meet_their_tombstone(request_ms, pc):
         raise ValidationError(
-            f"timeout_ms_peer_request is {limits.timeout_ms_peer_request}: a one-shot's vote may land up to "
-            f"{late_vote_ms} ms after its begin (that, twice clock_slack_ms {pc.clock_slack_ms}, the storage "
-            f"timeout_ms_call {pc.storage_deadline_ms}, the slack again and the backend's late window "
+            f"timeout_ms_peer_request is {request_ms}: a one-shot's vote may land up to {late_vote_ms(request_ms, pc)} "
+            f"ms after its begin (that, twice clock_slack_ms {pc.clock_slack_ms}, the storage timeout_ms_call "
+            f"{pc.storage_deadline_ms}, the slack again and the backend's late window "
             f"{pc.late_write_window_ms}), after its records were collected (gc_grace_ms {pc.gc_grace_ms}) and its "
             f"tombstone dropped (outcome_keep_ms {pc.outcome_keep_ms}): lower timeout_ms_peer_request or raise "
             f"outcome_keep_ms"
