@@ -203,7 +203,7 @@ def test_azure_lifecycle_rule_deletes_only_transaction_records() -> None:
     cache = resources(MODULES / "azure", "azurerm_redis_cache")["cornus"]
     assert unquote(cache["sku_name"]) == "Premium"
     assert cache["redis_configuration"][0]["aof_backup_enabled"] is True
-    # The node refuses a Redis that may evict (storage_adapters/redis_store.py _refuse_eviction).
+    # The node refuses a Redis that may evict (storage_adapters/redis_server_check.py _refuse_eviction).
     assert unquote(cache["redis_configuration"][0]["maxmemory_policy"]) == "noeviction"
 
 

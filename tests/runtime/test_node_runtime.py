@@ -6,6 +6,9 @@ validation, recovery and readiness, the limits at the edge, the admin listing an
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -13,11 +16,12 @@ from cornus.protocol.config import Protocol
 from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.effects import CancelTimer, StartTimer, Timer
 from cornus.protocol.participant_base import Phase
-from cornus.runtime.outcome import AbortReason, OutcomeStatus, TxnWrongState
+from cornus.runtime.outcome import AbortReason, Outcome, OutcomeStatus, TxnWrongState
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind
 from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.errors import ValidationError
 from tests.runtime.faults import (
+    LocalCluster,
     commit_writes,
     gets,
     holds,
@@ -195,21 +199,19 @@ def _async(check):  # type: ignore[no-untyped-def]
     return wrapped
 
 
-@pytest.mark.parametrize("resolver", ["n0", "n1"], ids=["at-its-coordinator", "at-another-node"])
-async def test_resolve_of_a_commit_running_at_its_coordinator_is_refused_unless_forced(tmp_path, resolver):
-    """Found by review: resolve is for a transaction whose coordinator is gone, and it aborted a
-    healthy commit as well: with one vote in storage and the other still on its way, termination
-    logs ABORT where nothing voted yet (legal, and a surprise to the client whose transaction it
-    was). Refused now, with the coordinator named and nothing written; `force` aborts it, and its
-    commit says so. (Longer vote and decision timeouts: the coordinator's own termination would
-    otherwise finish it within the test's first steps; a node's start waits one vote timeout.)"""
+@contextlib.asynccontextmanager
+async def _committing_with_a_vote_held(tmp_path: Any) -> AsyncIterator[
+        tuple[LocalCluster, str, asyncio.Event, asyncio.Future[Outcome]]]:
+    """Two nodes; n0 coordinates a Cornus commit over p0 (its own) and p1 (n1's), whose vote's
+    write n1 holds until the event is set: p0 has voted, the commit waits for p1. Longer vote and
+    decision timeouts: the coordinator's own termination would otherwise finish it within a test's
+    first steps (a node's start waits one vote timeout)."""
     slow = {"timeout_ms_votes": 4_000, "timeout_ms_decision": 60_000}
     async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol_config=slow) as cluster:
         keys = keys_in(2, ["p0", "p1"])
         coordinator = cluster.node("n0")
         txn = coordinator.begin(Protocol.CORNUS)
         await coordinator.run_ops(txn, puts({key: b"v" for key in keys.values()}))
-        # p1's owner (n1) holds its vote's write: p0 votes, the commit waits for p1.
         vote = cluster.faults["n1"].hold(
             "log_once", where=lambda args: args["log"] == LogId.partition("p1") and args["state"] is TxnState.VOTE_YES)
         commit = asyncio.ensure_future(coordinator.commit(txn))
@@ -218,6 +220,21 @@ async def test_resolve_of_a_commit_running_at_its_coordinator_is_refused_unless_
             return await cluster.record("p0", txn) is not None
 
         await wait_until(p0_voted, 5, "p0 never voted")
+        try:
+            yield cluster, txn, vote, commit
+        finally:
+            vote.set()
+            await asyncio.wait_for(asyncio.shield(commit), 30)
+
+
+@pytest.mark.parametrize("resolver", ["n0", "n1"], ids=["at-its-coordinator", "at-another-node"])
+async def test_resolve_of_a_commit_running_at_its_coordinator_is_refused_unless_forced(tmp_path, resolver):
+    """Found by review: resolve is for a transaction whose coordinator is gone, and it aborted a
+    healthy commit as well: with one vote in storage and the other still on its way, termination
+    logs ABORT where nothing voted yet (legal, and a surprise to the client whose transaction it
+    was). Refused now, with the coordinator named and nothing written; `force` aborts it, and its
+    commit says so."""
+    async with _committing_with_a_vote_held(tmp_path) as (cluster, txn, vote, commit):
         with pytest.raises(TxnWrongState, match="running at its coordinator n0"):
             await cluster.node(resolver).resolve(txn)
         assert await cluster.record("p1", txn) is None, "the refused resolve wrote"
@@ -232,20 +249,7 @@ async def test_resolve_asks_the_coordinator_what_it_runs_without_waiting_on_its_
     which reads every partition that node serves before it answers. With that node's storage
     failing (here: its reads), the question failed, the resolve took the coordinator for gone, and
     aborted its healthy commit. The question is answered from memory now."""
-    slow = {"timeout_ms_votes": 4_000, "timeout_ms_decision": 60_000}
-    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol_config=slow) as cluster:
-        keys = keys_in(2, ["p0", "p1"])
-        coordinator = cluster.node("n0")
-        txn = coordinator.begin(Protocol.CORNUS)
-        await coordinator.run_ops(txn, puts({key: b"v" for key in keys.values()}))
-        vote = cluster.faults["n1"].hold(
-            "log_once", where=lambda args: args["log"] == LogId.partition("p1") and args["state"] is TxnState.VOTE_YES)
-        commit = asyncio.ensure_future(coordinator.commit(txn))
-
-        async def p0_voted() -> bool:
-            return await cluster.record("p0", txn) is not None
-
-        await wait_until(p0_voted, 5, "p0 never voted")
+    async with _committing_with_a_vote_held(tmp_path) as (cluster, txn, vote, commit):
         cluster.faults["n0"].fail("read", count=None)
         with pytest.raises(TxnWrongState, match="running at its coordinator n0"):
             await cluster.node("n1").resolve(txn)
@@ -259,20 +263,7 @@ async def test_resolve_of_a_transaction_whose_decision_is_logged_reads_it_even_w
     """Found by review: the refusal came before the reads, so a resolve that would only have read
     a decision (here a terminator's ABORT in p1's log, while the coordinator still waits for p1's
     vote) was refused. The question is asked before the first write now."""
-    slow = {"timeout_ms_votes": 4_000, "timeout_ms_decision": 60_000}
-    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol_config=slow) as cluster:
-        keys = keys_in(2, ["p0", "p1"])
-        coordinator = cluster.node("n0")
-        txn = coordinator.begin(Protocol.CORNUS)
-        await coordinator.run_ops(txn, puts({key: b"v" for key in keys.values()}))
-        vote = cluster.faults["n1"].hold(
-            "log_once", where=lambda args: args["log"] == LogId.partition("p1") and args["state"] is TxnState.VOTE_YES)
-        commit = asyncio.ensure_future(coordinator.commit(txn))
-
-        async def p0_voted() -> bool:
-            return await cluster.record("p0", txn) is not None
-
-        await wait_until(p0_voted, 5, "p0 never voted")
+    async with _committing_with_a_vote_held(tmp_path) as (cluster, txn, vote, commit):
         body = (await cluster.record("p0", txn)).body  # type: ignore[union-attr]
         await cluster.real_store.log_once(LogId.partition("p1"), txn, TxnState.ABORT, body)
         resolved = await cluster.node("n1").resolve(txn)
@@ -286,22 +277,10 @@ async def test_a_request_past_its_deadline_for_a_transaction_committing_here_is_
     runs the transaction, and answered a late request of a committing transaction UNAVAILABLE,
     which its coordinator takes for a refusal (the owner never votes) where its vote stands; the
     simulator answers it as committing (ABORTED: no refusal), as owner_answer.refuses has it."""
-    slow = {"timeout_ms_votes": 4_000, "timeout_ms_decision": 60_000}
-    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol_config=slow) as cluster:
-        keys = keys_in(2, ["p0", "p1"])
-        coordinator = cluster.node("n0")
-        txn = coordinator.begin(Protocol.CORNUS)
-        await coordinator.run_ops(txn, puts({key: b"v" for key in keys.values()}))
-        vote = cluster.faults["n1"].hold(
-            "log_once", where=lambda args: args["log"] == LogId.partition("p1") and args["state"] is TxnState.VOTE_YES)
-        commit = asyncio.ensure_future(coordinator.commit(txn))
-
-        async def p0_voted() -> bool:
-            return await cluster.record("p0", txn) is not None
-
-        await wait_until(p0_voted, 5, "p0 never voted")
-        late = ExecuteRequest(txn, "p0", "n0", (Op(OpKind.GET, keys["p0"]),), deadline_unix_ms=1)
-        answer = await coordinator.on_request("n0", late)
+    async with _committing_with_a_vote_held(tmp_path) as (cluster, txn, vote, commit):
+        key = keys_in(2, ["p0"])["p0"]
+        late = ExecuteRequest(txn, "p0", "n0", (Op(OpKind.GET, key),), deadline_unix_ms=1)
+        answer = await cluster.node("n0").on_request("n0", late)
         assert answer.status is ExecuteStatus.ABORTED, answer
         vote.set()
         assert (await commit).status is OutcomeStatus.COMMITTED
