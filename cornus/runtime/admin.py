@@ -6,6 +6,7 @@ owns which partition (the ownership records in storage)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -306,12 +307,20 @@ class Admin:
                     assert isinstance(effect, LogOnce | ReadRecord), effect
                     calls.append(effect)
             if not asked and any(isinstance(c, LogOnce) for c in calls):
-                # The writes' deadline is fixed already: this question cannot push them past the
-                # window, only make them refused (the resolve then says "in doubt").
                 asked = True
                 refusal = refusal_while_running(txn, *await self._coordinator_knows(txn))
                 if refusal is not None:
                     raise TxnWrongState(refusal)
+                # The question took time, on the lease clock too (a suspend stops the loop's
+                # clock, which the writes' deadline is in: found by review): the window is read
+                # again, and the writes go only while it is open, by its end.
+                assert window is not None, "writes before the window started"
+                left_ms = window[1] + window[2] - now_ms()
+                if left_ms <= 0:
+                    return Outcome(txn, OutcomeStatus.UNKNOWN, detail="in doubt: the window to write closed while "
+                                                                       "the coordinator was asked; try again")
+                writes_deadline = min(writes_deadline if writes_deadline is not None else math.inf,
+                                      asyncio.get_running_loop().time() + left_ms / 1000)
             events = await asyncio.gather(*(call(c) for c in calls))
             effects = []
             if window is not None:

@@ -316,6 +316,32 @@ async def test_a_resolve_suspended_between_its_reads_and_writes_writes_nothing(t
         assert resolved.status is OutcomeStatus.UNKNOWN, resolved
 
 
+async def test_a_resolve_suspended_while_it_asks_the_coordinator_writes_nothing(tmp_path, monkeypatch):
+    """Found by review: the question to the coordinator (before the first write) awaits after the
+    writes' deadline was fixed in the loop's clock, which a suspend stops: a suspend during the
+    question sent the writes after the window (on the lease clock) had closed. The window is read
+    again after the question; here the lease clock jumps a grace ahead while it is asked."""
+    protocol = {"gc_grace_ms": 60_000}
+    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol_config=protocol) as cluster:
+        txn = txn_ids.new_txn_id(int(time.time() * 1000) - 1_000, "n0", "susp02", 1, Protocol.CORNUS)
+        await cluster.real_store.log_once(LogId.partition("p0"), txn, TxnState.VOTE_YES,
+                                          RecordBody(("p0", "p1"), "n0", b""))
+        node = cluster.node("n1")
+        jumped = {"ms": 0}
+        monkeypatch.setattr(admin_module, "now_ms", lambda: lease_clock_ms() + jumped["ms"], raising=False)
+        real_question = node.admin._coordinator_knows
+
+        async def suspended_question(asked: str) -> Any:
+            jumped["ms"] = protocol["gc_grace_ms"]
+            return await real_question(asked)
+
+        monkeypatch.setattr(node.admin, "_coordinator_knows", suspended_question)
+        resolved = await node.resolve(txn)
+        written = await cluster.record("p1", txn)
+        assert written is None, f"the resolve wrote {written.state.value} after its window closed"
+        assert resolved.status is OutcomeStatus.UNKNOWN, resolved
+
+
 async def test_a_resolve_stalled_between_its_window_check_and_its_writes_writes_nothing(tmp_path, monkeypatch):
     """Found by review: a resolve checked its write window once a round and then wrote with fresh
     storage deadlines, so a stall between the check and the writes still wrote after the window
