@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 from cornus.protocol.config import Protocol
@@ -18,6 +19,8 @@ from cornus.protocol.effects import CancelTimer, StartTimer, Timer
 from cornus.protocol.participant_base import Phase
 from cornus.runtime.outcome import AbortReason, Outcome, OutcomeStatus, TxnWrongState
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind
+from services.api.metrics import Metrics
+from services.api.rest import build_app
 from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.errors import ValidationError
 from tests.runtime.faults import (
@@ -233,13 +236,18 @@ async def test_resolve_of_a_commit_running_at_its_coordinator_is_refused_unless_
     healthy commit as well: with one vote in storage and the other still on its way, termination
     logs ABORT where nothing voted yet (legal, and a surprise to the client whose transaction it
     was). Refused now, with the coordinator named and nothing written; `force` aborts it, and its
-    commit says so."""
+    commit says so. Through the REST API (409 wrong_state, then force=true) and the node's."""
     async with _committing_with_a_vote_held(tmp_path) as (cluster, txn, vote, commit):
         with pytest.raises(TxnWrongState, match="running at its coordinator n0"):
             await cluster.node(resolver).resolve(txn)
-        assert await cluster.record("p1", txn) is None, "the refused resolve wrote"
-        forced = await cluster.node(resolver).resolve(txn, force=True)
-        assert forced.status is OutcomeStatus.ABORTED, forced
+        app = build_app(cluster.node(resolver), Metrics())
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cornus") as client:
+            refused = await client.post(f"/v1/admin/resolve/{txn}")
+            assert refused.status_code == 409 and refused.json()["error"] == "wrong_state", refused.text
+            assert "running at its coordinator n0" in refused.json()["detail"], refused.text
+            assert await cluster.record("p1", txn) is None, "the refused resolve wrote"
+            forced = await client.post(f"/v1/admin/resolve/{txn}", params={"force": "true"})
+        assert forced.status_code == 409 and forced.json()["outcome"] == "aborted", forced.text
         vote.set()
         assert (await commit).status is OutcomeStatus.ABORTED
 
