@@ -99,6 +99,8 @@ class StoreConfig:
 def redis_replica_count(durability: str) -> int:
     """How many replicas must have a write before the Redis store answers it: N of "replicas:N",
     0 for "aof" and "none"; ValidationError for anything else."""
+    if not isinstance(durability, str):
+        raise ValidationError(f"redis_durability must be a string (aof, none or replicas:N), got {durability!r}")
     if durability in ("aof", "none"):
         return 0
     # ASCII digits without a leading zero, as the chart's schema has it (str.isdigit takes "²").

@@ -437,9 +437,7 @@ class RedisStore(LogStore):
             pipe.execute_command("WAIT", self._replica_count, self._timeout_ms_replica_wait)
             reply, replicated = await pipe.execute()
         if replicated < self._replica_count:
-            raise NotReplicated(
-                f"the write is on the primary but on {replicated} of the {self._replica_count} replicas asked for "
-                f"after {self._timeout_ms_replica_wait} ms: a failover may lose it")
+            raise NotReplicated.of(replicated, self._replica_count, self._timeout_ms_replica_wait)
         return reply
 
     async def _measure_clock(self) -> None:

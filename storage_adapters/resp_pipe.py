@@ -55,6 +55,12 @@ class NotReplicated(redis.exceptions.ConnectionError):
     """The write ran on the primary, but fewer replicas than asked had it by WAIT's timeout: its
     outcome is unknown (a failover may lose it), as after a timeout."""
 
+    @classmethod
+    def of(cls, replicated: object, wanted: int, timeout_ms: int) -> NotReplicated:
+        """WAIT answered `replicated` (a count, or what came instead) of `wanted` after `timeout_ms`."""
+        return cls(f"the write is on the primary but on {replicated} of the {wanted} replicas asked for after "
+                   f"{timeout_ms} ms: a failover may lose it")
+
 # Calls sent and not yet answered; past it a call is refused at once (Redis is not keeping up).
 PENDING_COUNT_MAX = 16_384
 # How many WAIT timeouts of silence a call must see before it takes the connection for dead: a
@@ -315,9 +321,7 @@ class RespPipe:
         if isinstance(reply, hiredis.ReplyError):
             failure = NotReplicated(f"WAIT for replicas refused: {reply}")
         elif not isinstance(reply, int) or reply < self.replica_count:
-            failure = NotReplicated(
-                f"the write is on the primary but on {reply} of the {self.replica_count} replicas asked for after "
-                f"{self.timeout_ms_replica_wait} ms: a failover may lose it")
+            failure = NotReplicated.of(reply, self.replica_count, self.timeout_ms_replica_wait)
         for slot in held:
             assert slot.outcome is not _UNSET, "Redis answers in order: every script before its WAIT"
             if slot.outcome is _RESENT:

@@ -379,7 +379,7 @@ class Node:
                 # A machine runs it here: its vote may stand, so the answer is no refusal, late or
                 # not (found by review: UNAVAILABLE, a refusal, told its coordinator this owner
                 # would never vote; the simulator answered it as committing).
-                return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{request.txn} is already committing")
+                return _already_committing(request.txn)
             # Its sender gave up long ago; the status call may since have said "not known".
             self.counters["requests_past_deadline"] += 1
             count = self.counters["requests_past_deadline"]
@@ -398,7 +398,7 @@ class Node:
         if refusal is ExecuteRefusal.NOT_READY or (request.partition not in self.serving and not request.abort):
             return ExecuteResponse(ExecuteStatus.NOT_READY, detail=f"{self.node_id} is recovering {request.partition}")
         if refusal is ExecuteRefusal.COMMITTING:
-            return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{request.txn} is already committing")
+            return _already_committing(request.txn)
         if request.participants:
             problem = carried_prepare_problem(request)
             if problem:
@@ -486,3 +486,9 @@ class Node:
             for name, partition in self.partitions.items():
                 machines = self.core.partitions[name].machines
                 self.counters["executions_idled_out"] += partition.sweep_idle(idle_ms, machines.__contains__)
+
+
+def _already_committing(txn: str) -> ExecuteResponse:
+    """An owner's answer to a request of a transaction its machine runs: ABORTED, which is no
+    refusal (cornus.protocol.owner_answer.refuses): its vote may stand."""
+    return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} is already committing")

@@ -18,6 +18,7 @@ import pytest
 from azure.storage.blob.aio import BlobServiceClient
 
 from storage_adapters import azure_blob
+from storage_adapters.azure_blob import DAY_MS
 from storage_adapters.contract import (
     CLUSTER_RECORD_TXN,
     TOMBSTONE_KEEP_MS_MAX,
@@ -32,7 +33,6 @@ from tests.deploy.test_terraform import MODULES, blocks, resources, unquote
 from tests.storage.conftest import config_for
 
 MODULE = MODULES / "azure"
-DAY_MS = 86_400_000
 # Each side of each whole day a keep may fall on, up to the longest keep there is.
 KEEPS_MS = sorted({1, 60_000, DAY_MS - 1, DAY_MS, DAY_MS + 1, 3 * DAY_MS + 5, 6 * DAY_MS + 1,
                    TOMBSTONE_KEEP_MS_MAX - 1, TOMBSTONE_KEEP_MS_MAX})

@@ -203,6 +203,8 @@ async def test_a_redis_with_fewer_replicas_than_asked_is_refused(services: Servi
 def test_the_replica_count_is_checked(value: str) -> None:
     with pytest.raises(ValidationError, match="redis_durability"):
         StoreConfig(backend="redis", redis_durability=value)
+    with pytest.raises(ValidationError, match="redis_durability must be a string"):  # a TOML number
+        StoreConfig(backend="redis", redis_durability=2)  # type: ignore[arg-type]
     assert StoreConfig(backend="redis", redis_durability="replicas:2").redis_durability == "replicas:2"
 
 
