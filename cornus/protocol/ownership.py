@@ -34,7 +34,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from cornus.protocol.effects import ApplyRedo, DeleteRecord, Log, LogOnce, StorageCall
+from cornus.protocol.effects import ApplyRedo, DeleteRecord, Log, LogOnce, ReadRecord, ScanLog, StorageCall, Timer
 from storage_adapters.contract import IDENTITY_PREFIX, LogKind, Ownership, OwnerWriteResult
 
 # The owner of ownership's calls, for logs and counters; '~' names no partition or node.
@@ -90,6 +90,22 @@ class LostReason(enum.StrEnum):
     FENCED = "fenced"  # storage refused a write of ours
     RELEASED = "released"  # we handed it over
     SHUTDOWN = "shutdown"
+
+
+def without_lease_may(effect: StorageCall | Timer) -> bool:
+    """What a partition's host may still do once its node's lease on the partition has ended but
+    before the node drops the partition (it has not noticed yet: between ownership ticks, or a
+    process that stalled and now runs what piled up meanwhile): read, since a read changes nothing;
+    never write, and never act on a timer, which is the owner's duty, the next owner's now.
+
+    A fenced write would be refused (on Azure, might not be). An unfenced one, termination's
+    LogOnce(ABORT) on another partition's log, is the danger: sent after the lease, it can land
+    after the next owner finished the transaction and collected its records, and create a record
+    saying ABORT beside a COMMIT already returned (DESIGN section 4's collection waits only for the
+    calls made while the lease held). Whoever asks this of a write or a timer drops the host at
+    once: nothing it does without a lease is of use. The node's own hosts (its coordinator, its
+    recovery) hold no lease; their writes wait on the node's identity instead."""
+    return isinstance(effect, ReadRecord | ScanLog)
 
 
 def fenced_partition(call: StorageCall) -> str | None:

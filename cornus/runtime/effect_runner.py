@@ -55,7 +55,7 @@ from cornus.protocol.events import (
     answer,
 )
 from cornus.protocol.messages import DecisionAck
-from cornus.protocol.ownership import fenced_partition
+from cornus.protocol.ownership import fenced_partition, without_lease_may
 from cornus.runtime import identity
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.partition import PartitionRuntime
@@ -227,7 +227,8 @@ class EffectRunner:
     # -- storage ---------------------------------------------------------------------------------
     async def _call(self, call: StorageCall, flight: _Flight) -> None:
         partition = flight.partition
-        unfenced = partition is None and isinstance(call, _UNFENCED_WRITES)
+        # A write storage cannot fence: one the core lets no host without a lease make (below).
+        unfenced = partition is None and not without_lease_may(call)
         # An unfenced write's deadline is fixed before its lease is checked (found by review):
         # fixed after, inside the store, a stall between the two (a stopped process) gave a fresh
         # deadline, and Redis and the emulator, which refuse a write past its deadline, took one
@@ -235,13 +236,10 @@ class EffectRunner:
         # epoch it carries.)
         deadline = self._running_loop().time() + self.store.timeout_ms_call / 1000 if unfenced else None
         if unfenced and not self.may_act(call.owner):
-            # A write storage cannot fence (termination's LogOnce(ABORT) on another partition's
-            # log), by a partition's machine whose lease ended: sent now, it could land after the
-            # new owner finished the transaction and its records were collected, and re-create
-            # one saying ABORT beside a returned COMMIT (DESIGN section 4's GC rule counts only
-            # calls made while the lease held). Checked as the call leaves, in its own task: not
-            # in the middle of the effect list that issued it, where dropping the partition would
-            # pull it from under the effects after this one.
+            # A partition's machine whose lease ended (ownership.without_lease_may says why it
+            # must not write). Checked as the call leaves, in its own task: not in the middle of
+            # the effect list that issued it, where dropping the partition would pull it from
+            # under the effects after this one (the simulator does the same).
             self.counters["writes_skipped_not_held"] += 1
             return
         if unfenced and self.acts_for_node(call.owner):
@@ -376,10 +374,10 @@ class EffectRunner:
         self._timers.pop(timer, None)
         if self.stopped:
             return
-        if not self.may_act(timer.owner):
+        if not without_lease_may(timer) and not self.may_act(timer.owner):
             # The node stalled past its lease and runs its expired timers before the ownership
             # tick that drops the partition: its machines must not act on it any more (asking
-            # drops it now, and with it every other timer of its machines).
+            # drops it now, and with it every other timer of its machines; the core's rule).
             self.counters["timers_dropped_not_held"] += 1
             return
         self.feed(TimerFired(timer))
@@ -461,9 +459,6 @@ _UNOWNED = _Flight("", None)  # a task of no host's (no cancel_owned names "")
 
 # Writes storage cannot fence when a partition's machine makes them on another log (paper: anyone
 # may terminate). ApplyRedo is always to the host's own partition, so always fenced.
-_UNFENCED_WRITES = (LogOnce, Log, DeleteRecord)
-
-
 def _is_vote_write(call: Effect) -> bool:
     """A participant logging its own yes vote (the failpoints around it name that moment)."""
     return (

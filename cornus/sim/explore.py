@@ -85,6 +85,9 @@ def _explore_share(args: tuple[str, int, int, bool]) -> tuple[int, Failures, dic
         faults["small_scan_pages"] += schedule.scan_page_max < 500
         faults["moves"] += len(schedule.moves)
         faults["move_gaps"] += sum(move.gap_ms > 0 for move in schedule.moves)
+        faults["move_lapses"] += sum(move.lapse_ms > 0 for move in schedule.moves)
+        faults["writes_skipped_not_held"] += world.outcome.writes_skipped_not_held
+        faults["timers_dropped_not_held"] += world.outcome.timers_dropped_not_held
         faults["twins"] += len(schedule.twins)
         faults["fenced_writes"] += world.outcome.fenced_writes
         faults["deposed"] += world.outcome.deposed

@@ -36,6 +36,9 @@ TWIN_CUT_END_MS_MAX = 2_000
 LATE_WINDOW_MS_MIN = 2_000
 # How far a node's clock may run ahead of storage's: the world's clock slack (CLOCK_SLACK_MS).
 CLOCK_OFFSET_MS_MAX = 20
+# The longest a Move's old owner goes on before it notices its lease ended: past a grace and a
+# tombstone's keep here, so that what a host does without a lease can land after collection.
+LAPSE_MS_MAX = 4_000
 KEYS_PER_PARTITION = 2
 PARTITION_COUNT_MAX = 8
 COORDINATORS = ("c0", "c1")
@@ -96,12 +99,22 @@ class Move:
     owner stops serving when its lease runs out by its own clock and the next one takes it only
     after the lease and the clock slack: `to` takes it `gap_ms` after the old owner dropped it (or
     once it is up and recovered, if it is not then), and until then messages to the partition are
-    lost, requests to it refused or unanswered, and no status answer reads its records."""
+    lost, requests to it refused or unanswered, and no status answer reads its records. With
+    `lapse_ms`, the old owner notices that its lease ended only that much later (a process that
+    stalled, or between its ownership ticks): until then its host of the partition hears its
+    calls' answers, which the world holds and feeds it when it notices, as a process back from a
+    stall runs the I/O that piled up; it may then do only what a host without a lease may
+    (cornus.protocol.ownership.without_lease_may), and drops the partition. With `after`, the
+    move waits (up to when faults end) for the worst moment: "scan", while the owner's recovery
+    of the partition has a scan out (whose answer the lapse then holds); "vote", until the
+    partition's log holds a yes vote of a transaction not decided there."""
 
     partition: str
     to: str
     at_ms: int
     gap_ms: int = 0
+    lapse_ms: int = 0
+    after: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +250,7 @@ class Schedule:
         for move in sorted(self.moves, key=lambda move: move.at_ms):
             assert move.partition in self.partitions and move.to in nodes, move
             assert move.at_ms >= 0 and move.gap_ms >= 0 and move.at_ms + move.gap_ms <= FAULTS_END_MS, move
+            assert 0 <= move.lapse_ms <= LAPSE_MS_MAX and move.after in ("", "scan", "vote"), move
             # A lease nobody holds cannot lapse: a partition's next move comes after its gap.
             assert move.at_ms >= taken_ms.get(move.partition, 0), f"{move} within the gap of the one before"
             taken_ms[move.partition] = move.at_ms + move.gap_ms
@@ -386,6 +400,24 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
             moves += (Move(partition, node_of(partition), again_ms, gap_ms),)
         elif (seed >> 12) % 3 == 1:
             moves += (Move(partition, to, again_ms, gap_ms),)
+        # Half of them give a move a lapse (Move.lapse_ms, from a hash of the seed as the gap). In
+        # half of those the first move comes once a yes vote is in the partition's log, and the
+        # second once the first move's new owner scans that log in its recovery: what a lapse can
+        # hurt is that scan's answer, heard without a lease, from which recovery starts
+        # terminations that write other partitions' logs.
+        lapse_draw = zlib.crc32(f"{seed}/lapse".encode())
+        if lapse_draw >> 31:
+            lapse_ms = 1 + lapse_draw % LAPSE_MS_MAX
+            soon_ms = at_ms + 2 * gap_ms + 1
+            if len(moves) == 2 and (lapse_draw >> 30) & 1 and soon_ms <= FAULTS_END_MS:
+                second = Move(partition, moves[1].to, soon_ms - gap_ms, gap_ms, lapse_ms, after="scan")
+                moves = (dataclasses.replace(moves[0], after="vote"), second)
+                # Votes on the partition in flight at the first move: the records that scan finds.
+                writers = [plan for plan in txns if partition in (p for p, _ in plan.writes)]
+                txns += [dataclasses.replace(plan, start_ms=max(0, at_ms - 10 - 20 * number))
+                         for number in range(6) for plan in writers[:1]]
+            else:
+                moves = (dataclasses.replace(moves[0], lapse_ms=lapse_ms), *moves[1:])
         on_it = [plan for plan in txns if partition in (p for p, _ in (*plan.writes, *plan.reads))]
         if gap_ms and on_it:
             # What a gap can hurt: a transaction whose only records are on the partition nobody

@@ -11,6 +11,7 @@ hooks)."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import random
@@ -64,6 +65,7 @@ from cornus.protocol.events import (
     IdentityChecked,
     IdentityTaken,
     MessageReceived,
+    ScanReturned,
     StorageUnreachable,
     TimerFired,
     answer,
@@ -75,7 +77,7 @@ from cornus.protocol.locks import Grant, LockMode, Policy, Waiter
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
 from cornus.protocol.owner_answer import ExecuteStatus, refuses
-from cornus.protocol.ownership import fenced_partition
+from cornus.protocol.ownership import fenced_partition, without_lease_may
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.participant_blocking import CoordinatorLogParticipant
 from cornus.protocol.resolve import Resolver
@@ -143,8 +145,8 @@ SHORT_SCAN_PROBABILITY = 0.5
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
     _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
     _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _IDENTITY_ARRIVE, _WATCH, _WATCH_LANDS, _WATCHED, _STATUS, _STATUS_ANSWER,
-    _TAKE, _CONFIRM, _RESEND,
-) = range(31)
+    _TAKE, _CONFIRM, _RESEND, _LAPSE_END,
+) = range(32)
 
 
 _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
@@ -234,6 +236,12 @@ class Node:
     identity_left_ms: int = 0
     identity_confirmed_ms: int | None = None
     identity_taken_ms: int | None = None  # by the node's clock, when the take's answer came
+    # The partitions whose lease ended here while their hosts still run (a Move's `lapse_ms`: the
+    # node has not noticed): the answers their calls got meanwhile, held for when it notices.
+    lapsed: dict[str, list[tuple[Event, frozenset[tuple[int, int]]]]] = field(default_factory=dict)
+    # Per partition, the scans of its recovery out now (their answers not heard yet): what a
+    # Move's `after_scan` waits for.
+    scans_out: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def reset_memory(self, policy: Policy) -> None:
         self.timers.clear()
@@ -273,6 +281,9 @@ class Outcome:
     lock_waits: int = 0  # one-shot requests that waited for a lock
     stale_answers: int = 0  # answers to calls of a partition's earlier tenure on the same node, dropped
     fenced_writes: int = 0  # writes of a partition's old owner that storage refused after a move
+    # A lapsed host's (Node.lapsed) writes not sent and timers not acted on: the lease gate at work.
+    writes_skipped_not_held: int = 0
+    timers_dropped_not_held: int = 0
     deposed: int = 0  # processes stopped because a later process of their node took its identity
     # Writes for the node itself that its identity window let through (no read first) while a
     # later process held the identity (World._call).
@@ -514,6 +525,14 @@ class World:
                 if tenure != self._tenure(node, event.host):
                     self.outcome.stale_answers += 1
                     return
+                if isinstance(event, ScanReturned) and node.core is not None:
+                    scanned = node.core.partition_of(event.host)
+                    if scanned is not None:
+                        node.scans_out[scanned] -= 1
+                held = self._lapsed(node, event.host)
+                if held is not None:
+                    held.append((event, path))
+                    return
                 if ((isinstance(event, IdentityChecked) and event.held is True)
                         or (isinstance(event, IdentityTaken) and isinstance(event.epoch, int))):
                     # Heard by the process: only now may it count on it (the runtime's await).
@@ -526,6 +545,11 @@ class World:
             node = self.process(name, incarnation)
             if node is not None and node.timers.get(timer) == generation:
                 del node.timers[timer]
+                if self._lapsed(node, timer.owner) is not None and not without_lease_may(timer):
+                    # Not acted on: the runtime drops the partition when such a timer fires. Its
+                    # host here still hears its answers until the lapse ends.
+                    self.outcome.timers_dropped_not_held += 1
+                    return
                 self._feed(node, TimerFired(timer), path)
         elif kind in _EXECUTION_STEPS:
             # The core's execution state asserts its invariants, as the machines do (_feed).
@@ -537,6 +561,8 @@ class World:
             self._move(data)
         elif kind == _TAKE:
             self._take(data)
+        elif kind == _LAPSE_END:
+            self._lapse_ends(*data)
         elif kind == _TWIN:
             self._twin(data)
         elif kind == _TWIN_END:
@@ -691,7 +717,7 @@ class World:
         it, and the core's admission rule (NodeCore.execute_refusal, the runtime's too) allows.
         None (nobody holds the partition): the runtime's coordinator refuses it ("no node holds")."""
         return (node is not None and node.alive and node.core is not None and partition in node.core.partitions
-                and node.core.execute_refusal(partition, txn, abort=abort) is None)
+                and partition not in node.lapsed and node.core.execute_refusal(partition, txn, abort=abort) is None)
 
     def _begin_execution(self, node: Node, partition: str, txn: str) -> Execution[int] | None:
         """The core's execution of `txn` on `partition` (None if refused), with its idle timeout."""
@@ -754,6 +780,10 @@ class World:
             # Sent over a connection to a process that is gone: lost with it. A node that dropped
             # the partition since refuses it below (it hosts it no more).
             self._answer_execute(txn, partition, incarnation, None)
+            return
+        if partition in node.lapsed:
+            # The runtime asks the lease first and drops what ran out (Node.on_request).
+            self._answer_execute(txn, partition, incarnation, "the partition was lost")
             return
         if not self._serves(node, partition, txn):
             committing = (node.core is not None and partition in node.core.partitions
@@ -1037,6 +1067,10 @@ class World:
         node.alive = False
         node.incarnation += 1
         node.core = None
+        for partition in node.lapsed:
+            node.epochs.pop(partition, None)  # a lease that lapsed is not taken again on restart
+        node.lapsed.clear()
+        node.scans_out.clear()
         node.reset_memory(self.lock_policy)
         restart_at = self.now_ms + max(1, down_ms)
         # Every node is back when faults end, so liveness can be judged from then on.
@@ -1376,6 +1410,15 @@ class World:
         lost). A slow one answers "unreachable" at the deadline and may land up to the slack later.
         A partition's write to its own log or data carries the epoch of its owner's tenure."""
         process = self.process(owner, incarnation) if owner in self.nodes else None
+        if process is not None and self._lapsed(process, call.owner) is not None and not without_lease_may(call):
+            # The lease gate (the runtime's EffectRunner._call): not sent. The runtime drops the
+            # partition at once then; here the host hears what its lapse held first, and then goes.
+            self.outcome.writes_skipped_not_held += 1
+            return
+        if process is not None and isinstance(call, ScanLog) and process.core is not None:
+            scanning = process.core.partition_of(call.owner)
+            if scanning is not None:
+                process.scans_out[scanning] += 1
         fenced = fenced_partition(call) if process is not None else None
         epoch = process.epochs[fenced] if process is not None and fenced is not None else 0
         tenure = self._tenure(process, call.owner) if process is not None else 0
@@ -1573,24 +1616,25 @@ class World:
     # -- partition moves -------------------------------------------------------------------------------
     def _move(self, move: Move) -> None:
         """The partition's owner lost its lease: it drops the partition (its machines, timers and
-        executions; calls in flight still land, fenced ones refused once it is taken), and the
-        node `move.to` takes it (`_take`) at once or, after a gap, `move.gap_ms` later."""
+        executions; calls in flight still land, fenced ones refused once it is taken), at once or,
+        with `move.lapse_ms`, once it notices (`_lapse_ends`), and the node `move.to` takes it
+        (`_take`) at once or, after a gap, `move.gap_ms` later."""
         old, new = self.owner_of(move.partition), self.nodes[move.to]
         if old is None:
             return  # nobody holds it (the gap of an earlier move, its take held up): no lease to lapse
+        if move.after and self.now_ms + 1 + move.gap_ms <= FAULTS_END_MS and not self._worst_moment(move, old):
+            self._push(self.now_ms + 1, _MOVE, move)
+            return
         if not move.gap_ms and not new.ready:
             return  # a node that is down or recovering takes nothing
         partition = move.partition
         old.partitions = tuple(p for p in old.partitions if p != partition)
-        old.tables.pop(partition, None)
-        old.epochs.pop(partition, None)
-        old.tenures[partition] = old.tenures.get(partition, 0) + 1
         self._unpark(lambda k: k[0] == old.name and k[2] == partition, "the partition was lost")
-        if old.alive and old.core is not None:
-            old.core.drop_partition(partition)
-            # The runtime cancels the timers of a dropped host's machines and of its recovery.
-            for timer in [t for t in old.timers if t.owner in (partition, recovery_owner(partition))]:
-                del old.timers[timer]
+        if move.lapse_ms and old.alive and old.core is not None:
+            old.lapsed[partition] = []
+            self._push(self.now_ms + move.lapse_ms, _LAPSE_END, (old.name, old.incarnation, partition))
+        else:
+            self._drop(old, partition)
         if move.gap_ms:
             if self.trace is not None:
                 self.trace.append(f"{self.now_ms:6d} DROP {partition} by {old.name}: nobody holds it for "
@@ -1600,6 +1644,54 @@ class World:
             return
         self._take(move, old.name)
 
+    def _worst_moment(self, move: Move, old: Node) -> bool:
+        """Whether now is the moment a Move's `after` waits for."""
+        if move.after == "vote":
+            page = self.storage.scan_unfinished(LogId.partition(move.partition), "", len(self.txns) + 1)
+            return any(record.state is TxnState.VOTE_YES for record in page.records)
+        # A moment while a scan is out, any one: the last page's answer is what finishes the
+        # recovery (not drawn from `rng`, whose draws the rest of the run keeps).
+        assert move.after == "scan", move
+        moment = zlib.crc32(f"{self.schedule.seed}/{self.now_ms}".encode())
+        return bool(old.scans_out[move.partition]) and moment % 3 == 0
+
+    def _drop(self, node: Node, partition: str) -> None:
+        """`node` drops `partition`'s host: its machines, timers and executions go; answers to its
+        calls still in flight are dropped (`_tenure`)."""
+        node.tables.pop(partition, None)
+        node.epochs.pop(partition, None)
+        node.lapsed.pop(partition, None)
+        node.scans_out.pop(partition, None)
+        node.tenures[partition] = node.tenures.get(partition, 0) + 1
+        if node.alive and node.core is not None:
+            node.core.drop_partition(partition)
+            # The runtime cancels the timers of a dropped host's machines and of its recovery.
+            for timer in [t for t in node.timers if t.owner in (partition, recovery_owner(partition))]:
+                del node.timers[timer]
+
+    def _lapsed(self, node: Node, host: str) -> list[tuple[Event, frozenset[tuple[int, int]]]] | None:
+        """The answers held for `host` if it is the host of a partition whose lease lapsed here."""
+        if not node.lapsed or node.core is None:
+            return None
+        partition = node.core.partition_of(host)
+        return None if partition is None else node.lapsed.get(partition)
+
+    def _lapse_ends(self, name: str, incarnation: int, partition: str) -> None:
+        """The node notices the lease it lost: as a process back from a stall, it first runs what
+        its host heard meanwhile (the runtime's loop runs the I/O that piled up before the
+        ownership tick), which may do only what a host without a lease may; then it drops it."""
+        node = self.process(name, incarnation)
+        if node is None or partition not in node.lapsed:
+            return
+        if self.trace is not None:
+            self.trace.append(f"{self.now_ms:6d} {name:>3} notices its lease on {partition} ended")
+        held = node.lapsed[partition]
+        while held and node.alive and node.incarnation == incarnation:
+            event, path = held.pop(0)
+            self._feed(node, event, path)
+        if node.alive and node.incarnation == incarnation:
+            self._drop(node, partition)
+
     def _take(self, move: Move, old: str = "nobody") -> None:
         """The node `move.to` takes the partition in a higher epoch, so that storage refuses its
         old owner's fenced writes from now on, and recovers its log before serving it; one that is
@@ -1608,6 +1700,12 @@ class World:
         if not new.ready:
             self._push(self.now_ms + TAKE_RETRY_MS, _TAKE, move)
             return
+        if partition in new.lapsed:
+            # Its lease lapsed here and it takes the partition again: it noticed the lapse first.
+            self._lapse_ends(new.name, new.incarnation, partition)
+            if not new.ready:
+                self._push(self.now_ms + TAKE_RETRY_MS, _TAKE, move)
+                return
         self.epoch[partition] += 1
         self.owner[partition] = new.name
         new.partitions = (*new.partitions, partition)

@@ -29,7 +29,7 @@ from cornus.sim import explore as explore_module
 from cornus.sim import redo as sim_redo
 from cornus.sim import world as sim_world
 from cornus.sim.explore import explore, run_schedule
-from cornus.sim.schedule import FAULTS_END_MS, LATE_WINDOW_MS_MIN, Outage, Schedule, TxnPlan
+from cornus.sim.schedule import FAULTS_END_MS, LATE_WINDOW_MS_MIN, Outage, Schedule, TxnPlan, random_schedule
 from storage_adapters.contract import LogId, Record, RecordBody, ScanPage, TxnState
 
 # Schedules each old rule gets before the test gives up on the simulator (found in far fewer).
@@ -603,3 +603,20 @@ def test_a_client_chosen_id_run_again_where_it_ended(monkeypatch: pytest.MonkeyP
     count, failures = explore(Protocol.TWO_PC, 200, seed=6, report_max=1, twins=True)
     assert failures, f"the simulator ran {count} schedules and did not find the old bug"
     assert any("VOTE_YES) over" in v for v in failures[0][1]), failures[0][1]
+
+
+def test_a_host_whose_lease_ended_that_writes_before_its_node_notices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by audit (2026-11-27): the lease gate in front of a partition's writes lived only in
+    the runtime (EffectRunner._call), and the simulator dropped a host the instant its lease ended,
+    so "lease over, host not dropped yet" was never explored. Now the world lets a Move's old owner
+    notice late (Move.lapse_ms: a stalled process), and both ask the core's rule
+    (ownership.without_lease_may). Without it, a recovery whose scan answer the stall held starts
+    a termination after the stall, and its LogOnce(ABORT) re-creates a record collected meanwhile
+    beside a COMMIT. (Seed 7: found at schedule 2,476 of the explorer's stream; only the schedules
+    with a lapse are run here.)"""
+    rng = random.Random(7)
+    lapsing = [s for s in (random_schedule(rng, Protocol.CORNUS) for _ in range(2_500))
+               if any(move.lapse_ms for move in s.moves)]
+    monkeypatch.setattr(sim_world, "without_lease_may", lambda effect: True)
+    violations = _first_found(monkeypatch, lapsing)
+    assert any("recreated as ABORT after garbage collection" in v for v in violations), violations
