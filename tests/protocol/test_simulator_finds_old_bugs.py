@@ -367,13 +367,16 @@ def _crash_once_after_its_vote(name: str) -> sim_world.EffectHook:
 def test_a_vacancy_watch_that_takes_a_live_holder_for_gone(monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by review: the first vacancy watch counted an unchanged record up to its read's answer
     (up to a deadline after storage served it) and waited 3 ticks + 1 deadline + the slack, which
-    renewals that all land in time can exceed. Schedule.slow_identity reaches that regime."""
+    renewals that all land in time can exceed. Schedule.slow_identity reaches that regime. (Seed
+    2000: found at schedule 396, a read of a record that had stood 99 ms of a 101 ms wait. Seed 2,
+    used before, found only a false alarm of the world's, since mended: test_twins.py,
+    HOLDER_BACK_AFTER_THE_READ.)"""
     monkeypatch.setattr(ProtocolConfig, "identity_vacant_ms", property(
         lambda config: 3 * config.identity_check_ms + config.storage_deadline_ms + config.clock_slack_ms))
     observed = identity_watch.VacancyWatch.observed
     monkeypatch.setattr(identity_watch.VacancyWatch, "observed",
                         lambda watch, sent_ms, answered_ms, record: observed(watch, answered_ms, answered_ms, record))
-    count, failures = explore(None, SCHEDULE_COUNT_MAX, seed=2, report_max=1, twins=True)
+    count, failures = explore(None, SCHEDULE_COUNT_MAX, seed=2000, report_max=1, twins=True)
     assert failures, f"the simulator ran {count} schedules and did not find the old watch"
     assert any("took its identity for vacant" in v for v in failures[0][1]), failures[0][1]
 

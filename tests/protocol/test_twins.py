@@ -78,3 +78,48 @@ def test_a_newest_process_deposed_by_an_older_one_comes_back_once_that_one_is_go
     world.run()
     assert not check(world), check(world)
     assert world.outcome.deposed == 1 and world.outcome.vacancy_exits == 1, world.outcome
+
+
+# Found by the explorer (mixed --twins, seed 173, schedule 1,036 of the first share): the second
+# process of c0 holds the identity, renews it until a crash at 349, and its restart takes it again
+# at 457. The first, parked, read the record between the two: unchanged for longer than the wait,
+# so it took it for vacant, rightly, and exited. The world judged that against the holder when
+# the answer came (the restarted process, alive and renewing) and reported a live holder taken for
+# gone: a false alarm, which hid whatever else such schedules would find.
+HOLDER_BACK_AFTER_THE_READ = Schedule(
+    seed=152093445, partition_count=3,
+    txns=(
+        TxnPlan(coordinator="c1", protocol=Protocol.CORNUS, start_ms=0, writes=(("p0", 1), ("p1", 0), ("p2", 0)),
+                reads=(), votes=(True, True, True), one_shot=True),
+        TxnPlan(coordinator="c1", protocol=Protocol.TWO_PC, start_ms=20, writes=(("p0", 0),), reads=(),
+                votes=(True,), one_shot=True),
+        TxnPlan(coordinator="c1", protocol=Protocol.COORDINATOR_LOG, start_ms=285, writes=(("p1", 1),), reads=(),
+                votes=(True,), one_shot=False),
+        TxnPlan(coordinator="c1", protocol=Protocol.TWO_PC, start_ms=172, writes=(("p2", 1),), reads=(("p0", 0),),
+                votes=(True,), one_shot=False),
+        TxnPlan(coordinator="c0", protocol=Protocol.CORNUS, start_ms=0, writes=(("p0", 1), ("p1", 0), ("p2", 0)),
+                reads=(), votes=(True, True, True), one_shot=True),
+        TxnPlan(coordinator="c0", protocol=Protocol.TWO_PC, start_ms=0, writes=(("p0", 0),), reads=(),
+                votes=(True,), one_shot=True),
+        TxnPlan(coordinator="c0", protocol=Protocol.COORDINATOR_LOG, start_ms=25, writes=(("p1", 1),), reads=(),
+                votes=(True,), one_shot=False),
+        TxnPlan(coordinator="c0", protocol=Protocol.TWO_PC, start_ms=11, writes=(("p2", 1),), reads=(("p0", 0),),
+                votes=(True,), one_shot=False),
+    ),
+    loss_probability=0.2, delay_ms_max=2, storage_ms_max=2, ambiguous_probability=0.0,
+    late_call_probability=0.2, late_window_ms=0, duplicate_probability=0.1, late_request_probability=0.0,
+    late_request_ms=0, request_deadlines=True, slow_read_probability=0.0, slow_read_ms=0, think_ms=0,
+    wait_die=False, scan_page_max=500,
+    crashes=(Crash(node="c0", at_ms=349, down_ms=103), Crash(node="n0", at_ms=143, down_ms=302),
+             Crash(node="n2", at_ms=58, down_ms=426)),
+    moves=(), twins=(Twin(node="c0", at_ms=45, overlap_ms=567),),
+    outages=(Outage(logs=("c.c0",), start_ms=20, end_ms=58),), resolves=(), slow_identity=True,
+    clock_offsets_ms=(), rollout=False, short_scans=True,
+)
+
+
+def test_a_watch_that_finds_the_identity_vacant_before_its_holder_restarts_and_takes_it_again() -> None:
+    world = World(HOLDER_BACK_AFTER_THE_READ)
+    world.run()
+    assert not check(world), check(world)
+    assert world.outcome.vacancy_exits == 1, world.outcome
