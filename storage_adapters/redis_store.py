@@ -36,9 +36,14 @@ yet. A call that wrote nothing (a log_once that found a record) waits too, but w
 be another node's write not yet replicated, which its WAIT need not cover (a server may move a
 connection's offset only at that connection's own writes). That node's call is not answered until
 its write is replicated, and every write this node makes after acting on it comes later in the one
-replication stream, so a replica that has this node's next write has the one it read too. Plain
-reads (a status call's) wait for nothing: one may report an outcome whose writer is still waiting
-for its replicas, which a failover at that moment loses.
+replication stream, so a replica that has this node's next write has the one it read too. A read
+of a record (a status call's, a resolve's) is answered only once the replicas have what it read:
+its script bumps a counter in the log's slot (`cxtxn:{<log>}:~read`, read by nobody), which puts
+a write of this connection after everything the read saw in the replication stream, and the WAIT
+after it covers all of that; else a status call could report an outcome (an ABORT) whose writer
+still waited for its replicas, which a failover at that moment loses. Scans (recovery) and data
+reads need no such wait: what recovery does with a record it found is a write, which comes later
+in the stream, and a committed value a failover loses is applied again from its decision.
 """
 
 from __future__ import annotations
@@ -102,6 +107,9 @@ TXN_PREFIX = "cxtxn"
 DATA_PREFIX = "cxdata"
 OWNER_PREFIX = "cxown"
 _UNFINISHED = "~unfinished"
+# The counter a record's read bumps in durability "replicas:N" (the module docstring); `~` keeps it
+# apart from every record.
+_READ_MARK = "~read"
 # The sorted set of the ids of every node that took an identity (see the module docstring).
 IDENTITY_REGISTRY_KEY = f"{OWNER_PREFIX}:{{~identities}}"
 
@@ -226,6 +234,13 @@ if refused then return {results, redis.call('HGETALL', owner_key)} end
 return {results, {}}
 """
 
+# A record's read in durability "replicas:N" (the module docstring says why it writes).
+_READ_REPLICATED = """
+local fields = redis.call('HGETALL', KEYS[1])
+redis.call('INCR', KEYS[2])
+return fields
+"""
+
 # Prepended to every write script: the caller appends its call's deadline (unix ms) to ARGV, and
 # the script refuses to run past it. Redis runs a call whenever it arrives, and one still on the
 # network (or queued behind a slow server) when its caller was told it failed could otherwise land
@@ -288,6 +303,10 @@ _PIPED_CALLS = frozenset({"log_once", "log", "apply_redo", "delete"})
 
 def _tag(log: LogId) -> str:
     return "{" + log.key + "}"
+
+
+def _read_mark_key(log: LogId) -> str:
+    return f"{TXN_PREFIX}:{_tag(log)}:{_READ_MARK}"
 
 
 def _record_key(log: LogId, txn: str) -> str:
@@ -372,6 +391,7 @@ class RedisStore(LogStore):
             source: client.register_script(_DEADLINE + _FENCE + source) for source in (_LOG_ONCE, _LOG, _APPLY_REDO)
         }
         self._delete_many_script = client.register_script(_DEADLINE + _DELETE_MANY)
+        self._read_replicated_script = client.register_script(_DEADLINE + _READ_REPLICATED)
         self._write_owner_script = client.register_script(_WRITE_OWNER)
         # The hot scripts go over one pipelined connection (resp_pipe.py); None: a TLS or Unix
         # socket URL, where they go through redis-py like every other call.
@@ -552,7 +572,11 @@ class RedisStore(LogStore):
         return state
 
     async def _read(self, log: LogId, txn: str) -> Record | None:
-        fields = await self._client.hgetall(_record_key(log, txn))
+        if self._replica_count:
+            flat = await self._script(self._read_replicated_script, [_record_key(log, txn), _read_mark_key(log)], [])
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        else:
+            fields = await self._client.hgetall(_record_key(log, txn))
         return _record_from_hash(log, txn, fields) if fields else None
 
     async def _scan_page(self, log: LogId, limit: int, after: str) -> ScanPage:

@@ -259,3 +259,27 @@ async def test_a_replica_still_syncing_does_not_count(services: Services, tmp_pa
         await client.aclose()
         primary.kill()
         replica.kill()
+
+
+@pytest.mark.parametrize("unix_socket", [False, True], ids=["pipelined", "redis-py"])
+async def test_with_replicas_a_read_answers_only_what_the_replicas_have(
+    services: Services, tmp_path: Path, unix_socket: bool,
+) -> None:
+    """A record another connection wrote that no replica has yet (its writer still waits, or
+    failed) is not read as there: a status call would report an outcome that a failover then
+    loses (an ABORT that vanishes, and the transaction commits). Until 2026-11-27 reads waited
+    for nothing and returned it."""
+    async with replicated(services, tmp_path, unix_socket) as pair:
+        writer = await _open(pair.primary_url, "none")
+        reader = await _open(pair.primary_url, "replicas:1")
+        try:
+            await writer.log_once(LOG, "txn-a", TxnState.VOTE_YES, BODY)
+            await _on_replica(pair, writer, "txn-a")
+            assert (await reader.read(LOG, "txn-a")) is not None  # replicated: read as before
+            pair.link.cutting = True
+            await writer.log_once(LOG, "txn-b", TxnState.ABORT, BODY)  # on the primary only
+            with pytest.raises(StorageUnavailable, match="replica"):
+                await reader.read(LOG, "txn-b")
+        finally:
+            await writer.close()
+            await reader.close()
