@@ -21,11 +21,21 @@ One round, never retried by itself:
 Before its first write, unless forced: a resolve is for a transaction whose coordinator is gone.
 One its coordinator's node still runs (`refusal_while_running`) finishes there by itself, and
 termination would abort it where nothing voted yet: legal, and a surprise to the client whose
-healthy transaction it was (found by review). A resolve that only reads a decision writes nothing,
-and is never refused.
+healthy transaction it was (found by review). So the round asks that node first (`AskCoordinator`,
+answered by `CoordinatorAnswered`; a node that does not answer is taken for gone, which is what a
+resolve is for), and writes only if the window is still open when the answer comes: the question
+takes time, a suspend of the asking machine included. A resolve that only reads a decision writes
+nothing, and is never refused.
+
+The driver's part, the same in the runtime and the simulator: it starts the window when it meets
+the `StartTimer`, on a clock that counts a suspend, and sends a write only before the window ends,
+with that end as the write's deadline (a write held up past it, by a suspend between this machine's
+effect and its sending, could land after the records were collected).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from cornus.protocol import txn_ids
 from cornus.protocol.backoff import Backoff, JitterSource
@@ -34,10 +44,26 @@ from cornus.protocol.effects import Effect, LogOnce, ReadRecord, StartTimer, Tim
 from cornus.protocol.events import Event, LogReturned, RecordRead, StorageUnreachable, TimerFired
 from cornus.protocol.status import Known
 from cornus.protocol.termination import Termination, decision_among
-from storage_adapters.contract import LogId, LogKind, Record, TxnState
+from storage_adapters.contract import LogId, LogKind, Record, RecordBody, TxnState
 
 # The owner of a resolve's storage calls. '~' cannot appear in a partition or node id.
 RESOLVE = "~resolve"
+
+
+@dataclass(frozen=True, slots=True)
+class AskCoordinator:
+    """Ask the node of `coordinator` what it runs of `txn`, from its memory alone (it must not wait
+    on its storage to answer); answered by CoordinatorAnswered within the peer request deadline,
+    NOTHING if it does not answer."""
+
+    txn: str
+    coordinator: str
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorAnswered:
+    txn: str
+    known: Known
 
 
 def refusal_while_running(txn: str, coordinator: str, known: Known) -> str | None:
@@ -55,20 +81,24 @@ def refusal_while_running(txn: str, coordinator: str, known: Known) -> str | Non
 
 
 class Resolver:
-    def __init__(self, txn: str, partitions: tuple[str, ...], config: ProtocolConfig, jitter: JitterSource) -> None:
+    def __init__(self, txn: str, partitions: tuple[str, ...], config: ProtocolConfig, jitter: JitterSource, *,
+                 force: bool = False) -> None:
         assert partitions, "resolve needs the partitions to look in"
         self.txn = txn
         self.protocol = txn_ids.protocol_of(txn)
         self.partitions = partitions
+        self.force = force
         self.outcome: TxnState | None = None
         self.detail = ""
         self.done = False
+        self.refusal: str | None = None  # why it wrote nothing: its coordinator runs it (not forced)
         self.wrote = False  # whether this resolve logged anything (Cornus termination)
         self._backoff = Backoff(config.backoff_ms_min, config.backoff_ms_max, jitter)
         self._reads_waiting: set[ReadRecord] = set()
         self._found: list[Record] = []
         self._unreachable: list[str] = []
         self._termination: Termination | None = None
+        self._asked: RecordBody | None = None  # the body termination will carry, while the question is out
         self._window_ms = config.gc_grace_ms - config.storage_deadline_ms - config.clock_slack_ms
         assert self._window_ms >= config.storage_deadline_ms, "the grace leaves no time to read, then write"
         self._window_open = True
@@ -78,6 +108,11 @@ class Resolver:
         """Whether any partition's log held a record of the transaction."""
         return bool(self._found)
 
+    @property
+    def window_ms(self) -> int:
+        """How long after its start the round may still send a write (the driver's part above)."""
+        return self._window_ms
+
     def start(self) -> list[Effect]:
         if self.protocol is None:
             return self._finish(None, "the id names no protocol, so no rule can decide it")
@@ -85,12 +120,14 @@ class Resolver:
         self._reads_waiting = set(reads)
         return [StartTimer(Timer(RESOLVE, self.txn, "window"), self._window_ms), *reads]
 
-    def handle(self, event: Event) -> list[Effect]:
+    def handle(self, event: Event | CoordinatorAnswered) -> list[Effect | AskCoordinator]:
         assert not self.done, f"{type(event).__name__} after the resolve finished"
         if isinstance(event, TimerFired):
             assert event.timer.kind == "window", event.timer
             self._window_open = False
             return []
+        if isinstance(event, CoordinatorAnswered):
+            return self._on_answer(event)
         if isinstance(event, RecordRead):
             return self._on_read(event)
         assert isinstance(event, LogReturned) and self._termination is not None, type(event).__name__
@@ -103,7 +140,26 @@ class Resolver:
             return self._finish(None, "in doubt: storage did not answer for every participant; try again")
         return []
 
-    def _on_read(self, event: RecordRead) -> list[Effect]:
+    def _on_answer(self, event: CoordinatorAnswered) -> list[Effect | AskCoordinator]:
+        body = self._asked
+        assert body is not None and event.txn == self.txn, f"an answer to no question of {self.txn}: {event}"
+        self._asked = None
+        refusal = refusal_while_running(self.txn, txn_ids.coordinator_of(self.txn), event.known)
+        if refusal is not None:
+            self.refusal = refusal
+            return self._finish(None, refusal)
+        if not self._window_open:
+            return self._finish(None, "in doubt: the window to write closed while the coordinator was asked; try again")
+        return self._terminate(body)
+
+    def _terminate(self, body: RecordBody) -> list[Effect | AskCoordinator]:
+        self.wrote = True
+        logs = tuple(LogId.partition(p) for p in body.participants)
+        timer = Timer(RESOLVE, self.txn, "termination")  # never started: one round only
+        self._termination = Termination(RESOLVE, self.txn, logs, body, backoff=self._backoff, timer=timer)
+        return list(self._termination.start())
+
+    def _on_read(self, event: RecordRead) -> list[Effect | AskCoordinator]:
         self._reads_waiting.remove(event.call)
         if isinstance(event.result, StorageUnreachable):
             self._unreachable.append(event.call.log.key)
@@ -129,18 +185,17 @@ class Resolver:
         if self.protocol is Protocol.CORNUS:
             if not self._window_open:
                 return self._finish(None, "in doubt: the reads took too long to write safely now; try again")
-            self.wrote = True
-            logs = tuple(LogId.partition(p) for p in body.participants)
-            timer = Timer(RESOLVE, self.txn, "termination")  # never started: one round only
-            self._termination = Termination(RESOLVE, self.txn, logs, body, backoff=self._backoff, timer=timer)
-            return self._termination.start()
+            if self.force:
+                return self._terminate(body)
+            self._asked = body
+            return [AskCoordinator(self.txn, txn_ids.coordinator_of(self.txn))]
         if not body.coordinator:
             return self._finish(None, "in doubt: the records name no coordinator")
         read = ReadRecord(RESOLVE, LogId.coordinator(body.coordinator), self.txn)
         self._reads_waiting = {read}
         return [read]
 
-    def _finish(self, outcome: TxnState | None, detail: str) -> list[Effect]:
+    def _finish(self, outcome: TxnState | None, detail: str) -> list[Effect | AskCoordinator]:
         self.outcome, self.detail, self.done = outcome, detail, True
         return []
 

@@ -6,17 +6,16 @@ owns which partition (the ownership records in storage)."""
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cornus.protocol import txn_ids
-from cornus.protocol.effects import Effect, LogOnce, ReadRecord, StartTimer, Timer
+from cornus.protocol.effects import LogOnce, ReadRecord, StartTimer, Timer
 from cornus.protocol.events import Event, StorageUnreachable, TimerFired, answer
 from cornus.protocol.node_core import NodeCore
-from cornus.protocol.resolve import Resolver, refusal_while_running
+from cornus.protocol.resolve import AskCoordinator, CoordinatorAnswered, Resolver
 from cornus.protocol.status import Known, NodeAnswer, kept_window_ms, node_knows, requests_window_ms, verdict
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination
@@ -273,20 +272,18 @@ class Admin:
         if txn_ids.protocol_of(txn) is None:
             raise ValidationError(f"{txn!r} names no protocol (the ids this cluster makes end in their protocol's "
                                   f"tag: {', '.join(sorted(txn_ids.PROTOCOL_TAGS.values()))}): nothing to resolve")
-        asked = force
         pc = self.config.protocol_config
-        resolver = Resolver(txn, self.config.partitions, pc, random.Random())
-        # The write window runs on the lease clock, which counts a suspend of the machine (found
-        # by review: on the event loop's clock, which stops then, a resolve suspended between its
+        resolver = Resolver(txn, self.config.partitions, pc, random.Random(), force=force)
+        # The window runs on the lease clock, which counts a suspend of the machine (found by
+        # review: on the event loop's clock, which stops then, a resolve suspended between its
         # reads and its writes wrote after the window, when the records could have been collected).
-        window: tuple[Timer, int, int] | None = None  # the timer, its start and length (ms)
-        # The writes' deadline, the window's end in the loop's clock, fixed when the window is
-        # checked (found by review: fixed inside the store, a stall between the check and the
-        # writes gave them fresh deadlines past the window; Redis and the emulator now refuse them).
-        writes_deadline: float | None = None
+        window: tuple[Timer, int] | None = None  # the timer, and its end (ms, lease clock)
         limit = asyncio.Semaphore(RESOLVE_CALLS_IN_FLIGHT_MAX)
 
-        async def call(effect: LogOnce | ReadRecord) -> Event:
+        async def call(effect: LogOnce | ReadRecord | AskCoordinator,
+                       writes_deadline: float | None) -> Event | CoordinatorAnswered:
+            if isinstance(effect, AskCoordinator):
+                return CoordinatorAnswered(txn, (await self._coordinator_knows(txn))[1])
             async with limit:
                 try:
                     if isinstance(effect, ReadRecord):
@@ -297,43 +294,38 @@ class Admin:
                 except StorageUnavailable as error:
                     return answer(effect, StorageUnreachable(str(error)))
 
-        effects: list[Effect] = resolver.start()
+        effects = resolver.start()
         while not resolver.done:
-            calls: list[LogOnce | ReadRecord] = []
+            calls: list[LogOnce | ReadRecord | AskCoordinator] = []
             for effect in effects:
                 if isinstance(effect, StartTimer):
-                    window = (effect.timer, now_ms(), effect.duration_ms)
+                    window = (effect.timer, now_ms() + effect.duration_ms)
                 else:
-                    assert isinstance(effect, LogOnce | ReadRecord), effect
+                    assert isinstance(effect, LogOnce | ReadRecord | AskCoordinator), effect
                     calls.append(effect)
-            if not asked and any(isinstance(c, LogOnce) for c in calls):
-                asked = True
-                refusal = refusal_while_running(txn, *await self._coordinator_knows(txn))
-                if refusal is not None:
-                    raise TxnWrongState(refusal)
-                # The question took time, on the lease clock too (a suspend stops the loop's
-                # clock, which the writes' deadline is in: found by review): the window is read
-                # again, and the writes go only while it is open, by its end.
-                assert window is not None, "writes before the window started"
-                left_ms = window[1] + window[2] - now_ms()
+            # The core's driver rule (cornus.protocol.resolve): writes leave only before the
+            # window's end, which is their deadline, fixed here as they leave (found by review:
+            # fixed inside the store, a stall between this check and the writes gave them fresh
+            # deadlines past the window; Redis and the emulator refuse them now).
+            writes_deadline = None
+            if window is not None and any(isinstance(c, LogOnce) for c in calls):
+                left_ms = window[1] - now_ms()
                 if left_ms <= 0:
-                    return Outcome(txn, OutcomeStatus.UNKNOWN, detail="in doubt: the window to write closed while "
-                                                                       "the coordinator was asked; try again")
-                writes_deadline = min(writes_deadline if writes_deadline is not None else math.inf,
-                                      asyncio.get_running_loop().time() + left_ms / 1000)
-            events = await asyncio.gather(*(call(c) for c in calls))
+                    return Outcome(txn, OutcomeStatus.UNKNOWN, detail="in doubt: the window to write closed before "
+                                                                       "the writes left; try again")
+                writes_deadline = asyncio.get_running_loop().time() + left_ms / 1000
+            events = await asyncio.gather(*(call(c, writes_deadline) for c in calls))
             effects = []
-            if window is not None:
-                left_ms = window[1] + window[2] - now_ms()
-                if left_ms <= 0 and not resolver.done:
-                    resolver.handle(TimerFired(window[0]))
-                    window = None  # told once
-                writes_deadline = asyncio.get_running_loop().time() + max(0, left_ms) / 1000
+            if window is not None and window[1] <= now_ms() and not resolver.done:
+                resolver.handle(TimerFired(window[0]))
+                window = None  # told once
             for event in events:
                 if resolver.done:
                     break  # answers a finished round no longer needs
                 effects += resolver.handle(event)
             assert resolver.done or effects, "a resolve round asked for nothing and did not finish"
+        if resolver.refusal is not None:
+            raise TxnWrongState(resolver.refusal)
         detail = f"resolved from storage: {resolver.detail}"
         if resolver.outcome is TxnState.COMMIT:
             return Outcome(txn, OutcomeStatus.COMMITTED, detail=detail)

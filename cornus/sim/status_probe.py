@@ -229,6 +229,18 @@ def held_partitions(node: Node) -> tuple[str, ...]:
     return tuple(p for p in node.partitions if p in node.core.partitions)
 
 
+def memory_knows(world: World, node: Node, txn: str) -> Known:
+    """What `node` tells of `txn` from its memory alone (the runtime's memory-only status answer,
+    Admin._knows, which a resolve asks the coordinator's node before it writes)."""
+    assert node.core is not None
+    machine = node.core.coordinator.machines.get(txn)
+    return status.node_knows(
+        remembered=Known.ACTIVE if world.executing.get(txn) == (node.name, node.incarnation) else Known.NOTHING,
+        coordinating=machine is not None, decision=None if machine is None else machine.decision,
+        participating=_participating(node, txn, held_partitions(node)),
+    )
+
+
 def _participating(node: Node, txn: str, held: tuple[str, ...]) -> bool:
     """Admin._runs_here: whether a partition `node` holds runs `txn` now (a machine, or an
     execution), among those it held when its answer began."""

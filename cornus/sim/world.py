@@ -80,11 +80,12 @@ from cornus.protocol.owner_answer import ExecuteStatus, refuses
 from cornus.protocol.ownership import fenced_partition, without_lease_may
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.participant_blocking import CoordinatorLogParticipant
-from cornus.protocol.resolve import Resolver
+from cornus.protocol.resolve import AskCoordinator, CoordinatorAnswered, Resolver
+from cornus.protocol.status import Known
 from cornus.protocol.txn_ids import PROTOCOL_TAGS, begin_ms_of, protocol_of
 from cornus.sim import redo
 from cornus.sim.schedule import CLOCK_OFFSET_MS_MAX, COORDINATORS, FAULTS_END_MS, Move, Schedule, Twin, TxnPlan, node_of
-from cornus.sim.status_probe import StatusProbe
+from cornus.sim.status_probe import StatusProbe, memory_knows
 from cornus.sim.storage_model import StorageModel, WriteRefused
 from storage_adapters.contract import IDENTITY_PREFIX, LogId, TxnState, identity_name, is_identity
 
@@ -145,8 +146,8 @@ SHORT_SCAN_PROBABILITY = 0.5
     _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
     _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
     _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _IDENTITY_ARRIVE, _WATCH, _WATCH_LANDS, _WATCHED, _STATUS, _STATUS_ANSWER,
-    _TAKE, _CONFIRM, _RESEND, _LAPSE_END,
-) = range(32)
+    _TAKE, _CONFIRM, _RESEND, _LAPSE_END, _ASKED, _RESOLVE_WRITES,
+) = range(34)
 
 
 _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
@@ -283,6 +284,7 @@ class Outcome:
     fenced_writes: int = 0  # writes of a partition's old owner that storage refused after a move
     # A lapsed host's (Node.lapsed) writes not sent and timers not acted on: the lease gate at work.
     writes_skipped_not_held: int = 0
+    resolve_writes_held_past_window: int = 0  # a resolve's writes its driver did not send (suspended)
     timers_dropped_not_held: int = 0
     deposed: int = 0  # processes stopped because a later process of their node took its identity
     # Writes for the node itself that its identity window let through (no read first) while a
@@ -382,6 +384,8 @@ class World:
             for key in outage.logs:
                 self._down_logs.setdefault(key, []).append((outage.start_ms, outage.end_ms))
         self._resolvers: dict[int, Resolver] = {}
+        self._resolve_window_end_ms: dict[int, int] = {}
+        self._resolves_abandoned: set[int] = set()  # rounds whose driver did not send their writes
         # One-shot requests waiting for a lock (the runtime's _wait_for_lock), by (node name,
         # incarnation, partition, txn, key): resumed by the grant a release returns, or refused
         # when the lock table's bounded wait runs out.
@@ -563,6 +567,10 @@ class World:
             self._take(data)
         elif kind == _LAPSE_END:
             self._lapse_ends(*data)
+        elif kind == _ASKED:
+            self._asked(*data)
+        elif kind == _RESOLVE_WRITES:
+            self._resolve_writes(*data)
         elif kind == _TWIN:
             self._twin(data)
         elif kind == _TWIN_END:
@@ -1589,13 +1597,27 @@ class World:
     # -- manual resolve ---------------------------------------------------------------------------
     def _start_resolve(self, index: int) -> None:
         txn = self.txns[self.schedule.resolves[index].txn_index]
-        resolver = Resolver(txn, self.partitions, self.config, random.Random(index))
+        aim = zlib.crc32(f"{self.schedule.seed}/{index}/aim".encode()) % 2 == 0
+        if aim and self.now_ms < FAULTS_END_MS and not self._voted_undecided(txn):
+            # Half the resolves wait for the moment they can write: a yes vote of the transaction
+            # logged and no decision yet (by faults end at latest), when the coordinator may still
+            # run it, and its records may be collected soon after.
+            self._push(self.now_ms + 1, _RESOLVE, index)
+            return
+        # Half the resolves are forced (the operator's --force), from a hash of the seed: the
+        # schedules' draws stay what they were.
+        force = zlib.crc32(f"{self.schedule.seed}/{index}/force".encode()) % 2 == 0
+        resolver = Resolver(txn, self.partitions, self.config, random.Random(index), force=force)
         self._resolvers[index] = resolver
         self._resolver_effects(index, resolver.start())
 
-    def _resolver_step(self, index: int, event: Event) -> None:
+    def _voted_undecided(self, txn: str) -> bool:
+        states = {self.storage.state(LogId.partition(p), txn) for p, _ in self.plans[txn].writes}
+        return TxnState.VOTE_YES in states and not any(state is not None and state.is_decision for state in states)
+
+    def _resolver_step(self, index: int, event: Event | CoordinatorAnswered) -> None:
         resolver = self._resolvers[index]
-        if resolver.done:
+        if resolver.done or index in self._resolves_abandoned:
             return  # the answer to a call the finished round no longer needed
         try:
             effects = resolver.handle(event)
@@ -1604,17 +1626,55 @@ class World:
             return
         self._resolver_effects(index, effects)
 
-    def _resolver_effects(self, index: int, effects: list[Effect]) -> None:
+    def _resolver_effects(self, index: int, effects: list[Effect | AskCoordinator]) -> None:
         resolver = self._resolvers[index]
+        writes: list[LogOnce] = []
         for effect in effects:
             if isinstance(effect, StartTimer):
+                self._resolve_window_end_ms[index] = self.now_ms + effect.duration_ms
                 self._push(self.now_ms + effect.duration_ms, _RETURN,
                            (f"~resolve/{index}", 0, TimerFired(effect.timer), frozenset(), 0))
-                continue
-            assert isinstance(effect, LogOnce | ReadRecord), effect
-            self._call(f"~resolve/{index}", 0, effect, frozenset())
+            elif isinstance(effect, AskCoordinator):
+                # The question reaches the coordinator's node after a message's delay, or, one in
+                # four, about as late as its answer may come (a slow peer, or the asking process
+                # suspended): the window may close meanwhile, which the resolver must notice.
+                late = self.rng.random() < 0.25
+                serve_ms = self.rng.randint(1, TIMEOUT_MS_EXECUTE if late else self.schedule.delay_ms_max)
+                self._push(self.now_ms + serve_ms, _ASKED, (index, effect))
+            elif isinstance(effect, LogOnce):
+                writes.append(effect)
+            else:
+                assert isinstance(effect, ReadRecord), effect
+                self._call(f"~resolve/{index}", 0, effect, frozenset())
+        if writes:
+            # The driver's rule (cornus.protocol.resolve): the writes leave only before the window
+            # ends. One round in four, its process is suspended first, up to a window's length.
+            pause_ms = self.rng.randint(1, resolver.window_ms) if self.rng.random() < 0.25 else 0
+            self._push(self.now_ms + pause_ms, _RESOLVE_WRITES, (index, tuple(writes)))
         if resolver.done:
             self.outcome.resolves.append((resolver.txn, resolver.outcome, resolver.detail))
+
+    def _asked(self, index: int, question: AskCoordinator) -> None:
+        """The coordinator's node answers from its memory, if it is up; NOTHING when it does not
+        answer (the runtime's request deadline)."""
+        node = self.nodes[question.coordinator]
+        if not node.alive or node.core is None or (node.name, node.incarnation) in self.parked:
+            known, answer_ms = Known.NOTHING, TIMEOUT_MS_EXECUTE
+        else:
+            known, answer_ms = memory_knows(self, node, question.txn), self.rng.randint(1, self.schedule.delay_ms_max)
+        self._push(self.now_ms + answer_ms, _RETURN,
+                   (f"~resolve/{index}", 0, CoordinatorAnswered(question.txn, known), frozenset(), 0))
+
+    def _resolve_writes(self, index: int, writes: tuple[LogOnce, ...]) -> None:
+        resolver = self._resolvers[index]
+        if self.now_ms >= self._resolve_window_end_ms[index]:
+            # Not sent: the runtime's driver answers "in doubt" and the round ends.
+            self.outcome.resolve_writes_held_past_window += 1
+            self._resolves_abandoned.add(index)
+            self.outcome.resolves.append((resolver.txn, None, "the window closed before the writes left"))
+            return
+        for write in writes:
+            self._call(f"~resolve/{index}", 0, write, frozenset())
 
     # -- checks made during the run -----------------------------------------------------------------
     # -- partition moves -------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""The manual resolve's machine (cornus.protocol.resolve): before its first write, a resolve that
+is not forced asks the transaction's coordinator's node what it runs, and writes only if that
+node runs nothing of it and the window is still open when the answer comes. Until 2026-11-27
+these rules lived in the runtime's driver (admin.py), where the simulator never ran them."""
+
+from __future__ import annotations
+
+import random
+
+from cornus.protocol.config import ProtocolConfig
+from cornus.protocol.effects import LogOnce, ReadRecord, StartTimer
+from cornus.protocol.events import RecordRead, TimerFired
+from cornus.protocol.resolve import AskCoordinator, CoordinatorAnswered, Resolver
+from cornus.protocol.status import Known
+from storage_adapters.contract import LogId, Record, RecordBody, TxnState
+
+TXN = "1700000000000.c0.n0.7.cornus"
+PARTITIONS = ("p0", "p1")
+BODY = RecordBody(PARTITIONS, "c0", b"")
+
+
+def _voted_in_p0_only(force: bool = False) -> tuple[Resolver, list[object], StartTimer]:
+    """A resolve whose reads found p0's yes vote and nothing in p1: it must write (termination)."""
+    resolver = Resolver(TXN, PARTITIONS, ProtocolConfig(), random.Random(1), force=force)
+    effects = resolver.start()
+    window = next(e for e in effects if isinstance(e, StartTimer))
+    reads = [e for e in effects if isinstance(e, ReadRecord)]
+    out: list[object] = []
+    for read in reads:
+        found = Record(read.log, TXN, TxnState.VOTE_YES, BODY) if read.log.name == "p0" else None
+        out += resolver.handle(RecordRead(read, found))
+    return resolver, out, window
+
+
+def test_a_resolve_asks_the_coordinator_before_it_writes() -> None:
+    resolver, effects, _ = _voted_in_p0_only()
+    assert effects == [AskCoordinator(TXN, "c0")]
+    assert not resolver.done and not resolver.wrote
+
+
+def test_a_resolve_whose_coordinator_runs_the_transaction_writes_nothing() -> None:
+    for known in (Known.ACTIVE, Known.IN_DOUBT):
+        resolver, _, _ = _voted_in_p0_only()
+        assert resolver.handle(CoordinatorAnswered(TXN, known)) == []
+        assert resolver.done and not resolver.wrote and resolver.outcome is None
+        assert resolver.refusal is not None and "running at its coordinator c0" in resolver.refusal
+
+
+def test_a_resolve_whose_coordinator_is_gone_runs_termination() -> None:
+    for known in (Known.NOTHING, Known.ABORTED, Known.COMMITTED):
+        resolver, _, _ = _voted_in_p0_only()
+        writes = resolver.handle(CoordinatorAnswered(TXN, known))
+        assert {(w.log, w.state) for w in writes if isinstance(w, LogOnce)} == {
+            (LogId.partition("p0"), TxnState.ABORT), (LogId.partition("p1"), TxnState.ABORT)}
+        assert resolver.wrote and resolver.refusal is None
+
+
+def test_a_window_that_closed_while_the_coordinator_was_asked_writes_nothing() -> None:
+    """The question takes time (a slow peer, the asking machine suspended): the records may be
+    collected by the time the answer comes, so the round ends in doubt rather than write."""
+    resolver, _, window = _voted_in_p0_only()
+    assert resolver.handle(TimerFired(window.timer)) == []
+    assert resolver.handle(CoordinatorAnswered(TXN, Known.NOTHING)) == []
+    assert resolver.done and not resolver.wrote and "window to write closed" in resolver.detail
+
+
+def test_a_forced_resolve_asks_nobody() -> None:
+    resolver, effects, _ = _voted_in_p0_only(force=True)
+    assert effects and all(isinstance(e, LogOnce) for e in effects)
+    assert resolver.wrote
