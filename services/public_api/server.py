@@ -4,7 +4,10 @@ node has recovered) and server reflection beside it.
 
 Outcomes are response bodies, not error statuses: an aborted transaction is an OK call whose
 outcome is OUTCOME_ABORTED, as REST's body says "aborted". Error statuses mean the call was refused
-and nothing changed: INVALID_ARGUMENT (bad input, the message names it, whether this node or a
+and nothing changed, except DEADLINE_EXCEEDED of a call whose commit had begun, which goes on
+without the caller and may commit: a one-shot names its transaction in the initial metadata
+(`cornus-txn`) before it runs, so the caller can ask Status (public.proto says the same). The
+others: INVALID_ARGUMENT (bad input, the message names it, whether this node or a
 partition's owner refused it: REST's 400), NOT_FOUND (unknown transaction), FAILED_PRECONDITION
 (wrong state, e.g. commit after abort, or another call of it still runs), UNAVAILABLE (node
 recovering or overloaded, storage down; the status call too: REST's 503). The limits are REST's:
@@ -373,7 +376,7 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
             raise
         if call.refused or (deadline_s is not None and time.monotonic() >= deadline_s):
             # Nobody would hear of this commit: the caller was told DEADLINE_EXCEEDED (or, as the
-            # server stopped, UNAVAILABLE) and may retry.
+            # server stopped, UNAVAILABLE) before it began, and may retry.
             return await node.abort(txn)
         call.committing = True  # in the same step as the check: no stop can come in between
         outcome = await node.commit(txn)
