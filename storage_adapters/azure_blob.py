@@ -1234,7 +1234,7 @@ class AzureBlobStore(LogStore):
         the write carries a start past it, which Azure checks by its clock (azure_signing)."""
         validate_owner_write(expected, new)  # a bad call changes nothing, here either
         if expected is not None and expected.owner and (new.owner, new.epoch) != (expected.owner, expected.epoch):
-            passed_unix_s = time.time()
+            passed_unix_s = self._signatures.clock.now_unix_s()  # in the signatures' time: Azure's
             answered = self._signatures.answered_count
             until_unix_s = self._signatures.pass_on(new.partition, expected.epoch)
             # Bounded: no fenced write of the partition is signed after pass_on, so `until` only
@@ -1242,7 +1242,7 @@ class AzureBlobStore(LogStore):
             # unanswered then stays counted, past its expiry by this clock too: the release
             # carries a start after it, for Azure's clock.
             while until_unix_s is not None:
-                left_s = until_unix_s + 1 - time.time()
+                left_s = until_unix_s + 1 - self._signatures.clock.now_unix_s()
                 if left_s <= 0:
                     self._not_before_unix_s[new.partition] = until_unix_s + 1
                     break

@@ -10,9 +10,12 @@ partition and scanned its log (found by review, 2026-11-26; tests/storage/test_a
 
 So every request carries an account shared access signature (SAS) signed for it alone, whose
 expiry (`se`) Azure checks on arrival, with its own clock:
-- every request's expiry is its call's deadline by this node's clock (rounded up to a whole
-  second, a SAS's resolution): what lands at all lands by then, give or take how far this node's
-  clock runs ahead of Azure's;
+- every request's expiry is its call's deadline in Azure's time, at most a second (a SAS's
+  resolution, the clock slack) past it: Azure's time as the Date of the answers this store had
+  bounds it from below (`AzureClock`). Signed by this node's wall clock, as before, a clock running
+  ahead of Azure's kept a request acceptable that much longer, and a node's identity grants no
+  lease a taker waits out: a deposed process's coordinator-log write held on the network landed
+  after the next process had recovered and presumed ABORT (found by audit, 2026-11-27);
 - a fenced write's expiry is at most the end of the lease that the ownership blob it checked can
   still grant: that blob's Last-Modified (when its current version landed, by Azure's clock) plus
   the record's lease_ms. A taker takes only after watching that version unchanged for the lease
@@ -75,6 +78,10 @@ UNANSWERED_COUNT_MAX = 16_384
 # Requests that write nothing: a window's bounds are for writes (a fence check's own read of the
 # ownership blob must never be refused by the start it is about to compute).
 _READS = frozenset({"GET", "HEAD"})
+# How long a bound on Azure's clock (AzureClock) stands before the next answer replaces it: this
+# machine's monotonic clock and Azure's run at rates a few parts per million apart, far less
+# than a Date's second over this time.
+CLOCK_BOUND_KEEP_S = 60.0
 # Where a fenced request's token travels from its signing to its answer (the pipeline context).
 _TOKEN = "cornus_fenced_request"
 # The server's time in an error's message ("...\nRequestId:...\nTime:2026-11-27T06:24:40.0094478Z").
@@ -140,6 +147,34 @@ class _Unanswered:
     expires_unix_s: int
 
 
+class AzureClock:
+    """Azure's time, never later than it is, from the Date of its answers. An answer dated D
+    (whole seconds, truncated; a cached Date lags, which only lowers the bound) was served at or
+    after D by Azure's clock, and at or before it arrived here, by this machine's monotonic clock
+    (which no NTP step moves, and a suspend stops while Azure's runs on: both only lower the
+    bound). So Azure's clock minus the monotonic one is at least D minus that arrival, and the
+    largest such bound of recent answers is the tightest: within a request's time of the truth
+    once a Date's second has begun between two answers, up to a second (and a lagging Date's
+    lag) low before that, when a signature expires early (never late) and a short deadline's
+    first calls after the start may be refused as unavailable. Before any answer, this node's
+    wall clock is all there is."""
+
+    def __init__(self) -> None:
+        self._ahead_s: float | None = None  # Azure's clock minus time.monotonic(), at least
+        self._since_s = 0.0  # monotonic, when that bound was learned
+
+    def observe(self, date_unix_s: float, arrived_monotonic_s: float) -> None:
+        ahead_s = date_unix_s - arrived_monotonic_s
+        if (self._ahead_s is None or ahead_s > self._ahead_s
+                or arrived_monotonic_s - self._since_s > CLOCK_BOUND_KEEP_S):
+            self._ahead_s, self._since_s = ahead_s, arrived_monotonic_s
+
+    def now_unix_s(self) -> float:
+        if self._ahead_s is None:
+            return time.time()
+        return time.monotonic() + self._ahead_s
+
+
 class ExpiringSignatures(SharedKeyCredentialPolicy):
     """The client's credential policy: signs each request with an account SAS of its own expiry,
     instead of a Shared Key header (see the module docstring), and keeps what a release of a
@@ -159,12 +194,13 @@ class ExpiringSignatures(SharedKeyCredentialPolicy):
         # epoch or an earlier one are not sent any more. Passing a partition on waits for what was
         # sent before; this stops what a fence check still in flight would send after.
         self._passed_on: dict[str, int] = {}
+        self.clock = AzureClock()
 
     def pass_on(self, partition: str, epoch: int) -> int | None:
         """Stop signing fenced writes of `partition` at `epoch` or before, and say until when (unix
         seconds, as signed) Azure may still accept one already sent and unanswered (None: none)."""
         self._passed_on[partition] = max(epoch, self._passed_on.get(partition, 0))
-        return self.unanswered_until(partition, time.time())
+        return self.unanswered_until(partition, self.clock.now_unix_s())
 
     def unanswered_until(self, partition: str, since_unix_s: float) -> int | None:
         """Until when (unix seconds, as signed) Azure may still accept a fenced write of
@@ -175,11 +211,13 @@ class ExpiringSignatures(SharedKeyCredentialPolicy):
         return max(expiries, default=None)
 
     def on_request(self, request: Any) -> None:
-        now_unix_s = time.time()
+        now_unix_s = self.clock.now_unix_s()  # Azure's time, or a little earlier
         lifetime_s = self._lifetime_s_max
         deadline = call_deadline_if_set()
         if deadline is not None:
             lifetime_s = min(lifetime_s, max(0.0, deadline - asyncio.get_running_loop().time()))
+        # Rounded up to the SAS's whole second: at most a second past the deadline in Azure's time
+        # (the clock slack), never before it.
         expires_unix_s = math.ceil(now_unix_s + lifetime_s)
         window = _window.get()
         start_unix_s = None
@@ -200,6 +238,10 @@ class ExpiringSignatures(SharedKeyCredentialPolicy):
         request.http_request.url = url + ("&" if "?" in url else "?") + self._signature(expires_unix_s, start_unix_s)
 
     def on_response(self, request: Any, response: Any) -> None:
+        date = response.http_response.headers.get("Date")
+        if date:
+            with contextlib.suppress(TypeError, ValueError):
+                self.clock.observe(email.utils.parsedate_to_datetime(date).timestamp(), time.monotonic())
         # Answered: it landed or was refused, and can land no later. Not a 5xx: Azure's 500
         # OperationTimedOut, say, may still complete the operation.
         token = request.context.get(_TOKEN)

@@ -11,6 +11,7 @@ a proxy that holds the write (tests/storage/servers.py HoldingProxy)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import types
 import uuid
@@ -21,10 +22,11 @@ import pytest
 from azure.core.exceptions import HttpResponseError
 from azure.core.rest import HttpRequest
 
+from cornus.runtime.identity import IDENTITY_LEASE_MS
 from cornus.runtime.node import TIMEOUT_MS_RELEASE
-from storage_adapters import azure_blob
+from storage_adapters import azure_blob, azure_signing
 from storage_adapters.azure_signing import ExpiringSignatures, arrived_expired
-from storage_adapters.contract import LogId, Ownership, RecordBody, TxnState
+from storage_adapters.contract import LogId, Ownership, RecordBody, TxnState, identity_name
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
 from storage_adapters.store import LogStore
@@ -284,9 +286,87 @@ def test_a_fenced_write_answered_with_a_server_error_stays_unanswered() -> None:
         return request
 
     def answer(request: types.SimpleNamespace, status: int) -> None:
-        signatures.on_response(request, types.SimpleNamespace(http_response=types.SimpleNamespace(status_code=status)))
+        response = types.SimpleNamespace(status_code=status, headers={})
+        signatures.on_response(request, types.SimpleNamespace(http_response=response))
 
     failed, landed = fenced_write(now_unix_s + 30), fenced_write(now_unix_s + 60)
     answer(failed, 500)
     answer(landed, 201)
     assert signatures.unanswered_until(PARTITION, time.time()) == now_unix_s + 30
+
+
+# How far ahead of Azure's the node clocks run in the test below: well past any slack.
+CLOCK_AHEAD_S = 120
+WARM_UP_READ_COUNT = 60
+
+
+async def test_a_deposed_process_whose_clock_runs_ahead_never_writes_its_log_after_the_next_process_recovered(
+    services: Services, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by a read-only audit (2026-11-27): a node's identity grants no lease a taker waits
+    out (a new process takes it at once), so what bounded a fenced coordinator-log write of the
+    process it deposed was the write's deadline, signed by that process's clock. A clock running
+    ahead of Azure's kept the write acceptable that much longer: held on the network, a deposed
+    2PC coordinator's COMMIT landed after the next process had waited its recovery's settle and
+    scanned the log, which had presumed ABORT (an orphan COMMIT the next recovery resends). Now a
+    signature's expiry is set in Azure's time, from the Date of the answers this store had."""
+    real_time = time.time
+    monkeypatch.setattr(azure_signing, "time", types.SimpleNamespace(
+        time=lambda: real_time() + CLOCK_AHEAD_S, monotonic=time.monotonic))
+    proxy, through_proxy = await azurite_behind(services.azure_connection_string, _holds_record_puts, HOLD_S)
+    container = f"fence-{uuid.uuid4().hex[:10]}"
+    deposed = await open_store(StoreConfig(backend="azure_blob", azure_connection_string=through_proxy,
+                                           azure_container=container, timeout_ms_call=DEADLINE_MS))
+    successor = await open_store(StoreConfig(backend="azure_blob", azure_container=container,
+                                             azure_connection_string=services.azure_connection_string,
+                                             timeout_ms_call=DEADLINE_MS_CHECKS))
+    log = LogId.coordinator("n1")
+    try:
+        held = Ownership(identity_name("n1"), "n1", epoch=1, version=1, lease_ms=IDENTITY_LEASE_MS)
+        assert (await successor.write_owner(None, held)).written
+        # Answers whose Date the deposed process's store has seen, over a second or more: the bound
+        # on Azure's clock they give is then within one request of it (a Date's second starts
+        # between two of them). Before that, a signature may expire early (never late), and its
+        # request is refused as unavailable: a short deadline's first calls after a start may be.
+        for _ in range(WARM_UP_READ_COUNT):
+            with contextlib.suppress(StorageUnavailable):
+                await deposed.read(log, "warm-up")
+            await asyncio.sleep(0.02)
+        sent_s = time.monotonic()
+        proxy.holding = True
+        with pytest.raises(StorageUnavailable):
+            await deposed.log(log, "t1", TxnState.COMMIT, BODY, held.fence())
+        assert proxy.held_count == 1
+        proxy.holding = False
+        # The next process takes the identity and recovers: its settle covers a deadline and the
+        # slack from its take, then it scans its log and presumes ABORT for what is not there.
+        taken = replace(held, epoch=2, version=2)
+        assert (await successor.write_owner(held, taken)).written
+        await asyncio.sleep(DEADLINE_MS / 1000 + 1.0)
+        assert await successor.scan_unfinished(log) == []
+        await asyncio.sleep(max(0.0, sent_s + HOLD_S + 0.5 - time.monotonic()))
+        assert await successor.read(log, "t1") is None, (
+            "the deposed process's COMMIT landed after the next process recovered and presumed ABORT"
+        )
+    finally:
+        proxy.close()
+        await deposed.close()
+        await successor.delete_container()  # type: ignore[attr-defined]
+        await successor.close()
+
+
+def test_azures_time_is_bounded_from_below_by_the_dates_of_its_answers() -> None:
+    """AzureClock: an answer dated D arrived after Azure's clock passed D, so Azure's time now is
+    at least D plus the monotonic time since; the largest bound wins, a lagging Date lowers none."""
+    clock = azure_signing.AzureClock()
+    before = time.time()
+    assert before <= clock.now_unix_s() <= time.time()  # nothing heard yet: the wall clock
+    arrived_s = time.monotonic()
+    clock.observe(1_000_000.0, arrived_s)
+    assert 1_000_000.0 <= clock.now_unix_s() < 1_000_000.0 + (time.monotonic() - arrived_s) + 0.01
+    clock.observe(999_999.0, arrived_s)  # a cached Date, behind: ignored
+    clock.observe(1_000_000.6, arrived_s)  # a tighter one
+    assert clock.now_unix_s() >= 1_000_000.6
+    later_s = arrived_s + azure_signing.CLOCK_BOUND_KEEP_S + 1
+    clock.observe(2_000_000.0 - 5.0, later_s)  # past the keep: a new bound replaces the old one
+    assert abs((clock.now_unix_s() - time.monotonic()) - (2_000_000.0 - 5.0 - later_s)) < 0.01
