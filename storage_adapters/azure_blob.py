@@ -501,10 +501,12 @@ def _status_error(status: int, code: str, message: str | None, what: str) -> Sto
     if status >= 500 or status in (408, 429):
         return StorageUnavailable(f"azure_blob {what}: HTTP {status} {code}")
     if status == 403:
-        # Not a late arrival (arrived_expired): the key, or a clock.
+        # Not a late arrival (arrived_expired): the key, or, before any answer told this store
+        # Azure's time (azure_signing.AzureClock), this node's clock.
         return StorageError(
-            f"azure_blob {what}: HTTP 403 {code}: {message} (check the account key, and that this node's clock "
-            "is not behind Azure's by more than the storage deadline: each request's signature expires then)"
+            f"azure_blob {what}: HTTP 403 {code}: {message} (check the account key; on the first requests "
+            "after a start, also that this node's clock is not far from Azure's: signatures expire by it "
+            "until Azure's own time is known)"
         )
     return StorageError(f"azure_blob {what}: HTTP {status} {code}: {message}")
 

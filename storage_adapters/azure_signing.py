@@ -78,10 +78,10 @@ UNANSWERED_COUNT_MAX = 16_384
 # Requests that write nothing: a window's bounds are for writes (a fence check's own read of the
 # ownership blob must never be refused by the start it is about to compute).
 _READS = frozenset({"GET", "HEAD"})
-# How long a bound on Azure's clock (AzureClock) stands before the next answer replaces it: this
-# machine's monotonic clock and Azure's run at rates a few parts per million apart, far less
-# than a Date's second over this time.
-CLOCK_BOUND_KEEP_S = 60.0
+# How much faster this machine's monotonic clock may run than Azure's: NTP slews a clock by 500
+# parts per million at most. A bound on Azure's clock (AzureClock) learned a while ago is lowered
+# by this share of the time since, so that it stays a bound with no answer for hours.
+CLOCK_RATE_DIFFERENCE_MAX = 0.000_5
 # Where a fenced request's token travels from its signing to its answer (the pipeline context).
 _TOKEN = "cornus_fenced_request"
 # The server's time in an error's message ("...\nRequestId:...\nTime:2026-11-27T06:24:40.0094478Z").
@@ -165,14 +165,18 @@ class AzureClock:
 
     def observe(self, date_unix_s: float, arrived_monotonic_s: float) -> None:
         ahead_s = date_unix_s - arrived_monotonic_s
-        if (self._ahead_s is None or ahead_s > self._ahead_s
-                or arrived_monotonic_s - self._since_s > CLOCK_BOUND_KEEP_S):
+        if self._ahead_s is None or ahead_s > self._aged(arrived_monotonic_s):
             self._ahead_s, self._since_s = ahead_s, arrived_monotonic_s
 
     def now_unix_s(self) -> float:
         if self._ahead_s is None:
             return time.time()
-        return time.monotonic() + self._ahead_s
+        now_s = time.monotonic()
+        return now_s + self._aged(now_s)
+
+    def _aged(self, at_monotonic_s: float) -> float:
+        assert self._ahead_s is not None
+        return self._ahead_s - max(0.0, at_monotonic_s - self._since_s) * CLOCK_RATE_DIFFERENCE_MAX
 
 
 class ExpiringSignatures(SharedKeyCredentialPolicy):

@@ -308,7 +308,8 @@ class Admin:
             # fixed inside the store, a stall between this check and the writes gave them fresh
             # deadlines past the window; Redis and the emulator refuse them now).
             writes_deadline = None
-            if window is not None and any(isinstance(c, LogOnce) for c in calls):
+            if any(isinstance(c, LogOnce) for c in calls):
+                assert window is not None, "writes before the window started"
                 left_ms = window[1] - now_ms()
                 if left_ms <= 0:
                     return Outcome(txn, OutcomeStatus.UNKNOWN, detail="in doubt: the window to write closed before "

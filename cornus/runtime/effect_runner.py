@@ -374,10 +374,11 @@ class EffectRunner:
         self._timers.pop(timer, None)
         if self.stopped:
             return
-        if not without_lease_may(timer) and not self.may_act(timer.owner):
+        if not self.may_act(timer.owner):
             # The node stalled past its lease and runs its expired timers before the ownership
             # tick that drops the partition: its machines must not act on it any more (asking
-            # drops it now, and with it every other timer of its machines; the core's rule).
+            # drops it now, and with it every other timer of its machines;
+            # ownership.without_lease_may).
             self.counters["timers_dropped_not_held"] += 1
             return
         self.feed(TimerFired(timer))
@@ -457,8 +458,6 @@ class _Flight:
 _UNOWNED = _Flight("", None)  # a task of no host's (no cancel_owned names "")
 
 
-# Writes storage cannot fence when a partition's machine makes them on another log (paper: anyone
-# may terminate). ApplyRedo is always to the host's own partition, so always fenced.
 def _is_vote_write(call: Effect) -> bool:
     """A participant logging its own yes vote (the failpoints around it name that moment)."""
     return (

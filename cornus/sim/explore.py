@@ -88,6 +88,7 @@ def _explore_share(args: tuple[str, int, int, bool]) -> tuple[int, Failures, dic
         faults["move_lapses"] += sum(move.lapse_ms > 0 for move in schedule.moves)
         faults["writes_skipped_not_held"] += world.outcome.writes_skipped_not_held
         faults["timers_dropped_not_held"] += world.outcome.timers_dropped_not_held
+        faults["reads_out_when_lost"] += world.outcome.reads_out_when_lost
         faults["twins"] += len(schedule.twins)
         faults["fenced_writes"] += world.outcome.fenced_writes
         faults["deposed"] += world.outcome.deposed

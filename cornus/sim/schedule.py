@@ -107,7 +107,8 @@ class Move:
     (cornus.protocol.ownership.without_lease_may), and drops the partition. With `after`, the
     move waits (up to when faults end) for the worst moment: "scan", while the owner's recovery
     of the partition has a scan out (whose answer the lapse then holds); "vote", until the
-    partition's log holds a yes vote of a transaction not decided there."""
+    partition's log holds a yes vote of a transaction not decided there; "read", while a slow read
+    of the owner's is out on the partition (Schedule.slow_read_ms)."""
 
     partition: str
     to: str
@@ -250,7 +251,7 @@ class Schedule:
         for move in sorted(self.moves, key=lambda move: move.at_ms):
             assert move.partition in self.partitions and move.to in nodes, move
             assert move.at_ms >= 0 and move.gap_ms >= 0 and move.at_ms + move.gap_ms <= FAULTS_END_MS, move
-            assert 0 <= move.lapse_ms <= LAPSE_MS_MAX and move.after in ("", "scan", "vote"), move
+            assert 0 <= move.lapse_ms <= LAPSE_MS_MAX and move.after in ("", "scan", "vote", "read"), move
             # A lease nobody holds cannot lapse: a partition's next move comes after its gap.
             assert move.at_ms >= taken_ms.get(move.partition, 0), f"{move} within the gap of the one before"
             taken_ms[move.partition] = move.at_ms + move.gap_ms
@@ -352,7 +353,10 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         crashes += (Crash(first.coordinator, first.start_ms + 1, 1 + (seed >> 4) % 40),)
     # Likewise a schedule in eight answers some cache misses' reads later than an execution's
     # idle timeout or a coordinator's request deadline.
-    slow_reads = seed % 8 == 4
+    # Half the schedules that move a partition (seed % 8 == 6, below) have slow reads too, from a
+    # hash of the seed: a partition lost while a read of its owner is out is the case.
+    slow_move = seed % 8 == 6 and zlib.crc32(f"{seed}/slow-move".encode()) % 2 == 0
+    slow_reads = seed % 8 == 4 or slow_move
     slow_read_ms = 220 + seed % 300
     if seed % 8 == 1:
         # One schedule in eight makes its first transaction wholly read-only: its partitions only
@@ -418,6 +422,8 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
                          for number in range(6) for plan in writers[:1]]
             else:
                 moves = (dataclasses.replace(moves[0], lapse_ms=lapse_ms), *moves[1:])
+        if slow_move and not moves[0].after:
+            moves = (dataclasses.replace(moves[0], after="read"), *moves[1:])
         on_it = [plan for plan in txns if partition in (p for p, _ in (*plan.writes, *plan.reads))]
         if gap_ms and on_it:
             # What a gap can hurt: a transaction whose only records are on the partition nobody

@@ -245,7 +245,12 @@ class Node:
     scans_out: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def reset_memory(self, policy: Policy) -> None:
+        """What a process loses with its memory (a crash, a deposed process parking)."""
         self.timers.clear()
+        for partition in self.lapsed:
+            self.epochs.pop(partition, None)  # a lease that lapsed is not taken again on restart
+        self.lapsed.clear()
+        self.scans_out.clear()
         self.tables = {p: PartitionExecutions(p, redo, policy) for p in self.partitions}
 
     @property
@@ -284,6 +289,7 @@ class Outcome:
     fenced_writes: int = 0  # writes of a partition's old owner that storage refused after a move
     # A lapsed host's (Node.lapsed) writes not sent and timers not acted on: the lease gate at work.
     writes_skipped_not_held: int = 0
+    reads_out_when_lost: int = 0  # slow reads of an owner that lost the partition meanwhile
     resolve_writes_held_past_window: int = 0  # a resolve's writes its driver did not send (suspended)
     timers_dropped_not_held: int = 0
     deposed: int = 0  # processes stopped because a later process of their node took its identity
@@ -386,6 +392,8 @@ class World:
         self._resolvers: dict[int, Resolver] = {}
         self._resolve_window_end_ms: dict[int, int] = {}
         self._resolves_abandoned: set[int] = set()  # rounds whose driver did not send their writes
+        self._slow_reads_out: collections.Counter[str] = collections.Counter()  # per partition (Move.after)
+        self._moves_done: set[Move] = set()
         # One-shot requests waiting for a lock (the runtime's _wait_for_lock), by (node name,
         # incarnation, partition, txn, key): resumed by the grant a release returns, or refused
         # when the lock table's bounded wait runs out.
@@ -885,15 +893,24 @@ class World:
         # commit a newer value, which this answer then predates.
         slow = self.schedule.slow_read_probability
         if slow and self.now_ms < FAULTS_END_MS and self.rng.random() < slow:
+            self._slow_reads_out[partition] += 1
             self._push(self.now_ms + self.schedule.slow_read_ms, _READ_LANDED, (carried, execution, found))
             return
         table.read_landed(txn, execution, {key: found})
         self._read_done(carried, execution, found)
 
     def _read_landed(self, carried: _Carried, execution: Execution[int], found: int) -> None:
+        self._slow_reads_out[carried.partition] -= 1
         node = self.nodes[carried.owner]
-        if not node.alive or node.incarnation != carried.owner_incarnation or carried.partition not in node.tables:
+        if not node.alive or node.incarnation != carried.owner_incarnation:
             self._answer_execute(carried.txn, carried.partition, carried.incarnation, None)
+            return
+        if carried.partition not in node.tables or carried.partition in node.lapsed:
+            # Lost while the read was out (dropped, or its lease ended): the runtime's check after
+            # the execution (Node.on_request) answers NOT_OWNER, a refusal (found by audit: the
+            # world answered nothing, or, once lapses were modelled, ran on as the owner).
+            self.outcome.reads_out_when_lost += 1
+            self._answer_execute(carried.txn, carried.partition, carried.incarnation, "the partition was lost")
             return
         table = node.tables[carried.partition]
         table.read_landed(carried.txn, execution, {carried.key: found})
@@ -1075,10 +1092,6 @@ class World:
         node.alive = False
         node.incarnation += 1
         node.core = None
-        for partition in node.lapsed:
-            node.epochs.pop(partition, None)  # a lease that lapsed is not taken again on restart
-        node.lapsed.clear()
-        node.scans_out.clear()
         node.reset_memory(self.lock_policy)
         restart_at = self.now_ms + max(1, down_ms)
         # Every node is back when faults end, so liveness can be judged from then on.
@@ -1597,7 +1610,7 @@ class World:
     # -- manual resolve ---------------------------------------------------------------------------
     def _start_resolve(self, index: int) -> None:
         txn = self.txns[self.schedule.resolves[index].txn_index]
-        aim = zlib.crc32(f"{self.schedule.seed}/{index}/aim".encode()) % 2 == 0
+        aim = bool(self.plans[txn].writes) and zlib.crc32(f"{self.schedule.seed}/{index}/aim".encode()) % 2 == 0
         if aim and self.now_ms < FAULTS_END_MS and not self._voted_undecided(txn):
             # Half the resolves wait for the moment they can write: a yes vote of the transaction
             # logged and no decision yet (by faults end at latest), when the coordinator may still
@@ -1684,11 +1697,15 @@ class World:
         with `move.lapse_ms`, once it notices (`_lapse_ends`), and the node `move.to` takes it
         (`_take`) at once or, after a gap, `move.gap_ms` later."""
         old, new = self.owner_of(move.partition), self.nodes[move.to]
-        if old is None:
-            return  # nobody holds it (the gap of an earlier move, its take held up): no lease to lapse
-        if move.after and self.now_ms + 1 + move.gap_ms <= FAULTS_END_MS and not self._worst_moment(move, old):
+        if move.after and self.now_ms + 1 + move.gap_ms <= FAULTS_END_MS and (
+                old is None or not self._moved_before(move) or not self._worst_moment(move, old)):
+            # Waiting for its moment (found by review: it waits through an earlier move's gap
+            # too, and after that move, which may itself have waited past this one's time).
             self._push(self.now_ms + 1, _MOVE, move)
             return
+        if old is None:
+            return  # nobody holds it (the gap of an earlier move, its take held up): no lease to lapse
+        self._moves_done.add(move)
         if not move.gap_ms and not new.ready:
             return  # a node that is down or recovering takes nothing
         partition = move.partition
@@ -1708,11 +1725,18 @@ class World:
             return
         self._take(move, old.name)
 
+    def _moved_before(self, move: Move) -> bool:
+        """Whether every move of the partition listed before `move` has run."""
+        earlier = self.schedule.moves[: self.schedule.moves.index(move)]
+        return all(m in self._moves_done for m in earlier if m.partition == move.partition)
+
     def _worst_moment(self, move: Move, old: Node) -> bool:
         """Whether now is the moment a Move's `after` waits for."""
         if move.after == "vote":
             page = self.storage.scan_unfinished(LogId.partition(move.partition), "", len(self.txns) + 1)
             return any(record.state is TxnState.VOTE_YES for record in page.records)
+        if move.after == "read":
+            return self._slow_reads_out[move.partition] > 0
         # A moment while a scan is out, any one: the last page's answer is what finishes the
         # recovery (not drawn from `rng`, whose draws the rest of the run keeps).
         assert move.after == "scan", move
