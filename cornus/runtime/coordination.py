@@ -47,7 +47,7 @@ from cornus.runtime.timing import TimingLog, TxnTiming
 from cornus.runtime.transport import PeerUnavailable, Transport
 from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind, PeerResponse, validate_op
 from storage_adapters.contract import TxnState
-from storage_adapters.errors import ValidationError
+from storage_adapters.errors import StorageUnavailable, ValidationError
 
 log = logging.getLogger("cornus.node")
 
@@ -67,6 +67,9 @@ WRITE_HELD_ENTRY_BYTES = 100
 # A commit waits at most this long for its outcome before it reports UNKNOWN. It covers the vote
 # timeout, a termination round or two and a decision write.
 TIMEOUT_MS_COMMIT = 10_000
+# The errors the APIs answer as refusals that changed nothing (REST's 400, 404, 409 and 503, and
+# gRPC's codes for them): none may reach a caller once a commit's prepare has left.
+_REFUSALS = (ValidationError, TxnNotFound, TxnWrongState, NodeOverloaded, StorageUnavailable)
 
 _ABORT_REASONS = {
     ExecuteStatus.CONFLICT: AbortReason.CONFLICT,
@@ -406,7 +409,10 @@ class Coordination:
         self._request_commit(ctx, CommitRequested(self.node_id, txn, writes, reads))
         if writes:
             self.failpoints.hit("coordinator.after_prepare")
-        reply = await self._await_reply(ctx)
+        try:
+            reply = await self._await_reply(ctx)
+        except _REFUSALS as error:
+            return self._unknown_past_prepare(ctx, error)
         if reply is None:
             return self._unknown(ctx)
         if reply.outcome is TxnState.COMMIT:
@@ -439,6 +445,16 @@ class Coordination:
         for ctx in self.txns.values():
             if ctx.reply is not None:
                 _no_reply(ctx.reply)
+
+    def _unknown_past_prepare(self, ctx: CoordinatedTxn, error: Exception) -> Outcome:
+        """A refusal raised once the commit's prepare has left: the transaction may commit, so its
+        caller must not hear "nothing changed" (a 503 the SDK retries under a new id, running a
+        committed transfer twice) but UNKNOWN, and ask the status call. No path raises one today;
+        this keeps a later change from doing it silently."""
+        log.error("%s raised after the prepare of %s left; reported UNKNOWN: %r", type(error).__name__, ctx.txn,
+                  error, extra={"txn": ctx.txn})
+        self.counters["refusals_past_prepare"] += 1
+        return self._unknown(ctx)
 
     def _unknown(self, ctx: CoordinatedTxn) -> Outcome:
         outcome = Outcome(ctx.txn, OutcomeStatus.UNKNOWN, detail="no outcome within the commit deadline; ask status")
@@ -521,6 +537,10 @@ class Coordination:
                 outcome, values = await self._execute_prepared(ctx, by_partition, redo_by_partition, positions)
             except TxnAborted as aborted:
                 return one_shot_outcome(aborted)
+            except _REFUSALS as error:
+                if ctx.reply is None:
+                    raise  # before its prepare left: nothing changed indeed
+                return self._unknown_past_prepare(ctx, error)
         else:
             try:
                 values = await self.run_ops(txn, ops)

@@ -23,7 +23,7 @@ from cornus.runtime import partition as partition_runtime
 from cornus.runtime.config import NodeConfig, load_node_config
 from cornus.runtime.coordination import TxnAborted
 from cornus.runtime.node import Node
-from cornus.runtime.outcome import OutcomeStatus, TxnWrongState
+from cornus.runtime.outcome import NodeOverloaded, OutcomeStatus, TxnWrongState
 from cornus.runtime.ownership import now_ms as lease_clock_ms
 from cornus.runtime.transport import PeerUnavailable
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, Routed
@@ -1103,3 +1103,30 @@ async def test_a_one_shot_request_is_kept_to_the_owners_wait_too(tmp_path):
             assert txn not in n1.partitions["p1"].executions
             assert txn not in n1.core.partitions["p1"].machines
         assert n1.counters["requests_past_deadline"] == 2
+
+
+@pytest.mark.parametrize("one_shot", [True, False], ids=["execute", "commit"])
+async def test_a_refusal_raised_after_the_prepare_left_is_reported_unknown_not_as_nothing_changed(
+    tmp_path, monkeypatch, one_shot: bool,
+):
+    """Found by a read-only audit (2026-11-27): the API answers NodeOverloaded and
+    StorageUnavailable with 503, which the SDK takes for "nothing committed" and retries under a
+    new id. Nothing raises them once a commit's prepare has left today, but nothing stopped a
+    later change from doing so, and then a transfer that committed would run twice. Past that
+    point the coordinator now answers UNKNOWN (ask the status call) whatever is raised."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node("n0")
+        keys = keys_in(2, ["p0", "p1"])
+
+        async def refused_while_waiting(self: Any, ctx: Any) -> Any:
+            raise NodeOverloaded("a refusal raised while the commit's votes were being written")
+
+        monkeypatch.setattr(coordination.Coordination, "_await_reply", refused_while_waiting)
+        ops = [Op(OpKind.PUT, key, b"v") for key in keys.values()]
+        if one_shot:
+            outcome = await node.execute(ops)
+        else:
+            txn = node.begin()
+            await node.run_ops(txn, ops)
+            outcome = await node.commit(txn)
+        assert outcome.status is OutcomeStatus.UNKNOWN, outcome
