@@ -300,8 +300,16 @@ CLOCK_AHEAD_S = 120
 WARM_UP_READ_COUNT = 60
 
 
+@pytest.fixture
+def clock_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's wall clock, as the signatures see it, runs CLOCK_AHEAD_S ahead of Azure's."""
+    real_time = time.time
+    monkeypatch.setattr(azure_signing, "time", types.SimpleNamespace(
+        time=lambda: real_time() + CLOCK_AHEAD_S, monotonic=time.monotonic))
+
+
 async def test_a_deposed_process_whose_clock_runs_ahead_never_writes_its_log_after_the_next_process_recovered(
-    services: Services, monkeypatch: pytest.MonkeyPatch,
+    clock_ahead: None, stores: _Stores,
 ) -> None:
     """Found by a read-only audit (2026-11-27): a node's identity grants no lease a taker waits
     out (a new process takes it at once), so what bounded a fenced coordinator-log write of the
@@ -310,49 +318,33 @@ async def test_a_deposed_process_whose_clock_runs_ahead_never_writes_its_log_aft
     2PC coordinator's COMMIT landed after the next process had waited its recovery's settle and
     scanned the log, which had presumed ABORT (an orphan COMMIT the next recovery resends). Now a
     signature's expiry is set in Azure's time, from the Date of the answers this store had."""
-    real_time = time.time
-    monkeypatch.setattr(azure_signing, "time", types.SimpleNamespace(
-        time=lambda: real_time() + CLOCK_AHEAD_S, monotonic=time.monotonic))
-    proxy, through_proxy = await azurite_behind(services.azure_connection_string, _holds_record_puts, HOLD_S)
-    container = f"fence-{uuid.uuid4().hex[:10]}"
-    deposed = await open_store(StoreConfig(backend="azure_blob", azure_connection_string=through_proxy,
-                                           azure_container=container, timeout_ms_call=DEADLINE_MS))
-    successor = await open_store(StoreConfig(backend="azure_blob", azure_container=container,
-                                             azure_connection_string=services.azure_connection_string,
-                                             timeout_ms_call=DEADLINE_MS_CHECKS))
-    log = LogId.coordinator("n1")
-    try:
-        held = Ownership(identity_name("n1"), "n1", epoch=1, version=1, lease_ms=IDENTITY_LEASE_MS)
-        assert (await successor.write_owner(None, held)).written
-        # Answers whose Date the deposed process's store has seen, over a second or more: the bound
-        # on Azure's clock they give is then within one request of it (a Date's second starts
-        # between two of them). Before that, a signature may expire early (never late), and its
-        # request is refused as unavailable: a short deadline's first calls after a start may be.
-        for _ in range(WARM_UP_READ_COUNT):
-            with contextlib.suppress(StorageUnavailable):
-                await deposed.read(log, "warm-up")
-            await asyncio.sleep(0.02)
-        sent_s = time.monotonic()
-        proxy.holding = True
-        with pytest.raises(StorageUnavailable):
-            await deposed.log(log, "t1", TxnState.COMMIT, BODY, held.fence())
-        assert proxy.held_count == 1
-        proxy.holding = False
-        # The next process takes the identity and recovers: its settle covers a deadline and the
-        # slack from its take, then it scans its log and presumes ABORT for what is not there.
-        taken = replace(held, epoch=2, version=2)
-        assert (await successor.write_owner(held, taken)).written
-        await asyncio.sleep(DEADLINE_MS / 1000 + 1.0)
-        assert await successor.scan_unfinished(log) == []
-        await asyncio.sleep(max(0.0, sent_s + HOLD_S + 0.5 - time.monotonic()))
-        assert await successor.read(log, "t1") is None, (
-            "the deposed process's COMMIT landed after the next process recovered and presumed ABORT"
-        )
-    finally:
-        proxy.close()
-        await deposed.close()
-        await successor.delete_container()  # type: ignore[attr-defined]
-        await successor.close()
+    deposed, successor, log = stores.old_owner, stores.new_owner, LogId.coordinator("n1")
+    held = Ownership(identity_name("n1"), "n1", epoch=1, version=1, lease_ms=IDENTITY_LEASE_MS)
+    assert (await successor.write_owner(None, held)).written
+    # Answers whose Date the deposed process's store has seen, over a second or more: the bound on
+    # Azure's clock they give is then within one request of it (a Date's second starts between two
+    # of them). Before that, a signature may expire early (never late), and its request is
+    # refused as unavailable: a short deadline's first calls after a start may be.
+    for _ in range(WARM_UP_READ_COUNT):
+        with contextlib.suppress(StorageUnavailable):
+            await deposed.read(log, "warm-up")
+        await asyncio.sleep(0.02)
+    sent_s = time.monotonic()
+    stores.proxy.holding = True
+    with pytest.raises(StorageUnavailable):
+        await deposed.log(log, "t1", TxnState.COMMIT, BODY, held.fence())
+    assert stores.proxy.held_count == 1
+    stores.proxy.holding = False
+    # The next process takes the identity and recovers: its settle covers a deadline and the slack
+    # from its take, then it scans its log and presumes ABORT for what is not there.
+    taken = replace(held, epoch=2, version=2)
+    assert (await successor.write_owner(held, taken)).written
+    await asyncio.sleep(DEADLINE_MS / 1000 + 1.0)
+    assert await successor.scan_unfinished(log) == []
+    await asyncio.sleep(max(0.0, sent_s + HOLD_S + 0.5 - time.monotonic()))
+    assert await successor.read(log, "t1") is None, (
+        "the deposed process's COMMIT landed after the next process recovered and presumed ABORT"
+    )
 
 
 def test_azures_time_is_bounded_from_below_by_the_dates_of_its_answers() -> None:
