@@ -241,7 +241,7 @@ class Node:
     # node has not noticed): the answers their calls got meanwhile, held for when it notices.
     lapsed: dict[str, list[tuple[Event, frozenset[tuple[int, int]]]]] = field(default_factory=dict)
     # Per partition, the scans of its recovery out now (their answers not heard yet): what a
-    # Move's `after_scan` waits for.
+    # Move's `after` "scan" waits for.
     scans_out: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def reset_memory(self, policy: Policy) -> None:
@@ -557,9 +557,10 @@ class World:
             node = self.process(name, incarnation)
             if node is not None and node.timers.get(timer) == generation:
                 del node.timers[timer]
-                if self._lapsed(node, timer.owner) is not None and not without_lease_may(timer):
-                    # Not acted on: the runtime drops the partition when such a timer fires. Its
-                    # host here still hears its answers until the lapse ends.
+                if self._lapsed(node, timer.owner) is not None:
+                    # Not acted on (ownership.without_lease_may): the runtime drops the partition
+                    # when such a timer fires. Its host here still hears its answers until the
+                    # lapse ends.
                     self.outcome.timers_dropped_not_held += 1
                     return
                 self._feed(node, TimerFired(timer), path)
@@ -1726,7 +1727,8 @@ class World:
         self._take(move, old.name)
 
     def _moved_before(self, move: Move) -> bool:
-        """Whether every move of the partition listed before `move` has run."""
+        """Whether every move of the partition listed before `move` has had its turn (ran, or found
+        nothing to move)."""
         earlier = self.schedule.moves[: self.schedule.moves.index(move)]
         return all(m in self._moves_done for m in earlier if m.partition == move.partition)
 
