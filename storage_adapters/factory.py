@@ -33,9 +33,10 @@ REDIS_REPLICA_COUNT_MAX = 5
 # is its signature: SigV4 requests must reach AWS within 5 minutes of their timestamp (15 for some
 # services). So a request held up in the network, a proxy or a retransmitting socket can land up
 # to 15 minutes late, and garbage collection must leave tombstones that outlive that. Azure's
-# requests carry signatures that expire at their deadline by the node's clock, which Azure checks
-# by its own (storage_adapters/azure_signing.py); the window stays 15 minutes there, so that a
-# node clock running up to that far ahead of Azure's still cannot make a collected record reappear.
+# requests carry signatures that expire at their deadline in Azure's time, which Azure checks on
+# a request's arrival (storage_adapters/azure_signing.py); the window stays 15 minutes there all
+# the same, for what that check leaves: a request's body, held up after its headers, may still
+# commit later.
 LATE_WRITE_WINDOW_MS = {"emulator": 0, "redis": 0, "azure_blob": 900_000, "dynamodb": 900_000}
 # On Azure a fenced write must land before the lease its ownership blob grants ends: the blob's
 # Last-Modified (whole seconds, truncated) plus lease_ms (storage_adapters/azure_signing.py). An
