@@ -1,10 +1,10 @@
 """An owner's answer to a request of the execution phase (a peer's ExecuteRequest), and the one
 rule that reads it: whether it is a refusal, after which the coordinator may abort at once without
 reading any log (coordinator_cornus.py), because the owner did not run the request and will never
-vote for it. The runtime (cornus/runtime/coordination.py) and the simulator (cornus/sim/world.py)
-both classify answers with `refuses`: each kept its own copy before, and the copies drifted (found
-by audit: the simulator took "dropped while its read was out" for a refusal; the runtime answers
-it ABORTED, which is none)."""
+vote for it. The runtime (cornus/runtime/coordination.py) and the simulator
+(cornus/sim/execution_phase.py) both classify answers with `refuses`: each kept its own copy
+before, and the copies drifted (found by audit: the simulator took "dropped while its read was
+out" for a refusal; the runtime answers it ABORTED, which is none)."""
 
 from __future__ import annotations
 

@@ -36,6 +36,8 @@ TWIN_CUT_END_MS_MAX = 2_000
 LATE_WINDOW_MS_MIN = 2_000
 # How far a node's clock may run ahead of storage's: the world's clock slack (CLOCK_SLACK_MS).
 CLOCK_OFFSET_MS_MAX = 20
+# How late past its deadline a timed-out storage call may land (the world's clock slack).
+CLOCK_SLACK_MS = 20
 # The longest a Move's old owner goes on before it notices its lease ended: past a grace and a
 # tombstone's keep here, so that what a host does without a lease can land after collection.
 LAPSE_MS_MAX = 4_000

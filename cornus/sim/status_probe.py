@@ -25,7 +25,8 @@ from cornus.protocol.status import Known, NodeAnswer, StatusVerdict, Verdict
 from storage_adapters.contract import LogId, TxnState
 
 if TYPE_CHECKING:
-    from cornus.sim.world import Node, World
+    from cornus.sim.process import Node
+    from cornus.sim.world import World
 
 # Questions per schedule (StatusProbe.plan says where they aim). Each costs a few dictionary
 # reads per node.

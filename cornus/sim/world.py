@@ -7,7 +7,13 @@ state (cornus.protocol.execution: locks, buffered writes, refusals, the owner's 
 which the world plays the runtime's I/O (reads that answer late, idle executions timing out), and
 the status call asked at random moments (cornus.sim.status_probe, with an RNG of its own). All
 driven by one seeded RNG and a time-ordered queue: a run is a pure function of (schedule, config,
-hooks)."""
+hooks).
+
+This module holds the world's core (its queue and steps, the network, storage calls, crashes,
+the checks); each other concern is a module of World's methods, sharing its state: the execution
+phase (execution_phase.py), node identities and second processes (identities.py), partition
+moves (partition_moves.py), manual resolves (manual_resolve.py); a node's process state is
+process.py's, the kinds of steps steps.py's."""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ import random
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
 from cornus.protocol import status, txn_ids
 from cornus.protocol.backoff import JitterSource
@@ -26,11 +32,9 @@ from cornus.protocol.config import (
     Protocol,
     ProtocolConfig,
     gc_grace_ms_min,
-    identity_window_admits,
     outcome_keep_ms_min,
 )
 from cornus.protocol.effects import (
-    TAKE_IDENTITY_ROUND_COUNT_MAX,
     ApplyRedo,
     CacheRedo,
     CancelTimer,
@@ -55,13 +59,10 @@ from cornus.protocol.effects import (
     TakeIdentity,
     TerminationEnded,
     TerminationStarted,
-    Timer,
 )
 from cornus.protocol.events import (
     CommitRequested,
     Event,
-    ExecuteFailed,
-    IdentitiesListed,
     IdentityChecked,
     IdentityTaken,
     MessageReceived,
@@ -70,37 +71,75 @@ from cornus.protocol.events import (
     TimerFired,
     answer,
 )
-from cornus.protocol.execution import Execution, PartitionExecutions, Refusal
+from cornus.protocol.execution import Execution
 from cornus.protocol.hosts import CoordinatorFactory, ParticipantFactory
-from cornus.protocol.identity_watch import Observed, VacancyWatch
-from cornus.protocol.locks import Grant, LockMode, Policy, Waiter
-from cornus.protocol.messages import Prepare, ReleaseReadOnly
-from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
-from cornus.protocol.owner_answer import ExecuteStatus, refuses
+from cornus.protocol.locks import Policy
+from cornus.protocol.messages import ReleaseReadOnly
+from cornus.protocol.node_core import NodeCore
 from cornus.protocol.ownership import fenced_partition, without_lease_may
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.participant_blocking import CoordinatorLogParticipant
-from cornus.protocol.resolve import AskCoordinator, CoordinatorAnswered, Resolver
-from cornus.protocol.status import Known
-from cornus.protocol.txn_ids import PROTOCOL_TAGS, begin_ms_of, protocol_of
-from cornus.sim import redo
-from cornus.sim.schedule import CLOCK_OFFSET_MS_MAX, COORDINATORS, FAULTS_END_MS, Move, Schedule, Twin, TxnPlan, node_of
-from cornus.sim.status_probe import StatusProbe, memory_knows
+from cornus.protocol.resolve import Resolver
+from cornus.protocol.txn_ids import PROTOCOL_TAGS, protocol_of
+from cornus.sim.execution_phase import EXECUTION_IDLE_MS, TIMEOUT_MS_EXECUTE, CarriedRequest, ExecutionPhase
+from cornus.sim.identities import Identities, ParkedProcess
+from cornus.sim.manual_resolve import ManualResolves
+from cornus.sim.partition_moves import PartitionMoves
+from cornus.sim.process import Node
+from cornus.sim.schedule import (
+    CLOCK_OFFSET_MS_MAX,
+    CLOCK_SLACK_MS,
+    COORDINATORS,
+    FAULTS_END_MS,
+    Move,
+    Schedule,
+    TxnPlan,
+    node_of,
+)
+from cornus.sim.status_probe import StatusProbe
+from cornus.sim.steps import (
+    STEP_ARRIVE,
+    STEP_ASKED,
+    STEP_BOOTED,
+    STEP_CHECK,
+    STEP_COMMIT,
+    STEP_CONFIRM,
+    STEP_CRASH,
+    STEP_DELIVER,
+    STEP_EXECUTE,
+    STEP_EXECUTE_ANSWER,
+    STEP_EXECUTE_DEADLINE,
+    STEP_EXECUTE_PREPARED,
+    STEP_EXECUTE_WRITES,
+    STEP_IDENTITY_ARRIVE,
+    STEP_IDLE,
+    STEP_LAPSE_END,
+    STEP_LOCK_EXPIRY,
+    STEP_LOCK_GRANTED,
+    STEP_MOVE,
+    STEP_READ_LANDED,
+    STEP_RESEND,
+    STEP_RESOLVE,
+    STEP_RESOLVE_WRITES,
+    STEP_RESTART,
+    STEP_RETURN,
+    STEP_STATUS,
+    STEP_STATUS_ANSWER,
+    STEP_TAKE,
+    STEP_TIMER,
+    STEP_TWIN,
+    STEP_TWIN_END,
+    STEP_WATCH,
+    STEP_WATCH_LANDS,
+    STEP_WATCHED,
+)
 from cornus.sim.storage_model import StorageModel, WriteRefused
-from storage_adapters.contract import IDENTITY_PREFIX, LogId, TxnState, identity_name, is_identity
+from storage_adapters.contract import LogId, TxnState, identity_name, is_identity
 
 # Hook a test installs to force a failure at an exact point: called before each effect a node
 # executes; "crash" crashes the node before the effect, "drop" skips it (a lost message).
 EffectHook = Callable[["World", str, Effect], str | None]
 
-# How late past its deadline a timed-out storage call may land, and how long an execution that
-# never reached prepare keeps its locks before the owner drops it (the runtime's idle timeout).
-CLOCK_SLACK_MS = 20
-EXECUTION_IDLE_MS = 600
-
-# How long a coordinator waits for the answer to a one-shot's request before it reports the
-# partition's execution as failed without an answer (the runtime's peer request deadline).
-TIMEOUT_MS_EXECUTE = 200
 
 # How often a node reads its identity record here (ProtocolConfig.identity_check_ms): within a
 # Twin's overlap (under 600 ms) where a schedule has a second process, so that a first process that
@@ -112,51 +151,17 @@ IDENTITY_CHECK_MS_TWINS = 150
 IDENTITY_CHECK_MS = 1_000
 IDENTITY_CHECK_MS_SLOW = 20  # Schedule.slow_identity: renewals more often than a deadline
 
-# An owner's failed answers, as the world says them, and the status the runtime answers each with
-# (Node.on_request, PartitionRuntime.execute), which the core's rule reads (owner_answer.refuses).
-ALREADY_COMMITTING = "already committing"
-ABORTED_HERE = "aborted here already"
-ABORTED_WHILE_WAITING = "dropped while it waited"  # the coordinator aborted it while it waited
-_STATUS_OF_ANSWER = {
-    ALREADY_COMMITTING: ExecuteStatus.ABORTED,
-    ABORTED_HERE: ExecuteStatus.ABORTED,
-    ABORTED_WHILE_WAITING: ExecuteStatus.ABORTED,
-    # Dropped while its storage read was out (an abort, an idle timeout): ABORTED in the runtime,
-    # where the world took it for a refusal until the rule was shared (found by audit).
-    "aborted while reading": ExecuteStatus.ABORTED,
-    "not ready": ExecuteStatus.NOT_READY,
-    "arrived past its deadline": ExecuteStatus.UNAVAILABLE,
-    "conflict": ExecuteStatus.CONFLICT,
-    "lock wait timed out": ExecuteStatus.CONFLICT,
-    "aborted while waiting": ExecuteStatus.CONFLICT,  # its locks released under it: the runtime's CONFLICT
-    "the partition was lost": ExecuteStatus.NOT_OWNER,
-    "no node holds it": ExecuteStatus.NOT_OWNER,  # the coordinator's own answer (Coordination._start_prepared)
-    "check failed": ExecuteStatus.CHECK_FAILED,
-}
-
-# How often the node a partition moves to tries its take again while it is down or recovering, at
-# the end of a Move's gap (the runtime's ownership tick, which runs once the node is up).
-TAKE_RETRY_MS = 10
-
 # Where a schedule's storage walks finished records (Schedule.short_scans), how many of its scan
 # pages stop short of where a page of an index ends.
 SHORT_SCAN_PROBABILITY = 0.5
 
-(
-    _DELIVER, _ARRIVE, _RETURN, _TIMER, _CRASH, _RESTART, _EXECUTE, _COMMIT, _RESOLVE, _IDLE, _CHECK, _BOOTED,
-    _EXECUTE_PREPARED, _EXECUTE_ANSWER, _READ_LANDED, _EXECUTE_WRITES, _MOVE, _LOCK_GRANTED, _LOCK_EXPIRY,
-    _EXECUTE_DEADLINE, _TWIN, _TWIN_END, _IDENTITY_ARRIVE, _WATCH, _WATCH_LANDS, _WATCHED, _STATUS, _STATUS_ANSWER,
-    _TAKE, _CONFIRM, _RESEND, _LAPSE_END, _ASKED, _RESOLVE_WRITES,
-) = range(34)
-
-
 _EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
-    _EXECUTE: lambda world, txn: world._execute_txn(txn),
-    _EXECUTE_PREPARED: lambda world, carried: world._execute_prepared(carried),
-    _READ_LANDED: lambda world, data: world._read_landed(*data),
-    _EXECUTE_WRITES: lambda world, txn: world._execute_writes(txn),
-    _LOCK_GRANTED: lambda world, data: world._lock_granted(*data),
-    _LOCK_EXPIRY: lambda world, data: world._lock_expiry(*data),
+    STEP_EXECUTE: lambda world, txn: world._execute_txn(txn),
+    STEP_EXECUTE_PREPARED: lambda world, carried: world._execute_prepared(carried),
+    STEP_READ_LANDED: lambda world, data: world._read_landed(*data),
+    STEP_EXECUTE_WRITES: lambda world, txn: world._execute_writes(txn),
+    STEP_LOCK_GRANTED: lambda world, data: world._lock_granted(*data),
+    STEP_LOCK_EXPIRY: lambda world, data: world._lock_expiry(*data),
 }
 
 
@@ -194,77 +199,6 @@ def config_for(schedule: Schedule) -> ProtocolConfig:
                            else IDENTITY_CHECK_MS if any(twin.cut_ms for twin in schedule.twins)
                            else IDENTITY_CHECK_MS_TWINS if schedule.twins else IDENTITY_CHECK_MS),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class _Carried:
-    """A one-shot's request to one partition: its write (the key, the version the caller expects
-    there) or, on a partition it only reads, its read (`expected` None), and its prepare, from the
-    coordinator's incarnation that sent it."""
-
-    txn: str
-    partition: str
-    key: str
-    expected: int | None
-    participants: tuple[str, ...]
-    incarnation: int
-    # The partition's owner when sent, and its incarnation: a restart or a move loses the request.
-    owner: str
-    owner_incarnation: int
-
-
-@dataclass
-class Node:
-    name: str
-    core: NodeCore | None
-    partitions: tuple[str, ...]
-    alive: bool = True
-    incarnation: int = 0
-    timers: dict[Timer, int] = field(default_factory=dict)
-    timer_generation: int = 0
-    # Per partition, the core's execution state (locks, buffered writes, refusals, the cache),
-    # which the runtime keeps in memory too: a crash loses it.
-    tables: dict[str, PartitionExecutions[int]] = field(default_factory=dict)
-    # The epoch of this node's tenure of each partition it holds: its fenced writes carry it.
-    epochs: dict[str, int] = field(default_factory=dict)
-    # How many times this node dropped each partition: an answer to a call of an earlier tenure is
-    # dropped, never fed to the partition's host of a later one (the runtime's cancel_owned).
-    tenures: dict[str, int] = field(default_factory=dict)
-    path: frozenset[tuple[int, int]] = frozenset({(0, 0)})
-    # When this process's latest take or check of its identity left, and when the latest one
-    # that found the identity its own left: what admits its writes storage cannot fence for the
-    # node itself (ProtocolConfig.identity_write_window_ms, cornus.runtime.identity).
-    identity_left_ms: int = 0
-    identity_confirmed_ms: int | None = None
-    identity_taken_ms: int | None = None  # by the node's clock, when the take's answer came
-    # The partitions whose lease ended here while their hosts still run (a Move's `lapse_ms`: the
-    # node has not noticed): the answers their calls got meanwhile, held for when it notices.
-    lapsed: dict[str, list[tuple[Event, frozenset[tuple[int, int]]]]] = field(default_factory=dict)
-    # Per partition, the scans of its recovery out now (their answers not heard yet): what a
-    # Move's `after` "scan" waits for.
-    scans_out: collections.Counter[str] = field(default_factory=collections.Counter)
-
-    def reset_memory(self, policy: Policy) -> None:
-        """What a process loses with its memory (a crash, a deposed process parking)."""
-        self.timers.clear()
-        for partition in self.lapsed:
-            self.epochs.pop(partition, None)  # a lease that lapsed is not taken again on restart
-        self.lapsed.clear()
-        self.scans_out.clear()
-        self.tables = {p: PartitionExecutions(p, redo, policy) for p in self.partitions}
-
-    @property
-    def ready(self) -> bool:
-        return self.alive and self.core is not None and self.core.recovered
-
-
-@dataclass(slots=True)
-class _Parked:
-    """A process a later take of its node's identity deposed: what it watches, and what it does."""
-
-    watch: VacancyWatch
-    restarts: bool  # the node's newest process: its exit on a vacancy is restarted at once
-    ends_ms: int | None  # a Twin's first process: its pod is gone then, the watch with it
 
 
 @dataclass
@@ -306,7 +240,7 @@ class Outcome:
     messages: int = 0
 
 
-class World:
+class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
     def __init__(
         self,
         schedule: Schedule,
@@ -372,7 +306,7 @@ class World:
         self._identity_unreachable_ms: dict[tuple[str, int], int] = {}
         # Parked processes (deposed by a later take of their node's identity), by node name and
         # incarnation; a crash, an exit, or the end of a Twin's first process ends one.
-        self.parked: dict[tuple[str, int], _Parked] = {}
+        self.parked: dict[tuple[str, int], ParkedProcess] = {}
         # When the first process of each node's Twin dies (Twin.overlap_ms after the second starts).
         self._twin_end_ms: dict[str, int] = {}
         self._twin_of = {twin.node: twin for twin in schedule.twins}
@@ -397,7 +331,7 @@ class World:
         # One-shot requests waiting for a lock (the runtime's _wait_for_lock), by (node name,
         # incarnation, partition, txn, key): resumed by the grant a release returns, or refused
         # when the lock table's bounded wait runs out.
-        self._parked: dict[tuple[str, int, str, str, str], tuple[_Carried, Execution[int]]] = {}
+        self._parked: dict[tuple[str, int, str, str, str], tuple[CarriedRequest, Execution[int]]] = {}
         # One-shot requests not answered yet, by (txn, partition, coordinator incarnation): at its
         # deadline from sending, the coordinator hears "no answer" (the runtime's transport does),
         # even if the request still runs and votes afterwards; an answer after it goes nowhere.
@@ -503,31 +437,31 @@ class World:
 
     def _begin(self) -> None:
         self.now_ms = -self.boot_ms
-        self._push(0, _BOOTED, None)  # first at time 0: before any crash due then
+        self._push(0, STEP_BOOTED, None)  # first at time 0: before any crash due then
         for node in self.nodes.values():
             self._start_core(node)
         for index, plan in enumerate(self.schedule.txns):
-            self._push(plan.start_ms, _EXECUTE, self.txns[index])
+            self._push(plan.start_ms, STEP_EXECUTE, self.txns[index])
         for crash in self.schedule.crashes:
-            self._push(crash.at_ms, _CRASH, crash)
+            self._push(crash.at_ms, STEP_CRASH, crash)
         for move in self.schedule.moves:
-            self._push(move.at_ms, _MOVE, move)
+            self._push(move.at_ms, STEP_MOVE, move)
         for twin in self.schedule.twins:
-            self._push(twin.at_ms, _TWIN, twin)
+            self._push(twin.at_ms, STEP_TWIN, twin)
             if twin.cut_ms:
-                self._push(twin.cut_start_ms, _RESEND, twin)
+                self._push(twin.cut_start_ms, STEP_RESEND, twin)
         for index, resolve in enumerate(self.schedule.resolves):
-            self._push(resolve.at_ms, _RESOLVE, index)
-        self._push(self.liveness_check_ms, _CHECK, None)
+            self._push(resolve.at_ms, STEP_RESOLVE, index)
+        self._push(self.liveness_check_ms, STEP_CHECK, None)
         for at_ms, index in self.probe.plan(self):
-            self._push(at_ms, _STATUS, index)
+            self._push(at_ms, STEP_STATUS, index)
 
     def _step(self, kind: int, data: Any) -> None:
-        if kind == _DELIVER:
+        if kind == STEP_DELIVER:
             self._deliver(*data)
-        elif kind == _ARRIVE:
+        elif kind == STEP_ARRIVE:
             self._arrive(data)
-        elif kind == _RETURN:
+        elif kind == STEP_RETURN:
             name, incarnation, event, path, tenure = data
             if name.startswith("~resolve/"):
                 self._resolver_step(int(name.rsplit("/", 1)[1]), event)
@@ -552,7 +486,7 @@ class World:
                     if isinstance(event, IdentityTaken):
                         node.identity_taken_ms = self.clock_ms(node.name)
                 self._feed(node, event, path)
-        elif kind == _TIMER:
+        elif kind == STEP_TIMER:
             name, incarnation, timer, generation, path = data
             node = self.process(name, incarnation)
             if node is not None and node.timers.get(timer) == generation:
@@ -570,455 +504,67 @@ class World:
                 _EXECUTION_STEPS[kind](self, data)
             except AssertionError as error:
                 self.outcome.violations.append(f"assertion in the execution phase: {error}")
-        elif kind == _MOVE:
+        elif kind == STEP_MOVE:
             self._move(data)
-        elif kind == _TAKE:
+        elif kind == STEP_TAKE:
             self._take(data)
-        elif kind == _LAPSE_END:
+        elif kind == STEP_LAPSE_END:
             self._lapse_ends(*data)
-        elif kind == _ASKED:
+        elif kind == STEP_ASKED:
             self._asked(*data)
-        elif kind == _RESOLVE_WRITES:
+        elif kind == STEP_RESOLVE_WRITES:
             self._resolve_writes(*data)
-        elif kind == _TWIN:
+        elif kind == STEP_TWIN:
             self._twin(data)
-        elif kind == _TWIN_END:
+        elif kind == STEP_TWIN_END:
             self._twin_ends(*data)
-        elif kind == _CONFIRM:
+        elif kind == STEP_CONFIRM:
             self._confirm_step(data)
-        elif kind == _RESEND:
+        elif kind == STEP_RESEND:
             self._resend(data)
-        elif kind == _IDENTITY_ARRIVE:
+        elif kind == STEP_IDENTITY_ARRIVE:
             self._identity_arrive(data)
-        elif kind == _WATCH:
+        elif kind == STEP_WATCH:
             self._watch(*data)
-        elif kind == _WATCH_LANDS:
+        elif kind == STEP_WATCH_LANDS:
             self._watch_lands(*data)
-        elif kind == _WATCHED:
+        elif kind == STEP_WATCHED:
             self._watched(*data)
-        elif kind == _EXECUTE_ANSWER:
+        elif kind == STEP_EXECUTE_ANSWER:
             self._execute_answered(*data)
-        elif kind == _EXECUTE_DEADLINE:
+        elif kind == STEP_EXECUTE_DEADLINE:
             self._execute_deadline(*data)
-        elif kind == _COMMIT:
+        elif kind == STEP_COMMIT:
             txn, writes, reads = data
             node = self._executing_process(txn)
             self.executing.pop(txn, None)
             if node is not None:
                 self._feed(node, CommitRequested(node.name, txn, writes, reads), node.path)
-        elif kind == _STATUS:
+        elif kind == STEP_STATUS:
             # Every node is asked at once; each answers in steps while the world goes on.
             for at_ms, step in self.probe.ask(self, data):
-                self._push(at_ms, _STATUS_ANSWER, step)
-        elif kind == _STATUS_ANSWER:
+                self._push(at_ms, STEP_STATUS_ANSWER, step)
+        elif kind == STEP_STATUS_ANSWER:
             for at_ms, step in self.probe.step(self, data):
-                self._push(at_ms, _STATUS_ANSWER, step)
-        elif kind == _CRASH:
+                self._push(at_ms, STEP_STATUS_ANSWER, step)
+        elif kind == STEP_CRASH:
             self.crash(data.node, data.down_ms)
-        elif kind == _RESTART:
+        elif kind == STEP_RESTART:
             self._restart(data)
-        elif kind == _RESOLVE:
+        elif kind == STEP_RESOLVE:
             self._start_resolve(data)
-        elif kind == _IDLE:
+        elif kind == STEP_IDLE:
             name, incarnation, partition, txn = data
             node = self.process(name, incarnation)
             if node is not None:
                 self._drop_idle(node, partition, txn)
-        elif kind == _BOOTED:
+        elif kind == STEP_BOOTED:
             booting = [node.name for node in self.nodes.values() if not node.ready]
             if booting:
                 self.outcome.violations.append(f"recovery of an empty cluster did not finish on {booting}")
         else:
-            assert kind == _CHECK
+            assert kind == STEP_CHECK
             self._check_liveness()
-
-    # -- the execution phase (the runtime's I/O around the core's execution state) ---------------
-    def _execute_txn(self, txn: str) -> None:
-        """An interactive transaction's first requests: on each partition, lock its key (shared,
-        NO_WAIT) and read it through the owner's cache; its writes follow in `_execute_writes`, as
-        continued requests, a moment later. Any refusal aborts before commit, as the runtime's
-        coordinator does when an execute request fails."""
-        plan = self.plans[txn]
-        first = self.twins.get(plan.coordinator)
-        twin = self._twin_of.get(plan.coordinator)
-        if (plan.one_shot and first is not None and first.ready and twin is not None and twin.cut_ms
-                and self.now_ms < twin.cut_start_ms and txn not in self._one_shot_sent):
-            # Over the client's old connection, to the first process; sent again at its cut.
-            self._to_resend.setdefault(plan.coordinator, []).append(txn)
-            self._start_one_shot(txn, first)
-            return
-        if not self.nodes[plan.coordinator].ready:
-            return
-        if txn in self._one_shot_sent and not self._accepts_again(txn):
-            return  # its client is refused, and asks the status call instead
-        if plan.one_shot:
-            self._start_one_shot(txn, self.nodes[plan.coordinator])
-            return
-        coordinator = self.nodes[plan.coordinator]
-        self.executing[txn] = (coordinator.name, coordinator.incarnation)
-        reads: dict[tuple[str, str], int] = {}
-        for partition, key_index in (*plan.writes, *plan.reads):
-            node = self.owner_of(partition)
-            key = f"k{key_index}"
-            if not self._serves(node, partition, txn):
-                self._abort_execution(txn)
-                return
-            execution = self._begin_execution(node, partition, txn)
-            table = node.tables[partition]
-            if execution is None or table.lock(txn, key, LockMode.SHARED, self.now_ms) is not Grant.GRANTED:
-                self._abort_execution(txn)
-                return
-            reads[(partition, key)] = self._read_committed(node, partition, key, txn, execution)
-        self.outcome.reads[txn] = reads
-        if not plan.writes:
-            self._executed(txn, [])
-            return
-        think_ms = self.schedule.think_ms + self.rng.randint(1, self.schedule.delay_ms_max)
-        self._push(self.now_ms + think_ms, _EXECUTE_WRITES, txn)
-
-    def _execute_writes(self, txn: str) -> None:
-        """The writes of an interactive transaction: on each written partition a continued request
-        that takes the key exclusive and buffers the next version. A partition whose owner
-        restarted since the read has lost the execution, and with it the read lock: it refuses."""
-        plan = self.plans[txn]
-        if self._executing_process(txn) is None:
-            # The coordinator is gone, or restarted and forgot it (its caller's next call is
-            # refused): its executions idle out.
-            self.executing.pop(txn, None)
-            return
-        writes: list[tuple[str, bytes]] = []
-        self.outcome.writes[txn] = {}
-        for partition, key_index in plan.writes:
-            node = self.owner_of(partition)
-            key = f"k{key_index}"
-            if not self._serves(node, partition, txn):
-                self._abort_execution(txn)
-                return
-            table = node.tables[partition]
-            execution = table.begin(txn, plan.coordinator, self.now_ms, continued=True)
-            granted = isinstance(execution, Execution) and table.lock(txn, key, LockMode.EXCLUSIVE, self.now_ms)
-            if granted is not Grant.GRANTED:
-                self._abort_execution(txn)
-                return
-            value = self.outcome.reads[txn][(partition, key)] + 1
-            self.outcome.writes[txn][(partition, key)] = value
-            execution.writes[key] = value
-            writes.append((partition, redo.encode({key: value})))
-        self._executed(txn, writes)
-
-    def _executing_process(self, txn: str) -> Node | None:
-        """The process that runs `txn`'s operations, while it lives and serves: the one that began
-        it (the first process of a Twin too, until it is deposed)."""
-        holder = self.executing.get(txn)
-        node = None if holder is None else self.process(*holder)
-        if node is None or not node.ready or (node.name, node.incarnation) in self.parked:
-            return None
-        return node
-
-    def _executed(self, txn: str, writes: list[tuple[str, bytes]]) -> None:
-        plan = self.plans[txn]
-        self.outcome.executed.add(txn)
-        self._push(self.now_ms + 1, _COMMIT, (txn, tuple(writes), tuple(p for p, _ in plan.reads)))
-
-    def _abort_execution(self, txn: str) -> None:
-        """The coordinator's abort of an execution that failed somewhere: every live owner drops it."""
-        plan = self.plans[txn]
-        self.executing.pop(txn, None)
-        for partition, _ in (*plan.writes, *plan.reads):
-            node = self.owner_of(partition)
-            if self._serves(node, partition, txn, abort=True):
-                self._wake(node, partition, node.tables[partition].abort(txn), txn)
-
-    def _serves(self, node: Node | None, partition: str, txn: str, *, abort: bool = False) -> TypeGuard[Node]:
-        """Whether `node` runs a request of `txn`'s execution phase on `partition` now: it holds
-        it, and the core's admission rule (NodeCore.execute_refusal, the runtime's too) allows.
-        None (nobody holds the partition): the runtime's coordinator refuses it ("no node holds")."""
-        return (node is not None and node.alive and node.core is not None and partition in node.core.partitions
-                and partition not in node.lapsed and node.core.execute_refusal(partition, txn, abort=abort) is None)
-
-    def _begin_execution(self, node: Node, partition: str, txn: str) -> Execution[int] | None:
-        """The core's execution of `txn` on `partition` (None if refused), with its idle timeout."""
-        execution = node.tables[partition].begin(txn, self.plans[txn].coordinator, self.now_ms)
-        if isinstance(execution, Refusal):
-            return None
-        self._push(self.now_ms + EXECUTION_IDLE_MS + 1, _IDLE, (node.name, node.incarnation, partition, txn))
-        return execution
-
-    def _start_one_shot(self, txn: str, coordinator: Node) -> None:
-        """The runtime's one-shot with the prepares carried by the requests: the caller names each
-        write's value (the version after the one it expects, read now through the owner's cache, as
-        the caller's own earlier read would be served), the coordinator's machine starts at once,
-        and each partition's request travels like any message (late, lost, or to a node that is
-        down)."""
-        plan = self.plans[txn]
-        sent = self._one_shot_sent.get(txn)
-        if sent is None:
-            versions = {p: self._caller_read(p, f"k{k}") for p, k in plan.writes}
-            redos = [(p, redo.encode({f"k{k}": versions[p] + 1})) for p, k in plan.writes]
-            # A partition only read votes too (paper 3.5), and its redo names the key it read.
-            redos += [(p, redo.encode({}, (f"k{k}",))) for p, k in plan.reads]
-            expected: dict[str, int | None] = {**versions, **dict.fromkeys((p for p, _ in plan.reads), None)}
-            writes = tuple(sorted(redos))
-            self._one_shot_sent[txn] = (writes, expected)
-            self.outcome.reads[txn], self.outcome.writes[txn] = {}, {}
-            self.outcome.executed_on[txn] = set()
-        else:
-            writes, expected = sent  # sent again by its client: the same id and operations
-        self._feed(coordinator, CommitRequested(coordinator.name, txn, writes, (), prepare_sent=True), coordinator.path)
-        participants = tuple(p for p, _ in writes)
-        for partition, key_index in (*plan.writes, *plan.reads):
-            owner = self.owner_of(partition)
-            if owner is None:
-                # Nobody holds it (a Move's gap): the runtime's coordinator refuses the request
-                # before sending it, and the machine hears so after it started.
-                self._unanswered.add((txn, partition, coordinator.incarnation))
-                self._push(self.now_ms, _EXECUTE_ANSWER, (txn, partition, coordinator.incarnation, "no node holds it"))
-                continue
-            sent = _Carried(txn, partition, f"k{key_index}", expected[partition], participants,
-                            coordinator.incarnation, owner.name, owner.incarnation)
-            self._unanswered.add((txn, partition, coordinator.incarnation))
-            self._push(self.now_ms + TIMEOUT_MS_EXECUTE, _EXECUTE_DEADLINE, (txn, partition, coordinator.incarnation))
-            if self.rng.random() < self.schedule.loss_probability and 0 <= self.now_ms < FAULTS_END_MS:
-                continue  # lost on the way: its deadline tells the coordinator
-            delay_ms = self.rng.randint(1, self.schedule.delay_ms_max)
-            # Drawn only when late requests are on: every other schedule's run stays what it was.
-            late_p = self.schedule.late_request_probability
-            if late_p and (self.rng.random() < late_p or plan.late):
-                delay_ms += self.schedule.late_request_ms
-            self._push(self.now_ms + delay_ms, _EXECUTE_PREPARED, sent)
-
-    def _execute_prepared(self, carried: _Carried) -> None:
-        """A one-shot's request reaches the partition's owner: take the lock, read the key (from the
-        cache, or storage, whose answer may take long), and go on in `_read_done`."""
-        txn, partition, key, expected = carried.txn, carried.partition, carried.key, carried.expected
-        incarnation = carried.incarnation
-        node = self.nodes[carried.owner]
-        if not node.alive or node.incarnation != carried.owner_incarnation:
-            # Sent over a connection to a process that is gone: lost with it. A node that dropped
-            # the partition since refuses it below (it hosts it no more).
-            self._answer_execute(txn, partition, incarnation, None)
-            return
-        if partition in node.lapsed:
-            # The runtime asks the lease first and drops what ran out (Node.on_request).
-            self._answer_execute(txn, partition, incarnation, "the partition was lost")
-            return
-        if not self._serves(node, partition, txn):
-            committing = (node.core is not None and partition in node.core.partitions
-                          and node.core.execute_refusal(partition, txn) is ExecuteRefusal.COMMITTING)
-            self._answer_execute(txn, partition, incarnation, ALREADY_COMMITTING if committing else "not ready")
-            return
-        begin_ms = begin_ms_of(txn)
-        deadline_ms = (status.request_deadline_ms(begin_ms + TIMEOUT_MS_EXECUTE, begin_ms, TIMEOUT_MS_EXECUTE)
-                       if self.schedule.request_deadlines else 0)
-        if status.request_expired(deadline_ms, self.clock_ms(node.name), CLOCK_SLACK_MS):
-            self._answer_execute(txn, partition, incarnation, "arrived past its deadline")  # as Node.on_request
-            return
-        table = node.tables[partition]
-        execution = self._begin_execution(node, partition, txn)
-        if execution is None:
-            self._answer_execute(txn, partition, incarnation, ABORTED_HERE)
-            return
-        mode = LockMode.SHARED if expected is None else LockMode.EXCLUSIVE
-        grant = table.lock(txn, key, mode, self.now_ms)
-        if grant is Grant.WAITING:
-            # Behind a holder that voted (its locks go at the decision), or older under WAIT_DIE.
-            self._parked[(node.name, node.incarnation, partition, txn, key)] = (carried, execution)
-            self.outcome.lock_waits += 1
-            expiry_ms = self.now_ms + table.locks.timeout_ms_wait + 1
-            self._push(expiry_ms, _LOCK_EXPIRY, (node.name, node.incarnation, partition))
-            return
-        if grant is not Grant.GRANTED:
-            self._wake(node, partition, table.abort(txn), txn)
-            self._answer_execute(txn, partition, incarnation, "conflict")
-            return
-        self._locked(carried, execution)
-
-    def _lock_granted(self, name: str, incarnation: int, partition: str, txn: str, key: str) -> None:
-        parked = self._parked.pop((name, incarnation, partition, txn, key), None)
-        if parked is None:
-            return  # its node restarted, or the wait ended otherwise
-        carried, execution = parked
-        node = self.nodes[name]
-        table = node.tables.get(partition)
-        if not node.alive or node.incarnation != incarnation or table is None:
-            self._answer_execute(txn, partition, carried.incarnation, None)
-            return
-        if not table.is_current(txn, execution):
-            # Dropped while it waited: not resurrected, and what the grant gave it goes back.
-            self._wake(node, partition, table.release(txn), txn)
-            self._answer_execute(txn, partition, carried.incarnation, ABORTED_WHILE_WAITING)
-            return
-        self._locked(carried, execution)
-
-    def _lock_expiry(self, name: str, incarnation: int, partition: str) -> None:
-        node = self.nodes[name]
-        table = node.tables.get(partition)
-        if not node.alive or node.incarnation != incarnation or table is None:
-            return
-        expired, granted = table.locks.expire(self.now_ms)
-        for waiter in expired:
-            parked = self._parked.pop((name, incarnation, partition, waiter.txn, waiter.key), None)
-            if parked is not None:
-                self._wake(node, partition, table.abort(waiter.txn), waiter.txn)
-                self._answer_execute(waiter.txn, partition, parked[0].incarnation, "lock wait timed out")
-        self._wake(node, partition, granted)
-
-    def _wake(self, node: Node, partition: str, granted: list[Waiter], released: str = "") -> None:
-        """Resume the requests a release granted, after the step that released (as the runtime's
-        woken futures run on a later tick); and refuse the requests of the transaction whose
-        locks went (`released`), which its release took out of the queue."""
-        for waiter in granted:
-            self._push(self.now_ms, _LOCK_GRANTED, (node.name, node.incarnation, partition, waiter.txn, waiter.key))
-        if released:
-            self._unpark(lambda k: k[:4] == (node.name, node.incarnation, partition, released), "aborted while waiting")
-
-    def _unpark(self, matches: Callable[[tuple[str, int, str, str, str]], bool], refusal: str | None) -> None:
-        for parked_key in [k for k in self._parked if matches(k)]:
-            carried, _ = self._parked.pop(parked_key)
-            self._answer_execute(carried.txn, carried.partition, carried.incarnation, refusal)
-
-    def _locked(self, carried: _Carried, execution: Execution[int]) -> None:
-        """The request holds its lock: read the key (from the cache, or storage, whose answer may
-        take long), and go on in `_read_done`."""
-        txn, partition, key = carried.txn, carried.partition, carried.key
-        node = self.nodes[carried.owner]
-        table = node.tables[partition]
-        hit, value = table.cached(key)
-        if hit:
-            assert value is not None
-            self._read_done(carried, execution, value)
-            return
-        found = self.storage.data.get((partition, key), 0)
-        # A slow read answers late (drawn only when slow reads are on, so every other schedule's
-        # run stays what it was): meanwhile the execution may be dropped and another transaction
-        # commit a newer value, which this answer then predates.
-        slow = self.schedule.slow_read_probability
-        if slow and self.now_ms < FAULTS_END_MS and self.rng.random() < slow:
-            self._slow_reads_out[partition] += 1
-            self._push(self.now_ms + self.schedule.slow_read_ms, _READ_LANDED, (carried, execution, found))
-            return
-        table.read_landed(txn, execution, {key: found})
-        self._read_done(carried, execution, found)
-
-    def _read_landed(self, carried: _Carried, execution: Execution[int], found: int) -> None:
-        self._slow_reads_out[carried.partition] -= 1
-        node = self.nodes[carried.owner]
-        if not node.alive or node.incarnation != carried.owner_incarnation:
-            self._answer_execute(carried.txn, carried.partition, carried.incarnation, None)
-            return
-        if carried.partition not in node.tables or carried.partition in node.lapsed:
-            # Lost while the read was out (dropped, or its lease ended): the runtime's check after
-            # the execution (Node.on_request) answers NOT_OWNER, a refusal (found by audit: the
-            # world answered nothing, or, once lapses were modelled, ran on as the owner).
-            self.outcome.reads_out_when_lost += 1
-            self._answer_execute(carried.txn, carried.partition, carried.incarnation, "the partition was lost")
-            return
-        table = node.tables[carried.partition]
-        table.read_landed(carried.txn, execution, {carried.key: found})
-        if not table.is_current(carried.txn, execution):
-            # Dropped while the read was out (an abort, an idle timeout): not resurrected.
-            self._answer_execute(carried.txn, carried.partition, carried.incarnation, "aborted while reading")
-            return
-        self._read_done(carried, execution, found)
-
-    def _read_done(self, carried: _Carried, execution: Execution[int], value: int) -> None:
-        """Check the version the request expects, record the write, and hand the machine its
-        execution and prepare; a failed check drops it."""
-        txn, partition, key, expected = carried.txn, carried.partition, carried.key, carried.expected
-        incarnation = carried.incarnation
-        plan = self.plans[txn]
-        node = self.nodes[carried.owner]
-        if expected is None:
-            # Only read: it votes yes, keeping the read lock until the decision.
-            self.outcome.reads[txn][(partition, key)] = value
-            execution.reads[key] = None
-        elif value != expected:
-            self._wake(node, partition, node.tables[partition].abort(txn), txn)
-            self._answer_execute(txn, partition, incarnation, "check failed")
-            return
-        else:
-            self.outcome.reads[txn][(partition, key)] = expected
-            self.outcome.writes[txn][(partition, key)] = expected + 1
-            execution.writes[key] = expected + 1
-        executed_on = self.outcome.executed_on[txn]
-        executed_on.add(partition)
-        if len(executed_on) == len(plan.writes) + len(plan.reads):
-            self.outcome.executed.add(txn)
-        self._deliver(partition, plan.coordinator, Prepare(txn, carried.participants, plan.coordinator), node.path)
-        if node.alive:
-            self._answer_execute(txn, partition, incarnation, "")
-
-    def _answer_execute(self, txn: str, partition: str, incarnation: int, refusal: str | None) -> None:
-        """The owner's answer leaves for the coordinator ("" executed; a reason: refused; None:
-        none, the process is gone). It may be lost, or reach the coordinator after the request's
-        deadline, which has told it "no answer" by then (`_execute_deadline`)."""
-        if refusal is None or (self.rng.random() < self.schedule.loss_probability and self.now_ms < FAULTS_END_MS):
-            return
-        delay = self.rng.randint(1, self.schedule.delay_ms_max)
-        self._push(self.now_ms + delay, _EXECUTE_ANSWER, (txn, partition, incarnation, refusal))
-
-    def _execute_answered(self, txn: str, partition: str, incarnation: int, refusal: str) -> None:
-        key = (txn, partition, incarnation)
-        if key not in self._unanswered:
-            return  # its deadline passed: the coordinator heard "no answer", and listens no more
-        self._unanswered.discard(key)
-        if refusal:
-            coordinator = self.process(self.plans[txn].coordinator, incarnation)
-            if coordinator is not None and self._cut_off(coordinator):
-                self._unanswered.add(key)  # lost on the way: its deadline tells the coordinator
-                return
-            if coordinator is not None:
-                failed = ExecuteFailed(coordinator.name, txn, partition,
-                                       refused=refuses(_STATUS_OF_ANSWER[refusal]), detail=refusal)
-                self._feed(coordinator, failed, coordinator.path)
-
-    def _execute_deadline(self, txn: str, partition: str, incarnation: int) -> None:
-        key = (txn, partition, incarnation)
-        if key not in self._unanswered:
-            return
-        self._unanswered.discard(key)
-        coordinator = self.process(self.plans[txn].coordinator, incarnation)
-        if coordinator is not None:
-            failed = ExecuteFailed(coordinator.name, txn, partition, refused=False, detail="no answer")
-            self._feed(coordinator, failed, coordinator.path)
-
-    def _read_committed(self, node: Node, partition: str, key: str, txn: str, execution: Execution[int]) -> int:
-        """The committed value of a key `txn` holds locked: from the cache, or storage at once."""
-        table = node.tables[partition]
-        hit, value = table.cached(key)
-        if hit:
-            assert value is not None
-            return value
-        found = self.storage.data.get((partition, key), 0)
-        table.read_landed(txn, execution, {key: found})
-        return found
-
-    def _caller_read(self, partition: str, key: str) -> int:
-        """What a caller reading `key` before its one-shot is told: the owner's cached value, else
-        storage's (also when nobody holds the partition now: the caller read it before)."""
-        owner = self.owner_of(partition)
-        hit, value = owner.tables[partition].cached(key) if owner is not None else (False, None)
-        if hit:
-            assert value is not None
-            return value
-        return self.storage.data.get((partition, key), 0)
-
-    def _drop_idle(self, node: Node, partition: str, txn: str) -> None:
-        assert node.core is not None
-        table = node.tables.get(partition)
-        if table is None:
-            return  # moved away: its executions went with it
-        execution = table.executions.get(txn)
-        if execution is None:
-            return
-        if txn in table.idle(self.now_ms, EXECUTION_IDLE_MS):
-            granted = table.idle_out(txn, txn in node.core.partitions[partition].machines)
-            if granted is not None:
-                self._wake(node, partition, granted, txn)
-        else:
-            # Touched since (a continued request): the runtime's periodic sweep looks again later.
-            again_ms = execution.last_active_ms + EXECUTION_IDLE_MS + 1
-            self._push(again_ms, _IDLE, (node.name, node.incarnation, partition, txn))
 
     # -- nodes ------------------------------------------------------------------------------------
     def _deliver(self, to: str, sender: str, message: Any, path: frozenset[tuple[int, int]]) -> None:
@@ -1081,7 +627,7 @@ class World:
         if self.parked.pop((name, node.incarnation), None) is not None:
             # The node's parked newest process crashes: its restart takes the identity, as its
             # exit's would.
-            self._push(min(self.now_ms + max(1, down_ms), max(FAULTS_END_MS, self.now_ms + 1)), _RESTART, name)
+            self._push(min(self.now_ms + max(1, down_ms), max(FAULTS_END_MS, self.now_ms + 1)), STEP_RESTART, name)
             return
         if not node.alive:
             return
@@ -1096,7 +642,7 @@ class World:
         node.reset_memory(self.lock_policy)
         restart_at = self.now_ms + max(1, down_ms)
         # Every node is back when faults end, so liveness can be judged from then on.
-        self._push(min(restart_at, max(FAULTS_END_MS, self.now_ms + 1)), _RESTART, name)
+        self._push(min(restart_at, max(FAULTS_END_MS, self.now_ms + 1)), STEP_RESTART, name)
 
     def _restart(self, name: str) -> None:
         node = self.nodes[name]
@@ -1131,204 +677,6 @@ class World:
         first = self.twins.get(name)
         return first if first is not None and first.incarnation == incarnation else None
 
-    def _resend(self, twin: Twin) -> None:
-        """The cut of a Twin's first process: the client of the one-shots it took sends them
-        again, with their ids, to the second process (once that one is ready)."""
-        if not self.nodes[twin.node].ready:
-            if self.now_ms + TAKE_RETRY_MS < twin.cut_end_ms:
-                self._push(self.now_ms + TAKE_RETRY_MS, _RESEND, twin)
-            return
-        for txn in self._to_resend.pop(twin.node, []):
-            # Its client heard nothing (no reply, or, for half of them, one lost in the cut; not
-            # drawn from the RNG), and named the transaction: it can send it again as it was.
-            lost = txn not in self.outcome.replies or zlib.crc32(f"{txn}/lost".encode()) % 2 == 0
-            if lost and txn_ids.is_client_chosen(txn):
-                self._push(self.now_ms + self.rng.randint(1, self.schedule.delay_ms_max), _EXECUTE, txn)
-
-    def _accepts_again(self, txn: str) -> bool:
-        """Whether the second process runs a one-shot its client sent again: as the runtime's
-        check_client_txn, only while its begin is recent (the peer request timeout here) and a
-        clock slack after the process took the node's identity (Coordination._check_client_txn)."""
-        name = self.plans[txn].coordinator
-        taken_ms = self.nodes[name].identity_taken_ms
-        if taken_ms is None:
-            return False
-        after_ms = txn_ids.client_begins_after_ms(0, taken_ms, CLOCK_SLACK_MS)
-        return not txn_ids.client_begin_problem(begin_ms_of(txn), self.clock_ms(name), after_ms, TIMEOUT_MS_EXECUTE)
-
-    def _twin(self, twin: Twin) -> None:
-        """A second process of `twin.node` starts (and recovers) while the first runs on."""
-        first = self.nodes[twin.node]
-        if not first.alive:
-            return  # nothing runs on: the node's restart is an ordinary one
-        if self.trace is not None:
-            self.trace.append(f"{self.now_ms:6d} {twin.node:>3} SECOND PROCESS starts, the first runs on")
-        self.twins[twin.node] = first
-        second = Node(first.name, None, first.partitions, incarnation=first.incarnation + 1)
-        second.reset_memory(self.lock_policy)
-        self.nodes[twin.node] = second
-        self._push(self.now_ms + twin.overlap_ms, _TWIN_END, (twin.node, first.incarnation))
-        self._twin_end_ms[twin.node] = self.now_ms + twin.overlap_ms
-        self._start_core(second)
-
-    def _twin_ends(self, name: str, incarnation: int) -> None:
-        first = self.twins.get(name)
-        if first is None or first.incarnation != incarnation:
-            return  # it stopped already
-        if self.trace is not None:
-            self.trace.append(f"{self.now_ms:6d} {name:>3} FIRST PROCESS dies")
-        del self.twins[name]
-        first.alive = False
-        first.core = None
-
-    def _identity_legs_ms(self) -> tuple[int, int | None]:
-        """How long an identity call takes to land, and then to answer (None: drawn when it
-        lands, as every other call's is). In Schedule.slow_identity, half of them answer just
-        before their deadline."""
-        if self.schedule.slow_identity and self.rng.random() < 0.5:
-            total_ms = self.deadline_ms - 1
-            landing_ms = self.rng.randint(1, total_ms - 1)
-            return landing_ms, total_ms - landing_ms
-        return self.rng.randint(1, self.schedule.storage_ms_max), None
-
-    def _identity_arrive(
-        self, data: tuple[str, int, TakeIdentity | CheckIdentity, Any, int | None, int, int | None],
-    ) -> None:
-        """A read of the node's identity record lands, or a step of a take, which is what the
-        runtime's is (cornus.runtime.identity.take): a read (`expected` None), then a
-        compare-and-swap over what it read, a round trip later, which lands whether or not its
-        process still lives and is refused if another take landed in between; then the next
-        round, TAKE_IDENTITY_ROUND_COUNT_MAX at most."""
-        name, incarnation, call, path, expected, round_count, answer_ms = data
-        identity = identity_name(name)
-        stored = self.epoch.get(identity, 0)
-        result: IdentityTaken | IdentityChecked
-        if isinstance(call, CheckIdentity):
-            result = IdentityChecked(name, stored == call.epoch)
-            if call.renew and stored == call.epoch:
-                self.identity_version[identity] += 1
-                self.identity_changed_ms[identity] = self.now_ms
-        elif expected is None or stored != expected:
-            if expected is not None and round_count >= TAKE_IDENTITY_ROUND_COUNT_MAX:
-                result = IdentityTaken(StorageUnreachable(f"lost {TAKE_IDENTITY_ROUND_COUNT_MAX} races"))
-            elif self.process(name, incarnation) is None and expected is not None:
-                return  # a refused swap of a process that is gone: nobody takes the next round
-            else:
-                rounds = round_count + (expected is not None)
-                # The read's answer, then the next call: one round trip, as the runtime's.
-                latency, next_answer_ms = self._identity_legs_ms()
-                if answer_ms is not None:
-                    latency += answer_ms
-                data = (name, incarnation, call, path, stored, rounds, next_answer_ms)
-                self._push(self.now_ms + latency, _IDENTITY_ARRIVE, data)
-                return
-        else:
-            self.epoch[identity] = stored + 1
-            self.identity_version[identity] = self.identity_version.get(identity, 0) + 1
-            self.identity_changed_ms[identity] = self.now_ms
-            result = IdentityTaken(stored + 1)
-            process = self.process(name, incarnation)
-            if process is not None:
-                process.epochs[identity] = stored + 1
-        if self.trace is not None:
-            self.trace.append(f"{self.now_ms:6d} storage identity of {name}: {call} -> {result}")
-        latency = self.rng.randint(1, self.schedule.storage_ms_max) if answer_ms is None else answer_ms
-        self._push(self.now_ms + latency, _RETURN, (name, incarnation, result, path, 0))
-
-    def _depose(self, name: str, incarnation: int) -> None:
-        """A process whose node's identity another process took after it: the runtime parks it (it
-        acts no more), so a first process of a Twin ends here, as it would when its pod is gone.
-        The newest process can be the one deposed too, when both take the identity at once and
-        the older one's swap lands last: it parks, and watches the record (_watch) until the
-        older one, which dies at the end of its overlap, stops renewing it; then it exits, and
-        its restart takes the identity again. Its memory is lost meanwhile, as in a crash."""
-        process = self.process(name, incarnation)
-        if process is None:
-            return
-        self.outcome.deposed += 1
-        if self.trace is not None:
-            self.trace.append(f"{self.now_ms:6d} {name:>3} DEPOSED (incarnation {incarnation})")
-        if self.twins.get(name) is process:
-            # It acts no more; it watches the record until its pod is gone, and a vacancy it finds
-            # meanwhile ends it too (its restart, by a kubelet the pod's deletion has not reached,
-            # is not modelled: it would be one more process of the node, as a Twin is).
-            self._twin_ends(name, incarnation)
-            self._park(name, incarnation, restarts=False, ends_ms=self._twin_end_ms[name])
-            return
-        self._unpark(lambda k: k[0] == name, None)
-        process.alive = False
-        process.incarnation += 1
-        process.core = None
-        process.reset_memory(self.lock_policy)
-        self._park(name, process.incarnation, restarts=True, ends_ms=None)
-
-    def _park(self, name: str, incarnation: int, *, restarts: bool, ends_ms: int | None) -> None:
-        self.parked[(name, incarnation)] = _Parked(VacancyWatch(self.config, self.now_ms), restarts, ends_ms)
-        self._push(self.now_ms + self.config.identity_check_ms, _WATCH, (name, incarnation))
-
-    def _watch(self, name: str, incarnation: int) -> None:
-        """A parked process sends a read of its node's identity record (_watch_lands, _watched)."""
-        parked = self.parked.get((name, incarnation))
-        if parked is None:
-            return  # it crashed or exited meanwhile
-        if parked.ends_ms is not None and self.now_ms >= parked.ends_ms:
-            del self.parked[(name, incarnation)]  # its pod is gone
-            return
-        self._push(self.now_ms + self.config.identity_check_ms, _WATCH, (name, incarnation))
-        if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
-            unreachable = StorageUnreachable("the read outlived its deadline")
-            self._push(self.now_ms + self.deadline_ms, _WATCHED, (name, incarnation, self.now_ms, unreachable, None))
-            return
-        landing_ms, answer_ms = self._identity_legs_ms()
-        self._push(self.now_ms + landing_ms, _WATCH_LANDS, (name, incarnation, self.now_ms, answer_ms))
-
-    def _watch_lands(self, name: str, incarnation: int, sent_ms: int, answer_ms: int | None) -> None:
-        """A parked process's read lands: storage serves it now, and its answer arrives later."""
-        identity = identity_name(name)
-        stored = (self.epoch[identity], self.identity_version[identity]) if identity in self.epoch else None
-        # How long what it read had stood then: the watch's promise is checked against it.
-        stood_ms = self.now_ms - self.identity_changed_ms.get(identity, -self.boot_ms)
-        latency = self.rng.randint(1, self.schedule.storage_ms_max) if answer_ms is None else answer_ms
-        self._push(self.now_ms + latency, _WATCHED, (name, incarnation, sent_ms, stored, stood_ms))
-
-    def _watched(self, name: str, incarnation: int, sent_ms: int, record: Observed, stood_ms: int | None) -> None:
-        parked = self.parked.get((name, incarnation))
-        if parked is None or not parked.watch.observed(sent_ms, self.now_ms, record):
-            return
-        # What the watch promises: the record it read last had stood unchanged for the whole wait
-        # when storage served that read, by storage's own record of its changes.
-        assert stood_ms is not None
-        if stood_ms < self.config.identity_vacant_ms:
-            self.outcome.violations.append(
-                f"a parked process of {name} took its identity for vacant from a read of a record that had stood "
-                f"{stood_ms} ms (the wait is {self.config.identity_vacant_ms} ms)")
-        holder = self._identity_holder(name)
-        # Judged for the holder of what the watch read: one whose take landed after that read (a
-        # restart of the holder that had died) is no process the watch took for gone (found by
-        # the explorer: mixed --twins seed 173, a false alarm).
-        read_epoch = record[0] if isinstance(record, tuple) else None
-        if holder is not None and holder.core is not None and holder.core.identity_epoch == read_epoch:
-            failed_ms = self._identity_unreachable_ms.get((name, holder.incarnation))
-            if failed_ms is None or failed_ms < self.now_ms - self.config.identity_vacant_ms - self.deadline_ms:
-                self.outcome.violations.append(
-                    f"a parked process of {name} took its identity for vacant while the process holding it lived "
-                    f"and every renewal of its landed")
-        if self.trace is not None:
-            self.trace.append(f"{self.now_ms:6d} {name:>3} IDENTITY VACANT: the parked process exits")
-        self.outcome.vacancy_exits += 1
-        del self.parked[(name, incarnation)]
-        if parked.restarts:
-            self._push(self.now_ms + 1, _RESTART, name)
-
-    def _identity_holder(self, name: str) -> Node | None:
-        """The live process of node `name` that holds its identity now, if one does."""
-        stored = self.epoch.get(identity_name(name))
-        for process in (self.nodes[name], self.twins.get(name)):
-            if (process is not None and process.alive and process.core is not None
-                    and process.core.identity_epoch == stored):
-                return process
-        return None
-
     def _unreachable(self, log: LogId) -> bool:
         windows = self._down_logs.get(log.key)
         return windows is not None and any(start <= self.now_ms < end for start, end in windows)
@@ -1349,7 +697,7 @@ class World:
             node.timer_generation += 1
             node.timers[effect.timer] = node.timer_generation
             data = (node.name, node.incarnation, effect.timer, node.timer_generation, node.path)
-            self._push(self.now_ms + effect.duration_ms, _TIMER, data)
+            self._push(self.now_ms + effect.duration_ms, STEP_TIMER, data)
         elif isinstance(effect, CancelTimer):
             node.timers.pop(effect.timer, None)
         elif isinstance(effect, Reply):
@@ -1379,7 +727,7 @@ class World:
                 unanswered = (IdentityTaken(StorageUnreachable("cut off")) if isinstance(effect, TakeIdentity)
                               else IdentityChecked(node.name, StorageUnreachable("cut off")))
                 data = (node.name, node.incarnation, unanswered, node.path, 0)
-                self._push(self.now_ms + self.deadline_ms, _RETURN, data)
+                self._push(self.now_ms + self.deadline_ms, STEP_RETURN, data)
                 return
             if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
                 # Unreachable: its caller hears so at the deadline. A take may have landed all
@@ -1396,20 +744,20 @@ class World:
                     self.epoch[identity] = self.epoch.get(identity, 0) + 1
                     self.identity_version[identity] = self.identity_version.get(identity, 0) + 1
                     self.identity_changed_ms[identity] = self.now_ms
-                self._push(self.now_ms + self.deadline_ms, _RETURN,
+                self._push(self.now_ms + self.deadline_ms, STEP_RETURN,
                            (node.name, node.incarnation, unreachable, node.path, 0))
                 self._identity_unreachable_ms[(node.name, node.incarnation)] = self.now_ms
                 return
             latency, answer_ms = self._identity_legs_ms()
             data = (node.name, node.incarnation, effect, node.path, None, 1, answer_ms)
-            self._push(self.now_ms + latency, _IDENTITY_ARRIVE, data)
+            self._push(self.now_ms + latency, STEP_IDENTITY_ARRIVE, data)
         elif isinstance(effect, Deposed):
             self._depose(node.name, node.incarnation)
         elif isinstance(effect, RecoveryFinished):
             # A node back from a crash knows least: the status call is asked about what it
             # coordinated just then, while that transaction's requests and votes may be on their way.
             for at_ms, index in self.probe.after_recovery(self, node.name):
-                self._push(at_ms, _STATUS, index)
+                self._push(at_ms, STEP_STATUS, index)
         else:
             # Decided marks a moment for timing (a 2PC coordinator emits it when it starts logging
             # COMMIT, which a crash can still undo); the machines' own decisions are observed.
@@ -1424,12 +772,12 @@ class World:
             return
         path = frozenset((h + 1, w) for h, w in node.path) if self.trace_paths else node.path
         data = (effect.to, effect.source, effect.message, path)
-        self._push(self.now_ms + self.rng.randint(1, self.schedule.delay_ms_max), _DELIVER, data)
+        self._push(self.now_ms + self.rng.randint(1, self.schedule.delay_ms_max), STEP_DELIVER, data)
         if self.rng.random() < self.schedule.duplicate_probability:
             late = self.rng.random() < 0.5
             self.outcome.late_duplicates += late
             delay = self.config.gc_grace_ms + self.rng.randint(0, self.config.gc_grace_ms) if late else 0
-            self._push(self.now_ms + delay + self.rng.randint(1, self.schedule.delay_ms_max), _DELIVER, data)
+            self._push(self.now_ms + delay + self.rng.randint(1, self.schedule.delay_ms_max), STEP_DELIVER, data)
 
     def _call(self, owner: str, incarnation: int, call: StorageCall, path: Any) -> None:
         """A storage call: it reaches storage even if its caller dies meanwhile (only the answer is
@@ -1450,14 +798,14 @@ class World:
         tenure = self._tenure(process, call.owner) if process is not None else 0
         if process is not None and self._cut_off(process):
             unreachable = answer(call, StorageUnreachable("cut off"))
-            self._push(self.now_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path, tenure))
+            self._push(self.now_ms + self.deadline_ms, STEP_RETURN, (owner, incarnation, unreachable, path, tenure))
             return
         if (process is not None and fenced is None and isinstance(call, LogOnce | Log | DeleteRecord)
                 and process.core is not None and process.core.partition_of(call.owner) is None
                 and not self._identity_admits(process)):
             # A write for the node itself that storage cannot fence waits for a read of the
             # identity record (the runtime's EffectRunner._admit_for_node).
-            self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _CONFIRM,
+            self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), STEP_CONFIRM,
                        (owner, incarnation, call, path, self.now_ms, None))
             return
         if (process is not None and fenced is None and process.core is not None
@@ -1468,15 +816,15 @@ class World:
             self.outcome.stale_window_writes += 1
         if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
             unreachable = answer(call, StorageUnreachable("the call outlived its deadline"))
-            self._push(self.now_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path, tenure))
+            self._push(self.now_ms + self.deadline_ms, STEP_RETURN, (owner, incarnation, unreachable, path, tenure))
             if self.rng.random() < 0.5:
                 # Where storage takes calls late, any protocol's call may land past the slack:
                 # collection leaves tombstones in coordinators' logs too there.
                 late_ms_max = self.config.clock_slack_ms + self.schedule.late_window_ms
                 landing = self.now_ms + self.deadline_ms + self.rng.randint(0, late_ms_max)
-                self._push(landing, _ARRIVE, (owner, incarnation, call, path, False, epoch, tenure))
+                self._push(landing, STEP_ARRIVE, (owner, incarnation, call, path, False, epoch, tenure))
             return
-        self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _ARRIVE,
+        self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), STEP_ARRIVE,
                    (owner, incarnation, call, path, True, epoch, tenure))
 
     def _txn_id(self, index: int, plan: TxnPlan) -> str:
@@ -1486,63 +834,6 @@ class World:
             # One its client may send again (Twin.cut_ms): an id the client chose.
             return txn_ids.client_txn_id(begin_ms, plan.coordinator, f"{index:016x}", plan.protocol)
         return f"{begin_ms}.{plan.coordinator}.sim.{index}.{PROTOCOL_TAGS[plan.protocol]}"
-
-    def _identity_admits(self, process: Node) -> bool:
-        return identity_window_admits(process.identity_confirmed_ms, self.now_ms, self.config.identity_write_window_ms)
-
-    def _identity_confirmed(self, process: Node, left_ms: int) -> None:
-        if process.identity_confirmed_ms is None or left_ms > process.identity_confirmed_ms:
-            process.identity_confirmed_ms = left_ms
-
-    def _confirm_step(self, data: tuple[str, int, StorageCall, Any, int, bool | None]) -> None:
-        """The read of the identity record a write for the node waits for: it lands (`held`
-        None: read now), then its answer reaches the process, which then writes (the call again,
-        admitted now), stops (deposed), or hears the write unreachable (the read was)."""
-        owner, incarnation, call, path, left_ms, held = data
-        process = self.process(owner, incarnation)
-        if process is None:
-            return
-        tenure = self._tenure(process, call.owner)
-        if held is None:
-            if self._cut_off(process) or (
-                    0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability):
-                unreachable = answer(call, StorageUnreachable("the identity read outlived its deadline"))
-                self._push(left_ms + self.deadline_ms, _RETURN, (owner, incarnation, unreachable, path, tenure))
-                return
-            identity = identity_name(owner)
-            still = self.epoch.get(identity, 0) == process.epochs.get(identity)
-            self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), _CONFIRM,
-                       (owner, incarnation, call, path, left_ms, still))
-            return
-        if not held:
-            self._depose(owner, incarnation)
-            return
-        self._identity_confirmed(process, left_ms)
-        self._call(owner, incarnation, call, path)
-
-    def _cut_off(self, process: Node) -> bool:
-        """Whether `process` is the first process of a cut Twin, within its cut."""
-        if self.twins.get(process.name) is not process:
-            return False
-        twin = self._twin_of[process.name]
-        return twin.cut_ms > 0 and twin.cut_start_ms <= self.now_ms < twin.cut_end_ms
-
-    def _list_identities(self, node: Node, call: ListIdentities) -> None:
-        """Which nodes ever took an identity: read as the call leaves (a node that takes one later
-        starts after this recovery began, and no partition recovering here votes for it before the
-        recovery ends), answered after a storage latency. A slow one answers "unreachable" at the
-        deadline, and a read that lands late changes nothing."""
-        tenure = self._tenure(node, call.owner)
-        result: tuple[str, ...] | StorageUnreachable
-        latency = self.rng.randint(1, self.schedule.storage_ms_max)
-        if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
-            result, latency = StorageUnreachable("the listing outlived its deadline"), self.deadline_ms
-        else:
-            prefix = len(IDENTITY_PREFIX)
-            listed = sorted(name[prefix:] for name in self.epoch if is_identity(name) and name[prefix:] > call.after)
-            result = tuple(listed[: call.limit])
-        self._push(self.now_ms + latency, _RETURN,
-                   (node.name, node.incarnation, IdentitiesListed(call, result), node.path, tenure))
 
     def _tenure(self, node: Node, host: str) -> int:
         """The tenure of the partition `host` acts for on `node` (0 for the node's own hosts)."""
@@ -1583,7 +874,7 @@ class World:
         if self.trace_paths and isinstance(call, LogOnce | Log):
             path = frozenset((h, w + 1) for h, w in path)
         latency = self.rng.randint(1, self.schedule.storage_ms_max)
-        self._push(self.now_ms + latency, _RETURN, (owner, incarnation, answer(call, result), path, tenure))
+        self._push(self.now_ms + latency, STEP_RETURN, (owner, incarnation, answer(call, result), path, tenure))
 
     def _apply(self, call: StorageCall) -> Any:
         storage = self.storage
@@ -1608,207 +899,7 @@ class World:
             return storage.stopped_short(call.log, call.after, page, self._scan_rng)
         return page
 
-    # -- manual resolve ---------------------------------------------------------------------------
-    def _start_resolve(self, index: int) -> None:
-        txn = self.txns[self.schedule.resolves[index].txn_index]
-        aim = bool(self.plans[txn].writes) and zlib.crc32(f"{self.schedule.seed}/{index}/aim".encode()) % 2 == 0
-        if aim and self.now_ms < FAULTS_END_MS and not self._voted_undecided(txn):
-            # Half the resolves wait for the moment they can write: a yes vote of the transaction
-            # logged and no decision yet (by faults end at latest), when the coordinator may still
-            # run it, and its records may be collected soon after.
-            self._push(self.now_ms + 1, _RESOLVE, index)
-            return
-        # Half the resolves are forced (the operator's --force), from a hash of the seed: the
-        # schedules' draws stay what they were.
-        force = zlib.crc32(f"{self.schedule.seed}/{index}/force".encode()) % 2 == 0
-        resolver = Resolver(txn, self.partitions, self.config, random.Random(index), force=force)
-        self._resolvers[index] = resolver
-        self._resolver_effects(index, resolver.start())
-
-    def _voted_undecided(self, txn: str) -> bool:
-        states = {self.storage.state(LogId.partition(p), txn) for p, _ in self.plans[txn].writes}
-        return TxnState.VOTE_YES in states and not any(state is not None and state.is_decision for state in states)
-
-    def _resolver_step(self, index: int, event: Event | CoordinatorAnswered) -> None:
-        resolver = self._resolvers[index]
-        if resolver.done or index in self._resolves_abandoned:
-            return  # the answer to a call the finished round no longer needed
-        try:
-            effects = resolver.handle(event)
-        except AssertionError as error:
-            self.outcome.violations.append(f"assertion in resolve of {resolver.txn}: {error}")
-            return
-        self._resolver_effects(index, effects)
-
-    def _resolver_effects(self, index: int, effects: list[Effect | AskCoordinator]) -> None:
-        resolver = self._resolvers[index]
-        writes: list[LogOnce] = []
-        for effect in effects:
-            if isinstance(effect, StartTimer):
-                self._resolve_window_end_ms[index] = self.now_ms + effect.duration_ms
-                self._push(self.now_ms + effect.duration_ms, _RETURN,
-                           (f"~resolve/{index}", 0, TimerFired(effect.timer), frozenset(), 0))
-            elif isinstance(effect, AskCoordinator):
-                # The question reaches the coordinator's node after a message's delay, or, one in
-                # four, about as late as its answer may come (a slow peer, or the asking process
-                # suspended): the window may close meanwhile, which the resolver must notice.
-                late = self.rng.random() < 0.25
-                serve_ms = self.rng.randint(1, TIMEOUT_MS_EXECUTE if late else self.schedule.delay_ms_max)
-                self._push(self.now_ms + serve_ms, _ASKED, (index, effect))
-            elif isinstance(effect, LogOnce):
-                writes.append(effect)
-            else:
-                assert isinstance(effect, ReadRecord), effect
-                self._call(f"~resolve/{index}", 0, effect, frozenset())
-        if writes:
-            # The driver's rule (cornus.protocol.resolve): the writes leave only before the window
-            # ends. One round in four, its process is suspended first, up to a window's length.
-            pause_ms = self.rng.randint(1, resolver.window_ms) if self.rng.random() < 0.25 else 0
-            self._push(self.now_ms + pause_ms, _RESOLVE_WRITES, (index, tuple(writes)))
-        if resolver.done:
-            self.outcome.resolves.append((resolver.txn, resolver.outcome, resolver.detail))
-
-    def _asked(self, index: int, question: AskCoordinator) -> None:
-        """The coordinator's node answers from its memory, if it is up; NOTHING when it does not
-        answer (the runtime's request deadline)."""
-        node = self.nodes[question.coordinator]
-        if not node.alive or node.core is None or (node.name, node.incarnation) in self.parked:
-            known, answer_ms = Known.NOTHING, TIMEOUT_MS_EXECUTE
-        else:
-            known, answer_ms = memory_knows(self, node, question.txn), self.rng.randint(1, self.schedule.delay_ms_max)
-        self._push(self.now_ms + answer_ms, _RETURN,
-                   (f"~resolve/{index}", 0, CoordinatorAnswered(question.txn, known), frozenset(), 0))
-
-    def _resolve_writes(self, index: int, writes: tuple[LogOnce, ...]) -> None:
-        resolver = self._resolvers[index]
-        if self.now_ms >= self._resolve_window_end_ms[index]:
-            # Not sent: the runtime's driver answers "in doubt" and the round ends.
-            self.outcome.resolve_writes_held_past_window += 1
-            self._resolves_abandoned.add(index)
-            self.outcome.resolves.append((resolver.txn, None, "the window closed before the writes left"))
-            return
-        for write in writes:
-            self._call(f"~resolve/{index}", 0, write, frozenset())
-
     # -- checks made during the run -----------------------------------------------------------------
-    # -- partition moves -------------------------------------------------------------------------------
-    def _move(self, move: Move) -> None:
-        """The partition's owner lost its lease: it drops the partition (its machines, timers and
-        executions; calls in flight still land, fenced ones refused once it is taken), at once or,
-        with `move.lapse_ms`, once it notices (`_lapse_ends`), and the node `move.to` takes it
-        (`_take`) at once or, after a gap, `move.gap_ms` later."""
-        old, new = self.owner_of(move.partition), self.nodes[move.to]
-        if move.after and self.now_ms + 1 + move.gap_ms <= FAULTS_END_MS and (
-                old is None or not self._moved_before(move) or not self._worst_moment(move, old)):
-            # Waiting for its moment (found by review: it waits through an earlier move's gap
-            # too, and after that move, which may itself have waited past this one's time).
-            self._push(self.now_ms + 1, _MOVE, move)
-            return
-        if old is None:
-            return  # nobody holds it (the gap of an earlier move, its take held up): no lease to lapse
-        self._moves_done.add(move)
-        if not move.gap_ms and not new.ready:
-            return  # a node that is down or recovering takes nothing
-        partition = move.partition
-        old.partitions = tuple(p for p in old.partitions if p != partition)
-        self._unpark(lambda k: k[0] == old.name and k[2] == partition, "the partition was lost")
-        if move.lapse_ms and old.alive and old.core is not None:
-            old.lapsed[partition] = []
-            self._push(self.now_ms + move.lapse_ms, _LAPSE_END, (old.name, old.incarnation, partition))
-        else:
-            self._drop(old, partition)
-        if move.gap_ms:
-            if self.trace is not None:
-                self.trace.append(f"{self.now_ms:6d} DROP {partition} by {old.name}: nobody holds it for "
-                                  f"{move.gap_ms} ms")
-            self.owner[partition] = None
-            self._push(self.now_ms + move.gap_ms, _TAKE, move)
-            return
-        self._take(move, old.name)
-
-    def _moved_before(self, move: Move) -> bool:
-        """Whether every move of the partition listed before `move` has had its turn (ran, or found
-        nothing to move)."""
-        earlier = self.schedule.moves[: self.schedule.moves.index(move)]
-        return all(m in self._moves_done for m in earlier if m.partition == move.partition)
-
-    def _worst_moment(self, move: Move, old: Node) -> bool:
-        """Whether now is the moment a Move's `after` waits for."""
-        if move.after == "vote":
-            page = self.storage.scan_unfinished(LogId.partition(move.partition), "", len(self.txns) + 1)
-            return any(record.state is TxnState.VOTE_YES for record in page.records)
-        if move.after == "read":
-            return self._slow_reads_out[move.partition] > 0
-        # A moment while a scan is out, any one: the last page's answer is what finishes the
-        # recovery (not drawn from `rng`, whose draws the rest of the run keeps).
-        assert move.after == "scan", move
-        moment = zlib.crc32(f"{self.schedule.seed}/{self.now_ms}".encode())
-        return bool(old.scans_out[move.partition]) and moment % 3 == 0
-
-    def _drop(self, node: Node, partition: str) -> None:
-        """`node` drops `partition`'s host: its machines, timers and executions go; answers to its
-        calls still in flight are dropped (`_tenure`)."""
-        node.tables.pop(partition, None)
-        node.epochs.pop(partition, None)
-        node.lapsed.pop(partition, None)
-        node.scans_out.pop(partition, None)
-        node.tenures[partition] = node.tenures.get(partition, 0) + 1
-        if node.alive and node.core is not None:
-            node.core.drop_partition(partition)
-            # The runtime cancels the timers of a dropped host's machines and of its recovery.
-            for timer in [t for t in node.timers if t.owner in (partition, recovery_owner(partition))]:
-                del node.timers[timer]
-
-    def _lapsed(self, node: Node, host: str) -> list[tuple[Event, frozenset[tuple[int, int]]]] | None:
-        """The answers held for `host` if it is the host of a partition whose lease lapsed here."""
-        if not node.lapsed or node.core is None:
-            return None
-        partition = node.core.partition_of(host)
-        return None if partition is None else node.lapsed.get(partition)
-
-    def _lapse_ends(self, name: str, incarnation: int, partition: str) -> None:
-        """The node notices the lease it lost: as a process back from a stall, it first runs what
-        its host heard meanwhile (the runtime's loop runs the I/O that piled up before the
-        ownership tick), which may do only what a host without a lease may; then it drops it."""
-        node = self.process(name, incarnation)
-        if node is None or partition not in node.lapsed:
-            return
-        if self.trace is not None:
-            self.trace.append(f"{self.now_ms:6d} {name:>3} notices its lease on {partition} ended")
-        held = node.lapsed[partition]
-        while held and node.alive and node.incarnation == incarnation:
-            event, path = held.pop(0)
-            self._feed(node, event, path)
-        if node.alive and node.incarnation == incarnation:
-            self._drop(node, partition)
-
-    def _take(self, move: Move, old: str = "nobody") -> None:
-        """The node `move.to` takes the partition in a higher epoch, so that storage refuses its
-        old owner's fenced writes from now on, and recovers its log before serving it; one that is
-        down or recovering at the end of a gap takes it once it is ready."""
-        partition, new = move.partition, self.nodes[move.to]
-        if not new.ready:
-            self._push(self.now_ms + TAKE_RETRY_MS, _TAKE, move)
-            return
-        if partition in new.lapsed:
-            # Its lease lapsed here and it takes the partition again: it noticed the lapse first.
-            self._lapse_ends(new.name, new.incarnation, partition)
-            if not new.ready:
-                self._push(self.now_ms + TAKE_RETRY_MS, _TAKE, move)
-                return
-        self.epoch[partition] += 1
-        self.owner[partition] = new.name
-        new.partitions = (*new.partitions, partition)
-        new.tables[partition] = PartitionExecutions(partition, redo, self.lock_policy)
-        new.epochs[partition] = self.epoch[partition]
-        if self.trace is not None:
-            self.trace.append(f"{self.now_ms:6d} MOVE {partition} from {old} to {new.name}")
-        assert new.core is not None
-        for effect in new.core.add_partition(partition):
-            self._execute(new, effect)
-            if not new.alive:
-                return
-
     def _check_collectable(self, call: DeleteRecord) -> None:
         """DESIGN 4: no record may go while someone could still run termination against it."""
         plan = self.plans.get(call.txn)

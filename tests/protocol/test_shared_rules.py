@@ -11,7 +11,7 @@ import pytest
 
 from cornus.protocol.config import Protocol, gc_grace_ms_min
 from cornus.protocol.owner_answer import ExecuteStatus, refuses
-from cornus.sim import world
+from cornus.sim import execution_phase, world
 from cornus.sim.schedule import random_schedule
 
 
@@ -22,9 +22,9 @@ def test_only_an_answer_of_an_owner_that_did_not_run_the_request_is_a_refusal() 
 def test_the_runtime_and_the_simulator_read_answers_with_the_same_statuses() -> None:
     # The runtime answers a request dropped while its read was out ABORTED (PartitionRuntime.execute):
     # no refusal there, and none in the world any more.
-    assert not refuses(world._STATUS_OF_ANSWER["aborted while reading"])
-    assert not refuses(world._STATUS_OF_ANSWER[world.ALREADY_COMMITTING])
-    assert refuses(world._STATUS_OF_ANSWER["not ready"])
+    assert not refuses(execution_phase._STATUS_OF_ANSWER["aborted while reading"])
+    assert not refuses(execution_phase._STATUS_OF_ANSWER[execution_phase.ALREADY_COMMITTING])
+    assert refuses(execution_phase._STATUS_OF_ANSWER["not ready"])
 
 
 def test_the_simulator_explores_no_configuration_the_runtime_refuses_for_late_votes() -> None:
