@@ -11,6 +11,7 @@ import abc
 import asyncio
 import contextlib
 import contextvars
+import time
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -57,33 +58,70 @@ DELETE_BATCH_COUNT_MAX = 128
 T = TypeVar("T")
 
 
-# The deadline of the call that the running task is inside, in its event loop's clock
-# (`loop.time()`): the moment the template's timer tells the caller that the call failed. Set by
-# `_bounded` around a backend's protected method, so a backend whose I/O may still land after its
-# caller stopped waiting (the emulator's writer process) can bound that I/O by the very deadline
-# the caller is held to, fixed when the call started, before any await.
-_call_deadline: contextvars.ContextVar[float] = contextvars.ContextVar("cornus_storage_call_deadline")
+# The clock a suspend of the machine advances (a paused VM, a frozen container), which the event
+# loop's does not: Linux's CLOCK_BOOTTIME, else the monotonic clock (the leases' clock too,
+# cornus.runtime.clocks, which this layer may not import).
+_BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def boot_clock_s() -> float:
+    return time.clock_gettime_ns(_BOOT_CLOCK) / 1e9
+
+
+class CallDeadline(NamedTuple):
+    """A call's deadline in the loop's clock, and the same moment in the boot clock, both fixed
+    when it was set: what is left of it is the lesser of the two, so that a suspend since (which
+    stops the loop's clock) counts (found by a read-only audit: a write whose deadline a lease
+    gate had fixed, sent after a suspend, kept its whole deadline after it, and the backends
+    turned that into the deadline the server checks)."""
+
+    loop_s: float
+    boot_s: float
+
+    @classmethod
+    def at(cls, loop_s: float) -> CallDeadline:
+        """The moment `loop_s` (the loop's clock), fixed now: fix it when the condition it rests
+        on is checked, not later, or a suspend in between is not counted."""
+        return cls(loop_s, boot_clock_s() + (loop_s - asyncio.get_running_loop().time()))
+
+    @classmethod
+    def after(cls, seconds: float) -> CallDeadline:
+        return cls(asyncio.get_running_loop().time() + seconds, boot_clock_s() + seconds)
+
+    def loop_time(self) -> float:
+        """The deadline in the loop's clock now: earlier than set by any suspend since."""
+        now_s = asyncio.get_running_loop().time()
+        return now_s + min(self.loop_s - now_s, self.boot_s - boot_clock_s())
+
+
+# The deadline of the call that the running task is inside: the moment the template's timer tells
+# the caller that the call failed. Set by `_bounded` around a backend's protected method, so a
+# backend whose I/O may still land after its caller stopped waiting (the emulator's writer
+# process) can bound that I/O by the very deadline the caller is held to, fixed when the call
+# started, before any await.
+_call_deadline: contextvars.ContextVar[CallDeadline] = contextvars.ContextVar("cornus_storage_call_deadline")
 
 
 def call_deadline() -> float:
     """The `loop.time()` at which the caller of the running storage call is told that it failed.
     Only inside a backend's protected method under the template's own timer (not one of
     `_calls_bounded_by_io`)."""
-    return _call_deadline.get()
+    return _call_deadline.get().loop_time()
 
 
 @contextlib.contextmanager
-def call_deadline_at(deadline: float | None) -> Iterator[None]:
-    """Bound the storage calls made inside the block by `deadline` (`loop.time()`; None: no bound
-    beyond their own): for a caller that decided to make a call under a condition that held only
-    when it checked it (a lease), fixing the deadline then, so that a stall between the check and
-    the call cannot push the call's deadline later. Only around the call itself: reset on leaving,
+def call_deadline_at(deadline: CallDeadline | float | None) -> Iterator[None]:
+    """Bound the storage calls made inside the block by `deadline` (a CallDeadline, or
+    `loop.time()`, fixed now; None: no bound beyond their own): for a caller that decided to make
+    a call under a condition that held only when it checked it (a lease), fixing the deadline then
+    (CallDeadline.at or .after, which count a suspend of the machine from then on), so that a stall
+    between the check and the call cannot push the call's deadline later. Only around the call itself: reset on leaving,
     so that nothing the caller does afterwards (feeding the answer to the core, which starts other
     calls and timers in this context) inherits a bound that is not its own (found by review)."""
     if deadline is None:
         yield
         return
-    token = _call_deadline.set(deadline)
+    token = _call_deadline.set(deadline if isinstance(deadline, CallDeadline) else CallDeadline.at(deadline))
     try:
         yield
     finally:
@@ -93,7 +131,8 @@ def call_deadline_at(deadline: float | None) -> Iterator[None]:
 def call_deadline_if_set() -> float | None:
     """`call_deadline()` where the template fixed one, for a call bounded by its own I/O too (a
     batch of coalesced deletes, bounded by its earliest caller's deadline); None elsewhere."""
-    return _call_deadline.get(None)
+    fixed = _call_deadline.get(None)
+    return None if fixed is None else fixed.loop_time()
 
 
 def whole_page(records: Sequence[Record], limit: int) -> ScanPage:
@@ -181,7 +220,7 @@ class LogStore(abc.ABC):
                 # told to the backend, whose I/O then ends by it too (found by review: a coalesced
                 # delete's script kept a deadline fixed when the batch ran, up to a stalled tick
                 # past its caller's).
-                token = _call_deadline.set(deadline)
+                token = _call_deadline.set(CallDeadline.at(deadline))
                 try:
                     return await call
                 finally:
@@ -189,10 +228,10 @@ class LogStore(abc.ABC):
             loop = asyncio.get_running_loop()
             if deadline is None:
                 deadline = loop.time() + self._timeout_s
-                fixed = _call_deadline.get(None)  # by the caller (fix_call_deadline), or an outer call
+                fixed = call_deadline_if_set()  # by the caller (call_deadline_at), or an outer call
                 if fixed is not None and fixed < deadline:
                     deadline = fixed
-            token = _call_deadline.set(deadline)
+            token = _call_deadline.set(CallDeadline.at(deadline))
             try:
                 if asyncio.current_task(loop) is None:  # the loop passed: one getpid call fewer
                     # Called by code run eagerly, outside any task (cornus.runtime.eager: a peer's
@@ -357,7 +396,7 @@ class LogStore(abc.ABC):
             waiting = self._deletes_waiting[loop] = []
             loop.call_soon(self._flush_deletes, loop)
         deadline = loop.time() + self._timeout_s
-        fixed = _call_deadline.get(None)  # by the caller (call_deadline_at), or an outer call
+        fixed = call_deadline_if_set()  # by the caller (call_deadline_at), or an outer call
         if fixed is not None and fixed < deadline:
             deadline = fixed
         waiting.append(_WaitingDelete(DeleteRequest(log, txn, fence, keep), future, deadline))

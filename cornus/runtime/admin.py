@@ -26,7 +26,7 @@ from cornus.runtime.transport import Transport
 from cornus.runtime.wire import StatusRequest, StatusResponse
 from storage_adapters.contract import LogId, TxnState
 from storage_adapters.errors import StorageUnavailable, ValidationError
-from storage_adapters.store import LogStore, call_deadline_at
+from storage_adapters.store import CallDeadline, LogStore, call_deadline_at
 
 # Storage calls one manual resolve keeps in flight (it reads every partition's log).
 RESOLVE_CALLS_IN_FLIGHT_MAX = 256
@@ -281,7 +281,7 @@ class Admin:
         limit = asyncio.Semaphore(RESOLVE_CALLS_IN_FLIGHT_MAX)
 
         async def call(effect: LogOnce | ReadRecord | AskCoordinator,
-                       writes_deadline: float | None) -> Event | CoordinatorAnswered:
+                       writes_deadline: CallDeadline | None) -> Event | CoordinatorAnswered:
             if isinstance(effect, AskCoordinator):
                 return CoordinatorAnswered(txn, (await self._coordinator_knows(txn))[1])
             async with limit:
@@ -314,7 +314,7 @@ class Admin:
                 if left_ms <= 0:
                     return Outcome(txn, OutcomeStatus.UNKNOWN, detail="in doubt: the window to write closed before "
                                                                        "the writes left; try again")
-                writes_deadline = asyncio.get_running_loop().time() + left_ms / 1000
+                writes_deadline = CallDeadline.after(left_ms / 1000)
             events = await asyncio.gather(*(call(c, writes_deadline) for c in calls))
             effects = []
             if window is not None and window[1] <= now_ms() and not resolver.done:

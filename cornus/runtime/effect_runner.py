@@ -64,7 +64,7 @@ from cornus.runtime.transport import Transport
 from cornus.runtime.wire import Routed
 from storage_adapters.contract import Fence, LogKind, TxnState
 from storage_adapters.errors import Fenced, InvariantViolation, StorageUnavailable
-from storage_adapters.store import LogStore, call_deadline_at
+from storage_adapters.store import CallDeadline, LogStore, call_deadline_at
 
 log = logging.getLogger("cornus.node")
 
@@ -234,7 +234,7 @@ class EffectRunner:
         # deadline, and Redis and the emulator, which refuse a write past its deadline, took one
         # long after the lease had ended. (A fenced write needs no such care: storage checks the
         # epoch it carries.)
-        deadline = self._running_loop().time() + self.store.timeout_ms_call / 1000 if unfenced else None
+        deadline = CallDeadline.after(self.store.timeout_ms_call / 1000) if unfenced else None
         if unfenced and not self.may_act(call.owner):
             # A partition's machine whose lease ended (ownership.without_lease_may says why it
             # must not write). Checked as the call leaves, in its own task: not in the middle of
@@ -292,13 +292,13 @@ class EffectRunner:
         if not self.stopped:
             self.feed(event)
 
-    async def _admit_for_node(self, call: StorageCall, deadline: float) -> float | None:
+    async def _admit_for_node(self, call: StorageCall, deadline: CallDeadline) -> CallDeadline | None:
         """The deadline a write storage cannot fence, made for the node itself (its coordinator's,
         its start recovery's), may leave with (IdentityHolder.write_deadline); None if it must
         not leave: the node is deposed, or the write is answered as unreachable (its machine
         tries again later)."""
         admitted = await self.identity.write_deadline(deadline, self.store.timeout_ms_call / 1000, self.counters)
-        if isinstance(admitted, float):
+        if isinstance(admitted, CallDeadline):
             return admitted
         if admitted is identity.Refused.DEPOSED:
             self.on_deposed(f"another process took node id {self.node_id}: found before {call!r}")

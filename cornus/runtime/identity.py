@@ -20,7 +20,7 @@ from cornus.protocol.identity_watch import Observed, VacancyWatch
 from cornus.runtime.clocks import now_ms
 from storage_adapters.contract import OWNER_LEASE_MS_MAX, Fence, Ownership, identity_name
 from storage_adapters.errors import StorageUnavailable
-from storage_adapters.store import LogStore
+from storage_adapters.store import CallDeadline, LogStore
 
 log = logging.getLogger("cornus.node")
 
@@ -92,18 +92,18 @@ class IdentityHolder:
         return IdentityChecked(self._node_id, renewed is not None)
 
     async def write_deadline(
-        self, deadline_s: float, timeout_s: float, counters: collections.Counter[str],
-    ) -> float | Refused:
+        self, deadline: CallDeadline, timeout_s: float, counters: collections.Counter[str],
+    ) -> CallDeadline | Refused:
         """The deadline a write that storage cannot fence, made for the node itself and given
-        `deadline_s` as it left, may keep: it, while a recent read of the record found it this
+        `deadline` as it left, may keep: it, while a recent read of the record found it this
         process's (`admits_unfenced_write`); past that, a fresh one after one more read. Refused
         if a later process took the identity, the read went unanswered, or the process stalled
         past the window since the read left."""
-        # Checked on the clock that counts a suspend (the deadline's is the event loop's, which
-        # does not): a process resumed after the later one collected must not find its window
-        # still open (found by review, as the leases' clock was).
+        # Checked on the clock that counts a suspend (the loop's does not): a process resumed after
+        # the later one collected must not find its window still open (found by review, as the
+        # leases' clock was); the deadline counts a suspend too (CallDeadline).
         if self.admits_unfenced_write(_boot_s()):
-            return deadline_s
+            return deadline
         counters["identity_reads_for_writes"] += 1
         try:
             still = await self.confirm()
@@ -114,7 +114,7 @@ class IdentityHolder:
         if not self.admits_unfenced_write(_boot_s()):
             counters["writes_refused_identity_stale"] += 1
             return Refused.STALE
-        return asyncio.get_running_loop().time() + timeout_s
+        return CallDeadline.after(timeout_s)
 
     def admits_unfenced_write(self, now_s: float) -> bool:
         """Whether a write storage cannot fence, made for the node itself and leaving at `now_s`

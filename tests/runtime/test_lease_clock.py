@@ -4,12 +4,12 @@ still good, long after another node had taken its partitions."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import time
 
 import pytest
 
+from storage_adapters.store import CallDeadline
 from tests.runtime.faults import local_cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -40,10 +40,10 @@ async def test_a_node_resumed_from_a_suspend_reads_its_identity_before_writing_f
     async with local_cluster(tmp_path, partition_count=1) as cluster:
         holder = cluster.node().runner.identity
         counters: collections.Counter[str] = collections.Counter()
-        deadline_s = asyncio.get_running_loop().time() + 1
-        assert await holder.write_deadline(deadline_s, 1.0, counters) is not None
+        deadline = CallDeadline.after(1)
+        assert await holder.write_deadline(deadline, 1.0, counters) is not None
         # Within the window now: a read just confirmed the identity, and the loop's clock barely moved.
-        assert await holder.write_deadline(deadline_s, 1.0, counters) == deadline_s
+        assert await holder.write_deadline(deadline, 1.0, counters) == deadline
         reads = counters["identity_reads_for_writes"]
         real = time.clock_gettime_ns
 
@@ -52,6 +52,6 @@ async def test_a_node_resumed_from_a_suspend_reads_its_identity_before_writing_f
             return real(clock) + (SUSPENDED_NS if clock == boottime else 0)
 
         monkeypatch.setattr(time, "clock_gettime_ns", after_a_suspend)
-        admitted = await holder.write_deadline(deadline_s, 1.0, counters)
+        admitted = await holder.write_deadline(deadline, 1.0, counters)
         assert counters["identity_reads_for_writes"] == reads + 1, "a write left on a window an hour old"
-        assert isinstance(admitted, float) and admitted != deadline_s
+        assert isinstance(admitted, CallDeadline) and admitted != deadline

@@ -1,0 +1,50 @@
+"""A call's deadline fixed before the machine was suspended is not pushed later by the suspend.
+
+A caller that decided to write under a condition that held when it checked (a lease gate, the
+identity window, a resolve's window) fixes the write's deadline then (call_deadline_at). The
+deadline is in the event loop's clock, which stops while the machine is suspended (a paused VM, a
+frozen container), and the backends turned "what is left of it" into the deadline the server
+checks by its own clock: a suspend between the check and the sending left the whole deadline
+after it, and the write landed after the condition's end (found by a read-only audit,
+2026-11-27). What is left is now counted on the boot clock too, which a suspend advances."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from storage_adapters.contract import LogId, RecordBody, TxnState
+from storage_adapters.errors import StorageUnavailable
+from storage_adapters.store import LogStore, call_deadline_at
+
+pytestmark = pytest.mark.services
+
+# Longer than the deadline fixed below: the suspend outlives it.
+SUSPEND_S = 30.0
+DEADLINE_S = 2.0
+
+
+async def test_a_write_whose_deadline_passed_during_a_suspend_is_never_sent(
+    store: LogStore, ns: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if store.backend_name == "dynamodb":
+        pytest.skip("DynamoDB checks no deadline of ours: its late-write window covers what lands late")
+    log, txn = LogId.partition(f"{ns}p"), f"{ns}t"
+    await store.read(log, "warm-up")  # a first answer (Azure learns its clock from it)
+    with call_deadline_at(asyncio.get_running_loop().time() + DEADLINE_S):
+        real = time.clock_gettime_ns
+
+        def after_a_suspend(clock: int) -> int:
+            # CLOCK_BOOTTIME went on while the machine slept; CLOCK_MONOTONIC (the loop's) did not.
+            boottime = getattr(time, "CLOCK_BOOTTIME", None)
+            return real(clock) + (int(SUSPEND_S * 1e9) if clock == boottime else 0)
+
+        monkeypatch.setattr(time, "clock_gettime_ns", after_a_suspend)
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailable):
+            await store.log_once(log, txn, TxnState.VOTE_YES, RecordBody((log.name,), "n1", b""))
+    monkeypatch.undo()
+    assert time.monotonic() - started < DEADLINE_S, "refused at once, not at the deadline"
+    assert await store.read(log, txn) is None, "the write landed after its deadline had passed in the suspend"
