@@ -59,6 +59,7 @@ from cornus.protocol.effects import (
     TakeIdentity,
     TerminationEnded,
     TerminationStarted,
+    Timer,
 )
 from cornus.protocol.events import (
     CommitRequested,
@@ -155,14 +156,6 @@ IDENTITY_CHECK_MS_SLOW = 20  # Schedule.slow_identity: renewals more often than 
 # pages stop short of where a page of an index ends.
 SHORT_SCAN_PROBABILITY = 0.5
 
-_EXECUTION_STEPS: dict[int, Callable[[World, Any], None]] = {
-    STEP_EXECUTE: lambda world, txn: world._execute_txn(txn),
-    STEP_EXECUTE_PREPARED: lambda world, carried: world._execute_prepared(carried),
-    STEP_READ_LANDED: lambda world, data: world._read_landed(*data),
-    STEP_EXECUTE_WRITES: lambda world, txn: world._execute_writes(txn),
-    STEP_LOCK_GRANTED: lambda world, data: world._lock_granted(*data),
-    STEP_LOCK_EXPIRY: lambda world, data: world._lock_expiry(*data),
-}
 
 
 def _prune(paths: frozenset[tuple[int, int]]) -> frozenset[tuple[int, int]]:
@@ -352,6 +345,7 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
         assert status.late_votes_meet_their_tombstone(timeout_ms_request, self.config), (
             "a late one-shot vote could outlive its transaction's tombstone", timeout_ms_request, self.config)
         self.probe = StatusProbe(schedule.seed)
+        self._handlers = self._step_handlers()
         # A node's status answer comes as late as the asking node waits for it (a peer request's
         # deadline): it tells of that moment.
         self.status_answer_ms_max = TIMEOUT_MS_EXECUTE
@@ -457,114 +451,121 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
             self._push(at_ms, STEP_STATUS, index)
 
     def _step(self, kind: int, data: Any) -> None:
-        if kind == STEP_DELIVER:
-            self._deliver(*data)
-        elif kind == STEP_ARRIVE:
-            self._arrive(data)
-        elif kind == STEP_RETURN:
-            name, incarnation, event, path, tenure = data
-            if name.startswith("~resolve/"):
-                self._resolver_step(int(name.rsplit("/", 1)[1]), event)
-                return
-            node = self.process(name, incarnation)
-            if node is not None:
-                if tenure != self._tenure(node, event.host):
-                    self.outcome.stale_answers += 1
-                    return
-                if isinstance(event, ScanReturned) and node.core is not None:
-                    scanned = node.core.partition_of(event.host)
-                    if scanned is not None:
-                        node.scans_out[scanned] -= 1
-                held = self._lapsed(node, event.host)
-                if held is not None:
-                    held.append((event, path))
-                    return
-                if ((isinstance(event, IdentityChecked) and event.held is True)
-                        or (isinstance(event, IdentityTaken) and isinstance(event.epoch, int))):
-                    # Heard by the process: only now may it count on it (the runtime's await).
-                    self._identity_confirmed(node, node.identity_left_ms)
-                    if isinstance(event, IdentityTaken):
-                        node.identity_taken_ms = self.clock_ms(node.name)
-                self._feed(node, event, path)
-        elif kind == STEP_TIMER:
-            name, incarnation, timer, generation, path = data
-            node = self.process(name, incarnation)
-            if node is not None and node.timers.get(timer) == generation:
-                del node.timers[timer]
-                if self._lapsed(node, timer.owner) is not None:
-                    # Not acted on (ownership.without_lease_may): the runtime drops the partition
-                    # when such a timer fires. Its host here still hears its answers until the
-                    # lapse ends.
-                    self.outcome.timers_dropped_not_held += 1
-                    return
-                self._feed(node, TimerFired(timer), path)
-        elif kind in _EXECUTION_STEPS:
-            # The core's execution state asserts its invariants, as the machines do (_feed).
-            try:
-                _EXECUTION_STEPS[kind](self, data)
-            except AssertionError as error:
-                self.outcome.violations.append(f"assertion in the execution phase: {error}")
-        elif kind == STEP_MOVE:
-            self._move(data)
-        elif kind == STEP_TAKE:
-            self._take(data)
-        elif kind == STEP_LAPSE_END:
-            self._lapse_ends(*data)
-        elif kind == STEP_ASKED:
-            self._asked(*data)
-        elif kind == STEP_RESOLVE_WRITES:
-            self._resolve_writes(*data)
-        elif kind == STEP_TWIN:
-            self._twin(data)
-        elif kind == STEP_TWIN_END:
-            self._twin_ends(*data)
-        elif kind == STEP_CONFIRM:
-            self._confirm_step(data)
-        elif kind == STEP_RESEND:
-            self._resend(data)
-        elif kind == STEP_IDENTITY_ARRIVE:
-            self._identity_arrive(data)
-        elif kind == STEP_WATCH:
-            self._watch(*data)
-        elif kind == STEP_WATCH_LANDS:
-            self._watch_lands(*data)
-        elif kind == STEP_WATCHED:
-            self._watched(*data)
-        elif kind == STEP_EXECUTE_ANSWER:
-            self._execute_answered(*data)
-        elif kind == STEP_EXECUTE_DEADLINE:
-            self._execute_deadline(*data)
-        elif kind == STEP_COMMIT:
-            txn, writes, reads = data
-            node = self._executing_process(txn)
-            self.executing.pop(txn, None)
-            if node is not None:
-                self._feed(node, CommitRequested(node.name, txn, writes, reads), node.path)
-        elif kind == STEP_STATUS:
+        self._handlers[kind](data)
+
+    def _step_handlers(self) -> list[Callable[[Any], None]]:
+        """Each step kind's handler, by kind (a list lookup per step: the queue runs hundreds of
+        thousands of them a second)."""
+        def execution(method: Callable[[Any], None]) -> Callable[[Any], None]:
+            def step(data: Any) -> None:
+                # The core's execution state asserts its invariants, as the machines do (_feed).
+                try:
+                    method(data)
+                except AssertionError as error:
+                    self.outcome.violations.append(f"assertion in the execution phase: {error}")
+            return step
+
+        handlers: dict[int, Callable[[Any], None]] = {
+            STEP_DELIVER: lambda data: self._deliver(*data),
+            STEP_ARRIVE: self._arrive,
+            STEP_RETURN: self._returned,
+            STEP_TIMER: self._timer_fired,
+            STEP_EXECUTE: execution(self._execute_txn),
+            STEP_EXECUTE_PREPARED: execution(self._execute_prepared),
+            STEP_READ_LANDED: execution(lambda data: self._read_landed(*data)),
+            STEP_EXECUTE_WRITES: execution(self._execute_writes),
+            STEP_LOCK_GRANTED: execution(lambda data: self._lock_granted(*data)),
+            STEP_LOCK_EXPIRY: execution(lambda data: self._lock_expiry(*data)),
+            STEP_MOVE: self._move,
+            STEP_TAKE: self._take,
+            STEP_LAPSE_END: lambda data: self._lapse_ends(*data),
+            STEP_ASKED: lambda data: self._asked(*data),
+            STEP_RESOLVE_WRITES: lambda data: self._resolve_writes(*data),
+            STEP_TWIN: self._twin,
+            STEP_TWIN_END: lambda data: self._twin_ends(*data),
+            STEP_CONFIRM: self._confirm_step,
+            STEP_RESEND: self._resend,
+            STEP_IDENTITY_ARRIVE: self._identity_arrive,
+            STEP_WATCH: lambda data: self._watch(*data),
+            STEP_WATCH_LANDS: lambda data: self._watch_lands(*data),
+            STEP_WATCHED: lambda data: self._watched(*data),
+            STEP_EXECUTE_ANSWER: lambda data: self._execute_answered(*data),
+            STEP_EXECUTE_DEADLINE: lambda data: self._execute_deadline(*data),
+            STEP_COMMIT: self._commit_requested,
             # Every node is asked at once; each answers in steps while the world goes on.
-            for at_ms, step in self.probe.ask(self, data):
-                self._push(at_ms, STEP_STATUS_ANSWER, step)
-        elif kind == STEP_STATUS_ANSWER:
-            for at_ms, step in self.probe.step(self, data):
-                self._push(at_ms, STEP_STATUS_ANSWER, step)
-        elif kind == STEP_CRASH:
-            self.crash(data.node, data.down_ms)
-        elif kind == STEP_RESTART:
-            self._restart(data)
-        elif kind == STEP_RESOLVE:
-            self._start_resolve(data)
-        elif kind == STEP_IDLE:
-            name, incarnation, partition, txn = data
-            node = self.process(name, incarnation)
-            if node is not None:
-                self._drop_idle(node, partition, txn)
-        elif kind == STEP_BOOTED:
-            booting = [node.name for node in self.nodes.values() if not node.ready]
-            if booting:
-                self.outcome.violations.append(f"recovery of an empty cluster did not finish on {booting}")
-        else:
-            assert kind == STEP_CHECK
-            self._check_liveness()
+            STEP_STATUS: lambda data: self._push_status_steps(self.probe.ask(self, data)),
+            STEP_STATUS_ANSWER: lambda data: self._push_status_steps(self.probe.step(self, data)),
+            STEP_CRASH: lambda data: self.crash(data.node, data.down_ms),
+            STEP_RESTART: self._restart,
+            STEP_RESOLVE: self._start_resolve,
+            STEP_IDLE: self._idle_step,
+            STEP_BOOTED: self._booted,
+            STEP_CHECK: lambda data: self._check_liveness(),
+        }
+        assert sorted(handlers) == list(range(len(handlers))), "a step kind without a handler"
+        return [handlers[kind] for kind in range(len(handlers))]
+
+    def _returned(self, data: tuple[str, int, Event, frozenset[tuple[int, int]], int]) -> None:
+        name, incarnation, event, path, tenure = data
+        if name.startswith("~resolve/"):
+            self._resolver_step(int(name.rsplit("/", 1)[1]), event)
+            return
+        node = self.process(name, incarnation)
+        if node is None:
+            return
+        if tenure != self._tenure(node, event.host):
+            self.outcome.stale_answers += 1
+            return
+        if isinstance(event, ScanReturned) and node.core is not None:
+            scanned = node.core.partition_of(event.host)
+            if scanned is not None:
+                node.scans_out[scanned] -= 1
+        held = self._lapsed(node, event.host)
+        if held is not None:
+            held.append((event, path))
+            return
+        if ((isinstance(event, IdentityChecked) and event.held is True)
+                or (isinstance(event, IdentityTaken) and isinstance(event.epoch, int))):
+            # Heard by the process: only now may it count on it (the runtime's await).
+            self._identity_confirmed(node, node.identity_left_ms)
+            if isinstance(event, IdentityTaken):
+                node.identity_taken_ms = self.clock_ms(node.name)
+        self._feed(node, event, path)
+
+    def _timer_fired(self, data: tuple[str, int, Timer, int, frozenset[tuple[int, int]]]) -> None:
+        name, incarnation, timer, generation, path = data
+        node = self.process(name, incarnation)
+        if node is None or node.timers.get(timer) != generation:
+            return
+        del node.timers[timer]
+        if self._lapsed(node, timer.owner) is not None:
+            # Not acted on (ownership.without_lease_may): the runtime drops the partition when
+            # such a timer fires. Its host here still hears its answers until the lapse ends.
+            self.outcome.timers_dropped_not_held += 1
+            return
+        self._feed(node, TimerFired(timer), path)
+
+    def _commit_requested(self, data: tuple[str, tuple[tuple[str, bytes], ...], tuple[str, ...]]) -> None:
+        txn, writes, reads = data
+        node = self._executing_process(txn)
+        self.executing.pop(txn, None)
+        if node is not None:
+            self._feed(node, CommitRequested(node.name, txn, writes, reads), node.path)
+
+    def _push_status_steps(self, steps: list[tuple[int, Any]]) -> None:
+        for at_ms, step in steps:
+            self._push(at_ms, STEP_STATUS_ANSWER, step)
+
+    def _idle_step(self, data: tuple[str, int, str, str]) -> None:
+        name, incarnation, partition, txn = data
+        node = self.process(name, incarnation)
+        if node is not None:
+            self._drop_idle(node, partition, txn)
+
+    def _booted(self, data: None) -> None:
+        booting = [node.name for node in self.nodes.values() if not node.ready]
+        if booting:
+            self.outcome.violations.append(f"recovery of an empty cluster did not finish on {booting}")
 
     # -- nodes ------------------------------------------------------------------------------------
     def _deliver(self, to: str, sender: str, message: Any, path: frozenset[tuple[int, int]]) -> None:
