@@ -11,6 +11,7 @@ import abc
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import time
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -68,7 +69,8 @@ def boot_clock_s() -> float:
     return time.clock_gettime_ns(_BOOT_CLOCK) / 1e9
 
 
-class CallDeadline(NamedTuple):
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallDeadline:
     """A call's deadline in the loop's clock, and the same moment in the boot clock, both fixed
     when it was set: what is left of it is the lesser of the two, so that a suspend since (which
     stops the loop's clock) counts (found by a read-only audit: a write whose deadline a lease
@@ -110,18 +112,18 @@ def call_deadline() -> float:
 
 
 @contextlib.contextmanager
-def call_deadline_at(deadline: CallDeadline | float | None) -> Iterator[None]:
-    """Bound the storage calls made inside the block by `deadline` (a CallDeadline, or
-    `loop.time()`, fixed now; None: no bound beyond their own): for a caller that decided to make
-    a call under a condition that held only when it checked it (a lease), fixing the deadline then
-    (CallDeadline.at or .after, which count a suspend of the machine from then on), so that a stall
-    between the check and the call cannot push the call's deadline later. Only around the call itself: reset on leaving,
+def call_deadline_at(deadline: CallDeadline | None) -> Iterator[None]:
+    """Bound the storage calls made inside the block by `deadline` (None: no bound beyond their
+    own): for a caller that decided to make a call under a condition that held only when it
+    checked it (a lease), fixing the deadline then (CallDeadline.at or .after, which count a
+    suspend of the machine from then on), so that a stall between the check and the call cannot
+    push the call's deadline later. Only around the call itself: reset on leaving,
     so that nothing the caller does afterwards (feeding the answer to the core, which starts other
     calls and timers in this context) inherits a bound that is not its own (found by review)."""
     if deadline is None:
         yield
         return
-    token = _call_deadline.set(deadline if isinstance(deadline, CallDeadline) else CallDeadline.at(deadline))
+    token = _call_deadline.set(deadline)
     try:
         yield
     finally:
@@ -156,11 +158,11 @@ def _expire(future: asyncio.Future[Any]) -> None:
 
 
 class _WaitingDelete(NamedTuple):
-    """A caller's delete waiting for the end of its tick, with its own deadline (loop clock)."""
+    """A caller's delete waiting for the end of its tick, with its own deadline."""
 
     request: DeleteRequest
     future: asyncio.Future[bool]
-    deadline: float
+    deadline: CallDeadline
 
 
 class LogStore(abc.ABC):
@@ -207,11 +209,11 @@ class LogStore(abc.ABC):
 
     # --- the template ------------------------------------------------------------------------
 
-    async def _bounded(self, call: Awaitable[T], what: str, deadline: float | None = None) -> T:
-        """`call`'s result within the call deadline (`deadline` in the loop's clock, or
-        timeout_ms_call from now); TimeoutError (ours or the I/O layer's) as StorageUnavailable,
-        the backend's own errors as `_storage_error` maps them. The deadline is fixed here, before
-        `call` first runs, and `call_deadline()` tells it to the backend."""
+    async def _bounded(self, call: Awaitable[T], what: str, deadline: CallDeadline | None = None) -> T:
+        """`call`'s result within the call deadline (`deadline`, or timeout_ms_call from now);
+        TimeoutError (ours or the I/O layer's) as StorageUnavailable, the backend's own errors as
+        `_storage_error` maps them. The deadline is fixed here, before `call` first runs, and
+        `call_deadline()` tells it to the backend."""
         try:
             if what in self._calls_bounded_by_io:
                 if deadline is None:
@@ -220,26 +222,28 @@ class LogStore(abc.ABC):
                 # told to the backend, whose I/O then ends by it too (found by review: a coalesced
                 # delete's script kept a deadline fixed when the batch ran, up to a stalled tick
                 # past its caller's).
-                token = _call_deadline.set(CallDeadline.at(deadline))
+                token = _call_deadline.set(deadline)
                 try:
                     return await call
                 finally:
                     _call_deadline.reset(token)
             loop = asyncio.get_running_loop()
             if deadline is None:
-                deadline = loop.time() + self._timeout_s
-                fixed = call_deadline_if_set()  # by the caller (call_deadline_at), or an outer call
-                if fixed is not None and fixed < deadline:
+                fixed = _call_deadline.get(None)  # by the caller (call_deadline_at), or an outer call
+                if fixed is not None and fixed.loop_time() < loop.time() + self._timeout_s:
                     deadline = fixed
-            token = _call_deadline.set(CallDeadline.at(deadline))
+                else:
+                    deadline = CallDeadline.after(self._timeout_s)
+            ends_s = deadline.loop_time()  # the loop's clock, for its timers
+            token = _call_deadline.set(deadline)
             try:
                 if asyncio.current_task(loop) is None:  # the loop passed: one getpid call fewer
                     # Called by code run eagerly, outside any task (cornus.runtime.eager: a peer's
                     # request served in the step that read it). asyncio.timeout needs a task to
                     # cancel, and so do the client libraries' own timeouts: wait_for makes one
                     # (which inherits the deadline's context).
-                    return await asyncio.wait_for(call, max(0.0, deadline - loop.time()))
-                async with asyncio.timeout_at(deadline):
+                    return await asyncio.wait_for(call, max(0.0, ends_s - loop.time()))
+                async with asyncio.timeout_at(ends_s):
                     return await call
             finally:
                 _call_deadline.reset(token)
@@ -395,15 +399,15 @@ class LogStore(abc.ABC):
         if waiting is None:
             waiting = self._deletes_waiting[loop] = []
             loop.call_soon(self._flush_deletes, loop)
-        deadline = loop.time() + self._timeout_s
-        fixed = call_deadline_if_set()  # by the caller (call_deadline_at), or an outer call
-        if fixed is not None and fixed < deadline:
+        deadline = CallDeadline.after(self._timeout_s)
+        fixed = _call_deadline.get(None)  # by the caller (call_deadline_at), or an outer call
+        if fixed is not None and fixed.loop_time() < deadline.loop_time():
             deadline = fixed
         waiting.append(_WaitingDelete(DeleteRequest(log, txn, fence, keep), future, deadline))
         # A bare timer per caller (the batch's request is bounded by the earliest of its callers'
         # deadlines): a caller's deadline counts from its own call, and costs a heap entry rather
         # than a timeout context.
-        expiry = loop.call_at(deadline, _expire, future)
+        expiry = loop.call_at(deadline.loop_s, _expire, future)
         try:
             return await future
         except TimeoutError as error:
@@ -426,7 +430,7 @@ class LogStore(abc.ABC):
         assert 0 < len(batch) <= DELETE_BATCH_COUNT_MAX
         # The earliest caller's deadline bounds the request: no delete of it may land after its
         # caller was told that it failed.
-        deadline = min(entry.deadline for entry in batch)
+        deadline = min((entry.deadline for entry in batch), key=CallDeadline.loop_time)
         try:
             outcomes = await self._bounded(self._delete_many([entry.request for entry in batch]), "delete", deadline)
         except Exception as error:

@@ -126,6 +126,9 @@ class CoordinatedTxn:
     op_count: int = 0
     writes_held_bytes: int = 0  # its share of the node's WRITES_HELD_BYTES_MAX
     state: OutcomeStatus = OutcomeStatus.ACTIVE
+    # A request carrying its prepare, or the machine's prepare, may have left: from here on no
+    # refusal may reach the caller (Coordination._unknown_past_prepare).
+    prepare_left: bool = False
     last_active_s: float = field(default_factory=time.monotonic)
     reply: asyncio.Future[Reply | None] | None = None  # None: no reply within TIMEOUT_MS_COMMIT
     reply_expiry: asyncio.TimerHandle | None = None
@@ -406,10 +409,10 @@ class Coordination:
         reads = tuple(sorted(p for p, w in ctx.touched.items() if not w))
         # The machine confirms (and releases) the partitions only read, then runs the protocol.
         self.failpoints.hit("coordinator.before_prepare")
-        self._request_commit(ctx, CommitRequested(self.node_id, txn, writes, reads))
-        if writes:
-            self.failpoints.hit("coordinator.after_prepare")
         try:
+            self._request_commit(ctx, CommitRequested(self.node_id, txn, writes, reads))
+            if writes:
+                self.failpoints.hit("coordinator.after_prepare")
             reply = await self._await_reply(ctx)
         except _REFUSALS as error:
             return self._unknown_past_prepare(ctx, error)
@@ -421,6 +424,7 @@ class Coordination:
 
     def _request_commit(self, ctx: CoordinatedTxn, request: CommitRequested) -> None:
         ctx.state = OutcomeStatus.UNKNOWN  # until the machine replies
+        ctx.prepare_left = True
         ctx.timing.participant_count = len(request.writes)
         loop = asyncio.get_running_loop()
         ctx.reply = loop.create_future()
@@ -454,10 +458,13 @@ class Coordination:
         log.error("%s raised after the prepare of %s left; reported UNKNOWN: %r", type(error).__name__, ctx.txn,
                   error, extra={"txn": ctx.txn})
         self.counters["refusals_past_prepare"] += 1
-        return self._unknown(ctx)
+        if ctx.reply_expiry is not None:
+            ctx.reply_expiry.cancel()
+        return self._unknown(ctx, f"the commit may go on ({type(error).__name__}); ask status")
 
-    def _unknown(self, ctx: CoordinatedTxn) -> Outcome:
-        outcome = Outcome(ctx.txn, OutcomeStatus.UNKNOWN, detail="no outcome within the commit deadline; ask status")
+    def _unknown(self, ctx: CoordinatedTxn,
+                 detail: str = "no outcome within the commit deadline; ask status") -> Outcome:
+        outcome = Outcome(ctx.txn, OutcomeStatus.UNKNOWN, detail=detail)
         self._finish(ctx, outcome, remember=False)
         late = ctx.late_reply
         self._reported_unknown[ctx.txn] = None if late is None else _outcome_of(late)
@@ -538,8 +545,9 @@ class Coordination:
             except TxnAborted as aborted:
                 return one_shot_outcome(aborted)
             except _REFUSALS as error:
-                if ctx.reply is None:
-                    raise  # before its prepare left: nothing changed indeed
+                if not ctx.prepare_left:
+                    await self._refuse_one_shot(ctx, client_txn, error)  # nothing changed indeed
+                    raise
                 return self._unknown_past_prepare(ctx, error)
         else:
             try:
@@ -615,6 +623,7 @@ class Coordination:
         # the machine is fed, whose step would otherwise sit on every request's round trip: no
         # answer or vote can reach this node within this step (a peer's comes through a socket,
         # this node's own request runs on a later tick), so the machine exists before any does.
+        ctx.prepare_left = True
         for request in requests:
             self._start_prepared(request, answered)
         self.transport.flush()

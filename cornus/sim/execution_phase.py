@@ -279,7 +279,7 @@ class ExecutionPhase:
         grant = table.lock(txn, key, mode, self.now_ms)
         if grant is Grant.WAITING:
             # Behind a holder that voted (its locks go at the decision), or older under WAIT_DIE.
-            self._parked[(node.name, node.incarnation, partition, txn, key)] = (carried, execution)
+            self._lock_waiters[(node.name, node.incarnation, partition, txn, key)] = (carried, execution)
             self.outcome.lock_waits += 1
             expiry_ms = self.now_ms + table.locks.timeout_ms_wait + 1
             self._push(expiry_ms, STEP_LOCK_EXPIRY, (node.name, node.incarnation, partition))
@@ -291,7 +291,7 @@ class ExecutionPhase:
         self._locked(carried, execution)
 
     def _lock_granted(self, name: str, incarnation: int, partition: str, txn: str, key: str) -> None:
-        parked = self._parked.pop((name, incarnation, partition, txn, key), None)
+        parked = self._lock_waiters.pop((name, incarnation, partition, txn, key), None)
         if parked is None:
             return  # its node restarted, or the wait ended otherwise
         carried, execution = parked
@@ -314,7 +314,7 @@ class ExecutionPhase:
             return
         expired, granted = table.locks.expire(self.now_ms)
         for waiter in expired:
-            parked = self._parked.pop((name, incarnation, partition, waiter.txn, waiter.key), None)
+            parked = self._lock_waiters.pop((name, incarnation, partition, waiter.txn, waiter.key), None)
             if parked is not None:
                 self._wake(node, partition, table.abort(waiter.txn), waiter.txn)
                 self._answer_execute(waiter.txn, partition, parked[0].incarnation, "lock wait timed out")
@@ -330,8 +330,8 @@ class ExecutionPhase:
             self._unpark(lambda k: k[:4] == (node.name, node.incarnation, partition, released), "aborted while waiting")
 
     def _unpark(self, matches: Callable[[tuple[str, int, str, str, str]], bool], refusal: str | None) -> None:
-        for parked_key in [k for k in self._parked if matches(k)]:
-            carried, _ = self._parked.pop(parked_key)
+        for parked_key in [k for k in self._lock_waiters if matches(k)]:
+            carried, _ = self._lock_waiters.pop(parked_key)
             self._answer_execute(carried.txn, carried.partition, carried.incarnation, refusal)
 
     def _locked(self, carried: CarriedRequest, execution: Execution[int]) -> None:

@@ -36,15 +36,16 @@ class PartitionMoves:
         with `move.lapse_ms`, once it notices (`_lapse_ends`), and the node `move.to` takes it
         (`_take`) at once or, after a gap, `move.gap_ms` later."""
         old, new = self.owner_of(move.partition), self.nodes[move.to]
-        if move.after and self.now_ms + 1 + move.gap_ms <= FAULTS_END_MS and (
-                old is None or not self._moved_before(move) or not self._worst_moment(move, old)):
-            # Waiting for its moment (found by review: it waits through an earlier move's gap
-            # too, and after that move, which may itself have waited past this one's time).
+        waiting = not self._moved_before(move) or (
+            bool(move.after) and (old is None or not self._worst_moment(move, old)))
+        if waiting and self.now_ms + 1 + move.gap_ms <= FAULTS_END_MS:
+            # After the partition's earlier moves, which may have waited past this one's time, and
+            # for its moment through an earlier move's gap (found by review).
             self._push(self.now_ms + 1, STEP_MOVE, move)
             return
+        self._moves_done.add(move)
         if old is None:
             return  # nobody holds it (the gap of an earlier move, its take held up): no lease to lapse
-        self._moves_done.add(move)
         if not move.gap_ms and not new.ready:
             return  # a node that is down or recovering takes nothing
         partition = move.partition

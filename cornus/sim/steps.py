@@ -1,5 +1,5 @@
-"""The kinds of steps a simulated World (cornus.sim.world) runs, as its event queue holds them:
-each names the World method that takes the step's data (World._step)."""
+"""The kinds of steps a simulated World (cornus.sim.world) runs, as its event queue holds them;
+World._step_handlers maps each to the method that takes the step's data."""
 
 (
     STEP_DELIVER,
@@ -37,3 +37,4 @@ each names the World method that takes the step's data (World._step)."""
     STEP_ASKED,
     STEP_RESOLVE_WRITES,
 ) = range(34)
+STEP_COUNT = 34

@@ -105,6 +105,7 @@ from cornus.sim.steps import (
     STEP_CHECK,
     STEP_COMMIT,
     STEP_CONFIRM,
+    STEP_COUNT,
     STEP_CRASH,
     STEP_DELIVER,
     STEP_EXECUTE,
@@ -324,7 +325,7 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
         # One-shot requests waiting for a lock (the runtime's _wait_for_lock), by (node name,
         # incarnation, partition, txn, key): resumed by the grant a release returns, or refused
         # when the lock table's bounded wait runs out.
-        self._parked: dict[tuple[str, int, str, str, str], tuple[CarriedRequest, Execution[int]]] = {}
+        self._lock_waiters: dict[tuple[str, int, str, str, str], tuple[CarriedRequest, Execution[int]]] = {}
         # One-shot requests not answered yet, by (txn, partition, coordinator incarnation): at its
         # deadline from sending, the coordinator hears "no answer" (the runtime's transport does),
         # even if the request still runs and votes afterwards; an answer after it goes nowhere.
@@ -502,8 +503,8 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
             STEP_BOOTED: self._booted,
             STEP_CHECK: lambda data: self._check_liveness(),
         }
-        assert sorted(handlers) == list(range(len(handlers))), "a step kind without a handler"
-        return [handlers[kind] for kind in range(len(handlers))]
+        assert sorted(handlers) == list(range(STEP_COUNT)), "a step kind without a handler, or one twice"
+        return [handlers[kind] for kind in range(STEP_COUNT)]
 
     def _returned(self, data: tuple[str, int, Event, frozenset[tuple[int, int]], int]) -> None:
         name, incarnation, event, path, tenure = data

@@ -1105,9 +1105,10 @@ async def test_a_one_shot_request_is_kept_to_the_owners_wait_too(tmp_path):
         assert n1.counters["requests_past_deadline"] == 2
 
 
-@pytest.mark.parametrize("one_shot", [True, False], ids=["execute", "commit"])
+@pytest.mark.parametrize(("one_shot", "where"), [(True, "wait"), (True, "send"), (False, "wait")],
+                         ids=["execute", "execute-send", "commit"])
 async def test_a_refusal_raised_after_the_prepare_left_is_reported_unknown_not_as_nothing_changed(
-    tmp_path, monkeypatch, one_shot: bool,
+    tmp_path, monkeypatch, one_shot: bool, where: str,
 ):
     """Found by a read-only audit (2026-11-27): the API answers NodeOverloaded and
     StorageUnavailable with 503, which the SDK takes for "nothing committed" and retries under a
@@ -1121,7 +1122,15 @@ async def test_a_refusal_raised_after_the_prepare_left_is_reported_unknown_not_a
         async def refused_while_waiting(self: Any, ctx: Any) -> Any:
             raise NodeOverloaded("a refusal raised while the commit's votes were being written")
 
-        monkeypatch.setattr(coordination.Coordination, "_await_reply", refused_while_waiting)
+        if where == "wait":
+            monkeypatch.setattr(coordination.Coordination, "_await_reply", refused_while_waiting)
+        else:
+            # Raised as the queued requests, each carrying its prepare, are sent (found by review:
+            # the first version took "the machine was asked" for "a prepare left").
+            def refused_while_sending() -> None:
+                raise NodeOverloaded("a refusal raised while the requests were being sent")
+
+            monkeypatch.setattr(node.coordination.transport, "flush", refused_while_sending)
         ops = [Op(OpKind.PUT, key, b"v") for key in keys.values()]
         if one_shot:
             outcome = await node.execute(ops)

@@ -12,7 +12,7 @@ import pytest
 from storage_adapters import azure_signing, azure_tombstone_sweep
 from storage_adapters.azure_tombstone_sweep import TombstoneSweep
 from storage_adapters.errors import StorageUnavailable
-from storage_adapters.store import call_deadline_at, call_deadline_if_set
+from storage_adapters.store import CallDeadline, call_deadline_at, call_deadline_if_set
 
 
 async def test_a_tombstone_is_deleted_once_its_keep_has_passed_and_a_failed_delete_again() -> None:
@@ -66,7 +66,7 @@ async def test_the_sweep_runs_free_of_the_storage_call_that_started_it(monkeypat
 
     sweep = TombstoneSweep(delete)
     try:
-        with call_deadline_at(asyncio.get_running_loop().time() + 0.001), azure_signing.signing_window():
+        with call_deadline_at(CallDeadline.after(0.001)), azure_signing.signing_window():
             sweep.remember("a", "e", 0)
         for _ in range(100):
             if seen:

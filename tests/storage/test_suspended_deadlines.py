@@ -10,14 +10,13 @@ after it, and the write landed after the condition's end (found by a read-only a
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
 
 from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.errors import StorageUnavailable
-from storage_adapters.store import LogStore, call_deadline_at
+from storage_adapters.store import CallDeadline, LogStore, call_deadline_at
 
 pytestmark = pytest.mark.services
 
@@ -33,7 +32,7 @@ async def test_a_write_whose_deadline_passed_during_a_suspend_is_never_sent(
         pytest.skip("DynamoDB checks no deadline of ours: its late-write window covers what lands late")
     log, txn = LogId.partition(f"{ns}p"), f"{ns}t"
     await store.read(log, "warm-up")  # a first answer (Azure learns its clock from it)
-    with call_deadline_at(asyncio.get_running_loop().time() + DEADLINE_S):
+    with call_deadline_at(CallDeadline.after(DEADLINE_S)):
         real = time.clock_gettime_ns
 
         def after_a_suspend(clock: int) -> int:
