@@ -65,7 +65,7 @@ T = TypeVar("T")
 _BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 
-def boot_clock_s() -> float:
+def _boot_clock_s() -> float:
     return time.clock_gettime_ns(_BOOT_CLOCK) / 1e9
 
 
@@ -81,19 +81,15 @@ class CallDeadline:
     boot_s: float
 
     @classmethod
-    def at(cls, loop_s: float) -> CallDeadline:
-        """The moment `loop_s` (the loop's clock), fixed now: fix it when the condition it rests
-        on is checked, not later, or a suspend in between is not counted."""
-        return cls(loop_s, boot_clock_s() + (loop_s - asyncio.get_running_loop().time()))
-
-    @classmethod
     def after(cls, seconds: float) -> CallDeadline:
-        return cls(asyncio.get_running_loop().time() + seconds, boot_clock_s() + seconds)
+        """`seconds` from now, fixed now: fix it when the condition it rests on is checked, not
+        later, or a suspend in between is not counted."""
+        return cls(asyncio.get_running_loop().time() + seconds, _boot_clock_s() + seconds)
 
     def loop_time(self) -> float:
         """The deadline in the loop's clock now: earlier than set by any suspend since."""
         now_s = asyncio.get_running_loop().time()
-        return now_s + min(self.loop_s - now_s, self.boot_s - boot_clock_s())
+        return now_s + min(self.loop_s - now_s, self.boot_s - _boot_clock_s())
 
 
 # The deadline of the call that the running task is inside: the moment the template's timer tells
@@ -115,7 +111,7 @@ def call_deadline() -> float:
 def call_deadline_at(deadline: CallDeadline | None) -> Iterator[None]:
     """Bound the storage calls made inside the block by `deadline` (None: no bound beyond their
     own): for a caller that decided to make a call under a condition that held only when it
-    checked it (a lease), fixing the deadline then (CallDeadline.at or .after, which count a
+    checked it (a lease), fixing the deadline then (CallDeadline.after, which counts a
     suspend of the machine from then on), so that a stall between the check and the call cannot
     push the call's deadline later. Only around the call itself: reset on leaving,
     so that nothing the caller does afterwards (feeding the answer to the core, which starts other
