@@ -25,6 +25,7 @@ from azure.core.rest import HttpRequest
 from cornus.runtime.identity import IDENTITY_LEASE_MS
 from cornus.runtime.node import TIMEOUT_MS_RELEASE
 from storage_adapters import azure_blob, azure_signing
+from storage_adapters.azure_blob import AzureBlobStore
 from storage_adapters.azure_signing import ExpiringSignatures, arrived_expired
 from storage_adapters.contract import LogId, Ownership, RecordBody, TxnState, identity_name
 from storage_adapters.errors import StorageUnavailable
@@ -67,11 +68,13 @@ class _Stores:
 async def stores(services: Services) -> AsyncIterator[_Stores]:
     proxy, through_proxy = await azurite_behind(services.azure_connection_string, _holds_record_puts, HOLD_S)
     container = f"fence-{uuid.uuid4().hex[:10]}"
-    old_owner = await open_store(StoreConfig(backend="azure_blob", azure_connection_string=through_proxy,
-                                             azure_container=container, timeout_ms_call=DEADLINE_MS))
+    # The container is made by a store with the long deadline: on a loaded CI machine Azurite took
+    # over DEADLINE_MS to create one, which failed the fixture before its test began.
     new_owner = await open_store(StoreConfig(backend="azure_blob", azure_container=container,
                                              azure_connection_string=services.azure_connection_string,
                                              timeout_ms_call=DEADLINE_MS_CHECKS))
+    old_owner = await AzureBlobStore.open(through_proxy, container, timeout_ms_call=DEADLINE_MS,
+                                          create_container=False)
     patient_owner = await open_store(StoreConfig(backend="azure_blob", azure_connection_string=through_proxy,
                                                  azure_container=container, timeout_ms_call=DEADLINE_MS_CHECKS))
     try:

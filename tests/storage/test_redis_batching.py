@@ -27,6 +27,8 @@ DELETES_PER_LOG = 20
 # Well past the connection pool, so a pool that refused instead of waiting would fail calls.
 BURST_COUNT = 5 * CONNECTION_COUNT_MAX
 SILENT_TIMEOUT_MS = 500
+# For a stand-in that answers: long enough that only its answer ends a call.
+ANSWERED_TIMEOUT_MS = 10_000
 DEADLINE_SLACK_S = 3.0
 
 
@@ -374,7 +376,9 @@ async def test_a_server_that_cannot_run_scripts_now_is_unavailable_not_a_crash(r
     port = free_port()
     server = await _answering_with(reply, port)
     # durability none: the stand-in speaks only what this test needs (no INFO to check it by).
-    store = await RedisStore.open(f"redis://127.0.0.1:{port}/0", timeout_ms_call=SILENT_TIMEOUT_MS,
+    # The stand-in answers every script at once, so the deadline is never what ends a call here; a
+    # short one failed this test on a loaded CI machine (the set-up alone takes 100 ms, see above).
+    store = await RedisStore.open(f"redis://127.0.0.1:{port}/0", timeout_ms_call=ANSWERED_TIMEOUT_MS,
                                   durability="none")
     log = LogId.partition("refusing-p")
     try:
