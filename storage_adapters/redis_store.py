@@ -92,7 +92,14 @@ from storage_adapters.errors import (
 )
 from storage_adapters.redis_server_check import ServerCheck
 from storage_adapters.resp_pipe import SERVER_STATE_REPLIES, NotReplicated, RespAddress, RespPipe
-from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore, call_deadline_if_set, whole_page
+from storage_adapters.store import (
+    DELETE_BATCH_COUNT_MAX,
+    DeleteRequest,
+    LogStore,
+    boot_clock_s,
+    call_deadline_if_set,
+    whole_page,
+)
 
 TIMEOUT_MS_CALL_DEFAULT = 5_000
 # WAIT's timeout (durability "replicas:N"), as a share of the call's deadline: Redis holds a
@@ -280,11 +287,13 @@ return {matches and 1 or 0, redis.call('HGETALL', KEYS[1])}
 """
 
 # Redis enforces each write's deadline by its own clock (the script reads TIME), so the node
-# states the deadline in Redis's clock: its own plus the offset it measured (TIME, read between
-# two readings of its own clock). Measured at open and again this often (clocks drift, and NTP
-# steps them); the estimate errs early by at most a round trip, so a deadline is never later in
-# Redis's clock than the caller's. (Found by review: stated in the node's clock, a Redis whose
-# clock ran behind by more than the slack let a late write land past the GC grace.)
+# states the deadline in Redis's clock: its boot clock plus the offset it measured (TIME, read
+# between two readings of that clock). Measured at open and again this often (Redis's clock
+# drifts, and NTP steps it); the estimate errs early by at most a round trip, so a deadline is
+# never later in Redis's clock than the caller's. (Found by review: stated in the node's clock, a
+# Redis whose clock ran behind by more than the slack let a late write land past the GC grace.
+# Found by audit: measured against the node's wall clock, an NTP step of that clock between two
+# measurements moved every deadline by the step.)
 CLOCK_OFFSET_REFRESH_S = 30.0
 # A skew this large (clock_slack_ms's default) is logged as an error: deadlines stay right, but
 # leases and the begin times in transaction ids rest on the nodes' clocks agreeing too.
@@ -292,6 +301,12 @@ CLOCK_SKEW_MS_WARN = 1_000
 
 
 def _now_ms() -> float:
+    """The node's clock that deadlines in Redis's clock are counted from, in milliseconds: the
+    boot clock, which no step of the wall clock moves."""
+    return boot_clock_s() * 1000
+
+
+def _wall_ms() -> float:
     """This node's wall clock, in milliseconds (a function, so that a test can skew it)."""
     return time.time() * 1000
 
@@ -396,9 +411,10 @@ class RedisStore(LogStore):
         # The hot scripts go over one pipelined connection (resp_pipe.py); None: a TLS or Unix
         # socket URL, where they go through redis-py like every other call.
         self._pipe: RespPipe | None = None
-        # Redis's clock minus this node's, in ms, as measured (CLOCK_OFFSET_REFRESH_S), and when;
-        # the measurement in flight, one at a time.
-        self._clock_offset_ms = 0.0
+        # Redis's clock minus this node's boot clock, in ms, as measured (CLOCK_OFFSET_REFRESH_S),
+        # and when; the measurement in flight, one at a time. Until measured (open measures it),
+        # the node's wall clock stands in for Redis's.
+        self._clock_offset_ms = _wall_ms() - _now_ms()
         self._clock_measured_s = -math.inf
         self._clock_measuring: asyncio.Task[None] | None = None
 
@@ -462,17 +478,21 @@ class RedisStore(LogStore):
 
     async def _measure_clock(self) -> None:
         """Measure Redis's clock against this node's (CLOCK_OFFSET_REFRESH_S)."""
-        before_ms = _now_ms()
+        wall_before_ms = _wall_ms()
         seconds, microseconds = await self._bounded(self._client.time(), "TIME")
         after_ms = _now_ms()
+        wall_after_ms = _wall_ms()
         redis_ms = seconds * 1000 + microseconds / 1000
-        # Redis read its clock between our two readings: the offset is at least this, which is
+        # Redis read its clock before our second reading: the offset is at least this, which is
         # the one used, so that a deadline stated with it is never later than the caller's.
         self._clock_offset_ms = redis_ms - after_ms
         self._clock_measured_s = time.monotonic()
-        if abs(redis_ms - (before_ms + after_ms) / 2) > CLOCK_SKEW_MS_WARN:
+        # The wall clocks' skew, which deadlines no longer rest on, but leases and the begin
+        # times in transaction ids do.
+        skew_ms = redis_ms - (wall_before_ms + wall_after_ms) / 2
+        if abs(skew_ms) > CLOCK_SKEW_MS_WARN:
             log.error("redis's clock is %.0f ms %s this node's: deadlines allow for it, but fix the clocks (NTP)",
-                      abs(self._clock_offset_ms), "ahead of" if self._clock_offset_ms > 0 else "behind")
+                      abs(skew_ms), "ahead of" if skew_ms > 0 else "behind")
 
     def _refresh_clock(self) -> None:
         if self._clock_measuring is not None or time.monotonic() - self._clock_measured_s < CLOCK_OFFSET_REFRESH_S:

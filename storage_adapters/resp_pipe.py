@@ -39,11 +39,14 @@ import redis.exceptions
 
 # Error replies that say the server cannot run a command now, whatever the command: the command
 # did not run. A server loading its data after a restart, a replica after a failover, a master
-# without its replicas, a script running too long, memory full, a cluster moving slots. The caller
-# is told storage is unavailable, as for a lost connection (found by review: they came back as
-# plain errors, which the node takes for an impossible state and exits on).
+# without its replicas, a script running too long, memory full, a failed background save (which
+# stops writes, by Redis's default), a cluster moving slots. The caller is told storage is
+# unavailable, as for a lost connection (found by review: they came back as plain errors, which
+# the node takes for an impossible state and exits on). A script refused so ran none of its writes:
+# Redis refuses it at the first one.
 SERVER_STATE_REPLIES = frozenset({
-    "LOADING", "READONLY", "MASTERDOWN", "BUSY", "OOM", "NOREPLICAS", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK",
+    "LOADING", "READONLY", "MASTERDOWN", "BUSY", "OOM", "MISCONF", "NOREPLICAS", "TRYAGAIN", "CLUSTERDOWN", "MOVED",
+    "ASK",
 })
 
 

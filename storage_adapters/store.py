@@ -65,7 +65,9 @@ T = TypeVar("T")
 _BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 
-def _boot_clock_s() -> float:
+def boot_clock_s() -> float:
+    """Seconds on the boot clock: never stepped (as the wall clock is by NTP), and counting the
+    time a suspend took (as the event loop's clock does not)."""
     return time.clock_gettime_ns(_BOOT_CLOCK) / 1e9
 
 
@@ -84,12 +86,12 @@ class CallDeadline:
     def after(cls, seconds: float) -> CallDeadline:
         """`seconds` from now, fixed now: fix it when the condition it rests on is checked, not
         later, or a suspend in between is not counted."""
-        return cls(asyncio.get_running_loop().time() + seconds, _boot_clock_s() + seconds)
+        return cls(asyncio.get_running_loop().time() + seconds, boot_clock_s() + seconds)
 
     def loop_time(self) -> float:
         """The deadline in the loop's clock now: earlier than set by any suspend since."""
         now_s = asyncio.get_running_loop().time()
-        return now_s + min(self.loop_s - now_s, self.boot_s - _boot_clock_s())
+        return now_s + min(self.loop_s - now_s, self.boot_s - boot_clock_s())
 
 
 # The deadline of the call that the running task is inside: the moment the template's timer tells

@@ -367,6 +367,9 @@ async def _answering_with(reply: bytes, port: int, select_reply: bytes = b"+OK\r
     b"-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.\r\n",
     b"-OOM command not allowed when used memory > 'maxmemory'.\r\n",
     b"-NOREPLICAS Not enough good replicas to write.\r\n",
+    # Found by audit (2026-11-27): a failed background save (a full disk, a fork refused) makes
+    # Redis refuse every write this way, with its default stop-writes-on-bgsave-error.
+    b"-MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.\r\n",
 ], ids=lambda reply: reply.split()[0][1:].decode())
 async def test_a_server_that_cannot_run_scripts_now_is_unavailable_not_a_crash(reply: bytes) -> None:
     """Found by review: every error reply on the pipe became a bare ResponseError, which the node
@@ -422,6 +425,29 @@ async def test_no_call_is_sent_before_the_connection_s_database_is_selected() ->
     assert b"SELECT" in commands and b"EVALSHA" not in commands, commands
 
 
+@pytest.mark.parametrize("step_ms", [-2 * TIMEOUT_MS_CALL_TEST, 5_000], ids=["stepped-back", "stepped-forward"])
+async def test_a_write_s_deadline_stays_in_redis_s_clock_when_the_node_s_clock_is_stepped_after_open(
+        services: Services, ns: str, step_ms: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by audit (2026-11-27): the offset to Redis's clock was measured against the node's
+    wall clock, at open and every 30 s, so NTP stepping that clock in between moved every deadline
+    by the step in Redis's clock. Stepped forward, a write its caller was told had failed could
+    land up to the step later (past the slack, a terminator's ABORT re-creating a collected
+    record); stepped back, every write was refused as late. Deadlines count from the boot clock
+    now, which no step moves."""
+    store = await RedisStore.open(services.redis_url, timeout_ms_call=TIMEOUT_MS_CALL_TEST)
+    wall = time.time
+    monkeypatch.setattr(time, "time", lambda: wall() + step_ms / 1000)
+    sent = _script_deadlines(store)
+    log = LogId.partition(f"{ns}-p")
+    try:
+        assert await store.log_once(log, f"{ns}.stepped", TxnState.VOTE_YES, body(log.name)) is not None
+        seconds, microseconds = await store._client.time()
+    finally:
+        await store.close()
+    redis_now_ms = seconds * 1000 + microseconds / 1000
+    assert redis_now_ms < sent[0] <= redis_now_ms + TIMEOUT_MS_CALL_TEST, (sent, redis_now_ms)
+
+
 def _script_deadlines(store: RedisStore) -> list[int]:
     """The deadline (ms, Redis's clock) of every script the store sends from now on, in order."""
     pipe = store._pipe
@@ -463,7 +489,7 @@ async def test_a_write_s_deadline_is_stated_in_redis_s_clock(services: Services,
     that reached Redis late land up to the skew past its caller's deadline, and past the GC grace
     once the skew passed the slack. The store measures the offset and states deadlines in Redis's
     clock."""
-    monkeypatch.setattr(redis_store, "_now_ms", lambda: time.time() * 1000 + skew_ms)
+    monkeypatch.setattr(redis_store, "_wall_ms", lambda: time.time() * 1000 + skew_ms)
     store = await RedisStore.open(services.redis_url, timeout_ms_call=TIMEOUT_MS_CALL_TEST)
     sent = _script_deadlines(store)
     log = LogId.partition(f"{ns}-p")
