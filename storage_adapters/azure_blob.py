@@ -511,6 +511,17 @@ def _status_error(status: int, code: str, message: str | None, what: str) -> Sto
     return StorageError(f"azure_blob {what}: HTTP {status} {code}: {message}")
 
 
+def _unless_blob_absent(error: ResourceNotFoundError, what: str) -> None:
+    """Return if `error` says the blob is not there; raise the contract's error for any other 404
+    (found by audit: ContainerNotFound, the container deleted or misnamed, read as every blob
+    absent: records, owners, data keys, and fence checks as partitions nobody holds). A service
+    that names no code is taken at its status, as the SDK's exception type says."""
+    code = getattr(error, "error_code", None)
+    name = None if code is None else str(getattr(code, "value", code))
+    if name is not None and name != "BlobNotFound":
+        raise _status_error(404, name, getattr(error, "message", None), what) from error
+
+
 def _owner_metadata(content: bytes) -> dict[str, str]:
     return {_OWNER_METADATA: base64.urlsafe_b64encode(content).decode("ascii")}
 
@@ -637,7 +648,8 @@ class AzureBlobStore(LogStore):
         try:
             downloader = await blob.download_blob()
             data = await downloader.readall()
-        except ResourceNotFoundError:
+        except ResourceNotFoundError as error:
+            _unless_blob_absent(error, "read")
             return None
         etag = downloader.properties.etag
         assert etag
@@ -728,7 +740,8 @@ class AzureBlobStore(LogStore):
         try:
             downloader = await blob.download_blob()
             data = await downloader.readall()
-        except ResourceNotFoundError:
+        except ResourceNotFoundError as error:
+            _unless_blob_absent(error, "read_owners")
             return None
         etag = downloader.properties.etag
         assert etag
@@ -778,10 +791,13 @@ class AzureBlobStore(LogStore):
             await self._check_fence(fence)
         if await self._create(record):
             return LogOnceResult(state=state, created=True)
-        # Someone else won: learn what they stored. Records are only deleted by garbage
-        # collection of long-finished txns, so the blob that beat us must still be there.
+        # Someone else won: learn what they stored. Gone already, it was a tombstone whose keep
+        # had passed, deleted by the sweep since (found by audit): nothing was written, and the
+        # caller may try again.
         stored = await self._get(log, txn)
-        assert stored is not None, f"{log.key}/{txn}: 409 on create, yet no blob on read-back"
+        if stored is None:
+            raise StorageUnavailable(f"azure_blob log_once {log.key}/{txn}: lost its create, and found no blob on "
+                                     "the read back (an expired tombstone swept meanwhile)")
         return LogOnceResult(state=stored.record.state, created=False)
 
     @in_signing_window
@@ -921,7 +937,8 @@ class AzureBlobStore(LogStore):
             try:
                 downloader = await blob.download_blob()
                 value = await downloader.readall()
-            except ResourceNotFoundError:
+            except ResourceNotFoundError as error:
+                _unless_blob_absent(error, "read_data")
                 return None
             self._remember_etag((partition, key), downloader.properties.etag)
             return None if (downloader.properties.metadata or {}).get(_DELETED) else value
@@ -1046,7 +1063,8 @@ class AzureBlobStore(LogStore):
         """Delete the record's blob (its fence already checked); True if it existed."""
         try:
             await self._container.get_blob_client(_record_name(request.log, request.txn)).delete_blob()
-        except ResourceNotFoundError:
+        except ResourceNotFoundError as error:
+            _unless_blob_absent(error, "delete")
             return False
         return True
 

@@ -73,7 +73,8 @@ _PERMISSIONS = AccountSasPermissions(read=True, write=True, delete=True, list=Tr
 SIGNATURE_CACHE_COUNT_MAX = 64
 # Fenced requests this store has sent and heard no answer to, remembered until their signatures
 # expire: a node owns at most a few thousand partitions (OWNER_READ_COUNT_MAX), with a call or
-# two in flight on each; past this, entries already expired are dropped, then the oldest.
+# two in flight on each; past this, entries already expired are dropped, and a fenced write that
+# finds no room is not sent (StorageUnavailable).
 UNANSWERED_COUNT_MAX = 16_384
 # Requests that write nothing: a window's bounds are for writes (a fence check's own read of the
 # ownership blob must never be refused by the start it is about to compute).
@@ -254,16 +255,19 @@ class ExpiringSignatures(SharedKeyCredentialPolicy):
             self.answered_count += 1
 
     def _remember(self, request: Any, partitions: tuple[str, ...], expires_unix_s: int, now_unix_s: float) -> None:
-        token = object()
-        request.context[_TOKEN] = token
-        self._unanswered[token] = _Unanswered(partitions, expires_unix_s)
-        if len(self._unanswered) > UNANSWERED_COUNT_MAX:
+        if len(self._unanswered) >= UNANSWERED_COUNT_MAX:
             for key, entry in list(self._unanswered.items()):
                 if entry.expires_unix_s < now_unix_s:
                     del self._unanswered[key]
-            while len(self._unanswered) > UNANSWERED_COUNT_MAX:
-                # Bounded all the same: the oldest goes (a release may then wait too little for it).
-                self._unanswered.popitem(last=False)
+            if len(self._unanswered) >= UNANSWERED_COUNT_MAX:
+                # Never a live one forgotten to make room (found by audit: a release then waited
+                # too little for it, and it could land after the next owner's recovery scan).
+                raise StorageUnavailable(
+                    f"azure_blob: {len(self._unanswered)} fenced writes sent and unanswered: not sent"
+                )
+        token = object()
+        request.context[_TOKEN] = token
+        self._unanswered[token] = _Unanswered(partitions, expires_unix_s)
 
     def _signature(self, expires_unix_s: int, start_unix_s: int | None) -> str:
         key = (expires_unix_s, start_unix_s)

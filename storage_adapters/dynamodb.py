@@ -345,13 +345,25 @@ def _error_code(error: ClientError) -> str:
 def _failed_condition(error: ClientError, index: int) -> dict[str, Any] | None:
     """The cancellation reason of item `index` of a TransactWriteItems if that item's condition
     failed; None if the transaction failed for another reason (to be handled as an error)."""
-    if _error_code(error) != "TransactionCanceledException":
-        return None
-    reasons = error.response.get("CancellationReasons") or []
+    reasons = _final_cancellation_reasons(error)
     if not -len(reasons) <= index < len(reasons):
         return None
     reason: dict[str, Any] = reasons[index]
     return reason if reason.get("Code") == "ConditionalCheckFailed" else None
+
+
+def _final_cancellation_reasons(error: ClientError) -> list[dict[str, Any]]:
+    """The reasons a TransactWriteItems was cancelled for, one per item, if they are final: none
+    if it was not cancelled, or if an item was cancelled for a reason a retry may not meet (a
+    conflict, throttling). Found by audit: a fence's check cancelled as a TransactionConflict,
+    which says nothing of the fence, beside a record whose condition failed, was answered from
+    the record alone; a write cancelled so is unavailable (_storage_error), nothing written."""
+    if _error_code(error) != "TransactionCanceledException":
+        return []
+    reasons: list[dict[str, Any]] = error.response.get("CancellationReasons") or []
+    if any(reason.get("Code") in _RETRYABLE_CANCELLATION_CODES for reason in reasons):
+        return []
+    return reasons
 
 
 def _refuse_tombstone(log: LogId, txn: str, keep: Tombstone, item: Mapping[str, Any], error: Exception) -> NoReturn:
@@ -565,10 +577,12 @@ class DynamoDbStore(LogStore):
         if isinstance(error, ClientError):
             code = _error_code(error)
             status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-            reasons = {r.get("Code") for r in error.response.get("CancellationReasons") or []}
-            if code in _RETRYABLE_ERROR_CODES or status >= 500 or reasons & _RETRYABLE_CANCELLATION_CODES:
-                return StorageUnavailable(f"dynamodb {what}: {code}: {error}")
-            return StorageError(f"dynamodb {what}: {code}: {error}")
+            listed = [str(r.get("Code")) for r in error.response.get("CancellationReasons") or []]
+            # A cancelled transaction's reasons, one per item, say which item failed and why.
+            said = f"{code} ({', '.join(listed)})" if listed else code
+            if code in _RETRYABLE_ERROR_CODES or status >= 500 or set(listed) & _RETRYABLE_CANCELLATION_CODES:
+                return StorageUnavailable(f"dynamodb {what}: {said}: {error}")
+            return StorageError(f"dynamodb {what}: {said}: {error}")
         if isinstance(error, NoCredentialsError | CredentialRetrievalError | ResponseParserError):
             # Credentials not found during a refresh (the provider answers again later), or an
             # answer that did not parse: whether the call took effect is unknown either way.
@@ -957,9 +971,7 @@ class DynamoDbStore(LogStore):
     def _marker_failure(error: ClientError, log: LogId, txn: str) -> Record | None:
         """If `error` is our marker's condition failing, the record as it stood (absent: raise);
         None when the transaction failed for another reason, to be handled as an error."""
-        if _error_code(error) != "TransactionCanceledException":
-            return None
-        reasons = error.response.get("CancellationReasons") or []
+        reasons = _final_cancellation_reasons(error)
         if not reasons or reasons[-1].get("Code") != "ConditionalCheckFailed":
             return None
         item = reasons[-1].get("Item")

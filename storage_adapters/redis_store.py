@@ -293,7 +293,9 @@ return {matches and 1 or 0, redis.call('HGETALL', KEYS[1])}
 # never later in Redis's clock than the caller's. (Found by review: stated in the node's clock, a
 # Redis whose clock ran behind by more than the slack let a late write land past the GC grace.
 # Found by audit: measured against the node's wall clock, an NTP step of that clock between two
-# measurements moved every deadline by the step.)
+# measurements moved every deadline by the step.) Redis's own clock stepped back between two
+# measurements still moves deadlines later by the step until the next; its key expiry moves with
+# it too, and only its operators' NTP settings (slewing, not stepping) can rule that out.
 CLOCK_OFFSET_REFRESH_S = 30.0
 # A skew this large (clock_slack_ms's default) is logged as an error: deadlines stay right, but
 # leases and the begin times in transaction ids rest on the nodes' clocks agreeing too.

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import inspect
 import time
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -211,11 +212,15 @@ class LogStore(abc.ABC):
         """`call`'s result within the call deadline (`deadline`, or timeout_ms_call from now);
         TimeoutError (ours or the I/O layer's) as StorageUnavailable, the backend's own errors as
         `_storage_error` maps them. The deadline is fixed here, before `call` first runs, and
-        `call_deadline()` tells it to the backend."""
+        `call_deadline()` tells it to the backend. A call whose deadline has passed already is
+        never started: a backend may send its request before it first waits, which is when the
+        timer could cancel it (found by audit: botocore sent a whole PutItem so, and DynamoDB
+        checks no deadline of ours)."""
         try:
             if what in self._calls_bounded_by_io:
                 if deadline is None:
                     return await call
+                self._refuse_if_passed(deadline, what, call)
                 # An earlier deadline than the I/O's own (a batch bounded by its earliest caller's):
                 # told to the backend, whose I/O then ends by it too (found by review: a coalesced
                 # delete's script kept a deadline fixed when the batch ran, up to a stalled tick
@@ -232,7 +237,7 @@ class LogStore(abc.ABC):
                     deadline = fixed
                 else:
                     deadline = CallDeadline.after(self._timeout_s)
-            ends_s = deadline.loop_time()  # the loop's clock, for its timers
+            ends_s = self._refuse_if_passed(deadline, what, call)  # the loop's clock, for its timers
             token = _call_deadline.set(deadline)
             try:
                 if asyncio.current_task(loop) is None:  # the loop passed: one getpid call fewer
@@ -256,6 +261,16 @@ class LogStore(abc.ABC):
             if mapped is None:
                 raise
             raise mapped from error
+
+    def _refuse_if_passed(self, deadline: CallDeadline, what: str, call: Awaitable[object] | None = None) -> float:
+        """`deadline` in the loop's clock; StorageUnavailable, with `call` never started, if it
+        has passed."""
+        ends_s = deadline.loop_time()
+        if ends_s > asyncio.get_running_loop().time():
+            return ends_s
+        if inspect.iscoroutine(call):
+            call.close()  # never started: closed, so that nothing warns it was never awaited
+        raise StorageUnavailable(f"{self.backend_name} {what}: the call's deadline passed before it was sent")
 
     def _storage_error(self, error: Exception, what: str) -> StorageError | None:
         """The contract's error for a backend's exception (a transport failure is
@@ -391,16 +406,17 @@ class LogStore(abc.ABC):
         validate_tombstone(keep, log)
         if not self.coalesces_deletes:
             return await self._bounded(self._delete(log, txn, fence, keep), "delete")
+        deadline = CallDeadline.after(self._timeout_s)
+        fixed = _call_deadline.get(None)  # by the caller (call_deadline_at), or an outer call
+        if fixed is not None and fixed.loop_time() < deadline.loop_time():
+            deadline = fixed
+            self._refuse_if_passed(deadline, "delete")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
         waiting = self._deletes_waiting.get(loop)
         if waiting is None:
             waiting = self._deletes_waiting[loop] = []
             loop.call_soon(self._flush_deletes, loop)
-        deadline = CallDeadline.after(self._timeout_s)
-        fixed = _call_deadline.get(None)  # by the caller (call_deadline_at), or an outer call
-        if fixed is not None and fixed.loop_time() < deadline.loop_time():
-            deadline = fixed
         waiting.append(_WaitingDelete(DeleteRequest(log, txn, fence, keep), future, deadline))
         # A bare timer per caller (the batch's request is bounded by the earliest of its callers'
         # deadlines): a caller's deadline counts from its own call, and costs a heap entry rather

@@ -4,13 +4,15 @@ never as an error the node takes for an impossible state (and exits on)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from storage_adapters.azure_blob import AzureBlobStore
 from storage_adapters.contract import LogId, RecordBody, Tombstone, TxnState
 from storage_adapters.errors import StorageError, StorageUnavailable
+from tests.conftest import Services
 from tests.worker import free_port
 
 # Azurite's well-known development account (a public test key, not a secret).
@@ -120,3 +122,54 @@ async def test_a_conflict_that_is_no_lost_race_is_not_retried_as_one() -> None:
     finally:
         await store.close()
         server.close()
+
+
+@pytest.mark.services
+async def test_a_missing_container_is_an_error_never_an_absent_record(services: Services) -> None:
+    """Found by audit (2026-11-27): every 404 read as "no such blob", ContainerNotFound too (the
+    container deleted, or a wrong name where the node does not create it): a record, an owner or
+    a data key read as absent, and a fence check as a partition nobody holds, so the node dropped
+    its partitions as if deposed while its writes failed. Only BlobNotFound means absent."""
+    container = f"gone-{uuid.uuid4().hex[:10]}"
+    store = await AzureBlobStore.open(services.azure_connection_string, container, timeout_ms_call=TIMEOUT_MS_CALL)
+    log = LogId.partition("p0")
+    try:
+        await store.delete_container()
+        reads: list[Callable[[], Awaitable[object]]] = [
+            lambda: store.read(log, "t1"),
+            lambda: store.read_data("p0", ["k1"]),
+            lambda: store.read_owners(("p0",)),
+            lambda: store.delete(log, "t1"),
+        ]
+        for read in reads:
+            with pytest.raises(StorageError, match="ContainerNotFound"):
+                await read()
+    finally:
+        await store.close()
+
+
+@pytest.mark.services
+async def test_a_lost_create_whose_winner_is_gone_on_the_read_back_is_unavailable(
+        services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by audit (2026-11-27): log_once's loser reads the winning blob back and asserted it was
+    there; the tombstone sweep may delete an expired tombstone between the 409 and that read, and
+    the AssertionError, no storage error, took the node down. Nothing was written: unavailable."""
+    container = f"race-{uuid.uuid4().hex[:10]}"
+    store = await AzureBlobStore.open(services.azure_connection_string, container, timeout_ms_call=TIMEOUT_MS_CALL)
+
+    async def lost(*_: object) -> bool:
+        return False
+
+    async def gone(*_: object) -> None:
+        return None
+
+    monkeypatch.setattr(store, "_create", lost)
+    monkeypatch.setattr(store, "_get", gone)
+    log = LogId.partition("p0")
+    try:
+        with pytest.raises(StorageUnavailable, match="read back"):
+            await store.log_once(log, "t1", TxnState.VOTE_YES, RecordBody(("p0",), "n1", b""))
+    finally:
+        monkeypatch.undo()
+        await store.delete_container()
+        await store.close()

@@ -298,6 +298,22 @@ def test_a_fenced_write_answered_with_a_server_error_stays_unanswered() -> None:
     assert signatures.unanswered_until(PARTITION, time.time()) == now_unix_s + 30
 
 
+def test_a_fenced_write_is_not_sent_when_the_unanswered_ones_fill_their_bound() -> None:
+    """Found by audit (2026-11-27): past UNANSWERED_COUNT_MAX unanswered fenced writes (a storage
+    brownout under load), the oldest unexpired one was forgotten to make room; a release of its
+    partition then waited for nothing, another node took the partition at once, and the forgotten
+    write, still valid, could land after the taker's recovery scan. A write that would overflow the
+    bound is not sent now."""
+    signatures = ExpiringSignatures("account", "a2V5", 5.0)
+    expires_unix_s = int(time.time()) + 30
+    signatures._remember(types.SimpleNamespace(context={}), ("first",), expires_unix_s, time.time())
+    for _ in range(azure_signing.UNANSWERED_COUNT_MAX - 1):
+        signatures._remember(types.SimpleNamespace(context={}), ("busy",), expires_unix_s, time.time())
+    with pytest.raises(StorageUnavailable, match="unanswered"):
+        signatures._remember(types.SimpleNamespace(context={}), ("busy",), expires_unix_s, time.time())
+    assert signatures.pass_on("first", 1) == expires_unix_s
+
+
 # How far ahead of Azure's the node clocks run in the test below: well past any slack.
 CLOCK_AHEAD_S = 120
 WARM_UP_READ_COUNT = 60

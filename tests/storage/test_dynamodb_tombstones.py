@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from itertools import product
 from typing import Any
 
+import botocore.exceptions
 import botocore.session
 import pytest
 
@@ -29,7 +30,12 @@ from storage_adapters.contract import (
     TxnState,
     identity_name,
 )
-from storage_adapters.dynamodb import OPEN_CALL_ATTEMPT_COUNT_MAX, TOMBSTONE_ROUND_COUNT_MAX, DynamoDbStore
+from storage_adapters.dynamodb import (
+    OPEN_CALL_ATTEMPT_COUNT_MAX,
+    TOMBSTONE_ROUND_COUNT_MAX,
+    DynamoDbStore,
+    _record_key,
+)
 from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, StorageUnavailable
 from storage_adapters.factory import open_store
 from tests.conftest import Services
@@ -494,3 +500,33 @@ def test_a_tombstone_expiry_is_never_a_fraction_of_a_millisecond_early(monkeypat
 
     monkeypatch.setattr(dynamodb_module, "time", type("Clock", (), {"time": staticmethod(lambda: 1_795_729_594.0004)}))
     assert dynamodb_module._expires_at_s(2_000) >= 1_795_729_594.0004 + 2
+
+
+# -- a transaction cancelled for a conflict as well as a condition -----------------------------------
+async def test_a_write_cancelled_for_a_conflict_on_its_fence_is_unavailable_whatever_its_record(
+        dynamodb: DynamoDbStore, ns: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by audit (2026-11-27): a fenced write's transaction names a reason per item. With a
+    take writing the ownership item at that moment, the fence's check is cancelled as a
+    TransactionConflict, which says nothing of the fence, while the record's own condition failed:
+    the adapter answered from the record alone. A `log` of COMMIT over an ABORT read as a flip
+    (DecisionFlipRefused, on which a node exits), and a `log_once` as the record's state with the
+    fence unchecked. Nothing was written: unavailable, to be tried again."""
+    log, txn = LogId.partition(f"{ns}p"), f"{ns}t"
+    taken = await take_first(dynamodb, log.name)
+    assert (await dynamodb.log_once(log, txn, ABORT, body(log.name), taken.fence())).created
+    stored = await dynamodb._get_item(_record_key(log, txn))
+    assert stored is not None
+
+    async def cancelled(**_: object) -> None:
+        raise botocore.exceptions.ClientError({
+            "Error": {"Code": "TransactionCanceledException", "Message": "Transaction cancelled"},
+            "CancellationReasons": [{"Code": "TransactionConflict"},
+                                    {"Code": "ConditionalCheckFailed", "Item": stored}],
+            "ResponseMetadata": {"HTTPStatusCode": 400},
+        }, "TransactWriteItems")
+
+    monkeypatch.setattr(dynamodb._client, "transact_write_items", cancelled)
+    with pytest.raises(StorageUnavailable, match="TransactionConflict"):
+        await dynamodb.log(log, txn, COMMIT, body(log.name), taken.fence())
+    with pytest.raises(StorageUnavailable, match="TransactionConflict"):
+        await dynamodb.log_once(log, txn, VOTE, body(log.name), taken.fence())

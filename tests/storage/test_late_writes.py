@@ -16,7 +16,6 @@ from cornus.protocol.config import Protocol
 from cornus.protocol.effects import DeleteRecord, Effect
 from cornus.sim.schedule import Schedule
 from cornus.sim.world import World
-from storage_adapters import redis_store
 from storage_adapters.contract import LogId, LogKind, Ownership, RecordBody, TxnState, identity_name
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
@@ -161,17 +160,19 @@ async def test_a_redis_write_that_arrives_past_its_deadline_is_refused(services:
         proxy.close()
 
 
-async def test_a_node_clock_stepped_back_fails_one_write_says_why_and_measures_again(
-    services: Services, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+async def test_a_redis_clock_stepped_forward_fails_one_write_says_why_and_measures_again(
+    services: Services, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Redis judges a call's deadline by its own clock, and the store states deadlines in it with
-    the clock offset it measured (redis_store.CLOCK_OFFSET_REFRESH_S). A node clock stepped back
-    by more than a call deadline after that makes the next write late in Redis's eyes: it fails,
-    that is said naming the clocks, and the offset is measured again, so the write after works."""
+    the offset it measured against the node's boot clock (redis_store.CLOCK_OFFSET_REFRESH_S), which
+    no step of the node's clocks moves. Redis's clock stepped forward by more than a call deadline
+    after that makes the next write late in Redis's eyes: it fails, that is said naming the
+    clocks, and the offset is measured again, so the write after works. (The step is made by
+    moving the measured offset an hour back, where the step would have left it behind Redis's.)"""
     base_url = services.redis_url.rsplit("/", 1)[0]
     store = await RedisStore.open(f"{base_url}/{redis_db_bench()}", timeout_ms_call=DEADLINE_MS)
-    real_time = redis_store.time.time
-    monkeypatch.setattr(redis_store.time, "time", lambda: real_time() - 3600)  # stepped an hour back
+    measured_ms = store._clock_offset_ms
+    store._clock_offset_ms = measured_ms - 3_600_000
     log = LogId.partition(f"skew-{uuid.uuid4().hex[:8]}")
     body = RecordBody((log.name,), "n1", b"redo")
     try:
@@ -179,12 +180,11 @@ async def test_a_node_clock_stepped_back_fails_one_write_says_why_and_measures_a
             await store.log_once(log, "t1", TxnState.VOTE_YES, body)
         assert "a clock was stepped" in caplog.text, caplog.text
         for _ in range(100):  # the offset is measured again in the background
-            if store._clock_measuring is None and store._clock_offset_ms > 3_000_000:
+            if store._clock_measuring is None and abs(store._clock_offset_ms - measured_ms) < 1_000:
                 break
             await asyncio.sleep(0.01)
         assert await store.log_once(log, "t2", TxnState.VOTE_YES, body) is not None
     finally:
-        monkeypatch.undo()
         await store.close()
 
 

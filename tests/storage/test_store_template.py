@@ -24,7 +24,14 @@ from storage_adapters.contract import (
     TxnState,
 )
 from storage_adapters.errors import Fenced, StorageError, StorageUnavailable, ValidationError
-from storage_adapters.store import DELETE_BATCH_COUNT_MAX, DeleteRequest, LogStore
+from storage_adapters.store import (
+    DELETE_BATCH_COUNT_MAX,
+    CallDeadline,
+    DeleteRequest,
+    LogStore,
+    boot_clock_s,
+    call_deadline_at,
+)
 from tests.unused_store import UnusedStore
 
 VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
@@ -296,3 +303,42 @@ async def test_a_call_that_does_not_answer_is_unavailable_at_the_deadline() -> N
     with pytest.raises(StorageUnavailable, match="silent log_once did not answer within 300 ms"):
         await store.log_once(LogId.partition("p"), "t", VOTE, body("p"))
     assert time.monotonic() - started < DEADLINE_MS / 1000 + SLACK_S
+
+
+class _EagerStore(UnusedStore):
+    """A backend that sends its request before it first waits (a client library writing to a
+    pooled connection does), and answers at once."""
+
+    backend_name = "eager"
+    coalesces_deletes = True
+
+    def __init__(self) -> None:
+        super().__init__(DEADLINE_MS)
+        self.sent: list[str] = []
+
+    async def _log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody,
+                        fence: Fence | None) -> LogOnceResult:
+        self.sent.append(txn)
+        return LogOnceResult(state, created=True)
+
+    async def _delete_many(self, requests: Sequence[DeleteRequest]) -> list[bool | StorageError]:
+        self.sent.extend(request.txn for request in requests)
+        return [True] * len(requests)
+
+
+@pytest.mark.parametrize("call", ["log_once", "delete"])
+async def test_a_call_whose_deadline_passed_before_it_started_never_reaches_the_backend(call: str) -> None:
+    """Found by audit (2026-11-27): the template started the backend's call whatever was left of a
+    deadline fixed earlier (call_deadline_at: a lease gate's, before a stall or a suspend), and
+    counted on its timer to cancel the call at its first wait. botocore on a pooled connection
+    sent a whole conditional PutItem before that; DynamoDB checks no deadline of ours, so a write
+    its caller was told had failed landed."""
+    store = _EagerStore()
+    log = LogId.partition("p")
+    passed = CallDeadline(asyncio.get_running_loop().time() - 0.001, boot_clock_s() - 0.001)
+    with call_deadline_at(passed), pytest.raises(StorageUnavailable, match="deadline passed"):
+        if call == "log_once":
+            await store.log_once(log, "t", VOTE, body("p"))
+        else:
+            await store.delete(log, "t")
+    assert store.sent == []

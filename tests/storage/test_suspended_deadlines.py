@@ -31,11 +31,13 @@ SUSPEND_S = 30.0
 DEADLINE_S = 2.0
 
 
-@pytest.fixture(params=["emulator", "redis", "azure_blob"])
+@pytest.fixture(params=["emulator", "redis", "azure_blob", "dynamodb"])
 async def deadline_store(request: pytest.FixtureRequest, services: Services, run_id: str,
                          tmp_path: object) -> AsyncIterator[LogStore]:
-    """A store of each backend that checks a deadline of ours (DynamoDB checks none: its
-    late-write window covers what lands late there), and an Azure container of its own."""
+    """A store of each backend, and an Azure container of its own. DynamoDB checks no deadline
+    of ours: a call whose deadline passed before it left must not leave at all (found by audit,
+    2026-11-27: the template started it, and botocore sent a whole PutItem on a pooled
+    connection before the timeout cancelled it; signed then, it was no late write to Amazon)."""
     config = config_for(request.param, services, run_id, str(tmp_path))
     if config.backend == "azure_blob":
         config = dataclasses.replace(config, azure_container=f"{config.azure_container}-{uuid.uuid4().hex[:8]}")
