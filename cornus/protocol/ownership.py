@@ -43,6 +43,11 @@ OWNERSHIP = "~ownership"
 # most this many times between two reads: bounded, and enough while a round trip is shorter than
 # the owner's renewal interval.
 ASK_RETRY_COUNT_MAX = 3
+# A release written again after another node's write (an ask) beat it to the record, which still
+# names this node in its epoch: at most this many times per tenure. Each retry follows a write
+# of someone else's, so a few cover the asks one read brings; past them the asker waits out the
+# lease, as it would for a node that died.
+RELEASE_RETRY_COUNT_MAX = 3
 
 
 def placement(partitions: Sequence[str], nodes: Iterable[str], partition_owners: Mapping[str, str]) -> dict[str, str]:
@@ -199,6 +204,8 @@ class OwnershipMachine:
     _release_after_write: set[str] = field(default_factory=set)
     # Asks for a partition retried at once after losing the compare-and-swap, since the last read.
     _ask_retries: dict[str, int] = field(default_factory=dict)
+    # Releases written again after losing the compare-and-swap, in the partition's last tenure here.
+    _release_retries: dict[str, int] = field(default_factory=dict)
     _reading: bool = False
     _last_read_ms: int | None = None
     _stopping: bool = False
@@ -312,6 +319,7 @@ class OwnershipMachine:
                     return []
                 self.held[partition] = _Held(call.new, call.sent_ms + self.config.lease_ms)
                 self._watch.pop(partition, None)
+                self._release_retries.pop(partition, None)
                 return [Acquired(call.new)]
             assert held.record.epoch == call.new.epoch, f"renewed {partition} in another epoch"
             held.record = call.new
@@ -321,6 +329,15 @@ class OwnershipMachine:
         stored = result.stored
         if held is None:
             self._observe(partition, stored, now_ms)
+            released = call.new.owner == "" and call.expected is not None and call.expected.owner == self.node
+            released_again = self._release_retries.get(partition, 0)
+            if (released and stored is not None and stored.owner == self.node and call.expected is not None
+                    and stored.epoch == call.expected.epoch and released_again < RELEASE_RETRY_COUNT_MAX):
+                # Our release lost to another node's ask, and the record is still ours in that
+                # epoch: freed over what the ask wrote (found by audit: dropped, the asker waited
+                # out the lease and the slack).
+                self._release_retries[partition] = released_again + 1
+                return [self._write(stored, replace(stored, owner="", version=stored.version + 1), now_ms)]
             asked = call.new.wanted_by == self.node and call.new.owner not in ("", self.node)
             retries = self._ask_retries.get(partition, 0)
             if (asked and not self._stopping and stored is not None and stored.owner not in ("", self.node)

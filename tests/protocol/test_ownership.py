@@ -3,6 +3,8 @@ find no two owners of a partition at once, and must find them when a rule is bro
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cornus.protocol.effects import ApplyRedo, DeleteRecord, Log, LogOnce, ReadRecord
@@ -139,6 +141,31 @@ def test_a_release_deferred_behind_a_renewal_is_written_though_an_ask_won_the_ra
     asked = Ownership("p", "a", 1, 2, OwnershipConfig().lease_ms, wanted_by="b")  # b's ask landed first
     (release,) = machine.owner_written(6_002, renew, OwnerWriteResult(asked, False))
     assert isinstance(release, WriteOwner) and release.expected == asked and release.new.owner == ""
+
+
+def test_a_release_that_loses_its_compare_and_swap_to_an_ask_is_written_again() -> None:
+    """Found by audit (2026-11-27): a release (a stop's, or a drain's) written in the same instant
+    as the preferred node's ask lost its compare-and-swap and was dropped, though the record still
+    named this node in its epoch: the asker waited out the lease and the slack instead of taking
+    the partition at once (the renewal-in-flight case above had the fix; the plain release not)."""
+    machine = OwnershipMachine("a", {"p": "b"}, OwnershipConfig())
+    machine.tick(0)
+    assert machine.owners_read(0, {}) == []
+    machine.tick(5_000)
+    (take,) = machine.owners_read(5_000, {})
+    machine.owner_written(5_001, take, OwnerWriteResult(take.new, True))
+    (release,) = [e for e in machine.shutdown(5_002) if isinstance(e, WriteOwner)]
+    asked = dataclasses.replace(take.new, version=take.new.version + 1, wanted_by="b")  # b's ask landed first
+    (again,) = machine.owner_written(5_003, release, OwnerWriteResult(asked, False))
+    assert isinstance(again, WriteOwner) and again.expected == asked and again.new.owner == ""
+    # Bounded: a release that keeps losing gives up (the asker then waits out the lease).
+    for _ in range(100):
+        asked = dataclasses.replace(asked, version=asked.version + 1)
+        answer = machine.owner_written(5_004, again, OwnerWriteResult(asked, False))
+        if not answer:
+            break
+        (again,) = answer
+    assert not answer
 
 
 def test_a_take_that_lands_after_the_stop_is_released() -> None:
