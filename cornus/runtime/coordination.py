@@ -44,7 +44,7 @@ from cornus.runtime.outcome import (
     TxnWrongState,
 )
 from cornus.runtime.timing import TimingLog, TxnTiming
-from cornus.runtime.transport import PeerUnavailable, Transport
+from cornus.runtime.transport import PeerUnavailable, RequestTooLarge, Transport
 from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind, PeerResponse, validate_op
 from storage_adapters.contract import TxnState
 from storage_adapters.errors import StorageUnavailable, ValidationError
@@ -363,6 +363,8 @@ class Coordination:
             response = await self.transport.request(owner, request, self.config.limits.timeout_ms_peer_request)
         except PeerUnavailable as error:
             return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"owner of {request.partition}: {error}")
+        except RequestTooLarge as error:
+            return _too_large(request.partition, error)
         assert isinstance(response, ExecuteResponse)
         return response
 
@@ -705,6 +707,8 @@ class Coordination:
             elif isinstance(error, PeerUnavailable):
                 answered(partition, ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"owner of {partition}: {error}"),
                          False)
+            elif isinstance(error, RequestTooLarge):
+                answered(partition, _too_large(partition, error), True)  # never sent: the owner holds no vote
             else:
                 # A one-shot's requests outlive its caller when it aborts early: a failure of
                 # theirs (a bug, since request failures are answers) must still be heard.
@@ -777,6 +781,12 @@ class Coordination:
                         else refresh_unanswered_ms(previous_ms, sent_ms, idle_ms))
         # An operation that ran there meanwhile put its own, later, time.
         ctx.requested_ms[partition] = max(refreshed_ms, ctx.requested_ms.get(partition, refreshed_ms))
+
+
+def _too_large(partition: str, error: RequestTooLarge) -> ExecuteResponse:
+    """A request the transport could not carry, answered as an owner's refusal of bad input (found
+    by audit: taken for a bug, it ended the node; the client's operations were too large)."""
+    return ExecuteResponse(ExecuteStatus.INVALID, detail=f"the request to {partition}: {error}")
 
 
 def _first_to_name(failures: Sequence[ExecuteResponse]) -> ExecuteResponse:

@@ -2,7 +2,8 @@
 
 `services/node_rpc` implements it over TCP (one long-lived connection per peer and direction);
 tests may implement it in memory. Protocol messages are one-way and may be lost (the protocol's
-timers recover); requests get exactly one response or `PeerUnavailable` within their deadline.
+timers recover); requests get exactly one response or `PeerUnavailable` within their deadline (or
+`RequestTooLarge`, never sent).
 A node addressing itself is served in-process (no socket), asynchronously, like any peer.
 """
 
@@ -17,6 +18,11 @@ from cornus.runtime.wire import PeerRequest, PeerResponse, Routed
 
 class PeerUnavailable(Exception):
     """The peer did not answer within the deadline, or is not connected. Retryable."""
+
+
+class RequestTooLarge(Exception):
+    """A request larger than the transport carries: never sent, so never run by the peer. The
+    caller's input is too large; never retryable as it is."""
 
 
 class InboundHandler(Protocol):
@@ -48,7 +54,8 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def request(self, to_node: str, request: PeerRequest, timeout_ms: int) -> PeerResponse:
-        """Send a request and wait for its response; PeerUnavailable past `timeout_ms`."""
+        """Send a request and wait for its response; PeerUnavailable past `timeout_ms`,
+        RequestTooLarge if it is too large to send."""
 
     def start_request(self, to_node: str, request: PeerRequest, timeout_ms: int) -> asyncio.Future[PeerResponse]:
         """Start a request and return its response's future (failing with PeerUnavailable past

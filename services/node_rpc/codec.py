@@ -70,6 +70,9 @@ assert set(_TXN_STATE_TO_PB) == set(TxnState)
 assert set(_OP_KIND_TO_PB) == set(OpKind)
 assert set(_EXECUTE_STATUS_TO_PB) == set(ExecuteStatus)
 _TXN_STATE_FROM_PB = {value: key for key, value in _TXN_STATE_TO_PB.items()}
+# What a Decision, DecisionAck or DecisionAnswer may carry: a decision, never a vote (found by
+# audit: VOTE_YES passed, and the machine it reached asserted on it, ending the node).
+_DECISION_FROM_PB = {value: key for key, value in _TXN_STATE_TO_PB.items() if key.is_decision}
 _OP_KIND_FROM_PB = {value: key for key, value in _OP_KIND_TO_PB.items()}
 _EXECUTE_STATUS_FROM_PB = {value: key for key, value in _EXECUTE_STATUS_TO_PB.items()}
 assert 0 not in _TXN_STATE_FROM_PB and 0 not in _OP_KIND_FROM_PB and 0 not in _EXECUTE_STATUS_FROM_PB
@@ -80,6 +83,13 @@ def _enum_from_pb(table: dict[int, Any], value: int, what: str) -> Any:
         return table[value]
     except KeyError:
         raise MalformedEnvelope(f"{what}: unknown or unspecified enum value {value}") from None
+
+
+def _decision_from_pb(value: int, what: str) -> TxnState:
+    decision: TxnState = _enum_from_pb(_TXN_STATE_FROM_PB, value, what)
+    if value not in _DECISION_FROM_PB:
+        raise MalformedEnvelope(f"{what}: {decision.value} is no decision (COMMIT or ABORT)")
+    return decision
 
 
 # --- Encoding: value -> the envelope's body ---
@@ -269,14 +279,14 @@ def _decode_vote(body: pb.Vote) -> Vote:
 
 
 def _decode_decision(body: pb.Decision) -> Decision:
-    return Decision(txn=body.txn, decision=_enum_from_pb(_TXN_STATE_FROM_PB, body.decision, "Decision.decision"))
+    return Decision(txn=body.txn, decision=_decision_from_pb(body.decision, "Decision.decision"))
 
 
 def _decode_decision_ack(body: pb.DecisionAck) -> DecisionAck:
     return DecisionAck(
         txn=body.txn,
         partition=body.partition,
-        decision=_enum_from_pb(_TXN_STATE_FROM_PB, body.decision, "DecisionAck.decision"),
+        decision=_decision_from_pb(body.decision, "DecisionAck.decision"),
     )
 
 
@@ -286,7 +296,7 @@ def _decode_decision_query(body: pb.DecisionQuery) -> DecisionQuery:
 
 def _decode_decision_answer(body: pb.DecisionAnswer) -> DecisionAnswer:
     decision = (
-        _enum_from_pb(_TXN_STATE_FROM_PB, body.decision, "DecisionAnswer.decision")
+        _decision_from_pb(body.decision, "DecisionAnswer.decision")
         if body.HasField("decision")
         else None
     )

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from cornus.protocol.messages import Message
 from cornus.runtime import eager
 from cornus.runtime.config import TIMEOUT_MS_PEER_REQUEST_MAX
-from cornus.runtime.transport import InboundHandler, PeerUnavailable, Transport
+from cornus.runtime.transport import InboundHandler, PeerUnavailable, RequestTooLarge, Transport
 from cornus.runtime.wire import (
     ExecuteRequest,
     ExecuteResponse,
@@ -126,8 +126,8 @@ class TransportLimits:
         assert self.frame_timeout_ms >= 1
 
 
-class MessageTooLarge(ValueError):
-    """A request whose encoding exceeds `message_bytes_max`: the caller's bug, never retryable."""
+class MessageTooLarge(RequestTooLarge, ValueError):
+    """A request whose encoding exceeds `message_bytes_max`: never sent, never retryable."""
 
 
 class LinkState(enum.Enum):

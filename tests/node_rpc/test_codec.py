@@ -18,6 +18,7 @@ from cornus.protocol.messages import Message
 from cornus.runtime.wire import Op, PeerRequest, PeerResponse, Routed
 from services.node_rpc import codec
 from services.node_rpc._generated import node_pb2 as pb
+from storage_adapters.contract import TxnState
 
 ALL_TYPES = (*codec.MESSAGE_TYPES, *codec.REQUEST_TYPES, *codec.RESPONSE_TYPES)
 # Proto message for each dataclass (nested ones too), by the shared name.
@@ -37,6 +38,14 @@ def test_dataclass_and_proto_fields_match(cls: type) -> None:
     dataclass_fields = {field.name for field in dataclasses.fields(cls)}
     proto_fields = set(PROTO_FOR[cls].DESCRIPTOR.fields_by_name) - PROTO_ONLY_FIELDS.get(cls, set())
     assert dataclass_fields == proto_fields, f"{cls.__name__}: dataclass and node.proto disagree"
+
+
+def _members(hint: type[enum.Enum], where: str) -> list[Any]:
+    """The members a field may carry: a decision field's TxnState is COMMIT or ABORT, never a vote
+    (the codec refuses one, test_a_decision_that_is_no_decision_is_malformed)."""
+    if where == "decision":
+        return [member for member in hint if member is not TxnState.VOTE_YES]
+    return list(hint)
 
 
 def _is_optional(hint: Any) -> bool:
@@ -59,7 +68,7 @@ def _sample(hint: Any, seed: int, where: str) -> Any:
         return tuple(values)
     if isinstance(hint, type):
         if issubclass(hint, enum.Enum):
-            members = list(hint)
+            members = _members(hint, where)
             return members[seed % len(members)]
         if hint is bool:
             return True
@@ -90,7 +99,7 @@ def _empty_instance(cls: type) -> Any:
         elif typing.get_origin(hint) is tuple:
             values[field.name] = ()
         elif isinstance(hint, type) and issubclass(hint, enum.Enum):
-            values[field.name] = next(iter(hint))
+            values[field.name] = _members(hint, field.name)[0]
         else:
             values[field.name] = hint()
     return cls(**values)
@@ -224,3 +233,16 @@ def test_unspecified_enum_is_malformed() -> None:
 def test_unknown_type_is_refused() -> None:
     with pytest.raises(TypeError):
         codec.encode(pb.PeerEnvelope(), object())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("body", ["decision", "decision_ack", "decision_answer"])
+def test_a_decision_that_is_no_decision_is_malformed(body: str) -> None:
+    """Found by audit (2026-11-27): any TxnState was accepted as a decision, VOTE_YES too, and the
+    machine it reached asserted on it (a participant's decide, a coordinator's adopted ack), so one
+    such message from a peer (a bug, a version skew) ended the receiving node."""
+    envelope = pb.PeerEnvelope()
+    message = getattr(envelope, body)
+    message.txn = "t"
+    message.decision = pb.TXN_STATE_VOTE_YES
+    with pytest.raises(codec.MalformedEnvelope, match="COMMIT or ABORT"):
+        codec.decode_message(envelope)

@@ -23,12 +23,13 @@ from cornus.runtime import partition as partition_runtime
 from cornus.runtime.config import NodeConfig, load_node_config
 from cornus.runtime.coordination import TxnAborted
 from cornus.runtime.node import Node
-from cornus.runtime.outcome import NodeOverloaded, OutcomeStatus, TxnWrongState
+from cornus.runtime.outcome import AbortReason, NodeOverloaded, OutcomeStatus, TxnWrongState
 from cornus.runtime.ownership import now_ms as lease_clock_ms
 from cornus.runtime.transport import PeerUnavailable
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, Routed
 from services.api.metrics import Metrics
 from services.api.rest import build_app
+from services.node_rpc.transport import MessageTooLarge
 from storage_adapters.contract import (
     DATA_KEY_BYTES_MAX,
     PARTICIPANT_COUNT_MAX,
@@ -1139,3 +1140,48 @@ async def test_a_refusal_raised_after_the_prepare_left_is_reported_unknown_not_a
             await node.run_ops(txn, ops)
             outcome = await node.commit(txn)
         assert outcome.status is OutcomeStatus.UNKNOWN, outcome
+
+
+@pytest.mark.parametrize("one_shot", [True, False], ids=["execute", "interactive"])
+async def test_a_request_too_large_for_the_peer_link_is_refused_not_fatal(tmp_path, monkeypatch, one_shot: bool):
+    """Found by audit (2026-11-27): the peer transport fails a request whose encoding passes its
+    message size (legal operations can: checks of large values count toward no limit of
+    admission's) with MessageTooLarge, which the coordinator took for a bug and exited on
+    (os._exit(70)), ending every transaction it coordinated; the interactive path let it escape.
+    It was never sent, so never run: the transaction is refused as the client's, nothing changed."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        node = cluster.node("n0")
+        remote = next(p for p in cluster.partitions if cluster.owner_of(p) != "n0")
+        local = next(p for p in cluster.partitions if cluster.owner_of(p) == "n0")
+        keys = keys_in(2, [local, remote])
+        transport = node.coordination.transport
+        real_start, real_request = transport.start_request, transport.request
+
+        def too_large(to_node: str) -> MessageTooLarge:  # the TCP transport's
+            return MessageTooLarge(f"a request to {to_node} larger than the link's message size")
+
+        def start_request(to_node: str, request: Any, timeout_ms: int) -> Any:
+            if to_node == "n0":
+                return real_start(to_node, request, timeout_ms)
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(too_large(to_node))
+            return future
+
+        async def request(to_node: str, request: Any, timeout_ms: int) -> Any:
+            if to_node == "n0":
+                return await real_request(to_node, request, timeout_ms)
+            raise too_large(to_node)
+
+        monkeypatch.setattr(transport, "start_request", start_request)
+        monkeypatch.setattr(transport, "request", request)
+        ops = [Op(OpKind.PUT, keys[local], b"v"), Op(OpKind.PUT, keys[remote], b"v")]
+        if one_shot:
+            with pytest.raises(ValidationError, match="message size"):
+                await node.execute(ops)
+        else:
+            txn = node.begin()
+            with pytest.raises(TxnAborted) as aborted:
+                await node.run_ops(txn, ops)
+            assert aborted.value.outcome.reason is AbortReason.CLIENT, aborted.value.outcome
+        monkeypatch.undo()
+        assert await read_through(node, keys[local]) is None, "a write of the refused transaction landed"
