@@ -489,13 +489,19 @@ def _refuse_a_name_twice(body: bytes, location: str) -> None:
 
 
 # The names an execute body's objects hold. The fast path counts them as `"name":` (only a name
-# is followed by a colon) against what the parsed body holds: equal counts and no escape in the
-# body mean no name is there twice, and the exact check (a second parse) runs only otherwise.
+# is followed by a colon) against what the parsed body holds: equal counts, no escape and no
+# whitespace between a closing quote and a colon in the body mean no name is there twice, and
+# the exact check (a second parse) runs only otherwise.
 _EXECUTE_NAMES = (b'"ops":', b'"protocol":', b'"txn":', b'"op":', b'"key":', b'"value":')
+# A name followed by whitespace before its colon, which the counts would miss (found by audit:
+# `"value" : "2"` beside `"value": "1"` wrote 2). JSON's whitespace is these four.
+_SPACE_BEFORE_COLON = re.compile(rb'"[ \t\n\r]+:')
 
 
 def _may_name_twice(body: bytes, request: ExecuteIn) -> bool:
     if b"\\" in body:  # an escaped name ("v\u0061lue") would not be counted
+        return True
+    if _SPACE_BEFORE_COLON.search(body) is not None:
         return True
     ops = request.ops
     values = sum(getattr(op, "value", None) is not None for op in ops)  # a get has no value field

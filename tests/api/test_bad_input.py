@@ -116,6 +116,12 @@ ONE_SHOT = [
         raw=b'{"ops": [{"op": "put", "key": "elsewhere", "value": "1", "key": "{key}"}]}', words=("key", "twice")),
     Bad("a value twice in an op", "POST", "/v1/execute",
         raw=b'{"ops": [{"op": "put", "key": "{key}", "value": "1", "value": "2"}]}', words=("value", "twice")),
+    # Found by audit (2026-11-27): the fast path counted names as `"name":`, so one written with
+    # whitespace before its colon went uncounted and the last value was written.
+    Bad("a value twice, space before a colon", "POST", "/v1/execute",
+        raw=b'{"ops": [{"op": "put", "key": "{key}", "value": "1", "value" : "2"}]}', words=("value", "twice")),
+    Bad("a key twice, a tab before a colon", "POST", "/v1/execute",
+        raw=b'{"ops": [{"op": "put", "key": "elsewhere", "value": "1", "key"\t: "{key}"}]}', words=("key", "twice")),
     Bad("a value twice, one name escaped", "POST", "/v1/execute",
         raw=b'{"ops": [{"op": "put", "key": "{key}", "value": "1", "v\\u0061lue": "2"}]}', words=("value", "twice")),
     Bad("put: value twice", "PUT", "/v1/kv/{key}", raw=b'{"value": "1", "value": "2"}', words=("value", "twice")),
