@@ -215,18 +215,19 @@ class Coordination:
 
     def _check_client_txn(self, txn: object, protocol: Protocol) -> str:
         """`txn` if this node may run a transaction under that client-chosen id with `protocol`."""
+        # Memory first, then the id's checks: a resend of an id this life ran (an outcome is pushed
+        # out only after OUTCOME_REMEMBERED_COUNT_MAX later ones) is "known", however old its
+        # begin is by now (found by audit: refused as too old, "nothing ran", and the SDK sent
+        # the committed transaction again under an id of the node's).
+        if isinstance(txn, str) and self.known(txn) is not None:
+            raise TxnWrongState(f"transaction {txn} is already known to {self.node_id}: a client-chosen id names "
+                                "one transaction, run once; ask its status")
         after_ms = txn_ids.client_begins_after_ms(
             self.started_unix_ms, self.identity_taken_unix_ms(), self.config.protocol_config.clock_slack_ms)
-        checked = check_client_txn(
+        return check_client_txn(
             txn, protocol, self.node_id, now_ms=int(time.time() * 1000), started_ms=after_ms,
             timeout_ms_peer_request=self.config.limits.timeout_ms_peer_request,
         )
-        # Within the begin's age bound, memory holds every id this life ran (an outcome is pushed
-        # out only after OUTCOME_REMEMBERED_COUNT_MAX later ones), so a resend is found here.
-        if self.known(checked) is not None:
-            raise TxnWrongState(f"transaction {checked} is already known to {self.node_id}: a client-chosen id names "
-                                "one transaction, run once; ask its status")
-        return checked
 
     def active(self, txn: str) -> CoordinatedTxn:
         ctx = self.txns.get(txn)

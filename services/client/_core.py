@@ -328,10 +328,13 @@ def _outcome_from(url: str, body: dict[str, Any]) -> Outcome:
         raise ServerError(200, "bad_response", f"{url}: not an outcome: {body!r}"[:400]) from error
 
 
-def parse_outcome(url: str, response: httpx.Response, txn: str, *, may_have_committed: bool) -> Outcome:
+def parse_outcome(url: str, response: httpx.Response, txn: str, *, may_have_committed: bool,
+                  own_id: bool = False) -> Outcome:
     """The outcome of execute, commit, abort, status or resolve. Raises the typed error of a 4xx.
     A response outside the API (e.g. a 500) is UNKNOWN where the call could have committed,
-    since the node may have failed after committing; elsewhere it is a ServerError."""
+    since the node may have failed after committing; elsewhere it is a ServerError. `own_id`: the
+    call ran under `txn`, an id this client chose for it, so a node that already knows that id
+    (409) ran an earlier delivery of this very request: UNKNOWN, never "refused"."""
     try:
         body = _json(url, response) if response.content else None
     except ServerError:
@@ -349,6 +352,12 @@ def parse_outcome(url: str, response: httpx.Response, txn: str, *, may_have_comm
             return Outcome(txn, Status.UNKNOWN, node_url=url,
                            detail=f"{url}: 503 not from a Cornus node ({_error_text(body)}); it may have committed")
         return unreachable(url, txn, _error_text(body))
+    if own_id and response.status_code == 409:
+        # Found by audit: raised as WrongState ("nothing changed"), so a caller whose POST a proxy
+        # delivered twice, the first answer lost, ran the transaction again.
+        return Outcome(txn, Status.UNKNOWN, node_url=url,
+                       detail=f"{url}: the node already knows {txn}, the id chosen for this request: an earlier "
+                              f"delivery of it ran ({_error_text(body)}); ask its status")
     _raise_for_error(url, response, body)
     if may_have_committed:
         return Outcome(txn, Status.UNKNOWN, node_url=url,

@@ -258,7 +258,7 @@ class AsyncCornusClient:
                 if txn and self._refused(url, response):
                     txn = ""
                     continue
-                return parse_outcome(url, response, txn, may_have_committed=True)
+                return parse_outcome(url, response, txn, may_have_committed=True, own_id=bool(txn))
         return unreachable("", "", f"no node reachable: {', '.join(tried)}")
 
     async def _client_txn(self, url: str, body: dict[str, Any], tried: list[str]) -> str | None:

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from cornus.protocol.config import Protocol
-from cornus.protocol.txn_ids import client_txn_id
+from cornus.protocol.txn_ids import CLIENT_BEGIN_MS_AGE_MAX, client_txn_id
 from tests.cluster.harness import Cluster
 
 
@@ -42,6 +42,21 @@ def test_a_client_chosen_id_commits_once_and_the_status_call_knows_it(api_cluste
     again = api_cluster.post("n0", "/v1/execute", {"ops": _put(key, "second"), "txn": txn})
     assert again.status_code == 409 and again.json()["error"] == "wrong_state", again.text
     assert "already known" in again.json()["detail"]
+    assert api_cluster.read("n0", [key]) == {key: "first"}
+
+
+def test_a_resend_of_a_run_id_past_its_begin_window_is_known_not_refused_as_too_old(api_cluster: Cluster) -> None:
+    """Found by audit (2026-11-27): a client-chosen id past its begin's age bound was refused as
+    too old (400 txn_begin_refused, "nothing ran") before the node looked whether it had run it;
+    a resend of a committed one-shot (a proxy retrying the POST after the answer was lost) told
+    the SDK nothing ran, and it sent the transaction again under an id of the node's."""
+    key = f"cid-{uuid.uuid4().hex[:10]}"
+    txn = _new_id()
+    first = api_cluster.post("n0", "/v1/execute", {"ops": _put(key, "first"), "txn": txn})
+    assert first.status_code == 200 and first.json()["outcome"] == "committed", first.text
+    time.sleep(CLIENT_BEGIN_MS_AGE_MAX / 1000 + 0.2)  # past the begin's age bound
+    again = api_cluster.post("n0", "/v1/execute", {"ops": _put(key, "second"), "txn": txn})
+    assert again.status_code == 409 and again.json()["error"] == "wrong_state", again.text
     assert api_cluster.read("n0", [key]) == {key: "first"}
 
 

@@ -101,3 +101,30 @@ def test_a_write_answered_by_a_gateway_page_leaves_its_transaction_uncommittable
         txn.write({"k": "v"})
     with pytest.raises(WrongState, match="may or may not"):
         txn.commit()
+
+
+def _resent_by_a_proxy() -> httpx.MockTransport:
+    """A node that already ran the id the client chose (a proxy delivered the POST twice and the
+    first answer was lost): 409, "already known"."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/healthz":
+            return httpx.Response(200, json={"status": "ok", "node": "n0", "protocol": "cornus"})
+        assert request.url.path == "/v1/execute", request.url.path
+        assert b'"txn"' in request.content, "sent again without the client's id"
+        return httpx.Response(409, json={"error": "wrong_state", "detail": "already known to n0"})
+
+    return httpx.MockTransport(handler)
+
+
+def test_a_one_shot_whose_own_id_the_node_already_knows_is_unknown_not_refused() -> None:
+    """Found by audit (2026-11-27): the 409 was WrongState, which the SDK documents as "nothing
+    changed", so a caller ran the transfer again; an earlier delivery of this very request ran."""
+    client = CornusClient("http://node:8100", http=httpx.Client(transport=_resent_by_a_proxy()))
+    outcome = client.execute([Op.put("k", "v")])
+    assert outcome.status is Status.UNKNOWN and outcome.txn and "already knows" in outcome.detail, outcome
+
+
+async def test_the_async_client_reads_an_id_already_known_alike() -> None:
+    client = AsyncCornusClient("http://node:8100", http=httpx.AsyncClient(transport=_resent_by_a_proxy()))
+    outcome = await client.execute([Op.put("k", "v")])
+    assert outcome.status is Status.UNKNOWN and outcome.txn and "already knows" in outcome.detail, outcome
