@@ -369,6 +369,22 @@ def parse_outcome(url: str, response: httpx.Response, txn: str, *, may_have_comm
 _NODE_503_ERRORS = frozenset({"unavailable", "storage_unavailable"})
 
 
+def status_answered(response: httpx.Response) -> bool:
+    """Whether a status call's `response` is an answer about the transaction: not a 503 (a node
+    that cannot answer now, or a proxy's page), and a 404 only as a node words it (the API's
+    error body, "not_found" with its detail). Found by audit: a gateway's own JSON 404 (no route
+    matched) read as "no node knows it: it never committed"."""
+    if response.status_code == 503:
+        return False
+    if response.status_code != 404:
+        return True
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("error") == "not_found" and "detail" in body
+
+
 def _node_refusal(body: Any) -> bool:
     return isinstance(body, dict) and body.get("error") in _NODE_503_ERRORS
 

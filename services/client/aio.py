@@ -43,6 +43,7 @@ from services.client._core import (
     note_refusal,
     parse_ok,
     parse_outcome,
+    status_answered,
     txn_path,
     unknown,
     unreachable,
@@ -351,8 +352,8 @@ class AsyncCornusClient:
         request of it can still be on its way (a peer request's deadline after its begin) and it
         is younger than that window: it never committed. UNKNOWN if nobody knows it otherwise
         (never take that for "never happened"; ask again). Any node can answer, so an
-        unreachable node, or one still recovering (503), passes the question on; Unavailable
-        if none answered."""
+        unreachable node, one still recovering (503), or a 404 not worded as a node
+        words it (a gateway's) passes the question on; Unavailable if none answered."""
         path = txn_path(txn)
         failures: list[str] = []
         for node_url in [normalize_url(url)] if url else self._rotation.order():
@@ -361,11 +362,12 @@ class AsyncCornusClient:
             except httpx.TransportError as error:
                 failures.append(f"{node_url} ({describe(error)})")
                 continue
-            if response.status_code == 503:
-                # No answer about the transaction (a node that cannot answer now, or a proxy's
-                # page): never an outcome of it, which would read "nothing committed, retry"
-                # (found by review). The next node may answer.
-                failures.append(f"{node_url} (503 {response.text[:100]!r})")
+            if not status_answered(response):
+                # No answer about the transaction (a node that cannot answer now, a proxy's
+                # page, a gateway's 404): never an outcome of it, which would read "nothing
+                # committed, retry" (found by review, and by audit for the 404). The next node
+                # may answer.
+                failures.append(f"{node_url} ({response.status_code} {response.text[:100]!r})")
                 continue
             return parse_outcome(node_url, response, txn, may_have_committed=False)
         raise Unavailable(unreachable("", txn, f"no node answered: {', '.join(failures)}"))

@@ -128,3 +128,26 @@ async def test_the_async_client_reads_an_id_already_known_alike() -> None:
     client = AsyncCornusClient("http://node:8100", http=httpx.AsyncClient(transport=_resent_by_a_proxy()))
     outcome = await client.execute([Op.put("k", "v")])
     assert outcome.status is Status.UNKNOWN and outcome.txn and "already knows" in outcome.detail, outcome
+
+
+def _gateway_404() -> httpx.MockTransport:
+    """A gateway in front of the nodes that matched no route: JSON, but not a node's answer."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"message": "no Route matched with those values"})
+
+    return httpx.MockTransport(handler)
+
+
+def test_a_gateway_s_json_404_to_a_status_call_is_no_answer_not_never_committed() -> None:
+    """Found by audit (2026-11-27): any 404 with a JSON body became NotFound, which the SDK says
+    means "it never committed": a caller asking after an UNKNOWN through a gateway that matched no
+    route (Kong and API Gateway answer so in JSON) would run the transaction again."""
+    client = CornusClient("http://node:8100", http=httpx.Client(transport=_gateway_404()))
+    with pytest.raises(Unavailable, match="404"):
+        client.status("1795797027483.n0.c0123456789abcdef0123456789abcdef.1.cornus")
+
+
+async def test_the_async_client_reads_a_gateway_s_json_404_alike() -> None:
+    client = AsyncCornusClient("http://node:8100", http=httpx.AsyncClient(transport=_gateway_404()))
+    with pytest.raises(Unavailable, match="404"):
+        await client.status("1795797027483.n0.c0123456789abcdef0123456789abcdef.1.cornus")
