@@ -311,11 +311,11 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
 
     async def _run(
         self, context: grpc.aio.ServicerContext, work: Coroutine[Any, Any, T], what: str,
-        on_stop: Callable[[], T] | None = None,
+        on_stop: Callable[[], T] | None = None, on_deadline: Callable[[asyncio.Task[T]], None] | None = None,
     ) -> T:
         """Run `work` on the node within the caller's deadline, shielded from cancellation. If
         the server stops first, the call answers with `on_stop()` (or UNAVAILABLE) while the
-        work goes on."""
+        work goes on; if the deadline passes first, `on_deadline` is given the work still running."""
         remaining_s = context.time_remaining()
         if remaining_s is not None and remaining_s <= 0:
             work.close()
@@ -333,12 +333,26 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         except TimeoutError:
             if not scope.expired():
                 raise  # the work's own, not our deadline
+            if on_deadline is not None:
+                on_deadline(task)
             raise DeadlineExceeded(f"the deadline passed during {what}; it goes on without the caller") from None
         if task.done():
             return task.result()
         if on_stop is not None:
             return on_stop()
         raise NodeOverloaded(f"the server is stopping; {what} goes on without the caller")
+
+    def _abort_when_done(self, write: asyncio.Task[Any], txn: str) -> None:
+        """Abort `txn` once `write`, whose caller's deadline passed, ends: that caller was told
+        DEADLINE_EXCEEDED, "nothing changed", so no commit of it may carry what the write did
+        (found by audit: a Commit after it committed the write)."""
+
+        def abort(_: asyncio.Task[Any]) -> None:
+            task = asyncio.ensure_future(self._node.abort(txn))
+            self.background.add(task)
+            task.add_done_callback(self._work_done)
+
+        write.add_done_callback(abort)
 
     def _work_done(self, task: asyncio.Task[Any]) -> None:
         self.background.discard(task)
@@ -429,7 +443,8 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         _count(len(request.writes), "writes", self._op_count_max)
         work = self._node.run_ops(txn, ops_for_writes(_writes(request.writes)))
         try:
-            await self._run(context, work, f"the write of {txn}")
+            await self._run(context, work, f"the write of {txn}; its transaction is aborted once it ends",
+                            on_deadline=lambda task: self._abort_when_done(task, txn))
         except TxnAborted as aborted:
             return pb.WriteResponse(txn=txn, outcome=outcome_message(aborted.outcome))
         return pb.WriteResponse(txn=txn, outcome=_active(txn))

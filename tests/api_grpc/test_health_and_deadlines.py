@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,3 +133,56 @@ async def test_calls_whose_request_never_comes_cannot_pile_up(monkeypatch: pytes
             call.cancel()
         channel.close()
         await served.stop()
+
+
+class _Cut(Exception):
+    """The call was ended with a status (grpc's context.abort raises too)."""
+
+
+class _Context:
+    """The little of a grpc.aio.ServicerContext that a Write uses, with a deadline `remaining_s` away."""
+
+    def __init__(self, remaining_s: float) -> None:
+        self.remaining_s = remaining_s
+        self.code: grpc.StatusCode | None = None
+
+    def time_remaining(self) -> float:
+        return self.remaining_s
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.code = code
+        raise _Cut(details)
+
+
+async def test_a_write_whose_deadline_passes_aborts_its_transaction_once_the_write_ends() -> None:
+    """Found by audit (2026-11-27): a Write's work went on after DEADLINE_EXCEEDED, which
+    public.proto says changed nothing but for calls that commit; a client that then committed
+    committed the write it was told had not happened (the REST SDK refuses such a commit; a gRPC
+    client cannot know). The transaction is aborted once that work ends, never before it."""
+    txn = "1795797027483.n0.000001.1.cornus"
+    write_ends = asyncio.Event()
+    aborted: list[str] = []
+
+    async def run_ops(ran: str, ops: list[object]) -> list[None]:
+        await write_ends.wait()
+        return [None] * len(ops)
+
+    async def abort(ran: str) -> object:
+        aborted.append(ran)
+        return None
+
+    node = types.SimpleNamespace(config=types.SimpleNamespace(limits=types.SimpleNamespace(op_count_max=16)),
+                                 run_ops=run_ops, abort=abort)
+    servicer = server_module.CornusServicer(node)  # type: ignore[arg-type]
+    context = _Context(0.05)
+    with pytest.raises(_Cut):
+        await servicer.Write(pb.WriteRequest(txn=txn, writes=[pb.Write(key="k", value=b"v")]), context)  # type: ignore[arg-type]
+    assert context.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    await asyncio.sleep(0.05)
+    assert aborted == [], "aborted while its write still ran"
+    write_ends.set()
+    for _ in range(200):
+        if aborted:
+            break
+        await asyncio.sleep(0.01)
+    assert aborted == [txn]
