@@ -424,8 +424,14 @@ class CornusClient:
                     failures.append(f"{node_url} ({describe(error)})")
                     continue
                 return unknown(node_url, txn, error)
+            if response.status_code == 503:
+                # Refused, or a proxy's page: no outcome of the transaction, which UNAVAILABLE would
+                # say ("nothing committed") of one that may be in doubt or committed (found by
+                # audit). The next node may run it.
+                failures.append(f"{node_url} (503 {response.text[:100]!r})")
+                continue
             return parse_outcome(node_url, response, txn, may_have_committed=True)
-        raise Unavailable(unreachable("", txn, f"no node reachable: {', '.join(failures)}"))
+        raise Unavailable(unreachable("", txn, f"no node ran it: {', '.join(failures)}"))
 
     # --- HTTP: every call carries the configured deadline, also on a caller-supplied httpx.Client ---
 

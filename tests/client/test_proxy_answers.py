@@ -151,3 +151,26 @@ async def test_the_async_client_reads_a_gateway_s_json_404_alike() -> None:
     client = AsyncCornusClient("http://node:8100", http=httpx.AsyncClient(transport=_gateway_404()))
     with pytest.raises(Unavailable, match="404"):
         await client.status("1795797027483.n0.c0123456789abcdef0123456789abcdef.1.cornus")
+
+
+def _resolve_overloaded() -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path.startswith("/v1/admin/resolve/"), request.url.path
+        return httpx.Response(503, json={"error": "unavailable", "detail": "n0 serves its limit of requests"})
+
+    return httpx.MockTransport(handler)
+
+
+def test_a_resolve_a_node_refused_with_503_raises_and_returns_no_outcome() -> None:
+    """Found by audit (2026-11-27): a node's 503 to a resolve came back as the transaction's
+    outcome, UNAVAILABLE, which the SDK documents as "nothing committed and nothing will be", of a
+    transaction that may well be in doubt or committed. The call failed; the outcome is unsaid."""
+    client = CornusClient("http://node:8100", http=httpx.Client(transport=_resolve_overloaded()))
+    with pytest.raises(Unavailable, match="503"):
+        client.resolve("1795797027483.n0.000001.1.cornus")
+
+
+async def test_the_async_client_raises_on_a_refused_resolve_alike() -> None:
+    client = AsyncCornusClient("http://node:8100", http=httpx.AsyncClient(transport=_resolve_overloaded()))
+    with pytest.raises(Unavailable, match="503"):
+        await client.resolve("1795797027483.n0.000001.1.cornus")
