@@ -124,17 +124,23 @@ def test_two_nodes_that_both_prefer_a_dead_owner_s_partition_do_not_ask_each_oth
     assert asks_over_another == 0
 
 
-def test_a_release_deferred_behind_a_renewal_is_written_though_an_ask_won_the_race() -> None:
-    """Found by review: a stop's release waits for the renewal in flight; when that renewal lost
-    its compare-and-swap to another node's ask, the release was dropped though the record still
-    named this node in its epoch, and the asker waited out the lease (a rolling restart is meant
-    to move nothing by lease expiry)."""
+def _holding_another_s_partition() -> tuple[OwnershipMachine, WriteOwner]:
+    """Node a, holding p (b's preferred partition, free for a to take after 5 s), and its take."""
     machine = OwnershipMachine("a", {"p": "b"}, OwnershipConfig())
     machine.tick(0)
     assert machine.owners_read(0, {}) == []
     machine.tick(5_000)
     (take,) = machine.owners_read(5_000, {})
     machine.owner_written(5_001, take, OwnerWriteResult(take.new, True))
+    return machine, take
+
+
+def test_a_release_deferred_behind_a_renewal_is_written_though_an_ask_won_the_race() -> None:
+    """Found by review: a stop's release waits for the renewal in flight; when that renewal lost
+    its compare-and-swap to another node's ask, the release was dropped though the record still
+    named this node in its epoch, and the asker waited out the lease (a rolling restart is meant
+    to move nothing by lease expiry)."""
+    machine, take = _holding_another_s_partition()
     machine.tick(6_000)
     (renew,) = machine.owners_read(6_000, {"p": take.new})
     assert not [e for e in machine.shutdown(6_001) if isinstance(e, WriteOwner)]  # deferred behind the renewal
@@ -148,12 +154,7 @@ def test_a_release_that_loses_its_compare_and_swap_to_an_ask_is_written_again() 
     as the preferred node's ask lost its compare-and-swap and was dropped, though the record still
     named this node in its epoch: the asker waited out the lease and the slack instead of taking
     the partition at once (the renewal-in-flight case above had the fix; the plain release not)."""
-    machine = OwnershipMachine("a", {"p": "b"}, OwnershipConfig())
-    machine.tick(0)
-    assert machine.owners_read(0, {}) == []
-    machine.tick(5_000)
-    (take,) = machine.owners_read(5_000, {})
-    machine.owner_written(5_001, take, OwnerWriteResult(take.new, True))
+    machine, take = _holding_another_s_partition()
     (release,) = [e for e in machine.shutdown(5_002) if isinstance(e, WriteOwner)]
     asked = dataclasses.replace(take.new, version=take.new.version + 1, wanted_by="b")  # b's ask landed first
     (again,) = machine.owner_written(5_003, release, OwnerWriteResult(asked, False))
