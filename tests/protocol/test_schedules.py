@@ -94,10 +94,15 @@ def test_hypothesis_schedules_keep_every_invariant(protocol: Protocol | None, da
     assert run_schedule(schedule) == []
 
 
+# Per protocol. The suite is CPU-bound on CI's two cores and these ran at about 9 ms a schedule:
+# 1,000 each cost 38 s of its CPU (2026-11-27), a share the explorer's runs make up many times over.
+SEEDED_SCHEDULE_COUNT = 600
+
+
 @pytest.mark.parametrize("protocol", PROTOCOL_CHOICES, ids=lambda p: p.value if p else "mixed")
 def test_seeded_random_schedules_keep_every_invariant(protocol: Protocol | None) -> None:
-    count, failures = explore(protocol, 1000, seed=20240601)
-    assert count == 1000
+    count, failures = explore(protocol, SEEDED_SCHEDULE_COUNT, seed=20240601)
+    assert count == SEEDED_SCHEDULE_COUNT
     assert failures == []
 
 
