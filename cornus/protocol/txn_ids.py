@@ -54,7 +54,8 @@ def coordinator_of(txn: str) -> str:
 def begin_ms_of(txn: str) -> int:
     """WAIT_DIE's age order: the begin time an id starts with (0 for an id this runtime did not make)."""
     head = txn.split(".", 1)[0]
-    return int(head) if head.isdigit() else 0
+    # ASCII only: str.isdigit takes "²" for a digit, which int() refuses (found by audit).
+    return int(head) if head.isascii() and head.isdigit() else 0
 
 
 # What a transaction id a caller names may look like, checked alike by the REST and gRPC APIs (by

@@ -85,6 +85,14 @@ def _enum_from_pb(table: dict[int, Any], value: int, what: str) -> Any:
         raise MalformedEnvelope(f"{what}: unknown or unspecified enum value {value}") from None
 
 
+def _not_negative(value: int, what: str) -> int:
+    # A time or a count: negative, it would read as none where 0 means "none" (found by audit: a
+    # negative request deadline turned the owner's deadline check off).
+    if value < 0:
+        raise MalformedEnvelope(f"{what}: {value} is negative")
+    return value
+
+
 def _decision_from_pb(value: int, what: str) -> TxnState:
     decision: TxnState = _enum_from_pb(_TXN_STATE_FROM_PB, value, what)
     if value not in _DECISION_FROM_PB:
@@ -320,7 +328,7 @@ def _decode_execute_request(body: pb.ExecuteRequest) -> ExecuteRequest:
         abort=body.abort,
         continued=body.continued,
         participants=tuple(body.participants),
-        deadline_unix_ms=body.deadline_unix_ms,
+        deadline_unix_ms=_not_negative(body.deadline_unix_ms, "ExecuteRequest.deadline_unix_ms"),
     )
 
 

@@ -246,3 +246,15 @@ def test_a_decision_that_is_no_decision_is_malformed(body: str) -> None:
     message.decision = pb.TXN_STATE_VOTE_YES
     with pytest.raises(codec.MalformedEnvelope, match="COMMIT or ABORT"):
         codec.decode_message(envelope)
+
+
+def test_a_negative_request_deadline_is_malformed() -> None:
+    """Found by audit (2026-11-27): a negative deadline_unix_ms from a peer came out of
+    status.request_deadline_ms as the deadline, and status.request_expired counts only one above
+    zero: the owner's deadline check was off for that request."""
+    envelope = pb.PeerEnvelope()
+    codec.encode(envelope, _instance(codec.REQUEST_TYPES[0], 0))
+    assert envelope.WhichOneof("body") == "execute_request"
+    envelope.execute_request.deadline_unix_ms = -1
+    with pytest.raises(codec.MalformedEnvelope, match="deadline_unix_ms"):
+        codec.decode_request(envelope)

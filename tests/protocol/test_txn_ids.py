@@ -89,3 +89,11 @@ def test_a_client_chosen_id_is_told_from_a_node_made_one() -> None:
     assert txn_ids.is_client_chosen(_client_id())
     assert not txn_ids.is_client_chosen(txn_ids.new_txn_id(NOW_MS, "n0", "c0ffee", 1, Protocol.CORNUS))
     assert not txn_ids.is_client_chosen("race-0")
+
+
+def test_a_begin_of_digits_other_than_ascii_is_no_begin() -> None:
+    """Found by audit (2026-11-27): str.isdigit takes "²" for a digit, and int() then raised, after
+    an owner had registered the execution and before its locks: an orphan until the idle sweep.
+    Only ASCII digits make a begin time."""
+    assert txn_ids.begin_ms_of("²³.n0.000001.1.cornus") == 0
+    assert txn_ids.begin_ms_of("1795797027483.n0.000001.1.cornus") == 1795797027483
