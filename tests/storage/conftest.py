@@ -23,6 +23,10 @@ TIMEOUT_MS_CALL_TEST = 10_000
 # transactions, took about 5 s late in a run and once over 10 s on a loaded CI box. Its calls get
 # more time; a real hang still fails well within the test's own timeout.
 TIMEOUT_MS_CALL_MOTO = 30_000
+# Azurite (in memory, one Node.js thread) stopped answering every worker for about 13 s once, late
+# in a CI run on a loaded box (2026-11-27: three tests failed on 10 s deadlines at once). Its calls
+# get moto's time too; a real hang still fails within the test's own timeout.
+TIMEOUT_MS_CALL_AZURITE = 30_000
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +46,7 @@ def config_for(backend: str, services: Services, run_id: str, tmp_dir: str) -> S
             backend="azure_blob",
             azure_connection_string=services.azure_connection_string,
             azure_container=f"conformance-{run_id}",
-            timeout_ms_call=TIMEOUT_MS_CALL_TEST,
+            timeout_ms_call=TIMEOUT_MS_CALL_AZURITE,
         )
     assert backend == "dynamodb"
     return StoreConfig(
