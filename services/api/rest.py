@@ -216,7 +216,7 @@ class ReadOut(BaseModel):
 class ErrorOut(BaseModel):
     error: str = Field(description="a stable code: malformed_request, invalid_request, invalid_txn, "
                                    "txn_begin_refused, not_found, wrong_state, too_large, unavailable, "
-                                   "storage_unavailable, method_not_allowed")
+                                   "storage_unavailable, method_not_allowed, internal (a 500: a bug)")
     detail: str = Field(description="what was wrong, in words")
 
 
@@ -387,7 +387,8 @@ _BEGAN = {"description": "began: use the txn id with read, write, commit, abort"
     for name in ("read", "write", "commit", "abort", "status")
 }}
 _COMMITTED = {"description": "committed", "links": {"Status": {"operationId": "status", "parameters": _TXN_FROM_BODY}}}
-_NODE_UNAVAILABLE = {"model": ErrorOut, "description": "this node is recovering or overloaded: retry"}
+_NODE_UNAVAILABLE = {"model": ErrorOut, "description": "unavailable: this node is recovering, overloaded or "
+                                                       "stopping, before any work: nothing changed; retry"}
 _STORAGE_UNAVAILABLE = {"model": ErrorOut, "description": "storage did not answer: retry"}
 
 
@@ -671,7 +672,7 @@ def _fastapi_app(served: _Served) -> FastAPI:
 
     @app.post("/v1/txn/{txn}/read", operation_id="read", response_model=ReadOut,
               summary="Read keys inside a transaction",
-              responses=_responses(400, 404, 413, 422, extra={409: _ABORTED_OR_WRONG_STATE}))
+              responses=_responses(400, 404, 413, 422, extra={409: _ABORTED_OR_WRONG_STATE, 503: _NODE_UNAVAILABLE}))
     async def read(txn: TxnId, body: ReadIn) -> Any:
         with txn_context(txn):
             check_op_count(len(body.keys))
@@ -684,7 +685,7 @@ def _fastapi_app(served: _Served) -> FastAPI:
 
     @app.post("/v1/txn/{txn}/write", operation_id="write", response_model=BeginOut,
               summary="Write keys inside a transaction",
-              responses=_responses(400, 404, 413, 422, extra={409: _ABORTED_OR_WRONG_STATE}),
+              responses=_responses(400, 404, 413, 422, extra={409: _ABORTED_OR_WRONG_STATE, 503: _NODE_UNAVAILABLE}),
               openapi_extra={"requestBody": {"content": {"application/json": {"examples": {
                   "write": {"value": {"writes": {"alice": "90", "bob": "110"}}},
                   "delete": {"value": {"writes": {"carol": None}}}}}}}})
@@ -701,7 +702,8 @@ def _fastapi_app(served: _Served) -> FastAPI:
             return BeginOut(txn=txn)
 
     @app.post("/v1/txn/{txn}/commit", operation_id="commit", response_model=OutcomeOut, summary="Commit a transaction",
-              responses=_responses(202, 404, 422, extra={200: _COMMITTED, 409: _ABORTED_OR_WRONG_STATE}))
+              responses=_responses(202, 404, 422, extra={200: _COMMITTED, 409: _ABORTED_OR_WRONG_STATE,
+                                                         503: _NODE_UNAVAILABLE}))
     async def commit(txn: TxnId) -> JSONResponse:
         with txn_context(txn):
             return _ended(await served.node.commit(txn))
@@ -721,7 +723,7 @@ def _fastapi_app(served: _Served) -> FastAPI:
                 raise TxnNotFound(f"no transaction {txn} is known to this cluster")
             return _outcome_response(outcome)
 
-    kv_codes = _responses(202, 404, 413, 422, extra={409: _ABORTED, 503: _UNAVAILABLE})
+    kv_codes = _responses(202, 400, 404, 413, 422, extra={409: _ABORTED, 503: _UNAVAILABLE})
 
     @app.get("/v1/kv/{key}", operation_id="get_key", response_model=OutcomeOut,
              summary="Read one key (a one-shot transaction)",
