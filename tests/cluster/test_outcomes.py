@@ -43,7 +43,11 @@ def test_a_collected_transaction_s_outcome_survives_its_coordinator_s_restart(
         txn = response.json()["txn"]
         deadline = time.monotonic() + COLLECT_WAIT_S
         while True:
-            records = asyncio.run(_records(storage, txn, ["p1", "p2"]))
+            # p2 read first: the coordinator makes p1's record the tombstone before it deletes
+            # p2's, so p2 found gone means p1, read after, is the tombstone. Read the other way
+            # round, the two reads could straddle the collection (p1 still whole, then p2 gone:
+            # failed once under a loaded CI run).
+            records = asyncio.run(_records(storage, txn, ["p2", "p1"]))
             kept = records["p1"]
             if records["p2"] is None and kept is not None:
                 break
