@@ -4,6 +4,8 @@ health and metrics. Every node serves it and coordinates the transactions it is 
 Outcomes map to status codes so a plain HTTP client can act on them, and the body always says the
 same in words: 200 committed, 409 aborted (`retryable` says whether to try again), 503 storage or
 peers unavailable (retryable, nothing committed), 202 outcome unknown (ask `GET /v1/txn/{txn}`).
+The status call answers 200 for a transaction still running too: its body's outcome is `active`,
+which may yet abort (read the outcome, not the code alone).
 
 Bad input gets a 4xx naming the problem and changes nothing: 422 for a body or path that does not
 fit the schema (malformed JSON, wrong types, empty or oversized keys and values, a bad txn id), 400
@@ -387,6 +389,10 @@ _BEGAN = {"description": "began: use the txn id with read, write, commit, abort"
     for name in ("read", "write", "commit", "abort", "status")
 }}
 _COMMITTED = {"description": "committed", "links": {"Status": {"operationId": "status", "parameters": _TXN_FROM_BODY}}}
+# Found by audit (2026-11-27): documented as "committed" alone, a 200 of the status call can be a
+# transaction still running (outcome "active"), which may yet abort.
+_COMMITTED_OR_ACTIVE = {"model": OutcomeOut, "description": "committed, or active: the outcome says which (an "
+                                                            "active transaction still runs and may yet abort)"}
 _NODE_UNAVAILABLE = {"model": ErrorOut, "description": "unavailable: this node is recovering, overloaded or "
                                                        "stopping, before any work: nothing changed; retry"}
 _STORAGE_UNAVAILABLE = {"model": ErrorOut, "description": "storage did not answer: retry"}
@@ -715,7 +721,8 @@ def _fastapi_app(served: _Served) -> FastAPI:
             return _ended(await served.node.abort(txn))
 
     @app.get("/v1/txn/{txn}", operation_id="status", response_model=OutcomeOut, summary="The outcome of a transaction",
-             responses=_responses(202, 404, 422, extra={409: _ABORTED, 503: _NODE_UNAVAILABLE}))
+             responses=_responses(202, 404, 422, extra={200: _COMMITTED_OR_ACTIVE, 409: _ABORTED,
+                                                         503: _NODE_UNAVAILABLE}))
     async def status(txn: TxnId) -> JSONResponse:
         with txn_context(txn):
             outcome = await served.node.resolve_status(txn)
