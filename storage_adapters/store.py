@@ -92,7 +92,12 @@ class CallDeadline:
     def loop_time(self) -> float:
         """The deadline in the loop's clock now: earlier than set by any suspend since."""
         now_s = asyncio.get_running_loop().time()
-        return now_s + min(self.loop_s - now_s, self.boot_s - boot_clock_s())
+        return now_s + self.left_s(now_s)
+
+    def left_s(self, now_s: float) -> float:
+        """What is left of it at `now_s` (the loop's clock, read by the caller): the lesser of the
+        two clocks' reckonings; 0 or less once it has passed."""
+        return min(self.loop_s - now_s, self.boot_s - boot_clock_s())
 
 
 # The deadline of the call that the running task is inside: the moment the template's timer tells
@@ -265,9 +270,10 @@ class LogStore(abc.ABC):
     def _refuse_if_passed(self, deadline: CallDeadline, what: str, call: Awaitable[object] | None = None) -> float:
         """`deadline` in the loop's clock; StorageUnavailable, with `call` never started, if it
         has passed."""
-        ends_s = deadline.loop_time()
-        if ends_s > asyncio.get_running_loop().time():
-            return ends_s
+        now_s = asyncio.get_running_loop().time()  # read once: this is every storage call's path
+        left_s = deadline.left_s(now_s)
+        if left_s > 0:
+            return now_s + left_s
         if inspect.iscoroutine(call):
             call.close()  # never started: closed, so that nothing warns it was never awaited
         raise StorageUnavailable(f"{self.backend_name} {what}: the call's deadline passed before it was sent")
