@@ -265,6 +265,18 @@ class PartitionExecutions(Generic[V]):
         self._remember_aborted(txn)
         return self.release(txn)
 
+    def withdraw(self, txn: str, execution: Execution[V]) -> list[Waiter]:
+        """A first request of `txn` refused after it began (what it read is too large to answer)
+        made nothing the transaction keeps: its execution goes as if it never began, remembered
+        neither as aborted nor as ended, since its coordinator, told "invalid", may send the
+        corrected request as a first one. Returns the waiters its locks' release granted."""
+        assert self.executions.get(txn) is execution, f"{txn} withdrawn on {self.name} outside its execution"
+        assert not execution.writes and not execution.reads, f"{txn} withdrawn on {self.name} after it ran"
+        del self.executions[txn]
+        self.buffered_bytes -= execution.buffered_bytes
+        assert self.buffered_bytes >= 0, (self.name, self.buffered_bytes)
+        return self.locks.release(txn)
+
     def _remember_aborted(self, txn: str) -> None:
         self._aborted[txn] = None
         while len(self._aborted) > self._aborted_count_max:

@@ -17,8 +17,17 @@ from cornus.protocol.execution import BUFFERED_BYTES_MAX, Execution, PartitionEx
 from cornus.protocol.locks import Grant, LockMode, Policy, Waiter
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.keys import partition_of
-from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind, validate_op
-from storage_adapters.contract import Fence
+from cornus.runtime.wire import (
+    READ_BYTES_MAX,
+    READ_VALUE_OVERHEAD_BYTES,
+    ExecuteRequest,
+    ExecuteResponse,
+    ExecuteStatus,
+    Op,
+    OpKind,
+    validate_op,
+)
+from storage_adapters.contract import DATA_VALUE_BYTES_MAX, Fence
 from storage_adapters.errors import StorageUnavailable, ValidationError
 from storage_adapters.store import LogStore
 
@@ -26,6 +35,9 @@ log = logging.getLogger("cornus.partition")
 
 
 _WRITES = (OpKind.PUT, OpKind.DELETE)
+# A request of at most this many operations cannot read past READ_BYTES_MAX, so only a longer one
+# pays for counting what it reads.
+_OP_COUNT_READS_ALWAYS_FIT = READ_BYTES_MAX // (DATA_VALUE_BYTES_MAX + READ_VALUE_OVERHEAD_BYTES)
 
 
 class PartitionRuntime:
@@ -104,8 +116,9 @@ class PartitionRuntime:
             response = await self._locked_execute(request, execution)
             return response
         finally:
-            if response is None and state.is_current(txn, execution):
-                # Cancelled while it waited (its caller's deadline), before it wrote anything.
+            if (response is None or response.status is ExecuteStatus.INVALID) and state.is_current(txn, execution):
+                # Cancelled while it waited (its caller's deadline), or refused, before it wrote
+                # anything.
                 state.unreserve(execution, reserved)
 
     async def _locked_execute(self, request: ExecuteRequest, execution: Execution[bytes]) -> ExecuteResponse:
@@ -137,8 +150,12 @@ class PartitionRuntime:
         if not state.is_current(txn, execution):
             self._release_locks(txn)
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} was aborted on {self.name}")
-        values: list[bytes | None] = []
         writes = execution.writes
+        if len(request.ops) > _OP_COUNT_READS_ALWAYS_FIT:
+            read_bytes = _read_bytes(request.ops, writes, committed)
+            if read_bytes > READ_BYTES_MAX:
+                return self._refuse_reads_too_large(request, execution, read_bytes)
+        values: list[bytes | None] = []
         carried = bool(request.participants)
         for op in request.ops:
             if op.kind is OpKind.PUT or op.kind is OpKind.DELETE:
@@ -153,6 +170,22 @@ class PartitionRuntime:
                 self.abort_execution(txn)
                 return ExecuteResponse(ExecuteStatus.CHECK_FAILED, detail=f"check of key {op.key!r} failed")
         return ExecuteResponse(ExecuteStatus.OK, tuple(values))
+
+    def _refuse_reads_too_large(
+        self, request: ExecuteRequest, execution: Execution[bytes], read_bytes: int,
+    ) -> ExecuteResponse:
+        """Refuse a request whose answer would not fit a peer message (READ_BYTES_MAX), before it
+        wrote or voted: as the client's input, which changed nothing the transaction keeps."""
+        # A continued request leaves its transaction's earlier requests here standing, and the
+        # locks it took stay to the transaction's end (strict two-phase locking allows more). A
+        # first one's coordinator, told "invalid", counts the partition untouched, so nothing of
+        # it may stay.
+        if not request.continued:
+            self._wake(self.state.withdraw(request.txn, execution), Grant.GRANTED)
+        self.counters["executions_refused_reads_too_large"] += 1
+        detail = (f"the values read on {self.name} come to {read_bytes} bytes, the limit is {READ_BYTES_MAX} "
+                  f"per request to a partition: read fewer keys at a time")
+        return ExecuteResponse(ExecuteStatus.INVALID, detail=detail)
 
     async def _read_for(
         self, txn: str, execution: Execution[bytes], ops: tuple[Op, ...],
@@ -285,3 +318,18 @@ class PartitionRuntime:
 
 def _now_ms() -> int:
     return int(time.monotonic() * 1000)
+
+
+def _read_bytes(ops: tuple[Op, ...], writes: dict[str, bytes | None], committed: dict[str, bytes | None]) -> int:
+    """What the GETs of `ops` answer, as READ_BYTES_MAX counts it: each sees the writes before it
+    (the execution's, then the earlier operations of `ops`), else the committed value."""
+    written: dict[str, bytes | None] = {}
+    total = 0
+    for op in ops:
+        if op.kind is OpKind.PUT or op.kind is OpKind.DELETE:
+            written[op.key] = op.value
+        elif op.kind is OpKind.GET:
+            key = op.key
+            value = written[key] if key in written else writes[key] if key in writes else committed[key]
+            total += READ_VALUE_OVERHEAD_BYTES + (0 if value is None else len(value))
+    return total

@@ -16,6 +16,16 @@ from cornus.protocol.owner_answer import ExecuteStatus
 from storage_adapters.contract import DATA_VALUE_BYTES_MAX, PARTICIPANT_COUNT_MAX, TxnState, validate_data_key
 from storage_adapters.errors import ValidationError
 
+# What the values one execute request reads may add up to, each counted with
+# READ_VALUE_OVERHEAD_BYTES (more than its encoding adds around it): an owner refuses a request
+# past it as the client's input, before it votes and with nothing of it kept. Its answer must fit
+# one message of the peer link (services/node_rpc: 16 MiB by default), with room to spare for the
+# envelope; found by audit (2026-11-27): a larger answer was lost on the link, and reported as
+# "owner unavailable", so a client retried it for ever. An owner serving its own node holds to it
+# too, so an answer never depends on where a partition lives.
+READ_BYTES_MAX = 8 * 1024 * 1024
+READ_VALUE_OVERHEAD_BYTES = 16
+
 
 class OpKind(enum.StrEnum):
     GET = "get"  # shared lock, read the value

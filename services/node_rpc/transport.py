@@ -47,6 +47,7 @@ from cornus.runtime import eager
 from cornus.runtime.config import TIMEOUT_MS_PEER_REQUEST_MAX
 from cornus.runtime.transport import InboundHandler, PeerUnavailable, RequestTooLarge, Transport
 from cornus.runtime.wire import (
+    READ_BYTES_MAX,
     ExecuteRequest,
     ExecuteResponse,
     PeerRequest,
@@ -124,6 +125,11 @@ class TransportLimits:
         # Well below the protocol's resend timeouts (100 ms by default): a late ack must not look lost.
         assert 0 <= self.may_wait_delay_ms_max <= 50
         assert self.frame_timeout_ms >= 1
+
+
+# An owner answers a read with at most READ_BYTES_MAX of values (cornus.runtime.wire), whose
+# envelope must fit a message with room to spare: a larger answer is lost on the link.
+assert TransportLimits().message_bytes_max >= 2 * READ_BYTES_MAX
 
 
 class MessageTooLarge(RequestTooLarge, ValueError):

@@ -13,7 +13,8 @@ from cornus.protocol.execution import (
     refresh_due,
     refresh_unanswered_ms,
 )
-from cornus.protocol.locks import Grant, LockMode
+from cornus.protocol.locks import Grant, LockMode, Policy
+from cornus.protocol.txn_ids import Protocol, client_txn_id, is_client_chosen
 from cornus.runtime import redo as runtime_redo
 from cornus.sim import redo
 
@@ -114,3 +115,24 @@ def test_the_cache_keeps_to_its_bytes_evicting_the_least_recently_used() -> None
     assert table.cache_bytes <= bytes_max and table.cached("k20") == (True, None)
     table.forget_cache()
     assert table.cache_bytes == 0 and not table.cached("k19")[0]
+
+
+def test_a_withdrawn_first_request_leaves_nothing_and_its_transaction_may_begin_again() -> None:
+    """A first request refused after it began (its reads too large to answer) is withdrawn: its
+    locks go, with the waiter they held granted, its reserved bytes come back, and nothing is
+    remembered, so its coordinator's corrected request starts the transaction afresh. A client-
+    chosen id too (release would remember it as ended)."""
+    older = "0.c0.sim.9.cornus"  # WAIT_DIE lets only an older transaction wait
+    for txn in (T1, client_txn_id(1, "c0", "ab" * 8, Protocol.CORNUS)):
+        assert is_client_chosen(txn) is (txn != T1)
+        table = PartitionExecutions("p0", redo, Policy.WAIT_DIE)
+        execution = _begin(table, txn)
+        assert table.reserve(execution, 100)
+        assert table.lock(txn, "k0", LockMode.EXCLUSIVE, 0) is Grant.GRANTED
+        _begin(table, older)
+        assert table.lock(older, "k0", LockMode.SHARED, 0) is Grant.WAITING
+        granted = table.withdraw(txn, execution)
+        assert [waiter.txn for waiter in granted] == [older]
+        assert txn not in table.executions and not table.locks.holds_any(txn)
+        assert table.buffered_bytes == 0
+        assert _begin(table, txn, now_ms=1) is not execution
