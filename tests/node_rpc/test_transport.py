@@ -31,6 +31,7 @@ from cornus.runtime.wire import (
     StatusRequest,
     StatusResponse,
 )
+from services.node_rpc import codec
 from services.node_rpc._generated import node_pb2 as pb
 from services.node_rpc.transport import LinkState, MessageTooLarge, PeerTransport, TransportLimits
 from storage_adapters.contract import TxnState
@@ -616,3 +617,45 @@ async def test_inbound_connections_past_the_limit_are_refused(
     assert len(b._inbound) <= allowed
     for _, writer in opened:
         writer.close()
+
+
+async def test_a_request_that_expired_while_its_link_connected_is_never_sent() -> None:
+    """Found by audit (2026-11-27): a request queued while its link was still connecting, whose
+    caller's deadline passed meanwhile, was sent once the link came up. Its caller had given up
+    (and aborted), yet the peer ran it: an interactive request took locks its execution held until
+    the idle sweep. Only what is still awaited leaves."""
+    arrived: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await arrived.put((reader, writer))
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    transport = PeerTransport("a", f"127.0.0.1:{free_port()}", {"b": address})
+    await transport.start(Recorder("a"))
+    writer: asyncio.StreamWriter | None = None
+    try:
+        reader, writer = await asyncio.wait_for(arrived.get(), RECEIVE_WAIT_S)
+        hello = await _read_frame(reader)
+        assert hello is not None and hello.sender == "a"
+        with pytest.raises(PeerUnavailable, match="no response within"):
+            await transport.request("b", _execute("expired"), 50)  # no hello from b yet: queued
+        awaited = asyncio.ensure_future(transport.request("b", _execute("awaited"), REQUEST_TIMEOUT_MS))
+        _write_frame(writer, pb.PeerFrame(sender="b"))
+        frame = await _read_frame(reader)
+        assert frame is not None
+        sent = [codec_decode_txn(envelope) for envelope in frame.items]
+        assert sent == ["awaited"], sent
+        assert transport.peer_counters("b").drop_count_expired == 1
+        awaited.cancel()
+    finally:
+        if writer is not None:
+            writer.close()
+        await transport.close()
+        server.close()
+
+
+def codec_decode_txn(envelope: pb.PeerEnvelope) -> str:
+    request = codec.decode_request(envelope)
+    assert isinstance(request, ExecuteRequest)
+    return request.txn
