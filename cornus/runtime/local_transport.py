@@ -44,8 +44,9 @@ class LocalTransport(Transport):
 
     async def request(self, to_node: str, request: PeerRequest, timeout_ms: int) -> PeerResponse:
         handler = self.network.handlers.get(to_node)
-        if handler is None or to_node in self.network.down:
-            raise PeerUnavailable(f"{to_node} is down")
+        down = self.network.down
+        if handler is None or to_node in down or self.node_id in down:
+            raise PeerUnavailable(f"{self.node_id if self.node_id in down else to_node} is down")
         # Handled as the TCP transport handles it: on a later tick, outside any task until the
         # handler first waits, so the in-process tests run that path too.
         return await eager.answer_soon(

@@ -176,3 +176,4 @@ async def test_a_store_call_made_outside_any_task_works_and_keeps_its_deadline(t
             await _store_call_outside_any_task(store, lambda: store._bounded(never(), "read"))
     finally:
         await store.close()
+
