@@ -142,6 +142,8 @@ class CoordinatedTxn:
     # A partition whose owner refused a refresh: it dropped this transaction's execution, so the
     # commit cannot but abort; the next idle sweep aborts it now, to free its locks elsewhere.
     dropped_on: str | None = None
+    # Why it may not commit any more, though it runs on (refuse_commit): a commit aborts it.
+    commit_refused: str = ""
 
 
 class Coordination:
@@ -397,6 +399,16 @@ class Coordination:
             self._forget_refused(ctx, txn if txn_ids.is_client_chosen(txn) else None)
         return outcome
 
+    def refuse_commit(self, txn: str, reason: str) -> None:
+        """From now on a commit of `txn` aborts it, for `reason`: its caller was told that an
+        operation of it changed nothing, which still runs (a gRPC Write past its deadline, whose
+        end aborts it). Set in the step the caller is told, so no commit can slip in before that
+        abort starts (found by audit: one did, a loop step after the write ended). Nothing to do
+        for a transaction that is over."""
+        ctx = self.txns.get(txn)
+        if ctx is not None and ctx.state is OutcomeStatus.ACTIVE:
+            ctx.commit_refused = reason
+
     # -- commit ------------------------------------------------------------------------------------
     async def commit(self, txn: str) -> Outcome:
         ctx = self.active(txn)
@@ -407,6 +419,8 @@ class Coordination:
             raise NodeOverloaded(f"{self.node_id} is stopping; nothing was committed")
         if ctx.busy:
             raise TxnWrongState(f"transaction {txn} still has operations running")
+        if ctx.commit_refused:
+            return await self._abort(ctx, AbortReason.CLIENT, ctx.commit_refused)
         ctx.timing.commit_requested = time.perf_counter()
         writes = tuple((p, redo_codec.encode(w)) for p, w in sorted(ctx.touched.items()) if w)
         reads = tuple(sorted(p for p, w in ctx.touched.items() if not w))

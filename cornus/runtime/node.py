@@ -429,6 +429,9 @@ class Node:
     async def run_ops(self, txn: str, ops: Sequence[Op]) -> list[bytes | None]:
         return await self.coordination.run_ops(txn, ops)
 
+    def refuse_commit(self, txn: str, reason: str) -> None:
+        self.coordination.refuse_commit(txn, reason)
+
     async def commit(self, txn: str) -> Outcome:
         return await self.coordination.commit(txn)
 

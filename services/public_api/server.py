@@ -345,7 +345,9 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
     def _abort_when_done(self, write: asyncio.Task[Any], txn: str) -> None:
         """Abort `txn` once `write`, whose caller's deadline passed, ends: that caller was told
         DEADLINE_EXCEEDED, "nothing changed", so no commit of it may carry what the write did
-        (found by audit: a Commit after it committed the write)."""
+        (found by audit: a Commit after it committed the write). Its commit is refused from now,
+        since the abort starts only a loop step or two after the write ends."""
+        self._node.refuse_commit(txn, "a write of it passed its caller's deadline")
 
         def abort(_: asyncio.Task[Any]) -> None:
             task = asyncio.ensure_future(self._node.abort(txn))

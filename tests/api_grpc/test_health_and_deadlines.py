@@ -9,19 +9,23 @@ import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cornus.runtime.config import NodeConfig
+from cornus.runtime.coordination import Coordination
 from cornus.runtime.node import Node
+from cornus.runtime.outcome import OutcomeStatus
 from services.node_rpc.transport import PeerTransport
 from services.public_api import server as server_module
 from services.public_api._generated import public_pb2 as pb
 from services.public_api._generated import public_pb2_grpc
 from tests.api_grpc.conftest import TIMEOUT_S_CALL, emulator_storage, get, put, read_back
 from tests.cluster.harness import running_cluster
+from tests.runtime.faults import local_cluster, read_through
 
 # Recovery waits one storage deadline before it scans, so this is how long a node stays NOT_SERVING.
 TIMEOUT_MS_CALL_SLOW_RECOVERY = 5_000
@@ -171,13 +175,15 @@ async def test_a_write_whose_deadline_passes_aborts_its_transaction_once_the_wri
         aborted.append(ran)
         return None
 
+    refused: list[str] = []
     node = types.SimpleNamespace(config=types.SimpleNamespace(limits=types.SimpleNamespace(op_count_max=16)),
-                                 run_ops=run_ops, abort=abort)
+                                 run_ops=run_ops, abort=abort, refuse_commit=lambda ran, _: refused.append(ran))
     servicer = server_module.CornusServicer(node)  # type: ignore[arg-type]
     context = _Context(0.05)
     with pytest.raises(_Cut):
         await servicer.Write(pb.WriteRequest(txn=txn, writes=[pb.Write(key="k", value=b"v")]), context)  # type: ignore[arg-type]
     assert context.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert refused == [txn], "a commit may still slip in before the abort starts"
     await asyncio.sleep(0.05)
     assert aborted == [], "aborted while its write still ran"
     write_ends.set()
@@ -186,3 +192,46 @@ async def test_a_write_whose_deadline_passes_aborts_its_transaction_once_the_wri
             break
         await asyncio.sleep(0.01)
     assert aborted == [txn]
+
+
+async def test_a_commit_in_the_step_its_late_write_ends_never_commits_that_write(tmp_path: Path, monkeypatch) -> None:
+    """Found by audit (2026-11-27): the abort of a transaction whose Write passed its caller's
+    deadline was started from the write's done callback, a loop step or two after the write
+    ended. A Commit that ran in between (sent by a client that took DEADLINE_EXCEEDED for
+    "nothing changed" and went on) found no operation running and committed the write. The
+    transaction is refused its commit from the moment the caller was told, so it aborts."""
+    async with local_cluster(tmp_path, node_count=1, partition_count=1) as cluster:
+        node = cluster.node("n0")
+        write_may_end = asyncio.get_running_loop().create_future()
+        real_request = Coordination._request_partition
+
+        async def held(self: Coordination, request: Any) -> Any:
+            if request.ops and not write_may_end.done():
+                await write_may_end
+            return await real_request(self, request)
+
+        commits: list[asyncio.Task[Any]] = []
+        real_run_ops = Coordination.run_ops
+
+        async def run_ops(self: Coordination, ran: str, ops: Any) -> Any:
+            values = await real_run_ops(self, ran, ops)
+            # The client's Commit, queued in the step the write ends, ahead of what its end starts.
+            commits.append(asyncio.ensure_future(node.commit(ran)))
+            return values
+
+        monkeypatch.setattr(Coordination, "_request_partition", held)
+        monkeypatch.setattr(Coordination, "run_ops", run_ops)
+        servicer = server_module.CornusServicer(node)
+        txn = node.begin()
+        context = _Context(0.05)
+        with pytest.raises(_Cut):
+            await servicer.Write(pb.WriteRequest(txn=txn, writes=[pb.Write(key="k", value=b"late")]), context)  # type: ignore[arg-type]
+        assert context.code is grpc.StatusCode.DEADLINE_EXCEEDED
+        write_may_end.set_result(None)
+        for _ in range(100):
+            if commits and commits[0].done():
+                break
+            await asyncio.sleep(0.01)
+        outcome = commits[0].result()
+        assert outcome.status is OutcomeStatus.ABORTED, outcome
+        assert await read_through(node, "k") is None, "the late write was committed"
