@@ -176,12 +176,17 @@ class PartitionRuntime:
     ) -> ExecuteResponse:
         """Refuse a request whose answer would not fit a peer message (READ_BYTES_MAX), before it
         wrote or voted: as the client's input, which changed nothing the transaction keeps."""
-        # A continued request leaves its transaction's earlier requests here standing, and the
-        # locks it took stay to the transaction's end (strict two-phase locking allows more). A
-        # first one's coordinator, told "invalid", counts the partition untouched, so nothing of
-        # it may stay.
-        if not request.continued:
+        if request.participants:
+            # A one-shot's, which carries its prepare: the transaction ends here, remembered as
+            # aborted, so that no copy of the request (a client-chosen id sent to a second process
+            # of its coordinator's node) begins it again and votes; the values read may be smaller
+            # by then, so that copy could pass.
+            self.abort_execution(request.txn)
+        elif not request.continued:
+            # Its coordinator, told "invalid", counts the partition untouched: nothing may stay.
             self._wake(self.state.withdraw(request.txn, execution), Grant.GRANTED)
+        # A continued request leaves its transaction's earlier requests here standing, and the
+        # locks it took stay to the transaction's end (strict two-phase locking allows more).
         self.counters["executions_refused_reads_too_large"] += 1
         detail = (f"the values read on {self.name} come to {read_bytes} bytes, the limit is {READ_BYTES_MAX} "
                   f"per request to a partition: read fewer keys at a time")

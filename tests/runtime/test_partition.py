@@ -10,6 +10,7 @@ from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
 from cornus.protocol.execution import BUFFERED_BYTES_MAX
 from cornus.protocol.locks import Policy
+from cornus.runtime import redo as redo_codec
 from cornus.runtime.keys import partition_of
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind
@@ -136,3 +137,50 @@ async def test_an_owner_refuses_a_key_its_partition_count_places_elsewhere_and_l
         assert answer.status is ExecuteStatus.INVALID, answer
         assert "disagree on partition_count" in answer.detail and partition_of(elsewhere, 4) in answer.detail
     assert partition.locks.holders(elsewhere) == {} and txn not in partition.executions
+
+
+async def test_a_request_reading_past_read_bytes_max_is_refused_and_leaves_its_transaction_consistent(
+        monkeypatch) -> None:
+    """An owner refuses, as INVALID, a request whose values read would pass READ_BYTES_MAX (its
+    answer would not fit a peer message). A one-shot's request, which carries its prepare, is
+    remembered as aborted, so no copy of it (a client-chosen id sent to a second process of its
+    coordinator's node) can begin it again and vote; an interactive first request leaves nothing,
+    so the corrected one starts afresh; a continued one leaves the earlier requests' writes."""
+    import cornus.runtime.partition as partition_module
+
+    values_max = 4
+    monkeypatch.setattr(partition_module, "_OP_COUNT_READS_ALWAYS_FIT", 1)
+    value_bytes = partition_module.READ_VALUE_OVERHEAD_BYTES + 1
+    monkeypatch.setattr(partition_module, "READ_BYTES_MAX", values_max * value_bytes)
+    partition = PartitionRuntime("p0", UnusedStore(timeout_ms_call=1000), Policy.NO_WAIT, TIMEOUT_MS_LOCK_WAIT, 100,
+                                 partition_count=1)
+    now_ms = int(time.time() * 1000)
+    keys = [f"k{i}" for i in range(values_max + 1)]
+    for index, key in enumerate(keys):
+        partition.state.cache_redo(redo_codec.encode({key: b"v"}))  # warm: no storage read
+        assert partition.state.cached(key) == (True, b"v"), index
+    gets = tuple(Op(OpKind.GET, key) for key in keys)
+    fits = gets[:values_max]
+
+    one_shot = txn_ids.new_txn_id(now_ms, "n0", "aaaaaa", 1, Protocol.CORNUS)
+    refused = await partition.execute(ExecuteRequest(one_shot, "p0", "n0", gets, participants=("p0",)))
+    assert refused.status is ExecuteStatus.INVALID and "read fewer keys" in refused.detail, refused
+    again = await partition.execute(ExecuteRequest(one_shot, "p0", "n0", fits, participants=("p0",)))
+    assert again.status is ExecuteStatus.ABORTED, again
+    assert partition.locks.holders(keys[0]) == {}
+
+    first = txn_ids.new_txn_id(now_ms, "n0", "bbbbbb", 2, Protocol.CORNUS)
+    refused = await partition.execute(ExecuteRequest(first, "p0", "n0", gets))
+    assert refused.status is ExecuteStatus.INVALID, refused
+    assert first not in partition.executions and partition.locks.holders(keys[0]) == {}
+    corrected = await partition.execute(ExecuteRequest(first, "p0", "n0", fits))
+    assert corrected.status is ExecuteStatus.OK and corrected.values == (b"v",) * values_max, corrected
+
+    continued = txn_ids.new_txn_id(now_ms, "n0", "cccccc", 3, Protocol.CORNUS)
+    put = (Op(OpKind.PUT, "w", b"x"),)
+    assert (await partition.execute(ExecuteRequest(continued, "p0", "n0", put))).status is ExecuteStatus.OK
+    held_bytes = partition.state.buffered_bytes
+    refused = await partition.execute(ExecuteRequest(continued, "p0", "n0", (*put, *gets), continued=True))
+    assert refused.status is ExecuteStatus.INVALID, refused
+    assert partition.executions[continued].writes == {"w": b"x"}
+    assert partition.state.buffered_bytes == held_bytes, "the refused request's reservation stayed"
