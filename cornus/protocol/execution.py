@@ -129,6 +129,9 @@ class Execution(Generic[V]):
     # writes take (a key written again counts once, at its last value), and what requests still
     # running reserved for the writes they have not made yet.
     buffered_bytes: int = 0
+    # A request of the transaction other than the one that began it ran in it (concurrent calls
+    # of an interactive transaction): what the execution holds is no longer one request's.
+    joined: bool = False
 
 
 class PartitionExecutions(Generic[V]):
@@ -187,6 +190,8 @@ class PartitionExecutions(Generic[V]):
             # the operations twice. Its coordinator hears that the transaction runs here, and may
             # have voted: it ends the transaction through the logs.
             return Refusal.DUPLICATE
+        else:
+            execution.joined = True
         execution.last_active_ms = now_ms
         return execution
 
@@ -271,6 +276,7 @@ class PartitionExecutions(Generic[V]):
         neither as aborted nor as ended, since its coordinator, told "invalid", may send the
         corrected request as a first one. Returns the waiters its locks' release granted."""
         assert self.executions.get(txn) is execution, f"{txn} withdrawn on {self.name} outside its execution"
+        assert not execution.joined, f"{txn} withdrawn on {self.name} under another request of it"
         assert not execution.writes and not execution.reads, f"{txn} withdrawn on {self.name} after it ran"
         del self.executions[txn]
         self.buffered_bytes -= execution.buffered_bytes

@@ -175,22 +175,32 @@ class PartitionRuntime:
         self, request: ExecuteRequest, execution: Execution[bytes], read_bytes: int,
     ) -> ExecuteResponse:
         """Refuse a request whose answer would not fit a peer message (READ_BYTES_MAX), before it
-        wrote or voted: as the client's input, which changed nothing the transaction keeps."""
+        wrote or voted: as the client's input (INVALID), which changed nothing the transaction
+        keeps, or, where that cannot be, by ending the transaction here (ABORTED)."""
+        status = ExecuteStatus.INVALID
         if request.participants:
             # A one-shot's, which carries its prepare: the transaction ends here, remembered as
             # aborted, so that no copy of the request (a client-chosen id sent to a second process
             # of its coordinator's node) begins it again and votes; the values read may be smaller
             # by then, so that copy could pass.
             self.abort_execution(request.txn)
-        elif not request.continued:
+        elif request.continued:
+            # The transaction's earlier requests here stand, and the locks this one took stay to
+            # its end (strict two-phase locking allows more).
+            pass
+        elif execution.joined:
+            # Another request of the transaction (a concurrent call of its client) ran in this
+            # execution meanwhile, under its locks: withdrawn, those would go while its
+            # coordinator, told "invalid", counts the partition untouched and commits without it.
+            self.abort_execution(request.txn)
+            status = ExecuteStatus.ABORTED
+        else:
             # Its coordinator, told "invalid", counts the partition untouched: nothing may stay.
             self._wake(self.state.withdraw(request.txn, execution), Grant.GRANTED)
-        # A continued request leaves its transaction's earlier requests here standing, and the
-        # locks it took stay to the transaction's end (strict two-phase locking allows more).
         self.counters["executions_refused_reads_too_large"] += 1
         detail = (f"the values read on {self.name} come to {read_bytes} bytes, the limit is {READ_BYTES_MAX} "
                   f"per request to a partition: read fewer keys at a time")
-        return ExecuteResponse(ExecuteStatus.INVALID, detail=detail)
+        return ExecuteResponse(status, detail=detail)
 
     async def _read_for(
         self, txn: str, execution: Execution[bytes], ops: tuple[Op, ...],

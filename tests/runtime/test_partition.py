@@ -184,3 +184,38 @@ async def test_a_request_reading_past_read_bytes_max_is_refused_and_leaves_its_t
     assert refused.status is ExecuteStatus.INVALID, refused
     assert partition.executions[continued].writes == {"w": b"x"}
     assert partition.state.buffered_bytes == held_bytes, "the refused request's reservation stayed"
+
+
+async def test_a_first_request_refused_for_its_reads_after_another_request_joined_it_aborts_its_transaction(
+        monkeypatch) -> None:
+    """Two calls of one interactive transaction sent at once: the first begins the execution and
+    waits for a storage read; the second (a continued request) joins it and reads, under locks the
+    execution holds. Withdrawing the first then would drop the second's locks and the coordinator,
+    told "invalid", would count the partition untouched and commit without it: the transaction is
+    aborted instead (ABORTED, which its coordinator does not take for "nothing ran")."""
+    import cornus.runtime.partition as partition_module
+
+    monkeypatch.setattr(partition_module, "_OP_COUNT_READS_ALWAYS_FIT", 1)
+    monkeypatch.setattr(partition_module, "READ_BYTES_MAX", 2 * (partition_module.READ_VALUE_OVERHEAD_BYTES + 1))
+    read_may_end = asyncio.Event()
+
+    class SlowStore(UnusedStore):
+        async def read_data(self, partition: str, keys: list[str]) -> dict[str, bytes | None]:
+            await read_may_end.wait()
+            return dict.fromkeys(keys, b"v")
+
+    partition = PartitionRuntime("p0", SlowStore(timeout_ms_call=1000), Policy.NO_WAIT, TIMEOUT_MS_LOCK_WAIT, 100,
+                                 partition_count=1)
+    partition.state.cache_redo(redo_codec.encode({"seen": b"s"}))
+    txn = txn_ids.new_txn_id(int(time.time() * 1000), "n0", "aaaaaa", 1, Protocol.CORNUS)
+    gets = tuple(Op(OpKind.GET, f"k{i}") for i in range(3))
+    first = asyncio.create_task(partition.execute(ExecuteRequest(txn, "p0", "n0", gets)))
+    await asyncio.sleep(0.01)  # it waits for its storage read
+    joined = await partition.execute(ExecuteRequest(txn, "p0", "n0", (Op(OpKind.GET, "seen"),), continued=True))
+    assert joined.status is ExecuteStatus.OK and joined.values == (b"s",)
+    read_may_end.set()
+    refused = await first
+    assert refused.status is ExecuteStatus.ABORTED and "read fewer keys" in refused.detail, refused
+    assert txn not in partition.executions and partition.locks.holders("seen") == {}
+    again = await partition.execute(ExecuteRequest(txn, "p0", "n0", (Op(OpKind.GET, "seen"),), continued=True))
+    assert again.status is ExecuteStatus.ABORTED, "the transaction began again"
