@@ -90,7 +90,9 @@ _UNDER_WAY = "in doubt: its commit is under way"
 
 class TxnAborted(Exception):
     def __init__(self, outcome: Outcome, *, refused_as_invalid: bool = False) -> None:
-        super().__init__(f"transaction {outcome.txn} aborted: {outcome.reason} {outcome.detail}")
+        # ABORTED, or UNKNOWN where another process may have decided it (Coordination._abort_in_doubt).
+        assert outcome.status in (OutcomeStatus.ABORTED, OutcomeStatus.UNKNOWN), outcome
+        super().__init__(f"transaction {outcome.txn} {outcome.status}: {outcome.reason or ''} {outcome.detail}")
         self.outcome = outcome
         # An owner refused an operation as invalid input (ExecuteStatus.INVALID): the input is at
         # fault, so the same call fails again however often it runs (see `one_shot_outcome`).
@@ -250,7 +252,8 @@ class Coordination:
 
     async def run_ops(self, txn: str, ops: Sequence[Op]) -> list[bytes | None]:
         """Run operations of an interactive transaction; the values of its GETs, in order. Raises
-        TxnAborted (the transaction is then over) or ValidationError (nothing happened)."""
+        TxnAborted (the transaction is then over: aborted, or in doubt for a client-chosen id that
+        another process may have run) or ValidationError (nothing happened)."""
         ctx = self.active(txn)
         if ctx.busy:
             # One call at a time, as commit: two of one transaction at a partition would share
@@ -291,6 +294,13 @@ class Coordination:
                     ctx.touched.pop(partition, None)
                 self._give_back_writes(ctx, held_bytes)
                 raise ValidationError(response.detail)
+            if txn_ids.is_client_chosen(txn) and any(r.status is ExecuteStatus.ABORTED for _, r in failed):
+                # An owner knows this client-chosen id already (it ran there and ended, or a
+                # machine commits it): another process of this node, to which the client sent the
+                # id too (a pod replaced while the first ran on), may have committed it. "Aborted"
+                # would send the caller to run it again under a new id (found by audit): it is in
+                # doubt, and the status call reads the logs.
+                raise TxnAborted(await self._abort_in_doubt(ctx, response.detail))
             raise TxnAborted(await self._abort_for(ctx, response),
                              refused_as_invalid=response.status is ExecuteStatus.INVALID)
         for partition in by_partition:
@@ -383,6 +393,14 @@ class Coordination:
         outcome = Outcome(ctx.txn, OutcomeStatus.ABORTED, reason, detail)
         self._finish(ctx, outcome)
         return outcome
+
+    async def _abort_in_doubt(self, ctx: CoordinatedTxn, detail: str) -> Outcome:
+        """End a transaction of this process before its commit, whose outcome another process may
+        have decided (`run_ops`): its own executions go, and its caller hears UNKNOWN, as the
+        status call does from this node."""
+        ctx.state = OutcomeStatus.ABORTED
+        await asyncio.gather(*(self._drop_on(ctx.txn, partition) for partition in ctx.touched), return_exceptions=True)
+        return self._unknown(ctx, f"another process may have run this id: {detail}; ask status")
 
     async def _drop_on(self, txn: str, partition: str) -> None:
         # Best effort: a participant that misses it times out its idle execution by itself.

@@ -11,6 +11,7 @@ import pytest
 
 from cornus.protocol.config import Protocol
 from cornus.protocol.txn_ids import client_txn_id
+from cornus.runtime.node import TxnAborted
 from cornus.runtime.outcome import ClientTxnBeginRefused, OutcomeStatus, TxnWrongState
 from cornus.runtime.wire import Op, OpKind
 from storage_adapters.errors import ValidationError
@@ -94,3 +95,35 @@ async def test_an_id_begun_before_the_process_took_the_identity_and_a_slack_is_r
         after = client_txn_id(now_ms - 10, "n0", secrets.token_hex(16), Protocol.CORNUS)
         outcome = await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=after)
         assert outcome.status is OutcomeStatus.COMMITTED, outcome
+
+
+async def test_an_id_another_process_ran_is_in_doubt_not_aborted_on_the_begin_ops_commit_path(tmp_path):
+    """Found by audit (2026-11-27): a one-shot run as begin, run_ops and commit (the public gRPC
+    API's, and REST's when its redo outgrows a carried prepare) whose owner answered ABORTED ("this
+    id ran here already": ENDED, or a machine commits it) was reported aborted and retryable, and
+    remembered so for the status call. With a client-chosen id that answer means another process
+    of this node, to which the client sent the id too (a pod replaced while the first ran on), may
+    have committed it: the client, told "aborted", ran it again under a new id. It is in doubt."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        coordination = node.coordination
+        txn = _new_id(age_ms=20)
+        first = node.begin(None, txn)
+        await node.run_ops(first, [Op(OpKind.PUT, "k1", b"v")])
+        assert (await node.commit(first)).status is OutcomeStatus.COMMITTED
+        await wait_until(lambda: _is(cluster, "k1", b"v"), 5, "the commit was not applied")
+        # The second process: it never ran the id, and began before it.
+        coordination.outcomes.pop(txn)
+        coordination.started_unix_ms = int(time.time() * 1000) - 1_000
+        again = node.begin(None, txn)
+        outcome = None
+        try:
+            await node.run_ops(again, [Op(OpKind.PUT, "k1", b"w")])
+        except TxnAborted as aborted:
+            outcome = aborted.outcome
+        assert outcome is not None and outcome.status is OutcomeStatus.UNKNOWN, outcome
+        known = coordination.known(txn)
+        assert known is not None and known.status is OutcomeStatus.UNKNOWN, known
+        status = await node.resolve_status(txn)
+        assert status is not None and status.status is OutcomeStatus.COMMITTED, status
+        assert await cluster.value("k1") == b"v"
