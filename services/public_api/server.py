@@ -61,6 +61,11 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Cornus"].full_name
 # gRPC refuses larger messages itself (RESOURCE_EXHAUSTED) before a handler runs. Its 4 MiB default
 # would refuse a legal request well under op_count_max; a redo is capped per partition anyway.
 MESSAGE_BYTES_MAX = 16 * 1024 * 1024
+# What a reply holds besides the values read (its transaction id, detail, timings), and what one
+# value read adds around its key and bytes, counted generously: a reply whose reads would not fit
+# MESSAGE_BYTES_MAX with these is refused before the transaction commits (`_check_reply_fits`).
+REPLY_MARGIN_BYTES = 64 * 1024
+REPLY_VALUE_OVERHEAD_BYTES = 16
 # Readiness has no event to wait on (recovery sets a flag), so the health service polls it.
 READY_POLL_INTERVAL_MS = 50
 # What one client can hold (found by review): grpc serves a call that sent its headers and never
@@ -380,6 +385,7 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         try:
             await context.send_initial_metadata(((TXN_METADATA_KEY, txn),))
             values = await node.run_ops(txn, ops)
+            _check_reply_fits([op.key for op in ops if op.kind is OpKind.GET], values)
         except TxnAborted as aborted:
             # As Node.execute answers REST's one-shots: an owner's "invalid" is INVALID_ARGUMENT.
             return one_shot_outcome(aborted)
@@ -433,6 +439,8 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
             values = await self._run(context, work, f"the read of {txn}")
         except TxnAborted as aborted:
             return pb.ReadResponse(txn=txn, outcome=outcome_message(aborted.outcome))
+        # The transaction goes on: the locks the read took stay to its end, as any read's.
+        _check_reply_fits(keys, values)
         return pb.ReadResponse(
             txn=txn,
             values=[_key_value(key, value) for key, value in zip(keys, values, strict=True)],
@@ -486,6 +494,20 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
             raise ValidationError(f"a put needs a value (key {key!r})")
         ops = [Op(OpKind.PUT, key, _value(key, request.value))]
         return outcome_message(await self._run_one_shot(context, ops, None, "put"))
+
+
+def _check_reply_fits(keys: list[str], values: list[bytes | None]) -> None:
+    """ValidationError if the values read under `keys` would not fit a reply (MESSAGE_BYTES_MAX):
+    grpc would fail to send it after the work was done, with a code that public.proto calls a
+    refusal before any work (found by audit: a one-shot so refused had committed, and its retry
+    committed again). Each partition's share is bounded by READ_BYTES_MAX; the whole is not."""
+    size = REPLY_MARGIN_BYTES + sum(
+        len(key) + REPLY_VALUE_OVERHEAD_BYTES + (0 if value is None else len(value))
+        for key, value in zip(keys, values, strict=True)
+    )
+    if size > MESSAGE_BYTES_MAX:
+        raise ValidationError(f"the values read come to about {size} bytes, more than a reply carries "
+                              f"({MESSAGE_BYTES_MAX}): read fewer keys at a time; nothing was committed")
 
 
 # === the server ===================================================================================

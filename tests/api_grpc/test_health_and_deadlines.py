@@ -19,6 +19,7 @@ from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination
 from cornus.runtime.node import Node
 from cornus.runtime.outcome import OutcomeStatus
+from cornus.runtime.wire import Op, OpKind
 from services.node_rpc.transport import PeerTransport
 from services.public_api import server as server_module
 from services.public_api._generated import public_pb2 as pb
@@ -235,3 +236,34 @@ async def test_a_commit_in_the_step_its_late_write_ends_never_commits_that_write
         outcome = commits[0].result()
         assert outcome.status is OutcomeStatus.ABORTED, outcome
         assert await read_through(node, "k") is None, "the late write was committed"
+
+
+async def test_a_one_shot_whose_reply_would_pass_the_message_limit_is_refused_before_it_commits(
+        tmp_path: Path, monkeypatch) -> None:
+    """Found by audit (2026-11-27): an Execute whose reads came to more than the server sends in
+    one message (MESSAGE_BYTES_MAX: each partition's share stays under READ_BYTES_MAX) committed,
+    and then grpc could not send its reply: the client got an error that public.proto calls
+    "refused, retry", and a retry committed its writes twice. It is refused before its commit."""
+    monkeypatch.setattr(server_module, "MESSAGE_BYTES_MAX", 150_000)
+    async with local_cluster(tmp_path, node_count=1, partition_count=1) as cluster:
+        node = cluster.node("n0")
+        value = b"v" * 60_000
+        keys = [f"big{i}" for i in range(3)]
+        for key in keys:
+            assert (await node.execute([Op(OpKind.PUT, key, value)])).status is OutcomeStatus.COMMITTED
+        served = server_module.PublicGrpcServer(node, "127.0.0.1:0")
+        port = await served.start()
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 2**30)])
+        try:
+            stub = public_pb2_grpc.CornusStub(channel)
+            request = pb.ExecuteRequest(ops=[put("written", b"once"), *(get(key) for key in keys)])
+            with pytest.raises(grpc.RpcError) as refused:
+                await asyncio.to_thread(stub.Execute, request, timeout=TIMEOUT_S_CALL)
+            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT, refused.value
+            assert "read fewer keys" in (refused.value.details() or "")
+            assert await read_through(node, "written") is None, "the refused one-shot committed"
+            fits = await asyncio.to_thread(stub.Execute, pb.ExecuteRequest(ops=[get(keys[0])]), timeout=TIMEOUT_S_CALL)
+            assert fits.outcome == pb.OUTCOME_COMMITTED and fits.reads[0].value == value
+        finally:
+            channel.close()
+            await served.stop()
