@@ -90,15 +90,20 @@ class CoordinatorBase:
         if isinstance(event, LogReturned | DeleteReturned):
             assert self.calls_in_flight > 0, "a storage call returned that this machine never made"
             self.calls_in_flight -= 1
-        effects = self._dispatch(event)
-        for effect in effects:
-            if isinstance(effect, LogOnce | Log | DeleteRecord):
-                self.calls_in_flight += 1
+        effects = self._counted(self._dispatch(event))
         if self.phase is CoordPhase.DECIDED and self.calls_in_flight == 0 and self.acked >= set(self.participants):
             # Every participant holds the decision durably and none of our calls is unanswered.
             # Calls that timed out may still land: the grace period outlives them (config.py).
             self.phase = CoordPhase.GC_WAIT
             effects += [CancelTimer(self._timer("resend")), StartTimer(self._timer("gc"), self.config.gc_grace_ms)]
+        return effects
+
+    def _counted(self, effects: list[Effect]) -> list[Effect]:
+        """`effects`, with their storage calls counted in flight: what every step that may make
+        one passes its effects through (`handle`, and a host's direct calls of a machine)."""
+        for effect in effects:
+            if isinstance(effect, LogOnce | Log | DeleteRecord):
+                self.calls_in_flight += 1
         return effects
 
     def _dispatch(self, event: Event) -> list[Effect]:

@@ -20,6 +20,11 @@ class TwoPhaseCoordinator(CoordinatorBase):
     _redo_durable = True
     # An ABORT decided for a client-chosen id, waiting for the identity read (`_abort`).
     _abort_reason: str | None = None
+    # Coordinator log: the redo record may exist (its write went out, or recovery found it), and
+    # whether a write of it is unanswered; an ABORT is logged over it once none is (`_log_abort`).
+    _redo_may_exist = False
+    _redo_unanswered = False
+    _abort_log_due = False
 
     def _started(self) -> list[Effect]:
         if not self.logs_redo:
@@ -30,7 +35,34 @@ class TwoPhaseCoordinator(CoordinatorBase):
             self.node, self.coordinator_log, self.txn, TxnState.VOTE_YES,
             RecordBody(self.participants, self.node, bundle),
         )
+        return self._write_redo()
+
+    def _write_redo(self) -> list[Effect]:
+        assert self._redo_call is not None and not self._redo_unanswered
+        self._redo_may_exist = self._redo_unanswered = True
         return [self._redo_call]
+
+    def _announce(self, decision: TxnState, reply: bool = True, reason: str = "") -> list[Effect]:
+        effects = super()._announce(decision, reply, reason)
+        if decision is TxnState.ABORT and self._redo_may_exist:
+            self._abort_log_due = True
+            effects += self._log_abort()
+        return effects
+
+    def _log_abort(self) -> list[Effect]:
+        """Log ABORT over the redo record (found by audit: left VOTE_YES until its collection, a
+        coordinator stopped for good within the grace period left it so for ever, and every later
+        recovery of a participant's partition took it for an open yes vote, locking its keys and
+        asking the gone coordinator). Only once no write of the redo is unanswered: two writes of
+        one record in flight may land in either order, and the redo's landing on the ABORT would
+        be refused as a decision flip. One attempt: collection, which waits for it, writes the
+        record's ABORT tombstone anyway; only a coordinator that stops for good before that
+        depends on it. Presumed abort still holds without it: nothing here may commit."""
+        if not self._abort_log_due or self._redo_unanswered:
+            return []
+        self._abort_log_due = False
+        body = RecordBody(self.participants, self.node)
+        return [Log(self.node, self.coordinator_log, self.txn, TxnState.ABORT, body)]
 
     def _on_vote(self, vote: Vote) -> list[Effect]:
         if vote.partition not in self.participants or self.phase is not CoordPhase.COLLECTING:
@@ -82,7 +114,8 @@ class TwoPhaseCoordinator(CoordinatorBase):
         assert self._abort_reason is not None and self._commit_call is None, self.txn
         if self.phase is not CoordPhase.COLLECTING:
             return []  # a participant's ABORT acknowledgement decided it meanwhile
-        return self._announce(TxnState.ABORT, reason=self._abort_reason)
+        # Called by the host, not through `handle`: the ABORT's write over the redo is counted here.
+        return self._counted(self._announce(TxnState.ABORT, reason=self._abort_reason))
 
     def _may_adopt(self, decision: TxnState) -> bool:
         # Once COMMIT is being logged only its result decides; an abort ack then is impossible.
@@ -101,7 +134,7 @@ class TwoPhaseCoordinator(CoordinatorBase):
         if self._commit_call is not None:
             return [self._commit_call]
         assert self._redo_call is not None and not self._redo_durable
-        return [self._redo_call]
+        return self._write_redo()
 
     def _handle(self, event: Event) -> list[Effect]:
         if isinstance(event, Recovered):
@@ -111,8 +144,11 @@ class TwoPhaseCoordinator(CoordinatorBase):
         if not isinstance(event, LogReturned):
             return []
         call, result = event.call, event.result
+        if self._redo_call is not None and call == self._redo_call:
+            self._redo_unanswered = False
         if self.phase is not CoordPhase.COLLECTING:
-            return []  # e.g. the redo write of a transaction that aborted meanwhile
+            # E.g. the redo write of a transaction that aborted meanwhile, whose ABORT may now go.
+            return self._log_abort()
         if isinstance(result, StorageUnreachable):
             return [StartTimer(self._timer("retry"), self._backoff.next_delay_ms())]
         self._backoff.reset()
@@ -145,6 +181,7 @@ class TwoPhaseCoordinator(CoordinatorBase):
             return self._announce(TxnState.COMMIT, reply=False)
         # Logged redo but no decision: never replied COMMIT, so abort (presumed abort).
         assert record.state is TxnState.VOTE_YES
+        self._redo_may_exist = True
         return self._announce(TxnState.ABORT, reply=False)
 
 

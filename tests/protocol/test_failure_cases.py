@@ -8,6 +8,7 @@ import random
 import pytest
 
 from cornus.protocol.config import Protocol, ProtocolConfig
+from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.coordinator_cornus import CornusCoordinator
 from cornus.protocol.effects import (
     ApplyRedo,
@@ -22,9 +23,9 @@ from cornus.protocol.effects import (
     TerminationStarted,
     Timer,
 )
-from cornus.protocol.events import CommitRequested, MessageReceived, TimerFired
+from cornus.protocol.events import CommitRequested, LogReturned, MessageReceived, TimerFired
 from cornus.protocol.hosts import CoordinatorHost
-from cornus.protocol.messages import Decision, Prepare, Vote
+from cornus.protocol.messages import Decision, DecisionAck, Prepare, Vote
 from cornus.protocol.participant_base import Phase
 from cornus.protocol.txn_ids import protocol_of
 from cornus.sim.explore import explore
@@ -232,3 +233,34 @@ def test_a_coordinator_whose_termination_is_overtaken_still_ends_it() -> None:
     effects = host.handle(MessageReceived("p1", "c0", Vote(txn, "p1", yes=True)))
     assert TerminationEnded(txn, "c0", TxnState.COMMIT) in effects
     assert Reply(txn, TxnState.COMMIT) in effects
+
+
+@pytest.mark.parametrize("redo_answered_first", [True, False], ids=["redo-landed", "redo-in-flight"])
+def test_a_coordinator_log_abort_after_its_redo_left_is_logged_over_the_redo(redo_answered_first: bool) -> None:
+    """Found by audit (2026-11-27): a coordinator-log coordinator that decided ABORT after its redo
+    record went out logged nothing, so the record stayed VOTE_YES until collection. A node stopped
+    cleanly and removed within the grace period left it so for good, and every later recovery of
+    a participant's partition took it for an open yes vote: it locked the keys again and asked the
+    removed coordinator for ever. The ABORT is logged over the redo, only once the redo's write has
+    answered (two writes of one record in flight at once may land in either order, and a redo
+    landing on the ABORT is refused as a decision flip), and collection waits for it."""
+    txn = "5.c0.x.3.clog"
+    host = CoordinatorHost("c0", ProtocolConfig(), random.Random(1), protocol_of)
+    started = host.handle(CommitRequested("c0", txn, writes=(("p0", b"a"), ("p1", b"b"))))
+    (redo,) = [e for e in started if isinstance(e, Log) and e.state is TxnState.VOTE_YES]
+    if redo_answered_first:
+        host.handle(LogReturned(redo, TxnState.VOTE_YES))
+    effects = host.handle(MessageReceived("p1", "c0", Vote(txn, "p1", yes=False)))
+    assert [e.outcome for e in effects if isinstance(e, Reply)] == [TxnState.ABORT]
+    aborts = [e for e in effects if isinstance(e, Log) and e.state is TxnState.ABORT]
+    if not redo_answered_first:
+        assert aborts == [], "logged while the redo's write was still in flight"
+        aborts = [e for e in host.handle(LogReturned(redo, TxnState.VOTE_YES))
+                  if isinstance(e, Log) and e.state is TxnState.ABORT]
+    assert [(e.log, e.txn) for e in aborts] == [(LogId.coordinator("c0"), txn)]
+    for partition in ("p0", "p1"):
+        host.handle(MessageReceived(partition, "c0", DecisionAck(txn, partition, TxnState.ABORT)))
+    machine = host.machines[txn]
+    assert machine.phase is not CoordPhase.GC_WAIT, "collection began with the ABORT's write unanswered"
+    host.handle(LogReturned(aborts[0], TxnState.ABORT))
+    assert machine.phase is CoordPhase.GC_WAIT

@@ -1185,3 +1185,27 @@ async def test_a_request_too_large_for_the_peer_link_is_refused_not_fatal(tmp_pa
             assert aborted.value.outcome.reason is AbortReason.CLIENT, aborted.value.outcome
         monkeypatch.undo()
         assert await read_through(node, keys[local]) is None, "a write of the refused transaction landed"
+
+
+async def test_a_coordinator_log_abort_is_logged_over_its_redo_record(tmp_path):
+    """Found by audit (2026-11-27): a coordinator-log transaction aborted after its redo record was
+    written (here a participant's failed check) left that record VOTE_YES until its collection, 12 s
+    later. A coordinator stopped for good within that time (a scale-down) left it so for ever, and
+    every later recovery of a participant's partition took it for an open yes vote: it locked the
+    keys again and asked the gone coordinator for a decision, for ever. The ABORT is logged over it."""
+    # Collection (which deletes the record) well after the test's end, as in production.
+    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol=Protocol.COORDINATOR_LOG,
+                             protocol_config={"gc_grace_ms": 60_000}) as cluster:
+        keys = keys_in(2, ["p0", "p1"])
+        coordinator = cluster.node("n1")
+        outcome = await coordinator.execute([Op(OpKind.PUT, keys["p0"], b"never"),
+                                             Op(OpKind.CHECK, keys["p1"], b"not there")])
+        assert outcome.status is OutcomeStatus.ABORTED and outcome.reason is AbortReason.CHECK_FAILED, outcome
+        seen: list[TxnState | None] = []
+
+        async def logged_abort() -> bool:
+            record = await cluster.coordinator_record("n1", outcome.txn)
+            seen.append(None if record is None else record.state)
+            return record is not None and record.state is TxnState.ABORT
+
+        await wait_until(logged_abort, 5, lambda: f"the redo record was left so: {seen[-3:]}")
