@@ -12,6 +12,14 @@ from storage_adapters.contract import TOMBSTONE_KEEP_MS_MAX
 # (identity_vacant_ms). A wrong vacancy deposes a live holder once (safe, fenced, but a takeover);
 # the wait it costs is paid only in the rare race that parks a node's newest process.
 IDENTITY_RENEWALS_MISSED_MAX = 5
+# A coordinator-log coordinator issues its redo record's writes (the first, and retries) only this
+# long after it starts, whatever its own timeout_ms_votes (past it, not durable, it aborts): a node
+# that recovers a participant's partition rebuilds that participant's yes vote from the record, and
+# waits this long plus a storage deadline and the slack before it reads it (recovery_settle_ms).
+# A constant, not a setting: the recovering node cannot know the coordinator's configuration (found
+# by audit: with its own timeout_ms_votes in the settle, a coordinator configured longer, during a
+# rolling change, landed its redo after the scan and committed a vote the new owner never held).
+REDO_WRITE_ISSUE_MS_MAX = 200
 
 
 class Protocol(enum.StrEnum):
@@ -148,6 +156,7 @@ class ProtocolConfig:
         """How long a restarted node waits before recovery scans storage. Calls its previous life
         made land within a deadline plus slack; and a coordinator-log participant keeps no record
         of its yes vote, which recovery rebuilds from the coordinator's redo record, whose last
-        write is issued within the vote timeout of the prepare that reached the participant before
-        it crashed. Scanning earlier could miss either, and the transaction's locks with it."""
-        return self.timeout_ms_votes + self.storage_deadline_ms + self.clock_slack_ms
+        write is issued within REDO_WRITE_ISSUE_MS_MAX of the coordinator's start, so of the
+        prepare that reached the participant before it crashed. Scanning earlier could miss
+        either, and the transaction's locks with it."""
+        return REDO_WRITE_ISSUE_MS_MAX + self.storage_deadline_ms + self.clock_slack_ms

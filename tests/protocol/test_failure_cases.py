@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from cornus.protocol.config import Protocol, ProtocolConfig
+from cornus.protocol.config import REDO_WRITE_ISSUE_MS_MAX, Protocol, ProtocolConfig
 from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.coordinator_cornus import CornusCoordinator
 from cornus.protocol.effects import (
@@ -23,7 +23,7 @@ from cornus.protocol.effects import (
     TerminationStarted,
     Timer,
 )
-from cornus.protocol.events import CommitRequested, LogReturned, MessageReceived, TimerFired
+from cornus.protocol.events import CommitRequested, LogReturned, MessageReceived, StorageUnreachable, TimerFired
 from cornus.protocol.hosts import CoordinatorHost
 from cornus.protocol.messages import Decision, DecisionAck, Prepare, Vote
 from cornus.protocol.participant_base import Phase
@@ -264,3 +264,40 @@ def test_a_coordinator_log_abort_after_its_redo_left_is_logged_over_the_redo(red
     assert machine.phase is not CoordPhase.GC_WAIT, "collection began with the ABORT's write unanswered"
     host.handle(LogReturned(aborts[0], TxnState.ABORT))
     assert machine.phase is CoordPhase.GC_WAIT
+
+
+def test_a_coordinator_log_redo_is_written_only_within_the_window_every_node_s_recovery_waits_out() -> None:
+    """Found by audit (2026-11-27): a coordinator-log coordinator retried its redo record's write
+    for its own timeout_ms_votes, while a node recovering a participant's partition waits out its
+    own (recovery_settle_ms) before it reads that record. A coordinator configured with a longer
+    one (a rolling change of it) could land its redo after the scan, commit, and have its COMMIT
+    acknowledged by a new owner that knew nothing of the vote: that partition's writes were lost.
+    Whatever its own vote timeout, a coordinator issues no redo write past
+    REDO_WRITE_ISSUE_MS_MAX, a bound every node's recovery counts on."""
+    txn = "5.c0.x.4.clog"
+    config = ProtocolConfig(timeout_ms_votes=10_000)
+    assert config.recovery_settle_ms >= REDO_WRITE_ISSUE_MS_MAX + config.storage_deadline_ms + config.clock_slack_ms
+    host = CoordinatorHost("c0", config, random.Random(1), protocol_of)
+    started = host.handle(CommitRequested("c0", txn, writes=(("p0", b"a"), ("p1", b"b"))))
+    (redo,) = [e for e in started if isinstance(e, Log) and e.state is TxnState.VOTE_YES]
+    (window,) = [e for e in started if isinstance(e, StartTimer) and e.timer.kind == "redo-window"]
+    assert window.duration_ms == REDO_WRITE_ISSUE_MS_MAX
+    failed = host.handle(LogReturned(redo, StorageUnreachable("down")))
+    (retry,) = [e for e in failed if isinstance(e, StartTimer) and e.timer.kind == "retry"]
+    for partition in ("p0", "p1"):
+        host.handle(MessageReceived(partition, "c0", Vote(txn, partition, yes=True)))
+    closed = host.handle(TimerFired(window.timer))
+    assert [e.outcome for e in closed if isinstance(e, Reply)] == [TxnState.ABORT], closed
+    again = host.handle(TimerFired(retry.timer))
+    assert not [e for e in again if isinstance(e, Log) and e.state is TxnState.VOTE_YES], "a redo write past the window"
+
+    # A redo write still unanswered when the window closes may yet make the redo durable (slow
+    # storage takes longer than the window): the transaction commits.
+    slow = "5.c0.x.5.clog"
+    started = host.handle(CommitRequested("c0", slow, writes=(("p0", b"a"), ("p1", b"b"))))
+    (redo,) = [e for e in started if isinstance(e, Log) and e.state is TxnState.VOTE_YES]
+    for partition in ("p0", "p1"):
+        host.handle(MessageReceived(partition, "c0", Vote(slow, partition, yes=True)))
+    assert not [e for e in host.handle(TimerFired(Timer("c0", slow, "redo-window"))) if isinstance(e, Reply)]
+    landed = host.handle(LogReturned(redo, TxnState.VOTE_YES))
+    assert [e.state for e in landed if isinstance(e, Log)] == [TxnState.COMMIT], landed
