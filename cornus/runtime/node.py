@@ -390,7 +390,7 @@ class Node:
             return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"{request.txn} arrived past its deadline")
         self.ownership.check(request.partition)
         partition = self.partitions.get(request.partition)
-        if partition is None or not (request.abort or self.ownership.admits(request.partition)):
+        if partition is None or not (request.abort or self._admits(partition, request)):
             return ExecuteResponse(ExecuteStatus.NOT_OWNER, detail=f"{self.node_id} does not own {request.partition}")
         if txn_ids.protocol_of(request.txn) is None:
             return ExecuteResponse(ExecuteStatus.INVALID, detail=f"txn id {request.txn!r} names no protocol")
@@ -405,7 +405,7 @@ class Node:
                 return ExecuteResponse(ExecuteStatus.INVALID, detail=problem)
         response = await partition.execute(request)
         if not request.abort and (self.partitions.get(request.partition) is not partition
-                                  or not self.ownership.admits(request.partition)):
+                                  or not self._admits(partition, request)):
             # Lost while it waited (for a lock, or for storage): what it read may be stale by now,
             # with another node owning the partition (found by review: checked only before).
             return ExecuteResponse(ExecuteStatus.NOT_OWNER, detail=f"{self.node_id} lost {request.partition}")
@@ -420,6 +420,16 @@ class Node:
             # prepare, and none may follow it (found by audit: nothing said so).
             assert response.status is ExecuteStatus.OK, response
         return response
+
+    def _admits(self, partition: PartitionRuntime, request: ExecuteRequest) -> bool:
+        """Whether `request` may run on `partition`: it admits transactions, or it drains (its
+        preferred node asked for it) and the request continues one in flight there, which the
+        drain waits for (found by audit: refused, those could neither finish nor end, and the
+        partition went unserved for the whole drain_ms_max)."""
+        name = request.partition
+        if self.ownership.admits(name):
+            return True
+        return request.continued and request.txn in partition.executions and self.ownership.holds(name)
 
     # === the client API (coordination) and operators' (admin) ======================================
 

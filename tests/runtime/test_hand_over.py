@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from cornus.runtime.outcome import OutcomeStatus
+from cornus.runtime.wire import Op, OpKind
 from tests.runtime.faults import local_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -35,3 +37,40 @@ async def test_an_idle_hand_over_writes_its_release(tmp_path):
         releases = [c for c in cluster.faults["n1"].calls[before:]
                     if c.method == "write_owner" and c.args["new"].partition == "p0" and c.args["new"].owner == ""]
         assert releases, f"n1 handed p0 over without writing the release; n0 waited {took_s:.2f} s"
+
+
+async def test_a_drain_lets_the_transactions_in_flight_on_the_partition_go_on(tmp_path):
+    """Found by audit (2026-11-27): a node draining a partition (its preferred node asked for it)
+    refused every request there, the continued requests and refreshes of the transactions already
+    running included, which the drain is meant to wait for: those could neither finish nor be
+    dropped (their executions live until the idle timeout), so the partition was unserved for the
+    whole drain_ms_max, and they aborted. A drain refuses only new transactions."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2,
+                             ownership={"drain_ms_max": 30_000}) as cluster:
+        n1 = cluster.node("n1")
+        await cluster.stop("n0")
+
+        async def n1_serves_p0() -> bool:
+            return "p0" in n1.serving
+
+        await wait_until(n1_serves_p0, 10, "n1 never took p0")
+        first, second = cluster.key_in("p0", "a"), cluster.key_in("p0", "b")
+        txn = n1.begin()
+        await n1.run_ops(txn, [Op(OpKind.PUT, first, b"1")])
+        await cluster.start("n0")  # p0's preferred node asks for it back: n1 drains
+
+        async def draining() -> bool:
+            held = n1.ownership.machine.held.get("p0")
+            return held is not None and held.drain_started_ms is not None
+
+        await wait_until(draining, 10, "n1 never began to drain p0")
+        await n1.run_ops(txn, [Op(OpKind.PUT, second, b"2")])  # refused NOT_OWNER before the fix
+        outcome = await n1.commit(txn)
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+        n0 = cluster.node("n0")
+
+        async def n0_serves_p0() -> bool:
+            return "p0" in n0.serving
+
+        await wait_until(n0_serves_p0, 15, "n0 never got p0 back once the transaction ended")
+        assert await cluster.value(first) == b"1" and await cluster.value(second) == b"2"
