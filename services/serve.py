@@ -148,6 +148,7 @@ async def serve(config: NodeConfig) -> int:
         stopped = asyncio.create_task(stop.wait())
         vacant = asyncio.create_task(node.parking.vacant.wait())
         await asyncio.wait({api, stopped, vacant}, return_when=asyncio.FIRST_COMPLETED)
+        node.quiesce()  # through the APIs' shutdown, which takes seconds, it takes no partition
         vacant.cancel()
         server.should_exit = True
         with contextlib.suppress(TimeoutError):

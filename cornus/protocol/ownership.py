@@ -209,6 +209,8 @@ class OwnershipMachine:
     _reading: bool = False
     _last_read_ms: int | None = None
     _stopping: bool = False
+    # Told to stop (`quiesce`), not stopped yet: it keeps what it holds, and takes nothing more.
+    _quiescing: bool = False
 
     def __post_init__(self) -> None:
         assert self.preferred, "ownership of no partition"
@@ -367,6 +369,13 @@ class OwnershipMachine:
             return []  # already lost, or a write of an older epoch
         return [self._lose(partition, LostReason.FENCED, min(now_ms, held.valid_until_ms))]
 
+    def quiesce(self) -> None:
+        """The node is told to stop: it renews what it holds (its transactions end there first),
+        and neither takes nor asks for a partition (found by audit: a stopping node took its
+        preferred partition back from a failover owner, recovered it and released it seconds
+        later, which then waited failover_delay_ms for a non-preferred node). `shutdown` follows."""
+        self._quiescing = True
+
     def shutdown(self, now_ms: int) -> list[OwnershipEffect]:
         """Release everything held; no more reads or takes."""
         self._stopping = True
@@ -392,6 +401,8 @@ class OwnershipMachine:
 
     def _on_read_other(self, partition: str, record: Ownership | None, now_ms: int) -> list[OwnershipEffect]:
         watch = self._observe(partition, record, now_ms)
+        if self._quiescing:
+            return []
         waited_ms = now_ms - watch.since_ms
         preferred = self.preferred[partition] == self.node or (record is not None and record.wanted_by == self.node)
         extra_ms = 0 if preferred else self.config.failover_delay_ms

@@ -218,7 +218,12 @@ class Node:
         while not self.ready:  # noqa: ASYNC110
             await asyncio.sleep(POLL_MS / 1000)
 
+    def quiesce(self) -> None:
+        """Told to stop (a signal), before the APIs wind down: take no more partitions."""
+        self.ownership.quiesce()
+
     async def stop(self) -> None:
+        self.ownership.quiesce()
         self.parking.stopping()
         if not self.deposed:
             await self._deliver_decisions(TIMEOUT_MS_DELIVER_DECISIONS / 1000)

@@ -116,6 +116,10 @@ class OwnershipRuntime:
         self._apply(self.machine.drained(now_ms(), partition))
 
     # --- lifecycle ---------------------------------------------------------------------------
+    def quiesce(self) -> None:
+        """Told to stop: keep what is held, take and ask for nothing more (OwnershipMachine.quiesce)."""
+        self.machine.quiesce()
+
     def start(self) -> None:
         self._ticker = asyncio.get_running_loop().create_task(self._tick_forever(), name="cornus-ownership")
 

@@ -261,3 +261,24 @@ def test_a_node_places_its_partitions_with_the_core_rule() -> None:
     assert config.placement() == expected
     assert [config.preferred_owner(p) for p in config.partitions] == [expected[p] for p in config.partitions]
     assert config.preferred_partitions == ("p1", "p4")
+
+
+def test_a_quiesced_node_renews_what_it_holds_and_neither_takes_nor_asks() -> None:
+    """Found by audit (2026-11-27): a node told to stop asked for and took partitions until its
+    node's own stop, after the API's shutdown (over 10 s): its preferred partition, held by a
+    failover owner, was drained there, taken and recovered here, and released seconds later, to
+    be taken by a non-preferred node only after failover_delay_ms. Quiesced (from the signal),
+    it keeps what it holds and takes nothing."""
+    records = {"p1": Ownership("p1", "n1", 3, 7, CONFIG.lease_ms)}
+    machine = OwnershipMachine("n0", {"p0": "n0", "p1": "n0"}, CONFIG)
+    (take, ask) = _read(machine, 0, records)
+    assert isinstance(take, WriteOwner) and take.new.partition == "p0"
+    assert isinstance(ask, WriteOwner) and ask.new.wanted_by == "n0"
+    _write(machine, 5, take, records)
+    _write(machine, 5, ask, records)
+    assert machine.holds("p0", 5)
+    del records["p1"]  # its holder released it: free for the preferred node
+    machine.quiesce()
+    effects = _read(machine, CONFIG.renew_interval_ms, records)
+    writes = [e for e in effects if isinstance(e, WriteOwner)]
+    assert [(w.new.partition, w.new.owner, w.new.epoch) for w in writes] == [("p0", "n0", 1)], writes
