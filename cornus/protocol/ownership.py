@@ -297,6 +297,14 @@ class OwnershipMachine:
             # Unknown. A renewal that did not land leaves the lease where it was; a take that
             # landed shows up in the next read as a record of ours we do not hold, which we treat
             # as anyone's: it expires before we take it again, in a new epoch.
+            released = call.new.owner == "" and call.expected is not None and call.expected.owner == self.node
+            released_again = self._release_retries.get(partition, 0)
+            if released and held is None and released_again < RELEASE_RETRY_COUNT_MAX:
+                # A release: written again, the same compare-and-swap, which a first write that
+                # landed turns into a lost swap over a free record (found by audit: dropped, a
+                # release that had not landed left the asker waiting out the lease and the slack).
+                self._release_retries[partition] = released_again + 1
+                return [self._write(call.expected, call.new, now_ms)]
             return []
         if result.written:
             assert result.stored == call.new

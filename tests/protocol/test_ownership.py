@@ -9,6 +9,7 @@ import pytest
 
 from cornus.protocol.effects import ApplyRedo, DeleteRecord, Log, LogOnce, ReadRecord
 from cornus.protocol.ownership import (
+    RELEASE_RETRY_COUNT_MAX,
     Acquired,
     Drain,
     Lost,
@@ -282,3 +283,21 @@ def test_a_quiesced_node_renews_what_it_holds_and_neither_takes_nor_asks() -> No
     effects = _read(machine, CONFIG.renew_interval_ms, records)
     writes = [e for e in effects if isinstance(e, WriteOwner)]
     assert [(w.new.partition, w.new.owner, w.new.epoch) for w in writes] == [("p0", "n0", 1)], writes
+
+
+def test_a_release_storage_did_not_answer_is_written_again() -> None:
+    """Found by audit (2026-11-27): a release whose write got no answer (a storage blip) was
+    dropped; if it had not landed, the record still named this node, and the node that asked for
+    the partition waited out the lease and the slack, several seconds unserved instead of one
+    poll. Written again (a compare-and-swap on the same record, so a first write that did land
+    makes it a no-op), at most RELEASE_RETRY_COUNT_MAX times a tenure."""
+    records: dict[str, Ownership] = {}
+    machine = OwnershipMachine("n0", {"p0": "n0"}, CONFIG)
+    (take,) = _read(machine, 0, records)
+    _write(machine, 5, take, records)
+    released = [e for e in machine.shutdown(10) if isinstance(e, WriteOwner)]
+    for attempt in range(1 + RELEASE_RETRY_COUNT_MAX):  # the release, then its retries
+        (release,) = released
+        assert release.new.owner == "" and release.expected == records["p0"], release
+        released = [e for e in machine.owner_written(20 + attempt, release, None) if isinstance(e, WriteOwner)]
+    assert released == [], "written again past the bound"
