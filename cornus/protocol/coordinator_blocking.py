@@ -64,9 +64,9 @@ class TwoPhaseCoordinator(CoordinatorBase):
         recovery of a participant's partition took it for an open yes vote, locking its keys and
         asking the gone coordinator). Only once no write of the redo is unanswered: two writes of
         one record in flight may land in either order, and the redo's landing on the ABORT would
-        be refused as a decision flip. One attempt: collection, which waits for it, writes the
-        record's ABORT tombstone anyway; only a coordinator that stops for good before that
-        depends on it. Presumed abort still holds without it: nothing here may commit."""
+        be refused as a decision flip. One attempt: collection, which waits for it, deletes the
+        record (or leaves its ABORT tombstone) anyway; only a coordinator that stops for good
+        before that depends on it. Presumed abort holds without it: nothing here may commit."""
         if not self._abort_log_due or self._redo_unanswered:
             return []
         self._abort_log_due = False

@@ -18,7 +18,10 @@ Deadlines: a call whose deadline has passed is not started. A call under way is 
 half way, since a commit cut off mid-flight would leave its transaction in memory with no one to
 finish it and an operation cut off would keep its locks until the idle sweep. So the node's work
 runs in a task that the handler stops waiting for at the deadline; a one-shot transaction whose
-caller has gone by the time its operations finish is aborted instead of committed.
+deadline has passed by the time its operations finish is aborted instead of committed. A caller
+that cancels its call, or whose connection drops, with no deadline, is not heard: its one-shot
+commits all the same, and its library reports CANCELLED or UNAVAILABLE, which changed something
+then; the caller asks Status about the `cornus-txn` it was sent.
 """
 
 from __future__ import annotations
