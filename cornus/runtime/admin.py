@@ -110,8 +110,12 @@ class Admin:
         UNKNOWN after that: its tombstone may have expired, and "not known" could then be a
         committed transaction, which a caller must not run again."""
         known = self.status(txn)
-        if known is not None:
+        if known is not None and known.status is not OutcomeStatus.UNKNOWN:
             return known
+        # In doubt here (a commit told UNKNOWN, a client-chosen id another process may have run)
+        # is no answer: the records may hold the decision, which no machine here will bring
+        # (found by audit: "under way" for ever, and no record read). This node's own answer
+        # below says in doubt, so the verdict never says "not known" of it.
         # Before the answers are gathered, not after: each tells of the moment it was made, and a
         # request may still have run at its owner until then (found by review: read after a slow
         # answer, the clock said "too late for any request" of one that ran after the owner's).
@@ -133,7 +137,7 @@ class Admin:
                         config=self.config.protocol_config, requests_ms=self._requests_window_ms(),
                         coordinator=txn_ids.coordinator_of(txn))
         if found is None:
-            return None
+            return known  # never "not known" of what this node holds in doubt
         status = OutcomeStatus(found.verdict.value)
         return Outcome(txn, status, AbortReason.VOTED_NO if status is OutcomeStatus.ABORTED else None,
                        detail=found.detail)
