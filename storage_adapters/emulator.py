@@ -207,6 +207,10 @@ class EmulatorStore(LogStore):
         self._reads: queue.Queue[_Read | None] = queue.Queue(maxsize=QUEUE_COUNT_MAX)
         self._reader_ready = threading.Event()
         self._reader_error: BaseException | None = None
+        # The file the reader opened (device, inode): the one file this store serves. Set once the
+        # path names another (replaced under the open store), and every call fails from then on.
+        self._file: tuple[int, int] | None = None
+        self._replaced: str = ""
         self._reader = threading.Thread(
             target=self._read_forever, daemon=True, name=f"cornus-sqlite-reader-{path.name}"
         )
@@ -260,6 +264,9 @@ class EmulatorStore(LogStore):
             # upgrade=False: a file of an earlier version is the writer's to upgrade (see connect).
             conn = emulator_sql.connect(self.path, emulator_writer.WRITER_START_MS_MAX, upgrade=False)
             conn.execute(f"PRAGMA busy_timeout = {self.timeout_ms_call}")  # a read waits no longer than its caller
+            # The file is open now (connect reads it), so what the path names after is that file,
+            # unless it was replaced in between: then the first read batch says so.
+            self._file = emulator_writer.file_identity(os.stat(self.path))
         except BaseException as error:
             self._reader_error = error
             self._reader_ready.set()
@@ -282,15 +289,37 @@ class EmulatorStore(LogStore):
                     batch.append(more)
                 # A caller that gave up (deadline) is skipped: its answer would be discarded.
                 live = [read for read in batch if not read.future.cancelled()]
-                if live:
+                if live and not self._still_the_file():
+                    _settle_all(live, [(False, StorageUnavailable(self._replaced))] * len(live))
+                elif live:
                     results = emulator_sql.run_batch(conn, [read.run for read in live], writes=False)
                     _settle_all(live, results)
         finally:
             conn.close()
 
+    def _still_the_file(self) -> bool:
+        """Whether the path still names the file this store opened (one stat: a read batch's
+        check). Once not, never again (found by audit: a store on a replaced file read the old
+        file and wrote the new one, and a write it reported landed read back as absent)."""
+        if self._replaced:
+            return False
+        try:
+            here = emulator_writer.file_identity(os.stat(self.path))
+        except OSError as error:
+            here = None
+            why = f"{self.path} cannot be looked at ({error.strerror or error})"
+        else:
+            why = f"{self.path} was replaced under this open store"
+        if here == self._file:
+            return True
+        self._replaced = f"{why}: restart the node to open the file there now"
+        return False
+
     async def _read_call(self, run: Callable[[Any], Any]) -> Any:
         if self._closed:
             raise StorageUnavailable("store is closed")
+        if self._replaced:
+            raise StorageUnavailable(self._replaced)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         try:
@@ -306,6 +335,8 @@ class EmulatorStore(LogStore):
     async def _write(self, name: str, *args: Any) -> Any:
         if self._closed:
             raise StorageUnavailable("store is closed")
+        if self._replaced:
+            raise StorageUnavailable(self._replaced)
         assert asyncio.get_running_loop() is self._loop, "an EmulatorStore serves the loop that opened it"
         # The writer refuses the write past this deadline, fixed before any await (finding the
         # writer may take a while): the template's own, so no write lands after its caller was
@@ -370,6 +401,9 @@ class EmulatorStore(LogStore):
             if problem is not None:
                 self._no_writer_because = problem
                 return None, True
+            if not self._still_the_file():
+                # A writer of the file the path names now, which is not the one this store reads.
+                raise StorageUnavailable(self._replaced)
             if self._closed:  # closed while this connected: close() did not see this link
                 raise StorageUnavailable("store is closed")
             kept = True

@@ -287,6 +287,35 @@ async def test_a_writer_on_a_deleted_file_takes_no_new_stores_writes(tmp_path: P
         await before.close()
 
 
+async def test_a_store_whose_file_was_replaced_under_it_fails_every_call(tmp_path: Path) -> None:
+    """Found by audit (2026-11-27): a store open on a file that was replaced (deleted, restored
+    from a backup) went on with its reads on the old file, which its reader thread keeps open,
+    and its writes, once its writer left, on the new one: a write it reported landed read back as
+    absent, committed data read stale. A store serves the file it opened or none: every call is
+    unavailable from then on (the node's readiness fails, and a restart opens the file there)."""
+    path = tmp_path / "cornus.db"
+    before = await EmulatorStore.open(path, timeout_ms_call=TIMEOUT_MS_CALL)
+    try:
+        assert (await before.log_once(LOG, "t0", TxnState.VOTE_YES, BODY)).created
+        old = before.writer_pid
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{path}{suffix}")
+        after = await EmulatorStore.open(path, timeout_ms_call=TIMEOUT_MS_CALL)
+        try:
+            assert old is not None
+            await wait_gone(old)  # the old writer left: its file is gone
+            with pytest.raises(StorageUnavailable, match="replaced"):
+                await before.log_once(LOG, "t1", TxnState.VOTE_YES, BODY)
+            with pytest.raises(StorageUnavailable, match="replaced"):
+                await before.read(LOG, "t0")
+            assert (await after.read(LOG, "t1")) is None, "the store wrote into the file it does not read"
+        finally:
+            await after.close()
+    finally:
+        await before.close()
+
+
 async def test_a_short_call_deadline_still_starts_a_writer(tmp_path: Path) -> None:
     # Shorter than a Python start: the writer's start has a budget of its own.
     store = await EmulatorStore.open(tmp_path / "cornus.db", timeout_ms_call=20)
