@@ -151,17 +151,23 @@ class Admin:
         # Partitions come and go while we read: the answer names those read, never one taken
         # since (found by review: claimed read, its tombstone, all a collected transaction has
         # left, went unseen, and the status call said "not known").
-        served = tuple(self.partitions)
+        # Only those served: one still recovering has not rebuilt its votes yet, and under
+        # coordinator-log a vote lives only in its coordinator's redo record until then (found by
+        # audit: claimed read meanwhile, "not known" of a transaction whose coordinator, gone from
+        # the node set, had logged COMMIT).
+        held = tuple(self.partitions)
+        served = tuple(p for p in held if p in self.serving)
         # Before the reads as well as after: a participant running it now may have its vote
         # written, decide and drop its machine while the reads go on, and be in neither (found by
-        # review). Once no request of it can run any more, what can still vote runs already.
-        runs_before = bool(request.txn) and self._runs_here(request.txn, served)
+        # review). Once no request of it can run any more, what can still vote runs already. In
+        # every partition held: a recovered machine runs before its partition is served.
+        runs_before = bool(request.txn) and self._runs_here(request.txn, held)
         if request.txn:
             for partition in served:
                 record = await self.store.read(LogId.partition(partition), request.txn)
                 if record is not None:
                     states.append((partition, record.state))
-        known = self._knows(request.txn, served, runs_before) if request.txn else Known.NOTHING
+        known = self._knows(request.txn, held, runs_before) if request.txn else Known.NOTHING
         return self._status(ready, served, tuple(states), known)
 
     def _status(self, ready: bool, served: tuple[str, ...], states: tuple[tuple[str, TxnState], ...],

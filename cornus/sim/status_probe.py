@@ -45,6 +45,7 @@ class _Answering:
 
     incarnation: int
     held: tuple[str, ...]
+    served: tuple[str, ...]  # of those held, the recovered ones: the answer reads only these
     runs_before: bool
     states: list[TxnState] = field(default_factory=list)
     gone: bool = False
@@ -148,10 +149,12 @@ class StatusProbe:
                 self._answered(world, question, name, None)
                 return []
             held = held_partitions(node)
-            question.answering[name] = _Answering(node.incarnation, held, _participating(node, question.txn, held))
+            served = tuple(p for p in held if node.core.partition_recovered(p))
+            question.answering[name] = _Answering(node.incarnation, held, served,
+                                                  _participating(node, question.txn, held))
             end_ms = world.now_ms + self.rng.randint(0, world.status_answer_ms_max // 2)
-            reads = sorted(self.rng.randint(world.now_ms, end_ms) for _ in held)
-            return [*((at_ms, (index, name, "read", p)) for at_ms, p in zip(reads, held, strict=True)),
+            reads = sorted(self.rng.randint(world.now_ms, end_ms) for _ in served)
+            return [*((at_ms, (index, name, "read", p)) for at_ms, p in zip(reads, served, strict=True)),
                     (end_ms, (index, name, "end", ""))]
         answering = question.answering[name]
         node = world.process(name, answering.incarnation)
@@ -178,7 +181,7 @@ class StatusProbe:
         )
         ready = node.ready and (node.name, node.incarnation) not in world.parked
         self._answered(world, question, name, NodeAnswer(
-            ready, answering.held, tuple(answering.states), known, world.requests_ms,
+            ready, answering.served, tuple(answering.states), known, world.requests_ms,
             # Every process of the world runs one configuration, in force before any transaction
             # began (at 1 ms, the earliest begin: 0 would mean "not told"). A runtime node cannot
             # know its predecessor's, and counts on less: UNKNOWN more often, never less safe.
@@ -224,8 +227,9 @@ class StatusProbe:
 
 
 def held_partitions(node: Node) -> tuple[str, ...]:
-    """The partitions whose records `node`'s status answer reads: those it holds now (the
-    runtime's `tuple(self.partitions)`); none of one between owners."""
+    """The partitions `node` holds now (the runtime's `tuple(self.partitions)`; none of one
+    between owners): its status answer asks their machines and executions, and reads the records
+    of those recovered (the runtime's served ones)."""
     assert node.core is not None
     return tuple(p for p in node.partitions if p in node.core.partitions)
 

@@ -226,6 +226,23 @@ async def test_a_status_answer_names_only_the_partitions_whose_records_it_read(t
         assert answer.partitions == ("p0",), answer
 
 
+async def test_a_status_answer_claims_no_partition_still_recovering_as_read(tmp_path):
+    """Found by audit (2026-11-27): a node's status answer counted a partition it had taken but
+    was still recovering as read. Under coordinator-log a participant's yes vote lives only in its
+    coordinator's redo record until recovery rebuilds it: during a takeover no machine and no
+    record of it were anywhere here, and with its coordinator gone from the node set the status
+    call could say "not known" of a transaction whose coordinator's log held COMMIT."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        n0 = cluster.node("n0")
+        assert set(n0.serving) == {"p0"}
+        del n0.serving["p0"]  # taken, its recovery not settled yet
+        try:
+            answer = await n0.admin.status_response(StatusRequest("1.n0.abcdef.1.cornus"), ready=True)
+        finally:
+            n0.serving["p0"] = 1
+        assert answer.partitions == (), answer
+
+
 async def test_a_commit_told_unknown_whose_votes_are_still_on_their_way_is_never_not_known(tmp_path, monkeypatch):
     """Found by review: storage writes stalled past the commit deadline, the caller was told
     UNKNOWN and asked status; the coordinator's machine was alive but undecided, its memory of the
