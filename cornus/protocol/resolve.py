@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from cornus.protocol import txn_ids
 from cornus.protocol.backoff import Backoff, JitterSource
-from cornus.protocol.config import Protocol, ProtocolConfig
+from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min
 from cornus.protocol.effects import Effect, LogOnce, ReadRecord, StartTimer, Timer
 from cornus.protocol.events import Event, LogReturned, RecordRead, StorageUnreachable, TimerFired
 from cornus.protocol.status import Known
@@ -99,7 +99,12 @@ class Resolver:
         self._unreachable: list[str] = []
         self._termination: Termination | None = None
         self._asked: RecordBody | None = None  # the body termination will carry, while the question is out
-        self._window_ms = config.gc_grace_ms - config.storage_deadline_ms - config.clock_slack_ms
+        # Counted on the least grace any node may collect after (gc_grace_ms_min), not this
+        # node's: the coordinator's configuration may differ during a rolling change (found by
+        # audit: counted on a longer grace of its own, a resolve's ABORT could land in the slot of
+        # a record the coordinator had collected, beside its COMMIT tombstone).
+        grace_ms_least = gc_grace_ms_min(config.storage_deadline_ms, config.clock_slack_ms)
+        self._window_ms = grace_ms_least - config.storage_deadline_ms - config.clock_slack_ms
         assert self._window_ms >= config.storage_deadline_ms, "the grace leaves no time to read, then write"
         self._window_open = True
 

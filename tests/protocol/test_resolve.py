@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from cornus.protocol.config import ProtocolConfig
+from cornus.protocol.config import ProtocolConfig, gc_grace_ms_min
 from cornus.protocol.effects import LogOnce, ReadRecord, StartTimer
 from cornus.protocol.events import RecordRead, TimerFired
 from cornus.protocol.resolve import AskCoordinator, CoordinatorAnswered, Resolver
@@ -68,3 +68,15 @@ def test_a_forced_resolve_asks_nobody() -> None:
     resolver, effects, _ = _voted_in_p0_only(force=True)
     assert effects and all(isinstance(e, LogOnce) for e in effects)
     assert resolver.wrote
+
+
+def test_a_resolve_s_write_window_counts_on_the_least_grace_any_node_may_have() -> None:
+    """Found by audit (2026-11-27): the window in which a resolve may still send its termination
+    write was counted on the resolving node's own gc_grace_ms. Its coordinator, configured with a
+    shorter grace during a rolling change, could collect the records first, and the resolve's
+    ABORT landed in an emptied slot beside the COMMIT tombstone. The window counts on the least
+    grace the rule allows, whatever this node's."""
+    config = ProtocolConfig(gc_grace_ms=60_000)
+    resolver = Resolver("5.c0.x.1.cornus", ("p0",), config, random.Random(1))
+    least_ms = gc_grace_ms_min(config.storage_deadline_ms, config.clock_slack_ms)
+    assert resolver.window_ms == least_ms - config.storage_deadline_ms - config.clock_slack_ms
