@@ -249,12 +249,16 @@ class Admin:
         "applying" is committed, its redo not in storage yet)."""
         now = time.monotonic()
         protocol_of = _protocol_name
+        machines = self.core.coordinator.machines
         infos = [
-            TxnInfo(ctx.txn, "coordinator", self.node_id, ctx.state.value, ctx.protocol.value,
+            # A commit under way shows its machine's phase (an operator reads "collecting" or
+            # "decided" of a blocking protocol as in doubt: services/client/types.py).
+            TxnInfo(ctx.txn, "coordinator", self.node_id,
+                    machines[ctx.txn].phase.value if ctx.txn in machines else ctx.state.value, ctx.protocol.value,
                     tuple(sorted(ctx.touched)), round((now - ctx.last_active_s) * 1000))
             for ctx in self.coordination.txns.values()
         ]
-        for txn, machine in self.core.coordinator.machines.items():
+        for txn, machine in machines.items():
             # Decided and acknowledged everywhere, its records waiting out the grace: over.
             if txn not in self.coordination.txns and not machine.delivered:
                 infos.append(TxnInfo(txn, "coordinator", self.node_id, machine.phase.value, protocol_of(txn),

@@ -105,10 +105,19 @@ class Outcome:
         }
 
 
+# Protocols whose participants learn the decision only from their coordinator, and the phases of a
+# coordinator's machine (cornus.protocol.coordinator_base.CoordPhase) before every participant
+# acknowledged it: the listing shows no coordinator machine once it is delivered.
+_BLOCKING_PROTOCOLS = frozenset({"2pc", "coordinator-log"})
+_COORDINATOR_PHASES_UNDELIVERED = frozenset({"validating", "collecting", "decided"})
+
+
 @dataclass(frozen=True, slots=True)
 class TxnInfo:
-    """One row of a node's admin listing. Phase "voted" on a participant is in doubt: it voted
-    yes and knows no decision yet."""
+    """One row of a node's admin listing. In doubt (`in_doubt`): a participant in phase "voted"
+    (it voted yes and knows no decision yet), and a 2PC or coordinator-log coordinator whose
+    commit runs or whose decision is not delivered yet: its participants block until it answers,
+    so its node must not be removed before it ends."""
 
     node_url: str
     txn: str
@@ -121,7 +130,11 @@ class TxnInfo:
 
     @property
     def in_doubt(self) -> bool:
-        return self.role == "participant" and self.phase == "voted"
+        if self.role == "participant":
+            return self.phase == "voted"
+        # Found by audit (2026-11-27): such coordinators were marked "no", and an operator who
+        # checked the nodes going away before a scale-down removed one under blocked participants.
+        return self.protocol in _BLOCKING_PROTOCOLS and self.phase in _COORDINATOR_PHASES_UNDELIVERED
 
     @classmethod
     def from_json(cls, node_url: str, body: Mapping[str, Any]) -> TxnInfo:
