@@ -232,8 +232,13 @@ def run_batch(
     COMMIT starts only before the deadline of every call that wrote, else the whole batch is
     rolled back and every call refused. So a write lands no later than its deadline plus the
     COMMIT of its batch (its WAL append and fsync: about a millisecond, and for the largest legal
-    call, a 64 MiB redo, a few hundred ms), well inside the clock slack that
-    cornus/protocol/config.py `gc_grace_ms_min` allows a late storage call (1000 ms by default).
+    call, a 64 MiB redo, a few hundred ms), inside the clock slack that
+    cornus/protocol/config.py `gc_grace_ms_min` allows a late storage call (1000 ms by default),
+    unless the disk stalls or the writer is starved of CPU past it: nothing bounds the COMMIT's
+    fsync. Then too SQLite's write lock orders it before any later write (a delete, a
+    termination's LogOnce, an ownership take), and any read after an answered write sees it; only
+    a read made while it stalls (the status call's) may miss it (found by audit: said "well
+    inside" with no bound).
 
     A call that raises StorageError (refused) or AssertionError (a bug: it crashes its caller
     loudly) answers with it; any other exception is a bug too (a bad argument, one SQLite could
