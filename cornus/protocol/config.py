@@ -125,6 +125,12 @@ class ProtocolConfig:
         )
 
     @property
+    def grace_ms_min(self) -> int:
+        """The least grace after which no storage call of this node's can still land: what its
+        acknowledgements tell a coordinator to wait out before collecting (DecisionAck)."""
+        return gc_grace_ms_min(self.storage_deadline_ms, self.clock_slack_ms)
+
+    @property
     def identity_write_window_ms(self) -> int:
         """How long after a read (or renewal, or the take) of the node's identity record left that
         found it still this process's, the process may still make a write storage cannot fence

@@ -75,6 +75,7 @@ class CoordinatorBase:
         self._deletes_waiting: set[DeleteRecord] = set()
         self._delete_attempts = 0
         self._settled = False
+        self._grace_ms_acked = 0  # the longest DecisionAck.grace_ms_min heard
 
     @property
     def finished(self) -> bool:
@@ -95,7 +96,8 @@ class CoordinatorBase:
             # Every participant holds the decision durably and none of our calls is unanswered.
             # Calls that timed out may still land: the grace period outlives them (config.py).
             self.phase = CoordPhase.GC_WAIT
-            effects += [CancelTimer(self._timer("resend")), StartTimer(self._timer("gc"), self.config.gc_grace_ms)]
+            grace_ms = max(self.config.gc_grace_ms, self._grace_ms_acked)
+            effects += [CancelTimer(self._timer("resend")), StartTimer(self._timer("gc"), grace_ms)]
         return effects
 
     def _counted(self, effects: list[Effect]) -> list[Effect]:
@@ -251,6 +253,10 @@ class CoordinatorBase:
         if ack.partition not in self.participants:
             return []
         self.acked.add(ack.partition)
+        # Collection waits out the longest grace a participant's calls need (found by audit: a
+        # participant with a longer storage deadline, during a rolling change of it, could land
+        # a timed-out vote write in a slot this coordinator had emptied after its own grace).
+        self._grace_ms_acked = max(self._grace_ms_acked, ack.grace_ms_min)
         if self.decision is not None:
             assert ack.decision is self.decision, (
                 f"{ack.partition} durably holds {ack.decision}, coordinator decided {self.decision}"

@@ -147,7 +147,8 @@ class PartitionHost:
             # coordinator collect the records, and a vote after that would outlive them.
             abort = message.decision is TxnState.ABORT
             effects: list[Effect] = [ReleaseLocks(self.partition, txn, refuse_later=True)] if abort else []
-            return [*effects, self._send(sender, DecisionAck(txn, self.partition, message.decision))]
+            ack = DecisionAck(txn, self.partition, message.decision, self.config.grace_ms_min)
+            return [*effects, self._send(sender, ack)]
         if isinstance(message, DecisionQuery):
             # "Unknown" does NOT mean "never voted yes": we may have committed, applied and
             # forgotten. Presuming ABORT here let a 2PC participant abort beside a returned COMMIT

@@ -68,11 +68,15 @@ class Decision:
 @dataclass(frozen=True, slots=True)
 class DecisionAck:
     """The participant has durably recorded the decision (or needs no record: presumed abort) and
-    has no storage call in flight for the transaction, so its record may be garbage collected."""
+    has no storage call in flight for the transaction, so its record may be garbage collected,
+    once `grace_ms_min` has passed: the least grace after which no call of its can still land
+    (gc_grace_ms_min of its own configuration; the coordinator's may differ during a rolling
+    change of the storage deadline). 0: not told (an older node's), the coordinator's own."""
 
     txn: str
     partition: str
     decision: TxnState
+    grace_ms_min: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,7 +95,8 @@ class ParticipantBase:
             # and a late LogOnce(ABORT) of ours must not recreate a deleted record.
             self._ack_sent = True
             assert self.decision is not None
-            effects.append(self._send(self.coordinator, DecisionAck(self.txn, self.partition, self.decision)))
+            effects.append(self._send(self.coordinator, DecisionAck(self.txn, self.partition, self.decision,
+                                                                    self.config.grace_ms_min)))
         return effects
 
     def _dispatch(self, event: Event) -> list[Effect]:

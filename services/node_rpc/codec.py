@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cornus.protocol.config import gc_grace_ms_min
 from cornus.protocol.messages import (
     Decision,
     DecisionAck,
@@ -24,6 +25,7 @@ from cornus.protocol.messages import (
     ReleaseReadOnly,
     Vote,
 )
+from cornus.runtime.config import TIMER_MS_MAX
 from cornus.runtime.wire import (
     ExecuteRequest,
     ExecuteResponse,
@@ -70,6 +72,10 @@ assert set(_TXN_STATE_TO_PB) == set(TxnState)
 assert set(_OP_KIND_TO_PB) == set(OpKind)
 assert set(_EXECUTE_STATUS_TO_PB) == set(ExecuteStatus)
 _TXN_STATE_FROM_PB = {value: key for key, value in _TXN_STATE_TO_PB.items()}
+# A DecisionAck's grace_ms_min past this is malformed: gc_grace_ms_min of the longest storage
+# deadline and slack a configuration allows (TIMER_MS_MAX each), so a peer's bug cannot hold a
+# coordinator's records for ever.
+GRACE_MS_MIN_MAX = gc_grace_ms_min(TIMER_MS_MAX, TIMER_MS_MAX)
 # What a Decision, DecisionAck or DecisionAnswer may carry: a decision, never a vote (found by
 # audit: VOTE_YES passed, and the machine it reached asserted on it, ending the node).
 _DECISION_FROM_PB = {value: key for key, value in _TXN_STATE_TO_PB.items() if key.is_decision}
@@ -150,6 +156,7 @@ def _encode_decision_ack(envelope: pb.PeerEnvelope, value: DecisionAck) -> None:
     body.txn = value.txn
     body.partition = value.partition
     body.decision = _TXN_STATE_TO_PB[value.decision]
+    body.grace_ms_min = value.grace_ms_min
 
 
 def _encode_decision_query(envelope: pb.PeerEnvelope, value: DecisionQuery) -> None:
@@ -291,10 +298,13 @@ def _decode_decision(body: pb.Decision) -> Decision:
 
 
 def _decode_decision_ack(body: pb.DecisionAck) -> DecisionAck:
+    if not 0 <= body.grace_ms_min <= GRACE_MS_MIN_MAX:
+        raise MalformedEnvelope(f"DecisionAck.grace_ms_min {body.grace_ms_min} out of range")
     return DecisionAck(
         txn=body.txn,
         partition=body.partition,
         decision=_decision_from_pb(body.decision, "DecisionAck.decision"),
+        grace_ms_min=body.grace_ms_min,
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from cornus.protocol.messages import Message
+from cornus.protocol.messages import DecisionAck, Message
 from cornus.runtime.wire import Op, PeerRequest, PeerResponse, Routed
 from services.node_rpc import codec
 from services.node_rpc._generated import node_pb2 as pb
@@ -258,3 +258,15 @@ def test_a_negative_request_deadline_is_malformed() -> None:
     envelope.execute_request.deadline_unix_ms = -1
     with pytest.raises(codec.MalformedEnvelope, match="deadline_unix_ms"):
         codec.decode_request(envelope)
+
+
+def test_a_decision_ack_carries_its_sender_s_grace_and_a_grace_out_of_range_is_malformed() -> None:
+    """The least grace a participant's calls need travels with its acknowledgement (collection
+    waits out the longest), and one no configuration allows is a peer's bug, refused."""
+    envelope = pb.PeerEnvelope()
+    codec.encode(envelope, DecisionAck("t", "p0", TxnState.COMMIT, grace_ms_min=31_000))
+    assert codec.decode_message(envelope) == DecisionAck("t", "p0", TxnState.COMMIT, grace_ms_min=31_000)
+    for grace_ms in (-1, codec.GRACE_MS_MIN_MAX + 1):
+        envelope.decision_ack.grace_ms_min = grace_ms
+        with pytest.raises(codec.MalformedEnvelope, match="grace_ms_min"):
+            codec.decode_message(envelope)

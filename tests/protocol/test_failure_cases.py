@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from cornus.protocol.config import REDO_WRITE_ISSUE_MS_MAX, Protocol, ProtocolConfig
+from cornus.protocol.config import REDO_WRITE_ISSUE_MS_MAX, Protocol, ProtocolConfig, gc_grace_ms_min
 from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.coordinator_cornus import CornusCoordinator
 from cornus.protocol.effects import (
@@ -301,3 +301,24 @@ def test_a_coordinator_log_redo_is_written_only_within_the_window_every_node_s_r
     assert not [e for e in host.handle(TimerFired(Timer("c0", slow, "redo-window"))) if isinstance(e, Reply)]
     landed = host.handle(LogReturned(redo, TxnState.VOTE_YES))
     assert [e.state for e in landed if isinstance(e, Log)] == [TxnState.COMMIT], landed
+
+
+def test_collection_waits_out_the_longest_grace_a_participant_acknowledged_with() -> None:
+    """Found by audit (2026-11-27): a coordinator collected its transaction's records after its
+    own gc_grace_ms, which covers calls of its own storage deadline. During a rolling change of
+    the deadline a participant with a longer one could have a timed-out vote write still on its
+    way (it retried, and the retry landed): landing in the emptied slot, recovery would take it
+    for an open vote and apply its old redo again over newer writes. Each acknowledgement says the
+    least grace its sender's calls need, and collection waits out the longest."""
+    txn = "5.c0.x.6.cornus"
+    config = ProtocolConfig()
+    host = CoordinatorHost("c0", config, random.Random(1), protocol_of)
+    host.handle(CommitRequested("c0", txn, writes=(("p0", b"a"), ("p1", b"b"))))
+    for partition in ("p0", "p1"):
+        host.handle(MessageReceived(partition, "c0", Vote(txn, partition, yes=True)))
+    longer = gc_grace_ms_min(3 * config.storage_deadline_ms, config.clock_slack_ms)
+    assert longer > config.gc_grace_ms
+    host.handle(MessageReceived("p0", "c0", DecisionAck(txn, "p0", TxnState.COMMIT, grace_ms_min=longer)))
+    effects = host.handle(MessageReceived("p1", "c0", DecisionAck(txn, "p1", TxnState.COMMIT)))
+    (collection,) = [e for e in effects if isinstance(e, StartTimer) and e.timer.kind == "gc"]
+    assert collection.duration_ms == longer

@@ -188,6 +188,8 @@ def test_grace_shorter_than_a_late_call(monkeypatch: pytest.MonkeyPatch) -> None
     # The window for a node's own unfenced writes derives from the grace (it would be negative
     # here, and no collection could run): kept at the least a valid grace gives.
     monkeypatch.setattr(ProtocolConfig, "identity_write_window_ms", property(lambda config: config.storage_deadline_ms))
+    # And the participants' acknowledgements ask for no longer grace (DecisionAck.grace_ms_min).
+    monkeypatch.setattr(ProtocolConfig, "grace_ms_min", property(lambda config: config.gc_grace_ms))
     violations = _found(seed=2)
     # A late call lands on a collected record: recreating it, or applying its redo with no record;
     # or the records went before the decision's trace was sure, and the status call, asked then,
