@@ -398,6 +398,11 @@ class EffectRunner:
         self.run(rest)
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        if self.stopped:
+            # Nothing would await or cancel it (found by audit: the idle sweep's aborts sent peer
+            # requests during the shutdown).
+            coroutine.close()
+            return
         self._track(self._running_loop().create_task(coroutine), _UNOWNED)
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:

@@ -264,3 +264,18 @@ async def test_a_call_started_after_an_unfenced_writes_answer_gets_a_deadline_of
         await asyncio.sleep(0.01)
     assert len(fed) == 3, fed
     assert not isinstance(fed[2].result, StorageUnreachable), fed[2]  # type: ignore[attr-defined]
+
+
+async def test_a_stopped_runner_starts_no_work(harness: _Harness) -> None:
+    """Found by audit (2026-11-27): work spawned after `stop` (the idle sweep still ran while the
+    node stopped: aborts and refreshes) got a task that nothing awaited or cancelled, and sent
+    peer requests during the shutdown. A stopped runner starts nothing."""
+    await harness.runner.stop()
+    ran: list[str] = []
+
+    async def work() -> None:
+        ran.append("ran")
+
+    harness.runner.spawn(work())
+    await harness.settle()
+    assert ran == [], "work started after the stop"

@@ -1209,3 +1209,36 @@ async def test_a_coordinator_log_abort_is_logged_over_its_redo_record(tmp_path):
             return record is not None and record.state is TxnState.ABORT
 
         await wait_until(logged_abort, 5, lambda: f"the redo record was left so: {seen[-3:]}")
+
+
+async def test_an_unexpected_exception_in_a_step_of_the_core_ends_the_node(tmp_path, monkeypatch):
+    """Found by audit (2026-11-27): only an AssertionError from the core's step ended the node.
+    Any other exception, or one the effect runner raised half way through a step's effects, was
+    logged by the event loop's handler (a timer's, a peer message's) and the node ran on with a
+    machine that believed its timer armed or its write made: a transaction in doubt for ever,
+    with its keys locked. An impossible state crashes loudly, whatever its exception."""
+    from cornus.protocol.events import TimerFired
+
+    async with local_cluster(tmp_path, node_count=1, partition_count=1) as cluster:
+        node = cluster.node("n0")
+        real_handle = node.core.handle
+
+        def broken(event: Any) -> Any:
+            if isinstance(event, TimerFired):
+                raise KeyError("a bug")
+            return real_handle(event)
+
+        monkeypatch.setattr(node.core, "handle", broken)
+        txn = node.begin()
+        await node.run_ops(txn, [Op(OpKind.PUT, "k", b"v")])
+        commit = asyncio.ensure_future(node.commit(txn))  # its machines start timers
+
+        async def exited() -> bool:
+            return bool(cluster.exits)
+
+        await wait_until(exited, 10, "the node ran on after a broken step")
+        assert cluster.exits[0] == 70, cluster.exits
+        cluster.exits.clear()  # seen: the harness would take it for an unexpected exit
+        monkeypatch.undo()
+        commit.cancel()
+        await asyncio.gather(commit, return_exceptions=True)
