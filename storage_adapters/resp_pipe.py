@@ -223,9 +223,19 @@ class RespPipe:
         loop = asyncio.get_running_loop()
         self._connecting = loop.create_future()
         try:
-            # wait_for, not asyncio.timeout: a caller may run outside any task until it first
-            # waits (cornus.runtime.eager), and wait_for runs the connect in a task of its own.
-            protocol = await asyncio.wait_for(self._open(loop), self.timeout_ms_connect / 1000)
+            # In a task of its own, bounded by asyncio.wait: a caller may run outside any task
+            # until it first waits (cornus.runtime.eager), where asyncio.timeout (and wait_for,
+            # since Python 3.12: found by audit) refuse to run.
+            opening = loop.create_task(self._open(loop))
+            try:
+                done, _ = await asyncio.wait((opening,), timeout=self.timeout_ms_connect / 1000)
+            except asyncio.CancelledError:
+                opening.cancel()
+                raise
+            if not done:
+                opening.cancel()
+                raise TimeoutError(f"no connection within {self.timeout_ms_connect} ms")
+            protocol = opening.result()
         except BaseException as error:
             # A refused AUTH or SELECT too: the connection is not usable, whatever the reply.
             failure = (error if isinstance(error, redis.exceptions.ConnectionError)

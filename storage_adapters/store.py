@@ -72,6 +72,24 @@ def boot_clock_s() -> float:
     return time.clock_gettime_ns(_BOOT_CLOCK) / 1e9
 
 
+async def _in_a_task(loop: asyncio.AbstractEventLoop, call: Awaitable[T], ends_s: float) -> T:
+    """`call`'s result, run in a task of its own, cancelled at `ends_s` (TimeoutError): for code run
+    eagerly, outside any task (cornus.runtime.eager: a peer's request served in the step that read
+    it). asyncio.timeout needs a task to cancel, and so do the client libraries' own timeouts; so
+    does asyncio.wait_for since Python 3.12 (found by audit: every call made so would fail there).
+    The task inherits the deadline's context."""
+    task = loop.create_task(call)  # type: ignore[arg-type]
+    try:
+        done, _ = await asyncio.wait((task,), timeout=max(0.0, ends_s - loop.time()))
+    except asyncio.CancelledError:
+        task.cancel()  # its caller gave up: so does the call, as wait_for would
+        raise
+    if not done:
+        task.cancel()
+        raise TimeoutError
+    return task.result()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class CallDeadline:
     """A call's deadline in the loop's clock, and the same moment in the boot clock, both fixed
@@ -246,11 +264,7 @@ class LogStore(abc.ABC):
             token = _call_deadline.set(deadline)
             try:
                 if asyncio.current_task(loop) is None:  # the loop passed: one getpid call fewer
-                    # Called by code run eagerly, outside any task (cornus.runtime.eager: a peer's
-                    # request served in the step that read it). asyncio.timeout needs a task to
-                    # cancel, and so do the client libraries' own timeouts: wait_for makes one
-                    # (which inherits the deadline's context).
-                    return await asyncio.wait_for(call, max(0.0, ends_s - loop.time()))
+                    return await _in_a_task(loop, call, ends_s)
                 async with asyncio.timeout_at(ends_s):
                     return await call
             finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ from cornus.runtime import eager
 from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.emulator import EmulatorStore
 from storage_adapters.errors import StorageUnavailable
+from storage_adapters.factory import StoreConfig, open_store
 from storage_adapters.store import LogStore
+from tests.conftest import Services
 
 _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_eager", default="unset")
 WAIT_S = 5.0
@@ -158,7 +161,27 @@ async def _store_call_outside_any_task(store: LogStore, call: Callable[[], Await
         return await running
 
 
-async def test_a_store_call_made_outside_any_task_works_and_keeps_its_deadline(tmp_path: Path) -> None:
+def _wait_for_of_python_3_12(monkeypatch: pytest.MonkeyPatch) -> None:
+    """asyncio.wait_for as Python 3.12 and later have it: built on asyncio.timeout, which refuses
+    to run outside a task (found by audit: this machine's 3.11 hid that every store call made
+    outside a task, a peer request's cache miss among them, would fail there)."""
+    real = asyncio.wait_for
+
+    async def wait_for(awaitable: Any, timeout: float | None) -> Any:  # noqa: ASYNC109 - wait_for's own
+        if asyncio.current_task() is None:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()
+            raise RuntimeError("Timeout should be used inside a task")
+        return await real(awaitable, timeout)
+
+    monkeypatch.setattr(asyncio, "wait_for", wait_for)
+
+
+@pytest.mark.parametrize("python", ["3.11", "3.12"])
+async def test_a_store_call_made_outside_any_task_works_and_keeps_its_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, python: str) -> None:
+    if python == "3.12":
+        _wait_for_of_python_3_12(monkeypatch)
     store = await EmulatorStore.open(tmp_path / "cornus.db", timeout_ms_call=300)
     try:
         log = LogId.partition("p0")
@@ -177,3 +200,27 @@ async def test_a_store_call_made_outside_any_task_works_and_keeps_its_deadline(t
     finally:
         await store.close()
 
+
+
+async def test_a_redis_call_made_outside_any_task_connects_the_pipe_on_python_3_12_too(
+        services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Redis pipe connects on the first call that needs it, which may run outside any task: its
+    connect was bounded by asyncio.wait_for, which Python 3.12 refuses there (found by audit)."""
+    _wait_for_of_python_3_12(monkeypatch)
+    store = await open_store(StoreConfig(backend="redis", redis_url=services.redis_url, timeout_ms_call=2_000))
+    try:
+        pipe = store._pipe  # type: ignore[attr-defined]
+        assert pipe is not None, "the hot calls go over the pipe"
+        protocol = pipe._protocol
+        if protocol is not None and protocol.transport is not None:
+            protocol.transport.abort()  # the next call connects again
+            for _ in range(100):
+                if pipe._protocol is None:
+                    break
+                await asyncio.sleep(0.01)
+        log = LogId.partition(f"p-eager-{secrets.token_hex(4)}")
+        body = RecordBody((log.name,), "n0", b"")
+        result = await _store_call_outside_any_task(store, lambda: store.log_once(log, "t1", TxnState.VOTE_YES, body))
+        assert result.created
+    finally:
+        await store.close()
