@@ -602,13 +602,16 @@ def _bench_storage(args: argparse.Namespace) -> tuple[StoreConfig, str]:
     such as azure-blob, or a spec), checked here, before any node starts."""
     from loadtests.bench.profiles import resolve_latency
 
-    storage = _store_config(args, args.backend or StoreConfig.from_env().backend)
-    resolve_latency(storage.latency)
+    # A profile is no latency spec (StoreConfig refuses it): taken apart, the store built without.
+    latency = args.latency if args.latency is not None else os.environ.get("CORNUS_STORAGE_LATENCY", "")
+    resolve_latency(latency)
+    without = argparse.Namespace(**{**vars(args), "latency": ""})
+    storage = _store_config(without, args.backend or StoreConfig.from_env(latency="").backend)
     if args.timeout_ms_call is None and "CORNUS_STORAGE_TIMEOUT_MS_CALL" not in os.environ:
         # A starting node waits out one storage deadline before it serves (a call of its previous
         # life may still land): the production default would add seconds to every run.
         storage = dataclasses.replace(storage, timeout_ms_call=BENCH_TIMEOUT_MS_CALL)
-    return dataclasses.replace(storage, latency=""), storage.latency
+    return storage, latency
 
 
 # The bench's nodes all run on this machine: a storage deadline of 2 s is far above any call a

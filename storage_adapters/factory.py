@@ -65,6 +65,18 @@ class StoreConfig:
     latency: str = ""
 
     def __post_init__(self) -> None:
+        # Every other field is a string (a TOML file may give anything): refused here, before
+        # anything is opened, never a traceback later (found by audit).
+        for name in _STR_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, str) and not (name in _OPTIONAL_FIELDS and value is None):
+                raise ValidationError(f"storage {name} must be a string, got {value!r}")
+        if self.latency:
+            # Checked now, not when the store opens, by when its file or table was made (found by
+            # audit); the module is imported only where a latency is asked for.
+            from storage_adapters.latency import parse_latency
+
+            parse_latency(self.latency)
         if self.backend not in BACKENDS:
             raise ValidationError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if not isinstance(self.timeout_ms_call, int) or not 0 < self.timeout_ms_call <= TIMEOUT_MS_CALL_MAX:
@@ -97,6 +109,11 @@ class StoreConfig:
         return replace(self, backend=backend)
 
 
+# The string fields (all but _INT_FIELDS), and those of them that may be None.
+_STR_FIELDS = tuple(name for name in StoreConfig.__dataclass_fields__ if name not in _INT_FIELDS)
+_OPTIONAL_FIELDS = ("dynamodb_endpoint",)
+
+
 def redis_replica_count(durability: str) -> int:
     """How many replicas must have a write before the Redis store answers it: N of "replicas:N",
     0 for "aof" and "none"; ValidationError for anything else."""
@@ -121,7 +138,7 @@ def env_values(environ: Mapping[str, str]) -> dict[str, object]:
             continue
         raw = environ[env_name]
         if name in _INT_FIELDS:
-            if not raw.isdigit():
+            if not re.fullmatch(r"[0-9]+", raw):  # ASCII: str.isdigit takes "²", which int() refuses
                 raise ValidationError(f"{env_name} must be an integer, got {raw!r}")
             values[name] = int(raw)
         else:

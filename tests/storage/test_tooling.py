@@ -77,9 +77,16 @@ def test_store_config_from_env() -> None:
         "redis", "redis://h:1/2", 250, "fixed:1"
     )
     for bad in ({"CORNUS_STORAGE_BACKEND": "mysql"}, {"CORNUS_STORAGE_TIMEOUT_MS_CALL": "soon"},
-                {"CORNUS_STORAGE_TIMEOUT_MS_CALL": "0"}, {"CORNUS_STORAGE_BACKEND": "azure_blob"}):
+                {"CORNUS_STORAGE_TIMEOUT_MS_CALL": "0"}, {"CORNUS_STORAGE_BACKEND": "azure_blob"},
+                # Found by audit (2026-11-27): these passed the configuration, and failed only
+                # once the store opened (its file, table or container made by then), or with a
+                # traceback: "²" is a digit to str.isdigit, not to int.
+                {"CORNUS_STORAGE_TIMEOUT_MS_CALL": "²"}, {"CORNUS_STORAGE_LATENCY": "bogus"}):
         with pytest.raises(ValidationError):
             StoreConfig.from_env(bad)
+    for field, value in (("latency", 5), ("emulator_path", 5), ("redis_url", None), ("azure_container", 1)):
+        with pytest.raises(ValidationError, match=field):
+            StoreConfig(**{field: value})  # a TOML file's wrong type
 
 
 def _cornus(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
