@@ -229,11 +229,17 @@ def check_peers(peers: Mapping[str, str]) -> None:
     for node, address in peers.items():
         validate_id(node, "peer node id", NODE_ID_LENGTH_MAX)
         _check_address(address, f"address of peer {node}")
+    at: dict[str, str] = {}
+    for node, address in peers.items():
+        if address in at:
+            # Found by audit (2026-11-27): taken, one of the two was unreachable for ever.
+            raise ValidationError(f"peers {at[address]} and {node} have the same address {address}")
+        at[address] = node
 
 
 def parse_peers(raw: str) -> dict[str, str]:
     """A peer list in the form of CORNUS_PEERS ("n0=host:port,n1=host:port"), checked as a node
-    checks its own, and with no node named twice (a node's own list keeps the last address)."""
+    checks its own, with no node named twice (found by audit: the last address was kept)."""
     names = [item.partition("=")[0].strip() for item in raw.split(",") if item.strip()]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
@@ -259,6 +265,13 @@ def _parse_peers(raw: str) -> dict[str, str]:
             raise ValidationError(f"peers entry {item!r} must be node=host:port")
         peers[node.strip()] = address.strip()
     return peers
+
+
+def _table(value: object, what: str) -> Mapping[str, Any]:
+    """`value` if it is a table (a TOML file may give anything), else the error that names it."""
+    if not isinstance(value, Mapping):
+        raise ValidationError(f"{what} must be a table (in a file: [{what}] with name = value lines), got {value!r}")
+    return value
 
 
 def _int(value: object, what: str) -> int:
@@ -435,8 +448,8 @@ def load_node_config(
         if f"CORNUS_{name.upper()}" in environ:
             raw[name] = environ[f"CORNUS_{name.upper()}"]
     if "CORNUS_PEERS" in environ:
-        raw["peers"] = _parse_peers(environ["CORNUS_PEERS"])
-    timeouts = dict(raw.get("timeouts", {}))
+        raw["peers"] = parse_peers(environ["CORNUS_PEERS"])
+    timeouts = dict(_table(raw.get("timeouts", {}), "timeouts"))
     timeout_names = timeout_names_all()
     for name in timeout_names:
         if f"CORNUS_{name.upper()}" in environ:
@@ -451,7 +464,7 @@ def load_node_config(
         if key in timeout_names:
             timeouts[key] = value
         elif key == "peers" and isinstance(value, str):
-            raw["peers"] = _parse_peers(value)
+            raw["peers"] = parse_peers(value)
         elif key.startswith("storage_"):
             storage_flags[key.removeprefix("storage_")] = value
         else:
@@ -487,13 +500,13 @@ def load_node_config(
         lock_policy=parse_lock_policy(raw.get("lock_policy", Policy.NO_WAIT.value)),
         node_id=raw["node_id"],
         cluster_id=raw.get("cluster_id", DEFAULT_CLUSTER_ID),
-        peers=dict(raw["peers"]),
+        peers=dict(_table(raw["peers"], "peers")),
         listen=raw.get("listen", ""),
         api_listen=raw.get("api_listen", ""),
         grpc_api_listen=raw.get("grpc_api_listen", ""),
         protocol=protocol,
         partition_count=_int(raw.get("partition_count", 0), "partition_count"),
-        partition_owners=dict(raw.get("partition_owners", {})),
+        partition_owners=dict(_table(raw.get("partition_owners", {}), "partition_owners")),
         storage=storage,
         protocol_config=(protocol_config := _protocol_config(protocol_values, storage)),
         limits=RuntimeLimits(**limit_values),

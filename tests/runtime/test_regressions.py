@@ -1242,3 +1242,27 @@ async def test_an_unexpected_exception_in_a_step_of_the_core_ends_the_node(tmp_p
         monkeypatch.undo()
         commit.cancel()
         await asyncio.gather(commit, return_exceptions=True)
+
+
+@pytest.mark.parametrize(("where", "value", "message"), [
+    ("env", "n0=127.0.0.1:7100,n1=127.0.0.1:7101,n1=127.0.0.1:7102", "more than once"),
+    ("env", "n0=127.0.0.1:7100,n1=127.0.0.1:7100", "same address"),
+    ("file", 'peers = "n0=127.0.0.1:7100"', "peers"),
+    ("file", "timeouts = 5", "timeouts"),
+    ("file", 'partition_owners = "p0=n0"', "partition_owners"),
+])
+def test_a_peer_list_or_a_table_that_is_wrong_is_refused_by_name(tmp_path, where: str, value: str, message: str):
+    """Found by audit (2026-11-27): a node named twice in CORNUS_PEERS kept its last address, two
+    nodes at one address were taken, and a TOML value of the wrong type ended in a traceback
+    (ValueError, TypeError) rather than the error that names it."""
+    environ = {"CORNUS_NODE_ID": "n0", "CORNUS_PARTITION_COUNT": "2", "CORNUS_PEERS": "n0=127.0.0.1:7100"}
+    path = None
+    if where == "env":
+        environ["CORNUS_PEERS"] = value
+    else:
+        path = tmp_path / "node.toml"
+        path.write_text(value + "\n")
+        if value.startswith("peers"):
+            del environ["CORNUS_PEERS"]
+    with pytest.raises(ValidationError, match=message):
+        load_node_config(path, environ=environ)
