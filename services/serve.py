@@ -26,7 +26,8 @@ from services.api.http_limits import LimitedHttpProtocol
 from services.api.logs import configure_json_logging, level_from_env
 from services.api.metrics import InstrumentedStore, Metrics
 from services.api.rest import build_app
-from services.node_rpc.transport import PeerTransport
+from services.node_rpc.transport import PeerTransport, parse_address
+from storage_adapters.errors import ValidationError
 from storage_adapters.factory import open_store
 from storage_adapters.store import LogStore
 
@@ -83,12 +84,19 @@ async def _close_store(store: LogStore) -> None:
             await store.close()
 
 
+def api_host_port(address: str) -> tuple[str, int]:
+    """The host and port uvicorn binds for the REST API's `address`: an IPv6 host bare, as the
+    peer transport binds its own (found by audit: "[::1]" went to uvicorn bracketed, and failed to
+    resolve after the node had taken its identity and partitions)."""
+    return parse_address(address)
+
+
 async def serve(config: NodeConfig) -> int:
     """Serve until told to stop; the process's exit status (0; EXIT_CODE_IDENTITY_VACANT when a
     parked node found its identity vacant and must be restarted; EXIT_CODE_CLUSTER_MISMATCH when
     the storage is recorded for another cluster configuration)."""
     if not config.api_listen:
-        raise ValueError("api_listen is required to serve (file, CORNUS_API_LISTEN or --api-listen)")
+        raise ValidationError("api_listen is required to serve (file, CORNUS_API_LISTEN or --api-listen)")
     # Before anything that can wait: a container's first process (PID 1, no init) gets no signal it
     # has no handler for, and a node stopped while it waited for storage at its start ignored
     # SIGTERM, then took its identity and partitions and was killed holding them (found by review).
@@ -121,11 +129,11 @@ async def serve(config: NodeConfig) -> int:
     finally:
         if not node.cluster_claimed:  # the node never started: only its store to close
             await _close_store(store)
-    host, port = config.api_listen.rsplit(":", 1)
+    host, port = api_host_port(config.api_listen)
     server = uvicorn.Server(
         # log_config=None: uvicorn keeps its hands off logging, so its lines propagate to our JSON handler.
         # ws="none": the API has no WebSocket route, and uvicorn imported a WebSocket library for it.
-        uvicorn.Config(build_app(node, metrics), host=host, port=int(port), log_level="warning", lifespan="off",
+        uvicorn.Config(build_app(node, metrics), host=host, port=port, log_level="warning", lifespan="off",
                        timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S_REQUESTS, log_config=None,
                        http=LimitedHttpProtocol, ws="none")
     )
