@@ -556,13 +556,13 @@ def _cluster_up(args: argparse.Namespace) -> int:
 
 
 def _set_overrides(items: Sequence[str] | None) -> dict[str, str]:
-    from cornus.protocol.config import ProtocolConfig
-    from cornus.runtime.config import RuntimeLimits
+    from cornus.runtime.config import timeout_names_all
 
     # load_node_config files a name it does not know as a plain setting and ignores it, so a typo
-    # would start a cluster without the intended limit: only timeout and limit names pass here.
-    known = {item.name for item in dataclasses.fields(ProtocolConfig)} | {
-        item.name for item in dataclasses.fields(RuntimeLimits)}
+    # would start a cluster without the intended limit: only the timeouts and limits a node takes
+    # pass here, the two that are the storage's own excepted (found by audit: the ownership
+    # timings were refused, and those two offered).
+    known = timeout_names_all() - {"storage_deadline_ms", "late_write_window_ms"}
     overrides: dict[str, str] = {}
     for item in items or []:
         name, sep, value = item.partition("=")
@@ -626,9 +626,14 @@ def _bench_node_settings(args: argparse.Namespace, storage: StoreConfig) -> list
     settings = {**BENCH_NODE_SETTINGS, **_set_overrides(args.set)}
     # The nodes read their settings only once started: a bad value would start nodes that die at
     # once. Checked here as a node checks them (on this storage's deadline), before any start.
+    # On the backend the nodes run on: its late window sets some of the rules (found by audit:
+    # checked on the emulator's, a keep DynamoDB's nodes refuse passed, and they died at start).
+    # A placeholder key where the backend needs one: the check opens nothing.
     load_node_config(environ={}, overrides={
         "node_id": "n0", "peers": "n0=127.0.0.1:1", "partition_count": 1,
-        "storage_timeout_ms_call": storage.timeout_ms_call, **settings,
+        "storage_timeout_ms_call": storage.timeout_ms_call, "storage_backend": storage.backend,
+        "storage_azure_connection_string": storage.azure_connection_string or "AccountKey=placeholder",
+        **settings,
     })
     return [f"{name}={value}" for name, value in settings.items()]
 

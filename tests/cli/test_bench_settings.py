@@ -1,0 +1,33 @@
+"""The node settings `cornus bench` and `cornus cluster up` take with --set, checked before any
+node starts, as the nodes will check them (services/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from services.cli import _bench_node_settings, _set_overrides
+from storage_adapters.errors import ValidationError
+from storage_adapters.factory import StoreConfig
+
+
+def test_set_takes_every_setting_a_node_takes_and_only_those() -> None:
+    """Found by audit (2026-11-27): --set refused the ownership timings a node takes (lease_ms,
+    renew_interval_ms, failover_delay_ms, drain_ms_max), and its list of names offered
+    storage_deadline_ms and late_write_window_ms, which every node refuses."""
+    assert _set_overrides(["lease_ms=4000", "drain_ms_max=2000"]) == {"lease_ms": "4000", "drain_ms_max": "2000"}
+    for name in ("storage_deadline_ms", "late_write_window_ms", "no_such_limit"):
+        with pytest.raises(ValidationError) as refused:
+            _set_overrides([f"{name}=1"])
+        assert "storage_deadline_ms" not in str(refused.value).split("is not one of", 1)[1], refused.value
+
+
+def test_the_bench_checks_its_settings_against_the_backend_it_runs_on() -> None:
+    """Found by audit (2026-11-27): checked against the emulator whatever the backend, a setting
+    the chosen backend's nodes refuse (a tombstone keep shorter than DynamoDB's late window) passed,
+    and every node died at its start, after the run had made its table."""
+    args = argparse.Namespace(set=["outcome_keep_ms=60000"])
+    _bench_node_settings(args, StoreConfig(backend="emulator", timeout_ms_call=2_000))  # fine there
+    with pytest.raises(ValidationError, match="outcome_keep_ms"):
+        _bench_node_settings(args, StoreConfig(backend="dynamodb", timeout_ms_call=2_000))
