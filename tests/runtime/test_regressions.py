@@ -1266,3 +1266,12 @@ def test_a_peer_list_or_a_table_that_is_wrong_is_refused_by_name(tmp_path, where
             del environ["CORNUS_PEERS"]
     with pytest.raises(ValidationError, match=message):
         load_node_config(path, environ=environ)
+
+
+def test_a_renew_interval_below_its_floor_is_refused():
+    """Found by audit (2026-11-27): renew_interval_ms had no floor (1 ms loaded), and every node
+    reads every partition's ownership record each interval."""
+    settings = {"node_id": "n0", "peers": "n0=127.0.0.1:7100", "partition_count": 2}
+    load_node_config(environ={}, overrides={**settings, "renew_interval_ms": 50})
+    with pytest.raises(ValidationError, match="renew_interval_ms"):
+        load_node_config(environ={}, overrides={**settings, "renew_interval_ms": 1})
