@@ -610,9 +610,11 @@ class RedisStore(LogStore):
         start = after
         for _ in range(SCAN_ROUND_COUNT_MAX):
             wanted = limit - len(records)
-            # "(" makes the bound exclusive; "-" is the smallest member.
-            members = await self._client.zrange(
-                index_key, f"({start}" if start else "-", "+", bylex=True, offset=0, num=wanted
+            # "(" makes the bound exclusive; "-" is the smallest member. ZRANGEBYLEX, not ZRANGE
+            # BYLEX, which only Redis 6.2 knows (found by audit: an older server's syntax error
+            # ended every node at its first recovery).
+            members = await self._client.zrangebylex(
+                index_key, f"({start}" if start else "-", "+", start=0, num=wanted
             )
             txns = [member.decode() for member in members]
             assert txns == sorted(txns) and all(txn > start for txn in txns)
@@ -747,9 +749,9 @@ class RedisStore(LogStore):
 
     async def _list_identities(self, after: str, limit: int) -> list[str]:
         # One round trip: "(" makes the bound exclusive, "-" is the smallest member, and with
-        # every score 0 the set is ordered by the ids' bytes.
-        members = await self._client.zrange(
-            IDENTITY_REGISTRY_KEY, f"({after}" if after else "-", "+", bylex=True, offset=0, num=limit
+        # every score 0 the set is ordered by the ids' bytes. ZRANGEBYLEX, as the scan has it.
+        members = await self._client.zrangebylex(
+            IDENTITY_REGISTRY_KEY, f"({after}" if after else "-", "+", start=0, num=limit
         )
         nodes = [member.decode() for member in members]
         assert len(nodes) <= limit and nodes == sorted(nodes) and all(node > after for node in nodes), nodes

@@ -292,6 +292,14 @@ class OwnershipMachine:
                 # epoch: freed over what the ask wrote (found by review: dropped, the asker waited
                 # out the lease).
                 return [self._write(stored, replace(stored, owner="", version=stored.version + 1), now_ms)]
+            released_again = self._release_retries.get(partition, 0)
+            if result is None and mine and call.expected is not None and released_again < RELEASE_RETRY_COUNT_MAX:
+                # No answer: freed over what the renewal expected; if the renewal landed after
+                # all, that swap loses while the record is still ours, and is freed as above
+                # (found by audit: dropped, the asker waited out the lease and the slack).
+                self._release_retries[partition] = released_again + 1
+                expected = call.expected
+                return [self._write(expected, replace(expected, owner="", version=expected.version + 1), now_ms)]
             return []
         if result is None:
             # Unknown. A renewal that did not land leaves the lease where it was; a take that

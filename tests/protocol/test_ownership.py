@@ -301,3 +301,19 @@ def test_a_release_storage_did_not_answer_is_written_again() -> None:
         assert release.new.owner == "" and release.expected == records["p0"], release
         released = [e for e in machine.owner_written(20 + attempt, release, None) if isinstance(e, WriteOwner)]
     assert released == [], "written again past the bound"
+
+
+def test_a_release_queued_behind_a_renewal_storage_did_not_answer_is_written() -> None:
+    """Found by audit (2026-11-27): a release waiting for a renewal in flight (a stop, or a drain's
+    end) was dropped when that renewal got no answer: the asker, or the next node of a rolling
+    stop, waited out the lease and the slack. The release is written over the record the renewal
+    expected (if the renewal landed after all, that swap loses, and the lost-swap path frees it)."""
+    records: dict[str, Ownership] = {}
+    machine = OwnershipMachine("n0", {"p0": "n0"}, CONFIG)
+    (take,) = _read(machine, 0, records)
+    _write(machine, 5, take, records)
+    (renew,) = _read(machine, CONFIG.renew_interval_ms, records)  # in flight when the stop comes
+    assert not [e for e in machine.shutdown(CONFIG.renew_interval_ms + 1) if isinstance(e, WriteOwner)]
+    (release,) = [e for e in machine.owner_written(CONFIG.renew_interval_ms + 2, renew, None)
+                  if isinstance(e, WriteOwner)]
+    assert release.new.owner == "" and release.expected == renew.expected, release

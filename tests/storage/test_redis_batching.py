@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from storage_adapters import redis_store
@@ -498,3 +500,26 @@ async def _assert_a_write_s_deadline_is_in_redis_s_clock(store: RedisStore, txn:
         await store.close()
     redis_now_ms = seconds * 1000 + microseconds / 1000
     assert redis_now_ms < sent[0] <= redis_now_ms + TIMEOUT_MS_CALL_TEST, (sent, redis_now_ms)
+
+
+async def test_scans_and_identity_listings_use_no_command_of_redis_6_2(
+        stores: tuple[RedisStore, RedisStore], ns: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by audit (2026-11-27): the recovery scan and the identity listing sent ZRANGE ...
+    BYLEX LIMIT, which only Redis 6.2 and later know; an older server (a managed cache of version
+    6, say) answered a syntax error, which ended every node at its first recovery. As Redis 6.0
+    answers it here; the calls use ZRANGEBYLEX, which every Redis since 2.8.9 has."""
+    store, _ = stores
+    client = store._client  # type: ignore[attr-defined]
+    real = client.execute_command
+
+    async def redis_6_0(*args: Any, **options: Any) -> Any:
+        if str(args[0]).upper() == "ZRANGE" and any(str(a).upper() == "BYLEX" for a in args[1:]):
+            raise redis.exceptions.ResponseError("syntax error")
+        return await real(*args, **options)
+
+    monkeypatch.setattr(client, "execute_command", redis_6_0)
+    log = LogId.partition(f"{ns}-scan")
+    assert (await store.log_once(log, "t1", TxnState.VOTE_YES, body(log.name))).created
+    page = await store.scan_unfinished_page(log)
+    assert [record.txn for record in page.records] == ["t1"]
+    assert isinstance(await store.list_identities(), list)
