@@ -409,7 +409,9 @@ class RedisStore(LogStore):
         }
         self._delete_many_script = client.register_script(_DEADLINE + _DELETE_MANY)
         self._read_replicated_script = client.register_script(_DEADLINE + _READ_REPLICATED)
-        self._write_owner_script = client.register_script(_WRITE_OWNER)
+        # With the deadline every write carries (found by audit: a take its node was told failed
+        # landed later, naming a node that served nothing, or deposing a live process).
+        self._write_owner_script = client.register_script(_DEADLINE + _WRITE_OWNER)
         # The hot scripts go over one pipelined connection (resp_pipe.py); None: a TLS or Unix
         # socket URL, where they go through redis-py like every other call.
         self._pipe: RespPipe | None = None
@@ -739,12 +741,9 @@ class RedisStore(LogStore):
         expected_args = ["", ""] if expected is None else [str(expected.epoch), str(expected.version)]
         keys = [_owner_key(new.partition)]
         args = [*expected_args, new.owner, str(new.epoch), str(new.version), str(new.lease_ms), new.wanted_by]
-        if self._replica_count:
-            # A take lost in a failover would let the owner it fenced out write again.
-            written, stored = await self._replicated(
-                lambda pipe: self._write_owner_script(keys=keys, args=args, client=pipe))
-        else:
-            written, stored = await self._write_owner_script(keys=keys, args=args)
+        # With replicas, _script waits for them: a take lost in a failover would let the owner it
+        # fenced out write again.
+        written, stored = await self._script(self._write_owner_script, keys, args)
         return OwnerWriteResult(_owner_from_flat(new.partition, stored), written == 1)
 
     async def _list_identities(self, after: str, limit: int) -> list[str]:

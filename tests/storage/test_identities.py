@@ -332,19 +332,20 @@ async def test_a_take_registers_its_node_before_it_lands_and_renewals_register_n
     registered: list[str] = []
     failing: list[str] = []
     if store.backend_name == "redis":
-        zadd, script = client.zadd, store._write_owner_script  # type: ignore[attr-defined]
+        zadd, run_script = client.zadd, store._script  # type: ignore[attr-defined]
+        owner_script = store._write_owner_script  # type: ignore[attr-defined]
 
         async def counted_zadd(key: str, mapping: dict[str, int]) -> int:
             registered.extend(mapping)
             return await zadd(key, mapping)
 
-        async def owner_script(**kwargs: object) -> object:
-            if failing:
+        async def script(called: object, keys: list[str], args: list[object]) -> object:
+            if failing and called is owner_script:
                 raise StorageUnavailable("injected: the take's own request failed")
-            return await script(**kwargs)
+            return await run_script(called, keys, args)
 
         monkeypatch.setattr(client, "zadd", counted_zadd)
-        monkeypatch.setattr(store, "_write_owner_script", owner_script)
+        monkeypatch.setattr(store, "_script", script)
     else:
         put_item = client.put_item
 

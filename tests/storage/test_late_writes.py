@@ -160,6 +160,34 @@ async def test_a_redis_write_that_arrives_past_its_deadline_is_refused(services:
         proxy.close()
 
 
+async def test_a_redis_ownership_write_that_arrives_past_its_deadline_is_refused(services: Services) -> None:
+    """Found by audit (2026-11-27): ownership and identity writes carried no deadline Redis checks.
+    A take that its node was told failed, still on its way, landed later: the record named a node
+    that did not serve the partition (everyone waited out its lease), or an identity take deposed
+    the live process of that node. The script refuses it past its deadline, as every other write."""
+    base_url = services.redis_url.rsplit("/", 1)[0]
+    port = int(base_url.rsplit(":", 1)[1])
+    database = redis_db_bench()
+    proxy = await HoldingProxy(port, lambda chunk: b"EVALSHA" in chunk, 1.5).start()
+    store = await RedisStore.open(f"redis://127.0.0.1:{proxy.port}/{database}", timeout_ms_call=500)
+    checks = await RedisStore.open(f"{base_url}/{database}", timeout_ms_call=DEADLINE_MS_CHECKS)
+    partition = f"late-{uuid.uuid4().hex[:8]}"
+    try:
+        proxy.holding = True
+        with pytest.raises(StorageUnavailable):
+            await store.write_owner(None, Ownership(partition, "n1", 1, 1, 4_000))
+        proxy.holding = False
+        await asyncio.sleep(2.0)  # the held call has reached Redis by now
+        assert proxy.held_count >= 1
+        assert await checks.read_owners([partition]) == {}, "a take that timed out landed later"
+        taken = await store.write_owner(None, Ownership(partition, "n1", 1, 1, 4_000))
+        assert taken.written  # and takes in time still land
+    finally:
+        await store.close()
+        await checks.close()
+        proxy.close()
+
+
 async def test_a_redis_clock_stepped_forward_fails_one_write_says_why_and_measures_again(
     services: Services, caplog: pytest.LogCaptureFixture
 ) -> None:
