@@ -213,6 +213,10 @@ def test_schema_timeouts_are_the_nodes() -> None:
         # A pattern's failure says in words what is expected, not only the regular expression.
         (["image.digest=latest"], "an image digest: sha256: followed by 64 lowercase hex digits"),
         (["listenHost=::"], "IPv6 is not supported"),
+        # Found by audit (2026-11-27): characters the node's address pattern refuses rendered, and
+        # every pod crash-looped on its own configuration.
+        (["listenHost=my_host"], "listenHost"),
+        (["clusterDomain=cluster_local"], "clusterDomain"),
         (["storage.redis.url=redis://:secret@redis:6379/0", "storage.redis.existingSecret="],
          "a redis:// or rediss:// URL without a user or password"),
         (["storage.backend=azure_blob", "storage.azureBlob.existingSecret=s", "storage.azureBlob.container=A_b"],
