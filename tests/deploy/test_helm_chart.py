@@ -217,6 +217,9 @@ def test_schema_timeouts_are_the_nodes() -> None:
         # every pod crash-looped on its own configuration.
         (["listenHost=my_host"], "listenHost"),
         (["clusterDomain=cluster_local"], "clusterDomain"),
+        # Found by audit (2026-11-27): a startup probe shorter than a node's wait for its storage
+        # at start (60 s) had Kubernetes kill every pod that waited for slow storage.
+        (["probes.startup.failureThreshold=10"], "probes.startup"),
         (["storage.redis.url=redis://:secret@redis:6379/0", "storage.redis.existingSecret="],
          "a redis:// or rediss:// URL without a user or password"),
         (["storage.backend=azure_blob", "storage.azureBlob.existingSecret=s", "storage.azureBlob.container=A_b"],

@@ -182,6 +182,12 @@ Install-time checks of what values.schema.json cannot express (relations between
 release already in the cluster). Each fails with a message that says what to change.
 */}}
 {{- define "cornus.validate" -}}
+{{- /* A node waits up to 60 s for its storage before its API serves (services/serve.py
+STORAGE_OPEN_TIMEOUT_S); a shorter startup probe kills every pod that waits for slow storage. */ -}}
+{{- $startup := .Values.probes.startup }}
+{{- if le (mul (int $startup.periodSeconds) (int $startup.failureThreshold)) 60 }}
+{{- fail (printf "probes.startup: periodSeconds (%d) times failureThreshold (%d) must exceed 60 s, the time a node waits for its storage at start before its API serves" (int $startup.periodSeconds) (int $startup.failureThreshold)) }}
+{{- end }}
 {{- $replicas := int .Values.replicaCount }}
 {{- $partitions := int .Values.partitionCount }}
 {{- if gt $replicas $partitions }}
