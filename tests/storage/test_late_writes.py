@@ -6,9 +6,11 @@ request (tests/storage/servers.py HoldingProxy)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import uuid
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -137,14 +139,8 @@ async def test_a_redis_write_that_arrives_past_its_deadline_is_refused(services:
     garbage collection grace counts on calls landing within their deadline (plus the clock slack),
     and a vote landing after its transaction was collected would re-create its record. Redis
     runs the call whenever it arrives, so the script itself refuses it past the deadline."""
-    base_url = services.redis_url.rsplit("/", 1)[0]
-    port = int(base_url.rsplit(":", 1)[1])
-    database = redis_db_bench()
-    proxy = await HoldingProxy(port, lambda chunk: b"EVALSHA" in chunk, 1.5).start()
-    store = await RedisStore.open(f"redis://127.0.0.1:{proxy.port}/{database}", timeout_ms_call=500)
-    checks = await RedisStore.open(f"{base_url}/{database}", timeout_ms_call=DEADLINE_MS_CHECKS)
     log = LogId.partition(f"late-{uuid.uuid4().hex[:8]}")
-    try:
+    async with _redis_behind_a_holding_proxy(services) as (proxy, store, checks):
         proxy.holding = True
         with pytest.raises(StorageUnavailable):
             await store.log_once(log, "t1", TxnState.VOTE_YES, RecordBody((log.name,), "n1", b"redo"))
@@ -154,10 +150,6 @@ async def test_a_redis_write_that_arrives_past_its_deadline_is_refused(services:
         assert await checks.read(log, "t1") is None, "a call that timed out landed later"
         after = await store.log_once(log, "t2", TxnState.VOTE_YES, RecordBody((log.name,), "n1", b"redo"))
         assert after.created  # and calls in time still land
-    finally:
-        await store.close()
-        await checks.close()
-        proxy.close()
 
 
 async def test_a_redis_ownership_write_that_arrives_past_its_deadline_is_refused(services: Services) -> None:
@@ -165,14 +157,8 @@ async def test_a_redis_ownership_write_that_arrives_past_its_deadline_is_refused
     A take that its node was told failed, still on its way, landed later: the record named a node
     that did not serve the partition (everyone waited out its lease), or an identity take deposed
     the live process of that node. The script refuses it past its deadline, as every other write."""
-    base_url = services.redis_url.rsplit("/", 1)[0]
-    port = int(base_url.rsplit(":", 1)[1])
-    database = redis_db_bench()
-    proxy = await HoldingProxy(port, lambda chunk: b"EVALSHA" in chunk, 1.5).start()
-    store = await RedisStore.open(f"redis://127.0.0.1:{proxy.port}/{database}", timeout_ms_call=500)
-    checks = await RedisStore.open(f"{base_url}/{database}", timeout_ms_call=DEADLINE_MS_CHECKS)
     partition = f"late-{uuid.uuid4().hex[:8]}"
-    try:
+    async with _redis_behind_a_holding_proxy(services) as (proxy, store, checks):
         proxy.holding = True
         with pytest.raises(StorageUnavailable):
             await store.write_owner(None, Ownership(partition, "n1", 1, 1, 4_000))
@@ -182,6 +168,21 @@ async def test_a_redis_ownership_write_that_arrives_past_its_deadline_is_refused
         assert await checks.read_owners([partition]) == {}, "a take that timed out landed later"
         taken = await store.write_owner(None, Ownership(partition, "n1", 1, 1, 4_000))
         assert taken.written  # and takes in time still land
+
+
+@contextlib.asynccontextmanager
+async def _redis_behind_a_holding_proxy(
+        services: Services) -> AsyncIterator[tuple[HoldingProxy, RedisStore, RedisStore]]:
+    """A store whose scripts (EVALSHA) a proxy can hold past their 500 ms deadline, and a store
+    straight to the same database to check what landed."""
+    base_url = services.redis_url.rsplit("/", 1)[0]
+    port = int(base_url.rsplit(":", 1)[1])
+    database = redis_db_bench()
+    proxy = await HoldingProxy(port, lambda chunk: b"EVALSHA" in chunk, 1.5).start()
+    store = await RedisStore.open(f"redis://127.0.0.1:{proxy.port}/{database}", timeout_ms_call=500)
+    checks = await RedisStore.open(f"{base_url}/{database}", timeout_ms_call=DEADLINE_MS_CHECKS)
+    try:
+        yield proxy, store, checks
     finally:
         await store.close()
         await checks.close()
