@@ -7,9 +7,10 @@ transaction's critical path. Started here, such a request is answered within the
 it; one that does wait (a lock held, a cache miss) continues in a task, from exactly where it
 stopped, as if it had been one all along (results, exceptions and cancellation alike).
 
-What runs before its first wait runs in no task, so it must not need one: `asyncio.timeout` and
-`asyncio.current_task` there would find none (LogStore bounds its calls made so with a task of
-their own, and the Redis pipe connects under wait_for), and a deadline is the caller's to keep,
+What runs before its first wait runs in no task, so it must not need one: `asyncio.timeout`,
+`asyncio.current_task`, and `asyncio.wait_for` since Python 3.12 there would find none (LogStore
+bounds its calls made so in a task of their own under `asyncio.wait`, and the Redis pipe connects
+so too), and a deadline is the caller's to keep,
 with a timer that cancels the task if one is made (`answer_soon` does both for a request).
 """
 
