@@ -203,9 +203,10 @@ class Progress:
 
 
 def run_plan(plan: BenchPlan) -> tuple[list[dict[str, Any]], list[RunResult]]:
-    """Run every point x protocol, `plan.trials` times each with the protocols alternating (so a
-    drift of the machine's speed weighs on every protocol alike), and keep each one's median trial;
-    write the CSV after each point (partial results survive a stop)."""
+    """Run every point x protocol, `plan.trials` times each with the protocols alternating, and
+    each trial beginning with the next protocol (so a drift of the machine's speed, and the first
+    run's cold start, weigh on every protocol alike), and keep each one's median trial; write the
+    CSV after each point (partial results survive a stop)."""
     validate_plan(plan)
     values: list[str | None] = list(plan.sweep_values) or [None]
     progress = Progress(len(values) * len(plan.protocols) * plan.trials)
@@ -220,7 +221,8 @@ def run_plan(plan: BenchPlan) -> tuple[list[dict[str, Any]], list[RunResult]]:
             trials: dict[Protocol, list[tuple[dict[str, Any], RunResult]]] = {p: [] for p in plan.protocols}
             for trial in range(plan.trials):
                 of = f" (trial {trial + 1}/{plan.trials})" if plan.trials > 1 else ""
-                for protocol in plan.protocols:
+                first = trial % len(plan.protocols)
+                for protocol in (*plan.protocols[first:], *plan.protocols[:first]):
                     progress.start(f"{point}{protocol.value}{of}")
                     # Each trial has storage of its own on the clouds: a container being deleted
                     # cannot be made again at once.
