@@ -26,6 +26,7 @@ import dataclasses
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Annotated, Any, Literal
 
@@ -121,8 +122,11 @@ ClientTxnId = Annotated[
         "id of the node it is sent to (GET /healthz), <token> 16 to 32 lowercase hex characters from a "
         "CSPRNG, and the tag cornus, 2pc or clog (it names the protocol; omit `protocol` or give the same). "
         f"The begin must not be ahead of the node's clock nor more than {txn_ids.CLIENT_BEGIN_MS_AGE_MAX} ms "
-        "behind it: 400 txn_begin_refused (run it under another id, or without one); another bad id is 400 "
-        "invalid_txn, and an id the node has run already is 409 wrong_state. Omit it: the node chooses")),
+        "behind it (date it by GET /healthz's now_unix_ms): 400 txn_begin_refused. Ahead of the clock, run it "
+        "under another id, or without one; too old, or before the node's process started, an earlier delivery "
+        "of the same request (a proxy that sent it again) may have run it: ask its status first. Another bad "
+        "id is 400 invalid_txn, and an id the node has run already is 409 wrong_state. Omit it: the node "
+        "chooses")),
 ]
 # Strict models refuse "1" for a bool and 1 for a string; the protocol field is exempt because a
 # strict enum would refuse its own JSON string form.
@@ -227,6 +231,9 @@ class HealthOut(BaseModel):
     node: str
     protocol: str = Field(description="the protocol a transaction runs when it names none (what a client-chosen "
                                       "id's tag must then be to keep that default)")
+    now_unix_ms: int = Field(description="the node's clock when it answered, ms since the epoch: a client dates the "
+                                         "begin of the ids it chooses by it, which the node refuses when ahead of "
+                                         "its clock or too far behind")
 
 
 class ReadyOut(BaseModel):
@@ -748,7 +755,8 @@ def _fastapi_app(served: _Served) -> FastAPI:
 
     @app.get("/healthz", operation_id="healthz", response_model=HealthOut, summary="Liveness")
     async def healthz() -> HealthOut:
-        return HealthOut(status="ok", node=served.node.node_id, protocol=served.node.config.protocol.value)
+        return HealthOut(status="ok", node=served.node.node_id, protocol=served.node.config.protocol.value,
+                         now_unix_ms=int(time.time() * 1000))
 
     @app.get("/readyz", operation_id="readyz", response_model=ReadyOut,
              summary="Readiness: false until recovery has run",

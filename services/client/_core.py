@@ -50,6 +50,12 @@ CLIENT_TOKEN_BYTES = 16  # 32 hex characters, the most the node accepts
 PROTOCOL_TAGS = {"cornus": "cornus", "2pc": "2pc", "coordinator-log": "clog"}
 # The errors with which a node refuses a client-chosen id before anything ran (services/api/rest.py).
 CLIENT_TXN_REFUSALS = frozenset({"invalid_txn", "txn_begin_refused"})
+# note_refusal's answers.
+RERUN = "rerun"
+IN_DOUBT = "in_doubt"
+# A node's clock read further than this from this client's is no clock's (an hour): ids are then
+# dated by this client's own.
+CLOCK_OFFSET_MS_MAX = 3_600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,16 +202,22 @@ def execute_body(ops: Sequence[Op], protocol: str | None) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class NodeIdentity:
-    """What GET /healthz says of the node behind a URL: its id and its default protocol."""
+    """What GET /healthz says of the node behind a URL: its id, its default protocol, and how far
+    its clock runs ahead of this client's (ms; 0 where the node does not say), by which client ids
+    are dated, so that the node refuses none of them for this client's clock."""
 
     node: str
     protocol: str
+    clock_offset_ms: int = 0
 
 
-def identity_from(response: httpx.Response) -> tuple[bool, NodeIdentity | None]:
+def identity_from(
+    response: httpx.Response, asked_s: float | None = None, answered_s: float | None = None,
+) -> tuple[bool, NodeIdentity | None]:
     """(whether to keep the answer for this URL, the identity it gives). A node's 200 without the
     two fields is an older node's, kept as None (no client ids there); anything else (a proxy's
-    page, a 5xx) is not kept, and this call goes without a client id."""
+    page, a 5xx) is not kept, and this call goes without a client id. `asked_s` and `answered_s`:
+    this client's time.time() around the request, against which the node's clock is read."""
     if response.status_code != 200:
         return False, None
     try:
@@ -217,7 +229,15 @@ def identity_from(response: httpx.Response) -> tuple[bool, NodeIdentity | None]:
     node, protocol = body.get("node"), body.get("protocol")
     if not isinstance(node, str) or not node or protocol not in PROTOCOL_TAGS:
         return True, None
-    return True, NodeIdentity(node, protocol)
+    offset_ms = 0
+    node_ms = body.get("now_unix_ms")
+    if (isinstance(node_ms, int) and not isinstance(node_ms, bool) and asked_s is not None
+            and answered_s is not None):
+        # The node read its clock between the two: off by at most half the round trip.
+        offset_ms = node_ms - round((asked_s + answered_s) / 2 * 1000)
+        if abs(offset_ms) > CLOCK_OFFSET_MS_MAX:
+            offset_ms = 0  # no clock is that far off: a proxy's or a bug's answer, not the node's
+    return True, NodeIdentity(node, protocol, offset_ms)
 
 
 def client_txn(identity: NodeIdentity, protocol: str | None) -> str:
@@ -227,7 +247,7 @@ def client_txn(identity: NodeIdentity, protocol: str | None) -> str:
     tag = PROTOCOL_TAGS.get(protocol or identity.protocol)
     if tag is None:
         return ""
-    begin_ms = int(time.time() * 1000) - CLIENT_BEGIN_MS_BACKDATE
+    begin_ms = int(time.time() * 1000) + identity.clock_offset_ms - CLIENT_BEGIN_MS_BACKDATE
     return f"{begin_ms}.{identity.node}.c{secrets.token_hex(CLIENT_TOKEN_BYTES)}.1.{tag}"
 
 
@@ -245,21 +265,28 @@ def client_txn_refusal(response: httpx.Response) -> str:
 
 
 def note_refusal(
-    identities: dict[str, NodeIdentity | None], logged: set[str], url: str, response: httpx.Response,
-) -> bool:
-    """Whether the node at `url` refused the client-chosen id (it ran nothing). Its identity is
-    forgotten, to be asked again next time (the URL may lead to another node now), and the first
-    refusal of each kind is logged: every later call would pay the same extra request."""
+    identities: dict[str, NodeIdentity | None], logged: set[tuple[str, str]], url: str, response: httpx.Response,
+) -> str:
+    """How the node at `url` refused the client-chosen id: "" (it did not), RERUN (this request
+    ran nothing, nor did any other of it: go again without an id) or IN_DOUBT (this one ran
+    nothing, but an earlier delivery of the same request, by a proxy that sends a POST again, may
+    have run it: a begin too old, or before the node's process started, is how a second delivery
+    after a commit and a restart looks; found by audit: rerun, it committed twice). A begin ahead
+    of the node's clock was ahead at any earlier delivery too. Its identity is forgotten, to be
+    asked again next time (the URL may lead to another node now, its clock may have moved), and the
+    first refusal of each kind is logged: every later call would pay the same extra request."""
     refusal = client_txn_refusal(response)
     if not refusal:
-        return False
+        return ""
     identities.pop(url, None)
-    if refusal not in logged:
-        logged.add(refusal)
-        log.warning("%s refused a client-chosen transaction id (%s: %s); this call, and any other it "
-                    "refuses, runs under an id the node chooses, which a lost answer leaves unknown",
-                    url, refusal, response.text[:300])
-    return True
+    kind = IN_DOUBT if refusal == "txn_begin_refused" and "ahead of this node's clock" not in response.text else RERUN
+    if (refusal, kind) not in logged:
+        logged.add((refusal, kind))
+        then = ("its outcome is unknown: ask its status" if kind == IN_DOUBT else
+                "this call, and any other it refuses, runs under an id the node chooses, which a lost answer "
+                "leaves unknown")
+        log.warning("%s refused a client-chosen transaction id (%s: %s); %s", url, refusal, response.text[:300], then)
+    return kind
 
 
 def is_unsent(error: httpx.TransportError) -> bool:
@@ -272,6 +299,14 @@ def unreachable(url: str, txn: str, why: str) -> Outcome:
     """Nothing was committed and nothing will be: retrying (as a new transaction) is safe.
     `url` is "" when no node answered at all (`why` then names them)."""
     return Outcome(txn, Status.UNAVAILABLE, retryable=True, detail=f"{url}: {why}" if url else why, node_url=url)
+
+
+def refused_in_doubt(url: str, txn: str, response: httpx.Response) -> Outcome:
+    """The node refused the client's id in a way an earlier delivery of the request may have run
+    it (note_refusal's IN_DOUBT): the status call tells."""
+    return Outcome(txn, Status.UNKNOWN, node_url=url,
+                   detail=f"{url} refused the transaction's id ({response.text[:200]}); an earlier delivery of "
+                          "the same request may have run it: ask its status")
 
 
 def unknown(url: str, txn: str, error: Exception) -> Outcome:

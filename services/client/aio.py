@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import inspect
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 import httpx
 
 from services.client._core import (
+    IN_DOUBT,
     ClientConfig,
     NodeIdentity,
     NodeRotation,
@@ -43,6 +45,7 @@ from services.client._core import (
     note_refusal,
     parse_ok,
     parse_outcome,
+    refused_in_doubt,
     status_answered,
     txn_path,
     unknown,
@@ -208,7 +211,7 @@ class AsyncCornusClient:
         self._rng = rng or random.Random()
         # url -> what its /healthz said (None: a node that takes no client-chosen ids).
         self._identities: dict[str, NodeIdentity | None] = {}
-        self._refusals_logged: set[str] = set()
+        self._refusals_logged: set[tuple[str, str]] = set()
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -256,7 +259,10 @@ class AsyncCornusClient:
                     if read_only:
                         return unreachable(url, "", describe(error))  # nothing written: safe to rerun
                     return unknown(url, txn, error)
-                if txn and self._refused(url, response):
+                refused = self._refused(url, response) if txn else ""
+                if refused == IN_DOUBT:
+                    return refused_in_doubt(url, txn, response)
+                if refused:
                     txn = ""
                     continue
                 return parse_outcome(url, response, txn, may_have_committed=True, own_id=bool(txn))
@@ -267,6 +273,7 @@ class AsyncCornusClient:
         node cannot be reached, as `tried` now says). The node's id comes from its /healthz, once
         per URL."""
         if url not in self._identities:
+            asked_s = time.time()
             try:
                 response = await self._get(url + "/healthz")
             except httpx.TransportError as error:
@@ -274,14 +281,14 @@ class AsyncCornusClient:
                     tried.append(f"{url} ({describe(error)})")
                     return None
                 return ""
-            keep, identity = identity_from(response)
+            keep, identity = identity_from(response, asked_s, time.time())
             if not keep:
                 return ""
             self._identities[url] = identity
         identity = self._identities[url]
         return "" if identity is None else client_txn(identity, body.get("protocol"))
 
-    def _refused(self, url: str, response: httpx.Response) -> bool:
+    def _refused(self, url: str, response: httpx.Response) -> str:
         return note_refusal(self._identities, self._refusals_logged, url, response)
 
     async def get(self, key: str) -> str | None:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import httpx
 
 from services.client._core import (
+    IN_DOUBT,
     ClientConfig,
     NodeIdentity,
     NodeRotation,
@@ -43,6 +44,7 @@ from services.client._core import (
     note_refusal,
     parse_ok,
     parse_outcome,
+    refused_in_doubt,
     status_answered,
     txn_path,
     unknown,
@@ -208,7 +210,7 @@ class CornusClient:
         self._rng = rng or random.Random()
         # url -> what its /healthz said (None: a node that takes no client-chosen ids).
         self._identities: dict[str, NodeIdentity | None] = {}
-        self._refusals_logged: set[str] = set()
+        self._refusals_logged: set[tuple[str, str]] = set()
 
     def close(self) -> None:
         if self._owns_http:
@@ -256,7 +258,10 @@ class CornusClient:
                     if read_only:
                         return unreachable(url, "", describe(error))  # nothing written: safe to rerun
                     return unknown(url, txn, error)
-                if txn and self._refused(url, response):
+                refused = self._refused(url, response) if txn else ""
+                if refused == IN_DOUBT:
+                    return refused_in_doubt(url, txn, response)
+                if refused:
                     txn = ""
                     continue
                 return parse_outcome(url, response, txn, may_have_committed=True, own_id=bool(txn))
@@ -267,6 +272,7 @@ class CornusClient:
         node cannot be reached, as `tried` now says). The node's id comes from its /healthz, once
         per URL."""
         if url not in self._identities:
+            asked_s = time.time()
             try:
                 response = self._get(url + "/healthz")
             except httpx.TransportError as error:
@@ -274,14 +280,14 @@ class CornusClient:
                     tried.append(f"{url} ({describe(error)})")
                     return None
                 return ""
-            keep, identity = identity_from(response)
+            keep, identity = identity_from(response, asked_s, time.time())
             if not keep:
                 return ""
             self._identities[url] = identity
         identity = self._identities[url]
         return "" if identity is None else client_txn(identity, body.get("protocol"))
 
-    def _refused(self, url: str, response: httpx.Response) -> bool:
+    def _refused(self, url: str, response: httpx.Response) -> str:
         return note_refusal(self._identities, self._refusals_logged, url, response)
 
     def get(self, key: str) -> str | None:

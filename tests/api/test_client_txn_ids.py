@@ -25,8 +25,13 @@ def _put(key: str, value: str) -> list[dict[str, object]]:
     return [{"op": "put", "key": key, "value": value}]
 
 
-def test_healthz_names_the_node_and_its_default_protocol(api_cluster: Cluster) -> None:
-    assert api_cluster.get("n0", "/healthz").json() == {"status": "ok", "node": "n0", "protocol": "cornus"}
+def test_healthz_names_the_node_its_default_protocol_and_its_clock(api_cluster: Cluster) -> None:
+    before_ms = int(time.time() * 1000)
+    health = api_cluster.get("n0", "/healthz").json()
+    after_ms = int(time.time() * 1000)
+    node_ms = health.pop("now_unix_ms")
+    assert health == {"status": "ok", "node": "n0", "protocol": "cornus"}
+    assert before_ms - 1_000 <= node_ms <= after_ms + 1_000  # one machine's clock
 
 
 def test_a_client_chosen_id_commits_once_and_the_status_call_knows_it(api_cluster: Cluster) -> None:

@@ -5,6 +5,7 @@ UNKNOWN with txn "", and the caller could neither ask nor safely retry)."""
 from __future__ import annotations
 
 import logging
+import time
 
 import httpx
 import pytest
@@ -83,3 +84,70 @@ async def test_each_try_of_a_committed_write_carries_its_own_client_id(urls: lis
         second = await client.put(prefix + "a", "2")
         assert _chosen_by_client(first.txn) and _chosen_by_client(second.txn) and first.txn != second.txn
         assert (await client.status(first.txn)).status is Status.COMMITTED
+
+
+class _Counting(httpx.HTTPTransport):
+    """The real transport, counting the executes sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.executes: list[bytes] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/execute":
+            self.executes.append(request.content)
+        return super().handle_request(request)
+
+
+def test_an_id_refused_as_too_old_is_in_doubt_and_never_run_again_under_another(
+    urls: list[str], prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by audit (2026-11-27): a node refusing the client's id as begun too long ago, or
+    before its process started, is how a second delivery of the same POST looks (a proxy that sends
+    it again after the node committed it and restarted): the SDK ran the transaction again under
+    a server-chosen id, and it committed twice. It is in doubt: the status call tells. (Dated by
+    the node's clock now, from /healthz, an id is refused so only when it reached the node late.)"""
+    monkeypatch.setattr(_core, "CLIENT_BEGIN_MS_BACKDATE", 5_000)  # as an id that reached the node 5 s late
+    counting = _Counting()
+    with CornusClient(urls[0], config=FAST, http=httpx.Client(transport=counting)) as client:
+        outcome = client.execute([Op.put(prefix + "late", "v")])
+    assert outcome.status is Status.UNKNOWN and _chosen_by_client(outcome.txn), outcome
+    assert len(counting.executes) == 1, "run again under another id"
+
+
+def test_ids_are_dated_by_the_node_s_clock() -> None:
+    """The node's clock from /healthz dates the ids this client chooses for it, so a client clock
+    that runs behind or ahead of the node's by seconds has none refused; an offset no clock has
+    (a proxy's page) is not taken."""
+    asked_s = time.time()
+    node_ms = int(asked_s * 1000) + 10_100  # the node's clock 10 s ahead, read 100 ms into the call
+    response = httpx.Response(200, json={"status": "ok", "node": "n0", "protocol": "cornus", "now_unix_ms": node_ms})
+    keep, identity = _core.identity_from(response, asked_s, asked_s + 0.2)
+    assert keep and identity is not None and abs(identity.clock_offset_ms - 10_000) <= 1, identity
+    begin_ms = int(_core.client_txn(identity, None).split(".", 1)[0])
+    assert abs(begin_ms - (time.time() * 1000 + 10_000 - _core.CLIENT_BEGIN_MS_BACKDATE)) < 1_000, begin_ms
+    absurd = httpx.Response(200, json={"status": "ok", "node": "n0", "protocol": "cornus", "now_unix_ms": 1})
+    _, identity = _core.identity_from(absurd, asked_s, asked_s + 0.2)
+    assert identity is not None and identity.clock_offset_ms == 0
+
+
+class _AsyncCounting(httpx.AsyncHTTPTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.executes: list[bytes] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/execute":
+            self.executes.append(request.content)
+        return await super().handle_async_request(request)
+
+
+async def test_the_async_client_keeps_an_id_refused_as_too_old_in_doubt_too(
+    urls: list[str], prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_core, "CLIENT_BEGIN_MS_BACKDATE", 5_000)
+    counting = _AsyncCounting()
+    async with AsyncCornusClient(urls[1], config=FAST, http=httpx.AsyncClient(transport=counting)) as client:
+        outcome = await client.execute([Op.put(prefix + "late-async", "v")])
+    assert outcome.status is Status.UNKNOWN and _chosen_by_client(outcome.txn), outcome
+    assert len(counting.executes) == 1
