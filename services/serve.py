@@ -10,6 +10,7 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import sys
 
 import uvicorn
@@ -84,6 +85,28 @@ async def _close_store(store: LogStore) -> None:
             await store.close()
 
 
+# sysexits' EX_OSERR: the REST API's address cannot be listened on (taken, or not this host's);
+# the node took nothing.
+EXIT_CODE_API_UNBOUND = 71
+
+
+def bind_api_socket(address: str) -> socket.socket:
+    """The REST API's listening socket, bound (uvicorn listens on it): before the node takes
+    anything, so a node that cannot serve its API never takes its identity (found by audit: bound
+    after the start, a second `cornus serve` of one node deposed the process that served, then
+    failed on the port that process held). OSError if it cannot be bound."""
+    host, port = api_host_port(address)
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds its own
+        sock.bind(sockaddr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def api_host_port(address: str) -> tuple[str, int]:
     """The host and port uvicorn binds for the REST API's `address`: an IPv6 host bare, as the
     peer transport binds its own (found by audit: "[::1]" went to uvicorn bracketed, and failed to
@@ -100,6 +123,12 @@ async def serve(config: NodeConfig) -> int:
     # Before anything that can wait: a container's first process (PID 1, no init) gets no signal it
     # has no handler for, and a node stopped while it waited for storage at its start ignored
     # SIGTERM, then took its identity and partitions and was killed holding them (found by review).
+    try:
+        api_socket = bind_api_socket(config.api_listen)
+    except OSError as error:
+        log.error("node %s: cannot listen on %s for its REST API (%s); it took nothing", config.node_id,
+                  config.api_listen, error)
+        return EXIT_CODE_API_UNBOUND
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -112,6 +141,7 @@ async def serve(config: NodeConfig) -> int:
         patience.patiently(lambda: open_store(config.storage), "storage is unreachable at start", deadline_s))
     if not await _done_unless_stopped(opening, stop):
         log.info("node %s: stopped while it waited for storage at its start", config.node_id)
+        api_socket.close()
         return 0
     store = InstrumentedStore(opening.result(), metrics)
     transport = PeerTransport(config.node_id, config.listen, config.peers)
@@ -127,13 +157,13 @@ async def serve(config: NodeConfig) -> int:
         log.error("%s", error)
         return EXIT_CODE_CLUSTER_MISMATCH
     finally:
-        if not node.cluster_claimed:  # the node never started: only its store to close
+        if not node.cluster_claimed:  # the node never started: only its store (and socket) to close
             await _close_store(store)
-    host, port = api_host_port(config.api_listen)
+            api_socket.close()
     server = uvicorn.Server(
         # log_config=None: uvicorn keeps its hands off logging, so its lines propagate to our JSON handler.
         # ws="none": the API has no WebSocket route, and uvicorn imported a WebSocket library for it.
-        uvicorn.Config(build_app(node, metrics), host=host, port=port, log_level="warning", lifespan="off",
+        uvicorn.Config(build_app(node, metrics), log_level="warning", lifespan="off",
                        timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S_REQUESTS, log_config=None,
                        http=LimitedHttpProtocol, ws="none")
     )
@@ -151,7 +181,7 @@ async def serve(config: NodeConfig) -> int:
             grpc_api = PublicGrpcServer(node, config.grpc_api_listen)
             await grpc_api.start()
             log.info("node %s: public gRPC API on %s", config.node_id, config.grpc_api_listen)
-        api = asyncio.create_task(server.serve(), name="cornus-api")
+        api = asyncio.create_task(server.serve(sockets=[api_socket]), name="cornus-api")
         log.info("node %s: peers on %s, REST on http://%s", config.node_id, config.listen, config.api_listen)
         stopped = asyncio.create_task(stop.wait())
         vacant = asyncio.create_task(node.parking.vacant.wait())

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from services.serve import api_host_port
+from services.serve import EXIT_CODE_API_UNBOUND, api_host_port
+from tests.worker import free_port
+
+# A node that cannot bind exits at once; a Python start and the imports take a few seconds here.
+TIMEOUT_S_SERVE = 60
 
 
 @pytest.mark.parametrize(("address", "expected"), [
@@ -16,3 +25,24 @@ from services.serve import api_host_port
 ])
 def test_the_api_binds_the_host_and_port_of_its_address(address: str, expected: tuple[str, int]) -> None:
     assert api_host_port(address) == expected
+
+
+def test_a_node_whose_api_port_is_taken_exits_before_it_takes_anything(tmp_path: Path) -> None:
+    """Found by audit (2026-11-27): the REST API was bound only after the node had started: one
+    whose port was taken (a second `cornus serve` of the same node, by mistake) first took the
+    node's identity, deposing the process that served, and then exited. The port is bound first."""
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    database = tmp_path / "cornus.db"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "services.cli", "serve", "--node-id", "n0", "--partition-count", "1",
+             "--peers", f"n0=127.0.0.1:{free_port()}", "--api-listen", f"127.0.0.1:{busy.getsockname()[1]}",
+             "--backend", "emulator", "--emulator-path", str(database)],
+            capture_output=True, text=True, timeout=TIMEOUT_S_SERVE, check=False)
+    finally:
+        busy.close()
+    assert done.returncode == EXIT_CODE_API_UNBOUND, (done.returncode, done.stderr[-2000:])
+    assert "cannot listen" in done.stderr, done.stderr[-2000:]
+    assert not database.exists(), "the node opened its storage before it could serve"
