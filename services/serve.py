@@ -168,19 +168,29 @@ async def serve(config: NodeConfig) -> int:
                        http=LimitedHttpProtocol, ws="none")
     )
     grpc_api = None
+    if config.grpc_api_listen:
+        # Before the node starts, as the REST API's socket: a node that cannot serve it takes
+        # nothing (found by audit: bound after, a second serve of one node deposed the one that
+        # served). Until the node is ready its health says NOT_SERVING. Imported only when
+        # enabled: its health and reflection packages are needed only then.
+        from services.public_api.server import PublicGrpcServer
+
+        grpc_api = PublicGrpcServer(node, config.grpc_api_listen)
+        try:
+            await grpc_api.start()
+        except (OSError, RuntimeError) as error:  # grpc's failed bind is a RuntimeError
+            log.error("node %s: cannot listen on %s for its gRPC API (%s); it took nothing", config.node_id,
+                      config.grpc_api_listen, error)
+            await _close_store(store)
+            api_socket.close()
+            return EXIT_CODE_API_UNBOUND
+        log.info("node %s: public gRPC API on %s", config.node_id, config.grpc_api_listen)
     try:
         await node.start(wait_ready=False)
         # What exists now (modules, the app, the node's tables) lives as long as the process: kept
         # out of every later collection, so the old generation's full walks stay short.
         gc.freeze()
         gc.set_threshold(GC_GEN0_ALLOCATIONS_MAX, *gc.get_threshold()[1:])
-        if config.grpc_api_listen:
-            # Imported only when enabled: its health and reflection packages are needed only then.
-            from services.public_api.server import PublicGrpcServer
-
-            grpc_api = PublicGrpcServer(node, config.grpc_api_listen)
-            await grpc_api.start()
-            log.info("node %s: public gRPC API on %s", config.node_id, config.grpc_api_listen)
         api = asyncio.create_task(server.serve(sockets=[api_socket]), name="cornus-api")
         log.info("node %s: peers on %s, REST on http://%s", config.node_id, config.listen, config.api_listen)
         stopped = asyncio.create_task(stop.wait())

@@ -27,22 +27,26 @@ def test_the_api_binds_the_host_and_port_of_its_address(address: str, expected: 
     assert api_host_port(address) == expected
 
 
-def test_a_node_whose_api_port_is_taken_exits_before_it_takes_anything(tmp_path: Path) -> None:
-    """Found by audit (2026-11-27): the REST API was bound only after the node had started: one
-    whose port was taken (a second `cornus serve` of the same node, by mistake) first took the
-    node's identity, deposing the process that served, and then exited. The port is bound first."""
+@pytest.mark.parametrize("api", ["rest", "grpc"])
+def test_a_node_whose_api_port_is_taken_exits_before_it_takes_anything(tmp_path: Path, api: str) -> None:
+    """Found by audit (2026-11-27): the APIs were bound only after the node had started: one whose
+    port was taken (a second `cornus serve` of the same node, by mistake) first took the node's
+    identity, deposing the process that served, and then exited. They are bound first."""
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
+    taken = f"127.0.0.1:{busy.getsockname()[1]}"
     database = tmp_path / "cornus.db"
+    addresses = (["--api-listen", taken, "--grpc-api-listen", f"127.0.0.1:{free_port()}"] if api == "rest"
+                 else ["--api-listen", f"127.0.0.1:{free_port()}", "--grpc-api-listen", taken])
     try:
         done = subprocess.run(
             [sys.executable, "-m", "services.cli", "serve", "--node-id", "n0", "--partition-count", "1",
-             "--peers", f"n0=127.0.0.1:{free_port()}", "--api-listen", f"127.0.0.1:{busy.getsockname()[1]}",
+             "--peers", f"n0=127.0.0.1:{free_port()}", *addresses,
              "--backend", "emulator", "--emulator-path", str(database)],
             capture_output=True, text=True, timeout=TIMEOUT_S_SERVE, check=False)
     finally:
         busy.close()
     assert done.returncode == EXIT_CODE_API_UNBOUND, (done.returncode, done.stderr[-2000:])
     assert "cannot listen" in done.stderr, done.stderr[-2000:]
-    assert not database.exists(), "the node opened its storage before it could serve"
+    assert "took its identity" not in done.stderr, done.stderr[-2000:]
