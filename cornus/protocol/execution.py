@@ -32,6 +32,7 @@ from typing import Generic, Protocol, TypeVar
 
 from cornus.protocol.events import Executed
 from cornus.protocol.locks import Grant, LockMode, LockTable, Policy, Waiter
+from cornus.protocol.owner_answer import ExecuteStatus
 from cornus.protocol.txn_ids import begin_ms_of, is_client_chosen
 
 V = TypeVar("V")
@@ -269,6 +270,28 @@ class PartitionExecutions(Generic[V]):
         remembered, so that no request of it starts it again. Returns the waiters now granted."""
         self._remember_aborted(txn)
         return self.release(txn)
+
+    def refuse_after_begin(
+        self, txn: str, execution: Execution[V], *, carries_prepare: bool, continued: bool,
+    ) -> tuple[ExecuteStatus, list[Waiter]]:
+        """A request of `txn` refused after it began, before it wrote or voted (what it read is too
+        large to answer): the owner's answer, and the lock waiters granted by what goes. INVALID
+        (the client's input, which changed nothing the transaction keeps) where that can be:
+        a one-shot's request, which carries its prepare, ends the transaction here, remembered as
+        aborted, so that no copy of it (a client-chosen id sent to a second process of its
+        coordinator's node) begins it again and votes; a continued request leaves the earlier ones
+        standing, and the locks it took stay to the transaction's end (strict two-phase locking
+        allows more); a first one is withdrawn, its coordinator counting the partition untouched.
+        ABORTED where another request of the transaction (a concurrent call of its client) ran in
+        the execution meanwhile: withdrawn, its locks would go while its coordinator, told
+        "invalid", commits without the partition."""
+        if carries_prepare:
+            return ExecuteStatus.INVALID, self.abort(txn)
+        if continued:
+            return ExecuteStatus.INVALID, []
+        if execution.joined:
+            return ExecuteStatus.ABORTED, self.abort(txn)
+        return ExecuteStatus.INVALID, self.withdraw(txn, execution)
 
     def withdraw(self, txn: str, execution: Execution[V]) -> list[Waiter]:
         """A first request of `txn` refused after it began (what it read is too large to answer)

@@ -31,3 +31,12 @@ def refuses(status: ExecuteStatus) -> bool:
     process's COMMIT). Every other answer is given before the owner feeds a carried prepare to its
     machine (Node.on_request asserts it), so nothing of it can vote."""
     return status is not ExecuteStatus.OK and status is not ExecuteStatus.ABORTED
+
+
+def in_doubt_for_a_client_id(status: ExecuteStatus) -> bool:
+    """Whether an owner's answer `status` to a request of a client-chosen id, run as begin,
+    operations and commit, leaves the transaction in doubt rather than aborted: ABORTED says the
+    owner knows the id already (it ran there and ended, or a machine commits it), which another
+    process of the coordinator's node, to which the client sent the id too, may have committed
+    (found by audit: reported aborted and retryable, the client ran it again under a new id)."""
+    return status is ExecuteStatus.ABORTED

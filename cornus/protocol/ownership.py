@@ -231,6 +231,14 @@ class OwnershipMachine:
         not handing it over."""
         return self.holds(partition, now_ms) and self.held[partition].drain_started_ms is None
 
+    def admits_request(self, partition: str, now_ms: int, *, continues_execution: bool) -> bool:
+        """Whether a request of the execution phase may run on the partition now: it admits
+        transactions, or it drains and the request continues one already running there
+        (`continues_execution`: a continued request, or a refresh, of an execution the partition
+        holds), which the drain waits for (found by audit: refused, those could neither finish nor
+        end, and the partition went unserved for the whole drain_ms_max)."""
+        return self.admits(partition, now_ms) or (continues_execution and self.holds(partition, now_ms))
+
     def epoch(self, partition: str) -> int | None:
         held = self.held.get(partition)
         return None if held is None else held.record.epoch

@@ -28,7 +28,7 @@ from cornus.protocol.config import Protocol
 from cornus.protocol.effects import Decided, Reply
 from cornus.protocol.events import CommitRequested, Event, ExecuteFailed
 from cornus.protocol.execution import refresh_due, refresh_unanswered_ms
-from cornus.protocol.owner_answer import refuses
+from cornus.protocol.owner_answer import in_doubt_for_a_client_id, refuses
 from cornus.runtime import redo as redo_codec
 from cornus.runtime.admission import check_client_txn, check_growth, one_shot_redo
 from cornus.runtime.config import NodeConfig
@@ -294,12 +294,9 @@ class Coordination:
                     ctx.touched.pop(partition, None)
                 self._give_back_writes(ctx, held_bytes)
                 raise ValidationError(response.detail)
-            if txn_ids.is_client_chosen(txn) and any(r.status is ExecuteStatus.ABORTED for _, r in failed):
-                # An owner knows this client-chosen id already (it ran there and ended, or a
-                # machine commits it): another process of this node, to which the client sent the
-                # id too (a pod replaced while the first ran on), may have committed it. "Aborted"
-                # would send the caller to run it again under a new id (found by audit): it is in
-                # doubt, and the status call reads the logs.
+            if txn_ids.is_client_chosen(txn) and any(in_doubt_for_a_client_id(r.status) for _, r in failed):
+                # The core's rule: another process of this node may have run the id; the status
+                # call reads the logs.
                 raise TxnAborted(await self._abort_in_doubt(ctx, response.detail))
             raise TxnAborted(await self._abort_for(ctx, response),
                              refused_as_invalid=response.status is ExecuteStatus.INVALID)

@@ -429,14 +429,9 @@ class Node:
         return response
 
     def _admits(self, partition: PartitionRuntime, request: ExecuteRequest) -> bool:
-        """Whether `request` may run on `partition`: it admits transactions, or it drains (its
-        preferred node asked for it) and the request continues one in flight there, which the
-        drain waits for (found by audit: refused, those could neither finish nor end, and the
-        partition went unserved for the whole drain_ms_max)."""
-        name = request.partition
-        if self.ownership.admits(name):
-            return True
-        return request.continued and request.txn in partition.executions and self.ownership.holds(name)
+        """The core's rule (OwnershipMachine.admits_request), a draining partition's included."""
+        continues = request.continued and request.txn in partition.executions
+        return self.ownership.admits_request(request.partition, continues_execution=continues)
 
     # === the client API (coordination) and operators' (admin) ======================================
 

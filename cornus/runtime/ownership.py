@@ -85,6 +85,9 @@ class OwnershipRuntime:
     def admits(self, partition: str) -> bool:
         return self.machine.admits(partition, now_ms())
 
+    def admits_request(self, partition: str, *, continues_execution: bool) -> bool:
+        return self.machine.admits_request(partition, now_ms(), continues_execution=continues_execution)
+
     def fence(self, partition: str) -> Fence | None:
         """The fence for a write to `partition`, or None if the lease is not good now: the write
         must not be made at all (storage would refuse it, or, on Azure, might not)."""

@@ -175,28 +175,12 @@ class PartitionRuntime:
         self, request: ExecuteRequest, execution: Execution[bytes], read_bytes: int,
     ) -> ExecuteResponse:
         """Refuse a request whose answer would not fit a peer message (READ_BYTES_MAX), before it
-        wrote or voted: as the client's input (INVALID), which changed nothing the transaction
-        keeps, or, where that cannot be, by ending the transaction here (ABORTED)."""
-        status = ExecuteStatus.INVALID
-        if request.participants:
-            # A one-shot's, which carries its prepare: the transaction ends here, remembered as
-            # aborted, so that no copy of the request (a client-chosen id sent to a second process
-            # of its coordinator's node) begins it again and votes; the values read may be smaller
-            # by then, so that copy could pass.
-            self.abort_execution(request.txn)
-        elif request.continued:
-            # The transaction's earlier requests here stand, and the locks this one took stay to
-            # its end (strict two-phase locking allows more).
-            pass
-        elif execution.joined:
-            # Another request of the transaction (a concurrent call of its client) ran in this
-            # execution meanwhile, under its locks: withdrawn, those would go while its
-            # coordinator, told "invalid", counts the partition untouched and commits without it.
-            self.abort_execution(request.txn)
-            status = ExecuteStatus.ABORTED
-        else:
-            # Its coordinator, told "invalid", counts the partition untouched: nothing may stay.
-            self._wake(self.state.withdraw(request.txn, execution), Grant.GRANTED)
+        wrote or voted, as the core's rule has it (PartitionExecutions.refuse_after_begin)."""
+        status, granted = self.state.refuse_after_begin(
+            request.txn, execution, carries_prepare=bool(request.participants), continued=request.continued)
+        self._wake(granted, Grant.GRANTED)
+        if status is ExecuteStatus.ABORTED or request.participants:
+            self._wake_own_waiters(request.txn)  # as abort_execution does
         self.counters["executions_refused_reads_too_large"] += 1
         detail = (f"the values read on {self.name} come to {read_bytes} bytes, the limit is {READ_BYTES_MAX} "
                   f"per request to a partition: read fewer keys at a time")

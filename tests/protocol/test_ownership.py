@@ -317,3 +317,21 @@ def test_a_release_queued_behind_a_renewal_storage_did_not_answer_is_written() -
     (release,) = [e for e in machine.owner_written(CONFIG.renew_interval_ms + 2, renew, None)
                   if isinstance(e, WriteOwner)]
     assert release.new.owner == "" and release.expected == renew.expected, release
+
+
+def test_a_draining_partition_admits_only_what_continues_an_execution_running_there() -> None:
+    """The rule Node.on_request asks (found by audit: a drain refused its in-flight transactions,
+    which it waits for); the in-process cluster test is tests/runtime/test_hand_over.py."""
+    records: dict[str, Ownership] = {}
+    machine = OwnershipMachine("n0", {"p0": "n1"}, CONFIG)  # n1 prefers it: n0 takes it on failover
+    assert _read(machine, 0, records) == []
+    now = max(CONFIG.failover_delay_ms, CONFIG.renew_interval_ms)  # a read after the failover delay
+    (take,) = _read(machine, now, records)
+    _write(machine, now + 1, take, records)
+    assert machine.admits_request("p0", now + 2, continues_execution=False)
+    records["p0"] = dataclasses.replace(records["p0"], wanted_by="n1")  # the preferred node asks
+    now += CONFIG.renew_interval_ms
+    assert any(isinstance(e, Drain) for e in _read(machine, now, records))
+    assert not machine.admits_request("p0", now + 1, continues_execution=False)
+    assert machine.admits_request("p0", now + 1, continues_execution=True)
+    assert not machine.admits_request("p0", now + CONFIG.lease_ms + 1, continues_execution=True), "lease over"
