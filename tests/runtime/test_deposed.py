@@ -60,7 +60,8 @@ async def test_an_execution_that_waited_past_its_lease_is_answered_not_owner(tmp
         node = cluster.node()
         partition = node.partitions["p0"]
         leased = True
-        monkeypatch.setattr(node.ownership, "admits", lambda name, *args: leased)
+        # The lease as the node asks it of a request (Ownership.admits_request, the core's rule).
+        monkeypatch.setattr(node.ownership, "admits_request", lambda name, **kwargs: leased)
 
         async def waiting_past_the_lease(request: ExecuteRequest) -> ExecuteResponse:
             nonlocal leased
