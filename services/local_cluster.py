@@ -21,6 +21,7 @@ import httpx
 from cornus.protocol.config import Protocol
 from cornus.runtime.cluster_record import EXIT_CODE_CLUSTER_MISMATCH
 from cornus.runtime.config import NodeConfig, load_node_config
+from cornus.runtime.transport import EXIT_CODE_ADDRESS_UNBOUND
 from services import node_launcher
 from storage_adapters.errors import ValidationError
 
@@ -219,6 +220,8 @@ def report_dead(node: ClusterNode) -> None:
         how += (" (the storage holds an earlier cluster's, of another partition count or id: on Redis, --flush-redis "
                 "of cornus bench and termination-bench empties a run's databases first; otherwise give the "
                 "cluster storage of its own, e.g. another --data-dir)")
+    elif code == EXIT_CODE_ADDRESS_UNBOUND:
+        how += " (an address it was given is taken, or not this host's; it took nothing)"
     print(f"cornus: node {node.config.node_id} (pid {node.process.pid}) died: {how}; stopping the cluster\n"
           f"--- last lines of {node.log_path} ---\n{node.log_tail()}", file=sys.stderr, flush=True)
 

@@ -23,6 +23,7 @@ from cornus.runtime.coordination import TIMEOUT_MS_COMMIT
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.node import Node
 from cornus.runtime.parking import EXIT_CODE_IDENTITY_VACANT
+from cornus.runtime.transport import EXIT_CODE_ADDRESS_UNBOUND, ListenFailed
 from services.api.http_limits import LimitedHttpProtocol
 from services.api.logs import configure_json_logging, level_from_env
 from services.api.metrics import InstrumentedStore, Metrics
@@ -85,11 +86,6 @@ async def _close_store(store: LogStore) -> None:
             await store.close()
 
 
-# sysexits' EX_OSERR: the REST API's address cannot be listened on (taken, or not this host's);
-# the node took nothing.
-EXIT_CODE_API_UNBOUND = 71
-
-
 def bind_api_socket(address: str) -> socket.socket:
     """The REST API's listening socket, bound (uvicorn listens on it): before the node takes
     anything, so a node that cannot serve its API never takes its identity (found by audit: bound
@@ -117,7 +113,8 @@ def api_host_port(address: str) -> tuple[str, int]:
 async def serve(config: NodeConfig) -> int:
     """Serve until told to stop; the process's exit status (0; EXIT_CODE_IDENTITY_VACANT when a
     parked node found its identity vacant and must be restarted; EXIT_CODE_CLUSTER_MISMATCH when
-    the storage is recorded for another cluster configuration)."""
+    the storage is recorded for another cluster configuration; EXIT_CODE_ADDRESS_UNBOUND when an
+    address it is given cannot be listened on)."""
     if not config.api_listen:
         raise ValidationError("api_listen is required to serve (file, CORNUS_API_LISTEN or --api-listen)")
     # Before anything that can wait: a container's first process (PID 1, no init) gets no signal it
@@ -128,7 +125,7 @@ async def serve(config: NodeConfig) -> int:
     except OSError as error:
         log.error("node %s: cannot listen on %s for its REST API (%s); it took nothing", config.node_id,
                   config.api_listen, error)
-        return EXIT_CODE_API_UNBOUND
+        return EXIT_CODE_ADDRESS_UNBOUND
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -183,10 +180,15 @@ async def serve(config: NodeConfig) -> int:
                       config.grpc_api_listen, error)
             await _close_store(store)
             api_socket.close()
-            return EXIT_CODE_API_UNBOUND
+            return EXIT_CODE_ADDRESS_UNBOUND
         log.info("node %s: public gRPC API on %s", config.node_id, config.grpc_api_listen)
     try:
-        await node.start(wait_ready=False)
+        try:
+            await node.start(wait_ready=False)
+        except ListenFailed as error:  # raised before the node took anything, as the APIs' above
+            log.error("node %s: %s; it took nothing", config.node_id, error)
+            api_socket.close()
+            return EXIT_CODE_ADDRESS_UNBOUND
         # What exists now (modules, the app, the node's tables) lives as long as the process: kept
         # out of every later collection, so the old generation's full walks stay short.
         gc.freeze()

@@ -25,6 +25,17 @@ class RequestTooLarge(Exception):
     caller's input is too large; never retryable as it is."""
 
 
+# sysexits' EX_OSERR: an address of the node (its REST or gRPC API's, or its peers') cannot be
+# listened on (taken, or not this host's); the node took nothing. A local cluster picks other
+# ports when one of its nodes exits with it (loadtests.bench.lifecycle).
+EXIT_CODE_ADDRESS_UNBOUND = 71
+
+
+class ListenFailed(Exception):
+    """The transport cannot listen on its address (taken, or not this host's). Raised by `start`
+    before it reached any peer, so the node has taken nothing yet."""
+
+
 class InboundHandler(Protocol):
     """What the runtime gives a transport to deliver what arrives."""
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cornus.protocol.config import Protocol
+from cornus.runtime.transport import EXIT_CODE_ADDRESS_UNBOUND
 from loadtests.bench import namespaces
 from services.local_cluster import (
     ClusterNode,
@@ -31,6 +33,11 @@ from storage_adapters.factory import StoreConfig
 # A node that does not serve this long after its start has failed to start: it waits one storage
 # deadline out first, then takes its partitions over on storage that may be a remote service.
 READY_TIMEOUT_S = 60.0
+# How often a cluster starts on freshly picked ports when a node found one of its ports taken: a
+# port is probed free, let go, and bound by the node later, and another local cluster (a parallel
+# test worker's bench) may pick and bind it meanwhile. Each pick is fresh, so a second collision
+# is as rare as the first; a third means something else holds the range.
+PORT_PICK_COUNT_MAX = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,17 +69,33 @@ class BenchCluster:
     peers: str
     argv: list[str]
     stop: StopSignals
+    data: Path  # the run's directory: the nodes' logs, the emulator's file
 
     def start(self, nodes: Sequence[ClusterNode] | None = None, *, environ: Mapping[str, str] | None = None,
               failure: str = "") -> None:
         """Start `nodes` (every member by default) and wait until they serve; RuntimeError
-        (`failure`, or that the cluster did not start) if one dies or the wait times out."""
+        (`failure`, or that the cluster did not start) if one dies or the wait times out. The
+        whole cluster starts again on other ports (PORT_PICK_COUNT_MAX times in all) when a node
+        found a port taken: its peers' list names them all, so none keeps its ports."""
         chosen = list(self.members if nodes is None else nodes)
-        for node in chosen:
-            start_node(node, self.peers, self.argv, list(self.spec.settings),
-                       environ={**self.spec.environ, **(environ or {})})
-        if not wait_cluster_ready(chosen, self.stop, READY_TIMEOUT_S):
-            raise RuntimeError(failure or f"{self.spec.label} did not start")
+        for pick in range(1, PORT_PICK_COUNT_MAX + 1):
+            for node in chosen:
+                start_node(node, self.peers, self.argv, list(self.spec.settings),
+                           environ={**self.spec.environ, **(environ or {})})
+            if wait_cluster_ready(chosen, self.stop, READY_TIMEOUT_S):
+                return
+            unbound = any(node.process is not None and node.process.poll() == EXIT_CODE_ADDRESS_UNBOUND
+                          for node in chosen)
+            if nodes is not None or not unbound or pick == PORT_PICK_COUNT_MAX:
+                break
+            stop_nodes(self.members, self.stop)
+            # In place: bench_cluster stops and keeps the logs of the list it handed out.
+            self.members[:], self.peers = local_members(self.spec.nodes, self.spec.protocol, self.spec.partitions,
+                                                        self.data)
+            chosen = list(self.members)
+            print(f"cornus: starting {self.spec.label} again on other ports (pick {pick + 1} of "
+                  f"{PORT_PICK_COUNT_MAX})", file=sys.stderr, flush=True)
+        raise RuntimeError(failure or f"{self.spec.label} did not start")
 
     def restart(self, node: ClusterNode, *, environ: Mapping[str, str] | None = None) -> None:
         """Stop `node` and start it again, with `environ` added to its environment."""
@@ -92,7 +115,7 @@ def bench_cluster(spec: ClusterSpec, *, prefix: str = "cornus-bench-") -> Iterat
         run = namespaces.run_storage(spec.storage, spec.protocol, data, spec.run_index)
         namespaces.prepare(run, flush_redis=spec.flush_redis)
         members, peers = local_members(spec.nodes, spec.protocol, spec.partitions, data)
-        cluster = BenchCluster(spec, members, peers, [*spec.storage_argv, *run.argv], StopSignals())
+        cluster = BenchCluster(spec, members, peers, [*spec.storage_argv, *run.argv], StopSignals(), data)
         try:
             yield cluster
         finally:

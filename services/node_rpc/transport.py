@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from cornus.protocol.messages import Message
 from cornus.runtime import eager
 from cornus.runtime.config import TIMEOUT_MS_PEER_REQUEST_MAX
-from cornus.runtime.transport import InboundHandler, PeerUnavailable, RequestTooLarge, Transport
+from cornus.runtime.transport import InboundHandler, ListenFailed, PeerUnavailable, RequestTooLarge, Transport
 from cornus.runtime.wire import (
     READ_BYTES_MAX,
     ExecuteRequest,
@@ -818,7 +818,10 @@ class PeerTransport(Transport):
             return stream.connection
 
         # reuse_port stays off: a second node started on the same port must fail, not share it.
-        self._server = await self._loop.create_server(accept, host, port, reuse_port=False)
+        try:
+            self._server = await self._loop.create_server(accept, host, port, reuse_port=False)
+        except OSError as error:
+            raise ListenFailed(f"cannot listen on {self.listen_address} for peers ({error})") from error
         self.bound_port = self._server.sockets[0].getsockname()[1]
         assert self.bound_port > 0, f"could not bind {self.listen_address}"
         for peer_id, address in self._peer_addresses.items():

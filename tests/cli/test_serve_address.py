@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.serve import EXIT_CODE_API_UNBOUND, api_host_port
+from services.serve import EXIT_CODE_ADDRESS_UNBOUND, api_host_port
 from tests.worker import free_port
 
 # A node that cannot bind exits at once; a Python start and the imports take a few seconds here.
@@ -27,26 +27,33 @@ def test_the_api_binds_the_host_and_port_of_its_address(address: str, expected: 
     assert api_host_port(address) == expected
 
 
-@pytest.mark.parametrize("api", ["rest", "grpc"])
+@pytest.mark.parametrize("api", ["rest", "grpc", "peer"])
 def test_a_node_whose_api_port_is_taken_exits_before_it_takes_anything(tmp_path: Path, api: str) -> None:
     """Found by audit (2026-11-27): the APIs were bound only after the node had started: one whose
     port was taken (a second `cornus serve` of the same node, by mistake) first took the node's
-    identity, deposing the process that served, and then exited. They are bound first."""
+    identity, deposing the process that served, and then exited. They are bound first. The peer
+    listener's taken port ended the process with a traceback and exit code 1 (found by the suite,
+    2026-11-27: a local cluster whose port was taken meanwhile could not tell it from a crash); it
+    exits with the same code, which a local cluster answers by picking other ports."""
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     taken = f"127.0.0.1:{busy.getsockname()[1]}"
     database = tmp_path / "cornus.db"
-    addresses = (["--api-listen", taken, "--grpc-api-listen", f"127.0.0.1:{free_port()}"] if api == "rest"
-                 else ["--api-listen", f"127.0.0.1:{free_port()}", "--grpc-api-listen", taken])
+    addresses = {
+        "rest": ["--api-listen", taken, "--grpc-api-listen", f"127.0.0.1:{free_port()}"],
+        "grpc": ["--api-listen", f"127.0.0.1:{free_port()}", "--grpc-api-listen", taken],
+        "peer": ["--api-listen", f"127.0.0.1:{free_port()}", "--grpc-api-listen", f"127.0.0.1:{free_port()}"],
+    }[api]
+    peer = taken if api == "peer" else f"127.0.0.1:{free_port()}"
     try:
         done = subprocess.run(
             [sys.executable, "-m", "services.cli", "serve", "--node-id", "n0", "--partition-count", "1",
-             "--peers", f"n0=127.0.0.1:{free_port()}", *addresses,
+             "--peers", f"n0={peer}", *addresses,
              "--backend", "emulator", "--emulator-path", str(database)],
             capture_output=True, text=True, timeout=TIMEOUT_S_SERVE, check=False)
     finally:
         busy.close()
-    assert done.returncode == EXIT_CODE_API_UNBOUND, (done.returncode, done.stderr[-2000:])
+    assert done.returncode == EXIT_CODE_ADDRESS_UNBOUND, (done.returncode, done.stderr[-2000:])
     assert "cannot listen" in done.stderr, done.stderr[-2000:]
     assert "took its identity" not in done.stderr, done.stderr[-2000:]
