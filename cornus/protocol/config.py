@@ -12,14 +12,16 @@ from storage_adapters.contract import TOMBSTONE_KEEP_MS_MAX
 # (identity_vacant_ms). A wrong vacancy deposes a live holder once (safe, fenced, but a takeover);
 # the wait it costs is paid only in the rare race that parks a node's newest process.
 IDENTITY_RENEWALS_MISSED_MAX = 5
-# A coordinator-log coordinator issues its redo record's writes (the first, and retries) only this
-# long after it starts, whatever its own timeout_ms_votes (past it, not durable, it aborts): a node
-# that recovers a participant's partition rebuilds that participant's yes vote from the record, and
-# waits this long plus a storage deadline and the slack before it reads it (recovery_settle_ms).
-# A constant, not a setting: the recovering node cannot know the coordinator's configuration (found
-# by audit: with its own timeout_ms_votes in the settle, a coordinator configured longer, during a
-# rolling change, landed its redo after the scan and committed a vote the new owner never held).
-REDO_WRITE_ISSUE_MS_MAX = 200
+# A coordinator-log coordinator commits only if its redo record was durable (a write of it
+# answered) within this long of its first write, whatever its own timeout_ms_votes and storage
+# deadline; past it, it aborts, and issues no more writes of it. A node that recovers a
+# participant's partition rebuilds that participant's yes vote from the record, and waits this
+# long plus the slack before it reads it (recovery_settle_ms). A constant, not a setting: the
+# recovering node cannot know the coordinator's configuration (found by audit: with its own
+# timeout_ms_votes in the settle, and then with its own storage deadline, a coordinator configured
+# longer, during a rolling change, landed its redo after the scan and committed a vote the new
+# owner never held). As long as the default timeout_ms_votes, which asks the same of the redo.
+REDO_DURABLE_MS_MAX = 200
 
 
 class Protocol(enum.StrEnum):
@@ -161,8 +163,9 @@ class ProtocolConfig:
     def recovery_settle_ms(self) -> int:
         """How long a restarted node waits before recovery scans storage. Calls its previous life
         made land within a deadline plus slack; and a coordinator-log participant keeps no record
-        of its yes vote, which recovery rebuilds from the coordinator's redo record, whose last
-        write is issued within REDO_WRITE_ISSUE_MS_MAX of the coordinator's start, so of the
+        of its yes vote, which recovery rebuilds from the coordinator's redo record: one that can
+        commit was durable within REDO_DURABLE_MS_MAX of the coordinator's start, so of the
         prepare that reached the participant before it crashed. Scanning earlier could miss
-        either, and the transaction's locks with it."""
-        return REDO_WRITE_ISSUE_MS_MAX + self.storage_deadline_ms + self.clock_slack_ms
+        either, and the transaction's locks with it. (Their sum bounds both, and costs a restart at
+        most REDO_DURABLE_MS_MAX more than the larger.)"""
+        return REDO_DURABLE_MS_MAX + self.storage_deadline_ms + self.clock_slack_ms

@@ -5,7 +5,7 @@ reply. After a restart both resend logged decisions and abort what they never de
 from __future__ import annotations
 
 from cornus.protocol import redo_bundle, txn_ids
-from cornus.protocol.config import REDO_WRITE_ISSUE_MS_MAX
+from cornus.protocol.config import REDO_DURABLE_MS_MAX
 from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
 from cornus.protocol.effects import CancelTimer, ConfirmIdentity, Effect, Log, StartTimer
 from cornus.protocol.events import Event, ExecuteFailed, LogReturned, MessageReceived, Recovered, StorageUnreachable
@@ -26,7 +26,7 @@ class TwoPhaseCoordinator(CoordinatorBase):
     _redo_may_exist = False
     _redo_unanswered = False
     _abort_log_due = False
-    _redo_window_closed = False  # REDO_WRITE_ISSUE_MS_MAX passed since the first redo write
+    _redo_window_closed = False  # REDO_DURABLE_MS_MAX passed since the first redo write
 
     def _started(self) -> list[Effect]:
         if not self.logs_redo:
@@ -43,15 +43,15 @@ class TwoPhaseCoordinator(CoordinatorBase):
         assert self._redo_call is not None and not self._redo_unanswered
         first = not self._redo_may_exist
         self._redo_may_exist = self._redo_unanswered = True
-        if first and self.config.timeout_ms_votes > REDO_WRITE_ISSUE_MS_MAX:
+        if first and self.config.timeout_ms_votes > REDO_DURABLE_MS_MAX:
             # Else the vote timeout, which aborts a transaction not committing by then, ends the
-            # redo's writes in time.
-            return [self._redo_call, StartTimer(self._timer("redo-window"), REDO_WRITE_ISSUE_MS_MAX)]
+            # redo's chance to commit in time.
+            return [self._redo_call, StartTimer(self._timer("redo-window"), REDO_DURABLE_MS_MAX)]
         return [self._redo_call]
 
     def _announce(self, decision: TxnState, reply: bool = True, reason: str = "") -> list[Effect]:
         effects = super()._announce(decision, reply, reason)
-        if self._redo_may_exist and self.config.timeout_ms_votes > REDO_WRITE_ISSUE_MS_MAX:
+        if self._redo_may_exist and self.config.timeout_ms_votes > REDO_DURABLE_MS_MAX:
             effects.append(CancelTimer(self._timer("redo-window")))
         if decision is TxnState.ABORT and self._redo_may_exist:
             self._abort_log_due = True
@@ -140,10 +140,10 @@ class TwoPhaseCoordinator(CoordinatorBase):
                 return []
             return self._abort("votes missing at the vote timeout")
         if kind == "redo-window":
-            # No write of the redo may be issued from now on (REDO_WRITE_ISSUE_MS_MAX); one still
-            # unanswered may yet make it durable.
+            # A redo not durable by now may land after a recovering node's scan (REDO_DURABLE_MS_MAX):
+            # it may not commit, even if a write of it is still unanswered, and no write of it leaves.
             self._redo_window_closed = True
-            if self._redo_durable or self._redo_unanswered or self._commit_call is not None:
+            if self._redo_durable or self._commit_call is not None:
                 return []
             return self._abort_redo_late()
         assert kind == "retry", kind
@@ -155,8 +155,7 @@ class TwoPhaseCoordinator(CoordinatorBase):
         return self._write_redo()
 
     def _abort_redo_late(self) -> list[Effect]:
-        return self._abort(f"the redo record was not durable, and no write of it may leave "
-                           f"{REDO_WRITE_ISSUE_MS_MAX} ms after the commit began")
+        return self._abort(f"the redo record was not durable {REDO_DURABLE_MS_MAX} ms after the commit began")
 
     def _handle(self, event: Event) -> list[Effect]:
         if isinstance(event, Recovered):

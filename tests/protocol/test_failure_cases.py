@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from cornus.protocol.config import REDO_WRITE_ISSUE_MS_MAX, Protocol, ProtocolConfig, gc_grace_ms_min
+from cornus.protocol.config import REDO_DURABLE_MS_MAX, Protocol, ProtocolConfig, gc_grace_ms_min
 from cornus.protocol.coordinator_base import CoordPhase
 from cornus.protocol.coordinator_cornus import CornusCoordinator
 from cornus.protocol.effects import (
@@ -266,22 +266,28 @@ def test_a_coordinator_log_abort_after_its_redo_left_is_logged_over_the_redo(red
     assert machine.phase is CoordPhase.GC_WAIT
 
 
-def test_a_coordinator_log_redo_is_written_only_within_the_window_every_node_s_recovery_waits_out() -> None:
+def test_a_coordinator_log_redo_commits_only_if_durable_within_the_window_every_node_s_recovery_waits_out() -> None:
     """Found by audit (2026-11-27): a coordinator-log coordinator retried its redo record's write
     for its own timeout_ms_votes, while a node recovering a participant's partition waits out its
     own (recovery_settle_ms) before it reads that record. A coordinator configured with a longer
     one (a rolling change of it) could land its redo after the scan, commit, and have its COMMIT
     acknowledged by a new owner that knew nothing of the vote: that partition's writes were lost.
-    Whatever its own vote timeout, a coordinator issues no redo write past
-    REDO_WRITE_ISSUE_MS_MAX, a bound every node's recovery counts on."""
+    Found by audit again (2026-11-28): bounding when the redo's writes leave was not enough, since
+    a write lands within its sender's storage deadline, and a coordinator configured with a longer
+    one than the recovering node's (a rolling change of timeout_ms_call) landed it after the scan.
+    Whatever its own settings, a coordinator commits only a redo that was durable within
+    REDO_DURABLE_MS_MAX of its first write, a bound every node's recovery waits out."""
+    for deadline_ms in (100, 5_000, 30_000):  # the recovering node's own deadline does not matter
+        settled = ProtocolConfig(storage_deadline_ms=deadline_ms, gc_grace_ms=2 * deadline_ms + 2_000)
+        assert settled.recovery_settle_ms >= REDO_DURABLE_MS_MAX + settled.clock_slack_ms, deadline_ms
+        assert settled.recovery_settle_ms >= deadline_ms + settled.clock_slack_ms, deadline_ms
     txn = "5.c0.x.4.clog"
-    config = ProtocolConfig(timeout_ms_votes=10_000)
-    assert config.recovery_settle_ms >= REDO_WRITE_ISSUE_MS_MAX + config.storage_deadline_ms + config.clock_slack_ms
+    config = ProtocolConfig(timeout_ms_votes=10_000, storage_deadline_ms=30_000, gc_grace_ms=62_000)
     host = CoordinatorHost("c0", config, random.Random(1), protocol_of)
     started = host.handle(CommitRequested("c0", txn, writes=(("p0", b"a"), ("p1", b"b"))))
     (redo,) = [e for e in started if isinstance(e, Log) and e.state is TxnState.VOTE_YES]
     (window,) = [e for e in started if isinstance(e, StartTimer) and e.timer.kind == "redo-window"]
-    assert window.duration_ms == REDO_WRITE_ISSUE_MS_MAX
+    assert window.duration_ms == REDO_DURABLE_MS_MAX
     failed = host.handle(LogReturned(redo, StorageUnreachable("down")))
     (retry,) = [e for e in failed if isinstance(e, StartTimer) and e.timer.kind == "retry"]
     for partition in ("p0", "p1"):
@@ -291,16 +297,28 @@ def test_a_coordinator_log_redo_is_written_only_within_the_window_every_node_s_r
     again = host.handle(TimerFired(retry.timer))
     assert not [e for e in again if isinstance(e, Log) and e.state is TxnState.VOTE_YES], "a redo write past the window"
 
-    # A redo write still unanswered when the window closes may yet make the redo durable (slow
-    # storage takes longer than the window): the transaction commits.
+    # A redo write still unanswered when the window closes may land after a recovering node's
+    # scan: the transaction aborts, and a late answer commits nothing. Its ABORT goes over the
+    # redo once that write is answered.
     slow = "5.c0.x.5.clog"
     started = host.handle(CommitRequested("c0", slow, writes=(("p0", b"a"), ("p1", b"b"))))
     (redo,) = [e for e in started if isinstance(e, Log) and e.state is TxnState.VOTE_YES]
     for partition in ("p0", "p1"):
         host.handle(MessageReceived(partition, "c0", Vote(slow, partition, yes=True)))
-    assert not [e for e in host.handle(TimerFired(Timer("c0", slow, "redo-window"))) if isinstance(e, Reply)]
+    closed = host.handle(TimerFired(Timer("c0", slow, "redo-window")))
+    assert [e.outcome for e in closed if isinstance(e, Reply)] == [TxnState.ABORT], closed
+    landed = host.handle(LogReturned(redo, TxnState.VOTE_YES))
+    assert [e.state for e in landed if isinstance(e, Log)] == [TxnState.ABORT], landed
+
+    # A redo durable within the window commits as before.
+    quick = "5.c0.x.6.clog"
+    started = host.handle(CommitRequested("c0", quick, writes=(("p0", b"a"), ("p1", b"b"))))
+    (redo,) = [e for e in started if isinstance(e, Log) and e.state is TxnState.VOTE_YES]
+    for partition in ("p0", "p1"):
+        host.handle(MessageReceived(partition, "c0", Vote(quick, partition, yes=True)))
     landed = host.handle(LogReturned(redo, TxnState.VOTE_YES))
     assert [e.state for e in landed if isinstance(e, Log)] == [TxnState.COMMIT], landed
+    assert not host.handle(TimerFired(Timer("c0", quick, "redo-window")))
 
 
 def test_collection_waits_out_the_longest_grace_a_participant_acknowledged_with() -> None:
