@@ -18,7 +18,7 @@ import uvicorn
 from cornus.protocol.cluster_record import ClusterMismatch
 from cornus.runtime import patience
 from cornus.runtime.cluster_record import EXIT_CODE_CLUSTER_MISMATCH
-from cornus.runtime.config import NodeConfig
+from cornus.runtime.config import NodeConfig, RuntimeLimits
 from cornus.runtime.coordination import TIMEOUT_MS_COMMIT
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.node import Node
@@ -45,11 +45,14 @@ SHUTDOWN_TIMEOUT_S = SHUTDOWN_TIMEOUT_S_REQUESTS + 1
 # Then the public gRPC API (its in-flight calls get 2 s, then its commits that outlived their
 # caller run on in the node, whose stop waits for their decisions).
 SHUTDOWN_TIMEOUT_S_GRPC = 5.0
-# Then the node: up to 5 s delivering decisions and 2 s releasing partitions, and its tasks.
+# Then the node: up to 5 s delivering decisions and 2 s releasing partitions, and its tasks; and
+# its collections' wait (RuntimeLimits.timeout_ms_stop_collect), added to it.
 SHUTDOWN_TIMEOUT_S_NODE = 10.0
 SHUTDOWN_TIMEOUT_S_STORE = 2.0
-# All of it: the chart's terminationGracePeriodSeconds must exceed this.
-SHUTDOWN_BUDGET_S = SHUTDOWN_TIMEOUT_S + SHUTDOWN_TIMEOUT_S_GRPC + SHUTDOWN_TIMEOUT_S_NODE + SHUTDOWN_TIMEOUT_S_STORE
+# All of it, at the default collections' wait: the chart's terminationGracePeriodSeconds must
+# exceed this.
+SHUTDOWN_BUDGET_S = (SHUTDOWN_TIMEOUT_S + SHUTDOWN_TIMEOUT_S_GRPC + SHUTDOWN_TIMEOUT_S_NODE
+                     + RuntimeLimits().timeout_ms_stop_collect / 1000 + SHUTDOWN_TIMEOUT_S_STORE)
 # How long a start waits for unreachable storage (cornus.runtime.patience): the chart's startup
 # probe must allow more.
 STORAGE_OPEN_TIMEOUT_S = patience.STORAGE_WAIT_TIMEOUT_S
@@ -210,7 +213,7 @@ async def serve(config: NodeConfig) -> int:
                 async with asyncio.timeout(SHUTDOWN_TIMEOUT_S_GRPC):
                     await grpc_api.stop()
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(SHUTDOWN_TIMEOUT_S_NODE):
+            async with asyncio.timeout(SHUTDOWN_TIMEOUT_S_NODE + config.limits.timeout_ms_stop_collect / 1000):
                 await node.stop()
         await _close_store(store)
     return EXIT_CODE_IDENTITY_VACANT if node.parking.vacant.is_set() else 0

@@ -114,13 +114,20 @@ class RuntimeLimits:
     # and the written ones are listed in every vote record, which holds at most
     # PARTICIPANT_COUNT_MAX.
     txn_partition_count_max: int = PARTICIPANT_COUNT_MAX
+    # A node told to stop, once it has released its partitions, waits this long at most for the
+    # transactions it coordinates to be collected (their grace, then the deletes): no later
+    # process knows a Cornus transaction this one coordinated, so what it leaves stays in storage
+    # for ever. Above the default gc_grace_ms (12 s); the chart's terminationGracePeriodSeconds
+    # counts on the default. 0: no wait (storage thrown away after, as the bench's).
+    timeout_ms_stop_collect: int = 15_000
 
     def __post_init__(self) -> None:
         assert set(_LIMIT_MAX) == {item.name for item in dataclasses.fields(self)}, "a limit without a maximum"
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValidationError(f"{item.name} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < _LIMIT_MIN.get(item.name, 1):
+                qualifier = "non-negative" if _LIMIT_MIN.get(item.name, 1) == 0 else "positive"
+                raise ValidationError(f"{item.name} must be a {qualifier} integer, got {value!r}")
             if value > _LIMIT_MAX[item.name]:
                 raise ValidationError(f"{item.name} is {value}, more than its maximum {_LIMIT_MAX[item.name]}")
         if self.txn_partition_count_max > PARTICIPANT_COUNT_MAX:
@@ -143,7 +150,11 @@ _LIMIT_MAX = {
     "op_count_max": 100_000,
     "txn_op_count_max": 1_000_000,
     "txn_partition_count_max": PARTICIPANT_COUNT_MAX,
+    # Past a minute a stop outlives any supervisor's patience (the chart's grace period).
+    "timeout_ms_stop_collect": 60_000,
 }
+# Limits that may be 0 (every other is at least 1).
+_LIMIT_MIN = {"timeout_ms_stop_collect": 0}
 
 
 @dataclass(frozen=True, slots=True)

@@ -229,6 +229,9 @@ class Node:
             await self._deliver_decisions(TIMEOUT_MS_DELIVER_DECISIONS / 1000)
         if not self.deposed:  # deposed meanwhile, perhaps: then it releases nothing
             await self.ownership.stop(TIMEOUT_MS_RELEASE / 1000)
+            # After the release, so that the partitions' new owners serve meanwhile: the
+            # collection's writes are the node's own, not a partition owner's.
+            await self._finish_collections(self.config.limits.timeout_ms_stop_collect / 1000)
             await self.runner.stop()
         # Deposed (before the stop, or during it): it delivers and releases nothing more (another
         # process is this node now).
@@ -257,6 +260,28 @@ class Node:
         if left:
             log.warning("node %s stops with %d coordinated transactions not acknowledged by every participant "
                         "(see cornus inspect before removing this node)", self.node_id, left)
+
+    def uncollected_count(self) -> int:
+        """Transactions this node coordinates that every participant acknowledged and whose records
+        are still to be collected (the grace period, then the deletes)."""
+        return sum(machine.delivered for machine in self.core.coordinator.machines.values())
+
+    async def _finish_collections(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) until the transactions this node coordinates that are only
+        waiting to be collected are collected: no later process of the node knows a Cornus
+        transaction this one coordinated, so their records would stay in storage for ever (found
+        by audit: every rolling restart left about a grace period's worth of them)."""
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + timeout_s
+        # Polled, as the decisions' delivery: a grace period, then storage calls.
+        while (self.uncollected_count() and loop.time() < deadline_s  # noqa: ASYNC110
+               and not self.runner.stopped and not self.deposed):
+            await asyncio.sleep(POLL_MS / 1000)
+        left = self.uncollected_count()
+        if left and not self.deposed:
+            log.warning("node %s stops with the records of %d transactions it coordinated left uncollected "
+                        "(timeout_ms_stop_collect %d ms is shorter than their grace period, or storage did not "
+                        "answer); they stay in storage", self.node_id, left, self.config.limits.timeout_ms_stop_collect)
 
     # === ownership =================================================================================
 

@@ -33,6 +33,11 @@ from storage_adapters.factory import StoreConfig
 # A node that does not serve this long after its start has failed to start: it waits one storage
 # deadline out first, then takes its partitions over on storage that may be a remote service.
 READY_TIMEOUT_S = 60.0
+# Every bench node's settings, before the run's own (which may override them): a run's storage is
+# the bench's (thrown away after, or left to the next run), so its nodes need not wait out the
+# collection of their transactions when they stop (RuntimeLimits.timeout_ms_stop_collect), which
+# would add a grace period to every run.
+NODE_SETTINGS = ("timeout_ms_stop_collect=0",)
 # How often a cluster starts on freshly picked ports when a node found one of its ports taken: a
 # port is probed free, let go, and bound by the node later, and another local cluster (a parallel
 # test worker's bench) may pick and bind it meanwhile. Each pick is fresh, so a second collision
@@ -80,7 +85,7 @@ class BenchCluster:
         chosen = list(self.members if nodes is None else nodes)
         for pick in range(1, PORT_PICK_COUNT_MAX + 1):
             for node in chosen:
-                start_node(node, self.peers, self.argv, list(self.spec.settings),
+                start_node(node, self.peers, self.argv, [*NODE_SETTINGS, *self.spec.settings],
                            environ={**self.spec.environ, **(environ or {})})
             if wait_cluster_ready(chosen, self.stop, READY_TIMEOUT_S):
                 return

@@ -33,7 +33,9 @@ from tests.worker import free_port
 # Node settings of a chaos run unless overridden: the cluster tests' clock slack (one machine,
 # killed processes take their calls with them) and an idle timeout that frees the locks of an
 # interactive transfer whose client went away within a few seconds.
-DEFAULT_SETTINGS: dict[str, int] = {"clock_slack_ms": 250, "timeout_ms_txn_idle": 3_000}
+# timeout_ms_stop_collect 0: the run's storage is thrown away after, so the nodes' final stop
+# need not wait out the collection of their last transactions.
+DEFAULT_SETTINGS: dict[str, int] = {"clock_slack_ms": 250, "timeout_ms_txn_idle": 3_000, "timeout_ms_stop_collect": 0}
 POLL_S = 0.1
 WORKLOAD_JOIN_S = 30.0
 AUDIT_FINAL_TIMEOUT_S = 120.0

@@ -53,8 +53,9 @@ class ClusterUp:
     test never blocks on a pipe."""
 
     def __init__(self, *args: str) -> None:
+        # No wait for the collections at a node's stop: the cluster's storage goes with the test.
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "cluster", "up", *args],
+            [sys.executable, "-m", "services.cli", "cluster", "up", "--set", "timeout_ms_stop_collect=0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         self.lines: queue.Queue[str] = queue.Queue()

@@ -41,6 +41,9 @@ DEFAULT_SETTINGS = {
     # rather than by a hand-over from a node that took them meanwhile.
     "failover_delay_ms": 3_000,
     "drain_ms_max": 1_000,
+    # A test's storage is thrown away after it: its nodes need not wait out the collection of
+    # their transactions at a stop (tests/cluster/test_outcomes.py waits for it).
+    "timeout_ms_stop_collect": 0,
 }
 
 

@@ -5,6 +5,7 @@ the status call finds then (DESIGN section 4)."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 import pytest
@@ -59,3 +60,28 @@ def test_a_collected_transaction_s_outcome_survives_its_coordinator_s_restart(
         for node in ("n0", "n1"):
             status = cluster.get(node, f"/v1/txn/{txn}")
             assert status.status_code == 200 and status.json()["outcome"] == "committed", (node, status.text)
+
+
+def test_a_coordinator_stopped_within_the_grace_collects_its_records_before_it_exits(storage: dict[str, str]) -> None:
+    """Found by audit (2026-11-28): only a coordinator's machine collects its transaction's
+    records, after the grace period, and a node stopped within it (every rolling restart, about
+    a grace's worth of transactions) exited without collecting them: no later process knows a
+    Cornus transaction its earlier one coordinated, so their records stayed in storage for ever,
+    and DynamoDB's and Azure's recovery scans walk them. A stopping node, once it has released its
+    partitions, waits out its collections (timeout_ms_stop_collect at most) before it exits."""
+    storage = {**storage, "timeout_ms_call": STORAGE_TIMEOUT_MS}
+    with running_cluster("cornus", storage, settings={**SETTINGS, "timeout_ms_stop_collect": 15_000}) as cluster:
+        cluster.start_all()
+        keys = [keys_on("p1", 6, 1)[0], keys_on("p2", 6, 1)[0]]
+        response = cluster.execute("n0", [{"op": "put", "key": k, "value": "v"} for k in keys])
+        assert response.status_code == 200, response.text
+        txn = response.json()["txn"]
+        coordinator = cluster.nodes["n0"].process
+        assert coordinator is not None
+        coordinator.send_signal(signal.SIGTERM)  # at once: the grace (2.5 s) has not passed
+        assert cluster.wait_exit("n0") == 0
+        records = asyncio.run(_records(storage, txn, ["p1", "p2"]))
+        kept = records["p1"]
+        assert records["p2"] is None and kept is not None, records
+        assert (kept.state, kept.body) == (TxnState.COMMIT, RecordBody()), kept
+        assert "left uncollected" not in cluster.log("n0")

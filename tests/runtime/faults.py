@@ -87,6 +87,8 @@ PROTOCOL_DEFAULTS: dict[str, int] = {
 LIMIT_DEFAULTS: dict[str, int] = {
     "timeout_ms_peer_request": 2_000,
     "timeout_ms_lock_wait": 500,
+    # A test's storage is thrown away after it: a stop need not wait out the collections.
+    "timeout_ms_stop_collect": 0,
 }
 POLL_INTERVAL_S = 0.02
 
