@@ -16,7 +16,8 @@ One round, never retried by itself:
    the first read) and land within a deadline plus the slack. A round that cannot finish in its
    window, or whose storage does not answer, reports "in doubt" instead of retrying later, when
    that bound would no longer hold. 2PC and coordinator-log may be decided only by their
-   coordinator, whose log is read instead.
+   coordinator, whose log is read instead; and read too when no partition's log holds a record (a
+   coordinator-log participant keeps none before it learns the decision).
 
 Before its first write, unless forced: a resolve is for a transaction whose coordinator is gone.
 One its coordinator's node still runs (`refusal_while_running`) finishes there by itself, and
@@ -174,18 +175,26 @@ class Resolver:
             return []
         if self._unreachable:
             return self._finish(None, f"storage did not answer for {', '.join(sorted(self._unreachable))}")
+        partition_records = [r for r in self._found if r.log.kind is LogKind.PARTITION]
         if event.call.log.kind is LogKind.COORDINATOR:
             # The blocking protocols' last word: their coordinator's log.
-            committed = isinstance(event.result, Record) and event.result.state is TxnState.COMMIT
-            if committed:
-                return self._finish(TxnState.COMMIT, "the coordinator's log holds COMMIT")
+            stored = event.result if isinstance(event.result, Record) else None
+            if stored is not None and stored.state in (TxnState.COMMIT, TxnState.ABORT):
+                return self._finish(stored.state, f"the coordinator's log holds {stored.state.value}")
+            if not partition_records and stored is None:
+                return self._finish(None, "no record of this transaction in any partition's log or its "
+                                          "coordinator's")
             return self._finish(None, "in doubt: participants voted, and only the coordinator can decide")
-        partition_records = [r for r in self._found if r.log.kind is LogKind.PARTITION]
-        if not partition_records:
-            return self._finish(None, "no record of this transaction in any partition's log")
         decision = decision_among(r.state for r in partition_records)
         if decision is not None:
             return self._finish(decision, "a participant's record holds the decision")
+        if not partition_records and self.protocol is not Protocol.CORNUS:
+            # A coordinator-log participant keeps no record until it learns the decision, which
+            # its coordinator's log may hold (found by audit: reported "no record" for a COMMIT
+            # logged by a coordinator that crashed before telling anyone).
+            return self._read_coordinator_log(txn_ids.coordinator_of(self.txn))
+        if not partition_records:
+            return self._finish(None, "no record of this transaction in any partition's log")
         body = partition_records[0].body
         if self.protocol is Protocol.CORNUS:
             if not self._window_open:
@@ -196,7 +205,10 @@ class Resolver:
             return [AskCoordinator(self.txn, txn_ids.coordinator_of(self.txn))]
         if not body.coordinator:
             return self._finish(None, "in doubt: the records name no coordinator")
-        read = ReadRecord(RESOLVE, LogId.coordinator(body.coordinator), self.txn)
+        return self._read_coordinator_log(body.coordinator)
+
+    def _read_coordinator_log(self, coordinator: str) -> list[Effect | AskCoordinator]:
+        read = ReadRecord(RESOLVE, LogId.coordinator(coordinator), self.txn)
         self._reads_waiting = {read}
         return [read]
 

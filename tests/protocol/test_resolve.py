@@ -80,3 +80,44 @@ def test_a_resolve_s_write_window_counts_on_the_least_grace_any_node_may_have() 
     resolver = Resolver("5.c0.x.1.cornus", ("p0",), config, random.Random(1))
     least_ms = gc_grace_ms_min(config.storage_deadline_ms, config.clock_slack_ms)
     assert resolver.window_ms == least_ms - config.storage_deadline_ms - config.clock_slack_ms
+
+
+def _resolved_from_the_coordinator_log(protocol: str, partition_state: TxnState | None,
+                                       coordinator_state: TxnState | None) -> Resolver:
+    """A resolve of a blocking protocol's transaction whose partitions' logs hold
+    `partition_state` (None: nothing) and whose coordinator's log holds `coordinator_state`."""
+    txn = f"1700000000000.c0.n0.7.{protocol}"
+    resolver = Resolver(txn, PARTITIONS, ProtocolConfig(), random.Random(1))
+    reads = [e for e in resolver.start() if isinstance(e, ReadRecord)]
+    more: list[object] = []
+    for read in reads:
+        found = None if partition_state is None else Record(read.log, txn, partition_state, BODY)
+        more += resolver.handle(RecordRead(read, found))
+    if resolver.done:
+        return resolver
+    (read,) = more
+    assert isinstance(read, ReadRecord) and read.log == LogId.coordinator("c0"), more
+    found = None if coordinator_state is None else Record(read.log, txn, coordinator_state, BODY)
+    assert resolver.handle(RecordRead(read, found)) == []
+    assert resolver.done and not resolver.wrote
+    return resolver
+
+
+def test_a_blocking_protocol_s_decision_in_its_coordinator_s_log_alone_is_the_outcome() -> None:
+    """Found by audit (2026-11-27): a resolve read the coordinator's log only when a participant's
+    yes vote was found. A coordinator-log participant keeps no record until it learns the
+    decision, so a transaction whose coordinator logged COMMIT and then crashed, before any
+    participant heard it, was reported "no record of this transaction": an operator would take
+    a committed transaction for one that never ran. And an ABORT in that log was "in doubt"."""
+    for protocol in ("clog", "2pc"):
+        committed = _resolved_from_the_coordinator_log(protocol, None, TxnState.COMMIT)
+        assert committed.outcome is TxnState.COMMIT and "coordinator's log holds COMMIT" in committed.detail
+        aborted = _resolved_from_the_coordinator_log(protocol, None, TxnState.ABORT)
+        assert aborted.outcome is TxnState.ABORT and "coordinator's log holds ABORT" in aborted.detail
+        unknown = _resolved_from_the_coordinator_log(protocol, None, None)
+        assert unknown.outcome is None and "no record of this transaction" in unknown.detail
+        voted = _resolved_from_the_coordinator_log(protocol, TxnState.VOTE_YES, TxnState.ABORT)
+        assert voted.outcome is TxnState.ABORT, voted.detail
+    # Only the coordinator-log's redo record, no decision: in doubt, as with a yes vote.
+    redo = _resolved_from_the_coordinator_log("clog", None, TxnState.VOTE_YES)
+    assert redo.outcome is None and "in doubt" in redo.detail
