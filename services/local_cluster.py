@@ -47,8 +47,9 @@ class StopSignals:
 # A node that is not ready this long after its start has failed to start.
 CLUSTER_TIMEOUT_S_READY = 60.0
 # A node gets this long to stop after SIGTERM before it is killed: an idle node's requests end at
-# once, and its own stop (decisions, release, and its collections' wait, which a grace period of
-# 12 s bounds at the defaults) takes under 20 s; services/serve.py SHUTDOWN_BUDGET_S is the worst.
+# once, and its own stop (up to 5 s of decisions, 2 s of release, and its collections' wait, which
+# a grace period of 12 s bounds at the defaults, 15 s at most) takes up to 24 s;
+# services/serve.py SHUTDOWN_BUDGET_S is the worst, with requests still running.
 CLUSTER_TIMEOUT_S_STOP = 30.0
 CLUSTER_POLL_S = 0.1
 LOG_TAIL_BYTES_MAX = 3_000

@@ -49,10 +49,12 @@ SHUTDOWN_TIMEOUT_S_GRPC = 5.0
 # its collections' wait (RuntimeLimits.timeout_ms_stop_collect), added to it.
 SHUTDOWN_TIMEOUT_S_NODE = 10.0
 SHUTDOWN_TIMEOUT_S_STORE = 2.0
-# All of it, at the default collections' wait: the chart's terminationGracePeriodSeconds must
-# exceed this.
-SHUTDOWN_BUDGET_S = (SHUTDOWN_TIMEOUT_S + SHUTDOWN_TIMEOUT_S_GRPC + SHUTDOWN_TIMEOUT_S_NODE
-                     + RuntimeLimits().timeout_ms_stop_collect / 1000 + SHUTDOWN_TIMEOUT_S_STORE)
+# All of it but the collections' wait; and all of it at the default wait: the chart's
+# terminationGracePeriodSeconds must exceed the first plus timeouts.timeout_ms_stop_collect (its
+# template checks), so by default the second.
+SHUTDOWN_BUDGET_S_BUT_COLLECT = (SHUTDOWN_TIMEOUT_S + SHUTDOWN_TIMEOUT_S_GRPC + SHUTDOWN_TIMEOUT_S_NODE
+                                 + SHUTDOWN_TIMEOUT_S_STORE)
+SHUTDOWN_BUDGET_S = SHUTDOWN_BUDGET_S_BUT_COLLECT + RuntimeLimits().timeout_ms_stop_collect / 1000
 # How long a start waits for unreachable storage (cornus.runtime.patience): the chart's startup
 # probe must allow more.
 STORAGE_OPEN_TIMEOUT_S = patience.STORAGE_WAIT_TIMEOUT_S
@@ -129,6 +131,11 @@ async def serve(config: NodeConfig) -> int:
         log.error("node %s: cannot listen on %s for its REST API (%s); it took nothing", config.node_id,
                   config.api_listen, error)
         return EXIT_CODE_ADDRESS_UNBOUND
+    if 0 < config.limits.timeout_ms_stop_collect < config.protocol_config.gc_grace_ms:
+        # Not refused: a shorter wait still collects what was acknowledged long enough before.
+        log.warning("node %s: timeout_ms_stop_collect (%d ms) is shorter than gc_grace_ms (%d ms): a stop leaves "
+                    "the records of its last transactions in storage for ever", config.node_id,
+                    config.limits.timeout_ms_stop_collect, config.protocol_config.gc_grace_ms)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -189,6 +196,7 @@ async def serve(config: NodeConfig) -> int:
         try:
             await node.start(wait_ready=False)
         except ListenFailed as error:  # raised before the node took anything, as the APIs' above
+            # The stop below finds nothing to deliver or release: no identity, no partition.
             log.error("node %s: %s; it took nothing", config.node_id, error)
             api_socket.close()
             return EXIT_CODE_ADDRESS_UNBOUND

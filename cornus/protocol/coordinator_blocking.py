@@ -150,6 +150,10 @@ class TwoPhaseCoordinator(CoordinatorBase):
         if self._commit_call is not None:
             return [self._commit_call]
         assert self._redo_call is not None and not self._redo_durable
+        if self._abort_reason is not None:
+            # ABORT decided (its identity read is out): the redo can commit nothing, and a write of
+            # it landing after the window would only hold a recovering node's locks (found by review).
+            return []
         if self._redo_window_closed:
             return self._abort_redo_late()
         return self._write_redo()

@@ -112,7 +112,7 @@ class Resolver:
     @property
     def found_records(self) -> bool:
         """Whether any partition's log held a record of the transaction."""
-        return bool(self._found)
+        return any(record.log.kind is LogKind.PARTITION for record in self._found)
 
     @property
     def window_ms(self) -> int:
@@ -181,14 +181,17 @@ class Resolver:
             stored = event.result if isinstance(event.result, Record) else None
             if stored is not None and stored.state in (TxnState.COMMIT, TxnState.ABORT):
                 return self._finish(stored.state, f"the coordinator's log holds {stored.state.value}")
-            if not partition_records and stored is None:
+            if partition_records:
+                return self._finish(None, "in doubt: participants voted, and only the coordinator can decide")
+            if stored is None:
                 return self._finish(None, "no record of this transaction in any partition's log or its "
                                           "coordinator's")
-            return self._finish(None, "in doubt: participants voted, and only the coordinator can decide")
+            return self._finish(None, "in doubt: its coordinator's log holds its redo record and no decision; "
+                                      "only the coordinator can decide")
         decision = decision_among(r.state for r in partition_records)
         if decision is not None:
             return self._finish(decision, "a participant's record holds the decision")
-        if not partition_records and self.protocol is not Protocol.CORNUS:
+        if not partition_records and self.protocol is not Protocol.CORNUS and txn_ids.coordinator_of(self.txn):
             # A coordinator-log participant keeps no record until it learns the decision, which
             # its coordinator's log may hold (found by audit: reported "no record" for a COMMIT
             # logged by a coordinator that crashed before telling anyone).

@@ -125,8 +125,9 @@ class RuntimeLimits:
         assert set(_LIMIT_MAX) == {item.name for item in dataclasses.fields(self)}, "a limit without a maximum"
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < _LIMIT_MIN.get(item.name, 1):
-                qualifier = "non-negative" if _LIMIT_MIN.get(item.name, 1) == 0 else "positive"
+            least = _LIMIT_MIN.get(item.name, 1)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                qualifier = "non-negative" if least == 0 else "positive"
                 raise ValidationError(f"{item.name} must be a {qualifier} integer, got {value!r}")
             if value > _LIMIT_MAX[item.name]:
                 raise ValidationError(f"{item.name} is {value}, more than its maximum {_LIMIT_MAX[item.name]}")

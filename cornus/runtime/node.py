@@ -278,7 +278,7 @@ class Node:
                and not self.runner.stopped and not self.deposed):
             await asyncio.sleep(POLL_MS / 1000)
         left = self.uncollected_count()
-        if left and not self.deposed:
+        if left and not self.deposed and timeout_s > 0:  # 0: told not to wait (thrown-away storage)
             log.warning("node %s stops with the records of %d transactions it coordinated left uncollected "
                         "(timeout_ms_stop_collect %d ms is shorter than their grace period, or storage did not "
                         "answer); they stay in storage", self.node_id, left, self.config.limits.timeout_ms_stop_collect)

@@ -23,6 +23,7 @@ from loadtests.bench import namespaces
 from services.local_cluster import (
     ClusterNode,
     StopSignals,
+    dead_node,
     local_members,
     start_node,
     stop_nodes,
@@ -81,7 +82,9 @@ class BenchCluster:
         """Start `nodes` (every member by default) and wait until they serve; RuntimeError
         (`failure`, or that the cluster did not start) if one dies or the wait times out. The
         whole cluster starts again on other ports (PORT_PICK_COUNT_MAX times in all) when a node
-        found a port taken: its peers' list names them all, so none keeps its ports."""
+        of its first start found a port taken: the peers' list names them all, so none keeps its
+        ports (the members stay the same objects, with their new ports). A restart of some nodes
+        keeps their ports, and fails as any other failure if one is taken."""
         chosen = list(self.members if nodes is None else nodes)
         for pick in range(1, PORT_PICK_COUNT_MAX + 1):
             for node in chosen:
@@ -89,15 +92,15 @@ class BenchCluster:
                            environ={**self.spec.environ, **(environ or {})})
             if wait_cluster_ready(chosen, self.stop, READY_TIMEOUT_S):
                 return
-            unbound = any(node.process is not None and node.process.poll() == EXIT_CODE_ADDRESS_UNBOUND
-                          for node in chosen)
+            dead = dead_node(chosen)
+            unbound = dead is not None and dead.process is not None and dead.process.poll() == EXIT_CODE_ADDRESS_UNBOUND
             if nodes is not None or not unbound or pick == PORT_PICK_COUNT_MAX:
                 break
             stop_nodes(self.members, self.stop)
-            # In place: bench_cluster stops and keeps the logs of the list it handed out.
-            self.members[:], self.peers = local_members(self.spec.nodes, self.spec.protocol, self.spec.partitions,
-                                                        self.data)
-            chosen = list(self.members)
+            fresh, self.peers = local_members(self.spec.nodes, self.spec.protocol, self.spec.partitions, self.data)
+            for member, picked in zip(self.members, fresh, strict=True):
+                assert member.log_path == picked.log_path and not member.alive, member
+                member.config, member.api_port, member.peer_port = picked.config, picked.api_port, picked.peer_port
             print(f"cornus: starting {self.spec.label} again on other ports (pick {pick + 1} of "
                   f"{PORT_PICK_COUNT_MAX})", file=sys.stderr, flush=True)
         raise RuntimeError(failure or f"{self.spec.label} did not start")

@@ -26,7 +26,7 @@ from cornus.protocol.config import ProtocolConfig
 from cornus.protocol.ownership import OwnershipConfig
 from cornus.runtime.config import RuntimeLimits, load_node_config, timeout_maxima, timeout_names_all
 from services.client import ClientConfig
-from services.serve import SHUTDOWN_BUDGET_S, STORAGE_OPEN_TIMEOUT_S
+from services.serve import SHUTDOWN_BUDGET_S, SHUTDOWN_BUDGET_S_BUT_COLLECT, STORAGE_OPEN_TIMEOUT_S
 from storage_adapters.contract import OWNER_LEASE_MS_MAX, PARTICIPANT_COUNT_MAX, SCAN_PAGE_COUNT_MAX
 from storage_adapters.errors import ValidationError
 from storage_adapters.factory import TIMEOUT_MS_CALL_MAX, StoreConfig
@@ -139,9 +139,10 @@ def test_probes_and_grace_period_fit_the_node(helm_bin: str) -> None:
     container = node_container(docs)
     # SIGTERM: the APIs, then the node's own stop, each within its budget (services/serve.py).
     assert pod_spec["terminationGracePeriodSeconds"] > SHUTDOWN_BUDGET_S
-    # And the least the schema lets a user set (found: 25 s, below a budget that had grown to 27).
+    # And the least the schema lets a user set (found: 25 s, below a budget that had grown to 27),
+    # with no wait for the collections; the template checks that wait's part.
     schema = json.loads((CHART / "values.schema.json").read_text())
-    assert schema["properties"]["terminationGracePeriodSeconds"]["minimum"] > SHUTDOWN_BUDGET_S
+    assert schema["properties"]["terminationGracePeriodSeconds"]["minimum"] > SHUTDOWN_BUDGET_S_BUT_COLLECT
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] > STORAGE_OPEN_TIMEOUT_S
     assert startup["httpGet"] == {"path": "/healthz", "port": "http"}
@@ -220,6 +221,10 @@ def test_schema_timeouts_are_the_nodes() -> None:
         # Found by audit (2026-11-27): a startup probe shorter than a node's wait for its storage
         # at start (60 s) had Kubernetes kill every pod that waited for slow storage.
         (["probes.startup.failureThreshold=10"], "probes.startup"),
+        # Found by review (2026-11-28): a stop waits for its collections too; a grace period that
+        # ends first has Kubernetes kill the pod before it collected or closed its store.
+        (["terminationGracePeriodSeconds=44"], "terminationGracePeriodSeconds (44) must exceed a node's bounded stop"),
+        (["timeouts.timeout_ms_stop_collect=20000"], "timeout_ms_stop_collect (20000 ms)"),
         (["storage.redis.url=redis://:secret@redis:6379/0", "storage.redis.existingSecret="],
          "a redis:// or rediss:// URL without a user or password"),
         (["storage.backend=azure_blob", "storage.azureBlob.existingSecret=s", "storage.azureBlob.container=A_b"],

@@ -40,11 +40,14 @@ def test_a_cluster_whose_port_was_taken_before_its_node_bound_it_starts_on_other
                                  storage_argv=["--backend", "emulator"])
     try:
         with lifecycle.bench_cluster(spec) as cluster:
+            members = list(cluster.members)  # as the termination bench holds them, before the start
             cluster.start()
             assert len(picks) == 2, picks
-            assert all(node.alive for node in cluster.members)
-            assert busy_port not in {port for node in cluster.members
-                                     for port in (node.api_port, node.peer_port, node.config.grpc_api_listen)}
-            assert all(f":{node.peer_port}" in cluster.peers for node in cluster.members), cluster.peers
+            assert [id(node) for node in cluster.members] == [id(node) for node in members]
+            assert all(node.alive for node in members)
+            ports = {port for node in members for port in (
+                node.api_port, node.peer_port, int(node.config.grpc_api_listen.rsplit(":", 1)[1]))}
+            assert busy_port not in ports and len(ports) == 3 * len(members), ports
+            assert all(f":{node.peer_port}" in cluster.peers for node in members), cluster.peers
     finally:
         busy.close()

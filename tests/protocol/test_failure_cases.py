@@ -14,6 +14,7 @@ from cornus.protocol.effects import (
     ApplyRedo,
     CacheRedo,
     CancelTimer,
+    CheckIdentity,
     Log,
     LogOnce,
     Reply,
@@ -27,7 +28,7 @@ from cornus.protocol.events import CommitRequested, LogReturned, MessageReceived
 from cornus.protocol.hosts import CoordinatorHost
 from cornus.protocol.messages import Decision, DecisionAck, Prepare, Vote
 from cornus.protocol.participant_base import Phase
-from cornus.protocol.txn_ids import protocol_of
+from cornus.protocol.txn_ids import client_txn_id, protocol_of
 from cornus.sim.explore import explore
 from cornus.sim.invariants import check
 from cornus.sim.schedule import Schedule
@@ -340,3 +341,20 @@ def test_collection_waits_out_the_longest_grace_a_participant_acknowledged_with(
     effects = host.handle(MessageReceived("p1", "c0", DecisionAck(txn, "p1", TxnState.COMMIT)))
     (collection,) = [e for e in effects if isinstance(e, StartTimer) and e.timer.kind == "gc"]
     assert collection.duration_ms == longer
+
+
+def test_a_coordinator_log_abort_waiting_for_its_identity_read_writes_no_more_redo() -> None:
+    """Found by review (2026-11-28): an ABORT of a client-chosen id waits for a read of the
+    node's identity (ConfirmIdentity), which may wait for the next periodic check; meanwhile the
+    redo's retry timer kept writing the redo, past REDO_DURABLE_MS_MAX. Nothing could commit, but
+    a redo landing after a recovering node's scan would hold that node's locks for nothing."""
+    txn = client_txn_id(5, "c0", "ab" * 16, Protocol.COORDINATOR_LOG)
+    host = CoordinatorHost("c0", ProtocolConfig(), random.Random(1), protocol_of)
+    host.identity_taken(1)
+    started = host.handle(CommitRequested("c0", txn, writes=(("p0", b"a"), ("p1", b"b"))))
+    (redo,) = [e for e in started if isinstance(e, Log) and e.state is TxnState.VOTE_YES]
+    failed = host.handle(LogReturned(redo, StorageUnreachable("down")))
+    (retry,) = [e for e in failed if isinstance(e, StartTimer) and e.timer.kind == "retry"]
+    aborting = host.handle(MessageReceived("p0", "c0", Vote(txn, "p0", yes=False)))
+    assert any(isinstance(e, CheckIdentity) for e in aborting), aborting
+    assert not [e for e in host.handle(TimerFired(retry.timer)) if isinstance(e, Log)], "a redo write after ABORT"

@@ -118,6 +118,12 @@ def test_a_blocking_protocol_s_decision_in_its_coordinator_s_log_alone_is_the_ou
         assert unknown.outcome is None and "no record of this transaction" in unknown.detail
         voted = _resolved_from_the_coordinator_log(protocol, TxnState.VOTE_YES, TxnState.ABORT)
         assert voted.outcome is TxnState.ABORT, voted.detail
-    # Only the coordinator-log's redo record, no decision: in doubt, as with a yes vote.
+    # Only the coordinator-log's redo record, no decision: in doubt, as with a yes vote; and no
+    # partition held a record (the admin API then asks the nodes' memory).
     redo = _resolved_from_the_coordinator_log("clog", None, TxnState.VOTE_YES)
-    assert redo.outcome is None and "in doubt" in redo.detail
+    assert redo.outcome is None and "redo record and no decision" in redo.detail and not redo.found_records
+    # An id that names no coordinator (one this runtime did not make) has no log to read.
+    stray = Resolver("x.2pc", PARTITIONS, ProtocolConfig(), random.Random(1))
+    for read in [e for e in stray.start() if isinstance(e, ReadRecord)]:
+        assert stray.handle(RecordRead(read, None)) == []
+    assert stray.done and stray.outcome is None and "no record" in stray.detail

@@ -232,7 +232,7 @@ node would refuse fails the install instead of crash-looping every pod. Single v
 at most a limit) are checked by values.schema.json. tests/deploy/test_helm_chart.py checks that
 helm refuses exactly the combinations the node refuses.
 */}}
-{{- $nodeDefaults := dict "clock_slack_ms" 1000 "gc_grace_ms" 12000 "backoff_ms_min" 10 "backoff_ms_max" 320 "lease_ms" 4000 "renew_interval_ms" 1000 "op_count_max" 1000 "txn_op_count_max" 10000 "outcome_keep_ms" 600000 "timeout_ms_peer_request" 2000 }}
+{{- $nodeDefaults := dict "clock_slack_ms" 1000 "gc_grace_ms" 12000 "backoff_ms_min" 10 "backoff_ms_max" 320 "lease_ms" 4000 "renew_interval_ms" 1000 "op_count_max" 1000 "txn_op_count_max" 10000 "outcome_keep_ms" 600000 "timeout_ms_peer_request" 2000 "timeout_ms_stop_collect" 15000 }}
 {{- $t := dict }}
 {{- range $name, $default := $nodeDefaults }}
 {{- $value := $default }}
@@ -241,6 +241,12 @@ helm refuses exactly the combinations the node refuses.
 {{- end }}
 {{- /* int64: a values file's numbers are floats to helm, --set's are int64 */}}
 {{- $_ := set $t $name (int64 $value) }}
+{{- end }}
+{{- /* Kubernetes kills a pod still stopping at terminationGracePeriodSeconds: a node's stop takes
+up to 29 s (services/serve.py SHUTDOWN_BUDGET_S_BUT_COLLECT) plus its collections' wait. */}}
+{{- $stopMs := add 29000 $t.timeout_ms_stop_collect }}
+{{- if le (mul (int64 .Values.terminationGracePeriodSeconds) 1000) $stopMs }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must exceed a node's bounded stop, %d ms: 29 s for its requests, APIs, decisions and release, plus timeouts.timeout_ms_stop_collect (%d ms) waiting for the records of its transactions to be collected (unset, %d ms, the node's default)" (int64 .Values.terminationGracePeriodSeconds) $stopMs $t.timeout_ms_stop_collect $nodeDefaults.timeout_ms_stop_collect) }}
 {{- end }}
 {{- $call := int64 .Values.storage.timeoutMsCall }}
 {{- $graceMin := add (mul 2 $call) $t.clock_slack_ms }}
