@@ -222,12 +222,19 @@ def _print_outcome(outcome: Outcome, as_json: bool) -> None:
         print("  timing_ms: " + ", ".join(f"{name}={ms:.2f}" for name, ms in outcome.timing_ms.items()))
 
 
+# `cornus txn`'s exit status when the outcome is unknown: a script must not take it for an abort
+# and run the transaction again, which an exit status of 1 invited (found by audit).
+EXIT_CODE_UNKNOWN = 3
+
+
 def _txn(args: argparse.Namespace) -> int:
     # Everything is checked before the first request, so bad input changes nothing.
     ops = [parse_op(text) for text in args.ops]
     with CornusClient(args.url, config=_client_config(args)) as client:
         outcome = client.execute(ops, args.protocol)
     _print_outcome(outcome, args.json)
+    if outcome.status is Status.UNKNOWN:
+        return EXIT_CODE_UNKNOWN
     return 0 if outcome.committed else 1
 
 
@@ -988,8 +995,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     txn = commands.add_parser(
         "txn", help="run one one-shot transaction",
-        description=f"Run OPs as one transaction. OP is {_OP_SYNTAX}. Exit 0 committed, 1 aborted, unknown "
-                    "or unavailable, 2 bad input.",
+        description=f"Run OPs as one transaction. OP is {_OP_SYNTAX}. Exit 0 committed, 1 aborted or "
+                    f"unavailable, 2 bad input, {EXIT_CODE_UNKNOWN} unknown (it may have committed: ask its status "
+                    "before running it again).",
     )
     txn.add_argument("--url", required=True, help="a node's REST URL, e.g. http://127.0.0.1:8100")
     txn.add_argument("--protocol", choices=protocols, help="this transaction's protocol (default: the node's)")

@@ -109,7 +109,11 @@ def check_client_txn(
         raise ClientTxnRefused(f"txn must be a string, got {type(txn).__name__}")
     problem = txn_ids.client_txn_format_problem(txn, node_id)
     if problem:
-        raise ClientTxnRefused(problem)
+        # An id whose only fault is to name another node: a proxy in front of several nodes may
+        # have delivered the same request to that one first (found by audit: taken for "nothing
+        # ran", it was run again).
+        named_another = not txn_ids.client_txn_format_problem(txn, txn_ids.coordinator_of(txn))
+        raise ClientTxnRefused(problem, may_have_run=named_another)
     if txn_ids.protocol_of(txn) is not protocol:
         # The id names the protocol every node runs it with; a request that asks for another says
         # two things, and which it meant is unknown.
@@ -121,5 +125,7 @@ def check_client_txn(
     age_ms_max = min(txn_ids.CLIENT_BEGIN_MS_AGE_MAX, timeout_ms_peer_request)
     problem = txn_ids.client_begin_problem(txn_ids.begin_ms_of(txn), now_ms, started_ms, age_ms_max)
     if problem:
-        raise ClientTxnBeginRefused(f"txn {txn!r}: {problem}")
+        # Too old, or begun before this process: how a second delivery after the first ran looks.
+        # A begin ahead of the clock was ahead at any earlier delivery too.
+        raise ClientTxnBeginRefused(f"txn {txn!r}: {problem}", may_have_run=txn_ids.begin_ms_of(txn) <= now_ms)
     return txn

@@ -37,6 +37,7 @@ from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.keys import partition_of
 from cornus.runtime.outcome import (
     AbortReason,
+    ClientTxnKnown,
     NodeOverloaded,
     Outcome,
     OutcomeStatus,
@@ -224,7 +225,7 @@ class Coordination:
         # begin is by now (found by audit: refused as too old, "nothing ran", and the SDK sent
         # the committed transaction again under an id of the node's).
         if isinstance(txn, str) and self.known(txn) is not None:
-            raise TxnWrongState(f"transaction {txn} is already known to {self.node_id}: a client-chosen id names "
+            raise ClientTxnKnown(f"transaction {txn} is already known to {self.node_id}: a client-chosen id names "
                                 "one transaction, run once; ask its status")
         after_ms = txn_ids.client_begins_after_ms(
             self.started_unix_ms, self.identity_taken_unix_ms(), self.config.protocol_config.clock_slack_ms)

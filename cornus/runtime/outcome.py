@@ -65,13 +65,27 @@ class TxnWrongState(TxnError):
     pass
 
 
+class ClientTxnKnown(TxnWrongState):
+    """A client-chosen id this node already ran (or runs): a second delivery of the same request,
+    whose outcome the status call tells."""
+
+    may_have_run = True
+
+
 class NodeOverloaded(TxnError):
     """Too many transactions in flight on this coordinator: retry later."""
 
 
 class ClientTxnRefused(ValidationError):
     """A client-chosen transaction id this node refuses for its form (it names another node, say);
-    nothing ran. REST answers 400 `invalid_txn`, gRPC INVALID_ARGUMENT."""
+    nothing ran here. REST answers 400 `invalid_txn`, gRPC INVALID_ARGUMENT. `may_have_run`: an
+    earlier delivery of the same request may have run it all the same (a proxy that sent it again:
+    to another node, which the id names, or to this node before it restarted), so its outcome is
+    unknown, not "nothing ran"; gRPC answers OUTCOME_UNKNOWN then, and REST's SDK concludes so."""
+
+    def __init__(self, message: str, *, may_have_run: bool = False) -> None:
+        super().__init__(message)
+        self.may_have_run = may_have_run
 
 
 class ClientTxnBeginRefused(ClientTxnRefused):

@@ -271,15 +271,25 @@ def note_refusal(
     ran nothing, nor did any other of it: go again without an id) or IN_DOUBT (this one ran
     nothing, but an earlier delivery of the same request, by a proxy that sends a POST again, may
     have run it: a begin too old, or before the node's process started, is how a second delivery
-    after a commit and a restart looks; found by audit: rerun, it committed twice). A begin ahead
-    of the node's clock was ahead at any earlier delivery too. Its identity is forgotten, to be
-    asked again next time (the URL may lead to another node now, its clock may have moved), and the
+    after a commit and a restart looks; found by audit: rerun, it committed twice; and an id that
+    names another node). A begin ahead of the node's clock was ahead at any earlier delivery too.
+    Its identity is forgotten, to be asked again next time (the URL may lead to another node now,
+    its clock may have moved), or, when the URL leads to several nodes, no longer asked; and the
     first refusal of each kind is logged: every later call would pay the same extra request."""
     refusal = client_txn_refusal(response)
     if not refusal:
         return ""
-    identities.pop(url, None)
-    kind = IN_DOUBT if refusal == "txn_begin_refused" and "ahead of this node's clock" not in response.text else RERUN
+    begun_before = refusal == "txn_begin_refused" and "ahead of this node's clock" not in response.text
+    # An id naming another node than the one that refused it: `url` leads to several nodes (a load
+    # balancer), and the proxy may have delivered the same request to the node it names first
+    # (found by audit: rerun, it committed twice). Every other form the id was refused for, every
+    # node refuses alike.
+    named_another = refusal == "invalid_txn" and "must name the node it is sent to" in response.text
+    kind = IN_DOUBT if begun_before or named_another else RERUN
+    if named_another:
+        identities[url] = None  # no one node behind it: its calls go under ids the nodes choose
+    else:
+        identities.pop(url, None)
     if (refusal, kind) not in logged:
         logged.add((refusal, kind))
         then = ("its outcome is unknown: ask its status" if kind == IN_DOUBT else
@@ -364,12 +374,15 @@ def _outcome_from(url: str, body: dict[str, Any]) -> Outcome:
 
 
 def parse_outcome(url: str, response: httpx.Response, txn: str, *, may_have_committed: bool,
-                  own_id: bool = False) -> Outcome:
+                  own_id: bool = False, commit: bool = False) -> Outcome:
     """The outcome of execute, commit, abort, status or resolve. Raises the typed error of a 4xx.
     A response outside the API (e.g. a 500) is UNKNOWN where the call could have committed,
     since the node may have failed after committing; elsewhere it is a ServerError. `own_id`: the
     call ran under `txn`, an id this client chose for it, so a node that already knows that id
-    (409) ran an earlier delivery of this very request: UNKNOWN, never "refused"."""
+    (409) ran an earlier delivery of this very request: UNKNOWN, never "refused". `commit`: the
+    call commits `txn`, so a node's 409 ("not active") or 404 with no outcome may answer a second
+    delivery of it, by a proxy that sent the POST again, while the first commits or after it
+    committed and the node restarted: UNKNOWN too (found by audit: raised as "nothing changed")."""
     try:
         body = _json(url, response) if response.content else None
     except ServerError:
@@ -387,6 +400,10 @@ def parse_outcome(url: str, response: httpx.Response, txn: str, *, may_have_comm
             return Outcome(txn, Status.UNKNOWN, node_url=url,
                            detail=f"{url}: 503 not from a Cornus node ({_error_text(body)}); it may have committed")
         return unreachable(url, txn, _error_text(body))
+    if commit and response.status_code in (404, 409):
+        return Outcome(txn, Status.UNKNOWN, node_url=url,
+                       detail=f"{url}: the node answered the commit of {txn} with {response.status_code} "
+                              f"({_error_text(body)}), as it answers a second delivery of it; ask its status")
     if own_id and response.status_code == 409:
         # Found by audit: raised as WrongState ("nothing changed"), so a caller whose POST a proxy
         # delivered twice, the first answer lost, ran the transaction again.

@@ -120,7 +120,7 @@ class AsyncTransaction:
             else:
                 outcome = unknown(self.node_url, self.txn, error)
         else:
-            outcome = parse_outcome(self.node_url, response, self.txn, may_have_committed=True)
+            outcome = parse_outcome(self.node_url, response, self.txn, may_have_committed=True, commit=True)
         self.outcome = outcome
         return outcome
 

@@ -45,6 +45,8 @@ from cornus.protocol.txn_ids import TXN_ID_PATTERN, TXN_ID_PATTERN_SAYS
 from cornus.runtime.node import Node, TxnAborted, one_shot_outcome
 from cornus.runtime.outcome import (
     AbortReason,
+    ClientTxnKnown,
+    ClientTxnRefused,
     NodeOverloaded,
     Outcome,
     OutcomeStatus,
@@ -384,7 +386,17 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         deadline_s = self._deadline_s(context)
         if call.refused:
             raise NodeOverloaded("the server is stopping; nothing was committed")
-        txn = call.txn = node.begin(protocol, client_txn)
+        try:
+            txn = call.txn = node.begin(protocol, client_txn)
+        except (ClientTxnRefused, ClientTxnKnown) as refused:
+            if not refused.may_have_run:
+                raise
+            # An earlier delivery of this very call (a proxy's retry, to this node or to the one
+            # the id names) may have run it: unknown, as REST's SDK concludes, never an error status,
+            # which public.proto says changed nothing (found by audit: a client re-ran it).
+            assert client_txn is not None
+            return Outcome(client_txn, OutcomeStatus.UNKNOWN,
+                           detail=f"{refused}; an earlier delivery of this call may have run it: ask Status")
         try:
             await context.send_initial_metadata(((TXN_METADATA_KEY, txn),))
             values = await node.run_ops(txn, ops)

@@ -188,3 +188,31 @@ async def test_a_one_shot_refused_for_room_leaves_its_client_chosen_id_free(tmp_
         assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, refused.value
         monkeypatch.setattr(coordination, "WRITES_HELD_BYTES_MAX", 10_000_000)
         assert (await served.stub.Execute(request, timeout=5)).outcome == pb.OUTCOME_COMMITTED
+
+
+async def test_an_execute_whose_own_id_an_earlier_delivery_may_have_run_is_unknown_not_an_error(tmp_path):
+    """Found by audit (2026-11-28): an Execute carrying its own txn that the node had already run
+    was FAILED_PRECONDITION, and one whose id named another node (behind a load balancer) or began
+    before the node's restart INVALID_ARGUMENT, both documented in public.proto as "changed
+    nothing": a client behind a proxy that delivers a call twice ran its transaction again. Each
+    is OUTCOME_UNKNOWN now, as REST's SDK concludes; a begin ahead of the node's clock, which no
+    delivery could have run, is still INVALID_ARGUMENT."""
+    async with _served(tmp_path) as served:
+        node = served.node.node_id
+        now_ms = int(time.time() * 1000)
+        txn = client_txn_id(now_ms, node, secrets.token_hex(16), Protocol.CORNUS)
+        request = pb.ExecuteRequest(txn=txn, ops=[pb.Op(kind=pb.OP_KIND_PUT, key=served.keys[0], value=b"v")])
+        assert (await served.stub.Execute(request, timeout=5)).outcome == pb.OUTCOME_COMMITTED
+        again = await served.stub.Execute(request, timeout=5)  # the proxy's second delivery
+        assert again.outcome == pb.OUTCOME_UNKNOWN and again.txn == txn, again
+        elsewhere = client_txn_id(now_ms, node + "x", secrets.token_hex(16), Protocol.CORNUS)
+        other = await served.stub.Execute(pb.ExecuteRequest(txn=elsewhere, ops=request.ops), timeout=5)
+        assert other.outcome == pb.OUTCOME_UNKNOWN and other.txn == elsewhere, other
+        old = client_txn_id(now_ms - 60_000, node, secrets.token_hex(16), Protocol.CORNUS)
+        late = await served.stub.Execute(pb.ExecuteRequest(txn=old, ops=request.ops), timeout=5)
+        assert late.outcome == pb.OUTCOME_UNKNOWN and late.txn == old, late
+        ahead = client_txn_id(now_ms + 60_000, node, secrets.token_hex(16), Protocol.CORNUS)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await served.stub.Execute(pb.ExecuteRequest(txn=ahead, ops=request.ops), timeout=5)
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT, refused.value
+        assert [await served.cluster.value(k) for k in served.keys[:1]] == [b"v"]

@@ -174,3 +174,67 @@ async def test_the_async_client_raises_on_a_refused_resolve_alike() -> None:
     client = AsyncCornusClient("http://node:8100", http=httpx.AsyncClient(transport=_resolve_overloaded()))
     with pytest.raises(Unavailable, match="503"):
         await client.resolve("1795797027483.n0.000001.1.cornus")
+
+
+def _commit_delivered_again(status: int, error: str) -> httpx.MockTransport:
+    """A node whose answer to a commit is a second delivery's (a proxy sent the POST again after
+    the first answer was lost): the first is committing, or committed before a restart."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/txn":
+            return httpx.Response(201, json={"txn": "t1"})
+        assert request.url.path.endswith("/commit"), request.url.path
+        return httpx.Response(status, json={"error": error, "detail": "transaction t1 is unknown, not active"})
+
+    return httpx.MockTransport(handler)
+
+
+@pytest.mark.parametrize(("status", "error"), [(409, "wrong_state"), (404, "not_found")])
+async def test_a_commit_answered_as_a_second_delivery_is_unknown_not_refused(status: int, error: str) -> None:
+    """Found by audit (2026-11-28): a commit's 409 ("not active": the first delivery is
+    committing it) or 404 (committed, then the node restarted) raised WrongState or NotFound,
+    which the SDK documents as "nothing changed": the caller ran its transaction again."""
+    client = CornusClient("http://node:8100", http=httpx.Client(transport=_commit_delivered_again(status, error)))
+    outcome = client.begin().commit()
+    assert outcome.status is Status.UNKNOWN and outcome.txn == "t1", outcome
+    aclient = AsyncCornusClient("http://node:8100",
+                                http=httpx.AsyncClient(transport=_commit_delivered_again(status, error)))
+    txn = await aclient.begin()
+    outcome = await txn.commit()
+    assert outcome.status is Status.UNKNOWN and outcome.txn == "t1", outcome
+
+
+def _sent_on_to_another_node() -> tuple[httpx.MockTransport, list[bytes]]:
+    """A load balancer in front of two nodes: /healthz reached n0, so the id names n0, and the
+    execute was delivered to n0 (which ran it, its answer lost) and then again to n1."""
+    executes: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/healthz":
+            return httpx.Response(200, json={"status": "ok", "node": "n0", "protocol": "cornus"})
+        assert request.url.path == "/v1/execute", request.url.path
+        executes.append(request.content)
+        if b'"txn"' not in request.content:  # an id the node chooses
+            return httpx.Response(200, json={"txn": "2.n1.x.1.cornus", "outcome": "committed"})
+        return httpx.Response(400, json={"error": "invalid_txn", "detail": (
+            "txn '1.n0.cab.1.cornus' names node 'n0': a client-chosen id must name the node it is sent to, 'n1'")})
+
+    return httpx.MockTransport(handler), executes
+
+
+async def test_an_id_refused_by_another_node_behind_a_proxy_is_in_doubt_not_run_again() -> None:
+    """Found by audit (2026-11-28): a node refusing the id because it names another node was read
+    as "nothing ran, run it again without an id"; behind a load balancer that sent the POST again
+    to another node, the node it names may have committed it: it committed twice."""
+    transport, executes = _sent_on_to_another_node()
+    client = CornusClient("http://balancer:8100", http=httpx.Client(transport=transport))
+    outcome = client.execute([Op.put("k", "v")])
+    assert outcome.status is Status.UNKNOWN and outcome.txn, outcome
+    assert len(executes) == 1, "run again under another id"
+    # The URL leads to several nodes: later calls go under ids the nodes choose.
+    assert client.execute([Op.put("k", "w")]).committed
+    assert len(executes) == 2 and b'"txn"' not in executes[1], executes
+    transport, executes = _sent_on_to_another_node()
+    aclient = AsyncCornusClient("http://balancer:8100", http=httpx.AsyncClient(transport=transport))
+    outcome = await aclient.execute([Op.put("k", "v")])
+    assert outcome.status is Status.UNKNOWN and outcome.txn, outcome
+    assert len(executes) == 1, "run again under another id"
