@@ -37,9 +37,10 @@ before the write's own condition, as the contract asks), a failed later one is t
 condition (a record that exists, a refused flip). Unfenced calls keep their single-item requests;
 a transactional write costs twice the capacity units of a plain one. A redo too big for one
 transaction carries the check in every chunk (see `apply_redo`). A transaction that meets another
-on the ownership item (a renewal's PutItem; perhaps another fenced write's check: moto, serving one
-request at a time, cannot show which) is cancelled with TransactionConflict, which is reported as
-StorageUnavailable: retryable, nothing written.
+on the ownership item (a renewal's PutItem; another fenced write's check, as AWS documents: moto,
+serving one request at a time, cannot show it) is cancelled with TransactionConflict, nothing
+written: it is sent again after a short jittered pause (CONFLICT_RETRY_COUNT_MAX times at most,
+within the call's deadline; a renewal refused so too), then reported as StorageUnavailable.
 
 Tombstones. `delete` with a keep is one conditional UpdateItem that turns the record into its
 tombstone where it stands (an update, not a put, so that a record keeps its created_at_ms): it sets
@@ -83,6 +84,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn, TypeVar
@@ -204,6 +206,16 @@ _RETRYABLE_ERROR_CODES = frozenset(
 _RETRYABLE_CANCELLATION_CODES = frozenset(
     {"ProvisionedThroughputExceeded", "RequestLimitExceeded", "ThrottlingError", "TransactionConflict"}
 )
+
+# A call DynamoDB cancelled (a TransactWriteItems) or refused (a PutItem) only because another
+# transaction held one of its items wrote nothing; it is sent again after a pause of up to
+# CONFLICT_PAUSE_MS_MAX (jittered, so that the writes that met do not meet again), this many times
+# at most and within the call's deadline, rather than reported unavailable. Every fenced write
+# checks its partition's ownership item, so concurrent fenced writes of one partition meet there,
+# and a lease renewal's PutItem meets them too (found by audit: most fenced writes of a busy
+# partition, and its renewals, would fail so; moto, serving one request at a time, never shows it).
+CONFLICT_RETRY_COUNT_MAX = 8
+CONFLICT_PAUSE_MS_MAX = 20
 
 _TXN_PK_PREFIX = "txn#"
 _DATA_PK_PREFIX = "data#"
@@ -364,6 +376,31 @@ def _final_cancellation_reasons(error: ClientError) -> list[dict[str, Any]]:
     if any(reason.get("Code") in _RETRYABLE_CANCELLATION_CODES for reason in reasons):
         return []
     return reasons
+
+
+def _conflict_only(error: ClientError) -> bool:
+    """Whether `error` cancelled or refused the call only because another transaction held one of
+    its items: nothing was written, and a second try may pass."""
+    code = _error_code(error)
+    if code == "TransactionConflictException":
+        return True
+    if code != "TransactionCanceledException":
+        return False
+    codes = {reason.get("Code") for reason in error.response.get("CancellationReasons") or []}
+    return "TransactionConflict" in codes and codes <= {"TransactionConflict", "None", None}
+
+
+async def _retrying_conflicts(send: Callable[[], Awaitable[T]]) -> T:
+    """`send()`, sent again after a conflict (CONFLICT_RETRY_COUNT_MAX times at most); the call's
+    deadline, which the store's template keeps, ends the pauses too."""
+    for attempt in range(CONFLICT_RETRY_COUNT_MAX + 1):
+        try:
+            return await send()
+        except ClientError as error:
+            if attempt == CONFLICT_RETRY_COUNT_MAX or not _conflict_only(error):
+                raise
+        await asyncio.sleep(random.uniform(0, CONFLICT_PAUSE_MS_MAX) / 1000)
+    raise AssertionError("the last attempt returns or raises")
 
 
 def _refuse_tombstone(log: LogId, txn: str, keep: Tombstone, item: Mapping[str, Any], error: Exception) -> NoReturn:
@@ -965,7 +1002,7 @@ class DynamoDbStore(LogStore):
 
     async def _transact(self, items: list[dict[str, Any]]) -> None:
         assert 0 < len(items) <= TRANSACT_ITEM_COUNT_MAX
-        await self._client.transact_write_items(TransactItems=items)
+        await _retrying_conflicts(lambda: self._client.transact_write_items(TransactItems=items))
 
     @staticmethod
     def _marker_failure(error: ClientError, log: LogId, txn: str) -> Record | None:
@@ -1139,7 +1176,7 @@ class DynamoDbStore(LogStore):
                 ":version": {"N": str(expected.version)},
             }
         try:
-            await self._client.put_item(**put)
+            await _retrying_conflicts(lambda: self._client.put_item(**put))
         except ClientError as error:
             if _error_code(error) != "ConditionalCheckFailedException":
                 raise

@@ -1,0 +1,95 @@
+"""DynamoDB's TransactionConflict (tests against the suite's moto server, which serves one request
+at a time and so never answers it: the answers are injected before the request leaves). Every
+fenced write is a transaction that checks its partition's ownership item, so concurrent fenced
+writes of one partition meet there, and a lease renewal's PutItem meets them too; DynamoDB then
+cancels (or refuses) the call, writing nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from storage_adapters import dynamodb as dynamodb_module
+from storage_adapters.contract import LogId, TxnState
+from storage_adapters.dynamodb import DynamoDbStore
+from storage_adapters.errors import StorageUnavailable
+from storage_adapters.factory import open_store
+from tests.conftest import Services
+from tests.storage.conftest import config_for, drop_dynamodb_table
+from tests.storage.test_conformance import body
+from tests.storage.test_ownership import take_first
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+async def dynamodb(services: Services, run_id: str, tmp_path: Any) -> AsyncIterator[DynamoDbStore]:
+    config = config_for("dynamodb", services, f"{run_id}-{uuid.uuid4().hex[:8]}", str(tmp_path))
+    store = await open_store(config)
+    assert isinstance(store, DynamoDbStore)
+    try:
+        yield store
+    finally:
+        await store.close()
+        await drop_dynamodb_table(config)
+
+
+@dataclass
+class _Answer:
+    status_code: int = 400
+
+
+@contextlib.contextmanager
+def conflicts(store: DynamoDbStore, operation: str, count: int) -> Iterator[list[str]]:
+    """The next `count` requests of `operation` answered as DynamoDB answers one that met another
+    transaction on an item; the operations sent meanwhile, in order."""
+    sent: list[str] = []
+
+    def answer(model: Any, **_: Any) -> tuple[_Answer, dict[str, Any]] | None:
+        sent.append(model.name)
+        if model.name != operation or sent.count(operation) > count:
+            return None
+        if operation == "TransactWriteItems":
+            return _Answer(), {"Error": {"Code": "TransactionCanceledException", "Message": "cancelled"},
+                               "CancellationReasons": [{"Code": "TransactionConflict"}, {"Code": "None"}],
+                               "ResponseMetadata": {"HTTPStatusCode": 400}}
+        return _Answer(), {"Error": {"Code": "TransactionConflictException", "Message": "conflict"},
+                           "ResponseMetadata": {"HTTPStatusCode": 400}}
+
+    events = store._client.meta.events  # type: ignore[attr-defined]
+    events.register_first(f"before-call.dynamodb.{operation}", answer)
+    try:
+        yield sent
+    finally:
+        events.unregister(f"before-call.dynamodb.{operation}", answer)
+
+
+async def test_a_fenced_write_that_met_another_transaction_is_tried_again(dynamodb: DynamoDbStore, ns: str) -> None:
+    """Found by audit (2026-11-28): a fenced write cancelled for a TransactionConflict (nothing
+    written) was reported unavailable at once, so under concurrency most fenced writes of a busy
+    partition failed on DynamoDB. It is tried again, a bounded number of times."""
+    fence = (await take_first(dynamodb, ns)).fence()
+    log = LogId.partition(ns)
+    with conflicts(dynamodb, "TransactWriteItems", 2) as sent:
+        result = await dynamodb.log_once(log, "t1", TxnState.VOTE_YES, body(ns), fence=fence)
+    assert result.created and sent.count("TransactWriteItems") == 3, sent
+    with conflicts(dynamodb, "TransactWriteItems", dynamodb_module.CONFLICT_RETRY_COUNT_MAX + 1) as sent, \
+            pytest.raises(StorageUnavailable):
+        await dynamodb.log_once(log, "t2", TxnState.VOTE_YES, body(ns), fence=fence)
+    assert sent.count("TransactWriteItems") == dynamodb_module.CONFLICT_RETRY_COUNT_MAX + 1, sent
+    assert await dynamodb.read(log, "t2") is None
+
+
+async def test_a_renewal_that_met_a_fenced_write_is_tried_again(dynamodb: DynamoDbStore, ns: str) -> None:
+    """A lease renewal's PutItem refused with TransactionConflictException (a fenced write's check
+    held the ownership item) failed the renewal, and enough of them the lease."""
+    taken = await take_first(dynamodb, ns)
+    renewed = type(taken)(taken.partition, taken.owner, taken.epoch, taken.version + 1, taken.lease_ms)
+    with conflicts(dynamodb, "PutItem", 2) as sent:
+        result = await dynamodb.write_owner(taken, renewed)
+    assert result.written and sent.count("PutItem") == 3, sent
