@@ -544,7 +544,10 @@ def validate_data_key(key: object) -> str:
         raise ValidationError(f"data key must be a string, got {type(key).__name__}")
     if not key:
         raise ValidationError("data key must not be empty")
-    size = len(key.encode("utf-8"))
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: no backend can store it
+        raise ValidationError(f"data key {key!r} is not valid Unicode (a lone surrogate)") from None
     if size > DATA_KEY_BYTES_MAX:
         raise ValidationError(f"data key is {size} bytes, the limit is {DATA_KEY_BYTES_MAX}")
     return key

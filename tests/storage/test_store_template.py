@@ -105,10 +105,14 @@ def _calls(ns: str) -> dict[str, tuple[Call, list[Call]]]:
             lambda s: s.read_data(ns, "k"),
             lambda s: s.read_data("p/x", ["k"]),
             lambda s: s.read_data(ns, [""]),
+            # Found by audit (2026-11-28): a lone surrogate raised UnicodeEncodeError, not the
+            # contract's ValidationError, from every backend.
+            lambda s: s.read_data(ns, ["a\udc80"]),
         ]),
         "apply_redo": (lambda s: s.apply_redo(ns, "t", {"k": b"v"}, fence), [
             lambda s: s.apply_redo(ns, "t", {"k": "text"}),  # type: ignore[dict-item]
             lambda s: s.apply_redo(ns, "t", [("k", b"v")]),  # type: ignore[arg-type]
+            lambda s: s.apply_redo(ns, "t", {"\ud800": b"v"}),
             lambda s: s.apply_redo(ns, "t", {"k": b"v"}, other_fence),
         ]),
         "delete": (lambda s: s.delete(log, "t", fence), [
