@@ -186,7 +186,14 @@ class AsyncTransactionScope:
                     await txn.abort()
             return
         if not txn.ended:
-            await txn.commit()
+            try:
+                await txn.commit()
+            except WrongState:
+                # Refused before it left (an earlier call's answer was lost): ended here rather
+                # than holding its locks until the node's idle timeout (found by audit).
+                with contextlib.suppress(CornusError):
+                    await txn.abort()
+                raise
         assert txn.outcome is not None
         if not txn._aborted_by_caller:
             txn.outcome.raise_for_outcome()

@@ -185,7 +185,14 @@ class TransactionScope:
                     txn.abort()
             return
         if not txn.ended:
-            txn.commit()
+            try:
+                txn.commit()
+            except WrongState:
+                # Refused before it left (an earlier call's answer was lost): ended here rather
+                # than holding its locks until the node's idle timeout (found by audit).
+                with contextlib.suppress(CornusError):
+                    txn.abort()
+                raise
         assert txn.outcome is not None
         if not txn._aborted_by_caller:
             txn.outcome.raise_for_outcome()

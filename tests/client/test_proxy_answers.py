@@ -4,6 +4,8 @@ request) is UNKNOWN, not an error the caller may take for "nothing happened" and
 
 from __future__ import annotations
 
+import contextlib
+
 import httpx
 import pytest
 
@@ -238,3 +240,31 @@ async def test_an_id_refused_by_another_node_behind_a_proxy_is_in_doubt_not_run_
     outcome = await aclient.execute([Op.put("k", "v")])
     assert outcome.status is Status.UNKNOWN and outcome.txn, outcome
     assert len(executes) == 1, "run again under another id"
+
+
+async def test_a_scope_whose_commit_is_refused_after_an_ambiguous_write_aborts_its_transaction() -> None:
+    """Found by audit (2026-11-28): a caller that caught the write's Unavailable inside the scope
+    got WrongState from the scope's commit, and the transaction held its locks until the node's
+    idle timeout; the scope aborts it."""
+    sent: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        if request.url.path == "/v1/txn":
+            return httpx.Response(201, json={"txn": "t1"})
+        if request.url.path.endswith("/write"):
+            raise httpx.ReadTimeout("the node took the write and did not answer in time", request=request)
+        assert request.url.path.endswith("/abort"), request.url.path
+        return httpx.Response(200, json={"txn": "t1", "outcome": "aborted", "reason": "client", "retryable": False})
+
+    client = CornusClient("http://node:8100", http=httpx.Client(transport=httpx.MockTransport(handler)))
+    with pytest.raises(WrongState), client.transaction() as txn, contextlib.suppress(Unavailable):
+        txn.write({"k": "v"})
+    assert sent[-1].endswith("/abort"), sent
+    sent.clear()
+    aclient = AsyncCornusClient("http://node:8100", http=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    with pytest.raises(WrongState):
+        async with aclient.transaction() as atxn:
+            with contextlib.suppress(Unavailable):
+                await atxn.write({"k": "v"})
+    assert sent[-1].endswith("/abort"), sent
