@@ -378,6 +378,19 @@ def _final_cancellation_reasons(error: ClientError) -> list[dict[str, Any]]:
     return reasons
 
 
+def _refuse_eventually_consistent_replicas(table: str, description: Mapping[str, Any]) -> None:
+    """Refuse a global table whose replicas are only eventually consistent with each other: each
+    region checks a condition on its own copy, so two nodes writing in two regions could both
+    win one LogOnce, and a deposed owner's fenced write could land (found by audit). A global
+    table with multi-region strong consistency, or none, is fine."""
+    if description.get("Replicas") and description.get("MultiRegionConsistency") != "STRONG":
+        raise StorageError(
+            f"dynamodb table {table} has replicas in other regions kept eventually consistent "
+            f"(MultiRegionConsistency {description.get('MultiRegionConsistency', 'EVENTUAL')}): a conditional "
+            "write is checked in one region only, so LogOnce would not be once; use a table without replicas, "
+            "or one created with MultiRegionConsistency STRONG")
+
+
 def _conflict_only(error: ClientError) -> bool:
     """Whether `error` cancelled or refused the call only because another transaction held one of
     its items: nothing was written, and a second try may pass."""
@@ -582,6 +595,7 @@ class DynamoDbStore(LogStore):
         try:
             description = await self._client.describe_table(TableName=self._table)
             status = description["Table"]["TableStatus"]
+            _refuse_eventually_consistent_replicas(self._table, description["Table"])
         except ClientError as error:
             if _error_code(error) != "ResourceNotFoundException":
                 raise

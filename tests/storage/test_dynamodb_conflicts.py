@@ -17,7 +17,7 @@ import pytest
 from storage_adapters import dynamodb as dynamodb_module
 from storage_adapters.contract import LogId, TxnState
 from storage_adapters.dynamodb import DynamoDbStore
-from storage_adapters.errors import StorageUnavailable
+from storage_adapters.errors import StorageError, StorageUnavailable
 from storage_adapters.factory import open_store
 from tests.conftest import Services
 from tests.storage.conftest import config_for, drop_dynamodb_table
@@ -93,3 +93,28 @@ async def test_a_renewal_that_met_a_fenced_write_is_tried_again(dynamodb: Dynamo
     with conflicts(dynamodb, "PutItem", 2) as sent:
         result = await dynamodb.write_owner(taken, renewed)
     assert result.written and sent.count("PutItem") == 3, sent
+
+
+@pytest.mark.parametrize(("consistency", "refused"), [(None, True), ("EVENTUAL", True), ("STRONG", False)])
+async def test_a_global_table_kept_eventually_consistent_is_refused(
+    dynamodb: DynamoDbStore, consistency: str | None, refused: bool,
+) -> None:
+    """Found by audit (2026-11-28): a global table's regions check conditions each on its own copy,
+    so LogOnce would not be once across them; such a table is refused at open, by name."""
+    table = {"TableName": dynamodb._table, "TableStatus": "ACTIVE", "Replicas": [{"RegionName": "eu-west-1"}]}
+    if consistency is not None:
+        table["MultiRegionConsistency"] = consistency
+
+    def describe(model: Any, **_: Any) -> tuple[_Answer, dict[str, Any]]:
+        return _Answer(200), {"Table": table, "ResponseMetadata": {"HTTPStatusCode": 200}}
+
+    events = dynamodb._client.meta.events  # type: ignore[attr-defined]
+    events.register_first("before-call.dynamodb.DescribeTable", describe)
+    try:
+        if refused:
+            with pytest.raises(StorageError, match="MultiRegionConsistency STRONG"):
+                await dynamodb._describe_or_create_table()
+        else:
+            assert await dynamodb._describe_or_create_table() == ("ACTIVE", False)
+    finally:
+        events.unregister("before-call.dynamodb.DescribeTable", describe)
