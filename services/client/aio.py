@@ -284,10 +284,10 @@ class AsyncCornusClient:
             try:
                 response = await self._get(url + "/healthz")
             except httpx.TransportError as error:
-                if is_unsent(error):
-                    tried.append(f"{url} ({describe(error)})")
-                    return None
-                return ""
+                # Sent or not, the node did not answer (found by audit: the one-shot then went to
+                # it without an id, and a lost answer left it UNKNOWN with none to ask about).
+                tried.append(f"{url} ({describe(error)})")
+                return None
             keep, identity = identity_from(response, asked_s, time.time())
             if not keep:
                 return ""

@@ -5,6 +5,7 @@ request) is UNKNOWN, not an error the caller may take for "nothing happened" and
 from __future__ import annotations
 
 import contextlib
+import json
 
 import httpx
 import pytest
@@ -268,3 +269,30 @@ async def test_a_scope_whose_commit_is_refused_after_an_ambiguous_write_aborts_i
             with contextlib.suppress(Unavailable):
                 await atxn.write({"k": "v"})
     assert sent[-1].endswith("/abort"), sent
+
+
+async def test_a_node_whose_health_did_not_answer_gets_no_one_shot() -> None:
+    """Found by audit (2026-11-28): a /healthz that timed out after it was sent sent the one-shot
+    to that node without an id of the client's, and a lost answer then left it UNKNOWN with no id
+    to ask the status call about. The next node takes it, under an id of the client's."""
+    executes: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/healthz":
+            if request.url.host == "slow":
+                raise httpx.ReadTimeout("no answer in time", request=request)
+            return httpx.Response(200, json={"status": "ok", "node": "n1", "protocol": "cornus"})
+        executes.append(request.url.host)
+        txn = json.loads(request.content)["txn"]
+        return httpx.Response(200, json={"txn": txn, "outcome": "committed"})
+
+    for url_order in (["http://slow:8100", "http://fine:8100"],):
+        client = CornusClient(url_order, http=httpx.Client(transport=httpx.MockTransport(handler)))
+        client._rotation.order = lambda urls=url_order: list(urls)  # type: ignore[method-assign]
+        outcome = client.execute([Op.put("k", "v")])
+        assert outcome.committed and ".n1.c" in outcome.txn and executes == ["fine"], (outcome, executes)
+        executes.clear()
+        aclient = AsyncCornusClient(url_order, http=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+        aclient._rotation.order = lambda urls=url_order: list(urls)  # type: ignore[method-assign]
+        outcome = await aclient.execute([Op.put("k", "v")])
+        assert outcome.committed and ".n1.c" in outcome.txn and executes == ["fine"], (outcome, executes)
