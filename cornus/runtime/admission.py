@@ -98,6 +98,14 @@ def _bundle_size(redo_sizes: Mapping[str, int]) -> int:
     return sum(size + len(p.encode()) + _BUNDLE_BYTES_PER_PARTITION for p, size in redo_sizes.items())
 
 
+def client_txn_age_ms_max(timeout_ms_peer_request: int) -> int:
+    """How far behind the node's clock a client-chosen id may begin (GET /healthz says it, so that a
+    client dates its ids early by less). Capped at the peer request timeout as well: the status
+    call's "a request may still be on its way" window starts with it (status.requests_window_ms),
+    and an id arriving later than that could run after "not known" was said of it."""
+    return min(txn_ids.CLIENT_BEGIN_MS_AGE_MAX, timeout_ms_peer_request)
+
+
 def check_client_txn(
     txn: object, protocol: Protocol, node_id: str, *, now_ms: int, started_ms: int, timeout_ms_peer_request: int,
 ) -> str:
@@ -119,10 +127,7 @@ def check_client_txn(
         # two things, and which it meant is unknown.
         raise ClientTxnRefused(f"txn {txn!r} names protocol {txn_ids.protocol_of(txn)}, the request asks for "
                                f"{protocol.value}")
-    # Capped at the peer request timeout as well: the status call's "a request may still be on its
-    # way" window starts with it (status.requests_window_ms), and an id arriving later than that
-    # could run after "not known" was said of it.
-    age_ms_max = min(txn_ids.CLIENT_BEGIN_MS_AGE_MAX, timeout_ms_peer_request)
+    age_ms_max = client_txn_age_ms_max(timeout_ms_peer_request)
     problem = txn_ids.client_begin_problem(txn_ids.begin_ms_of(txn), now_ms, started_ms, age_ms_max)
     if problem:
         # Too old, or begun before this process: how a second delivery after the first ran looks.

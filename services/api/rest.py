@@ -42,6 +42,7 @@ from starlette.routing import Match, Route
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
 from cornus.protocol.txn_ids import TXN_ID_PATTERN
+from cornus.runtime.admission import client_txn_age_ms_max
 from cornus.runtime.node import Node, TxnAborted
 from cornus.runtime.outcome import (
     ClientTxnBeginRefused,
@@ -234,6 +235,8 @@ class HealthOut(BaseModel):
     now_unix_ms: int = Field(description="the node's clock when it answered, ms since the epoch: a client dates the "
                                          "begin of the ids it chooses by it, which the node refuses when ahead of "
                                          "its clock or too far behind")
+    client_txn_age_ms_max: int = Field(description="how far behind the node's clock the begin of a client-chosen id "
+                                                   "may be when the request reaches it")
 
 
 class ReadyOut(BaseModel):
@@ -756,7 +759,8 @@ def _fastapi_app(served: _Served) -> FastAPI:
     @app.get("/healthz", operation_id="healthz", response_model=HealthOut, summary="Liveness")
     async def healthz() -> HealthOut:
         return HealthOut(status="ok", node=served.node.node_id, protocol=served.node.config.protocol.value,
-                         now_unix_ms=int(time.time() * 1000))
+                         now_unix_ms=int(time.time() * 1000),
+                         client_txn_age_ms_max=client_txn_age_ms_max(served.node.config.limits.timeout_ms_peer_request))
 
     @app.get("/readyz", operation_id="readyz", response_model=ReadyOut,
              summary="Readiness: false until recovery has run",

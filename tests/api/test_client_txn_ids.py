@@ -30,7 +30,7 @@ def test_healthz_names_the_node_its_default_protocol_and_its_clock(api_cluster: 
     health = api_cluster.get("n0", "/healthz").json()
     after_ms = int(time.time() * 1000)
     node_ms = health.pop("now_unix_ms")
-    assert health == {"status": "ok", "node": "n0", "protocol": "cornus"}
+    assert health == {"status": "ok", "node": "n0", "protocol": "cornus", "client_txn_age_ms_max": 1_000}
     assert before_ms - 1_000 <= node_ms <= after_ms + 1_000  # one machine's clock
 
 

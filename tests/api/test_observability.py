@@ -189,7 +189,8 @@ def test_log_lines_are_json_and_carry_the_txn(api_cluster: Cluster) -> None:
 def test_healthz_and_readyz(api_cluster: Cluster) -> None:
     health = api_cluster.get("n1", "/healthz")
     assert health.status_code == 200
-    assert {**health.json(), "now_unix_ms": 0} == {"status": "ok", "node": "n1", "protocol": "cornus", "now_unix_ms": 0}
+    assert {**health.json(), "now_unix_ms": 0} == {"status": "ok", "node": "n1", "protocol": "cornus", "now_unix_ms": 0,
+                                                   "client_txn_age_ms_max": 1_000}
     ready = api_cluster.get("n1", "/readyz")
     # n1 serves the partitions it prefers (round-robin over n0, n1, ...), and was never deposed.
     serving = [f"p{i}" for i in range(API_PARTITION_COUNT) if i % len(api_cluster.nodes) == 1]

@@ -107,7 +107,7 @@ def test_an_id_refused_as_too_old_is_in_doubt_and_never_run_again_under_another(
     it again after the node committed it and restarted): the SDK ran the transaction again under
     a server-chosen id, and it committed twice. It is in doubt: the status call tells. (Dated by
     the node's clock now, from /healthz, an id is refused so only when it reached the node late.)"""
-    monkeypatch.setattr(_core, "CLIENT_BEGIN_MS_BACKDATE", 5_000)  # as an id that reached the node 5 s late
+    monkeypatch.setattr(_core, "begin_backdate_ms", lambda identity: 5_000)  # as an id that reached the node 5 s late
     counting = _Counting()
     with CornusClient(urls[0], config=FAST, http=httpx.Client(transport=counting)) as client:
         outcome = client.execute([Op.put(prefix + "late", "v")])
@@ -145,9 +145,25 @@ class _AsyncCounting(httpx.AsyncHTTPTransport):
 async def test_the_async_client_keeps_an_id_refused_as_too_old_in_doubt_too(
     urls: list[str], prefix: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_core, "CLIENT_BEGIN_MS_BACKDATE", 5_000)
+    monkeypatch.setattr(_core, "begin_backdate_ms", lambda identity: 5_000)
     counting = _AsyncCounting()
     async with AsyncCornusClient(urls[1], config=FAST, http=httpx.AsyncClient(transport=counting)) as client:
         outcome = await client.execute([Op.put(prefix + "late-async", "v")])
     assert outcome.status is Status.UNKNOWN and _chosen_by_client(outcome.txn), outcome
     assert len(counting.executes) == 1
+
+
+def test_ids_are_dated_early_by_less_than_the_age_the_node_takes(urls: list[str]) -> None:
+    """Found by audit (2026-11-28): ids were dated a fixed 100 ms early, and a node whose peer
+    request timeout (which caps the age it takes) was about that short refused nearly every one as
+    too old: every write ended UNKNOWN. /healthz says the age the node takes; an id is dated early
+    by a quarter of it at most."""
+    health = httpx.get(urls[0] + "/healthz", timeout=5).json()
+    assert health["client_txn_age_ms_max"] == 1_000, health  # min(1 s, the default 2 s peer request timeout)
+    asked_s = time.time()
+    answer = {"status": "ok", "node": "n0", "protocol": "cornus", "now_unix_ms": int(asked_s * 1000),
+              "client_txn_age_ms_max": 100}
+    keep, identity = _core.identity_from(httpx.Response(200, json=answer), asked_s, asked_s)
+    assert keep and identity is not None and identity.age_ms_max == 100, identity
+    begin_ms = int(_core.client_txn(identity, None).split(".", 1)[0])
+    assert time.time() * 1000 - begin_ms <= 25 + 50, begin_ms  # a quarter of it, and the test's own time
