@@ -38,11 +38,13 @@ from cornus.runtime.keys import partition_of
 from cornus.runtime.outcome import (
     AbortReason,
     ClientTxnKnown,
+    ClientTxnRefused,
     NodeOverloaded,
     Outcome,
     OutcomeStatus,
     TxnNotFound,
     TxnWrongState,
+    may_have_run_outcome,
 )
 from cornus.runtime.timing import TimingLog, TxnTiming
 from cornus.runtime.transport import PeerUnavailable, RequestTooLarge, Transport
@@ -559,8 +561,15 @@ class Coordination:
         critical path), instead of confirming its read locks in a round trip of its own before
         anyone may vote. A wholly read-only one runs its requests, then commits without either
         phase. Bad input raises ValidationError, whether this node or an owner refused it, and
-        changes nothing (`one_shot_outcome`). `client_txn`: the id the client chose (`begin`)."""
-        txn = self.begin(protocol, client_txn)
+        changes nothing (`one_shot_outcome`). `client_txn`: the id the client chose (`begin`); one
+        an earlier delivery of the same request may have run is UNKNOWN (`may_have_run_outcome`)."""
+        try:
+            txn = self.begin(protocol, client_txn)
+        except (ClientTxnRefused, ClientTxnKnown) as refused:
+            if not refused.may_have_run:
+                raise
+            assert client_txn is not None
+            return may_have_run_outcome(client_txn, refused)
         ctx = self.txns[txn]
         try:
             by_partition, positions = self._group(ctx, ops)

@@ -65,6 +65,14 @@ class TxnWrongState(TxnError):
     pass
 
 
+def may_have_run_outcome(txn: str, refused: Exception) -> Outcome:
+    """The answer to a one-shot under the client-chosen id `txn` that `refused` (its `may_have_run`)
+    says an earlier delivery of the same request may have run: unknown, never "nothing ran" (found
+    by audit: a client behind a proxy that delivers a POST twice ran its transaction again)."""
+    return Outcome(txn, OutcomeStatus.UNKNOWN,
+                   detail=f"{refused}; an earlier delivery of this request may have run it: ask its status")
+
+
 class ClientTxnKnown(TxnWrongState):
     """A client-chosen id this node already ran (or runs): a second delivery of the same request,
     whose outcome the status call tells."""

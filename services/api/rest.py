@@ -39,7 +39,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 
-from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
 from cornus.protocol.txn_ids import TXN_ID_PATTERN
 from cornus.runtime.admission import client_txn_age_ms_max
@@ -122,12 +121,12 @@ ClientTxnId = Annotated[
         "even if this answer is lost: <begin unix ms>.<node>.c<token>.1.<protocol tag>, where <node> is the "
         "id of the node it is sent to (GET /healthz), <token> 16 to 32 lowercase hex characters from a "
         "CSPRNG, and the tag cornus, 2pc or clog (it names the protocol; omit `protocol` or give the same). "
-        f"The begin must not be ahead of the node's clock nor more than {txn_ids.CLIENT_BEGIN_MS_AGE_MAX} ms "
-        "behind it (date it by GET /healthz's now_unix_ms): 400 txn_begin_refused. Ahead of the clock, run it "
-        "under another id, or without one; too old, or before the node's process started, an earlier delivery "
-        "of the same request (a proxy that sent it again) may have run it: ask its status first. Another bad "
-        "id is 400 invalid_txn, and an id the node has run already is 409 wrong_state. Omit it: the node "
-        "chooses")),
+        "The begin must not be ahead of the node's clock (400 txn_begin_refused: run it under another id, or "
+        "without one) nor more than client_txn_age_ms_max behind it (GET /healthz says both; date it by "
+        "now_unix_ms). An id an earlier delivery of the same request (a proxy that sent it again) may have run "
+        "is answered 202, outcome unknown, and runs nothing: an id this node ran already, one that names "
+        "another node (a load balancer in front of several), one too old or begun before the node's process "
+        "started; ask its status. Another bad id is 400 invalid_txn. Omit it: the node chooses")),
 ]
 # Strict models refuse "1" for a bool and 1 for a string; the protocol field is exempt because a
 # strict enum would refuse its own JSON string form.
@@ -369,7 +368,8 @@ _R: dict[int | str, dict[str, Any]] = {
                                             "READ_BYTES_MAX (8 MiB) of values on one partition, or input a partition's "
                                             "owner refuses (its limits may differ in a rollout); on execute "
                                             "also invalid_txn and txn_begin_refused (a client-chosen txn the node "
-                                            "refuses); nothing changed"},
+                                            "refuses, which no delivery of the request could have run); nothing "
+                                            "changed"},
     404: {"model": ErrorOut, "description": "not_found: no such transaction on this node, or no such path"},
     413: {"model": ErrorOut, "description": f"too_large: the body is over {REQUEST_BYTES_MAX} bytes"},
     422: {"model": ErrorOut, "description": "malformed_request: malformed JSON, wrong types, empty or oversized "
@@ -380,11 +380,6 @@ _ABORTED_OR_WRONG_STATE = {
     "model": OutcomeOut | ErrorOut,
     "description": "aborted (an outcome: see reason and retryable), or wrong_state (an error: the "
                    "transaction already ended or is committing, or another call of it still runs; nothing changed)",
-}
-_ABORTED_OR_RUN_ALREADY = {
-    "model": OutcomeOut | ErrorOut,
-    "description": "aborted (an outcome: see reason and retryable), or wrong_state (an error: the client-chosen "
-                   "txn was run by this node already; nothing changed: ask GET /v1/txn/{txn})",
 }
 _WRONG_STATE = {"model": ErrorOut, "description": "wrong_state: the transaction already ended; nothing changed"}
 _UNAVAILABLE = {
@@ -662,7 +657,7 @@ def _fastapi_app(served: _Served) -> FastAPI:
         if count > limit:
             raise ValidationError(f"{count} operations, the limit is {limit} (op_count_max)")
 
-    execute_codes = _responses(202, 400, 413, 422, extra={200: _COMMITTED, 409: _ABORTED_OR_RUN_ALREADY,
+    execute_codes = _responses(202, 400, 413, 422, extra={200: _COMMITTED, 409: _ABORTED,
                                                            503: _UNAVAILABLE})
 
     @app.post("/v1/execute", operation_id="execute", response_model=OutcomeOut, summary="Run a one-shot transaction",

@@ -52,6 +52,7 @@ from cornus.runtime.outcome import (
     OutcomeStatus,
     TxnNotFound,
     TxnWrongState,
+    may_have_run_outcome,
 )
 from cornus.runtime.wire import Op, OpKind, ops_for_writes
 from services.public_api import TXN_METADATA_KEY  # importing it builds the generated code first
@@ -391,12 +392,9 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         except (ClientTxnRefused, ClientTxnKnown) as refused:
             if not refused.may_have_run:
                 raise
-            # An earlier delivery of this very call (a proxy's retry, to this node or to the one
-            # the id names) may have run it: unknown, as REST's SDK concludes, never an error status,
-            # which public.proto says changed nothing (found by audit: a client re-ran it).
+            # Never an error status, which public.proto says changed nothing.
             assert client_txn is not None
-            return Outcome(client_txn, OutcomeStatus.UNKNOWN,
-                           detail=f"{refused}; an earlier delivery of this call may have run it: ask Status")
+            return may_have_run_outcome(client_txn, refused)
         try:
             await context.send_initial_metadata(((TXN_METADATA_KEY, txn),))
             values = await node.run_ops(txn, ops)
