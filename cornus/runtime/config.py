@@ -140,6 +140,9 @@ class RuntimeLimits:
             raise ValidationError("op_count_max (per request) must not exceed txn_op_count_max (per transaction)")
 
 
+# The largest op_count_max a node takes: the APIs refuse a longer list of operations, keys or
+# writes in the schema, before validating any of its items.
+OP_COUNT_MAX_MAX = 100_000
 _LIMIT_MAX = {
     "timeout_ms_peer_request": TIMEOUT_MS_PEER_REQUEST_MAX,
     "timeout_ms_lock_wait": TIMER_MS_MAX,
@@ -148,7 +151,7 @@ _LIMIT_MAX = {
     "txn_count_max": 1_000_000,
     # What one request or transaction may carry is bounded anyway by the REST body limit and the
     # redo record's size; these stop a setting from promising more than that.
-    "op_count_max": 100_000,
+    "op_count_max": OP_COUNT_MAX_MAX,
     "txn_op_count_max": 1_000_000,
     "txn_partition_count_max": PARTICIPANT_COUNT_MAX,
     # Past a minute a stop outlives any supervisor's patience (the chart's grace period).

@@ -242,3 +242,18 @@ def test_execute_takes_json_bodies_only_by_content_type_as_fastapi_does(api_clus
         headers = {"content-type": content_type} if content_type else {}
         answer = api_cluster.client.post(url, content=body, headers=headers)
         assert answer.status_code == 200 and answer.json()["outcome"] == "committed", (content_type, answer.text)
+
+
+def test_a_body_of_countless_bad_items_is_refused_in_one_short_answer(api_cluster: Cluster) -> None:
+    """Found by audit (2026-11-28): a list field had no bound in the schema, so 8 MiB of `{}` as
+    operations (or of numbers as keys) made an error per item, millions, joined into one detail on
+    the node's event loop. The schema stops at the largest op_count_max, and a 422 names ten of
+    its problems at most."""
+    for path, body in (("/v1/execute", {"ops": [{}] * 1_000_000}),
+                       (f"/v1/txn/{UNKNOWN_TXN}/read", {"keys": [0] * 1_000_000})):
+        refused = api_cluster.post("n0", path, body)
+        assert refused.status_code == 422 and refused.json()["error"] == "malformed_request", refused.text[:300]
+        assert len(refused.text) < 2_000, len(refused.text)
+    many = api_cluster.post("n0", "/v1/execute", {"ops": [{"op": "put"}] * 50})
+    assert many.status_code == 422 and "more" in many.json()["detail"], many.text[:300]
+    assert len(many.text) < 2_000, len(many.text)
