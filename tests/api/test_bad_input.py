@@ -257,3 +257,22 @@ def test_a_body_of_countless_bad_items_is_refused_in_one_short_answer(api_cluste
     many = api_cluster.post("n0", "/v1/execute", {"ops": [{"op": "put"}] * 50})
     assert many.status_code == 422 and "more" in many.json()["detail"], many.text[:300]
     assert len(many.text) < 2_000, len(many.text)
+
+
+def test_a_key_whose_percent_escapes_are_not_utf8_is_refused(api_cluster: Cluster) -> None:
+    """Found by audit (2026-11-28): the server decoded `%FF` and `%C0` in /v1/kv/{key} each as
+    U+FFFD, so two different bad keys wrote one and the same key; a key that is not UTF-8 is 422."""
+    base = api_cluster.nodes["n0"].url + "/v1/kv/"
+    prefix = f"esc{next(_fresh)}-"
+    for raw in ("%FF", "%C0", "a%E2%82"):
+        put = api_cluster.client.put(base + prefix + raw, json={"value": "1"})
+        assert put.status_code == 422 and "not UTF-8" in put.json()["detail"], (raw, put.text)
+        got = api_cluster.client.get(base + prefix + raw)
+        assert got.status_code == 422, (raw, got.text)
+    replaced = prefix + "\ufffd"
+    assert api_cluster.execute("n0", [{"op": "get", "key": replaced}]).json()["reads"] == {replaced: None}
+    # Escapes that are UTF-8 name their key, U+FFFD itself included.
+    for raw, key in (("caf%C3%A9", "café"), ("%EF%BF%BD", "\ufffd"), ("plain", "plain")):
+        assert api_cluster.client.put(base + prefix + raw, json={"value": "2"}).status_code == 200, raw
+        reads = api_cluster.execute("n0", [{"op": "get", "key": prefix + key}]).json()["reads"]
+        assert reads == {prefix + key: "2"}, raw
