@@ -721,8 +721,10 @@ def _fastapi_app(served: _Served) -> FastAPI:
     @app.post("/v1/txn/{txn}/read", operation_id="read", response_model=ReadOut,
               summary="Read keys inside a transaction",
               responses=_responses(400, 404, 413, 422, extra={409: _ABORTED_OR_WRONG_STATE, 503: _NODE_UNAVAILABLE}))
-    async def read(txn: TxnId, body: ReadIn) -> Any:
+    async def read(txn: TxnId, body: ReadIn, request: Request) -> Any:
         with txn_context(txn):
+            # Found by audit: `{"keys": ["a"], "keys": ["b"]}` read, and locked, b alone.
+            _refuse_a_name_twice(await request.body(), "keys")
             check_op_count(len(body.keys))
             try:
                 values = await served.node.run_ops(txn, [Op(OpKind.GET, key) for key in body.keys])

@@ -171,6 +171,9 @@ IN_TXN = [
     Bad("read: keys not a list", "POST", "/v1/txn/{txn}/read", {"keys": "{key}"}, words=("keys", "list")),
     Bad("read: too many", "POST", "/v1/txn/{txn}/read", {"keys": ["{key}"] * (OP_COUNT_MAX + 1)}, status=400,
         words=(f"{OP_COUNT_MAX + 1} operations",)),
+    # Found by audit (2026-11-28): read took the last "keys" and read (and locked) those alone.
+    Bad("read: keys twice", "POST", "/v1/txn/{txn}/read", raw=b'{"keys": ["elsewhere"], "keys": ["{key}"]}',
+        words=("keys", "twice")),
     Bad("bad txn id format", "POST", "/v1/txn/bad id!/commit", words=("txn", "pattern")),
     Bad("txn id too long", "POST", "/v1/txn/" + "t" * 129 + "/commit", words=("txn", "at most 128")),
     Bad("unknown txn id: commit", "POST", "/v1/txn/42.n0.ffffff.1/commit", status=404,
