@@ -9,7 +9,8 @@ Here, per connection:
 - a request must arrive whole, head and body, within `request_receive_ms_max` of its first byte,
   and a connection must start each request within as long of its last answer (or of opening);
 - an answer must drain within `response_drain_ms_max` once the socket's buffer is full;
-- a request head may hold at most `head_bytes_max` bytes.
+- a request head may hold at most `head_bytes_max` bytes;
+- at most `pipeline_count_max` pipelined requests may wait behind the one running.
 
 And per node: at most `connection_count_max` connections and `request_count_max` requests in
 flight. uvicorn bounds neither unless given `limit_concurrency`, whose refusal is plain text no
@@ -49,6 +50,10 @@ HEAD_BYTES_MAX = 1024 * 1024
 # default), plus the status and admin calls beside them.
 CONNECTION_COUNT_MAX = 4_096
 REQUEST_COUNT_MAX = 10_000
+# Requests one connection may have queued behind the one running (HTTP/1.1 pipelining, which
+# clients of this API hardly use): uvicorn reads on after every answer, so a client that streams
+# requests without reading its answers queued thousands per read (found by audit).
+PIPELINE_COUNT_MAX = 16
 
 
 class LimitedHttpProtocol(GatheringHttpToolsProtocol):
@@ -59,6 +64,7 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
     head_bytes_max = HEAD_BYTES_MAX
     connection_count_max = CONNECTION_COUNT_MAX
     request_count_max = REQUEST_COUNT_MAX
+    pipeline_count_max = PIPELINE_COUNT_MAX
     _past_connection_count = False
     _receive_deadline: asyncio.TimerHandle | None = None
     _drain_deadline: asyncio.TimerHandle | None = None
@@ -91,6 +97,9 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_bytes = None
+        if len(self.pipeline) >= self.pipeline_count_max:
+            self._end(f"it queued more than {self.pipeline_count_max} pipelined requests")
+            return
         # uvicorn's set of the server's request tasks, this request's not in it yet.
         too_many = self._past_connection_count
         if not too_many and len(self.tasks) < self.request_count_max:

@@ -359,3 +359,36 @@ async def test_connections_far_past_the_count_are_closed_at_once() -> None:
         finally:
             for _, opened in held:
                 opened.close()
+
+
+async def test_pipelined_requests_past_their_bound_lose_the_connection(port: int) -> None:
+    """Found by audit (2026-11-28): uvicorn queues a pipelined request while one runs, and reads on
+    after every answer, so a client streaming tiny requests without reading its answers queued
+    thousands per read (each a request cycle in memory). Past PIPELINE_COUNT_MAX queued, the
+    connection ends; a few pipelined requests are served as before."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /a HTTP/1.1\r\nhost: t\r\n\r\n" * 3)
+        async with asyncio.timeout(5):
+            for _ in range(3):
+                head = await reader.readuntil(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200"), head
+                assert await reader.readexactly(2) == b"ok"
+    finally:
+        writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /a HTTP/1.1\r\nhost: t\r\n\r\n" * 5_000)
+        answered = 0
+        async with asyncio.timeout(HELD_S):
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    break
+                assert head.startswith(b"HTTP/1.1 200"), head
+                await reader.readexactly(2)
+                answered += 1
+        assert answered <= LimitedHttpProtocol.pipeline_count_max + 1, answered
+    finally:
+        writer.close()
