@@ -26,7 +26,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from cornus.protocol import status, txn_ids
 from cornus.protocol.cluster_record import ClusterRecord
@@ -83,6 +83,10 @@ TIMEOUT_MS_RELEASE = 2_000
 # long at most: under 2PC and coordinator-log a participant may hold its yes vote only in memory
 # until then, and a node set without this node would never recover it from this node's log.
 TIMEOUT_MS_DELIVER_DECISIONS = 5_000
+# Status and resolve calls one node serves at once: each reads every partition's log or asks
+# every peer, so thousands at once (the API takes 10,000 requests) would crowd out the commits
+# they share storage and peers with (found by audit); past it they are refused, retryable.
+STATUS_CALL_COUNT_MAX = 64
 # Coordinator phases whose decision some participant may not have yet.
 _UNDELIVERED = frozenset({CoordPhase.VALIDATING, CoordPhase.COLLECTING, CoordPhase.DECIDED})
 
@@ -108,6 +112,7 @@ class Node:
         self.failpoints = failpoints or Failpoints({})
         self.timings = TimingLog()
         self.counters: collections.Counter[str] = collections.Counter()
+        self._status_call_count = 0  # status and resolve calls in flight (STATUS_CALL_COUNT_MAX)
         # The configured policy unless a caller (a test) names one.
         self.lock_policy = config.lock_policy if lock_policy is None else lock_policy
         # The partitions this node holds now: taken and dropped as ownership says.
@@ -491,10 +496,25 @@ class Node:
         back as the outcome instead of asking a node that could tell."""
         if not self.ready:
             raise NodeOverloaded(f"{self.node_id} is still recovering")
-        return await self.admin.resolve_status(txn)
+        with self._status_call():
+            return await self.admin.resolve_status(txn)
 
     async def resolve(self, txn: str, *, force: bool = False) -> Outcome:
-        return await self.admin.resolve(txn, force=force)
+        with self._status_call():
+            return await self.admin.resolve(txn, force=force)
+
+    @contextlib.contextmanager
+    def _status_call(self) -> Iterator[None]:
+        """Count a status or resolve call in flight; NodeOverloaded past STATUS_CALL_COUNT_MAX."""
+        if self._status_call_count >= STATUS_CALL_COUNT_MAX:
+            self.counters["status_calls_refused"] += 1
+            raise NodeOverloaded(f"{self.node_id} serves {STATUS_CALL_COUNT_MAX} status and resolve calls at once; "
+                                 "retry later")
+        self._status_call_count += 1
+        try:
+            yield
+        finally:
+            self._status_call_count -= 1
 
     def transactions(self) -> list[TxnInfo]:
         return self.admin.transactions()

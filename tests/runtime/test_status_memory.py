@@ -383,3 +383,35 @@ async def test_a_participant_that_votes_and_forgets_during_the_reads_is_seen(tmp
             vote_gate.set()
             read_gate.set()
             store.heal()
+
+
+async def test_status_and_resolve_calls_past_their_bound_are_refused_retryable(tmp_path, monkeypatch):
+    """Found by audit (2026-11-28): each status or resolve call reads every partition's log or asks
+    every peer, and a node took as many at once as its API takes requests (10,000), crowding out
+    the commits beside them. Past STATUS_CALL_COUNT_MAX in flight they are refused as overloaded
+    (REST 503, gRPC UNAVAILABLE: retry), and the count goes down as they end."""
+    from cornus.runtime import node as node_module
+    from cornus.runtime.outcome import NodeOverloaded
+
+    monkeypatch.setattr(node_module, "STATUS_CALL_COUNT_MAX", 2)
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        release = asyncio.Event()
+        answered = node.admin.resolve_status
+
+        async def held(txn: str) -> object:
+            await release.wait()
+            return await answered(txn)
+
+        monkeypatch.setattr(node.admin, "resolve_status", held)
+        unknown = txn_ids.client_txn_id(int(time.time() * 1000) - 60_000, "n0", "ab" * 16, Protocol.CORNUS)
+        waiting = [asyncio.create_task(node.resolve_status(unknown)) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(NodeOverloaded, match="status and resolve calls at once"):
+            await node.resolve_status(unknown)
+        with pytest.raises(NodeOverloaded):
+            await node.resolve(unknown)
+        release.set()
+        await asyncio.gather(*waiting)
+        assert node.counters["status_calls_refused"] == 2
+        await node.resolve_status(unknown)  # room again
