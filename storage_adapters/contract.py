@@ -547,7 +547,7 @@ def validate_data_key(key: object) -> str:
     try:
         size = len(key.encode("utf-8"))
     except UnicodeEncodeError:  # a lone surrogate: no backend can store it
-        raise ValidationError(f"data key {key!r} is not valid Unicode (a lone surrogate)") from None
+        raise ValidationError(f"data key {key[:80]!r} is not valid Unicode (a lone surrogate)") from None
     if size > DATA_KEY_BYTES_MAX:
         raise ValidationError(f"data key is {size} bytes, the limit is {DATA_KEY_BYTES_MAX}")
     return key

@@ -120,7 +120,8 @@ def check_client_txn(
         # An id whose only fault is to name another node: a proxy in front of several nodes may
         # have delivered the same request to that one first (found by audit: taken for "nothing
         # ran", it was run again).
-        named_another = not txn_ids.client_txn_format_problem(txn, txn_ids.coordinator_of(txn))
+        named = txn_ids.coordinator_of(txn)
+        named_another = bool(named) and named != node_id and not txn_ids.client_txn_format_problem(txn, named)
         raise ClientTxnRefused(problem, may_have_run=named_another)
     if txn_ids.protocol_of(txn) is not protocol:
         # The id names the protocol every node runs it with; a request that asks for another says

@@ -198,27 +198,42 @@ class Coordination:
         """Begin a transaction; its id, which this node makes unless the client chose it
         (`client_txn`, for a one-shot only: `_check_client_txn`). Raises ValidationError (a bad id,
         a protocol it does not name), TxnWrongState (an id this node has run) or NodeOverloaded,
-        with nothing changed."""
-        if self.closing:
-            raise NodeOverloaded(f"{self.node_id} is stopping")
-        if not self.ready():
-            raise NodeOverloaded(f"{self.node_id} is still recovering")
-        if len(self.txns) >= self.config.limits.txn_count_max:
-            raise NodeOverloaded(f"{len(self.txns)} transactions in flight on {self.node_id}")
+        with nothing changed. A client-chosen id is checked before this node's load: a second
+        delivery of a request the first ran must hear so, not a retryable "overloaded" (found by
+        review: the SDK then ran it again under another id)."""
         if client_txn is not None and protocol is None:
             # The id names its protocol (txn_ids), which the request then need not repeat.
             protocol = txn_ids.protocol_of(client_txn) if isinstance(client_txn, str) else None
         protocol = protocol or self.config.protocol
         if not isinstance(protocol, Protocol):
             raise ValidationError(f"protocol must be one of {', '.join(p.value for p in Protocol)}, got {protocol!r}")
-        if client_txn is None:
+        checked = None if client_txn is None else self._check_client_txn(client_txn, protocol)
+        if self.closing:
+            raise NodeOverloaded(f"{self.node_id} is stopping")
+        if not self.ready():
+            raise NodeOverloaded(f"{self.node_id} is still recovering")
+        if len(self.txns) >= self.config.limits.txn_count_max:
+            raise NodeOverloaded(f"{len(self.txns)} transactions in flight on {self.node_id}")
+        if checked is None:
             self._txn_counter += 1
             txn = txn_ids.new_txn_id(int(time.time() * 1000), self.node_id, self._incarnation, self._txn_counter,
                                      protocol)
         else:
-            txn = self._check_client_txn(client_txn, protocol)
+            txn = checked
         self.txns[txn] = CoordinatedTxn(txn, protocol, TxnTiming(protocol.value))
         return txn
+
+    def begin_one_shot(self, protocol: Protocol | None = None, client_txn: str | None = None) -> str | Outcome:
+        """`begin` for a one-shot, except that a client-chosen id an earlier delivery of the same
+        request may have run is its UNKNOWN outcome (`may_have_run_outcome`), never a refusal
+        that says nothing ran."""
+        try:
+            return self.begin(protocol, client_txn)
+        except (ClientTxnRefused, ClientTxnKnown) as refused:
+            if not refused.may_have_run:
+                raise
+            assert client_txn is not None
+            return may_have_run_outcome(client_txn, refused)
 
     def _check_client_txn(self, txn: object, protocol: Protocol) -> str:
         """`txn` if this node may run a transaction under that client-chosen id with `protocol`."""
@@ -563,13 +578,9 @@ class Coordination:
         phase. Bad input raises ValidationError, whether this node or an owner refused it, and
         changes nothing (`one_shot_outcome`). `client_txn`: the id the client chose (`begin`); one
         an earlier delivery of the same request may have run is UNKNOWN (`may_have_run_outcome`)."""
-        try:
-            txn = self.begin(protocol, client_txn)
-        except (ClientTxnRefused, ClientTxnKnown) as refused:
-            if not refused.may_have_run:
-                raise
-            assert client_txn is not None
-            return may_have_run_outcome(client_txn, refused)
+        txn = self.begin_one_shot(protocol, client_txn)
+        if isinstance(txn, Outcome):
+            return txn
         ctx = self.txns[txn]
         try:
             by_partition, positions = self._group(ctx, ops)

@@ -468,6 +468,9 @@ class Node:
     def begin(self, protocol: Protocol | None = None, client_txn: str | None = None) -> str:
         return self.coordination.begin(protocol, client_txn)
 
+    def begin_one_shot(self, protocol: Protocol | None = None, client_txn: str | None = None) -> str | Outcome:
+        return self.coordination.begin_one_shot(protocol, client_txn)
+
     async def run_ops(self, txn: str, ops: Sequence[Op]) -> list[bytes | None]:
         return await self.coordination.run_ops(txn, ops)
 

@@ -98,6 +98,7 @@ class ClientTxnRefused(ValidationError):
 
 class ClientTxnBeginRefused(ClientTxnRefused):
     """A client-chosen id whose begin time this node refuses (the client's clock runs ahead of the
-    node's or too far behind, or the id was sent to an earlier run of this node); nothing ran, so
-    the caller may run the same transaction under another id. REST answers 400
-    `txn_begin_refused`, which tells the SDK to fall back to a server-chosen id."""
+    node's or too far behind, or the id was sent to an earlier run of this node); nothing ran here.
+    Ahead of the clock, no delivery could have run it: the caller may run the same transaction
+    under another id (REST answers 400 `txn_begin_refused`, and the SDK falls back to a
+    server-chosen id). Otherwise an earlier delivery may have (`may_have_run`): unknown."""

@@ -522,10 +522,11 @@ def _refuse_a_key_not_utf8(request: Request, key: str) -> None:
     same key "\ufffd", which a write then wrote (found by audit; gRPC refuses a key that is not
     UTF-8)."""
     raw = request.scope.get("raw_path") or b""
-    if not raw.startswith(_KV_PATH_PREFIX):
+    if _KV_PATH_PREFIX not in raw:
         return  # a server that passes no raw path: nothing to compare
     try:
-        strict = urllib.parse.unquote_to_bytes(raw[len(_KV_PATH_PREFIX):]).decode("utf-8")
+        # The last segment: a key holds no "/", and a proxy's root path may come before the route.
+        strict = urllib.parse.unquote_to_bytes(raw.rsplit(b"/", 1)[-1]).decode("utf-8")
     except UnicodeDecodeError:
         strict = None
     if strict != key:

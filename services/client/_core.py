@@ -314,6 +314,19 @@ def note_refusal(
     return kind
 
 
+def note_id_in_doubt(identities: dict[str, NodeIdentity | None], url: str, outcome: Outcome) -> None:
+    """A node answered a one-shot under this client's id UNKNOWN because an earlier delivery may
+    have run it (a node of this version answers so where an older one refused the id, `note_refusal`):
+    learn what the refusal says of `url` (found by review: a URL in front of several nodes kept
+    getting ids naming one of them, and every write routed to another ended UNKNOWN)."""
+    if outcome.status is not Status.UNKNOWN:
+        return
+    if "must name the node it is sent to" in outcome.detail:
+        identities[url] = None  # no one node behind it: its calls go under ids the nodes choose
+    elif "behind this node's clock" in outcome.detail or "not after this node's coordinator started" in outcome.detail:
+        identities.pop(url, None)  # asked again next time: its clock, or the process behind it, moved
+
+
 def is_unsent(error: httpx.TransportError) -> bool:
     """True when the request surely never reached the node, so another node may run it instead.
     Any other transport error may have hit after the node acted on the request."""

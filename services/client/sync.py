@@ -41,6 +41,7 @@ from services.client._core import (
     is_unsent,
     normalize_url,
     normalize_urls,
+    note_id_in_doubt,
     note_refusal,
     parse_ok,
     parse_outcome,
@@ -271,7 +272,10 @@ class CornusClient:
                 if refused:
                     txn = ""
                     continue
-                return parse_outcome(url, response, txn, may_have_committed=True, own_id=bool(txn))
+                outcome = parse_outcome(url, response, txn, may_have_committed=True, own_id=bool(txn))
+                if txn:
+                    note_id_in_doubt(self._identities, url, outcome)
+                return outcome
         return unreachable("", "", f"no node reachable: {', '.join(tried)}")
 
     def _client_txn(self, url: str, body: dict[str, Any], tried: list[str]) -> str | None:

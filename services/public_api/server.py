@@ -45,14 +45,11 @@ from cornus.protocol.txn_ids import TXN_ID_PATTERN, TXN_ID_PATTERN_SAYS
 from cornus.runtime.node import Node, TxnAborted, one_shot_outcome
 from cornus.runtime.outcome import (
     AbortReason,
-    ClientTxnKnown,
-    ClientTxnRefused,
     NodeOverloaded,
     Outcome,
     OutcomeStatus,
     TxnNotFound,
     TxnWrongState,
-    may_have_run_outcome,
 )
 from cornus.runtime.wire import Op, OpKind, ops_for_writes
 from services.public_api import TXN_METADATA_KEY  # importing it builds the generated code first
@@ -385,16 +382,15 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
         that the transaction is named in the initial metadata before anything runs."""
         node = self._node
         deadline_s = self._deadline_s(context)
+        # Its own id first (never an error status, which public.proto says changed nothing, for a
+        # second delivery of a request the first ran), then whether the server still takes calls.
+        began = node.begin_one_shot(protocol, client_txn)
+        if isinstance(began, Outcome):
+            return began
+        txn = call.txn = began
         if call.refused:
+            await node.abort(txn, input_refused=True)  # frees a client-chosen id: nothing ran
             raise NodeOverloaded("the server is stopping; nothing was committed")
-        try:
-            txn = call.txn = node.begin(protocol, client_txn)
-        except (ClientTxnRefused, ClientTxnKnown) as refused:
-            if not refused.may_have_run:
-                raise
-            # Never an error status, which public.proto says changed nothing.
-            assert client_txn is not None
-            return may_have_run_outcome(client_txn, refused)
         try:
             await context.send_initial_metadata(((TXN_METADATA_KEY, txn),))
             values = await node.run_ops(txn, ops)

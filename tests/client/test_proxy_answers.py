@@ -296,3 +296,31 @@ async def test_a_node_whose_health_did_not_answer_gets_no_one_shot() -> None:
         aclient._rotation.order = lambda urls=url_order: list(urls)  # type: ignore[method-assign]
         outcome = await aclient.execute([Op.put("k", "v")])
         assert outcome.committed and ".n1.c" in outcome.txn and executes == ["fine"], (outcome, executes)
+
+
+async def test_an_unknown_answer_for_an_id_naming_another_node_stops_the_ids_for_that_url() -> None:
+    """Found by review (2026-11-28): a node of this version answers 202 unknown, not 400, for an id
+    that names another node; the SDK learned only from the 400, so a URL in front of several nodes
+    kept getting ids naming one of them, and every write routed elsewhere ended UNKNOWN."""
+    executes: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/healthz":
+            return httpx.Response(200, json={"status": "ok", "node": "n0", "protocol": "cornus"})
+        executes.append(request.content)
+        body = json.loads(request.content)
+        if "txn" not in body:
+            return httpx.Response(200, json={"txn": "2.n1.x.1.cornus", "outcome": "committed"})
+        return httpx.Response(202, json={"txn": body["txn"], "outcome": "unknown", "detail": (
+            f"txn {body['txn']!r} names node 'n0': a client-chosen id must name the node it is sent to, 'n1'; "
+            "an earlier delivery of this request may have run it: ask its status")})
+
+    client = CornusClient("http://balancer:8100", http=httpx.Client(transport=httpx.MockTransport(handler)))
+    assert client.execute([Op.put("k", "v")]).status is Status.UNKNOWN
+    assert client.execute([Op.put("k", "w")]).committed
+    assert len(executes) == 2 and b'"txn"' not in executes[1], executes
+    executes.clear()
+    aclient = AsyncCornusClient("http://balancer:8100", http=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    assert (await aclient.execute([Op.put("k", "v")])).status is Status.UNKNOWN
+    assert (await aclient.execute([Op.put("k", "w")])).committed
+    assert len(executes) == 2 and b'"txn"' not in executes[1], executes

@@ -139,3 +139,16 @@ async def test_an_id_another_process_ran_is_in_doubt_not_aborted_on_the_begin_op
         status = await node.resolve_status(txn)
         assert status is not None and status.status is OutcomeStatus.COMMITTED, status
         assert await cluster.value("k1") == b"v"
+
+
+async def test_a_second_delivery_to_an_overloaded_node_hears_it_ran_not_overloaded(tmp_path, monkeypatch):
+    """Found by review (2026-11-28): the node's load was checked before the id, so a second
+    delivery of a committed one-shot to a node at its limit of transactions heard "overloaded,
+    retry" (nothing ran), and the SDK ran it again under another id. The id is checked first."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        txn = _new_id()
+        outcome = await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=txn)
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+        monkeypatch.setattr(node.coordination, "ready", lambda: False)  # as a node recovering, or full
+        _assert_in_doubt(await node.execute([Op(OpKind.PUT, "k1", b"w")], client_txn=txn), "already known")
