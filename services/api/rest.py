@@ -170,6 +170,22 @@ class CheckOp(_Strict):
 OpIn = Annotated[GetOp | PutOp | DeleteOp | CheckOp, Field(discriminator="op")]
 
 
+# The values one interactive read may answer with: each partition's share is bounded
+# (READ_BYTES_MAX), the whole was not, and a read over many partitions built its JSON in memory
+# (found by audit); as much as the public gRPC API's reply carries.
+READ_REPLY_VALUE_BYTES_MAX = 16 * 1024 * 1024
+
+
+def _check_read_fits(values: list[bytes | None]) -> None:
+    """ValidationError (400) if the values an interactive read got come to more than
+    READ_REPLY_VALUE_BYTES_MAX; the transaction goes on, holding what the read locked, as after
+    the public gRPC API's refusal of the same read."""
+    size = sum(0 if value is None else len(value) for value in values)
+    if size > READ_REPLY_VALUE_BYTES_MAX:
+        raise ValidationError(f"the values read come to {size} bytes, more than a reply carries "
+                              f"({READ_REPLY_VALUE_BYTES_MAX}): read fewer keys at a time")
+
+
 # How many of a malformed request's problems its 422 names: the first few say what is wrong, and
 # a detail naming each of thousands would be megabytes, built on the node's event loop.
 MALFORMED_PROBLEMS_SHOWN_MAX = 10
@@ -731,6 +747,7 @@ def _fastapi_app(served: _Served) -> FastAPI:
                 values = await served.node.run_ops(txn, [Op(OpKind.GET, key) for key in body.keys])
             except TxnAborted as aborted:
                 return _ended(aborted.outcome)
+            _check_read_fits(values)
             return ReadOut(txn=txn, values={k: None if v is None else v.decode("utf-8", "replace")
                                             for k, v in zip(body.keys, values, strict=True)})
 

@@ -279,3 +279,24 @@ def test_a_key_whose_percent_escapes_are_not_utf8_is_refused(api_cluster: Cluste
         assert api_cluster.client.put(base + prefix + raw, json={"value": "2"}).status_code == 200, raw
         reads = api_cluster.execute("n0", [{"op": "get", "key": prefix + key}]).json()["reads"]
         assert reads == {prefix + key: "2"}, raw
+
+
+def test_an_interactive_read_past_what_a_reply_carries_is_refused_and_the_transaction_goes_on(
+    api_cluster: Cluster,
+) -> None:
+    """Found by audit (2026-11-28): each partition's share of a read is bounded, the whole was
+    not, and REST built the JSON of whatever came back in memory (the public gRPC API refuses the
+    same read past its reply's 16 MiB). Refused as bad input; the transaction goes on."""
+    from services.api.rest import READ_REPLY_VALUE_BYTES_MAX
+
+    value = "v" * DATA_VALUE_BYTES_MAX
+    count = READ_REPLY_VALUE_BYTES_MAX // DATA_VALUE_BYTES_MAX + 2
+    keys = [f"big{next(_fresh)}-{i}" for i in range(count)]
+    for pair in range(0, count, 2):
+        done = api_cluster.execute("n0", [_put(key, value) for key in keys[pair:pair + 2]])
+        assert done.status_code == 200, done.text[:300]
+    txn = api_cluster.post("n0", "/v1/txn", {}).json()["txn"]
+    refused = api_cluster.post("n0", f"/v1/txn/{txn}/read", {"keys": keys})
+    assert refused.status_code == 400 and "read fewer keys" in refused.json()["detail"], refused.text[:300]
+    assert api_cluster.post("n0", f"/v1/txn/{txn}/read", {"keys": keys[:2]}).status_code == 200
+    assert api_cluster.post("n0", f"/v1/txn/{txn}/commit").json()["outcome"] == "committed"
