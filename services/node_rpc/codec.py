@@ -25,7 +25,7 @@ from cornus.protocol.messages import (
     ReleaseReadOnly,
     Vote,
 )
-from cornus.runtime.config import TIMER_MS_MAX
+from cornus.runtime.config import OP_COUNT_MAX_MAX, PARTITION_COUNT_MAX, TIMER_MS_MAX
 from cornus.runtime.wire import (
     ExecuteRequest,
     ExecuteResponse,
@@ -39,7 +39,7 @@ from cornus.runtime.wire import (
     StatusResponse,
 )
 from services.node_rpc._generated import node_pb2 as pb
-from storage_adapters.contract import TxnState
+from storage_adapters.contract import PARTICIPANT_COUNT_MAX, TXN_ID_LENGTH_MAX, TxnState
 
 
 class MalformedEnvelope(ValueError):
@@ -277,8 +277,17 @@ def encode(envelope: pb.PeerEnvelope, value: Routed | Message | PeerRequest | Pe
 # --- Decoding: the envelope's body -> value ---
 
 
+def _count_at_most(items: Any, count_max: int, what: str) -> Any:
+    """`items` (a repeated field), refused before anything is built from it when longer than any
+    node sends (found by audit: a 16 MiB frame of minimal ops became millions of Op objects)."""
+    if len(items) > count_max:
+        raise MalformedEnvelope(f"{what} holds {len(items)} items, the limit is {count_max}")
+    return items
+
+
 def _decode_prepare(body: pb.Prepare) -> Prepare:
-    return Prepare(txn=body.txn, participants=tuple(body.participants), coordinator=body.coordinator)
+    participants = _count_at_most(body.participants, PARTICIPANT_COUNT_MAX, "Prepare.participants")
+    return Prepare(txn=body.txn, participants=tuple(participants), coordinator=body.coordinator)
 
 
 def _decode_release_read_only(body: pb.ReleaseReadOnly) -> ReleaseReadOnly:
@@ -322,6 +331,8 @@ def _decode_decision_answer(body: pb.DecisionAnswer) -> DecisionAnswer:
 
 
 def _decode_execute_request(body: pb.ExecuteRequest) -> ExecuteRequest:
+    _count_at_most(body.ops, OP_COUNT_MAX_MAX, "ExecuteRequest.ops")
+    _count_at_most(body.participants, PARTICIPANT_COUNT_MAX, "ExecuteRequest.participants")
     ops = tuple(
         Op(
             kind=_enum_from_pb(_OP_KIND_FROM_PB, op.kind, "Op.kind"),
@@ -345,7 +356,8 @@ def _decode_execute_request(body: pb.ExecuteRequest) -> ExecuteRequest:
 def _decode_execute_response(body: pb.ExecuteResponse) -> ExecuteResponse:
     return ExecuteResponse(
         status=_enum_from_pb(_EXECUTE_STATUS_FROM_PB, body.status, "ExecuteResponse.status"),
-        values=tuple(item.value if item.HasField("value") else None for item in body.values),
+        values=tuple(item.value if item.HasField("value") else None
+                     for item in _count_at_most(body.values, OP_COUNT_MAX_MAX, "ExecuteResponse.values")),
         detail=body.detail,
     )
 
@@ -358,10 +370,10 @@ def decode_status_response(body: pb.StatusResponse) -> StatusResponse:
     return StatusResponse(
         node=body.node,
         ready=body.ready,
-        partitions=tuple(body.partitions),
+        partitions=tuple(_count_at_most(body.partitions, PARTITION_COUNT_MAX, "StatusResponse.partitions")),
         txn_states=tuple(
             (item.partition, _enum_from_pb(_TXN_STATE_FROM_PB, item.state, "StatusResponse.txn_states"))
-            for item in body.txn_states
+            for item in _count_at_most(body.txn_states, PARTITION_COUNT_MAX, "StatusResponse.txn_states")
         ),
         in_doubt_count=body.in_doubt_count,
         txn_outcome=body.txn_outcome,
@@ -399,7 +411,13 @@ def _decode(envelope: pb.PeerEnvelope, decoders: dict[str, Callable[[Any], Any]]
     decoder = decoders.get(name) if name is not None else None
     if decoder is None:
         raise MalformedEnvelope(f"envelope of kind {what} carries body {name!r}")
-    return decoder(getattr(envelope, name))
+    body = getattr(envelope, name)
+    # Every body naming a transaction names one no node makes longer (found by audit: an id of
+    # thousands of digits reached the core, where reading its begin time raised).
+    txn = getattr(body, "txn", "")
+    if len(txn) > TXN_ID_LENGTH_MAX:
+        raise MalformedEnvelope(f"{name}.txn is {len(txn)} characters, the limit is {TXN_ID_LENGTH_MAX}")
+    return decoder(body)
 
 
 def decode_message(envelope: pb.PeerEnvelope) -> Routed | Message:

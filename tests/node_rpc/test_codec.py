@@ -270,3 +270,33 @@ def test_a_decision_ack_carries_its_sender_s_grace_and_a_grace_out_of_range_is_m
         envelope.decision_ack.grace_ms_min = grace_ms
         with pytest.raises(codec.MalformedEnvelope, match="grace_ms_min"):
             codec.decode_message(envelope)
+
+
+def test_counts_and_ids_past_what_any_node_sends_are_malformed_before_anything_is_built() -> None:
+    """Found by audit (2026-11-28): a peer's frame was decoded whole into Python objects before
+    any count was checked (a 16 MiB frame of minimal ops built millions of Op objects, stalling
+    the loop), and a txn id of thousands of digits reached the core, where reading its begin
+    time raised. Lists and ids past what any node sends are refused as malformed."""
+    from cornus.runtime.config import OP_COUNT_MAX_MAX
+    from storage_adapters.contract import PARTICIPANT_COUNT_MAX, TXN_ID_LENGTH_MAX
+
+    long_txn = pb.PeerEnvelope()
+    long_txn.decision.txn = "1" * (TXN_ID_LENGTH_MAX + 1) + ".n0.a.1.cornus"
+    long_txn.decision.decision = pb.TXN_STATE_COMMIT
+    with pytest.raises(codec.MalformedEnvelope, match="txn"):
+        codec.decode_message(long_txn)
+    many_ops = pb.PeerEnvelope()
+    many_ops.execute_request.txn = "1.n0.a.1.cornus"
+    many_ops.execute_request.ops.extend([pb.Op(kind=pb.OP_KIND_GET, key="k")] * (OP_COUNT_MAX_MAX + 1))
+    with pytest.raises(codec.MalformedEnvelope, match="ops"):
+        codec.decode_request(many_ops)
+    many_participants = pb.PeerEnvelope()
+    many_participants.prepare.txn = "1.n0.a.1.cornus"
+    many_participants.prepare.participants.extend(["p"] * (PARTICIPANT_COUNT_MAX + 1))
+    with pytest.raises(codec.MalformedEnvelope, match="participants"):
+        codec.decode_message(many_participants)
+    many_values = pb.PeerEnvelope()
+    many_values.execute_response.status = pb.EXECUTE_STATUS_OK
+    many_values.execute_response.values.extend([pb.OptionalBytes()] * (OP_COUNT_MAX_MAX + 1))
+    with pytest.raises(codec.MalformedEnvelope, match="values"):
+        codec.decode_response(many_values)
