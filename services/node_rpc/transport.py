@@ -708,9 +708,26 @@ class _InboundStream:
         )
         self.serving: set[asyncio.Task[PeerResponse]] = set()
         self._flush_scheduled = False
+        # A connection must say who it is within a connect's patience: one that sends nothing, or
+        # only heartbeats, held one of the few inbound slots for good, and enough of them kept the
+        # real peers' reconnects out (found by audit).
+        assert owner._loop is not None, "an inbound stream of a transport not started"
+        self._hello_deadline: asyncio.TimerHandle | None = owner._loop.call_later(
+            limits.connect_timeout_ms / 1000, self._no_hello)
         self.connection.lost.add_done_callback(self._on_lost)
 
+    def _no_hello(self) -> None:
+        self._hello_deadline = None
+        if not self.sender:
+            self.owner.inbound.malformed_count += 1
+            logger.warning("an inbound connection sent no hello within %d ms; closing it",
+                           self.owner.limits.connect_timeout_ms)
+            self.connection.fail("no hello in time")
+
     def _on_hello(self, frame: pb.PeerFrame) -> None:
+        if self._hello_deadline is not None:
+            self._hello_deadline.cancel()
+            self._hello_deadline = None
         if not frame.sender:
             self.owner.inbound.malformed_count += 1
             logger.warning("an inbound connection's first frame names no sender; closing it")
@@ -752,6 +769,9 @@ class _InboundStream:
                                 f"response of {size_bytes} bytes, limit {self.owner.limits.message_bytes_max}")
 
     def _on_lost(self, _: asyncio.Future[str]) -> None:
+        if self._hello_deadline is not None:
+            self._hello_deadline.cancel()
+            self._hello_deadline = None
         for task in self.serving:
             task.cancel()
         self.outbox.clear()

@@ -659,3 +659,20 @@ def codec_decode_txn(envelope: pb.PeerEnvelope) -> str:
     request = codec.decode_request(envelope)
     assert isinstance(request, ExecuteRequest)
     return request.txn
+
+
+async def test_an_inbound_connection_that_names_no_sender_in_time_is_closed(
+    local_pair: tuple[PeerTransport, PeerTransport, Recorder],
+) -> None:
+    """Found by audit (2026-11-28): a connection that sent nothing, or only heartbeats, held one
+    of the few inbound slots for good, and enough of them kept the real peers' reconnects out. One
+    that sends no hello within connect_timeout_ms is closed."""
+    _, b, _ = local_pair
+    reader, writer = await _raw_connection(b.listen_address)
+    try:
+        async with asyncio.timeout(b.limits.connect_timeout_ms / 1000 + 5):
+            while await reader.read(1024):  # heartbeats the transport may send meanwhile
+                pass
+        assert b.inbound.malformed_count >= 1
+    finally:
+        writer.close()
