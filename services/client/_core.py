@@ -299,12 +299,9 @@ def note_refusal(
     # balancer), and the proxy may have delivered the same request to the node it names first
     # (found by audit: rerun, it committed twice). Every other form the id was refused for, every
     # node refuses alike.
-    named_another = refusal == "invalid_txn" and "must name the node it is sent to" in response.text
+    named_another = refusal == "invalid_txn" and _NAMES_ANOTHER_NODE in response.text
     kind = IN_DOUBT if begun_before or named_another else RERUN
-    if named_another:
-        identities[url] = None  # no one node behind it: its calls go under ids the nodes choose
-    else:
-        identities.pop(url, None)
+    _learn_of_url(identities, url, named_another=named_another)
     if (refusal, kind) not in logged:
         logged.add((refusal, kind))
         then = ("its outcome is unknown: ask its status" if kind == IN_DOUBT else
@@ -321,10 +318,24 @@ def note_id_in_doubt(identities: dict[str, NodeIdentity | None], url: str, outco
     getting ids naming one of them, and every write routed to another ended UNKNOWN)."""
     if outcome.status is not Status.UNKNOWN:
         return
-    if "must name the node it is sent to" in outcome.detail:
-        identities[url] = None  # no one node behind it: its calls go under ids the nodes choose
-    elif "behind this node's clock" in outcome.detail or "not after this node's coordinator started" in outcome.detail:
-        identities.pop(url, None)  # asked again next time: its clock, or the process behind it, moved
+    if _NAMES_ANOTHER_NODE in outcome.detail or any(words in outcome.detail for words in _BEGUN_TOO_EARLY):
+        _learn_of_url(identities, url, named_another=_NAMES_ANOTHER_NODE in outcome.detail)
+
+
+# How a node words the refusals of an id that tell something of the URL it was sent to
+# (cornus/protocol/txn_ids.py; the SDK stands alone, so it reads the words).
+_NAMES_ANOTHER_NODE = "must name the node it is sent to"
+_BEGUN_TOO_EARLY = ("behind this node's clock", "not after this node's coordinator started")
+
+
+def _learn_of_url(identities: dict[str, NodeIdentity | None], url: str, *, named_another: bool) -> None:
+    """After a refusal of this client's id at `url`: no more ids for a URL that leads to several
+    nodes (its calls go under ids the nodes choose); else ask its identity again next time (the URL
+    may lead to another node now, or its clock, or the process behind it, moved)."""
+    if named_another:
+        identities[url] = None
+    else:
+        identities.pop(url, None)
 
 
 def is_unsent(error: httpx.TransportError) -> bool:
