@@ -171,7 +171,7 @@ IN_TXN = [
     Bad("read: keys not a list", "POST", "/v1/txn/{txn}/read", {"keys": "{key}"}, words=("keys", "list")),
     Bad("read: too many", "POST", "/v1/txn/{txn}/read", {"keys": ["{key}"] * (OP_COUNT_MAX + 1)}, status=400,
         words=(f"{OP_COUNT_MAX + 1} operations",)),
-    # Found by audit (2026-11-28): read took the last "keys" and read (and locked) those alone.
+    # Found by audit (2026-11-27): read took the last "keys" and read (and locked) those alone.
     Bad("read: keys twice", "POST", "/v1/txn/{txn}/read", raw=b'{"keys": ["elsewhere"], "keys": ["{key}"]}',
         words=("keys", "twice")),
     Bad("bad txn id format", "POST", "/v1/txn/bad id!/commit", words=("txn", "pattern")),
@@ -248,7 +248,7 @@ def test_execute_takes_json_bodies_only_by_content_type_as_fastapi_does(api_clus
 
 
 def test_a_body_of_countless_bad_items_is_refused_in_one_short_answer(api_cluster: Cluster) -> None:
-    """Found by audit (2026-11-28): a list field had no bound in the schema, so 8 MiB of `{}` as
+    """Found by audit (2026-11-27): a list field had no bound in the schema, so 8 MiB of `{}` as
     operations (or of numbers as keys) made an error per item, millions, joined into one detail on
     the node's event loop. The schema stops at the largest op_count_max, and a 422 names ten of
     its problems at most."""
@@ -263,7 +263,7 @@ def test_a_body_of_countless_bad_items_is_refused_in_one_short_answer(api_cluste
 
 
 def test_a_key_whose_percent_escapes_are_not_utf8_is_refused(api_cluster: Cluster) -> None:
-    """Found by audit (2026-11-28): the server decoded `%FF` and `%C0` in /v1/kv/{key} each as
+    """Found by audit (2026-11-27): the server decoded `%FF` and `%C0` in /v1/kv/{key} each as
     U+FFFD, so two different bad keys wrote one and the same key; a key that is not UTF-8 is 422."""
     base = api_cluster.nodes["n0"].url + "/v1/kv/"
     prefix = f"esc{next(_fresh)}-"
@@ -284,7 +284,7 @@ def test_a_key_whose_percent_escapes_are_not_utf8_is_refused(api_cluster: Cluste
 def test_an_interactive_read_past_what_a_reply_carries_is_refused_and_the_transaction_goes_on(
     api_cluster: Cluster,
 ) -> None:
-    """Found by audit (2026-11-28): each partition's share of a read is bounded, the whole was
+    """Found by audit (2026-11-27): each partition's share of a read is bounded, the whole was
     not, and REST built the JSON of whatever came back in memory (the public gRPC API refuses the
     same read past its reply's 16 MiB). Refused as bad input; the transaction goes on."""
     from services.api.rest import READ_REPLY_VALUE_BYTES_MAX

@@ -68,7 +68,7 @@ def test_a_resend_of_a_run_id_past_its_begin_window_is_known_not_refused_as_too_
 
 @pytest.mark.parametrize(("make", "words"), [
     # The node the id names may have run it (a load balancer sent the request there first), or
-    # this one before the id grew old: unknown (202), and nothing ran here (found by audit, 2026-11-28).
+    # this one before the id grew old: unknown (202), and nothing ran here (found by audit, 2026-11-27).
     (lambda: _new_id(node="n1"), "must name the node it is sent to"),
     (lambda: _new_id(begin_ms=int(time.time() * 1000) - 5_000), "behind this node's clock"),
 ])

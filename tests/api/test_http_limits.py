@@ -362,7 +362,7 @@ async def test_connections_far_past_the_count_are_closed_at_once() -> None:
 
 
 async def test_pipelined_requests_past_their_bound_lose_the_connection(port: int) -> None:
-    """Found by audit (2026-11-28): uvicorn queues a pipelined request while one runs, and reads on
+    """Found by audit (2026-11-27): uvicorn queues a pipelined request while one runs, and reads on
     after every answer, so a client streaming tiny requests without reading its answers queued
     thousands per read (each a request cycle in memory). Past PIPELINE_COUNT_MAX queued, the
     connection ends; a few pipelined requests are served as before."""

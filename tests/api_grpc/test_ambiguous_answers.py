@@ -191,7 +191,7 @@ async def test_a_one_shot_refused_for_room_leaves_its_client_chosen_id_free(tmp_
 
 
 async def test_an_execute_whose_own_id_an_earlier_delivery_may_have_run_is_unknown_not_an_error(tmp_path):
-    """Found by audit (2026-11-28): an Execute carrying its own txn that the node had already run
+    """Found by audit (2026-11-27): an Execute carrying its own txn that the node had already run
     was FAILED_PRECONDITION, and one whose id named another node (behind a load balancer) or began
     before the node's restart INVALID_ARGUMENT, both documented in public.proto as "changed
     nothing": a client behind a proxy that delivers a call twice ran its transaction again. Each

@@ -30,7 +30,7 @@ def _answering(outcome: str) -> type[CornusClient]:
 
 @pytest.mark.parametrize(("outcome", "code"), [("committed", 0), ("aborted", 1), ("unknown", cli.EXIT_CODE_UNKNOWN)])
 def test_an_unknown_outcome_exits_with_its_own_code(monkeypatch: pytest.MonkeyPatch, outcome: str, code: int) -> None:
-    """Found by audit (2026-11-28): unknown exited 1, as an abort does, so a script rerunning
+    """Found by audit (2026-11-27): unknown exited 1, as an abort does, so a script rerunning
     `cornus txn` until it exits 0 ran a transaction that may have committed again."""
     monkeypatch.setattr(cli, "CornusClient", _answering(outcome))
     assert cli.main(["txn", "--url", "http://node:8100", "put:k=v"]) == code

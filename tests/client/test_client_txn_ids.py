@@ -154,7 +154,7 @@ async def test_the_async_client_keeps_an_id_refused_as_too_old_in_doubt_too(
 
 
 def test_ids_are_dated_early_by_less_than_the_age_the_node_takes(urls: list[str]) -> None:
-    """Found by audit (2026-11-28): ids were dated a fixed 100 ms early, and a node whose peer
+    """Found by audit (2026-11-27): ids were dated a fixed 100 ms early, and a node whose peer
     request timeout (which caps the age it takes) was about that short refused nearly every one as
     too old: every write ended UNKNOWN. /healthz says the age the node takes; an id is dated early
     by a quarter of it at most."""

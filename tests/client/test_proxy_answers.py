@@ -193,7 +193,7 @@ def _commit_delivered_again(status: int, error: str) -> httpx.MockTransport:
 
 @pytest.mark.parametrize(("status", "error"), [(409, "wrong_state"), (404, "not_found")])
 async def test_a_commit_answered_as_a_second_delivery_is_unknown_not_refused(status: int, error: str) -> None:
-    """Found by audit (2026-11-28): a commit's 409 ("not active": the first delivery is
+    """Found by audit (2026-11-27): a commit's 409 ("not active": the first delivery is
     committing it) or 404 (committed, then the node restarted) raised WrongState or NotFound,
     which the SDK documents as "nothing changed": the caller ran its transaction again."""
     client = CornusClient("http://node:8100", http=httpx.Client(transport=_commit_delivered_again(status, error)))
@@ -225,7 +225,7 @@ def _sent_on_to_another_node() -> tuple[httpx.MockTransport, list[bytes]]:
 
 
 async def test_an_id_refused_by_another_node_behind_a_proxy_is_in_doubt_not_run_again() -> None:
-    """Found by audit (2026-11-28): a node refusing the id because it names another node was read
+    """Found by audit (2026-11-27): a node refusing the id because it names another node was read
     as "nothing ran, run it again without an id"; behind a load balancer that sent the POST again
     to another node, the node it names may have committed it: it committed twice."""
     transport, executes = _sent_on_to_another_node()
@@ -244,7 +244,7 @@ async def test_an_id_refused_by_another_node_behind_a_proxy_is_in_doubt_not_run_
 
 
 async def test_a_scope_whose_commit_is_refused_after_an_ambiguous_write_aborts_its_transaction() -> None:
-    """Found by audit (2026-11-28): a caller that caught the write's Unavailable inside the scope
+    """Found by audit (2026-11-27): a caller that caught the write's Unavailable inside the scope
     got WrongState from the scope's commit, and the transaction held its locks until the node's
     idle timeout; the scope aborts it."""
     sent: list[str] = []
@@ -272,7 +272,7 @@ async def test_a_scope_whose_commit_is_refused_after_an_ambiguous_write_aborts_i
 
 
 async def test_a_node_whose_health_did_not_answer_gets_no_one_shot() -> None:
-    """Found by audit (2026-11-28): a /healthz that timed out after it was sent sent the one-shot
+    """Found by audit (2026-11-27): a /healthz that timed out after it was sent sent the one-shot
     to that node without an id of the client's, and a lost answer then left it UNKNOWN with no id
     to ask the status call about. The next node takes it, under an id of the client's."""
     executes: list[str] = []
@@ -299,7 +299,7 @@ async def test_a_node_whose_health_did_not_answer_gets_no_one_shot() -> None:
 
 
 async def test_an_unknown_answer_for_an_id_naming_another_node_stops_the_ids_for_that_url() -> None:
-    """Found by review (2026-11-28): a node of this version answers 202 unknown, not 400, for an id
+    """Found by review (2026-11-27): a node of this version answers 202 unknown, not 400, for an id
     that names another node; the SDK learned only from the 400, so a URL in front of several nodes
     kept getting ids naming one of them, and every write routed elsewhere ended UNKNOWN."""
     executes: list[bytes] = []

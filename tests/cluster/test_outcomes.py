@@ -63,7 +63,7 @@ def test_a_collected_transaction_s_outcome_survives_its_coordinator_s_restart(
 
 
 def test_a_coordinator_stopped_within_the_grace_collects_its_records_before_it_exits(storage: dict[str, str]) -> None:
-    """Found by audit (2026-11-28): only a coordinator's machine collects its transaction's
+    """Found by audit (2026-11-27): only a coordinator's machine collects its transaction's
     records, after the grace period, and a node stopped within it (every rolling restart, about
     a grace's worth of transactions) exited without collecting them: no later process knows a
     Cornus transaction its earlier one coordinated, so their records stayed in storage for ever,

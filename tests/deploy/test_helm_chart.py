@@ -221,7 +221,7 @@ def test_schema_timeouts_are_the_nodes() -> None:
         # Found by audit (2026-11-27): a startup probe shorter than a node's wait for its storage
         # at start (60 s) had Kubernetes kill every pod that waited for slow storage.
         (["probes.startup.failureThreshold=10"], "probes.startup"),
-        # Found by review (2026-11-28): a stop waits for its collections too; a grace period that
+        # Found by review (2026-11-27): a stop waits for its collections too; a grace period that
         # ends first has Kubernetes kill the pod before it collected or closed its store.
         (["terminationGracePeriodSeconds=44"], "terminationGracePeriodSeconds (44) must exceed a node's bounded stop"),
         (["timeouts.timeout_ms_stop_collect=20000"], "timeout_ms_stop_collect (20000 ms)"),

@@ -273,7 +273,7 @@ def test_a_decision_ack_carries_its_sender_s_grace_and_a_grace_out_of_range_is_m
 
 
 def test_counts_and_ids_past_what_any_node_sends_are_malformed_before_anything_is_built() -> None:
-    """Found by audit (2026-11-28): a peer's frame was decoded whole into Python objects before
+    """Found by audit (2026-11-27): a peer's frame was decoded whole into Python objects before
     any count was checked (a 16 MiB frame of minimal ops built millions of Op objects, stalling
     the loop), and a txn id of thousands of digits reached the core, where reading its begin
     time raised. Lists and ids past what any node sends are refused as malformed."""

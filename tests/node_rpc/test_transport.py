@@ -664,7 +664,7 @@ def codec_decode_txn(envelope: pb.PeerEnvelope) -> str:
 async def test_an_inbound_connection_that_names_no_sender_in_time_is_closed(
     local_pair: tuple[PeerTransport, PeerTransport, Recorder],
 ) -> None:
-    """Found by audit (2026-11-28): a connection that sent nothing, or only heartbeats, held one
+    """Found by audit (2026-11-27): a connection that sent nothing, or only heartbeats, held one
     of the few inbound slots for good, and enough of them kept the real peers' reconnects out. One
     that sends no hello within connect_timeout_ms is closed."""
     _, b, _ = local_pair

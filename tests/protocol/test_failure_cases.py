@@ -273,7 +273,7 @@ def test_a_coordinator_log_redo_commits_only_if_durable_within_the_window_every_
     own (recovery_settle_ms) before it reads that record. A coordinator configured with a longer
     one (a rolling change of it) could land its redo after the scan, commit, and have its COMMIT
     acknowledged by a new owner that knew nothing of the vote: that partition's writes were lost.
-    Found by audit again (2026-11-28): bounding when the redo's writes leave was not enough, since
+    Found by audit again (2026-11-27): bounding when the redo's writes leave was not enough, since
     a write lands within its sender's storage deadline, and a coordinator configured with a longer
     one than the recovering node's (a rolling change of timeout_ms_call) landed it after the scan.
     Whatever its own settings, a coordinator commits only a redo that was durable within
@@ -344,7 +344,7 @@ def test_collection_waits_out_the_longest_grace_a_participant_acknowledged_with(
 
 
 def test_a_coordinator_log_abort_waiting_for_its_identity_read_writes_no_more_redo() -> None:
-    """Found by review (2026-11-28): an ABORT of a client-chosen id waits for a read of the
+    """Found by review (2026-11-27): an ABORT of a client-chosen id waits for a read of the
     node's identity (ConfirmIdentity), which may wait for the next periodic check; meanwhile the
     redo's retry timer kept writing the redo, past REDO_DURABLE_MS_MAX. Nothing could commit, but
     a redo landing after a recovering node's scan would hold that node's locks for nothing."""

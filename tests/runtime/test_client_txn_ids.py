@@ -50,7 +50,7 @@ async def test_an_id_sent_before_a_restart_is_refused_and_a_refused_input_frees_
 
 
 def _assert_in_doubt(outcome: Outcome, words: str) -> None:
-    """Found by audit (2026-11-28): a refusal of a one-shot's own id that an earlier delivery of
+    """Found by audit (2026-11-27): a refusal of a one-shot's own id that an earlier delivery of
     the same request may have run (it ran here already, began before this process) was raised as
     "nothing ran"; a client behind a proxy that delivers a POST twice ran the transaction again."""
     assert outcome.status is OutcomeStatus.UNKNOWN and words in outcome.detail, outcome
@@ -142,7 +142,7 @@ async def test_an_id_another_process_ran_is_in_doubt_not_aborted_on_the_begin_op
 
 
 async def test_a_second_delivery_to_an_overloaded_node_hears_it_ran_not_overloaded(tmp_path, monkeypatch):
-    """Found by review (2026-11-28): the node's load was checked before the id, so a second
+    """Found by review (2026-11-27): the node's load was checked before the id, so a second
     delivery of a committed one-shot to a node at its limit of transactions heard "overloaded,
     retry" (nothing ran), and the SDK ran it again under another id. The id is checked first."""
     async with local_cluster(tmp_path, partition_count=2) as cluster:

@@ -386,7 +386,7 @@ async def test_a_participant_that_votes_and_forgets_during_the_reads_is_seen(tmp
 
 
 async def test_status_and_resolve_calls_past_their_bound_are_refused_retryable(tmp_path, monkeypatch):
-    """Found by audit (2026-11-28): each status or resolve call reads every partition's log or asks
+    """Found by audit (2026-11-27): each status or resolve call reads every partition's log or asks
     every peer, and a node took as many at once as its API takes requests (10,000), crowding out
     the commits beside them. Past STATUS_CALL_COUNT_MAX in flight they are refused as overloaded
     (REST 503, gRPC UNAVAILABLE: retry), and the count goes down as they end."""

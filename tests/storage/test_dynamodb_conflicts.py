@@ -70,7 +70,7 @@ def conflicts(store: DynamoDbStore, operation: str, count: int) -> Iterator[list
 
 
 async def test_a_fenced_write_that_met_another_transaction_is_tried_again(dynamodb: DynamoDbStore, ns: str) -> None:
-    """Found by audit (2026-11-28): a fenced write cancelled for a TransactionConflict (nothing
+    """Found by audit (2026-11-27): a fenced write cancelled for a TransactionConflict (nothing
     written) was reported unavailable at once, so under concurrency most fenced writes of a busy
     partition failed on DynamoDB. It is tried again, a bounded number of times."""
     fence = (await take_first(dynamodb, ns)).fence()
@@ -99,7 +99,7 @@ async def test_a_renewal_that_met_a_fenced_write_is_tried_again(dynamodb: Dynamo
 async def test_a_global_table_kept_eventually_consistent_is_refused(
     dynamodb: DynamoDbStore, consistency: str | None, refused: bool,
 ) -> None:
-    """Found by audit (2026-11-28): a global table's regions check conditions each on its own copy,
+    """Found by audit (2026-11-27): a global table's regions check conditions each on its own copy,
     so LogOnce would not be once across them; such a table is refused at open, by name."""
     table = {"TableName": dynamodb._table, "TableStatus": "ACTIVE", "Replicas": [{"RegionName": "eu-west-1"}]}
     if consistency is not None:

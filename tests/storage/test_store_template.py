@@ -105,7 +105,7 @@ def _calls(ns: str) -> dict[str, tuple[Call, list[Call]]]:
             lambda s: s.read_data(ns, "k"),
             lambda s: s.read_data("p/x", ["k"]),
             lambda s: s.read_data(ns, [""]),
-            # Found by audit (2026-11-28): a lone surrogate raised UnicodeEncodeError, not the
+            # Found by audit (2026-11-27): a lone surrogate raised UnicodeEncodeError, not the
             # contract's ValidationError, from every backend.
             lambda s: s.read_data(ns, ["a\udc80"]),
         ]),
