@@ -102,6 +102,9 @@ def bind_api_socket(address: str) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds its own
         sock.bind(sockaddr)
+        # Listening now: two sockets bound with SO_REUSEADDR that neither listens on may share an
+        # address on Linux, so two processes started together would both pass the bind.
+        sock.listen(socket.SOMAXCONN)
     except OSError:
         sock.close()
         raise
@@ -122,9 +125,14 @@ async def serve(config: NodeConfig) -> int:
     address it is given cannot be listened on)."""
     if not config.api_listen:
         raise ValidationError("api_listen is required to serve (file, CORNUS_API_LISTEN or --api-listen)")
-    # Before anything that can wait: a container's first process (PID 1, no init) gets no signal it
-    # has no handler for, and a node stopped while it waited for storage at its start ignored
-    # SIGTERM, then took its identity and partitions and was killed holding them (found by review).
+    # Before anything that can wait (the bind below may resolve a host name): a container's first
+    # process (PID 1, no init) gets no signal it has no handler for, and a node stopped while it
+    # waited for storage at its start ignored SIGTERM, then took its identity and partitions and
+    # was killed holding them (found by review).
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     try:
         api_socket = bind_api_socket(config.api_listen)
     except OSError as error:
@@ -136,10 +144,6 @@ async def serve(config: NodeConfig) -> int:
         log.warning("node %s: timeout_ms_stop_collect (%d ms) is shorter than gc_grace_ms (%d ms): a stop leaves "
                     "the records of its last transactions in storage for ever", config.node_id,
                     config.limits.timeout_ms_stop_collect, config.protocol_config.gc_grace_ms)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     failpoints = Failpoints.from_env()
     # Wrapped before the Node gets it, so every storage call of the node is measured.
     metrics = Metrics()

@@ -26,7 +26,6 @@ class TwoPhaseCoordinator(CoordinatorBase):
     _redo_may_exist = False
     _redo_unanswered = False
     _abort_log_due = False
-    _redo_window_closed = False  # REDO_DURABLE_MS_MAX passed since the first redo write
 
     def _started(self) -> list[Effect]:
         if not self.logs_redo:
@@ -141,11 +140,11 @@ class TwoPhaseCoordinator(CoordinatorBase):
             return self._abort("votes missing at the vote timeout")
         if kind == "redo-window":
             # A redo not durable by now may land after a recovering node's scan (REDO_DURABLE_MS_MAX):
-            # it may not commit, even if a write of it is still unanswered, and no write of it leaves.
-            self._redo_window_closed = True
+            # it may not commit, even if a write of it is still unanswered, and no write of it
+            # leaves (the ABORT decided here ends the retries below).
             if self._redo_durable or self._commit_call is not None:
                 return []
-            return self._abort_redo_late()
+            return self._abort(f"the redo record was not durable {REDO_DURABLE_MS_MAX} ms after the commit began")
         assert kind == "retry", kind
         if self._commit_call is not None:
             return [self._commit_call]
@@ -154,12 +153,7 @@ class TwoPhaseCoordinator(CoordinatorBase):
             # ABORT decided (its identity read is out): the redo can commit nothing, and a write of
             # it landing after the window would only hold a recovering node's locks (found by review).
             return []
-        if self._redo_window_closed:
-            return self._abort_redo_late()
         return self._write_redo()
-
-    def _abort_redo_late(self) -> list[Effect]:
-        return self._abort(f"the redo record was not durable {REDO_DURABLE_MS_MAX} ms after the commit began")
 
     def _handle(self, event: Event) -> list[Effect]:
         if isinstance(event, Recovered):

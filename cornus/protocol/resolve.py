@@ -12,12 +12,13 @@ One round, never retried by itself:
    participant's log, right away. The VOTE_YES seen means that participant had not acknowledged
    a decision when the read was served, so garbage collection cannot delete anything until a
    grace period after that; the writes must land before it ends. They are issued only while the
-   round's window is open (`gc_grace_ms` minus one storage deadline and the slack, counted from
-   the first read) and land within a deadline plus the slack. A round that cannot finish in its
-   window, or whose storage does not answer, reports "in doubt" instead of retrying later, when
-   that bound would no longer hold. 2PC and coordinator-log may be decided only by their
-   coordinator, whose log is read instead; and read too when no partition's log holds a record (a
-   coordinator-log participant keeps none before it learns the decision).
+   round's window is open (the least grace any node may run with minus one storage deadline and
+   the slack, so one deadline, counted from the first read) and land within a deadline plus the
+   slack. A round that cannot finish in its window, or whose storage does not answer, reports "in
+   doubt" instead of retrying later, when that bound would no longer hold. 2PC and
+   coordinator-log may be decided only by their coordinator, whose log is read instead; and read
+   too when no partition's log holds a record (a coordinator-log participant keeps none before it
+   learns the decision).
 
 Before its first write, unless forced: a resolve is for a transaction whose coordinator is gone.
 One its coordinator's node still runs (`refusal_while_running`) finishes there by itself, and
@@ -104,9 +105,10 @@ class Resolver:
         # node's: the coordinator's configuration may differ during a rolling change (found by
         # audit: counted on a longer grace of its own, a resolve's ABORT could land in the slot of
         # a record the coordinator had collected, beside its COMMIT tombstone).
-        grace_ms_least = gc_grace_ms_min(config.storage_deadline_ms, config.clock_slack_ms)
-        self._window_ms = grace_ms_least - config.storage_deadline_ms - config.clock_slack_ms
-        assert self._window_ms >= config.storage_deadline_ms, "the grace leaves no time to read, then write"
+        # That least grace is two deadlines and the slack, so the window is one deadline.
+        self._window_ms = gc_grace_ms_min(config.storage_deadline_ms, config.clock_slack_ms) - (
+            config.storage_deadline_ms + config.clock_slack_ms)
+        assert self._window_ms == config.storage_deadline_ms, "the least grace is no longer two deadlines and the slack"
         self._window_open = True
 
     @property
@@ -191,11 +193,13 @@ class Resolver:
         decision = decision_among(r.state for r in partition_records)
         if decision is not None:
             return self._finish(decision, "a participant's record holds the decision")
-        if not partition_records and self.protocol is not Protocol.CORNUS and txn_ids.coordinator_of(self.txn):
-            # A coordinator-log participant keeps no record until it learns the decision, which
-            # its coordinator's log may hold (found by audit: reported "no record" for a COMMIT
-            # logged by a coordinator that crashed before telling anyone).
-            return self._read_coordinator_log(txn_ids.coordinator_of(self.txn))
+        coordinator = txn_ids.coordinator_of(self.txn)
+        if not partition_records and self.protocol is not Protocol.CORNUS and coordinator:
+            # A coordinator-log participant keeps no record until it learns the decision, and a
+            # 2PC one none before its vote, while the coordinator's log may hold one (found by
+            # audit: reported "no record" for a COMMIT logged by a coordinator that crashed before
+            # telling anyone).
+            return self._read_coordinator_log(coordinator)
         if not partition_records:
             return self._finish(None, "no record of this transaction in any partition's log")
         body = partition_records[0].body

@@ -24,11 +24,6 @@ then command-line flags (each overriding the one before), and checked before any
 Which node owns a partition is decided at run time, by leases in storage (cornus.protocol.ownership);
 the configuration only names each partition's preferred owner, which gets it when it is alive.
 
-One concern, past 450 lines on purpose: reading the configuration and refusing a bad one before
-anything starts. Most of the file is the checks (each bound with its unit and reason, and the
-rules between timeouts that keep the protocol safe), which a split would only scatter from the
-fields they check; the protocol's own rules live in cornus.protocol.config.
-
 Environment: CORNUS_NODE_ID, CORNUS_CLUSTER_ID, CORNUS_LISTEN, CORNUS_API_LISTEN, CORNUS_GRPC_API_LISTEN,
 CORNUS_PROTOCOL, CORNUS_LOCK_POLICY, CORNUS_PARTITION_COUNT, CORNUS_PEERS ("n0=host:port,n1=host:port"),
 CORNUS_STORAGE_<FIELD>, and CORNUS_<TIMEOUT FIELD> (e.g. CORNUS_TIMEOUT_MS_PREPARE).
@@ -493,9 +488,7 @@ def load_node_config(
         else:
             raw[key] = value
 
-    storage_file = raw.get("storage", {})
-    if not isinstance(storage_file, dict):
-        raise ValidationError("[storage] must be a table")
+    storage_file = _table(raw.get("storage", {}), "storage")
     storage_fields = {item.name for item in dataclasses.fields(StoreConfig)}
     unknown = set(storage_file) - storage_fields
     if unknown:

@@ -256,15 +256,20 @@ class Node:
         """Start no transaction here any more, and wait (at most `timeout_s`) until every one it
         coordinates is decided and acknowledged by all its participants."""
         self.coordination.closing = True
-        loop = asyncio.get_running_loop()
-        deadline_s = loop.time() + timeout_s
-        # Polled: decisions end through messages, resends and storage calls alike.
-        while self.undelivered_count() and loop.time() < deadline_s and not self.runner.stopped:  # noqa: ASYNC110
-            await asyncio.sleep(POLL_MS / 1000)
-        left = self.undelivered_count()
+        left = await self._wait_for_none(self.undelivered_count, timeout_s)
         if left:
             log.warning("node %s stops with %d coordinated transactions not acknowledged by every participant "
                         "(see cornus inspect before removing this node)", self.node_id, left)
+
+    async def _wait_for_none(self, count: Callable[[], int], timeout_s: float) -> int:
+        """Wait until `count()` is 0, `timeout_s` has passed or the runner stopped (deposed, too);
+        what it is then. Polled: decisions and collections end through messages, resends, timers
+        and storage calls alike."""
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + timeout_s
+        while count() and loop.time() < deadline_s and not self.runner.stopped:  # noqa: ASYNC110
+            await asyncio.sleep(POLL_MS / 1000)
+        return count()
 
     def uncollected_count(self) -> int:
         """Transactions this node coordinates that every participant acknowledged and whose records
@@ -276,13 +281,7 @@ class Node:
         waiting to be collected are collected: no later process of the node knows a Cornus
         transaction this one coordinated, so their records would stay in storage for ever (found
         by audit: every rolling restart left about a grace period's worth of them)."""
-        loop = asyncio.get_running_loop()
-        deadline_s = loop.time() + timeout_s
-        # Polled, as the decisions' delivery: a grace period, then storage calls.
-        while (self.uncollected_count() and loop.time() < deadline_s  # noqa: ASYNC110
-               and not self.runner.stopped and not self.deposed):
-            await asyncio.sleep(POLL_MS / 1000)
-        left = self.uncollected_count()
+        left = await self._wait_for_none(self.uncollected_count, timeout_s)
         if left and not self.deposed and timeout_s > 0:  # 0: told not to wait (thrown-away storage)
             log.warning("node %s stops with the records of %d transactions it coordinated left uncollected "
                         "(timeout_ms_stop_collect %d ms is shorter than their grace period, or storage did not "

@@ -545,6 +545,9 @@ class PublicGrpcServer:
                 ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION_MAX),
                 ("grpc.max_connection_age_ms", CONNECTION_AGE_MS_MAX),
                 ("grpc.max_connection_age_grace_ms", CONNECTION_AGE_GRACE_MS),
+                # grpc shares a port between listeners that all ask (SO_REUSEPORT, its default): a
+                # second process of this node would serve beside the first (found by review).
+                ("grpc.so_reuseport", 0),
             ],
             maximum_concurrent_rpcs=CALLS_IN_FLIGHT_MAX,
         )

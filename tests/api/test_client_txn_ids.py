@@ -63,6 +63,7 @@ def test_a_resend_of_a_run_id_past_its_begin_window_is_known_not_refused_as_too_
     time.sleep(CLIENT_BEGIN_MS_AGE_MAX / 1000 + 0.2)  # past the begin's age bound
     again = api_cluster.post("n0", "/v1/execute", {"ops": _put(key, "second"), "txn": txn})
     assert again.status_code == 202 and again.json()["outcome"] == "unknown", again.text
+    assert "already known" in again.json()["detail"], again.text  # known, not refused as too old
     assert api_cluster.read("n0", [key]) == {key: "first"}
 
 

@@ -203,16 +203,20 @@ async def test_an_execute_whose_own_id_an_earlier_delivery_may_have_run_is_unkno
         txn = client_txn_id(now_ms, node, secrets.token_hex(16), Protocol.CORNUS)
         request = pb.ExecuteRequest(txn=txn, ops=[pb.Op(kind=pb.OP_KIND_PUT, key=served.keys[0], value=b"v")])
         assert (await served.stub.Execute(request, timeout=5)).outcome == pb.OUTCOME_COMMITTED
-        again = await served.stub.Execute(request, timeout=5)  # the proxy's second delivery
+        again = await served.stub.Execute(
+            pb.ExecuteRequest(txn=txn, ops=[pb.Op(kind=pb.OP_KIND_PUT, key=served.keys[0], value=b"w")]),
+            timeout=5)  # a second delivery of the id (its ops, if run, would write w)
         assert again.outcome == pb.OUTCOME_UNKNOWN and again.txn == txn, again
+        # The calls below write another value, which must never land: none of them runs.
+        other_ops = [pb.Op(kind=pb.OP_KIND_PUT, key=served.keys[0], value=b"w")]
         elsewhere = client_txn_id(now_ms, node + "x", secrets.token_hex(16), Protocol.CORNUS)
-        other = await served.stub.Execute(pb.ExecuteRequest(txn=elsewhere, ops=request.ops), timeout=5)
+        other = await served.stub.Execute(pb.ExecuteRequest(txn=elsewhere, ops=other_ops), timeout=5)
         assert other.outcome == pb.OUTCOME_UNKNOWN and other.txn == elsewhere, other
         old = client_txn_id(now_ms - 60_000, node, secrets.token_hex(16), Protocol.CORNUS)
-        late = await served.stub.Execute(pb.ExecuteRequest(txn=old, ops=request.ops), timeout=5)
+        late = await served.stub.Execute(pb.ExecuteRequest(txn=old, ops=other_ops), timeout=5)
         assert late.outcome == pb.OUTCOME_UNKNOWN and late.txn == old, late
         ahead = client_txn_id(now_ms + 60_000, node, secrets.token_hex(16), Protocol.CORNUS)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await served.stub.Execute(pb.ExecuteRequest(txn=ahead, ops=request.ops), timeout=5)
+            await served.stub.Execute(pb.ExecuteRequest(txn=ahead, ops=other_ops), timeout=5)
         assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT, refused.value
         assert [await served.cluster.value(k) for k in served.keys[:1]] == [b"v"]

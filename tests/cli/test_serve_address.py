@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -51,9 +53,36 @@ def test_a_node_whose_api_port_is_taken_exits_before_it_takes_anything(tmp_path:
             [sys.executable, "-m", "services.cli", "serve", "--node-id", "n0", "--partition-count", "1",
              "--peers", f"n0={peer}", *addresses,
              "--backend", "emulator", "--emulator-path", str(database)],
-            capture_output=True, text=True, timeout=TIMEOUT_S_SERVE, check=False)
+            # At INFO, so that a take of the identity would show in the log checked below.
+            capture_output=True, text=True, timeout=TIMEOUT_S_SERVE, check=False,
+            env={**os.environ, "CORNUS_LOG_LEVEL": "INFO"})
     finally:
         busy.close()
     assert done.returncode == EXIT_CODE_ADDRESS_UNBOUND, (done.returncode, done.stderr[-2000:])
     assert "cannot listen" in done.stderr, done.stderr[-2000:]
     assert "took its identity" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_grpc_port_another_grpc_server_holds_is_taken_not_shared(tmp_path: Path) -> None:
+    """Found by review (2026-11-27): grpc sets SO_REUSEPORT on its listeners by default, so a
+    second `cornus serve` of one node bound the first's gRPC port beside it (the kernel shares a
+    port between sockets that both set it), took the identity and split the clients' connections
+    with it. The node's gRPC listener does not share its port."""
+    import grpc
+
+    async def hold_and_serve() -> subprocess.CompletedProcess[str]:
+        holder = grpc.aio.server()  # grpc's defaults, SO_REUSEPORT among them
+        port = holder.add_insecure_port("127.0.0.1:0")
+        await holder.start()
+        try:
+            return await asyncio.to_thread(subprocess.run, [
+                sys.executable, "-m", "services.cli", "serve", "--node-id", "n0", "--partition-count", "1",
+                "--peers", f"n0=127.0.0.1:{free_port()}", "--api-listen", f"127.0.0.1:{free_port()}",
+                "--grpc-api-listen", f"127.0.0.1:{port}",
+                "--backend", "emulator", "--emulator-path", str(tmp_path / "cornus.db")],
+                capture_output=True, text=True, timeout=TIMEOUT_S_SERVE, check=False)
+        finally:
+            await holder.stop(None)
+
+    done = asyncio.run(hold_and_serve())
+    assert done.returncode == EXIT_CODE_ADDRESS_UNBOUND, (done.returncode, done.stderr[-2000:])

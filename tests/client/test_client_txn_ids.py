@@ -165,5 +165,7 @@ def test_ids_are_dated_early_by_less_than_the_age_the_node_takes(urls: list[str]
               "client_txn_age_ms_max": 100}
     keep, identity = _core.identity_from(httpx.Response(200, json=answer), asked_s, asked_s)
     assert keep and identity is not None and identity.age_ms_max == 100, identity
+    assert _core.begin_backdate_ms(identity) == 25  # a quarter of it
+    before_ms = time.time() * 1000
     begin_ms = int(_core.client_txn(identity, None).split(".", 1)[0])
-    assert time.time() * 1000 - begin_ms <= 25 + 50, begin_ms  # a quarter of it, and the test's own time
+    assert before_ms - 25 - 1 <= begin_ms <= time.time() * 1000 - 25 + 1, begin_ms

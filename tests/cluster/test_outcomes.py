@@ -70,15 +70,18 @@ def test_a_coordinator_stopped_within_the_grace_collects_its_records_before_it_e
     and DynamoDB's and Azure's recovery scans walk them. A stopping node, once it has released its
     partitions, waits out its collections (timeout_ms_stop_collect at most) before it exits."""
     storage = {**storage, "timeout_ms_call": STORAGE_TIMEOUT_MS}
-    with running_cluster("cornus", storage, settings={**SETTINGS, "timeout_ms_stop_collect": 15_000}) as cluster:
+    # A grace long enough that the stop surely comes within it, under the stop's wait.
+    settings = {**SETTINGS, "gc_grace_ms": 5_000, "timeout_ms_stop_collect": 15_000}
+    with running_cluster("cornus", storage, settings=settings) as cluster:
         cluster.start_all()
         keys = [keys_on("p1", 6, 1)[0], keys_on("p2", 6, 1)[0]]
         response = cluster.execute("n0", [{"op": "put", "key": k, "value": "v"} for k in keys])
         assert response.status_code == 200, response.text
         txn = response.json()["txn"]
+        assert asyncio.run(_records(storage, txn, ["p2"]))["p2"] is not None, "collected before the stop"
         coordinator = cluster.nodes["n0"].process
         assert coordinator is not None
-        coordinator.send_signal(signal.SIGTERM)  # at once: the grace (2.5 s) has not passed
+        coordinator.send_signal(signal.SIGTERM)  # within the grace
         assert cluster.wait_exit("n0") == 0
         records = asyncio.run(_records(storage, txn, ["p1", "p2"]))
         kept = records["p1"]
