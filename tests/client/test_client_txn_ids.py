@@ -161,10 +161,11 @@ def test_ids_are_dated_early_by_less_than_the_age_the_node_takes(urls: list[str]
     health = httpx.get(urls[0] + "/healthz", timeout=5).json()
     assert health["client_txn_age_ms_max"] == 1_000, health  # min(1 s, the default 2 s peer request timeout)
     asked_s = time.time()
-    answer = {"status": "ok", "node": "n0", "protocol": "cornus", "now_unix_ms": int(asked_s * 1000),
-              "client_txn_age_ms_max": 100}
+    answer = {"status": "ok", "node": "n0", "protocol": "cornus", "now_unix_ms": round(asked_s * 1000),
+              "client_txn_age_ms_max": 100}  # rounded as the client rounds, so the offset is exactly 0
     keep, identity = _core.identity_from(httpx.Response(200, json=answer), asked_s, asked_s)
     assert keep and identity is not None and identity.age_ms_max == 100, identity
+    assert identity.clock_offset_ms == 0, identity  # else the bounds below would move by it
     assert _core.begin_backdate_ms(identity) == 25  # a quarter of it
     before_ms = time.time() * 1000
     begin_ms = int(_core.client_txn(identity, None).split(".", 1)[0])
