@@ -156,6 +156,8 @@ def _serve(args: argparse.Namespace) -> int:
         "node_id": args.node_id, "cluster_id": args.cluster_id, "listen": args.listen, "api_listen": args.api_listen,
         "grpc_api_listen": args.grpc_api_listen, "peers": args.peers,
         "partition_count": args.partition_count, "protocol": args.protocol, "lock_policy": args.lock_policy,
+        "peer_tls_cert_file": args.peer_tls_cert_file, "peer_tls_key_file": args.peer_tls_key_file,
+        "peer_tls_ca_file": args.peer_tls_ca_file, "peer_tls_verify_hostname": args.peer_tls_verify_hostname,
     }
     for name in ("timeout_ms_call", "emulator_path", "redis_url", "redis_durability", "azure_connection_string",
                  "azure_container", "dynamodb_table", "dynamodb_endpoint", "dynamodb_region", "latency",
@@ -881,6 +883,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--lock-policy", help="no_wait (abort on a lock conflict, the default) or wait_die "
                                              "(an older transaction waits for younger holders)")
     serve.add_argument("--backend", choices=BACKENDS, help="storage backend")
+    serve.add_argument("--peer-tls-cert-file", help="this node's certificate (PEM): mutual TLS on the peer port, "
+                                                    "with --peer-tls-key-file and --peer-tls-ca-file")
+    serve.add_argument("--peer-tls-key-file", help="the private key of --peer-tls-cert-file (PEM)")
+    serve.add_argument("--peer-tls-ca-file", help="the cluster's CA (PEM): a peer must show a certificate it signed")
+    serve.add_argument("--peer-tls-verify-hostname", choices=("true", "false"),
+                       help="check that a peer's certificate names the host of its peers entry (default: true)")
     serve.add_argument("--set", action="append", metavar="NAME=VALUE",
                        help="a timeout or limit, e.g. timeout_ms_prepare=400 (repeatable)")
     _add_storage_flags(serve)

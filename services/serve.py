@@ -155,7 +155,8 @@ async def serve(config: NodeConfig) -> int:
         api_socket.close()
         return 0
     store = InstrumentedStore(opening.result(), metrics)
-    transport = PeerTransport(config.node_id, config.listen, config.peers)
+    transport = PeerTransport(config.node_id, config.listen, config.peers,
+                              tls=config.peer_tls.contexts() if config.peer_tls is not None else None)
     node = Node(config, store, transport, failpoints)
     # The cluster record is checked before the node takes anything, and may wait for storage too.
     claiming = asyncio.create_task(node.claim_cluster(deadline_s))

@@ -20,13 +20,19 @@ then command-line flags (each overriding the one before), and checked before any
     [timeouts]                         # ProtocolConfig, RuntimeLimits and OwnershipConfig fields
     timeout_ms_prepare = 400
     lease_ms = 4000
+    [peer_tls]                         # optional: mutual TLS on `listen` (cornus.runtime.peer_tls)
+    cert_file = "/etc/cornus/tls/tls.crt"
+    key_file = "/etc/cornus/tls/tls.key"
+    ca_file = "/etc/cornus/tls/ca.crt"
+    verify_hostname = true             # the peer's certificate must name its peers entry's host
 
 Which node owns a partition is decided at run time, by leases in storage (cornus.protocol.ownership);
 the configuration only names each partition's preferred owner, which gets it when it is alive.
 
 Environment: CORNUS_NODE_ID, CORNUS_CLUSTER_ID, CORNUS_LISTEN, CORNUS_API_LISTEN, CORNUS_GRPC_API_LISTEN,
 CORNUS_PROTOCOL, CORNUS_LOCK_POLICY, CORNUS_PARTITION_COUNT, CORNUS_PEERS ("n0=host:port,n1=host:port"),
-CORNUS_STORAGE_<FIELD>, and CORNUS_<TIMEOUT FIELD> (e.g. CORNUS_TIMEOUT_MS_PREPARE).
+CORNUS_STORAGE_<FIELD>, CORNUS_PEER_TLS_<FIELD> (e.g. CORNUS_PEER_TLS_CA_FILE), and
+CORNUS_<TIMEOUT FIELD> (e.g. CORNUS_TIMEOUT_MS_PREPARE).
 
 One concern, kept in one file past 450 lines on purpose: reading the three sources and the checks
 across their fields are one job, since a rule (a grace against the storage deadline, a keep against
@@ -53,6 +59,7 @@ from cornus.protocol.locks import Policy
 from cornus.protocol.ownership import OwnershipConfig, placement
 from cornus.protocol.status import late_vote_ms, late_votes_meet_their_tombstone
 from cornus.runtime.keys import partition_names
+from cornus.runtime.peer_tls import PeerTlsConfig
 from storage_adapters.contract import (
     LOG_NAME_LENGTH_MAX,
     NODE_ID_LENGTH_MAX,
@@ -177,6 +184,8 @@ class NodeConfig:
     # What a lock request that meets a conflicting holder does: abort at once (NO_WAIT, the
     # paper's setting) or, when older than every holder, wait for them (WAIT_DIE).
     lock_policy: Policy = Policy.NO_WAIT
+    # Mutual TLS on the peer port (None: plain TCP, for a network only the cluster reaches).
+    peer_tls: PeerTlsConfig | None = None
 
     def __post_init__(self) -> None:
         validate_id(self.node_id, "node_id", NODE_ID_LENGTH_MAX)
@@ -457,7 +466,7 @@ def load_node_config(
         except (OSError, tomllib.TOMLDecodeError) as error:
             raise ValidationError(f"config file {path}: {error}") from error
     known = {"node_id", "cluster_id", "listen", "api_listen", "grpc_api_listen", "protocol", "lock_policy",
-             "partition_count", "peers", "partition_owners", "storage", "timeouts"}
+             "partition_count", "peers", "partition_owners", "storage", "timeouts", "peer_tls"}
     unknown = set(raw) - known
     if unknown:
         raise ValidationError(f"config file {path}: unknown keys {', '.join(sorted(unknown))}")
@@ -474,10 +483,15 @@ def load_node_config(
             timeouts[name] = environ[f"CORNUS_{name.upper()}"]
     overrides = {key: value for key, value in (overrides or {}).items() if value is not None}
     storage_names = {f"storage_{item.name}" for item in dataclasses.fields(StoreConfig)}
-    unknown = set(overrides) - known - timeout_names_all() - storage_names
+    peer_tls_names = {f"peer_tls_{name}" for name in _PEER_TLS_FIELDS}
+    unknown = set(overrides) - known - timeout_names_all() - storage_names - peer_tls_names
     if unknown:
         raise ValidationError(f"unknown settings: {', '.join(sorted(unknown))}")
     storage_flags: dict[str, Any] = {}
+    peer_tls_values = dict(_table(raw.get("peer_tls", {}), "peer_tls"))
+    for name in _PEER_TLS_FIELDS:
+        if f"CORNUS_PEER_TLS_{name.upper()}" in environ:
+            peer_tls_values[name] = environ[f"CORNUS_PEER_TLS_{name.upper()}"]
     for key, value in overrides.items():
         if key in timeout_names:
             timeouts[key] = value
@@ -485,6 +499,8 @@ def load_node_config(
             raw["peers"] = parse_peers(value)
         elif key.startswith("storage_"):
             storage_flags[key.removeprefix("storage_")] = value
+        elif key in peer_tls_names:
+            peer_tls_values[key.removeprefix("peer_tls_")] = value
         else:
             raw[key] = value
 
@@ -527,7 +543,37 @@ def load_node_config(
         protocol_config=(protocol_config := _protocol_config(protocol_values, storage)),
         limits=RuntimeLimits(**limit_values),
         ownership=_ownership_config(ownership_values, protocol_config, storage.backend),
+        peer_tls=_peer_tls_config(peer_tls_values),
     )
+
+
+_PEER_TLS_FIELDS = tuple(item.name for item in dataclasses.fields(PeerTlsConfig))
+
+
+def _peer_tls_config(values: Mapping[str, Any]) -> PeerTlsConfig | None:
+    """None when no TLS setting is given; else every file, each usable (checked by building the
+    contexts, so a wrong path or a key that does not match its certificate stops the node here)."""
+    if not values:
+        return None
+    unknown = set(values) - set(_PEER_TLS_FIELDS)
+    if unknown:
+        raise ValidationError(f"unknown peer_tls settings: {', '.join(sorted(unknown))}")
+    missing = [name for name in ("cert_file", "key_file", "ca_file") if not values.get(name)]
+    if missing:
+        raise ValidationError(f"peer_tls needs {', '.join(missing)} as well (TLS takes all three files)")
+    config = PeerTlsConfig(cert_file=values["cert_file"], key_file=values["key_file"], ca_file=values["ca_file"],
+                           verify_hostname=_bool(values.get("verify_hostname", True), "peer_tls verify_hostname"))
+    config.contexts()
+    return config
+
+
+def _bool(value: object, what: str) -> bool:
+    """A setting given as a TOML boolean, or as text from the environment or a flag."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValidationError(f"{what} must be true or false, got {value!r}")
 
 
 def _check_late_votes(limits: RuntimeLimits, protocol_config: ProtocolConfig) -> None:

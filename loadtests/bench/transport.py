@@ -1,8 +1,9 @@
-"""Micro-benchmark of PeerTransport: `python -m loadtests.bench.transport [--seconds S]`.
+"""Micro-benchmark of PeerTransport: `python -m loadtests.bench.transport [--seconds S] [--tls]`.
 
 Starts an echo node in a child process and, from this process, measures request/response round
 trips of 100-byte payloads over the node connection: latency at 1 in flight and throughput at 16
-and 256 in flight. Prints figures; it asserts nothing about speed.
+and 256 in flight; with `--tls`, over mutual TLS with a throwaway CA's certificates, to show what
+peer TLS costs. Prints figures; it asserts nothing about speed.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 from cornus.protocol.messages import Message
+from cornus.runtime.peer_tls import PeerTlsConfig, PeerTlsContexts
 from cornus.runtime.wire import (
     ExecuteRequest,
     ExecuteResponse,
@@ -33,6 +36,7 @@ from cornus.runtime.wire import (
     StatusRequest,
     StatusResponse,
 )
+from loadtests.bench.tls_certs import ThrowawayCa
 from services.node_rpc.transport import PeerTransport
 
 PAYLOAD_BYTES = 100
@@ -66,8 +70,16 @@ def _run(main: Callable[[], Coroutine[Any, Any, None]]) -> str:
     return "uvloop"
 
 
-async def _serve(port: int, client_port: int) -> None:
-    transport = PeerTransport("server", f"127.0.0.1:{port}", {"client": f"127.0.0.1:{client_port}"})
+def _tls(directory: str | None, name: str) -> PeerTlsContexts | None:
+    if directory is None:
+        return None
+    files = ThrowawayCa.load(Path(directory)).issue(name)
+    return PeerTlsConfig(files.cert_file, files.key_file, files.ca_file).contexts()
+
+
+async def _serve(port: int, client_port: int, tls_dir: str | None) -> None:
+    transport = PeerTransport("server", f"127.0.0.1:{port}", {"client": f"127.0.0.1:{client_port}"},
+                              tls=_tls(tls_dir, "server"))
     await transport.start(EchoHandler())
     print("READY", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
@@ -78,8 +90,9 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * fraction))]
 
 
-async def _measure(port: int, client_port: int, seconds: float) -> None:
-    transport = PeerTransport("client", f"127.0.0.1:{client_port}", {"server": f"127.0.0.1:{port}"})
+async def _measure(port: int, client_port: int, seconds: float, tls_dir: str | None) -> None:
+    transport = PeerTransport("client", f"127.0.0.1:{client_port}", {"server": f"127.0.0.1:{port}"},
+                              tls=_tls(tls_dir, "client"))
     await transport.start(EchoHandler())
     try:
         assert await transport.wait_connected("server", CONNECT_TIMEOUT_MS), "server did not come up"
@@ -137,13 +150,26 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--client-port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--tls", action="store_true", help="over mutual TLS, with a throwaway CA's certificates")
+    parser.add_argument("--tls-dir", help=argparse.SUPPRESS)  # the CA the parent wrote, for the child
     args = parser.parse_args()
     if args.serve:
-        _run(lambda: _serve(args.port, args.client_port))
+        _run(lambda: _serve(args.port, args.client_port, args.tls_dir))
         return
 
+    with tempfile.TemporaryDirectory(prefix="cornus-transport-bench-") as directory:
+        tls_dir = None
+        if args.tls:
+            ThrowawayCa(Path(directory)).save_key()
+            tls_dir = directory
+        _bench(args.seconds, tls_dir)
+
+
+def _bench(seconds: float, tls_dir: str | None) -> None:
     port, client_port = _free_port(), _free_port()
     server_args = ["--serve", "--port", str(port), "--client-port", str(client_port)]
+    if tls_dir is not None:
+        server_args += ["--tls-dir", tls_dir]
     child = subprocess.Popen(
         [sys.executable, "-m", "loadtests.bench.transport", *server_args],
         cwd=REPO_DIR,
@@ -162,8 +188,9 @@ def main() -> None:
                                f"{CHILD_START_TIMEOUT_S:g} s")
         line = child.stdout.readline()
         assert line.startswith("READY"), f"echo server did not start: {line!r}"
-        print(f"{os.cpu_count()} CPUs, {PAYLOAD_BYTES}-byte payloads, server in child process {child.pid}")
-        loop_name = _run(lambda: _measure(port, client_port, args.seconds))
+        print(f"{os.cpu_count()} CPUs, {PAYLOAD_BYTES}-byte payloads, server in child process {child.pid}, "
+              f"{'mutual TLS' if tls_dir is not None else 'plain TCP'}")
+        loop_name = _run(lambda: _measure(port, client_port, seconds, tls_dir))
         print(f"event loop: {loop_name}")
     finally:
         if child.stdin is not None:

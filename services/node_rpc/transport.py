@@ -22,6 +22,10 @@ answers with responses. An empty frame (length 0) is a heartbeat: each side writ
 has been quiet for half of `keepalive_interval_ms`, and ends a connection it has heard nothing
 on for `keepalive_interval_ms + keepalive_timeout_ms`: a killed VM sends no RST.
 
+TLS: with `PeerTlsContexts` (cornus.runtime.peer_tls) both ends of every connection show a
+certificate of the cluster's CA before the hello; a connection that does not finish its handshake
+within `connect_timeout_ms` is closed like one that sends no hello.
+
 Failure model: the protocol tolerates lost messages and has its own timers, so the transport
 never retries a message. A link is CONNECTING (first attempt: sends queue, bounded), UP, or DOWN
 (sends drop and are counted, requests fail fast). A broken connection fails its pending requests
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 from cornus.protocol.messages import Message
 from cornus.runtime import eager
 from cornus.runtime.config import TIMEOUT_MS_PEER_REQUEST_MAX
+from cornus.runtime.peer_tls import PeerTlsContexts
 from cornus.runtime.transport import InboundHandler, ListenFailed, PeerUnavailable, RequestTooLarge, Transport
 from cornus.runtime.wire import (
     READ_BYTES_MAX,
@@ -379,6 +384,11 @@ class _FrameConnection(asyncio.Protocol):
             self.closed = True
             if self._transport is not None:
                 self._transport.abort()
+            elif not self.lost.done():
+                # Never made: a TLS handshake that did not finish calls neither connection_made
+                # nor connection_lost, so nothing else would say it is gone (found by test
+                # (2026-11-28): an inbound stream of a peer without a certificate held its slot for ever).
+                self.lost.set_result(reason)
 
     def _beat(self) -> None:
         if self.closed or self._transport is None:
@@ -433,11 +443,13 @@ class _LinkBroken(Exception):
 class _PeerLink:
     """The outbound connection to one peer: its queue, its pending requests and its reconnect loop."""
 
-    def __init__(self, node_id: str, peer_id: str, address: str, limits: TransportLimits) -> None:
+    def __init__(self, node_id: str, peer_id: str, address: str, limits: TransportLimits,
+                 tls: PeerTlsContexts | None) -> None:
         self.node_id = node_id
         self.peer_id = peer_id
         self.address = address
         self.limits = limits
+        self.tls = tls
         self.state = LinkState.CONNECTING
         self.counters = PeerCounters()
         self.down_reason = "not connected yet"
@@ -587,11 +599,24 @@ class _PeerLink:
 
     async def _run(self) -> None:
         failure_count = 0  # consecutive attempts that never reached UP
+        reason_logged = ""
         while True:
             reached_up = await self._connect_and_serve()
             failure_count = 0 if reached_up else failure_count + 1
-            if not reached_up:
+            if reached_up:
+                reason_logged = ""
+            else:
                 self.counters.connect_failure_count += 1
+                # Said once per cause, not per attempt: a peer refusing this node's certificate
+                # was silent before (found by test, 2026-11-27), and is retried every 2 s at most.
+                # A refused connection is a peer not listening yet (a cluster starting, a node
+                # restarting): no warning.
+                if self.down_reason != reason_logged:
+                    reason_logged = self.down_reason
+                    refused = reason_logged.startswith(ConnectionRefusedError.__name__)
+                    level = logging.INFO if refused else logging.WARNING
+                    logger.log(level, "link %s -> %s (%s) cannot connect: %s; retrying", self.node_id, self.peer_id,
+                               self.address, reason_logged)
             exponent = min(failure_count, 30)
             backoff_ms = min(self.limits.reconnect_backoff_ms_max, self.limits.reconnect_backoff_ms_min * 2**exponent)
             # Jitter keeps the nodes of a restarted cluster from reconnecting in lockstep.
@@ -611,7 +636,11 @@ class _PeerLink:
         reason = "connection ended"
         try:
             async with asyncio.timeout(self.limits.connect_timeout_ms / 1000):
-                await loop.create_connection(lambda: connection, host, port)
+                if self.tls is None:
+                    await loop.create_connection(lambda: connection, host, port)
+                else:
+                    await loop.create_connection(lambda: connection, host, port, ssl=self.tls.client,
+                                                 server_hostname=host)
                 connection.write_frames([self._hello])
                 await asyncio.wait((hello, connection.lost), return_when=asyncio.FIRST_COMPLETED)
             if not hello.done():
@@ -632,7 +661,7 @@ class _PeerLink:
             )
             self._wake()
             reason = await connection.lost
-        except (OSError, TimeoutError, _LinkBroken) as error:
+        except (OSError, TimeoutError, _LinkBroken) as error:  # ssl.SSLError is an OSError
             reason = _describe(error)
         finally:
             self._connection = None
@@ -720,8 +749,9 @@ class _InboundStream:
         self._hello_deadline = None
         if not self.sender:
             self.owner.inbound.malformed_count += 1
-            logger.warning("an inbound connection sent no hello within %d ms; closing it",
-                           self.owner.limits.connect_timeout_ms)
+            logger.warning("an inbound connection sent no hello within %d ms%s; closing it",
+                           self.owner.limits.connect_timeout_ms,
+                           " (or did not finish its TLS handshake)" if self.owner.tls is not None else "")
             self.connection.fail("no hello in time")
 
     def _on_hello(self, frame: pb.PeerFrame) -> None:
@@ -790,6 +820,7 @@ class PeerTransport(Transport):
         listen_address: str,
         peers: Mapping[str, str],
         limits: TransportLimits | None = None,
+        tls: PeerTlsContexts | None = None,
     ) -> None:
         validate_id(node_id, "node id", NODE_ID_LENGTH_MAX)
         parse_address(listen_address)
@@ -801,6 +832,7 @@ class PeerTransport(Transport):
         self.node_id = node_id
         self.listen_address = listen_address
         self.limits = limits if limits is not None else TransportLimits()
+        self.tls = tls
         self.hello = pb.PeerFrame(sender=node_id).SerializeToString()
         # The node's own entry (a shared cluster map lists everyone) is served in-process.
         self._peer_addresses = {peer_id: address for peer_id, address in peers.items() if peer_id != node_id}
@@ -839,13 +871,19 @@ class PeerTransport(Transport):
 
         # reuse_port stays off: a second node started on the same port must fail, not share it.
         try:
-            self._server = await self._loop.create_server(accept, host, port, reuse_port=False)
+            if self.tls is None:
+                self._server = await self._loop.create_server(accept, host, port, reuse_port=False)
+            else:
+                # A handshake that does not finish in time ends as one that sends no hello.
+                self._server = await self._loop.create_server(
+                    accept, host, port, reuse_port=False, ssl=self.tls.server,
+                    ssl_handshake_timeout=self.limits.connect_timeout_ms / 1000)
         except OSError as error:
             raise ListenFailed(f"cannot listen on {self.listen_address} for peers ({error})") from error
         self.bound_port = self._server.sockets[0].getsockname()[1]
         assert self.bound_port > 0, f"could not bind {self.listen_address}"
         for peer_id, address in self._peer_addresses.items():
-            link = _PeerLink(self.node_id, peer_id, address, self.limits)
+            link = _PeerLink(self.node_id, peer_id, address, self.limits, self.tls)
             self._links[peer_id] = link
             link.start()
 

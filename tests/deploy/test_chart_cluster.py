@@ -1,19 +1,20 @@
 """The rendered chart starts a working cluster.
 
-The chart is rendered for a 3-replica Redis install, twice: with the Redis a user runs (its URL in
-a Secret) and with the chart's own dev Redis (the default install). Each pod of the StatefulSet
+The chart is rendered for a 3-replica Redis install, twice: with the Redis a user runs (its URL in a
+Secret) and with the chart's own dev Redis (the default install). Each pod of the StatefulSet
 becomes a local process run with exactly the container's command, args and environment (fieldRefs
 resolved to the pod, secretKeyRefs to the Secret a user would create, holding this xdist worker's
-Redis database; the dev Redis's in-cluster address to the test Redis), from an empty working
-directory as in the image. Every in-cluster DNS name the manifests use (each pod's name under the
-headless Service, the client Service) and the pods' own listen address map to 127.0.0.1 ports, one
-per (pod, container port). The test waits for each pod's rendered readiness probe, commits a
-transaction that spans partitions held by different nodes through the client Service's REST port
-and another through its public gRPC port, reads both back, runs the `helm test` hook's script and
-the rebalance hook's command as written, runs the rebalance hook of a 5-replica render against the
-three pods (it must fail: two nodes are missing, three run the old node set), and stops the pods
-with SIGTERM within the rendered grace period. A chart whose variables, ports, peer list or probes
-are wired wrong fails here.
+Redis database; the dev Redis's in-cluster address to the test Redis; the peer TLS Secret's volume,
+in the `redis` install, to a directory holding a throwaway CA's certificate for the pods under the
+Secret's keys), from an empty working directory as in the image. Every in-cluster DNS name the
+manifests use (each pod's name under the headless Service, the client Service) and the pods' own
+listen address map to 127.0.0.1 ports, one per (pod, container port). The test waits for each pod's
+rendered readiness probe, commits a transaction that spans partitions held by different nodes
+through the client Service's REST port and another through its public gRPC port, reads both back,
+runs the `helm test` hook's script and the rebalance hook's command as written, runs the rebalance
+hook of a 5-replica render against the three pods (it must fail: two nodes are missing, three run
+the old node set), and stops the pods with SIGTERM within the rendered grace period. A chart whose
+variables, ports, peer list or probes are wired wrong fails here.
 
 The image's entrypoint `cornus` (checked equal to the Dockerfile's in test_dockerfile.py) runs as
 `python -m services.cli` from this checkout.
@@ -38,6 +39,7 @@ import httpx
 import pytest
 
 from cornus.runtime.keys import partition_of
+from loadtests.bench.tls_certs import ThrowawayCa
 from services.public_api._generated import public_pb2 as pb
 from services.public_api._generated import public_pb2_grpc
 from services.public_api.example import parse_ops
@@ -64,6 +66,8 @@ LOG_TAIL_BYTES_MAX = 4_000
 # no wait for the collections at a pod's stop, the storage being thrown away after the test.
 TEST_SETS = [f"replicaCount={REPLICA_COUNT}", "storage.timeoutMsCall=2000", "timeouts.clock_slack_ms=250",
              "timeouts.timeout_ms_stop_collect=0"]
+# The Secret the `redis` install's peerTls names (a user's cert-manager Certificate would write it).
+PEER_TLS_SECRET = "cornus-peer-tls"
 _ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9.\-]+):(?P<port>\d{1,5})")
 
 
@@ -212,6 +216,45 @@ def rebalance_argv(docs: list[dict[str, Any]], network: LocalNetwork, wait_s: st
     return local_argv(job_container["command"], args)
 
 
+def tls_files(tmp_path: Path, peer_service: dict[str, Any], domain: str) -> dict[str, dict[str, bytes]]:
+    """The Secret a user creates for peerTls (as cert-manager writes it: tls.crt, tls.key,
+    ca.crt): one certificate for every pod, naming the pods' DNS names under the headless Service
+    (what values.yaml asks for) and 127.0.0.1, where the test's network maps them."""
+    ca = ThrowawayCa(tmp_path / "ca")
+    wildcard = f"*.{peer_service['metadata']['name']}.{NAMESPACE}.svc.{domain}"
+    files = ca.issue("cornus-peers", hosts=(wildcard, "127.0.0.1"))
+    keys = {"tls.crt": files.cert_file, "tls.key": files.key_file, "ca.crt": files.ca_file}
+    return {PEER_TLS_SECRET: {key: Path(path).read_bytes() for key, path in keys.items()}}
+
+
+def secret_mounts(pod_spec: dict[str, Any], container: dict[str, Any], root: Path,
+                  secrets: Mapping[str, Mapping[str, bytes]]) -> dict[str, Path]:
+    """Each Secret volume the container mounts, written under `root` as the kubelet would (a file
+    per key), as {mountPath: local directory}."""
+    volumes = {volume["name"]: volume for volume in pod_spec["volumes"]}
+    mounts: dict[str, Path] = {}
+    for mount in container.get("volumeMounts", []):
+        volume = volumes[mount["name"]]
+        if "secret" not in volume:
+            continue
+        name = volume["secret"]["secretName"]
+        assert name in secrets, f"volume {mount['name']}: no Secret {name} in this test"
+        directory = root / mount["name"]
+        directory.mkdir(parents=True)
+        for key, data in secrets[name].items():
+            (directory / key).write_bytes(data)
+        mounts[mount["mountPath"]] = directory
+    return mounts
+
+
+def mounted(value: str, mounts: Mapping[str, Path]) -> str:
+    """A path under a mounted Secret's mountPath, to where the test wrote it."""
+    for mount_path, directory in mounts.items():
+        if value.startswith(mount_path + "/"):
+            return str(directory / value.removeprefix(mount_path + "/"))
+    return value
+
+
 def dev_redis_address(docs: list[dict[str, Any]], domain: str) -> str:
     """host:port of the dev Redis's one pod by its stable name: pod 0 of the rendered StatefulSet
     under the headless Service that governs it, on the port its container listens on."""
@@ -241,7 +284,9 @@ def keys_on_every_node(owners: Mapping[str, str], partition_count: int, prefix: 
 @pytest.mark.parametrize("install", ["redis", "dev_redis"])
 def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: Services, tmp_path: Path,
                                                       install: str) -> None:
-    docs = render(helm_bin, VALUES_FILES[install], TEST_SETS)
+    # The install with the user's own Redis is a production one: its peers speak mutual TLS.
+    tls_sets = ["peerTls.enabled=true", f"peerTls.secretName={PEER_TLS_SECRET}"] if install == "redis" else []
+    docs = render(helm_bin, VALUES_FILES[install], [*TEST_SETS, *tls_sets])
     statefulset = find(docs, "StatefulSet", "cornus")
     pod_spec = statefulset["spec"]["template"]["spec"]
     (container,) = pod_spec["containers"]
@@ -275,14 +320,19 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
     # nothing may depend on running from the repository, and nothing is written there.
     workdir = tmp_path / "workdir"
     workdir.mkdir()
+    mounts = secret_mounts(pod_spec, container, tmp_path / "secrets", tls_files(tmp_path, peer_service, domain))
+    assert bool(mounts) == bool(tls_sets), mounts
     for pod in running_pods.values():
         environ = resolve_env(container, pod.name, secrets)
-        pod.env = {**base, **{name: network.rewrite(value, pod.name) for name, value in environ.items()}}
+        pod.env = {**base, **{name: mounted(network.rewrite(value, pod.name), mounts)
+                              for name, value in environ.items()}}
         if install == "dev_redis":
             assert pod.env["CORNUS_STORAGE_REDIS_URL"] == f"redis://{dev_redis_address(docs, domain)}/0"
             pod.env["CORNUS_STORAGE_REDIS_URL"] = redis_url
         pod.argv = local_argv(container["command"], container.get("args", []))
         pod.log_path = tmp_path / f"{pod.name}.log"
+    if tls_sets:
+        assert Path(pods["cornus-0"].env["CORNUS_PEER_TLS_KEY_FILE"]).read_bytes().startswith(b"-----BEGIN PRIVATE KEY")
     assert all(address.startswith("127.0.0.1:") for address in
                [pods["cornus-0"].env["CORNUS_LISTEN"], pods["cornus-0"].env["CORNUS_API_LISTEN"]])
 

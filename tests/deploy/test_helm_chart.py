@@ -237,6 +237,8 @@ def test_schema_timeouts_are_the_nodes() -> None:
         (["storage.azureBlob.tombstoneKeepDays=1"], "tombstoneKeepDays"),
         ([f"clusterId={'c' * 129}"], "/clusterId"),
         (["serviceMonitor.interval=30 seconds"], "a Prometheus duration"),
+        (["peerTls.enabled=true"], "peerTls.enabled=true needs peerTls.secretName"),
+        (["peerTls.verifyHostname=maybe"], "/peerTls/verifyHostname"),
         # The explanation is no value itself.
         (["image.digest=an image digest: sha256: followed by 64 lowercase hex digits\\, or empty for none"],
          "/image/digest"),
@@ -411,11 +413,16 @@ def test_the_chart_bounds_each_timeout_where_the_node_does(
             f"the node takes {name}={maximum + 1}")
 
 
+# Each values file as it is, and the Redis one with peer TLS (its Secret volume and mount).
+_RENDERS = [(name, values, []) for name, values in sorted(VALUES_FILES.items())] + [
+    ("redis_peer_tls", VALUES_FILES["redis"], ["peerTls.enabled=true", "peerTls.secretName=cornus-peer-tls"])]
+
+
 def test_manifests_validate_against_kubernetes_schemas(helm_bin: str, tmp_path: Path) -> None:
     paths = []
-    for name, values in sorted(VALUES_FILES.items()):
+    for name, values, sets in _RENDERS:
         path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump_all(render(helm_bin, values)))
+        path.write_text(yaml.safe_dump_all(render(helm_bin, values, sets)))
         paths.append(str(path))
     for version in KUBERNETES_VERSIONS:
         done = subprocess.run(
@@ -452,8 +459,8 @@ def run_checkov(checkov: str, args: list[str], env: dict[str, str] | None = None
 
 
 def test_checkov_rendered_manifests(helm_bin: str, checkov_bin: str, tmp_path: Path) -> None:
-    for name, values in sorted(VALUES_FILES.items()):
-        docs = render(helm_bin, values, [f"image.digest={DIGEST}", f"devRedis.image.digest={DIGEST}"])
+    for name, values, sets in _RENDERS:
+        docs = render(helm_bin, values, [*sets, f"image.digest={DIGEST}", f"devRedis.image.digest={DIGEST}"])
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump_all(docs))
     # Rendered with digests, so "Image should use digest" (CKV_K8S_43) is checked, not skipped; and
     # in namespace cornus, so "the default namespace should not be used" (CKV_K8S_21) is too.

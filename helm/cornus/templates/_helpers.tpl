@@ -208,6 +208,9 @@ STORAGE_OPEN_TIMEOUT_S); a shorter startup probe kills every pod that waits for 
 {{- fail "storage.backend=redis needs storage.redis.existingSecret (a Secret holding the redis:// or rediss:// URL, password included) or storage.redis.url (a URL without credentials), or devRedis.enabled=true" }}
 {{- end }}
 {{- end }}
+{{- if and .Values.peerTls.enabled (not .Values.peerTls.secretName) }}
+{{- fail "peerTls.enabled=true needs peerTls.secretName: a Secret holding tls.crt, tls.key and ca.crt (a cert-manager Certificate's Secret has them)" }}
+{{- end }}
 {{- if and (eq .Values.storage.backend "azure_blob") (not .Values.storage.azureBlob.existingSecret) }}
 {{- fail "storage.backend=azure_blob needs storage.azureBlob.existingSecret: a Secret holding the storage account's connection string" }}
 {{- end }}
