@@ -394,7 +394,7 @@ class Coordination:
         except RequestTooLarge as error:
             return _too_large(request.partition, error)
         assert isinstance(response, ExecuteResponse)
-        return response
+        return _answer_checked(request, response)
 
     # -- abort -------------------------------------------------------------------------------------
     async def _abort_for(self, ctx: CoordinatedTxn, response: ExecuteResponse) -> Outcome:
@@ -750,6 +750,7 @@ class Coordination:
             if error is None:
                 response = future.result()
                 assert isinstance(response, ExecuteResponse)
+                response = _answer_checked(request, response)
                 # The core's rule (ABORTED is none: the owner's vote may stand). The blocking
                 # protocols abort either way; there an earlier process's COMMIT is a write to this
                 # node's coordinator log, which the identity fence refuses once a later process took
@@ -832,6 +833,19 @@ class Coordination:
                         else refresh_unanswered_ms(previous_ms, sent_ms, idle_ms))
         # An operation that ran there meanwhile put its own, later, time.
         ctx.requested_ms[partition] = max(refreshed_ms, ctx.requested_ms.get(partition, refreshed_ms))
+
+
+def _answer_checked(request: ExecuteRequest, response: ExecuteResponse) -> ExecuteResponse:
+    """`response`, unless it says OK without a value for each GET of `request`: then an answer
+    lost (the owner may have run it, and voted). Found by audit (2026-11-27): the values were
+    indexed by the reads, and too few raised after a one-shot had committed."""
+    if response.status is ExecuteStatus.OK:
+        read_count = sum(op.kind is OpKind.GET for op in request.ops)
+        if len(response.values) != read_count:
+            return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=(
+                f"owner of {request.partition}: a malformed answer, {len(response.values)} values for "
+                f"{read_count} reads"))
+    return response
 
 
 def _too_large(partition: str, error: RequestTooLarge) -> ExecuteResponse:

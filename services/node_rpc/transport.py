@@ -462,6 +462,7 @@ class _PeerLink:
         self._hello = pb.PeerFrame(sender=node_id).SerializeToString()
         self._connection: _FrameConnection | None = None
         self._flush_scheduled = False
+        self._stalled = False  # a flush found the connection paused: what queued may have expired
         self._may_wait_timer: asyncio.TimerHandle | None = None
         # Kept: asyncio.get_running_loop() makes a getpid system call on Python 3.11, and every
         # request needs the loop.
@@ -571,9 +572,25 @@ class _PeerLink:
             self._may_wait_timer.cancel()  # what waited leaves now
             self._may_wait_timer = None
         connection = self._connection
-        if connection is None or connection.closed or connection.paused:
-            return  # resume_writing wakes us again; a lost connection's queue is cleared
+        if connection is None or connection.closed:
+            return  # a lost connection's queue is cleared
+        if connection.paused:
+            self._stalled = True
+            return  # resume_writing wakes us again
+        if self._stalled:
+            self._stalled = False
+            self._drop_expired_requests()
         _flush(self._outbox, connection, self.limits.message_bytes_max, self._on_oversized, self._on_written)
+
+    def _drop_expired_requests(self) -> None:
+        """Drop the queued requests whose callers stopped waiting (past their deadline): sent
+        after a reconnect or a stall, they would run at the peer for nobody (found by audit: an
+        interactive one held its locks until the owner's idle sweep). Only then: it walks the
+        whole queue."""
+        pending = self._pending
+        self.counters.drop_count_expired += self._outbox.drop_if(
+            lambda envelope: envelope.kind == pb.ENVELOPE_KIND_REQUEST and envelope.correlation_id not in pending
+        )
 
     def _set_up(self) -> None:
         assert self.state is not LinkState.CLOSED
@@ -598,11 +615,16 @@ class _PeerLink:
         self._fail_all(f"connection lost ({reason})")
 
     async def _run(self) -> None:
-        failure_count = 0  # consecutive attempts that never reached UP
+        failure_count = 0  # consecutive attempts that never reached UP, or did not stay up
         reason_logged = ""
         while True:
+            up_since_s = time.monotonic()
             reached_up = await self._connect_and_serve()
-            failure_count = 0 if reached_up else failure_count + 1
+            # A link that came up and fell within a backoff's longest counts as a failure too:
+            # found by audit (2026-11-27), a peer that answered the hello and hung up at once was
+            # reconnected to every 10-20 ms, for ever.
+            stayed_up = reached_up and (time.monotonic() - up_since_s) * 1000 >= self.limits.reconnect_backoff_ms_max
+            failure_count = 0 if stayed_up else failure_count + 1
             if reached_up:
                 reason_logged = ""
             else:
@@ -652,13 +674,7 @@ class _PeerLink:
             self._connection = connection
             self._set_up()
             reached_up = True
-            # What queued while CONNECTING leaves now, but a request whose caller stopped waiting
-            # (its deadline passed meanwhile) would run at the peer for nobody (found by audit:
-            # an interactive one held its locks until the owner's idle sweep).
-            pending = self._pending
-            self.counters.drop_count_expired += self._outbox.drop_if(
-                lambda envelope: envelope.kind == pb.ENVELOPE_KIND_REQUEST and envelope.correlation_id not in pending
-            )
+            self._drop_expired_requests()  # what queued while CONNECTING leaves now, but not those
             self._wake()
             reason = await connection.lost
         except (OSError, TimeoutError, _LinkBroken) as error:  # ssl.SSLError is an OSError

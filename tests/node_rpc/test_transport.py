@@ -676,3 +676,55 @@ async def test_an_inbound_connection_that_names_no_sender_in_time_is_closed(
         assert b.inbound.malformed_count >= 1
     finally:
         writer.close()
+
+
+async def test_a_peer_that_answers_its_hello_then_hangs_up_is_retried_with_growing_backoff() -> None:
+    """Found by audit (2026-11-27): the backoff restarted from its least as soon as a link came
+    up, so a peer that answered the hello and closed at once (one crash-looping just after its
+    listen, or refusing this node for a reason of its own) was reconnected to every 10-20 ms, for
+    ever. A link must stay up for a backoff's longest before it counts as healthy again."""
+    accepted: list[float] = []
+
+    async def hang_up_after_hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(time.monotonic())
+        hello = pb.PeerFrame(sender="b").SerializeToString()
+        writer.write(len(hello).to_bytes(4, "big") + hello)
+        await writer.drain()
+        await asyncio.sleep(0.005)  # long enough for a's link to see the hello and come up
+        writer.close()
+
+    server = await asyncio.start_server(hang_up_after_hello, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    limits = TransportLimits(reconnect_backoff_ms_min=20, reconnect_backoff_ms_max=2_000)
+    a = PeerTransport("a", f"127.0.0.1:{free_port()}", {"b": f"127.0.0.1:{port}"}, limits)
+    await a.start(Recorder("a"))
+    try:
+        await asyncio.sleep(2.0)
+        # Backoff doubling from 20 ms (jittered down to half): at most ~8 attempts in 2 s. Without
+        # it, 100 or more.
+        assert 2 <= len(accepted) <= 12, f"{len(accepted)} connections in 2 s"
+    finally:
+        await a.close()
+        server.close()
+
+
+async def test_a_request_that_expired_while_its_connection_was_stalled_is_never_sent(
+    local_pair: tuple[PeerTransport, PeerTransport, Recorder],
+) -> None:
+    """Found by audit (2026-11-27): a connection whose socket buffer is full stops flushing, and
+    what queued meanwhile left as soon as it drained, requests whose callers had given up
+    included: they ran at the peer for nobody (an interactive one held its locks until the
+    owner's idle sweep). They are dropped when the connection resumes, as at a reconnect."""
+    a, _, recorder_b = local_pair
+    link = a._links["b"]
+    connection = link._connection
+    assert connection is not None
+    connection.pause_writing()  # as the transport does when its buffer passes the high mark
+    expired = a.start_request("b", _execute("expired"), 50)
+    with pytest.raises(PeerUnavailable):
+        await expired
+    alive = a.start_request("b", _execute("alive"), REQUEST_TIMEOUT_MS)
+    connection.resume_writing()
+    assert isinstance(await alive, ExecuteResponse)
+    assert [request.txn for _, request in recorder_b.requests] == ["alive"]
+    assert a.peer_counters("b").drop_count_expired == 1

@@ -1,0 +1,70 @@
+"""An owner's answer that says OK but carries a value count other than the request's reads: an
+answer lost, never an exception after the transaction committed.
+
+Found by audit (2026-11-27): the coordinator indexed the values by the request's reads, so an
+answer with too few (a peer of another version, a bug, or a forged frame) raised IndexError: after
+a one-shot had committed, its client heard a server error, and may have run it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from cornus.runtime.coordination import TxnAborted
+from cornus.runtime.outcome import AbortReason, OutcomeStatus
+from cornus.runtime.wire import ExecuteResponse, Op, OpKind, PeerRequest, PeerResponse
+from tests.runtime.faults import local_cluster
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class DroppingValues:
+    """n1's inbound handler, answering every OK execute request with one value fewer."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.dropped_count = 0
+
+    def on_message(self, sender: str, message: Any) -> None:
+        self.inner.on_message(sender, message)
+
+    async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
+        response = await self.inner.on_request(sender, request)
+        if isinstance(response, ExecuteResponse) and response.values:
+            self.dropped_count += 1
+            return dataclasses.replace(response, values=response.values[:-1])
+        return response
+
+
+async def test_a_one_shot_whose_owner_answers_too_few_values_is_unknown_not_an_error(tmp_path):
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        local, remote = cluster.key_in("p0", "a"), cluster.key_in("p1", "b")  # n0 owns p0, n1 owns p1
+        assert cluster.owner_of("p1") == "n1"
+        outcome = await cluster.node("n0").execute([Op(OpKind.PUT, local, b"1"), Op(OpKind.PUT, remote, b"2")])
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+        dropping = DroppingValues(cluster.network.handlers["n1"])
+        cluster.network.handlers["n1"] = dropping
+        outcome = await cluster.node("n0").execute(
+            [Op(OpKind.GET, local), Op(OpKind.GET, remote), Op(OpKind.PUT, local, b"3")])
+        assert dropping.dropped_count == 1
+        # An answer lost: the machine decides (here ABORT, before p0 voted), or, had every vote
+        # been yes already, COMMIT with what was read on p1 lost (UNKNOWN, sent to the status call).
+        assert outcome.status is OutcomeStatus.ABORTED, outcome
+        assert outcome.reason is AbortReason.PEER_UNAVAILABLE and "malformed answer" in outcome.detail, outcome
+        cluster.network.handlers["n1"] = dropping.inner
+        read = await cluster.node("n0").execute([Op(OpKind.GET, local)])
+        assert read.status is OutcomeStatus.COMMITTED and dict(read.reads) == {local: b"1"}, read
+
+
+async def test_an_interactive_read_whose_owner_answers_too_few_values_aborts(tmp_path):
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        remote = cluster.key_in("p1", "b")
+        node = cluster.node("n0")
+        cluster.network.handlers["n1"] = DroppingValues(cluster.network.handlers["n1"])
+        txn = node.begin()
+        with pytest.raises(TxnAborted) as aborted:
+            await node.run_ops(txn, [Op(OpKind.GET, remote)])
+        assert aborted.value.outcome.reason is AbortReason.PEER_UNAVAILABLE, aborted.value.outcome
