@@ -56,7 +56,7 @@ from cornus.protocol.events import (
 )
 from cornus.protocol.messages import DecisionAck
 from cornus.protocol.ownership import fenced_partition, without_lease_may
-from cornus.runtime import identity
+from cornus.runtime import clocks, identity
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.timing import TimingLog
@@ -129,6 +129,8 @@ class EffectRunner:
         # runner belongs to one node, which runs on one loop.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
+        self._suspend_watch = clocks.SuspendWatch()
+        self._started_after_suspend: set[Timer] = set()
         self._tasks: dict[asyncio.Task[None], _Flight] = {}  # task -> whose call it is
         # (where, txn) -> when its termination protocol began (perf_counter seconds).
         self._terminating: dict[tuple[str, str], float] = {}
@@ -195,6 +197,11 @@ class EffectRunner:
             old.cancel()
         timer = effect.timer
         self._timers[timer] = self._running_loop().call_later(effect.duration_ms / 1000, self._fire, timer)
+        if self._suspend_watch.suspended_ms(seen=False):
+            # Started after a suspend the next catch-up will see (one that came in the middle of
+            # an effect list): that must not move it earlier. Not caught up here: the timers it
+            # made overdue would fire in the middle of the list, between one step's effects.
+            self._started_after_suspend.add(timer)
 
     def _cancel_timer(self, effect: CancelTimer) -> None:
         handle = self._timers.pop(effect.timer, None)
@@ -370,6 +377,38 @@ class EffectRunner:
             self.feed(event)
 
     # -- timers, tasks, timing -------------------------------------------------------------------
+    def catch_up_after_suspend(self) -> None:
+        """Timers run on the event loop's clock, which stops while the machine is suspended; the
+        protocol's windows are real time. After a suspend (clocks.SuspendWatch), every timer is
+        moved earlier by its length, and those it made overdue fire now, in the order they were
+        due: before whatever event comes next, as they would have without the suspend. Found by
+        audit (2026-11-27): a coordinator-log coordinator resumed from a suspend heard its redo
+        write answered before its 200 ms window (REDO_DURABLE_MS_MAX) ran out on the loop's
+        clock, and committed a redo that had landed long after it in real time. The node calls
+        this before every event it feeds its core."""
+        suspended_ms = self._suspend_watch.suspended_ms()
+        if not suspended_ms:
+            return
+        started_after, self._started_after_suspend = self._started_after_suspend, set()
+        self.counters["suspends_caught_up"] += 1
+        loop = self._running_loop()
+        now_s, suspended_s = loop.time(), suspended_ms / 1000
+        overdue: list[tuple[float, Timer, asyncio.TimerHandle]] = []
+        for timer, handle in list(self._timers.items()):
+            if timer in started_after:
+                continue
+            handle.cancel()
+            due_s = handle.when() - suspended_s
+            if due_s <= now_s:
+                overdue.append((due_s, timer, handle))  # left in place, cancelled, until it fires below
+            else:
+                self._timers[timer] = loop.call_at(due_s, self._fire, timer)
+        overdue.sort(key=lambda item: item[0])
+        for _, timer, handle in overdue:
+            # Unless what fired before it cancelled or restarted it (its entry is gone or new).
+            if self._timers.get(timer) is handle:
+                self._fire(timer)
+
     def _fire(self, timer: Timer) -> None:
         self._timers.pop(timer, None)
         if self.stopped:

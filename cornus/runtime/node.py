@@ -315,6 +315,7 @@ class Node:
             partition, self.store, self.lock_policy, limits.timeout_ms_lock_wait, limits.op_count_max,
             partition_count=self.config.partition_count, counters=self.counters,
         )
+        self.runner.catch_up_after_suspend()
         self.runner.run(self.core.add_partition(partition))
 
     def _recovered(self, effect: RecoveryFinished) -> None:
@@ -357,6 +358,7 @@ class Node:
     def _feed(self, event: Event) -> None:
         if self.runner.stopped:
             return
+        self.runner.catch_up_after_suspend()  # the timers a suspend made overdue come first
         try:
             self.runner.run(self.core.handle(event))
         except Exception as error:
