@@ -123,7 +123,7 @@ from storage_adapters.contract import (
     is_unfinished,
 )
 from storage_adapters.errors import Fenced, InvariantViolation, StorageError, StorageUnavailable, ValidationError
-from storage_adapters.store import LogStore, call_deadline
+from storage_adapters.store import LogStore, call_deadline, raise_if_call_deadline_passed
 
 # DynamoDB's own limits on one TransactWriteItems: 100 items and 4 MB. We stay under the bytes
 # limit with room for attribute names and the record's update.
@@ -405,8 +405,12 @@ def _conflict_only(error: ClientError) -> bool:
 
 async def _retrying_conflicts(send: Callable[[], Awaitable[T]]) -> T:
     """`send()`, sent again after a conflict (CONFLICT_RETRY_COUNT_MAX times at most); the call's
-    deadline, which the store's template keeps, ends the pauses too."""
+    deadline, which the store's template keeps, ends the pauses too, and none is sent once it has
+    passed by the boot clock (a suspend stops the template's timer)."""
     for attempt in range(CONFLICT_RETRY_COUNT_MAX + 1):
+        # Each attempt, the first too: a call may send several transactions in turn (apply_redo's
+        # chunks, a keep's rounds), and a suspend between any two is seen only here.
+        raise_if_call_deadline_passed("dynamodb transaction")
         try:
             return await send()
         except ClientError as error:

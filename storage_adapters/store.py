@@ -126,6 +126,17 @@ class CallDeadline:
 _call_deadline: contextvars.ContextVar[CallDeadline] = contextvars.ContextVar("cornus_storage_call_deadline")
 
 
+def raise_if_call_deadline_passed(what: str) -> None:
+    """TimeoutError (StorageUnavailable to the caller) if the running call's deadline has passed,
+    counting a suspend (CallDeadline.left_s): for a backend that sends a call's requests one after
+    another (retries, chunks) to the server that checks no deadline of ours. The template's timer
+    would cancel it, but runs on the loop's clock, which a suspend stops (found by audit
+    (2026-11-27): a DynamoDB retry left an hour past its deadline after a suspend in its pause)."""
+    deadline = _call_deadline.get(None)
+    if deadline is not None and deadline.left_s(asyncio.get_running_loop().time()) <= 0:
+        raise TimeoutError(f"{what}: the call's deadline passed before its next request")
+
+
 def call_deadline() -> float:
     """The `loop.time()` at which the caller of the running storage call is told that it failed.
     Only inside a backend's protected method under the template's own timer (not one of

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from storage_adapters import dynamodb as dynamodb_module
+from storage_adapters import store as store_module
 from storage_adapters.contract import LogId, TxnState
 from storage_adapters.dynamodb import DynamoDbStore
 from storage_adapters.errors import StorageError, StorageUnavailable
@@ -118,3 +119,31 @@ async def test_a_global_table_kept_eventually_consistent_is_refused(
             assert await dynamodb._describe_or_create_table() == ("ACTIVE", False)
     finally:
         events.unregister("before-call.dynamodb.DescribeTable", describe)
+
+
+async def test_a_retry_after_a_suspend_past_the_call_s_deadline_is_not_sent(
+    dynamodb: DynamoDbStore, ns: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by audit (2026-11-27): the call's deadline was checked before its first request only,
+    and the template's timer runs on the event loop's clock, which a suspend stops. A machine
+    suspended in the pause before a retry sent it on resume, long past the deadline in real time
+    (DynamoDB takes no deadline of ours), where garbage collection's grace counts on no call of
+    the node landing. Each attempt is checked against the deadline on the boot clock."""
+    fence = (await take_first(dynamodb, ns)).fence()
+    real_boot_clock_s = store_module.boot_clock_s
+    with conflicts(dynamodb, "TransactWriteItems", 1) as sent:
+        def suspended_in_the_pause(model: Any, **_: Any) -> None:
+            # After the first attempt's conflict, before the second leaves: an hour suspended.
+            if sent.count("TransactWriteItems") == 1:
+                monkeypatch.setattr(store_module, "boot_clock_s", lambda: real_boot_clock_s() + 3_600)
+
+        events = dynamodb._client.meta.events  # type: ignore[attr-defined]
+        events.register("after-call.dynamodb.TransactWriteItems", suspended_in_the_pause)
+        try:
+            with pytest.raises(StorageUnavailable):
+                await dynamodb.log_once(LogId.partition(ns), "t1", TxnState.VOTE_YES, body(ns), fence=fence)
+        finally:
+            events.unregister("after-call.dynamodb.TransactWriteItems", suspended_in_the_pause)
+    assert sent.count("TransactWriteItems") == 1, sent
+    monkeypatch.setattr(store_module, "boot_clock_s", real_boot_clock_s)
+    assert await dynamodb.read(LogId.partition(ns), "t1") is None
