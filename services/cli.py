@@ -249,9 +249,15 @@ def _inspect_urls(args: argparse.Namespace) -> list[str]:
     return list(normalize_urls(urls))
 
 
+def _admin_token() -> str | None:
+    """The token the admin endpoints ask for where a node has one (its admin_token): from the
+    environment only, since a command line is visible to every user of the machine."""
+    return os.environ.get("CORNUS_ADMIN_TOKEN") or None
+
+
 def _inspect(args: argparse.Namespace) -> int:
     urls = _inspect_urls(args)
-    with CornusClient(urls, config=_client_config(args)) as client:
+    with CornusClient(urls, config=_client_config(args), admin_token=_admin_token()) as client:
         if args.txn:
             try:
                 outcome = client.status(args.txn, urls[0] if len(urls) == 1 else None)
@@ -284,7 +290,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _resolve(args: argparse.Namespace) -> int:
-    with CornusClient(args.url, config=_client_config(args)) as client:
+    with CornusClient(args.url, config=_client_config(args), admin_token=_admin_token()) as client:
         outcome = client.resolve(args.txn, args.url, force=args.force)
     _print_outcome(outcome, args.json)
     return 0 if outcome.status in (Status.COMMITTED, Status.ABORTED) else 1
@@ -1016,7 +1022,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser(
         "inspect", help="in-flight and in-doubt transactions, or one transaction's status",
         description="Without TXN: list the in-flight and in-doubt transactions of the node (or of every node "
-                    "of --all-nodes). With TXN: its status as the cluster knows it.",
+                    "of --all-nodes). With TXN: its status as the cluster knows it. The listing sends "
+                    "CORNUS_ADMIN_TOKEN, which a node with an admin_token asks for.",
     )
     inspect.add_argument("--url", help="a node's REST URL")
     inspect.add_argument("--all-nodes", metavar="URL,URL,...", help="every node's REST URL, comma-separated")
@@ -1027,7 +1034,8 @@ def build_parser() -> argparse.ArgumentParser:
     resolve = commands.add_parser(
         "resolve", help="run termination for a transaction by hand",
         description="Ask a node to finish TXN from storage (Cornus: LogOnce(ABORT) on every participant's "
-                    "log). Exit 0 when it is committed or aborted, 1 when still unknown or unreachable.",
+                    "log). Exit 0 when it is committed or aborted, 1 when still unknown or unreachable. Sends "
+                    "CORNUS_ADMIN_TOKEN, which a node with an admin_token asks for.",
     )
     resolve.add_argument("--url", required=True, help="a node's REST URL")
     resolve.add_argument("--force", action="store_true",

@@ -8,6 +8,7 @@ then command-line flags (each overriding the one before), and checked before any
     grpc_api_listen = "127.0.0.1:9100" # public gRPC API (optional)
     protocol = "cornus"                # default per transaction: cornus | 2pc | coordinator-log
     lock_policy = "no_wait"            # strict 2PL on a conflict: no_wait (abort, the paper's) | wait_die
+    admin_token = "..."                # optional: /v1/admin/* then need "Authorization: Bearer <it>"
     partition_count = 6                # partitions p0..p5, preferred owners round-robin by node id
     [peers]                            # every node, this one included
     n0 = "127.0.0.1:7100"
@@ -30,7 +31,8 @@ Which node owns a partition is decided at run time, by leases in storage (cornus
 the configuration only names each partition's preferred owner, which gets it when it is alive.
 
 Environment: CORNUS_NODE_ID, CORNUS_CLUSTER_ID, CORNUS_LISTEN, CORNUS_API_LISTEN, CORNUS_GRPC_API_LISTEN,
-CORNUS_PROTOCOL, CORNUS_LOCK_POLICY, CORNUS_PARTITION_COUNT, CORNUS_PEERS ("n0=host:port,n1=host:port"),
+CORNUS_PROTOCOL, CORNUS_LOCK_POLICY, CORNUS_PARTITION_COUNT, CORNUS_ADMIN_TOKEN (no flag: a command line
+is visible to every user of the machine), CORNUS_PEERS ("n0=host:port,n1=host:port"),
 CORNUS_STORAGE_<FIELD>, CORNUS_PEER_TLS_<FIELD> (e.g. CORNUS_PEER_TLS_CA_FILE), and
 CORNUS_<TIMEOUT FIELD> (e.g. CORNUS_TIMEOUT_MS_PREPARE).
 
@@ -76,6 +78,10 @@ PARTITION_COUNT_MAX = 4096
 # Deletions of one record retried at most this often: each is a storage call while it is down.
 GC_ATTEMPT_COUNT_MAX = 1_000
 NODE_COUNT_MAX = 256
+# An admin token short enough to guess is no guard; a longer one than any header needs is a mistake.
+ADMIN_TOKEN_LENGTH_MIN = 16
+ADMIN_TOKEN_LENGTH_MAX = 512
+_ADMIN_TOKEN = re.compile(rf"(?=.{{{ADMIN_TOKEN_LENGTH_MIN},{ADMIN_TOKEN_LENGTH_MAX}}}$)[A-Za-z0-9\-._~+/]+=*")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 
 
@@ -186,6 +192,10 @@ class NodeConfig:
     lock_policy: Policy = Policy.NO_WAIT
     # Mutual TLS on the peer port (None: plain TCP, for a network only the cluster reaches).
     peer_tls: PeerTlsConfig | None = None
+    # What a caller of the admin endpoints (/v1/admin/*: the transaction listing, a forced
+    # resolve) must show as its bearer token; "" leaves them open to every client of the API.
+    # Kept out of the repr, which logs and tracebacks print.
+    admin_token: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         validate_id(self.node_id, "node_id", NODE_ID_LENGTH_MAX)
@@ -204,6 +214,12 @@ class NodeConfig:
             raise ValidationError(f"protocol must be one of {', '.join(p.value for p in Protocol)}")
         if not isinstance(self.lock_policy, Policy):
             raise ValidationError(f"lock_policy must be one of {', '.join(p.value for p in Policy)}")
+        if self.admin_token and not (isinstance(self.admin_token, str) and _ADMIN_TOKEN.fullmatch(self.admin_token)):
+            # The token itself is never said: the error is logged.
+            raise ValidationError(
+                f"admin_token must be {ADMIN_TOKEN_LENGTH_MIN}..{ADMIN_TOKEN_LENGTH_MAX} characters of A-Z a-z 0-9 "
+                "- . _ ~ + / (a bearer token, RFC 6750), optionally ending in ="
+            )
         if not isinstance(self.partition_count, int) or not 0 < self.partition_count <= PARTITION_COUNT_MAX:
             raise ValidationError(f"partition_count must be an integer in 1..{PARTITION_COUNT_MAX}")
         if self.protocol_config.storage_deadline_ms != self.storage.timeout_ms_call:
@@ -466,12 +482,12 @@ def load_node_config(
         except (OSError, tomllib.TOMLDecodeError) as error:
             raise ValidationError(f"config file {path}: {error}") from error
     known = {"node_id", "cluster_id", "listen", "api_listen", "grpc_api_listen", "protocol", "lock_policy",
-             "partition_count", "peers", "partition_owners", "storage", "timeouts", "peer_tls"}
+             "partition_count", "peers", "partition_owners", "storage", "timeouts", "peer_tls", "admin_token"}
     unknown = set(raw) - known
     if unknown:
         raise ValidationError(f"config file {path}: unknown keys {', '.join(sorted(unknown))}")
     for name in ("node_id", "cluster_id", "listen", "api_listen", "grpc_api_listen", "protocol", "lock_policy",
-                 "partition_count"):
+                 "partition_count", "admin_token"):
         if f"CORNUS_{name.upper()}" in environ:
             raw[name] = environ[f"CORNUS_{name.upper()}"]
     if "CORNUS_PEERS" in environ:
@@ -544,6 +560,7 @@ def load_node_config(
         limits=RuntimeLimits(**limit_values),
         ownership=_ownership_config(ownership_values, protocol_config, storage.backend),
         peer_tls=_peer_tls_config(peer_tls_values),
+        admin_token=raw.get("admin_token", ""),
     )
 
 

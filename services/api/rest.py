@@ -32,9 +32,10 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import Body, FastAPI, Path, Request
+from fastapi import Body, FastAPI, Path, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
@@ -55,6 +56,7 @@ from cornus.runtime.outcome import (
     TxnWrongState,
 )
 from cornus.runtime.wire import Op, OpKind, ops_for_writes
+from services.api.admin_auth import BEARER, CHALLENGE, AdminUnauthorized, check_admin
 from services.api.logs import txn_context
 from services.api.metrics import Metrics
 from storage_adapters.contract import DATA_KEY_BYTES_MAX, DATA_VALUE_BYTES_MAX, TXN_ID_LENGTH_MAX
@@ -358,6 +360,7 @@ def _error(
 _RETRY_LATER = {"Retry-After": "1"}
 _ERROR_ANSWERS: dict[type[Exception], tuple[int, str, dict[str, str] | None]] = {
     ValidationError: (400, "invalid_request", None),
+    AdminUnauthorized: (401, "unauthorized", CHALLENGE),
     ClientTxnRefused: (400, "invalid_txn", None),
     ClientTxnBeginRefused: (400, "txn_begin_refused", None),
     TxnNotFound: (404, "not_found", None),
@@ -402,6 +405,8 @@ _R: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorOut, "description": f"too_large: the body is over {REQUEST_BYTES_MAX} bytes"},
     422: {"model": ErrorOut, "description": "malformed_request: malformed JSON, wrong types, empty or oversized "
                                             "keys and values, a bad txn id; the detail names the field"},
+    401: {"model": ErrorOut, "description": "unauthorized: the node has an admin_token and the call did not "
+                                            "carry it (Authorization: Bearer <token>)"},
 }
 _ABORTED = {"model": OutcomeOut, "description": "aborted (see reason and retryable)"}
 _ABORTED_OR_WRONG_STATE = {
@@ -845,8 +850,14 @@ def _fastapi_app(served: _Served) -> FastAPI:
     async def prometheus() -> Response:
         return Response(generate_latest(served.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    async def admin(credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]) -> None:
+        check_admin(served.node.config.admin_token, credentials)
+
+    admin_only = [Security(admin)]
+
     @app.get("/v1/admin/transactions", operation_id="admin_transactions", response_model=list[TxnInfoOut],
-             summary="In-flight and in-doubt transactions on this node")
+             summary="In-flight and in-doubt transactions on this node", dependencies=admin_only,
+             responses=_responses(401))
     async def transactions() -> list[TxnInfoOut]:
         return [TxnInfoOut(txn=i.txn, role=i.role, where=i.where, phase=i.phase,  # type: ignore[arg-type]
                            protocol=i.protocol, partitions=list(i.partitions), idle_ms=i.idle_ms)
@@ -857,8 +868,9 @@ def _fastapi_app(served: _Served) -> FastAPI:
               description=("For a transaction whose coordinator is gone. One its coordinator's node still runs is "
                            "409 wrong_state, nothing written, unless force=true, which aborts it where nothing "
                            "voted yet."),
-              responses=_responses(202, 400, 404, 422, extra={409: _ABORTED_OR_WRONG_STATE,
-                                                              503: _STORAGE_UNAVAILABLE}))
+              responses=_responses(202, 400, 401, 404, 422, extra={409: _ABORTED_OR_WRONG_STATE,
+                                                                   503: _STORAGE_UNAVAILABLE}),
+              dependencies=admin_only)
     async def resolve(txn: TxnId, force: bool = False) -> JSONResponse:
         with txn_context(txn):
             outcome = await served.node.resolve(txn, force=force)
@@ -866,7 +878,8 @@ def _fastapi_app(served: _Served) -> FastAPI:
             return _outcome_response(outcome)
 
     @app.get("/v1/admin/timings", operation_id="admin_timings",
-             summary="Commit-path timing breakdown of recent distributed transactions")
+             summary="Commit-path timing breakdown of recent distributed transactions", dependencies=admin_only,
+             responses=_responses(401))
     async def timings() -> dict[str, dict[str, float]]:
         return served.node.timings.summary()
 
@@ -881,7 +894,14 @@ def _fastapi_app(served: _Served) -> FastAPI:
 
 def _publish_node_limits(schema: dict[str, Any], node: Node) -> dict[str, Any]:
     """Put this node's configured limits into the published schema, so a client (or a fuzzer) sees
-    the same bounds the handlers enforce. The models cannot carry them: they are per node config."""
+    the same bounds the handlers enforce. The models cannot carry them: they are per node config.
+    Likewise the admin token: a node without one asks for none (admin_auth)."""
+    if not node.config.admin_token:
+        for path in schema["paths"].values():
+            for operation in path.values():
+                operation.pop("security", None)
+                operation.get("responses", {}).pop("401", None)
+        schema["components"].pop("securitySchemes", None)
     models = schema["components"]["schemas"]
     op_count_max = node.config.limits.op_count_max
     assert op_count_max > 0

@@ -210,8 +210,11 @@ class AsyncCornusClient:
         config: ClientConfig | None = None,
         http: httpx.AsyncClient | None = None,
         rng: random.Random | None = None,
+        admin_token: str | None = None,
     ) -> None:
         self.urls = normalize_urls(urls)
+        # Sent with the admin calls only (transactions, resolve), to nodes that have an admin_token.
+        self._admin_headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else None
         self.config = config or ClientConfig()
         self._rotation = NodeRotation(self.urls)
         self._owns_http = http is None
@@ -395,7 +398,7 @@ class AsyncCornusClient:
         rows: list[TxnInfo] = []
         for node_url in [normalize_url(url)] if url else self.urls:
             try:
-                response = await self._get(node_url + "/v1/admin/transactions")
+                response = await self._get(node_url + "/v1/admin/transactions", self._admin_headers)
             except httpx.TransportError as error:
                 raise Unavailable(unreachable(node_url, "", describe(error))) from error
             body = parse_ok(node_url, response, 200)
@@ -438,7 +441,7 @@ class AsyncCornusClient:
         failures: list[str] = []
         for node_url in [normalize_url(url)] if url else self._rotation.order():
             try:
-                response = await self._post(node_url + path)
+                response = await self._post(node_url + path, headers=self._admin_headers)
             except httpx.TransportError as error:
                 if is_unsent(error):
                     failures.append(f"{node_url} ({describe(error)})")
@@ -455,11 +458,12 @@ class AsyncCornusClient:
 
     # --- HTTP: every call carries the configured deadline, also on a caller-supplied httpx.AsyncClient ---
 
-    async def _post(self, url: str, body: Any = None) -> httpx.Response:
-        return await self._call(self._http.build_request("POST", url, json=body, timeout=self.config.timeout))
+    async def _post(self, url: str, body: Any = None, headers: dict[str, str] | None = None) -> httpx.Response:
+        return await self._call(self._http.build_request("POST", url, json=body, headers=headers,
+                                                         timeout=self.config.timeout))
 
-    async def _get(self, url: str) -> httpx.Response:
-        return await self._call(self._http.build_request("GET", url, timeout=self.config.timeout))
+    async def _get(self, url: str, headers: dict[str, str] | None = None) -> httpx.Response:
+        return await self._call(self._http.build_request("GET", url, headers=headers, timeout=self.config.timeout))
 
     async def _call(self, request: httpx.Request) -> httpx.Response:
         """Send `request` and read its whole answer by the call's deadline (httpx's timeout

@@ -209,8 +209,11 @@ class CornusClient:
         config: ClientConfig | None = None,
         http: httpx.Client | None = None,
         rng: random.Random | None = None,
+        admin_token: str | None = None,
     ) -> None:
         self.urls = normalize_urls(urls)
+        # Sent with the admin calls only (transactions, resolve), to nodes that have an admin_token.
+        self._admin_headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else None
         self.config = config or ClientConfig()
         self._rotation = NodeRotation(self.urls)
         self._owns_http = http is None
@@ -392,7 +395,7 @@ class CornusClient:
         rows: list[TxnInfo] = []
         for node_url in [normalize_url(url)] if url else self.urls:
             try:
-                response = self._get(node_url + "/v1/admin/transactions")
+                response = self._get(node_url + "/v1/admin/transactions", self._admin_headers)
             except httpx.TransportError as error:
                 raise Unavailable(unreachable(node_url, "", describe(error))) from error
             body = parse_ok(node_url, response, 200)
@@ -435,7 +438,7 @@ class CornusClient:
         failures: list[str] = []
         for node_url in [normalize_url(url)] if url else self._rotation.order():
             try:
-                response = self._post(node_url + path)
+                response = self._post(node_url + path, headers=self._admin_headers)
             except httpx.TransportError as error:
                 if is_unsent(error):
                     failures.append(f"{node_url} ({describe(error)})")
@@ -452,11 +455,12 @@ class CornusClient:
 
     # --- HTTP: every call carries the configured deadline, also on a caller-supplied httpx.Client ---
 
-    def _post(self, url: str, body: Any = None) -> httpx.Response:
-        return self._call(self._http.build_request("POST", url, json=body, timeout=self.config.timeout))
+    def _post(self, url: str, body: Any = None, headers: dict[str, str] | None = None) -> httpx.Response:
+        return self._call(self._http.build_request("POST", url, json=body, headers=headers,
+                                                   timeout=self.config.timeout))
 
-    def _get(self, url: str) -> httpx.Response:
-        return self._call(self._http.build_request("GET", url, timeout=self.config.timeout))
+    def _get(self, url: str, headers: dict[str, str] | None = None) -> httpx.Response:
+        return self._call(self._http.build_request("GET", url, headers=headers, timeout=self.config.timeout))
 
     def _call(self, request: httpx.Request) -> httpx.Response:
         """Send `request` and read its whole answer by the call's deadline, nearly: httpx's timeout

@@ -174,13 +174,20 @@ class Cluster:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                rows = [row for node in self.nodes.values()
-                        for row in self.client.get(f"{node.url}/v1/admin/transactions", timeout=1).json()]
+                rows = [row for node in self.nodes.values() for row in self._listing(node)]
             except (httpx.HTTPError, ValueError):
                 return
             if not any(row["role"] == "coordinator" and row["phase"] in UNDELIVERED_PHASES for row in rows):
                 return
             time.sleep(0.02)
+
+    def _listing(self, node: NodeProcess) -> list[dict[str, object]]:
+        """`node`'s transaction listing, with its admin token when it has one."""
+        token = node.env.get("CORNUS_ADMIN_TOKEN")
+        response = self.client.get(f"{node.url}/v1/admin/transactions", timeout=1,
+                                   headers={"Authorization": f"Bearer {token}"} if token else None)
+        response.raise_for_status()
+        return response.json()
 
     def stop(self) -> None:
         self._wait_decisions_delivered()

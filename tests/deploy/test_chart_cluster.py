@@ -22,6 +22,7 @@ The image's entrypoint `cornus` (checked equal to the Dockerfile's in test_docke
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import re
@@ -314,7 +315,9 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
     # This worker's emptied database: in the Secret a user creates for ci/redis-values.yaml, or
     # where the default install's URL points, the dev Redis pod of the release.
     redis_url = storage_for("redis", services, tmp_path)["redis_url"]
-    secrets = {("cornus-redis", "redis-url"): redis_url}
+    # And the admin token's Secret, as the chart made it (a random token).
+    admin_token = base64.b64decode(find(docs, "Secret", "cornus-admin")["data"]["admin-token"]).decode()
+    secrets = {("cornus-redis", "redis-url"): redis_url, ("cornus-admin", "admin-token"): admin_token}
     base = base_environ(tmp_path)
     # An empty working directory, as the image's (/var/lib/cornus, on a read-only root filesystem):
     # nothing may depend on running from the repository, and nothing is written there.
@@ -350,6 +353,11 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
         # Through the client Service: its http port, by targetPort, to a node's REST port.
         service_port = next(p["port"] for p in client_service["spec"]["ports"] if p["name"] == "http")
         service_url = "http://" + network.rewrite(f"cornus.{NAMESPACE}.svc.{domain}:{service_port}", None)
+
+        # The admin endpoints take the release's token, and only it.
+        listing = f"{service_url}/v1/admin/transactions"
+        assert http.get(listing).status_code == 401
+        assert http.get(listing, headers={"Authorization": f"Bearer {admin_token}"}).status_code == 200
 
         # Every partition is held by its preferred node, the pods sorted by name, round-robin.
         partitions = http.get(f"{service_url}/v1/partitions").json()["partitions"]

@@ -10,6 +10,7 @@ the node does not know fails here rather than in a crash-looping pod.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -56,6 +57,7 @@ SECRET_VALUES = {
     ("cornus-azure-blob", "connection-string"): (
         "DefaultEndpointsProtocol=https;AccountName=cornus;AccountKey=a2V5;EndpointSuffix=core.windows.net"
     ),
+    ("cornus-admin", "admin-token"): "a-random-admin-token-0123456789",
 }
 
 
@@ -111,6 +113,24 @@ def test_template_gives_every_pod_a_config_the_node_accepts(helm_bin: str, value
             assert "secretKeyRef" in item["valueFrom"], item
         if item["name"] == "CORNUS_STORAGE_REDIS_URL" and "value" in item:
             assert "@" not in item["value"], "a Redis URL with credentials must come from a Secret"
+
+
+def test_the_admin_token_comes_from_a_secret_of_the_user_or_one_the_chart_makes(helm_bin: str) -> None:
+    """Found by audit (2026-11-27): the admin endpoints (a forced resolve aborts another client's
+    transaction) were open to every client of the API. The chart gives every node a token: the
+    user's Secret's, or a random one in a Secret of the release (kept across upgrades by lookup)."""
+    docs = render(helm_bin, VALUES_FILES["redis"])
+    env = {item["name"]: item for item in node_container(docs)["env"]}
+    assert env["CORNUS_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "cornus-admin", "key": "admin-token"}
+    token = base64.b64decode(find(docs, "Secret", "cornus-admin")["data"]["admin-token"]).decode()
+    assert len(token) == 40 and token.isalnum()
+    assert token != base64.b64decode(find(render(helm_bin, VALUES_FILES["redis"]), "Secret", "cornus-admin")[
+        "data"]["admin-token"]).decode(), "two installs got the same token"
+    load_node_config(environ={**pod_environ(node_container(docs), "cornus-0"), "CORNUS_ADMIN_TOKEN": token})
+    own = render(helm_bin, VALUES_FILES["redis"], ["adminToken.existingSecret=ops-tokens", "adminToken.key=cornus"])
+    assert node_container(own)["env"][[e["name"] for e in node_container(own)["env"]].index("CORNUS_ADMIN_TOKEN")][
+        "valueFrom"]["secretKeyRef"] == {"name": "ops-tokens", "key": "cornus"}
+    assert not [doc for doc in own if doc["kind"] == "Secret" and doc["metadata"]["name"] == "cornus-admin"]
 
 
 def test_template_wires_backend_specific_settings(helm_bin: str) -> None:
@@ -238,6 +258,7 @@ def test_schema_timeouts_are_the_nodes() -> None:
         ([f"clusterId={'c' * 129}"], "/clusterId"),
         (["serviceMonitor.interval=30 seconds"], "a Prometheus duration"),
         (["peerTls.enabled=true"], "peerTls.enabled=true needs peerTls.secretName"),
+        (["adminToken.key=a key"], "/adminToken/key"),
         (["peerTls.verifyHostname=maybe"], "/peerTls/verifyHostname"),
         # The explanation is no value itself.
         (["image.digest=an image digest: sha256: followed by 64 lowercase hex digits\\, or empty for none"],
