@@ -405,8 +405,9 @@ def _conflict_only(error: ClientError) -> bool:
 
 async def _retrying_conflicts(send: Callable[[], Awaitable[T]]) -> T:
     """`send()`, sent again after a conflict (CONFLICT_RETRY_COUNT_MAX times at most); the call's
-    deadline, which the store's template keeps, ends the pauses too, and none is sent once it has
-    passed by the boot clock (a suspend stops the template's timer)."""
+    deadline, which the store's template keeps, ends the pauses too, and no attempt is sent once
+    it has passed by the boot clock (a suspend stops the template's timer). A call's single
+    requests outside this (a plain delete or update) are its first, which the template checks."""
     for attempt in range(CONFLICT_RETRY_COUNT_MAX + 1):
         # Each attempt, the first too: a call may send several transactions in turn (apply_redo's
         # chunks, a keep's rounds), and a suspend between any two is seen only here.

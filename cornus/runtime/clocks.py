@@ -20,26 +20,26 @@ def now_ms() -> int:
     return time.clock_gettime_ns(LEASE_CLOCK) // 1_000_000
 
 
+def boot_ns() -> int:
+    """The lease clock in nanoseconds (now_ms's, unrounded)."""
+    return time.clock_gettime_ns(LEASE_CLOCK)
+
+
 class SuspendWatch:
-    """How much further the lease clock ran than CLOCK_MONOTONIC since the suspend last seen:
-    the time the machine was suspended. Both clocks run at the same rate otherwise (both are
-    slewed by NTP, neither is stepped), so the difference moves only across a suspend."""
+    """The time the machine spent suspended, as how much further the lease clock ran than
+    CLOCK_MONOTONIC: both run at the same rate otherwise (both are slewed by NTP, neither is
+    stepped), so their difference, the offset, moves only across a suspend."""
 
     def __init__(self) -> None:
-        self._offset_ms = self._offset_now_ms()
+        # The offset as of the last suspend seen (`seen`).
+        self.seen_ms = self.offset_ms()
 
     @staticmethod
-    def _offset_now_ms() -> float:
-        # Looked up in the module on each call, so a test can suspend the machine by moving now_ms.
-        return now_ms() - time.monotonic() * 1000
+    def offset_ms() -> float:
+        # boot_ns looked up in the module on each call, so a test can suspend the machine by moving it.
+        return (boot_ns() - time.monotonic_ns()) / 1e6
 
-    def suspended_ms(self, *, seen: bool = True) -> float:
-        """The suspend since the last one seen, in ms (0 when none, or one under SUSPEND_MS_MIN);
-        with `seen` False it is told again next time."""
-        offset_ms = self._offset_now_ms()
-        suspended_ms = offset_ms - self._offset_ms
-        if suspended_ms < SUSPEND_MS_MIN:
-            return 0.0
-        if seen:
-            self._offset_ms = offset_ms
-        return suspended_ms
+    def unseen_ms(self, offset_ms: float) -> float:
+        """The suspend since the last one seen, at `offset_ms` (0 below SUSPEND_MS_MIN)."""
+        suspended_ms = offset_ms - self.seen_ms
+        return suspended_ms if suspended_ms >= SUSPEND_MS_MIN else 0.0

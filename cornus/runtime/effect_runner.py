@@ -128,9 +128,9 @@ class EffectRunner:
         # call on Python 3.11, and every storage call and timer of a transaction needs the loop. A
         # runner belongs to one node, which runs on one loop.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timers: dict[Timer, asyncio.TimerHandle] = {}
+        # Each timer with the suspend watch's offset when it started (catch_up_after_suspend).
+        self._timers: dict[Timer, tuple[asyncio.TimerHandle, float]] = {}
         self._suspend_watch = clocks.SuspendWatch()
-        self._started_after_suspend: set[Timer] = set()
         self._tasks: dict[asyncio.Task[None], _Flight] = {}  # task -> whose call it is
         # (where, txn) -> when its termination protocol began (perf_counter seconds).
         self._terminating: dict[tuple[str, str], float] = {}
@@ -194,19 +194,18 @@ class EffectRunner:
     def _start_timer(self, effect: StartTimer) -> None:
         old = self._timers.pop(effect.timer, None)
         if old is not None:
-            old.cancel()
+            old[0].cancel()
         timer = effect.timer
-        self._timers[timer] = self._running_loop().call_later(effect.duration_ms / 1000, self._fire, timer)
-        if self._suspend_watch.suspended_ms(seen=False):
-            # Started after a suspend the next catch-up will see (one that came in the middle of
-            # an effect list): that must not move it earlier. Not caught up here: the timers it
-            # made overdue would fire in the middle of the list, between one step's effects.
-            self._started_after_suspend.add(timer)
+        # With the offset now: a suspend before it, not seen yet (one in the middle of an effect
+        # list), must not move it earlier. Not caught up here: the timers that suspend made
+        # overdue would fire in the middle of the list, between one step's effects.
+        self._timers[timer] = (self._running_loop().call_later(effect.duration_ms / 1000, self._fire, timer),
+                               self._suspend_watch.offset_ms())
 
     def _cancel_timer(self, effect: CancelTimer) -> None:
-        handle = self._timers.pop(effect.timer, None)
-        if handle is not None:
-            handle.cancel()
+        entry = self._timers.pop(effect.timer, None)
+        if entry is not None:
+            entry[0].cancel()
 
     def _release_locks(self, effect: ReleaseLocks) -> None:
         partition = self.partitions[effect.partition]
@@ -385,28 +384,35 @@ class EffectRunner:
         audit (2026-11-27): a coordinator-log coordinator resumed from a suspend heard its redo
         write answered before its 200 ms window (REDO_DURABLE_MS_MAX) ran out on the loop's
         clock, and committed a redo that had landed long after it in real time. The node calls
-        this before every event it feeds its core."""
-        suspended_ms = self._suspend_watch.suspended_ms()
-        if not suspended_ms:
+        this before every event it feeds its core or its partitions.
+
+        A timer moves by the part of the suspend that came after it started (by the offset it
+        started with): one started after a suspend not yet seen (in the middle of an effect list),
+        or between two, keeps the time it was given."""
+        watch = self._suspend_watch
+        offset_ms = watch.offset_ms()
+        if not watch.unseen_ms(offset_ms):
             return
-        started_after, self._started_after_suspend = self._started_after_suspend, set()
+        seen_ms, watch.seen_ms = watch.seen_ms, offset_ms
         self.counters["suspends_caught_up"] += 1
         loop = self._running_loop()
-        now_s, suspended_s = loop.time(), suspended_ms / 1000
-        overdue: list[tuple[float, Timer, asyncio.TimerHandle]] = []
-        for timer, handle in list(self._timers.items()):
-            if timer in started_after:
-                continue
+        now_s = loop.time()
+        overdue: list[tuple[float, Timer, tuple[asyncio.TimerHandle, float]]] = []
+        for timer, entry in list(self._timers.items()):
+            handle, started_ms = entry
+            moved_ms = offset_ms - max(started_ms, seen_ms)
+            if moved_ms < clocks.SUSPEND_MS_MIN:
+                continue  # it started after the suspend
             handle.cancel()
-            due_s = handle.when() - suspended_s
+            due_s = handle.when() - moved_ms / 1000
             if due_s <= now_s:
-                overdue.append((due_s, timer, handle))  # left in place, cancelled, until it fires below
+                overdue.append((due_s, timer, entry))  # left in place, cancelled, until it fires below
             else:
-                self._timers[timer] = loop.call_at(due_s, self._fire, timer)
+                self._timers[timer] = (loop.call_at(due_s, self._fire, timer), offset_ms)
         overdue.sort(key=lambda item: item[0])
-        for _, timer, handle in overdue:
+        for _, timer, entry in overdue:
             # Unless what fired before it cancelled or restarted it (its entry is gone or new).
-            if self._timers.get(timer) is handle:
+            if self._timers.get(timer) is entry:
                 self._fire(timer)
 
     def _fire(self, timer: Timer) -> None:
@@ -461,7 +467,7 @@ class EffectRunner:
         refused either way, and a refusal is what tells the node it was deposed."""
         assert "" not in owners, "the empty name is _UNOWNED's, no host's"
         for timer in [timer for timer in self._timers if timer.owner in owners]:
-            self._timers.pop(timer).cancel()
+            self._timers.pop(timer)[0].cancel()
         for task, flight in list(self._tasks.items()):
             if flight.owner in owners:
                 flight.dropped = True
@@ -475,7 +481,7 @@ class EffectRunner:
 
     async def stop(self) -> None:
         self.stopped = True
-        for handle in self._timers.values():
+        for handle, _ in self._timers.values():
             handle.cancel()
         self._timers.clear()
         tasks = list(self._tasks)

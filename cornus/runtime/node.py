@@ -315,7 +315,6 @@ class Node:
             partition, self.store, self.lock_policy, limits.timeout_ms_lock_wait, limits.op_count_max,
             partition_count=self.config.partition_count, counters=self.counters,
         )
-        self.runner.catch_up_after_suspend()
         self.runner.run(self.core.add_partition(partition))
 
     def _recovered(self, effect: RecoveryFinished) -> None:
@@ -372,6 +371,8 @@ class Node:
 
     def on_message(self, sender: str, message: Routed) -> None:
         assert isinstance(message, Routed), f"expected a Routed message, got {type(message).__name__}"
+        # Before anything reads the core's or a partition's state for it (found by review).
+        self.runner.catch_up_after_suspend()
         inner = message.message
         if txn_ids.protocol_of(inner.txn) is None:
             # No machine may guess the protocol of an id that names none (nodes with different
@@ -405,6 +406,7 @@ class Node:
         return ""
 
     async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
+        self.runner.catch_up_after_suspend()  # as on_message
         if isinstance(request, StatusRequest):
             return await self.admin.status_response(request, self.ready)
         assert isinstance(request, ExecuteRequest)

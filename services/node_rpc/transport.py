@@ -69,6 +69,10 @@ logger = logging.getLogger(__name__)
 
 # Inbound connections allowed beyond two per peer (probes, tools).
 INBOUND_SPARE_COUNT = 8
+# Inbound connections closed for sending no hello (or, with TLS, not finishing their handshake)
+# are reported at most this often: a peer with a certificate of another CA retries every 2 s or
+# less, for ever (found by review).
+NO_HELLO_REPORT_INTERVAL_S = 60.0
 
 PEER_COUNT_MAX = 1024
 PORT_MAX = 65535
@@ -315,12 +319,19 @@ class _FrameConnection(asyncio.Protocol):
     # --- asyncio.Protocol ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.closed:
+            # Ended before it was made (a TLS handshake that finished after the hello deadline had
+            # given its slot back, found by review): kept, it would read without bound.
+            transport.abort()  # type: ignore[attr-defined]
+            return
         # uvloop's TCP transport does not derive from asyncio.Transport; it has the same methods.
         self._transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(high=self.limits.write_buffer_bytes_max)
         self._heartbeat = self.loop.call_later(self.limits.keepalive_interval_ms / 2000, self._beat)
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return  # failed: what still arrives before the transport closes is dropped
         self._last_read_s = time.monotonic()
         buffer = self._buffer
         buffer += data
@@ -463,6 +474,7 @@ class _PeerLink:
         self._connection: _FrameConnection | None = None
         self._flush_scheduled = False
         self._stalled = False  # a flush found the connection paused: what queued may have expired
+        self._refused = False  # the last attempt found nobody listening
         self._may_wait_timer: asyncio.TimerHandle | None = None
         # Kept: asyncio.get_running_loop() makes a getpid system call on Python 3.11, and every
         # request needs the loop.
@@ -618,12 +630,12 @@ class _PeerLink:
         failure_count = 0  # consecutive attempts that never reached UP, or did not stay up
         reason_logged = ""
         while True:
-            up_since_s = time.monotonic()
-            reached_up = await self._connect_and_serve()
+            up_s = await self._connect_and_serve()
+            reached_up = up_s is not None
             # A link that came up and fell within a backoff's longest counts as a failure too:
             # found by audit (2026-11-27), a peer that answered the hello and hung up at once was
             # reconnected to every 10-20 ms, for ever.
-            stayed_up = reached_up and (time.monotonic() - up_since_s) * 1000 >= self.limits.reconnect_backoff_ms_max
+            stayed_up = up_s is not None and up_s * 1000 >= self.limits.reconnect_backoff_ms_max
             failure_count = 0 if stayed_up else failure_count + 1
             if reached_up:
                 reason_logged = ""
@@ -635,8 +647,7 @@ class _PeerLink:
                 # restarting): no warning.
                 if self.down_reason != reason_logged:
                     reason_logged = self.down_reason
-                    refused = reason_logged.startswith(ConnectionRefusedError.__name__)
-                    level = logging.INFO if refused else logging.WARNING
+                    level = logging.INFO if self._refused else logging.WARNING
                     logger.log(level, "link %s -> %s (%s) cannot connect: %s; retrying", self.node_id, self.peer_id,
                                self.address, reason_logged)
             exponent = min(failure_count, 30)
@@ -644,7 +655,8 @@ class _PeerLink:
             # Jitter keeps the nodes of a restarted cluster from reconnecting in lockstep.
             await asyncio.sleep(random.uniform(backoff_ms / 2, backoff_ms) / 1000)
 
-    async def _connect_and_serve(self) -> bool:
+    async def _connect_and_serve(self) -> float | None:
+        """One connection, served until it is lost: how long it was UP (None: it never was)."""
         loop = asyncio.get_running_loop()
         host, port = parse_address(self.address)
         hello: asyncio.Future[pb.PeerFrame] = loop.create_future()
@@ -654,7 +666,8 @@ class _PeerLink:
                 hello.set_result(frame)
 
         connection = _FrameConnection(self.limits, on_hello, self._wake)
-        reached_up = False
+        up_since_s: float | None = None
+        self._refused = False
         reason = "connection ended"
         try:
             async with asyncio.timeout(self.limits.connect_timeout_ms / 1000):
@@ -673,19 +686,24 @@ class _PeerLink:
             connection.on_frame = self._on_frame
             self._connection = connection
             self._set_up()
-            reached_up = True
+            up_since_s = time.monotonic()
             self._drop_expired_requests()  # what queued while CONNECTING leaves now, but not those
             self._wake()
             reason = await connection.lost
         except (OSError, TimeoutError, _LinkBroken) as error:  # ssl.SSLError is an OSError
             reason = _describe(error)
+            # Nobody listening (a cluster starting, a node restarting); asyncio says it so for a
+            # name with several addresses: "Multiple exceptions: [Errno 111] Connect call failed ...".
+            self._refused = isinstance(error, ConnectionRefusedError) or (
+                type(error) is OSError and str(error).startswith("Multiple exceptions") and "[Errno 111]" in str(error))
         finally:
             self._connection = None
             connection.fail(reason)
             self._set_down(reason)
-        if reached_up:
-            logger.info("link %s -> %s lost: %s", self.node_id, self.peer_id, reason)
-        return reached_up
+        if up_since_s is None:
+            return None
+        logger.info("link %s -> %s lost: %s", self.node_id, self.peer_id, reason)
+        return time.monotonic() - up_since_s
 
     def _on_frame(self, frame: pb.PeerFrame) -> None:
         if len(frame.items) > self.limits.frame_item_count_max:
@@ -765,9 +783,7 @@ class _InboundStream:
         self._hello_deadline = None
         if not self.sender:
             self.owner.inbound.malformed_count += 1
-            logger.warning("an inbound connection sent no hello within %d ms%s; closing it",
-                           self.owner.limits.connect_timeout_ms,
-                           " (or did not finish its TLS handshake)" if self.owner.tls is not None else "")
+            self.owner.no_hello_seen()
             self.connection.fail("no hello in time")
 
     def _on_hello(self, frame: pb.PeerFrame) -> None:
@@ -866,6 +882,8 @@ class PeerTransport(Transport):
         self.inbound = InboundCounters()
         self.drop_count_unknown_peer = 0
         self.drop_count_self_queue_full = 0
+        self._no_hello_unreported = 0
+        self._no_hello_reported_s = -NO_HELLO_REPORT_INTERVAL_S
         self.self_item_count = 0  # messages and requests this node addressed to itself
 
     # --- Transport ---
@@ -1053,6 +1071,17 @@ class PeerTransport(Transport):
         return response
 
     # --- Inbound: connections opened by peers ---
+
+    def no_hello_seen(self) -> None:
+        """An inbound connection sent no hello in time: reported now, or with the next report."""
+        self._no_hello_unreported += 1
+        now_s = time.monotonic()
+        if now_s - self._no_hello_reported_s < NO_HELLO_REPORT_INTERVAL_S:
+            return
+        logger.warning("%d inbound connection(s) sent no hello within %d ms%s since the last report; closed",
+                       self._no_hello_unreported, self.limits.connect_timeout_ms,
+                       " (or did not finish their TLS handshake)" if self.tls is not None else "")
+        self._no_hello_reported_s, self._no_hello_unreported = now_s, 0
 
     def forget(self, stream: _InboundStream) -> None:
         self._inbound.discard(stream)

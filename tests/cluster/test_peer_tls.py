@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from tests.cluster.harness import keys_on, running_cluster
 from tests.conftest import Services
 
 SOCKET_TIMEOUT_S = 10.0
+OWNERS_WAIT_S = 30.0
+POLL_S = 0.05
 
 
 def test_a_tls_cluster_commits_and_a_plain_connection_to_its_peer_port_gets_no_answer(
@@ -77,7 +80,13 @@ def test_a_node_with_a_certificate_of_another_ca_never_joins(services: Services,
         cluster.nodes["n0"].env.update(ca.issue("n0").environ())
         cluster.nodes["n1"].env.update(stranger.issue("n1").environ())
         cluster.start_all()
-        # n0 owns p0, n1 owns p1 (round-robin); a transaction over both needs the link.
+        # n0 owns p0, n1 owns p1 (round-robin) once each took its own: a transaction over both
+        # then needs the link. (Ready does not wait for that: n0 may hold both for a moment.)
+        deadline_s = time.monotonic() + OWNERS_WAIT_S
+        while {row["partition"]: row["owner"] for row in cluster.get("n0", "/v1/partitions").json()[
+                "partitions"]} != {"p0": "n0", "p1": "n1"}:
+            assert time.monotonic() < deadline_s, "the partitions did not reach their preferred owners"
+            time.sleep(POLL_S)
         keys = [keys_on("p0", 2, 1, prefix="s")[0], keys_on("p1", 2, 1, prefix="s")[0]]
         response = cluster.execute("n0", [{"op": "put", "key": k, "value": "x"} for k in keys])
         assert response.status_code != 200 or response.json()["outcome"] != "committed", response.text

@@ -13,9 +13,10 @@ import pytest
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol, ProtocolConfig
-from cornus.protocol.effects import LogOnce, ReadRecord, ReleaseLocks, StartTimer, Timer
+from cornus.protocol.effects import CancelTimer, LogOnce, ReadRecord, ReleaseLocks, StartTimer, Timer
 from cornus.protocol.events import Event, StorageUnreachable, TimerFired
 from cornus.protocol.locks import Policy
+from cornus.runtime import clocks
 from cornus.runtime.effect_runner import EffectRunner
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.partition import PartitionRuntime
@@ -279,3 +280,74 @@ async def test_a_stopped_runner_starts_no_work(harness: _Harness) -> None:
     harness.runner.spawn(work())
     await harness.settle()
     assert ran == [], "work started after the stop"
+
+
+class _Suspends:
+    """Suspends of the machine, as the runner's watch sees them: the boot clock moved ahead."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.ahead_ns = 0
+        real_boot_ns = clocks.boot_ns
+        monkeypatch.setattr(clocks, "boot_ns", lambda: real_boot_ns() + self.ahead_ns)
+
+    def suspend(self, ms: int) -> None:
+        self.ahead_ns += ms * 1_000_000
+
+
+def _timer(kind: str) -> Timer:
+    return Timer(PARTITION, TXN, kind)
+
+
+async def test_a_suspend_fires_the_timers_it_made_overdue_in_order_and_moves_the_rest(
+    harness: _Harness, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by audit (2026-11-27): timers run on the loop's clock, which a suspend stops."""
+    suspends = _Suspends(monkeypatch)
+    harness.runner.may_act = lambda host: True
+    harness.runner.run([StartTimer(_timer("late"), 900), StartTimer(_timer("early"), 300),
+                        StartTimer(_timer("long"), 60_000)])
+    suspends.suspend(1_000)
+    harness.runner.catch_up_after_suspend()
+    assert harness.fed == [TimerFired(_timer("early")), TimerFired(_timer("late"))]
+    handle, _ = harness.runner._timers[_timer("long")]
+    assert 58.5 < handle.when() - asyncio.get_running_loop().time() <= 59.0  # a second earlier
+    harness.runner.catch_up_after_suspend()  # seen already: nothing moves again
+    assert len(harness.fed) == 2 and harness.runner._timers[_timer("long")][0] is handle
+    assert harness.runner.counters["suspends_caught_up"] == 1
+
+
+async def test_a_timer_started_after_a_suspend_not_yet_seen_keeps_its_time(
+    harness: _Harness, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A suspend in the middle of an effect list is seen at the next event: the timers the list
+    started after it moved nothing of it (a collection's grace must not shrink by it). Nor does
+    a second suspend before that event move them by the first (found by review)."""
+    suspends = _Suspends(monkeypatch)
+    harness.runner.may_act = lambda host: True
+    harness.runner.run([StartTimer(_timer("before"), 1_500)])
+    suspends.suspend(1_000)
+    harness.runner.run([StartTimer(_timer("after"), 1_500)])
+    suspends.suspend(1_000)
+    harness.runner.catch_up_after_suspend()
+    assert harness.fed == [TimerFired(_timer("before"))]  # 2 s of suspend against its 1.5 s
+    handle, _ = harness.runner._timers[_timer("after")]
+    # Moved by the second suspend only: about 0.5 s left of its 1.5 s.
+    assert 0.2 < handle.when() - asyncio.get_running_loop().time() <= 0.5
+
+
+async def test_a_timer_an_earlier_one_cancels_as_it_fires_does_not_fire(
+    harness: _Harness, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    suspends = _Suspends(monkeypatch)
+    harness.runner.may_act = lambda host: True
+    harness.runner.run([StartTimer(_timer("first"), 100), StartTimer(_timer("second"), 200)])
+
+    def feed(event: Event) -> None:
+        harness.fed.append(event)
+        if event == TimerFired(_timer("first")):
+            harness.runner.run([CancelTimer(_timer("second"))])
+
+    harness.runner.feed = feed
+    suspends.suspend(1_000)
+    harness.runner.catch_up_after_suspend()
+    assert harness.fed == [TimerFired(_timer("first"))] and not harness.runner._timers
