@@ -129,8 +129,10 @@ class EffectRunner:
         # runner belongs to one node, which runs on one loop.
         self._loop: asyncio.AbstractEventLoop | None = None
         # Each timer with the suspend watch's offset when it started (catch_up_after_suspend).
-        self._timers: dict[Timer, tuple[asyncio.TimerHandle, float]] = {}
-        self._suspend_watch = clocks.SuspendWatch()
+        self._timers: dict[Timer, tuple[asyncio.TimerHandle, int]] = {}
+        # The clocks' offset (cornus.runtime.clocks) as of the last suspend caught up on. Read on
+        # every event the node takes in: written out where it is read, with no call of its own.
+        self._suspend_seen_ns = clocks.boot_ns() - time.monotonic_ns()
         self._tasks: dict[asyncio.Task[None], _Flight] = {}  # task -> whose call it is
         # (where, txn) -> when its termination protocol began (perf_counter seconds).
         self._terminating: dict[tuple[str, str], float] = {}
@@ -200,7 +202,7 @@ class EffectRunner:
         # list), must not move it earlier. Not caught up here: the timers that suspend made
         # overdue would fire in the middle of the list, between one step's effects.
         self._timers[timer] = (self._running_loop().call_later(effect.duration_ms / 1000, self._fire, timer),
-                               self._suspend_watch.offset_ms())
+                               clocks.boot_ns() - time.monotonic_ns())
 
     def _cancel_timer(self, effect: CancelTimer) -> None:
         entry = self._timers.pop(effect.timer, None)
@@ -378,7 +380,7 @@ class EffectRunner:
     # -- timers, tasks, timing -------------------------------------------------------------------
     def catch_up_after_suspend(self) -> None:
         """Timers run on the event loop's clock, which stops while the machine is suspended; the
-        protocol's windows are real time. After a suspend (clocks.SuspendWatch), every timer is
+        protocol's windows are real time. After a suspend (cornus.runtime.clocks), every timer is
         moved earlier by its length, and those it made overdue fire now, in the order they were
         due: before whatever event comes next, as they would have without the suspend. Found by
         audit (2026-11-27): a coordinator-log coordinator resumed from a suspend heard its redo
@@ -389,26 +391,25 @@ class EffectRunner:
         A timer moves by the part of the suspend that came after it started (by the offset it
         started with): one started after a suspend not yet seen (in the middle of an effect list),
         or between two, keeps the time it was given."""
-        watch = self._suspend_watch
-        offset_ms = watch.offset_ms()
-        if not watch.unseen_ms(offset_ms):
+        offset_ns = clocks.boot_ns() - time.monotonic_ns()
+        if offset_ns - self._suspend_seen_ns < clocks.SUSPEND_NS_MIN:
             return
-        seen_ms, watch.seen_ms = watch.seen_ms, offset_ms
+        seen_ns, self._suspend_seen_ns = self._suspend_seen_ns, offset_ns
         self.counters["suspends_caught_up"] += 1
         loop = self._running_loop()
         now_s = loop.time()
-        overdue: list[tuple[float, Timer, tuple[asyncio.TimerHandle, float]]] = []
+        overdue: list[tuple[float, Timer, tuple[asyncio.TimerHandle, int]]] = []
         for timer, entry in list(self._timers.items()):
-            handle, started_ms = entry
-            moved_ms = offset_ms - max(started_ms, seen_ms)
-            if moved_ms < clocks.SUSPEND_MS_MIN:
+            handle, started_ns = entry
+            moved_ns = offset_ns - max(started_ns, seen_ns)
+            if moved_ns < clocks.SUSPEND_NS_MIN:
                 continue  # it started after the suspend
             handle.cancel()
-            due_s = handle.when() - moved_ms / 1000
+            due_s = handle.when() - moved_ns / 1e9
             if due_s <= now_s:
                 overdue.append((due_s, timer, entry))  # left in place, cancelled, until it fires below
             else:
-                self._timers[timer] = (loop.call_at(due_s, self._fire, timer), offset_ms)
+                self._timers[timer] = (loop.call_at(due_s, self._fire, timer), offset_ns)
         overdue.sort(key=lambda item: item[0])
         for _, timer, entry in overdue:
             # Unless what fired before it cancelled or restarted it (its entry is gone or new).
