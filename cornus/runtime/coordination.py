@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cornus.protocol import txn_ids
@@ -70,6 +70,12 @@ WRITE_HELD_ENTRY_BYTES = 100
 # A commit waits at most this long for its outcome before it reports UNKNOWN. It covers the vote
 # timeout, a termination round or two and a decision write.
 TIMEOUT_MS_COMMIT = 10_000
+# What one one-shot may read over all its partitions (READ_BYTES_MAX counts it): its values come
+# back in its reply, after its commit, so each partition is held to a share of it before it votes
+# (`_read_shares`). Found by audit (2026-11-27): only each partition's share was bounded, and a
+# one-shot over 256 partitions could make its coordinator hold, and its reply carry, 2 GiB. As
+# much as an interactive read's reply (services/api/rest.py READ_REPLY_VALUE_BYTES_MAX).
+ONE_SHOT_READ_BYTES_MAX = 16 * 1024 * 1024
 # The errors the APIs answer as refusals that changed nothing (REST's 400, 404, 409 and 503, and
 # gRPC's codes for them): none may reach a caller once a commit's prepare has left.
 _REFUSALS = (ValidationError, TxnNotFound, TxnWrongState, NodeOverloaded, StorageUnavailable)
@@ -268,10 +274,11 @@ class Coordination:
             raise TxnWrongState(f"transaction {txn} is {ctx.state}, not active")
         return ctx
 
-    async def run_ops(self, txn: str, ops: Sequence[Op]) -> list[bytes | None]:
+    async def run_ops(self, txn: str, ops: Sequence[Op], read_bytes_max: int = 0) -> list[bytes | None]:
         """Run operations of an interactive transaction; the values of its GETs, in order. Raises
         TxnAborted (the transaction is then over: aborted, or in doubt for a client-chosen id that
-        another process may have run) or ValidationError (nothing happened)."""
+        another process may have run) or ValidationError (nothing happened). `read_bytes_max` (0:
+        none) bounds what they read in all, each partition held to its share (`_read_shares`)."""
         ctx = self.active(txn)
         if ctx.busy:
             # One call at a time, as commit: two of one transaction at a partition would share
@@ -282,7 +289,9 @@ class Coordination:
         held_bytes = self._hold_writes(ctx, ops)
         # Named as touched before any request leaves (they leave from tasks of their own): an
         # abort that runs meanwhile must drop these partitions too.
-        requests = [ExecuteRequest(txn, partition, self.node_id, tuple(group), continued=partition in ctx.touched)
+        shares = _read_shares(by_partition, read_bytes_max)
+        requests = [ExecuteRequest(txn, partition, self.node_id, tuple(group), continued=partition in ctx.touched,
+                                   read_bytes_max=shares.get(partition, 0))
                     for partition, group in by_partition.items()]
         first_touched = [partition for partition in by_partition if partition not in ctx.touched]
         for partition in first_touched:
@@ -604,7 +613,7 @@ class Coordination:
                 return self._unknown_past_prepare(ctx, error)
         else:
             try:
-                values = await self.run_ops(txn, ops)
+                values = await self.run_ops(txn, ops, ONE_SHOT_READ_BYTES_MAX)
             except TxnAborted as aborted:
                 return one_shot_outcome(aborted)
             except (ValidationError, NodeOverloaded) as refused:
@@ -647,8 +656,11 @@ class Coordination:
         # Counted from the begin the id carries, which the status call knows (status.py): past it
         # no owner runs these requests, so none of them can vote yes after "not known" was said.
         deadline_unix_ms = txn_ids.begin_ms_of(ctx.txn) + self.config.limits.timeout_ms_peer_request
+        # Its values arrive as it commits: each partition is held to its share of what a reply
+        # carries, which its owner refuses past before it votes.
+        shares = _read_shares(by_partition, ONE_SHOT_READ_BYTES_MAX)
         requests = [ExecuteRequest(ctx.txn, p, self.node_id, tuple(group), participants=participants,
-                                   deadline_unix_ms=deadline_unix_ms)
+                                   deadline_unix_ms=deadline_unix_ms, read_bytes_max=shares.get(p, 0))
                     for p, group in by_partition.items()]
         answers: dict[str, tuple[ExecuteResponse, bool]] = {}  # partition -> (response, refused), as they come
         all_answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -833,6 +845,16 @@ class Coordination:
                         else refresh_unanswered_ms(previous_ms, sent_ms, idle_ms))
         # An operation that ran there meanwhile put its own, later, time.
         ctx.requested_ms[partition] = max(refreshed_ms, ctx.requested_ms.get(partition, refreshed_ms))
+
+
+def _read_shares(by_partition: Mapping[str, Sequence[Op]], read_bytes_max: int) -> dict[str, int]:
+    """Each reading partition's even share of `read_bytes_max` (none when it is 0, or when one
+    partition reads: READ_BYTES_MAX holds it then). An even share rather than a fit: what each
+    will read is known only where it is read, and every owner must refuse before it votes."""
+    reading = [partition for partition, ops in by_partition.items() if any(op.kind is OpKind.GET for op in ops)]
+    if not read_bytes_max or len(reading) < 2:
+        return {}
+    return dict.fromkeys(reading, max(1, read_bytes_max // len(reading)))
 
 
 def _answer_checked(request: ExecuteRequest, response: ExecuteResponse) -> ExecuteResponse:

@@ -474,8 +474,8 @@ class Node:
     def begin_one_shot(self, protocol: Protocol | None = None, client_txn: str | None = None) -> str | Outcome:
         return self.coordination.begin_one_shot(protocol, client_txn)
 
-    async def run_ops(self, txn: str, ops: Sequence[Op]) -> list[bytes | None]:
-        return await self.coordination.run_ops(txn, ops)
+    async def run_ops(self, txn: str, ops: Sequence[Op], read_bytes_max: int = 0) -> list[bytes | None]:
+        return await self.coordination.run_ops(txn, ops, read_bytes_max)
 
     def refuse_commit(self, txn: str, reason: str) -> None:
         self.coordination.refuse_commit(txn, reason)

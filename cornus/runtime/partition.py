@@ -36,8 +36,9 @@ log = logging.getLogger("cornus.partition")
 
 _WRITES = (OpKind.PUT, OpKind.DELETE)
 # A request of at most this many operations cannot read past READ_BYTES_MAX, so only a longer one
-# pays for counting what it reads.
+# (or one with a smaller budget of its own) pays for counting what it reads.
 _OP_COUNT_READS_ALWAYS_FIT = READ_BYTES_MAX // (DATA_VALUE_BYTES_MAX + READ_VALUE_OVERHEAD_BYTES)
+_READ_BYTES_ALWAYS_FIT = _OP_COUNT_READS_ALWAYS_FIT * (DATA_VALUE_BYTES_MAX + READ_VALUE_OVERHEAD_BYTES)
 
 
 class PartitionRuntime:
@@ -151,9 +152,9 @@ class PartitionRuntime:
             self._release_locks(txn)
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} was aborted on {self.name}")
         writes = execution.writes
-        if len(request.ops) > _OP_COUNT_READS_ALWAYS_FIT:
+        if len(request.ops) > _OP_COUNT_READS_ALWAYS_FIT or 0 < request.read_bytes_max < _READ_BYTES_ALWAYS_FIT:
             read_bytes = _read_bytes(request.ops, writes, committed)
-            if read_bytes > READ_BYTES_MAX:
+            if read_bytes > _read_limit_bytes(request):
                 return self._refuse_reads_too_large(request, execution, read_bytes)
         values: list[bytes | None] = []
         carried = bool(request.participants)
@@ -182,8 +183,10 @@ class PartitionRuntime:
         if status is ExecuteStatus.ABORTED or request.participants:
             self._wake_own_waiters(request.txn)  # as abort_execution does
         self.counters["executions_refused_reads_too_large"] += 1
-        detail = (f"the values read on {self.name} come to {read_bytes} bytes, the limit is {READ_BYTES_MAX} "
-                  f"per request to a partition: read fewer keys at a time")
+        budget_bytes = _read_limit_bytes(request)
+        detail = (f"the values read on {self.name} come to {read_bytes} bytes, the limit is {budget_bytes} "
+                  "for this request to a partition (READ_BYTES_MAX, or a one-shot's share of what it may read "
+                  "in all): read fewer keys at a time")
         return ExecuteResponse(status, detail=detail)
 
     async def _read_for(
@@ -317,6 +320,11 @@ class PartitionRuntime:
 
 def _now_ms() -> int:
     return int(time.monotonic() * 1000)
+
+
+def _read_limit_bytes(request: ExecuteRequest) -> int:
+    """What `request` may read: READ_BYTES_MAX, or less where it carries a smaller budget."""
+    return min(READ_BYTES_MAX, request.read_bytes_max) if request.read_bytes_max > 0 else READ_BYTES_MAX
 
 
 def _read_bytes(ops: tuple[Op, ...], writes: dict[str, bytes | None], committed: dict[str, bytes | None]) -> int:

@@ -77,6 +77,9 @@ class ExecuteRequest:
     # up, and the status call's "not known" counts on no request of a transaction running later
     # (cornus/protocol/status.py). 0: none (a request of an older node).
     deadline_unix_ms: int = 0
+    # The most its GETs may read, counted as READ_BYTES_MAX counts them, if less than it: a
+    # one-shot's share of what it may read in all. 0: READ_BYTES_MAX.
+    read_bytes_max: int = 0
 
 
 @dataclass(frozen=True, slots=True)

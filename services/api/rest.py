@@ -396,7 +396,8 @@ _R: dict[int | str, dict[str, Any]] = {
     202: {"model": OutcomeOut, "description": "outcome unknown: ask GET /v1/txn/{txn}"},
     400: {"model": ErrorOut, "description": "invalid_request: more operations than op_count_max, more writes to "
                                             "one partition than fit its redo record, reads of more than "
-                                            "READ_BYTES_MAX (8 MiB) of values on one partition, or input a partition's "
+                                            "READ_BYTES_MAX (8 MiB) of values on one partition (on a one-shot over "
+                                            "several, of more than its even share of 16 MiB), or input a partition's "
                                             "owner refuses (its limits may differ in a rollout); on execute "
                                             "also invalid_txn and txn_begin_refused (a client-chosen txn the node "
                                             "refuses, which no delivery of the request could have run); nothing "

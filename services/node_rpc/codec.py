@@ -185,6 +185,7 @@ def _encode_execute_request(envelope: pb.PeerEnvelope, value: ExecuteRequest) ->
     body.continued = value.continued
     body.participants.extend(value.participants)
     body.deadline_unix_ms = value.deadline_unix_ms
+    body.read_bytes_max = value.read_bytes_max
     ops = body.ops
     for op in value.ops:
         wire_op = ops.add()
@@ -350,6 +351,7 @@ def _decode_execute_request(body: pb.ExecuteRequest) -> ExecuteRequest:
         continued=body.continued,
         participants=tuple(body.participants),
         deadline_unix_ms=_not_negative(body.deadline_unix_ms, "ExecuteRequest.deadline_unix_ms"),
+        read_bytes_max=body.read_bytes_max,
     )
 
 

@@ -42,6 +42,7 @@ from grpc_reflection.v1alpha import reflection
 
 from cornus.protocol.config import Protocol
 from cornus.protocol.txn_ids import TXN_ID_PATTERN, TXN_ID_PATTERN_SAYS
+from cornus.runtime.coordination import ONE_SHOT_READ_BYTES_MAX
 from cornus.runtime.node import Node, TxnAborted, one_shot_outcome
 from cornus.runtime.outcome import (
     AbortReason,
@@ -393,7 +394,7 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
             raise NodeOverloaded("the server is stopping; nothing was committed")
         try:
             await context.send_initial_metadata(((TXN_METADATA_KEY, txn),))
-            values = await node.run_ops(txn, ops)
+            values = await node.run_ops(txn, ops, ONE_SHOT_READ_BYTES_MAX)  # each owner held to its share
             _check_reply_fits([op.key for op in ops if op.kind is OpKind.GET], values)
         except TxnAborted as aborted:
             # As Node.execute answers REST's one-shots: an owner's "invalid" is INVALID_ARGUMENT.

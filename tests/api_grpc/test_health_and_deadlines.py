@@ -168,7 +168,7 @@ async def test_a_write_whose_deadline_passes_aborts_its_transaction_once_the_wri
     write_ends = asyncio.Event()
     aborted: list[str] = []
 
-    async def run_ops(ran: str, ops: list[object]) -> list[None]:
+    async def run_ops(ran: str, ops: list[object], read_bytes_max: int = 0) -> list[None]:
         await write_ends.wait()
         return [None] * len(ops)
 
@@ -214,8 +214,8 @@ async def test_a_commit_in_the_step_its_late_write_ends_never_commits_that_write
         commits: list[asyncio.Task[Any]] = []
         real_run_ops = Coordination.run_ops
 
-        async def run_ops(self: Coordination, ran: str, ops: Any) -> Any:
-            values = await real_run_ops(self, ran, ops)
+        async def run_ops(self: Coordination, ran: str, ops: Any, read_bytes_max: int = 0) -> Any:
+            values = await real_run_ops(self, ran, ops, read_bytes_max)
             # The client's Commit, queued in the step the write ends, ahead of what its end starts.
             commits.append(asyncio.ensure_future(node.commit(ran)))
             return values
