@@ -237,6 +237,11 @@ LIST_RESULTS_PER_PAGE_MAX = 5000
 # its call's time is gone (a slow listing), keeping the rest for reading what it found.
 SCAN_WALK_NAME_COUNT_MAX = 2 * LIST_RESULTS_PER_PAGE_MAX
 SCAN_WALK_TIME_SHARE = 0.5
+# Bytes of records one scan page reads (as the listing sizes their blobs): a page of
+# SCAN_PAGE_COUNT_MAX votes whose redo records are large read about 175 MB into memory at once
+# (found by audit). The page ends after the record that passes it (one at least, so a scan always
+# moves), and the next resumes there, as after the walk's bound.
+SCAN_PAGE_BYTES_MAX = 16 * 1024 * 1024
 
 _STATE_METADATA = "state"
 _APPLIED_METADATA = "applied"
@@ -885,10 +890,11 @@ class AzureBlobStore(LogStore):
             listed_count += 1
             return listed.popleft()
 
-        stopped = False  # at the listing's end, or the walk's bound
+        stopped = False  # at the listing's end, or the walk's bound, or the page's bytes
+        read_bytes = 0
         for _ in range(SCAN_ROUND_COUNT_MAX):
             txns: list[str] = []
-            while len(found) + len(txns) < limit:
+            while len(found) + len(txns) < limit and read_bytes < SCAN_PAGE_BYTES_MAX:
                 blob = await next_blob()
                 if blob is None:
                     stopped = True
@@ -908,6 +914,8 @@ class AzureBlobStore(LogStore):
                 if state_value in TxnState.__members__ and not is_unfinished(TxnState(state_value), applied):
                     continue
                 txns.append(txn)
+                read_bytes += blob.size or 0
+            stopped = stopped or read_bytes >= SCAN_PAGE_BYTES_MAX
             # A record finished or collected since it was listed drops out here; the next
             # round refills the page from where the listing stopped.
             found |= await self._read_unfinished(log, txns)
