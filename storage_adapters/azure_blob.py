@@ -168,6 +168,7 @@ from storage_adapters.contract import (
     IDENTITY_PREFIX,
     NODE_ID_LENGTH_MAX,
     OWNER_READ_COUNT_MAX,
+    SCAN_PAGE_BYTES_MAX,
     SCAN_ROUND_COUNT_MAX,
     TOMBSTONE_KEEP_MS_MAX,
     Fence,
@@ -237,11 +238,6 @@ LIST_RESULTS_PER_PAGE_MAX = 5000
 # its call's time is gone (a slow listing), keeping the rest for reading what it found.
 SCAN_WALK_NAME_COUNT_MAX = 2 * LIST_RESULTS_PER_PAGE_MAX
 SCAN_WALK_TIME_SHARE = 0.5
-# Bytes of records one scan page reads (as the listing sizes their blobs): a page of
-# SCAN_PAGE_COUNT_MAX votes whose redo records are large read about 175 MB into memory at once
-# (found by audit). The page ends after the record that passes it (one at least, so a scan always
-# moves), and the next resumes there, as after the walk's bound.
-SCAN_PAGE_BYTES_MAX = 16 * 1024 * 1024
 
 _STATE_METADATA = "state"
 _APPLIED_METADATA = "applied"
@@ -914,6 +910,10 @@ class AzureBlobStore(LogStore):
                 if state_value in TxnState.__members__ and not is_unfinished(TxnState(state_value), applied):
                     continue
                 txns.append(txn)
+                # The contract's SCAN_PAGE_BYTES_MAX, as the listing sizes the blobs (a record's
+                # JSON holds its redo in base64): the page ends after the one that passes it, and
+                # the next resumes there, as after the walk's bound (found by audit: a page of
+                # 1,000 large votes read about 175 MB at once).
                 read_bytes += blob.size or 0
             stopped = stopped or read_bytes >= SCAN_PAGE_BYTES_MAX
             # A record finished or collected since it was listed drops out here; the next

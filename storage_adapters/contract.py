@@ -126,6 +126,11 @@ DATA_KEY_BYTES_MAX = 512
 DATA_VALUE_BYTES_MAX = 64 * 1024
 DATA_BATCH_COUNT_MAX = 1024
 SCAN_PAGE_COUNT_MAX = 1000
+# Bytes of records one scan page holds (`record_bytes`): it ends after the record that passes
+# this (one at least, so a scan always moves), and the next page resumes after it. A page of
+# SCAN_PAGE_COUNT_MAX large votes held about 128 MiB at once, and a node recovers its partitions
+# side by side (found by audit, 2026-11-27).
+SCAN_PAGE_BYTES_MAX = 16 * 1024 * 1024
 # Rounds one scan page may take where a backend reads its index (or listing) and then the records
 # in separate requests: only a record finished or deleted between the two makes another round
 # necessary, to refill the page from further on, so running out means the log churns too fast.
@@ -284,6 +289,23 @@ class Record:
     body: RecordBody = field(default_factory=RecordBody)
     applied: bool = False
     created_at_ms: int = 0
+
+
+# What a record holds besides its redo and participants (its ids, state, flags), at most.
+RECORD_FIXED_BYTES = 512
+
+
+class PageBytes:
+    """What a scan page holds so far, against SCAN_PAGE_BYTES_MAX: each record counts its redo,
+    its participants' names and RECORD_FIXED_BYTES."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def add(self, record: Record) -> bool:
+        """Count `record`; whether the page is full with it (it ends with that record)."""
+        self.total += len(record.body.redo) + sum(len(name) for name in record.body.participants) + RECORD_FIXED_BYTES
+        return self.total >= SCAN_PAGE_BYTES_MAX
 
 
 @dataclass(frozen=True, slots=True)

@@ -488,8 +488,8 @@ class EmulatorStore(LogStore):
         return await self._read_call(lambda conn: emulator_sql.read(conn, log, txn))
 
     async def _scan_page(self, log: LogId, limit: int, after: str) -> ScanPage:
-        records = await self._read_call(lambda conn: emulator_sql.scan_unfinished(conn, log, limit, after))
-        return whole_page(records, limit)
+        records, full = await self._read_call(lambda conn: emulator_sql.scan_unfinished(conn, log, limit, after))
+        return whole_page(records, limit, cut=full)
 
     async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
         return await self._read_call(lambda conn: emulator_sql.read_data(conn, partition, keys))

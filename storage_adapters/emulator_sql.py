@@ -45,6 +45,7 @@ from storage_adapters.contract import (
     LogId,
     LogKind,
     Ownership,
+    PageBytes,
     Record,
     RecordBody,
     Tombstone,
@@ -408,15 +409,26 @@ def read(conn: sqlite3.Connection, log: LogId, txn: str) -> Record | None:
     return None if row is None else _record_from_row(row)
 
 
-def scan_unfinished(conn: sqlite3.Connection, log: LogId, limit: int, after: str) -> list[Record]:
+def scan_unfinished(conn: sqlite3.Connection, log: LogId, limit: int, after: str) -> tuple[list[Record], bool]:
+    """The page's records, and whether it ended at SCAN_PAGE_BYTES_MAX: rows are stepped one at a
+    time, so a page of large records stops reading once full."""
     # One statement, so the page is one snapshot; txn is TEXT with the BINARY collation, so
     # `>` and ORDER BY compare the ASCII ids bytewise, the contract's order.
     rows = conn.execute(
         f"SELECT {_RECORD_COLUMNS} FROM txn_log WHERE log = ? AND txn > ? "
         "AND (state = 'VOTE_YES' OR (state = 'COMMIT' AND applied = 0)) ORDER BY txn LIMIT ?",
         (log.key, after, limit),
-    ).fetchall()
-    return [_record_from_row(row) for row in rows]
+    )
+    records: list[Record] = []
+    page_bytes = PageBytes()
+    try:
+        for row in rows:
+            records.append(_record_from_row(row))
+            if page_bytes.add(records[-1]):
+                return records, True
+    finally:
+        rows.close()
+    return records, False
 
 
 def read_data(conn: sqlite3.Connection, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:

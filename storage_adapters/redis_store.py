@@ -72,6 +72,7 @@ from storage_adapters.contract import (
     LogOnceResult,
     Ownership,
     OwnerWriteResult,
+    PageBytes,
     Record,
     RecordBody,
     ScanPage,
@@ -108,6 +109,9 @@ TIMEOUT_MS_CALL_DEFAULT = 5_000
 # failed (too few replicas), where the caller's own timer would say only that it timed out.
 REPLICA_WAIT_SHARE_OF_CALL = 0.5
 CONNECTION_COUNT_MAX = 64
+# Records a scan reads in one round trip: a page of large ones stops reading once it holds
+# SCAN_PAGE_BYTES_MAX (contract), instead of having read them all.
+SCAN_READ_CHUNK_COUNT = 64
 log = logging.getLogger("cornus.storage.redis")
 
 TXN_PREFIX = "cxtxn"
@@ -604,11 +608,15 @@ class RedisStore(LogStore):
         return _record_from_hash(log, txn, fields) if fields else None
 
     async def _scan_page(self, log: LogId, limit: int, after: str) -> ScanPage:
-        return whole_page(await self._scan_records(log, limit, after), limit)
+        records, full = await self._scan_records(log, limit, after)
+        return whole_page(records, limit, cut=full)
 
-    async def _scan_records(self, log: LogId, limit: int, after: str) -> list[Record]:
+    async def _scan_records(self, log: LogId, limit: int, after: str) -> tuple[list[Record], bool]:
+        """The page's records, and whether it ended at SCAN_PAGE_BYTES_MAX. They are read
+        SCAN_READ_CHUNK_COUNT at a time, so a page of large records stops reading once full."""
         index_key = _index_key(log)
         records: list[Record] = []
+        page_bytes = PageBytes()
         start = after
         for _ in range(SCAN_ROUND_COUNT_MAX):
             wanted = limit - len(records)
@@ -620,18 +628,22 @@ class RedisStore(LogStore):
             )
             txns = [member.decode() for member in members]
             assert txns == sorted(txns) and all(txn > start for txn in txns)
-            pipe = self._client.pipeline(transaction=False)
-            for txn in txns:
-                pipe.hgetall(_record_key(log, txn))
-            rows = await pipe.execute()
-            # A record finished or deleted between the two round trips left the index after we
-            # read it: it needs no work, so it is dropped and the page refilled beyond it.
-            for txn, fields in zip(txns, rows, strict=True):
-                record = _record_from_hash(log, txn, fields) if fields else None
-                if record is not None and is_unfinished(record.state, record.applied):
-                    records.append(record)
+            for first in range(0, len(txns), SCAN_READ_CHUNK_COUNT):
+                chunk = txns[first:first + SCAN_READ_CHUNK_COUNT]
+                pipe = self._client.pipeline(transaction=False)
+                for txn in chunk:
+                    pipe.hgetall(_record_key(log, txn))
+                rows = await pipe.execute()
+                # A record finished or deleted between the two round trips left the index after
+                # we read it: it needs no work, so it is dropped and the page refilled beyond it.
+                for txn, fields in zip(chunk, rows, strict=True):
+                    record = _record_from_hash(log, txn, fields) if fields else None
+                    if record is not None and is_unfinished(record.state, record.applied):
+                        records.append(record)
+                        if page_bytes.add(record):
+                            return records, True
             if len(txns) < wanted or len(records) == limit:
-                return records
+                return records, False
             start = txns[-1]
         raise StorageUnavailable(
             f"redis scan of {log.key}: records kept finishing under it for {SCAN_ROUND_COUNT_MAX} rounds"

@@ -170,10 +170,11 @@ def call_deadline_if_set() -> float | None:
     return None if fixed is None else fixed.loop_time()
 
 
-def whole_page(records: Sequence[Record], limit: int) -> ScanPage:
+def whole_page(records: Sequence[Record], limit: int, *, cut: bool = False) -> ScanPage:
     """The page of a backend whose scan walks only unfinished records (an index): it stops short of
-    `limit` only at the log's end."""
-    return ScanPage(tuple(records), records[-1].txn if len(records) == limit else None)
+    `limit` only at the log's end, or where `cut` at SCAN_PAGE_BYTES_MAX (contract.PageBytes)."""
+    return ScanPage(tuple(records), records[-1].txn if len(records) == limit or cut else None)
+
 
 
 class DeleteRequest(NamedTuple):

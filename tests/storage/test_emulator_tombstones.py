@@ -191,9 +191,9 @@ def test_the_writer_keeps_a_coordinators_commit_never_applied_and_refuses_one_ov
             assert row[2:4] == ("COMMIT", 1), row
             assert before_ms + 5_000 <= row[5] <= after_ms + 5_000, (before_ms, row, after_ms)
         assert voted[2:4] == (VOTE_YES, 0) and voted[5] is None, voted
-        assert emulator_sql.scan_unfinished(conn, LogId.coordinator("n0"), 10, "") == [
+        assert emulator_sql.scan_unfinished(conn, LogId.coordinator("n0"), 10, "") == ([
             emulator_sql.read(conn, LogId.coordinator("n0"), "voted")
-        ]
+        ], False)
     finally:
         conn.close()
 
