@@ -32,16 +32,15 @@ and `appendfsync always`, checked at open), or on N replicas ("replicas:N": ever
 by a WAIT on its connection, and a write fewer replicas had by WAIT's timeout fails as unavailable),
 or as the server answers it ("none"). Replication is asynchronous, so WAIT is what makes a write
 survive the primary: without it a failover loses what the primary acknowledged and had not sent
-yet. A call that wrote nothing (a log_once that found a record) waits too, but what it found may
-be another node's write not yet replicated, which its WAIT need not cover (a server may move a
-connection's offset only at that connection's own writes). That node's call is not answered until
-its write is replicated, and every write this node makes after acting on it comes later in the one
-replication stream, so a replica that has this node's next write has the one it read too. A read
-of a record (a status call's, a resolve's) is answered only once the replicas have what it read:
-its script bumps a counter in the log's slot (`cxtxn:{<log>}:~read`, read by nobody), which puts
-a write of this connection after everything the read saw in the replication stream, and the WAIT
-after it covers all of that; else a status call could report an outcome (an ABORT) whose writer
-still waited for its replicas, which a failover at that moment loses. Scans (recovery) and data
+yet. A log_once that finds a record, and a read of a record (a status call's, a resolve's), are
+answered only once the replicas have what they found: what was found may be another node's write
+not yet replicated, on which this node acts without a write of its own (a Cornus coordinator's
+termination that finds every vote yes replies COMMIT; found by audit, 2026-11-28: the found path
+wrote nothing, so its WAIT covered nothing of it). Each script bumps a counter in the log's slot
+(`cxtxn:{<log>}:~read`, read by nobody), which puts a write of this connection after everything
+it saw in the replication stream, and the WAIT after it covers all of that; else a status call
+could report an outcome (an ABORT) whose writer still waited for its replicas, which a failover
+at that moment loses. Scans (recovery) and data
 reads need no such wait: what recovery does with a record it found is a write, which comes later
 in the stream, and a committed value a failover loses is applied again from its decision.
 """
@@ -143,10 +142,15 @@ local function now_ms()
 end
 """
 
-# KEYS: record, index. ARGV: txn, state, participants(json), coordinator, redo.
+# KEYS: record, index, and in durability "replicas:N" the log's read mark (found: bumped, so the
+# WAIT after it covers the record it found, as a read's does). ARGV: txn, state,
+# participants(json), coordinator, redo.
 _LOG_ONCE = _SYNC_INDEX + """
 local stored = redis.call('HGET', KEYS[1], 'state')
-if stored then return {stored, 0} end
+if stored then
+  if KEYS[3] then redis.call('INCR', KEYS[3]) end
+  return {stored, 0}
+end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'participants', ARGV[3], 'coordinator', ARGV[4],
            'redo', ARGV[5], 'applied', '0', 'created_at_ms', now_ms())
 sync_index(KEYS[1], KEYS[2], ARGV[1])
@@ -573,11 +577,11 @@ class RedisStore(LogStore):
     async def _log_once(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None
     ) -> LogOnceResult:
+        keys = [_record_key(log, txn), _index_key(log)]
+        if self._replica_count:
+            keys.append(_read_mark_key(log))
         reply = await self._run(
-            _LOG_ONCE,
-            [_record_key(log, txn), _index_key(log)],
-            [txn, state.value, json.dumps(body.participants), body.coordinator, body.redo],
-            fence,
+            _LOG_ONCE, keys, [txn, state.value, json.dumps(body.participants), body.coordinator, body.redo], fence,
         )
         stored, created = _STATES[reply[0]], reply[1] == 1
         assert stored is state or not created, "a created record holds what we wrote"

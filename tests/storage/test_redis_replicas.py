@@ -288,3 +288,37 @@ async def test_with_replicas_a_read_answers_only_what_the_replicas_have(
         finally:
             await writer.close()
             await reader.close()
+
+
+async def test_with_replicas_a_log_once_that_finds_a_record_answers_only_what_the_replicas_have(
+    services: Services, tmp_path: Path,
+) -> None:
+    """Found by audit (2026-11-28): a log_once that found a record wrote nothing, so the WAIT after
+    it covered only its connection's earlier writes, not the record it found. A Cornus
+    coordinator's termination that finds every vote yes replies COMMIT with no write of its own,
+    and a participant's retried vote that finds its own first write says yes: a failover then
+    could lose the vote the answer rested on. The found path bumps the log's read mark, as a read
+    does, so its WAIT covers what it found. (Redis often moves a connection's offset anyway, when
+    a command of it flushes propagation queued by others, so the WAIT alone fails to show it: the
+    mark is what the test checks, and then that the answer waits for the replicas.)"""
+    async with replicated(services, tmp_path) as pair:
+        writer = await _open(pair.primary_url, "none")
+        terminator = await _open(pair.primary_url, "replicas:1")
+        primary = aioredis.Redis(port=pair.primary.port)
+        mark = f"cxtxn:{{{LOG.key}}}:~read"
+        try:
+            await writer.log_once(LOG, "txn-a", TxnState.VOTE_YES, BODY)
+            await _on_replica(pair, writer, "txn-a")
+            found = await terminator.log_once(LOG, "txn-a", TxnState.ABORT, BODY)  # replicated: as before
+            assert found.state is TxnState.VOTE_YES and not found.created
+            assert await primary.get(mark) == b"1", "the found path wrote nothing for its WAIT to cover"
+            await writer.log_once(LOG, "txn-c", TxnState.VOTE_YES, BODY)  # not replicas mode: no mark
+            assert await primary.get(mark) == b"1"
+            pair.link.cutting = True
+            await writer.log_once(LOG, "txn-b", TxnState.VOTE_YES, BODY)  # on the primary only
+            with pytest.raises(StorageUnavailable, match="replica"):
+                await terminator.log_once(LOG, "txn-b", TxnState.ABORT, BODY)
+        finally:
+            await primary.aclose()
+            await writer.close()
+            await terminator.close()
