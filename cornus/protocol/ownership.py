@@ -207,6 +207,9 @@ class OwnershipMachine:
     # Releases written again after losing the compare-and-swap, in the partition's last tenure here.
     _release_retries: dict[str, int] = field(default_factory=dict)
     _reading: bool = False
+    # Partitions a write of which answered while the read in flight was out: that read may have
+    # been served before the write landed, so it says nothing of them.
+    _written_since_read: set[str] = field(default_factory=set)
     _last_read_ms: int | None = None
     _stopping: bool = False
     # Told to stop (`quiesce`), not stopped yet: it keeps what it holds, and takes nothing more.
@@ -257,6 +260,7 @@ class OwnershipMachine:
         if self._last_read_ms is None or now_ms - self._last_read_ms >= self.config.renew_interval_ms:
             self._reading = True
             self._last_read_ms = now_ms
+            self._written_since_read.clear()
             effects.append(ReadOwners(self.partitions))
         return effects
 
@@ -267,9 +271,13 @@ class OwnershipMachine:
         if records is None or self._stopping:
             return []
         effects: list[OwnershipEffect] = []
+        written, self._written_since_read = self._written_since_read, set()
         for partition in self.partitions:
-            if partition in self._writing:
-                continue  # the write's answer says more than this read, which it may have passed
+            if partition in self._writing or partition in written:
+                # The write's answer says more than this read, which it may have passed, or may
+                # have been served before (found by audit, 2026-11-28: a read that left while a
+                # take was in flight, and answered after it, dropped what the take had won).
+                continue
             record = records.get(partition)
             if partition in self.held:
                 effects += self._on_read_held(partition, record, now_ms)
@@ -282,6 +290,8 @@ class OwnershipMachine:
         partition = call.new.partition
         assert self._writing.get(partition) is call, f"an answer to a write of {partition} never asked"
         del self._writing[partition]
+        if self._reading:
+            self._written_since_read.add(partition)
         held = self.held.get(partition)
         mine = call.new.owner == self.node
         if partition in self._release_after_write:

@@ -22,6 +22,7 @@ from cornus.protocol.ownership import (
     Acquired,
     Drain,
     Lost,
+    LostReason,
     OwnershipConfig,
     OwnershipEffect,
     OwnershipMachine,
@@ -217,6 +218,13 @@ class World:
             elif isinstance(effect, Lost):
                 node.draining.discard(effect.partition)
                 self.counts["losses"] += 1
+                stored = self.records.get(effect.partition)
+                if (effect.reason is LostReason.TAKEN and stored is not None and stored.owner == node.name
+                        and stored.epoch == effect.epoch):
+                    # Found by audit (2026-11-28): a read served before the node's take landed,
+                    # answered after it, made the node drop what it had just won.
+                    raise Violation(f"{node.name} dropped {effect.partition} as taken, but storage still holds "
+                                    f"its epoch {effect.epoch}: {stored}")
             else:
                 assert isinstance(effect, Acquired)
                 epoch, _ = self.taken[effect.ownership.partition]

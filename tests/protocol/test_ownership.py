@@ -335,3 +335,26 @@ def test_a_draining_partition_admits_only_what_continues_an_execution_running_th
     assert not machine.admits_request("p0", now + 1, continues_execution=False)
     assert machine.admits_request("p0", now + 1, continues_execution=True)
     assert not machine.admits_request("p0", now + CONFIG.lease_ms + 1, continues_execution=True), "lease over"
+
+
+def test_a_read_that_left_before_a_take_answered_does_not_drop_what_the_take_won() -> None:
+    """Found by audit (2026-11-28): a read skipped only partitions with a write still in flight.
+    One that left while a take was in flight, and answered after the take, showed the record from
+    before the take, and the new holder dropped the partition as taken by another: unowned then
+    for a lease and its slack (slow storage, a cluster starting, where every node takes at once)."""
+    records: dict[str, Ownership] = {}
+    machine = OwnershipMachine("n0", {"p0": "n0"}, CONFIG)
+    (take,) = _read(machine, 0, records)
+    assert isinstance(take, WriteOwner)
+    before_take = dict(records)  # what a read served before the take landed shows
+    # The next read leaves while the take is still on its way.
+    assert any(isinstance(e, ReadOwners) for e in machine.tick(CONFIG.renew_interval_ms))
+    (acquired,) = _write(machine, CONFIG.renew_interval_ms + 5, take, records)
+    assert isinstance(acquired, Acquired)
+    # The read was served before the take landed, and answers after its answer.
+    assert machine.owners_read(CONFIG.renew_interval_ms + 6, before_take) == []
+    assert machine.holds("p0", CONFIG.renew_interval_ms + 6)
+    # The next read, which left after the take's answer, is taken at its word.
+    now = 2 * CONFIG.renew_interval_ms
+    (renew,) = _read(machine, now, records)
+    assert isinstance(renew, WriteOwner) and renew.new.owner == "n0"
