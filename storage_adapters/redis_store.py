@@ -91,7 +91,7 @@ from storage_adapters.errors import (
     StorageUnavailable,
 )
 from storage_adapters.redis_server_check import ServerCheck
-from storage_adapters.resp_pipe import SERVER_STATE_REPLIES, NotReplicated, RespAddress, RespPipe
+from storage_adapters.resp_pipe import NotReplicated, RespAddress, RespPipe, not_serving
 from storage_adapters.store import (
     DELETE_BATCH_COUNT_MAX,
     DeleteRequest,
@@ -462,8 +462,10 @@ class RedisStore(LogStore):
         address = parse_url(url)
         if "connection_class" not in address:  # plain TCP
             store._pipe = RespPipe(
-                RespAddress(address["host"], address["port"], address.get("db", 0), address.get("username"),
-                            address.get("password")),
+                # redis-py's defaults where the URL names none (found by audit: "redis://host/0",
+                # which its own pool takes, failed here with a KeyError).
+                RespAddress(address.get("host", "localhost"), address.get("port", 6379), address.get("db", 0),
+                            address.get("username"), address.get("password")),
                 timeout_ms_call, replica_count, store._timeout_ms_replica_wait if replica_count else 0,
             )
         try:
@@ -526,7 +528,7 @@ class RedisStore(LogStore):
             return StorageUnavailable(f"redis {what}: server is loading its data")
         if isinstance(error, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | OSError):
             return StorageUnavailable(f"redis {what}: {error}")
-        if isinstance(error, redis.exceptions.ResponseError) and str(error).split(" ", 1)[0] in SERVER_STATE_REPLIES:
+        if isinstance(error, redis.exceptions.ResponseError) and not_serving(str(error)):
             # redis-py's own calls: READONLY and OOM come as ResponseError subclasses there.
             return StorageUnavailable(f"redis {what}: {error}")
         return None

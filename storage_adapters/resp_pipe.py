@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,23 @@ SERVER_STATE_REPLIES = frozenset({
     "LOADING", "READONLY", "MASTERDOWN", "BUSY", "OOM", "MISCONF", "NOREPLICAS", "TRYAGAIN", "CLUSTERDOWN", "MOVED",
     "ASK",
 })
+
+
+# Before Redis 7, an error that a script's redis.call() met comes back wrapped in the script's:
+# "ERR Error running script (call to f_<sha>): @user_script:5: -READONLY You can't write ...".
+_WRAPPED_IN_SCRIPT = re.compile(r"^ERR Error running script\b.*?: -([A-Z]+)[ .]")
+
+
+def not_serving(message: str) -> bool:
+    """Whether an error reply says the server did not run the command for a state of its own
+    (SERVER_STATE_REPLIES, also wrapped in a script's error before Redis 7), or refused the
+    connection it came on (maxclients): retried later, never taken for a bug. Found by audit
+    (2026-11-28): a full Redis 6 (OOM under noeviction) or a demoted one (READONLY) answered every
+    write script so wrapped, and every node exited on it."""
+    if message.split(" ", 1)[0] in SERVER_STATE_REPLIES or message.startswith("ERR max number of clients reached"):
+        return True
+    wrapped = _WRAPPED_IN_SCRIPT.match(message)
+    return wrapped is not None and wrapped.group(1) in SERVER_STATE_REPLIES
 
 
 class ServerNotServing(redis.exceptions.ConnectionError):
@@ -304,7 +322,7 @@ class RespPipe:
             error: Exception
             if message.startswith("NOSCRIPT"):
                 error = redis.exceptions.NoScriptError(message)
-            elif message.split(" ", 1)[0] in SERVER_STATE_REPLIES:
+            elif not_serving(message):
                 error = ServerNotServing(message)
             else:
                 error = redis.exceptions.ResponseError(message)
