@@ -334,10 +334,12 @@ class OwnershipMachine:
             return []
         if result.written:
             assert result.stored == call.new
-            if mine and self._stopping and held is None and (call.expected is None
-                                                              or call.new.epoch != call.expected.epoch):
+            if mine and (self._stopping or self._quiescing) and held is None and (
+                    call.expected is None or call.new.epoch != call.expected.epoch):
                 # A take that landed after the stop: freed at once, or the record names a stopped
-                # node until its lease runs out (found by review).
+                # node until its lease runs out (found by review). After the signal too (quiesce):
+                # else the stopping node recovers it, only to release it seconds later (found by
+                # audit, 2026-11-28).
                 return [self._write(call.new, replace(call.new, owner="", version=call.new.version + 1), now_ms)]
             if not mine or self._stopping:
                 return []  # a release, or a hand-over request: nothing held changes
@@ -376,7 +378,10 @@ class OwnershipMachine:
                 return [self._write(stored, replace(stored, owner="", version=stored.version + 1), now_ms)]
             asked = call.new.wanted_by == self.node and call.new.owner not in ("", self.node)
             retries = self._ask_retries.get(partition, 0)
-            if (asked and not self._stopping and stored is not None and stored.owner not in ("", self.node)
+            # Not once told to stop (found by audit, 2026-11-28: a stopping node won the retry, and
+            # the owner drained and released the partition to a node that would not take it).
+            if (asked and not (self._stopping or self._quiescing) and stored is not None
+                    and stored.owner not in ("", self.node)
                     and stored.wanted_by == "" and retries < ASK_RETRY_COUNT_MAX):
                 # The owner renewed between our read and our ask, as it does on every read: asked
                 # again only at the next read, a loaded machine lost that race every time (found

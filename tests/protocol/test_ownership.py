@@ -358,3 +358,29 @@ def test_a_read_that_left_before_a_take_answered_does_not_drop_what_the_take_won
     now = 2 * CONFIG.renew_interval_ms
     (renew,) = _read(machine, now, records)
     assert isinstance(renew, WriteOwner) and renew.new.owner == "n0"
+
+
+def test_a_take_that_lands_after_the_node_was_told_to_stop_is_released() -> None:
+    """Found by audit (2026-11-28): only a take landing after the stop itself was released; one
+    landing after the signal (quiesce) made the stopping node recover the partition, and release it
+    seconds later, which the quiesce was meant to spare."""
+    machine = OwnershipMachine("a", {"p": "a"}, OwnershipConfig())
+    machine.tick(0)
+    (take,) = machine.owners_read(0, {})
+    machine.quiesce()
+    (release,) = machine.owner_written(2, take, OwnerWriteResult(take.new, True))
+    assert isinstance(release, WriteOwner) and release.expected == take.new and release.new.owner == ""
+    assert "p" not in machine.held
+
+
+def test_a_node_told_to_stop_does_not_ask_again_after_its_ask_lost() -> None:
+    """Found by audit (2026-11-28): an ask that lost its compare-and-swap was retried at once
+    whatever the node's state: a stopping node won it, and its owner drained and released the
+    partition to a node that would not take it (unowned then for failover_delay_ms)."""
+    records = {"p": Ownership("p", "b", 3, 7, CONFIG.lease_ms)}
+    machine = OwnershipMachine("a", {"p": "a"}, CONFIG)
+    (ask,) = _read(machine, 1_000, records)
+    assert isinstance(ask, WriteOwner) and ask.new.wanted_by == "a"
+    records["p"] = Ownership("p", "b", 3, 8, CONFIG.lease_ms)  # the owner renewed meanwhile
+    machine.quiesce()
+    assert _write(machine, 1_001, ask, records) == []
