@@ -324,7 +324,9 @@ class Node:
             return
         for partition in effect.partitions:
             epoch = self.ownership.machine.epoch(partition)
-            if epoch is None or not self.core.partition_recovered(partition):
+            # By the lease, not the epoch alone, which stays set until the next tick drops it: a
+            # "serve" line after the lease ended misled the chaos harness (found by audit).
+            if epoch is None or not self.ownership.holds(partition) or not self.core.partition_recovered(partition):
                 continue  # lost meanwhile (and maybe taken again, its new recovery not done)
             self.serving[partition] = at_unix_ms = unix_ms_of(monotonic_ms())
             log.info("ownership serve partition=%s epoch=%d node=%s at_unix_ms=%d", partition, epoch, self.node_id,
