@@ -368,6 +368,13 @@ class _Writer:
         self.selector.register(listener, selectors.EVENT_READ, None)
         self.clients: dict[socket.socket, _Client] = {}
         self.idle_since: float | None = time.monotonic()  # None while a client is connected
+        # When it last had no client that had sent a request, and whether one has since: a
+        # connection that asks nothing (a node of other code reading the hello and leaving, which
+        # it does every 50 ms while it waits for this writer to go) does not restart the idle
+        # clock (found by audit, 2026-11-28: such polls kept an old writer for ever after an
+        # upgrade, and the new nodes never started theirs).
+        self._idle_began = self.idle_since
+        self._requested = False
 
     def serve(self) -> str:
         """Serve until there is no client for IDLE_MS_MAX or the files are no longer this
@@ -403,7 +410,9 @@ class _Writer:
                 if mask & selectors.EVENT_WRITE:
                     self._send(client, b"")
                 if mask & selectors.EVENT_READ and not client.gone:
-                    requests += self._receive(client)
+                    received = self._receive(client)
+                    self._requested = self._requested or bool(received)
+                    requests += received
             self._run_all(requests)
 
     def _run_all(self, requests: list[_Request]) -> None:
@@ -553,7 +562,9 @@ class _Writer:
         client.sock.close()
         del self.clients[client.sock]
         if not self.clients:
-            self.idle_since = time.monotonic()
+            if self._requested:
+                self._idle_began, self._requested = time.monotonic(), False
+            self.idle_since = self._idle_began
 
 
 def _take_lock(path: Path) -> int | None:

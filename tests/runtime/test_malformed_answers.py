@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from cornus.protocol.events import ExecuteFailed
 from cornus.runtime.coordination import TxnAborted
 from cornus.runtime.outcome import AbortReason, OutcomeStatus
 from cornus.runtime.wire import ExecuteResponse, Op, OpKind, PeerRequest, PeerResponse
@@ -47,9 +48,22 @@ async def test_a_one_shot_whose_owner_answers_too_few_values_is_unknown_not_an_e
         assert outcome.status is OutcomeStatus.COMMITTED, outcome
         dropping = DroppingValues(cluster.network.handlers["n1"])
         cluster.network.handlers["n1"] = dropping
+        coordination = cluster.node("n0").coordination
+        fed: list[ExecuteFailed] = []
+        real_feed = coordination.feed
+
+        def feed(event: Any) -> None:
+            if isinstance(event, ExecuteFailed):
+                fed.append(event)
+            real_feed(event)
+
+        coordination.feed = feed
         outcome = await cluster.node("n0").execute(
             [Op(OpKind.GET, local), Op(OpKind.GET, remote), Op(OpKind.PUT, local, b"3")])
         assert dropping.dropped_count == 1
+        # Heard as an answer lost, not a refusal: p1 ran the request and voted (found by review,
+        # 2026-11-28: a refusal let a Cornus coordinator abort beside a yes vote in every log).
+        assert [(event.partition, event.refused) for event in fed] == [("p1", False)], fed
         # An answer lost: the machine decides. ABORT if it heard of it before every vote was in;
         # else COMMIT, with what was read on p1 lost (UNKNOWN, sent to the status call). Which one
         # depends on whether p0's vote write or p1's answer comes first: either is an outcome the

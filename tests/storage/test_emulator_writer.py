@@ -441,3 +441,27 @@ def test_a_writer_log_past_its_bound_is_started_afresh(tmp_path: Path) -> None:
 
     asyncio.run(open_and_close())
     assert log.stat().st_size < emulator_writer.WRITER_LOG_BYTES_MAX
+
+
+async def test_connections_that_ask_nothing_do_not_keep_an_idle_writer(tmp_path: Path) -> None:
+    """Found by audit (2026-11-28): every accepted connection restarted the writer's idle clock.
+    Nodes upgraded to other code refuse a writer running the old code and poll it (each connection
+    reads its hello and leaves), about every 50 ms: the old writer never saw 2 s without a client,
+    never left, and the new nodes never started one of their own. A connection that sends no
+    request now leaves the idle clock where it was."""
+    store = await EmulatorStore.open(tmp_path / "cornus.db", timeout_ms_call=TIMEOUT_MS_CALL)
+    pid = store.writer_pid
+    assert pid is not None
+    await store.close()
+    socket_path = f"{tmp_path / 'cornus.db'}{emulator_writer.SOCKET_SUFFIX}"
+    deadline_s = time.monotonic() + emulator_writer.IDLE_MS_MAX / 1000 + EXIT_WAIT_S
+    while time.monotonic() < deadline_s:
+        with contextlib.suppress(OSError):  # gone already: refused, or no socket
+            _, writer = await asyncio.open_unix_connection(socket_path)
+            writer.close()
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the writer {pid} still runs, kept by connections that asked nothing")
