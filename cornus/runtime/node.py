@@ -256,7 +256,12 @@ class Node:
         """Start no transaction here any more, and wait (at most `timeout_s`) until every one it
         coordinates is decided and acknowledged by all its participants."""
         self.coordination.closing = True
-        left = await self._wait_for_none(self.undelivered_count, timeout_s)
+        aborted = self.coordination.abort_open(self.runner.spawn)
+        if aborted:
+            log.info("node %s aborts the %d interactive transactions still open on it", self.node_id, aborted)
+        # And the open transactions' aborts, each a peer request, or the runner's stop cancels them.
+        left = await self._wait_for_none(lambda: self.undelivered_count() + self.coordination.stop_aborts_running,
+                                         timeout_s)
         if left:
             log.warning("node %s stops with %d coordinated transactions not acknowledged by every participant "
                         "(see cornus inspect before removing this node)", self.node_id, left)

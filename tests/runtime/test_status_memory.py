@@ -14,6 +14,7 @@ from cornus.protocol.config import Protocol
 from cornus.protocol.effects import Reply
 from cornus.protocol.status import kept_floor_ms, kept_window_ms
 from cornus.runtime import coordination
+from cornus.runtime.coordination import Coordination
 from cornus.runtime.outcome import OutcomeStatus, TxnWrongState
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, StatusRequest
 from storage_adapters.contract import LogId, Record, TxnState
@@ -296,7 +297,7 @@ async def test_a_vote_on_its_way_after_its_coordinator_restarted_is_never_not_kn
                 cluster.faults[node].heal()
 
 
-async def test_an_execution_whose_coordinator_restarted_is_never_not_known(tmp_path):
+async def test_an_execution_whose_coordinator_restarted_is_never_not_known(tmp_path, monkeypatch):
     """Found while moving the verdict into the core: an interactive transaction's coordinator
     restarted (its memory gone) after its operations ran on a partition and, maybe, after its
     Prepare left; no machine and no record yet, so the status call said "not known", though the
@@ -307,6 +308,8 @@ async def test_an_execution_whose_coordinator_restarted_is_never_not_known(tmp_p
         node = cluster.node("n0")
         txn = node.begin()
         await node.run_ops(txn, puts({cluster.key_in("p1", "a"): b"a"}))
+        # A crash: its memory goes, and with it the aborts a clean stop sends (abort_open).
+        monkeypatch.setattr(Coordination, "abort_open", lambda self, spawn: 0)
         await cluster.restart("n0")
         assert txn in cluster.node("n1").partitions["p1"].executions
         status = await cluster.node("n0").resolve_status(txn)
