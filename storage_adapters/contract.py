@@ -126,8 +126,8 @@ DATA_KEY_BYTES_MAX = 512
 DATA_VALUE_BYTES_MAX = 64 * 1024
 DATA_BATCH_COUNT_MAX = 1024
 SCAN_PAGE_COUNT_MAX = 1000
-# Bytes of records one scan page holds (`record_bytes`): it ends after the record that passes
-# this (one at least, so a scan always moves), and the next page resumes after it. A page of
+# Bytes of records one scan page holds, one record more at most (PageBytes): it ends after the
+# record that passes this (one at least, so a scan always moves), and the next resumes after it. A page of
 # SCAN_PAGE_COUNT_MAX large votes held about 128 MiB at once, and a node recovers its partitions
 # side by side (found by audit, 2026-11-27).
 SCAN_PAGE_BYTES_MAX = 16 * 1024 * 1024

@@ -372,7 +372,9 @@ class _Writer:
         # connection that asks nothing (a node of other code reading the hello and leaving, which
         # it does every 50 ms while it waits for this writer to go) does not restart the idle
         # clock (found by audit, 2026-11-28: such polls kept an old writer for ever after an
-        # upgrade, and the new nodes never started theirs).
+        # upgrade, and the new nodes never started theirs). A writer of code from before this
+        # still restarts it: nodes upgraded from such code need its writer gone first (every
+        # node of the file stopped, or the writer's pid, which the refusal names, ended).
         self._idle_began = self.idle_since
         self._requested = False
 

@@ -102,6 +102,10 @@ from storage_adapters.store import (
 )
 
 TIMEOUT_MS_CALL_DEFAULT = 5_000
+# redis-py's classes of the server states resp_pipe.SERVER_STATE_REPLIES names (LOADING is a
+# ConnectionError there, handled with those).
+_NOT_SERVING_ERRORS = (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError,
+                       redis.exceptions.MasterDownError, redis.exceptions.TryAgainError)
 # WAIT's timeout (durability "replicas:N"), as a share of the call's deadline: Redis holds a
 # connection's later commands while its WAIT waits, so a call that queued behind one still has the
 # rest of its deadline for its own write and WAIT; and a WAIT that ends first says why the call
@@ -528,9 +532,13 @@ class RedisStore(LogStore):
             return StorageUnavailable(f"redis {what}: server is loading its data")
         if isinstance(error, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | OSError):
             return StorageUnavailable(f"redis {what}: {error}")
-        if isinstance(error, redis.exceptions.ResponseError) and not_serving(str(error)):
-            # redis-py's own calls: READONLY and OOM come as ResponseError subclasses there.
-            return StorageUnavailable(f"redis {what}: {error}")
+        if isinstance(error, _NOT_SERVING_ERRORS) or (
+                isinstance(error, redis.exceptions.ResponseError) and not_serving(str(error))):
+            # redis-py's own calls (TLS and unix-socket stores run every script through them): it
+            # turns READONLY, OOM, MASTERDOWN and TRYAGAIN into classes of their own, with the code
+            # cut from the message, and cuts "ERR " from a script's error around one of them (found
+            # by review: the message alone said nothing, and such a store's node exited on them).
+            return StorageUnavailable(f"redis {what}: {type(error).__name__}: {error}")
         return None
 
     async def _run(self, source: str, keys: list[str], args: list[Any], fence: Fence | None) -> Any:
@@ -619,7 +627,8 @@ class RedisStore(LogStore):
 
     async def _scan_records(self, log: LogId, limit: int, after: str) -> tuple[list[Record], bool]:
         """The page's records, and whether it ended at SCAN_PAGE_BYTES_MAX. They are read
-        SCAN_READ_CHUNK_COUNT at a time, so a page of large records stops reading once full."""
+        SCAN_READ_CHUNK_COUNT at a time, so a page of large records stops reading with the chunk in which
+        it fills (at most a chunk's worth past the bound held at once)."""
         index_key = _index_key(log)
         records: list[Record] = []
         page_bytes = PageBytes()

@@ -53,7 +53,8 @@ SERVER_STATE_REPLIES = frozenset({
 
 # Before Redis 7, an error that a script's redis.call() met comes back wrapped in the script's:
 # "ERR Error running script (call to f_<sha>): @user_script:5: -READONLY You can't write ...".
-_WRAPPED_IN_SCRIPT = re.compile(r"^ERR Error running script\b.*?: -([A-Z]+)[ .]")
+# (redis-py cuts the "ERR ", so it is optional.)
+_WRAPPED_IN_SCRIPT = re.compile(r"^(?:ERR )?Error running script\b.*?: -([A-Z]+)[ .]")
 
 
 def not_serving(message: str) -> bool:

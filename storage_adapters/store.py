@@ -176,7 +176,6 @@ def whole_page(records: Sequence[Record], limit: int, *, cut: bool = False) -> S
     return ScanPage(tuple(records), records[-1].txn if len(records) == limit or cut else None)
 
 
-
 class DeleteRequest(NamedTuple):
     """One caller's `delete`, validated, as a backend's `_delete_many` gets it in a batch."""
 

@@ -191,6 +191,15 @@ class _Watch:
     since_ms: int
 
 
+def _served_before(record: Ownership | None, held: _Held | None) -> bool:
+    """Whether a read's `record` of a partition whose write answered while the read was out was
+    served before that write landed: older than what this node holds by it, or, for one it does
+    not hold (a take, ask or release that did not win), taken as such (the next read tells)."""
+    if held is None or record is None:
+        return True
+    return (record.epoch, record.version) < (held.record.epoch, held.record.version)
+
+
 @dataclass(slots=True)
 class OwnershipMachine:
     node: str
@@ -273,12 +282,15 @@ class OwnershipMachine:
         effects: list[OwnershipEffect] = []
         written, self._written_since_read = self._written_since_read, set()
         for partition in self.partitions:
-            if partition in self._writing or partition in written:
-                # The write's answer says more than this read, which it may have passed, or may
-                # have been served before (found by audit, 2026-11-28: a read that left while a
-                # take was in flight, and answered after it, dropped what the take had won).
-                continue
+            if partition in self._writing:
+                continue  # the write's answer says more than this read, which it may have passed
             record = records.get(partition)
+            if partition in written and _served_before(record, self.held.get(partition)):
+                # Served before a write of ours that answered while it was out (found by audit,
+                # 2026-11-28: a read that left while a take was in flight, and answered after it,
+                # dropped what the take had won). One served after is taken at its word, and
+                # renews as any read does.
+                continue
             if partition in self.held:
                 effects += self._on_read_held(partition, record, now_ms)
             else:

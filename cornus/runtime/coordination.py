@@ -48,8 +48,17 @@ from cornus.runtime.outcome import (
 )
 from cornus.runtime.timing import TimingLog, TxnTiming
 from cornus.runtime.transport import PeerUnavailable, RequestTooLarge, Transport
-from cornus.runtime.wire import ExecuteRequest, ExecuteResponse, ExecuteStatus, Op, OpKind, PeerResponse, validate_op
-from storage_adapters.contract import TxnState
+from cornus.runtime.wire import (
+    READ_VALUE_OVERHEAD_BYTES,
+    ExecuteRequest,
+    ExecuteResponse,
+    ExecuteStatus,
+    Op,
+    OpKind,
+    PeerResponse,
+    validate_op,
+)
+from storage_adapters.contract import DATA_VALUE_BYTES_MAX, TxnState
 from storage_adapters.errors import StorageUnavailable, ValidationError
 
 log = logging.getLogger("cornus.node")
@@ -72,9 +81,10 @@ WRITE_HELD_ENTRY_BYTES = 100
 TIMEOUT_MS_COMMIT = 10_000
 # What one one-shot may read over all its partitions (READ_BYTES_MAX counts it): its values come
 # back in its reply, after its commit, so each partition is held to a share of it before it votes
-# (`_read_shares`). Found by audit (2026-11-27): only each partition's share was bounded, and a
-# one-shot over 256 partitions could make its coordinator hold, and its reply carry, 2 GiB. As
-# much as an interactive read's reply (services/api/rest.py READ_REPLY_VALUE_BYTES_MAX).
+# (`_read_shares`). Found by audit (2026-11-27): only what one partition answers was bounded
+# (READ_BYTES_MAX), and a one-shot over 256 partitions could make its coordinator hold, and its
+# reply carry, 2 GiB. As much as an interactive read's reply (services/api/rest.py
+# READ_REPLY_VALUE_BYTES_MAX). Owners older than ExecuteRequest.read_bytes_max ignore the share.
 ONE_SHOT_READ_BYTES_MAX = 16 * 1024 * 1024
 # The errors the APIs answer as refusals that changed nothing (REST's 400, 404, 409 and 503, and
 # gRPC's codes for them): none may reach a caller once a commit's prepare has left.
@@ -884,7 +894,10 @@ def _read_shares(by_partition: Mapping[str, Sequence[Op]], read_bytes_max: int) 
     reading = [partition for partition, ops in by_partition.items() if any(op.kind is OpKind.GET for op in ops)]
     if not read_bytes_max or len(reading) < 2:
         return {}
-    return dict.fromkeys(reading, max(1, read_bytes_max // len(reading)))
+    # One value of the largest size always fits (found by review: over 256 partitions the share
+    # was under one, and a one-shot reading a single large value there was refused).
+    return dict.fromkeys(reading, max(DATA_VALUE_BYTES_MAX + READ_VALUE_OVERHEAD_BYTES,
+                                      read_bytes_max // len(reading)))
 
 
 def _answer_checked(request: ExecuteRequest, response: ExecuteResponse) -> ExecuteResponse:

@@ -253,8 +253,9 @@ class Node:
         return sum(machine.phase in _UNDELIVERED for machine in self.core.coordinator.machines.values())
 
     async def _deliver_decisions(self, timeout_s: float) -> None:
-        """Start no transaction here any more, and wait (at most `timeout_s`) until every one it
-        coordinates is decided and acknowledged by all its participants."""
+        """Start no transaction here any more, abort the interactive ones still open
+        (Coordination.abort_open), and wait (at most `timeout_s`) until those aborts are done and
+        every transaction it coordinates is decided and acknowledged by all its participants."""
         self.coordination.closing = True
         aborted = self.coordination.abort_open(self.runner.spawn)
         if aborted:
@@ -263,7 +264,8 @@ class Node:
         left = await self._wait_for_none(lambda: self.undelivered_count() + self.coordination.stop_aborts_running,
                                          timeout_s)
         if left:
-            log.warning("node %s stops with %d coordinated transactions not acknowledged by every participant "
+            log.warning("node %s stops with %d coordinated transactions not acknowledged by every participant, "
+                        "or open ones not aborted yet "
                         "(see cornus inspect before removing this node)", self.node_id, left)
 
     async def _wait_for_none(self, count: Callable[[], int], timeout_s: float) -> int:

@@ -175,8 +175,9 @@ class PartitionRuntime:
     def _refuse_reads_too_large(
         self, request: ExecuteRequest, execution: Execution[bytes], read_bytes: int,
     ) -> ExecuteResponse:
-        """Refuse a request whose answer would not fit a peer message (READ_BYTES_MAX), before it
-        wrote or voted, as the core's rule has it (PartitionExecutions.refuse_after_begin)."""
+        """Refuse a request whose answer would not fit a peer message (READ_BYTES_MAX), or that
+        reads past the share of a one-shot's whole it carries (ExecuteRequest.read_bytes_max),
+        before it wrote or voted, as the core's rule has it (PartitionExecutions.refuse_after_begin)."""
         status, granted = self.state.refuse_after_begin(
             request.txn, execution, carries_prepare=bool(request.participants), continued=request.continued)
         self._wake(granted, Grant.GRANTED)

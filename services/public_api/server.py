@@ -510,7 +510,8 @@ def _check_reply_fits(keys: list[str], values: list[bytes | None]) -> None:
     """ValidationError if the values read under `keys` would not fit a reply (MESSAGE_BYTES_MAX):
     grpc would fail to send it after the work was done, with a code that public.proto calls a
     refusal before any work (found by audit: a one-shot so refused had committed, and its retry
-    committed again). Each partition's share is bounded by READ_BYTES_MAX; the whole is not."""
+    committed again). The owners hold each partition's share to READ_BYTES_MAX and a one-shot's
+    whole to ONE_SHOT_READ_BYTES_MAX, which is this reply's limit too, but for its keys and framing."""
     size = REPLY_MARGIN_BYTES + sum(
         len(key) + REPLY_VALUE_OVERHEAD_BYTES + (0 if value is None else len(value))
         for key, value in zip(keys, values, strict=True)

@@ -20,30 +20,34 @@ from tests.runtime.faults import local_cluster
 
 pytestmark = pytest.mark.timeout(60)
 
-VALUE_BYTES = 50 * 1024
-# Two partitions' reads fit (a share of 60 KiB each), three do not (40 KiB each).
-BUDGET_BYTES = 120 * 1024
+VALUE_BYTES = 40 * 1024
+KEYS_PER_PARTITION = 2  # 80 KiB read on each: more than one value of the largest size, which always fits
+# Two partitions' reads fit (a share of 100 KiB each), three do not (about 67 KiB each).
+BUDGET_BYTES = 200 * 1024
 
 
 async def test_a_one_shot_reading_more_than_its_budget_is_refused_and_commits_nothing(tmp_path, monkeypatch):
     async with local_cluster(tmp_path, node_count=3, partition_count=3) as cluster:
         node = cluster.node("n0")
-        keys = [cluster.key_in(f"p{index}", "big") for index in range(3)]
-        for key in keys:
-            written = await node.execute([Op(OpKind.PUT, key, b"x" * VALUE_BYTES)])
+        keys = {index: [cluster.key_in(f"p{index}", f"big{number}") for number in range(KEYS_PER_PARTITION)]
+                for index in range(3)}
+        for partition_keys in keys.values():
+            written = await node.execute([Op(OpKind.PUT, key, b"x" * VALUE_BYTES) for key in partition_keys])
             assert written.status is OutcomeStatus.COMMITTED, written
         target = cluster.key_in("p1", "target")
         monkeypatch.setattr(coordination, "ONE_SHOT_READ_BYTES_MAX", BUDGET_BYTES)
 
-        reads = [Op(OpKind.GET, key) for key in keys]
-        for ops in (reads, [*reads, Op(OpKind.PUT, target, b"never")]):  # read-only, then with a write
+        def reads(*partitions: int) -> list[Op]:
+            return [Op(OpKind.GET, key) for index in partitions for key in keys[index]]
+
+        for ops in (reads(0, 1, 2), [*reads(0, 1, 2), Op(OpKind.PUT, target, b"never")]):  # read-only, then a write
             with pytest.raises(ValidationError, match="read fewer keys"):
                 await node.execute(ops)
         check = await node.execute([Op(OpKind.GET, target)])
         assert dict(check.reads) == {target: None}, "a refused one-shot wrote"
 
         # Within the budget, as before: two partitions' reads, with a write and without.
-        for ops in (reads[:2], [*reads[:2], Op(OpKind.PUT, target, b"yes")]):
+        for ops in (reads(0, 1), [*reads(0, 1), Op(OpKind.PUT, target, b"yes")]):
             fits = await node.execute(ops)
             assert fits.status is OutcomeStatus.COMMITTED, fits
-            assert [len(value or b"") for _, value in fits.reads] == [VALUE_BYTES, VALUE_BYTES]
+            assert [len(value or b"") for _, value in fits.reads] == [VALUE_BYTES] * 4

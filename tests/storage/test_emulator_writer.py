@@ -29,7 +29,7 @@ from storage_adapters import emulator, emulator_writer
 from storage_adapters.contract import LogId, LogOnceResult, RecordBody, TxnState
 from storage_adapters.emulator import EmulatorStore
 from storage_adapters.errors import StorageUnavailable
-from tests.storage.writer_helpers import EXIT_WAIT_S, wait_gone, writers_of
+from tests.storage.writer_helpers import EXIT_WAIT_S, alive, wait_gone, writers_of
 
 TIMEOUT_MS_CALL = 1_000
 # What a deadline may overrun by on a loaded 2-core machine; a hang would blow far past it.
@@ -459,9 +459,7 @@ async def test_connections_that_ask_nothing_do_not_keep_an_idle_writer(tmp_path:
         with contextlib.suppress(OSError):  # gone already: refused, or no socket
             _, writer = await asyncio.open_unix_connection(socket_path)
             writer.close()
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not alive(pid):
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"the writer {pid} still runs, kept by connections that asked nothing")

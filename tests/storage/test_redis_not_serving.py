@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from redis._parsers.base import BaseParser
 
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.redis_store import RedisStore
 from storage_adapters.resp_pipe import RespAddress, RespPipe, ServerNotServing, not_serving
+from tests.conftest import Services
 
 TIMEOUT_MS = 5_000
 
@@ -75,4 +77,25 @@ async def test_a_url_without_a_port_means_redis_s_default_port() -> None:
     except StorageUnavailable as error:
         assert "6379" in str(error) or "onnect" in str(error), error
     else:
+        await store.close()
+
+
+@pytest.mark.parametrize("message", [
+    "READONLY You can't write against a read only replica.",
+    "OOM command not allowed when used memory > 'maxmemory'.",
+    "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+    "ERR Error running script (call to f_8ea5bb3c): @user_script:5: -READONLY You can't write against a read only "
+    "replica.",
+    "NOREPLICAS Not enough good replicas to write.",
+    "ERR max number of clients reached",
+])
+async def test_a_server_state_through_redis_py_is_unavailable(message: str, services: Services) -> None:
+    """TLS (rediss://) and unix-socket stores run every script through redis-py, which makes its
+    own exceptions of these replies, the code cut from their message (found by review: the
+    message alone said nothing, and such a store's node exited on a full or demoted Redis)."""
+    store = await RedisStore.open(services.redis_url, timeout_ms_call=TIMEOUT_MS)
+    try:
+        mapped = store._storage_error(BaseParser.parse_error(message), "test")
+        assert isinstance(mapped, StorageUnavailable), (message, mapped)
+    finally:
         await store.close()

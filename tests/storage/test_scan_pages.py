@@ -87,7 +87,8 @@ async def test_a_page_holds_a_bounded_number_of_bytes_and_the_next_resumes_after
     """Found by audit (2026-11-27): a page held up to SCAN_PAGE_COUNT_MAX records whatever their
     size, about 128 MiB of large redo records at once (175 MB on Azure), and a node recovers its
     partitions side by side. With a bound of one byte each page holds one record; the scan still
-    returns each once, in order. (DynamoDB's pages are bounded by its own 1 MB per response.)"""
+    returns each once, in order. (DynamoDB's are bounded by its own responses: SCAN_QUERY_PAGE_COUNT_MAX
+    of 1 MB at most.)"""
     monkeypatch.setattr(contract, "SCAN_PAGE_BYTES_MAX", 1)
     monkeypatch.setattr(azure_blob, "SCAN_PAGE_BYTES_MAX", 1)
     log = LogId.partition(ns)
