@@ -84,7 +84,9 @@ TIMEOUT_MS_COMMIT = 10_000
 # (`_read_shares`). Found by audit (2026-11-27): only what one partition answers was bounded
 # (READ_BYTES_MAX), and a one-shot over 256 partitions could make its coordinator hold, and its
 # reply carry, 2 GiB. As much as an interactive read's reply (services/api/rest.py
-# READ_REPLY_VALUE_BYTES_MAX). Owners older than ExecuteRequest.read_bytes_max ignore the share.
+# READ_REPLY_VALUE_BYTES_MAX); each share is one value of the largest size at least, so over 256
+# partitions the whole is 16.8 MB at most. Owners older than ExecuteRequest.read_bytes_max ignore
+# the share.
 ONE_SHOT_READ_BYTES_MAX = 16 * 1024 * 1024
 # The errors the APIs answer as refusals that changed nothing (REST's 400, 404, 409 and 503, and
 # gRPC's codes for them): none may reach a caller once a commit's prepare has left.

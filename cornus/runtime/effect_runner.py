@@ -128,7 +128,7 @@ class EffectRunner:
         # call on Python 3.11, and every storage call and timer of a transaction needs the loop. A
         # runner belongs to one node, which runs on one loop.
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Each timer with the suspend watch's offset when it started (catch_up_after_suspend).
+        # Each timer with the clocks' offset when it started (catch_up_after_suspend).
         self._timers: dict[Timer, tuple[asyncio.TimerHandle, int]] = {}
         # The clocks' offset (cornus.runtime.clocks) as of the last suspend caught up on. Read on
         # every event the node takes in: written out where it is read, with no call of its own.
