@@ -828,6 +828,13 @@ class Coordination:
                 continue  # committing (its machine holds the executions now) or over
             if ctx.busy:
                 pass  # an operation in flight: the sweep after it ends decides
+            elif ctx.prepare_left:
+                if now - ctx.last_active_s > idle_s:
+                    # Its prepares may have left (something raised between them and its commit):
+                    # termination may commit it, so it is in doubt, never aborted without the
+                    # logs (found by audit, 2026-11-28); the status call reads them.
+                    self._unknown(ctx, "its prepare may have left before its commit failed; ask status")
+                continue
             elif ctx.dropped_on is not None or now - ctx.last_active_s > idle_s:
                 # Decided now, not when the abort's task first runs: a commit or operation that
                 # runs in between must find the transaction over, or its prepares would go out

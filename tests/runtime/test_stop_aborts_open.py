@@ -9,6 +9,8 @@ on every rolling restart.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from cornus.runtime.outcome import OutcomeStatus
@@ -16,6 +18,8 @@ from cornus.runtime.wire import Op, OpKind
 from tests.runtime.faults import local_cluster
 
 pytestmark = pytest.mark.timeout(60)
+
+SETTLE_POLL_COUNT = 20
 
 
 async def test_a_stopping_node_aborts_its_open_transactions_and_frees_their_locks(tmp_path):
@@ -30,3 +34,29 @@ async def test_a_stopping_node_aborts_its_open_transactions_and_frees_their_lock
         assert txn not in n1.partitions["p1"].executions, "the stopped node's transaction still holds its lock"
         outcome = await n1.execute([Op(OpKind.PUT, key, b"mine")])
         assert outcome.status is OutcomeStatus.COMMITTED, outcome
+
+
+async def test_an_open_entry_whose_prepare_may_have_left_is_never_idled_out_as_aborted(tmp_path, monkeypatch):
+    """Found by audit (2026-11-28): a one-shot whose requests (carrying its prepare) were queued
+    when something unexpected raised before its commit began stayed ACTIVE with its prepares
+    out; the idle sweep then recorded it ABORTED without the logs, though every request may have
+    left and termination commit it. It is in doubt: the status call reads the logs."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        node = cluster.node("n0")
+        coordination = node.coordination
+
+        def broken_flush() -> None:
+            raise RuntimeError("an unexpected failure after the requests were queued")
+
+        monkeypatch.setattr(coordination.transport, "flush", broken_flush)
+        ops = [Op(OpKind.PUT, cluster.key_in("p0"), b"1"), Op(OpKind.PUT, cluster.key_in("p1"), b"2")]
+        with pytest.raises(RuntimeError):
+            await node.execute(ops)
+        monkeypatch.undo()
+        (txn,) = [txn for txn, ctx in coordination.txns.items() if ctx.prepare_left]
+        coordination.txns[txn].last_active_s -= 3_600  # idle for an hour
+        coordination.sweep_idle(node.runner.spawn)
+        for _ in range(SETTLE_POLL_COUNT):  # what the sweep spawned runs its course
+            await asyncio.sleep(0.01)
+        known = coordination.known(txn)
+        assert known is not None and known.status is OutcomeStatus.UNKNOWN, known
