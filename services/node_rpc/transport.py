@@ -671,11 +671,9 @@ class _PeerLink:
         reason = "connection ended"
         try:
             async with asyncio.timeout(self.limits.connect_timeout_ms / 1000):
-                if self.tls is None:
-                    await loop.create_connection(lambda: connection, host, port)
-                else:
-                    await loop.create_connection(lambda: connection, host, port, ssl=self.tls.client,
-                                                 server_hostname=host)
+                tls = self.tls
+                await loop.create_connection(lambda: connection, host, port, ssl=tls.client if tls else None,
+                                             server_hostname=host if tls else None)
                 connection.write_frames([self._hello])
                 await asyncio.wait((hello, connection.lost), return_when=asyncio.FIRST_COMPLETED)
             if not hello.done():
@@ -905,13 +903,11 @@ class PeerTransport(Transport):
 
         # reuse_port stays off: a second node started on the same port must fail, not share it.
         try:
-            if self.tls is None:
-                self._server = await self._loop.create_server(accept, host, port, reuse_port=False)
-            else:
-                # A handshake that does not finish in time ends as one that sends no hello.
-                self._server = await self._loop.create_server(
-                    accept, host, port, reuse_port=False, ssl=self.tls.server,
-                    ssl_handshake_timeout=self.limits.connect_timeout_ms / 1000)
+            # With TLS, a handshake that does not finish in time ends as one that sends no hello.
+            tls = self.tls
+            self._server = await self._loop.create_server(
+                accept, host, port, reuse_port=False, ssl=tls.server if tls else None,
+                ssl_handshake_timeout=self.limits.connect_timeout_ms / 1000 if tls else None)
         except OSError as error:
             raise ListenFailed(f"cannot listen on {self.listen_address} for peers ({error})") from error
         self.bound_port = self._server.sockets[0].getsockname()[1]
