@@ -255,6 +255,10 @@ class RespPipe:
                 opening.cancel()
                 raise TimeoutError(f"no connection within {self.timeout_ms_connect} ms")
             protocol = opening.result()
+            if self._closed:
+                # Closed while it connected: close() saw no connection to close (found by audit,
+                # 2026-11-28: this one stayed open for the process's life). Ended below.
+                raise redis.exceptions.ConnectionError("store is closed")
         except BaseException as error:
             # A refused AUTH or SELECT too: the connection is not usable, whatever the reply.
             failure = (error if isinstance(error, redis.exceptions.ConnectionError)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis.exceptions
 from redis._parsers.base import BaseParser
 
 from storage_adapters.errors import StorageUnavailable
@@ -99,3 +100,32 @@ async def test_a_server_state_through_redis_py_is_unavailable(message: str, serv
         assert isinstance(mapped, StorageUnavailable), (message, mapped)
     finally:
         await store.close()
+
+
+async def test_a_pipe_closed_while_it_connects_keeps_no_connection() -> None:
+    """Found by audit (2026-11-28): a connection that completed after close() had run was kept as
+    the pipe's, open for as long as the process lived, and the call that started it was sent on
+    it. A real socket server counts the connections it still holds."""
+    open_count = 0
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_count
+        open_count += 1
+        while await reader.read(1 << 16):
+            pass  # whatever the client sends, unanswered, until it closes
+        open_count -= 1
+        writer.close()
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    pipe = RespPipe(RespAddress("127.0.0.1", server.sockets[0].getsockname()[1]), TIMEOUT_MS)
+    try:
+        call = asyncio.create_task(pipe.evalsha("0" * 40, "return 1", [], [], TIMEOUT_MS / 1000))
+        await asyncio.sleep(0)  # the call begins to connect
+        await pipe.close()
+        with pytest.raises(redis.exceptions.ConnectionError, match="closed"):
+            await call
+        async with asyncio.timeout(TIMEOUT_MS / 1000):
+            while open_count:  # noqa: ASYNC110 (a plain counter of the server's, polled)
+                await asyncio.sleep(0.01)
+    finally:
+        server.close()
