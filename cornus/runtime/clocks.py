@@ -4,7 +4,7 @@ resumed from one found its lease still good long after another node had taken it
 and ran its expired timers as their owner).
 
 How long a suspend was, for what runs on the event loop's clock (which stops too) to catch up
-(EffectRunner.catch_up_after_suspend): `boot_ns() - time.monotonic_ns()`, the offset of this
+(timers.TimerTable.catch_up_after_suspend): `boot_ns() - time.monotonic_ns()`, the offset of this
 clock from CLOCK_MONOTONIC. Both run at the same rate otherwise (both are slewed by NTP, neither
 is stepped), so the offset moves only across a suspend, by its length."""
 

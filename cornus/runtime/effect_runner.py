@@ -1,9 +1,10 @@
 """Carries out the core's effects on one node: storage calls (their answers come back as events),
 messages to peers, timers, locks and the owner's cache, replies to callers, and the timing marks.
 It decides nothing: every rule is in `cornus.protocol`; this maps each effect to one action.
-It is a little over 450 lines because a storage call's gates (the partition's lease, the node's
-identity window, the fence) sit with the call they gate: each is a call into ownership.py or
-identity.py, and the call's task is where its deadline is fixed.
+The timers themselves are timers.py's. It is a little over 450 lines because a storage call's
+gates (the partition's lease, the node's identity window, the fence) sit with the call they gate:
+each is a call into ownership.py or identity.py, and the call's task is where its deadline is
+fixed.
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ from cornus.protocol.events import (
 )
 from cornus.protocol.messages import DecisionAck
 from cornus.protocol.ownership import fenced_partition, without_lease_may
-from cornus.runtime import clocks, identity
+from cornus.runtime import identity
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.partition import PartitionRuntime
+from cornus.runtime.timers import TimerTable
 from cornus.runtime.timing import TimingLog
 from cornus.runtime.transport import Transport
 from cornus.runtime.wire import Routed
@@ -128,11 +130,8 @@ class EffectRunner:
         # call on Python 3.11, and every storage call and timer of a transaction needs the loop. A
         # runner belongs to one node, which runs on one loop.
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Each timer with the clocks' offset when it started (catch_up_after_suspend).
-        self._timers: dict[Timer, tuple[asyncio.TimerHandle, int]] = {}
-        # The clocks' offset (cornus.runtime.clocks) as of the last suspend caught up on. Read on
-        # every event the node takes in: written out where it is read, with no call of its own.
-        self._suspend_seen_ns = clocks.boot_ns() - time.monotonic_ns()
+        # Through the attribute, so that a test's stand-in for _fire is the one called.
+        self.timers = TimerTable(lambda timer: self._fire(timer), counters)  # noqa: PLW0108
         self._tasks: dict[asyncio.Task[None], _Flight] = {}  # task -> whose call it is
         # (where, txn) -> when its termination protocol began (perf_counter seconds).
         self._terminating: dict[tuple[str, str], float] = {}
@@ -194,20 +193,10 @@ class EffectRunner:
         self._track(self._running_loop().create_task(self._call(effect, flight)), flight)
 
     def _start_timer(self, effect: StartTimer) -> None:
-        old = self._timers.pop(effect.timer, None)
-        if old is not None:
-            old[0].cancel()
-        timer = effect.timer
-        # With the offset now: a suspend before it, not seen yet (one in the middle of an effect
-        # list), must not move it earlier. Not caught up here: the timers that suspend made
-        # overdue would fire in the middle of the list, between one step's effects.
-        self._timers[timer] = (self._running_loop().call_later(effect.duration_ms / 1000, self._fire, timer),
-                               clocks.boot_ns() - time.monotonic_ns())
+        self.timers.start(self._running_loop(), effect.timer, effect.duration_ms)
 
     def _cancel_timer(self, effect: CancelTimer) -> None:
-        entry = self._timers.pop(effect.timer, None)
-        if entry is not None:
-            entry[0].cancel()
+        self.timers.cancel(effect.timer)
 
     def _release_locks(self, effect: ReleaseLocks) -> None:
         partition = self.partitions[effect.partition]
@@ -379,45 +368,11 @@ class EffectRunner:
 
     # -- timers, tasks, timing -------------------------------------------------------------------
     def catch_up_after_suspend(self) -> None:
-        """Timers run on the event loop's clock, which stops while the machine is suspended; the
-        protocol's windows are real time. After a suspend (cornus.runtime.clocks), every timer is
-        moved earlier by its length, and those it made overdue fire now, in the order they were
-        due: before whatever event comes next, as they would have without the suspend. Found by
-        audit (2026-11-27): a coordinator-log coordinator resumed from a suspend heard its redo
-        write answered before its 200 ms window (REDO_DURABLE_MS_MAX) ran out on the loop's
-        clock, and committed a redo that had landed long after it in real time. The node calls
-        this before every event it feeds its core or its partitions.
-
-        A timer moves by the part of the suspend that came after it started (by the offset it
-        started with): one started after a suspend not yet seen (in the middle of an effect list),
-        or between two, keeps the time it was given."""
-        offset_ns = clocks.boot_ns() - time.monotonic_ns()
-        if offset_ns - self._suspend_seen_ns < clocks.SUSPEND_NS_MIN:
-            return
-        seen_ns, self._suspend_seen_ns = self._suspend_seen_ns, offset_ns
-        self.counters["suspends_caught_up"] += 1
-        loop = self._running_loop()
-        now_s = loop.time()
-        overdue: list[tuple[float, Timer, tuple[asyncio.TimerHandle, int]]] = []
-        for timer, entry in list(self._timers.items()):
-            handle, started_ns = entry
-            moved_ns = offset_ns - max(started_ns, seen_ns)
-            if moved_ns < clocks.SUSPEND_NS_MIN:
-                continue  # it started after the suspend
-            handle.cancel()
-            due_s = handle.when() - moved_ns / 1e9
-            if due_s <= now_s:
-                overdue.append((due_s, timer, entry))  # left in place, cancelled, until it fires below
-            else:
-                self._timers[timer] = (loop.call_at(due_s, self._fire, timer), offset_ns)
-        overdue.sort(key=lambda item: item[0])
-        for _, timer, entry in overdue:
-            # Unless what fired before it cancelled or restarted it (its entry is gone or new).
-            if self._timers.get(timer) is entry:
-                self._fire(timer)
+        """The timers a suspend made overdue fire now (timers.TimerTable): the node calls this
+        before every event it feeds its core or its partitions."""
+        self.timers.catch_up_after_suspend(self._running_loop())
 
     def _fire(self, timer: Timer) -> None:
-        self._timers.pop(timer, None)
         if self.stopped:
             return
         if not self.may_act(timer.owner):
@@ -467,8 +422,7 @@ class EffectRunner:
         owner's write is not cancelled but left to finish unanswered: once sent it may land or be
         refused either way, and a refusal is what tells the node it was deposed."""
         assert "" not in owners, "the empty name is _UNOWNED's, no host's"
-        for timer in [timer for timer in self._timers if timer.owner in owners]:
-            self._timers.pop(timer)[0].cancel()
+        self.timers.cancel_owned(owners)
         for task, flight in list(self._tasks.items()):
             if flight.owner in owners:
                 flight.dropped = True
@@ -482,9 +436,7 @@ class EffectRunner:
 
     async def stop(self) -> None:
         self.stopped = True
-        for handle, _ in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self.timers.clear()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

@@ -309,10 +309,10 @@ async def test_a_suspend_fires_the_timers_it_made_overdue_in_order_and_moves_the
     suspends.suspend(1_000)
     harness.runner.catch_up_after_suspend()
     assert harness.fed == [TimerFired(_timer("early")), TimerFired(_timer("late"))]
-    handle, _ = harness.runner._timers[_timer("long")]
+    handle = harness.runner.timers.handle(_timer("long"))
     assert 58.5 < handle.when() - asyncio.get_running_loop().time() <= 59.0  # a second earlier
     harness.runner.catch_up_after_suspend()  # seen already: nothing moves again
-    assert len(harness.fed) == 2 and harness.runner._timers[_timer("long")][0] is handle
+    assert len(harness.fed) == 2 and harness.runner.timers.handle(_timer("long")) is handle
     assert harness.runner.counters["suspends_caught_up"] == 1
 
 
@@ -330,7 +330,7 @@ async def test_a_timer_started_after_a_suspend_not_yet_seen_keeps_its_time(
     suspends.suspend(1_000)
     harness.runner.catch_up_after_suspend()
     assert harness.fed == [TimerFired(_timer("before"))]  # 2 s of suspend against its 1.5 s
-    handle, _ = harness.runner._timers[_timer("after")]
+    handle = harness.runner.timers.handle(_timer("after"))
     # Moved by the second suspend only: about 0.5 s left of its 1.5 s.
     assert 0.2 < handle.when() - asyncio.get_running_loop().time() <= 0.5
 
@@ -350,4 +350,4 @@ async def test_a_timer_an_earlier_one_cancels_as_it_fires_does_not_fire(
     harness.runner.feed = feed
     suspends.suspend(1_000)
     harness.runner.catch_up_after_suspend()
-    assert harness.fed == [TimerFired(_timer("first"))] and not harness.runner._timers
+    assert harness.fed == [TimerFired(_timer("first"))] and not len(harness.runner.timers)

@@ -53,7 +53,7 @@ async def test_a_redo_answered_after_a_suspend_past_its_window_does_not_commit(t
                     break
                 await asyncio.sleep(POLL_S)
             txn = next(txn for txn, machine in machines.items() if len(machine.votes_yes) == 2)
-            if Timer("n0", txn, "redo-window") in node.runner._timers:
+            if Timer("n0", txn, "redo-window") in node.runner.timers:
                 break  # its window still open on the loop's clock: what the test needs
             # A machine this slow let the window run out on its own: nothing to show with it.
             faults.heal("log")
