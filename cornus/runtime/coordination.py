@@ -316,6 +316,16 @@ class Coordination:
         finally:
             ctx.busy -= 1
             ctx.last_active_s = time.monotonic()
+        if self.closing and ctx.state is OutcomeStatus.ACTIVE:
+            # The stop's aborts (abort_open) skipped it while these ran. No commit of it can come
+            # any more (the APIs are shut, or the node was deposed), so its executions and locks
+            # elsewhere go now, not when their owners idle them out (found by audit, 2026-11-28).
+            self.stop_aborts_running += 1
+            try:
+                outcome = await self._abort(ctx, AbortReason.PEER_UNAVAILABLE, f"{self.node_id} stopped")
+            finally:
+                self.stop_aborts_running -= 1
+            raise TxnAborted(outcome)
         if ctx.state is not OutcomeStatus.ACTIVE:
             # Aborted (by its client, or idle) while the operations ran: what they read is not
             # the transaction's any more, and the abort dropped what they wrote.
@@ -729,6 +739,11 @@ class Coordination:
                     raise TxnAborted(aborted, refused_as_invalid=True)
                 return aborted, []
             return self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.ABORTED, AbortReason.VOTED_NO, reply.reason)), []
+        # Committed: finished now, before the wait for the answers below, so that a caller
+        # cancelled within it (a REST request cut by the server's shutdown) leaves the outcome
+        # remembered and the writes' bytes given back, not an entry UNKNOWN for the process's life
+        # (found by audit, 2026-11-28).
+        committed = self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.COMMITTED))
         # Every participant voted yes, so every request ran; its answer left before its vote. Or,
         # for an id the client chose, a request of another process of this node ran there and
         # voted, and ours was refused (CornusCoordinator._on_execution_failed): its values are
@@ -747,7 +762,6 @@ class Coordination:
             self.counters["owner_answers_contradicting_votes"] += 1
             log.error("%s committed although %s refused it: %s", ctx.txn, ", ".join(sorted(contradicting)),
                       {p: answers[p][0].detail for p in contradicting}, extra={"txn": ctx.txn})
-        committed = self._finish(ctx, Outcome(ctx.txn, OutcomeStatus.COMMITTED))
         lost = sorted(p for p in by_partition if p not in answers or answers[p][0].status is not ExecuteStatus.OK)
         if lost:
             # Committed (every participant's log holds its yes vote, and the status call says
@@ -856,9 +870,10 @@ class Coordination:
         """The node stops (its APIs are shut, so no client reaches these any more): abort every
         interactive transaction still open here, so that their executions, and their locks, on
         other nodes' partitions go now (found by audit, 2026-11-28: they stayed until those owners
-        idled them out, a minute by default, on every rolling restart). Not one with operations
-        running, nor one whose prepare may have left; how many it aborts (`stop_aborts_running` says
-        how many of those are still telling their partitions)."""
+        idled them out, a minute by default, on every rolling restart). Not one whose prepare may
+        have left, nor yet one with operations running (`run_ops` aborts it once they end); how
+        many it aborts (`stop_aborts_running` says how many of those are still telling their
+        partitions)."""
         count = 0
         for ctx in list(self.txns.values()):
             if ctx.state is OutcomeStatus.ACTIVE and not ctx.busy and not ctx.prepare_left:

@@ -10,12 +10,14 @@ on every rolling restart.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
+from cornus.runtime.coordination import TxnAborted
 from cornus.runtime.outcome import OutcomeStatus
-from cornus.runtime.wire import Op, OpKind
-from tests.runtime.faults import local_cluster
+from cornus.runtime.wire import ExecuteRequest, Op, OpKind, PeerRequest, PeerResponse
+from tests.runtime.faults import local_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,6 +33,54 @@ async def test_a_stopping_node_aborts_its_open_transactions_and_frees_their_lock
         await n0.run_ops(txn, [Op(OpKind.PUT, key, b"never")])
         assert txn in n1.partitions["p1"].executions
         await cluster.stop("n0")
+        assert txn not in n1.partitions["p1"].executions, "the stopped node's transaction still holds its lock"
+        outcome = await n1.execute([Op(OpKind.PUT, key, b"mine")])
+        assert outcome.status is OutcomeStatus.COMMITTED, outcome
+
+
+class HoldingAnswers:
+    """n1's inbound handler: runs every execute request and holds its answer until released."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.release = asyncio.Event()
+        self.held_count = 0
+
+    def on_message(self, sender: str, message: Any) -> None:
+        self.inner.on_message(sender, message)
+
+    async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
+        response = await self.inner.on_request(sender, request)
+        if isinstance(request, ExecuteRequest) and not request.abort:
+            self.held_count += 1
+            await self.release.wait()
+        return response
+
+
+async def test_a_transaction_whose_operations_run_when_the_node_stops_is_aborted_once_they_end(tmp_path):
+    """Found by audit (2026-11-28): the stop's aborts skip a transaction with operations in flight
+    (an abort under them would race their requests), and nothing aborted it once they ended: its
+    execution and lock on the other node's partition stayed until that owner idled it out."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2,
+                             limits={"timeout_ms_txn_idle": 30_000}) as cluster:
+        key = cluster.key_in("p1")  # owned by n1
+        n0, n1 = cluster.node("n0"), cluster.node("n1")
+        holding = HoldingAnswers(cluster.network.handlers["n1"])
+        cluster.network.handlers["n1"] = holding
+        txn = n0.begin()
+        ops = asyncio.ensure_future(n0.run_ops(txn, [Op(OpKind.PUT, key, b"never")]))
+
+        async def ran() -> bool:
+            return holding.held_count == 1
+
+        await wait_until(ran, 10, "the write never reached n1")
+        assert txn in n1.partitions["p1"].executions
+        stop = asyncio.ensure_future(cluster.stop("n0"))
+        await asyncio.sleep(0.05)  # the stop's aborts have started, and skipped the busy one
+        holding.release.set()
+        with pytest.raises(TxnAborted):
+            await ops
+        await stop
         assert txn not in n1.partitions["p1"].executions, "the stopped node's transaction still holds its lock"
         outcome = await n1.execute([Op(OpKind.PUT, key, b"mine")])
         assert outcome.status is OutcomeStatus.COMMITTED, outcome
