@@ -177,18 +177,26 @@ sync_index(KEYS[1], KEYS[2], ARGV[1])
 return {'OK', ARGV[2]}
 """
 
-# KEYS: record, index, data keys... ARGV: txn, then per data key an op ('s'|'d') and a value.
-# A VOTE_YES record is the participant's own, which it applies only once it knows the decision is
-# COMMIT (see LogStore.apply_redo): the script records that COMMIT with the data, so the record
-# leaves the unfinished index in the same step.
+# KEYS: record, index, in durability "replicas:N" the log's read mark (ARGV[2] '1'), then the data
+# keys. ARGV: txn, whether the mark is there ('1'|'0'), then per data key an op ('s'|'d') and a
+# value. A VOTE_YES record is the participant's own, which it applies only once it knows the
+# decision is COMMIT (see LogStore.apply_redo): the script records that COMMIT with the data, so
+# the record leaves the unfinished index in the same step. The "applied before" path bumps the
+# mark, as log_once's found path does: an earlier attempt's apply, on another connection or
+# before a WAIT that timed out, is then covered by this call's WAIT (found by audit, 2026-11-28).
 _APPLY_REDO = _SYNC_INDEX + """
 local stored = redis.call('HGET', KEYS[1], 'state')
 if stored ~= 'COMMIT' and stored ~= 'VOTE_YES' then return {'NOT_COMMIT', stored or 'absent'} end
-if redis.call('HGET', KEYS[1], 'applied') == '1' then return {'APPLIED_BEFORE', stored} end
-for i = 3, #KEYS do
-  local op = ARGV[2 * (i - 2)]
+local first = 3
+if ARGV[2] == '1' then first = 4 end
+if redis.call('HGET', KEYS[1], 'applied') == '1' then
+  if first == 4 then redis.call('INCR', KEYS[3]) end
+  return {'APPLIED_BEFORE', stored}
+end
+for i = first, #KEYS do
+  local op = ARGV[3 + 2 * (i - first)]
   if op == 's' then
-    redis.call('SET', KEYS[i], ARGV[2 * (i - 2) + 1])
+    redis.call('SET', KEYS[i], ARGV[4 + 2 * (i - first)])
   else
     redis.call('DEL', KEYS[i])
   end
@@ -675,7 +683,9 @@ class RedisStore(LogStore):
     ) -> bool:
         log = LogId.partition(partition)
         keys = [_record_key(log, txn), _index_key(log)]
-        args: list[Any] = [txn]
+        args: list[Any] = [txn, "1" if self._replica_count else "0"]
+        if self._replica_count:
+            keys.append(_read_mark_key(log))
         for key, value in writes.items():
             keys.append(_data_key(partition, key))
             args.extend(["d", b""] if value is None else ["s", value])

@@ -322,3 +322,35 @@ async def test_with_replicas_a_log_once_that_finds_a_record_answers_only_what_th
             await primary.aclose()
             await writer.close()
             await terminator.close()
+
+
+async def test_with_replicas_an_apply_that_finds_its_earlier_apply_answers_only_what_the_replicas_have(
+    services: Services, tmp_path: Path,
+) -> None:
+    """Found by audit (2026-11-28): apply_redo's found path ("applied before": an earlier attempt
+    landed, its answer lost or its WAIT timed out) wrote nothing, so its WAIT, on a connection
+    that made no write since, covered nothing of the apply it found. The participant then took
+    the redo for durable, cached it, released its locks and acknowledged; a failover to the
+    lagging replica brought the record back to VOTE_YES, and garbage collection deleted the
+    vote of a committed transaction. The found path bumps the log's read mark, as log_once's."""
+    async with replicated(services, tmp_path) as pair:
+        writer = await _open(pair.primary_url, "none")
+        participant = await _open(pair.primary_url, "replicas:1")
+        primary = aioredis.Redis(port=pair.primary.port)
+        mark = f"cxtxn:{{{LOG.key}}}:~read"
+        try:
+            await writer.log_once(LOG, "txn-a", TxnState.VOTE_YES, BODY)
+            await writer.apply_redo("p0", "txn-a", {"k": b"v"})
+            await _on_replica(pair, writer, "txn-a")
+            assert await participant.apply_redo("p0", "txn-a", {"k": b"v"}) is False  # applied before
+            assert await primary.get(mark) == b"1", "the found path wrote nothing for its WAIT to cover"
+            await writer.log_once(LOG, "txn-b", TxnState.VOTE_YES, BODY)
+            await _on_replica(pair, writer, "txn-b")
+            pair.link.cutting = True
+            await writer.apply_redo("p0", "txn-b", {"k": b"w"})  # on the primary only
+            with pytest.raises(StorageUnavailable, match="replica"):
+                await participant.apply_redo("p0", "txn-b", {"k": b"w"})
+        finally:
+            await primary.aclose()
+            await writer.close()
+            await participant.close()
