@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from cornus.protocol.config import Protocol
+from cornus.protocol.config import Protocol, ProtocolConfig
 from storage_adapters.contract import TXN_ID_LENGTH_MAX
 
 PROTOCOL_TAGS: dict[Protocol, str] = {
@@ -130,6 +130,21 @@ def client_begins_after_ms(started_ms: int, identity_taken_ms: int | None, clock
     if identity_taken_ms is None:
         return started_ms
     return max(started_ms, identity_taken_ms + clock_slack_ms)
+
+
+def predecessor_may_have_run(begin_ms: int, identity_taken_ms: int | None, config: ProtocolConfig) -> bool:
+    """Whether an earlier process of this node may have run a client-chosen id that begins at
+    `begin_ms`: one that still ran when it received it, before it learned that this process took
+    the node's identity at `identity_taken_ms` (None: not yet, so one may be running now). The
+    holder renews the identity record every identity_check_ms and learns of the take when a
+    renewal is refused, which lands within two storage deadlines of falling due (a renewal owed
+    while a read is out leaves when that read answers: ProtocolConfig.identity_vacant_ms), by a
+    clock that may differ from ours by the slack. Such a request, refused here as "nothing ran"
+    (the node stopping, recovering or full), would be run again by its client under a new id."""
+    if identity_taken_ms is None:
+        return True
+    window_ms = config.identity_check_ms + 2 * config.storage_deadline_ms + config.clock_slack_ms
+    return begin_ms <= identity_taken_ms + window_ms
 
 
 def client_begin_problem(begin_ms: int, now_ms: int, started_ms: int, age_ms_max: int) -> str:

@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
@@ -228,11 +229,11 @@ class Coordination:
             raise ValidationError(f"protocol must be one of {', '.join(p.value for p in Protocol)}, got {protocol!r}")
         checked = None if client_txn is None else self._check_client_txn(client_txn, protocol)
         if self.closing:
-            raise NodeOverloaded(f"{self.node_id} is stopping")
+            self._refuse_unserved(checked, f"{self.node_id} is stopping")
         if not self.ready():
-            raise NodeOverloaded(f"{self.node_id} is still recovering")
+            self._refuse_unserved(checked, f"{self.node_id} is still recovering")
         if len(self.txns) >= self.config.limits.txn_count_max:
-            raise NodeOverloaded(f"{len(self.txns)} transactions in flight on {self.node_id}")
+            self._refuse_unserved(checked, f"{len(self.txns)} transactions in flight on {self.node_id}")
         if checked is None:
             self._txn_counter += 1
             txn = txn_ids.new_txn_id(int(time.time() * 1000), self.node_id, self._incarnation, self._txn_counter,
@@ -241,6 +242,18 @@ class Coordination:
             txn = checked
         self.txns[txn] = CoordinatedTxn(txn, protocol, TxnTiming(protocol.value))
         return txn
+
+    def _refuse_unserved(self, client_txn: str | None, why: str) -> NoReturn:
+        """NodeOverloaded: nothing ran, and the caller may run it again under another id. Not for a
+        client-chosen id an earlier process of this node may have run (txn_ids.
+        predecessor_may_have_run): that is in doubt, and its caller must ask the status call
+        (found by audit, 2026-11-28: a second delivery to a starting process heard 503, and the
+        SDK ran a committed transfer again under a new id)."""
+        if client_txn is not None and txn_ids.predecessor_may_have_run(
+                txn_ids.begin_ms_of(client_txn), self.identity_taken_unix_ms(), self.config.protocol_config):
+            raise ClientTxnRefused(f"{why}, and an earlier process of {self.node_id} may have been running",
+                                   may_have_run=True)
+        raise NodeOverloaded(why)
 
     def begin_one_shot(self, protocol: Protocol | None = None, client_txn: str | None = None) -> str | Outcome:
         """`begin` for a one-shot, except that a client-chosen id an earlier delivery of the same

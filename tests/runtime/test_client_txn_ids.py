@@ -12,7 +12,7 @@ import pytest
 from cornus.protocol.config import Protocol
 from cornus.protocol.txn_ids import client_txn_id
 from cornus.runtime.node import TxnAborted
-from cornus.runtime.outcome import Outcome, OutcomeStatus
+from cornus.runtime.outcome import NodeOverloaded, Outcome, OutcomeStatus
 from cornus.runtime.wire import Op, OpKind
 from storage_adapters.errors import ValidationError
 from tests.runtime.faults import local_cluster, wait_until
@@ -152,3 +152,29 @@ async def test_a_second_delivery_to_an_overloaded_node_hears_it_ran_not_overload
         assert outcome.status is OutcomeStatus.COMMITTED, outcome
         monkeypatch.setattr(node.coordination, "ready", lambda: False)  # as a node recovering, or full
         _assert_in_doubt(await node.execute([Op(OpKind.PUT, "k1", b"w")], client_txn=txn), "already known")
+
+
+async def test_an_id_refused_for_load_while_an_earlier_process_may_run_is_in_doubt(tmp_path, monkeypatch):
+    """Found by audit (2026-11-28): a process of the node that has not taken its identity yet (a
+    pod replaced while the old one ran on) refused a client-chosen id as "still recovering", a
+    503 that says nothing ran, though the old process may have run the id (a proxy delivered the
+    request to both); the SDK ran it again under a new id. Until an earlier process must have seen
+    the take (txn_ids.predecessor_may_have_run), such a refusal is in doubt; after, a plain 503."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        coordination = node.coordination
+        config = node.config.protocol_config
+        monkeypatch.setattr(coordination, "ready", lambda: False)
+        monkeypatch.setattr(coordination, "identity_taken_unix_ms", lambda: None)
+        _assert_in_doubt(await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=_new_id()), "still recovering")
+        now_ms = int(time.time() * 1000)
+        window_ms = config.identity_check_ms + 2 * config.storage_deadline_ms + config.clock_slack_ms
+        monkeypatch.setattr(coordination, "identity_taken_unix_ms", lambda: now_ms - window_ms + 500)
+        _assert_in_doubt(await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=_new_id()), "still recovering")
+        monkeypatch.setattr(coordination, "identity_taken_unix_ms", lambda: now_ms - window_ms - 500)
+        with pytest.raises(NodeOverloaded, match="still recovering"):
+            await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=_new_id())
+        with pytest.raises(NodeOverloaded, match="still recovering"):  # an id of the node's own: nothing ran
+            await node.execute([Op(OpKind.PUT, "k1", b"v")])
+        assert not coordination.txns
+        assert await cluster.value("k1") is None
