@@ -24,11 +24,12 @@ from cornus.runtime.ownership import now_ms
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.transport import Transport
 from cornus.runtime.wire import StatusRequest, StatusResponse
-from storage_adapters.contract import LogId, TxnState
+from storage_adapters.contract import LogId, Record, TxnState
 from storage_adapters.errors import StorageUnavailable, ValidationError
 from storage_adapters.store import CallDeadline, LogStore, call_deadline_at
 
-# Storage calls one manual resolve keeps in flight (it reads every partition's log).
+# Storage calls one manual resolve, or one node's answer to the status call, keeps in flight (each
+# reads the transaction's record in every partition).
 RESOLVE_CALLS_IN_FLIGHT_MAX = 256
 
 
@@ -163,10 +164,17 @@ class Admin:
         # every partition held: a recovered machine runs before its partition is served.
         runs_before = bool(request.txn) and self._runs_here(request.txn, held)
         if request.txn:
-            for partition in served:
-                record = await self.store.read(LogId.partition(partition), request.txn)
-                if record is not None:
-                    states.append((partition, record.state))
+            # Side by side: one after another, a few hundred partitions on cloud storage outlasted
+            # the asker's wait for any node, and the status call said "unknown" of every
+            # transaction the nodes no longer remembered (found by audit, 2026-11-28).
+            limit = asyncio.Semaphore(RESOLVE_CALLS_IN_FLIGHT_MAX)
+
+            async def read(partition: str) -> Record | None:
+                async with limit:
+                    return await self.store.read(LogId.partition(partition), request.txn)
+
+            records = await asyncio.gather(*(read(partition) for partition in served))
+            states = [(p, record.state) for p, record in zip(served, records, strict=True) if record is not None]
         known = self._knows(request.txn, held, runs_before) if request.txn else Known.NOTHING
         return self._status(ready, served, tuple(states), known)
 
