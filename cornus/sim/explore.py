@@ -98,6 +98,8 @@ def _explore_share(args: tuple[str, int, int, bool]) -> tuple[int, Failures, dic
         faults["fenced_writes"] += world.outcome.fenced_writes
         faults["deposed"] += world.outcome.deposed
         faults["vacancy_exits"] += world.outcome.vacancy_exits
+        faults["told_nothing_ran"] += len(world.outcome.told_nothing_ran)
+        faults["refused_starting_in_doubt"] += world.outcome.refused_starting_in_doubt
         faults["stale_answers"] += world.outcome.stale_answers
         faults["lock_waits"] += world.outcome.lock_waits
         faults["wait_die_schedules"] += schedule.wait_die

@@ -63,15 +63,42 @@ class Identities:
         """The cut of a Twin's first process: the client of the one-shots it took sends them
         again, with their ids, to the second process (once that one is ready)."""
         if not self.nodes[twin.node].ready:
+            # Sent now, and refused by a process still starting: "nothing ran" ends a client's
+            # resends (it runs the transaction again under a new id); one in doubt is sent again.
+            self._to_resend[twin.node] = [txn for txn in self._to_resend.get(twin.node, [])
+                                          if not (self._lost(txn) and self._refused_as_nothing_ran(txn))]
             if self.now_ms + TAKE_RETRY_MS < twin.cut_end_ms:
                 self._push(self.now_ms + TAKE_RETRY_MS, STEP_RESEND, twin)
             return
         for txn in self._to_resend.pop(twin.node, []):
-            # Its client heard nothing (no reply, or, for half of them, one lost in the cut; not
-            # drawn from the RNG), and named the transaction: it can send it again as it was.
-            lost = txn not in self.outcome.replies or zlib.crc32(f"{txn}/lost".encode()) % 2 == 0
-            if lost and txn_ids.is_client_chosen(txn):
+            if self._lost(txn):
                 self._push(self.now_ms + self.rng.randint(1, self.schedule.delay_ms_max), STEP_EXECUTE, txn)
+
+    def _lost(self, txn: str) -> bool:
+        """Whether the client of a one-shot the cut interrupted sends it again: it heard nothing (no
+        reply, or, for half of them, one lost in the cut; not drawn from the RNG), and named the
+        transaction, so it can send it again as it was."""
+        lost = txn not in self.outcome.replies or zlib.crc32(f"{txn}/lost".encode()) % 2 == 0
+        return lost and txn_ids.is_client_chosen(txn)
+
+    def _refused_as_nothing_ran(self, txn: str) -> bool:
+        """What a Twin's second process, not ready, answers a one-shot sent again under its
+        client-chosen id, as the runtime's Coordination.begin does: the id's checks first (a begin
+        refused may have run, unless it is ahead of the clock), then the refusal for load, in
+        doubt while the first process may have run it (txn_ids.predecessor_may_have_run). True,
+        recorded, for "nothing ran": the invariants check that the transaction never commits."""
+        name = self.plans[txn].coordinator
+        second, now_ms, begin_ms = self.nodes[name], self.clock_ms(name), begin_ms_of(txn)
+        after_ms = txn_ids.client_begins_after_ms(second.started_ms, second.identity_taken_ms, CLOCK_SLACK_MS)
+        if txn_ids.client_begin_problem(begin_ms, now_ms, after_ms, TIMEOUT_MS_EXECUTE):
+            nothing_ran = begin_ms > now_ms
+        else:
+            nothing_ran = not txn_ids.predecessor_may_have_run(begin_ms, second.identity_taken_ms, self.config)
+        if nothing_ran:
+            self.outcome.told_nothing_ran.setdefault(txn, self.now_ms)
+        else:
+            self.outcome.refused_starting_in_doubt += 1
+        return nothing_ran
 
     def _accepts_again(self, txn: str) -> bool:
         """Whether the second process runs a one-shot its client sent again: as the runtime's
@@ -92,7 +119,8 @@ class Identities:
         if self.trace is not None:
             self.trace.append(f"{self.now_ms:6d} {twin.node:>3} SECOND PROCESS starts, the first runs on")
         self.twins[twin.node] = first
-        second = Node(first.name, None, first.partitions, incarnation=first.incarnation + 1)
+        second = Node(first.name, None, first.partitions, incarnation=first.incarnation + 1,
+                      started_ms=self.clock_ms(first.name))
         second.reset_memory(self.lock_policy)
         self.nodes[twin.node] = second
         self._push(self.now_ms + twin.overlap_ms, STEP_TWIN_END, (twin.node, first.incarnation))

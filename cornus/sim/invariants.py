@@ -60,6 +60,10 @@ def check(world: World) -> list[str]:
         for resolved_txn, resolved, detail in outcome.resolves:
             if resolved_txn == txn and resolved is not None and seen and resolved not in seen:
                 violations.append(f"resolve of {txn} said {resolved} ({detail}); the transaction is {sorted(seen)}")
+    for txn, told_ms in outcome.told_nothing_ran.items():
+        if txn in committed:
+            violations.append(f"{txn}: a process of its coordinator still starting said at {told_ms} ms that it "
+                              "never ran (its client runs it again under a new id); it committed")
     violations += _serializability(world, committed)
     read_only = {txn for txn, plan in world.plans.items() if not plan.writes}
     violations += world.probe.violations(set(committed), aborted, read_only)

@@ -39,6 +39,7 @@ class Node:
     identity_left_ms: int = 0
     identity_confirmed_ms: int | None = None
     identity_taken_ms: int | None = None  # by the node's clock, when the take's answer came
+    started_ms: int = 0  # a Twin's second process: by the node's clock, when it started
     # The partitions whose lease ended here while their hosts still run (a Move's `lapse_ms`: the
     # node has not noticed): the answers their calls got meanwhile, held for when it notices.
     lapsed: dict[str, list[tuple[Event, frozenset[tuple[int, int]]]]] = field(default_factory=dict)

@@ -228,6 +228,10 @@ class Outcome:
     late_duplicates: int = 0  # second copies of messages sent to arrive after the GC grace
     status_questions: int = 0  # status calls asked of the world and answered by every node
     status_not_known: int = 0  # of them, answered "not known" (the caller may run it again)
+    # Client-chosen one-shots sent again to a Twin's second process before it was ready, and
+    # refused as "nothing ran" (a 503: the client runs it again under a new id), when.
+    told_nothing_ran: dict[str, int] = field(default_factory=dict)
+    refused_starting_in_doubt: int = 0  # and of them, those answered in doubt
     violations: list[str] = field(default_factory=list)
     undecided_at_liveness_check: list[str] = field(default_factory=list)
     log_writes: int = 0

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
-from cornus.protocol import identity_watch, node_core, resolve, status
+from cornus.protocol import identity_watch, node_core, resolve, status, txn_ids
 from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
 from cornus.protocol.coordinator_blocking import TwoPhaseCoordinator
@@ -385,6 +385,21 @@ def test_a_vacancy_watch_that_takes_a_live_holder_for_gone(monkeypatch: pytest.M
                               only=lambda schedule: bool(schedule.twins))
     assert failures, f"the simulator ran {count} schedules and did not find the old watch"
     assert any("took its identity for vacant" in v for v in failures[0][1]), failures[0][1]
+
+
+# -- a starting process that refused a resent client id as "nothing ran" ---------------------------
+def test_a_starting_process_that_says_nothing_ran_of_an_id_its_predecessor_ran(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by audit (2026-11-28): a process of a node still starting (its identity not taken,
+    or taken so recently that the process it replaces may still run) refused a client's one-shot
+    sent again under its own id with a 503, "nothing ran", though the first process had run it;
+    the client ran it again under a new id. The world's Twin schedules resend to the second
+    process before it is ready, and check that no transaction said so of commits."""
+    monkeypatch.setattr(txn_ids, "predecessor_may_have_run", lambda begin_ms, identity_taken_ms, config: False)
+    count, failures = explore(None, SCHEDULE_COUNT_MAX, seed=901, report_max=1, twins=True,
+                              only=lambda schedule: bool(schedule.twins))
+    assert failures, f"the simulator ran {count} schedules and did not find the old refusal"
+    assert any("said at" in v and "never ran" in v for v in failures[0][1]), failures[0][1]
 
 
 # -- 13. garbage collection that deletes every record and keeps no tombstone -----------------------
