@@ -38,6 +38,7 @@ from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.keys import partition_of
 from cornus.runtime.outcome import (
     AbortReason,
+    ClientTxnBeginRefused,
     ClientTxnKnown,
     ClientTxnRefused,
     NodeOverloaded,
@@ -276,12 +277,21 @@ class Coordination:
         if isinstance(txn, str) and self.known(txn) is not None:
             raise ClientTxnKnown(f"transaction {txn} is already known to {self.node_id}: a client-chosen id names "
                                 "one transaction, run once; ask its status")
-        after_ms = txn_ids.client_begins_after_ms(
-            self.started_unix_ms, self.identity_taken_unix_ms(), self.config.protocol_config.clock_slack_ms)
-        return check_client_txn(
-            txn, protocol, self.node_id, now_ms=int(time.time() * 1000), started_ms=after_ms,
-            timeout_ms_peer_request=self.config.limits.timeout_ms_peer_request,
-        )
+        taken_ms = self.identity_taken_unix_ms()
+        after_ms = txn_ids.client_begins_after_ms(self.started_unix_ms, taken_ms,
+                                                  self.config.protocol_config.clock_slack_ms)
+        try:
+            return check_client_txn(
+                txn, protocol, self.node_id, now_ms=int(time.time() * 1000), started_ms=after_ms,
+                timeout_ms_peer_request=self.config.limits.timeout_ms_peer_request,
+            )
+        except ClientTxnBeginRefused as refused:
+            # A begin ahead of this clock may be behind another's: an earlier process of this
+            # node, on a host whose clock runs ahead, may have run it (found by audit, 2026-11-28).
+            if refused.may_have_run or not txn_ids.predecessor_may_have_run(
+                    txn_ids.begin_ms_of(str(txn)), taken_ms, self.config.protocol_config):
+                raise
+            raise ClientTxnBeginRefused(str(refused), may_have_run=True) from None
 
     def active(self, txn: str) -> CoordinatedTxn:
         ctx = self.txns.get(txn)

@@ -84,16 +84,17 @@ class Identities:
     def _refused_as_nothing_ran(self, txn: str) -> bool:
         """What a Twin's second process, not ready, answers a one-shot sent again under its
         client-chosen id, as the runtime's Coordination.begin does: the id's checks first (a begin
-        refused may have run, unless it is ahead of the clock), then the refusal for load, in
-        doubt while the first process may have run it (txn_ids.predecessor_may_have_run). True,
+        refused may have run, unless it is ahead of the clock), then the refusal for load; either
+        in doubt while the first process may have run it (txn_ids.predecessor_may_have_run). True,
         recorded, for "nothing ran": the invariants check that the transaction never commits."""
         name = self.plans[txn].coordinator
         second, now_ms, begin_ms = self.nodes[name], self.clock_ms(name), begin_ms_of(txn)
         after_ms = txn_ids.client_begins_after_ms(second.started_ms, second.identity_taken_ms, CLOCK_SLACK_MS)
+        in_doubt = txn_ids.predecessor_may_have_run(begin_ms, second.identity_taken_ms, self.config)
         if txn_ids.client_begin_problem(begin_ms, now_ms, after_ms, TIMEOUT_MS_EXECUTE):
-            nothing_ran = begin_ms > now_ms
+            nothing_ran = begin_ms > now_ms and not in_doubt
         else:
-            nothing_ran = not txn_ids.predecessor_may_have_run(begin_ms, second.identity_taken_ms, self.config)
+            nothing_ran = not in_doubt
         if nothing_ran:
             self.outcome.told_nothing_ran.setdefault(txn, self.now_ms)
         else:

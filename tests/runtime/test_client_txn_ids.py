@@ -178,3 +178,24 @@ async def test_an_id_refused_for_load_while_an_earlier_process_may_run_is_in_dou
             await node.execute([Op(OpKind.PUT, "k1", b"v")])
         assert not coordination.txns
         assert await cluster.value("k1") is None
+
+
+async def test_an_id_begun_ahead_of_the_clock_while_an_earlier_process_may_run_is_in_doubt(tmp_path, monkeypatch):
+    """Found by audit (2026-11-28): an id whose begin is ahead of the node's clock was refused as
+    "nothing ran" (such a begin was ahead at any earlier delivery too), but an earlier process of
+    the node on another host, whose clock runs ahead within the slack, may have run it. While one
+    may still run (txn_ids.predecessor_may_have_run), it is in doubt; after, the refusal stands."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        coordination = node.coordination
+        config = node.config.protocol_config
+        now_ms = int(time.time() * 1000)
+        ahead = client_txn_id(now_ms + 500, "n0", secrets.token_hex(16), Protocol.CORNUS)
+        monkeypatch.setattr(coordination, "identity_taken_unix_ms", lambda: now_ms - 1_000)
+        _assert_in_doubt(await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=ahead), "ahead of this node")
+        window_ms = config.identity_check_ms + 2 * config.storage_deadline_ms + config.clock_slack_ms
+        monkeypatch.setattr(coordination, "identity_taken_unix_ms", lambda: now_ms - window_ms - 1_000)
+        with pytest.raises(ValidationError, match="ahead of this node"):
+            await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=ahead)
+        assert not coordination.txns
+        assert await cluster.value("k1") is None
