@@ -164,14 +164,16 @@ def verdict(
     A coordinator that has left the cluster is counted as running with the keep the others do."""
     answered = [answer for answer in answers if answer is not None]
     knowns = {answer.known for answer in answered}
-    for known, found in ((Known.COMMITTED, Verdict.COMMITTED), (Known.ABORTED, Verdict.ABORTED),
-                         (Known.ACTIVE, Verdict.ACTIVE)):
-        if known in knowns:
-            return StatusVerdict(found)
     states = [state for answer in answered for state in answer.states]
     decision = decision_among(states)
-    if decision is TxnState.COMMIT:
+    # A COMMIT in the records before what a process remembers of aborting or running it: another
+    # process of the node, sent the same client-chosen id, may have committed it (found by audit,
+    # 2026-11-28: taken at its word, the memory said ABORTED of a committed transaction).
+    if Known.COMMITTED in knowns or decision is TxnState.COMMIT:
         return StatusVerdict(Verdict.COMMITTED)
+    for known, found in ((Known.ABORTED, Verdict.ABORTED), (Known.ACTIVE, Verdict.ACTIVE)):
+        if known in knowns:
+            return StatusVerdict(found)
     if decision is TxnState.ABORT:
         return StatusVerdict(Verdict.ABORTED)
     if states or Known.IN_DOUBT in knowns:

@@ -58,6 +58,11 @@ def judge(
     ((node(("p0",)), node(("p1",), ready=False)), Verdict.UNKNOWN),  # still recovering
     ((node(("p0",)), node(())), Verdict.UNKNOWN),  # p1 between owners: its records not read
     ((node(("p0",)), node(("p1",))), None),  # every record read, nothing: it never voted
+    # A process that aborted it (or still runs its operations) beside records that hold its COMMIT:
+    # another process of the node, sent the same client-chosen id, committed it. The records tell
+    # (found by audit, 2026-11-28: the memory was taken at its word).
+    ((node(("p0",), COMMIT, known=Known.ABORTED), node(("p1",))), Verdict.COMMITTED),
+    ((node(("p0",), known=Known.ACTIVE), node(("p1",), COMMIT)), Verdict.COMMITTED),
 ])
 def test_a_verdict(answers: tuple[NodeAnswer | None, ...], expected: Verdict | None) -> None:
     assert judge(*answers) is expected
