@@ -17,7 +17,7 @@ from cornus.protocol.events import LogReturned
 from cornus.protocol.messages import Decision, Prepare
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.termination import Termination
-from storage_adapters.contract import LogId, TxnState
+from storage_adapters.contract import LogId, RecordBody, TxnState
 
 
 class CornusParticipant(ParticipantBase):
@@ -126,8 +126,13 @@ class CornusParticipant(ParticipantBase):
     def _uncertain(self) -> list[Effect]:
         assert self.phase is Phase.VOTED and self.termination is None
         others = tuple(LogId.partition(p) for p in self.participants if p != self.partition)
+        # The ABORTs it may write in the others' logs carry the participants (so a recovery there
+        # can run termination in turn), not this partition's redo: nothing applies an ABORT's, and
+        # it copied up to REDO_BYTES_MAX of this partition's data into every other log (found by
+        # audit, 2026-11-28).
+        body = RecordBody(self.participants, self.coordinator)
         self.termination = Termination(
-            self.partition, self.txn, others, self._body(), backoff=self._backoff, timer=self._timer("termination")
+            self.partition, self.txn, others, body, backoff=self._backoff, timer=self._timer("termination")
         )
         effects: list[Effect] = [TerminationStarted(self.txn, self.partition), *self.termination.start()]
         if self.termination.outcome is not None:

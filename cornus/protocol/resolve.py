@@ -202,7 +202,10 @@ class Resolver:
             return self._read_coordinator_log(coordinator)
         if not partition_records:
             return self._finish(None, "no record of this transaction in any partition's log")
-        body = partition_records[0].body
+        # The participants and coordinator a termination's ABORTs carry; not the record's redo,
+        # which is that partition's data (participant_cornus: found by audit, 2026-11-28).
+        found = partition_records[0].body
+        body = RecordBody(found.participants, found.coordinator)
         if self.protocol is Protocol.CORNUS:
             if not self._window_open:
                 return self._finish(None, "in doubt: the reads took too long to write safely now; try again")

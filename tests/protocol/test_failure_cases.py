@@ -358,3 +358,21 @@ def test_a_coordinator_log_abort_waiting_for_its_identity_read_writes_no_more_re
     aborting = host.handle(MessageReceived("p0", "c0", Vote(txn, "p0", yes=False)))
     assert any(isinstance(e, CheckIdentity) for e in aborting), aborting
     assert not [e for e in host.handle(TimerFired(retry.timer)) if isinstance(e, Log)], "a redo write after ABORT"
+
+
+def test_a_terminations_aborts_in_the_other_logs_carry_no_redo() -> None:
+    """Found by audit (2026-11-28): the LogOnce(ABORT) a terminating participant writes in the
+    logs of the others that never voted carried its own record's body, redo and all: up to
+    REDO_BYTES_MAX of this partition's data copied into every other partition's log, where nothing
+    applies an ABORT's redo. It carries the participants and the coordinator only."""
+    from cornus.protocol.effects import LogOnce
+    from cornus.protocol.events import Recovered
+    from cornus.protocol.participant_cornus import CornusParticipant
+    from storage_adapters.contract import Record, RecordBody
+
+    tid = "1000.c0.a1b2c3.1.cornus"
+    participant = CornusParticipant("p0", tid, ProtocolConfig(), random.Random(1))
+    vote = Record(LogId.partition("p0"), tid, TxnState.VOTE_YES, RecordBody(("p0", "p1", "p2"), "c0", b"p0's data"))
+    aborts = [e for e in participant.handle(Recovered(vote)) if isinstance(e, LogOnce)]
+    assert sorted(e.log.key for e in aborts) == [LogId.partition("p1").key, LogId.partition("p2").key], aborts
+    assert all(e.state is TxnState.ABORT and e.body == RecordBody(("p0", "p1", "p2"), "c0") for e in aborts), aborts
