@@ -38,7 +38,7 @@ from cornus.runtime.keys import partition_of
 from cornus.runtime.local_transport import LocalNetwork
 from cornus.runtime.node import Node
 from cornus.runtime.outcome import Outcome, OutcomeStatus
-from cornus.runtime.wire import Op, OpKind
+from cornus.runtime.wire import ExecuteRequest, Op, OpKind, PeerRequest, PeerResponse
 from storage_adapters.contract import (
     IDENTITY_PAGE_COUNT_MAX,
     SCAN_PAGE_COUNT_MAX,
@@ -416,6 +416,27 @@ async def local_cluster(tmp_path: Path, **options: Any) -> AsyncIterator[LocalCl
     assert not cluster.exits, (
         f"a node called os._exit{tuple(cluster.exits)}: the runtime hit an impossible state (see the CRITICAL log)"
     )
+
+
+class HoldingAnswers:
+    """A node's inbound handler (put in `LocalCluster.network.handlers`): it runs every execute
+    request (so the owner locks, and votes where the request carries its prepare) but holds each
+    answer, but an abort's, until `release` is set."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.release = asyncio.Event()
+        self.held_count = 0
+
+    def on_message(self, sender: str, message: Any) -> None:
+        self.inner.on_message(sender, message)
+
+    async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
+        response = await self.inner.on_request(sender, request)
+        if isinstance(request, ExecuteRequest) and not request.abort:
+            self.held_count += 1
+            await self.release.wait()
+        return response
 
 
 # === transactions and records ======================================================================

@@ -11,35 +11,14 @@ every log held committed.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
 from cornus.runtime.outcome import OutcomeStatus
-from cornus.runtime.wire import ExecuteRequest, Op, OpKind, PeerRequest, PeerResponse
-from tests.runtime.faults import local_cluster, wait_until
+from cornus.runtime.wire import Op, OpKind
+from tests.runtime.faults import HoldingAnswers, local_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class HoldingAnswers:
-    """n1's inbound handler: runs every execute request (so its owner votes) and holds the answer
-    until released."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.release = asyncio.Event()
-        self.held_count = 0
-
-    def on_message(self, sender: str, message: Any) -> None:
-        self.inner.on_message(sender, message)
-
-    async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
-        response = await self.inner.on_request(sender, request)
-        if isinstance(request, ExecuteRequest):
-            self.held_count += 1
-            await self.release.wait()
-        return response
 
 
 async def test_a_one_shot_cancelled_after_its_commit_is_remembered_committed(tmp_path):

@@ -10,14 +10,13 @@ on every rolling restart.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
 from cornus.runtime.coordination import TxnAborted
 from cornus.runtime.outcome import OutcomeStatus
-from cornus.runtime.wire import ExecuteRequest, Op, OpKind, PeerRequest, PeerResponse
-from tests.runtime.faults import local_cluster, wait_until
+from cornus.runtime.wire import Op, OpKind
+from tests.runtime.faults import HoldingAnswers, local_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,25 +35,6 @@ async def test_a_stopping_node_aborts_its_open_transactions_and_frees_their_lock
         assert txn not in n1.partitions["p1"].executions, "the stopped node's transaction still holds its lock"
         outcome = await n1.execute([Op(OpKind.PUT, key, b"mine")])
         assert outcome.status is OutcomeStatus.COMMITTED, outcome
-
-
-class HoldingAnswers:
-    """n1's inbound handler: runs every execute request and holds its answer until released."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.release = asyncio.Event()
-        self.held_count = 0
-
-    def on_message(self, sender: str, message: Any) -> None:
-        self.inner.on_message(sender, message)
-
-    async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
-        response = await self.inner.on_request(sender, request)
-        if isinstance(request, ExecuteRequest) and not request.abort:
-            self.held_count += 1
-            await self.release.wait()
-        return response
 
 
 async def test_a_transaction_whose_operations_run_when_the_node_stops_is_aborted_once_they_end(tmp_path):
