@@ -150,6 +150,7 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
+from azure.core.pipeline.transport import AioHttpTransport
 from azure.storage.blob import BlobProperties
 from azure.storage.blob._shared.authentication import SharedKeyCredentialPolicy
 from azure.storage.blob.aio import BlobServiceClient, ContainerClient
@@ -205,8 +206,24 @@ DATA_CONCURRENCY_MAX = 32
 APPLY_CHUNK_COUNT = 4 * DATA_CONCURRENCY_MAX
 # The SDK's own retries stay off: a retried conditional Put whose first attempt landed but whose
 # response was lost would come back as a 409 and make the winner believe it lost. Retrying is the
-# caller's job, under its deadline, and every LogStore call is idempotent.
+# caller's job, under its deadline, and every LogStore call is idempotent. aiohttp's own resend
+# too (_OnceTransport).
 SDK_RETRY_COUNT_MAX = 0
+
+
+class _OnceTransport(AioHttpTransport):
+    """azure-core's aiohttp transport, whose session never sends a request twice: aiohttp resends a
+    PUT or DELETE once by itself when its connection is reset before the answer (its
+    `_retry_connection`, on by default, with no public switch), and a conditional Put resent after
+    its first attempt landed is refused as a conflict: a take that landed was answered "not
+    written", a write that landed Fenced, "nothing written" (found by audit, 2026-11-28)."""
+
+    async def open(self) -> None:
+        await super().open()
+        assert hasattr(self.session, "_retry_connection"), (
+            f"aiohttp {aiohttp.__version__} has no _retry_connection: check how it resends requests"
+        )
+        self.session._retry_connection = False  # type: ignore[union-attr]
 # How often a release (or a take in a new epoch) looks again whether the fenced writes it waits
 # for have their answers: they usually do within a round trip, long before their signatures
 # expire, and a clean stop's release must land within its budget (cornus.runtime.node).
@@ -604,10 +621,9 @@ class AzureBlobStore(LogStore):
         service = BlobServiceClient(
             parsed.url,
             credential=ExpiringSignatures(key.account_name, key.account_key, timeout_s),
-            # The client-level timeouts make a stuck socket fail inside the SDK; the asyncio
+            # The transport's timeouts make a stuck socket fail inside the SDK; the asyncio
             # deadline around every call is the backstop that also covers DNS, TLS and pools.
-            connection_timeout=timeout_s,
-            read_timeout=timeout_s,
+            transport=_OnceTransport(connection_timeout=timeout_s, read_timeout=timeout_s),
             retry_total=SDK_RETRY_COUNT_MAX,
         )
         store = cls(service, service.get_container_client(container), timeout_ms_call)

@@ -92,7 +92,10 @@ class HoldingProxy:
     once and its reply is held instead (a read answered late, after what it read had changed).
     While `swallowing`, a new connection is read and never answered (a server that accepted it and
     went silent). While `cutting`, whatever the server sends is dropped (a link whose way back was
-    cut: a replica behind the proxy stops receiving its primary's stream, and neither side knows)."""
+    cut: a replica behind the proxy stops receiving its primary's stream, and neither side knows).
+    While `resetting`, a request `holds(chunk)` picks goes on at once, and the connection is reset
+    once the server's reply to it comes, which the client never gets (a request that landed, its
+    answer lost); `forwarded_count` counts the requests picked so, sent to the server."""
 
     def __init__(self, upstream_port: int, holds: Callable[[bytes], bool], hold_s: float) -> None:
         self.upstream_port = upstream_port
@@ -102,7 +105,9 @@ class HoldingProxy:
         self.holding_replies = False
         self.swallowing = False
         self.cutting = False
+        self.resetting = False
         self.held_count = 0
+        self.forwarded_count = 0
         self.port = 0
         self._server: asyncio.Server | None = None
 
@@ -123,15 +128,22 @@ class HoldingProxy:
             return
         upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         reply_held = asyncio.Event()  # the connection's next reply is held (holding_replies)
-        await asyncio.gather(self._pump(reader, upstream_writer, True, reply_held),
-                             self._pump(upstream_reader, writer, False, reply_held))
+        reply_lost = asyncio.Event()  # the connection is reset at the next reply (resetting)
+        await asyncio.gather(self._pump(reader, upstream_writer, True, reply_held, reply_lost),
+                             self._pump(upstream_reader, writer, False, reply_held, reply_lost))
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, outbound: bool,
-                    reply_held: asyncio.Event) -> None:
+                    reply_held: asyncio.Event, reply_lost: asyncio.Event) -> None:
         try:
             while data := await reader.read(1 << 20):
                 if not outbound and self.cutting:
                     continue
+                if outbound and self.resetting and self.holds(data):
+                    self.forwarded_count += 1
+                    reply_lost.set()
+                elif not outbound and reply_lost.is_set():
+                    writer.transport.abort()  # the reply never reaches the client
+                    return
                 if outbound and self.holding and self.holds(data):
                     self.held_count += 1
                     if self.holding_replies:

@@ -384,3 +384,37 @@ def test_azures_time_is_bounded_from_below_by_the_dates_of_its_answers() -> None
     assert clock._aged(arrived_s + hour_s) == pytest.approx(
         1_000_000.6 - arrived_s - hour_s * azure_signing.CLOCK_RATE_DIFFERENCE_MAX)
     assert aged_s <= 1_000_000.6
+
+
+def _owner_puts(chunk: bytes) -> bool:
+    request_line = chunk.split(b"\r\n", 1)[0]
+    return chunk.startswith(b"PUT ") and b"/own/" in request_line
+
+
+async def test_a_conditional_put_whose_answer_was_lost_is_not_sent_again_by_the_http_client(
+        services: Services) -> None:
+    """Found by audit (2026-11-28): the SDK's retries are off (a conditional Put resent after its
+    first attempt landed is refused as a conflict, and its winner would think it lost), but aiohttp
+    resent PUT and DELETE once by itself when a connection was reset before the answer: a take of
+    a partition that landed was answered "not written", a write that landed could be answered
+    Fenced ("nothing written"). A request is sent once; a lost answer is StorageUnavailable."""
+    proxy, through_proxy = await azurite_behind(services.azure_connection_string, _owner_puts, HOLD_S)
+    container = f"resend-{uuid.uuid4().hex[:10]}"
+    direct = await open_store(StoreConfig(backend="azure_blob", azure_container=container,
+                                          azure_connection_string=services.azure_connection_string,
+                                          timeout_ms_call=DEADLINE_MS_CHECKS))
+    store = await AzureBlobStore.open(through_proxy, container, timeout_ms_call=DEADLINE_MS_CHECKS,
+                                      create_container=False)
+    try:
+        taken = Ownership(PARTITION, "n1", epoch=1, version=1, lease_ms=60_000)
+        proxy.resetting = True
+        with pytest.raises(StorageUnavailable):
+            await store.write_owner(None, taken)
+        proxy.resetting = False
+        assert proxy.forwarded_count == 1, f"the take was sent {proxy.forwarded_count} times"
+        assert (await direct.read_owners((PARTITION,)))[PARTITION] == taken  # it landed
+    finally:
+        proxy.close()
+        await store.close()
+        await direct.delete_container()  # type: ignore[attr-defined]
+        await direct.close()
