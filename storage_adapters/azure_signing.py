@@ -10,12 +10,15 @@ partition and scanned its log (found by review, 2026-11-26; tests/storage/test_a
 
 So every request carries an account shared access signature (SAS) signed for it alone, whose
 expiry (`se`) Azure checks on arrival, with its own clock:
-- every request's expiry is its call's deadline in Azure's time, at most a second (a SAS's
-  resolution, the clock slack) past it: Azure's time as the Date of the answers this store had
-  bounds it from below (`AzureClock`). Signed by this node's wall clock, as before, a clock running
-  ahead of Azure's kept a request acceptable that much longer, and a node's identity grants no
-  lease a taker waits out: a deposed process's coordinator-log write held on the network landed
-  after the next process had recovered and presumed ABORT (found by audit, 2026-11-27);
+- every request's expiry is its call's deadline in Azure's time (Azure's time as the Date of the
+  answers this store had bounds it from below: `AzureClock`), rounded up to a SAS's resolution (a
+  second) but for a write fenced by the node's identity, rounded down: no lease bounds those, and
+  the next process of the node waits only a deadline and the clock slack after its take (a second
+  of rounding used up most of that slack: found by audit, 2026-11-28). Signed by this node's
+  wall clock, as before, a clock running ahead of Azure's kept a request acceptable that much
+  longer, and a node's identity grants no lease a taker waits out: a deposed process's
+  coordinator-log write held on the network landed after the next process had recovered and
+  presumed ABORT (found by audit, 2026-11-27);
 - a fenced write's expiry is at most the end of the lease that the ownership blob it checked can
   still grant: that blob's Last-Modified (when its current version landed, by Azure's clock) plus
   the record's lease_ms. A taker takes only after watching that version unchanged for the lease
@@ -58,6 +61,7 @@ from azure.core.exceptions import HttpResponseError
 from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
 from azure.storage.blob._shared.authentication import SharedKeyCredentialPolicy
 
+from storage_adapters.contract import is_identity
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.store import call_deadline_if_set
 
@@ -221,14 +225,21 @@ class ExpiringSignatures(SharedKeyCredentialPolicy):
         deadline = call_deadline_if_set()
         if deadline is not None:
             lifetime_s = min(lifetime_s, max(0.0, deadline - asyncio.get_running_loop().time()))
-        # Rounded up to the SAS's whole second: at most a second past the deadline in Azure's time
-        # (the clock slack), never before it.
+        # Rounded up to the SAS's whole second: at most a second past the deadline in Azure's time,
+        # never before it; a write fenced by a node's identity rounds down (below).
         expires_unix_s = math.ceil(now_unix_s + lifetime_s)
         window = _window.get()
         start_unix_s = None
         if window is not None and request.http_request.method not in _READS:
             start_unix_s = window.not_before_unix_s
             if window.fences:
+                if any(is_identity(name) for name in window.fences):
+                    # A node's identity grants no lease: what bounds a deposed process's
+                    # coordinator-log write is this expiry, and the next process waits a deadline
+                    # and the clock slack after its take (recovery_settle_ms). Rounded down, never
+                    # past the deadline: rounded up, it spent up to a second of that slack (found by
+                    # audit, 2026-11-28).
+                    expires_unix_s = math.floor(now_unix_s + lifetime_s)
                 for partition, (epoch, _) in window.fences.items():
                     if epoch <= self._passed_on.get(partition, 0):
                         raise StorageUnavailable(

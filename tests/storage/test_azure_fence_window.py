@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import time
 import types
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -30,7 +32,7 @@ from storage_adapters.azure_signing import ExpiringSignatures, arrived_expired
 from storage_adapters.contract import LogId, Ownership, RecordBody, TxnState, identity_name
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
-from storage_adapters.store import LogStore
+from storage_adapters.store import CallDeadline, LogStore, boot_clock_s, call_deadline_at
 from tests.conftest import Services
 from tests.storage.servers import HoldingProxy, azurite_behind
 
@@ -418,3 +420,32 @@ async def test_a_conditional_put_whose_answer_was_lost_is_not_sent_again_by_the_
         await store.close()
         await direct.delete_container()  # type: ignore[attr-defined]
         await direct.close()
+
+
+async def test_a_write_fenced_by_a_nodes_identity_expires_no_later_than_its_calls_deadline() -> None:
+    """Found by audit (2026-11-28): a request's expiry was rounded up to the SAS's whole second,
+    up to a second past its call's deadline in Azure's time. A node's identity grants no lease, so
+    what bounds a deposed process's coordinator-log write is that expiry, and the next process
+    waits only a deadline and the clock slack (recovery_settle_ms, plus 200 ms) after its take: the
+    rounding used up the slack (all of it under about 800 ms, which the configuration allows), and
+    such a write could land after the next process's recovery scan. Rounded down for those: never
+    past the deadline. (Other requests keep the round-up: a partition's fenced writes are bounded
+    by its lease, the others by tombstones that outlive LATE_WRITE_WINDOW_MS.)"""
+    signatures = ExpiringSignatures("account", "a2V5", 30.0)
+    loop = asyncio.get_running_loop()
+    identity = identity_name("n1")
+    lease_end_s = 1_800_000_000 + 3_600
+    for left_s in (1.2, 2.5, 4.999, 5.0, 17.3):
+        for fraction_s in (0.0, 0.3, 0.5, 0.75, 0.999):
+            azure_now_s = 1_800_000_000 + fraction_s
+            signatures.clock = types.SimpleNamespace(now_unix_s=lambda now_s=azure_now_s: now_s)
+            request = types.SimpleNamespace(context={}, http_request=types.SimpleNamespace(
+                url="https://account.blob.core.windows.net/c/b", method="PUT"))
+            with azure_signing.signing_window(), call_deadline_at(
+                    CallDeadline(loop.time() + left_s, boot_clock_s() + left_s)):
+                azure_signing._window.get().fences[identity] = (1, lease_end_s)
+                signatures.on_request(request)
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.http_request.url).query)
+            expires_s = datetime.datetime.fromisoformat(query["se"][0].replace("Z", "+00:00")).timestamp()
+            assert expires_s <= azure_now_s + left_s, (left_s, fraction_s, expires_s - azure_now_s)
+            assert expires_s > azure_now_s + left_s - 1.001, (left_s, fraction_s, expires_s - azure_now_s)
