@@ -457,6 +457,10 @@ class Node:
                                   or not self._admits(partition, request)):
             # Lost while it waited (for a lock, or for storage): what it read may be stale by now,
             # with another node owning the partition (found by review: checked only before).
+            if self.partitions.get(request.partition) is partition:
+                # Still held, but draining: what the request ran goes with the refusal, or the
+                # drain waits for its coordinator's abort to hand over (found by audit, 2026-11-28).
+                partition.abort_execution(request.txn)
             return ExecuteResponse(ExecuteStatus.NOT_OWNER, detail=f"{self.node_id} lost {request.partition}")
         if request.participants and response.status is ExecuteStatus.OK:
             # The request carried its prepare: the execution phase ends here, as when a separate

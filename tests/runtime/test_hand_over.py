@@ -4,12 +4,15 @@ preferred node waiting out the lease and the clock slack."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
+from cornus.protocol import txn_ids
+from cornus.protocol.config import Protocol
 from cornus.runtime.outcome import OutcomeStatus
-from cornus.runtime.wire import Op, OpKind
+from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind
 from tests.runtime.faults import local_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -74,3 +77,39 @@ async def test_a_drain_lets_the_transactions_in_flight_on_the_partition_go_on(tm
 
         await wait_until(n0_serves_p0, 15, "n0 never got p0 back once the transaction ended")
         assert await cluster.value(first) == b"1" and await cluster.value(second) == b"2"
+
+
+async def test_a_first_request_that_ran_as_its_partition_began_to_drain_leaves_no_execution(tmp_path):
+    """Found by audit (2026-11-28): a first request that waited (here for a storage read) while its
+    partition began to drain was answered NOT_OWNER, but its execution, locks and all, stayed: the
+    drain could not hand the partition over until the coordinator's abort came, or drain_ms_max
+    passed. What it ran goes with the answer."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2,
+                             ownership={"drain_ms_max": 30_000}) as cluster:
+        n1 = cluster.node("n1")
+        await cluster.stop("n0")
+
+        async def n1_serves_p0() -> bool:
+            return "p0" in n1.serving
+
+        await wait_until(n1_serves_p0, 10, "n1 never took p0")
+        gate = cluster.faults["n1"].hold("read_data")
+        txn = txn_ids.new_txn_id(int(time.time() * 1000), "n9", "abc123", 1, Protocol.CORNUS)
+        request = ExecuteRequest(txn, "p0", "n9", (Op(OpKind.GET, cluster.key_in("p0", "a")),))
+        answer = asyncio.ensure_future(n1.on_request("n9", request))
+
+        async def reading() -> bool:
+            return txn in n1.partitions["p0"].executions
+
+        await wait_until(reading, 10, "the request never began")
+        await cluster.start("n0")  # p0's preferred node asks for it back: n1 drains
+
+        async def draining() -> bool:
+            held = n1.ownership.machine.held.get("p0")
+            return held is not None and held.drain_started_ms is not None
+
+        await wait_until(draining, 10, "n1 never began to drain p0")
+        gate.set()
+        response = await answer
+        assert response.status is ExecuteStatus.NOT_OWNER, response
+        assert txn not in n1.partitions["p0"].executions, "the refused request's execution stayed"
