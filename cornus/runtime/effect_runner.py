@@ -85,6 +85,14 @@ def fatal(message: str) -> None:
     os._exit(70)
 
 
+def crash_if_failed(task: asyncio.Task[None]) -> None:
+    """A done callback for a task that must run for the node's life (a housekeeping loop): one
+    that ended with an error crashes the node, which would otherwise run on without it, its
+    executions never idled out or its leases never renewed (found by audit, 2026-11-28)."""
+    if not task.cancelled() and task.exception() is not None:
+        fatal(f"{task.get_name()} failed: {task.exception()!r}")
+
+
 class EffectRunner:
     """`feed` takes the event that answers a storage call or a timer; `route` names the node a
     host's messages go to (None: nobody holds that partition now); `fence_of` gives the fence of a

@@ -43,7 +43,7 @@ from cornus.runtime import cluster_record, patience
 from cornus.runtime.admin import Admin, PartitionInfo, TxnInfo
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination, TxnAborted, one_shot_outcome
-from cornus.runtime.effect_runner import EffectRunner, fatal
+from cornus.runtime.effect_runner import EffectRunner, crash_if_failed, fatal
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.outcome import NodeOverloaded, Outcome
 from cornus.runtime.ownership import WRITTEN_AT_ONCE, OwnershipRuntime, unix_ms_of
@@ -187,6 +187,7 @@ class Node:
             await self.claim_cluster(patience.start_deadline_s())
         await self.transport.start(self)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="cornus-sweeper")
+        self._sweeper.add_done_callback(crash_if_failed)
         self.runner.run(self.core.start())
         self.ownership.start()
         if wait_ready:

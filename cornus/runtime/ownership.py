@@ -34,7 +34,7 @@ from cornus.protocol.ownership import (
     WriteOwner,
 )
 from cornus.runtime.clocks import now_ms
-from cornus.runtime.effect_runner import fatal
+from cornus.runtime.effect_runner import crash_if_failed, fatal
 from storage_adapters.contract import Fence, Ownership
 from storage_adapters.errors import StorageUnavailable
 from storage_adapters.store import LogStore
@@ -125,6 +125,7 @@ class OwnershipRuntime:
 
     def start(self) -> None:
         self._ticker = asyncio.get_running_loop().create_task(self._tick_forever(), name="cornus-ownership")
+        self._ticker.add_done_callback(crash_if_failed)
 
     def halt(self) -> None:
         """Stop at once, writing nothing, ever again: no renewal, no release (a deposed node, whose
