@@ -90,6 +90,7 @@ class Recovery:
         self.owner = owner
         self.coordinator_records = coordinator_records
         self.partitions = partitions
+        self._partition_set = frozenset(partitions)
         self.config = config
         self.protocol_of = protocol_of
         self.result: RecoveryResult | None = None
@@ -150,20 +151,38 @@ class Recovery:
             f"a page of {call.log.key} after {call.after!r} resumes at {page.resume_after!r}"
         )
         previous = call.after
+        # Another coordinator's log (ours too, on a later take) holds nothing for this recovery but
+        # coordinator-log votes of its partitions: only those are kept (found by audit, 2026-11-28:
+        # every take kept every coordinator's whole unfinished log, bundles and 2PC decisions of
+        # all partitions, and a record no protocol names, there, crashed every node's take).
+        votes_only = call.log.kind is LogKind.COORDINATOR and not (
+            self.coordinator_records and call.log == LogId.coordinator(self.node))
+        found = self._found[call.log]
         for record in page.records:
             assert record.log == call.log and record.txn > previous, "a page must ascend past its cursor"
             assert not record.state.is_decision or (record.state is TxnState.COMMIT and not record.applied), (
                 f"scan returned a finished record {record.txn} ({record.state})"
             )
+            previous = record.txn
+            if votes_only:
+                if self._names_ours(record):
+                    found.append(record)
+                continue
             # An id without a protocol tag was made by an earlier build; no machine may guess it.
             assert self.protocol_of(record.txn) is not None, (
                 f"{call.log.key} holds {record.txn}, whose id names no protocol: resolve it by hand"
             )
-            previous = record.txn
-        self._found[call.log].extend(page.records)
+            found.append(record)
         if page.resume_after is None:
             return []
         return [self._scan(call.log, page.resume_after)]
+
+    def _names_ours(self, record: Record) -> bool:
+        """Whether a coordinator's record is a coordinator-log one whose redo names a partition
+        this recovery recovers (the only kind that can hold a yes vote of ours)."""
+        if self.protocol_of(record.txn) is not Protocol.COORDINATOR_LOG:
+            return False
+        return any(partition in self._partition_set for partition in redo_bundle.decode(record.body.redo))
 
     def _on_identities(self, call: ListIdentities, page: tuple[str, ...]) -> list[ScanLog | ListIdentities]:
         """Step 2's list of coordinators: each listed node whose log is not scanned yet gets its
@@ -233,7 +252,7 @@ class Recovery:
                 if self.protocol_of(record.txn) is not Protocol.COORDINATOR_LOG:
                     continue  # a 2PC decision: its participants logged their votes themselves
                 for partition, redo in redo_bundle.decode(record.body.redo).items():
-                    if partition not in self.partitions or (partition, record.txn) in own:
+                    if partition not in self._partition_set or (partition, record.txn) in own:
                         continue
                     vote = Record(
                         LogId.partition(partition), record.txn, TxnState.VOTE_YES,
