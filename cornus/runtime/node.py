@@ -445,10 +445,13 @@ class Node:
         if txn_ids.protocol_of(request.txn) is None:
             return ExecuteResponse(ExecuteStatus.INVALID, detail=f"txn id {request.txn!r} names no protocol")
         refusal = self.core.execute_refusal(request.partition, request.txn, abort=request.abort)
-        if refusal is ExecuteRefusal.NOT_READY or (request.partition not in self.serving and not request.abort):
-            return ExecuteResponse(ExecuteStatus.NOT_READY, detail=f"{self.node_id} is recovering {request.partition}")
+        # A machine runs it: "already committing", which is no refusal, before the settle's
+        # NOT_READY, which is one (the core's order; found by audit, 2026-11-28: its coordinator
+        # heard "never votes here" of a vote that stands).
         if refusal is ExecuteRefusal.COMMITTING:
             return _already_committing(request.txn)
+        if refusal is ExecuteRefusal.NOT_READY or (request.partition not in self.serving and not request.abort):
+            return ExecuteResponse(ExecuteStatus.NOT_READY, detail=f"{self.node_id} is recovering {request.partition}")
         if request.participants:
             problem = carried_prepare_problem(request)
             if problem:
