@@ -40,9 +40,10 @@ from cornus.protocol.events import (
     TimerFired,
 )
 from cornus.protocol.hosts import CoordinatorFactory, CoordinatorHost, ParticipantFactory, PartitionHost, ProtocolOf
-from cornus.protocol.messages import Message, Prepare, ReleaseReadOnly
+from cornus.protocol.messages import Decision, Message, Prepare, ReleaseReadOnly
 from cornus.protocol.participant_base import Phase
 from cornus.protocol.recovery import RECOVERY, Recovery
+from storage_adapters.contract import TxnState
 
 
 class ExecuteRefusal(enum.Enum):
@@ -220,6 +221,10 @@ class NodeCore:
         ]
         for record in result.records:
             effects += self.handle(Recovered(record))
+            if (record.log.name, record.txn) in result.committed:
+                # Its coordinator's log holds the COMMIT: decided now, as if it had said so.
+                decision = Decision(record.txn, TxnState.COMMIT)
+                effects += self.handle(MessageReceived(record.body.coordinator, record.log.name, decision))
         self._recovering.difference_update(partitions)
         transactions = tuple((record.log.name, record.txn) for record in result.records)
         effects.append(RecoveryFinished(len(result.records), partitions, node, transactions))

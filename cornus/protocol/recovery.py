@@ -61,6 +61,9 @@ class RecoveryResult:
     logs, or rebuilt coordinator-log votes), then this node's coordinator records."""
 
     records: tuple[Record, ...]
+    # (partition, txn) of the 2PC and coordinator-log votes among `records` whose coordinator's
+    # log holds its COMMIT: decided, whether or not that coordinator ever answers again.
+    committed: frozenset[tuple[str, str]] = frozenset()
 
     @property
     def partition_records(self) -> tuple[Record, ...]:
@@ -107,6 +110,7 @@ class Recovery:
         self._waiting: set[_Call] = set()
         self._failed: list[_Call] = []
         self._votes: dict[tuple[str, str], Record] = {}  # (partition, txn) -> rebuilt vote, if still open
+        self._committed: set[str] = set()  # txns whose coordinator's record was read COMMIT (step 3)
         self._started = False
         self._step = _SCANS
 
@@ -165,7 +169,7 @@ class Recovery:
             )
             previous = record.txn
             if votes_only:
-                if self._names_ours(record):
+                if self._names_ours(record) or self._commits_ours(record):
                     found.append(record)
                 continue
             # An id without a protocol tag was made by an earlier build; no machine may guess it.
@@ -183,6 +187,12 @@ class Recovery:
         if self.protocol_of(record.txn) is not Protocol.COORDINATOR_LOG:
             return False
         return any(partition in self._partition_set for partition in redo_bundle.decode(record.body.redo))
+
+    def _commits_ours(self, record: Record) -> bool:
+        """Whether a coordinator's record is a 2PC COMMIT naming a partition this recovery
+        recovers: a yes vote of ours found in its log is decided by it."""
+        return (record.state is TxnState.COMMIT and self.protocol_of(record.txn) is Protocol.TWO_PC
+                and not self._partition_set.isdisjoint(record.body.participants))
 
     def _on_identities(self, call: ListIdentities, page: tuple[str, ...]) -> list[ScanLog | ListIdentities]:
         """Step 2's list of coordinators: each listed node whose log is not scanned yet gets its
@@ -220,6 +230,12 @@ class Recovery:
             # coordinator's own COMMIT never is), or ABORT: no vote of ours is open.
             for key in [key for key in self._votes if key[1] == call.txn]:
                 del self._votes[key]
+        elif record.state is TxnState.COMMIT:
+            # The coordinator's COMMIT (its collection deletes it before any participant's
+            # record): the vote is decided. Rebuilt to ask the coordinator only, it waited for ever
+            # for one that never came back (scaled away), its keys locked (found by audit,
+            # 2026-11-28).
+            self._committed.add(call.txn)
 
     def _after_answer(self) -> list[Effect]:
         if self._waiting:
@@ -271,7 +287,14 @@ class Recovery:
             )
         if self.coordinator_records:
             records += self._found[LogId.coordinator(self.node)]
-        return RecoveryResult(tuple(records))
+        # 2PC votes of ours whose coordinator's log, scanned, holds the COMMIT.
+        committed_2pc = {record.txn for log in self._logs if log.kind is LogKind.COORDINATOR
+                         for record in self._found[log] if self._commits_ours(record)}
+        committed = frozenset(
+            (record.log.name, record.txn) for record in records
+            if record.log.kind is LogKind.PARTITION and record.state is TxnState.VOTE_YES
+            and (record.txn in self._committed or record.txn in committed_2pc))
+        return RecoveryResult(tuple(records), committed)
 
     def _scan(self, log: LogId, after: str) -> ScanLog:
         return ScanLog(self.owner, log, after, self.config.scan_page_count_max)
