@@ -439,6 +439,22 @@ class HoldingAnswers:
         return response
 
 
+class DroppingMessages:
+    """A node's inbound handler (put in `LocalCluster.network.handlers`) that drops every message
+    of the given kinds sent to it (a Decision, say: a link that loses it)."""
+
+    def __init__(self, inner: Any, *kinds: type) -> None:
+        self.inner = inner
+        self.kinds = kinds
+
+    def on_message(self, sender: str, message: Any) -> None:
+        if not isinstance(getattr(message, "message", None), self.kinds):
+            self.inner.on_message(sender, message)
+
+    async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
+        return await self.inner.on_request(sender, request)
+
+
 # === transactions and records ======================================================================
 
 

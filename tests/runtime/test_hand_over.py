@@ -11,6 +11,7 @@ import pytest
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
+from cornus.runtime.node import Node
 from cornus.runtime.outcome import OutcomeStatus
 from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind
 from tests.runtime.faults import local_cluster, wait_until
@@ -50,23 +51,11 @@ async def test_a_drain_lets_the_transactions_in_flight_on_the_partition_go_on(tm
     whole drain_ms_max, and they aborted. A drain refuses only new transactions."""
     async with local_cluster(tmp_path, node_count=2, partition_count=2,
                              ownership={"drain_ms_max": 30_000}) as cluster:
-        n1 = cluster.node("n1")
-        await cluster.stop("n0")
-
-        async def n1_serves_p0() -> bool:
-            return "p0" in n1.serving
-
-        await wait_until(n1_serves_p0, 10, "n1 never took p0")
+        n1 = await _n1_holds_p0(cluster)
         first, second = cluster.key_in("p0", "a"), cluster.key_in("p0", "b")
         txn = n1.begin()
         await n1.run_ops(txn, [Op(OpKind.PUT, first, b"1")])
-        await cluster.start("n0")  # p0's preferred node asks for it back: n1 drains
-
-        async def draining() -> bool:
-            held = n1.ownership.machine.held.get("p0")
-            return held is not None and held.drain_started_ms is not None
-
-        await wait_until(draining, 10, "n1 never began to drain p0")
+        await _n1_drains_p0(cluster)
         await n1.run_ops(txn, [Op(OpKind.PUT, second, b"2")])  # refused NOT_OWNER before the fix
         outcome = await n1.commit(txn)
         assert outcome.status is OutcomeStatus.COMMITTED, outcome
@@ -86,13 +75,7 @@ async def test_a_first_request_that_ran_as_its_partition_began_to_drain_leaves_n
     passed. What it ran goes with the answer."""
     async with local_cluster(tmp_path, node_count=2, partition_count=2,
                              ownership={"drain_ms_max": 30_000}) as cluster:
-        n1 = cluster.node("n1")
-        await cluster.stop("n0")
-
-        async def n1_serves_p0() -> bool:
-            return "p0" in n1.serving
-
-        await wait_until(n1_serves_p0, 10, "n1 never took p0")
+        n1 = await _n1_holds_p0(cluster)
         gate = cluster.faults["n1"].hold("read_data")
         txn = txn_ids.new_txn_id(int(time.time() * 1000), "n9", "abc123", 1, Protocol.CORNUS)
         request = ExecuteRequest(txn, "p0", "n9", (Op(OpKind.GET, cluster.key_in("p0", "a")),))
@@ -102,14 +85,32 @@ async def test_a_first_request_that_ran_as_its_partition_began_to_drain_leaves_n
             return txn in n1.partitions["p0"].executions
 
         await wait_until(reading, 10, "the request never began")
-        await cluster.start("n0")  # p0's preferred node asks for it back: n1 drains
-
-        async def draining() -> bool:
-            held = n1.ownership.machine.held.get("p0")
-            return held is not None and held.drain_started_ms is not None
-
-        await wait_until(draining, 10, "n1 never began to drain p0")
+        await _n1_drains_p0(cluster)
         gate.set()
         response = await answer
         assert response.status is ExecuteStatus.NOT_OWNER, response
         assert txn not in n1.partitions["p0"].executions, "the refused request's execution stayed"
+
+
+async def _n1_holds_p0(cluster) -> Node:
+    """n1, serving p0 once n0, its preferred node, stopped."""
+    n1 = cluster.node("n1")
+    await cluster.stop("n0")
+
+    async def n1_serves_p0() -> bool:
+        return "p0" in n1.serving
+
+    await wait_until(n1_serves_p0, 10, "n1 never took p0")
+    return n1
+
+
+async def _n1_drains_p0(cluster) -> None:
+    """n0 starts again and asks for p0 back: n1 begins to drain it."""
+    await cluster.start("n0")
+    n1 = cluster.node("n1")
+
+    async def draining() -> bool:
+        held = n1.ownership.machine.held.get("p0")
+        return held is not None and held.drain_started_ms is not None
+
+    await wait_until(draining, 10, "n1 never began to drain p0")

@@ -8,38 +8,21 @@ rebuilt the vote to ask the coordinator (Recovery's RecoveryResult.committed now
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from cornus.protocol.config import Protocol
 from cornus.protocol.messages import Decision, DecisionAnswer
 from cornus.runtime.outcome import OutcomeStatus
-from cornus.runtime.wire import Op, OpKind, PeerRequest, PeerResponse
-from tests.runtime.faults import local_cluster, wait_until
+from cornus.runtime.wire import Op, OpKind
+from tests.runtime.faults import DroppingMessages, local_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(90)
-
-
-class DroppingDecisions:
-    """A node's inbound handler that drops every decision sent to it (a Decision, or a
-    DecisionAnswer to its query)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def on_message(self, sender: str, message: Any) -> None:
-        if not isinstance(getattr(message, "message", None), Decision | DecisionAnswer):
-            self.inner.on_message(sender, message)
-
-    async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
-        return await self.inner.on_request(sender, request)
 
 
 async def test_a_restarted_participant_commits_from_the_log_of_a_coordinator_gone_for_good(tmp_path):
     async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol=Protocol.TWO_PC) as cluster:
         n1 = cluster.node("n1")
-        cluster.network.handlers["n1"] = DroppingDecisions(cluster.network.handlers["n1"])
+        cluster.network.handlers["n1"] = DroppingMessages(cluster.network.handlers["n1"], Decision, DecisionAnswer)
         mine, theirs = cluster.key_in("p0", "a"), cluster.key_in("p1", "b")  # n0 owns p0, n1 owns p1
         outcome = await cluster.node("n0").execute([Op(OpKind.PUT, mine, b"1"), Op(OpKind.PUT, theirs, b"2")])
         assert outcome.status is OutcomeStatus.COMMITTED, outcome

@@ -9,36 +9,20 @@ simulator, which has no settle window, answered such a request as committing.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from cornus.protocol.messages import Decision
-from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind, PeerRequest, PeerResponse
-from tests.runtime.faults import local_cluster
+from cornus.runtime.wire import ExecuteRequest, ExecuteStatus, Op, OpKind
+from tests.runtime.faults import DroppingMessages, local_cluster
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class DroppingDecisions:
-    """n1's inbound handler, dropping every Decision sent to it."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def on_message(self, sender: str, message: Any) -> None:
-        if not isinstance(getattr(message, "message", None), Decision):
-            self.inner.on_message(sender, message)
-
-    async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
-        return await self.inner.on_request(sender, request)
 
 
 async def test_a_request_of_a_transaction_a_machine_runs_is_answered_committing_while_its_partition_settles(
         tmp_path):
     async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
         n0, n1 = cluster.node("n0"), cluster.node("n1")
-        cluster.network.handlers["n1"] = DroppingDecisions(cluster.network.handlers["n1"])
+        cluster.network.handlers["n1"] = DroppingMessages(cluster.network.handlers["n1"], Decision)
         outcome = await n0.execute([Op(OpKind.PUT, cluster.key_in("p0", "a"), b"1"),
                                     Op(OpKind.PUT, cluster.key_in("p1", "b"), b"2")])
         txn = outcome.txn
