@@ -41,8 +41,14 @@ class CoordPhase(enum.Enum):
     DECIDED = "decided"  # outcome known and announced; waiting for acks
     GC_WAIT = "gc_wait"  # all acked; waiting out the grace period
     COLLECTING_GARBAGE = "collecting_garbage"  # deleting the records
+    ABORTING = "aborting"  # aborted before any vote: telling the partitions until each acknowledges
     DONE = "done"
 
+
+# How many times an abort before any vote is sent again to a partition that does not acknowledge
+# it, each after the resend backoff: past that (a partition whose owner is gone), its owner's idle
+# timeout drops the execution, as it would have after a single send.
+ABORT_RESEND_COUNT_MAX = 8
 
 _DELIVERED = frozenset({CoordPhase.GC_WAIT, CoordPhase.COLLECTING_GARBAGE, CoordPhase.DONE})
 
@@ -76,6 +82,8 @@ class CoordinatorBase:
         self._delete_attempts = 0
         self._settled = False
         self._grace_ms_acked = 0  # the longest DecisionAck.grace_ms_min heard
+        self._abort_unacked: set[str] = set()  # ABORTING: the partitions not acknowledging yet
+        self._abort_resend_count = 0
 
     @property
     def finished(self) -> bool:
@@ -126,6 +134,8 @@ class CoordinatorBase:
         if isinstance(event, TimerFired):
             kind = event.timer.kind
             if kind == "resend":
+                if self.phase is CoordPhase.ABORTING:
+                    return self._resend_abort()
                 return self._resend() if self.phase is CoordPhase.DECIDED else []
             if kind == "gc":
                 return self._collect_garbage()
@@ -202,12 +212,30 @@ class CoordinatorBase:
         assert self.phase is CoordPhase.VALIDATING
         self.decision, self.replied, self.phase = TxnState.ABORT, True, CoordPhase.DONE
         unconfirmed = [p for p in (*self.participants, *self.reads) if p not in self.reads_confirmed]
-        return [
+        effects: list[Effect] = [
             CancelTimer(self._timer("votes")),
             *self._settle(TxnState.ABORT),
             Reply(self.txn, TxnState.ABORT, reason),
             *(self._send(p, Decision(self.txn, TxnState.ABORT)) for p in unconfirmed),
         ]
+        if not unconfirmed:
+            return effects
+        # Told once, a Decision lost on the way (a full queue, a reset link) left that partition's
+        # execution, locks and all, until its owner idled it out, a minute by default (found by
+        # audit, 2026-11-28): told again until each acknowledges, as every partition does, with a
+        # machine or without (PartitionHost._unknown).
+        self.phase = CoordPhase.ABORTING
+        self._abort_unacked = set(unconfirmed)
+        return [*effects, StartTimer(self._timer("resend"), self._resend_backoff.next_delay_ms())]
+
+    def _resend_abort(self) -> list[Effect]:
+        assert self.phase is CoordPhase.ABORTING and self._abort_unacked
+        self._abort_resend_count += 1
+        if self._abort_resend_count > ABORT_RESEND_COUNT_MAX:
+            self.phase = CoordPhase.DONE  # left to the owners' idle timeout
+            return []
+        sends: list[Effect] = [self._send(p, Decision(self.txn, TxnState.ABORT)) for p in sorted(self._abort_unacked)]
+        return [*sends, StartTimer(self._timer("resend"), self._resend_backoff.next_delay_ms())]
 
     def _prepare_message(self, participant: str) -> Prepare:
         return Prepare(self.txn, self.participants, self.node)
@@ -250,6 +278,13 @@ class CoordinatorBase:
         return [*effects, StartTimer(self._timer("resend"), self._resend_backoff.next_delay_ms())]
 
     def _on_ack(self, ack: DecisionAck) -> list[Effect]:
+        if self.phase is CoordPhase.ABORTING:
+            assert ack.decision is TxnState.ABORT, f"{ack.partition} holds {ack.decision} of an abort before any vote"
+            self._abort_unacked.discard(ack.partition)
+            if self._abort_unacked:
+                return []
+            self.phase = CoordPhase.DONE
+            return [CancelTimer(self._timer("resend"))]
         if ack.partition not in self.participants:
             return []
         self.acked.add(ack.partition)

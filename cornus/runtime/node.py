@@ -88,7 +88,7 @@ TIMEOUT_MS_DELIVER_DECISIONS = 5_000
 # they share storage and peers with (found by audit); past it they are refused, retryable.
 STATUS_CALL_COUNT_MAX = 64
 # Coordinator phases whose decision some participant may not have yet.
-_UNDELIVERED = frozenset({CoordPhase.VALIDATING, CoordPhase.COLLECTING, CoordPhase.DECIDED})
+_UNDELIVERED = frozenset({CoordPhase.VALIDATING, CoordPhase.COLLECTING, CoordPhase.DECIDED, CoordPhase.ABORTING})
 
 
 class Node:

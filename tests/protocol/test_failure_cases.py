@@ -376,3 +376,38 @@ def test_a_terminations_aborts_in_the_other_logs_carry_no_redo() -> None:
     aborts = [e for e in participant.handle(Recovered(vote)) if isinstance(e, LogOnce)]
     assert sorted(e.log.key for e in aborts) == [LogId.partition("p1").key, LogId.partition("p2").key], aborts
     assert all(e.state is TxnState.ABORT and e.body == RecordBody(("p0", "p1", "p2"), "c0") for e in aborts), aborts
+
+
+def test_an_abort_before_prepare_is_told_again_until_every_partition_acknowledges() -> None:
+    """Found by audit (2026-11-28): a commit whose read-only partition did not confirm its read
+    locks in time aborts before any vote, and told each partition once. A Decision lost on the way
+    (a full queue, a reset link) left that partition's execution, locks and all, until its owner
+    idled it out (twice timeout_ms_txn_idle, a minute by default). It is sent again until each
+    partition acknowledges (PartitionHost answers a Decision of a transaction it has no machine
+    for), a bounded number of times."""
+    from cornus.protocol.messages import Decision, DecisionAck
+
+    txn = "5.c0.x.3.cornus"
+    host = CoordinatorHost("c0", ProtocolConfig(), random.Random(1), protocol_of)
+    host.handle(CommitRequested("c0", txn, writes=(("p0", b"a"),), reads=("p1",)))
+    aborted = host.handle(TimerFired(Timer("c0", txn, "votes")))
+    assert Reply(txn, TxnState.ABORT, "read-only partitions did not confirm their read locks in time") in aborted
+    told = {e.to for e in aborted if isinstance(e, Send) and e.message == Decision(txn, TxnState.ABORT)}
+    assert told == {"p0", "p1"}, aborted
+    again = host.handle(TimerFired(Timer("c0", txn, "resend")))
+    assert {e.to for e in again if isinstance(e, Send)} == {"p0", "p1"}, again
+    host.handle(MessageReceived("p0", "c0", DecisionAck(txn, "p0", TxnState.ABORT, 1)))
+    again = host.handle(TimerFired(Timer("c0", txn, "resend")))
+    assert {e.to for e in again if isinstance(e, Send)} == {"p1"}, again
+    done = host.handle(MessageReceived("p1", "c0", DecisionAck(txn, "p1", TxnState.ABORT, 1)))
+    assert CancelTimer(Timer("c0", txn, "resend")) in done
+    assert txn not in host.machines
+    # Bounded: a partition that never acknowledges is told so many times, then left to its idle timeout.
+    other = "5.c0.x.4.cornus"
+    host.handle(CommitRequested("c0", other, writes=(("p0", b"a"),), reads=("p1",)))
+    host.handle(TimerFired(Timer("c0", other, "votes")))
+    resends = 0
+    while other in host.machines:
+        assert resends < 100, "an abort told again without end"
+        host.handle(TimerFired(Timer("c0", other, "resend")))
+        resends += 1
