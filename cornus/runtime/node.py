@@ -8,7 +8,7 @@ this node coordinates (coordination.py), the partitions' execution phase, locks 
 operators and peers ask about transactions (admin.py), a deposed process's parking (parking.py),
 the storage's cluster record, checked before anything is taken (cluster_record.py), and what a
 peer's request may say (wire.py). This module wires them and carries inbound traffic;
-it is a little over 450 lines because the admission of a peer's request (`on_request`: its
+it is past 450 lines because the admission of a peer's request (`on_request`: its
 deadline, ownership, readiness, the carried prepare) is the inbound traffic's own concern, and
 every rule in it is a call into the core or into the parts above.
 

@@ -290,6 +290,21 @@ async def test_with_replicas_a_read_answers_only_what_the_replicas_have(
             await reader.close()
 
 
+@contextlib.asynccontextmanager
+async def _marked_stores(pair: Pair) -> AsyncIterator[tuple[RedisStore, RedisStore, aioredis.Redis, str]]:
+    """A store writing without waiting for replicas, one in durability "replicas:1", a client of
+    the primary, and the key of LOG's read mark (which the found paths bump)."""
+    plain = await _open(pair.primary_url, "none")
+    replicated_store = await _open(pair.primary_url, "replicas:1")
+    primary = aioredis.Redis(port=pair.primary.port)
+    try:
+        yield plain, replicated_store, primary, f"cxtxn:{{{LOG.key}}}:~read"
+    finally:
+        await primary.aclose()
+        await plain.close()
+        await replicated_store.close()
+
+
 async def test_with_replicas_a_log_once_that_finds_a_record_answers_only_what_the_replicas_have(
     services: Services, tmp_path: Path,
 ) -> None:
@@ -301,27 +316,18 @@ async def test_with_replicas_a_log_once_that_finds_a_record_answers_only_what_th
     does, so its WAIT covers what it found. (Redis often moves a connection's offset anyway, when
     a command of it flushes propagation queued by others, so the WAIT alone fails to show it: the
     mark is what the test checks, and then that the answer waits for the replicas.)"""
-    async with replicated(services, tmp_path) as pair:
-        writer = await _open(pair.primary_url, "none")
-        terminator = await _open(pair.primary_url, "replicas:1")
-        primary = aioredis.Redis(port=pair.primary.port)
-        mark = f"cxtxn:{{{LOG.key}}}:~read"
-        try:
-            await writer.log_once(LOG, "txn-a", TxnState.VOTE_YES, BODY)
-            await _on_replica(pair, writer, "txn-a")
-            found = await terminator.log_once(LOG, "txn-a", TxnState.ABORT, BODY)  # replicated: as before
-            assert found.state is TxnState.VOTE_YES and not found.created
-            assert await primary.get(mark) == b"1", "the found path wrote nothing for its WAIT to cover"
-            await writer.log_once(LOG, "txn-c", TxnState.VOTE_YES, BODY)  # not replicas mode: no mark
-            assert await primary.get(mark) == b"1"
-            pair.link.cutting = True
-            await writer.log_once(LOG, "txn-b", TxnState.VOTE_YES, BODY)  # on the primary only
-            with pytest.raises(StorageUnavailable, match="replica"):
-                await terminator.log_once(LOG, "txn-b", TxnState.ABORT, BODY)
-        finally:
-            await primary.aclose()
-            await writer.close()
-            await terminator.close()
+    async with replicated(services, tmp_path) as pair, _marked_stores(pair) as (writer, terminator, primary, mark):
+        await writer.log_once(LOG, "txn-a", TxnState.VOTE_YES, BODY)
+        await _on_replica(pair, writer, "txn-a")
+        found = await terminator.log_once(LOG, "txn-a", TxnState.ABORT, BODY)  # replicated: as before
+        assert found.state is TxnState.VOTE_YES and not found.created
+        assert await primary.get(mark) == b"1", "the found path wrote nothing for its WAIT to cover"
+        await writer.log_once(LOG, "txn-c", TxnState.VOTE_YES, BODY)  # not replicas mode: no mark
+        assert await primary.get(mark) == b"1"
+        pair.link.cutting = True
+        await writer.log_once(LOG, "txn-b", TxnState.VOTE_YES, BODY)  # on the primary only
+        with pytest.raises(StorageUnavailable, match="replica"):
+            await terminator.log_once(LOG, "txn-b", TxnState.ABORT, BODY)
 
 
 async def test_with_replicas_an_apply_that_finds_its_earlier_apply_answers_only_what_the_replicas_have(
@@ -333,24 +339,15 @@ async def test_with_replicas_an_apply_that_finds_its_earlier_apply_answers_only_
     the redo for durable, cached it, released its locks and acknowledged; a failover to the
     lagging replica brought the record back to VOTE_YES, and garbage collection deleted the
     vote of a committed transaction. The found path bumps the log's read mark, as log_once's."""
-    async with replicated(services, tmp_path) as pair:
-        writer = await _open(pair.primary_url, "none")
-        participant = await _open(pair.primary_url, "replicas:1")
-        primary = aioredis.Redis(port=pair.primary.port)
-        mark = f"cxtxn:{{{LOG.key}}}:~read"
-        try:
-            await writer.log_once(LOG, "txn-a", TxnState.VOTE_YES, BODY)
-            await writer.apply_redo("p0", "txn-a", {"k": b"v"})
-            await _on_replica(pair, writer, "txn-a")
-            assert await participant.apply_redo("p0", "txn-a", {"k": b"v"}) is False  # applied before
-            assert await primary.get(mark) == b"1", "the found path wrote nothing for its WAIT to cover"
-            await writer.log_once(LOG, "txn-b", TxnState.VOTE_YES, BODY)
-            await _on_replica(pair, writer, "txn-b")
-            pair.link.cutting = True
-            await writer.apply_redo("p0", "txn-b", {"k": b"w"})  # on the primary only
-            with pytest.raises(StorageUnavailable, match="replica"):
-                await participant.apply_redo("p0", "txn-b", {"k": b"w"})
-        finally:
-            await primary.aclose()
-            await writer.close()
-            await participant.close()
+    async with replicated(services, tmp_path) as pair, _marked_stores(pair) as (writer, participant, primary, mark):
+        await writer.log_once(LOG, "txn-a", TxnState.VOTE_YES, BODY)
+        await writer.apply_redo("p0", "txn-a", {"k": b"v"})
+        await _on_replica(pair, writer, "txn-a")
+        assert await participant.apply_redo("p0", "txn-a", {"k": b"v"}) is False  # applied before
+        assert await primary.get(mark) == b"1", "the found path wrote nothing for its WAIT to cover"
+        await writer.log_once(LOG, "txn-b", TxnState.VOTE_YES, BODY)
+        await _on_replica(pair, writer, "txn-b")
+        pair.link.cutting = True
+        await writer.apply_redo("p0", "txn-b", {"k": b"w"})  # on the primary only
+        with pytest.raises(StorageUnavailable, match="replica"):
+            await participant.apply_redo("p0", "txn-b", {"k": b"w"})
