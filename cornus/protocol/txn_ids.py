@@ -147,6 +147,17 @@ def predecessor_may_have_run(begin_ms: int, identity_taken_ms: int | None, confi
     return begin_ms <= identity_taken_ms + window_ms
 
 
+def another_process_may_have_run(begin_ms: int, identity_taken_ms: int | None, deposed: bool,
+                                 config: ProtocolConfig) -> bool:
+    """Whether a process of this node other than this one may have run a client-chosen id that
+    begins at `begin_ms`: an earlier one (`predecessor_may_have_run`), or, once this one is
+    `deposed`, the later one that took the identity, whatever the begin: it serves the node's
+    requests now, and a proxy may have delivered this very request there first (found by audit,
+    2026-11-28: a deposed process refused it as "stopping", nothing ran, and the client ran a
+    transfer its successor had committed again under a new id)."""
+    return deposed or predecessor_may_have_run(begin_ms, identity_taken_ms, config)
+
+
 def client_begin_problem(begin_ms: int, now_ms: int, started_ms: int, age_ms_max: int) -> str:
     """What is wrong with the begin time of a client-chosen id ("" if nothing), by the receiving
     node's clock `now_ms`, given the wall time `started_ms` at which its coordinator process

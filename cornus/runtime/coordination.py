@@ -204,6 +204,9 @@ class Coordination:
         self._txn_counter = 0
         # Set by a clean stop: the node delivers the decisions it has and begins nothing new.
         self.closing = False
+        # Another process of this node took its identity (abandon_replies): it may run any
+        # client-chosen id sent here, so no refusal of one says "nothing ran".
+        self.deposed = False
         self.stop_aborts_running = 0  # abort_open's aborts not finished yet
         # Tells this life's transaction ids from a previous one's (the counter restarts at zero).
         self._incarnation = os.urandom(3).hex()
@@ -250,11 +253,14 @@ class Coordination:
         predecessor_may_have_run): that is in doubt, and its caller must ask the status call
         (found by audit, 2026-11-28: a second delivery to a starting process heard 503, and the
         SDK ran a committed transfer again under a new id)."""
-        if client_txn is not None and txn_ids.predecessor_may_have_run(
-                txn_ids.begin_ms_of(client_txn), self.identity_taken_unix_ms(), self.config.protocol_config):
-            raise ClientTxnRefused(f"{why}, and an earlier process of {self.node_id} may have been running",
-                                   may_have_run=True)
+        if client_txn is not None and self._another_may_have_run(client_txn):
+            raise ClientTxnRefused(f"{why}, and another process of {self.node_id} may have run it", may_have_run=True)
         raise NodeOverloaded(why)
+
+    def _another_may_have_run(self, client_txn: str) -> bool:
+        """txn_ids.another_process_may_have_run, of this process."""
+        return txn_ids.another_process_may_have_run(txn_ids.begin_ms_of(client_txn), self.identity_taken_unix_ms(),
+                                                    self.deposed, self.config.protocol_config)
 
     def begin_one_shot(self, protocol: Protocol | None = None, client_txn: str | None = None) -> str | Outcome:
         """`begin` for a one-shot, except that a client-chosen id an earlier delivery of the same
@@ -286,10 +292,9 @@ class Coordination:
                 timeout_ms_peer_request=self.config.limits.timeout_ms_peer_request,
             )
         except ClientTxnBeginRefused as refused:
-            # A begin ahead of this clock may be behind another's: an earlier process of this
-            # node, on a host whose clock runs ahead, may have run it (found by audit, 2026-11-28).
-            if refused.may_have_run or not txn_ids.predecessor_may_have_run(
-                    txn_ids.begin_ms_of(str(txn)), taken_ms, self.config.protocol_config):
+            # A begin ahead of this clock may be behind another's: another process of this node,
+            # on a host whose clock runs ahead, may have run it (found by audit, 2026-11-28).
+            if refused.may_have_run or not self._another_may_have_run(str(txn)):
                 raise
             raise ClientTxnBeginRefused(str(refused), may_have_run=True) from None
 
@@ -551,6 +556,7 @@ class Coordination:
         UNKNOWN now, not at its deadline (the other process of this node, or a participant's
         termination, decides it; the status call finds the outcome from the records)."""
         self.closing = True
+        self.deposed = True
         for ctx in self.txns.values():
             if ctx.reply is not None:
                 _no_reply(ctx.reply)
@@ -644,7 +650,9 @@ class Coordination:
             if redo_by_partition is not None:
                 self._hold_writes(ctx, ops)  # run_ops holds them on the other path
         except (ValidationError, NodeOverloaded) as refused:
-            await self._refuse_one_shot(ctx, client_txn, refused)
+            in_doubt = await self._refuse_one_shot(ctx, client_txn, refused)
+            if in_doubt is not None:
+                return in_doubt
             raise
         gets = [op.key for op in ops if op.kind is OpKind.GET]
         if redo_by_partition is not None:
@@ -665,19 +673,43 @@ class Coordination:
             except (ValidationError, NodeOverloaded) as refused:
                 # As above (found by review: a refusal here left a client-chosen id taken, and a
                 # NodeOverloaded left the transaction open, holding its slot, until the idle sweep).
-                await self._refuse_one_shot(ctx, client_txn, refused)
+                in_doubt = await self._refuse_one_shot(ctx, client_txn, refused)
+                if in_doubt is not None:
+                    return in_doubt
                 raise
             outcome = await self.commit(txn)
         reads = tuple(zip(gets, values, strict=True)) if outcome.status is OutcomeStatus.COMMITTED else ()
         return Outcome(outcome.txn, outcome.status, outcome.reason, outcome.detail, reads, outcome.timing_ms)
 
-    async def _refuse_one_shot(self, ctx: CoordinatedTxn, client_txn: str | None, refused: Exception) -> None:
-        """End a one-shot refused with nothing run (bad input, or no room for its writes here)."""
+    async def _refuse_one_shot(self, ctx: CoordinatedTxn, client_txn: str | None,
+                               refused: ValidationError | NodeOverloaded) -> Outcome | None:
+        """End a one-shot refused with nothing run here (bad input, or no room for its writes): None,
+        and the refusal stands. Its UNKNOWN outcome instead where it is no room, for a client-chosen
+        id that another process of this node may have run (`unserved_in_doubt`)."""
         if isinstance(refused, NodeOverloaded):
+            in_doubt = await self.unserved_in_doubt(ctx.txn, client_txn, refused)
+            if in_doubt is not None:
+                return in_doubt
             await self._abort(ctx, AbortReason.PEER_UNAVAILABLE, "node overloaded")
         else:
             await self._abort(ctx, AbortReason.CLIENT, "invalid request")
         self._forget_refused(ctx, client_txn)
+        return None
+
+    async def refuse_one_shot(self, txn: str, client_txn: str | None, refused: ValidationError | NodeOverloaded,
+                              ) -> Outcome | None:
+        """`_refuse_one_shot` for a one-shot run as begin, run_ops and commit (the public gRPC API)."""
+        return await self._refuse_one_shot(self.active(txn), client_txn, refused)
+
+    async def unserved_in_doubt(self, txn: str, client_txn: str | None, refused: NodeOverloaded) -> Outcome | None:
+        """A one-shot under `client_txn` that this process refused for its load after it began
+        (`refused`), as begin does (`_refuse_unserved`): in doubt while another process of this node
+        may have run it, so its caller hears UNKNOWN, and the id stays known here, so a later
+        delivery hears so too. None if it was not (nothing is done then). Found by audit
+        (2026-11-28, second): the refusal for the writes held said "nothing ran", a 503."""
+        if client_txn is None or not self._another_may_have_run(client_txn):
+            return None
+        return await self._abort_in_doubt(self.txns[txn], str(refused))
 
     def _forget_refused(self, ctx: CoordinatedTxn, client_txn: str | None) -> None:
         """A one-shot refused before any request left this node changed nothing, and the caller was

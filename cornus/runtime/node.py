@@ -66,6 +66,7 @@ from cornus.runtime.wire import (
     participants_problem,
 )
 from storage_adapters.contract import Ownership
+from storage_adapters.errors import ValidationError
 from storage_adapters.store import LogStore
 
 __all__ = ["Node", "PartitionInfo", "TxnAborted", "TxnInfo", "one_shot_outcome"]
@@ -502,6 +503,10 @@ class Node:
 
     async def abort(self, txn: str, *, input_refused: bool = False) -> Outcome:
         return await self.coordination.abort(txn, input_refused=input_refused)
+
+    async def refuse_one_shot(self, txn: str, client_txn: str | None, refused: ValidationError | NodeOverloaded,
+                              ) -> Outcome | None:
+        return await self.coordination.refuse_one_shot(txn, client_txn, refused)
 
     async def execute(self, ops: Sequence[Op], protocol: Protocol | None = None,
                       client_txn: str | None = None) -> Outcome:

@@ -215,7 +215,7 @@ class LimitedHttpProtocol(GatheringHttpToolsProtocol):
 def _unavailable(detail: str) -> Callable[..., Awaitable[None]]:
     """An ASGI app that answers any request with the API's JSON 503 (services/api/rest.py's error
     shape for NodeOverloaded)."""
-    body = json.dumps({"error": "unavailable", "detail": detail}).encode()
+    body = json.dumps({"error": "busy", "detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"retry-after", b"1")]
 

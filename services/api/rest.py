@@ -252,7 +252,9 @@ class ReadOut(BaseModel):
 class ErrorOut(BaseModel):
     error: str = Field(description="a stable code: malformed_request, invalid_request, invalid_txn, "
                                    "txn_begin_refused, not_found, wrong_state, too_large, unavailable, "
-                                   "storage_unavailable, method_not_allowed, internal (a 500: a bug)")
+                                   "storage_unavailable, busy (a 503 before the request was read: "
+                                   "a call under its own txn may be sent again as it was), "
+                                   "method_not_allowed, internal (a 500: a bug)")
     detail: str = Field(description="what was wrong, in words")
 
 

@@ -433,6 +433,10 @@ def parse_outcome(url: str, response: httpx.Response, txn: str, *, may_have_comm
     if isinstance(body, dict) and "outcome" in body:
         return _outcome_from(url, body)
     if response.status_code == 503:
+        if may_have_committed and (own_id or commit) and is_busy(response):
+            return Outcome(txn, Status.UNKNOWN, node_url=url,
+                           detail=f"{url}: the node was too busy to read the request ({_error_text(body)}); an "
+                                  f"earlier delivery of it (a proxy's) may have run it: ask its status")
         if may_have_committed and not _node_refusal(body):
             # Not a node's 503 (a node sends one only before any work, with its error code): a
             # proxy's, whose request may have reached a node that committed it.
@@ -457,7 +461,23 @@ def parse_outcome(url: str, response: httpx.Response, txn: str, *, may_have_comm
 
 
 # The error codes a node answers 503 with (services/api/rest.py): it refused before doing any work.
-_NODE_503_ERRORS = frozenset({"unavailable", "storage_unavailable"})
+# "busy" is its front door's (services/api/http_limits.py), which answers before reading the
+# request: nothing of this delivery ran, but it cannot tell an earlier delivery's id.
+_NODE_503_ERRORS = frozenset({"unavailable", "storage_unavailable", "busy"})
+# Times an execute under its own id is sent again, as it was, to a node too busy to read it: its
+# id checks tell a second delivery, and past them the outcome is UNKNOWN, never a new id's run.
+BUSY_RESEND_COUNT_MAX = 3
+
+
+def is_busy(response: httpx.Response) -> bool:
+    """Whether `response` is a node's front door's refusal before it read the request."""
+    if response.status_code != 503:
+        return False
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("error") == "busy"
 
 
 def status_answered(response: httpx.Response) -> bool:

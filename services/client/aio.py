@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import httpx
 
 from services.client._core import (
+    BUSY_RESEND_COUNT_MAX,
     IN_DOUBT,
     ClientConfig,
     NodeIdentity,
@@ -38,6 +39,7 @@ from services.client._core import (
     describe,
     execute_body,
     identity_from,
+    is_busy,
     is_read_only,
     is_unsent,
     normalize_url,
@@ -260,7 +262,10 @@ class AsyncCornusClient:
             txn = "" if read_only else await self._client_txn(url, body, tried)
             if txn is None:
                 continue  # unreachable: `tried` says why
-            while True:  # twice at most: a refused client id is dropped, and the second try goes without
+            busy_count = 0
+            # A refused client id is dropped, and the next try goes without; a node too busy to
+            # read it is sent it again as it was, at most BUSY_RESEND_COUNT_MAX times.
+            while True:
                 try:
                     response = await self._post(url + "/v1/execute", {**body, "txn": txn} if txn else body)
                 except httpx.TransportError as error:
@@ -275,6 +280,10 @@ class AsyncCornusClient:
                     return refused_in_doubt(url, txn, response)
                 if refused:
                     txn = ""
+                    continue
+                if txn and is_busy(response) and busy_count < BUSY_RESEND_COUNT_MAX:
+                    await asyncio.sleep(backoff_s(self.config, busy_count, self._rng))
+                    busy_count += 1
                     continue
                 outcome = parse_outcome(url, response, txn, may_have_committed=True, own_id=bool(txn))
                 if txn:

@@ -390,8 +390,12 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
             return began
         txn = call.txn = began
         if call.refused:
-            await node.abort(txn, input_refused=True)  # frees a client-chosen id: nothing ran
-            raise NodeOverloaded("the server is stopping; nothing was committed")
+            stopping = NodeOverloaded("the server is stopping; nothing was committed")
+            # Frees a client-chosen id (nothing ran), unless another process of the node may have run it.
+            in_doubt = await node.refuse_one_shot(txn, client_txn, stopping)
+            if in_doubt is not None:
+                return in_doubt
+            raise stopping
         try:
             await context.send_initial_metadata(((TXN_METADATA_KEY, txn),))
             values = await node.run_ops(txn, ops, ONE_SHOT_READ_BYTES_MAX)  # each owner held to its share
@@ -403,8 +407,13 @@ class CornusServicer(public_pb2_grpc.CornusServicer):
             # The caller is gone (metadata could not be sent), the input was bad, or the task was
             # cancelled: nothing committed, and the transaction must not wait for the idle sweep.
             # Bad input, or no room for its writes here, frees a client-chosen id for the corrected
-            # request or the retry, as REST's execute does.
-            await node.abort(txn, input_refused=isinstance(error, ValidationError | NodeOverloaded))
+            # request or the retry, as REST's execute does (Coordination.refuse_one_shot).
+            if not isinstance(error, ValidationError | NodeOverloaded):
+                await node.abort(txn)
+                raise
+            in_doubt = await node.refuse_one_shot(txn, client_txn, error)
+            if in_doubt is not None:
+                return in_doubt
             raise
         if call.refused or (deadline_s is not None and time.monotonic() >= deadline_s):
             # Nobody would hear of this commit: the caller was told DEADLINE_EXCEEDED (or, as the

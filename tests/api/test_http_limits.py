@@ -326,7 +326,7 @@ async def test_connections_and_requests_past_their_bounds_get_a_json_503() -> No
         assert (await _request(*connections[0], "/a"))[0] == 200
         status, head, body = await _request(*connections[-1], "/a")
         assert status == 503 and b"application/json" in head.lower() and b"retry-after" in head.lower(), head
-        assert json.loads(body)["error"] == "unavailable" and "connections" in json.loads(body)["detail"]
+        assert json.loads(body)["error"] == "busy" and "connections" in json.loads(body)["detail"]
         async with asyncio.timeout(HELD_S):
             assert await connections[-1][0].read() == b""
         # Requests in flight: past their bound, one is refused at once while the others wait.

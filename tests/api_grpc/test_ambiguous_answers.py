@@ -178,11 +178,22 @@ async def test_a_one_shot_refused_for_room_leaves_its_client_chosen_id_free(tmp_
     """Refused before anything ran (no room for its writes on the coordinator: UNAVAILABLE, retry
     later), a one-shot's client-chosen id was kept as a transaction that ended, and the retry the
     answer asks for, with the same id, was refused as "already known" (found by review; REST
-    frees it)."""
+    frees it). Not while an earlier process of the node may have run the id (found by audit,
+    2026-11-28, second: UNAVAILABLE, and the client ran it again under a new id): then
+    OUTCOME_UNKNOWN, and the id stays known."""
     monkeypatch.setattr(coordination, "WRITES_HELD_BYTES_MAX", 1_000)
     async with _served(tmp_path) as served:
-        txn = client_txn_id(int(time.time() * 1000), served.node.node_id, secrets.token_hex(16), Protocol.CORNUS)
-        request = pb.ExecuteRequest(txn=txn, ops=[pb.Op(kind=pb.OP_KIND_PUT, key=served.keys[0], value=b"v" * 5_000)])
+        now_ms = int(time.time() * 1000)
+        ops = [pb.Op(kind=pb.OP_KIND_PUT, key=served.keys[0], value=b"v" * 5_000)]
+        taken_just_now = client_txn_id(now_ms, served.node.node_id, secrets.token_hex(16), Protocol.CORNUS)
+        request = pb.ExecuteRequest(txn=taken_just_now, ops=ops)
+        in_doubt = await served.stub.Execute(request, timeout=5)
+        assert in_doubt.outcome == pb.OUTCOME_UNKNOWN and "writes" in in_doubt.detail, in_doubt
+        assert (await served.stub.Execute(request, timeout=5)).outcome == pb.OUTCOME_UNKNOWN  # "already known"
+        # The node's identity was taken long before: no earlier process runs, and nothing ran.
+        monkeypatch.setattr(served.node.coordination, "identity_taken_unix_ms", lambda: now_ms - 600_000)
+        txn = client_txn_id(now_ms, served.node.node_id, secrets.token_hex(16), Protocol.CORNUS)
+        request = pb.ExecuteRequest(txn=txn, ops=ops)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await served.stub.Execute(request, timeout=5)
         assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, refused.value

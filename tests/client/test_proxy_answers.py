@@ -324,3 +324,59 @@ async def test_an_unknown_answer_for_an_id_naming_another_node_stops_the_ids_for
     assert (await aclient.execute([Op.put("k", "v")])).status is Status.UNKNOWN
     assert (await aclient.execute([Op.put("k", "w")])).committed
     assert len(executes) == 2 and b'"txn"' not in executes[1], executes
+
+
+_BUSY = {"error": "busy", "detail": "this node runs 10000 requests, its limit is 10000; retry later"}
+
+
+def _busy_then_committed(busy_count: int, bodies: list[dict]) -> httpx.MockTransport:
+    """A node whose front door answers the first `busy_count` executes "busy" (services/api/
+    http_limits.py: refused before the request was read), then commits; the bodies are kept."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/healthz":
+            return httpx.Response(200, json={"status": "ok", "node": "n0", "protocol": "cornus"})
+        assert request.url.path == "/v1/execute", request.url.path
+        body = json.loads(request.content)
+        bodies.append(body)
+        if len(bodies) <= busy_count:
+            return httpx.Response(503, json=_BUSY)
+        return httpx.Response(200, json={"txn": body["txn"], "outcome": "committed"})
+
+    return httpx.MockTransport(handler)
+
+
+def test_an_execute_its_node_was_too_busy_to_read_is_sent_again_under_its_own_id() -> None:
+    """Found by audit (2026-11-28, second): the front door's 503, given before the request is read,
+    was the body of a node's "nothing ran", and the SDK ran the one-shot again under a new id;
+    a proxy that had delivered it before, the answer lost, made that a second commit. "busy" now:
+    sent again under the same id (the node's id checks tell a second delivery), and UNKNOWN once
+    the resends run out, never a new id."""
+    bodies: list[dict] = []
+    client = CornusClient("http://node:8100", http=httpx.Client(transport=_busy_then_committed(2, bodies)))
+    outcome = client.execute([Op.put("k", "v")])
+    assert outcome.status is Status.COMMITTED, outcome
+    assert len(bodies) == 3 and len({body["txn"] for body in bodies}) == 1, bodies
+    bodies.clear()
+    client = CornusClient("http://node:8100", http=httpx.Client(transport=_busy_then_committed(100, bodies)))
+    outcome = client.execute([Op.put("k", "v")])
+    assert outcome.status is Status.UNKNOWN and "busy" in outcome.detail, outcome
+    assert len({body["txn"] for body in bodies}) == 1, bodies
+
+
+async def test_the_async_client_sends_an_execute_again_under_its_own_id_alike() -> None:
+    bodies: list[dict] = []
+    client = AsyncCornusClient("http://node:8100", http=httpx.AsyncClient(transport=_busy_then_committed(2, bodies)))
+    assert (await client.execute([Op.put("k", "v")])).status is Status.COMMITTED
+    assert len(bodies) == 3 and len({body["txn"] for body in bodies}) == 1, bodies
+
+
+def test_a_commit_its_node_was_too_busy_to_read_is_unknown() -> None:
+    """The same 503 to a commit: a proxy may have delivered the commit before, so UNKNOWN (its
+    status tells), not "nothing committed", which run_transaction answers by running it again."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/txn":
+            return httpx.Response(201, json={"txn": "t1"})
+        return httpx.Response(503, json=_BUSY)
+
+    client = CornusClient("http://node:8100", http=httpx.Client(transport=httpx.MockTransport(handler)))
+    assert client.begin().commit().status is Status.UNKNOWN

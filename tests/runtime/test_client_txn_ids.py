@@ -12,8 +12,9 @@ import pytest
 from cornus.protocol.config import Protocol
 from cornus.protocol.txn_ids import client_txn_id
 from cornus.runtime.node import TxnAborted
-from cornus.runtime.outcome import NodeOverloaded, Outcome, OutcomeStatus
+from cornus.runtime.outcome import AbortReason, NodeOverloaded, Outcome, OutcomeStatus
 from cornus.runtime.wire import Op, OpKind
+from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.errors import ValidationError
 from tests.runtime.faults import local_cluster, wait_until
 
@@ -199,3 +200,67 @@ async def test_an_id_begun_ahead_of_the_clock_while_an_earlier_process_may_run_i
             await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=ahead)
         assert not coordination.txns
         assert await cluster.value("k1") is None
+
+
+async def test_an_id_refused_by_a_deposed_process_is_in_doubt(tmp_path, monkeypatch):
+    """Found by audit (2026-11-28, second): a process that a later one of its node deposed (a
+    force-deleted pod that runs on) answered a client-chosen id it did not know with 503
+    "stopping", nothing ran; but the later process holds the identity, and a proxy may have
+    delivered the same request there first, where it committed. The SDK ran it again under a new
+    id. Any refusal of a client-chosen id by a deposed process is in doubt, whatever its begin
+    (an id of its own making still hears the plain refusal: no client can resend it)."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        # Taken long ago, past the window in which an earlier process may still run.
+        monkeypatch.setattr(node.coordination, "identity_taken_unix_ms", lambda: int(time.time() * 1000) - 600_000)
+        node._deposed("a test took the identity")
+        _assert_in_doubt(await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=_new_id()), "stopping")
+        ahead = client_txn_id(int(time.time() * 1000) + 500, "n0", secrets.token_hex(16), Protocol.CORNUS)
+        _assert_in_doubt(await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=ahead), "ahead of this node")
+        with pytest.raises(NodeOverloaded, match="stopping"):
+            await node.execute([Op(OpKind.PUT, "k1", b"v")])
+        assert not node.coordination.txns
+        assert await cluster.value("k1") is None
+
+
+async def test_an_id_refused_for_the_writes_held_while_an_earlier_process_may_run_is_in_doubt(tmp_path, monkeypatch):
+    """Found by audit (2026-11-28, second): the refusal for the writes a node holds (past
+    WRITES_HELD_BYTES_MAX) said "nothing ran" of a client-chosen id an earlier process of the node
+    may have run, as the refusals for load did before the predecessor rule reached them. In doubt
+    while txn_ids.predecessor_may_have_run holds, and its id stays taken; after, a plain 503."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        coordination = node.coordination
+        monkeypatch.setattr("cornus.runtime.coordination.WRITES_HELD_BYTES_MAX", 0)
+        now_ms = int(time.time() * 1000)
+        monkeypatch.setattr(coordination, "identity_taken_unix_ms", lambda: now_ms - 2_000)
+        txn = _new_id()
+        _assert_in_doubt(await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=txn), "writes")
+        _assert_in_doubt(await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=txn), "already known")
+        config = node.config.protocol_config
+        window_ms = config.identity_check_ms + 2 * config.storage_deadline_ms + config.clock_slack_ms
+        monkeypatch.setattr(coordination, "identity_taken_unix_ms", lambda: now_ms - window_ms - 1_000)
+        with pytest.raises(NodeOverloaded, match="writes"):
+            await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=_new_id())
+        assert not coordination.txns
+        assert await cluster.value("k1") is None
+
+
+async def test_the_status_call_asks_the_records_of_a_client_chosen_id_its_coordinator_remembers_aborted(tmp_path):
+    """Found by audit (2026-11-28, second): the status call answered a coordinator's memory of
+    ABORTED (or ACTIVE) at once, reading no record, though the verdict ranks a COMMIT in the
+    records above it (cornus.protocol.status): another process of the node, sent the same
+    client-chosen id, may have committed it. For such an id the records are read; an id of the
+    node's own making is this process's alone, and its memory stands."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        coordination = node.coordination
+        txn = _new_id()
+        coordination._remember(Outcome(txn, OutcomeStatus.ABORTED, AbortReason.CLIENT, "as this process saw it"))
+        await cluster.real_store.log_once(LogId.partition("p0"), txn, TxnState.COMMIT, RecordBody())
+        status = await node.resolve_status(txn)
+        assert status is not None and status.status is OutcomeStatus.COMMITTED, status
+        own = node.begin()
+        await node.abort(own)
+        status = await node.resolve_status(own)
+        assert status is not None and status.status is OutcomeStatus.ABORTED, status

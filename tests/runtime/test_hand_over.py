@@ -89,7 +89,9 @@ async def test_a_first_request_that_ran_as_its_partition_began_to_drain_leaves_n
         gate.set()
         response = await answer
         assert response.status is ExecuteStatus.NOT_OWNER, response
-        assert txn not in n1.partitions["p0"].executions, "the refused request's execution stayed"
+        # Handed over by now, perhaps (the drain had nothing left to wait for): then gone with it.
+        partition = n1.partitions.get("p0")
+        assert partition is None or txn not in partition.executions, "the refused request's execution stayed"
 
 
 async def _n1_holds_p0(cluster) -> Node:

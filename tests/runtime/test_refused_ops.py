@@ -89,7 +89,8 @@ async def test_a_one_shot_refused_for_room_on_its_run_first_path_ends_and_frees_
     """A one-shot whose redo with the keys it reads outgrows a record runs its operations first
     and commits after; there a refusal for room (NodeOverloaded) left the transaction open,
     holding its slot until the idle sweep, and kept its client-chosen id taken, though nothing
-    had run (found by review)."""
+    had run (found by review). While an earlier process of the node may have run the id, it is in
+    doubt instead, and stays taken (found by audit, 2026-11-28, second)."""
     monkeypatch.setattr(coordination, "WRITES_HELD_BYTES_MAX", 100_000)
     async with local_cluster(tmp_path, node_count=1, partition_count=1) as cluster:
         node = cluster.node()
@@ -97,6 +98,12 @@ async def test_a_one_shot_refused_for_room_on_its_run_first_path_ends_and_frees_
         ops = [Op(OpKind.PUT, "w0", value), Op(OpKind.PUT, "w1", value)]
         ops += [Op(OpKind.GET, f"r{i:03}" + "k" * 480) for i in range(30)]  # their names outgrow the record
         assert one_shot_redo(Protocol.CORNUS, {"p0": ops}) is None, "the test's one-shot must run its ops first"
+        in_doubt = client_txn_id(int(time.time() * 1000), "n0", secrets.token_hex(16), Protocol.CORNUS)
+        outcome = await node.execute(ops, Protocol.CORNUS, in_doubt)  # the identity was taken just now
+        assert outcome.status is OutcomeStatus.UNKNOWN and "writes" in outcome.detail, outcome
+        assert node.coordination.txns == {} and node.coordination.known(in_doubt) is not None
+        taken_ms = int(time.time() * 1000) - 600_000  # long ago: no earlier process runs
+        monkeypatch.setattr(node.coordination, "identity_taken_unix_ms", lambda: taken_ms)
         txn = client_txn_id(int(time.time() * 1000), "n0", secrets.token_hex(16), Protocol.CORNUS)
         with pytest.raises(NodeOverloaded):
             await node.execute(ops, Protocol.CORNUS, txn)
