@@ -108,6 +108,7 @@ class ExecutionPhase:
             return  # its client is refused, and asks the status call instead
         if plan.one_shot:
             self._start_one_shot(txn, self.nodes[plan.coordinator])
+            self._delivered_to_deposed(txn)
             return
         coordinator = self.nodes[plan.coordinator]
         self.executing[txn] = (coordinator.name, coordinator.incarnation)

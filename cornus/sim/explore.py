@@ -100,6 +100,7 @@ def _explore_share(args: tuple[str, int, int, bool]) -> tuple[int, Failures, dic
         faults["vacancy_exits"] += world.outcome.vacancy_exits
         faults["told_nothing_ran"] += len(world.outcome.told_nothing_ran)
         faults["refused_starting_in_doubt"] += world.outcome.refused_starting_in_doubt
+        faults["refused_deposed_in_doubt"] += world.outcome.refused_deposed_in_doubt
         faults["stale_answers"] += world.outcome.stale_answers
         faults["lock_waits"] += world.outcome.lock_waits
         faults["wait_die_schedules"] += schedule.wait_die

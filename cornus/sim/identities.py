@@ -54,6 +54,7 @@ class ParkedProcess:
     watch: VacancyWatch
     restarts: bool  # the node's newest process: its exit on a vacancy is restarted at once
     ends_ms: int | None  # a Twin's first process: its pod is gone then, the watch with it
+    identity_taken_ms: int | None = None  # when it had taken the identity, by its node's clock
 
 
 class Identities:
@@ -100,6 +101,26 @@ class Identities:
         else:
             self.outcome.refused_starting_in_doubt += 1
         return nothing_ran
+
+    def _delivered_to_deposed(self, txn: str) -> None:
+        """A proxy delivers a one-shot sent to the node's newest process to a deposed one of the
+        node too, still parked (for half of the client-chosen ids; not drawn from the RNG). That
+        one refuses it, stopping, as the runtime's Coordination.begin does: in doubt while another
+        process of the node may have run it (txn_ids.another_process_may_have_run), which, for a
+        deposed one, is always; "nothing ran" otherwise, recorded for the invariants, which check
+        that the transaction never commits (found by audit, 2026-11-28, second: the runtime said
+        so, a 503, once past its own predecessor's window, and the SDK ran it again)."""
+        if not txn_ids.is_client_chosen(txn) or zlib.crc32(f"{txn}/deposed".encode()) % 2:
+            return
+        name = self.plans[txn].coordinator
+        begin_ms = begin_ms_of(txn)
+        for (parked_name, _), parked in self.parked.items():
+            if parked_name != name or (parked.ends_ms is not None and self.now_ms >= parked.ends_ms):
+                continue
+            if txn_ids.another_process_may_have_run(begin_ms, parked.identity_taken_ms, True, self.config):
+                self.outcome.refused_deposed_in_doubt += 1
+            else:
+                self.outcome.told_nothing_ran.setdefault(txn, self.now_ms)
 
     def _accepts_again(self, txn: str) -> bool:
         """Whether the second process runs a one-shot its client sent again: as the runtime's
@@ -205,22 +226,25 @@ class Identities:
         self.outcome.deposed += 1
         if self.trace is not None:
             self.trace.append(f"{self.now_ms:6d} {name:>3} DEPOSED (incarnation {incarnation})")
+        taken_ms = process.identity_taken_ms
         if self.twins.get(name) is process:
             # It acts no more; it watches the record until its pod is gone, and a vacancy it finds
             # meanwhile ends it too (its restart, by a kubelet the pod's deletion has not reached,
             # is not modelled: it would be one more process of the node, as a Twin is).
             self._twin_ends(name, incarnation)
-            self._park(name, incarnation, restarts=False, ends_ms=self._twin_end_ms[name])
+            self._park(name, incarnation, restarts=False, ends_ms=self._twin_end_ms[name], identity_taken_ms=taken_ms)
             return
         self._unpark(lambda k: k[0] == name, None)
         process.alive = False
         process.incarnation += 1
         process.core = None
         process.reset_memory(self.lock_policy)
-        self._park(name, process.incarnation, restarts=True, ends_ms=None)
+        self._park(name, process.incarnation, restarts=True, ends_ms=None, identity_taken_ms=taken_ms)
 
-    def _park(self, name: str, incarnation: int, *, restarts: bool, ends_ms: int | None) -> None:
-        self.parked[(name, incarnation)] = ParkedProcess(VacancyWatch(self.config, self.now_ms), restarts, ends_ms)
+    def _park(self, name: str, incarnation: int, *, restarts: bool, ends_ms: int | None,
+              identity_taken_ms: int | None) -> None:
+        self.parked[(name, incarnation)] = ParkedProcess(VacancyWatch(self.config, self.now_ms), restarts, ends_ms,
+                                                         identity_taken_ms)
         self._push(self.now_ms + self.config.identity_check_ms, STEP_WATCH, (name, incarnation))
 
     def _watch(self, name: str, incarnation: int) -> None:

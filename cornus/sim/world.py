@@ -232,6 +232,7 @@ class Outcome:
     # refused as "nothing ran" (a 503: the client runs it again under a new id), when.
     told_nothing_ran: dict[str, int] = field(default_factory=dict)
     refused_starting_in_doubt: int = 0  # and of them, those answered in doubt
+    refused_deposed_in_doubt: int = 0  # one-shots a deposed process refused, in doubt
     violations: list[str] = field(default_factory=list)
     undecided_at_liveness_check: list[str] = field(default_factory=list)
     log_writes: int = 0

@@ -404,6 +404,22 @@ def test_a_starting_process_that_says_nothing_ran_of_an_id_its_predecessor_ran(
     assert any("said at" in v and "never ran" in v for v in failures[0][1]), failures[0][1]
 
 
+def test_a_deposed_process_that_says_nothing_ran_of_an_id_its_successor_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by audit (2026-11-28, second): a process that a later one of its node deposed refused
+    a client's one-shot with a 503, "nothing ran", once past its own predecessor's window, though
+    the later process, which a proxy had sent the same request to, committed it; the client ran it
+    again under a new id. The world's proxy delivers one-shots to a parked process of the node
+    too, and the invariants check that no transaction said so of commits. The old rule itself
+    (the predecessor's window only) is never false in the world's runs, a second or two in which
+    every process took its identity within that window; so the rule is taken away whole, and the
+    test shows that the world reaches the refusal and its check catches the answer."""
+    monkeypatch.setattr(txn_ids, "another_process_may_have_run", lambda begin_ms, taken_ms, deposed, config: False)
+    count, failures = explore(None, SCHEDULE_COUNT_MAX, seed=905, report_max=1, twins=True,
+                              only=lambda schedule: bool(schedule.twins))
+    assert failures, f"the simulator ran {count} schedules and did not find the old refusal"
+    assert any("said at" in v and "never ran" in v for v in failures[0][1]), failures[0][1]
+
+
 # -- 13. garbage collection that deletes every record and keeps no tombstone -----------------------
 def test_collection_that_keeps_no_tombstone(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before decision tombstones (2026-11-26), collection deleted every participant's record: once
