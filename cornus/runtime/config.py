@@ -82,6 +82,7 @@ NODE_COUNT_MAX = 256
 ADMIN_TOKEN_LENGTH_MIN = 16
 ADMIN_TOKEN_LENGTH_MAX = 512
 _ADMIN_TOKEN = re.compile(rf"(?=.{{{ADMIN_TOKEN_LENGTH_MIN},{ADMIN_TOKEN_LENGTH_MAX}}}$)[A-Za-z0-9\-._~+/]+=*")
+_PARTITION_NAME = re.compile(r"p[0-9]+")  # cornus.runtime.keys.partition_names
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 
 
@@ -266,6 +267,11 @@ def check_peers(peers: Mapping[str, str]) -> None:
         raise ValidationError(f"peers must list 1..{NODE_COUNT_MAX} nodes, this one included")
     for node, address in peers.items():
         validate_id(node, "peer node id", NODE_ID_LENGTH_MAX)
+        if _PARTITION_NAME.fullmatch(node):
+            # Nodes and partitions share one address space, a message's destination (found by
+            # audit, 2026-11-28: every node sent partition p1's messages to node p1). Any count's
+            # name: the count is the cluster record's, which a node reads only after this check.
+            raise ValidationError(f"peer node id {node!r} is a partition's name (p<number>): name the node otherwise")
         _check_address(address, f"address of peer {node}")
     at: dict[str, str] = {}
     for node, address in peers.items():

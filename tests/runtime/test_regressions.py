@@ -1275,3 +1275,16 @@ def test_a_renew_interval_below_its_floor_is_refused():
     load_node_config(environ={}, overrides={**settings, "renew_interval_ms": 50})
     with pytest.raises(ValidationError, match="renew_interval_ms"):
         load_node_config(environ={}, overrides={**settings, "renew_interval_ms": 1})
+
+
+@pytest.mark.parametrize("node", ["p1", "p0", "p4095"])
+def test_a_node_named_as_a_partition_is_refused(node: str):
+    """Found by audit (2026-11-28, second): a node id that is a partition's name was accepted.
+    Node and partition names share one address space (a message's destination), so every node
+    routed partition p1's protocol messages to node p1, whoever held the partition: a 2PC
+    participant's DecisionQuery there heard the presumed ABORT of a coordinator with no machine for
+    it, beside the real coordinator's COMMIT; and node p1 crashed on taking its own partition."""
+    settings = {"node_id": "n0", "peers": f"n0=127.0.0.1:7100,{node}=127.0.0.1:7101", "partition_count": 2}
+    with pytest.raises(ValidationError, match="partition"):
+        load_node_config(environ={}, overrides=settings)
+    load_node_config(environ={}, overrides={**settings, "peers": "n0=127.0.0.1:7100,p1x=127.0.0.1:7101"})
