@@ -19,6 +19,7 @@ from typing import Any
 
 from cornus.protocol.config import ProtocolConfig
 from cornus.runtime import identity
+from cornus.runtime.effect_runner import crash_if_failed
 from storage_adapters.store import LogStore
 
 log = logging.getLogger("cornus.node")
@@ -49,11 +50,15 @@ class Parking:
         assert self._halting is None, "parked twice"
         # A task of its own: the runner's stop, which `halt` awaits, cancels the runner's tasks.
         self._halting = asyncio.get_running_loop().create_task(self._park(halt), name="cornus-park")
+        # An error ends the process: parked for ever, it would leave its node with no live
+        # process once the other goes (found by audit, 2026-11-28: the watch died unobserved).
+        self._halting.add_done_callback(crash_if_failed)
 
     async def _park(self, halt: Callable[[], Coroutine[Any, Any, None]]) -> None:
         await halt()
         if not self._stopping:  # a stop under way ends the process anyway (found by review)
             self._watching = asyncio.get_running_loop().create_task(self._watch(), name="cornus-watch")
+            self._watching.add_done_callback(crash_if_failed)
 
     async def _watch(self) -> None:
         await identity.watch_until_vacant(self._store, self._node_id, self._config)
