@@ -40,7 +40,8 @@ transaction carries the check in every chunk (see `apply_redo`). A transaction t
 on the ownership item (a renewal's PutItem; another fenced write's check, as AWS documents: moto,
 serving one request at a time, cannot show it) is cancelled with TransactionConflict, nothing
 written: it is sent again after a short jittered pause (CONFLICT_RETRY_COUNT_MAX times at most,
-within the call's deadline; a renewal refused so too), then reported as StorageUnavailable.
+within the call's deadline; a renewal refused so too, and a large redo's read of its record and
+ownership item, a TransactGetItems), then reported as StorageUnavailable.
 
 Tombstones. `delete` with a keep is one conditional UpdateItem that turns the record into its
 tombstone where it stands (an update, not a put, so that a record keeps its created_at_ms): it sets
@@ -75,7 +76,11 @@ it: nor are identity records deleted. Nodes are few and take rarely (once per pr
 the one partition key takes no load worth spreading.
 
 Durability: DynamoDB acknowledges a write after it is durable in several AZs, and every read here
-is strongly consistent, so a loser can never read past an acknowledged vote.
+is strongly consistent, so a loser can never read past an acknowledged vote. That holds in one
+region: a global table's replicas in others check each conditional write on their own copy, so
+`open` refuses a table with replicas kept eventually consistent, of either version (the current
+one's in DescribeTable's Replicas, a legacy one's in DescribeGlobalTable's ReplicationGroup),
+whether or not it may create the table.
 """
 
 from __future__ import annotations
@@ -173,6 +178,8 @@ TOMBSTONE_ROUND_COUNT_MAX = 4
 # open again later), except for the TTL's calls: the table serves without TTL, so open warns.
 OPEN_CALL_ATTEMPT_COUNT_MAX = 3
 OPEN_CALL_BACKOFF_MS = 200
+# What a DynamoDB-compatible service answers for an operation it does not have.
+_UNKNOWN_OPERATION_CODE = "UnknownOperationException"
 # The TTL states in which DynamoDB drops the items whose expiry has passed (or soon will).
 _TTL_ON = frozenset({"ENABLED", "ENABLING"})
 
@@ -354,6 +361,10 @@ def _error_code(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
 
 
+def _http_status(error: ClientError) -> int:
+    return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
 def _failed_condition(error: ClientError, index: int) -> dict[str, Any] | None:
     """The cancellation reason of item `index` of a TransactWriteItems if that item's condition
     failed; None if the transaction failed for another reason (to be handled as an error)."""
@@ -447,11 +458,16 @@ class DynamoDbStore(LogStore):
     # The table's TTL deletes an expired tombstone in the background, within days, not at expiry.
     drops_tombstones_at_expiry = False
 
-    def __init__(self, client: Any, exit_stack: contextlib.AsyncExitStack, table: str, timeout_ms_call: int) -> None:
+    def __init__(
+        self, client: Any, exit_stack: contextlib.AsyncExitStack, table: str, timeout_ms_call: int,
+        *, emulated: bool = False,
+    ) -> None:
         super().__init__(timeout_ms_call)
         self._client = client
         self._exit_stack = exit_stack
         self._table = table
+        # Served by a local emulator (moto, DynamoDB Local): one region, no global tables.
+        self._emulated = emulated
 
     @classmethod
     async def open(
@@ -493,9 +509,9 @@ class DynamoDbStore(LogStore):
                 config=config,
             )
         )
-        store = cls(client, exit_stack, table, timeout_ms_call)
+        store = cls(client, exit_stack, table, timeout_ms_call, emulated=_is_local(endpoint_url))
         try:
-            created = await store._create_table() if create_table else False
+            created = await store._prepare_table(create=create_table)
             await store._check_ttl(manage=create_table, created=created)
         except BaseException:
             await exit_stack.aclose()
@@ -516,9 +532,15 @@ class DynamoDbStore(LogStore):
                 backoff_ms *= 2
         return await self._bounded(call(), what)
 
-    async def _create_table(self) -> bool:
-        """Create the table if it is missing and wait until it is ACTIVE; whether this call made it."""
-        status, created = await self._open_call(self._describe_or_create_table, "create_table")
+    async def _prepare_table(self, *, create: bool = True) -> bool:
+        """Describe the table (one DescribeTable), create it if it is missing and `create` allows,
+        wait until it is ACTIVE, and refuse it if it has replicas kept eventually consistent, of
+        either version of global tables; whether this call made it. The replicas are checked
+        whatever `create` says (found by audit, 2026-11-28, second: with create_table=False no
+        DescribeTable was made, and any global table was accepted)."""
+        status, created = await self._open_call(
+            lambda: self._describe_or_create_table(create=create), "create_table" if create else "describe_table"
+        )
         # Creation takes seconds on AWS, longer than one call's deadline, so the wait has its own
         # bound, in time (found by review: counted in polls, each of which may retry its call, it
         # could last many times as long), and each poll its own deadline.
@@ -533,7 +555,43 @@ class DynamoDbStore(LogStore):
                 lambda: self._client.describe_table(TableName=self._table), "describe_table"
             )
             status = description["Table"]["TableStatus"]
+            _refuse_eventually_consistent_replicas(self._table, description["Table"])
+        if not created:
+            # A table this open created is in no global table yet: one call fewer.
+            await self._open_call(self._refuse_legacy_global_table, "describe_global_table")
         return created
+
+    async def _refuse_legacy_global_table(self) -> None:
+        """Refuse a table that is a replica of a legacy (2017.11.29) global table of several
+        regions: DescribeTable lists only the current version's replicas, so only
+        DescribeGlobalTable (of the table's own name, which a legacy global table's replicas all
+        have) names them. Such replicas are eventually consistent, always."""
+        try:
+            response = await self._client.describe_global_table(GlobalTableName=self._table)
+        except ClientError as error:
+            code = _error_code(error)
+            if code == "GlobalTableNotFoundException":
+                return
+            if self._emulated and code in (_UNKNOWN_OPERATION_CODE, str(_http_status(error))):
+                # An emulator that lacks the call: moto answers a bare HTTP 500 page (no error code
+                # of DynamoDB's), DynamoDB Local an unknown operation. A real endpoint's 500 is the
+                # service failing, retried as unavailable, and never taken for "no global table".
+                return
+            if code == "AccessDeniedException":
+                raise StorageError(
+                    f"dynamodb table {self._table}: DescribeGlobalTable refused ({error}); open checks "
+                    "that the table is in no legacy global table: grant dynamodb:DescribeGlobalTable on "
+                    f"the global-table/{self._table} resource (the Terraform module does)"
+                ) from error
+            raise
+        group = response["GlobalTableDescription"].get("ReplicationGroup") or []
+        regions = sorted({replica["RegionName"] for replica in group})
+        if len(regions) > 1:
+            raise StorageError(
+                f"dynamodb table {self._table} is a replica of a legacy (2017.11.29) global table in regions "
+                f"{', '.join(regions)}, kept eventually consistent: a conditional write is checked in one region "
+                "only, so LogOnce would not be once; use a table without replicas, or one created with "
+                "MultiRegionConsistency STRONG")
 
     async def _check_ttl(self, *, manage: bool, created: bool) -> None:
         """Make sure the table's TTL drops tombstones (on `expires_at`), or say that it will not.
@@ -594,9 +652,9 @@ class DynamoDbStore(LogStore):
             self._table, why, _EXPIRES_AT, _EXPIRES_AT,
         )
 
-    async def _describe_or_create_table(self) -> tuple[str, bool]:
-        """The table's status, once it is created if it was not there, and whether this call
-        created it."""
+    async def _describe_or_create_table(self, *, create: bool = True) -> tuple[str, bool]:
+        """The table's status, once it is created if it was not there (and `create`), and whether
+        this call created it."""
         try:
             description = await self._client.describe_table(TableName=self._table)
             status = description["Table"]["TableStatus"]
@@ -604,6 +662,11 @@ class DynamoDbStore(LogStore):
         except ClientError as error:
             if _error_code(error) != "ResourceNotFoundException":
                 raise
+            if not create:
+                raise StorageError(
+                    f"dynamodb table {self._table} does not exist, and this store may not create it "
+                    "(create_table=False)"
+                ) from error
             try:
                 await self._client.create_table(
                     TableName=self._table,
@@ -632,7 +695,7 @@ class DynamoDbStore(LogStore):
             return StorageUnavailable(f"dynamodb {what}: {type(error).__name__}: {error}")
         if isinstance(error, ClientError):
             code = _error_code(error)
-            status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            status = _http_status(error)
             listed = [str(r.get("Code")) for r in error.response.get("CancellationReasons") or []]
             # A cancelled transaction's reasons, one per item, say which item failed and why.
             said = f"{code} ({', '.join(listed)})" if listed else code
@@ -981,10 +1044,13 @@ class DynamoDbStore(LogStore):
     async def _get_items_together(
         self, first: dict[str, Any], second: dict[str, Any]
     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """Two items as they stood at one instant (TransactGetItems), in one round trip."""
-        response = await self._client.transact_get_items(
-            TransactItems=[{"Get": {"TableName": self._table, "Key": key}} for key in (first, second)]
-        )
+        """Two items as they stood at one instant (TransactGetItems), in one round trip, sent again
+        after a conflict as writes are: a large redo reads its partition's ownership item so, which
+        every fenced write of the partition holds in its check and every renewal writes, and
+        DynamoDB cancels a read that meets them (found by audit, 2026-11-28, second: on a busy
+        partition an apply of more than ~98 keys failed as unavailable, again and again)."""
+        items = [{"Get": {"TableName": self._table, "Key": key}} for key in (first, second)]
+        response = await _retrying_conflicts(lambda: self._client.transact_get_items(TransactItems=items))
         responses = response.get("Responses") or []
         assert len(responses) == 2, f"TransactGetItems of 2 keys answered {len(responses)}"
         return responses[0].get("Item"), responses[1].get("Item")

@@ -37,6 +37,7 @@ DYNAMODB_ADAPTER = REPO / "storage_adapters" / "dynamodb.py"
 IAM_ACTION_OF_CALL = {
     "describe_table": "dynamodb:DescribeTable",
     "describe_time_to_live": "dynamodb:DescribeTimeToLive",
+    "describe_global_table": "dynamodb:DescribeGlobalTable",
     "get_item": "dynamodb:GetItem",
     "put_item": "dynamodb:PutItem",
     "update_item": "dynamodb:UpdateItem",
@@ -178,10 +179,14 @@ def test_iam_policy_grants_exactly_the_adapters_calls() -> None:
     expected = {IAM_ACTION_OF_CALL[call] for call in calls} - {""}
     expected |= {IAM_ACTION_OF_TRANSACT_ITEM[item] for item in items}
     document = resources(MODULES / "aws", "aws_iam_policy_document")["dynamodb"]
-    (statement,) = document["statement"]
-    granted = {unquote(action) for action in statement["actions"]}
+    table, legacy = document["statement"]
+    granted = {unquote(action) for statement in (table, legacy) for action in statement["actions"]}
     assert granted == expected
-    assert [unquote(r) for r in statement["resources"]] == ["${aws_dynamodb_table.cornus.arn}"]
+    assert [unquote(r) for r in table["resources"]] == ["${aws_dynamodb_table.cornus.arn}"]
+    # A legacy global table of the table's name, the one DescribeGlobalTable is granted on.
+    assert [unquote(a) for a in legacy["actions"]] == ["dynamodb:DescribeGlobalTable"]
+    (resource,) = [unquote(r) for r in legacy["resources"]]
+    assert resource.endswith(":global-table/${aws_dynamodb_table.cornus.name}"), resource
 
 
 def test_azure_lifecycle_rule_deletes_only_transaction_records() -> None:

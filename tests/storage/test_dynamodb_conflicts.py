@@ -55,7 +55,9 @@ def conflicts(store: DynamoDbStore, operation: str, count: int) -> Iterator[list
         sent.append(model.name)
         if model.name != operation or sent.count(operation) > count:
             return None
-        if operation == "TransactWriteItems":
+        if operation in ("TransactWriteItems", "TransactGetItems"):
+            # A transaction is cancelled, with a reason per item (here: a 2-item one, its first
+            # item held); a single-item call is refused.
             return _Answer(), {"Error": {"Code": "TransactionCanceledException", "Message": "cancelled"},
                                "CancellationReasons": [{"Code": "TransactionConflict"}, {"Code": "None"}],
                                "ResponseMetadata": {"HTTPStatusCode": 400}}

@@ -489,7 +489,7 @@ async def test_the_wait_for_an_active_table_is_bounded_in_time_not_in_polls(
     monkeypatch.setattr(dynamodb_module, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock["s"])}))
     monkeypatch.setattr(dynamodb, "_open_call", slow_poll)
     with pytest.raises(StorageUnavailable, match="not ACTIVE"):
-        await dynamodb._create_table()
+        await dynamodb._prepare_table()
     assert len(polls) <= dynamodb_module.TABLE_ACTIVE_WAIT_MS_MAX // 5_100 + 1, len(polls)
 
 

@@ -43,6 +43,9 @@ resource "aws_dynamodb_table" "cornus" {
 
 # Exactly the DynamoDB calls storage_adapters/dynamodb.py makes against an existing table:
 # DescribeTable and DescribeTimeToLive (at open: the table, and that its TTL drops tombstones),
+# DescribeGlobalTable (at open: that the table is in no legacy global table of several regions,
+# whose replicas are eventually consistent; IAM authorizes it on the global table of the table's
+# name, a resource of the account and no region, which need not exist),
 # GetItem, PutItem, UpdateItem, DeleteItem, Query, BatchGetItem, and the items of TransactGetItems
 # (Get) and TransactWriteItems (Put, Update, Delete, ConditionCheck), which IAM authorizes as
 # GetItem, PutItem, UpdateItem, DeleteItem and ConditionCheckItem. Not CreateTable (Terraform
@@ -65,7 +68,17 @@ data "aws_iam_policy_document" "dynamodb" {
     ]
     resources = [aws_dynamodb_table.cornus.arn]
   }
+
+  statement {
+    sid       = "CornusLegacyGlobalTable"
+    actions   = ["dynamodb:DescribeGlobalTable"]
+    resources = ["arn:${data.aws_partition.current.partition}:dynamodb::${data.aws_caller_identity.current.account_id}:global-table/${aws_dynamodb_table.cornus.name}"]
+  }
 }
+
+data "aws_partition" "current" {}
+
+data "aws_caller_identity" "current" {}
 
 resource "aws_iam_policy" "dynamodb" {
   name        = "${var.name}-cornus-dynamodb"
