@@ -7,7 +7,9 @@ only by compare-and-swap. The rules:
 
 - Holding. The owner renews its record every `renew_interval_ms`. Its lease is good until the
   time it SENT its last successful renewal (or take) plus `lease_ms`, by its own clock; from then
-  on it serves nothing of the partition (`Lost(expired)`), renewed or not.
+  on it serves nothing of the partition (`Lost(expired)`), renewed or not. A renewal leaves at
+  each poll read's answer, and on its own once `renew_interval_ms` passed since the last one
+  left and that one answered: so on storage as slow as half a lease, renewals still overlap.
 - Taking. Another node takes the partition only with a new epoch, and only when the record is
   released, or has shown the same (epoch, version) for `lease_ms + clock_slack_ms` by the taker's
   clock. The owner's renewal landed after it was sent, and was seen after it landed, so the owner's
@@ -48,6 +50,10 @@ ASK_RETRY_COUNT_MAX = 3
 # of someone else's, so a few cover the asks one read brings; past them the asker waits out the
 # lease, as it would for a node that died.
 RELEASE_RETRY_COUNT_MAX = 3
+# A tick renews a held partition by itself only once this share of renew_interval_ms passed since
+# the last renewal left: past the read that, on storage that answers in time, renews it first (each
+# read's answer renews), so the tick's renewals come only where reads lag, and double none.
+RENEW_LATE_PERCENT = 150
 
 
 def placement(partitions: Sequence[str], nodes: Iterable[str], partition_owners: Mapping[str, str]) -> dict[str, str]:
@@ -180,6 +186,7 @@ OwnershipEffect = ReadOwners | WriteOwner | Acquired | Lost | Drain
 class _Held:
     record: Ownership  # as stored after our last successful write, or as last read
     valid_until_ms: int
+    renew_sent_ms: int  # when the last renewal (or the take) left
     drain_started_ms: int | None = None
 
 
@@ -264,6 +271,11 @@ class OwnershipMachine:
                 effects.append(self._lose(partition, LostReason.EXPIRED, held.valid_until_ms))
             elif held.drain_started_ms is not None and now_ms - held.drain_started_ms >= self.config.drain_ms_max:
                 effects += self._release(partition, now_ms)
+            elif self._renewal_due(partition, held, now_ms, RENEW_LATE_PERCENT):
+                # Not only at a read's answer (found by audit, 2026-11-28: on storage answering in
+                # 200 to 1,800 ms, a renewal left about every write, tick wait and read, and a
+                # lone owner lost its lease to nobody five times in 300 s).
+                effects.append(self._renew(held, now_ms))
         if self._stopping or self._reading:
             return effects
         if self._last_read_ms is None or now_ms - self._last_read_ms >= self.config.renew_interval_ms:
@@ -367,14 +379,15 @@ class OwnershipMachine:
                     # The answer came after the lease it began had run out (the node stalled):
                     # another node may hold the partition by now. Treated as a record of anyone's.
                     return []
-                self.held[partition] = _Held(call.new, call.sent_ms + self.config.lease_ms)
+                self.held[partition] = _Held(call.new, call.sent_ms + self.config.lease_ms, call.sent_ms)
                 self._watch.pop(partition, None)
                 self._release_retries.pop(partition, None)
                 return [Acquired(call.new)]
             assert held.record.epoch == call.new.epoch, f"renewed {partition} in another epoch"
             held.record = call.new
             held.valid_until_ms = max(held.valid_until_ms, call.sent_ms + self.config.lease_ms)
-            return []
+            # An answer slower than the interval: the next renewal leaves now, not at a tick.
+            return [self._renew(held, now_ms)] if self._renewal_due(partition, held, now_ms, 100) else []
         # Lost the compare-and-swap: someone wrote the record after we last read it.
         stored = result.stored
         if held is None:
@@ -447,8 +460,21 @@ class OwnershipMachine:
             held.drain_started_ms = now_ms
             effects.append(Drain(partition))
         # Every read renews: reads come every renew_interval_ms, a few per lease.
-        effects.append(self._write(record, replace(record, version=record.version + 1), now_ms))
+        effects.append(self._renew(held, now_ms))
         return effects
+
+    def _renewal_due(self, partition: str, held: _Held, now_ms: int, interval_percent: int) -> bool:
+        """Whether a renewal of a held partition leaves now on its own: none is out, and the last
+        left `interval_percent` of renew_interval_ms ago or more."""
+        interval_ms = self.config.renew_interval_ms * interval_percent // 100
+        return partition not in self._writing and now_ms - held.renew_sent_ms >= interval_ms
+
+    def _renew(self, held: _Held, now_ms: int) -> WriteOwner:
+        """A compare-and-swap over the record as we hold it; lost to an ask, it is renewed over
+        what the ask wrote (owner_written)."""
+        held.renew_sent_ms = now_ms
+        record = held.record
+        return self._write(record, replace(record, version=record.version + 1), now_ms)
 
     def _on_read_other(self, partition: str, record: Ownership | None, now_ms: int) -> list[OwnershipEffect]:
         watch = self._observe(partition, record, now_ms)
