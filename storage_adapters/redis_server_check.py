@@ -65,9 +65,11 @@ class ServerCheck:
         """Refuse a server that may lose what it acknowledged: one that may evict keys, whatever the
         durability; and, by `durability` ("aof", "replicas" or "none"), one that answers a write
         before it is on disk (found by review: nothing checked it, and Redis's own default is no
-        append-only file at all), or that has fewer replicas in sync than asked. INFO says whether
-        the append-only file is on; its fsync policy only CONFIG GET tells, which managed services
-        deny: then the part that goes unchecked is said in the log."""
+        append-only file at all, and `no-appendfsync-on-rewrite yes` skips fsync during rewrites),
+        or that has fewer replicas in sync than asked. INFO says whether the append-only file is
+        on; its fsync settings only CONFIG GET tells, which managed services deny: then the part
+        that goes unchecked is said in the log. A server that loses its data later (restarted
+        empty) is no setting: the store checks its mark on every new connection (redis_store)."""
         await self._refuse_eviction()
         where = self.where
         if durability == "none":
@@ -108,6 +110,34 @@ class ServerCheck:
                 f"redis at {where}: appendfsync is {policy}: it answers writes before they are on disk, and loses "
                 f"them on a crash (a lost vote or decision loses a transaction's outcome). Set appendfsync always, "
                 f"{way_out}"
+            )
+        await self._refuse_no_fsync_on_rewrite(way_out)
+
+    async def _refuse_no_fsync_on_rewrite(self, way_out: str) -> None:
+        """Refuse `no-appendfsync-on-rewrite yes`: while a rewrite of the append-only file (or a
+        snapshot) runs in the background, Redis then fsyncs nothing, even with appendfsync always,
+        and answers writes a crash loses (found by audit, 2026-11-28, second: nothing checked it).
+        Its own CONFIG GET: a pattern for both settings would do in one, but a proxy that answers
+        only the names it exposes would answer it with nothing."""
+        where = self.where
+        try:
+            reply = await self._bounded(self._client.config_get("no-appendfsync-on-rewrite"), "CONFIG GET")
+        except redis.exceptions.ResponseError:  # read appendfsync, denied this: an ACL naming settings
+            log.warning("redis at %s denies CONFIG GET no-appendfsync-on-rewrite: cannot check that it is no, "
+                        "which Cornus needs (yes skips fsync while the append-only file is rewritten)", where)
+            return
+        texts = {_as_text(key): _as_text(value) for key, value in reply.items()}
+        skips = texts.get("no-appendfsync-on-rewrite")
+        if skips is None:
+            log.warning("redis at %s does not say its no-appendfsync-on-rewrite: cannot check that it is no, which "
+                        "Cornus needs", where)
+            return
+        if skips != "no":
+            raise StorageError(
+                f"redis at {where}: no-appendfsync-on-rewrite is {skips}: while it rewrites its append-only file "
+                f"(or saves a snapshot) it answers writes before they are on disk, even with appendfsync always, and "
+                f"loses them on a crash (a lost vote or decision loses a transaction's outcome). Set "
+                f"no-appendfsync-on-rewrite no, {way_out}"
             )
 
     async def _refuse_too_few_replicas(self) -> None:

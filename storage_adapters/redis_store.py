@@ -43,6 +43,21 @@ could report an outcome (an ABORT) whose writer still waited for its replicas, w
 at that moment loses. Scans (recovery) and data
 reads need no such wait: what recovery does with a record it found is a write, which comes later
 in the stream, and a committed value a failover loses is applied again from its decision.
+
+The store's mark. A server that lost its data answers every later write as if nothing had ever
+been written: a Redis without persistence that its supervisor restarted (a replica then resyncs
+to its empty primary, so durability "replicas:N" does not help), a FLUSHALL, a failover to a
+replica that never had the data. A participant's LogOnce(ABORT) then fills the slot of a vote
+whose transaction a client was told committed. So open gives the storage a mark, a random value
+at `STORE_MARK_KEY` written only where there is none (the first store ever opened on it writes
+it, every later one reads it), and keeps what it found; every new connection, the pipelined one
+and each of redis-py's, reads the mark back in its set-up, before any call goes out on it. Gone,
+or another value (a store opened on the emptied server since wrote its own), the server lost its
+data: every call from then on fails with InvariantViolation, which stops the node instead of
+retrying (StorageUnavailable would, for ever), and writes nothing (found by audit, 2026-11-28,
+second: the open-time checks never saw it). A node started after the loss cannot tell emptied
+storage from new storage; only persistence (or no restart of a primary without it) prevents the
+loss, which the mark only stops the running nodes from building on.
 """
 
 from __future__ import annotations
@@ -52,6 +67,7 @@ import json
 import logging
 import math
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -91,7 +107,7 @@ from storage_adapters.errors import (
     StorageUnavailable,
 )
 from storage_adapters.redis_server_check import ServerCheck
-from storage_adapters.resp_pipe import NotReplicated, RespAddress, RespPipe, not_serving
+from storage_adapters.resp_pipe import ConnectCheck, NotReplicated, RespAddress, RespPipe, not_serving
 from storage_adapters.store import (
     DELETE_BATCH_COUNT_MAX,
     DeleteRequest,
@@ -126,6 +142,8 @@ _UNFINISHED = "~unfinished"
 _READ_MARK = "~read"
 # The sorted set of the ids of every node that took an identity (see the module docstring).
 IDENTITY_REGISTRY_KEY = f"{OWNER_PREFIX}:{{~identities}}"
+# The store's mark (the module docstring): a slot of its own, whose `~` no log or node can name.
+STORE_MARK_KEY = f"{OWNER_PREFIX}:{{~store}}"
 
 # A record is unfinished while it is VOTE_YES, or COMMIT with its redo not applied yet. Every
 # script keeps the index in step with that rule in the same atomic step as the state change. The
@@ -338,6 +356,36 @@ _STATES = {state.value.encode(): state for state in TxnState}
 _PIPED_CALLS = frozenset({"log_once", "log", "apply_redo", "delete"})
 
 
+class MarkLost(redis.exceptions.ConnectionError):
+    """A new redis-py connection found the store's mark gone: a ConnectionError, so that redis-py
+    drops the connection instead of handing it out; the store answers InvariantViolation."""
+
+
+class _ConnectionCheck(ConnectCheck):
+    """What the store asks of each new pipelined connection, in the round trip that sets it up:
+    that the store's mark is still there, and Redis's clock. A new connection may reach another
+    server than the last (a failover behind one address), whose clock differs: measured before
+    its first write, not up to CLOCK_OFFSET_REFRESH_S later (found by audit, 2026-11-28, second:
+    those writes carried deadlines in the old server's clock)."""
+
+    __slots__ = ("store", "wall_before_ms")
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+        self.wall_before_ms = 0.0
+
+    def commands(self) -> Sequence[Sequence[Any]]:
+        self.wall_before_ms = _wall_ms()
+        return [("GET", STORE_MARK_KEY), ("TIME",)]
+
+    def verdict(self, replies: Sequence[Any]) -> Exception | None:
+        found, (seconds, microseconds) = replies
+        refusal = self.store._mark_refusal(found)
+        if refusal is None:
+            self.store._note_clock(int(seconds), int(microseconds), self.wall_before_ms)
+        return refusal
+
+
 def _tag(log: LogId) -> str:
     return "{" + log.key + "}"
 
@@ -441,6 +489,12 @@ class RedisStore(LogStore):
         self._clock_offset_ms = _wall_ms() - _now_ms()
         self._clock_measured_s = -math.inf
         self._clock_measuring: asyncio.Task[None] | None = None
+        # The server, as messages name it (no credentials).
+        self._where = "redis"
+        # What the store's mark held at open (None until then: nothing checks it), and, once a
+        # new connection found it gone, why every call is refused.
+        self._mark: bytes | None = None
+        self._lost: str | None = None
 
     @property
     def _calls_bounded_by_io(self) -> frozenset[str]:  # type: ignore[override]
@@ -455,6 +509,17 @@ class RedisStore(LogStore):
         .REDIS_DURABILITIES), checked here."""
         assert (durability == "replicas") == (replica_count > 0), (durability, replica_count)
         timeout_s = timeout_ms_call / 1000
+        store: RedisStore | None = None
+
+        async def connected(connection: Any) -> None:
+            """redis-py's set-up of each new connection (AUTH, SELECT, ...), then the check of
+            the store's mark, before the connection serves any call."""
+            if store is not None and store._lost is not None:
+                raise MarkLost(store._lost)  # no command sent: the server is refused for good
+            await connection.on_connect()
+            if store is not None:
+                await store._check_mark_on(connection)
+
         # A blocking pool: a burst of calls beyond CONNECTION_COUNT_MAX waits for a connection
         # (within the call's deadline) instead of failing at once with "Too many connections"
         # (a recovery that collects thousands of old records did exactly that).
@@ -468,9 +533,11 @@ class RedisStore(LogStore):
             # hidden client retry would also stretch a call past its deadline.
             retry=Retry(NoBackoff(), 0),
             decode_responses=False,
+            redis_connect_func=connected,
         )
         client = aioredis.Redis.from_pool(pool)  # the client owns the pool: closing it closes the pool
         store = cls(client, timeout_ms_call, replica_count)
+        store._where = _redacted(url)
         address = parse_url(url)
         if "connection_class" not in address:  # plain TCP
             store._pipe = RespPipe(
@@ -479,10 +546,15 @@ class RedisStore(LogStore):
                 RespAddress(address.get("host", "localhost"), address.get("port", 6379), address.get("db", 0),
                             address.get("username"), address.get("password")),
                 timeout_ms_call, replica_count, store._timeout_ms_replica_wait if replica_count else 0,
+                timeout_ms_silence=timeout_ms_call,
             )
         try:
             await store._bounded(client.ping(), "PING")
-            await ServerCheck(client, store._bounded, _redacted(url), replica_count).refuse_unsafe(durability)
+            await ServerCheck(client, store._bounded, store._where, replica_count).refuse_unsafe(durability)
+            await store._bounded(store._write_mark(), "the store's mark")
+            if store._pipe is not None:
+                # Only now: the pipe connects at its first call, which comes after open.
+                store._pipe.connect_check = _ConnectionCheck(store)
             await store._measure_clock()
         except BaseException:
             await store.close()
@@ -502,12 +574,70 @@ class RedisStore(LogStore):
             raise NotReplicated.of(replicated, self._replica_count, self._timeout_ms_replica_wait)
         return reply
 
+    async def _write_mark(self) -> None:
+        """Give the storage its mark where it has none, and keep what it holds (the module
+        docstring). One round trip: SET NX and GET, no script, which a proxy may not pass; with
+        replicas, and their WAIT, since a failover that lost the mark would stop every node as if
+        the data were lost."""
+        pipeline = self._client.pipeline(transaction=False)
+        pipeline.set(STORE_MARK_KEY, uuid.uuid4().hex, nx=True)
+        pipeline.get(STORE_MARK_KEY)
+        if self._replica_count:
+            pipeline.execute_command("WAIT", self._replica_count, self._timeout_ms_replica_wait)
+        replies = await pipeline.execute()
+        if self._replica_count and (not isinstance(replies[2], int) or replies[2] < self._replica_count):
+            raise NotReplicated.of(replies[2], self._replica_count, self._timeout_ms_replica_wait)
+        mark = replies[1]
+        if not isinstance(mark, bytes) or not mark:
+            raise InvariantViolation(f"redis at {self._where} did not keep the store's mark {STORE_MARK_KEY} it "
+                                     f"was just given: it holds {mark!r}")
+        self._mark = mark
+
+    def _mark_refusal(self, found: object) -> InvariantViolation | None:
+        """None if a new connection found the store's mark as it was at open; else the refusal of
+        every call from now on (the module docstring)."""
+        assert self._mark is not None, "checked only once open found the mark"
+        if self._lost is None and found == self._mark:
+            return None
+        if self._lost is None:
+            held = "is gone" if found is None else f"holds another value ({found!r}: a store opened on it since)"
+            self._lost = (
+                f"redis at {self._where} lost its data: the store's mark {STORE_MARK_KEY}, there when this store "
+                f"opened, {held}. It restarted without persistence, was flushed, or failed over to a replica "
+                "without the data; what it answers now would let a terminator's ABORT fill the slot of a vote "
+                "whose transaction committed. Every call is refused and nothing is written: restore the data (or "
+                "know it lost nothing Cornus needs) before starting nodes on it again"
+            )
+            log.critical("%s", self._lost)
+        return InvariantViolation(self._lost)
+
+    async def _check_mark_on(self, connection: Any) -> None:
+        """MarkLost unless a new redis-py connection finds the store's mark as it was at open (one
+        round trip, bounded by the socket timeout, the call's). Before open wrote it, nothing."""
+        if self._mark is None:
+            return
+        await connection.send_command("GET", STORE_MARK_KEY)
+        refusal = self._mark_refusal(await connection.read_response())
+        if refusal is not None:
+            raise MarkLost(str(refusal))
+
+    def _refuse_if_lost(self) -> None:
+        """InvariantViolation, before any I/O, once the server was found to have lost its data."""
+        if self._lost is not None:
+            raise InvariantViolation(self._lost)
+
     async def _measure_clock(self) -> None:
         """Measure Redis's clock against this node's (CLOCK_OFFSET_REFRESH_S)."""
         wall_before_ms = _wall_ms()
         seconds, microseconds = await self._bounded(self._client.time(), "TIME")
+        self._note_clock(seconds, microseconds, wall_before_ms)
+
+    def _note_clock(self, seconds: int, microseconds: int, wall_before_ms: float) -> None:
+        """Take Redis's TIME, just answered to a request sent at `wall_before_ms` (this node's wall
+        clock), as the offset of Redis's clock from this node's boot clock."""
         after_ms = _now_ms()
         wall_after_ms = _wall_ms()
+        assert wall_before_ms > 0 and 0 <= microseconds < 1_000_000, (wall_before_ms, microseconds)
         redis_ms = seconds * 1000 + microseconds / 1000
         # Redis read its clock before our second reading: the offset is at least this, which is
         # the one used, so that a deadline stated with it is never later than the caller's.
@@ -535,6 +665,10 @@ class RedisStore(LogStore):
         self._clock_measuring = asyncio.get_running_loop().create_task(measure(), name="cornus-redis-clock")
 
     def _storage_error(self, error: Exception, what: str) -> StorageError | None:
+        if self._lost is not None:
+            # Whatever failed (a new connection's check, MarkLost, among them): the server lost its
+            # data, and that is what the caller must hear, not a retryable error.
+            return InvariantViolation(self._lost)
         # BusyLoadingError is a ConnectionError: first, for its plainer message.
         if isinstance(error, redis.exceptions.BusyLoadingError):
             return StorageUnavailable(f"redis {what}: server is loading its data")
@@ -563,23 +697,34 @@ class RedisStore(LogStore):
     async def _script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         """Run a write script (every one starts with _DEADLINE) within the call's deadline, which
         the script also enforces on its side."""
+        self._refuse_if_lost()
         timeout_s = self._timeout_s
         earlier = call_deadline_if_set()
         if earlier is not None:
             timeout_s = min(timeout_s, earlier - asyncio.get_running_loop().time())
             if timeout_s <= 0:
                 raise StorageUnavailable("redis: the call's deadline passed before it was sent")
+        pipe = self._pipe
+        if pipe is not None and not pipe.connected:
+            # Connected first: the new connection measures Redis's clock as it is set up
+            # (_ConnectionCheck), and this call's deadline is stated in that clock.
+            loop = asyncio.get_running_loop()
+            connecting_s = loop.time()
+            await pipe.connect()
+            timeout_s -= loop.time() - connecting_s
+            if timeout_s <= 0:
+                raise StorageUnavailable("redis: the call's deadline passed while it connected")
         self._refresh_clock()
         deadline_ms = int(_now_ms() + timeout_s * 1000 + self._clock_offset_ms)
         args = [*args, deadline_ms]
-        if self._pipe is None:
+        if pipe is None:
             # The script refuses to run past deadline_ms.
             if self._replica_count:
-                reply = await self._replicated(lambda pipe: script(keys=keys, args=args, client=pipe))
+                reply = await self._replicated(lambda pipeline: script(keys=keys, args=args, client=pipeline))
             else:
                 reply = await script(keys=keys, args=args)
         else:
-            reply = await self._pipe.evalsha(script.sha, script.script, keys, args, timeout_s)
+            reply = await pipe.evalsha(script.sha, script.script, keys, args, timeout_s)
         if isinstance(reply, list) and reply == [b"LATE"]:
             early_ms = deadline_ms - (_now_ms() + self._clock_offset_ms)
             if early_ms > CLOCK_SKEW_MS_WARN:
@@ -622,6 +767,7 @@ class RedisStore(LogStore):
         return state
 
     async def _read(self, log: LogId, txn: str) -> Record | None:
+        self._refuse_if_lost()
         if self._replica_count:
             flat = await self._script(self._read_replicated_script, [_record_key(log, txn), _read_mark_key(log)], [])
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
@@ -637,6 +783,7 @@ class RedisStore(LogStore):
         """The page's records, and whether it ended at SCAN_PAGE_BYTES_MAX. They are read
         SCAN_READ_CHUNK_COUNT at a time, so a page of large records stops reading with the chunk in which
         it fills (at most a chunk's worth past the bound held at once)."""
+        self._refuse_if_lost()
         index_key = _index_key(log)
         records: list[Record] = []
         page_bytes = PageBytes()
@@ -675,6 +822,7 @@ class RedisStore(LogStore):
     async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
         if not keys:
             return {}
+        self._refuse_if_lost()
         values = await self._client.mget([_data_key(partition, key) for key in keys])
         return dict(zip(keys, values, strict=True))
 
@@ -759,6 +907,7 @@ class RedisStore(LogStore):
                 outcomes[index] = result == 1
 
     async def _read_owners(self, partitions: tuple[str, ...]) -> dict[str, Ownership]:
+        self._refuse_if_lost()
         # One pipeline: one round trip, whatever the count (OWNER_READ_COUNT_MAX bounds it).
         pipeline = self._client.pipeline(transaction=False)
         for partition in partitions:
@@ -768,6 +917,7 @@ class RedisStore(LogStore):
         return {record.partition: record for record in found if record is not None}
 
     async def _write_owner(self, expected: Ownership | None, new: Ownership) -> OwnerWriteResult:
+        self._refuse_if_lost()  # before the registry's ZADD, a write of its own
         if is_identity(new.partition) and (expected is None or expected.epoch != new.epoch):
             # A take of a node's identity: its node joins the registry first, in a round trip of
             # its own (another slot; see the module docstring), so that no take succeeds unlisted.
@@ -784,6 +934,7 @@ class RedisStore(LogStore):
         return OwnerWriteResult(_owner_from_flat(new.partition, stored), written == 1)
 
     async def _list_identities(self, after: str, limit: int) -> list[str]:
+        self._refuse_if_lost()
         # One round trip: "(" makes the bound exclusive, "-" is the smallest member, and with
         # every score 0 the set is ordered by the ids' bytes. ZRANGEBYLEX, as the scan has it.
         members = await self._client.zrangebylex(

@@ -11,12 +11,19 @@ and 20 us under load, and it is group commit for free: every call of a tick shar
 
 Every call is bounded by its deadline (a timer per call); a call that times out
 leaves its reply to be read and dropped in turn, so replies never shift onto the wrong caller,
-unless nothing at all came back on the connection since the call left: then the connection is
-taken for dead and dropped (found by review: a connection a failover left silent, an address
-that went dark, took every later call until the kernel gave up, some 15 minutes). A
+unless nothing at all came back on the connection for a whole call timeout of its owner since the
+call left (whatever that call's own deadline): then the connection is taken for dead and dropped
+(found by review: a connection a failover left silent, an address that went dark, took every
+later call until the kernel gave up, some 15 minutes). A
 lost connection fails every pending call (the caller cannot know whether its script ran, exactly
 as after a timeout) and the next call connects again. NOSCRIPT (Redis lost its script cache: the
 script did not run) loads the script and sends that call once more.
+
+A new connection is set up (AUTH, SELECT, and the `connect_check` its owner gives, whose
+commands ride in the same write) before any call goes out on it: the store checks there that the
+server still holds what it found at open, in the round trip the connection costs anyway. A check
+that refuses the server refuses it for good: the pipe never connects again, and every later call
+gets the refusal.
 
 Replicas (`replica_count` > 0, the store's "replicas:N" durability): a tick's scripts are followed
 by one WAIT on the same connection, which Redis answers once that many replicas have every write
@@ -30,7 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import re
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,10 +94,23 @@ class NotReplicated(redis.exceptions.ConnectionError):
 
 # Calls sent and not yet answered; past it a call is refused at once (Redis is not keeping up).
 PENDING_COUNT_MAX = 16_384
-# How many WAIT timeouts of silence a call must see before it takes the connection for dead: a
-# WAIT that began before the call answers within one timeout of its start, so anything over one
-# is silence no WAIT explains; two leave room for the WAIT's reply on a loaded machine.
+# How many WAIT timeouts of silence a connection must keep before it is taken for dead: a WAIT
+# that began before a call answers within one timeout of its start, so anything over one is
+# silence no WAIT explains; two leave room for the WAIT's reply on a loaded machine.
 WAIT_SILENCE_FACTOR = 2
+
+
+class ConnectCheck(typing.Protocol):
+    """What a pipe's owner asks of each new connection before any call goes out on it."""
+
+    def commands(self) -> Sequence[Sequence[Any]]:
+        """The commands to send, behind the connection's AUTH and SELECT, in the same write."""
+        ...
+
+    def verdict(self, replies: Sequence[Any]) -> Exception | None:
+        """Their replies, in order (an error reply fails the connect before this is asked): None
+        to use the connection, or the error that refuses the server for good."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +162,8 @@ class _Protocol(asyncio.Protocol):
         # When the connection last brought anything (loop clock): a call that times out with
         # nothing heard since it left finds the connection dead.
         self.heard_s = self.loop.time()
+        # The timer that judges the connection once it may have been silent long enough (_judge).
+        self.judging: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -160,14 +184,29 @@ class RespPipe:
     """A lazily connected, pipelined connection. `evalsha` is the only command callers use."""
 
     def __init__(self, address: RespAddress, timeout_ms_connect: int, replica_count: int = 0,
-                 timeout_ms_replica_wait: int = 0) -> None:
+                 timeout_ms_replica_wait: int = 0, timeout_ms_silence: int | None = None) -> None:
+        """`timeout_ms_silence`: how long a connection may answer nothing, with a request of it
+        unanswered, before it is taken for dead (the owner's whole call timeout; by default
+        `timeout_ms_connect`), whatever the deadlines of the calls waiting on it."""
         assert timeout_ms_connect > 0
         assert replica_count >= 0 and (timeout_ms_replica_wait > 0) == (replica_count > 0), (
             replica_count, timeout_ms_replica_wait)  # WAIT's timeout 0 would block forever
+        timeout_ms_silence = timeout_ms_connect if timeout_ms_silence is None else timeout_ms_silence
+        assert timeout_ms_silence > 0, timeout_ms_silence
         self.address = address
         self.timeout_ms_connect = timeout_ms_connect
         self.replica_count = replica_count
         self.timeout_ms_replica_wait = timeout_ms_replica_wait
+        # Not a caller's deadline (found by audit, 2026-11-28, second): a call whose deadline its
+        # caller cut short, or a batch bounded by its earliest caller's, waits on a server busy
+        # for a moment (an fsync, a fork, a slow script), and dropping the connection then fails
+        # every call on it. With replicas, more than a WAIT's timeout: Redis answers nothing
+        # behind a waiting WAIT (found by review).
+        self._silence_s = max(timeout_ms_silence, timeout_ms_replica_wait * WAIT_SILENCE_FACTOR) / 1000
+        # Set by the owner before the first call: what each new connection must pass.
+        self.connect_check: ConnectCheck | None = None
+        # What a connect check refused the server with: every later call gets it.
+        self._refusal: Exception | None = None
         # The scripts sent this tick: the WAIT the tick's write ends with releases them.
         self._unwaited: list[_Reply] = []
         self._protocol: _Protocol | None = None
@@ -179,7 +218,19 @@ class RespPipe:
         self.call_count = 0
         self.write_count = 0  # socket writes: one per tick with calls in it
         self.wait_count = 0  # WAITs sent: one per tick with scripts in it, with replicas
-        self.dropped_silent_count = 0  # connections dropped for silence (_expire)
+        self.dropped_silent_count = 0  # connections dropped for silence (_judge)
+
+    @property
+    def connected(self) -> bool:
+        """Whether a call made now goes out on a connection already set up (else it connects)."""
+        return self._protocol is not None and self._connecting is None
+
+    async def connect(self) -> None:
+        """Connect now, where no connection is set up, within `timeout_ms_connect`: for an owner
+        that must see the connect check's verdict before it packs its call (the store states a
+        call's deadline in the clock the check measures)."""
+        if not self.connected:
+            await self._connect()
 
     async def evalsha(self, sha: str, source: str, keys: Sequence[str], args: Sequence[Any], timeout_s: float) -> Any:
         """The script's reply, or the error Redis answered (redis.exceptions.ResponseError), or
@@ -200,7 +251,7 @@ class RespPipe:
         future: asyncio.Future[Any] = loop.create_future()
         self._send(protocol, command, _Reply(future, (source, command), held=self.replica_count > 0))
         self.call_count += 1
-        expiry = loop.call_at(deadline_s, self._expire, future, protocol, loop.time(), timeout_s)
+        expiry = loop.call_at(deadline_s, self._expire, future, protocol, loop.time())
         try:
             return await future
         finally:
@@ -237,6 +288,8 @@ class RespPipe:
     async def _connect(self) -> _Protocol:
         if self._closed:
             raise redis.exceptions.ConnectionError("store is closed")
+        if self._refusal is not None:
+            raise copy.copy(self._refusal)  # a copy: each raise would add to one traceback
         if self._connecting is not None:
             return await asyncio.shield(self._connecting)
         loop = asyncio.get_running_loop()
@@ -260,8 +313,9 @@ class RespPipe:
                 # 2026-11-28: this one stayed open for the process's life). Ended below.
                 raise redis.exceptions.ConnectionError("store is closed")
         except BaseException as error:
-            # A refused AUTH or SELECT too: the connection is not usable, whatever the reply.
-            failure = (error if isinstance(error, redis.exceptions.ConnectionError)
+            # A refused AUTH or SELECT too: the connection is not usable, whatever the reply. A
+            # connect check's refusal goes to the callers as it is: it is no connection trouble.
+            failure = (error if isinstance(error, redis.exceptions.ConnectionError) or error is self._refusal
                        else redis.exceptions.ConnectionError(f"redis connect: {type(error).__name__}: {error}"))
             half_open = self._protocol
             if half_open is not None:
@@ -291,13 +345,23 @@ class RespPipe:
             setup.append(["AUTH", *credentials])
         if self.address.db:
             setup.append(["SELECT", self.address.db])
+        check = self.connect_check
+        checked = [] if check is None else list(check.commands())
         futures = []
-        for command in setup:
+        for command in [*setup, *checked]:
             future: asyncio.Future[Any] = loop.create_future()
             self._send(protocol, command, _Reply(future, None))
             futures.append(future)
-        for future in futures:
-            await future
+        # All of them, so that no failure is left unretrieved behind the first.
+        replies = await asyncio.gather(*futures, return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        if check is not None:
+            refusal = check.verdict(replies[len(setup):])
+            if refusal is not None:
+                self._refusal = refusal
+                raise refusal
         return protocol
 
     def on_reply(self, protocol: _Protocol, reply: Any) -> None:
@@ -365,26 +429,39 @@ class RespPipe:
             slot.held = False
             self._settle(slot, slot.outcome if failure is None else failure)
 
-    def _expire(self, future: asyncio.Future[Any], protocol: _Protocol, sent_s: float, timeout_s: float) -> None:
+    def _expire(self, future: asyncio.Future[Any], protocol: _Protocol, sent_s: float) -> None:
         if future.done():
             return
         # The reply, when it comes, is read and dropped in turn (on_reply skips settled futures).
         future.set_exception(TimeoutError())
-        # A whole deadline of silence, not less: a call that connected first spent part of its
-        # deadline connecting (found by review: a fresh connection was dropped at once). And with
-        # replicas, more than a WAIT's timeout: Redis answers nothing behind a waiting WAIT, which
-        # a call with a deadline cut short by its caller took for a dead connection (found by
-        # review). A call with a longer deadline judges the connection then.
-        quiet_s_min = max(timeout_s, self.timeout_ms_replica_wait / 1000 * WAIT_SILENCE_FACTOR)
-        silent = protocol.heard_s < sent_s and protocol.loop.time() - sent_s >= quiet_s_min
-        if protocol is self._protocol and silent:
-            # Not a byte since this call left, for a whole deadline: Redis hung, or the address
-            # went dark. Every call pending on it fails as this one did (each may or may not have
-            # run), and the next call connects again.
-            self.dropped_silent_count += 1
-            self.on_lost(protocol, TimeoutError("nothing came back within a call's deadline"))
-            if protocol.transport is not None:
-                protocol.transport.abort()
+        self._judge(protocol, sent_s)
+
+    def _judge(self, protocol: _Protocol, sent_s: float) -> None:
+        """Drop `protocol` if nothing came back on it for the silence allowed (`_silence_s`) since
+        `sent_s`, when a request left on it that has not been answered; if that moment is still to
+        come, judge it again then. Measured from the send, not from the connect: a call that
+        connected first spent part of its deadline connecting (found by review: a fresh connection
+        was dropped at once)."""
+        if protocol is not self._protocol or protocol.heard_s >= sent_s:
+            return
+        silent_until_s = sent_s + self._silence_s
+        if protocol.loop.time() < silent_until_s:
+            # Judged then even if no call waits that long (every deadline cut short): a dead
+            # connection would otherwise keep failing calls until the kernel gave up on it.
+            if protocol.judging is None:
+                protocol.judging = protocol.loop.call_at(silent_until_s, self._judge_again, protocol, sent_s)
+            return
+        # Not a byte since the request left, for a whole call timeout: Redis hung, or the address
+        # went dark. Every call pending on it fails (each may or may not have run), and the next
+        # call connects again.
+        self.dropped_silent_count += 1
+        self.on_lost(protocol, TimeoutError(f"nothing came back for {self._silence_s:.1f} s"))
+        if protocol.transport is not None:
+            protocol.transport.abort()
+
+    def _judge_again(self, protocol: _Protocol, sent_s: float) -> None:
+        protocol.judging = None
+        self._judge(protocol, sent_s)
 
     def on_lost(self, protocol: _Protocol, exc: Exception | None) -> None:
         if protocol is not self._protocol:

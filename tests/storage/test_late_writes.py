@@ -200,11 +200,14 @@ async def test_a_redis_clock_stepped_forward_fails_one_write_says_why_and_measur
     moving the measured offset an hour back, where the step would have left it behind Redis's.)"""
     base_url = services.redis_url.rsplit("/", 1)[0]
     store = await RedisStore.open(f"{base_url}/{redis_db_bench()}", timeout_ms_call=DEADLINE_MS)
-    measured_ms = store._clock_offset_ms
-    store._clock_offset_ms = measured_ms - 3_600_000
     log = LogId.partition(f"skew-{uuid.uuid4().hex[:8]}")
     body = RecordBody((log.name,), "n1", b"redo")
     try:
+        # Connected first: a new connection measures the clock as it is set up, which would undo
+        # the step made below (redis_store._ConnectionCheck).
+        assert (await store.log_once(log, "t0", TxnState.VOTE_YES, body)).created
+        measured_ms = store._clock_offset_ms
+        store._clock_offset_ms = measured_ms - 3_600_000
         with caplog.at_level(logging.ERROR, logger="cornus.storage.redis"), pytest.raises(StorageUnavailable):
             await store.log_once(log, "t1", TxnState.VOTE_YES, body)
         assert "a clock was stepped" in caplog.text, caplog.text

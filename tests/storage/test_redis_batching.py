@@ -299,9 +299,11 @@ async def test_a_connection_gone_silent_is_dropped_and_the_next_call_reconnects(
 async def test_a_call_that_spent_its_deadline_connecting_keeps_the_fresh_connection() -> None:
     """Found by review: a call that connected first timed out with less than a deadline of
     silence on its connection (the connect took the rest), and the fresh connection was dropped
-    with every call on it. Only a whole deadline of silence drops a connection."""
+    with every call on it. Only a whole call timeout of silence (the pipe's, here its connect
+    timeout) since a call left drops a connection."""
     loop = asyncio.get_running_loop()
     pipe = RespPipe(RespAddress("127.0.0.1", 1), timeout_ms_connect=1000)
+    silence_s = 1.0
     aborted: list[bool] = []
 
     class _Transport:
@@ -311,13 +313,12 @@ async def test_a_call_that_spent_its_deadline_connecting_keeps_the_fresh_connect
     protocol = _Protocol(pipe)
     protocol.transport = _Transport()  # type: ignore[assignment]
     pipe._protocol = protocol
-    timeout_s = 0.5
-    protocol.heard_s = loop.time() - 1.0  # nothing heard since either call below left
+    protocol.heard_s = loop.time() - 2 * silence_s  # nothing heard since either call below left
     fresh: asyncio.Future[object] = loop.create_future()
-    pipe._expire(fresh, protocol, loop.time() - 0.1, timeout_s)  # sent 0.1 s ago: the connect took the rest
+    pipe._expire(fresh, protocol, loop.time() - 0.1)  # sent 0.1 s ago: the connect took the rest
     assert fresh.done() and not aborted and pipe._protocol is protocol
     silent: asyncio.Future[object] = loop.create_future()
-    pipe._expire(silent, protocol, loop.time() - timeout_s, timeout_s)  # a whole deadline of silence
+    pipe._expire(silent, protocol, loop.time() - silence_s)  # a whole call timeout of silence
     assert silent.done() and aborted and pipe._protocol is None and pipe.dropped_silent_count == 1
     for future in (fresh, silent):
         assert isinstance(future.exception(), TimeoutError)

@@ -98,6 +98,8 @@ async def _standing_in(port: int, knows_info: bool = True) -> asyncio.Server:
                     writer.write(servers.resp_time_reply())
                 elif command == b"PING":
                     writer.write(b"+PONG\r\n")
+                elif command == b"WAIT":  # the store's mark, written at open, on the one replica asked for
+                    writer.write(b":1\r\n")
                 else:
                     writer.write(b"+OK\r\n")
                 await writer.drain()
