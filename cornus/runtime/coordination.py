@@ -20,9 +20,9 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol
@@ -93,6 +93,13 @@ ONE_SHOT_READ_BYTES_MAX = 16 * 1024 * 1024
 # The errors the APIs answer as refusals that changed nothing (REST's 400, 404, 409 and 503, and
 # gRPC's codes for them): none may reach a caller once a commit's prepare has left.
 _REFUSALS = (ValidationError, TxnNotFound, TxnWrongState, NodeOverloaded, StorageUnavailable)
+
+# An abort before commit tells a partition that did not answer it (or whose owner was moving or
+# starting) again, from a task of its own, at most this many times, pausing DROP_PAUSE_MS_MIN, then
+# twice as long each time: well within the owner's idle timeout, which ends the execution anyway.
+DROP_RETRY_COUNT_MAX = 4
+DROP_PAUSE_MS_MIN = 100
+_DROP_TOLD_AGAIN = frozenset({ExecuteStatus.UNAVAILABLE, ExecuteStatus.NOT_READY, ExecuteStatus.NOT_OWNER})
 
 _ABORT_REASONS = {
     ExecuteStatus.CONFLICT: AbortReason.CONFLICT,
@@ -183,8 +190,11 @@ class Coordination:
         counters: collections.Counter[str],
         *,
         owner_of: Callable[[str], str | None],
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
     ) -> None:
         self.owner_of = owner_of
+        # Runs work nobody waits for, until the node stops (the effect runner's).
+        self.spawn = spawn
         self.config = config
         self.node_id = config.node_id
         self.transport = transport
@@ -478,8 +488,26 @@ class Coordination:
         return self._unknown(ctx, f"another process may have run this id: {detail}; ask status")
 
     async def _drop_on(self, txn: str, partition: str) -> None:
-        # Best effort: a participant that misses it times out its idle execution by itself.
-        await self._request_partition(ExecuteRequest(txn, partition, self.node_id, (), abort=True))
+        """Tell `partition` to drop `txn`'s execution (its caller waits for this first telling, so
+        a retry of the transaction does not meet its locks), and, where it was not heard, again
+        later (`_drop_again`). Found by audit (2026-11-28): told once, a request lost on the way
+        left the execution and its locks until the owner idled it out, 30 s."""
+        if not await self._told_to_drop(txn, partition):
+            self.spawn(self._drop_again(txn, partition))
+
+    async def _told_to_drop(self, txn: str, partition: str) -> bool:
+        response = await self._request_partition(ExecuteRequest(txn, partition, self.node_id, (), abort=True))
+        return response.status not in _DROP_TOLD_AGAIN
+
+    async def _drop_again(self, txn: str, partition: str) -> None:
+        pause_ms = DROP_PAUSE_MS_MIN
+        for _ in range(DROP_RETRY_COUNT_MAX):
+            await asyncio.sleep(pause_ms / 1000)
+            if await self._told_to_drop(txn, partition):
+                return
+            pause_ms *= 2
+        # The owner's idle timeout ends it.
+        self.counters["aborts_not_heard"] += 1
 
     async def abort(self, txn: str, *, input_refused: bool = False) -> Outcome:
         """Abort an active transaction. `input_refused`: its caller's request was refused before any
@@ -885,7 +913,7 @@ class Coordination:
             return self._reported_unknown[txn] or Outcome(txn, OutcomeStatus.UNKNOWN, detail=_UNDER_WAY)
         return None
 
-    def sweep_idle(self, spawn: Callable[..., None]) -> None:
+    def sweep_idle(self) -> None:
         """Abort transactions idle past timeout_ms_txn_idle (their clients are gone), and refresh
         the executions the others hold on partitions their requests last reached long ago."""
         now = time.monotonic()
@@ -911,17 +939,17 @@ class Coordination:
                 ctx.state = OutcomeStatus.ABORTED
                 if ctx.dropped_on is not None:
                     detail = f"the owner of {ctx.dropped_on} dropped its execution"
-                    spawn(self._abort(ctx, AbortReason.VOTED_NO, detail))
+                    self.spawn(self._abort(ctx, AbortReason.VOTED_NO, detail))
                 else:
-                    spawn(self._abort(ctx, AbortReason.TIMEOUT, "idle past timeout_ms_txn_idle"))
+                    self.spawn(self._abort(ctx, AbortReason.TIMEOUT, "idle past timeout_ms_txn_idle"))
                 continue
             if ctx.requested_ms:
                 for partition in refresh_due(ctx.requested_ms, now_ms, idle_ms):
                     previous_ms = ctx.requested_ms.pop(partition)
                     self.counters["executions_refreshed"] += 1
-                    spawn(self._refresh(ctx, partition, previous_ms, now_ms))
+                    self.spawn(self._refresh(ctx, partition, previous_ms, now_ms))
 
-    def abort_open(self, spawn: Callable[..., None]) -> int:
+    def abort_open(self) -> int:
         """The node stops (its APIs are shut, so no client reaches these any more): abort every
         interactive transaction still open here, so that their executions, and their locks, on
         other nodes' partitions go now (found by audit, 2026-11-28: they stayed until those owners
@@ -934,7 +962,7 @@ class Coordination:
             if ctx.state is OutcomeStatus.ACTIVE and not ctx.busy and not ctx.prepare_left:
                 ctx.state = OutcomeStatus.ABORTED  # as the idle sweep: decided before the task runs
                 self.stop_aborts_running += 1
-                spawn(self._abort_at_stop(ctx))
+                self.spawn(self._abort_at_stop(ctx))
                 count += 1
         return count
 

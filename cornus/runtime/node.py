@@ -134,7 +134,8 @@ class Node:
             identity_write_window_ms=config.protocol_config.identity_write_window_ms,
         )
         self.coordination = Coordination(
-            config, transport, self.failpoints, self.timings, self.counters, owner_of=self._owner_of
+            config, transport, self.failpoints, self.timings, self.counters, owner_of=self._owner_of,
+            spawn=self.runner.spawn,
         )
         self.readiness = Readiness(self.core, self.counters)
         self.admin = Admin(
@@ -259,7 +260,7 @@ class Node:
         (Coordination.abort_open), and wait (at most `timeout_s`) until those aborts are done and
         every transaction it coordinates is decided and acknowledged by all its participants."""
         self.coordination.closing = True
-        aborted = self.coordination.abort_open(self.runner.spawn)
+        aborted = self.coordination.abort_open()
         if aborted:
             log.info("node %s aborts the %d interactive transactions still open on it", self.node_id, aborted)
         # And the open transactions' aborts, each a peer request, or the runner's stop cancels them.
@@ -566,7 +567,7 @@ class Node:
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_MS / 1000)
-            self.coordination.sweep_idle(self.runner.spawn)
+            self.coordination.sweep_idle()
             # Executions outlive their coordinator's idle timeout by as much again: by then the
             # coordinator has aborted them, or lost them, or refreshed those of a transaction its
             # client keeps at work. One a machine owns is the machine's.

@@ -559,7 +559,7 @@ async def test_an_idle_sweep_racing_a_commit_never_reports_aborted_for_committed
         await node.run_ops(txn, puts({key: b"new" for key in keys.values()}))
         node.coordination.txns[txn].last_active_s -= 10_000  # idle right up to the timeout
         commit = asyncio.ensure_future(node.commit(txn))  # its step is queued first...
-        node.coordination.sweep_idle(node.runner.spawn)  # ...then the sweep spawns the abort
+        node.coordination.sweep_idle()  # ...then the sweep spawns the abort
 
         async def ended() -> bool:
             known = node.status(txn)

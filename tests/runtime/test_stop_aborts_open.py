@@ -85,7 +85,7 @@ async def test_an_open_entry_whose_prepare_may_have_left_is_never_idled_out_as_a
         monkeypatch.undo()
         (txn,) = [txn for txn, ctx in coordination.txns.items() if ctx.prepare_left]
         coordination.txns[txn].last_active_s -= 3_600  # idle for an hour
-        coordination.sweep_idle(node.runner.spawn)
+        coordination.sweep_idle()
         for _ in range(SETTLE_POLL_COUNT):  # what the sweep spawned runs its course
             await asyncio.sleep(0.01)
         known = coordination.known(txn)

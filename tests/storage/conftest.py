@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from storage_adapters.dynamodb import DynamoDbStore
 from storage_adapters.factory import BACKENDS, StoreConfig, open_store
 from storage_adapters.store import LogStore
 from tests.conftest import Services
@@ -118,6 +119,20 @@ def refuse_what_dynamodb_refuses(store: LogStore) -> None:
             assert not unused, f"DynamoDB refuses unused expression attributes {unused}: {item}"
 
     client.meta.events.register("before-parameter-build.dynamodb.*", check)
+
+
+@pytest.fixture
+async def dynamodb(services: Services, run_id: str, tmp_path: Any) -> AsyncIterator[DynamoDbStore]:
+    """A DynamoDB store on a table of its own, refusing what DynamoDB refuses and moto accepts."""
+    config = config_for("dynamodb", services, f"{run_id}-{uuid.uuid4().hex[:8]}", str(tmp_path))
+    store = await open_store(config)
+    assert isinstance(store, DynamoDbStore)
+    refuse_what_dynamodb_refuses(store)
+    try:
+        yield store
+    finally:
+        await store.close()
+        await drop_dynamodb_table(config)
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ cancels (or refuses) the call, writing nothing."""
 from __future__ import annotations
 
 import contextlib
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,25 +18,10 @@ from storage_adapters import store as store_module
 from storage_adapters.contract import LogId, TxnState
 from storage_adapters.dynamodb import DynamoDbStore
 from storage_adapters.errors import StorageError, StorageUnavailable
-from storage_adapters.factory import open_store
-from tests.conftest import Services
-from tests.storage.conftest import config_for, drop_dynamodb_table
 from tests.storage.test_conformance import body
 from tests.storage.test_ownership import take_first
 
 pytestmark = pytest.mark.services
-
-
-@pytest.fixture
-async def dynamodb(services: Services, run_id: str, tmp_path: Any) -> AsyncIterator[DynamoDbStore]:
-    config = config_for("dynamodb", services, f"{run_id}-{uuid.uuid4().hex[:8]}", str(tmp_path))
-    store = await open_store(config)
-    assert isinstance(store, DynamoDbStore)
-    try:
-        yield store
-    finally:
-        await store.close()
-        await drop_dynamodb_table(config)
 
 
 @dataclass

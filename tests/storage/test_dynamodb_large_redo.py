@@ -7,19 +7,12 @@ leaves, by tests/storage/test_dynamodb_conflicts.py's `conflicts`)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
-from typing import Any
-
 import pytest
 
 from storage_adapters import dynamodb as dynamodb_module
 from storage_adapters.contract import LogId, TxnState
 from storage_adapters.dynamodb import DynamoDbStore
 from storage_adapters.errors import StorageUnavailable
-from storage_adapters.factory import open_store
-from tests.conftest import Services
-from tests.storage.conftest import config_for, drop_dynamodb_table, refuse_what_dynamodb_refuses
 from tests.storage.test_conformance import body
 from tests.storage.test_dynamodb_conflicts import conflicts
 from tests.storage.test_ownership import take_first
@@ -30,19 +23,6 @@ pytestmark = pytest.mark.services
 # check and the marker among them), so the redo goes in chunks, behind the pre-read.
 LARGE_REDO_KEY_COUNT = 150
 assert LARGE_REDO_KEY_COUNT > dynamodb_module.TRANSACT_ITEM_COUNT_MAX
-
-
-@pytest.fixture
-async def dynamodb(services: Services, run_id: str, tmp_path: Any) -> AsyncIterator[DynamoDbStore]:
-    config = config_for("dynamodb", services, f"{run_id}-{uuid.uuid4().hex[:8]}", str(tmp_path))
-    store = await open_store(config)  # a table of its own (tests/storage/conftest.py store_config)
-    assert isinstance(store, DynamoDbStore)
-    refuse_what_dynamodb_refuses(store)
-    try:
-        yield store
-    finally:
-        await store.close()
-        await drop_dynamodb_table(config)
 
 
 def large_redo(ns: str) -> dict[str, bytes | None]:

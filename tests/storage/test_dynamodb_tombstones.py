@@ -13,7 +13,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from itertools import product
 from typing import Any
 
@@ -37,9 +37,7 @@ from storage_adapters.dynamodb import (
     _record_key,
 )
 from storage_adapters.errors import DecisionFlipRefused, InvariantViolation, StorageUnavailable
-from storage_adapters.factory import open_store
 from tests.conftest import Services
-from tests.storage.conftest import config_for, drop_dynamodb_table, refuse_what_dynamodb_refuses
 from tests.storage.test_conformance import body, each_variant
 from tests.storage.test_ownership import take_first
 from tests.storage.test_tombstones import TXN_LOG_KINDS
@@ -63,19 +61,6 @@ def raw(services: Services) -> Iterator[Any]:
     )
     yield client
     client.close()
-
-
-@pytest.fixture
-async def dynamodb(services: Services, run_id: str, tmp_path: Any) -> AsyncIterator[DynamoDbStore]:
-    config = config_for("dynamodb", services, f"{run_id}-{uuid.uuid4().hex[:8]}", str(tmp_path))
-    store = await open_store(config)  # a table of its own (tests/storage/conftest.py store_config)
-    assert isinstance(store, DynamoDbStore)
-    refuse_what_dynamodb_refuses(store)
-    try:
-        yield store
-    finally:
-        await store.close()
-        await drop_dynamodb_table(config)
 
 
 @contextlib.contextmanager

@@ -443,7 +443,7 @@ async def test_a_write_s_deadline_stays_in_redis_s_clock_when_the_node_s_clock_i
     await _assert_a_write_s_deadline_is_in_redis_s_clock(store, f"{ns}.stepped")
 
 
-def _script_deadlines(store: RedisStore) -> list[int]:
+def script_deadlines(store: RedisStore) -> list[int]:
     """The deadline (ms, Redis's clock) of every script the store sends from now on, in order."""
     pipe = store._pipe
     assert pipe is not None
@@ -467,7 +467,7 @@ async def test_a_coalesced_delete_is_never_run_past_its_caller_s_deadline(
     store, _ = stores
     log = LogId.partition(f"{ns}-p")
     await store.log_once(log, f"{ns}.gone", TxnState.VOTE_YES, body(log.name))
-    sent = _script_deadlines(store)
+    sent = script_deadlines(store)
     caller_deadline_ms = (time.time() * 1000) + TIMEOUT_MS_CALL_TEST
     deleting = asyncio.ensure_future(store.delete(log, f"{ns}.gone"))
     await asyncio.sleep(0)  # the delete waits for its batch, which leaves on a later tick
@@ -492,7 +492,7 @@ async def test_a_write_s_deadline_is_stated_in_redis_s_clock(services: Services,
 async def _assert_a_write_s_deadline_is_in_redis_s_clock(store: RedisStore, txn: str) -> None:
     """A log_once through `store` (closed after) carries a deadline within its call's timeout of
     Redis's TIME, read just after."""
-    sent = _script_deadlines(store)
+    sent = script_deadlines(store)
     log = LogId.partition(f"{txn.split('.', maxsplit=1)[0]}-p")
     try:
         assert await store.log_once(log, txn, TxnState.VOTE_YES, body(log.name)) is not None

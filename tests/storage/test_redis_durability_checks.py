@@ -20,6 +20,7 @@ from storage_adapters.redis_store import RedisStore
 from storage_adapters.store import CallDeadline, call_deadline_at
 from tests.conftest import Services
 from tests.storage import servers
+from tests.storage.test_redis_batching import script_deadlines
 
 TIMEOUT_MS_CALL = 2_000
 # How long the busy script holds Redis: several times the short call's deadline, well within
@@ -214,14 +215,7 @@ async def test_a_new_connection_measures_redis_s_clock_before_its_first_write(
         host, port = pipe._protocol.transport.get_extra_info("sockname")[:2]
         assert await admin.client_kill_filter(_type=None, addr=f"{host}:{port}") == 1
         await _until_pipe_lost(store)
-        sent: list[int] = []
-        evalsha = pipe.evalsha
-
-        async def noting(sha: str, source: str, keys: list[str], args: list[object], timeout_s: float) -> object:
-            sent.append(int(args[-1]))  # type: ignore[call-overload]
-            return await evalsha(sha, source, keys, args, timeout_s)
-
-        pipe.evalsha = noting  # type: ignore[method-assign]
+        sent = script_deadlines(store)
         assert (await store.log_once(LOG, "txn-reconnected", TxnState.VOTE_YES, BODY)).created
         seconds, microseconds = await admin.time()
         redis_now_ms = seconds * 1000 + microseconds / 1000
