@@ -117,6 +117,7 @@ class ProtocolConfig:
             assert value > 0 or (item.name == "late_write_window_ms" and value == 0), (
                 f"{item.name} must be positive, got {value}")
         assert self.backoff_ms_min <= self.backoff_ms_max
+        assert self.timeout_ms_resend <= self.backoff_ms_max, "decision resends back off from the one to the other"
         assert self.outcome_keep_ms <= TOMBSTONE_KEEP_MS_MAX, self.outcome_keep_ms
         assert self.gc_grace_ms >= gc_grace_ms_min(self.storage_deadline_ms, self.clock_slack_ms), (
             f"gc_grace_ms {self.gc_grace_ms} must be at least twice the storage deadline plus the slack"

@@ -440,6 +440,13 @@ def _protocol_config(values: Mapping[str, int], storage: StoreConfig) -> Protoco
         )
     if merged["backoff_ms_min"] > merged["backoff_ms_max"]:
         raise ValidationError("backoff_ms_min must not exceed backoff_ms_max")
+    if merged["timeout_ms_resend"] > merged["backoff_ms_max"]:
+        # A coordinator's decision resends back off from the one to the other (found by audit,
+        # 2026-11-28: accepted, every node crashed on its first commit).
+        raise ValidationError(
+            f"timeout_ms_resend ({merged['timeout_ms_resend']}) must not exceed backoff_ms_max "
+            f"({merged['backoff_ms_max']}): a coordinator's resends of its decision back off from the one to the other"
+        )
     grace_min = gc_grace_ms_min(merged["storage_deadline_ms"], merged["clock_slack_ms"])
     if merged["gc_grace_ms"] < grace_min:
         raise ValidationError(

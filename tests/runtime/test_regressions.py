@@ -1288,3 +1288,14 @@ def test_a_node_named_as_a_partition_is_refused(node: str):
     with pytest.raises(ValidationError, match="partition"):
         load_node_config(environ={}, overrides=settings)
     load_node_config(environ={}, overrides={**settings, "peers": "n0=127.0.0.1:7100,p1x=127.0.0.1:7101"})
+
+
+@pytest.mark.parametrize("settings", [{"backoff_ms_max": 50}, {"timeout_ms_resend": 500}])
+def test_a_resend_interval_past_the_backoff_cap_is_refused(settings: dict[str, int]):
+    """Found by audit (2026-11-28, second): a coordinator resends its decision with a backoff
+    from timeout_ms_resend to backoff_ms_max, and Backoff asserts the first is no more than the
+    second; the configuration only compared backoff_ms_min with the cap, so such a node loaded,
+    became ready, and crashed on its first commit (every node of the cluster alike)."""
+    base = {"node_id": "n0", "peers": "n0=127.0.0.1:7100", "partition_count": 2}
+    with pytest.raises(ValidationError, match="timeout_ms_resend"):
+        load_node_config(environ={}, overrides={**base, **settings})
