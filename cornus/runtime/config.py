@@ -82,6 +82,7 @@ NODE_COUNT_MAX = 256
 ADMIN_TOKEN_LENGTH_MIN = 16
 ADMIN_TOKEN_LENGTH_MAX = 512
 _ADMIN_TOKEN = re.compile(rf"(?=.{{{ADMIN_TOKEN_LENGTH_MIN},{ADMIN_TOKEN_LENGTH_MAX}}}$)[A-Za-z0-9\-._~+/]+=*")
+DNS_LABEL_LENGTH_MAX = 63  # RFC 1035
 _PARTITION_NAME = re.compile(r"p[0-9]+")  # cornus.runtime.keys.partition_names
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 
@@ -296,9 +297,19 @@ def parse_peers(raw: str) -> dict[str, str]:
 def _check_address(address: object, what: str) -> None:
     if not isinstance(address, str) or not _ADDRESS.match(address):
         raise ValidationError(f"{what} must look like host:port, got {address!r}")
-    port = int(address.rsplit(":", 1)[1])
+    host, port_text = address.rsplit(":", 1)
+    port = int(port_text)
     if not 0 < port < 65536:
         raise ValidationError(f"{what}: port {port} is out of range")
+    # A connect encodes a name with IDNA, which refuses an empty label or one longer than DNS
+    # allows: such a host passed the pattern, and its link failed for ever (found by audit,
+    # 2026-11-28, second). An IPv6 host (it has colons) has no labels; one trailing dot (the root)
+    # is a fully qualified name.
+    if ":" not in host:
+        for label in host.removesuffix(".").split("."):
+            if not 0 < len(label) <= DNS_LABEL_LENGTH_MAX:
+                raise ValidationError(
+                    f"{what}: host {host!r} has an empty DNS label or one over {DNS_LABEL_LENGTH_MAX} characters")
 
 
 def _parse_peers(raw: str) -> dict[str, str]:

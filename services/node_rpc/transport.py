@@ -18,7 +18,8 @@ many protocol messages.
 Wire: a frame is a 4-byte big-endian length, then that many bytes of an encoded `PeerFrame`. The
 connecting side sends a hello (a frame naming only its `sender`), the accepting side answers with
 its own hello; then the connecting side sends messages and requests and the accepting side
-answers with responses. An empty frame (length 0) is a heartbeat: each side writes one when it
+answers with responses. A hello may be no larger than `HELLO_FRAME_BYTES_MAX`: until it arrives,
+the other end could be anyone. An empty frame (length 0) is a heartbeat: each side writes one when it
 has been quiet for half of `keepalive_interval_ms`, and ends a connection it has heard nothing
 on for `keepalive_interval_ms + keepalive_timeout_ms`: a killed VM sends no RST.
 
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from cornus.protocol.messages import Message
 from cornus.runtime import eager
 from cornus.runtime.config import TIMEOUT_MS_PEER_REQUEST_MAX
+from cornus.runtime.effect_runner import crash_if_failed
 from cornus.runtime.peer_tls import PeerTlsContexts
 from cornus.runtime.transport import InboundHandler, ListenFailed, PeerUnavailable, RequestTooLarge, Transport
 from cornus.runtime.wire import (
@@ -73,6 +75,12 @@ INBOUND_SPARE_COUNT = 8
 # are reported at most this often: a peer with a certificate of another CA retries every 2 s or
 # less, for ever (found by review).
 NO_HELLO_REPORT_INTERVAL_S = 60.0
+
+# A connection's first frame (its hello) is refused past this, as soon as its length is read: a
+# frame is parsed whole before its limits can be checked, and before the hello anyone may send one
+# (found by audit, 2026-11-28, second: 16 MiB of empty envelopes cost ~0.4 s of CPU and ~500 MB).
+# A hello names its sender; a tool's probe sends a status request with it.
+HELLO_FRAME_BYTES_MAX = 4 * 1024
 
 PEER_COUNT_MAX = 1024
 PORT_MAX = 65535
@@ -184,7 +192,9 @@ class InboundCounters:
     overload_count: int = 0
     request_expired_count: int = 0
     response_drop_count: int = 0
-    refused_connection_count: int = 0  # past inbound_connection_count_max
+    refused_connection_count: int = 0  # past inbound_connection_count_max, none left to evict
+    # Closed to make room for a new connection: the oldest of those yet to say hello, at the cap.
+    evicted_connection_count: int = 0
     # Responses written back on inbound connections.
     frame_sent_count: int = 0
     item_sent_count: int = 0
@@ -240,7 +250,8 @@ class _Outbox:
 
     def drop_if(self, dropped: Callable[[pb.PeerEnvelope], bool]) -> int:
         """Remove the queued envelopes `dropped` picks, keeping the others' order; how many went.
-        A scan of the whole queue: for a rare path only."""
+        `dropped` sees each envelope once, and may rewrite one it keeps. A scan of the whole
+        queue: for a rare path only."""
         count = 0
         for frame in self._frames:
             items = frame.items
@@ -315,6 +326,7 @@ class _FrameConnection(asyncio.Protocol):
         self._last_read_s = self._last_write_s = time.monotonic()
         self._partial_since_s: float | None = None  # when the frame still incomplete began
         self._heartbeat: asyncio.TimerHandle | None = None
+        self._hello_in = False  # a first frame has arrived: frames may be message_bytes_max
 
     # --- asyncio.Protocol ---
 
@@ -337,11 +349,13 @@ class _FrameConnection(asyncio.Protocol):
         buffer += data
         position = 0
         end = len(buffer)
-        bytes_max = self.limits.message_bytes_max
+        bytes_max = self.limits.message_bytes_max if self._hello_in else min(
+            HELLO_FRAME_BYTES_MAX, self.limits.message_bytes_max)
         while end - position >= _LENGTH_BYTES and not self.closed:
             size = int.from_bytes(buffer[position:position + _LENGTH_BYTES], "big")
             if size > bytes_max:
-                self.fail(f"frame of {size} bytes announced, the limit is {bytes_max}")
+                self.fail(f"frame of {size} bytes announced, the limit is {bytes_max}"
+                          f"{'' if self._hello_in else ' for a hello'}")
                 return
             start = position + _LENGTH_BYTES
             if end - start < size:
@@ -354,6 +368,9 @@ class _FrameConnection(asyncio.Protocol):
             except Exception:  # protobuf's DecodeError; the peer is not speaking our wire format
                 self.fail("undecodable frame")
                 return
+            if not self._hello_in:
+                self._hello_in = True
+                bytes_max = self.limits.message_bytes_max
             self.on_frame(frame)
         del buffer[:position]
         if not buffer:
@@ -465,8 +482,8 @@ class _PeerLink:
         self.counters = PeerCounters()
         self.down_reason = "not connected yet"
         self._outbox = _Outbox(limits.send_queue_count_max, limits.frame_item_count_max, self._wake)
-        # correlation id -> (future, the response type the request expects)
-        self._pending: dict[int, tuple[asyncio.Future[PeerResponse], type]] = {}
+        # correlation id -> (future, the response type the request expects, its deadline's timer)
+        self._pending: dict[int, tuple[asyncio.Future[PeerResponse], type, asyncio.TimerHandle]] = {}
         self._correlation_id_last = 0
         self._up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -483,6 +500,9 @@ class _PeerLink:
     def start(self) -> None:
         assert self._task is None
         self._task = asyncio.create_task(self._run(), name=f"node-rpc-link:{self.node_id}->{self.peer_id}")
+        # The link must run for the node's life: a link task that ended left its peer DOWN for
+        # good, and said nothing (found by audit, 2026-11-28, second).
+        self._task.add_done_callback(crash_if_failed)
 
     async def close(self) -> None:
         self.state = LinkState.CLOSED
@@ -493,7 +513,7 @@ class _PeerLink:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self._fail_all("transport closed")
-        assert not self._pending or all(future.done() for future, _ in self._pending.values())
+        assert not self._pending or all(future.done() for future, _, _ in self._pending.values())
 
     async def wait_up(self) -> None:
         await self._up.wait()
@@ -546,11 +566,11 @@ class _PeerLink:
             raise
         loop = self._loop
         future: asyncio.Future[PeerResponse] = loop.create_future()
-        assert correlation_id not in self._pending
-        self._pending[correlation_id] = (future, _REQUEST_TO_RESPONSE[type(request)])
         # A bare timer, not asyncio.timeout: this is the hot path and a timer is the cheapest
         # deadline asyncio has.
         timer = loop.call_later(timeout_ms / 1000, self._expire, future, timeout_ms)
+        assert correlation_id not in self._pending
+        self._pending[correlation_id] = (future, _REQUEST_TO_RESPONSE[type(request)], timer)
         future.add_done_callback(functools.partial(self._request_done, correlation_id, timer))
         return future
 
@@ -563,7 +583,7 @@ class _PeerLink:
             future.set_exception(PeerUnavailable(f"peer {self.peer_id}: no response within {timeout_ms} ms"))
 
     def _fail_all(self, reason: str) -> None:
-        for future, _ in self._pending.values():
+        for future, _, _ in self._pending.values():
             if not future.done():
                 future.set_exception(PeerUnavailable(f"peer {self.peer_id} at {self.address}: {reason}"))
 
@@ -598,11 +618,27 @@ class _PeerLink:
         """Drop the queued requests whose callers stopped waiting (past their deadline): sent
         after a reconnect or a stall, they would run at the peer for nobody (found by audit: an
         interactive one held its locks until the owner's idle sweep). Only then: it walks the
-        whole queue."""
+        whole queue.
+
+        Those kept carry only the time their callers have left: the peer times a request from its
+        arrival, and with its whole budget it could run long after its caller gave up (found by
+        audit, 2026-11-28, second)."""
         pending = self._pending
-        self.counters.drop_count_expired += self._outbox.drop_if(
-            lambda envelope: envelope.kind == pb.ENVELOPE_KIND_REQUEST and envelope.correlation_id not in pending
-        )
+        now_s = self._loop.time()
+
+        def expired(envelope: pb.PeerEnvelope) -> bool:
+            if envelope.kind != pb.ENVELOPE_KIND_REQUEST:
+                return False
+            entry = pending.get(envelope.correlation_id)
+            if entry is None or entry[0].done():
+                return True
+            # Its timer has not fired yet, late as the loop may be: 1 ms, the least the wire takes.
+            left_ms = max(1, int((entry[2].when() - now_s) * 1000))
+            assert left_ms <= envelope.timeout_ms
+            envelope.timeout_ms = left_ms
+            return False
+
+        self.counters.drop_count_expired += self._outbox.drop_if(expired)
 
     def _set_up(self) -> None:
         assert self.state is not LinkState.CLOSED
@@ -694,6 +730,13 @@ class _PeerLink:
             # name with several addresses: "Multiple exceptions: [Errno 111] Connect call failed ...".
             self._refused = isinstance(error, ConnectionRefusedError) or (
                 type(error) is OSError and str(error).startswith("Multiple exceptions") and "[Errno 111]" in str(error))
+        except AssertionError:
+            raise  # a broken invariant of ours: the node stops (crash_if_failed), it does not retry
+        except Exception as error:
+            # Anything else a connect raises fails this attempt only: a UnicodeError from encoding
+            # a name IDNA refuses ended the link task for good (found by audit, 2026-11-28,
+            # second). Cancellation is no Exception: it still ends the task.
+            reason = _describe(error)
         finally:
             self._connection = None
             connection.fail(reason)
@@ -720,7 +763,7 @@ class _PeerLink:
         if entry is None or entry[0].done():
             self.counters.late_response_count += 1
             return
-        future, response_type = entry
+        future, response_type, _ = entry
         if envelope.WhichOneof("body") == "request_failed":
             future.set_exception(PeerUnavailable(f"peer {self.peer_id}: {envelope.request_failed.detail}"))
             return
@@ -785,6 +828,7 @@ class _InboundStream:
             self.connection.fail("no hello in time")
 
     def _on_hello(self, frame: pb.PeerFrame) -> None:
+        self.owner.said_hello(self)
         if self._hello_deadline is not None:
             self._hello_deadline.cancel()
             self._hello_deadline = None
@@ -871,8 +915,12 @@ class PeerTransport(Transport):
         self._loop: asyncio.AbstractEventLoop | None = None  # start() keeps it
         self._server: asyncio.Server | None = None
         self._inbound: set[_InboundStream] = set()
+        # Those of `_inbound` yet to say hello (with TLS, maybe still in their handshake), oldest
+        # first: at the cap the oldest makes room for a new connection.
+        self._inbound_before_hello: dict[_InboundStream, None] = {}
         # Each peer keeps one connection to us (two while it reconnects); the spare ones are for
-        # probes (a status check with nothing but a socket). Past it a connection is closed at once.
+        # probes (a status check with nothing but a socket). Past it a connection is closed at once,
+        # unless one yet to say hello can make room.
         self.inbound_connection_count_max = 2 * len(self._peer_addresses) + INBOUND_SPARE_COUNT
         self._self_pending_count = 0
         self._closed = False
@@ -894,11 +942,13 @@ class PeerTransport(Transport):
         host, port = parse_address(self.listen_address)
 
         def accept() -> asyncio.Protocol:
-            if len(self._inbound) >= self.inbound_connection_count_max:
+            if len(self._inbound) >= self.inbound_connection_count_max and not self._make_inbound_room():
                 self.inbound.refused_connection_count += 1
                 return _Refused()
+            assert len(self._inbound) < self.inbound_connection_count_max
             stream = _InboundStream(self)
             self._inbound.add(stream)
+            self._inbound_before_hello[stream] = None
             return stream.connection
 
         # reuse_port stays off: a second node started on the same port must fail, not share it.
@@ -1081,6 +1131,27 @@ class PeerTransport(Transport):
 
     def forget(self, stream: _InboundStream) -> None:
         self._inbound.discard(stream)
+        self._inbound_before_hello.pop(stream, None)
+
+    def said_hello(self, stream: _InboundStream) -> None:
+        self._inbound_before_hello.pop(stream, None)
+
+    def _make_inbound_room(self) -> bool:
+        """Close the oldest inbound connection yet to say hello, if any, to let a new one in.
+
+        Found by audit (2026-11-28, second): connections that never say hello (no certificate
+        needed, even with TLS) held every slot until their deadline, and reopened as they closed,
+        they kept the real peers out of a restarted node for good. A real peer says hello at once,
+        so the oldest silent one is the likeliest not to be one."""
+        if not self._inbound_before_hello:
+            return False
+        oldest = next(iter(self._inbound_before_hello))
+        assert not oldest.sender
+        self.inbound.evicted_connection_count += 1
+        oldest.connection.fail("closed to make room: no hello yet, and the inbound connections are at their limit")
+        # Its slot is free now: `lost` tells `forget` only on a later tick.
+        self.forget(oldest)
+        return True
 
     def on_inbound_written(self, item_count: int) -> None:
         self.inbound.frame_sent_count += 1
