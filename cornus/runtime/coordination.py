@@ -535,9 +535,10 @@ class Coordination:
         ctx = self.active(txn)
         if self.closing:
             # A clean stop waits only for the decisions of commits already under way. Refused,
-            # the transaction is over: its executions and locks go now, not at the idle sweep.
-            await self._abort(ctx, AbortReason.CLIENT, "the node is stopping")
-            raise NodeOverloaded(f"{self.node_id} is stopping; nothing was committed")
+            # the transaction is over: its executions and locks go now, not at the idle sweep,
+            # and its caller hears that it aborted, retryable; not a refusal that changed nothing
+            # (found by audit, 2026-11-28: a 503 "retry", whose retry heard "already aborted").
+            return await self._abort(ctx, AbortReason.PEER_UNAVAILABLE, f"{self.node_id} is stopping")
         if ctx.busy:
             raise TxnWrongState(f"transaction {txn} still has operations running")
         if ctx.commit_refused:

@@ -63,6 +63,8 @@ from cornus.runtime.wire import (
     Routed,
     StatusRequest,
     carried_prepare_problem,
+    ids_problem,
+    message_hosts,
     participants_problem,
 )
 from storage_adapters.contract import Ownership
@@ -413,15 +415,20 @@ class Node:
         dest, inner = message.dest, message.message
         if dest != self.node_id and dest not in self._partition_names:
             return f"addressed to {dest!r}, neither this node nor a partition"
-        if isinstance(inner, Prepare):
-            return participants_problem(dest, inner.participants)
-        return ""
+        problem = ids_problem(inner.txn, (message.source, *message_hosts(inner)))
+        if not problem and isinstance(inner, Prepare):
+            problem = participants_problem(dest, inner.participants, self._partition_names)
+        return problem
 
     async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
         self.runner.catch_up_after_suspend()  # as on_message
         if isinstance(request, StatusRequest):
             return await self.admin.status_response(request, self.ready)
         assert isinstance(request, ExecuteRequest)
+        problem = ids_problem(request.txn, (request.partition, request.coordinator))
+        if problem:
+            self.counters["peer_requests_refused"] += 1
+            return ExecuteResponse(ExecuteStatus.INVALID, detail=problem)
         deadline_ms = (status.request_deadline_ms(request.deadline_unix_ms, txn_ids.begin_ms_of(request.txn),
                                                   self.config.limits.timeout_ms_peer_request)
                        if request.participants else request.deadline_unix_ms)
@@ -455,7 +462,7 @@ class Node:
         if refusal is ExecuteRefusal.NOT_READY or (request.partition not in self.serving and not request.abort):
             return ExecuteResponse(ExecuteStatus.NOT_READY, detail=f"{self.node_id} is recovering {request.partition}")
         if request.participants:
-            problem = carried_prepare_problem(request)
+            problem = carried_prepare_problem(request, self._partition_names)
             if problem:
                 return ExecuteResponse(ExecuteStatus.INVALID, detail=problem)
         response = await partition.execute(request)

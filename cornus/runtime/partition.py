@@ -117,10 +117,13 @@ class PartitionRuntime:
             response = await self._locked_execute(request, execution)
             return response
         finally:
-            if (response is None or response.status is ExecuteStatus.INVALID) and state.is_current(txn, execution):
-                # Cancelled while it waited (its caller's deadline), or refused, before it wrote
-                # anything.
-                state.unreserve(execution, reserved)
+            if response is None and state.is_current(txn, execution):
+                # Cancelled (its caller's deadline: its coordinator aborts the transaction) or
+                # failed while it read: its locks go now, as a cancelled lock wait's do (found by
+                # audit, 2026-11-28: they stayed until the coordinator's abort came, or 60 s).
+                self.abort_execution(txn)
+            elif response is not None and response.status is ExecuteStatus.INVALID and state.is_current(txn, execution):
+                state.unreserve(execution, reserved)  # refused before it wrote anything
 
     async def _locked_execute(self, request: ExecuteRequest, execution: Execution[bytes]) -> ExecuteResponse:
         """Lock, read and write; every answer but OK ends the execution (and its bytes)."""

@@ -8,12 +8,20 @@ messages are `cornus.protocol.messages.Message`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, fields
 
 from cornus.protocol.messages import Message
 from cornus.protocol.owner_answer import ExecuteStatus
-from storage_adapters.contract import DATA_VALUE_BYTES_MAX, PARTICIPANT_COUNT_MAX, TxnState, validate_data_key
+from storage_adapters.contract import (
+    DATA_VALUE_BYTES_MAX,
+    NODE_ID_LENGTH_MAX,
+    PARTICIPANT_COUNT_MAX,
+    TxnState,
+    validate_data_key,
+    validate_id,
+    validate_txn,
+)
 from storage_adapters.errors import ValidationError
 
 # What the values one execute request reads may add up to, each counted with
@@ -134,21 +142,48 @@ PeerRequest = ExecuteRequest | StatusRequest
 PeerResponse = ExecuteResponse | StatusResponse
 
 
-def carried_prepare_problem(request: ExecuteRequest) -> str:
+def carried_prepare_problem(request: ExecuteRequest, partitions: Collection[str]) -> str:
     """What is wrong with the prepare a request carries ("" if nothing): a machine asserts what
     a prepare says, so a malformed one from a peer must stop here."""
     if request.abort or request.continued:
         return "a request that carries a prepare runs a one-shot's operations, once"
-    return participants_problem(request.partition, request.participants)
+    return participants_problem(request.partition, request.participants, partitions)
 
 
-def participants_problem(partition: str, participants: tuple[str, ...]) -> str:
-    """What is wrong with a prepare's participants as sent to `partition` ("" if nothing)."""
+def participants_problem(partition: str, participants: tuple[str, ...], partitions: Collection[str]) -> str:
+    """What is wrong with a prepare's participants as sent to `partition` ("" if nothing): each
+    must be one of the cluster's `partitions` (found by audit, 2026-11-28: "p 1" reached the
+    participant's record, whose check of it ended the owner's process)."""
     if partition not in participants:
         return f"the prepare's participants {participants[:8]} leave out {partition}"
     if len(participants) > PARTICIPANT_COUNT_MAX or list(participants) != sorted(set(participants)):
         return f"the prepare's participants must be sorted, unique and at most {PARTICIPANT_COUNT_MAX}"
+    strangers = [p for p in participants if p not in partitions]
+    if strangers:
+        return f"the prepare names {strangers[:4]!r}, no partition of this cluster"
     return ""
+
+
+def ids_problem(txn: str, hosts: Iterable[str]) -> str:
+    """What is wrong with the ids a peer's message or request names ("" if nothing): a txn id and
+    host names (nodes, partitions) that storage refuses would end this process at the first call
+    that carries them (found by audit, 2026-11-28), so they stop where they enter."""
+    try:
+        validate_txn(txn)
+        for host in hosts:
+            validate_id(host, "host name", NODE_ID_LENGTH_MAX)
+    except ValidationError as error:
+        return str(error)
+    return ""
+
+
+def message_hosts(message: Message) -> Iterator[str]:
+    """The host names a protocol message carries in its own fields (a prepare's participants are
+    `participants_problem`'s)."""
+    for field in fields(message):
+        value = getattr(message, field.name)
+        if field.name != "txn" and isinstance(value, str):
+            yield value
 
 
 def ops_for_writes(writes: Mapping[str, bytes | None]) -> list[Op]:

@@ -8,6 +8,7 @@ failure; one lost on the way left the execution, its locks held, until its owner
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -57,3 +58,27 @@ async def test_an_abort_whose_first_telling_was_lost_is_told_again(tmp_path):
 
         await wait_until(dropped, 10, "the execution stayed after its abort was lost")
         assert losing.lost == 2
+
+
+async def test_a_request_cancelled_while_it_read_leaves_no_execution(tmp_path):
+    """Found by audit (2026-11-28, second): a request cancelled while it read storage (its caller's
+    deadline passed, and the transport ended the handler) kept its execution and every lock it had
+    taken, its PUTs' exclusive ones too, until its coordinator's abort came or the owner idled it
+    out (60 s); a cancelled lock wait ended its execution already."""
+    async with local_cluster(tmp_path, node_count=1, partition_count=1) as cluster:
+        node = cluster.node()
+        gate = cluster.faults["n0"].hold("read_data")
+        txn = node.begin()
+        request = ExecuteRequest(txn, "p0", "n0", (Op(OpKind.PUT, "a", b"v"), Op(OpKind.GET, "b")))
+        partition = node.partitions["p0"]
+        task = asyncio.ensure_future(partition.execute(request))
+
+        async def reading() -> bool:
+            return txn in partition.executions and bool(partition.locks.holders("a"))
+
+        await wait_until(reading, 10, "the request never began to read")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        gate.set()
+        assert txn not in partition.executions
+        assert not partition.locks.holders("a") and not partition.locks.holders("b")

@@ -309,7 +309,7 @@ async def test_an_execution_whose_coordinator_restarted_is_never_not_known(tmp_p
         txn = node.begin()
         await node.run_ops(txn, puts({cluster.key_in("p1", "a"): b"a"}))
         # A crash: its memory goes, and with it the aborts a clean stop sends (abort_open).
-        monkeypatch.setattr(Coordination, "abort_open", lambda self, spawn: 0)
+        monkeypatch.setattr(Coordination, "abort_open", lambda self: 0)
         await cluster.restart("n0")
         assert txn in cluster.node("n1").partitions["p1"].executions
         status = await cluster.node("n0").resolve_status(txn)
