@@ -148,6 +148,16 @@ class ProtocolConfig:
         return self.gc_grace_ms - self.storage_deadline_ms - self.clock_slack_ms
 
     @property
+    def identity_learn_ms(self) -> int:
+        """How long after its latest read of the identity record that found it its own a process
+        may still believe it holds the node's identity: the holder reads it every
+        identity_check_ms, and a read owed while another is out leaves when that one answers, each
+        within a storage deadline. A later process's take is learnt by then from a read that
+        finds it (txn_ids.predecessor_may_have_run counts on it), and a process that heard no
+        answer by then does not know (txn_ids.identity_fresh_for_client_ids)."""
+        return self.identity_check_ms + 2 * self.storage_deadline_ms
+
+    @property
     def identity_vacant_ms(self) -> int:
         """How long a parked process (one a later process of its node deposed) must see the
         node's identity record unchanged before it takes the record for vacant and exits, to be

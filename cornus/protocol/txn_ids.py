@@ -143,19 +143,30 @@ def predecessor_may_have_run(begin_ms: int, identity_taken_ms: int | None, confi
     (the node stopping, recovering or full), would be run again by its client under a new id."""
     if identity_taken_ms is None:
         return True
-    window_ms = config.identity_check_ms + 2 * config.storage_deadline_ms + config.clock_slack_ms
-    return begin_ms <= identity_taken_ms + window_ms
+    return begin_ms <= identity_taken_ms + config.identity_learn_ms + config.clock_slack_ms
 
 
-def another_process_may_have_run(begin_ms: int, identity_taken_ms: int | None, deposed: bool,
+def identity_fresh_for_client_ids(confirmed_ms: float | None, now_ms: float, config: ProtocolConfig) -> bool:
+    """Whether a process may begin a client-chosen id now, `confirmed_ms` being when its latest
+    read (or renewal, or take) of the identity record that found it its own left, on `now_ms`'s
+    clock: within ProtocolConfig.identity_learn_ms of it. Past that it may have been deposed
+    without knowing (cut off from storage alone, it hears no refused renewal), and a later
+    process's `predecessor_may_have_run`, which counts on it knowing by then, would tell a resend
+    "nothing ran" of an id it runs (found by audit, 2026-11-28, second). An id the process makes
+    itself names its incarnation: no other process runs it, and no client sends it twice."""
+    return confirmed_ms is not None and now_ms - confirmed_ms <= config.identity_learn_ms
+
+
+def another_process_may_have_run(begin_ms: int, identity_taken_ms: int | None, may_be_deposed: bool,
                                  config: ProtocolConfig) -> bool:
     """Whether a process of this node other than this one may have run a client-chosen id that
-    begins at `begin_ms`: an earlier one (`predecessor_may_have_run`), or, once this one is
-    `deposed`, the later one that took the identity, whatever the begin: it serves the node's
-    requests now, and a proxy may have delivered this very request there first (found by audit,
-    2026-11-28: a deposed process refused it as "stopping", nothing ran, and the client ran a
-    transfer its successor had committed again under a new id)."""
-    return deposed or predecessor_may_have_run(begin_ms, identity_taken_ms, config)
+    begins at `begin_ms`: an earlier one (`predecessor_may_have_run`), or, where this one
+    `may_be_deposed` (it was, or its identity is not fresh: `identity_fresh_for_client_ids`), a
+    later one that took the identity, whatever the begin: it serves the node's requests now, and a
+    proxy may have delivered this very request there first (found by audit, 2026-11-28: a deposed
+    process refused it as "stopping", nothing ran, and the client ran a transfer its successor had
+    committed again under a new id)."""
+    return may_be_deposed or predecessor_may_have_run(begin_ms, identity_taken_ms, config)
 
 
 def client_begin_problem(begin_ms: int, now_ms: int, started_ms: int, age_ms_max: int) -> str:

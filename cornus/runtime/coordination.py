@@ -226,6 +226,8 @@ class Coordination:
         # When (wall clock) this process took the node's identity; None before
         # (txn_ids.client_begins_after_ms says why a client-chosen id must begin after it).
         self.identity_taken_unix_ms: Callable[[], int | None] = lambda: None
+        # Whether this process may begin a client-chosen id now (txn_ids.identity_fresh_for_client_ids).
+        self.identity_fresh: Callable[[], bool] = lambda: True
 
     # -- begin and operations ----------------------------------------------------------------------
     def begin(self, protocol: Protocol | None = None, client_txn: str | None = None) -> str:
@@ -242,6 +244,11 @@ class Coordination:
         if not isinstance(protocol, Protocol):
             raise ValidationError(f"protocol must be one of {', '.join(p.value for p in Protocol)}, got {protocol!r}")
         checked = None if client_txn is None else self._check_client_txn(client_txn, protocol)
+        if checked is not None and not self.identity_fresh():
+            # It may have been deposed without knowing (found by audit, 2026-11-28): then the
+            # later process may run this id, or have run it.
+            raise ClientTxnRefused(f"{self.node_id} has not confirmed its identity lately (storage does not "
+                                   "answer it): another process of the node may run this id", may_have_run=True)
         if self.closing:
             self._refuse_unserved(checked, f"{self.node_id} is stopping")
         if not self.ready():
@@ -270,7 +277,8 @@ class Coordination:
     def _another_may_have_run(self, client_txn: str) -> bool:
         """txn_ids.another_process_may_have_run, of this process."""
         return txn_ids.another_process_may_have_run(txn_ids.begin_ms_of(client_txn), self.identity_taken_unix_ms(),
-                                                    self.deposed, self.config.protocol_config)
+                                                    self.deposed or not self.identity_fresh(),
+                                                    self.config.protocol_config)
 
     def begin_one_shot(self, protocol: Protocol | None = None, client_txn: str | None = None) -> str | Outcome:
         """`begin` for a one-shot, except that a client-chosen id an earlier delivery of the same

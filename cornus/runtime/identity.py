@@ -13,6 +13,7 @@ import enum
 import logging
 import time
 
+from cornus.protocol import txn_ids
 from cornus.protocol.config import ProtocolConfig, identity_window_admits
 from cornus.protocol.effects import TAKE_IDENTITY_ROUND_COUNT_MAX, CheckIdentity, TakeIdentity
 from cornus.protocol.events import IdentityChecked, IdentityTaken, StorageUnreachable
@@ -123,6 +124,11 @@ class IdentityHolder:
         (ProtocolConfig.identity_write_window_ms)."""
         confirmed_ms = None if self._confirmed_at_s is None else self._confirmed_at_s * 1000
         return identity_window_admits(confirmed_ms, now_s * 1000, self._write_window_ms)
+
+    def fresh_for_client_ids(self, config: ProtocolConfig) -> bool:
+        """txn_ids.identity_fresh_for_client_ids, now, on the clock the confirmations are on."""
+        confirmed_ms = None if self._confirmed_at_s is None else self._confirmed_at_s * 1000
+        return txn_ids.identity_fresh_for_client_ids(confirmed_ms, _boot_s() * 1000, config)
 
     async def confirm(self) -> bool:
         """Read the identity record now: True if it is still this process's (which admits the

@@ -264,3 +264,23 @@ async def test_the_status_call_asks_the_records_of_a_client_chosen_id_its_coordi
         await node.abort(own)
         status = await node.resolve_status(own)
         assert status is not None and status.status is OutcomeStatus.ABORTED, status
+
+
+async def test_a_process_whose_identity_was_not_confirmed_lately_runs_no_client_chosen_id(tmp_path, monkeypatch):
+    """Found by audit (2026-11-28, second): the rule that makes a later process's "nothing ran"
+    true (txn_ids.predecessor_may_have_run) counts on an earlier process learning of the take
+    within identity_check_ms and two storage deadlines, from a renewal refused. One cut off from
+    storage alone hears no answer at all, never learns, and coordinated Cornus one-shots on (the
+    coordinator writes nothing): a resend refused by the later process as "nothing ran" after the
+    window ran again under a new id. A process begins a client-chosen id only while a read of its
+    identity record confirmed it within that time (txn_ids.identity_fresh_for_client_ids); else
+    the id is in doubt. An id of its own making needs none: no client sends it twice."""
+    async with local_cluster(tmp_path, partition_count=2) as cluster:
+        node = cluster.node()
+        config = node.config.protocol_config
+        identity = node.runner.identity
+        stale_s = (config.identity_check_ms + 2 * config.storage_deadline_ms + 500) / 1000
+        monkeypatch.setattr(identity, "_confirmed_at_s", identity._confirmed_at_s - stale_s)
+        _assert_in_doubt(await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=_new_id()), "confirmed")
+        own = await node.execute([Op(OpKind.PUT, "k1", b"v")])
+        assert own.status is OutcomeStatus.COMMITTED, own
