@@ -8,16 +8,20 @@ The status call answers 200 for a transaction still running too: its body's outc
 which may yet abort (read the outcome, not the code alone).
 
 Bad input gets a 4xx naming the problem and changes nothing: 422 for a body or path that does not
-fit the schema (malformed JSON, wrong types, empty or oversized keys and values, a bad txn id), 400
-for a well-formed request the node refuses (too many operations, a value on a get), 404 for an
-unknown transaction, 409 `wrong_state` for a call the transaction's state does not allow, 413 for
-a body over the size limit. Every input is checked before the node sees it, so a bad request
-never aborts the interactive transaction it names. A one-shot an owner refuses as invalid is a 400
-too (it changed nothing), as in gRPC (INVALID_ARGUMENT): `one_shot_outcome` in the runtime.
+fit the schema (malformed JSON, a body that is not UTF-8 or not sent as JSON (Content-Type
+application/json or application/*+json), wrong types, empty or oversized keys and values, a bad
+txn id), 400 for a well-formed request the node refuses (too many operations, a one-shot that
+gets one key twice), 404 for an unknown transaction or path (a key holding "/", even at its end),
+409 `wrong_state` for a call the transaction's state does not allow, 413 for a body over the size
+limit. Every input is checked before the node sees it, so a bad request never aborts the
+interactive transaction it names. A one-shot an owner refuses as invalid is a 400 too (it changed
+nothing), as in gRPC (INVALID_ARGUMENT): `one_shot_outcome` in the runtime.
 
 A node still recovering refuses begin, execute and the status call with 503 `unavailable` (gRPC:
 UNAVAILABLE), the node's own gates, which both APIs leave to it: it does not know yet what its
 logs hold. Calls on a transaction already open are served.
+
+Every GET route answers HEAD too: the same status and headers, no body.
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ import logging
 import re
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import Body, FastAPI, Path, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -251,10 +256,12 @@ class ReadOut(BaseModel):
 
 class ErrorOut(BaseModel):
     error: str = Field(description="a stable code: malformed_request, invalid_request, invalid_txn, "
-                                   "txn_begin_refused, not_found, wrong_state, too_large, unavailable, "
+                                   "txn_begin_refused, unauthorized (an admin call without the node's "
+                                   "admin token), not_found, wrong_state, too_large, unavailable, "
                                    "storage_unavailable, busy (a 503 before the request was read: "
                                    "a call under its own txn may be sent again as it was), "
-                                   "method_not_allowed, internal (a 500: a bug)")
+                                   "method_not_allowed, http_error (another refusal of the HTTP "
+                                   "request itself; the status code says which), internal (a 500: a bug)")
     detail: str = Field(description="what was wrong, in words")
 
 
@@ -401,7 +408,8 @@ _R: dict[int | str, dict[str, Any]] = {
                                             "READ_BYTES_MAX (8 MiB) of values on one partition (on a one-shot over "
                                             "several, of more than its even share of 16 MiB), or input a partition's "
                                             "owner refuses (its limits may differ in a rollout); on execute "
-                                            "also invalid_txn and txn_begin_refused (a client-chosen txn the node "
+                                            "also a key read by two gets (reads hold one value per key), and "
+                                            "invalid_txn and txn_begin_refused (a client-chosen txn the node "
                                             "refuses, which no delivery of the request could have run); nothing "
                                             "changed"},
     404: {"model": ErrorOut, "description": "not_found: no such transaction on this node, or no such path"},
@@ -451,10 +459,11 @@ class _ExecuteFastPath:
     solving and middleware stack cost more CPU than the rest of the node's HTTP handling. This ASGI
     app wraps the FastAPI app from outside (as user middleware it would still sit inside the
     error, telemetry and body-limit layers FastAPI always adds, about 5% of a node's CPU under
-    load) and answers the common case itself: a JSON body (by Content-Type, as FastAPI decides)
-    with a Content-Length within the limit that validates against ExecuteIn (the same pydantic
-    model, from JSON). Anything else (another route, no Content-Length, another content type, a
-    body that does not validate, more ops than op_count_max) goes to the FastAPI app untouched,
+    load) and answers the common case itself: a JSON body (by Content-Type, as FastAPI decides:
+    _json_content_type) with a Content-Length within the limit that validates against ExecuteIn
+    (the same pydantic model, from JSON, which takes UTF-8 alone as the app does). Anything else
+    (another route, no Content-Length, another content type or none, a body that does not
+    validate, more ops than op_count_max, a key got twice) goes to the FastAPI app untouched,
     with the body replayed, so every error keeps its one shape."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], node: Node, limit_bytes: int) -> None:
@@ -469,15 +478,13 @@ class _ExecuteFastPath:
             await self.app(scope, receive, send)
             return
         length = -1
-        json_body = True  # FastAPI reads a body without a Content-Type as JSON too
+        content_type: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"content-length":
                 length = int(value) if value.isdigit() else -1
-            elif name == b"content-type":
-                media_type = value.split(b";", 1)[0].strip().lower()
-                json_body = media_type == b"application/json" or (
-                    media_type.startswith(b"application/") and media_type.endswith(b"+json"))
-        if not 0 < length <= self.limit_bytes or not json_body:
+            elif name == b"content-type" and content_type is None:  # Starlette reads the first
+                content_type = value
+        if not 0 < length <= self.limit_bytes or content_type is None or not _json_content_type(content_type):
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []
@@ -494,7 +501,8 @@ class _ExecuteFastPath:
         except ValueError:  # pydantic's ValidationError is one
             request = None
         if request is None or len(request.ops) > self.op_count_max or (
-                _may_name_twice(body, request) and _key_named_twice(body) is not None):
+                _may_name_twice(body, request) and _key_named_twice(body) is not None) or (
+                _key_got_twice(request.ops) is not None):
             await self.app(scope, _replay(body), send)  # which answers it as a bad request
             return
         try:
@@ -508,6 +516,42 @@ class _ExecuteFastPath:
             response = JSONResponse({"error": "internal", "detail": f"{type(error).__name__}: {error}"},
                                     status_code=500)
         await response(scope, receive, send)
+
+
+def _json_content_type(value: bytes) -> bool:
+    """Whether FastAPI (strict_content_type, its default) reads a body under this Content-Type as
+    JSON: application/json or application/*+json, parameters aside, with exactly one "/" (the rule
+    of email.message, which it asks: any other type counts as text/plain). With no Content-Type it
+    does not; found by audit (2026-11-28, second): the fast path ran such a body, every other
+    route answered 422."""
+    media_type = value.split(b";", 1)[0].strip().lower()
+    main_type, _, subtype = media_type.partition(b"/")
+    return (main_type == b"application" and b"/" not in subtype
+            and (subtype == b"json" or subtype.endswith(b"+json")))
+
+
+def _key_got_twice(ops: list[GetOp | PutOp | DeleteOp | CheckOp]) -> str | None:
+    """A key that two gets of a one-shot read, or None. Its reads are answered as an object keyed
+    by key, which holds one value of each (gRPC answers a list, each read in order)."""
+    got = [op.key for op in ops if op.op == "get"]
+    if len(set(got)) == len(got):  # every one-shot but a refused one: the cheap test first
+        return None
+    seen: set[str] = set()
+    for key in got:
+        if key in seen:
+            return key
+        seen.add(key)
+    return None
+
+
+def _refuse_a_key_got_twice(ops: list[GetOp | PutOp | DeleteOp | CheckOp]) -> None:
+    """Refuse (400, before anything runs) a one-shot that gets one key twice: its answer would hold
+    one of the values read and lose the other (found by audit (2026-11-28, second))."""
+    key = _key_got_twice(ops)
+    if key is not None:
+        raise ValidationError(f"the key {key!r} is read (op get) more than once; a one-shot's reads answer one "
+                              f"value per key, so get each key once (a get after a put of the key reads the put's "
+                              f"value)")
 
 
 def _key_named_twice(body: bytes) -> str | None:
@@ -630,6 +674,38 @@ class _BodyLimit:
         await self.app(scope, limited_receive, send)
 
 
+class _Utf8JsonRequest(Request):
+    """A request whose JSON body must be UTF-8 (RFC 8259). Starlette's json.loads of the bytes
+    takes UTF-16 and UTF-32 too, which the checks that read the raw bytes (a name twice) and the
+    fast path's parser (UTF-8 only) do not: a UTF-16 read naming "keys" twice passed the read's
+    check and read the last list alone (found by audit (2026-11-28, second)). Still one decode of
+    the body, as in json.loads of the bytes; a body that is not UTF-8 fails it, and FastAPI's 400
+    for a body it could not parse becomes our 422 (see _http)."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            if b"\x00" in body:
+                # Never in UTF-8 JSON (a NUL in a string is escaped), always in UTF-16 or UTF-32 of
+                # ASCII, which decodes as UTF-8: refused as not UTF-8, not as a puzzling JSON error.
+                raise ValueError("the body holds a NUL byte: it is not UTF-8 JSON")
+            self._json = json.loads(body.decode("utf-8"))
+        return self._json
+
+
+class _Utf8JsonRoute(APIRoute):
+    """The app's routes, each handed a _Utf8JsonRequest: FastAPI has no other way to choose how a
+    route's body is decoded."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def utf8_json(request: Request) -> Response:
+            return await handler(_Utf8JsonRequest(request.scope, request.receive))
+
+        return utf8_json
+
+
 class _Served:
     """What the FastAPI app's routes serve: bound once the node exists, so that the routes can be
     built before it (`prebuild`)."""
@@ -669,7 +745,11 @@ def build_app(node: Node, metrics: Metrics | None = None) -> Callable[..., Await
 
 
 def _fastapi_app(served: _Served) -> FastAPI:
-    app = FastAPI(title="Cornus", version="1", description=__doc__)
+    # No redirect_slashes: a path with a trailing "/" (`/v1/kv/a%2F`, key "a/") got a 307 to the
+    # path without it (`/v1/kv/a`, another key), built from the client's Host header (found by audit
+    # (2026-11-28, second)); a path no route takes is the documented 404.
+    app = FastAPI(title="Cornus", version="1", description=__doc__, redirect_slashes=False)
+    app.router.route_class = _Utf8JsonRoute
     app.add_middleware(_BodyLimit, limit_bytes=REQUEST_BYTES_MAX)
 
     @app.exception_handler(RequestValidationError)
@@ -681,6 +761,9 @@ def _fastapi_app(served: _Served) -> FastAPI:
         )
         if len(errors) > MALFORMED_PROBLEMS_SHOWN_MAX:
             problems += f"; and {len(errors) - MALFORMED_PROBLEMS_SHOWN_MAX} more"
+        if any(isinstance(error.get("input"), bytes) for error in errors[:MALFORMED_PROBLEMS_SHOWN_MAX]):
+            # FastAPI left the body unparsed: its "not an object" names no cause a client can see.
+            problems += " (a JSON body needs Content-Type: application/json or application/*+json)"
         return _error(request, 422, "malformed_request", problems or "the request does not fit the schema")
 
     async def _answered(request: Request, exc: Exception) -> JSONResponse:
@@ -715,6 +798,19 @@ def _fastapi_app(served: _Served) -> FastAPI:
         log.exception("internal error on %s %s", request.method, request.url.path)
         return JSONResponse({"error": "internal", "detail": f"{type(exc).__name__}: {exc}"}, status_code=500)
 
+    def get_or_head(path: str, **route: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """app.get, answering HEAD too, as Starlette's own routes do: FastAPI's take GET alone, so
+        a probe or proxy that checks with HEAD got 405 (found by audit (2026-11-28, second)). One
+        handler: the server sends HEAD's answer without its body. HEAD stays out of the published
+        schema, which would otherwise hold each operation twice under one operation id."""
+
+        def register(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+            registered = app.get(path, **route)(endpoint)
+            app.add_api_route(path, endpoint, methods=["HEAD"], **{**route, "include_in_schema": False})
+            return registered
+
+        return register
+
     def check_op_count(count: int) -> None:
         limit = served.node.config.limits.op_count_max
         if count > limit:
@@ -733,6 +829,7 @@ def _fastapi_app(served: _Served) -> FastAPI:
     })], request: Request) -> JSONResponse:
         _refuse_a_name_twice(await request.body(), "ops")
         check_op_count(len(body.ops))
+        _refuse_a_key_got_twice(body.ops)
         ops = [_op(op) for op in body.ops]
         return _ended(await served.node.execute(ops, body.protocol, body.txn))
 
@@ -795,9 +892,10 @@ def _fastapi_app(served: _Served) -> FastAPI:
         with txn_context(txn):
             return _ended(await served.node.abort(txn))
 
-    @app.get("/v1/txn/{txn}", operation_id="status", response_model=OutcomeOut, summary="The outcome of a transaction",
-             responses=_responses(202, 404, 422, extra={200: _COMMITTED_OR_ACTIVE, 409: _ABORTED,
-                                                         503: _NODE_UNAVAILABLE}))
+    @get_or_head("/v1/txn/{txn}", operation_id="status", response_model=OutcomeOut,
+                 summary="The outcome of a transaction",
+                 responses=_responses(202, 404, 422, extra={200: _COMMITTED_OR_ACTIVE, 409: _ABORTED,
+                                                             503: _NODE_UNAVAILABLE}))
     async def status(txn: TxnId) -> JSONResponse:
         with txn_context(txn):
             outcome = await served.node.resolve_status(txn)
@@ -807,9 +905,9 @@ def _fastapi_app(served: _Served) -> FastAPI:
 
     kv_codes = _responses(202, 400, 404, 413, 422, extra={409: _ABORTED, 503: _UNAVAILABLE})
 
-    @app.get("/v1/kv/{key}", operation_id="get_key", response_model=OutcomeOut,
-             summary="Read one key (a one-shot transaction)",
-             responses=kv_codes)
+    @get_or_head("/v1/kv/{key}", operation_id="get_key", response_model=OutcomeOut,
+                 summary="Read one key (a one-shot transaction)",
+                 responses=kv_codes)
     async def get_key(key: PathKey, request: Request) -> JSONResponse:
         _refuse_a_key_not_utf8(request, key)
         return _ended(await served.node.execute([Op(OpKind.GET, key)]))
@@ -822,15 +920,15 @@ def _fastapi_app(served: _Served) -> FastAPI:
         _refuse_a_name_twice(await request.body(), "value")
         return _ended(await served.node.execute([Op(OpKind.PUT, key, body.value.encode("utf-8"))]))
 
-    @app.get("/healthz", operation_id="healthz", response_model=HealthOut, summary="Liveness")
+    @get_or_head("/healthz", operation_id="healthz", response_model=HealthOut, summary="Liveness")
     async def healthz() -> HealthOut:
         return HealthOut(status="ok", node=served.node.node_id, protocol=served.node.config.protocol.value,
                          now_unix_ms=int(time.time() * 1000),
                          client_txn_age_ms_max=client_txn_age_ms_max(served.node.config.limits.timeout_ms_peer_request))
 
-    @app.get("/readyz", operation_id="readyz", response_model=ReadyOut,
-             summary="Readiness: false until recovery has run",
-             responses={503: {"model": ReadyOut, "description": "not ready: recovery is still running"}})
+    @get_or_head("/readyz", operation_id="readyz", response_model=ReadyOut,
+                 summary="Readiness: false until recovery has run",
+                 responses={503: {"model": ReadyOut, "description": "not ready: recovery is still running"}})
     async def readyz() -> JSONResponse:
         deposed = sum(served.node.counters[f"ownership_lost_{reason}"] for reason in ("expired", "taken", "fenced"))
         body = ReadyOut(ready=served.node.ready, node=served.node.node_id, in_doubt=served.node.in_doubt_count(),
@@ -838,18 +936,18 @@ def _fastapi_app(served: _Served) -> FastAPI:
                         fenced_writes=served.node.counters["ownership_fenced_writes"])
         return JSONResponse(body.model_dump(), status_code=200 if served.node.ready else 503)
 
-    @app.get("/v1/partitions", operation_id="partitions", response_model=PartitionsOut,
-             summary="Who owns each partition, as storage says now",
-             responses={503: _STORAGE_UNAVAILABLE})
+    @get_or_head("/v1/partitions", operation_id="partitions", response_model=PartitionsOut,
+                 summary="Who owns each partition, as storage says now",
+                 responses={503: _STORAGE_UNAVAILABLE})
     async def partitions() -> PartitionsOut:
         infos = await served.node.partitions_info()
         return PartitionsOut(node=served.node.node_id, peers=dict(served.node.config.peers),
                              partition_owners=dict(served.node.config.partition_owners),
                              partitions=[PartitionOut(**dataclasses.asdict(i)) for i in infos])
 
-    @app.get("/metrics", operation_id="metrics", summary="Prometheus metrics", response_class=Response,
-             responses={200: {"description": "the Prometheus text exposition format",
-                              "content": {"text/plain": {"schema": {"type": "string"}}}}})
+    @get_or_head("/metrics", operation_id="metrics", summary="Prometheus metrics", response_class=Response,
+                 responses={200: {"description": "the Prometheus text exposition format",
+                                  "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def prometheus() -> Response:
         return Response(generate_latest(served.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -858,9 +956,9 @@ def _fastapi_app(served: _Served) -> FastAPI:
 
     admin_only = [Security(admin)]
 
-    @app.get("/v1/admin/transactions", operation_id="admin_transactions", response_model=list[TxnInfoOut],
-             summary="In-flight and in-doubt transactions on this node", dependencies=admin_only,
-             responses=_responses(401))
+    @get_or_head("/v1/admin/transactions", operation_id="admin_transactions", response_model=list[TxnInfoOut],
+                 summary="In-flight and in-doubt transactions on this node", dependencies=admin_only,
+                 responses=_responses(401))
     async def transactions() -> list[TxnInfoOut]:
         return [TxnInfoOut(txn=i.txn, role=i.role, where=i.where, phase=i.phase,  # type: ignore[arg-type]
                            protocol=i.protocol, partitions=list(i.partitions), idle_ms=i.idle_ms)
@@ -880,9 +978,9 @@ def _fastapi_app(served: _Served) -> FastAPI:
             log.info("resolved by hand: %s", outcome.status)
             return _outcome_response(outcome)
 
-    @app.get("/v1/admin/timings", operation_id="admin_timings",
-             summary="Commit-path timing breakdown of recent distributed transactions", dependencies=admin_only,
-             responses=_responses(401))
+    @get_or_head("/v1/admin/timings", operation_id="admin_timings",
+                 summary="Commit-path timing breakdown of recent distributed transactions", dependencies=admin_only,
+                 responses=_responses(401))
     async def timings() -> dict[str, dict[str, float]]:
         return served.node.timings.summary()
 

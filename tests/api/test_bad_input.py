@@ -104,7 +104,7 @@ ONE_SHOT = [
     Bad("put: no body", "PUT", "/v1/kv/{key}", words=("body", "Field required")),
     Bad("put: key too long", "PUT", "/v1/kv/{key}" + "k" * DATA_KEY_BYTES_MAX, {"value": "x"},
         words=("key", f"at most {DATA_KEY_BYTES_MAX}")),
-    Bad("put: wrong method", "PATCH", "/v1/kv/{key}", {"value": "x"}, status=405, words=("PATCH", "GET, PUT")),
+    Bad("put: wrong method", "PATCH", "/v1/kv/{key}", {"value": "x"}, status=405, words=("PATCH", "GET, HEAD, PUT")),
     Bad("begin: unknown protocol", "POST", "/v1/txn", {"protocol": "3pc"}, words=("protocol", "cornus")),
     # A name twice in one object (JSON allows it, and the parser keeps one value): which the client
     # meant is unknown, so nothing runs (found by review: only the write call refused it; here the
@@ -149,7 +149,7 @@ def test_one_shot_bad_input_is_refused_and_changes_nothing(api_cluster: Cluster,
     _assert_rejected(_send(api_cluster, filled, key), case)
     assert api_cluster.read("n1", list(values)) == values
     if case.status == 405:
-        assert _send(api_cluster, filled, key).headers["allow"] == "GET, PUT"
+        assert _send(api_cluster, filled, key).headers["allow"] == "GET, HEAD, PUT"
 
 
 # Calls naming an active transaction that wrote {key} := "in-txn": the transaction must survive.
@@ -234,16 +234,17 @@ def test_unknown_paths_answer_in_the_error_shape(api_cluster: Cluster) -> None:
 
 def test_execute_takes_json_bodies_only_by_content_type_as_fastapi_does(api_cluster: Cluster) -> None:
     """POST /v1/execute skips FastAPI's stack when its body validates (rest._ExecuteFastPath); the
-    content types it accepts must be FastAPI's: JSON, application/*+json, or none given."""
+    content types it accepts must be FastAPI's: JSON or application/*+json, and (strict, FastAPI's
+    default) not none at all."""
     key = keys_on("p0", API_PARTITION_COUNT, 1, prefix=f"ctype{next(_fresh)}-")[0]
     body = json.dumps({"ops": [_put(key, "v")]}).encode()
     url = api_cluster.nodes["n0"].url + "/v1/execute"
-    refused = api_cluster.client.post(url, content=body, headers={"content-type": "text/plain"})
-    assert refused.status_code == 422 and refused.json()["error"] == "malformed_request", refused.text
+    for headers in ({"content-type": "text/plain"}, {}):
+        refused = api_cluster.client.post(url, content=body, headers=headers)
+        assert refused.status_code == 422 and refused.json()["error"] == "malformed_request", refused.text
     assert api_cluster.execute("n0", [{"op": "get", "key": key}]).json()["reads"] == {key: None}
-    for content_type in ("application/json; charset=utf-8", "application/vnd.cornus+json", None):
-        headers = {"content-type": content_type} if content_type else {}
-        answer = api_cluster.client.post(url, content=body, headers=headers)
+    for content_type in ("application/json; charset=utf-8", "application/vnd.cornus+json"):
+        answer = api_cluster.client.post(url, content=body, headers={"content-type": content_type})
         assert answer.status_code == 200 and answer.json()["outcome"] == "committed", (content_type, answer.text)
 
 
