@@ -46,15 +46,13 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="cornus" \
       org.opencontainers.image.description="Cornus atomic commit middleware: one node (cornus serve)"
 # HOME=/tmp: the root filesystem is read-only in the chart and /tmp is its one writable mount.
-# The listen addresses are the chart's defaults too, so `docker run` needs only the node id, the
-# peers and the partition count (and storage settings beyond the emulator).
+# No CORNUS_* setting: the node's variables override its --config file, so an image default would
+# replace a mounted file's own (its listen addresses, a gRPC API it leaves off). The chart sets
+# every address itself; `docker run` gives CORNUS_API_LISTEN (docs/deploy.md section 1).
 ENV PATH=/opt/cornus/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    HOME=/tmp \
-    CORNUS_LISTEN=0.0.0.0:7100 \
-    CORNUS_API_LISTEN=0.0.0.0:8100 \
-    CORNUS_GRPC_API_LISTEN=0.0.0.0:9100
+    HOME=/tmp
 # A fixed uid/gid, so Kubernetes' runAsUser/fsGroup (helm/cornus) name the same user.
 RUN groupadd --system --gid 10001 cornus \
     && useradd --system --uid 10001 --gid cornus --no-create-home --home-dir /nonexistent \
@@ -67,11 +65,12 @@ WORKDIR /var/lib/cornus
 USER 10001:10001
 # 7100 node-to-node stream, 8100 REST (/healthz, /readyz, /metrics), 9100 public gRPC.
 EXPOSE 7100 8100 9100
-# Liveness on the REST port the node was given (CORNUS_API_LISTEN), asked on loopback. Python,
-# because the slim base has no curl or wget and the image adds none. The start period covers a
-# node that waits for its storage (services/serve.py STORAGE_OPEN_TIMEOUT_S, 60 s).
+# Liveness on the REST address the node's own configuration names, however it was given (a file,
+# variables, flags): `cornus healthcheck` rebuilds it from the node's command line and environment
+# (the node is PID 1), and asks on loopback when the node listens on every address. The start
+# period covers a node that waits for its storage (services/serve.py STORAGE_OPEN_TIMEOUT_S, 60 s).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=90s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; port = os.environ['CORNUS_API_LISTEN'].rsplit(':', 1)[1]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)"]
+    CMD ["cornus", "healthcheck"]
 # No init before the node: the node is PID 1, so it would inherit any orphaned process and have to
 # reap it. It starts one kind of process, the emulator backend's writer
 # (storage_adapters/emulator_writer.py), as its own child, and reaps it itself when it exits; that

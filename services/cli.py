@@ -12,32 +12,38 @@
                   automatic; run it after changing the node set, e.g. as a Helm post-upgrade hook)
   termination-bench
                   time Cornus termination after coordinator kills, on your storage
+  healthcheck     exit 0 if a running `cornus serve` answers /healthz (the image's HEALTHCHECK)
 
 Storage settings come from flags, else from `CORNUS_STORAGE_*` environment variables, else from
 the config file (serve), else from the defaults (the embedded SQLite emulator in ./cornus.db).
 
 Exit codes: 0 success (a transaction committed; a cluster stopped cleanly), 1 failure (aborted,
-unknown, unavailable, unreachable, a node died), 2 bad input (nothing was changed).
+unknown, unavailable, unreachable, a node died), 2 bad input (nothing was changed); `bench` and
+`termination-bench` stopped by Ctrl-C or SIGTERM clean up and exit 130 or 143 (128 plus the signal).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
 
 from cornus.protocol.config import Protocol
+from cornus.runtime.config import NodeConfig
 from services.client import (
     AsyncCornusClient,
     ClientConfig,
@@ -152,6 +158,14 @@ def _serve(args: argparse.Namespace) -> int:
     from cornus.runtime.config import load_node_config
     from services.serve import run
 
+    config = load_node_config(args.config, overrides=_serve_overrides(args))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    run(config)
+    return 0
+
+
+def _serve_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The settings `cornus serve`'s flags give, over its file and environment."""
     overrides: dict[str, object] = {
         "node_id": args.node_id, "cluster_id": args.cluster_id, "listen": args.listen, "api_listen": args.api_listen,
         "grpc_api_listen": args.grpc_api_listen, "peers": args.peers,
@@ -168,10 +182,82 @@ def _serve(args: argparse.Namespace) -> int:
         if not sep:
             raise ValidationError(f"--set {item!r}: expected NAME=VALUE, e.g. timeout_ms_prepare=400")
         overrides[name.strip()] = value.strip()
-    config = load_node_config(args.config, overrides=overrides)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    run(config)
-    return 0
+    return overrides
+
+
+# === healthcheck =================================================================================
+
+# The image's node is its container's first process: the Dockerfile starts no init before it.
+HEALTHCHECK_PID_DEFAULT = 1
+# Below the Dockerfile HEALTHCHECK's --timeout (3 s), which also counts this command's start.
+HEALTHCHECK_TIMEOUT_S = 2.0
+# Docker's verdicts: 0 healthy, 1 unhealthy (it reserves 2, which main() gives bad input).
+EXIT_CODE_HEALTHY = 0
+EXIT_CODE_UNHEALTHY = 1
+
+
+def _serve_process_config(pid: int) -> NodeConfig:
+    """The configuration a running `cornus serve` (process `pid`) built, rebuilt as it did: from
+    its command line, its environment and, for a relative --config, its working directory.
+    ValidationError when it is none, or is gone."""
+    from cornus.runtime.config import load_node_config
+
+    proc = Path("/proc") / str(pid)
+    try:
+        argv = [os.fsdecode(item) for item in (proc / "cmdline").read_bytes().split(b"\0")[:-1]]
+        if "serve" not in argv:
+            # An init before the node (`docker run --init`): the node is its child.
+            for child in (proc / "task" / str(pid) / "children").read_text().split():
+                with contextlib.suppress(ValidationError):
+                    return _serve_process_config(int(child))
+            raise ValidationError(f"process {pid} is not `cornus serve`, nor is a child of it: {' '.join(argv)[:200]}")
+        environ_items = (proc / "environ").read_bytes().split(b"\0")
+        cwd = Path(os.readlink(proc / "cwd"))
+    except OSError as error:
+        raise ValidationError(f"process {pid}: {error.strerror or error}") from None
+    # The interpreter and script (or -m services.cli) come first; the subcommand starts the rest.
+    args = build_parser().parse_args(argv[argv.index("serve"):])
+    environ = {}
+    for item in environ_items:
+        name, sep, value = os.fsdecode(item).partition("=")
+        if sep:
+            environ[name] = value
+    path = None if args.config is None else cwd / args.config
+    return load_node_config(path, environ=environ, overrides=_serve_overrides(args))
+
+
+def _healthcheck_url(api_listen: str) -> str:
+    """Where this machine reaches a REST API listening at `api_listen`: on loopback when it
+    listens on every address."""
+    host, _, port = api_listen.rpartition(":")
+    host = host.strip("[]")
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/healthz"
+
+
+def _healthcheck(args: argparse.Namespace) -> int:
+    try:
+        config = _serve_process_config(args.pid)
+    except ValidationError as error:
+        print(f"cornus healthcheck: {error}", file=sys.stderr)
+        return EXIT_CODE_UNHEALTHY
+    except SystemExit:
+        # The node's own command line no longer parses (a `cornus` of another version): argparse
+        # exits 2, which Docker reserves.
+        return EXIT_CODE_UNHEALTHY
+    if not config.api_listen:
+        print(f"cornus healthcheck: process {args.pid} has no REST API (api_listen)", file=sys.stderr)
+        return EXIT_CODE_UNHEALTHY
+    url = _healthcheck_url(config.api_listen)
+    try:
+        response = httpx.get(url, timeout=args.timeout_s)
+    except httpx.HTTPError as error:
+        print(f"cornus healthcheck: {url}: {type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_CODE_UNHEALTHY
+    if response.status_code != httpx.codes.OK:
+        print(f"cornus healthcheck: {url}: HTTP {response.status_code}", file=sys.stderr)
+        return EXIT_CODE_UNHEALTHY
+    return EXIT_CODE_HEALTHY
 
 
 # === client commands: txn, inspect, resolve ======================================================
@@ -711,6 +797,45 @@ def _out_dir(args: argparse.Namespace) -> Path:
     return out
 
 
+# The shell's convention for a command ended by a signal: it exits 128 plus the signal's number.
+EXIT_CODE_SIGNAL_BASE = 128
+
+
+def _sigterm_like_ctrl_c(command: str) -> Callable[[Callable[[argparse.Namespace], int]],
+                                                   Callable[[argparse.Namespace], int]]:
+    """A command that starts nodes and storage of its own, made to leave on SIGTERM (a CI job's
+    timeout, a supervisor, `kill`) as on Ctrl-C: through its clean-up (its nodes stopped, its
+    run's directory and container or table gone), which SIGTERM's default action skips, leaving
+    them to a later run that takes the namespace for the user's. Either way it then exits 128
+    plus the signal's number, with one line instead of a traceback."""
+    def wrap(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        def run(args: argparse.Namespace) -> int:
+            received: list[int] = []
+
+            def interrupt(signum: int, frame: object) -> None:
+                # Only the first: a repeated SIGTERM must not cut short the clean-up the first one
+                # started (its waits are bounded; SIGKILL remains for the impatient).
+                if not received:
+                    received.append(signum)
+                    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+            # Handlers are the main thread's to set (a caller in another thread keeps the default).
+            owned = threading.current_thread() is threading.main_thread()
+            previous = signal.signal(signal.SIGTERM, interrupt) if owned else None
+            try:
+                return handler(args)
+            except KeyboardInterrupt:
+                signum = received[0] if received else signal.SIGINT
+                print(f"cornus: {command} stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+                return EXIT_CODE_SIGNAL_BASE + signum
+            finally:
+                if owned:
+                    signal.signal(signal.SIGTERM, previous)
+        return run
+    return wrap
+
+
+@_sigterm_like_ctrl_c("termination-bench")
 def _termination_bench(args: argparse.Namespace) -> int:
     from loadtests.bench.plots import NO_MATPLOTLIB, matplotlib_missing, plot_termination
     from loadtests.bench.profiles import latency_label, resolve_latency
@@ -808,6 +933,7 @@ def _bench_knobs(args: argparse.Namespace) -> dict[str, str]:
     return knobs
 
 
+@_sigterm_like_ctrl_c("bench")
 def _bench(args: argparse.Namespace) -> int:
     from loadtests.bench.cluster import RunSettings
     from loadtests.bench.profiles import latency_label
@@ -899,6 +1025,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a timeout or limit, e.g. timeout_ms_prepare=400 (repeatable)")
     _add_storage_flags(serve)
     serve.set_defaults(handler=_serve)
+
+    healthcheck = commands.add_parser(
+        "healthcheck", help="exit 0 if a running `cornus serve` answers /healthz (the image's HEALTHCHECK)",
+        description="Read how the node process was started (its `cornus serve` arguments, its environment, its "
+                    "working directory), build its configuration as it did (file, then CORNUS_* variables, then "
+                    "flags), and ask its REST API's /healthz, on loopback when it listens on every address. "
+                    "Exit 0 healthy, 1 not (or no such node).",
+    )
+    healthcheck.add_argument("--pid", type=int, default=HEALTHCHECK_PID_DEFAULT,
+                             help=f"the node's process id (default {HEALTHCHECK_PID_DEFAULT}: in the image, the node "
+                                  "is the container's first process)")
+    healthcheck.add_argument("--timeout-s", type=float, default=HEALTHCHECK_TIMEOUT_S,
+                             help=f"deadline of the request (default {HEALTHCHECK_TIMEOUT_S:g})")
+    healthcheck.set_defaults(handler=_healthcheck)
 
     protocols = [protocol.value for protocol in Protocol]
     bench_cluster = commands.add_parser(

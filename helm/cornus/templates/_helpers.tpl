@@ -235,7 +235,7 @@ node would refuse fails the install instead of crash-looping every pod. Single v
 at most a limit) are checked by values.schema.json. tests/deploy/test_helm_chart.py checks that
 helm refuses exactly the combinations the node refuses.
 */}}
-{{- $nodeDefaults := dict "clock_slack_ms" 1000 "gc_grace_ms" 12000 "backoff_ms_min" 10 "backoff_ms_max" 320 "lease_ms" 4000 "renew_interval_ms" 1000 "op_count_max" 1000 "txn_op_count_max" 10000 "outcome_keep_ms" 600000 "timeout_ms_peer_request" 2000 "timeout_ms_stop_collect" 15000 }}
+{{- $nodeDefaults := dict "clock_slack_ms" 1000 "gc_grace_ms" 12000 "backoff_ms_min" 10 "backoff_ms_max" 320 "timeout_ms_resend" 100 "lease_ms" 4000 "renew_interval_ms" 1000 "op_count_max" 1000 "txn_op_count_max" 10000 "outcome_keep_ms" 600000 "timeout_ms_peer_request" 2000 "timeout_ms_stop_collect" 15000 }}
 {{- $t := dict }}
 {{- range $name, $default := $nodeDefaults }}
 {{- $value := $default }}
@@ -256,6 +256,13 @@ up to 29 s (services/serve.py SHUTDOWN_BUDGET_S_BUT_COLLECT) plus its collection
 {{- if lt $t.gc_grace_ms $graceMin }}
 {{- fail (printf "timeouts.gc_grace_ms is %d, but a storage call may land up to its deadline (storage.timeoutMsCall, %d) plus timeouts.clock_slack_ms (%d) after it was made, and a manual resolve makes two in a row: gc_grace_ms must be at least 2 * timeoutMsCall + clock_slack_ms = %d, or a late call could recreate a collected record (unset, gc_grace_ms is %d and clock_slack_ms %d, the node's defaults)" $t.gc_grace_ms $call $t.clock_slack_ms $graceMin $nodeDefaults.gc_grace_ms $nodeDefaults.clock_slack_ms) }}
 {{- end }}
+{{- /* A stopping node waits for its transactions' records to be collected, which none can be
+before its grace has passed: a shorter wait gives up on the latest ones every time, and no later
+pod collects them. 0 is the user's choice of no wait (the chart cannot wait minutes for a cloud
+backend's grace: the node allows 60 s at most). */}}
+{{- if and (gt $t.timeout_ms_stop_collect 0) (lt $t.timeout_ms_stop_collect $t.gc_grace_ms) }}
+{{- fail (printf "timeouts.timeout_ms_stop_collect (%d ms) is shorter than timeouts.gc_grace_ms (%d ms): a stopping node waits that long for the records of the transactions it coordinated to be collected, which cannot happen before their grace has passed, so every rolling restart would leave the latest ones in storage for good; set timeout_ms_stop_collect to at least gc_grace_ms (and terminationGracePeriodSeconds above 29 s plus it), or to 0 for no wait (unset, timeout_ms_stop_collect is %d ms and gc_grace_ms %d ms, the node's defaults)" $t.timeout_ms_stop_collect $t.gc_grace_ms $nodeDefaults.timeout_ms_stop_collect $nodeDefaults.gc_grace_ms) }}
+{{- end }}
 {{- if lt $t.lease_ms (mul 2 $t.renew_interval_ms) }}
 {{- fail (printf "timeouts.renew_interval_ms (%d) must be at most half of timeouts.lease_ms (%d): one slow renewal must not end a lease (unset, lease_ms is %d and renew_interval_ms %d, the node's defaults)" $t.renew_interval_ms $t.lease_ms $nodeDefaults.lease_ms $nodeDefaults.renew_interval_ms) }}
 {{- end }}
@@ -264,6 +271,12 @@ up to 29 s (services/serve.py SHUTDOWN_BUDGET_S_BUT_COLLECT) plus its collection
 {{- end }}
 {{- if gt $t.backoff_ms_min $t.backoff_ms_max }}
 {{- fail (printf "timeouts.backoff_ms_min (%d) must not exceed timeouts.backoff_ms_max (%d) (unset, they are %d and %d, the node's defaults)" $t.backoff_ms_min $t.backoff_ms_max $nodeDefaults.backoff_ms_min $nodeDefaults.backoff_ms_max) }}
+{{- end }}
+{{- /* A coordinator resends its decision at intervals backed off from timeout_ms_resend up to
+backoff_ms_max (cornus/protocol/coordinator_base.py), and its backoff cannot start above its
+ceiling: rendered, every node would fail on its first commit. */}}
+{{- if gt $t.timeout_ms_resend $t.backoff_ms_max }}
+{{- fail (printf "timeouts.timeout_ms_resend (%d) must not exceed timeouts.backoff_ms_max (%d): a coordinator resends its decision at intervals backed off from the one up to the other (unset, they are %d and %d, the node's defaults)" $t.timeout_ms_resend $t.backoff_ms_max $nodeDefaults.timeout_ms_resend $nodeDefaults.backoff_ms_max) }}
 {{- end }}
 {{- if gt $t.op_count_max $t.txn_op_count_max }}
 {{- fail (printf "timeouts.op_count_max (%d, per request) must not exceed timeouts.txn_op_count_max (%d, per transaction) (unset, they are %d and %d, the node's defaults)" $t.op_count_max $t.txn_op_count_max $nodeDefaults.op_count_max $nodeDefaults.txn_op_count_max) }}

@@ -47,6 +47,9 @@ output "helm_values" {
     timeouts = {
       # Minutes: DynamoDB cannot refuse a write that arrives late (docs/deploy.md section 5).
       gc_grace_ms = 300000
+      # No stop outlasts that grace: a stopping node leaves its last transactions' records
+      # uncollected rather than wait in vain (the chart refuses a shorter wait other than 0).
+      timeout_ms_stop_collect = 0
     }
     devRedis = {
       enabled = false

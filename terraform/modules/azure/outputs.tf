@@ -52,6 +52,9 @@ output "helm_values" {
       # At least 2 * timeoutMsCall + clock_slack_ms (1000 by default), or the chart refuses it;
       # minutes, since Azure cannot refuse a write that arrives late (docs/deploy.md section 5).
       gc_grace_ms = 300000
+      # No stop outlasts that grace: a stopping node leaves its last transactions' records
+      # uncollected rather than wait in vain (the chart refuses a shorter wait other than 0).
+      timeout_ms_stop_collect = 0
     }
     devRedis = {
       enabled = false
