@@ -918,10 +918,12 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
                 continue  # nobody holds it (a Move's gap): no machine of it runs
             host = node.core.partitions[partition] if node.alive and node.core is not None else None
             machine = host.machines.get(call.txn) if host is not None else None
-            if isinstance(machine, CoordinatorLogParticipant) and machine.phase is Phase.VOTED:
+            if (isinstance(machine, CoordinatorLogParticipant) and machine.phase is Phase.VOTED
+                    and self.outcome.decisions.get(call.txn) == {TxnState.ABORT}):
                 # Recovery rebuilds a vote from the coordinator's redo record whenever the
                 # partition's own log holds no decision, which is also what an abort leaves; such a
-                # machine asks, learns ABORT and writes nothing.
+                # machine asks, learns ABORT and writes nothing. Of an aborted transaction only:
+                # one that committed left COMMIT in every participant's log before collection.
                 continue
             if isinstance(machine, ParticipantBase) and (not machine.decided_durably or machine.calls_in_flight):
                 self.outcome.violations.append(
