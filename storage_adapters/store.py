@@ -11,6 +11,7 @@ import abc
 import asyncio
 import contextlib
 import contextvars
+import copy
 import dataclasses
 import inspect
 import time
@@ -479,10 +480,12 @@ class LogStore(abc.ABC):
         try:
             outcomes = await self._bounded(self._delete_many([entry.request for entry in batch]), "delete", deadline)
         except Exception as error:
-            # The whole request failed (unavailable, or of unknown effect): so did every delete in it.
+            # The whole request failed (unavailable, or of unknown effect): so did every delete in
+            # it. One exception each: one raised by every caller would collect all their tracebacks
+            # (found by audit, 2026-11-28).
             for entry in batch:
                 if not entry.future.done():
-                    entry.future.set_exception(error)
+                    entry.future.set_exception(copy.copy(error))
             return
         except asyncio.CancelledError:
             # The loop is shutting down: the callers were not cancelled, so they hear of it as an

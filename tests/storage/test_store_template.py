@@ -346,3 +346,28 @@ async def test_a_call_whose_deadline_passed_before_it_started_never_reaches_the_
         else:
             await store.delete(log, "t")
     assert store.sent == []
+
+
+async def test_each_coalesced_delete_that_fails_raises_an_exception_of_its_own() -> None:
+    """Found by audit (2026-11-28, second): a coalesced request that failed handed one exception
+    object to every caller in it (up to DELETE_BATCH_COUNT_MAX); each raise added its frames to
+    that one traceback, which kept them all alive. Each caller gets its own, as the emulator's and
+    Redis's failures give."""
+
+    class Failing(_SilentStore):
+        async def _delete_many(self, requests: Sequence[DeleteRequest]) -> list[bool | StorageError]:
+            self.batches.append([request.txn for request in requests])
+            raise StorageUnavailable("the backend did not take the request")
+
+    store = Failing()
+    log = LogId.partition("p")
+
+    async def failed(txn: str) -> BaseException:
+        with pytest.raises(StorageUnavailable) as raised:
+            await store.delete(log, txn)
+        return raised.value
+
+    errors = await asyncio.gather(*(failed(f"t{index}") for index in range(3)))
+    assert store.batches == [["t0", "t1", "t2"]]
+    assert len({id(error) for error in errors}) == 3
+    assert len({str(error) for error in errors}) == 1
