@@ -619,11 +619,10 @@ async def test_inbound_connections_past_the_limit_are_refused(
         writer.close()
 
 
-async def test_a_request_that_expired_while_its_link_connected_is_never_sent() -> None:
-    """Found by audit (2026-11-27): a request queued while its link was still connecting, whose
-    caller's deadline passed meanwhile, was sent once the link came up. Its caller had given up
-    (and aborted), yet the peer ran it: an interactive request took locks its execution held until
-    the idle sweep. Only what is still awaited leaves."""
+@contextlib.asynccontextmanager
+async def linking_to_a_raw_b() -> AsyncIterator[tuple[PeerTransport, asyncio.StreamReader, asyncio.StreamWriter]]:
+    """Transport "a" with its link to a raw server "b" that has read a's hello and sent none of its
+    own yet: what a sends now waits in the link's queue until b's hello (written by the caller)."""
     arrived: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -638,6 +637,20 @@ async def test_a_request_that_expired_while_its_link_connected_is_never_sent() -
         reader, writer = await asyncio.wait_for(arrived.get(), RECEIVE_WAIT_S)
         hello = await _read_frame(reader)
         assert hello is not None and hello.sender == "a"
+        yield transport, reader, writer
+    finally:
+        if writer is not None:
+            writer.close()
+        await transport.close()
+        server.close()
+
+
+async def test_a_request_that_expired_while_its_link_connected_is_never_sent() -> None:
+    """Found by audit (2026-11-27): a request queued while its link was still connecting, whose
+    caller's deadline passed meanwhile, was sent once the link came up. Its caller had given up
+    (and aborted), yet the peer ran it: an interactive request took locks its execution held until
+    the idle sweep. Only what is still awaited leaves."""
+    async with linking_to_a_raw_b() as (transport, reader, writer):
         with pytest.raises(PeerUnavailable, match="no response within"):
             await transport.request("b", _execute("expired"), 50)  # no hello from b yet: queued
         awaited = asyncio.ensure_future(transport.request("b", _execute("awaited"), REQUEST_TIMEOUT_MS))
@@ -648,11 +661,6 @@ async def test_a_request_that_expired_while_its_link_connected_is_never_sent() -
         assert sent == ["awaited"], sent
         assert transport.peer_counters("b").drop_count_expired == 1
         awaited.cancel()
-    finally:
-        if writer is not None:
-            writer.close()
-        await transport.close()
-        server.close()
 
 
 def codec_decode_txn(envelope: pb.PeerEnvelope) -> str:

@@ -23,6 +23,7 @@ from tests.node_rpc.test_transport import (
     _read_frame,
     _write_frame,
     codec_decode_txn,
+    linking_to_a_raw_b,
     wait_until,
 )
 from tests.worker import free_port
@@ -139,43 +140,27 @@ async def test_a_request_queued_while_its_link_connected_carries_only_the_time_l
     """Found by audit (2026-11-28, second): a request queued while its link connected went out
     with its whole original timeout_ms, and the peer timed it from arrival: it could run (and
     take locks) well after its caller had given up. It carries the time its caller has left."""
-    arrived: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
-
-    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await arrived.put((reader, writer))
-
-    server = await asyncio.start_server(accept, "127.0.0.1", 0)
-    address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    transport = PeerTransport("a", f"127.0.0.1:{free_port()}", {"b": address})
-    await transport.start(Recorder("a"))
-    writer: asyncio.StreamWriter | None = None
     requests: list[asyncio.Future[object]] = []
     try:
-        reader, writer = await asyncio.wait_for(arrived.get(), RECEIVE_WAIT_S)
-        hello = await _read_frame(reader)
-        assert hello is not None and hello.sender == "a"
-        budgets_ms = {"short": QUEUED_BUDGET_MS, "long": QUEUED_LONG_BUDGET_MS}
-        queued_s = time.monotonic()
-        requests += [transport.start_request("b", _execute(txn), budget) for txn, budget in budgets_ms.items()]
-        await asyncio.sleep(QUEUED_WAIT_S)
-        waited_ms = (time.monotonic() - queued_s) * 1000
-        _write_frame(writer, pb.PeerFrame(sender="b"))
-        frame = await _read_frame(reader)
-        assert frame is not None
-        sent = {codec_decode_txn(envelope): envelope.timeout_ms for envelope in frame.items}
-        # "short" may have expired on a slow box (and then is never sent); "long" cannot have.
-        assert "long" in sent, sent
-        for txn, timeout_ms in sent.items():
-            assert 1 <= timeout_ms <= budgets_ms[txn] - waited_ms + 1, (txn, timeout_ms, waited_ms)
-        if "short" in sent:
-            assert sent["short"] <= 150
+        async with linking_to_a_raw_b() as (transport, reader, writer):
+            budgets_ms = {"short": QUEUED_BUDGET_MS, "long": QUEUED_LONG_BUDGET_MS}
+            queued_s = time.monotonic()
+            requests += [transport.start_request("b", _execute(txn), budget) for txn, budget in budgets_ms.items()]
+            await asyncio.sleep(QUEUED_WAIT_S)
+            waited_ms = (time.monotonic() - queued_s) * 1000
+            _write_frame(writer, pb.PeerFrame(sender="b"))
+            frame = await _read_frame(reader)
+            assert frame is not None
+            sent = {codec_decode_txn(envelope): envelope.timeout_ms for envelope in frame.items}
+            # "short" may have expired on a slow box (and then is never sent); "long" cannot have.
+            assert "long" in sent, sent
+            for txn, timeout_ms in sent.items():
+                assert 1 <= timeout_ms <= budgets_ms[txn] - waited_ms + 1, (txn, timeout_ms, waited_ms)
+            if "short" in sent:
+                assert sent["short"] <= 150
     finally:
         for request in requests:
             request.cancel()
-        if writer is not None:
-            writer.close()
-        await transport.close()
-        server.close()
 
 
 def _first_frame_of_empty_items(bytes_min: int) -> bytes:
