@@ -135,6 +135,8 @@ IDLE_MS_MAX = 2_000
 FILE_CHECK_MS = 200
 # One client per node process sharing the file.
 CLIENT_COUNT_MAX = 256
+# The first field of what a full writer answers instead of its hello (full_hello).
+_FULL = "full"
 # Answers waiting for a client that does not read: past this it is dropped (a stopped process).
 # Answers are small (a state, a flag, an error), so this is many thousands of them.
 CLIENT_OUT_BYTES_MAX = 64 * 1024 * 1024
@@ -278,10 +280,18 @@ def file_identity(status: os.stat_result) -> tuple[int, int]:
     return status.st_dev, status.st_ino
 
 
+def full_hello() -> tuple[str, int, int]:
+    """What a writer serving CLIENT_COUNT_MAX stores answers the next one instead of its hello."""
+    return (_FULL, os.getpid(), CLIENT_COUNT_MAX)
+
+
 def hello_problem(hello: Any, path: Path, connected_s: tuple[float, float] | None = None) -> str | None:
     """Why a store must not use the writer that sent `hello` for the file at `path` (None: it
-    may): other code, another file than the one the path names now, or (given `connected_s`, the
-    store's time.monotonic() when it began to connect and when the hello came) another clock."""
+    may): it is full, runs other code, has another file than the one the path names now, or
+    (given `connected_s`, the store's time.monotonic() when it began to connect and when the hello
+    came) reads another clock."""
+    if isinstance(hello, tuple) and len(hello) == 3 and hello[0] == _FULL:
+        return f"the emulator writer (pid {hello[1]}) serves its limit of {hello[2]} stores (CLIENT_COUNT_MAX)"
     if not (isinstance(hello, tuple) and len(hello) == 5):
         return f"an emulator writer of another version sent hello {hello!r:.200}"
     version, pid, device, inode, clock_s = hello
@@ -452,7 +462,16 @@ class _Writer:
             except BlockingIOError:
                 return unchanged
             # Only this user's processes may write the file (and read the pickles it answers).
-            if not unchanged or peer_uid(sock) != os.getuid() or len(self.clients) >= CLIENT_COUNT_MAX:
+            if not unchanged or peer_uid(sock) != os.getuid():
+                sock.close()
+                continue
+            if len(self.clients) >= CLIENT_COUNT_MAX:
+                # Said, then closed: a close alone reads as a writer leaving, and the store would
+                # start writers that find this one serving, one every SPAWN_INTERVAL_MS, for ever
+                # (found by audit, 2026-11-28). The frame fits any socket buffer.
+                with contextlib.suppress(OSError):
+                    sock.setblocking(False)
+                    sock.send(encode_frame((0, True, full_hello())))
                 sock.close()
                 continue
             sock.setblocking(False)

@@ -15,6 +15,7 @@ import errno
 import fcntl
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -463,3 +464,36 @@ async def test_connections_that_ask_nothing_do_not_keep_an_idle_writer(tmp_path:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"the writer {pid} still runs, kept by connections that asked nothing")
+
+
+async def test_a_store_past_the_writer_s_client_limit_is_told_so_and_starts_no_writer(
+        store: EmulatorStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by audit (2026-11-28, second): a writer serving CLIENT_COUNT_MAX stores closed the
+    next one's connection without a word, which that store took for a writer leaving: it started
+    a writer every SPAWN_INTERVAL_MS (a Python start each), which found the lock held and left, for
+    as long as the store lived, and every call of it failed with "no writer". The writer says it
+    is full; the store starts none, and its error names the limit."""
+    path = tmp_path / "cornus.db"
+    others: list[socket.socket] = []
+    try:
+        with emulator_writer.socket_address(path) as address:
+            for _ in range(emulator_writer.CLIENT_COUNT_MAX - 1):  # the fixture's store is one
+                other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                other.connect(address)
+                others.append(other)
+        starts: list[Path] = []
+        spawn = EmulatorStore._spawn_writer
+
+        async def counted(self: EmulatorStore) -> None:
+            starts.append(self.path)
+            await spawn(self)
+
+        monkeypatch.setattr(EmulatorStore, "_spawn_writer", counted)
+        monkeypatch.setattr(emulator_writer, "WRITER_START_MS_MAX", 2_000)
+        with pytest.raises(StorageUnavailable, match="limit"):
+            await EmulatorStore.open(path, timeout_ms_call=TIMEOUT_MS_CALL)
+        assert starts == []
+        assert writers_of(path) == [store.writer_pid]
+    finally:
+        for other in others:
+            other.close()
