@@ -336,8 +336,9 @@ def _inspect_urls(args: argparse.Namespace) -> list[str]:
 
 
 def _admin_token() -> str | None:
-    """The token the admin endpoints ask for where a node has one (its admin_token): from the
-    environment only, since a command line is visible to every user of the machine."""
+    """The token the admin endpoints and the partition listing ask for where a node has one (its
+    admin_token): from the environment only, since a command line is visible to every user of the
+    machine."""
     return os.environ.get("CORNUS_ADMIN_TOKEN") or None
 
 
@@ -391,7 +392,7 @@ def _partition_rows(rows: Sequence[PartitionInfo]) -> str:
 
 
 def _partitions(args: argparse.Namespace) -> int:
-    with CornusClient(args.url, config=_client_config(args)) as client:
+    with CornusClient(args.url, config=_client_config(args), admin_token=_admin_token()) as client:
         rows = client.partitions(args.url)
     if args.json:
         print(json.dumps([dataclasses.asdict(row) for row in rows], indent=2))
@@ -423,7 +424,7 @@ def _rebalance(args: argparse.Namespace) -> int:
         raise ValidationError("give --url, or --expect-peers with --member-urls")
     deadline = time.monotonic() + args.timeout_s
     moving: list[str] = []
-    with CornusClient(args.url, config=_client_config(args)) as client:
+    with CornusClient(args.url, config=_client_config(args), admin_token=_admin_token()) as client:
         while True:
             rows = client.partitions(args.url)
             unplaced = [row for row in rows if not row.placed]
@@ -542,7 +543,8 @@ async def _rebalance_expected(args: argparse.Namespace, expected: dict[str, str]
     by its preferred node among them; report progress, and at the timeout everything missing."""
     deadline = time.monotonic() + args.timeout_s
     shown: tuple[list[str], list[tuple[str, str, str]]] | None = None
-    async with AsyncCornusClient(list(member_urls.values()), config=_client_config(args)) as client:
+    async with AsyncCornusClient(list(member_urls.values()), config=_client_config(args),
+                                 admin_token=_admin_token()) as client:
 
         async def ask(url: str) -> PartitionListing | str:
             try:
@@ -1189,7 +1191,8 @@ def build_parser() -> argparse.ArgumentParser:
         "partitions", help="who owns each partition",
         description="Each partition's ownership record as storage holds it now: owner, epoch (raised by every "
                     "take; it fences the owner's writes), lease, a pending hand-over request (WANTED_BY), and the "
-                    "owner the asked node's configuration prefers.",
+                    "owner the asked node's configuration prefers. Sends CORNUS_ADMIN_TOKEN, which a node with an "
+                    "admin_token asks for.",
     )
     partitions.add_argument("--url", required=True, help="a node's REST URL")
     _add_client_flags(partitions)
@@ -1205,7 +1208,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "each runs with exactly that set and every partition is served by its preferred node among "
                     "them (what a deployment should run after a change of the node set). partition_owners is "
                     "not given here: the nodes must agree on it, and a change of it alone is checked only once "
-                    "every node runs with it (restart them first).",
+                    "every node runs with it (restart them first). Sends CORNUS_ADMIN_TOKEN, which a node with an "
+                    "admin_token asks for.",
     )
     rebalance.add_argument("--url", help="a node's REST URL: placement as that node's configuration sees it")
     rebalance.add_argument("--expect-peers", metavar="NODE=HOST:PORT,...",

@@ -161,13 +161,22 @@ def run_async(coroutine: Coroutine[object, object, T]) -> T:
     return uvloop.run(coroutine)
 
 
+def admin_headers() -> dict[str, str] | None:
+    """What the admin endpoints and the partition listing ask of a node that has an admin token:
+    the bench's nodes get theirs from its own environment (start_node hands it down), as nothing
+    else of a run sets one."""
+    token = os.environ.get("CORNUS_ADMIN_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else None
+
+
 def owners(http: httpx.Client, nodes: Sequence[ClusterNode]) -> dict[str, int]:
     """Partition -> the index in `nodes` of the node that holds it now (from the ownership records,
     which a node reads from storage: a slow backend may answer 503 at first, so ask again)."""
     index_of = {node.config.node_id: index for index, node in enumerate(nodes)}
+    headers = admin_headers()
     answer = None
     for attempt in range(OWNERS_ATTEMPT_COUNT_MAX):
-        answer = http.get(f"{nodes[attempt % len(nodes)].url}/v1/partitions")
+        answer = http.get(f"{nodes[attempt % len(nodes)].url}/v1/partitions", headers=headers)
         if answer.status_code != 503:
             break
         time.sleep(OWNERS_PAUSE_S)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import httpx
 
 from cornus.protocol.config import Protocol
-from loadtests.bench.cluster import HTTP_TIMEOUT_S
+from loadtests.bench.cluster import HTTP_TIMEOUT_S, admin_headers
 from loadtests.bench.lifecycle import ClusterSpec, bench_cluster
 from loadtests.workloads.base import KeyPinner
 from services.local_cluster import ClusterNode
@@ -104,7 +104,8 @@ def _run_round(
         raise RuntimeError(f"{coordinator.config.node_id} exited with {code}, not at the failpoint")
     deadline = time.monotonic() + TIMEOUT_S_SETTLE
     while time.monotonic() < deadline:
-        rows = [row for member in participants for row in http.get(f"{member.url}/v1/admin/transactions").json()
+        rows = [row for member in participants
+                for row in http.get(f"{member.url}/v1/admin/transactions", headers=admin_headers()).json()
                 if row["role"] == "participant"]
         if not rows:
             return
@@ -113,7 +114,7 @@ def _run_round(
 
 
 def _read_termination(http: httpx.Client, member: ClusterNode) -> NodeTermination:
-    summary = http.get(f"{member.url}/v1/admin/timings").json().get("termination")
+    summary = http.get(f"{member.url}/v1/admin/timings", headers=admin_headers()).json().get("termination")
     if not summary:
         raise RuntimeError(f"{member.config.node_id} ran no termination")
     return NodeTermination(member.config.node_id, int(summary["count"]), summary["min"], summary["p50"],

@@ -14,6 +14,7 @@ something is wrong.
 Settings (environment variables, as Locust passes nothing else to a user class):
 - CORNUS_WORKLOAD_KNOBS: the workload's knobs, `theta=0.9,read_fraction=0.5` (see each workload);
 - CORNUS_PARTITIONS: the cluster's partition count (the HTTP users ask a node when unset);
+- CORNUS_ADMIN_TOKEN: the nodes' admin token, where they have one (that question takes it);
 - CORNUS_LOAD: `1` (default) loads the workload's data when the test starts, `0` skips it (the data
   of an earlier run of the same workload and knobs is still there);
 - CORNUS_HOSTS: more REST URLs beside --host, comma-separated: each transaction goes to one at
@@ -80,7 +81,9 @@ def partition_count_from(rest_url: str) -> int:
     configured = os.environ.get("CORNUS_PARTITIONS", "").strip()
     if configured:
         return int(configured)
-    answer = requests.get(f"{rest_url.rstrip('/')}/v1/partitions", timeout=TIMEOUT_S_CALL)
+    token = os.environ.get("CORNUS_ADMIN_TOKEN")
+    answer = requests.get(f"{rest_url.rstrip('/')}/v1/partitions", timeout=TIMEOUT_S_CALL,
+                          headers={"Authorization": f"Bearer {token}"} if token else None)
     answer.raise_for_status()
     return len(answer.json()["partitions"])
 

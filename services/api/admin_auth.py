@@ -1,9 +1,11 @@
 """Who may call a node's admin endpoints (`/v1/admin/*`): the transaction listing, which names
 every transaction in flight, and the resolve by hand, whose `force=true` aborts a transaction
-another client is running. With `admin_token` set (cornus.runtime.config), a call must carry it
-as a bearer token (`Authorization: Bearer <token>`); without one they are open to every client of
-the API, as the rest of it is (the chart sets one). The other endpoints never ask for it: health
-and readiness are the probes', `/metrics` Prometheus's, and transactions the clients'.
+another client is running; and the partition listing (`/v1/partitions`), which names the peers'
+addresses (found by audit, 2026-11-28). With `admin_token` set (cornus.runtime.config), a call
+must carry it as a bearer token (`Authorization: Bearer <token>`); without one they are open to
+every client of the API, as the rest of it is (the chart sets one). The other endpoints never
+ask for it: health and readiness are the probes', `/metrics` Prometheus's, and transactions the
+clients'.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def check_admin(token: str, credentials: HTTPAuthorizationCredentials | None) ->
     if not token:
         return
     if credentials is None:
-        raise AdminUnauthorized("the admin endpoints need the node's admin token: Authorization: Bearer <token> "
-                                "(the cornus CLI sends CORNUS_ADMIN_TOKEN)")
+        raise AdminUnauthorized("the admin endpoints and the partition listing need the node's admin token: "
+                                "Authorization: Bearer <token> (the cornus CLI sends CORNUS_ADMIN_TOKEN)")
     if not hmac.compare_digest(credentials.credentials.encode(), token.encode()):
         raise AdminUnauthorized("the admin token does not match this node's")

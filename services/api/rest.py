@@ -936,9 +936,16 @@ def _fastapi_app(served: _Served) -> FastAPI:
                         fenced_writes=served.node.counters["ownership_fenced_writes"])
         return JSONResponse(body.model_dump(), status_code=200 if served.node.ready else 503)
 
+    async def admin(credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]) -> None:
+        check_admin(served.node.config.admin_token, credentials)
+
+    admin_only = [Security(admin)]
+
+    # The admin token too: the answer names the peers' addresses (the plain-TCP peer port, which
+    # only nodes should reach), and each call reads storage.
     @get_or_head("/v1/partitions", operation_id="partitions", response_model=PartitionsOut,
-                 summary="Who owns each partition, as storage says now",
-                 responses={503: _STORAGE_UNAVAILABLE})
+                 summary="Who owns each partition, as storage says now", dependencies=admin_only,
+                 responses=_responses(401, extra={503: _STORAGE_UNAVAILABLE}))
     async def partitions() -> PartitionsOut:
         infos = await served.node.partitions_info()
         return PartitionsOut(node=served.node.node_id, peers=dict(served.node.config.peers),
@@ -950,11 +957,6 @@ def _fastapi_app(served: _Served) -> FastAPI:
                                   "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def prometheus() -> Response:
         return Response(generate_latest(served.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    async def admin(credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]) -> None:
-        check_admin(served.node.config.admin_token, credentials)
-
-    admin_only = [Security(admin)]
 
     @get_or_head("/v1/admin/transactions", operation_id="admin_transactions", response_model=list[TxnInfoOut],
                  summary="In-flight and in-doubt transactions on this node", dependencies=admin_only,

@@ -214,7 +214,8 @@ class CornusClient:
         admin_token: str | None = None,
     ) -> None:
         self.urls = normalize_urls(urls)
-        # Sent with the admin calls only (transactions, resolve), to nodes that have an admin_token.
+        # Sent with the admin calls only (transactions, resolve, the partition listing), to nodes
+        # that have an admin_token.
         self._admin_headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else None
         self.config = config or ClientConfig()
         self._rotation = NodeRotation(self.urls)
@@ -418,7 +419,7 @@ class CornusClient:
         explicit preferred owners it runs with, and who owns each partition as storage says now."""
         node_url = normalize_url(url)
         try:
-            response = self._get(node_url + "/v1/partitions")
+            response = self._get(node_url + "/v1/partitions", self._admin_headers)
         except httpx.TransportError as error:
             raise Unavailable(unreachable(node_url, "", describe(error))) from error
         return PartitionListing.from_json(node_url, parse_ok(node_url, response, 200))
@@ -429,7 +430,7 @@ class CornusClient:
         failures: list[str] = []
         for node_url in [normalize_url(url)] if url else self.urls:
             try:
-                response = self._get(node_url + "/v1/partitions")
+                response = self._get(node_url + "/v1/partitions", self._admin_headers)
             except httpx.TransportError as error:
                 failures.append(f"{node_url} ({describe(error)})")
                 continue

@@ -206,15 +206,18 @@ def hook_output(done: subprocess.CompletedProcess[str], what: str) -> str:
     return done.stdout
 
 
-def rebalance_argv(docs: list[dict[str, Any]], network: LocalNetwork, wait_s: str | None = None) -> list[str]:
-    """The rebalance hook's command as rendered, its addresses mapped; `wait_s` replaces its wait."""
+def rebalance_hook(docs: list[dict[str, Any]], network: LocalNetwork, secrets: Mapping[tuple[str, str], str],
+                   base: Mapping[str, str], wait_s: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The rebalance hook's command and environment as rendered (its Secrets those of the running
+    release), its addresses mapped; `wait_s` replaces its wait."""
     job = find(docs, "Job", "cornus-rebalance")
     assert "post-upgrade" in job["metadata"]["annotations"]["helm.sh/hook"]
     (job_container,) = job["spec"]["template"]["spec"]["containers"]
     args = [network.rewrite(arg, None) for arg in job_container["args"]]
     if wait_s is not None:
         args[args.index("--timeout-s") + 1] = wait_s
-    return local_argv(job_container["command"], args)
+    env = {**base, **{n: network.rewrite(v, None) for n, v in resolve_env(job_container, "", secrets).items()}}
+    return local_argv(job_container["command"], args), env
 
 
 def tls_files(tmp_path: Path, peer_service: dict[str, Any], domain: str) -> dict[str, dict[str, bytes]]:
@@ -359,8 +362,12 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
         assert http.get(listing).status_code == 401
         assert http.get(listing, headers={"Authorization": f"Bearer {admin_token}"}).status_code == 200
 
-        # Every partition is held by its preferred node, the pods sorted by name, round-robin.
-        partitions = http.get(f"{service_url}/v1/partitions").json()["partitions"]
+        # Every partition is held by its preferred node, the pods sorted by name, round-robin. The
+        # listing names the peer port's addresses: it takes the token too (found by audit,
+        # 2026-11-28, second: it answered every client of the API).
+        assert http.get(f"{service_url}/v1/partitions").status_code == 401
+        partitions = http.get(f"{service_url}/v1/partitions",
+                              headers={"Authorization": f"Bearer {admin_token}"}).json()["partitions"]
         owners = {row["partition"]: row["owner"] for row in partitions}
         partition_count = int(env_values["CORNUS_PARTITION_COUNT"])
         assert owners == {f"p{i}": sorted(running_pods)[i % replicas] for i in range(partition_count)}
@@ -410,14 +417,15 @@ def test_rendered_chart_starts_a_cluster_that_commits(helm_bin: str, services: S
         assert "committed" in hook_output(run_hook(absent, hook_env, workdir), "the hook's keys are gone")
 
         # The post-install/post-upgrade rebalance hook, as rendered: every node answers with the
-        # rendered node set and every partition is on its preferred node, so it exits 0.
-        hook_output(run_hook(rebalance_argv(docs, network), base, workdir), "rebalance hook")
+        # rendered node set and every partition is on its preferred node, so it exits 0. Its
+        # environment is the rendered one: the listing it asks for takes the admin token.
+        hook_output(run_hook(*rebalance_hook(docs, network, secrets, base), workdir), "rebalance hook")
 
         # The hook of an upgrade to five replicas, run before any pod has rolled (`helm upgrade`
         # without --wait): cornus-3 and cornus-4 do not exist and the three pods still run the
         # 3-node set. Each node's own view says "placed"; the hook must not believe it.
         five = render(helm_bin, VALUES_FILES[install], [*TEST_SETS, f"replicaCount={SCALED_REPLICA_COUNT}"])
-        refused = run_hook(rebalance_argv(five, network, f"{UNSATISFIABLE_HOOK_WAIT_S:g}"), base, workdir)
+        refused = run_hook(*rebalance_hook(five, network, secrets, base, f"{UNSATISFIABLE_HOOK_WAIT_S:g}"), workdir)
         assert refused.returncode == 1, f"the 5-replica hook passed with 3 pods:\n{refused.stdout}{refused.stderr}"
         three_set, five_set = ",".join(sorted(running_pods)), ",".join(sorted(pods))
         for name in sorted(pods):

@@ -178,15 +178,35 @@ here: its port goes in networkPolicy.storagePorts. */}}
 {{- end }}
 
 {{/*
+The admin token's variable, from the release's secret or the one named: the nodes ask it of the
+admin endpoints and of the partition listing, and the rebalance hook sends it.
+*/}}
+{{- define "cornus.adminTokenEnv" -}}
+- name: CORNUS_ADMIN_TOKEN
+  valueFrom:
+    secretKeyRef:
+      {{- if .Values.adminToken.existingSecret }}
+      name: {{ .Values.adminToken.existingSecret | quote }}
+      key: {{ .Values.adminToken.key | quote }}
+      {{- else }}
+      name: {{ printf "%s-admin" (include "cornus.fullname" .) | quote }}
+      key: admin-token
+      {{- end }}
+{{- end }}
+
+{{/*
 Install-time checks of what values.schema.json cannot express (relations between values, and the
 release already in the cluster). Each fails with a message that says what to change.
 */}}
 {{- define "cornus.validate" -}}
 {{- /* A node waits up to 60 s for its storage before its API serves (services/serve.py
-STORAGE_OPEN_TIMEOUT_S); a shorter startup probe kills every pod that waits for slow storage. */ -}}
+STORAGE_OPEN_TIMEOUT_S), and its last try may start just before then and take a whole storage
+call, then its claim of the cluster record another (found by audit, 2026-11-28); a shorter startup
+probe kills every pod that waits for slow storage. */ -}}
 {{- $startup := .Values.probes.startup }}
-{{- if le (mul (int $startup.periodSeconds) (int $startup.failureThreshold)) 60 }}
-{{- fail (printf "probes.startup: periodSeconds (%d) times failureThreshold (%d) must exceed 60 s, the time a node waits for its storage at start before its API serves" (int $startup.periodSeconds) (int $startup.failureThreshold)) }}
+{{- $startupWaitS := add 60 (div (mul 2 (int64 .Values.storage.timeoutMsCall)) 1000) }}
+{{- if le (mul (int $startup.periodSeconds) (int $startup.failureThreshold)) $startupWaitS }}
+{{- fail (printf "probes.startup: periodSeconds (%d) times failureThreshold (%d) must exceed %d s, the time a node may wait for its storage at start before its API serves (60 s, then two storage calls of storage.timeoutMsCall %d ms)" (int $startup.periodSeconds) (int $startup.failureThreshold) $startupWaitS (int64 .Values.storage.timeoutMsCall)) }}
 {{- end }}
 {{- $replicas := int .Values.replicaCount }}
 {{- $partitions := int .Values.partitionCount }}
