@@ -27,6 +27,10 @@ TLS: with `PeerTlsContexts` (cornus.runtime.peer_tls) both ends of every connect
 certificate of the cluster's CA before the hello; a connection that does not finish its handshake
 within `connect_timeout_ms` is closed like one that sends no hello.
 
+Backpressure: an inbound stream whose requester takes its responses more slowly than it asks
+holds at most `inbound_response_bytes_max` of them queued, then stops reading that connection
+until they drain; a flush adds no more than the socket's write buffer may hold.
+
 Failure model: the protocol tolerates lost messages and has its own timers, so the transport
 never retries a message. A link is CONNECTING (first attempt: sends queue, bounded), UP, or DOWN
 (sends drop and are counted, requests fail fast). A broken connection fails its pending requests
@@ -55,6 +59,7 @@ from cornus.runtime.peer_tls import PeerTlsContexts
 from cornus.runtime.transport import InboundHandler, ListenFailed, PeerUnavailable, RequestTooLarge, Transport
 from cornus.runtime.wire import (
     READ_BYTES_MAX,
+    READ_VALUE_OVERHEAD_BYTES,
     ExecuteRequest,
     ExecuteResponse,
     PeerRequest,
@@ -89,6 +94,24 @@ _HEARTBEAT = bytes(_LENGTH_BYTES)  # an empty frame
 
 _REQUEST_TO_RESPONSE: dict[type, type] = {ExecuteRequest: ExecuteResponse, StatusRequest: StatusResponse}
 
+# What a response's envelope adds around its body's fields, with the frame's tag and length for
+# it: under 40 bytes (a varint takes at most 10).
+RESPONSE_HEAD_BYTES_MAX = 64
+_UTF8_CHARACTER_BYTES_MAX = 4
+
+
+def _response_bytes(envelope: pb.PeerEnvelope, response: PeerResponse) -> int:
+    """What `response`, encoded into `envelope`, adds to its frame, or a little more.
+
+    An execute answer is counted from its values, as READ_BYTES_MAX counts them: ByteSize would
+    serialise it a second time, ~2 ms a MiB, and an answer may be 8 MiB."""
+    if type(response) is ExecuteResponse:
+        byte_count = RESPONSE_HEAD_BYTES_MAX + _UTF8_CHARACTER_BYTES_MAX * len(response.detail)
+        for value in response.values:
+            byte_count += READ_VALUE_OVERHEAD_BYTES if value is None else READ_VALUE_OVERHEAD_BYTES + len(value)
+        return byte_count
+    return envelope.ByteSize()
+
 
 @dataclass(frozen=True, slots=True)
 class TransportLimits:
@@ -107,6 +130,15 @@ class TransportLimits:
     # Requests awaiting a response, per peer, and handlers waiting (in a task) per inbound stream;
     # a request answered without waiting never counts against the second.
     request_inflight_count_max: int = 4096
+    # Bytes of responses an inbound stream may hold queued for its requester before it takes no
+    # more requests from that connection and stops reading it (what the peer sends then waits in
+    # the sockets, and the peer's writes back up). Each response may be READ_BYTES_MAX, and a
+    # requester that stops reading (an overloaded peer's loop, a raw client) made a node queue up to
+    # ~36 GiB of them (found by audit, 2026-11-28, second): eight of the largest keep the socket
+    # busy while the requester catches up. Reading resumes once flushes bring the queue down to
+    # the second bound, so a stream that is read slowly does not stop and start per response.
+    inbound_response_bytes_max: int = 64 * 1024 * 1024
+    inbound_response_bytes_resume: int = 16 * 1024 * 1024
     request_timeout_ms_max: int = TIMEOUT_MS_PEER_REQUEST_MAX
     # Time from opening a stream to the peer's hello before the attempt counts as failed.
     connect_timeout_ms: int = 2_000
@@ -132,6 +164,8 @@ class TransportLimits:
         assert 1024 <= self.message_bytes_max < 2 ** (8 * _LENGTH_BYTES)
         assert self.write_buffer_bytes_max >= 1024
         assert 1 <= self.request_inflight_count_max <= 1_000_000
+        # Below the budget, so a stream that resumes reading can take at least one request.
+        assert 0 <= self.inbound_response_bytes_resume < self.inbound_response_bytes_max
         assert 1 <= self.request_timeout_ms_max <= 2**32 - 1  # carried as uint32 on the wire
         assert self.connect_timeout_ms >= 1
         assert 1 <= self.reconnect_backoff_ms_min <= self.reconnect_backoff_ms_max <= 600_000
@@ -190,8 +224,13 @@ class InboundCounters:
     malformed_count: int = 0
     handler_error_count: int = 0
     overload_count: int = 0
+    # Requests whose handler's deadline passed, and those whose requester's time ran out while
+    # they waited, unread, for their stream to take requests again.
     request_expired_count: int = 0
     response_drop_count: int = 0
+    # Times an inbound connection stopped being read: its requester took its responses more
+    # slowly than it asked for them.
+    read_pause_count: int = 0
     refused_connection_count: int = 0  # past inbound_connection_count_max, none left to evict
     # Closed to make room for a new connection: the oldest of those yet to say hello, at the cap.
     evicted_connection_count: int = 0
@@ -218,16 +257,25 @@ class _Outbox:
 
     Envelopes are added in place inside the frame that will be written, so queuing costs no copy.
     `wake` is called on every add: its owner schedules one flush per event-loop tick.
+
+    The bytes its owner `charge`s for the envelopes are counted per frame, and a frame takes no
+    more envelopes once it holds `frame_bytes_max` of them: a flush stops at a full write buffer
+    only between frames, so a frame of many large responses would overshoot it by itself.
     """
 
-    __slots__ = ("_count_max", "_frames", "_item_count_max", "_wake", "count")
+    __slots__ = ("_count_max", "_frame_bytes", "_frame_bytes_max", "_frames", "_item_count_max", "_wake",
+                 "byte_count", "count")
 
-    def __init__(self, count_max: int, item_count_max: int, wake: Callable[[], None]) -> None:
+    def __init__(self, count_max: int, item_count_max: int, frame_bytes_max: int, wake: Callable[[], None]) -> None:
+        assert count_max >= 1 and item_count_max >= 1 and frame_bytes_max >= 1
         self._count_max = count_max
         self._item_count_max = item_count_max
+        self._frame_bytes_max = frame_bytes_max
         self._frames: deque[pb.PeerFrame] = deque()
+        self._frame_bytes: deque[int] = deque()  # charged to each of `_frames`
         self._wake = wake
         self.count = 0
+        self.byte_count = 0  # charged to every frame queued
 
     def add(self, wake: bool = True) -> pb.PeerEnvelope | None:
         """A fresh envelope at the tail, or None when the outbox is full. Without `wake` it waits
@@ -235,15 +283,23 @@ class _Outbox:
         if self.count >= self._count_max:
             return None
         frames = self._frames
-        if not frames or len(frames[-1].items) >= self._item_count_max:
+        if (not frames or len(frames[-1].items) >= self._item_count_max
+                or self._frame_bytes[-1] >= self._frame_bytes_max):
             frames.append(pb.PeerFrame())
+            self._frame_bytes.append(0)
         self.count += 1
         if wake:
             self._wake()
         return frames[-1].items.add()
 
+    def charge(self, byte_count: int) -> None:
+        """Count `byte_count` for the envelope the last `add` returned, once it is encoded."""
+        assert byte_count > 0 and self._frames and self._frames[-1].items
+        self._frame_bytes[-1] += byte_count
+        self.byte_count += byte_count
+
     def discard_last(self) -> None:
-        """Undo the last `add` (its encoding failed)."""
+        """Undo the last `add` (its encoding failed), before it was charged."""
         assert self.count > 0 and self._frames
         del self._frames[-1].items[-1]
         self.count -= 1
@@ -252,6 +308,8 @@ class _Outbox:
         """Remove the queued envelopes `dropped` picks, keeping the others' order; how many went.
         `dropped` sees each envelope once, and may rewrite one it keeps. A scan of the whole
         queue: for a rare path only."""
+        # Only a link's queue drops, and a link charges nothing: the bytes dropped are unknown.
+        assert self.byte_count == 0
         count = 0
         for frame in self._frames:
             items = frame.items
@@ -260,6 +318,7 @@ class _Outbox:
                     del items[index]
                     count += 1
         self._frames = deque(frame for frame in self._frames if frame.items)
+        self._frame_bytes = deque(0 for _ in self._frames)
         self.count -= count
         assert self.count >= 0
         return count
@@ -269,13 +328,16 @@ class _Outbox:
             return None
         frame = self._frames.popleft()
         self.count -= len(frame.items)
-        assert self.count >= 0
+        self.byte_count -= self._frame_bytes.popleft()
+        assert self.count >= 0 and self.byte_count >= 0
         return frame
 
     def clear(self) -> list[pb.PeerEnvelope]:
         dropped = [envelope for frame in self._frames for envelope in frame.items]
         self._frames.clear()
+        self._frame_bytes.clear()
         self.count = 0
+        self.byte_count = 0
         return dropped
 
 
@@ -309,6 +371,9 @@ class _FrameConnection(asyncio.Protocol):
     Frames are parsed and handed to `on_frame` as bytes arrive, inside the event loop's read
     callback: no task and no await per frame. `lost` resolves with the reason once the connection
     is gone, whoever ended it.
+
+    Its owner may `pause_reading` (from `on_frame` too: no frame after that one is handed over)
+    and `resume_reading`, which first hands over the frames that arrived meanwhile.
     """
 
     def __init__(self, limits: TransportLimits, on_frame: Callable[[pb.PeerFrame], None],
@@ -319,11 +384,16 @@ class _FrameConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.lost: asyncio.Future[str] = self.loop.create_future()
         self.closed = False
-        self.paused = False
+        self.paused = False  # writing: the socket's buffer is past write_buffer_bytes_max
+        self.reading_paused = False
+        self._transport_reading_paused = False  # lags reading_paused while a resume parses the buffer
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._reason = ""
-        self._last_read_s = self._last_write_s = time.monotonic()
+        # The last sign of life: a read, or while reading is paused, the peer taking our bytes.
+        self._last_heard_s = self._last_write_s = time.monotonic()
+        self._written_bytes = 0  # handed to the transport, ever
+        self._drained_bytes_max = 0  # of those, the most seen gone from its buffer while reading paused
         self._partial_since_s: float | None = None  # when the frame still incomplete began
         self._heartbeat: asyncio.TimerHandle | None = None
         self._hello_in = False  # a first frame has arrived: frames may be message_bytes_max
@@ -344,14 +414,19 @@ class _FrameConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return  # failed: what still arrives before the transport closes is dropped
-        self._last_read_s = time.monotonic()
+        self._last_heard_s = time.monotonic()
+        self._buffer += data
+        if not self.reading_paused:  # a transport may hand over what it had read before it paused
+            self._parse()
+
+    def _parse(self) -> None:
+        """Hand every whole frame buffered to `on_frame`, until reading is paused."""
         buffer = self._buffer
-        buffer += data
         position = 0
         end = len(buffer)
         bytes_max = self.limits.message_bytes_max if self._hello_in else min(
             HELLO_FRAME_BYTES_MAX, self.limits.message_bytes_max)
-        while end - position >= _LENGTH_BYTES and not self.closed:
+        while end - position >= _LENGTH_BYTES and not self.closed and not self.reading_paused:
             size = int.from_bytes(buffer[position:position + _LENGTH_BYTES], "big")
             if size > bytes_max:
                 self.fail(f"frame of {size} bytes announced, the limit is {bytes_max}"
@@ -376,7 +451,7 @@ class _FrameConnection(asyncio.Protocol):
         if not buffer:
             self._partial_since_s = None
         elif position or self._partial_since_s is None:
-            self._partial_since_s = self._last_read_s  # a new frame began in this read
+            self._partial_since_s = self._last_heard_s  # a new frame began in this read
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -384,6 +459,34 @@ class _FrameConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.paused = False
         self.on_writable()
+
+    def pause_reading(self) -> None:
+        """Read nothing more, and hand over no more frames, until `resume_reading`."""
+        assert not self.reading_paused
+        self.reading_paused = True
+        if self.closed or self._transport is None:
+            return
+        self._drained_bytes_max = self._written_bytes - self._transport.get_write_buffer_size()
+        if not self._transport_reading_paused:
+            self._transport_reading_paused = True
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        assert self.reading_paused
+        self.reading_paused = False
+        if self.closed or self._transport is None:
+            return
+        # Nothing was heard because we did not listen; what waits in the buffer arrives now.
+        self._last_heard_s = time.monotonic()
+        self._partial_since_s = None
+        self._parse()
+        if not self.reading_paused and not self.closed:
+            assert self._transport_reading_paused
+            self._transport_reading_paused = False
+            self._transport.resume_reading()
+
+    def write_buffer_bytes(self) -> int:
+        return 0 if self._transport is None else self._transport.get_write_buffer_size()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -399,10 +502,13 @@ class _FrameConnection(asyncio.Protocol):
         if self.closed or self._transport is None:
             return
         parts: list[bytes] = []
+        written_bytes = 0
         for data in frames:
             parts.append(len(data).to_bytes(_LENGTH_BYTES, "big"))
             parts.append(data)
+            written_bytes += _LENGTH_BYTES + len(data)
         self._transport.writelines(parts)
+        self._written_bytes += written_bytes
         self._last_write_s = time.monotonic()
 
     def fail(self, reason: str) -> None:
@@ -423,16 +529,27 @@ class _FrameConnection(asyncio.Protocol):
             return
         now = time.monotonic()
         limits = self.limits
-        silent_ms = (now - self._last_read_s) * 1000
+        if self.reading_paused:
+            # Its heartbeats wait unread, and we paused because it takes our bytes slowly: it is
+            # alive while it takes some. One that takes none is cut off as a silent one is.
+            drained_bytes = self._written_bytes - self._transport.get_write_buffer_size()
+            if drained_bytes > self._drained_bytes_max:
+                self._drained_bytes_max = drained_bytes
+                self._last_heard_s = now
+        silent_ms = (now - self._last_heard_s) * 1000
         if silent_ms > limits.keepalive_interval_ms + limits.keepalive_timeout_ms:
-            self.fail(f"nothing heard from the peer for {silent_ms:.0f} ms")
+            self.fail(f"nothing heard from the peer for {silent_ms:.0f} ms"
+                      f"{' (and nothing of ours taken)' if self.reading_paused else ''}")
             return
-        if self._partial_since_s is not None and (now - self._partial_since_s) * 1000 > limits.frame_timeout_ms:
+        # While reading is paused a frame may be whole but unread, or its end unread in the socket.
+        if (self._partial_since_s is not None and not self.reading_paused
+                and (now - self._partial_since_s) * 1000 > limits.frame_timeout_ms):
             self.fail(f"a frame took more than {limits.frame_timeout_ms} ms to arrive")
             return
         # Every half interval, so the peer hears something well within its interval + timeout.
         if (now - self._last_write_s) * 1000 >= limits.keepalive_interval_ms / 2:
             self._transport.write(_HEARTBEAT)
+            self._written_bytes += len(_HEARTBEAT)
             self._last_write_s = now
         self._heartbeat = self.loop.call_later(limits.keepalive_interval_ms / 2000, self._beat)
 
@@ -443,14 +560,31 @@ def _flush(
     bytes_max: int,
     on_oversized: Callable[[pb.PeerEnvelope, int], None],
     on_written: Callable[[int], None],
-) -> None:
-    """Everything queued, in one write."""
+) -> bool:
+    """What is queued, in one write, up to what the connection's write buffer may hold: whether
+    some is left for a later flush.
+
+    Found by audit (2026-11-28, second): one flush serialised the whole queue at once, and an
+    inbound stream's could be gigabytes of responses. At least one frame goes, so a flush always
+    makes progress; one that fills the buffer pauses writing, and resume_writing wakes the owner.
+    """
     encoded: list[bytes] = []
-    while (frame := outbox.pop()) is not None:
-        encoded += _serialize_bounded(frame, bytes_max, on_oversized)
+    room_bytes = connection.limits.write_buffer_bytes_max - connection.write_buffer_bytes()
+    while (room_bytes > 0 or not encoded) and (frame := outbox.pop()) is not None:
+        for data in _serialize_bounded(frame, bytes_max, on_oversized):
+            encoded.append(data)
+            room_bytes -= _LENGTH_BYTES + len(data)
         on_written(len(frame.items))
     if encoded:
         connection.write_frames(encoded)
+    return outbox.count > 0
+
+
+def _frame_bytes_max(limits: TransportLimits) -> int:
+    """An outbox frame's bytes past which it takes no more: one such frame, with the envelope that
+    crossed it, is all a flush may add past a full write buffer. Half a message, so that frame with
+    one more answer of READ_BYTES_MAX still fits one message, but for the envelopes' few bytes."""
+    return min(limits.write_buffer_bytes_max, limits.message_bytes_max // 2)
 
 
 def _describe(error: BaseException) -> str:
@@ -481,7 +615,8 @@ class _PeerLink:
         self.state = LinkState.CONNECTING
         self.counters = PeerCounters()
         self.down_reason = "not connected yet"
-        self._outbox = _Outbox(limits.send_queue_count_max, limits.frame_item_count_max, self._wake)
+        self._outbox = _Outbox(limits.send_queue_count_max, limits.frame_item_count_max, _frame_bytes_max(limits),
+                               self._wake)
         # correlation id -> (future, the response type the request expects, its deadline's timer)
         self._pending: dict[int, tuple[asyncio.Future[PeerResponse], type, asyncio.TimerHandle]] = {}
         self._correlation_id_last = 0
@@ -612,7 +747,9 @@ class _PeerLink:
         if self._stalled:
             self._stalled = False
             self._drop_expired_requests()
-        _flush(self._outbox, connection, self.limits.message_bytes_max, self._on_oversized, self._on_written)
+        left = _flush(self._outbox, connection, self.limits.message_bytes_max, self._on_oversized, self._on_written)
+        if left and not connection.paused:
+            self._wake()  # the socket took it all at once: the rest goes on the next tick
 
     def _drop_expired_requests(self) -> None:
         """Drop the queued requests whose callers stopped waiting (past their deadline): sent
@@ -807,11 +944,15 @@ class _InboundStream:
         # Each request gets exactly one reply, and the peer keeps at most request_inflight_count_max
         # requests unanswered, so that bounds the responses queued, whether answered at once (as
         # most are, cornus.runtime.eager) or by a handler that waited; the frame's worth is slack.
-        self.outbox = _Outbox(
-            limits.request_inflight_count_max + limits.frame_item_count_max, limits.frame_item_count_max, self._wake
-        )
+        # Their bytes are bounded by inbound_response_bytes_max: past it reading pauses.
+        self.outbox = _Outbox(limits.request_inflight_count_max + limits.frame_item_count_max,
+                              limits.frame_item_count_max, _frame_bytes_max(limits), self._wake)
         self.serving: set[asyncio.Task[PeerResponse]] = set()
         self._flush_scheduled = False
+        # While reading is paused: the rest of the frame dispatch stopped in, from that envelope,
+        # and since when (what was read before then waits to be dispatched).
+        self._held: tuple[pb.PeerFrame, int] | None = None
+        self._paused_since_s: float | None = None
         # A connection must say who it is within a connect's patience: one that sends nothing, or
         # only heartbeats, held one of the few inbound slots for good, and enough of them kept the
         # real peers' reconnects out (found by audit).
@@ -853,7 +994,36 @@ class _InboundStream:
             return
         self.owner.inbound.frame_received_count += 1
         self.owner.inbound.item_received_count += len(frame.items)
-        self.owner.dispatch(self.sender, frame, self.outbox, self.serving)
+        self._dispatch(frame, 0)
+
+    def _dispatch(self, frame: pb.PeerFrame, start: int) -> bool:
+        """Dispatch `frame` from its envelope `start`: False when its responses queued are past
+        their budget, and the rest is held, with reading paused, until they are flushed."""
+        waited_ms = 0
+        if self._paused_since_s is not None:
+            waited_ms = int((self.connection.loop.time() - self._paused_since_s) * 1000)
+        stop = self.owner.dispatch(self.sender, frame, self.outbox, self.serving,
+                                   start=start, waited_ms=waited_ms)
+        if stop == len(frame.items):
+            return True
+        assert start <= stop < len(frame.items) and self._held is None
+        self._held = (frame, stop)
+        if not self.connection.reading_paused:
+            self.connection.pause_reading()
+            self.owner.inbound.read_pause_count += 1
+            if self._paused_since_s is None:
+                self._paused_since_s = self.connection.loop.time()
+        return False
+
+    def _resume_reading(self) -> None:
+        """Take requests again: the frame held first, then what was read meanwhile, then the socket."""
+        assert self.connection.reading_paused and self._paused_since_s is not None
+        held, self._held = self._held, None
+        if held is not None and not self._dispatch(*held):
+            return
+        self.connection.resume_reading()  # may pause again, on a frame that was buffered
+        if not self.connection.reading_paused:
+            self._paused_since_s = None
 
     def _wake(self) -> None:
         if not self._flush_scheduled:
@@ -862,10 +1032,15 @@ class _InboundStream:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self.connection.closed or self.connection.paused:
-            return
-        _flush(self.outbox, self.connection, self.owner.limits.message_bytes_max, self._on_oversized,
-               self.owner.on_inbound_written)
+        connection = self.connection
+        if connection.closed or connection.paused:
+            return  # resume_writing wakes us again
+        left = _flush(self.outbox, connection, self.owner.limits.message_bytes_max, self._on_oversized,
+                      self.owner.on_inbound_written)
+        if left and not connection.paused:
+            self._wake()  # the socket took it all at once: the rest goes on the next tick
+        if connection.reading_paused and self.outbox.byte_count <= self.owner.limits.inbound_response_bytes_resume:
+            self._resume_reading()
 
     def _on_oversized(self, envelope: pb.PeerEnvelope, size_bytes: int) -> None:
         self.owner.inbound.response_drop_count += 1
@@ -879,6 +1054,7 @@ class _InboundStream:
         for task in self.serving:
             task.cancel()
         self.outbox.clear()
+        self._held = None
         self.owner.forget(self)
 
     def close(self) -> None:
@@ -1158,11 +1334,20 @@ class PeerTransport(Transport):
         self.inbound.item_sent_count += item_count
 
     def dispatch(
-        self, sender: str, frame: pb.PeerFrame, outbox: _Outbox, serving: set[asyncio.Task[PeerResponse]]
-    ) -> None:
+        self, sender: str, frame: pb.PeerFrame, outbox: _Outbox, serving: set[asyncio.Task[PeerResponse]],
+        *, start: int, waited_ms: int,
+    ) -> int:
+        """Dispatch `frame`'s envelopes from `start`, each request with `waited_ms` less of its
+        time (it waited, read, while its stream took no requests): the index of the first left,
+        a request met with `outbox`'s responses past their budget (len(items): none left)."""
         handler = self._handler
         assert handler is not None
-        for envelope in frame.items:
+        assert waited_ms >= 0
+        items = frame.items
+        assert 0 <= start <= len(items)
+        response_bytes_max = self.limits.inbound_response_bytes_max
+        for index in range(start, len(items)):
+            envelope = items[index]
             kind = envelope.kind
             if kind == pb.ENVELOPE_KIND_MESSAGE:
                 try:
@@ -1178,6 +1363,8 @@ class PeerTransport(Transport):
                     self.inbound.handler_error_count += 1
                     logger.exception("on_message failed for %s from %s", type(message).__name__, sender)
             elif kind == pb.ENVELOPE_KIND_REQUEST:
+                if outbox.byte_count >= response_bytes_max:
+                    return index  # what follows waits too: a connection's envelopes stay in order
                 correlation_id = envelope.correlation_id
                 timeout_ms = envelope.timeout_ms
                 if len(serving) >= self.limits.request_inflight_count_max:
@@ -1188,6 +1375,12 @@ class PeerTransport(Transport):
                     self.inbound.malformed_count += 1
                     self.reply_failed(outbox, correlation_id, f"timeout_ms {timeout_ms} out of range")
                     continue
+                if waited_ms:
+                    if timeout_ms <= waited_ms:
+                        # Its requester has given up: run now, it would hold locks for nobody.
+                        self.inbound.request_expired_count += 1
+                        continue
+                    timeout_ms -= waited_ms
                 try:
                     request = codec.decode_request(envelope)
                 except codec.MalformedEnvelope as error:
@@ -1198,6 +1391,7 @@ class PeerTransport(Transport):
             else:
                 self.inbound.malformed_count += 1
                 logger.warning("envelope of kind %d from %s on an inbound connection", kind, sender)
+        return len(items)
 
     def _serve(self, sender: str, request: PeerRequest, outbox: _Outbox, serving: set[asyncio.Task[PeerResponse]],
                *, correlation_id: int, timeout_ms: int) -> None:
@@ -1247,6 +1441,8 @@ class PeerTransport(Transport):
             self.inbound.handler_error_count += 1
             logger.exception("cannot encode the %s to request %d", type(response).__name__, correlation_id)
             self.reply_failed(outbox, correlation_id, f"node {self.node_id}: response not encodable: {error}")
+            return
+        outbox.charge(_response_bytes(envelope, response))
 
     def reply_failed(self, outbox: _Outbox, correlation_id: int, detail: str) -> None:
         envelope = outbox.add()
@@ -1256,4 +1452,5 @@ class PeerTransport(Transport):
         envelope.kind = pb.ENVELOPE_KIND_RESPONSE
         envelope.correlation_id = correlation_id
         envelope.request_failed.detail = detail
+        outbox.charge(envelope.ByteSize())
 

@@ -7,16 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 
 import pytest
 
 from cornus.runtime.config import load_node_config, parse_peers
+from cornus.runtime.wire import ExecuteResponse, ExecuteStatus, PeerRequest, PeerResponse
+from services.node_rpc import codec
 from services.node_rpc._generated import node_pb2 as pb
-from services.node_rpc.transport import PeerTransport, TransportLimits
+from services.node_rpc.transport import PeerTransport, TransportLimits, _InboundStream
+from storage_adapters.contract import DATA_VALUE_BYTES_MAX
 from storage_adapters.errors import ValidationError
 from tests.node_rpc.test_transport import (
+    POLL_INTERVAL_S,
     RECEIVE_WAIT_S,
+    REQUEST_TIMEOUT_MS,
     Recorder,
     _execute,
     _raw_connection,
@@ -44,6 +50,31 @@ FIRST_FRAME_BYTES = 1024 * 1024
 # The wire tag of PeerFrame.items (field 2, length-delimited) and an empty envelope's length.
 _ITEMS_TAG = bytes([(2 << 3) | 2])
 _EMPTY_LENGTH = bytes([0])
+# TransportLimits' default inbound_response_bytes_max, spelled out: the test must fail on its
+# bound, not on a name, where the budget does not exist.
+RESPONSE_BUDGET_BYTES = 64 * 1024 * 1024
+# The value of every response of the flood: the largest a cached read holds.
+FLOOD_VALUE = b"v" * DATA_VALUE_BYTES_MAX
+# Three budgets' worth of responses, and fewer than an inbound outbox's count bound (4,608), so
+# the node without a byte budget queues them all and drops none.
+FLOOD_REQUEST_COUNT = 3 * RESPONSE_BUDGET_BYTES // DATA_VALUE_BYTES_MAX
+# The node has settled once what it queues and the requests it served stay the same this long.
+FLOOD_QUIET_S = 0.5
+# The paused-stream heartbeat tests (_paused_limits): a requester reading about 1.6 MB/s keeps
+# its stream paused for ~1 s, against heartbeats that end a connection silent for 400 ms.
+PAUSED_KEEPALIVE_MS = 200
+PAUSED_SILENCE_S = 2 * PAUSED_KEEPALIVE_MS / 1000
+# Past silence plus two of the node's heartbeat ticks: a stream paused this long and not cut off
+# was kept alive by its requester taking responses, not by luck of the tick.
+PAUSED_LONG_S = PAUSED_SILENCE_S + 2 * PAUSED_KEEPALIVE_MS / 2000
+PAUSED_REQUEST_COUNT = 96
+SLOW_READ_INTERVAL_S = 0.04  # one response (one frame) a read
+CLIENT_HEARTBEAT_INTERVAL_S = 0.05
+# Kernel buffers of both ends of a paused-stream test's connection. Loopback's grow to megabytes,
+# and a node sees its requester take bytes only once its socket's buffer has room again (a third
+# of it freed): at a slow reader's pace that could outlast PAUSED_SILENCE_S.
+PAUSED_SOCKET_BYTES = 64 * 1024
+PAUSED_WATCH_INTERVAL_S = 0.01
 
 
 async def test_a_peer_address_idna_cannot_encode_keeps_its_link_retrying() -> None:
@@ -210,4 +241,201 @@ async def test_a_probe_hello_with_its_status_request_still_fits() -> None:
         assert reply is not None and reply.items[0].status_response.node == "b"
         writer.close()
     finally:
+        await b.close()
+
+
+class _LargeAnswers(Recorder):
+    """Answers every request at once with FLOOD_VALUE, as a read of a cached value does."""
+
+    async def on_request(self, sender: str, request: PeerRequest) -> PeerResponse:
+        self.requests.append((sender, request))
+        return ExecuteResponse(status=ExecuteStatus.OK, values=(FLOOD_VALUE,))
+
+
+def _write_flood(writer: asyncio.StreamWriter, request_count: int, item_count_max: int) -> None:
+    """Requests 1..request_count, in full frames, never drained: the node may stop reading them."""
+    for first in range(1, request_count + 1, item_count_max):
+        frame = pb.PeerFrame()
+        for correlation_id in range(first, min(first + item_count_max, request_count + 1)):
+            envelope = frame.items.add(kind=pb.ENVELOPE_KIND_REQUEST, correlation_id=correlation_id,
+                                       timeout_ms=REQUEST_TIMEOUT_MS)
+            codec.encode(envelope, _execute(f"flood-{correlation_id}"))
+        _write_frame(writer, frame)
+
+
+class _QueuedPeaks:
+    """The most `stream` held for its requester: queued responses (each carries one FLOOD_VALUE)
+    plus its socket's write buffer, and that buffer alone."""
+
+    def __init__(self, stream: _InboundStream) -> None:
+        self.stream = stream
+        self.queued_bytes = 0
+        self.write_buffer_bytes = 0
+
+    def sample(self) -> int:
+        transport = self.stream.connection._transport
+        assert transport is not None
+        write_buffer_bytes = transport.get_write_buffer_size()
+        queued_bytes = self.stream.outbox.count * len(FLOOD_VALUE) + write_buffer_bytes
+        self.queued_bytes = max(self.queued_bytes, queued_bytes)
+        self.write_buffer_bytes = max(self.write_buffer_bytes, write_buffer_bytes)
+        return queued_bytes
+
+
+async def test_a_requester_that_stops_reading_cannot_make_a_node_queue_its_responses_without_bound() -> None:
+    """Found by audit (2026-11-28, second): responses an inbound stream queued for its requester
+    were bounded by count only (request_inflight_count_max + frame_item_count_max, ~4,608, each up
+    to READ_BYTES_MAX: ~36 GiB), and the node never stopped reading the connection. A requester
+    that sent requests and did not read (an overloaded peer's loop, a raw client) made the node
+    queue every response, and its flush serialised them all into one write: OOM-killed. Past a
+    byte budget the node stops reading that connection until its requester takes its responses,
+    and a flush adds no more than the socket's write buffer may hold; nothing is lost or reordered."""
+    address_b = f"127.0.0.1:{free_port()}"
+    b = PeerTransport("b", address_b, {})
+    handler = _LargeAnswers("b")
+    await b.start(handler)
+    try:
+        reader, writer = await _raw_connection(address_b)
+        _write_frame(writer, pb.PeerFrame(sender="flood"))
+        hello = await _read_frame(reader)
+        assert hello is not None and hello.sender == "b"
+        (stream,) = b._inbound
+        _write_flood(writer, FLOOD_REQUEST_COUNT, b.limits.frame_item_count_max)
+
+        peaks = _QueuedPeaks(stream)
+        settled: tuple[int, int] | None = None
+        settled_s = time.monotonic()
+        async with asyncio.timeout(RECEIVE_WAIT_S):
+            # Judged on a fresh sample: one callback of the node may outlast FLOOD_QUIET_S.
+            while True:
+                await asyncio.sleep(POLL_INTERVAL_S)
+                state = (peaks.sample(), len(handler.requests))
+                if state != settled:
+                    settled, settled_s = state, time.monotonic()
+                elif time.monotonic() - settled_s >= FLOOD_QUIET_S:
+                    break
+        assert peaks.queued_bytes <= 2 * RESPONSE_BUDGET_BYTES, (
+            f"{peaks.queued_bytes / 2**20:.0f} MiB queued for a requester that reads nothing")
+        assert peaks.write_buffer_bytes <= b.limits.write_buffer_bytes_max + b.limits.message_bytes_max
+        assert len(handler.requests) < FLOOD_REQUEST_COUNT, "the node took every request"
+        assert b.inbound.read_pause_count >= 1
+        assert b.limits.inbound_response_bytes_max == RESPONSE_BUDGET_BYTES
+
+        correlation_ids: list[int] = []
+        while len(correlation_ids) < FLOOD_REQUEST_COUNT:
+            frame = await _read_frame(reader)
+            assert frame is not None, f"the node ended the connection after {len(correlation_ids)} responses"
+            peaks.sample()
+            for envelope in frame.items:
+                assert envelope.WhichOneof("body") == "execute_response", envelope.request_failed.detail
+                assert envelope.execute_response.values[0].value == FLOOD_VALUE
+                correlation_ids.append(envelope.correlation_id)
+        assert correlation_ids == list(range(1, FLOOD_REQUEST_COUNT + 1))
+        assert len(handler.requests) == FLOOD_REQUEST_COUNT
+        assert peaks.queued_bytes <= 2 * RESPONSE_BUDGET_BYTES
+        assert b.inbound.response_drop_count == 0 and b.inbound.request_expired_count == 0
+        writer.close()
+    finally:
+        await b.close()
+
+
+def _paused_limits() -> TransportLimits:
+    return TransportLimits(
+        keepalive_interval_ms=PAUSED_KEEPALIVE_MS, keepalive_timeout_ms=PAUSED_KEEPALIVE_MS,
+        write_buffer_bytes_max=64 * 1024,
+        inbound_response_bytes_max=2 * 1024 * 1024, inbound_response_bytes_resume=256 * 1024)
+
+
+async def _flooding_client(
+    b: PeerTransport,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, _InboundStream]:
+    """A raw client of `b` with PAUSED_SOCKET_BYTES kernel buffers at both ends, past its hello,
+    that has sent PAUSED_REQUEST_COUNT requests."""
+    host, _, port = b.listen_address.rpartition(":")
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, PAUSED_SOCKET_BYTES)
+    client.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(client, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=client)
+    _write_frame(writer, pb.PeerFrame(sender="flood"))
+    hello = await _read_frame(reader)
+    assert hello is not None and hello.sender == "b"
+    (stream,) = b._inbound
+    transport = stream.connection._transport
+    assert transport is not None
+    transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, PAUSED_SOCKET_BYTES)
+    _write_flood(writer, PAUSED_REQUEST_COUNT, b.limits.frame_item_count_max)
+    return reader, writer, stream
+
+
+async def _heartbeats(writer: asyncio.StreamWriter) -> None:
+    """The client's: it is never silent, whether or not the node reads them."""
+    while True:
+        writer.write(bytes(4))
+        await asyncio.sleep(CLIENT_HEARTBEAT_INTERVAL_S)
+
+
+async def _watch_longest_pause(stream: _InboundStream, longest_s: list[float]) -> None:
+    """Keep in longest_s[0] the longest stretch `stream` has spent with reading paused."""
+    paused_since_s: float | None = None
+    while True:
+        now_s = time.monotonic()
+        if not stream.connection.reading_paused:
+            paused_since_s = None
+        elif paused_since_s is None:
+            paused_since_s = now_s
+        else:
+            longest_s[0] = max(longest_s[0], now_s - paused_since_s)
+        await asyncio.sleep(PAUSED_WATCH_INTERVAL_S)
+
+
+async def test_a_paused_stream_lives_while_its_requester_takes_responses() -> None:
+    """While a stream's reading is paused its requester's heartbeats wait unread: the requester is
+    heard from by taking what the node writes. One that reads slowly, its stream paused for longer
+    than keepalive interval + timeout, keeps its connection and gets every response, in order."""
+    b = PeerTransport("b", f"127.0.0.1:{free_port()}", {}, _paused_limits())
+    await b.start(_LargeAnswers("b"))
+    helpers: list[asyncio.Task[None]] = []
+    try:
+        reader, writer, stream = await _flooding_client(b)
+        longest_pause_s = [0.0]
+        helpers += [asyncio.create_task(_heartbeats(writer)),
+                    asyncio.create_task(_watch_longest_pause(stream, longest_pause_s))]
+        correlation_ids: list[int] = []
+        while len(correlation_ids) < PAUSED_REQUEST_COUNT:
+            frame = await _read_frame(reader)
+            assert frame is not None, (
+                f"the node ended the connection after {len(correlation_ids)} responses: "
+                f"{stream.connection.lost.result() if stream.connection.lost.done() else ''}")
+            correlation_ids += [envelope.correlation_id for envelope in frame.items]
+            if longest_pause_s[0] < PAUSED_LONG_S:
+                await asyncio.sleep(SLOW_READ_INTERVAL_S)
+        assert correlation_ids == list(range(1, PAUSED_REQUEST_COUNT + 1))
+        assert longest_pause_s[0] >= PAUSED_LONG_S, f"paused {longest_pause_s[0]:.2f} s at most: not tested"
+        assert not stream.connection.closed
+        writer.close()
+    finally:
+        for helper in helpers:
+            helper.cancel()
+        await b.close()
+
+
+async def test_a_paused_stream_whose_requester_takes_nothing_is_cut_off() -> None:
+    """A requester that sends heartbeats but takes no response holds its stream paused with a
+    budget of responses queued: it is cut off after keepalive interval + timeout, as a silent one
+    is, not kept for ever."""
+    b = PeerTransport("b", f"127.0.0.1:{free_port()}", {}, _paused_limits())
+    await b.start(_LargeAnswers("b"))
+    beats: asyncio.Task[None] | None = None
+    try:
+        _, writer, stream = await _flooding_client(b)
+        beats = asyncio.create_task(_heartbeats(writer))
+        await wait_until(lambda: stream.connection.closed, "the node cut off a requester that takes nothing")
+        assert b.inbound.read_pause_count >= 1
+        assert "nothing of ours taken" in stream.connection.lost.result()
+        await wait_until(lambda: not b._inbound, "the node forgot the stream")
+        writer.close()
+    finally:
+        if beats is not None:
+            beats.cancel()
         await b.close()
