@@ -722,9 +722,9 @@ class Coordination:
                                refused: ValidationError | NodeOverloaded) -> Outcome | None:
         """End a one-shot refused with nothing run here (bad input, or no room for its writes): None,
         and the refusal stands. Its UNKNOWN outcome instead where it is no room, for a client-chosen
-        id that another process of this node may have run (`unserved_in_doubt`)."""
+        id that another process of this node may have run (`_unserved_in_doubt`)."""
         if isinstance(refused, NodeOverloaded):
-            in_doubt = await self.unserved_in_doubt(ctx.txn, client_txn, refused)
+            in_doubt = await self._unserved_in_doubt(ctx, client_txn, refused)
             if in_doubt is not None:
                 return in_doubt
             await self._abort(ctx, AbortReason.PEER_UNAVAILABLE, "node overloaded")
@@ -738,7 +738,8 @@ class Coordination:
         """`_refuse_one_shot` for a one-shot run as begin, run_ops and commit (the public gRPC API)."""
         return await self._refuse_one_shot(self.active(txn), client_txn, refused)
 
-    async def unserved_in_doubt(self, txn: str, client_txn: str | None, refused: NodeOverloaded) -> Outcome | None:
+    async def _unserved_in_doubt(self, ctx: CoordinatedTxn, client_txn: str | None,
+                                 refused: NodeOverloaded) -> Outcome | None:
         """A one-shot under `client_txn` that this process refused for its load after it began
         (`refused`), as begin does (`_refuse_unserved`): in doubt while another process of this node
         may have run it, so its caller hears UNKNOWN, and the id stays known here, so a later
@@ -746,7 +747,7 @@ class Coordination:
         (2026-11-28, second): the refusal for the writes held said "nothing ran", a 503."""
         if client_txn is None or not self._another_may_have_run(client_txn):
             return None
-        return await self._abort_in_doubt(self.txns[txn], str(refused))
+        return await self._abort_in_doubt(ctx, str(refused))
 
     def _forget_refused(self, ctx: CoordinatedTxn, client_txn: str | None) -> None:
         """A one-shot refused before any request left this node changed nothing, and the caller was

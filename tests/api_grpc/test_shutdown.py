@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cornus.runtime.config import load_node_config
+from cornus.runtime.config import NodeConfig, load_node_config
 from cornus.runtime.node import Node
 from services import serve as serve_module
 from services.public_api.server import PublicGrpcServer
@@ -21,16 +21,33 @@ from tests.worker import free_port
 pytestmark = pytest.mark.timeout(90)
 
 
+def _config(tmp_path: Path, api_port: int) -> NodeConfig:
+    """One node, alone, on the emulator, with both APIs: REST on `api_port`."""
+    return load_node_config(environ={}, overrides={
+        "node_id": "n0", "peers": f"n0=127.0.0.1:{free_port()}", "partition_count": 1,
+        "api_listen": f"127.0.0.1:{api_port}", "grpc_api_listen": f"127.0.0.1:{free_port()}",
+        "storage_emulator_path": str(tmp_path / "cornus.db"),
+    })
+
+
+async def _answers(client: httpx.AsyncClient, url: str) -> None:
+    """Wait (15 s at most) until `url` answers 200."""
+    for _ in range(300):
+        try:
+            if (await client.get(url)).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        await asyncio.sleep(0.05)
+    pytest.fail(f"{url} never answered 200")
+
+
 async def test_a_grpc_api_slow_to_stop_does_not_skip_the_node_s_own_stop(tmp_path: Path, monkeypatch) -> None:
     """The APIs' shutdown and the node's stop shared one 10 s budget, and the gRPC API alone may
     wait up to 14 s for commits that outlived their callers: under slow storage a SIGTERM then
     ended the process without delivering decisions or releasing partitions, and said nothing."""
     api_port = free_port()
-    config = load_node_config(environ={}, overrides={
-        "node_id": "n0", "peers": f"n0=127.0.0.1:{free_port()}", "partition_count": 1,
-        "api_listen": f"127.0.0.1:{api_port}", "grpc_api_listen": f"127.0.0.1:{free_port()}",
-        "storage_emulator_path": str(tmp_path / "cornus.db"),
-    })
+    config = _config(tmp_path, api_port)
     grpc_stopped = asyncio.Event()
     grpc_servers: list[PublicGrpcServer] = []
     real_grpc_stop = PublicGrpcServer.stop
@@ -52,15 +69,7 @@ async def test_a_grpc_api_slow_to_stop_does_not_skip_the_node_s_own_stop(tmp_pat
     monkeypatch.setattr(Node, "stop", recorded_stop)
     serving = asyncio.ensure_future(serve_module.serve(config))
     async with httpx.AsyncClient() as client:
-        for _ in range(300):
-            try:
-                if (await client.get(f"http://127.0.0.1:{api_port}/healthz")).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.05)
-        else:
-            pytest.fail("the node never answered /healthz")
+        await _answers(client, f"http://127.0.0.1:{api_port}/healthz")
     os.kill(os.getpid(), signal.SIGTERM)  # serve()'s own handler, on this event loop
     try:
         await asyncio.wait_for(serving, 40)
@@ -77,11 +86,7 @@ async def test_the_grpc_api_stops_taking_calls_while_the_rest_api_drains(tmp_pat
     clients on open HTTP/2 connections kept beginning transactions the stop then aborted or left
     in doubt. Both stop at once."""
     api_port = free_port()
-    config = load_node_config(environ={}, overrides={
-        "node_id": "n0", "peers": f"n0=127.0.0.1:{free_port()}", "partition_count": 1,
-        "api_listen": f"127.0.0.1:{api_port}", "grpc_api_listen": f"127.0.0.1:{free_port()}",
-        "storage_emulator_path": str(tmp_path / "cornus.db"),
-    })
+    config = _config(tmp_path, api_port)
     grpc_stopping = asyncio.Event()
     real_grpc_stop = PublicGrpcServer.stop
 
@@ -101,15 +106,7 @@ async def test_the_grpc_api_stops_taking_calls_while_the_rest_api_drains(tmp_pat
     monkeypatch.setattr(Node, "execute", slow_execute)
     serving = asyncio.ensure_future(serve_module.serve(config))
     async with httpx.AsyncClient(timeout=30) as client:
-        for _ in range(300):
-            try:
-                if (await client.get(f"http://127.0.0.1:{api_port}/readyz")).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.05)
-        else:
-            pytest.fail("the node never became ready")
+        await _answers(client, f"http://127.0.0.1:{api_port}/readyz")
         held = asyncio.ensure_future(client.post(f"http://127.0.0.1:{api_port}/v1/execute",
                                                  json={"ops": [{"op": "get", "key": "k"}]}))
         await asyncio.wait_for(in_flight.wait(), 10)
