@@ -189,8 +189,10 @@ def _check_read_fits(values: list[bytes | None]) -> None:
     the public gRPC API's refusal of the same read."""
     size = sum(0 if value is None else len(value) for value in values)
     if size > READ_REPLY_VALUE_BYTES_MAX:
+        # Said, since a 400 otherwise means nothing changed (found by audit, 2026-11-28).
         raise ValidationError(f"the values read come to {size} bytes, more than a reply carries "
-                              f"({READ_REPLY_VALUE_BYTES_MAX}): read fewer keys at a time")
+                              f"({READ_REPLY_VALUE_BYTES_MAX}): read fewer keys at a time; the read ran, and the "
+                              "transaction holds what it locked until it commits or aborts")
 
 
 # How many of a malformed request's problems its 422 names: the first few say what is wrong, and

@@ -301,5 +301,6 @@ def test_an_interactive_read_past_what_a_reply_carries_is_refused_and_the_transa
     txn = api_cluster.post("n0", "/v1/txn", {}).json()["txn"]
     refused = api_cluster.post("n0", f"/v1/txn/{txn}/read", {"keys": keys})
     assert refused.status_code == 400 and "read fewer keys" in refused.json()["detail"], refused.text[:300]
+    assert "holds what it locked" in refused.json()["detail"]  # not "nothing changed", as a 400 says
     assert api_cluster.post("n0", f"/v1/txn/{txn}/read", {"keys": keys[:2]}).status_code == 200
     assert api_cluster.post("n0", f"/v1/txn/{txn}/commit").json()["outcome"] == "committed"
