@@ -742,16 +742,23 @@ class AzureBlobStore(LogStore):
         self._tombstone_sweep.remember(name, written, keep.keep_ms)
         return True
 
-    async def _delete_tombstone(self, name: str, etag: str) -> None:
+    async def _delete_tombstone(self, name: str, etag: str) -> bool:
         """Delete the tombstone blob `name` if it is still the one put with `etag` (the sweep, once
-        its keep has passed); one rewritten since, or gone, is left as it is."""
+        its keep has passed); whether it did. One rewritten since (its newer ETag is queued too),
+        or gone, is left as it is; a missing container is an error."""
 
-        async def delete() -> None:
+        async def delete() -> bool:
             blob = self._container.get_blob_client(name)
-            with contextlib.suppress(ResourceNotFoundError, ResourceModifiedError):
+            try:
                 await blob.delete_blob(etag=etag, match_condition=MatchConditions.IfNotModified)
+            except ResourceModifiedError:
+                return False
+            except ResourceNotFoundError as error:
+                _unless_blob_absent(error, "delete")
+                return False
+            return True
 
-        await self._bounded(delete(), "delete")
+        return await self._bounded(delete(), "delete")
 
     async def _get_owner(self, partition: str) -> _StoredOwner | None:
         blob = self._container.get_blob_client(_owner_name(partition))

@@ -47,8 +47,8 @@ class TombstoneSweep:
     wrote it, from which the keep counts). `delete` raises for one it could not delete, which a
     later round tries again, up to DELETE_ATTEMPT_COUNT_MAX times."""
 
-    def __init__(self, delete: Callable[[str, str], Awaitable[None]]) -> None:
-        self._delete = delete
+    def __init__(self, delete: Callable[[str, str], Awaitable[bool]]) -> None:
+        self._delete = delete  # whether it deleted the blob (not rewritten since, nor gone)
         # (when its keep ends, order, blob name, its ETag, attempts so far): a heap, since keeps
         # differ (a rewritten tombstone comes back with its whole keep again).
         self._pending: list[tuple[float, int, str, str, int]] = []
@@ -87,16 +87,16 @@ class TombstoneSweep:
             due.append(heapq.heappop(self._pending))
         semaphore = asyncio.Semaphore(DELETE_CONCURRENCY_MAX)
 
-        async def delete(entry: tuple[float, int, str, str, int]) -> BaseException | None:
+        async def delete(entry: tuple[float, int, str, str, int]) -> BaseException | bool:
             async with semaphore:
                 try:
-                    await self._delete(entry[2], entry[3])
+                    return await self._delete(entry[2], entry[3])
                 except Exception as error:  # any: one failure must not end the sweep
                     return error
-                return None
 
-        errors = await asyncio.gather(*(delete(entry) for entry in due))
-        failed = [(entry, error) for entry, error in zip(due, errors, strict=True) if error is not None]
+        answers = await asyncio.gather(*(delete(entry) for entry in due))
+        failed = [(entry, error) for entry, error in zip(due, answers, strict=True)
+                  if isinstance(error, BaseException)]
         for (due_at, order, name, etag, attempts), _ in failed:
             if attempts + 1 < DELETE_ATTEMPT_COUNT_MAX:
                 heapq.heappush(self._pending, (due_at, order, name, etag, attempts + 1))
@@ -107,7 +107,9 @@ class TombstoneSweep:
             log.warning("azure tombstone sweep: %d of %d deletes failed (the first: %s: %r); tried again later, "
                         "at most %d times each", len(failed), len(due), failed[0][0][2], failed[0][1],
                         DELETE_ATTEMPT_COUNT_MAX)
-        deleted = len(due) - len(failed)
+        # Only what it deleted: a blob rewritten since (its newer ETag is queued too) or gone counted
+        # too, and a sweep falling behind looked healthy (found by audit, 2026-11-28).
+        deleted = sum(answer is True for answer in answers)
         self.deleted_count += deleted
         return deleted
 

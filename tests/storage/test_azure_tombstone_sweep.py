@@ -19,10 +19,11 @@ async def test_a_tombstone_is_deleted_once_its_keep_has_passed_and_a_failed_dele
     deleted: list[tuple[str, str]] = []
     failing = {"b"}
 
-    async def delete(name: str, etag: str) -> None:
+    async def delete(name: str, etag: str) -> bool:
         if name in failing:
             raise StorageUnavailable("azure_blob delete: no answer")
         deleted.append((name, etag))
+        return True
 
     sweep = TombstoneSweep(delete)
     try:
@@ -40,7 +41,7 @@ async def test_a_tombstone_is_deleted_once_its_keep_has_passed_and_a_failed_dele
 
 
 async def test_a_delete_that_keeps_failing_is_left_to_the_lifecycle_rule() -> None:
-    async def delete(name: str, etag: str) -> None:
+    async def delete(name: str, etag: str) -> bool:
         raise RuntimeError("Session is closed")  # not even a StorageError: the sweep goes on
 
     sweep = TombstoneSweep(delete)
@@ -61,8 +62,9 @@ async def test_the_sweep_runs_free_of_the_storage_call_that_started_it(monkeypat
     monkeypatch.setattr(azure_tombstone_sweep, "SWEEP_INTERVAL_S", 0.01)
     seen: list[object] = []
 
-    async def delete(name: str, etag: str) -> None:
+    async def delete(name: str, etag: str) -> bool:
         seen.append((call_deadline_if_set(), azure_signing._window.get()))
+        return True
 
     sweep = TombstoneSweep(delete)
     try:
@@ -80,8 +82,9 @@ async def test_the_sweep_runs_free_of_the_storage_call_that_started_it(monkeypat
 async def test_past_the_bound_a_tombstone_is_left_to_the_lifecycle_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(azure_tombstone_sweep, "SWEEP_PENDING_COUNT_MAX", 2)
 
-    async def delete(name: str, etag: str) -> None:
+    async def delete(name: str, etag: str) -> bool:
         await asyncio.sleep(0)
+        return True
 
     sweep = TombstoneSweep(delete)
     try:

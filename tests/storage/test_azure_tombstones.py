@@ -8,6 +8,7 @@ container it uses (tests/storage/test_azure_lifecycle.py runs the module's rules
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -229,3 +230,19 @@ async def test_a_keep_judges_a_record_changed_between_its_read_and_its_put(
     assert await _tags_and_metadata(container, log, "t") == ({}, {"state": COMMIT, "applied": "false"})
 
 
+
+
+async def test_the_sweep_counts_only_the_tombstones_it_deleted(store: azure_blob.AzureBlobStore, ns: str) -> None:
+    """Found by audit (2026-11-28, second): the sweep counted as deleted every delete it sent,
+    also one refused because the tombstone was rewritten since (its newer ETag is queued too) or
+    already gone: one blob counted twice, or a blob still there counted once, and a sweep falling
+    behind looked healthy in `tombstones_swept`."""
+    log, txn = LogId.partition(f"{ns}p"), "t1"
+    assert (await store.log_once(log, txn, ABORT, body(f"{ns}p"))).created
+    assert await store.delete(log, txn, keep=Tombstone(ABORT, 1))
+    await store.log(log, txn, ABORT, body(f"{ns}p"))  # a late write of its own decision, over it
+    await asyncio.sleep(0.05)  # both keeps have passed
+    sweep = store._tombstone_sweep
+    assert await sweep.sweep_once() == 1
+    assert sweep.deleted_count == 1
+    assert await store.read(log, txn) is None
