@@ -997,15 +997,21 @@ class AzureBlobStore(LogStore):
                 if etag is None:
                     try:
                         written = await blob.upload_blob(content, overwrite=False, metadata=metadata)
-                    except ResourceExistsError:
+                    except ResourceExistsError as error:
+                        if not _lost_race(error):
+                            raise
                         etag = (await blob.get_blob_properties()).etag
                 if etag is not None:
                     written = await blob.upload_blob(content, overwrite=True, metadata=metadata, etag=etag,
                                                      match_condition=MatchConditions.IfNotModified)
-            except (ResourceModifiedError, ResourceExistsError) as error:
-                # Changed since this store last saw it: nobody else writes a locked key, so a write
-                # of an earlier attempt of this apply landed (or another owner's, before this one
-                # took the partition). The participant applies again, over what it reads then.
+            except _PRECONDITION_ERRORS as error:
+                # A refusal for good (an immutability policy, a missing container) is the error it
+                # is, as on the record path, not a race retried for ever (found by audit, 2026-11-28).
+                if not _lost_race(error):
+                    raise
+                # Changed (or gone) since this store last saw it: nobody else writes a locked key,
+                # so a write of an earlier attempt of this apply landed (or another owner's, before
+                # this one took the partition). The participant applies again, over what it reads.
                 raise StorageUnavailable(
                     f"azure_blob: apply_redo {log.key}/{txn}: data blob of {key!r} changed under the apply"
                 ) from error

@@ -18,7 +18,7 @@ from azure.storage.blob.aio import BlobServiceClient, ContainerClient
 
 from storage_adapters import azure_blob
 from storage_adapters.contract import LogId, RecordBody, Tombstone, TxnState
-from storage_adapters.errors import DecisionFlipRefused
+from storage_adapters.errors import DecisionFlipRefused, StorageError, StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
 from tests.conftest import Services
 from tests.storage.conftest import config_for
@@ -246,3 +246,30 @@ async def test_the_sweep_counts_only_the_tombstones_it_deleted(store: azure_blob
     assert await sweep.sweep_once() == 1
     assert sweep.deleted_count == 1
     assert await store.read(log, txn) is None
+
+
+async def test_a_data_write_refused_for_good_is_no_lost_race(
+        store: azure_blob.AzureBlobStore, ns: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by audit (2026-11-28, second): an apply's data put took every 409 or 412 for a lost
+    ETag race and answered "unavailable", so a refusal for good (a container under an
+    immutability policy: 409 BlobImmutableDueToPolicy) was retried for ever, its keys locked and
+    the logs saying "unavailable" instead of naming the refusal, as the record path already did
+    (`_lost_race`)."""
+    from azure.core.exceptions import ResourceExistsError
+    from azure.storage.blob.aio import BlobClient
+
+    upload = BlobClient.upload_blob
+
+    async def refused(self: BlobClient, *args: object, **kwargs: object) -> object:
+        if self.blob_name.startswith(azure_blob._data_name(ns, "k").rsplit("/", 1)[0]):
+            error = ResourceExistsError(message="This operation is not permitted as the blob is immutable.")
+            error.status_code, error.error_code = 409, "BlobImmutableDueToPolicy"  # as the SDK's, from the answer
+            raise error
+        return await upload(self, *args, **kwargs)
+
+    await store.log_once(LogId.partition(ns), "t", VOTE, body(ns))
+    monkeypatch.setattr(BlobClient, "upload_blob", refused)
+    with pytest.raises(StorageError) as raised:
+        await store.apply_redo(ns, "t", {"k": b"v"})
+    assert not isinstance(raised.value, StorageUnavailable), raised.value
+    assert "BlobImmutableDueToPolicy" in str(raised.value), raised.value
