@@ -37,6 +37,15 @@ class Known(enum.StrEnum):
             return cls.IN_DOUBT
 
 
+def memory_is_outcome(known: Known, client_chosen: bool) -> bool:
+    """Whether the asked node's memory of a transaction it coordinated is its outcome, with no
+    record read: COMMITTED, or ABORTED or ACTIVE of an id that node made (no other process runs
+    it). Of a client-chosen id, which another process of the node may have run too, only
+    COMMITTED: `verdict` ranks a COMMIT in the records above the rest (found by audit,
+    2026-11-28: ABORTED was answered at once, no record read)."""
+    return known is Known.COMMITTED or (known in (Known.ABORTED, Known.ACTIVE) and not client_chosen)
+
+
 def request_deadline_ms(carried_ms: int, begin_ms: int, timeout_ms_request: int) -> int:
     """The deadline an owner keeps a one-shot's request (which carries its prepare) to: the one
     it carries (its begin plus its coordinator's wait for the answer), and never later than its

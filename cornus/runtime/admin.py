@@ -16,7 +16,15 @@ from cornus.protocol.effects import LogOnce, ReadRecord, StartTimer, Timer
 from cornus.protocol.events import Event, StorageUnreachable, TimerFired, answer
 from cornus.protocol.node_core import NodeCore
 from cornus.protocol.resolve import AskCoordinator, CoordinatorAnswered, Resolver
-from cornus.protocol.status import Known, NodeAnswer, kept_window_ms, node_knows, requests_window_ms, verdict
+from cornus.protocol.status import (
+    Known,
+    NodeAnswer,
+    kept_window_ms,
+    memory_is_outcome,
+    node_knows,
+    requests_window_ms,
+    verdict,
+)
 from cornus.runtime.config import NodeConfig
 from cornus.runtime.coordination import Coordination
 from cornus.runtime.outcome import AbortReason, Outcome, OutcomeStatus, TxnWrongState
@@ -111,7 +119,7 @@ class Admin:
         UNKNOWN after that: its tombstone may have expired, and "not known" could then be a
         committed transaction, which a caller must not run again."""
         known = self.status(txn)
-        if known is not None and _final_here(known, txn):
+        if known is not None and memory_is_outcome(Known.of(known.status.value), txn_ids.is_client_chosen(txn)):
             return known
         # In doubt here (a commit told UNKNOWN, a client-chosen id another process may have run)
         # is no answer: the records may hold the decision, which no machine here will bring
@@ -365,13 +373,3 @@ class Admin:
 def _protocol_name(txn: str) -> str:
     protocol = txn_ids.protocol_of(txn)
     return protocol.value if protocol is not None else "unknown"
-
-
-def _final_here(known: Outcome, txn: str) -> bool:
-    """Whether this process's memory of `txn` is its outcome, with no record read: COMMITTED, or
-    any other outcome of an id this process made. Of a client-chosen id another process of the
-    node may have run too, ABORTED or ACTIVE here is no answer: the verdict ranks a COMMIT in the
-    records above it (found by audit, 2026-11-28: answered at once, no record read)."""
-    if known.status is OutcomeStatus.UNKNOWN:
-        return False
-    return known.status is OutcomeStatus.COMMITTED or not txn_ids.is_client_chosen(txn)

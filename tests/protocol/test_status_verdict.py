@@ -168,3 +168,17 @@ def test_a_coordinator_started_since_the_begin_counts_for_the_floor_only() -> No
     # Any other node's restart, or a coordinator gone from the cluster, changes nothing.
     other = dataclasses.replace(restarted, node="n2")
     assert judge(node(("p0",)), other, now_ms=BEGIN_MS + kept_ms - 1) is None
+
+
+def test_only_a_commit_in_memory_answers_for_a_client_chosen_id_without_records() -> None:
+    """The asked node's memory is the outcome, no record read, for every outcome of an id it made,
+    and only for COMMITTED of a client-chosen id (found by audit, 2026-11-28: another process of
+    the node, sent the same id, may have committed what this one remembers aborted)."""
+    from cornus.protocol.status import memory_is_outcome
+
+    for known in (Known.COMMITTED, Known.ABORTED, Known.ACTIVE):
+        assert memory_is_outcome(known, client_chosen=False)
+    assert memory_is_outcome(Known.COMMITTED, client_chosen=True)
+    for known in (Known.ABORTED, Known.ACTIVE, Known.IN_DOUBT, Known.NOTHING):
+        assert not memory_is_outcome(known, client_chosen=True)
+    assert not memory_is_outcome(Known.IN_DOUBT, client_chosen=False)
