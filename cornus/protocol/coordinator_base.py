@@ -287,6 +287,9 @@ class CoordinatorBase:
             return [CancelTimer(self._timer("resend"))]
         if ack.partition not in self.participants:
             return []
+        if (self.decision is None and ack.decision is TxnState.ABORT and self.phase is CoordPhase.COLLECTING
+                and not self._may_adopt(ack.decision)):
+            return []  # another process's ABORT, nothing this one's collection may count (_may_adopt)
         self.acked.add(ack.partition)
         # Collection waits out the longest grace a participant's calls need (found by audit: a
         # participant with a longer storage deadline, during a rolling change of it, could land

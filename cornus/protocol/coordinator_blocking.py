@@ -126,8 +126,14 @@ class TwoPhaseCoordinator(CoordinatorBase):
         return self._counted(self._announce(TxnState.ABORT, reason=self._abort_reason))
 
     def _may_adopt(self, decision: TxnState) -> bool:
-        # Once COMMIT is being logged only its result decides; an abort ack then is impossible.
-        assert self._commit_call is None or decision is TxnState.COMMIT
+        """Not once COMMIT is being logged: only that write's result decides then. An ABORT then
+        is a participant's that a later process of this node told ABORT: it presumes so only after
+        a read of the identity record found its own take (CoordinatorHost._unknown), which fences
+        this process's COMMIT, refused wherever it lands (and landed nowhere before, or that
+        process's recovery would have found it and resent COMMIT). So this process was deposed
+        without knowing, cut off from storage alone, and its COMMIT's refusal or its next identity
+        check will tell it (found by the simulator's storage cuts, 2026-11-28, third: an assertion
+        here crashed the process)."""
         return self._commit_call is None
 
     def _on_timer(self, kind: str) -> list[Effect]:

@@ -96,18 +96,28 @@ class ExecutionPhase:
         plan = self.plans[txn]
         first = self.twins.get(plan.coordinator)
         twin = self._twin_of.get(plan.coordinator)
+        if (plan.one_shot and first is not None and first.ready and twin is not None and twin.storage_only
+                and self.now_ms < twin.cut_end_ms and txn not in self._one_shot_sent):
+            # Over the client's old connection, to the first process, whose storage does not
+            # answer; a proxy may deliver it to the second too.
+            self._refused_for_load(txn)
+            if self._begins_client_txn(first, txn):
+                self._start_one_shot(txn, first)
+            return
         if (plan.one_shot and first is not None and first.ready and twin is not None and twin.cut_ms
                 and self.now_ms < twin.cut_start_ms and txn not in self._one_shot_sent):
             # Over the client's old connection, to the first process; sent again at its cut.
             self._to_resend.setdefault(plan.coordinator, []).append(txn)
-            self._start_one_shot(txn, first)
+            if self._begins_client_txn(first, txn):
+                self._start_one_shot(txn, first)
             return
         if not self.nodes[plan.coordinator].ready:
             return
         if txn in self._one_shot_sent and not self._accepts_again(txn):
             return  # its client is refused, and asks the status call instead
         if plan.one_shot:
-            self._start_one_shot(txn, self.nodes[plan.coordinator])
+            if self._begins_client_txn(self.nodes[plan.coordinator], txn):
+                self._start_one_shot(txn, self.nodes[plan.coordinator])
             self._delivered_to_deposed(txn)
             return
         coordinator = self.nodes[plan.coordinator]

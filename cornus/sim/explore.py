@@ -41,10 +41,12 @@ Failures = list[tuple[Schedule, list[str]]]
 
 def explore(
     protocol: Protocol | None, schedules: int, seed: int, report_max: int = REPORT_COUNT_MAX, *,
-    twins: bool = False, only: Callable[[Schedule], bool] | None = None, **world_options: object,
+    twins: bool = False, storage_cuts: bool = False, only: Callable[[Schedule], bool] | None = None,
+    **world_options: object,
 ) -> tuple[int, Failures]:
     """Run `schedules` random schedules (`protocol` None: mixed; `twins`: some with a second
-    process of a coordinator, random_schedule); stop early after `report_max` failures. Returns
+    process of a coordinator, and `storage_cuts` some of them cut from storage alone:
+    random_schedule); stop early after `report_max` failures. Returns
     how many of the seed's stream were drawn and the failures. `only` runs just the schedules it
     accepts (a test of one kind of fault spends no CPU on the others; the stream, and so the
     schedule a failure is found at, is the same)."""
@@ -52,7 +54,7 @@ def explore(
     failures: Failures = []
     count = 0
     for _ in range(schedules):
-        schedule = random_schedule(rng, protocol, twins=twins)
+        schedule = random_schedule(rng, protocol, twins=twins, storage_cuts=storage_cuts)
         count += 1
         if only is not None and not only(schedule):
             continue
@@ -64,14 +66,14 @@ def explore(
     return count, failures
 
 
-def _explore_share(args: tuple[str, int, int, bool]) -> tuple[int, Failures, dict[str, int]]:
-    name, schedules, seed, twins = args
+def _explore_share(args: tuple[str, int, int, bool, bool]) -> tuple[int, Failures, dict[str, int]]:
+    name, schedules, seed, twins, storage_cuts = args
     protocol = None if name == MIXED else Protocol(name)
     rng = random.Random(seed)
     failures: Failures = []
     faults: collections.Counter[str] = collections.Counter()
     for _ in range(schedules):
-        schedule = random_schedule(rng, protocol, twins=twins)
+        schedule = random_schedule(rng, protocol, twins=twins, storage_cuts=storage_cuts)
         world = World(schedule)
         world.run()
         violations = check(world)
@@ -101,6 +103,7 @@ def _explore_share(args: tuple[str, int, int, bool]) -> tuple[int, Failures, dic
         faults["told_nothing_ran"] += len(world.outcome.told_nothing_ran)
         faults["refused_starting_in_doubt"] += world.outcome.refused_starting_in_doubt
         faults["refused_deposed_in_doubt"] += world.outcome.refused_deposed_in_doubt
+        faults["refused_identity_stale"] += world.outcome.refused_identity_stale
         faults["stale_answers"] += world.outcome.stale_answers
         faults["lock_waits"] += world.outcome.lock_waits
         faults["wait_die_schedules"] += schedule.wait_die
@@ -121,13 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="processes sharing the schedules")
     parser.add_argument("--twins", action="store_true",
                         help="one schedule in eight starts a second process of a coordinator beside the first")
+    parser.add_argument("--storage-cuts", action="store_true",
+                        help="with --twins: the schedules that cut a first process off cut it from storage alone")
     args = parser.parse_args(argv)
     if args.schedules < 1 or args.workers < 1:
         parser.error("--schedules and --workers must be at least 1")
+    if args.storage_cuts and not args.twins:
+        parser.error("--storage-cuts cuts the first of two processes: it needs --twins")
     started = time.perf_counter()
     shares = [
         (args.protocol, args.schedules // args.workers + (i < args.schedules % args.workers), args.seed * 1000 + i,
-         args.twins)
+         args.twins, args.storage_cuts)
         for i in range(args.workers)
     ]
     if args.workers == 1:

@@ -83,15 +83,18 @@ class Identities:
         return lost and txn_ids.is_client_chosen(txn)
 
     def _refused_as_nothing_ran(self, txn: str) -> bool:
-        """What a Twin's second process, not ready, answers a one-shot sent again under its
-        client-chosen id, as the runtime's Coordination.begin does: the id's checks first (a begin
-        refused may have run, unless it is ahead of the clock), then the refusal for load; either
-        in doubt while the first process may have run it (txn_ids.predecessor_may_have_run). True,
-        recorded, for "nothing ran": the invariants check that the transaction never commits."""
+        """What a Twin's second process answers a one-shot under its client-chosen id that it
+        refuses for its state (still starting, or full: `_refused_for_load`), as the runtime's
+        Coordination.begin does: the id's checks first (a begin refused may have run, unless it is
+        ahead of the clock), then the refusal; either in doubt while another process of the node
+        may have run it (txn_ids.another_process_may_have_run: an earlier one, or a later one where
+        this one's identity is stale). True, recorded, for "nothing ran": the invariants check that
+        the transaction never commits."""
         name = self.plans[txn].coordinator
         second, now_ms, begin_ms = self.nodes[name], self.clock_ms(name), begin_ms_of(txn)
         after_ms = txn_ids.client_begins_after_ms(second.started_ms, second.identity_taken_ms, CLOCK_SLACK_MS)
-        in_doubt = txn_ids.predecessor_may_have_run(begin_ms, second.identity_taken_ms, self.config)
+        in_doubt = txn_ids.another_process_may_have_run(begin_ms, second.identity_taken_ms,
+                                                        not self._identity_fresh(second), self.config)
         if txn_ids.client_begin_problem(begin_ms, now_ms, after_ms, TIMEOUT_MS_EXECUTE):
             nothing_ran = begin_ms > now_ms and not in_doubt
         else:
@@ -101,6 +104,30 @@ class Identities:
         else:
             self.outcome.refused_starting_in_doubt += 1
         return nothing_ran
+
+    def _refused_for_load(self, txn: str) -> None:
+        """A proxy delivers a one-shot sent to the first process of a storage-cut Twin to the
+        second one too (for half the ids; not drawn from the RNG), which refuses it for load (the
+        runtime's Coordination._refuse_unserved: its transaction or write budget full): "nothing
+        ran" past its predecessor's window, and its client runs the transaction again under a new
+        id, so the first process must not have begun it (Twin.storage_only)."""
+        second = self.nodes[self.plans[txn].coordinator]
+        if second.alive and second.core is not None and zlib.crc32(f"{txn}/proxied".encode()) % 2 == 0:
+            self._refused_as_nothing_ran(txn)
+
+    def _identity_fresh(self, process: Node) -> bool:
+        """txn_ids.identity_fresh_for_client_ids of `process`, now (its confirmations are on the
+        world's clock, as its write window's are)."""
+        return txn_ids.identity_fresh_for_client_ids(process.identity_confirmed_ms, self.now_ms, self.config)
+
+    def _begins_client_txn(self, process: Node, txn: str) -> bool:
+        """Whether `process` begins a one-shot under `txn`: as the runtime's Coordination.begin,
+        not under a client-chosen id while its identity is stale (the refusal is in doubt, and the
+        client asks the status call instead)."""
+        if not txn_ids.is_client_chosen(txn) or self._identity_fresh(process):
+            return True
+        self.outcome.refused_identity_stale += 1
+        return False
 
     def _delivered_to_deposed(self, txn: str) -> None:
         """A proxy delivers a one-shot sent to the node's newest process to a deposed one of the
@@ -328,7 +355,7 @@ class Identities:
             return
         tenure = self._tenure(process, call.owner)
         if held is None:
-            if self._cut_off(process) or (
+            if self._storage_cut_off(process) or (
                     0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability):
                 unreachable = answer(call, StorageUnreachable("the identity read outlived its deadline"))
                 self._push(left_ms + self.deadline_ms, STEP_RETURN, (owner, incarnation, unreachable, path, tenure))
@@ -345,7 +372,13 @@ class Identities:
         self._call(owner, incarnation, call, path)
 
     def _cut_off(self, process: Node) -> bool:
-        """Whether `process` is the first process of a cut Twin, within its cut."""
+        """Whether `process` is the first process of a cut Twin, within a cut of everything (its
+        messages and replies are lost too)."""
+        return self._storage_cut_off(process) and not self._twin_of[process.name].storage_only
+
+    def _storage_cut_off(self, process: Node) -> bool:
+        """Whether `process` is the first process of a cut Twin, within its cut: its storage calls
+        go unanswered, whether or not its messages pass (Twin.storage_only)."""
         if self.twins.get(process.name) is not process:
             return False
         twin = self._twin_of[process.name]

@@ -30,6 +30,10 @@ FAULTS_END_MS = 1000
 # A cut Twin's first process (Twin.cut_ms) may live past the other faults' end, up to this: what
 # it does when it is back, after the second process collected what they both ran, is the point.
 TWIN_CUT_END_MS_MAX = 2_000
+# A storage-only cut (Twin.storage_only) lasts past the first process's identity_learn_ms (the
+# world's 1 s identity check and two deadlines), so that one-shots reach it after its identity
+# went stale: its Twin may live up to this.
+STORAGE_CUT_END_MS_MAX = 2_600
 # The shortest late window of storage that takes calls late: above the longest grace a schedule
 # gets (2 deadlines of 2 * 40 + 1 ms, plus the slack, or 1 s), so that late calls land after
 # garbage collection.
@@ -139,6 +143,16 @@ class Twin:
     # into what the second had collected.)
     cut_after_ms: int = 0
     cut_ms: int = 0
+    # When true, the cut is of storage alone (a firewall rule, a storage endpoint's DNS) and
+    # starts `-cut_after_ms` before the second process does, so that the first never hears its
+    # renewal refused: its messages and replies pass, one-shots for the node keep reaching it
+    # all through the cut (a client's old connection), and a proxy delivers half of them to the
+    # second process too, which refuses them for load (World._refused_for_load). What this
+    # explores is the "nothing ran" side of the client-id rules: the first must stop beginning
+    # client ids once its identity is stale (txn_ids.identity_fresh_for_client_ids), for the
+    # second's refusal past its predecessor's window (txn_ids.predecessor_may_have_run) to be
+    # true (found by audit, 2026-11-28, second; explored since 2026-11-28, third).
+    storage_only: bool = False
 
     @property
     def cut_start_ms(self) -> int:
@@ -261,10 +275,15 @@ class Schedule:
             # Coordinators only: a partition's two processes are ownership's case (fenced writes,
             # explored by ownership_world), and moves would need both processes' tenures.
             assert twin.node in COORDINATORS and not self.moves, twin
-            ends_by_ms = TWIN_CUT_END_MS_MAX if twin.cut_ms else FAULTS_END_MS
+            ends_by_ms = (STORAGE_CUT_END_MS_MAX if twin.storage_only else TWIN_CUT_END_MS_MAX if twin.cut_ms
+                          else FAULTS_END_MS)
             assert twin.at_ms >= 0 and twin.overlap_ms >= 1 and twin.at_ms + twin.overlap_ms <= ends_by_ms, twin
             # A cut first process comes back before it dies: what it does then is the point.
-            assert twin.cut_ms == 0 or (twin.cut_after_ms >= 1 and twin.cut_after_ms + twin.cut_ms < twin.overlap_ms)
+            assert twin.cut_ms == 0 or twin.cut_after_ms + twin.cut_ms < twin.overlap_ms, twin
+            # A whole cut comes once the second process runs; a storage-only one before it takes
+            # the identity.
+            assert twin.cut_ms == 0 or twin.storage_only or twin.cut_after_ms >= 1, twin
+            assert not twin.storage_only or (twin.cut_ms > 0 and 0 <= twin.cut_start_ms <= twin.at_ms), twin
         assert len({twin.node for twin in self.twins}) == len(self.twins), "one second process per node"
         for outage in self.outages:
             assert 0 <= outage.start_ms <= outage.end_ms <= FAULTS_END_MS
@@ -302,11 +321,15 @@ def node_of(partition: str) -> str:
     return "n" + partition[1:]
 
 
-def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: bool = False) -> Schedule:
+def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: bool = False,
+                    storage_cuts: bool = False) -> Schedule:
     """A cheap, varied schedule: small clusters, mostly yes votes, frequent faults. `protocol`
     None mixes the protocols, one per transaction. `twins`: one schedule in eight starts a second
     process of a coordinator beside the first (Twin); off by default, since 2PC and
-    coordinator-log do not survive it (docs/deploy.md, "One process per node id")."""
+    coordinator-log do not survive it (docs/deploy.md, "One process per node id"). With it,
+    another one in eight cuts the first process off: from everything, or, with `storage_cuts`,
+    from storage alone (Twin.storage_only; a flag of its own, so that every seed of the
+    `twins` stream stays what it was)."""
     partition_count = rng.choice((1, 2, 2, 3, 3, 3, 4, 5))
     partitions = [f"p{i}" for i in range(partition_count)]
     txns = []
@@ -452,6 +475,22 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         outages.append(Outage((f"c.{node}",), start_ms, min(FAULTS_END_MS, start_ms + 20 + (seed >> 23) % 300)))
         txns += [dataclasses.replace(plan, coordinator=node, start_ms=max(0, start_ms - 30 + plan.start_ms // 8))
                  for plan in list(txns)]
+    elif twins and storage_cuts and seed % 8 == 7:
+        # With `storage_cuts`, those schedules cut the first process off from storage alone
+        # (Twin.storage_only), from a little before the second process starts (so that it never
+        # hears its renewal refused) until after its identity went stale: one-shots for the node
+        # reach it every 300 ms from 150 ms after the second's start, before and past the end of
+        # its identity_learn_ms (some 1,000-1,160 ms after its last confirmation).
+        node = COORDINATORS[(seed >> 3) % 2]
+        draw = zlib.crc32(f"{seed}/storage-cut".encode())
+        at_ms = 5 + (seed >> 4) % 300
+        lead_ms = min(at_ms, draw % 40)
+        cut_ms = lead_ms + 1_500 + (draw >> 8) % 300
+        twin_schedules = (Twin(node, at_ms, cut_ms - lead_ms + 50 + (draw >> 16) % 200, -lead_ms, cut_ms,
+                               storage_only=True),)
+        writers = [plan for plan in txns if plan.writes]
+        txns += [dataclasses.replace(writers[index % len(writers)], coordinator=node, one_shot=True,
+                                     start_ms=at_ms + 150 + 300 * index) for index in range(5)]
     elif twins and seed % 8 == 7:
         # And one in eight (the schedules no other fault class takes: seed % 8 == 7) cuts
         # the first process of a second one off long enough for the second to commit and collect

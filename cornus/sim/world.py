@@ -228,10 +228,11 @@ class Outcome:
     late_duplicates: int = 0  # second copies of messages sent to arrive after the GC grace
     status_questions: int = 0  # status calls asked of the world and answered by every node
     status_not_known: int = 0  # of them, answered "not known" (the caller may run it again)
-    # Client-chosen one-shots sent again to a Twin's second process before it was ready, and
-    # refused as "nothing ran" (a 503: the client runs it again under a new id), when.
+    # Client-chosen one-shots a Twin's second process refused, not ready or full (a 503, "nothing
+    # ran": the client runs it again under a new id), when.
     told_nothing_ran: dict[str, int] = field(default_factory=dict)
     refused_starting_in_doubt: int = 0  # and of them, those answered in doubt
+    refused_identity_stale: int = 0  # client ids a process refused, in doubt, with its identity stale
     refused_deposed_in_doubt: int = 0  # one-shots a deposed process refused, in doubt
     violations: list[str] = field(default_factory=list)
     undecided_at_liveness_check: list[str] = field(default_factory=list)
@@ -373,7 +374,10 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
         slowest_call = self.deadline_ms + c.clock_slack_ms + self.schedule.delay_ms_max
         # A newest process deposed by the first one of a Twin waits for that one's renewals to
         # stop (it dies by the time faults end), and a watch's read, before it exits and restarts.
-        vacancy_ms = c.identity_vacant_ms + c.identity_check_ms + 2 * slowest_call if self.schedule.twins else 0
+        # So does one deposed by a take that a crashed process sent before it crashed and that
+        # landed after its restart's take (found by the explorer, --twins seed 3, 2026-11-28).
+        deposable = self.schedule.twins or self.schedule.crashes
+        vacancy_ms = c.identity_vacant_ms + c.identity_check_ms + 2 * slowest_call if deposable else 0
         return (
             c.recovery_settle_ms + c.timeout_ms_prepare + c.timeout_ms_votes + c.timeout_ms_decision
             + c.timeout_ms_resend + 6 * c.backoff_ms_max + 30 * slowest_call + EXECUTION_IDLE_MS + vacancy_ms
@@ -448,7 +452,8 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
             self._push(move.at_ms, STEP_MOVE, move)
         for twin in self.schedule.twins:
             self._push(twin.at_ms, STEP_TWIN, twin)
-            if twin.cut_ms:
+            if twin.cut_ms and not twin.storage_only:
+                # Its replies are lost in the cut: clients send their one-shots again.
                 self._push(twin.cut_start_ms, STEP_RESEND, twin)
         for index, resolve in enumerate(self.schedule.resolves):
             self._push(resolve.at_ms, STEP_RESOLVE, index)
@@ -730,7 +735,7 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
             self.outcome.terminations += 1
         elif isinstance(effect, TakeIdentity | CheckIdentity):
             node.identity_left_ms = self.now_ms
-            if self._cut_off(node):
+            if self._storage_cut_off(node):
                 unanswered = (IdentityTaken(StorageUnreachable("cut off")) if isinstance(effect, TakeIdentity)
                               else IdentityChecked(node.name, StorageUnreachable("cut off")))
                 data = (node.name, node.incarnation, unanswered, node.path, 0)
@@ -803,7 +808,7 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
         fenced = fenced_partition(call) if process is not None else None
         epoch = process.epochs[fenced] if process is not None and fenced is not None else 0
         tenure = self._tenure(process, call.owner) if process is not None else 0
-        if process is not None and self._cut_off(process):
+        if process is not None and self._storage_cut_off(process):
             unreachable = answer(call, StorageUnreachable("cut off"))
             self._push(self.now_ms + self.deadline_ms, STEP_RETURN, (owner, incarnation, unreachable, path, tenure))
             return
@@ -837,7 +842,8 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
     def _txn_id(self, index: int, plan: TxnPlan) -> str:
         begin_ms = plan.start_ms + 1 + self.clock_offsets_ms.get(plan.coordinator, 0)
         twin = next((t for t in self.schedule.twins if t.node == plan.coordinator and t.cut_ms), None)
-        if plan.one_shot and twin is not None and twin.at_ms <= plan.start_ms < twin.cut_start_ms:
+        sent_to_first_until_ms = 0 if twin is None else twin.cut_end_ms if twin.storage_only else twin.cut_start_ms
+        if plan.one_shot and twin is not None and twin.at_ms <= plan.start_ms < sent_to_first_until_ms:
             # One its client may send again (Twin.cut_ms): an id the client chose.
             return txn_ids.client_txn_id(begin_ms, plan.coordinator, f"{index:016x}", plan.protocol)
         return f"{begin_ms}.{plan.coordinator}.sim.{index}.{PROTOCOL_TAGS[plan.protocol]}"

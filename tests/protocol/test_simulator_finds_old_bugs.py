@@ -176,11 +176,11 @@ def test_grace_shorter_than_a_late_call(monkeypatch: pytest.MonkeyPatch) -> None
         object.__setattr__(config, "gc_grace_ms", 1)
         return config
 
-    def slow_calls(rng: random.Random, protocol: Protocol | None, *, twins: bool = False) -> Schedule:
+    def slow_calls(rng: random.Random, protocol: Protocol | None, **options: bool) -> Schedule:
         # Every world has calls that outlive their deadline, on fast storage (so that a whole
         # commit and its collection fit in the slack). No resolves: a resolve's read-then-write
         # window cannot even exist under such a grace.
-        schedule = original_schedule(rng, protocol, twins=twins)
+        schedule = original_schedule(rng, protocol, **options)
         return dataclasses.replace(schedule, resolves=(), late_call_probability=0.3, storage_ms_max=2, delay_ms_max=2)
 
     monkeypatch.setattr(sim_world, "config_for", short_grace)
@@ -452,9 +452,9 @@ def test_collection_that_leaves_gaps_where_storage_takes_calls_late(monkeypatch:
 
     original_schedule = explore_module.random_schedule
 
-    def late_storage(rng: random.Random, protocol: Protocol | None, *, twins: bool = False) -> Schedule:
+    def late_storage(rng: random.Random, protocol: Protocol | None, **options: bool) -> Schedule:
         # Every world's storage takes calls late, and more of them are slow.
-        schedule = original_schedule(rng, protocol, twins=twins)
+        schedule = original_schedule(rng, protocol, **options)
         return dataclasses.replace(schedule, late_window_ms=LATE_WINDOW_MS_MIN, late_call_probability=0.2)
 
     monkeypatch.setattr(explore_module, "random_schedule", late_storage)
@@ -474,8 +474,8 @@ def test_collection_that_deletes_the_coordinator_record_where_storage_takes_call
     whose redo a coordinator-log participant's recovery took for an open yes vote."""
     original_schedule = explore_module.random_schedule
 
-    def late_storage(rng: random.Random, protocol: Protocol | None, *, twins: bool = False) -> Schedule:
-        schedule = original_schedule(rng, protocol, twins=twins)
+    def late_storage(rng: random.Random, protocol: Protocol | None, **options: bool) -> Schedule:
+        schedule = original_schedule(rng, protocol, **options)
         return dataclasses.replace(schedule, late_window_ms=LATE_WINDOW_MS_MIN, late_call_probability=0.2)
 
     def delete_outright(self: CoordinatorBase) -> list[Effect]:

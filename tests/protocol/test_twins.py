@@ -133,3 +133,19 @@ def test_a_watch_that_finds_the_identity_vacant_before_its_holder_restarts_and_t
     world.run()
     assert not check(world), check(world)
     assert world.outcome.vacancy_exits == 1, world.outcome
+
+
+def test_a_restart_deposed_by_the_take_its_crashed_predecessor_sent_recovers_within_the_bound() -> None:
+    """Found by the explorer (--twins seed 3, cornus, schedule 1,103 of the second share; no Twin in
+    it): c1 crashed 3 ms after sending its identity take, its restart took the identity, and the
+    crashed life's take landed after that one, so the restart was deposed and parked until the
+    record stood still for identity_vacant_ms. That is the design; the liveness bound counted that
+    wait only for schedules with a Twin, and reported c1 never recovered."""
+    rng = random.Random(3001)
+    for _ in range(1103):
+        schedule = random_schedule(rng, Protocol.CORNUS, twins=True)
+    assert schedule.seed == 2939311305 and not schedule.twins, schedule
+    world = World(schedule)
+    world.run()
+    assert world.outcome.deposed >= 1 and world.outcome.vacancy_exits >= 1, world.outcome
+    assert not check(world), check(world)
