@@ -233,8 +233,8 @@ class Schedule:
     # watch's answers latest (found by review: a parked process could take a live holder's
     # identity for vacant there, and none of the simulator's schedules reached it).
     slow_identity: bool = False
-    # How far each named node's clock runs ahead of storage's (0 to CLOCK_OFFSET_MS_MAX; others: 0):
-    # any two differ by at most the clock slack, as the runtime assumes of its nodes. What reads
+    # How far each named node's clock runs ahead of storage's (behind, when negative: _clock_offset_ms;
+    # others: 0): any two differ by at most the clock slack, as the runtime assumes of its nodes. What reads
     # a clock: a transaction id's begin (its coordinator's), an owner's check of a one-shot
     # request's deadline, the status call's verdict (the asking node's).
     clock_offsets_ms: tuple[tuple[str, int], ...] = ()
@@ -261,7 +261,9 @@ class Schedule:
         assert self.delay_ms_max >= 1 and self.storage_ms_max >= 1 and self.scan_page_max >= 1
         for crash in self.crashes:
             assert 0 <= crash.at_ms <= FAULTS_END_MS and crash.down_ms >= 1
-        assert all(0 <= offset_ms <= CLOCK_OFFSET_MS_MAX for _, offset_ms in self.clock_offsets_ms)
+        half_ms = CLOCK_OFFSET_MS_MAX // 2
+        assert all(-half_ms <= offset_ms <= half_ms for _, offset_ms in self.clock_offsets_ms)
+        assert all(offset_ms >= 0 for name, offset_ms in self.clock_offsets_ms if name in COORDINATORS)
         nodes = {*COORDINATORS, *(node_of(p) for p in self.partitions)}
         taken_ms: dict[str, int] = {}
         for move in sorted(self.moves, key=lambda move: move.at_ms):
@@ -319,6 +321,17 @@ class Schedule:
 def node_of(partition: str) -> str:
     """The simulated node that owns a partition."""
     return "n" + partition[1:]
+
+
+def _clock_offset_ms(seed: int, name: str) -> int:
+    """How far node `name`'s clock runs ahead of storage's (behind, when negative): up to half of
+    CLOCK_OFFSET_MS_MAX either way, so that any two differ by the slack at most. A coordinator's
+    runs ahead only: the world's time starts at 0, and a clock behind it would begin transaction
+    ids before the Unix epoch, which no real clock does (their begins would read as no time)."""
+    draw = zlib.crc32(f"{seed}/{name}/clock".encode())
+    if name in COORDINATORS:
+        return draw % (CLOCK_OFFSET_MS_MAX // 2 + 1)
+    return draw % (CLOCK_OFFSET_MS_MAX + 1) - CLOCK_OFFSET_MS_MAX // 2
 
 
 def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: bool = False,
@@ -541,7 +554,7 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         slow_identity=bool(twin_schedules) and not twin_schedules[0].cut_ms and (seed >> 26) % 2 == 0,
         # One schedule in four gives every node a clock of its own (not drawn from `rng` either).
         clock_offsets_ms=tuple(
-            (name, zlib.crc32(f"{seed}/{name}/clock".encode()) % (CLOCK_OFFSET_MS_MAX + 1)) for name in nodes
+            (name, _clock_offset_ms(seed, name)) for name in nodes
         ) if (seed >> 27) % 4 == 0 else (),
         # One in four runs a rollout (from a hash of the seed, as the late window: the other
         # schedules stay what they were).

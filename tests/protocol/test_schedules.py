@@ -125,6 +125,18 @@ def test_the_worst_moments_of_a_move_are_reached() -> None:
     assert reads and writes and timers, (reads, writes, timers)
 
 
+def test_some_nodes_clocks_run_behind_storage_and_others_ahead() -> None:
+    """Schedule.clock_offsets_ms: partitions' nodes run behind storage's clock too, not only ahead
+    of it (found by audit, 2026-11-28: every offset was ahead, so a clock behind was never
+    explored); a coordinator's only ahead (its ids' begins stay after the epoch)."""
+    rng = random.Random(3)
+    offsets = [dict(s.clock_offsets_ms) for s in (random_schedule(rng, None) for _ in range(200))]
+    behind = [name for each in offsets for name, offset_ms in each.items() if offset_ms < 0]
+    ahead = [name for each in offsets for name, offset_ms in each.items() if offset_ms > 0]
+    assert behind and ahead, offsets
+    assert not any(name.startswith("c") for name in behind), behind
+
+
 def test_same_seed_same_run() -> None:
     schedule = random_schedule(random.Random(99), None)
     first, second = World(schedule), World(schedule)
