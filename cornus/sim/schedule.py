@@ -38,7 +38,8 @@ STORAGE_CUT_END_MS_MAX = 2_600
 # gets (2 deadlines of 2 * 40 + 1 ms, plus the slack, or 1 s), so that late calls land after
 # garbage collection.
 LATE_WINDOW_MS_MIN = 2_000
-# How far a node's clock may run ahead of storage's: the world's clock slack (CLOCK_SLACK_MS).
+# How far apart two nodes' clocks may run: the world's clock slack (CLOCK_SLACK_MS); each is within
+# half of it of storage's (_clock_offset_ms).
 CLOCK_OFFSET_MS_MAX = 20
 # How late past its deadline a timed-out storage call may land (the world's clock slack).
 CLOCK_SLACK_MS = 20
