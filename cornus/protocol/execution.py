@@ -114,6 +114,9 @@ class Refusal(enum.Enum):
     STATE_LOST = "state_lost"  # a continued request, but its earlier operations are gone
     DUPLICATE = "duplicate"  # a first request of a transaction that runs here already
     ENDED = "ended"  # a first request of a client-chosen id whose run here ended (ReleaseLocks)
+    # A first request of a client-chosen id begun before this tenure of the partition: its run
+    # under an earlier tenure, whose memory of ended ids this one lacks, may have ended here.
+    BEFORE_TENURE = "before_tenure"
 
 
 @dataclass(slots=True)
@@ -140,7 +143,7 @@ class PartitionExecutions(Generic[V]):
         self, name: str, codec: RedoCodec[V], policy: Policy = Policy.NO_WAIT, timeout_ms_lock_wait: int = 100,
         *, cache_key_count_max: int = CACHE_KEY_COUNT_MAX, cache_bytes_max: int = CACHE_BYTES_MAX,
         aborted_remembered_count_max: int = ABORTED_REMEMBERED_COUNT_MAX,
-        buffered_bytes_max: int = BUFFERED_BYTES_MAX,
+        buffered_bytes_max: int = BUFFERED_BYTES_MAX, tenure_began_ms: int = 0, clock_slack_ms: int = 0,
     ) -> None:
         assert cache_key_count_max >= 1 and cache_bytes_max >= 1 and aborted_remembered_count_max >= 1
         assert buffered_bytes_max >= 1
@@ -160,6 +163,11 @@ class PartitionExecutions(Generic[V]):
         # 2,500 such transactions a second per partition; past the window, requests are refused
         # by their deadline anyway.
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # When this tenure of the partition began, by this node's clock (0: no earlier tenure's
+        # runs to mind, as in a unit test), and the slack two nodes' clocks may differ by.
+        assert tenure_began_ms >= 0 and clock_slack_ms >= 0
+        self._tenure_began_ms = tenure_began_ms
+        self._clock_slack_ms = clock_slack_ms
         self._cache: collections.OrderedDict[str, V | None] = collections.OrderedDict()
 
     # --- the execution phase -------------------------------------------------------------------
@@ -174,6 +182,8 @@ class PartitionExecutions(Generic[V]):
             # its vote met the decision in the log, and the owner crashed on it).
             return Refusal.ENDED
         execution = self.executions.get(txn)
+        if execution is None and not continued and self._ran_before_tenure_maybe(txn):
+            return Refusal.BEFORE_TENURE
         if execution is None:
             # Locks without an execution are a recovered transaction's, and its machine answers
             # for it: callers send no request of a transaction a machine runs here.
@@ -195,6 +205,20 @@ class PartitionExecutions(Generic[V]):
             execution.joined = True
         execution.last_active_ms = now_ms
         return execution
+
+    def _ran_before_tenure_maybe(self, txn: str) -> bool:
+        """Whether a first request of `txn` may be a second run of a client-chosen id whose first
+        run here, under an earlier tenure of the partition (before a move, a restart or a lease
+        retaken), voted, was decided and ended: `_ended` remembers only this tenure's. The client
+        sends such an id to two processes of its coordinator's node (a pod replaced while its
+        process ran on), and the second run's vote met the decision in the log, which crashed
+        the owner (found by audit, 2026-11-28, third). Its first run's request reached the earlier
+        owner before this tenure began, so its begin is before that by the clocks the slack
+        covers (the begin's, the earlier owner's, ours); a begin after it never ran before here.
+        Its coordinator hears ABORTED, no refusal, and ends the transaction through the logs."""
+        if not self._tenure_began_ms or not is_client_chosen(txn):
+            return False
+        return begin_ms_of(txn) <= self._tenure_began_ms + 2 * self._clock_slack_ms
 
     def lock(self, txn: str, key: str, mode: LockMode, now_ms: int) -> Grant:
         assert txn in self.executions, f"{txn} locks {key!r} on {self.name} outside an execution"

@@ -3,6 +3,7 @@ end the transaction itself through `Termination` against every other participant
 
 from __future__ import annotations
 
+from cornus.protocol import txn_ids
 from cornus.protocol.effects import (
     CancelTimer,
     Effect,
@@ -14,7 +15,7 @@ from cornus.protocol.effects import (
     TerminationStarted,
 )
 from cornus.protocol.events import LogReturned
-from cornus.protocol.messages import Decision, Prepare
+from cornus.protocol.messages import Decision, Prepare, Vote
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.termination import Termination
 from storage_adapters.contract import LogId, RecordBody, TxnState
@@ -99,7 +100,18 @@ class CornusParticipant(ParticipantBase):
         return self._decision_durable(state)
 
     def _on_vote_logged(self, state: TxnState) -> list[Effect]:
-        assert state is not TxnState.COMMIT, "COMMIT in our log before our vote returned"
+        if state is TxnState.COMMIT:
+            # Our vote met the transaction's COMMIT: a second run here of a client-chosen id whose
+            # first run voted, committed and ended here, its memory lost to this tenure or pushed
+            # out (PartitionExecutions' BEFORE_TENURE and ENDED refuse the ones they can tell).
+            # The COMMIT is the transaction's and was applied by the machine that logged it; this
+            # run's redo is not the logged one and must not apply. Its coordinator, told we do
+            # not know, ends it through the logs (found by audit, 2026-11-28, third: an assertion
+            # here crashed the owner).
+            assert txn_ids.is_client_chosen(self.txn), f"COMMIT in our log before our vote returned: {self.txn}"
+            self._learned(TxnState.COMMIT)
+            self.phase = Phase.DONE
+            return [self._send(self.coordinator, Vote(self.txn, self.partition, False, unknown=True)), *self._release()]
         if state is TxnState.ABORT:
             # A terminator aborted on our behalf (paper line 16): the record already says ABORT.
             self._learned(TxnState.ABORT)

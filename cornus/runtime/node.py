@@ -327,6 +327,7 @@ class Node:
         self.partitions[partition] = PartitionRuntime(
             partition, self.store, self.lock_policy, limits.timeout_ms_lock_wait, limits.op_count_max,
             partition_count=self.config.partition_count, counters=self.counters,
+            tenure_began_ms=int(time.time() * 1000), clock_slack_ms=self._clock_slack_ms,
         )
         self.runner.run(self.core.add_partition(partition))
 

@@ -44,7 +44,8 @@ _READ_BYTES_ALWAYS_FIT = _OP_COUNT_READS_ALWAYS_FIT * (DATA_VALUE_BYTES_MAX + RE
 class PartitionRuntime:
     def __init__(
         self, name: str, store: LogStore, policy: Policy, timeout_ms_lock_wait: int, op_count_max: int,
-        *, partition_count: int, counters: collections.Counter[str] | None = None,
+        *, partition_count: int, counters: collections.Counter[str] | None = None, tenure_began_ms: int = 0,
+        clock_slack_ms: int = 0,
     ) -> None:
         assert name[:1] == "p" and name[1:].isdigit() and int(name[1:]) < partition_count, (
             f"{name} is not one of p0..p{partition_count - 1}"
@@ -57,7 +58,10 @@ class PartitionRuntime:
         # cache_hits and cache_misses: the node's counters, so metrics and `cornus bench` see them.
         self.counters: collections.Counter[str] = counters if counters is not None else collections.Counter()
         self.store = store
-        self.state: PartitionExecutions[bytes] = PartitionExecutions(name, redo_codec, policy, timeout_ms_lock_wait)
+        self.state: PartitionExecutions[bytes] = PartitionExecutions(
+            name, redo_codec, policy, timeout_ms_lock_wait, tenure_began_ms=tenure_began_ms,
+            clock_slack_ms=clock_slack_ms,
+        )
         # The core's own objects, never rebound: what admin listings and tests look at.
         self.locks = self.state.locks
         self.executions = self.state.executions
@@ -98,6 +102,10 @@ class PartitionRuntime:
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} is already executing on {self.name}")
         if execution is Refusal.ENDED:
             return ExecuteResponse(ExecuteStatus.ABORTED, detail=f"{txn} already ran on {self.name}, and ended")
+        if execution is Refusal.BEFORE_TENURE:
+            # As ENDED: its run under the partition's earlier owner may have voted here.
+            return ExecuteResponse(ExecuteStatus.ABORTED, detail=(
+                f"{txn} began before {self.name}'s current owner took it over, and may have run under the earlier one"))
         if execution is Refusal.STATE_LOST:
             return ExecuteResponse(
                 ExecuteStatus.ABORTED, detail=f"{self.name} lost the execution state of {txn} (it restarted)"

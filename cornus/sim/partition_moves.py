@@ -13,7 +13,7 @@ from cornus.protocol.execution import PartitionExecutions
 from cornus.protocol.node_core import recovery_owner
 from cornus.sim import redo
 from cornus.sim.process import Node
-from cornus.sim.schedule import FAULTS_END_MS, Move
+from cornus.sim.schedule import CLOCK_SLACK_MS, FAULTS_END_MS, Move
 from cornus.sim.steps import (
     STEP_LAPSE_END,
     STEP_MOVE,
@@ -64,6 +64,14 @@ class PartitionMoves:
             self._push(self.now_ms + move.gap_ms, STEP_TAKE, move)
             return
         self._take(move, old.name)
+
+    def _tenure_table(self, node: Node, partition: str) -> PartitionExecutions[int]:
+        """The execution state of `node`'s tenure of `partition` that begins now (a move's, or a
+        restart's), as the runtime's Node._acquired makes it: it minds client ids begun before."""
+        # At least 1 (0 minds nothing): a clock behind storage's reads below 0 in a run's first ms.
+        began_ms = max(1, self.clock_ms(node.name))
+        return PartitionExecutions(partition, redo, self.lock_policy, tenure_began_ms=began_ms,
+                                   clock_slack_ms=CLOCK_SLACK_MS)
 
     def _moved_before(self, move: Move) -> bool:
         """Whether every move of the partition listed before `move` has had its turn (ran, or found
@@ -138,7 +146,7 @@ class PartitionMoves:
         self.epoch[partition] += 1
         self.owner[partition] = new.name
         new.partitions = (*new.partitions, partition)
-        new.tables[partition] = PartitionExecutions(partition, redo, self.lock_policy)
+        new.tables[partition] = self._tenure_table(new, partition)
         new.epochs[partition] = self.epoch[partition]
         if self.trace is not None:
             self.trace.append(f"{self.now_ms:6d} MOVE {partition} from {old} to {new.name}")

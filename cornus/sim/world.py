@@ -670,6 +670,10 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
         self._start_core(node)
 
     def _start_core(self, node: Node) -> None:
+        if node.incarnation:
+            # A restart's tenure of each partition begins now (the world's first start has none
+            # before it to mind).
+            node.tables = {p: self._tenure_table(node, p) for p in node.partitions}
         node.core = self._new_core(node)
         incarnation = node.incarnation
         effects = node.core.start()

@@ -136,3 +136,19 @@ def test_a_withdrawn_first_request_leaves_nothing_and_its_transaction_may_begin_
         assert txn not in table.executions and not table.locks.holds_any(txn)
         assert table.buffered_bytes == 0
         assert _begin(table, txn, now_ms=1) is not execution
+
+
+def test_a_client_id_begun_before_the_tenure_may_have_run_under_the_earlier_one() -> None:
+    """Found by audit (2026-11-28, third): a client-chosen id that ran and ended at a partition's
+    earlier owner (or its earlier tenure) reached the new one from another process of its
+    coordinator's node; `_ended` lives per tenure, so it ran again, and its vote met the decision.
+    A first request of a client id begun before the tenure (plus two slacks) is refused now; one
+    begun after, a node-made id, and a continued request are not."""
+    table = PartitionExecutions("p0", redo, tenure_began_ms=10_000, clock_slack_ms=20)
+    before = client_txn_id(10_040, "c0", "0123456789abcdef", Protocol.CORNUS)
+    after = client_txn_id(10_041, "c0", "0123456789abcdef", Protocol.CORNUS)
+    assert table.begin(before, "c0", 10_100) is Refusal.BEFORE_TENURE
+    assert isinstance(table.begin(after, "c0", 10_100), Execution)
+    assert isinstance(table.begin("9000.c0.a1b2c3.1.cornus", "c0", 10_100), Execution)
+    # No tenure told (a unit test's table, or a first owner ever): nothing to mind.
+    assert isinstance(PartitionExecutions("p0", redo).begin(before, "c0", 10_100), Execution)

@@ -17,6 +17,7 @@ from cornus.protocol.effects import (
     CheckIdentity,
     Log,
     LogOnce,
+    ReleaseLocks,
     Reply,
     Send,
     StartTimer,
@@ -24,8 +25,15 @@ from cornus.protocol.effects import (
     TerminationStarted,
     Timer,
 )
-from cornus.protocol.events import CommitRequested, LogReturned, MessageReceived, StorageUnreachable, TimerFired
-from cornus.protocol.hosts import CoordinatorHost
+from cornus.protocol.events import (
+    CommitRequested,
+    Executed,
+    LogReturned,
+    MessageReceived,
+    StorageUnreachable,
+    TimerFired,
+)
+from cornus.protocol.hosts import CoordinatorHost, PartitionHost
 from cornus.protocol.messages import Decision, DecisionAck, Prepare, Vote
 from cornus.protocol.participant_base import Phase
 from cornus.protocol.txn_ids import client_txn_id, protocol_of
@@ -33,7 +41,7 @@ from cornus.sim.explore import explore
 from cornus.sim.invariants import check
 from cornus.sim.schedule import Schedule
 from cornus.sim.world import World
-from storage_adapters.contract import LogId, TxnState
+from storage_adapters.contract import LogId, LogOnceResult, TxnState
 
 from .helpers import assert_clean, crash_on, replies, run, txn
 
@@ -411,3 +419,22 @@ def test_an_abort_before_prepare_is_told_again_until_every_partition_acknowledge
         assert resends < 100, "an abort told again without end"
         host.handle(TimerFired(Timer("c0", other, "resend")))
         resends += 1
+
+
+def test_a_second_run_of_a_client_id_whose_vote_meets_its_commit_applies_nothing() -> None:
+    """Found by audit (2026-11-28, third): a client-chosen id's second run at a partition whose
+    first run committed and ended there under an earlier tenure (PartitionExecutions forgot it)
+    voted, and LogOnce(VOTE_YES) found the COMMIT: an assertion crashed the owner. Now the
+    participant applies nothing (the redo is not the logged one), lets its locks go, and tells
+    its coordinator it does not know, which ends the transaction through the logs."""
+    second = "1000.c1.c0123456789abcdef.1.cornus"
+    config = ProtocolConfig(storage_deadline_ms=100, clock_slack_ms=20, gc_grace_ms=1_000)
+    host = PartitionHost("p0", config, random.Random(1), protocol_of)
+    host.handle(Executed(second, "p0", "c1", b"k=2"))
+    vote = host.handle(MessageReceived("c1", "p0", Prepare(second, ("p0", "p1"), "c1")))
+    call = next(effect for effect in vote if isinstance(effect, LogOnce))
+    effects = host.handle(LogReturned(call, LogOnceResult(TxnState.COMMIT, created=False)))
+    assert not any(isinstance(effect, ApplyRedo | CacheRedo) for effect in effects), effects
+    assert Send("p0", "c1", Vote(second, "p0", False, unknown=True)) in effects, effects
+    assert any(isinstance(effect, ReleaseLocks) for effect in effects), effects
+    assert second not in host.machines
