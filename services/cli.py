@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -90,7 +91,8 @@ def _add_storage_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dynamodb-table", help="DynamoDB table (created if absent)")
     group.add_argument("--dynamodb-endpoint", help="endpoint URL, e.g. a local moto server")
     group.add_argument("--dynamodb-region", help="AWS region")
-    group.add_argument("--latency", help="injected latency per call: fixed:MS, uniform:LO:HI or lognormal:P50:P99")
+    group.add_argument("--latency", help="injected latency per call: fixed:MS, uniform:LO:HI or lognormal:P50:P99, "
+                       "optionally followed by ;CALL=SPEC parts for named storage calls (fixed:1.96;log=fixed:1.84)")
 
 
 def _add_flush_redis_flag(parser: argparse.ArgumentParser) -> None:
@@ -900,8 +902,9 @@ def _termination_bench(args: argparse.Namespace) -> int:
             print(f"cornus termination-bench: {NO_MATPLOTLIB}", file=sys.stderr)
         print(f"{'nodes':>5} {'terminations':>12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
         for row in summary_rows:
-            print(f"{row['nodes']:>5} {row['terminations']:>12} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
-                  f"{row['max_ms']:>8.2f}")
+            # No p99 from fewer than 100 runs (loadtests.bench.termination): "-" then, not "nan".
+            p99 = "-" if math.isnan(row["p99_ms"]) else f"{row['p99_ms']:.2f}"
+            print(f"{row['nodes']:>5} {row['terminations']:>12} {row['p50_ms']:>8.2f} {p99:>8} {row['max_ms']:>8.2f}")
         print(f"machine: {machine_description()}")
         print("files: " + ", ".join(str(path) for path in files))
     return 0

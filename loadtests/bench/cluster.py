@@ -4,6 +4,12 @@ driver for a fixed time, check the workload's invariants, and collect what a rea
 the numbers: the nodes' and the driver's CPU per committed transaction, storage calls by kind and
 peer messages per transaction, the owners' cache hit ratio, and the mean storage write latency the
 nodes saw (W in the paper's formulas).
+
+All of these cover the measured window, the one throughput and latency cover: the nodes' /proc
+CPU and /metrics counters are snapshot at the warm-up boundary (by the driver, on its own loop,
+while the clients run) and at the run's end, and their difference is charged to the transactions
+committed in between. After the run and its check, the nodes' CPU is read over IDLE_BASELINE_S
+with no clients, for the fixed background work a per-commit CPU figure also holds.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ PARTITIONS_MAX = 256
 HTTP_TIMEOUT_S = 15.0
 OWNERS_ATTEMPT_COUNT_MAX = 20
 OWNERS_PAUSE_S = 0.25
+# The nodes' CPU with no clients is read over this long after the run: a lease renewal or two.
+IDLE_BASELINE_S = 2.0
 _CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -77,6 +85,10 @@ class RunResult:
     load_s: float = 0.0
     # Per committed transaction of the measured window (the load phase excluded):
     node_cpu_ms: float | None = None  # the node processes' own CPU time (None: not on Linux)
+    # The node processes' CPU seconds per wall second over the measured window, and over
+    # IDLE_BASELINE_S with no clients after the run (None: not on Linux, or not measured).
+    node_cores: float | None = None
+    node_idle_cores: float | None = None
     # The storage's own process on this machine: the emulator's writer, which runs every node's
     # writes (None: another backend, not on Linux, or the writer changed during the window).
     storage_cpu_ms: float | None = None
@@ -132,19 +144,36 @@ def scrape_counts(http: httpx.Client, nodes: Sequence[ClusterNode]) -> collectio
     calls by kind and the seconds they took, transport messages, cache hits and misses."""
     totals: collections.Counter[str] = collections.Counter()
     for node in nodes:
-        for line in http.get(f"{node.url}/metrics").text.splitlines():
-            if line.startswith("#"):
-                continue
-            series, _, value = line.rpartition(" ")
-            if series.startswith("cornus_storage_call_seconds_count{"):
-                totals["storage:" + _label(series, "call")] += int(float(value))
-            elif series.startswith("cornus_storage_call_seconds_sum{"):
-                totals["storage_ms:" + _label(series, "call")] += float(value) * 1000  # type: ignore[assignment]
-            elif series.startswith("cornus_transport_events_total{"):
-                totals["transport:" + _label(series, "event")] += int(float(value))
-            elif series.startswith("cornus_node_events_total{"):
-                totals["node:" + _label(series, "event")] += int(float(value))
+        add_counts(totals, http.get(f"{node.url}/metrics").text)
     return totals
+
+
+async def scrape_counts_async(http: httpx.AsyncClient, nodes: Sequence[ClusterNode]) -> collections.Counter[str]:
+    """scrape_counts from inside the driver's loop, which must keep serving its clients meanwhile."""
+    totals: collections.Counter[str] = collections.Counter()
+    for text in await asyncio.gather(*(_metrics_text(http, node) for node in nodes)):
+        add_counts(totals, text)
+    return totals
+
+
+async def _metrics_text(http: httpx.AsyncClient, node: ClusterNode) -> str:
+    return (await http.get(f"{node.url}/metrics")).text
+
+
+def add_counts(totals: collections.Counter[str], text: str) -> None:
+    """Add the work counters of one node's /metrics `text` to `totals`."""
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        if series.startswith("cornus_storage_call_seconds_count{"):
+            totals["storage:" + _label(series, "call")] += int(float(value))
+        elif series.startswith("cornus_storage_call_seconds_sum{"):
+            totals["storage_ms:" + _label(series, "call")] += float(value) * 1000  # type: ignore[assignment]
+        elif series.startswith("cornus_transport_events_total{"):
+            totals["transport:" + _label(series, "event")] += int(float(value))
+        elif series.startswith("cornus_node_events_total{"):
+            totals["node:" + _label(series, "event")] += int(float(value))
 
 
 def _label(series: str, name: str) -> str:
@@ -191,41 +220,52 @@ def warmup_s_for(seconds: float) -> float:
     return min(2.0, seconds / 10)
 
 
-def measure(nodes: Sequence[ClusterNode], protocol: Protocol, settings: RunSettings, storage: str) -> RunResult:
-    """Load, run, check; charge the nodes' and the driver's CPU and the nodes' work counters of
-    the measured window to its committed transactions."""
-    workload = make_workload(settings.workload, settings.partitions, dict(settings.knobs))
-    addresses = [("127.0.0.1", node.api_port) for node in nodes]
-    result = RunResult(protocol.value, settings, storage, DriverResult(), warmup_s=warmup_s_for(settings.seconds),
-                       workload_knobs=workload.describe())
-    started = time.monotonic()
-    result.keys_loaded = run_async(load_data(addresses, workload))
-    result.load_s = time.monotonic() - started
-    with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
-        home = owners(http, nodes) if settings.route_to_owner else None
-        counts_before = scrape_counts(http, nodes)
-        node_pids = [node.process.pid for node in nodes if node.process is not None]
-        node_cpu_before = [process_cpu_s(pid) for pid in node_pids]
-        storage_cpu_before = {pid: process_cpu_s(pid) for pid in emulator_writer_pids(node_pids)}
-        driver = run_async(run_clients(addresses, workload, seconds=settings.seconds, clients=settings.clients,
-                                       home=home, warmup_s=result.warmup_s))
-        node_cpu_after = [process_cpu_s(pid) for pid in node_pids]
-        storage_cpu_after = {pid: process_cpu_s(pid) for pid in emulator_writer_pids(node_pids)}
-        counts = scrape_counts(http, nodes)
-    result.driver = driver
-    result.recovered_at_start = counts_before["node:recovered"]
-    counts.subtract(counts_before)
-    committed = max(1, driver.committed())
-    result.client_cpu_ms = 1000 * driver.cpu_s / committed
-    pairs = list(zip(node_cpu_before, node_cpu_after, strict=True))
-    if all(before is not None and after is not None for before, after in pairs):
-        result.node_cpu_ms = 1000 * sum(after - before for before, after in pairs) / committed  # type: ignore[operator]
+@dataclass
+class WindowSnapshot:
+    """What the nodes and the emulator's writer had used at one instant (`at_s`, time.monotonic()):
+    CPU seconds per process (None: no /proc) and the nodes' work counters summed."""
+
+    at_s: float
+    node_cpu_s: list[float | None]
+    storage_cpu_s: dict[int, float | None]
+    counts: collections.Counter[str]
+
+
+async def take_snapshot(http: httpx.AsyncClient, nodes: Sequence[ClusterNode], node_pids: Sequence[int],
+                        writer_pids: Collection[int]) -> WindowSnapshot:
+    """A WindowSnapshot, /proc first (instant) and then the counters (a few HTTP calls)."""
+    at_s = time.monotonic()
+    node_cpu = [process_cpu_s(pid) for pid in node_pids]
+    storage_cpu = {pid: process_cpu_s(pid) for pid in writer_pids}
+    return WindowSnapshot(at_s, node_cpu, storage_cpu, await scrape_counts_async(http, nodes))
+
+
+def _cpu_spent_s(before: Sequence[float | None], after: Sequence[float | None]) -> float | None:
+    pairs = list(zip(before, after, strict=True))
+    if not pairs or any(b is None or a is None for b, a in pairs):
+        return None
+    return sum(a - b for b, a in pairs)  # type: ignore[operator]
+
+
+def charge_window(result: RunResult, start: WindowSnapshot, end: WindowSnapshot) -> None:
+    """Charge what the nodes, the emulator's writer and the driver used between `start` (the
+    warm-up boundary) and `end` to the transactions committed in that window, those that
+    throughput counts (started after the warm-up)."""
+    committed = max(1, result.driver.committed(measured=True))
+    window_s = max(end.at_s - start.at_s, 1e-9)
+    counts = end.counts.copy()
+    counts.subtract(start.counts)
+    result.client_cpu_ms = 1000 * result.driver.measured_cpu_s / committed
+    node_spent_s = _cpu_spent_s(start.node_cpu_s, end.node_cpu_s)
+    if node_spent_s is not None:
+        result.node_cpu_ms = 1000 * node_spent_s / committed
+        result.node_cores = node_spent_s / window_s
     # The same writers at both ends, or the figure would miss one's work: then it is left blank.
-    if storage_cpu_before and storage_cpu_before.keys() == storage_cpu_after.keys() and all(
-        cpu is not None for cpu in (*storage_cpu_before.values(), *storage_cpu_after.values())
-    ):
-        spent = sum(storage_cpu_after[pid] - storage_cpu_before[pid] for pid in storage_cpu_before)  # type: ignore[operator]
-        result.storage_cpu_ms = 1000 * spent / committed
+    if start.storage_cpu_s and start.storage_cpu_s.keys() == end.storage_cpu_s.keys():
+        pids = sorted(start.storage_cpu_s)
+        spent = _cpu_spent_s([start.storage_cpu_s[pid] for pid in pids], [end.storage_cpu_s[pid] for pid in pids])
+        if spent is not None:
+            result.storage_cpu_ms = 1000 * spent / committed
     result.storage_calls = {name.removeprefix("storage:"): count / committed
                             for name, count in sorted(counts.items()) if name.startswith("storage:") and count}
     result.storage_mean_ms = {call: counts["storage_ms:" + call] / count for call, count in
@@ -234,7 +274,50 @@ def measure(nodes: Sequence[ClusterNode], protocol: Protocol, settings: RunSetti
     result.peer_messages = counts["transport:messages_sent"] / committed
     hits, misses = counts["node:cache_hits"], counts["node:cache_misses"]
     result.cache_hit_ratio = hits / (hits + misses) if hits + misses else None
+
+
+def idle_cores(node_pids: Sequence[int], seconds: float = IDLE_BASELINE_S) -> float | None:
+    """The nodes' CPU seconds per wall second over `seconds` with no clients (None: no /proc)."""
+    before, started = [process_cpu_s(pid) for pid in node_pids], time.monotonic()
+    time.sleep(seconds)
+    spent = _cpu_spent_s(before, [process_cpu_s(pid) for pid in node_pids])
+    return None if spent is None else spent / (time.monotonic() - started)
+
+
+def measure(nodes: Sequence[ClusterNode], protocol: Protocol, settings: RunSettings, storage: str) -> RunResult:
+    """Load, run, check; charge the nodes' and the driver's CPU and the nodes' work counters of
+    the measured window (from the warm-up boundary to the end) to the transactions committed in it."""
+    workload = make_workload(settings.workload, settings.partitions, dict(settings.knobs))
+    addresses = [("127.0.0.1", node.api_port) for node in nodes]
+    result = RunResult(protocol.value, settings, storage, DriverResult(), warmup_s=warmup_s_for(settings.seconds),
+                       workload_knobs=workload.describe())
+    started = time.monotonic()
+    result.keys_loaded = run_async(load_data(addresses, workload))
+    result.load_s = time.monotonic() - started
+    node_pids = [node.process.pid for node in nodes if node.process is not None]
+    # Found once, before the run: a scan of /proc at the boundary would stall the clients' loop.
+    writer_pids = emulator_writer_pids(node_pids)
+    boundary: list[WindowSnapshot] = []
+
+    async def run(home: dict[str, int] | None) -> tuple[DriverResult, WindowSnapshot]:
+        async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S) as client:
+            async def at_warmup() -> None:
+                boundary.append(await take_snapshot(client, nodes, node_pids, writer_pids))
+
+            driver = await run_clients(addresses, workload, seconds=settings.seconds, clients=settings.clients,
+                                       home=home, warmup_s=result.warmup_s, on_warmup=at_warmup)
+            end = await take_snapshot(client, nodes, node_pids, emulator_writer_pids(node_pids))
+            return driver, end
+
+    with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
+        home = owners(http, nodes) if settings.route_to_owner else None
+        result.driver, end = run_async(run(home))
+    [start] = boundary
+    # Recovery runs as a node starts, long before the boundary.
+    result.recovered_at_start = start.counts["node:recovered"]
+    charge_window(result, start, end)
     result.violations = workload.check(lambda keys: run_async(read_keys(addresses[0], keys)))
+    result.node_idle_cores = idle_cores(node_pids)
     return result
 
 

@@ -6,11 +6,16 @@ As in the paper's testbed, a client sends each transaction to its home node (the
 transaction's home partition), and a transaction aborted for a retryable reason (a lock conflict
 under NO_WAIT, a node still recovering) runs again, the same transaction, after a short random
 pause, until it commits or the clock runs out; its latency runs from its first attempt to its
-commit, so under contention it includes the time lost to aborts (the paper's Figure 7). Every
-attempt is counted, so the abort rate is aborted attempts over attempts.
+commit, so under contention it includes the time lost to aborts (the paper's Figure 7); that
+time (from the first attempt's start to the last one's) is kept apart too, since the node's own
+breakdown is the last attempt's only. Every attempt is counted, so the abort rate is aborted
+attempts over attempts; an attempt belongs to the window (warm-up or measured) of the start of its
+transaction, as a commit does.
 
 The driver measures its own CPU time (this process's clock) so a reader can tell whether it, not
-the cluster, was the bottleneck.
+the cluster, was the bottleneck; and it runs the caller's `on_warmup` at the warm-up boundary, so
+the caller can snapshot the nodes' counters there and charge to the measured commits only the work
+done in the measured window.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import functools
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loadtests.api.load import load_async, load_batches
@@ -59,6 +64,9 @@ class TxnRecord:
     started_s: float  # since the run's start
     latency_ms: float  # first attempt's start to the last attempt's answer
     timing_ms: dict[str, float]  # the node's breakdown of the last attempt (execution, prepare, commit, total)
+    # First attempt's start to the last attempt's start: the time lost to the aborted attempts and
+    # the pauses between them, which no phase of timing_ms holds.
+    retry_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -67,14 +75,16 @@ class DriverResult:
     record_count: int = 0  # transactions ended, whether or not records keeps them
     # Committed transactions by (kind, distributed, read_only, started after warmup_s): exact.
     commits: Counter[tuple[str, bool, bool, bool]] = field(default_factory=Counter)
-    attempts: Counter[str] = field(default_factory=Counter)  # by kind
-    aborted_attempts: Counter[str] = field(default_factory=Counter)  # by kind
+    # Attempts by (kind, their transaction started after warmup_s): exact.
+    attempts: Counter[tuple[str, bool]] = field(default_factory=Counter)
+    aborted_attempts: Counter[tuple[str, bool]] = field(default_factory=Counter)
     # Attempts that did not commit, by "outcome:reason" (aborted:conflict, unavailable:..., failed:...):
     # a run that commits little says why.
     not_committed: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     cpu_s: float = 0.0  # this process's CPU time over the run
+    measured_cpu_s: float = 0.0  # the same from the warm-up boundary to the end (the measured window)
     warmup_s: float = 0.0  # the start of the run left out of the figures
 
     def count_not_committed(self, reply: Reply) -> None:
@@ -103,20 +113,48 @@ class DriverResult:
                    if (kind is None or k == kind) and (distributed is None or d == distributed)
                    and (read_only is None or r == read_only) and (measured is None or m == measured))
 
+    def attempted(self, *, measured: bool | None = None, kind: str | None = None) -> int:
+        """Attempts whose transaction matches every condition given (measured: started after warmup_s)."""
+        return _count(self.attempts, measured, kind)
+
+    def aborted(self, *, measured: bool | None = None, kind: str | None = None) -> int:
+        """Aborted attempts whose transaction matches every condition given."""
+        return _count(self.aborted_attempts, measured, kind)
+
+    def kinds(self) -> list[str]:
+        """Every kind of transaction attempted, by name."""
+        return sorted({kind for kind, _ in self.attempts})
+
+
+def _count(counts: Counter[tuple[str, bool]], measured: bool | None, kind: str | None) -> int:
+    return sum(count for (k, m), count in counts.items()
+               if (kind is None or k == kind) and (measured is None or m == measured))
+
 
 def _retry_pause_s(rng: random.Random, attempt: int) -> float:
     return rng.uniform(0, min(RETRY_PAUSE_MS_MAX, RETRY_PAUSE_MS_BASE * 2 ** min(attempt, 16))) / 1000
 
 
 async def run_clients(addresses: Sequence[tuple[str, int]], workload: Workload, *, seconds: float, clients: int,
-                      home: Mapping[str, int] | None = None, seed: int = 0, warmup_s: float = 0.0) -> DriverResult:
+                      home: Mapping[str, int] | None = None, seed: int = 0, warmup_s: float = 0.0,
+                      on_warmup: Callable[[], Awaitable[None]] | None = None) -> DriverResult:
     """Run `clients` closed-loop clients for `seconds`. `home` maps a partition to the index in
     `addresses` of the node that owns it; a transaction whose home partition it does not name goes
-    to a node picked at random. Transactions started in the first `warmup_s` are counted apart."""
+    to a node picked at random. Transactions started in the first `warmup_s` are counted apart, and
+    `on_warmup` is awaited once at that boundary, on this loop, while the clients run on."""
     result = DriverResult(warmup_s=warmup_s)
     sampler = random.Random(f"{seed}/records")
     started = time.monotonic()
     stop_at = started + seconds
+    cpu_at_warmup: list[float] = []
+
+    async def boundary() -> None:
+        await asyncio.sleep(max(0.0, started + warmup_s - time.monotonic()))
+        if on_warmup is not None:
+            await on_warmup()
+        # After the caller's snapshot, as the run's end is after its last one: the bench's own
+        # scraping is charged to neither window.
+        cpu_at_warmup.append(time.process_time())
 
     async def client(index: int) -> None:
         rng = random.Random(f"{seed}/{index}")
@@ -126,13 +164,16 @@ async def run_clients(addresses: Sequence[tuple[str, int]], workload: Workload, 
                 txn = workload.next_txn(rng, index)
                 target = home.get(txn.home) if home else None
                 connection = connections[rng.randrange(len(connections)) if target is None else target]
-                first = time.perf_counter()
+                first = last = time.perf_counter()
                 started_s = time.monotonic() - started
+                measured = started_s >= warmup_s
                 reply = Reply("failed", "not run")
                 attempts = 0
                 while attempts < ATTEMPT_COUNT_MAX:
                     attempts += 1
-                    result.attempts[txn.kind] += 1
+                    result.attempts[txn.kind, measured] += 1
+                    if attempts > 1:
+                        last = time.perf_counter()
                     try:
                         reply = await run_program(connection, txn.program())
                     except Exception as error:
@@ -141,7 +182,7 @@ async def run_clients(addresses: Sequence[tuple[str, int]], workload: Workload, 
                         if len(result.errors) < ERROR_COUNT_MAX:
                             result.errors.append(f"{txn.kind}: {type(error).__name__}: {error}")
                     if reply.outcome == "aborted":
-                        result.aborted_attempts[txn.kind] += 1
+                        result.aborted_attempts[txn.kind, measured] += 1
                     if reply.outcome != "committed":
                         result.count_not_committed(reply)
                     if reply.outcome not in _RETRYABLE or not reply.retryable or time.monotonic() >= stop_at:
@@ -149,7 +190,7 @@ async def run_clients(addresses: Sequence[tuple[str, int]], workload: Workload, 
                     await asyncio.sleep(_retry_pause_s(rng, attempts))
                 latency_ms = (time.perf_counter() - first) * 1000
                 result.add(TxnRecord(txn.kind, txn.distributed, txn.read_only, reply.outcome, reply.reason, attempts,
-                                     started_s, latency_ms, reply.timing_ms), sampler)
+                                     started_s, latency_ms, reply.timing_ms, retry_ms=(last - first) * 1000), sampler)
                 if reply.outcome in ("failed", "unknown"):
                     await asyncio.sleep(FAILURE_PAUSE_S)
         finally:
@@ -157,8 +198,10 @@ async def run_clients(addresses: Sequence[tuple[str, int]], workload: Workload, 
                 connection.close()
 
     cpu_before = time.process_time()
-    await asyncio.gather(*(client(i) for i in range(clients)))
-    result.cpu_s = time.process_time() - cpu_before
+    await asyncio.gather(boundary(), *(client(i) for i in range(clients)))
+    cpu_after = time.process_time()
+    result.cpu_s = cpu_after - cpu_before
+    result.measured_cpu_s = cpu_after - cpu_at_warmup[0]
     result.wall_s = time.monotonic() - started
     return result
 

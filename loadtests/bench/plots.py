@@ -1,8 +1,10 @@
 """PNG figures in the style of the paper's: Figures 5, 6, 7 and 10 (average and 99th-percentile
 latency of distributed transactions against the swept parameter, one line per protocol; the
-per-phase breakdown, execution / prepare / commit, as stacked bars per protocol; throughput and
-abort rate) and Figure 8 (time to terminate after a coordinator failure against the node count).
-matplotlib with the Agg backend: files only, no display needed."""
+breakdown of the average as stacked bars per protocol, execution / prepare / commit of the last
+attempt, then the time lost to earlier attempts and the client's HTTP side, so that each bar is
+as tall as the average latency; throughput and abort rate) and Figure 8 (time to terminate after
+a coordinator failure against the node count). matplotlib with the Agg backend: files only, no
+display needed."""
 
 from __future__ import annotations
 
@@ -11,12 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from loadtests.bench.report import BREAKDOWN_SEGMENTS
+
 PROTOCOL_STYLE = {
     "cornus": ("Cornus", "tab:green", "o"),
     "2pc": ("2PC", "tab:red", "s"),
     "coordinator-log": ("Coordinator log", "tab:blue", "^"),
 }
-PHASE_COLORS = {"execution": "#9ecae1", "prepare": "#fdae6b", "commit": "#e6550d"}
 DPI = 110
 NO_MATPLOTLIB = "plots skipped: matplotlib is not installed (pip install -e '.[bench]')"
 
@@ -49,7 +52,7 @@ def _series(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[str]]:
 def _at(rows: Sequence[dict[str, Any]], protocol: str, value: str, column: str) -> float:
     for row in rows:
         if row["protocol"] == protocol and str(row["value"]) == value:
-            return float(row[column] or 0)
+            return float(row.get(column) or 0)  # a row from before the column: nothing to stack
     return float("nan")
 
 
@@ -85,11 +88,11 @@ def plot_sweep(rows: Sequence[dict[str, Any]], out_dir: Path, title: str) -> lis
         label, _, _ = _style(protocol)
         offsets = [x - 0.4 + width * (index + 0.5) for x in xs]
         bottom = [0.0] * len(values)
-        for phase, color in PHASE_COLORS.items():
-            heights = [_at(rows, protocol, v, f"{phase}_ms") for v in values]
+        for column, segment, color in BREAKDOWN_SEGMENTS:
+            heights = [_at(rows, protocol, v, column) for v in values]
             heights = [0.0 if math.isnan(h) else h for h in heights]  # no such point: draw nothing
             axis.bar(offsets, heights, width * 0.95, bottom=bottom, color=color, edgecolor="black", linewidth=0.5,
-                     label=phase if index == 0 else None)
+                     label=segment if index == 0 else None)
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
         for x, top in zip(offsets, bottom, strict=True):
             axis.text(x, top, {"cornus": "C", "2pc": "2", "coordinator-log": "L"}.get(protocol, "?"),
@@ -98,8 +101,9 @@ def plot_sweep(rows: Sequence[dict[str, Any]], out_dir: Path, title: str) -> lis
     axis.set_xticks(xs, values)
     axis.set_xlabel(param)
     axis.set_ylabel("ms (average, distributed txns)")
-    axis.set_title("latency breakdown (bars: C Cornus, 2 2PC, L coordinator log)")
-    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=len(PHASE_COLORS))
+    axis.set_title("latency breakdown, adding up to the average (bars: C Cornus, 2 2PC, L coordinator log)",
+                   fontsize="medium")
+    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, fontsize="small")
     axis.grid(alpha=0.3, axis="y")
     figure.suptitle(title)
     figure.tight_layout()
@@ -130,13 +134,18 @@ def plot_sweep(rows: Sequence[dict[str, Any]], out_dir: Path, title: str) -> lis
 
 
 def plot_termination(rows: Sequence[dict[str, Any]], out_path: Path, title: str) -> Path:
-    """Figure 8: termination time (median, p99, max over the participants' runs) against nodes."""
+    """Figure 8: termination time (median, p99, max over the participants' runs pooled) against
+    nodes. A point without a p99 (too few runs: loadtests.bench.termination.P99_RUN_COUNT_MIN)
+    has none drawn, and without any the line and its legend entry are left out."""
     plt = _pyplot()
     nodes = [row["nodes"] for row in rows]
     figure, axis = plt.subplots(figsize=(6, 4), dpi=DPI)
     for column, label, style in (("p50_ms", "median", "-o"), ("p99_ms", "99th percentile", "--s"),
                                  ("max_ms", "max", ":^")):
-        axis.plot(nodes, [row[column] for row in rows], style, label=label, color="tab:green")
+        values = [float(row[column]) for row in rows]
+        if all(math.isnan(value) for value in values):
+            continue
+        axis.plot(nodes, values, style, label=label, color="tab:green")
     axis.set_xticks(nodes)
     axis.set_xlabel("nodes")
     axis.set_ylabel("time to terminate (ms)")

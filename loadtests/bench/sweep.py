@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cornus.protocol.config import Protocol
 from loadtests.bench.cluster import RunResult, RunSettings, run_protocol
@@ -38,6 +38,8 @@ SWEEP_VALUE_COUNT_MAX = 32
 # Trials of each protocol at each point: 9 already makes a 10-point sweep of three protocols 270 runs.
 TRIAL_COUNT_MAX = 9
 SETTING_PARAMS = ("nodes", "clients", "lock_policy", "latency")
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -202,11 +204,19 @@ class Progress:
             self.bar.close()
 
 
+def trial_order(protocols: Sequence[T], point_index: int, trials: int, trial: int) -> list[T]:
+    """The order the protocols run in at one trial of one point: rotated by one at every run of the
+    sweep (point_index * trials + trial), so that with one trial per point the same protocol does
+    not run first, on a machine not yet warm or drifting the same way, at every point."""
+    first = (point_index * trials + trial) % len(protocols)
+    return [*protocols[first:], *protocols[:first]]
+
+
 def run_plan(plan: BenchPlan) -> tuple[list[dict[str, Any]], list[RunResult]]:
     """Run every point x protocol, `plan.trials` times each with the protocols alternating, and
-    each trial beginning with the next protocol (so a drift of the machine's speed, and the first
-    run's cold start, weigh on every protocol alike), and keep each one's median trial; write the
-    CSV after each point (partial results survive a stop)."""
+    each trial, of every point, beginning with the next protocol (trial_order: so a drift of the
+    machine's speed, and the first run's cold start, weigh on every protocol alike), and keep each
+    one's median trial; write the CSV after each point (partial results survive a stop)."""
     validate_plan(plan)
     values: list[str | None] = list(plan.sweep_values) or [None]
     progress = Progress(len(values) * len(plan.protocols) * plan.trials)
@@ -221,8 +231,7 @@ def run_plan(plan: BenchPlan) -> tuple[list[dict[str, Any]], list[RunResult]]:
             trials: dict[Protocol, list[tuple[dict[str, Any], RunResult]]] = {p: [] for p in plan.protocols}
             for trial in range(plan.trials):
                 of = f" (trial {trial + 1}/{plan.trials})" if plan.trials > 1 else ""
-                first = trial % len(plan.protocols)
-                for protocol in (*plan.protocols[first:], *plan.protocols[:first]):
+                for protocol in trial_order(plan.protocols, point_index, plan.trials, trial):
                     progress.start(f"{point}{protocol.value}{of}")
                     # Each trial has storage of its own on the clouds: a container being deleted
                     # cannot be made again at once.
@@ -257,10 +266,12 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path, fields: Sequence[str] 
 
 
 def title_of(plan: BenchPlan, rows: Sequence[dict[str, Any]]) -> str:
+    """The plots' and the summary's title: the settings every point shares, "per point" for the swept one."""
     first = plan.base
     latency = "per point" if plan.sweep_param == "latency" else latency_label(plan.latency)
     return (f"{first.workload.upper()} on {plan.storage.backend}, injected latency {latency}, "
-            f"{'per-point' if plan.sweep_param == 'nodes' else first.nodes} nodes, {first.clients} clients")
+            f"{'per-point' if plan.sweep_param == 'nodes' else first.nodes} nodes, "
+            f"{'per-point' if plan.sweep_param == 'clients' else first.clients} clients")
 
 
 def write_outputs(plan: BenchPlan, rows: list[dict[str, Any]], results: Sequence[RunResult]) -> list[Path]:
@@ -297,7 +308,7 @@ def print_results(rows: Sequence[dict[str, Any]], results: Sequence[RunResult]) 
         row = summarize(result)
         print(f"  {result.protocol} ({dict(result.settings.knobs) or 'defaults'}): storage calls per commit: "
               f"{calls or 'none'}; {result.keys_loaded} keys loaded first in {result.load_s:.1f} s; "
-              f"kinds (commits/attempts) {row['kinds']}; p50 ms of distributed transactions: client "
+              f"kinds (commits/attempts, measured window) {row['kinds']}; p50 ms of distributed transactions: client "
               f"{row['dist_p50_ms']:.2f}, node total {row['node_total_p50_ms']:.2f}, "
               f"prepare {row['prepare_p50_ms']:.2f}")
         if result.recovered_at_start:

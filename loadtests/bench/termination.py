@@ -7,13 +7,22 @@ transaction that writes to every other node's partition, and let n0 die with kil
 moment every vote is in, before any decision leaves it. Each participant then times out waiting
 for the decision and runs the termination protocol (LogOnce(ABORT) on every other participant's
 log); the nodes time each run from its first LogOnce(ABORT) to the decision, and this prints those
-figures per participant node, read from their /v1/admin/timings.
+figures per participant node, read from their /v1/admin/timings, and over all of them pooled: each
+run's own duration, which a node logs as it decides and only its log holds (the timings endpoint
+gives summaries, whose medians cannot be combined into the median of the runs).
+
+A 99th percentile needs P99_RUN_COUNT_MIN runs: below that its nearest rank is the maximum, so it
+is left out (NaN in the CSV, "-" per node) and the maximum stands for the tail.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
+import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -36,6 +45,12 @@ TIMEOUT_S_SETTLE = 60.0
 TIMEOUT_S_LINKS = 30.0
 LINK_PROBE_TXN = "termination-bench-link-probe"
 POLL_S = 0.02
+# A node writes its log lines from a thread of its own: how long to wait for the last round's.
+TIMEOUT_S_LOG = 2.0
+# Runs below which a "99th percentile" is only the maximum (its nearest rank is the last).
+P99_RUN_COUNT_MIN = 100
+# The line a node logs as a termination run decides (cornus.runtime.effect_runner).
+_TERMINATION_LINE = re.compile(r"^termination of .+ decided .+ in ([0-9]+(?:\.[0-9]+)?) ms$")
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,8 @@ class NodeTermination:
     p50_ms: float
     p99_ms: float
     max_ms: float
+    # Every run's duration, from the node's log (fewer than count: lines missing, see sweep_row).
+    durations_ms: tuple[float, ...] = ()
 
 
 def run_termination_bench(
@@ -117,27 +134,64 @@ def _read_termination(http: httpx.Client, member: ClusterNode) -> NodeTerminatio
     summary = http.get(f"{member.url}/v1/admin/timings", headers=admin_headers()).json().get("termination")
     if not summary:
         raise RuntimeError(f"{member.config.node_id} ran no termination")
-    return NodeTermination(member.config.node_id, int(summary["count"]), summary["min"], summary["p50"],
-                           summary["p99"], summary["max"])
+    count = int(summary["count"])
+    return NodeTermination(member.config.node_id, count, summary["min"], summary["p50"], summary["p99"],
+                           summary["max"], tuple(_logged_durations_ms(member, count)))
 
 
-def sweep_row(nodes: int, rows: list[NodeTermination]) -> dict[str, float | int]:
-    """One node count's figures over every participant's runs: the median (the participants'
-    medians weighted by their counts), the worst 99th percentile and the maximum."""
+def _logged_durations_ms(member: ClusterNode, count: int) -> list[float]:
+    """The durations `member` logged, once its log holds `count` of them (or TIMEOUT_S_LOG passed:
+    a log level above INFO, dropped lines; sweep_row then leaves the pooled median out)."""
+    deadline = time.monotonic() + TIMEOUT_S_LOG
+    while True:
+        try:
+            durations = termination_durations_ms(member.log_path.read_text(errors="replace"))
+        except OSError:
+            durations = []
+        if len(durations) >= count or time.monotonic() > deadline:
+            return durations
+        time.sleep(POLL_S)
+
+
+def termination_durations_ms(log_text: str) -> list[float]:
+    """Every termination run's duration a node's JSON log lines tell, in order."""
+    durations = []
+    for line in log_text.splitlines():
+        try:
+            message = json.loads(line).get("msg", "")
+        except (ValueError, AttributeError):
+            continue  # not a JSON object: a line some library printed
+        match = _TERMINATION_LINE.match(message) if isinstance(message, str) else None
+        if match:
+            durations.append(float(match.group(1)))
+    return durations
+
+
+def sweep_row(nodes: int, rows: Sequence[NodeTermination]) -> dict[str, float | int]:
+    """One node count's figures over every participant's runs pooled: the median of every run's
+    duration, the 99th percentile (from P99_RUN_COUNT_MIN runs on), the maximum and the minimum.
+    The median and the percentile need every run's duration: where a node's log did not give all
+    of them they are NaN, not made up from the nodes' summaries."""
     count = sum(row.count for row in rows)
+    pooled = sorted(duration for row in rows for duration in row.durations_ms)
+    complete = count > 0 and all(len(row.durations_ms) == row.count for row in rows)
+    p99 = pooled[min(count - 1, int(0.99 * count))] if complete and count >= P99_RUN_COUNT_MIN else math.nan
     return {
         "nodes": nodes,
         "terminations": count,
-        "p50_ms": round(sum(row.p50_ms * row.count for row in rows) / count, 3) if count else 0.0,
-        "p99_ms": round(max((row.p99_ms for row in rows), default=0.0), 3),
+        "p50_ms": round(statistics.median(pooled), 3) if complete else math.nan,
+        "p99_ms": round(p99, 3),
         "max_ms": round(max((row.max_ms for row in rows), default=0.0), 3),
         "min_ms": round(min((row.min_ms for row in rows), default=0.0), 3),
     }
 
 
-def format_terminations(rows: list[NodeTermination]) -> str:
+def format_terminations(rows: Sequence[NodeTermination]) -> str:
+    """Each participant's figures, from its own summary; its p99 only from P99_RUN_COUNT_MIN runs."""
     lines = [f"{'node':<6}{'terminations':>13}{'min ms':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"]
     for row in rows:
-        lines.append(f"{row.node:<6}{row.count:>13}{row.min_ms:>9.2f}{row.p50_ms:>9.2f}{row.p99_ms:>9.2f}"
-                     f"{row.max_ms:>9.2f}")
+        p99 = f"{row.p99_ms:.2f}" if row.count >= P99_RUN_COUNT_MIN else "-"
+        lines.append(f"{row.node:<6}{row.count:>13}{row.min_ms:>9.2f}{row.p50_ms:>9.2f}{p99:>9}{row.max_ms:>9.2f}")
+    if any(row.count < P99_RUN_COUNT_MIN for row in rows):
+        lines.append(f"p99 -: fewer than {P99_RUN_COUNT_MIN} runs, where it would only be the maximum")
     return "\n".join(lines)

@@ -54,7 +54,7 @@ def test_readme_headline_compares_the_three_protocols_with_the_azure_blob_profil
     done = _cornus("bench", "--latency", "azure-blob", "--seconds", "2", "--clients", "3", "--out", str(out),
                    *FAST_START)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "injected latency azure-blob (fixed:10.4)" in done.stdout
+    assert "injected latency azure-blob (fixed:10.4;log=fixed:10.29)" in done.stdout
     rows = {row["protocol"]: row for row in _rows(out)}
     assert set(rows) == {"cornus", "2pc", "coordinator-log"}, rows
     for protocol, row in rows.items():

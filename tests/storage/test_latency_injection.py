@@ -1,0 +1,105 @@
+"""How much delay storage_adapters.latency injects, measured: the mean of many calls to an instant
+fake store against the spec, on uvloop (what the nodes run on) and on the default asyncio loop.
+
+Found by audit: the wrapper slept two asyncio.sleep halves, and uvloop rounds each timer to whole
+milliseconds, so `fixed:1` injected about 0 ms, `fixed:3` about 4.3 ms and `fixed:5` about 4.35 ms.
+Single calls are noisy on a shared machine: the tests bound the mean, and the one exact rule (a
+delay never ends early) per call."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+
+import pytest
+import uvloop
+
+from storage_adapters.contract import LogId, LogOnceResult, RecordBody, TxnState
+from storage_adapters.errors import StorageUnavailable
+from storage_adapters.latency import LatencyInjectingStore, parse_latency
+from tests.unused_store import UnusedStore
+
+SPECS_MS = (1.0, 3.0, 5.0)
+CALL_COUNT = 50
+# How far past the spec the mean injected delay may be. A call can never end early (checked
+# exactly: uvloop's rounding made `fixed:1` about 0.02 ms); late, by 1.3-1.6 ms on the default
+# loop before the fix (its epoll rounds each half up), and by what the suite's six workers on two
+# cores add to a mean (0.3 ms failed under them): a bound between the two.
+MEAN_ERROR_MS_MAX = 1.0
+# Series measured before a mean counts as missed: a busy neighbour can slow every call of a 50 ms
+# series. Noise only lengthens calls, so no retry passes a delay that is too short, and one
+# that is too long (uvloop's rounding up) is as long again each time.
+ATTEMPT_COUNT_MAX = 3
+# The slowest calls left out of the mean: on a shared machine a call the OS preempted once takes
+# milliseconds longer (preemption only ever lengthens a call), and one in 50 moved a mean 0.2 ms.
+SLOWEST_LEFT_OUT_FRACTION = 0.1
+LOG = LogId.partition("p1")
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "uvloop": uvloop.new_event_loop,
+    "asyncio": asyncio.new_event_loop,
+}
+
+
+class InstantStore(UnusedStore):
+    """Answers at once, so what a call through the wrapper takes is the injected delay."""
+
+    def __init__(self) -> None:
+        super().__init__(timeout_ms_call=10_000)
+        self.failing = False
+
+    async def _log(self, *args: object) -> TxnState:
+        if self.failing:
+            raise StorageUnavailable("refused by the test")
+        return TxnState.VOTE_YES
+
+    async def _log_once(self, *args: object) -> LogOnceResult:
+        return LogOnceResult(TxnState.VOTE_YES, created=True)
+
+
+async def measured_delays_ms(spec: str, count: int = CALL_COUNT, failing: bool = False) -> list[float]:
+    """What each of `count` sequential `log` calls through the wrapper took, in ms."""
+    inner = InstantStore()
+    inner.failing = failing
+    store = LatencyInjectingStore(inner, parse_latency(spec), seed=1)
+    delays_ms = []
+    for _ in range(count):
+        started = time.monotonic()  # the wrapper's clock: the never-early check below is exact
+        try:
+            await store.log(LOG, "t1", TxnState.VOTE_YES, RecordBody())
+        except StorageUnavailable:
+            assert failing
+        delays_ms.append((time.monotonic() - started) * 1000)
+    return delays_ms
+
+
+def usual_mean_ms(delays_ms: list[float]) -> float:
+    """The mean of all but the slowest SLOWEST_LEFT_OUT_FRACTION of `delays_ms`."""
+    kept = sorted(delays_ms)[: len(delays_ms) - int(len(delays_ms) * SLOWEST_LEFT_OUT_FRACTION)]
+    return statistics.mean(kept)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_the_mean_injected_delay_matches_the_spec(loop: str) -> None:
+    for _ in range(ATTEMPT_COUNT_MAX):
+        with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
+            delays_ms = {spec_ms: runner.run(measured_delays_ms(f"fixed:{spec_ms:g}")) for spec_ms in SPECS_MS}
+        means_ms = {spec_ms: round(usual_mean_ms(delays), 3) for spec_ms, delays in delays_ms.items()}
+        report = f"{loop}: mean by spec {means_ms}, fastest {({s: round(min(d), 3) for s, d in delays_ms.items()})}"
+        assert all(min(delays_ms[spec_ms]) >= spec_ms for spec_ms in SPECS_MS), f"a call ended early; {report}"
+        if all(abs(means_ms[spec_ms] - spec_ms) <= MEAN_ERROR_MS_MAX for spec_ms in SPECS_MS):
+            return
+    raise AssertionError(f"the mean delay missed its spec by over {MEAN_ERROR_MS_MAX} ms; {report}")
+
+
+def test_an_error_comes_back_after_the_whole_delay_too() -> None:
+    for _ in range(ATTEMPT_COUNT_MAX):
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            delays_ms = runner.run(measured_delays_ms("fixed:3", count=20, failing=True))
+        assert min(delays_ms) >= 3
+        if usual_mean_ms(delays_ms) - 3 <= MEAN_ERROR_MS_MAX:
+            return
+    raise AssertionError(f"an error's mean delay {usual_mean_ms(delays_ms):.3f} ms, for fixed:3")
+
