@@ -12,8 +12,9 @@ the calls they name (LogStore method names, CALL_NAMES) a distribution of their 
 `fixed:1.96;log=fixed:1.84` (what loadtests.bench.profiles makes of the paper's measurements: a
 plain write is faster than a conditional one).
 
-The delays are kept to a fraction of a millisecond of their samples on uvloop and on the default
-loop alike, whose timers both have a grain of whole milliseconds: see `_sleep_until`.
+The loops' timers have a grain of whole milliseconds (uvloop's and the default loop's alike), so a
+single delay is off by up to about a millisecond; what each overshoots or falls short is carried
+into the next, so that the mean delay is the sample's mean (`_TimerWait`).
 """
 
 from __future__ import annotations
@@ -56,13 +57,10 @@ TRIP_OUT_MS_MAX = 100
 # above a busy loop's lag (which must not fail calls real storage would serve), and with the trip
 # out itself still within half the default clock slack.
 TRIP_OUT_MS_LATE_MAX = 400
-# What a timer of whole milliseconds overshoots by on an idle loop, at most about: uvloop rounds a
-# timer to whole ms and fires it ~0.15 ms late, the default loop's epoll waits whole ms rounded up
-# and wakes ~0.1-0.2 ms late. A precise wait leaves this much of its remainder off timers.
-TIMER_LATE_MS = 0.3
-# The longest a wait busy-waits (yields to the loop until its deadline, `_sleep_until`): what is
-# left once no whole-ms timer fits before the deadline with TIMER_LATE_MS to spare. Once per call.
-BUSY_WAIT_MS_MAX = 1 + TIMER_LATE_MS
+# The grain of the loops' timers: uvloop rounds a timer to whole ms (and fires it ~0.15 ms late),
+# the default loop's epoll waits whole ms rounded up. What one wait may be off by, about, and the
+# most `_TimerWait` carries into the next.
+TIMER_GRAIN_MS = 1.0
 # Between the parts of a `;CALL=SPEC` spec: not `,`, which separates a sweep's values (`--sweep
 # latency=A,B`, loadtests.bench.sweep).
 CALL_SPEC_SEPARATOR = ";"
@@ -170,8 +168,8 @@ class LatencyInjectingStore(DelegatingStore):
     Found by audit: both halves were asyncio.sleep calls, which uvloop rounds to whole
     milliseconds (`fixed:1` injected ~0 ms, `fixed:3` ~4.3, `fixed:5` ~4.35, single 0.98 ms halves
     0.02-4.7). Now the trip out takes the loop's timer nearest its half, and the answer's side
-    waits precisely (`_sleep_until`) for what is left of the whole delay after what the trip out
-    took: the caller waits the sample, never less, within a fraction of a millisecond."""
+    waits (`_TimerWait`) for what is left of the whole delay after what the trip out took: each
+    call within about a millisecond of its sample, their mean within a fraction of one."""
 
     def __init__(
         self, inner: LogStore, distribution: LatencyDistribution | CallLatencies, seed: int | None = None,
@@ -180,6 +178,7 @@ class LatencyInjectingStore(DelegatingStore):
         self.distribution = distribution
         rng = random.Random(seed)  # one for all calls: a seed gives the sequence it gave before
         self._samplers = {call: distribution.for_call(call).sampler(rng) for call in CALL_NAMES}
+        self._back = _TimerWait()
 
     def sample_ms(self, call: str) -> float:
         """One delay in ms for `call` (a LogStore method name, CALL_NAMES), as the wrapper injects."""
@@ -194,7 +193,7 @@ class LatencyInjectingStore(DelegatingStore):
             # Timers have a grain of whole ms: the nearest one to the half, none (a yield) where it
             # would end past the whole delay. The answer's side makes up the difference, either way.
             timer_ms = math.floor(out_ms + 0.5)
-            if timer_ms + TIMER_LATE_MS > delay_ms:
+            if timer_ms + TIMER_GRAIN_MS / 2 > delay_ms:
                 timer_ms = 0
             started = time.monotonic()
             await asyncio.sleep(timer_ms / 1000)
@@ -209,9 +208,9 @@ class LatencyInjectingStore(DelegatingStore):
         except ValidationError:
             raise
         except StorageError:
-            await _sleep_until(time.monotonic() + back_ms / 1000)  # an error comes back from remote storage too
+            await self._back.wait(back_ms)  # an error comes back from remote storage too
             raise
-        await _sleep_until(time.monotonic() + back_ms / 1000)
+        await self._back.wait(back_ms)
         return result
 
     async def log_once(
@@ -253,19 +252,24 @@ class LatencyInjectingStore(DelegatingStore):
         return await self._answered("list_identities", lambda: self.inner.list_identities(after, limit))
 
 
-async def _sleep_until(deadline_s: float) -> None:
-    """Return at `deadline_s` (time.monotonic()), never before and, on an idle loop, within a few
-    microseconds after: on timers of whole milliseconds while one fits before it with
-    TIMER_LATE_MS to spare, then yielding to the loop (asyncio.sleep(0)) until it passes. The
-    yields are a busy wait of at most BUSY_WAIT_MS_MAX (about 0.6 ms on average), once per call
-    (only the answer's side waits so): the price of a delay finer than both loops' timers
-    (uvloop rounds them to whole ms, epoll waits whole ms), and no more, so that a node does not
-    burn a core on it. Other tasks run between the yields; a cancellation ends the wait at once."""
-    while True:
-        left_ms = (deadline_s - time.monotonic()) * 1000
-        if left_ms <= 0:
-            return
-        if left_ms >= BUSY_WAIT_MS_MAX:
-            await asyncio.sleep(math.floor(left_ms - TIMER_LATE_MS) / 1000)
-        else:
-            await asyncio.sleep(0)
+class _TimerWait:
+    """Waits on the loop's timers alone, whose grain is a whole millisecond (uvloop rounds a
+    timer to whole ms, the default loop's epoll waits whole ms rounded up), so that each wait is
+    off by up to about a millisecond, and carries what each wait overshot or fell short into the
+    next: the mean wait is its asked mean, on either loop. At most TIMER_GRAIN_MS is carried, so
+    that a loop late for its load (real processing delay, which the caller must see) is not
+    taken back from later waits. Found by measurement (2026-11-28, third): waiting out the last
+    millisecond by yielding to the loop instead cost the nodes 20-25% more CPU under
+    `fixed:10.4`, and the cores they share, 1-3 ms on every storage call."""
+
+    def __init__(self) -> None:
+        self._owed_ms = 0.0  # what earlier waits overshot (above 0) or fell short (below), to even out
+
+    async def wait(self, ms: float) -> None:
+        """Wait about `ms`; a cancellation ends the wait at once."""
+        asked_ms = ms - self._owed_ms
+        started = time.monotonic()
+        if asked_ms > 0:
+            await asyncio.sleep(asked_ms / 1000)
+        took_ms = (time.monotonic() - started) * 1000
+        self._owed_ms = max(-TIMER_GRAIN_MS, min(TIMER_GRAIN_MS, self._owed_ms + took_ms - ms))

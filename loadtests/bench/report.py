@@ -186,9 +186,8 @@ def _number(row: dict[str, Any], column: str, digits: int = 2) -> str:
 # Said under the table and the summary's: what a CPU figure per commit holds.
 CPU_LEGEND = ("node CPU ms per commit charges every CPU second of the nodes in the measured window, fixed "
               "background work (lease renewals, identity checks, GC timers) included, so it is comparable across "
-              "protocols only at similar throughput, and with injected latency the injector's wait too (up to "
-              "about 1.3 ms of busy-wait per storage call: storage_adapters.latency); cores: node CPU seconds per "
-              "wall second in the window, idle: the same with no clients, after the run")
+              "protocols only at similar throughput; cores: node CPU seconds per wall second in the window, idle: "
+              "the same with no clients, after the run")
 
 
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:

@@ -5,19 +5,15 @@ every call took the conditional write's figure."""
 
 from __future__ import annotations
 
-import asyncio
 import statistics
-import time
 
 import pytest
-import uvloop
 
 from loadtests.bench.profiles import PROFILES, latency_label, resolve_latency
 from storage_adapters import latency
-from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.errors import ValidationError
 from storage_adapters.latency import LatencyInjectingStore, parse_latency
-from tests.storage.test_latency_injection import ATTEMPT_COUNT_MAX, MEAN_ERROR_MS_MAX, InstantStore, usual_mean_ms
+from tests.storage.test_latency_injection import InstantStore
 
 SAMPLE_COUNT = 100
 PLAIN_WRITES = ("log",)
@@ -39,35 +35,6 @@ def test_each_call_takes_the_papers_figure_for_its_kind(profile: str) -> None:
     mean_ms = {call: statistics.mean(store.sample_ms(call) for _ in range(SAMPLE_COUNT)) for call in ALL_CALLS}
     expected_ms = {call: plain_ms if call in PLAIN_WRITES else conditional_ms for call in ALL_CALLS}
     assert mean_ms == pytest.approx(expected_ms)
-
-
-async def measured_means_ms(spec: str, count: int = 40) -> dict[str, float]:
-    """The usual mean of what `log` and `log_once` calls through the wrapper took, in turns (so
-    that a busy neighbour slows both alike), in ms."""
-    store = LatencyInjectingStore(InstantStore(), parse_latency(spec), seed=1)
-    log = LogId.partition("p1")
-    delays_ms: dict[str, list[float]] = {"log": [], "log_once": []}
-    for _ in range(count):
-        for call, delays in delays_ms.items():
-            started = time.monotonic()
-            if call == "log":
-                await store.log(log, "t1", TxnState.VOTE_YES, RecordBody())
-            else:
-                await store.log_once(log, "t1", TxnState.VOTE_YES, RecordBody())
-            delays.append((time.monotonic() - started) * 1000)
-    return {call: usual_mean_ms(delays) for call, delays in delays_ms.items()}
-
-
-def test_redis_azure_delays_a_plain_log_less_than_a_log_once_on_uvloop() -> None:
-    conditional_ms, plain_ms = PAPER_MS["redis-azure"]
-    for _ in range(ATTEMPT_COUNT_MAX):
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            means_ms = runner.run(measured_means_ms(resolve_latency("redis-azure")))
-        if abs(means_ms["log"] - plain_ms) <= MEAN_ERROR_MS_MAX and abs(means_ms["log_once"] - conditional_ms) <= (
-            MEAN_ERROR_MS_MAX
-        ):
-            return
-    raise AssertionError(f"redis-azure: mean by call {means_ms}, expected log {plain_ms}, log_once {conditional_ms}")
 
 
 def test_profiles_resolve_to_specs_the_nodes_parse_and_reports_name() -> None:
