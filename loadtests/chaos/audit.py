@@ -89,6 +89,11 @@ class AuditState:
     read_count: int = 0
     errors: list[str] = field(default_factory=list)
     last_snapshot_s: float = 0.0
+    # Present COMMIT records whose redo is not marked applied, as last read (a COMMIT tombstone reads
+    # as applied; a coordinator log's COMMIT never is, so only a partition log's one means anything).
+    unapplied: set[RecordKey] = field(default_factory=set)
+    # Whether the last, full snapshot (`Auditor.final`) completed: the final-state checks read it.
+    final_done: bool = False
 
     def seen(self, key: RecordKey, state: str) -> None:
         states = self.history.setdefault(key[1], {}).setdefault(key[0], [])
@@ -138,7 +143,7 @@ class Auditor:
     def _run(self) -> None:
         try:
             asyncio.run(self._loop())
-        except Exception as error:
+        except BaseException as error:  # any death (CancelledError too) must show in the checks
             self.state.errors.append(f"auditor stopped: {type(error).__name__}: {error}")
         finally:
             self._final_done.set()
@@ -149,8 +154,9 @@ class Auditor:
             for _ in range(SNAPSHOT_COUNT_MAX):
                 started = time.monotonic()
                 final = self._final.is_set()
-                await self._snapshot(store, full=final)
+                completed = await self._snapshot(store, full=final)
                 if final:
+                    self.state.final_done = completed
                     return
                 if self._stop.is_set() and not self._final.is_set():
                     return
@@ -159,35 +165,51 @@ class Auditor:
         finally:
             await store.close()
 
-    async def _snapshot(self, store: LogStore, *, full: bool) -> None:
+    async def _snapshot(self, store: LogStore, *, full: bool) -> bool:
+        """One snapshot; False if it could not list or read every record it meant to."""
         started = time.monotonic()
         try:
             keys = await asyncio.to_thread(self._enumerate)
         except (redis.RedisError, sqlite3.Error, OSError) as error:
             self.state.errors.append(f"enumeration failed: {type(error).__name__}: {error}")
-            return
+            return False
         state = self.state
         # A record seen decided is final for this record (every backend refuses a decision flip in
         # place); it is read again only if it vanished and came back, or in the final snapshot.
+        # A COMMIT not applied yet is read again too, so that `unapplied` follows its apply.
         wanted = [key for key in keys
-                  if full or key not in state.present or state.present[key] == TxnState.VOTE_YES.value]
+                  if full or key not in state.present or state.present[key] == TxnState.VOTE_YES.value
+                  or key in state.unapplied]
         results = await self._read_all(store, wanted)
         for key in set(state.present) - keys:
             del state.present[key]
-        for key, value in results.items():
-            if value is None:
-                continue  # deleted between enumeration and read: the next snapshot will not list it
+            state.unapplied.discard(key)
+        for key, read in results.items():
+            if read is None:
+                # Deleted between enumeration and read: the next snapshot will not list it.
+                state.present.pop(key, None)
+                state.unapplied.discard(key)
+                continue
+            value, applied = read
             if key not in state.present and state.history.get(key[1], {}).get(key[0]):
                 state.seen(key, GONE)  # it was collected once, and is back
             state.seen(key, value)
             state.present[key] = value
+            if value == TxnState.COMMIT.value and not applied:
+                state.unapplied.add(key)
+            else:
+                state.unapplied.discard(key)
         state.snapshot_count += 1
         state.read_count += len(wanted)
         state.last_snapshot_s = time.monotonic() - started
+        return len(results) == len(wanted)
 
-    async def _read_all(self, store: LogStore, keys: Iterable[RecordKey]) -> dict[RecordKey, str | None]:
+    async def _read_all(self, store: LogStore,
+                        keys: Iterable[RecordKey]) -> dict[RecordKey, tuple[str, bool] | None]:
+        """Per key read: (state, applied), None if absent; a key whose reads all failed is left out
+        (and said in `errors`)."""
         semaphore = asyncio.Semaphore(READ_CONCURRENCY)
-        results: dict[RecordKey, str | None] = {}
+        results: dict[RecordKey, tuple[str, bool] | None] = {}
 
         async def read_one(key: RecordKey) -> None:
             async with semaphore:
@@ -198,7 +220,7 @@ class Auditor:
                         if attempt + 1 == READ_ATTEMPT_COUNT_MAX:
                             self.state.errors.append(f"read {key}: {type(error).__name__}: {error}")
                         continue
-                    results[key] = None if record is None else record.state.value
+                    results[key] = None if record is None else (record.state.value, record.applied)
                     return
 
         await asyncio.gather(*(read_one(key) for key in keys))
