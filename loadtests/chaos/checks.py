@@ -5,7 +5,11 @@ register's final value at least its last acknowledged write) and no stale read (
 returns less than a write acknowledged before the read started, nor a value not yet written);
 (c) no transaction decided two ways (storage records of all logs over the whole run agree, the
 client's committed transactions are ABORT nowhere, its aborted/unavailable ones COMMIT nowhere and
-their writes visible nowhere); (d) every in-doubt transaction resolved within the deadline; (e)
+their writes visible nowhere, its unknown-outcome ones (202, a lost answer) visible at the end if
+COMMIT in storage and nowhere if ABORT or never logged; an auditor error fails it); (d) every
+in-doubt transaction resolved within the deadline, and the final snapshot (after the quiet phase)
+holds no partition-log VOTE_YES of a transaction decided COMMIT, nor an unapplied partition-log
+COMMIT; (e)
 no partition served by two owners at once; (f) no node exited without being killed.
 """
 
@@ -146,7 +150,6 @@ def check_decided_one_way(audit: AuditState, transfers: Sequence[Transfer], ops:
         if op.txn:
             client[op.txn] = op.result
     seen_committed = 0
-    unknown = {"committed": 0, "aborted": 0, "undecided_or_unseen": 0}
     for txn, told in client.items():
         decisions = audit.decisions(txn)
         if told == "committed":
@@ -156,13 +159,7 @@ def check_decided_one_way(audit: AuditState, transfers: Sequence[Transfer], ops:
                             "records": audit.history[txn]})
         elif told in NOT_ACKNOWLEDGED and COMMIT in decisions:
             result.add({"kind": f"client told {told}, COMMIT in storage", "txn": txn, "records": audit.history[txn]})
-        elif told == "unknown":
-            if decisions == {COMMIT}:
-                unknown["committed"] += 1
-            elif decisions == {ABORT}:
-                unknown["aborted"] += 1
-            else:
-                unknown["undecided_or_unseen"] += 1
+    unknown = _reconcile_unknown(result, audit, transfers=transfers, ops=ops, markers=markers, finals=finals)
     for transfer in transfers:
         if transfer.result in NOT_ACKNOWLEDGED and markers.get(transfer.marker) is not None:
             result.add({"kind": f"bank transfer told {transfer.result}, its marker is visible", "txn": transfer.txn,
@@ -186,15 +183,90 @@ def check_decided_one_way(audit: AuditState, transfers: Sequence[Transfer], ops:
         f"{len(audit.history)} txns / {record_total} records audited in {audit.snapshot_count} snapshots",
         f"{seen_committed} of {committed_total} client-committed txns have records in storage "
         "(a read-only or single-partition txn may log none)",
-        f"client-unknown outcomes, by storage: {unknown}",
+        f"client-unknown outcomes, by storage (each reconciled with the final state, but those with no txn "
+        f"id): {unknown}",
         f"records collected and then recreated: {resurrected}",
     ]
-    if audit.errors:
-        result.notes.append(f"auditor errors ({len(audit.errors)}): {audit.errors[:5]}")
+    for error in audit.errors:
+        # A dead or blind auditor covered only part of the run (and its final state is stale): the
+        # checks above would pass on what it never saw.
+        result.add({"kind": "auditor error: the audit does not cover the whole run", "error": error})
     if committed_total and not audit.history:
         result.add({"kind": "audit saw no record at all although txns committed: the backend key layout "
                              "may have changed (loadtests/chaos/audit.py)"})
     return result
+
+
+def _storage_outcome(audit: AuditState, txn: str) -> str:
+    """What storage says of `txn` over the whole run: "committed" (COMMIT somewhere, ABORT nowhere),
+    "aborted" (ABORT only), "never logged" (no record in any log: no protocol commits a writing
+    transaction without a durable record, a Cornus vote or a coordinator's decision, so it did not
+    commit), "undecided" (records but no decision: check (d) judges those), "two ways"."""
+    decisions = audit.decisions(txn)
+    if decisions == {COMMIT}:
+        return "committed"
+    if decisions == {ABORT}:
+        return "aborted"
+    if decisions:
+        return "two ways"
+    return "undecided" if audit.history.get(txn) else "never logged"
+
+
+def _reconcile_unknown(result: CheckResult, audit: AuditState, *, transfers: Sequence[Transfer],
+                       ops: Sequence[RegisterOp], markers: Mapping[str, str | None],
+                       finals: Mapping[str, str | None]) -> dict[str, int]:
+    """A transaction whose client was told nothing certain (202, a broken connection, a timeout)
+    must still have gone one way everywhere: committed in storage => its writes are there at the
+    end (a bank marker "done", a register's final value at least the value written); aborted or
+    never logged => its writes are visible nowhere (no marker, no read or final value of it)."""
+    counts = {"committed": 0, "aborted": 0, "never logged": 0, "undecided": 0, "two ways": 0, "no txn id": 0}
+    for transfer in transfers:
+        if transfer.result != "unknown":
+            continue
+        if not transfer.txn:
+            counts["no txn id"] += 1
+            continue
+        outcome = _storage_outcome(audit, transfer.txn)
+        counts[outcome] += 1
+        seen = markers.get(transfer.marker)
+        if outcome == "committed" and seen != "done":
+            result.add({"kind": "bank transfer told unknown, COMMIT in storage, its marker is missing",
+                        "txn": transfer.txn, "marker": transfer.marker, "read": seen,
+                        "records": audit.history.get(transfer.txn)})
+        elif outcome in ("aborted", "never logged") and seen is not None:
+            result.add({"kind": f"bank transfer told unknown, {outcome} in storage, its marker is visible",
+                        "txn": transfer.txn, "marker": transfer.marker, "read": seen,
+                        "records": audit.history.get(transfer.txn)})
+    # One writer per key writing 1, 2, 3, ...: a value names its write, and a committed write v
+    # leaves the key at v or above.
+    not_committed: dict[tuple[str, int], RegisterOp] = {}
+    for op in ops:
+        if op.kind != "write" or op.result != "unknown" or op.value is None:
+            continue
+        if not op.txn:
+            counts["no txn id"] += 1
+            continue
+        outcome = _storage_outcome(audit, op.txn)
+        counts[outcome] += 1
+        final = finals.get(op.key)
+        final_value = 0 if final is None else int(final)
+        if outcome == "committed" and final_value < op.value:
+            result.add({"kind": "register write told unknown, COMMIT in storage, final value below it",
+                        "txn": op.txn, "key": op.key, "value": op.value, "final": final,
+                        "records": audit.history.get(op.txn)})
+        elif outcome in ("aborted", "never logged"):
+            not_committed[(op.key, op.value)] = op
+            if final_value == op.value:
+                result.add({"kind": f"register write told unknown, {outcome} in storage, it is the final value",
+                            "txn": op.txn, "key": op.key, "value": op.value, "records": audit.history.get(op.txn)})
+    for op in ops:
+        if op.kind == "read" and op.result == "committed" and op.value is not None \
+                and (op.key, op.value) in not_committed:
+            write = not_committed[(op.key, op.value)]
+            result.add({"kind": "read saw a write told unknown that storage says did not commit", "key": op.key,
+                        "value": op.value, "write_txn": write.txn, "read_txn": op.txn,
+                        "records": audit.history.get(write.txn)})
+    return counts
 
 
 @dataclass(slots=True)
@@ -220,6 +292,22 @@ def check_in_doubt(wait: InDoubtWait, audit: AuditState) -> CheckResult:
         result.add({"kind": "in doubt at the deadline", "per_node_ready_in_doubt": dict(wait.last_poll)})
     else:
         result.notes.append(f"every node ready with 0 in doubt {wait.resolved_after_s:.2f} s after the faults stopped")
+    if not audit.final_done:
+        result.add({"kind": "no complete final storage snapshot: the final state below is not the quiet cluster's",
+                    "auditor_errors": audit.errors[:5]})
+    # The final snapshot is taken after the quiet phase (every node ready with nothing in doubt, or
+    # the deadline gone, which is a violation above) and after no node lists a transaction (its
+    # commits applied): every record left now is final, and a partition's own log must agree.
+    for (log, txn), state in sorted(audit.present.items()):
+        if not log.startswith("p."):
+            continue  # a coordinator log's COMMIT is never marked applied; its VOTE_YES is a redo record
+        if state == VOTE_YES and COMMIT in audit.decisions(txn):
+            result.add({"kind": "VOTE_YES in a partition log of a transaction decided COMMIT, after the quiet phase",
+                        "txn": txn, "log": log, "records": audit.history.get(txn), "settled": wait.settled})
+        elif state == COMMIT and (log, txn) in audit.unapplied:
+            # A COMMIT tombstone reads as applied: this is a live COMMIT whose redo never reached the data.
+            result.add({"kind": "COMMIT in a partition log not applied, after the quiet phase", "txn": txn,
+                        "log": log, "records": audit.history.get(txn), "settled": wait.settled})
     presumed_abort: list[str] = []
     for (log, txn), state in sorted(audit.present.items()):
         if state != VOTE_YES or audit.decisions(txn):

@@ -266,7 +266,8 @@ def _run(options: RunOptions, port: Callable[[], int], workdir: Path, summary: d
                         clients=options.bank_clients)
     register = RegisterWorkload(cluster.running_urls, options.seed, options.protocol, in_flight, prefix=prefix,
                                 partition_count=options.partitions, keys_per_partition=options.registers_per_partition,
-                                writers=options.register_writers, readers=options.register_readers)
+                                writers=options.register_writers, readers=options.register_readers,
+                                node_ids={node.url: node_id for node_id, node in cluster.nodes.items()})
     http = cleanup.enter_context(httpx.Client(timeout=HTTP_TIMEOUT_S))
     bank.setup(http, SETUP_TIMEOUT_S)
 

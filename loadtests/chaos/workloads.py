@@ -15,16 +15,19 @@ never reached a node, the transaction was not found, a 4xx).
 from __future__ import annotations
 
 import random
+import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from cornus.protocol.config import Protocol
+from cornus.protocol.txn_ids import client_txn_id
 from tests.cluster.harness import keys_on
 
 PROTOCOLS = ("cornus", "2pc", "coordinator-log")
@@ -266,8 +269,12 @@ class RegisterWorkload(Workload):
     name = "register"
 
     def __init__(self, urls: Callable[[], Sequence[str]], seed: int, protocol: str, in_flight: InFlight, *,
-                 prefix: str, partition_count: int, keys_per_partition: int, writers: int, readers: int) -> None:
+                 prefix: str, partition_count: int, keys_per_partition: int, writers: int, readers: int,
+                 node_ids: Mapping[str, str] | None = None) -> None:
         super().__init__(urls, seed, protocol, in_flight)
+        # url -> node id: a writer names each write's txn id itself (a client-chosen id), so that a
+        # write whose answer is lost (a broken connection) can still be looked up in storage.
+        self.node_ids = dict(node_ids or {})
         self.keys = [key for index in range(partition_count)
                      for key in keys_on(f"p{index}", partition_count, keys_per_partition,
                                         prefix=f"{prefix}reg{index}-")]
@@ -284,16 +291,29 @@ class RegisterWorkload(Workload):
             self._spawn(f"register-reader-{index}", self._reader, index)
 
     def _execute(self, http: httpx.Client, url: str, body: dict[str, Any]) -> tuple[str, Answer, dict[str, Any]]:
+        """(txn id, what the client was told, the answer's body). The id is the body's "txn" (a
+        client-chosen one) when the answer says none, so a lost answer still names its transaction."""
+        chosen = str(body.get("txn", ""))
         try:
             response = http.post(f"{url}/v1/execute", json=body, timeout=TIMEOUT_COMMIT)
         except httpx.HTTPError as error:
-            return "", classify_error(error), {}
+            answer = classify_error(error)
+            return (chosen if answer.result == "unknown" else ""), answer, {}
         try:
             parsed = response.json()
         except ValueError:
             parsed = {}
         parsed = parsed if isinstance(parsed, dict) else {}
-        return str(parsed.get("txn", "")), classify(response), parsed
+        return str(parsed.get("txn", "") or chosen), classify(response), parsed
+
+    def _client_txn(self, url: str, protocol: str | None) -> str | None:
+        """A client-chosen id for a one-shot sent to `url` (None: its node is not known). Dated by
+        this machine's clock, which the nodes share: never ahead of the node's when it arrives."""
+        node = self.node_ids.get(url)
+        if node is None:
+            return None
+        tag = Protocol(protocol or self.protocol)
+        return client_txn_id(int(time.time() * 1000), node, secrets.token_hex(16), tag)
 
     def _record(self, op: RegisterOp, answer: Answer, tally: Tally) -> None:
         with self.lock:
@@ -320,6 +340,9 @@ class RegisterWorkload(Workload):
                 if protocol is not None:
                     body["protocol"] = protocol
                 with self.in_flight.track():
+                    chosen = self._client_txn(url, protocol)
+                    if chosen is not None:
+                        body["txn"] = chosen
                     start = time.monotonic()
                     txn, answer, _ = self._execute(http, url, body)
                     end = time.monotonic()
