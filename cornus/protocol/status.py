@@ -13,6 +13,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cornus.protocol import txn_ids
 from cornus.protocol.config import ProtocolConfig, gc_grace_ms_min
 from cornus.protocol.termination import decision_among
 from storage_adapters.contract import TxnState
@@ -55,6 +56,16 @@ def request_deadline_ms(carried_ms: int, begin_ms: int, timeout_ms_request: int)
     coordinator that carries none)."""
     own_ms = begin_ms + timeout_ms_request if begin_ms else 0
     return min(carried_ms, own_ms) if carried_ms and own_ms else carried_ms or own_ms
+
+
+def kept_to_one_shot_window(txn: str, carries_prepare: bool) -> bool:
+    """Whether an owner keeps a request to a one-shot's window (`request_deadline_ms`): one that
+    carries its prepare, and any of a client-chosen id, which only one-shots have. The public gRPC
+    API runs those as begin, operations and commit, its requests carrying no prepare; the client
+    may send the id to two processes of the node, and one such request that travelled for seconds
+    ran after the partition moved, into the decision its other run left there (found by audit,
+    2026-11-28, third). An interactive transaction's requests keep none: its client may think."""
+    return carries_prepare or txn_ids.is_client_chosen(txn)
 
 
 def request_expired(deadline_ms: int, now_ms: int, clock_slack_ms: int) -> bool:

@@ -433,7 +433,8 @@ class Node:
             return ExecuteResponse(ExecuteStatus.INVALID, detail=problem)
         deadline_ms = (status.request_deadline_ms(request.deadline_unix_ms, txn_ids.begin_ms_of(request.txn),
                                                   self.config.limits.timeout_ms_peer_request)
-                       if request.participants else request.deadline_unix_ms)
+                       if status.kept_to_one_shot_window(request.txn, bool(request.participants))
+                       else request.deadline_unix_ms)
         if status.request_expired(deadline_ms, int(time.time() * 1000), self._clock_slack_ms):
             if (request.partition in self.core.partitions and not request.abort
                     and self.core.execute_refusal(request.partition, request.txn) is ExecuteRefusal.COMMITTING):

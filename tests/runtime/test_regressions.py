@@ -1106,6 +1106,27 @@ async def test_a_one_shot_request_is_kept_to_the_owners_wait_too(tmp_path):
         assert n1.counters["requests_past_deadline"] == 2
 
 
+async def test_a_grpc_one_shot_s_request_is_kept_to_the_one_shot_window_too(tmp_path):
+    """Found by audit (2026-11-28, third): the public gRPC API runs a one-shot under a client-chosen
+    id as begin, operations (run_ops: requests without a carried prepare, and no deadline) and
+    commit. Such a request that travelled for seconds ran at any time, so a client's second send of
+    the id to another process of the node could run it again after the partition moved (the
+    audit's crash). An owner keeps a client-chosen id's request to the one-shot window whatever it
+    carries."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2) as cluster:
+        n1 = cluster.node("n1")
+        key = cluster.key_in("p1", "late")
+        begin_ms = int(time.time() * 1000) - n1.config.limits.timeout_ms_peer_request - 10_000
+        txn = txn_ids.client_txn_id(begin_ms, "n0", "0123456789abcdef", Protocol.CORNUS)
+        late = ExecuteRequest(txn, "p1", "n0", (Op(OpKind.PUT, key, b"late"),))
+        response = await n1.on_request("n0", late)
+        assert response.status is ExecuteStatus.UNAVAILABLE and "deadline" in response.detail, response
+        assert txn not in n1.partitions["p1"].executions
+        # An interactive transaction's (an id the node made) keeps no such window: it may think.
+        interactive = ExecuteRequest(f"{begin_ms}.n0.abcdef.1.cornus", "p1", "n0", (Op(OpKind.GET, key),))
+        assert (await n1.on_request("n0", interactive)).status is ExecuteStatus.OK
+
+
 @pytest.mark.parametrize(("one_shot", "where"), [(True, "wait"), (True, "send"), (False, "wait")],
                          ids=["execute", "execute-send", "commit"])
 async def test_a_refusal_raised_after_the_prepare_left_is_reported_unknown_not_as_nothing_changed(
