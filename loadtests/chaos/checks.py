@@ -212,6 +212,13 @@ def _storage_outcome(audit: AuditState, txn: str) -> str:
     return "undecided" if audit.history.get(txn) else "never logged"
 
 
+def _counted_outcome(audit: AuditState, txn: str, counts: dict[str, int]) -> str | None:
+    """`_storage_outcome` of `txn`, counted in `counts`; None (counted as such) for no txn id."""
+    outcome = _storage_outcome(audit, txn) if txn else None
+    counts["no txn id" if outcome is None else outcome] += 1
+    return outcome
+
+
 def _reconcile_unknown(result: CheckResult, audit: AuditState, *, transfers: Sequence[Transfer],
                        ops: Sequence[RegisterOp], markers: Mapping[str, str | None],
                        finals: Mapping[str, str | None]) -> dict[str, int]:
@@ -223,11 +230,9 @@ def _reconcile_unknown(result: CheckResult, audit: AuditState, *, transfers: Seq
     for transfer in transfers:
         if transfer.result != "unknown":
             continue
-        if not transfer.txn:
-            counts["no txn id"] += 1
+        outcome = _counted_outcome(audit, transfer.txn, counts)
+        if outcome is None:
             continue
-        outcome = _storage_outcome(audit, transfer.txn)
-        counts[outcome] += 1
         seen = markers.get(transfer.marker)
         if outcome == "committed" and seen != "done":
             result.add({"kind": "bank transfer told unknown, COMMIT in storage, its marker is missing",
@@ -243,11 +248,9 @@ def _reconcile_unknown(result: CheckResult, audit: AuditState, *, transfers: Seq
     for op in ops:
         if op.kind != "write" or op.result != "unknown" or op.value is None:
             continue
-        if not op.txn:
-            counts["no txn id"] += 1
+        outcome = _counted_outcome(audit, op.txn, counts)
+        if outcome is None:
             continue
-        outcome = _storage_outcome(audit, op.txn)
-        counts[outcome] += 1
         final = finals.get(op.key)
         final_value = 0 if final is None else int(final)
         if outcome == "committed" and final_value < op.value:
