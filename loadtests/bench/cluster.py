@@ -142,17 +142,10 @@ def emulator_writer_pids(parents: Collection[int]) -> list[int]:
     return sorted(found)
 
 
-def scrape_counts(http: httpx.Client, nodes: Sequence[ClusterNode]) -> collections.Counter[str]:
-    """The work counters of every node summed over the cluster, from each node's /metrics: storage
-    calls by kind and the seconds they took, transport messages, cache hits and misses."""
-    totals: collections.Counter[str] = collections.Counter()
-    for node in nodes:
-        add_counts(totals, http.get(f"{node.url}/metrics").text)
-    return totals
-
-
 async def scrape_counts_async(http: httpx.AsyncClient, nodes: Sequence[ClusterNode]) -> collections.Counter[str]:
-    """scrape_counts from inside the driver's loop, which must keep serving its clients meanwhile."""
+    """The work counters of every node summed over the cluster, from each node's /metrics (storage
+    calls by kind and the seconds they took, transport messages, cache hits and misses), read from
+    inside the driver's loop, which must keep serving its clients meanwhile."""
     totals: collections.Counter[str] = collections.Counter()
     for text in await asyncio.gather(*(_metrics_text(http, node) for node in nodes)):
         add_counts(totals, text)

@@ -90,20 +90,13 @@ def _accounts() -> list[str]:
     return [f"acct{i}" for i in range(ACCOUNT_COUNT)]
 
 
-def _outcome_of(response: httpx.Response) -> object:
+def _body_field(response: httpx.Response, name: str) -> object:
+    """Field `name` of a JSON object body (None for any other body)."""
     try:
         body = response.json()
     except ValueError:
         return None
-    return body.get("outcome") if isinstance(body, dict) else None
-
-
-def _retryable(response: httpx.Response) -> object:
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    return body.get("retryable") if isinstance(body, dict) else None
+    return body.get(name) if isinstance(body, dict) else None
 
 
 def _transfer(
@@ -132,7 +125,7 @@ def _transfer(
         commit = client.post(f"{url}/v1/txn/{txn}/commit")
     except httpx.HTTPError as error:
         return txn, UNKNOWN, f"commit: {type(error).__name__}"  # it may have reached the coordinator
-    outcome = _outcome_of(commit)
+    outcome = _body_field(commit, "outcome")
     if commit.status_code == 200 and outcome == "committed":
         return txn, COMMITTED, ""
     if commit.status_code == 409 and outcome == "aborted":
@@ -210,14 +203,14 @@ def _statuses(cluster: Cluster, txns: list[str], timeout_s: float = 30.0) -> dic
         deadline = time.monotonic() + timeout_s
         while True:
             response = cluster.get(node_ids[index % len(node_ids)], f"/v1/txn/{txn}")
-            outcome = _outcome_of(response)
+            outcome = _body_field(response, "outcome")
             if response.status_code == 200 and outcome == "committed":
                 statuses[txn] = STATUS_COMMITTED
             elif response.status_code == 409 and outcome == "aborted":
                 statuses[txn] = STATUS_ABORTED
             elif response.status_code == 404:
                 statuses[txn] = STATUS_NOT_FOUND
-            elif response.status_code == 202 and _retryable(response) is False:
+            elif response.status_code == 202 and _body_field(response, "retryable") is False:
                 statuses[txn] = f"202 {response.text[:300]}"  # it cannot tell: the records must
             elif time.monotonic() < deadline:
                 time.sleep(0.1)  # 202 in doubt, 503 recovering, 200 active
