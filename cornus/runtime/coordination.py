@@ -228,6 +228,8 @@ class Coordination:
         self.identity_taken_unix_ms: Callable[[], int | None] = lambda: None
         # Whether this process may begin a client-chosen id now (txn_ids.identity_fresh_for_client_ids).
         self.identity_fresh: Callable[[], bool] = lambda: True
+        # Whether the core's coordinator host runs a machine of the transaction (wired by the node).
+        self.coordinates: Callable[[str], bool] = lambda txn: False
 
     # -- begin and operations ----------------------------------------------------------------------
     def begin(self, protocol: Protocol | None = None, client_txn: str | None = None) -> str:
@@ -298,7 +300,11 @@ class Coordination:
         # out only after OUTCOME_REMEMBERED_COUNT_MAX later ones) is "known", however old its
         # begin is by now (found by audit: refused as too old, "nothing ran", and the SDK sent
         # the committed transaction again under an id of the node's).
-        if isinstance(txn, str) and self.known(txn) is not None:
+        # And the machines the core runs, which recovery rebuilds from the coordinator log with no
+        # memory here (found by audit, 2026-11-28: a resend passing the begin checks, clocks more
+        # than a slack apart, began the id again, and its commit crashed the node on the core's
+        # "already coordinates").
+        if isinstance(txn, str) and (self.known(txn) is not None or self.coordinates(txn)):
             raise ClientTxnKnown(f"transaction {txn} is already known to {self.node_id}: a client-chosen id names "
                                 "one transaction, run once; ask its status")
         taken_ms = self.identity_taken_unix_ms()

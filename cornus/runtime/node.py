@@ -148,6 +148,7 @@ class Node:
         self.runner.may_act = self._may_act
         self.runner.acts_for_node = lambda host: self.core.partition_of(host) is None
         self.coordination.identity_taken_unix_ms = lambda: self.runner.identity.taken_unix_ms
+        self.coordination.coordinates = lambda txn: txn in self.core.coordinator.machines
         self.coordination.identity_fresh = lambda: self.runner.identity.fresh_for_client_ids(config.protocol_config)
         self.runner.on_reply = self.coordination.on_reply
         self.runner.on_decided = self.coordination.on_decided

@@ -4,21 +4,25 @@ its id free for the corrected request."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 
 import pytest
 
 from cornus.protocol.config import Protocol
+from cornus.protocol.messages import Decision
 from cornus.protocol.txn_ids import client_txn_id
 from cornus.runtime.node import TxnAborted
 from cornus.runtime.outcome import AbortReason, NodeOverloaded, Outcome, OutcomeStatus
 from cornus.runtime.wire import Op, OpKind
 from storage_adapters.contract import LogId, RecordBody, TxnState
 from storage_adapters.errors import ValidationError
-from tests.runtime.faults import local_cluster, wait_until
+from tests.runtime.faults import DroppingMessages, local_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(60)
+# Longer than a restart of a node of the local cluster takes (about 2 s on a loaded machine).
+RESTART_MS_MAX = 8_000
 
 
 def _new_id(node: str = "n0", age_ms: int = 5) -> str:
@@ -122,8 +126,9 @@ async def test_an_id_another_process_ran_is_in_doubt_not_aborted_on_the_begin_op
         await node.run_ops(first, [Op(OpKind.PUT, "k1", b"v")])
         assert (await node.commit(first)).status is OutcomeStatus.COMMITTED
         await wait_until(lambda: _is(cluster, "k1", b"v"), 5, "the commit was not applied")
-        # The second process: it never ran the id, and began before it.
+        # The second process: it never ran the id (no memory, no machine), and began before it.
         coordination.outcomes.pop(txn)
+        node.core.coordinator.machines.pop(txn, None)
         coordination.started_unix_ms = int(time.time() * 1000) - 1_000
         again = node.begin(None, txn)
         outcome = None
@@ -134,9 +139,8 @@ async def test_an_id_another_process_ran_is_in_doubt_not_aborted_on_the_begin_op
         assert outcome is not None and outcome.status is OutcomeStatus.UNKNOWN, outcome
         known = coordination.known(txn)
         assert known is not None and known.status is OutcomeStatus.UNKNOWN, known
-        # The first process, gone, whose machine would answer from memory (found by audit: with
-        # it gone, this node's status call said "under way" for ever, and read no record).
-        node.core.coordinator.machines.pop(txn, None)
+        # With the first process gone, whose machine would answer from memory, the status call
+        # reads the records (found by audit: it said "under way" for ever, and read no record).
         status = await node.resolve_status(txn)
         assert status is not None and status.status is OutcomeStatus.COMMITTED, status
         assert await cluster.value("k1") == b"v"
@@ -284,3 +288,33 @@ async def test_a_process_whose_identity_was_not_confirmed_lately_runs_no_client_
         _assert_in_doubt(await node.execute([Op(OpKind.PUT, "k1", b"v")], client_txn=_new_id()), "confirmed")
         own = await node.execute([Op(OpKind.PUT, "k1", b"v")])
         assert own.status is OutcomeStatus.COMMITTED, own
+
+
+async def test_a_resend_of_an_id_whose_commit_recovery_runs_is_in_doubt_not_a_crash(tmp_path, monkeypatch):
+    """Found by audit (2026-11-28): the coordinator's memory of client-chosen ids (`known`) held
+    what this process began, not the machines its recovery rebuilt from the coordinator log. A
+    resend of such an id that passed the begin checks (a clock more than a slack apart from the
+    process's that ran it first: outside the slack assumption, but a mistake of the clocks must
+    not crash a node) began it again, and its commit met the running machine: the core's
+    assertion ("already coordinates"), and the node exited. It is in doubt, as any id known here."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2, protocol=Protocol.TWO_PC) as cluster:
+        # Nobody acknowledges the recovered COMMIT, so its machine runs while the resend comes.
+        cluster.network.handlers["n1"] = DroppingMessages(cluster.network.handlers["n1"], Decision)
+        # Begun a little after the restart, by the clock of the process that ran it first.
+        begin_ms = int(time.time() * 1000) + RESTART_MS_MAX
+        txn = client_txn_id(begin_ms, "n0", secrets.token_hex(16), Protocol.TWO_PC)
+        p1 = cluster.partitions[1]
+        await cluster.real_store.log(LogId.coordinator("n0"), txn, TxnState.COMMIT, RecordBody((p1,), "n0"))
+        await cluster.restart("n0")
+        node = cluster.node()
+        assert txn in node.core.coordinator.machines, "recovery did not rebuild the COMMIT's machine"
+        wait_s = begin_ms / 1000 - time.time()
+        assert wait_s > 0, f"the restart took more than {RESTART_MS_MAX} ms"
+        await asyncio.sleep(wait_s)
+        # The clock mistake: the id begins after this process's start and its take, by its clock.
+        monkeypatch.setattr(node.coordination, "started_unix_ms", begin_ms - 10)
+        monkeypatch.setattr(node.coordination, "identity_taken_unix_ms", lambda: begin_ms - 600_000)
+        key = cluster.key_in(cluster.partitions[0])
+        _assert_in_doubt(await node.execute([Op(OpKind.PUT, key, b"v")], client_txn=txn), "already known")
+        assert txn in node.core.coordinator.machines
+        assert await cluster.value(key) is None
