@@ -109,6 +109,13 @@ class ProtocolConfig:
     # (cornus.protocol.hosts): how long a process that a later one of the same node id replaced
     # may go on coordinating (Cornus transactions, which is safe) before it learns it and parks.
     identity_check_ms: int = 2_000
+    # How long a Cornus coordinator's termination may go on asking the participants' logs before
+    # it gives up (its caller heard UNKNOWN at the commit deadline long before; each participant
+    # that voted terminates by itself, so nothing waits on the coordinator's answer). A bound on
+    # its retries, and what a collector of crashed transactions' records must outwait: a
+    # coordinator still asking after that could write ABORT into a collected record's slot
+    # (docs/sweeper-design.md, step 1). The default is the default grace.
+    coordinator_terminate_ms_max: int = 12_000
 
     def __post_init__(self) -> None:
         for item in fields(self):

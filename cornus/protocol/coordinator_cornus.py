@@ -1,11 +1,12 @@
 """Cornus coordinator (Algorithm 1, lines 1-10): reply on all VOTE_YES without logging anything,
-send decisions asynchronously, and on a vote timeout terminate through the participants' logs."""
+send decisions asynchronously, and on a vote timeout terminate through the participants' logs,
+for at most coordinator_terminate_ms_max (then give up: the participants terminate by themselves)."""
 
 from __future__ import annotations
 
 from cornus.protocol import txn_ids
 from cornus.protocol.coordinator_base import CoordinatorBase, CoordPhase
-from cornus.protocol.effects import Effect, TerminationEnded, TerminationStarted
+from cornus.protocol.effects import CancelTimer, Effect, StartTimer, TerminationEnded, TerminationStarted
 from cornus.protocol.events import Event, ExecuteFailed, LogReturned, StorageUnreachable
 from cornus.protocol.messages import Vote
 from cornus.protocol.termination import Termination
@@ -48,6 +49,8 @@ class CornusCoordinator(CoordinatorBase):
             return []
         if kind == "votes":
             return [] if self.termination is not None else self._terminate()
+        if kind == "terminate-limit":
+            return self._give_up()
         assert kind == "termination", kind
         assert self.termination is not None
         return self.termination.on_timer()
@@ -60,9 +63,21 @@ class CornusCoordinator(CoordinatorBase):
         self.termination = Termination(
             self.node, self.txn, silent, body, backoff=self._backoff, timer=self._timer("termination")
         )
-        effects: list[Effect] = [TerminationStarted(self.txn, self.node), *self.termination.start()]
+        limit = StartTimer(self._timer("terminate-limit"), self.config.coordinator_terminate_ms_max)
+        effects: list[Effect] = [TerminationStarted(self.txn, self.node), limit, *self.termination.start()]
         assert self.termination.outcome is None, "a vote is missing, so some log is asked"
         return effects
+
+    def _give_up(self) -> list[Effect]:
+        """Stop asking the logs, undecided: every participant that voted yes terminates by itself,
+        one that did not aborts at its prepare timeout, and the caller heard UNKNOWN at its commit
+        deadline (the status call reads the records). Answers of calls still in flight are not
+        acted on (the phase is no longer COLLECTING), and the machine ends once they are in.
+        DONE, as after a decision's collection: nothing is left for this coordinator to do."""
+        assert self.termination is not None and self.termination.outcome is None and self.decision is None
+        self.phase = CoordPhase.DONE
+        return [CancelTimer(self._timer("termination")), CancelTimer(self._timer("votes")),
+                TerminationEnded(self.txn, self.node, None)]
 
     def _handle(self, event: Event) -> list[Effect]:
         if not isinstance(event, LogReturned):
@@ -83,6 +98,6 @@ class CornusCoordinator(CoordinatorBase):
         effects = super()._announce(decision, reply, reason)
         if self.termination is not None:
             # However the outcome came (termination, a late vote, a participant's ack), the
-            # termination this coordinator started is over.
-            effects.insert(0, TerminationEnded(self.txn, self.node, decision))
+            # termination this coordinator started is over, and its limit with it.
+            effects[:0] = [TerminationEnded(self.txn, self.node, decision), CancelTimer(self._timer("terminate-limit"))]
         return effects

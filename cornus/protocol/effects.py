@@ -208,9 +208,12 @@ class TerminationStarted:
 
 @dataclass(frozen=True, slots=True)
 class TerminationEnded:
+    """`where` ended its termination with `outcome`; None: it gave up undecided (a Cornus
+    coordinator past ProtocolConfig.coordinator_terminate_ms_max)."""
+
     txn: str
     where: str
-    outcome: TxnState
+    outcome: TxnState | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -374,7 +374,8 @@ def timeout_names_all() -> set[str]:
 
 def _is_timer(name: str) -> bool:
     # Not the tombstones' keep, which storage counts, not a timer of ours.
-    return (name.endswith("_ms") or name.startswith(("timeout_ms_", "backoff_ms_"))) and name != "outcome_keep_ms"
+    return (name.endswith(("_ms", "_ms_max")) or name.startswith(("timeout_ms_", "backoff_ms_"))) and (
+        name != "outcome_keep_ms")
 
 
 def timeout_maxima() -> dict[str, int]:
@@ -388,7 +389,6 @@ def timeout_maxima() -> dict[str, int]:
     maxima.update({
         "lease_ms": OWNER_LEASE_MS_MAX,
         "renew_interval_ms": OWNER_LEASE_MS_MAX // 2,  # at most half the lease
-        "drain_ms_max": TIMER_MS_MAX,
         "outcome_keep_ms": TOMBSTONE_KEEP_MS_MAX,
         "scan_page_count_max": SCAN_PAGE_COUNT_MAX,
         "gc_attempt_count_max": GC_ATTEMPT_COUNT_MAX,

@@ -398,6 +398,10 @@ class EffectRunner:
             return
         elapsed_ms = (time.perf_counter() - started) * 1000
         self.timings.terminations_ms.append(elapsed_ms)
+        if effect.outcome is None:
+            log.warning("termination of %s on %s gave up undecided after %.0f ms (its participants terminate it)",
+                        effect.txn, effect.where, elapsed_ms, extra={"txn": effect.txn})
+            return
         log.info("termination of %s on %s decided %s in %.2f ms", effect.txn, effect.where, effect.outcome,
                  elapsed_ms, extra={"txn": effect.txn})
 

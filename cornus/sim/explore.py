@@ -85,6 +85,7 @@ def _explore_share(args: tuple[str, int, int, bool, bool]) -> tuple[int, Failure
             1 for txn in world.txns if TxnState.COMMIT in world.storage.decisions_seen.get(txn, set())
         )
         faults["terminations"] += world.outcome.terminations
+        faults["terminations_given_up"] += world.outcome.terminations_given_up
         faults["late_landings"] += world.outcome.late_landings
         faults["late_duplicates"] += world.outcome.late_duplicates
         faults["status_questions"] += world.outcome.status_questions

@@ -234,6 +234,10 @@ class Schedule:
     # watch's answers latest (found by review: a parked process could take a live holder's
     # identity for vacant there, and none of the simulator's schedules reached it).
     slow_identity: bool = False
+    # A Cornus coordinator's termination gives up after this long (ProtocolConfig.
+    # coordinator_terminate_ms_max; 0: the default, longer than a run), so that giving up amid
+    # outages, losses and crashes is explored.
+    terminate_limit_ms: int = 0
     # How far each named node's clock runs ahead of storage's (behind, when negative: _clock_offset_ms;
     # others: 0): any two differ by at most the clock slack, as the runtime assumes of its nodes. What reads
     # a clock: a transaction id's begin (its coordinator's), an owner's check of a one-shot
@@ -561,4 +565,7 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         # schedules stay what they were).
         rollout=zlib.crc32(f"{seed}/rollout".encode()) % 4 == 0,
         short_scans=zlib.crc32(f"{seed}/scans".encode()) % 4 == 0,
+        # One in four gives up terminating soon (a hash of the seed: the others stay as they were).
+        terminate_limit_ms=1 + zlib.crc32(f"{seed}/give-up".encode()) % 400
+        if zlib.crc32(f"{seed}/give-up?".encode()) % 4 == 0 else 0,
     )

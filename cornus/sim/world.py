@@ -187,6 +187,7 @@ def config_for(schedule: Schedule) -> ProtocolConfig:
         if schedule.late_window_ms else keep_ms,
         late_write_window_ms=schedule.late_window_ms,
         scan_page_count_max=schedule.scan_page_max,
+        **({"coordinator_terminate_ms_max": schedule.terminate_limit_ms} if schedule.terminate_limit_ms else {}),
         # A cut Twin's first process must not learn of the second before its cut (the runtime
         # checks every 2 s): it is deposed by the read its writes wait for once back, or the next.
         identity_check_ms=(IDENTITY_CHECK_MS_SLOW if schedule.slow_identity
@@ -211,6 +212,7 @@ class Outcome:
     released_read_only: set[tuple[str, str]] = field(default_factory=set)
     resolves: list[tuple[str, TxnState | None, str]] = field(default_factory=list)
     terminations: int = 0
+    terminations_given_up: int = 0  # Cornus coordinators that stopped asking the logs, undecided
     late_landings: int = 0  # storage calls that landed after their caller was told "unreachable"
     lock_waits: int = 0  # one-shot requests that waited for a lock
     stale_answers: int = 0  # answers to calls of a partition's earlier tenure on the same node, dropped
@@ -737,6 +739,8 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
             node.tables[effect.partition].cache_redo(effect.redo)
         elif isinstance(effect, TerminationStarted):
             self.outcome.terminations += 1
+        elif isinstance(effect, TerminationEnded) and effect.outcome is None:
+            self.outcome.terminations_given_up += 1
         elif isinstance(effect, TakeIdentity | CheckIdentity):
             node.identity_left_ms = self.now_ms
             if self._storage_cut_off(node):

@@ -244,6 +244,39 @@ def test_a_coordinator_whose_termination_is_overtaken_still_ends_it() -> None:
     assert Reply(txn, TxnState.COMMIT) in effects
 
 
+def test_a_coordinator_s_termination_gives_up_at_its_limit_and_acts_on_no_late_answer() -> None:
+    """Found by review of the sweeper's design (docs/sweeper-design.md, step 1): a Cornus
+    coordinator whose logs stay unreachable asked them again after every backoff, for ever (a
+    retry loop with no bound, and a write that could land after a collector emptied the slot).
+    Past coordinator_terminate_ms_max it stops, undecided, and ends once its calls are in; an
+    answer that comes after is not acted on (the participants terminate by themselves)."""
+    txn = "5.c0.x.4.cornus"
+    config = ProtocolConfig(coordinator_terminate_ms_max=1_000)
+    host = CoordinatorHost("c0", config, random.Random(1), protocol_of)
+    host.handle(CommitRequested("c0", txn, writes=(("p0", b"a"), ("p1", b"b"))))
+    started = host.handle(TimerFired(Timer("c0", txn, "votes")))
+    assert StartTimer(Timer("c0", txn, "terminate-limit"), 1_000) in started
+    calls = [e for e in started if isinstance(e, LogOnce)]
+    assert len(calls) == 2
+    for call in calls[:-1]:
+        host.handle(LogReturned(call, StorageUnreachable("down")))
+    retry_calls = host.handle(TimerFired(Timer("c0", txn, "termination")))
+    assert [e for e in retry_calls if isinstance(e, LogOnce)], "the unreachable log was not asked again"
+    gave_up = host.handle(TimerFired(Timer("c0", txn, "terminate-limit")))
+    assert TerminationEnded(txn, "c0", None) in gave_up
+    assert CancelTimer(Timer("c0", txn, "termination")) in gave_up
+    assert not [e for e in gave_up if isinstance(e, LogOnce | Reply | Send)]
+    assert host.handle(TimerFired(Timer("c0", txn, "termination"))) == []
+    machine = host.machines[txn]
+    assert machine.decision is None and not machine.finished, "ended with its calls still in flight"
+    # The calls in flight come back (one with the answer that would have decided): nothing follows.
+    in_flight = [calls[-1], *(e for e in retry_calls if isinstance(e, LogOnce))]
+    for call in in_flight[:-1]:
+        assert host.handle(LogReturned(call, StorageUnreachable("down"))) == []
+    assert host.handle(LogReturned(in_flight[-1], LogOnceResult(TxnState.ABORT, True))) == []
+    assert txn not in host.machines, "the machine did not end once its calls were in"
+
+
 @pytest.mark.parametrize("redo_answered_first", [True, False], ids=["redo-landed", "redo-in-flight"])
 def test_a_coordinator_log_abort_after_its_redo_left_is_logged_over_the_redo(redo_answered_first: bool) -> None:
     """Found by audit (2026-11-27): a coordinator-log coordinator that decided ABORT after its redo
