@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
@@ -308,6 +309,9 @@ def _print_outcome(outcome: Outcome, as_json: bool) -> None:
         print(f"  detail: {outcome.detail}")
     for key, value in outcome.reads.items():
         print(f"  {key} = {'(absent)' if value is None else json.dumps(value)}")
+    for key, data in outcome.binary_reads.items():
+        # Not text (written through gRPC): its exact bytes, never a lossy decoding of them.
+        print(f"  {key} = (not UTF-8, {len(data)} bytes, base64) {base64.b64encode(data).decode('ascii')}")
     if outcome.timing_ms:
         print("  timing_ms: " + ", ".join(f"{name}={ms:.2f}" for name, ms in outcome.timing_ms.items()))
 

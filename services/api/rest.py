@@ -22,17 +22,27 @@ UNAVAILABLE), the node's own gates, which both APIs leave to it: it does not kno
 logs hold. Calls on a transaction already open are served.
 
 Every GET route answers HEAD too: the same status and headers, no body.
+
+Stored values are bytes. This API writes text: every value it takes is a JSON string, stored as its
+UTF-8 bytes. Other APIs (gRPC) write any bytes, and a value read is never decoded lossily: UTF-8
+text comes back as a JSON string in `reads` (an outcome) or `values` (an interactive read), as it
+always did; a value that is not UTF-8 comes back as its exact bytes in base64 (RFC 4648, padded)
+under `reads_base64` or `values_base64` (key -> base64), and its key is left out of `reads` or
+`values`, so a client that knows nothing of those fields fails on a missing key instead of reading
+other bytes. Either field is present only when some value read is not UTF-8. Such a value cannot
+be written back through this API, nor compared by a check (whose value is text): use gRPC.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import logging
 import re
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, MutableMapping
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -237,13 +247,27 @@ class PutIn(_Strict):
     value: Value
 
 
+# A stored value that is not UTF-8, as JSON carries it: its exact bytes in base64.
+Base64Value = Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]*={0,2}$", json_schema_extra={
+    "contentEncoding": "base64", "contentMediaType": "application/octet-stream"})]
+_TEXT_VALUES_DOC = ("key -> the value read, when it is UTF-8 text (null: the key is absent); a value that is not "
+                    "UTF-8 is not here but in {binary}")
+_BINARY_VALUES_DOC = ("key -> the exact bytes of a value read that is not UTF-8 (written through the gRPC API), "
+                      "base64-encoded (RFC 4648, padded); its key is left out of {text}, so a client that does "
+                      "not know this field finds the key missing rather than other bytes. Present only when "
+                      "some value read is not UTF-8")
+
+
 class OutcomeOut(BaseModel):
     txn: str
     outcome: OutcomeStatus
     reason: str | None = None
     retryable: bool
     detail: str = ""
-    reads: dict[str, str | None] = Field(default_factory=dict)
+    reads: dict[str, str | None] = Field(default_factory=dict,
+                                         description=_TEXT_VALUES_DOC.format(binary="reads_base64"))
+    reads_base64: dict[str, Base64Value] = Field(default_factory=dict,
+                                                 description=_BINARY_VALUES_DOC.format(text="reads"))
     timing_ms: dict[str, float] = Field(default_factory=dict)
 
 
@@ -253,7 +277,9 @@ class BeginOut(BaseModel):
 
 class ReadOut(BaseModel):
     txn: str
-    values: dict[str, str | None]
+    values: dict[str, str | None] = Field(description=_TEXT_VALUES_DOC.format(binary="values_base64"))
+    values_base64: dict[str, Base64Value] = Field(default_factory=dict,
+                                                  description=_BINARY_VALUES_DOC.format(text="values"))
 
 
 class ErrorOut(BaseModel):
@@ -324,15 +350,42 @@ class TxnInfoOut(BaseModel):
 def _outcome_body(outcome: Outcome) -> dict[str, Any]:
     """OutcomeOut's fields, built directly: every transaction answers with one, and a pydantic
     model built only to be dumped again cost more than the rest of the response."""
-    return {
+    reads, reads_base64 = _values_json(outcome.reads)
+    body: dict[str, Any] = {
         "txn": outcome.txn,
         "outcome": outcome.status.value,
         "reason": None if outcome.reason is None else outcome.reason.value,
         "retryable": outcome.retryable,
         "detail": outcome.detail,
-        "reads": {key: None if value is None else value.decode("utf-8", "replace") for key, value in outcome.reads},
+        "reads": reads,
         "timing_ms": outcome.timing_ms,
     }
+    if reads_base64:  # only then: a body of text values stays what it always was
+        body["reads_base64"] = reads_base64
+    return body
+
+
+def _read_body(txn: str, keys: list[str], values: list[bytes | None]) -> dict[str, Any]:
+    """ReadOut's fields, built directly as an outcome's are (values_base64 only when needed)."""
+    text, binary = _values_json(zip(keys, values, strict=True))
+    body: dict[str, Any] = {"txn": txn, "values": text}
+    if binary:
+        body["values_base64"] = binary
+    return body
+
+
+def _values_json(values: Iterable[tuple[str, bytes | None]]) -> tuple[dict[str, str | None], dict[str, str]]:
+    """Values read as JSON carries them: (key -> UTF-8 text or None, key -> base64 of the others).
+    Never decoded lossily: U+FFFD in place of each bad byte handed the client other bytes than
+    stored, which a read-modify-write then wrote back (found by review)."""
+    text: dict[str, str | None] = {}
+    binary: dict[str, str] = {}
+    for key, value in values:
+        try:
+            text[key] = None if value is None else value.decode("utf-8")
+        except UnicodeDecodeError:  # Python's strict decoder takes exactly RFC 3629's UTF-8
+            binary[key] = base64.b64encode(value).decode("ascii")
+    return text, binary
 
 
 class _FastJSON(JSONResponse):
@@ -860,8 +913,7 @@ def _fastapi_app(served: _Served) -> FastAPI:
             except TxnAborted as aborted:
                 return _ended(aborted.outcome)
             _check_read_fits(values)
-            return ReadOut(txn=txn, values={k: None if v is None else v.decode("utf-8", "replace")
-                                            for k, v in zip(body.keys, values, strict=True)})
+            return _FastJSON(_read_body(txn, body.keys, values))
 
     @app.post("/v1/txn/{txn}/write", operation_id="write", response_model=BeginOut,
               summary="Write keys inside a transaction",

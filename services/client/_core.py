@@ -6,6 +6,8 @@ two cannot drift apart in what a response means.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import itertools
 import logging
@@ -29,6 +31,7 @@ from services.client.types import (
     Status,
     TransactionAborted,
     Unavailable,
+    ValueNotText,
     WrongState,
 )
 
@@ -154,7 +157,12 @@ def check_value(key: str, value: object, *, nullable: bool) -> str | None:
     if value is None and nullable:
         return None
     if not isinstance(value, str):
-        raise InvalidRequest(0, "invalid_request", f"the value of {key!r} must be a str, got {type(value).__name__}")
+        # Said for bytes: the REST API takes text values alone, and a caller holding the bytes of a
+        # binary read may try to write them back.
+        binary = (" (the REST API carries text values only, stored as UTF-8: write other bytes through "
+                  "the gRPC API)") if isinstance(value, bytes | bytearray | memoryview) else ""
+        raise InvalidRequest(0, "invalid_request",
+                             f"the value of {key!r} must be a str, got {type(value).__name__}{binary}")
     return value
 
 
@@ -392,11 +400,33 @@ def _raise_for_error(url: str, response: httpx.Response, body: Any) -> None:
         raise InvalidRequest(code, error or "client_error", detail)
 
 
+def _values_from(body: dict[str, Any], text_field: str) -> tuple[dict[str, str | None], dict[str, bytes]]:
+    """The values of a node's answer: `text_field` (key -> text or None) and `<text_field>_base64`
+    (key -> base64 of a value that is not UTF-8, the exact bytes). TypeError, ValueError or
+    AttributeError for an answer of another shape, or a key in both (which is the value?)."""
+    text = body.get(text_field) or {}
+    encoded = body.get(f"{text_field}_base64") or {}
+    values = {str(key): None if value is None else str(value) for key, value in text.items()}
+    binary = {str(key): _exact_bytes(value) for key, value in encoded.items()}
+    if values.keys() & binary.keys():
+        raise ValueError(f"keys both in {text_field} and {text_field}_base64")
+    return values, binary
+
+
+def _exact_bytes(encoded: object) -> bytes:
+    if not isinstance(encoded, str):
+        raise TypeError(f"a base64 value must be a string, got {type(encoded).__name__}")
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except binascii.Error as error:  # a ValueError; said apart for the message
+        raise ValueError(f"not base64: {error}") from error
+
+
 def _outcome_from(url: str, body: dict[str, Any]) -> Outcome:
     try:
         status = Status(body["outcome"])
         reason = body.get("reason")
-        reads = body.get("reads") or {}
+        reads, binary_reads = _values_from(body, "reads")
         timing = body.get("timing_ms") or {}
         return Outcome(
             txn=str(body.get("txn", "")),
@@ -404,12 +434,56 @@ def _outcome_from(url: str, body: dict[str, Any]) -> Outcome:
             reason=None if reason is None else str(reason),
             retryable=bool(body.get("retryable", False)),
             detail=str(body.get("detail", "")),
-            reads={str(key): None if value is None else str(value) for key, value in reads.items()},
+            reads=reads,
+            binary_reads=binary_reads,
             timing_ms={str(key): float(value) for key, value in timing.items()},
             node_url=url,
         )
     except (KeyError, TypeError, ValueError, AttributeError, AssertionError) as error:
         raise ServerError(200, "bad_response", f"{url}: not an outcome: {body!r}"[:400]) from error
+
+
+def _read_values(url: str, body: Any, names: list[str]) -> tuple[dict[str, str | None], dict[str, bytes]]:
+    """An interactive read's answer of `names`: (text values, exact bytes of the others), each
+    name in one of the two. ServerError for an answer of another shape."""
+    try:
+        if not isinstance(body, dict) or not isinstance(body.get("values"), dict):
+            raise TypeError("no values")
+        text, binary = _values_from(body, "values")
+    except (TypeError, ValueError, AttributeError) as error:
+        raise ServerError(200, "bad_response", f"{url}: read returned {body!r}"[:400]) from error
+    if not set(names) <= text.keys() | binary.keys():
+        raise ServerError(200, "bad_response", f"{url}: read returned {body!r}"[:400])
+    return text, binary
+
+
+def read_text(url: str, body: Any, names: list[str]) -> dict[str, str | None]:
+    """What Transaction.read returns: name -> text (None: absent). ValueNotText for a value that
+    is not UTF-8, whose bytes read_bytes returns: never other bytes in their place."""
+    text, binary = _read_values(url, body, names)
+    for name in names:
+        if name in binary:
+            raise ValueNotText(name, binary[name], "txn.read_bytes(keys)")
+    return {name: text[name] for name in names}
+
+
+def read_bytes(url: str, body: Any, names: list[str]) -> dict[str, bytes | None]:
+    """What Transaction.read_bytes returns: name -> the value's exact bytes, text or not (None:
+    absent)."""
+    text, binary = _read_values(url, body, names)
+    return {name: binary[name] if name in binary else _utf8(text[name]) for name in names}
+
+
+def _utf8(value: str | None) -> bytes | None:
+    return None if value is None else value.encode("utf-8")
+
+
+def got_text(outcome: Outcome, key: str) -> str | None:
+    """What the client's get returns of a committed one-shot get of `key`: its text (None:
+    absent). ValueNotText for a value that is not UTF-8, whose bytes get_bytes returns."""
+    if key in outcome.binary_reads:
+        raise ValueNotText(key, outcome.binary_reads[key], "client.get_bytes(key)")
+    return outcome.reads.get(key)
 
 
 def parse_outcome(url: str, response: httpx.Response, txn: str, *, may_have_committed: bool,

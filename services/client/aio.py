@@ -7,6 +7,7 @@
             balance = int((await txn.read(["alice"]))["alice"] or 0)
             await txn.write({"alice": str(balance - 10)})
         await client.run_transaction(transfer)     # reruns `await transfer(txn)` on retryable aborts
+        await client.get_bytes("blob")             # any value's exact bytes (get: text only)
 
 Interactive transactions stay on the node that began them; new ones rotate over the nodes.
 """
@@ -38,6 +39,7 @@ from services.client._core import (
     client_txn,
     describe,
     execute_body,
+    got_text,
     identity_from,
     is_busy,
     is_read_only,
@@ -48,6 +50,8 @@ from services.client._core import (
     note_refusal,
     parse_ok,
     parse_outcome,
+    read_bytes,
+    read_text,
     refused_in_doubt,
     status_answered,
     txn_path,
@@ -92,13 +96,17 @@ class AsyncTransaction:
         return self.outcome is not None
 
     async def read(self, keys: str | Sequence[str]) -> dict[str, str | None]:
-        """The values of `keys` (None: absent), locked until the transaction ends."""
+        """The values of `keys` as text (None: absent), locked until the transaction ends.
+        ValueNotText, holding its bytes, for a value that is not UTF-8 (stored through gRPC):
+        read_bytes reads any value."""
         names = check_keys(keys)
-        body = await self._call("/read", {"keys": names})
-        values = body.get("values") if isinstance(body, dict) else None
-        if not isinstance(values, dict) or not set(names) <= set(values):
-            raise ServerError(200, "bad_response", f"{self.node_url}: read returned {body!r}"[:400])
-        return {name: values[name] for name in names}
+        return read_text(self.node_url, await self._call("/read", {"keys": names}), names)
+
+    async def read_bytes(self, keys: str | Sequence[str]) -> dict[str, bytes | None]:
+        """The exact bytes of the values of `keys`, text or not (None: absent), locked until the
+        transaction ends."""
+        names = check_keys(keys)
+        return read_bytes(self.node_url, await self._call("/read", {"keys": names}), names)
 
     async def write(self, writes: Mapping[str, str | None]) -> None:
         """Buffer writes (None deletes the key); they apply only if the transaction commits."""
@@ -316,9 +324,14 @@ class AsyncCornusClient:
         return note_refusal(self._identities, self._refusals_logged, url, response)
 
     async def get(self, key: str) -> str | None:
-        """The value of `key` (None: absent). Raises TransactionFailed if the read did not commit."""
-        outcome = (await self.execute([Op.get(key)])).raise_for_outcome()
-        return outcome.reads.get(key)
+        """The value of `key` as text (None: absent). Raises TransactionFailed if the read did not
+        commit, ValueNotText (holding its bytes) if the value is not UTF-8: get_bytes reads any."""
+        return got_text((await self.execute([Op.get(key)])).raise_for_outcome(), key)
+
+    async def get_bytes(self, key: str) -> bytes | None:
+        """The exact bytes of the value of `key`, text or not (None: absent). Raises
+        TransactionFailed if the read did not commit."""
+        return (await self.execute([Op.get(key)])).raise_for_outcome().read_bytes(key)
 
     async def put(self, key: str, value: str) -> Outcome:
         """Write one key; the committed outcome, else TransactionFailed."""

@@ -1,12 +1,18 @@
 """What the client SDK hands back: typed outcomes, operations and admin listings, and the typed
 errors it raises. Plain dataclasses, no I/O, shared by the sync and the async client.
 
+Values are text (str) in the SDK, as in the REST API it speaks: stored as UTF-8. A value stored
+through another API (gRPC) that is not UTF-8 is handed back as its exact bytes, never decoded
+lossily: in `Outcome.binary_reads` (its key left out of `Outcome.reads`) and by the calls that
+return bytes (`get_bytes`, `read_bytes`); a call that returns text raises ValueNotText for it.
+
 The SDK depends on httpx alone (never on `cornus` or `storage_adapters`), so an application can
 install it without the server's gRPC and storage clients.
 """
 
 from __future__ import annotations
 
+import base64
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -62,6 +68,30 @@ class Op:
         return body
 
 
+class TextReads(dict[str, str | None]):
+    """`Outcome.reads`: key -> the value read as text (None: the key is absent). A key whose value
+    is not UTF-8 is not here but in `Outcome.binary_reads`, and looking it up here ([] or get)
+    raises ValueNotText, naming where its bytes are, rather than answering "not read" or "absent"
+    (get's default), which a caller could take for the value."""
+
+    def __init__(self, text: Mapping[str, str | None] | None = None,
+                 binary: Mapping[str, bytes] | None = None) -> None:
+        super().__init__(text or {})
+        self.binary: Mapping[str, bytes] = binary if binary is not None else {}
+
+    def __missing__(self, key: str) -> str | None:
+        self._refuse_binary(key)
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self._refuse_binary(key)
+        return super().get(key, default)
+
+    def _refuse_binary(self, key: str) -> None:
+        if key in self.binary:
+            raise ValueNotText(key, self.binary[key], "outcome.binary_reads[key] (outcome.read_bytes(key))")
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """How a transaction ended, as the node that ran it reported (or as the client concluded when
@@ -72,12 +102,16 @@ class Outcome:
     reason: str | None = None
     retryable: bool = False
     detail: str = ""
+    # key -> value read, as text (None: absent); a TextReads, which refuses the keys of binary_reads.
     reads: dict[str, str | None] = field(default_factory=dict)
     timing_ms: dict[str, float] = field(default_factory=dict)
     # The node that answered (base URL), or the one that was asked when none answered.
     node_url: str = ""
     # HTTP requests this outcome took, retries included.
     attempt_count: int = 1
+    # key -> the exact bytes of a value read that is not UTF-8 text (stored through gRPC), which
+    # the node sends base64-encoded (`reads_base64`); such a key is not in `reads`.
+    binary_reads: dict[str, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         assert isinstance(self.status, Status), self.status
@@ -86,6 +120,9 @@ class Outcome:
         # retryable: retrying either could apply the writes twice.
         assert self.reason is None or self.status is Status.ABORTED, (self.status, self.reason)
         assert not self.retryable or self.status in (Status.ABORTED, Status.UNAVAILABLE), self
+        assert not self.reads.keys() & self.binary_reads.keys(), (self.reads, self.binary_reads)
+        if not (isinstance(self.reads, TextReads) and self.reads.binary is self.binary_reads):
+            object.__setattr__(self, "reads", TextReads(self.reads, self.binary_reads))
 
     @property
     def committed(self) -> bool:
@@ -97,12 +134,26 @@ class Outcome:
             return self
         raise failure_for(self)
 
+    def read_bytes(self, key: str) -> bytes | None:
+        """The exact bytes of the value read of `key`, text or not (None: absent). KeyError if
+        the transaction did not read `key`."""
+        if key in self.binary_reads:
+            return self.binary_reads[key]
+        value = self.reads[key]
+        return None if value is None else value.encode("utf-8")
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        """As the REST API words an outcome: binary reads base64-encoded under `reads_base64`,
+        present only when there are some."""
+        body: dict[str, Any] = {
             "txn": self.txn, "outcome": self.status.value, "reason": self.reason, "retryable": self.retryable,
             "detail": self.detail, "reads": dict(self.reads), "timing_ms": dict(self.timing_ms),
             "node_url": self.node_url, "attempt_count": self.attempt_count,
         }
+        if self.binary_reads:
+            body["reads_base64"] = {key: base64.b64encode(value).decode("ascii")
+                                    for key, value in self.binary_reads.items()}
+        return body
 
 
 # Protocols whose participants learn the decision only from their coordinator, and the phases of a
@@ -238,6 +289,18 @@ class ServerError(CornusError):
         self.status_code = status_code
         self.error = error
         self.detail = detail
+
+
+class ValueNotText(CornusError):
+    """A value read is not UTF-8 text (it was stored through gRPC, which takes any bytes) and the
+    call returns text: it raises rather than hand back other bytes. `value` holds the exact bytes;
+    the message says where else they are. Nothing changed: the read itself succeeded."""
+
+    def __init__(self, key: str, value: bytes, where: str) -> None:
+        super().__init__(f"the value of {key!r} is not UTF-8 text ({len(value)} bytes): its exact bytes are in "
+                         f"{where}, and in this error's `value`")
+        self.key = key
+        self.value = value
 
 
 class TransactionFailed(CornusError):

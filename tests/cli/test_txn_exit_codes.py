@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from services import cli
-from services.client import CornusClient
+from services.client import CornusClient, Outcome, Status
 
 
 def _answering(outcome: str) -> type[CornusClient]:
@@ -34,3 +34,12 @@ def test_an_unknown_outcome_exits_with_its_own_code(monkeypatch: pytest.MonkeyPa
     `cornus txn` until it exits 0 ran a transaction that may have committed again."""
     monkeypatch.setattr(cli, "CornusClient", _answering(outcome))
     assert cli.main(["txn", "--url", "http://node:8100", "put:k=v"]) == code
+
+
+def test_a_value_read_that_is_not_text_is_printed_as_its_exact_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by review (2026-11-28): the text output printed `reads` alone, so a value stored
+    through gRPC that is not UTF-8 (which the SDK hands back in binary_reads) was left out."""
+    outcome = Outcome("1.n0.x.1.cornus", Status.COMMITTED, reads={"t": "text"}, binary_reads={"b": b"\xff\x00a"})
+    cli._print_outcome(outcome, as_json=False)
+    printed = capsys.readouterr().out
+    assert 't = "text"' in printed and "b = (not UTF-8, 3 bytes, base64) /wBh" in printed, printed

@@ -1,5 +1,6 @@
 """One real 3-node cluster (`cornus serve` processes on 127.0.0.1, emulator storage) shared by
-every SDK test: starting one costs seconds, and each test uses keys of its own."""
+every SDK test: starting one costs seconds, and each test uses keys of its own. It serves the
+public gRPC API too: values that are not UTF-8 can only be written through it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tests.cluster.harness import Cluster, running_cluster
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     path = tmp_path_factory.mktemp("client-cluster") / "c.db"
     storage = {"backend": "emulator", "emulator_path": str(path), "timeout_ms_call": "2000"}
-    with running_cluster("cornus", storage) as started:
+    with running_cluster("cornus", storage, grpc_api=True) as started:
         started.start_all()
         yield started
 
