@@ -95,7 +95,10 @@ class HoldingProxy:
     cut: a replica behind the proxy stops receiving its primary's stream, and neither side knows).
     While `resetting`, a request `holds(chunk)` picks goes on at once, and the connection is reset
     once the server's reply to it comes, which the client never gets (a request that landed, its
-    answer lost); `forwarded_count` counts the requests picked so, sent to the server."""
+    answer lost); `forwarded_count` counts the requests picked so, sent to the server. With
+    `holding_bodies`, a held request's headers go on at once and only the rest of the chunk (its
+    body) is held: a lost TCP segment being sent again, or a proxy on the way that is slow to pass
+    it on, after the server has judged the request by its headers."""
 
     def __init__(self, upstream_port: int, holds: Callable[[bytes], bool], hold_s: float) -> None:
         self.upstream_port = upstream_port
@@ -103,6 +106,7 @@ class HoldingProxy:
         self.hold_s = hold_s
         self.holding = False
         self.holding_replies = False
+        self.holding_bodies = False
         self.swallowing = False
         self.cutting = False
         self.resetting = False
@@ -146,8 +150,14 @@ class HoldingProxy:
                     return
                 if outbound and self.holding and self.holds(data):
                     self.held_count += 1
+                    headers_end = data.find(b"\r\n\r\n") + len(b"\r\n\r\n")
                     if self.holding_replies:
                         reply_held.set()
+                    elif self.holding_bodies and 4 <= headers_end < len(data):
+                        writer.write(data[:headers_end])
+                        await writer.drain()
+                        await asyncio.sleep(self.hold_s)
+                        data = data[headers_end:]
                     else:
                         await asyncio.sleep(self.hold_s)
                 elif not outbound and reply_held.is_set():
