@@ -76,7 +76,8 @@ before, and a write passing a partition on is not accepted before this store's u
 writes for it have expired (and stops the ones it has not sent). What remains is in
 azure_signing's docstring: Azure's own clocks (the Last-Modified stamp and the signature check)
 drifting apart by more than a taker's clock slack, and a request's body arriving long after its
-headers.
+headers through a proxy that holds it (the store's own sockets reset at a call's deadline, which
+drops a body still on its way: `_socket_resetting_on_close`).
 
 Garbage collection's deletes of one event-loop tick (the contract's base joins them) go to Azure
 all at once, each its own Delete Blob request, after one read per fenced partition's ownership
@@ -135,10 +136,12 @@ import collections
 import contextlib
 import datetime
 import json
+import socket
+import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 from azure.core import MatchConditions
@@ -211,6 +214,21 @@ APPLY_CHUNK_COUNT = 4 * DATA_CONCURRENCY_MAX
 SDK_RETRY_COUNT_MAX = 0
 
 
+def _socket_resetting_on_close(addr_info: Any) -> socket.socket:
+    """A socket whose close resets its connection (SO_LINGER 0) and drops what it still had to
+    send. Azure judges a request's signature when its headers arrive and commits the write when
+    its body has: a body still on its way when the call's deadline closed the connection (a lost
+    segment sent again and again through a network partition) landed after its fence's window,
+    after the next owner's take and scan, once the partition healed (found by audit, 2026-11-28,
+    fourth: a later recovery applied its old redo over a newer commit). A reset stops that, and a
+    proxy on the way passes it on and drops what it held (tests/storage/test_azure_fence_window.py);
+    one that holds data and does not is outside what this backend can fence (docs/deploy.md)."""
+    family, kind, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=kind, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    return sock
+
+
 class _OnceTransport(AioHttpTransport):
     """azure-core's aiohttp transport, whose session never sends a request twice: aiohttp resends a
     PUT or DELETE once by itself when its connection is reset before the answer (its
@@ -219,6 +237,12 @@ class _OnceTransport(AioHttpTransport):
     written", a write that landed Fenced, "nothing written" (found by audit, 2026-11-28)."""
 
     async def open(self) -> None:
+        if self.session is None and self._session_owner and not self._has_been_opened:
+            # azure-core's own session, but for its sockets (`_socket_resetting_on_close`).
+            self.session = aiohttp.ClientSession(
+                trust_env=self._use_env_settings, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
+                connector=aiohttp.TCPConnector(socket_factory=_socket_resetting_on_close),
+            )
         await super().open()
         assert hasattr(self.session, "_retry_connection"), (
             f"aiohttp {aiohttp.__version__} has no _retry_connection: check how it resends requests"

@@ -35,9 +35,11 @@ expiry (`se`) Azure checks on arrival, with its own clock:
 A 403 for a request whose signature was out of its time by Azure's clock when it arrived (the later
 of the answer's Date header and the error message's own Time) is that request arriving late, or
 early (StorageUnavailable: retried), not a credential problem (StorageError). What this leaves: a
-request's headers are checked on arrival, so a body held up after them (one TCP segment for
-records; a data blob of many) could commit later; and Azure's own clocks (the Last-Modified stamp,
-the signature check) must agree within a taker's clock slack.
+request's headers are checked on arrival, so a body held up after them could commit later; the
+store's sockets reset their connection when a call's deadline closes it, which drops what was still
+to be sent (azure_blob._socket_resetting_on_close), but a proxy on the way that holds the data and
+does not pass the reset on escapes it; and Azure's own clocks (the Last-Modified stamp, the
+signature check) must agree within a taker's clock slack.
 """
 
 from __future__ import annotations

@@ -156,8 +156,13 @@ class HoldingProxy:
                     elif self.holding_bodies and 4 <= headers_end < len(data):
                         writer.write(data[:headers_end])
                         await writer.drain()
-                        await asyncio.sleep(self.hold_s)
-                        data = data[headers_end:]
+                        more = await self._unless_reset(reader)
+                        if more is None:
+                            # A proxy passes its client's reset on and drops what it held (as a
+                            # kernel drops a segment it was sending again when its socket resets).
+                            writer.transport.abort()
+                            return
+                        data = data[headers_end:] + more
                     else:
                         await asyncio.sleep(self.hold_s)
                 elif not outbound and reply_held.is_set():
@@ -169,6 +174,22 @@ class HoldingProxy:
             pass
         finally:
             writer.close()
+
+
+    async def _unless_reset(self, reader: asyncio.StreamReader) -> bytes | None:
+        """Wait out the hold unless the client resets its connection meanwhile (None); what it sent
+        meanwhile otherwise (b"": nothing, or a graceful close, after which what is held still
+        goes on, as TCP delivers what was sent before a FIN)."""
+        loop = asyncio.get_running_loop()
+        ends_s = loop.time() + self.hold_s
+        try:
+            more = await asyncio.wait_for(reader.read(1 << 20), self.hold_s)
+        except TimeoutError:
+            return b""
+        except ConnectionResetError:
+            return None
+        await asyncio.sleep(max(0.0, ends_s - loop.time()))  # closed gracefully: the hold goes on
+        return more
 
 
 async def azurite_behind(connection_string: str, holds: Callable[[bytes], bool], hold_s: float) -> tuple[

@@ -143,22 +143,18 @@ async def test_a_fenced_write_held_past_the_lease_never_lands_after_the_next_own
     )
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "NOT FIXED (found by audit, 2026-11-28, fourth): Azure (Azurite here) judges a request's "
-    "signature when its headers arrive and commits the write when its body has; see the docstring"))
 async def test_a_fenced_write_whose_body_is_held_past_the_lease_never_counts_after_the_next_owners_scan(
     stores: _Stores,
 ) -> None:
-    """A vote whose headers came within its fence's window and whose body was held (a lost segment
-    sent again after a partition healed, a proxy slow to pass it on) lands after the next owner's
-    take and scan: a vote nobody runs, whose old redo a later recovery applies over later commits
-    (the auditor's end-to-end run showed exactly that). What this asserts is the contract: such a
-    vote never counts after the scan. Not met yet. Tried and dropped: judging a record by its
-    Last-Modified against the expiry its writer signed (Azurite stamps Last-Modified, and the
-    creation time, when the headers arrive, so the test cannot see the commit's time); left: a
-    fenced request aborted with a reset at its deadline (no body sent after; a proxy on the way
-    must pass the reset on), or a vote's record made in two requests (a body-less one last), which
-    costs Cornus's single write on Azure. docs/deploy.md, Azure, says what a deployment risks."""
+    """Found by audit (2026-11-28, fourth): Azure judges a request's signature when its headers
+    arrive and commits the write when its body has, so a vote whose headers came within its
+    fence's window and whose body was held (a lost segment sent again after a partition healed, a
+    proxy slow to pass it on) landed after the next owner's take and scan: a vote nobody ran, whose
+    old redo a later recovery applied over a newer commit (the audit's end-to-end run). The
+    store's sockets now reset their connection when the call's deadline closes it
+    (azure_blob._socket_resetting_on_close), and the proxy here, as a kernel or a proxy does,
+    drops what it held on that reset. (A Last-Modified rule was tried first and dropped: Azurite
+    stamps Last-Modified when the headers arrive, so nothing could see the commit's time.)"""
     taken = Ownership(PARTITION, "n1", epoch=1, version=1, lease_ms=LEASE_MS)
     assert (await stores.new_owner.write_owner(None, taken)).written
     renewed_s = sent_s = time.monotonic()
