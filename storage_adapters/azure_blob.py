@@ -330,6 +330,43 @@ class _Stored:
     tombstone_keep_ms: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Wanted:
+    """Which records a scan returns: `listed`, from a blob's listed metadata, whether it may be one
+    (True where the metadata cannot tell); `stored`, from the record as read, whether it is."""
+
+    listed: Callable[[Mapping[str, str]], bool]
+    stored: Callable[[_Stored], bool]
+
+
+def _listed_state(metadata: Mapping[str, str]) -> tuple[TxnState, bool] | None:
+    """The state and applied flag a blob's listed metadata gives; None where it gives none."""
+    state_value = metadata.get(_STATE_METADATA, "")
+    if state_value not in TxnState.__members__:
+        return None
+    return TxnState(state_value), metadata.get(_APPLIED_METADATA) == "true"
+
+
+def _listed_unfinished(metadata: Mapping[str, str]) -> bool:
+    listed = _listed_state(metadata)
+    return listed is None or is_unfinished(*listed)
+
+
+def _listed_finished(metadata: Mapping[str, str]) -> bool:
+    listed = _listed_state(metadata)
+    return listed is None or (not is_unfinished(*listed) and TOMBSTONE_EXPIRY_METADATA not in metadata)
+
+
+def _finished(record: Record) -> bool:
+    """Finished, as scan_finished_page returns them: an ABORT, or a COMMIT applied (a
+    coordinator's COMMIT never is)."""
+    return record.state is TxnState.ABORT or (record.state is TxnState.COMMIT and record.applied)
+
+
+_UNFINISHED = _Wanted(_listed_unfinished, lambda s: is_unfinished(s.record.state, s.record.applied))
+_FINISHED = _Wanted(_listed_finished, lambda s: _finished(s.record) and s.tombstone_expiry is None)
+
+
 def _keep_ms_of(stored: _Stored) -> int | None:
     """The keep a tombstone was written with, from its metadata; None where an earlier version
     recorded none."""
@@ -885,16 +922,23 @@ class AzureBlobStore(LogStore):
         stored = await self._get(log, txn)
         return stored.record if stored is not None else None
 
-    async def _read_unfinished(self, log: LogId, txns: Sequence[str]) -> dict[str, Record]:
-        """Read each of `txns` (one request each); those still unfinished, by txn id."""
+    async def _read_matching(self, log: LogId, txns: Sequence[str], wanted: _Wanted) -> dict[str, Record]:
+        """Read each of `txns` (one request each); those `wanted` still, by txn id."""
         stored = await _gather_bounded([lambda txn=txn: self._get(log, txn) for txn in txns])
-        return {
-            s.record.txn: s.record
-            for s in stored
-            if s is not None and is_unfinished(s.record.state, s.record.applied)
-        }
+        return {s.record.txn: s.record for s in stored if s is not None and wanted.stored(s)}
 
     async def _scan_page(self, log: LogId, limit: int, after: str) -> ScanPage:
+        return await self._walk_page(log, limit, after, _UNFINISHED)
+
+    async def _scan_finished_page(self, log: LogId, limit: int, after: str) -> ScanPage:
+        page = await self._walk_page(log, limit, after, _FINISHED)
+        records = tuple(replace(r, body=RecordBody(r.body.participants, r.body.coordinator)) for r in page.records)
+        return ScanPage(records, page.resume_after)
+
+    async def _walk_page(self, log: LogId, limit: int, after: str, wanted: _Wanted) -> ScanPage:
+        """A page of the records `wanted` picks: the listing walked in name order from `after`,
+        each name whose metadata may be one read (`wanted.listed`), and kept if it still is as
+        read (`wanted.stored`), within the walk's bounds (module docstring)."""
         prefix = _record_prefix(log)
         found: dict[str, Record] = {}
         # The listing is in name order; startFrom (inclusive) skips the names of earlier pages.
@@ -949,13 +993,10 @@ class AzureBlobStore(LogStore):
                 if txn <= after:
                     continue
                 last_walked = max(last_walked, txn)
-                # The metadata lets us skip finished records without reading them. A blob
+                # The metadata lets us skip records of the other kind without reading them. A blob
                 # without it (or with a value we do not know) is read rather than skipped, so
-                # nothing unfinished hides.
-                metadata = blob.metadata or {}
-                state_value = metadata.get(_STATE_METADATA, "")
-                applied = metadata.get(_APPLIED_METADATA) == "true"
-                if state_value in TxnState.__members__ and not is_unfinished(TxnState(state_value), applied):
+                # nothing hides.
+                if not wanted.listed(blob.metadata or {}):
                     continue
                 txns.append(txn)
                 # The contract's SCAN_PAGE_BYTES_MAX, as the listing sizes the blobs (a record's
@@ -966,7 +1007,7 @@ class AzureBlobStore(LogStore):
             stopped = stopped or read_bytes >= SCAN_PAGE_BYTES_MAX
             # A record finished or collected since it was listed drops out here; the next
             # round refills the page from where the listing stopped.
-            found |= await self._read_unfinished(log, txns)
+            found |= await self._read_matching(log, txns, wanted)
             if stopped or len(found) == limit:
                 break
         else:
@@ -981,7 +1022,7 @@ class AzureBlobStore(LogStore):
         stop = max(found) if len(found) == limit else last_walked
         assert stop > after
         missed = [txn for txn in _dotted_prefixes(stop) if txn > after and _record_name(log, txn) > last_name]
-        found |= await self._read_unfinished(log, missed)
+        found |= await self._read_matching(log, missed, wanted)
         records = tuple(found[txn] for txn in sorted(found)[:limit])
         return ScanPage(records, records[-1].txn if len(records) == limit else stop)
 

@@ -339,11 +339,11 @@ class LogOnceResult:
 
 @dataclass(frozen=True, slots=True)
 class ScanPage:
-    """One `scan_unfinished_page` answer: unfinished records in ascending txn-id order, and where
-    the next page starts. `resume_after` None: nothing unfinished lies past this page. Otherwise
-    the next page is asked for after it, and it is at or past the last record's id (a backend that
-    walks finished records to find unfinished ones stops its walk at a bound, maybe with no record
-    yet, and resumes where the walk stopped)."""
+    """One `scan_unfinished_page` (or `scan_finished_page`) answer: the records asked for in
+    ascending txn-id order, and where the next page starts. `resume_after` None: none lies past
+    this page. Otherwise the next page is asked for after it, and it is at or past the last
+    record's id (a backend that walks other records to find the ones asked for stops its walk at a
+    bound, maybe with no record yet, and resumes where the walk stopped)."""
 
     records: tuple[Record, ...]
     resume_after: str | None

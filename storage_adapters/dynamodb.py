@@ -17,7 +17,10 @@ One table, keyed by pk (S) and sk (S):
 itself: one round trip for winner and loser alike. `log` is one conditional UpdateItem whose
 condition is the transition rule, so a refused flip writes nothing and still tells us what is
 stored. A log's records share a partition key, so `scan_unfinished` is a Query with a filter, in sk
-(txn id) order, resuming after a txn id through ExclusiveStartKey.
+(txn id) order, resuming after a txn id through ExclusiveStartKey. `scan_finished` is one too
+(`sk > :after`, a filter for finished records without an expiry, a projection without the redo),
+under the same walk bounds: no index to keep, so no write pays for it, and every item walked costs
+its read units.
 
 `apply_redo` is a TransactWriteItems that writes the data and, conditioned on `state IN (VOTE_YES,
 COMMIT) AND applied = false`, sets the record to COMMIT and applied, atomically when the redo fits
@@ -321,7 +324,9 @@ def _body_attributes(body: RecordBody) -> dict[str, Any]:
     }
 
 
-def _decode_record(log: LogId, txn: str, item: Mapping[str, Any]) -> Record:
+def _decode_record(log: LogId, txn: str, item: Mapping[str, Any], *, redo_projected_out: bool = False) -> Record:
+    """The record stored as `item`; with `redo_projected_out`, one a Query read without its redo
+    (the finished scan's projection), which gets the empty redo."""
     try:
         assert item["pk"]["S"] == _TXN_PK_PREFIX + log.key and item["sk"]["S"] == txn
         tombstone = _EXPIRES_AT in item
@@ -333,7 +338,7 @@ def _decode_record(log: LogId, txn: str, item: Mapping[str, Any]) -> Record:
             body = RecordBody(
                 participants=tuple(p["S"] for p in item["participants"]["L"]),
                 coordinator=item["coordinator"]["S"],
-                redo=bytes(item["redo"]["B"]),
+                redo=b"" if redo_projected_out else bytes(item["redo"]["B"]),
             )
         record = Record(
             log=log,
@@ -827,7 +832,6 @@ class DynamoDbStore(LogStore):
         return _decode_record(log, txn, item) if item is not None else None
 
     async def _scan_page(self, log: LogId, limit: int, after: str) -> ScanPage:
-        records: list[Record] = []
         request: dict[str, Any] = {
             "TableName": self._table,
             "KeyConditionExpression": "#pk = :pk",
@@ -845,6 +849,50 @@ class DynamoDbStore(LogStore):
             # The start key need not name a stored item: DynamoDB resumes at the first sk above it,
             # and string sort keys compare by their UTF-8 bytes, the contract's order for ASCII ids.
             request["ExclusiveStartKey"] = _record_key(log, after)
+        return await self._walk_log(log, request, limit, after, finished=False)
+
+    async def _scan_finished_page(self, log: LogId, limit: int, after: str) -> ScanPage:
+        names = {
+            name: _NAMES[name] for name in ("#pk", "#state", "#applied", "#created", "#participants", "#coordinator")
+        }
+        request: dict[str, Any] = {
+            "TableName": self._table,
+            # In the key condition, not as ExclusiveStartKey, as list_identities does: `after` need
+            # not name a record, and string sort keys compare by their UTF-8 bytes, the
+            # contract's order for ASCII ids.
+            "KeyConditionExpression": "#pk = :pk AND #sk > :after" if after else "#pk = :pk",
+            # Finished (an ABORT, or a COMMIT applied: a coordinator's COMMIT never is) and not a
+            # tombstone (only tombstones carry the TTL's attribute). The filter reads the whole
+            # item, the projection only shapes what comes back: every item walked still costs
+            # its read units, redo and all.
+            "FilterExpression": (
+                "attribute_not_exists(#expires) AND (#state = :abort OR (#state = :commit AND #applied = :true))"
+            ),
+            # Everything but the redo, which the contract leaves out (most of a record's bytes).
+            "ProjectionExpression": "#pk, #sk, #state, #applied, #created, #participants, #coordinator",
+            "ExpressionAttributeNames": {**names, "#sk": "sk", "#expires": _EXPIRES_AT},
+            "ExpressionAttributeValues": {
+                ":pk": {"S": _TXN_PK_PREFIX + log.key},
+                ":abort": {"S": TxnState.ABORT.value},
+                ":commit": {"S": TxnState.COMMIT.value},
+                ":true": {"BOOL": True},
+            },
+            "ConsistentRead": True,
+        }
+        if after:
+            request["ExpressionAttributeValues"][":after"] = {"S": after}
+        return await self._walk_log(log, request, limit, after, finished=True)
+
+    async def _walk_log(
+        self, log: LogId, request: dict[str, Any], limit: int, after: str, *, finished: bool
+    ) -> ScanPage:
+        """A scan page from `request`, a filtered Query of `log`'s records past `after`: its pages
+        followed until `limit` records passed the filter, the log ends, or the walk's bound
+        (SCAN_WALK_ITEM_COUNT_MAX records evaluated, SCAN_QUERY_PAGE_COUNT_MAX Query pages,
+        SCAN_WALK_TIME_SHARE of the call's time), where the page ends short and resumes past the
+        last record evaluated. `finished`: the finished scan's (no redo read), else the
+        unfinished one's; each record returned is checked against its filter."""
+        records: list[Record] = []
         walk_left = SCAN_WALK_ITEM_COUNT_MAX
         loop = asyncio.get_running_loop()
         walk_until = loop.time() + (call_deadline() - loop.time()) * SCAN_WALK_TIME_SHARE
@@ -855,8 +903,8 @@ class DynamoDbStore(LogStore):
             response = await self._client.query(**request)
             walk_left -= response["ScannedCount"]
             for item in response.get("Items", []):
-                record = _decode_record(log, item["sk"]["S"], item)
-                assert is_unfinished(record.state, record.applied)
+                record = _decode_record(log, item["sk"]["S"], item, redo_projected_out=finished)
+                assert is_unfinished(record.state, record.applied) is not finished, record
                 assert record.txn > after and (not records or record.txn > records[-1].txn)
                 records.append(record)
                 if len(records) == limit:

@@ -491,6 +491,11 @@ class EmulatorStore(LogStore):
         records, full = await self._read_call(lambda conn: emulator_sql.scan_unfinished(conn, log, limit, after))
         return whole_page(records, limit, cut=full)
 
+    async def _scan_finished_page(self, log: LogId, limit: int, after: str) -> ScanPage:
+        records, resume_after = await self._read_call(
+            lambda conn: emulator_sql.scan_finished(conn, log, limit, after))
+        return ScanPage(tuple(records), resume_after)
+
     async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
         return await self._read_call(lambda conn: emulator_sql.read_data(conn, partition, keys))
 

@@ -431,6 +431,36 @@ def scan_unfinished(conn: sqlite3.Connection, log: LogId, limit: int, after: str
     return records, False
 
 
+# Rows one scan_finished page steps through at most: a log's records past the cursor include
+# tombstones and unfinished ones the page skips, and one call must end within its deadline however
+# many there are (as azure_blob's and dynamodb's walks do).
+FINISHED_WALK_ROW_COUNT_MAX = 10_000
+
+
+def scan_finished(conn: sqlite3.Connection, log: LogId, limit: int, after: str) -> tuple[list[Record], str | None]:
+    """LogStore.scan_finished_page's records (no redo: the empty blob is selected in its place)
+    and where the next page starts. One statement, so the page is one snapshot; the rows it steps
+    through stop at FINISHED_WALK_ROW_COUNT_MAX, where the next page resumes."""
+    rows = conn.execute(
+        "SELECT log, txn, state, participants, coordinator, x'', applied, created_at_ms, "
+        "expires_at_ms IS NULL FROM txn_log WHERE log = ? AND txn > ? ORDER BY txn LIMIT ?",
+        (log.key, after, FINISHED_WALK_ROW_COUNT_MAX),
+    )
+    records: list[Record] = []
+    walked, last = 0, after
+    try:
+        for row in rows:
+            walked, last = walked + 1, row[1]
+            state, applied, not_tombstone = row[2], row[6], row[8]
+            if not_tombstone and (state == "ABORT" or (state == "COMMIT" and applied)):
+                records.append(_record_from_row(row[:8]))
+                if len(records) == limit:
+                    return records, last
+    finally:
+        rows.close()
+    return records, last if walked == FINISHED_WALK_ROW_COUNT_MAX else None
+
+
 def read_data(conn: sqlite3.Connection, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
     found: dict[str, bytes | None] = dict.fromkeys(keys)
     for key in keys:

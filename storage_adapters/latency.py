@@ -66,7 +66,7 @@ TIMER_GRAIN_MS = 1.0
 CALL_SPEC_SEPARATOR = ";"
 # The calls a `;CALL=SPEC` part may name: the LogStore methods the wrapper delays.
 CALL_NAMES = (
-    "log_once", "log", "read", "scan_unfinished_page", "read_data", "apply_redo", "delete",
+    "log_once", "log", "read", "scan_unfinished_page", "scan_finished_page", "read_data", "apply_redo", "delete",
     "read_owners", "write_owner", "list_identities",
 )
 _Z_99 = 2.3263478740408408  # the standard normal's 99th percentile
@@ -228,6 +228,9 @@ class LatencyInjectingStore(DelegatingStore):
 
     async def scan_unfinished_page(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> ScanPage:
         return await self._answered("scan_unfinished_page", lambda: self.inner.scan_unfinished_page(log, limit, after))
+
+    async def scan_finished_page(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> ScanPage:
+        return await self._answered("scan_finished_page", lambda: self.inner.scan_finished_page(log, limit, after))
 
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
         return await self._answered("read_data", lambda: self.inner.read_data(partition, keys))

@@ -16,6 +16,20 @@ record is a hash at `cxown:{p.<partition>}`, in the same slot, so a fenced write
 it and writes in one atomic step; a node's identity record is at `cxown:{c.<node>}`, in the slot of
 its coordinator log, which its fence guards.
 
+The finished index. Beside `~unfinished`, each log keeps `cxtxn:{<log>}:~finished`, a sorted set
+(score 0, as above) of its finished records that are not tombstones (an ABORT, or a COMMIT applied:
+in a coordinator's log only its ABORTs, its COMMIT never being applied), which
+`scan_finished_page` reads so that a collector of what a crash left behind walks only those
+(docs/sweeper-design.md). Every script that changes a record's state keeps it in step in the same
+atomic step (`_SYNC_INDEX`), yet it is a hint: the scan reads each record again and returns it only
+if it is still finished and has no expiry, and removes members whose record is gone or is no longer
+so (`_PRUNE_FINISHED`: a record deleted by a script of an earlier version, which knew no such
+index, during a rollout). Nothing indexes the records finished before this index existed: no
+scan lists them until a backfill does (the design's `cornus storage backfill-finished-index`, not
+built yet). During a rollout the scripts of the earlier version neither add nor remove members: a
+record they finish is left out until that backfill, and a member whose record they deleted or
+made a tombstone is pruned by the next scan that meets it.
+
 The identity registry: Redis cannot list hash keys by a prefix without walking the whole keyspace
 (SCAN), so the ids of the nodes that ever took an identity are also kept in one sorted set at
 `cxown:{~identities}`, every score 0 (ordered by the ids' bytes, as the unfinished indexes are),
@@ -137,6 +151,8 @@ TXN_PREFIX = "cxtxn"
 DATA_PREFIX = "cxdata"
 OWNER_PREFIX = "cxown"
 _UNFINISHED = "~unfinished"
+# The finished index (the module docstring): `~` keeps it apart from every record, as above.
+_FINISHED = "~finished"
 # The counter a record's read bumps in durability "replicas:N" (the module docstring); `~` keeps it
 # apart from every record.
 _READ_MARK = "~read"
@@ -145,18 +161,31 @@ IDENTITY_REGISTRY_KEY = f"{OWNER_PREFIX}:{{~identities}}"
 # The store's mark (the module docstring): a slot of its own, whose `~` no log or node can name.
 STORE_MARK_KEY = f"{OWNER_PREFIX}:{{~store}}"
 
-# A record is unfinished while it is VOTE_YES, or COMMIT with its redo not applied yet. Every
-# script keeps the index in step with that rule in the same atomic step as the state change. The
-# score is always 0: with equal scores a sorted set orders its members bytewise, which BYLEX needs.
+# A record is unfinished while it is VOTE_YES, or COMMIT with its redo not applied yet; it is
+# finished while it exists, is not unfinished (an ABORT, or a COMMIT applied) and has no expiry (a
+# tombstone has one: it is already collected). Every script keeps both indexes in step with that
+# rule in the same atomic step as the state change: `sync_index` reads the record as it now is,
+# and a script that knows what it just wrote `place`s it without reading it back (log_once's new
+# record, apply_redo's applied COMMIT, a delete), which keeps the hot path's calls as cheap as
+# before the finished index came (one ZADD and one ZREM each, where the index alone cost two HGETs
+# and one of those). PTTL only for a record that is finished, where the expiry decides. The score
+# is always 0: with equal scores a sorted set orders its members bytewise, which BYLEX needs.
 _SYNC_INDEX = """
-local function sync_index(record_key, index_key, txn)
-  local state = redis.call('HGET', record_key, 'state')
-  local applied = redis.call('HGET', record_key, 'applied')
-  if state == 'VOTE_YES' or (state == 'COMMIT' and applied == '0') then
-    redis.call('ZADD', index_key, 0, txn)
-  else
-    redis.call('ZREM', index_key, txn)
-  end
+local function unfinished(state, applied)
+  return state == 'VOTE_YES' or (state == 'COMMIT' and applied == '0')
+end
+local function place(index_key, finished_key, txn, is_unfinished, is_finished)
+  if is_unfinished then redis.call('ZADD', index_key, 0, txn) else redis.call('ZREM', index_key, txn) end
+  if is_finished then redis.call('ZADD', finished_key, 0, txn) else redis.call('ZREM', finished_key, txn) end
+end
+local function belongs(record_key)
+  local stored = redis.call('HMGET', record_key, 'state', 'applied')
+  local open = unfinished(stored[1], stored[2])
+  return open, (stored[1] and not open and redis.call('PTTL', record_key) == -1) or false
+end
+local function sync_index(record_key, index_key, finished_key, txn)
+  local is_unfinished, is_finished = belongs(record_key)
+  place(index_key, finished_key, txn, is_unfinished, is_finished)
 end
 local function now_ms()
   local t = redis.call('TIME')
@@ -164,22 +193,26 @@ local function now_ms()
 end
 """
 
-# KEYS: record, index, and in durability "replicas:N" the log's read mark (found: bumped, so the
-# WAIT after it covers the record it found, as a read's does). ARGV: txn, state,
+# KEYS: record, index, finished index, and in durability "replicas:N" the log's read mark (found:
+# bumped, so the WAIT after it covers the record it found, as a read's does). ARGV: txn, state,
 # participants(json), coordinator, redo.
 _LOG_ONCE = _SYNC_INDEX + """
 local stored = redis.call('HGET', KEYS[1], 'state')
 if stored then
-  if KEYS[3] then redis.call('INCR', KEYS[3]) end
+  if KEYS[4] then redis.call('INCR', KEYS[4]) end
   return {stored, 0}
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'participants', ARGV[3], 'coordinator', ARGV[4],
            'redo', ARGV[5], 'applied', '0', 'created_at_ms', now_ms())
-sync_index(KEYS[1], KEYS[2], ARGV[1])
+-- A new key: no expiry, so finished exactly when not unfinished.
+local open = unfinished(ARGV[2], '0')
+place(KEYS[2], KEYS[3], ARGV[1], open, not open)
 return {ARGV[2], 1}
 """
 
-# KEYS: record, index. ARGV: txn, state, has_body('1'|'0'), participants, coordinator, redo.
+# KEYS: record, index, finished index. ARGV: txn, state, has_body('1'|'0'), participants,
+# coordinator, redo. A rewrite of a tombstone's own decision keeps its expiry (HSET leaves it), so
+# the sync leaves it out of the finished index.
 _LOG = _SYNC_INDEX + """
 local stored = redis.call('HGET', KEYS[1], 'state')
 if stored and stored ~= 'VOTE_YES' and stored ~= ARGV[2] then return {'REFUSED', stored} end
@@ -191,24 +224,25 @@ if ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], 'participants', ARGV[4], 'coordinator', ARGV[5], 'redo', ARGV[6])
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2])
-sync_index(KEYS[1], KEYS[2], ARGV[1])
+sync_index(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
 return {'OK', ARGV[2]}
 """
 
-# KEYS: record, index, in durability "replicas:N" the log's read mark (ARGV[2] '1'), then the data
-# keys. ARGV: txn, whether the mark is there ('1'|'0'), then per data key an op ('s'|'d') and a
-# value. A VOTE_YES record is the participant's own, which it applies only once it knows the
+# KEYS: record, index, finished index, in durability "replicas:N" the log's read mark (ARGV[2]
+# '1'), then the data keys. ARGV: txn, whether the mark is there ('1'|'0'), then per data key an op
+# ('s'|'d') and a value. A VOTE_YES record is the participant's own, which it applies only once it knows the
 # decision is COMMIT (see LogStore.apply_redo): the script records that COMMIT with the data, so
-# the record leaves the unfinished index in the same step. The "applied before" path bumps the
-# mark, as log_once's found path does: an earlier attempt's apply, on another connection or
-# before a WAIT that timed out, is then covered by this call's WAIT (found by audit, 2026-11-28).
+# the record leaves the unfinished index, and joins the finished one, in the same step. The
+# "applied before" path bumps the mark, as log_once's found path does: an earlier attempt's apply,
+# on another connection or before a WAIT that timed out, is then covered by this call's WAIT
+# (found by audit, 2026-11-28).
 _APPLY_REDO = _SYNC_INDEX + """
 local stored = redis.call('HGET', KEYS[1], 'state')
 if stored ~= 'COMMIT' and stored ~= 'VOTE_YES' then return {'NOT_COMMIT', stored or 'absent'} end
-local first = 3
-if ARGV[2] == '1' then first = 4 end
+local first = 4
+if ARGV[2] == '1' then first = 5 end
 if redis.call('HGET', KEYS[1], 'applied') == '1' then
-  if first == 4 then redis.call('INCR', KEYS[3]) end
+  if first == 5 then redis.call('INCR', KEYS[4]) end
   return {'APPLIED_BEFORE', stored}
 end
 for i = first, #KEYS do
@@ -220,14 +254,16 @@ for i = first, #KEYS do
   end
 end
 redis.call('HSET', KEYS[1], 'state', 'COMMIT', 'applied', '1')
-sync_index(KEYS[1], KEYS[2], ARGV[1])
+-- Finished, and no tombstone: it was a vote or an unapplied COMMIT, which no tombstone is (an
+-- ABORT one, or a COMMIT one applied), so it has no expiry.
+place(KEYS[2], KEYS[3], ARGV[1], false, true)
 return {'OK', 'COMMIT'}
 """
 
 # Several deletes of ONE log (a script may only touch one hash slot, and a log's keys share one),
 # each with its own fence check: what a tick's coalesced deletes cost instead of a script each.
-# KEYS: index, then each record, then (only when some delete is fenced) the ownership record of
-# the log's partition or node. ARGV: per delete its txn, its fence's owner and epoch ('' and ''
+# KEYS: index, finished index, then each record, then (only when some delete is fenced) the
+# ownership record of the log's partition or node. ARGV: per delete its txn, its fence's owner and epoch ('' and ''
 # unfenced), and its tombstone's decision and keep_ms ('' and '' to delete); then, once, '1' where
 # a COMMIT tombstone may cover only an applied COMMIT (a partition's log), '0' where it may cover
 # one never applied too (a coordinator's: contract.commit_tombstone_needs_applied). The rule is
@@ -236,11 +272,12 @@ return {'OK', 'COMMIT'}
 # refused, the stored 'state:applied' (the caller raises what `check_tombstone` says; nothing was
 # written), and the ownership record's fields if any delete was fenced. A tombstone is the record
 # with its body emptied, applied where it is a COMMIT (so no scan finds it, in either kind of log),
-# and a key expiry: Redis drops it keep_ms after this script, by its own clock.
+# and a key expiry: Redis drops it keep_ms after this script, by its own clock. Either way the
+# record leaves both indexes (`place`d in neither: what `sync_index` would find, unread).
 _DELETE_MANY = _SYNC_INDEX + """
 local commit_needs_applied = table.remove(ARGV) == '1'
 local count = #ARGV / 5
-local owner_key = KEYS[count + 2]
+local owner_key = KEYS[count + 3]
 local held
 local refused = false
 local results = {}
@@ -254,10 +291,10 @@ for i = 1, count do
     end
   end
   local decision = ARGV[5 * i - 1]
-  local record_key = KEYS[i + 1]
+  local record_key = KEYS[i + 2]
   if results[i] then
   elseif decision == '' then
-    redis.call('ZREM', KEYS[1], ARGV[5 * i - 4])
+    place(KEYS[1], KEYS[2], ARGV[5 * i - 4], false, false)
     results[i] = redis.call('DEL', record_key)
   else
     local stored = redis.call('HMGET', record_key, 'state', 'applied')
@@ -270,13 +307,26 @@ for i = 1, count do
       redis.call('HSET', record_key, 'state', decision, 'participants', '[]', 'coordinator', '', 'redo', '',
                  'applied', decision == 'COMMIT' and '1' or '0')
       redis.call('PEXPIRE', record_key, ARGV[5 * i])
-      redis.call('ZREM', KEYS[1], ARGV[5 * i - 4])
+      place(KEYS[1], KEYS[2], ARGV[5 * i - 4], false, false)
       results[i] = state and 1 or 0
     end
   end
 end
 if refused then return {results, redis.call('HGETALL', owner_key)} end
 return {results, {}}
+"""
+
+# What a finished scan found stale in the finished index (a record gone, a tombstone, one not
+# finished): each member's record read again and its membership set by the rule, in one atomic
+# step, so that a record re-created or finished since the scan read it keeps its place. KEYS:
+# finished index, then each record. ARGV: each record's txn. Sent without _DEADLINE: it only
+# brings the index in line with the records, whenever it lands.
+_PRUNE_FINISHED = _SYNC_INDEX + """
+for i = 1, #ARGV do
+  local _, is_finished = belongs(KEYS[i + 1])
+  if is_finished then redis.call('ZADD', KEYS[1], 0, ARGV[i]) else redis.call('ZREM', KEYS[1], ARGV[i]) end
+end
+return #ARGV
 """
 
 # A record's read in durability "replicas:N" (the module docstring says why it writes).
@@ -402,6 +452,10 @@ def _index_key(log: LogId) -> str:
     return f"{TXN_PREFIX}:{_tag(log)}:{_UNFINISHED}"
 
 
+def _finished_key(log: LogId) -> str:
+    return f"{TXN_PREFIX}:{_tag(log)}:{_FINISHED}"
+
+
 def _data_key(partition: str, key: str) -> str:
     return f"{DATA_PREFIX}:{_tag(LogId.partition(partition))}:{key}"
 
@@ -454,6 +508,31 @@ def _record_from_hash(log: LogId, txn: str, fields: dict[bytes, bytes]) -> Recor
     )
 
 
+# The fields a finished scan reads of each record, in this order: all but the redo, which the
+# contract leaves out (a collector needs none of it, and it is most of a record's bytes).
+_FINISHED_FIELDS = ("state", "applied", "created_at_ms", "participants", "coordinator")
+
+
+def _finished_record(log: LogId, txn: str, values: Sequence[bytes | None], ttl_ms: int) -> Record | None:
+    """The record a finished scan read (HMGET of _FINISHED_FIELDS, and its PTTL), without its
+    redo; None unless it exists, is finished and has no expiry (PTTL -1: not a tombstone)."""
+    state_name, applied_flag, created_at_ms, participants, coordinator = values
+    if state_name is None or ttl_ms != -1:
+        return None
+    state, applied = _STATES[state_name], applied_flag == b"1"
+    if is_unfinished(state, applied):
+        return None
+    assert created_at_ms is not None and participants is not None and coordinator is not None, (txn, values)
+    return Record(
+        log=log,
+        txn=txn,
+        state=state,
+        body=RecordBody(tuple(json.loads(participants)), coordinator.decode(), b""),
+        applied=applied,
+        created_at_ms=int(created_at_ms),
+    )
+
+
 class RedisStore(LogStore):
     """LogStore over Redis. Open with `await RedisStore.open("redis://127.0.0.1:6379/0")`."""
 
@@ -477,6 +556,7 @@ class RedisStore(LogStore):
         }
         self._delete_many_script = client.register_script(_DEADLINE + _DELETE_MANY)
         self._read_replicated_script = client.register_script(_DEADLINE + _READ_REPLICATED)
+        self._prune_finished_script = client.register_script(_PRUNE_FINISHED)
         # With the deadline every write carries (found by audit: a take its node was told failed
         # landed later, naming a node that served nothing, or deposing a live process).
         self._write_owner_script = client.register_script(_DEADLINE + _WRITE_OWNER)
@@ -740,7 +820,7 @@ class RedisStore(LogStore):
     async def _log_once(
         self, log: LogId, txn: str, state: TxnState, body: RecordBody, fence: Fence | None
     ) -> LogOnceResult:
-        keys = [_record_key(log, txn), _index_key(log)]
+        keys = [_record_key(log, txn), _index_key(log), _finished_key(log)]
         if self._replica_count:
             keys.append(_read_mark_key(log))
         reply = await self._run(
@@ -759,7 +839,7 @@ class RedisStore(LogStore):
             else ["1", json.dumps(body.participants), body.coordinator, body.redo]
         )
         verdict, stored = await self._run(
-            _LOG, [_record_key(log, txn), _index_key(log)], [txn, state.value, *body_args], fence
+            _LOG, [_record_key(log, txn), _index_key(log), _finished_key(log)], [txn, state.value, *body_args], fence
         )
         if verdict == b"REFUSED":
             raise DecisionFlipRefused(log, txn, TxnState(stored.decode()), state)
@@ -819,6 +899,72 @@ class RedisStore(LogStore):
             f"redis scan of {log.key}: records kept finishing under it for {SCAN_ROUND_COUNT_MAX} rounds"
         )
 
+    async def _scan_finished_page(self, log: LogId, limit: int, after: str) -> ScanPage:
+        """The finished index's members after `after` (ZRANGEBYLEX), each record read again, every
+        field but the redo, SCAN_READ_CHUNK_COUNT to a round trip, and returned only where it is
+        still finished and not a tombstone: the index is a hint (the module docstring). A member
+        that fails that is skipped, pruned (`_PRUNE_FINISHED`, a round trip of its own, only for
+        a chunk that had one) and the page refilled from further on, for at most
+        SCAN_ROUND_COUNT_MAX rounds; then the page is returned short, resuming after the last
+        member read, as the contract allows (unlike the unfinished scan, which fails there: its
+        members stay until recovery resolves them, these were pruned, so the next page moves on)."""
+        self._refuse_if_lost()
+        finished_key = _finished_key(log)
+        record_prefix = _record_key(log, "")  # the tag's formatting once per page, not per record
+        records: list[Record] = []
+        page_bytes = PageBytes()
+        start = after
+        for _ in range(SCAN_ROUND_COUNT_MAX):
+            wanted = limit - len(records)
+            # As in _scan_records: "(" makes the bound exclusive, "-" is the smallest member.
+            members = await self._client.zrangebylex(
+                finished_key, f"({start}" if start else "-", "+", start=0, num=wanted
+            )
+            txns = [member.decode() for member in members]
+            assert txns == sorted(txns) and all(txn > start for txn in txns)
+            for first in range(0, len(txns), SCAN_READ_CHUNK_COUNT):
+                chunk = txns[first:first + SCAN_READ_CHUNK_COUNT]
+                # MULTI: a record's fields and its expiry are read in one step, so both describe
+                # one version of it (another client's script may land between two commands of a
+                # plain pipeline: a tombstone's fields with a later record's expiry).
+                pipe = self._client.pipeline(transaction=True)
+                for txn in chunk:
+                    pipe.hmget(record_prefix + txn, _FINISHED_FIELDS)
+                    pipe.pttl(record_prefix + txn)
+                rows = await pipe.execute()
+                stale: list[str] = []
+                cut = None
+                for index, txn in enumerate(chunk):
+                    record = _finished_record(log, txn, rows[2 * index], rows[2 * index + 1])
+                    if record is None:
+                        stale.append(txn)
+                        continue
+                    records.append(record)
+                    if page_bytes.add(record):
+                        cut = record.txn
+                        break
+                if stale:
+                    await self._prune_finished(log, stale)
+                if cut is not None:
+                    return ScanPage(tuple(records), cut)
+            if len(txns) < wanted:
+                return ScanPage(tuple(records), None)
+            if len(records) == limit:
+                return ScanPage(tuple(records), records[-1].txn)
+            start = txns[-1]
+        return ScanPage(tuple(records), start)
+
+    async def _prune_finished(self, log: LogId, txns: Sequence[str]) -> None:
+        """Bring the finished index's members `txns` (at most a read chunk) in line with their
+        records: one script, which reads each again, so a record re-created or finished since the
+        scan read it keeps its place. Through redis-py with no deadline of its own (the scan's
+        timer bounds it) and no WAIT: the index is a hint, whenever this lands."""
+        assert 0 < len(txns) <= SCAN_READ_CHUNK_COUNT, len(txns)
+        record_prefix = _record_key(log, "")
+        keys = [_finished_key(log), *(record_prefix + txn for txn in txns)]
+        pruned = await self._prune_finished_script(keys=keys, args=list(txns))
+        assert pruned == len(txns), (pruned, txns)
+
     async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
         if not keys:
             return {}
@@ -830,7 +976,7 @@ class RedisStore(LogStore):
         self, partition: str, txn: str, writes: dict[str, bytes | None], fence: Fence | None
     ) -> bool:
         log = LogId.partition(partition)
-        keys = [_record_key(log, txn), _index_key(log)]
+        keys = [_record_key(log, txn), _index_key(log), _finished_key(log)]
         args: list[Any] = [txn, "1" if self._replica_count else "0"]
         if self._replica_count:
             keys.append(_read_mark_key(log))
@@ -871,7 +1017,7 @@ class RedisStore(LogStore):
         outcomes: list[bool | StorageError],
     ) -> None:
         """Delete `requests[i]` for i in `indexes` (all of `log`) in one script; answers to `outcomes`."""
-        keys = [_index_key(log)]
+        keys = [_index_key(log), _finished_key(log)]
         record_prefix = _record_key(log, "")  # the tag's formatting once per log, not per record
         args: list[str] = []
         fenced = False

@@ -359,6 +359,22 @@ class LogStore(abc.ABC):
         validate_scan_after(after)
         return await self._bounded(self._scan_page(log, limit, after), "scan_unfinished")
 
+    async def scan_finished_page(
+        self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "",
+    ) -> ScanPage:
+        """Up to `limit` records of `log` that are finished and are not tombstones (an ABORT, or a
+        COMMIT whose redo is applied: a coordinator's COMMIT is never applied, so never one),
+        whose txn id sorts strictly after `after`, in ascending txn-id order, each without its
+        redo (an empty `body.redo`: what a collector needs is the state, `applied`,
+        `created_at_ms` and the participants), and where the next page starts, bounded as
+        `scan_unfinished_page`'s walk is (a page may hold fewer than `limit`, even none, and not
+        be the last). What a collector of the records a crash left behind reads
+        (docs/sweeper-design.md): a hint, not a snapshot; it reads again what it acts on."""
+        validate_not_cluster_log(validate_log(log), "scan_finished")
+        validate_scan_limit(limit)
+        validate_scan_after(after)
+        return await self._bounded(self._scan_finished_page(log, limit, after), "scan_finished")
+
     async def scan_unfinished(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> list[Record]:
         """The records of `scan_unfinished_page`, pages followed until `limit` are found or the log
         ends: a list with fewer than `limit` records is the last one; to read on, pass its last txn
@@ -564,6 +580,9 @@ class LogStore(abc.ABC):
     async def _scan_page(self, log: LogId, limit: int, after: str) -> ScanPage: ...
 
     @abc.abstractmethod
+    async def _scan_finished_page(self, log: LogId, limit: int, after: str) -> ScanPage: ...
+
+    @abc.abstractmethod
     async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]: ...
 
     @abc.abstractmethod
@@ -620,6 +639,11 @@ class DelegatingStore(LogStore):
     ) -> ScanPage:
         return await self.inner.scan_unfinished_page(log, limit, after)
 
+    async def scan_finished_page(
+        self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "",
+    ) -> ScanPage:
+        return await self.inner.scan_finished_page(log, limit, after)
+
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
         return await self.inner.read_data(partition, keys)
 
@@ -652,5 +676,5 @@ class DelegatingStore(LogStore):
     async def _unreachable(self, *args: object) -> Any:
         raise AssertionError(f"{type(self).__name__} forwards whole calls to its inner store")
 
-    _log_once = _log = _read = _scan_page = _read_data = _unreachable
+    _log_once = _log = _read = _scan_page = _scan_finished_page = _read_data = _unreachable
     _apply_redo = _delete = _read_owners = _write_owner = _list_identities = _unreachable

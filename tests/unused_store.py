@@ -15,7 +15,7 @@ class UnusedStore(LogStore):
     async def _unused(self, *args: Any) -> Any:
         raise AssertionError(f"{type(self).__name__}: the test reached a backend call it does not use")
 
-    _log_once = _log = _read = _scan_page = _read_data = _unused
+    _log_once = _log = _read = _scan_page = _scan_finished_page = _read_data = _unused
     _apply_redo = _delete = _read_owners = _write_owner = _list_identities = _unused
 
     async def close(self) -> None:

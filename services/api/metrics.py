@@ -59,8 +59,8 @@ PHASES = ("execution", "prepare", "commit", "total")
 _storage_log = logging.getLogger("cornus.storage")
 
 STORAGE_CALLS = (
-    "log_once", "log", "read", "scan_unfinished", "read_data", "apply_redo", "delete", "read_owners", "write_owner",
-    "list_identities",
+    "log_once", "log", "read", "scan_unfinished", "scan_finished", "read_data", "apply_redo", "delete", "read_owners",
+    "write_owner", "list_identities",
 )
 
 
@@ -269,6 +269,16 @@ class InstrumentedStore(DelegatingStore):
             self._done("scan_unfinished", started, error)
             raise
         self._done("scan_unfinished", started, None)
+        return result
+
+    async def scan_finished_page(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> ScanPage:
+        started = time.perf_counter()
+        try:
+            result = await self.inner.scan_finished_page(log, limit, after)
+        except Exception as error:
+            self._done("scan_finished", started, error)
+            raise
+        self._done("scan_finished", started, None)
         return result
 
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:

@@ -234,6 +234,10 @@ class FaultyStore(DelegatingStore):
         args = {"log": log, "limit": limit, "after": after}
         return await self._run("scan_unfinished", args, lambda: self.inner.scan_unfinished_page(log, limit, after))
 
+    async def scan_finished_page(self, log: LogId, limit: int = SCAN_PAGE_COUNT_MAX, after: str = "") -> ScanPage:
+        args = {"log": log, "limit": limit, "after": after}
+        return await self._run("scan_finished", args, lambda: self.inner.scan_finished_page(log, limit, after))
+
     async def read_data(self, partition: str, keys: Sequence[str]) -> dict[str, bytes | None]:
         args = {"partition": partition, "keys": tuple(keys)}
         return await self._run("read_data", args, lambda: self.inner.read_data(partition, keys))

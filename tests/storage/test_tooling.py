@@ -144,8 +144,9 @@ async def test_redis_key_layout_uses_hash_tags_and_separate_prefixes(services: S
         await store.apply_redo(ns, "t1", {"key": b"v"})
         await store.log_once(LogId.partition(ns), "t2", TxnState.VOTE_YES, RecordBody())
         keys = sorted([key async for key in client.scan_iter(match=f"*{ns}*", count=1000)])
+        # t1, an applied COMMIT, is in the finished index (scan_finished_page), t2 in the unfinished one.
         assert keys == sorted([f"cxtxn:{{p.{ns}}}:t1", f"cxtxn:{{p.{ns}}}:t2", f"cxtxn:{{p.{ns}}}:~unfinished",
-                               f"cxdata:{{p.{ns}}}:key"])
+                               f"cxtxn:{{p.{ns}}}:~finished", f"cxdata:{{p.{ns}}}:key"])
         # One hash slot for a partition's records and data, so the scripts work on Redis Cluster.
         assert len({key_slot(key.encode()) for key in keys}) == 1
     finally:
