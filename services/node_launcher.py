@@ -74,12 +74,19 @@ class LaunchedProcess:
         self.launcher = launcher
         self.pid = pid
         self.returncode: int | None = None
+        # The launcher hands a node's exit status out once: two threads polling at once must not
+        # let the one that heard "-" (still running) overwrite the status the other heard (found
+        # by the chaos tool on Azure: 17 of 40 exits lost to a workload thread polling beside a
+        # kill, and the node read as running for ever).
+        self._poll_lock = threading.Lock()
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            answer = self.launcher.ask({"op": "poll", "pid": self.pid})
-            self.returncode = None if answer == "-" else int(answer)
-        return self.returncode
+        with self._poll_lock:
+            if self.returncode is None:
+                answer = self.launcher.ask({"op": "poll", "pid": self.pid})
+                if answer != "-":
+                    self.returncode = int(answer)
+            return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout

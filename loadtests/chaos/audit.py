@@ -5,15 +5,22 @@ run and read once more at the end.
 The LogStore contract can list only unfinished records (`scan_unfinished`), and garbage collection
 deletes decided records `gc_grace_ms` after every participant acknowledged them. So the auditor
 enumerates record keys straight from the backend (Redis: SCAN over `cxtxn:{<log>}:<txn>` hashes;
-emulator: the `txn_log` table of the SQLite file, read-only), reads each record it has not seen
-decided through the adapter, and snapshots every `interval_s`, well under the GC grace (at least
-2 * storage deadline + clock slack), so a record is seen before it is collected. A record that
-disappears and comes back (a late call recreating a collected record, which the GC grace exists
-to prevent) is recorded as such: a history of GONE followed by its new state.
+emulator: the `txn_log` table of the SQLite file, read-only; Azure Blob: a listing of the
+container's `txn/<log>/<txn>` blobs; DynamoDB: a Scan of the table's items whose partition key is
+`txn#<log>`), reads each record it has not seen decided through the adapter, and snapshots every
+`interval_s`, well under the GC grace (at least 2 * storage deadline + clock slack), so a record is
+seen before it is collected. (On Azure Blob and DynamoDB collection leaves a decision tombstone in
+the record's place for the backend's 15-minute late-write window, so no record vanishes within a
+run there at all.) A record that disappears and comes back (a late call recreating a collected
+record, which the GC grace exists to prevent) is recorded as such: a history of GONE followed by
+its new state.
 
-Reading the backend's key layout ties this module to storage_adapters/redis_store.py and
-emulator.py: if those change their layout, enumeration finds nothing and the summary's record
-count says so (a run that committed transactions but audited none is reported, not passed).
+Reading the backend's key layout ties this module to storage_adapters/redis_store.py, emulator.py,
+azure_blob.py and dynamodb.py (their own name and key helpers are used where they have them): if
+those change their layout, enumeration finds nothing and the summary's record count says so (a run
+that committed transactions but audited none is reported, not passed); on Azure Blob and DynamoDB a
+name under the records' prefix that does not map back to the very blob name or item key the adapter
+would give that record is an auditor error, which fails check (c).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -39,8 +47,24 @@ REDIS_SCAN_COUNT = 1_000
 REDIS_TIMEOUT_S = 10.0
 SQLITE_TIMEOUT_S = 10.0
 # Records read through the adapter at once: enough to hide round trips, few enough not to queue
-# the emulator's worker (QUEUE_COUNT_MAX) or crowd the nodes' own calls.
+# the emulator's worker (QUEUE_COUNT_MAX) or crowd the nodes' own calls. DynamoDB's double (moto,
+# scripts/moto_serial.py) serves one request at a time: a burst of 64 reads there would queue every
+# node's storage call behind it, past their 2 s deadline when moto is slow.
 READ_CONCURRENCY = 64
+READ_CONCURRENCY_BY_BACKEND = {"dynamodb": 8}
+# Per request of the Azure listing and the DynamoDB Scan (sync SDK clients in a worker thread):
+# a page is one request, answered in well under a second by a healthy service.
+CLOUD_TIMEOUT_S = 10.0
+# Attempts per listing or Scan page: one retry rides out a dropped connection; more would only
+# delay the snapshot, and the next snapshot tries again anyway.
+CLOUD_ATTEMPT_COUNT_MAX = 2
+# Bounds on one enumeration: names one Azure listing may walk (a 10-minute run writes some 10^5
+# records), and Scan pages (1 MB each) one DynamoDB enumeration may take.
+AZURE_LIST_NAME_COUNT_MAX = 5_000_000
+AZURE_LIST_PAGE_SIZE = 5_000
+DYNAMODB_SCAN_PAGE_COUNT_MAX = 10_000
+# Distinct unparsable names reported as auditor errors (each fails check (c)); more are counted.
+STRAY_REPORT_COUNT_MAX = 20
 READ_ATTEMPT_COUNT_MAX = 5
 # Snapshots of one run: a bound on the loop (a 10-minute run at 1 s takes about 700).
 SNAPSHOT_COUNT_MAX = 100_000
@@ -76,6 +100,142 @@ def enumerate_emulator(path: str) -> set[RecordKey]:
         return {(str(log), str(txn)) for log, txn in connection.execute("SELECT log, txn FROM txn_log")}
     finally:
         connection.close()
+
+
+class EnumerationError(Exception):
+    """A listing of the backend's records failed (its SDK's error, said in one line)."""
+
+
+# A listing: the records found, and the names under the records' prefix that are no record's.
+Listing = tuple[set[RecordKey], list[str]]
+
+
+def _unsegment(segment: str) -> str:
+    """azure_blob's `_segment` inverted: it appends '~' to an id ending in '.' (an id never holds '~')."""
+    return segment[:-1] if segment.endswith(".~") else segment
+
+
+class AzureRecordLister:
+    """Lists the record blobs of one container (sync SDK, from the auditor's worker thread): every
+    name under the adapter's record prefix, `txn/<log key>/<txn>`, mapped back to (log key, txn) and
+    checked against the adapter's own `_record_name` of them."""
+
+    def __init__(self, connection_string: str, container: str) -> None:
+        from azure.storage.blob import ContainerClient
+
+        from storage_adapters import azure_blob
+
+        self._layout = azure_blob
+        # The adapter names no constant for the records' top prefix, only a per-log one: taken from
+        # that, so a changed layout shows as names that do not map back, or as no record at all.
+        self.root = azure_blob._record_prefix(LogId.partition("p0")).split("/", 1)[0] + "/"
+        self._client = ContainerClient.from_connection_string(
+            connection_string, container, connection_timeout=CLOUD_TIMEOUT_S, read_timeout=CLOUD_TIMEOUT_S,
+            retry_total=CLOUD_ATTEMPT_COUNT_MAX - 1)
+
+    def record_key(self, name: str) -> RecordKey | None:
+        """(log key, txn) of the record blob `name`; None if no record is stored under that name."""
+        log_segment, sep, txn_segment = name[len(self.root):].partition("/")
+        if not name.startswith(self.root) or not sep:
+            return None
+        key = (_unsegment(log_segment), _unsegment(txn_segment))
+        try:
+            log = _log_id(key[0])
+            exact = log.kind is not LogKind.CLUSTER and self._layout._record_name(log, key[1]) == name
+        except ValueError:  # a log key that is no LogId's (ValidationError is a ValueError)
+            return None
+        return key if exact else None
+
+    def list_records(self) -> Listing:
+        from azure.core.exceptions import AzureError
+
+        found: set[RecordKey] = set()
+        strays: list[str] = []
+        try:
+            names = self._client.list_blobs(name_starts_with=self.root, results_per_page=AZURE_LIST_PAGE_SIZE)
+            for count, blob in enumerate(names, 1):
+                if count > AZURE_LIST_NAME_COUNT_MAX:
+                    raise EnumerationError(f"more than {AZURE_LIST_NAME_COUNT_MAX} blobs under {self.root!r}")
+                key = self.record_key(blob.name)
+                if key is None:
+                    strays.append(blob.name)
+                else:
+                    found.add(key)
+        except AzureError as error:
+            # The SDK's message goes on with the whole XML answer: its first line says it.
+            first_line = (str(error).splitlines() or [""])[0]
+            raise EnumerationError(f"azure list_blobs: {type(error).__name__}: {first_line}") from error
+        return found, strays
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class DynamoDbRecordLister:
+    """Scans one table (sync botocore client, from the auditor's worker thread) for the record items,
+    partition key `txn#<log key>` and sort key the txn id, each checked against the adapter's own
+    `_record_key` of them. The cluster record (log kind `k`) is no transaction's: left out, as on Redis."""
+
+    def __init__(self, endpoint: str, region: str, table: str) -> None:
+        import botocore.session
+        from botocore.config import Config
+
+        from storage_adapters import dynamodb
+
+        self._layout = dynamodb
+        self.prefix = dynamodb._TXN_PK_PREFIX
+        self.table = table
+        # The adapter's credentials: moto keys its accounts by them, so other ones would see an
+        # empty, different table of the same name.
+        key_id, secret = ("testing", "testing") if dynamodb._is_local(endpoint) else (None, None)
+        self._client = botocore.session.get_session().create_client(
+            "dynamodb", endpoint_url=endpoint, region_name=region, aws_access_key_id=key_id,
+            aws_secret_access_key=secret,
+            config=Config(connect_timeout=CLOUD_TIMEOUT_S, read_timeout=CLOUD_TIMEOUT_S,
+                          retries={"total_max_attempts": CLOUD_ATTEMPT_COUNT_MAX, "mode": "standard"}))
+
+    def record_key(self, item: dict[str, Any]) -> RecordKey | None:
+        """(log key, txn) of a scanned item's key; None if it is not a transaction record's."""
+        pk, sk = item["pk"]["S"], item["sk"]["S"]
+        try:
+            log = _log_id(pk[len(self.prefix):])
+            exact = self._layout._record_key(log, sk) == {"pk": {"S": pk}, "sk": {"S": sk}}
+        except ValueError:
+            return None
+        if log.kind is LogKind.CLUSTER:
+            return None
+        return (log.key, sk) if exact else None
+
+    def list_records(self) -> Listing:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        found: set[RecordKey] = set()
+        strays: list[str] = []
+        request: dict[str, Any] = {
+            "TableName": self.table, "ProjectionExpression": "#pk, #sk",
+            "FilterExpression": "begins_with(#pk, :prefix)",
+            "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
+            "ExpressionAttributeValues": {":prefix": {"S": self.prefix}}, "ConsistentRead": True,
+        }
+        try:
+            for _ in range(DYNAMODB_SCAN_PAGE_COUNT_MAX):
+                response = self._client.scan(**request)
+                for item in response.get("Items", []):
+                    key = self.record_key(item)
+                    if key is not None:
+                        found.add(key)
+                    elif not item["pk"]["S"].startswith(f"{self.prefix}{LogKind.CLUSTER.value}."):
+                        strays.append(f"{item['pk']['S']} / {item['sk']['S']}")
+                last = response.get("LastEvaluatedKey")
+                if not last:
+                    return found, strays
+                request["ExclusiveStartKey"] = last
+        except (BotoCoreError, ClientError) as error:
+            raise EnumerationError(f"dynamodb scan: {type(error).__name__}: {error}") from error
+        raise EnumerationError(f"dynamodb scan of {self.table} took more than {DYNAMODB_SCAN_PAGE_COUNT_MAX} pages")
+
+    def close(self) -> None:
+        self._client.close()
 
 
 @dataclass(slots=True)
@@ -118,6 +278,10 @@ class Auditor:
         self._final_done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="auditor", daemon=True)
         self._lock = threading.Lock()
+        # The Azure or DynamoDB lister, made at the first enumeration and kept (a botocore client
+        # costs a noticeable share of a second of CPU to make: not once a snapshot).
+        self._lister: AzureRecordLister | DynamoDbRecordLister | None = None
+        self._strays_seen: set[str] = set()
 
     def start(self) -> None:
         self._thread.start()
@@ -135,10 +299,34 @@ class Auditor:
         self._thread.join(30)
 
     def _enumerate(self) -> set[RecordKey]:
-        if self.store_config.backend == "redis":
-            return enumerate_redis(self.store_config.redis_url)
-        assert self.store_config.backend == "emulator", self.store_config.backend
-        return enumerate_emulator(self.store_config.emulator_path)
+        config = self.store_config
+        if config.backend == "redis":
+            return enumerate_redis(config.redis_url)
+        if config.backend == "emulator":
+            return enumerate_emulator(config.emulator_path)
+        if self._lister is None:
+            if config.backend == "azure_blob":
+                self._lister = AzureRecordLister(config.azure_connection_string, config.azure_container)
+            else:
+                assert config.backend == "dynamodb", config.backend
+                assert config.dynamodb_endpoint, "the auditor reaches DynamoDB by its endpoint"
+                self._lister = DynamoDbRecordLister(config.dynamodb_endpoint, config.dynamodb_region,
+                                                    config.dynamodb_table)
+        keys, strays = self._lister.list_records()
+        for stray in strays:
+            # Under the records' prefix, yet no record's name as the adapter writes it: the layout
+            # changed, or something else writes there. Either way the audit may be blind to records.
+            if stray not in self._strays_seen:
+                self._strays_seen.add(stray)
+                if len(self._strays_seen) <= STRAY_REPORT_COUNT_MAX:
+                    self.state.errors.append(f"enumeration: {stray!r} is under the records' prefix but maps to "
+                                             f"no record name of the adapter (layout changed?)")
+        return keys
+
+    def _close_lister(self) -> None:
+        if self._lister is not None:
+            self._lister.close()
+            self._lister = None
 
     def _run(self) -> None:
         try:
@@ -164,13 +352,14 @@ class Auditor:
                     None, self._stop.wait, max(0.0, self.interval_s - (time.monotonic() - started)))
         finally:
             await store.close()
+            await asyncio.to_thread(self._close_lister)
 
     async def _snapshot(self, store: LogStore, *, full: bool) -> bool:
         """One snapshot; False if it could not list or read every record it meant to."""
         started = time.monotonic()
         try:
             keys = await asyncio.to_thread(self._enumerate)
-        except (redis.RedisError, sqlite3.Error, OSError) as error:
+        except (redis.RedisError, sqlite3.Error, OSError, EnumerationError) as error:
             self.state.errors.append(f"enumeration failed: {type(error).__name__}: {error}")
             return False
         state = self.state
@@ -208,7 +397,7 @@ class Auditor:
                         keys: Iterable[RecordKey]) -> dict[RecordKey, tuple[str, bool] | None]:
         """Per key read: (state, applied), None if absent; a key whose reads all failed is left out
         (and said in `errors`)."""
-        semaphore = asyncio.Semaphore(READ_CONCURRENCY)
+        semaphore = asyncio.Semaphore(READ_CONCURRENCY_BY_BACKEND.get(self.store_config.backend, READ_CONCURRENCY))
         results: dict[RecordKey, tuple[str, bool] | None] = {}
 
         async def read_one(key: RecordKey) -> None:

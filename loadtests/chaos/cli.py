@@ -16,7 +16,7 @@ from pathlib import Path
 
 from loadtests.chaos.faults import FAULT_KINDS
 from loadtests.chaos.report import format_summary
-from loadtests.chaos.runner import DEFAULT_SETTINGS, RunOptions, run
+from loadtests.chaos.runner import BACKENDS, DEFAULT_SETTINGS, RunOptions, run
 
 REPO = Path(__file__).resolve().parents[2]
 # Where scripts/services.sh writes the test services' addresses (tests/conftest.py reads the same
@@ -26,15 +26,28 @@ SERVICES_ENV = Path(os.environ.get("CORNUS_SERVICES_DIR", REPO / ".services")) /
 DEFAULT_REDIS_DB = 60
 
 
-def _default_redis_url() -> str:
-    """scripts/services.sh's server, database DEFAULT_REDIS_DB; "" if it never ran."""
+def _services_value(wanted: str) -> str:
+    """A value scripts/services.sh wrote to its env file; "" if it never ran."""
     if not SERVICES_ENV.exists():
         return ""
     for line in SERVICES_ENV.read_text().splitlines():
         name, _, value = line.partition("=")
-        if name == "CORNUS_TEST_REDIS_URL":
-            return value.strip("'").rsplit("/", 1)[0] + f"/{DEFAULT_REDIS_DB}"
+        if name == wanted:
+            return value.strip("'")
     return ""
+
+
+def _default_redis_url() -> str:
+    """scripts/services.sh's server, database DEFAULT_REDIS_DB; "" if it never ran."""
+    url = _services_value("CORNUS_TEST_REDIS_URL")
+    return url.rsplit("/", 1)[0] + f"/{DEFAULT_REDIS_DB}" if url else ""
+
+
+def _default_azure_connection_string() -> str:
+    """CORNUS_CHAOS_AZURE_CONNECTION_STRING (a key is better not typed on a command line, which
+    `ps` shows), else scripts/services.sh's Azurite; "" if neither."""
+    return (os.environ.get("CORNUS_CHAOS_AZURE_CONNECTION_STRING")
+            or _services_value("CORNUS_TEST_AZURE_CONNECTION_STRING"))
 
 
 def _settings(items: Sequence[str]) -> dict[str, int]:
@@ -51,8 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m loadtests.chaos",
         description="Cornus under network and process faults: Toxiproxy between the nodes (and between "
-                    "nodes and Redis), kill -9 and SIGSTOP, a bank and a register workload, then the checks.")
-    parser.add_argument("--backend", choices=("redis", "emulator"), required=True)
+                    "nodes and Redis, Azure Blob or DynamoDB), kill -9 and SIGSTOP, a bank and a register "
+                    "workload, then the checks.")
+    parser.add_argument("--backend", choices=tuple(BACKENDS), required=True,
+                        help="azure: Azure Blob on an emulator such as Azurite; dynamodb: a DynamoDB endpoint such "
+                             "as moto; each run in a container or table of its own")
     parser.add_argument("--duration-s", type=float, required=True, help="length of the fault phase")
     parser.add_argument("--seed", type=int, required=True, help="seeds the fault schedule and the workloads")
     parser.add_argument("--nodes", type=int, default=3)
@@ -62,6 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--redis-url", default=None,
                         help=f"the real Redis (default: scripts/services.sh's server, database {DEFAULT_REDIS_DB})")
     parser.add_argument("--flush-redis", action="store_true", help="empty that Redis database first")
+    parser.add_argument("--azure-connection-string", default=None,
+                        help="with an http BlobEndpoint (default: $CORNUS_CHAOS_AZURE_CONNECTION_STRING, else "
+                             "scripts/services.sh's Azurite)")
+    parser.add_argument("--dynamodb-endpoint", default=None,
+                        help="endpoint URL (default: scripts/services.sh's moto server)")
+    parser.add_argument("--dynamodb-region", default="us-east-1")
+    parser.add_argument("--storage-name", default="",
+                        help="azure/dynamodb: the run's container or table, which must not exist yet (default: "
+                             "chaos-s<seed>-<UTC time>-<random>)")
+    parser.add_argument("--keep-storage", action="store_true",
+                        help="azure/dynamodb: leave the run's container or table (default: deleted at the end)")
     parser.add_argument("--json-out", type=Path, help="write the summary as JSON here")
     parser.add_argument("--workdir", type=Path, help="node logs, toxiproxy log, fault log (default: a new temp dir)")
     parser.add_argument("--toxiproxy-bin", default="", help="toxiproxy server binary (default: scripts/toxiproxy.sh)")
@@ -109,10 +136,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         redis_url = args.redis_url if args.redis_url is not None else _default_redis_url()
+        azure = (args.azure_connection_string if args.azure_connection_string is not None
+                 else _default_azure_connection_string())
+        dynamodb = (args.dynamodb_endpoint if args.dynamodb_endpoint is not None
+                    else _services_value("CORNUS_TEST_DYNAMODB_ENDPOINT"))
         options = RunOptions(
             backend=args.backend, duration_s=args.duration_s, seed=args.seed, nodes=args.nodes,
             partitions=args.partitions, protocol=args.protocol,
             redis_url=redis_url if args.backend == "redis" else "", flush_redis=args.flush_redis,
+            azure_connection_string=azure if args.backend == "azure" else "",
+            dynamodb_endpoint=dynamodb if args.backend == "dynamodb" else "", dynamodb_region=args.dynamodb_region,
+            storage_name=args.storage_name, keep_storage=args.keep_storage,
             workdir=args.workdir, toxiproxy_bin=args.toxiproxy_bin,
             kinds=tuple(kind.strip() for kind in args.faults.split(",") if kind.strip()),
             fault_count_max=args.fault_count_max, concurrency_max=args.fault_concurrency_max,

@@ -6,9 +6,11 @@ upstream is j's real peer port; its own entry is its real listen address (cornus
 the own entry is only the default of `listen`, and the peer transport serves it in process; the
 harness passes --listen explicitly too). A node opens one outbound connection per peer and gets its
 answers back on it, so proxy `ni-nj` carries i's messages to j and j's answers to i's requests;
-j's own messages to i go over `nj-ni`. With Redis, node i's storage URL points at proxy
-`ni-storage`. The emulator is a SQLite file each node opens itself: there is no storage link to
-proxy, so that backend gets node-node and process faults only.
+j's own messages to i go over `nj-ni`. With Redis, Azure Blob (Azurite) and DynamoDB (moto), node
+i's storage address points at proxy `ni-storage`: the Redis URL's host and port, the connection
+string's BlobEndpoint, the DynamoDB endpoint URL, each swapped for the proxy's (Toxiproxy relays TCP,
+and all three speak plain TCP: RESP, or HTTP). The emulator is a SQLite file each node opens itself:
+there is no storage link to proxy, so that backend gets node-node and process faults only.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from services.local_cluster import ClusterNode, StopSignals, start_node, stop_no
 
 STORAGE = "storage"
 KILL_WAIT_S = 10.0
+KILL_POLL_S = 0.01
 READYZ_TIMEOUT_S = 2.0
 
 
@@ -49,31 +52,139 @@ class Link:
         return self.target == STORAGE
 
 
+# StoreConfig's names of the backends a chaos run knows; all but the emulator have a TCP storage link.
+STORE_BACKENDS = ("redis", "emulator", "azure_blob", "dynamodb")
+_AZURE_BLOB_ENDPOINT = "blobendpoint"
+
+
+def _swap_netloc(url: str, port: int) -> str:
+    """`url` with its host and port replaced by 127.0.0.1:`port` (credentials in it kept)."""
+    parts = urlsplit(url)
+    auth = parts.netloc.rpartition("@")[0]
+    netloc = f"{auth}@127.0.0.1:{port}" if auth else f"127.0.0.1:{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _upstream(url: str, default_port: int) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname or '127.0.0.1'}:{parts.port or default_port}"
+
+
+def _connection_string_fields(connection_string: str) -> list[tuple[str, str]]:
+    """An Azure connection string's `Name=value` fields, in order (a value may hold '=': the
+    account key is base64)."""
+    fields = []
+    for field_text in connection_string.split(";"):
+        if field_text.strip():
+            name, _, value = field_text.partition("=")
+            fields.append((name.strip(), value.strip()))
+    return fields
+
+
+def azure_blob_endpoint(connection_string: str) -> str:
+    """The BlobEndpoint of a connection string; ValueError if it has none or it is not plain HTTP.
+    Only an explicit endpoint can be pointed at a proxy, and only over HTTP: TLS to 127.0.0.1 would
+    fail the service certificate's host check, so a chaos run is for Azurite (or another emulator
+    on plain HTTP), not a real account."""
+    endpoints = [value for name, value in _connection_string_fields(connection_string)
+                 if name.lower() == _AZURE_BLOB_ENDPOINT]
+    if not endpoints or urlsplit(endpoints[0]).scheme != "http" or not urlsplit(endpoints[0]).hostname:
+        raise ValueError("the azure connection string needs BlobEndpoint=http://host:port/account (an emulator "
+                         "such as Azurite): the nodes reach it through a Toxiproxy TCP proxy, which TLS would refuse")
+    return endpoints[0]
+
+
 @dataclass(frozen=True, slots=True)
 class StorageTarget:
-    """Where the data lives: `redis_url` is the real server (the auditor's direct path); nodes get
-    the same URL with host and port swapped for their own proxy."""
+    """Where the data lives, as the auditor reaches it directly (the real server's URL, connection
+    string or endpoint); nodes get the same with host and port swapped for their own proxy.
+    `backend` is StoreConfig's name (azure_blob, not the chaos CLI's azure). `name` is the run's own
+    Azure container or DynamoDB table."""
 
     backend: str
     redis_url: str = ""
     emulator_path: str = ""
+    azure_connection_string: str = ""
+    dynamodb_endpoint: str = ""
+    dynamodb_region: str = "us-east-1"
+    name: str = ""
     timeout_ms_call: int = 2_000
 
     def __post_init__(self) -> None:
-        assert self.backend in ("redis", "emulator"), self.backend
+        assert self.backend in STORE_BACKENDS, self.backend
         assert (self.backend == "redis") == bool(self.redis_url)
         assert (self.backend == "emulator") == bool(self.emulator_path)
+        assert (self.backend == "azure_blob") == bool(self.azure_connection_string)
+        assert (self.backend == "dynamodb") == bool(self.dynamodb_endpoint)
+        assert (self.backend in ("azure_blob", "dynamodb")) == bool(self.name)
+        if self.backend == "azure_blob":
+            azure_blob_endpoint(self.azure_connection_string)  # raises for one a proxy cannot carry
 
     @property
-    def redis_upstream(self) -> str:
-        parts = urlsplit(self.redis_url)
-        return f"{parts.hostname or '127.0.0.1'}:{parts.port or 6379}"
+    def proxied(self) -> bool:
+        """Whether nodes reach this storage over TCP, through a proxy per node (not the emulator)."""
+        return self.backend != "emulator"
+
+    @property
+    def upstream(self) -> str:
+        """host:port of the real storage service: the upstream of every node's storage proxy."""
+        if self.backend == "redis":
+            return _upstream(self.redis_url, 6379)
+        if self.backend == "azure_blob":
+            return _upstream(azure_blob_endpoint(self.azure_connection_string), 80)
+        assert self.backend == "dynamodb", self.backend
+        return _upstream(self.dynamodb_endpoint, 80)
 
     def redis_url_via(self, port: int) -> str:
-        parts = urlsplit(self.redis_url)
-        auth = parts.netloc.rpartition("@")[0]
-        netloc = f"{auth}@127.0.0.1:{port}" if auth else f"127.0.0.1:{port}"
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+        return _swap_netloc(self.redis_url, port)
+
+    def azure_connection_string_via(self, port: int) -> str:
+        """The connection string with its BlobEndpoint's host and port swapped for 127.0.0.1:`port`
+        (Azurite takes the account from the URL's path, and the shared-key signature covers the path,
+        not the host, so requests through the proxy are signed and served as direct ones)."""
+        return ";".join(f"{name}={_swap_netloc(value, port) if name.lower() == _AZURE_BLOB_ENDPOINT else value}"
+                        for name, value in _connection_string_fields(self.azure_connection_string))
+
+    def direct_location(self) -> dict[str, str]:
+        """StoreConfig fields that reach this storage directly, never through a proxy (the auditor's)."""
+        if self.backend == "redis":
+            return {"redis_url": self.redis_url}
+        if self.backend == "emulator":
+            return {"emulator_path": self.emulator_path}
+        if self.backend == "azure_blob":
+            return {"azure_connection_string": self.azure_connection_string, "azure_container": self.name}
+        return {"dynamodb_endpoint": self.dynamodb_endpoint, "dynamodb_region": self.dynamodb_region,
+                "dynamodb_table": self.name}
+
+    def node_storage(self, proxy_port: int | None) -> tuple[list[str], dict[str, object], dict[str, str]]:
+        """A node's storage flags, the same as load_node_config overrides, and the environment the
+        node gets them by where they are secret (the Azure connection string holds the account key,
+        which argv would show to every user of the machine; ps cannot read another's environment).
+        `proxy_port` is the node's storage proxy (None for the emulator)."""
+        argv = ["--backend", self.backend, "--timeout-ms-call", str(self.timeout_ms_call)]
+        overrides: dict[str, object] = {"storage_backend": self.backend,
+                                        "storage_timeout_ms_call": self.timeout_ms_call}
+        environ: dict[str, str] = {}
+        if self.backend == "emulator":
+            overrides["storage_emulator_path"] = self.emulator_path
+            return [*argv, "--emulator-path", self.emulator_path], overrides, environ
+        assert proxy_port is not None
+        if self.backend == "redis":
+            url = self.redis_url_via(proxy_port)
+            overrides["storage_redis_url"] = url
+            argv += ["--redis-url", url]
+        elif self.backend == "azure_blob":
+            connection_string = self.azure_connection_string_via(proxy_port)
+            overrides |= {"storage_azure_connection_string": connection_string, "storage_azure_container": self.name}
+            environ["CORNUS_STORAGE_AZURE_CONNECTION_STRING"] = connection_string
+            argv += ["--azure-container", self.name]
+        else:
+            endpoint = _swap_netloc(self.dynamodb_endpoint, proxy_port)
+            overrides |= {"storage_dynamodb_endpoint": endpoint, "storage_dynamodb_table": self.name,
+                          "storage_dynamodb_region": self.dynamodb_region}
+            argv += ["--dynamodb-endpoint", endpoint, "--dynamodb-table", self.name,
+                     "--dynamodb-region", self.dynamodb_region]
+        return argv, overrides, environ
 
 
 @dataclass(slots=True)
@@ -81,6 +192,8 @@ class ChaosNode:
     member: ClusterNode
     peers: str
     storage_argv: list[str]
+    # Added to the node's environment at each start (the Azure connection string: see node_storage).
+    storage_environ: dict[str, str] = field(default_factory=dict)
     # Unix ms of every kill -9 the harness made: an ownership interval open at a kill ends there.
     kill_times_ms: list[int] = field(default_factory=list)
     paused: bool = False
@@ -110,6 +223,29 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def pid_exists(pid: int) -> bool:
+    """Whether a process `pid` exists (a zombie too): signal 0 checks without sending anything."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _proc_state(pid: int) -> str:
+    """The kernel's view of `pid` (state, parent), for an anomaly's message."""
+    try:
+        fields = {line.split(":", 1)[0]: line.split(":", 1)[1].strip()
+                  for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line}
+    except OSError:
+        return "no such process"
+    return f"state {fields.get('State', '?')}, ppid {fields.get('PPid', '?')}, name {fields.get('Name', '?')}"
+
+
 class ChaosCluster:
     def __init__(
         self,
@@ -126,6 +262,9 @@ class ChaosCluster:
         self.storage = storage
         self.settings = dict(settings)
         self.toxiproxy = toxiproxy
+        # What the harness saw go wrong with its own processes (a node whose pid does not exist, a
+        # kill -9 not seen to end the process): the run's own faults, not the system's. Reported.
+        self.anomalies: list[str] = []
         ids = [f"n{i}" for i in range(node_count)]
         api_ports = {node: port() for node in ids}
         peer_ports = {node: port() for node in ids}
@@ -134,8 +273,8 @@ class ChaosCluster:
             for target in ids:
                 if source != target:
                     self._add_link(source, target, port(), f"127.0.0.1:{peer_ports[target]}")
-            if storage.backend == "redis":
-                self._add_link(source, STORAGE, port(), storage.redis_upstream)
+            if storage.proxied:
+                self._add_link(source, STORAGE, port(), storage.upstream)
         self.nodes: dict[str, ChaosNode] = {}
         for node in ids:
             peers = ",".join(
@@ -146,21 +285,16 @@ class ChaosCluster:
                 "node_id": node, "listen": f"127.0.0.1:{peer_ports[node]}",
                 "api_listen": f"127.0.0.1:{api_ports[node]}",
                 "grpc_api_listen": "", "peers": peers, "protocol": "cornus" if protocol == "mixed" else protocol,
-                "partition_count": partition_count, "storage_backend": storage.backend,
-                "storage_timeout_ms_call": storage.timeout_ms_call, **self.settings,
+                "partition_count": partition_count, **self.settings,
             }
-            argv = ["--backend", storage.backend, "--timeout-ms-call", str(storage.timeout_ms_call)]
-            if storage.backend == "redis":
-                url = storage.redis_url_via(self.links[f"{node}-{STORAGE}"].listen_port)
-                overrides["storage_redis_url"] = url
-                argv += ["--redis-url", url]
-            else:
-                overrides["storage_emulator_path"] = storage.emulator_path
-                argv += ["--emulator-path", storage.emulator_path]
-            # Validates every setting here, before any process starts, with the node's own rules.
+            proxy = self.links.get(f"{node}-{STORAGE}")
+            argv, storage_overrides, environ = storage.node_storage(proxy.listen_port if proxy else None)
+            overrides |= storage_overrides
+            # Validates every setting here, before any process starts, with the node's own rules
+            # (on the backend the nodes run on: its late-write window and lease rules differ).
             config = load_node_config(environ={}, overrides=overrides)
             member = ClusterNode(config, api_ports[node], peer_ports[node], workdir / f"{node}.log")
-            self.nodes[node] = ChaosNode(member, peers, argv)
+            self.nodes[node] = ChaosNode(member, peers, argv, environ)
 
     def _add_link(self, source: str, target: str, listen_port: int, upstream: str) -> None:
         name = f"{source}-{target}"
@@ -181,7 +315,18 @@ class ChaosCluster:
 
     def start(self, node_id: str) -> None:
         node = self.nodes[node_id]
-        start_node(node.member, node.peers, node.storage_argv, [f"{k}={v}" for k, v in self.settings.items()])
+        start_node(node.member, node.peers, node.storage_argv, [f"{k}={v}" for k, v in self.settings.items()],
+                   environ=node.storage_environ)
+        launcher = getattr(node.member.process, "launcher", None)
+        parent = launcher.process.pid if launcher is not None else os.getpid()
+        if not pid_exists(node.pid):
+            # The launcher answered a pid no process has: every kill, pause and stop of this node
+            # would then miss it (found in runs: a restarted node that never logged a line).
+            self.anomalies.append(f"{_now_ms()} start {node_id}: the launcher answered pid {node.pid}, which no "
+                                  "process has")
+        elif f"ppid {parent}," not in _proc_state(node.pid):
+            self.anomalies.append(f"{_now_ms()} start {node_id}: pid {node.pid} is not a child of its starter "
+                                  f"{parent}: {_proc_state(node.pid)}")
         node.killed = False
         node.paused = False
         node.start_count += 1
@@ -202,10 +347,22 @@ class ChaosCluster:
         at_ms = _now_ms()
         node.killed = True
         # The node leads its own process group (start_new_session): anything it started dies too.
-        with contextlib.suppress(ProcessLookupError):
+        try:
             os.killpg(node.pid, signal.SIGKILL)
-        assert node.member.process is not None
-        node.member.process.wait(KILL_WAIT_S)
+        except ProcessLookupError:
+            self.anomalies.append(f"{at_ms} kill {node_id}: no process group {node.pid} ({_proc_state(node.pid)}) "
+                                  "although the launcher says the node runs")
+        process = node.member.process
+        assert process is not None
+        # Polled with a bound of its own, so that a kill the launcher never reports says so.
+        deadline = time.monotonic() + KILL_WAIT_S
+        while node.alive:
+            if time.monotonic() > deadline:
+                # Nothing the run says afterwards about this node would be true (its ownership
+                # intervals end at a kill that did not happen): the run ends here, saying why.
+                raise RuntimeError(f"kill -9 of {node_id} (pid {node.pid}): not reported dead within "
+                                   f"{KILL_WAIT_S:g} s; the kernel says {_proc_state(node.pid)}")
+            time.sleep(KILL_POLL_S)
         node.paused = False
         node.kill_times_ms.append(at_ms)
         return at_ms
@@ -228,7 +385,7 @@ class ChaosCluster:
         found: list[tuple[str, int]] = []
         for node in self.nodes.values():
             process = node.member.process
-            if process is not None and not node.killed and process.poll() is not None:
+            if process is not None and not node.killed and not node.alive:
                 found.append((node.node_id, process.returncode))
         return found
 
@@ -259,7 +416,15 @@ class ChaosCluster:
         at_ms = _now_ms()
         for node_id in self.nodes:
             self.resume(node_id)
-        stop_nodes(self.members, StopSignals())
+        members = []
+        for node_id, node in self.nodes.items():
+            if node.alive and not pid_exists(node.pid):
+                # stop_nodes' SIGTERM would raise ProcessLookupError and leave the other nodes running.
+                self.anomalies.append(f"{at_ms} stop {node_id}: pid {node.pid} does not exist although the "
+                                      "launcher says the node runs")
+                continue
+            members.append(node.member)
+        stop_nodes(members, StopSignals())
         return at_ms
 
     def log_paths(self) -> dict[str, Path]:

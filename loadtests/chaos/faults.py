@@ -5,8 +5,9 @@ whatever is left, so nothing outlives the phase however it ends (its deadline, C
 Kinds: on a proxied link, `latency` (fixed delay), `jitter` (delay +/- a large jitter), `timeout`
 (toxiproxy's timeout toxic: data is dropped, and the connection closed after `timeout` ms or, at 0,
 when the toxic goes), `reset_peer` (TCP RST after `timeout` ms); `partition` (disable the proxies
-of both directions between two nodes, or, on Redis, one node's storage proxy); on a process,
-`kill` (kill -9, restarted at the fault's end) and `pause` (SIGSTOP, SIGCONT at its end).
+of both directions between two nodes, or, on Redis, Azure Blob or DynamoDB, one node's storage
+proxy); on a process, `kill` (kill -9, restarted at the fault's end) and `pause` (SIGSTOP, SIGCONT
+at its end).
 """
 
 from __future__ import annotations

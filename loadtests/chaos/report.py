@@ -30,11 +30,22 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"storage link faults: {summary.get('storage_faults', '-')}",
         f"logs: {summary.get('workdir')}",
     ]
+    storage = summary.get("storage")
+    if storage:
+        # Azure Blob and DynamoDB runs each have a container or table of their own: name it, so the
+        # records can be looked at (with --keep-storage) or the leftover deleted by hand.
+        where = ", ".join(f"{kind} {storage[kind]}" for kind in ("container", "table") if kind in storage)
+        fate = "kept" if storage.get("kept") else "deleted at the end"
+        if storage.get("delete_error"):
+            fate = f"NOT deleted ({storage['delete_error']})"
+        lines.insert(2, f"storage: {storage.get('backend')} {where}, {fate}")
     timings = summary.get("timings", {})
     if timings:
         lines.append("timings: " + ", ".join(f"{name} {value} s" for name, value in timings.items()))
     if summary.get("error"):
         lines += ["", f"RUN ERROR: {summary['error']}"]
+    for anomaly in summary.get("harness_anomalies", [])[:EXAMPLES_SHOWN * 3]:
+        lines.append(f"HARNESS ANOMALY: {anomaly}")
     injected = summary.get("faults_injected")
     if injected is not None:
         scheduled: dict[str, int] = {}

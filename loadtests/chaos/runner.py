@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
+import re
+import secrets
 import sys
 import tempfile
 import threading
@@ -20,9 +23,10 @@ import httpx
 import redis
 
 from cornus.runtime.config import NodeConfig
+from loadtests.bench import cloud
 from loadtests.chaos import checks
 from loadtests.chaos.audit import Auditor
-from loadtests.chaos.cluster import ChaosCluster, StorageTarget
+from loadtests.chaos.cluster import ChaosCluster, StorageTarget, azure_blob_endpoint
 from loadtests.chaos.faults import FAULT_KINDS, Injector, ScheduleShape, make_schedule
 from loadtests.chaos.ownership import check_ownership
 from loadtests.chaos.toxiproxy import Toxiproxy, toxiproxy_binary
@@ -46,6 +50,11 @@ MONITOR_INTERVAL_S = 0.5
 FAULT_COUNT_MAX = 100_000
 BOOT_TIMEOUT_S = 60.0
 MONITOR_SAMPLE_COUNT_MAX = 1_000_000
+# The chaos CLI's backend names, and StoreConfig's name of each.
+BACKENDS = {"redis": "redis", "emulator": "emulator", "azure": "azure_blob", "dynamodb": "dynamodb"}
+# An Azure container name (3-63 lowercase letters, digits and single hyphens, starting with a letter
+# or digit) is also a valid DynamoDB table name: one rule for both.
+_CLOUD_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +67,14 @@ class RunOptions:
     protocol: str = "cornus"  # or "2pc", "coordinator-log", "mixed" (each transaction picks one)
     redis_url: str = ""  # the real server; nodes reach it through their proxies
     flush_redis: bool = False
+    # Azure Blob: a connection string with an http BlobEndpoint (Azurite); DynamoDB: an endpoint URL
+    # (moto) and region. Nodes reach either through their proxies, the auditor directly.
+    azure_connection_string: str = ""
+    dynamodb_endpoint: str = ""
+    dynamodb_region: str = "us-east-1"
+    # The run's own container or table ("": chaos-s<seed>-<UTC time>-<random>); refused if it exists.
+    storage_name: str = ""
+    keep_storage: bool = False  # leave the container or table after the run (else it is deleted)
     workdir: Path | None = None
     toxiproxy_bin: str = ""
     kinds: tuple[str, ...] = FAULT_KINDS
@@ -85,10 +102,16 @@ class RunOptions:
     verbose: bool = True
 
     def __post_init__(self) -> None:
-        if self.backend not in ("redis", "emulator"):
-            raise ValueError(f"backend must be redis or emulator, not {self.backend!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if self.backend == "redis" and not self.redis_url:
             raise ValueError("the redis backend needs redis_url (the real server)")
+        if self.backend == "azure" and not self.azure_connection_string:
+            raise ValueError("the azure backend needs azure_connection_string (e.g. Azurite's, scripts/services.sh)")
+        if self.backend == "dynamodb" and not self.dynamodb_endpoint:
+            raise ValueError("the dynamodb backend needs dynamodb_endpoint (e.g. the moto server, scripts/services.sh)")
+        if self.storage_name and not _CLOUD_NAME.match(self.storage_name):
+            raise ValueError(f"storage_name {self.storage_name!r}: 3-63 lowercase letters, digits and single hyphens")
         if not 0 < self.duration_s <= 24 * 3600:
             raise ValueError("duration_s must be in (0, 86400]")
         if not 1 <= self.nodes <= 16:
@@ -115,6 +138,9 @@ class RunOptions:
     def to_json(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
         values["workdir"] = str(self.workdir) if self.workdir else None
+        if self.azure_connection_string:
+            # The account key stays out of the JSON (a file others may read); the endpoint is enough.
+            values["azure_connection_string"] = "BlobEndpoint=" + azure_blob_endpoint(self.azure_connection_string)
         values["kinds"] = list(self.kinds)
         return values
 
@@ -195,6 +221,49 @@ def _prepare_redis(url: str, flush: bool) -> None:
         client.close()
 
 
+def _run_storage_name(seed: int) -> str:
+    """A container or table name no other run has: the seed, the UTC time and random bits."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
+    return f"chaos-s{abs(seed)}-{stamp}-{secrets.token_hex(3)}"
+
+
+def _cloud_storage(options: RunOptions, summary: dict[str, Any], cleanup: contextlib.ExitStack,
+                   say: Callable[[str], None]) -> StorageTarget:
+    """The run's own Azure container or DynamoDB table: named, refused if it already exists (another
+    run's records would confuse the audit), and deleted when the run ends unless kept. The nodes
+    create it (their adapter does, at open); the delete is registered first, so it comes after every
+    process of the run has stopped."""
+    backend = BACKENDS[options.backend]
+    name = options.storage_name or _run_storage_name(options.seed)
+    if backend == "azure_blob":
+        storage = StorageTarget(backend, azure_connection_string=options.azure_connection_string, name=name,
+                                timeout_ms_call=options.storage_timeout_ms_call)
+    else:
+        storage = StorageTarget(backend, dynamodb_endpoint=options.dynamodb_endpoint,
+                                dynamodb_region=options.dynamodb_region, name=name,
+                                timeout_ms_call=options.storage_timeout_ms_call)
+    config = StoreConfig(backend=backend, **storage.direct_location())
+    kind = "container" if backend == "azure_blob" else "table"
+    if cloud.exists(config, name):
+        raise ValueError(f"{backend} {kind} {name} exists already: a run needs one of its own (the audit would read "
+                         "its records too); choose another --storage-name or leave it out")
+    summary["storage"] = {"backend": backend, kind: name, "kept": options.keep_storage}
+
+    def release() -> None:
+        if options.keep_storage:
+            say(f"chaos: kept {backend} {kind} {name}")
+            return
+        try:
+            cloud.delete(config, name)
+        except Exception as error:  # any SDK or network error: said, the run's result stands
+            summary["storage"]["delete_error"] = f"{type(error).__name__}: {error}"
+            say(f"chaos: could not delete {backend} {kind} {name} ({type(error).__name__}: {error}); delete it "
+                "yourself")
+
+    cleanup.callback(release)
+    return storage
+
+
 def run(options: RunOptions, port: Callable[[], int] = free_port) -> dict[str, Any]:
     """Run it all; the summary (also on error, with "error" set). Never leaves a process behind."""
     say: Callable[[str], None] = (lambda line: print(line, file=sys.stderr, flush=True)) if options.verbose \
@@ -204,14 +273,20 @@ def run(options: RunOptions, port: Callable[[], int] = free_port) -> dict[str, A
     summary: dict[str, Any] = {"config": options.to_json(), "workdir": str(workdir), "error": None}
     summary["config"]["workdir"] = str(workdir)
     started = time.monotonic()
-    with contextlib.ExitStack() as cleanup:
-        try:
-            _run(options, port, workdir, summary, cleanup=cleanup, say=say)
-        except (Exception, KeyboardInterrupt) as error:
-            summary["error"] = f"{type(error).__name__}: {error}"
-            say(f"chaos: run failed: {summary['error']}; cleaning up (logs in {workdir})")
-        finally:
-            say("chaos: stopping every process this run started")
+    try:
+        with contextlib.ExitStack() as cleanup:
+            try:
+                _run(options, port, workdir, summary, cleanup=cleanup, say=say)
+            except (Exception, KeyboardInterrupt) as error:
+                summary["error"] = f"{type(error).__name__}: {error}"
+                say(f"chaos: run failed: {summary['error']}; cleaning up (logs in {workdir})")
+            finally:
+                say("chaos: stopping every process this run started")
+    except Exception as error:
+        # A cleanup step failed (ExitStack still ran the others): said with the run's own error, not
+        # raised past it, which lost the whole summary, the reason the run failed among it.
+        failed = f"cleanup failed: {type(error).__name__}: {error}"
+        summary["error"] = f"{summary['error']}; {failed}" if summary["error"] else failed
     summary.setdefault("timings", {})["total_s"] = round(time.monotonic() - started, 2)
     summary["passed"] = summary["error"] is None and all(
         c["violations"] == 0 and (c["status"] != checks.NO_OWNERSHIP_LINES or not options.require_ownership)
@@ -224,10 +299,15 @@ def _run(options: RunOptions, port: Callable[[], int], workdir: Path, summary: d
     if options.backend == "redis":
         _prepare_redis(options.redis_url, options.flush_redis)
         storage = StorageTarget("redis", redis_url=options.redis_url, timeout_ms_call=options.storage_timeout_ms_call)
-        summary["storage_faults"] = "node->storage links proxied (one proxy per node)"
-    else:
+    elif options.backend == "emulator":
         storage = StorageTarget("emulator", emulator_path=str(workdir / "cluster.db"),
                                 timeout_ms_call=options.storage_timeout_ms_call)
+    else:
+        storage = _cloud_storage(options, summary, cleanup, say)
+    if storage.proxied:
+        summary["storage_faults"] = (f"node->storage links proxied (one proxy per node, to {storage.backend} at "
+                                     f"{storage.upstream})")
+    else:
         summary["storage_faults"] = ("none: the emulator is a local SQLite file with no storage link to proxy; "
                                      "only node-node and process faults are injected")
     binary = toxiproxy_binary(options.toxiproxy_bin)
@@ -238,6 +318,7 @@ def _run(options: RunOptions, port: Callable[[], int], workdir: Path, summary: d
 
     cluster = ChaosCluster(node_count=options.nodes, partition_count=options.partitions, protocol=options.protocol,
                            storage=storage, settings=options.settings, workdir=workdir, port=port, toxiproxy=toxiproxy)
+    summary["harness_anomalies"] = cluster.anomalies  # the same list: what the cleanup finds is in it too
     cluster.create_proxies()
     stop_ms: list[int] = []
     cleanup.callback(lambda: stop_ms.append(cluster.stop_all()))
@@ -272,11 +353,9 @@ def _run(options: RunOptions, port: Callable[[], int], workdir: Path, summary: d
     bank.setup(http, SETUP_TIMEOUT_S)
 
     # The auditor goes straight to storage, never through a proxy, with a deadline of its own.
-    location = ({"redis_url": storage.redis_url} if storage.backend == "redis"
-                else {"emulator_path": storage.emulator_path})
     # From the environment the nodes inherit too (CORNUS_STORAGE_REDIS_DURABILITY among it), then these.
     store_config = StoreConfig.from_env(backend=storage.backend, timeout_ms_call=max(5_000, storage.timeout_ms_call),
-                                        **location)
+                                        **storage.direct_location())
     auditor = Auditor(store_config, options.audit_interval_s)
     auditor.start()
     cleanup.callback(auditor.stop)
