@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 
-from services.api.logs import BackgroundStreamHandler, JsonFormatter
+from services.api.logs import BackgroundStreamHandler, JsonFormatter, configure_json_logging
 
 LINE_COUNT = 5_000
 # How long the test gives the logging calls before it calls them blocked (they take milliseconds).
@@ -95,3 +95,26 @@ def test_a_line_marked_write_at_once_is_written_before_the_call_returns() -> Non
     handler.flush()
     lines = [json.loads(line)["msg"] for line in stream.getvalue().splitlines()]
     assert sorted(lines) == sorted([f"queued {index}" for index in range(200)] + ["ownership stop partition=p0"])
+
+
+def test_the_azure_sdk_s_per_request_lines_stay_out_at_info() -> None:
+    """Found by the chaos tool's Azure runs (2026-11-28): the SDK's INFO line for every request and
+    answer was 87% of a node's log. It stays at WARNING, as the other chatty libraries do."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    stream = io.StringIO()
+    try:
+        configure_json_logging("n0", "INFO", stream)
+        logging.getLogger("azure.core.pipeline.policies.http_logging_policy").info("Request URL: ...")
+        logging.getLogger("azure.storage.blob").warning("a warning still shows")
+        logging.getLogger("cornus.node").info("ours still shows")
+        root.handlers[0].flush()
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+            handler.close()
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+    messages = [json.loads(line)["msg"] for line in stream.getvalue().splitlines()]
+    assert messages == ["a warning still shows", "ours still shows"], messages
