@@ -24,6 +24,7 @@ from cornus.protocol.config import Protocol
 from cornus.protocol.txn_ids import PROTOCOL_TAGS
 from storage_adapters.contract import LogId, Record, TxnState
 from storage_adapters.factory import StoreConfig, open_store
+from tests.cluster.conftest import extra_backends, for_backend
 from tests.cluster.harness import Cluster, keys_on, running_cluster
 
 PROTOCOLS = ["cornus", "2pc", "coordinator-log"]
@@ -52,8 +53,11 @@ NOT_ON_PATH = {
 # Every case runs on the emulator; on Redis only Cornus's. What a crash exercises is the protocol
 # and the runtime, whose storage calls are the same on every backend (each of which passes the
 # conformance suite); the Redis cases keep a real network backend under the crash paths, and the
-# suite within its time (each case starts a cluster and restarts a node).
-BACKEND_PROTOCOLS = {"emulator": PROTOCOLS, "redis": ["cornus"]}
+# suite within its time (each case starts a cluster and restarts a node). Azure Blob and DynamoDB,
+# when CORNUS_EXTRA_BACKENDS asks for them, get every protocol: they apply a commit in several
+# requests (data first, record last), whose crash paths differ by protocol (which log holds the
+# decision, who applies it on recovery), and nothing else kills a node between those requests.
+BACKEND_PROTOCOLS = {"emulator": PROTOCOLS, "redis": ["cornus"], **dict.fromkeys(extra_backends(), PROTOCOLS)}
 COORDINATOR_CASES = [
     (b, p, f) for b, ps in BACKEND_PROTOCOLS.items() for p in ps for f in COORDINATOR_FAILPOINTS
     if (p, f) not in NOT_ON_PATH
@@ -246,8 +250,8 @@ def _assert_outcome(
 @pytest.mark.parametrize(("storage", "protocol", "failpoint"), COORDINATOR_CASES, indirect=["storage"])
 def test_coordinator_killed(protocol: str, failpoint: str, storage: dict[str, str]) -> None:
     keys = _keys()
-    storage = {**storage, **FAST_STORAGE}
-    with running_cluster(CLUSTER_DEFAULT[protocol], storage, settings=SETTINGS) as cluster:
+    storage, settings = for_backend({**storage, **FAST_STORAGE}, SETTINGS)
+    with running_cluster(CLUSTER_DEFAULT[protocol], storage, settings=settings) as cluster:
         # n0 is armed from the start: the setup transaction, coordinated by n1 over p1 and p2,
         # never touches it, so its failpoint fires on the transaction under test alone.
         cluster.start_all({"n0": failpoint})
@@ -278,8 +282,8 @@ def test_participant_killed_and_recovered(protocol: str, failpoint: str, storage
     # setup transaction before it (the cluster's default protocol, over p1 of n1 and p2 of n2)
     # passes the failpoint once on n1, unless that protocol never takes it.
     setup_hits = 0 if (CLUSTER_DEFAULT[protocol], failpoint) in NOT_ON_PATH else 1
-    storage = {**storage, **FAST_STORAGE}
-    with running_cluster(CLUSTER_DEFAULT[protocol], storage, settings=SETTINGS) as cluster:
+    storage, settings = for_backend({**storage, **FAST_STORAGE}, SETTINGS)
+    with running_cluster(CLUSTER_DEFAULT[protocol], storage, settings=settings) as cluster:
         cluster.start_all({"n1": f"{failpoint}@{setup_hits + 1}"})
         assert cluster.execute("n0", [{"op": "put", "key": k, "value": "old"} for k in keys]).status_code == 200
         _wait_settled(cluster, ["n1", "n2"])
