@@ -859,6 +859,16 @@ class RedisStore(LogStore):
         records, full = await self._scan_records(log, limit, after)
         return whole_page(records, limit, cut=full)
 
+    async def _members_after(self, index_key: str, start: str, count: int) -> list[str]:
+        """Up to `count` txn ids of an index (`~unfinished`, `~finished`) after `start` ("": from
+        the first), in order. "(" makes the bound exclusive; "-" is the smallest member.
+        ZRANGEBYLEX, not ZRANGE BYLEX, which only Redis 6.2 knows (found by audit: an older
+        server's syntax error ended every node at its first recovery)."""
+        members = await self._client.zrangebylex(index_key, f"({start}" if start else "-", "+", start=0, num=count)
+        txns = [member.decode() for member in members]
+        assert txns == sorted(txns) and all(txn > start for txn in txns)
+        return txns
+
     async def _scan_records(self, log: LogId, limit: int, after: str) -> tuple[list[Record], bool]:
         """The page's records, and whether it ended at SCAN_PAGE_BYTES_MAX. They are read
         SCAN_READ_CHUNK_COUNT at a time, so a page of large records stops reading with the chunk in which
@@ -870,14 +880,7 @@ class RedisStore(LogStore):
         start = after
         for _ in range(SCAN_ROUND_COUNT_MAX):
             wanted = limit - len(records)
-            # "(" makes the bound exclusive; "-" is the smallest member. ZRANGEBYLEX, not ZRANGE
-            # BYLEX, which only Redis 6.2 knows (found by audit: an older server's syntax error
-            # ended every node at its first recovery).
-            members = await self._client.zrangebylex(
-                index_key, f"({start}" if start else "-", "+", start=0, num=wanted
-            )
-            txns = [member.decode() for member in members]
-            assert txns == sorted(txns) and all(txn > start for txn in txns)
+            txns = await self._members_after(index_key, start, wanted)
             for first in range(0, len(txns), SCAN_READ_CHUNK_COUNT):
                 chunk = txns[first:first + SCAN_READ_CHUNK_COUNT]
                 pipe = self._client.pipeline(transaction=False)
@@ -916,12 +919,7 @@ class RedisStore(LogStore):
         start = after
         for _ in range(SCAN_ROUND_COUNT_MAX):
             wanted = limit - len(records)
-            # As in _scan_records: "(" makes the bound exclusive, "-" is the smallest member.
-            members = await self._client.zrangebylex(
-                finished_key, f"({start}" if start else "-", "+", start=0, num=wanted
-            )
-            txns = [member.decode() for member in members]
-            assert txns == sorted(txns) and all(txn > start for txn in txns)
+            txns = await self._members_after(finished_key, start, wanted)
             for first in range(0, len(txns), SCAN_READ_CHUNK_COUNT):
                 chunk = txns[first:first + SCAN_READ_CHUNK_COUNT]
                 # MULTI: a record's fields and its expiry are read in one step, so both describe

@@ -18,7 +18,7 @@ from tests.storage.test_latency_injection import InstantStore
 SAMPLE_COUNT = 100
 PLAIN_WRITES = ("log",)
 CONDITIONAL_WRITES = ("log_once", "apply_redo", "delete", "write_owner")
-READS = ("read", "scan_unfinished_page", "read_data", "read_owners", "list_identities")
+READS = ("read", "scan_unfinished_page", "scan_finished_page", "read_data", "read_owners", "list_identities")
 ALL_CALLS = PLAIN_WRITES + CONDITIONAL_WRITES + READS
 # The paper's averages in ms (section 5.1.2): conditional write, plain write. It gives no reads'.
 PAPER_MS = {"redis-azure": (1.96, 1.84), "azure-blob": (10.40, 10.29)}
