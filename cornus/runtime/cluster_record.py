@@ -12,6 +12,7 @@ import logging
 from cornus.protocol.cluster_record import (
     ClusterMismatch,
     ClusterRecord,
+    TakenVerdict,
     refusal_by_record,
     verdict_by_partitions_taken,
 )
@@ -35,13 +36,18 @@ async def claim_once(store: LogStore, mine: ClusterRecord, node_id: str) -> bool
     # Read first: every start but the storage's first finds the record there, and needs no write.
     stored = await store.read(cluster_log, CLUSTER_RECORD_TXN)
     if stored is None:
-        refusal = await _partitions_taken_refusal(store, mine, node_id)
-        if refusal is not None:
+        verdict = await _partitions_taken(store, mine, node_id)
+        if verdict.refusal is not None or verdict.partial:
             # Or a node of this version wrote the record since, and took some partitions: then the
-            # record is there now (it was written before any take), and goes first.
+            # record is there now (it was written before any take), and goes first, with no word
+            # of an earlier version (found by the Azure chaos runs: every first start said so).
             stored = await store.read(cluster_log, CLUSTER_RECORD_TXN)
+            if stored is None and verdict.refusal is not None:
+                raise ClusterMismatch(verdict.refusal)
             if stored is None:
-                raise ClusterMismatch(refusal)
+                log.warning("node %s: storage of an earlier version, with some of this node's %d partitions taken "
+                            "and no others; recording it with %d", node_id, mine.partition_count,
+                            mine.partition_count)
     if stored is None:
         body = RecordBody(redo=mine.encode(node_id))
         result = await store.log_once(cluster_log, CLUSTER_RECORD_TXN, TxnState.COMMIT, body)
@@ -60,18 +66,14 @@ async def claim_once(store: LogStore, mine: ClusterRecord, node_id: str) -> bool
     return False
 
 
-async def _partitions_taken_refusal(store: LogStore, mine: ClusterRecord, node_id: str) -> str | None:
+async def _partitions_taken(store: LogStore, mine: ClusterRecord, node_id: str) -> TakenVerdict:
     """Storage with no record: what the ownership records of p0..p<this node's count> say
     (cornus.protocol.cluster_record.verdict_by_partitions_taken)."""
     names = (*partition_names(mine.partition_count), f"p{mine.partition_count}")
     taken: list[int] = []
     for start in range(0, len(names), OWNER_READ_COUNT_MAX):
         taken += [int(name[1:]) for name in await store.read_owners(names[start:start + OWNER_READ_COUNT_MAX])]
-    verdict = verdict_by_partitions_taken(mine, taken, node_id)
-    if verdict.partial:
-        log.warning("node %s: storage of an earlier version, with %d of this node's %d partitions taken and no "
-                    "others; recording it with %d", node_id, len(taken), mine.partition_count, mine.partition_count)
-    return verdict.refusal
+    return verdict_by_partitions_taken(mine, taken, node_id)
 
 
 async def claim(store: LogStore, mine: ClusterRecord, node_id: str, deadline_s: float) -> None:
