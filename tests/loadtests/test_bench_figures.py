@@ -73,13 +73,15 @@ def _recorded_figures(monkeypatch) -> list:
 
 async def test_the_driver_times_the_attempts_before_the_last(monkeypatch):
     """retry_ms runs from the first attempt's start to the last one's: two aborted attempts of
-    20 ms each and their pauses, none of the committed attempt."""
+    20 ms each and their pauses, none of the committed attempt (100 ms). Lower bounds only: on a
+    loaded machine every sleep runs long (a CI run's 20 ms took 39), and the two mistakes this
+    catches (the last attempt counted, or the aborted ones left out) each break one of them."""
     calls = 0
 
     async def attempt(connection: object, program: object) -> Reply:
         nonlocal calls
         calls += 1
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02 if calls <= 2 else 0.1)
         return Reply("aborted", "conflict", retryable=True) if calls <= 2 else Reply("committed")
 
     monkeypatch.setattr(driver, "run_program", attempt)
@@ -87,8 +89,8 @@ async def test_the_driver_times_the_attempts_before_the_last(monkeypatch):
     result = await driver.run_clients([("127.0.0.1", 9)], make_workload("uniform", 2, {}), seconds=0.2, clients=1)
     first = result.records[0]
     assert first.attempts == 3, first
-    assert 40 <= first.retry_ms < first.latency_ms, first
-    assert first.latency_ms - first.retry_ms == pytest.approx(20, abs=15), first
+    assert first.retry_ms >= 40, first
+    assert first.latency_ms - first.retry_ms >= 100, first
     assert all(record.retry_ms == 0 for record in result.records[1:]), result.records
 
 
