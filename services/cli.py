@@ -46,6 +46,7 @@ import httpx
 
 from cornus.protocol.config import Protocol
 from cornus.runtime.config import NodeConfig
+from cornus.runtime.transport import EXIT_CODE_ADDRESS_UNBOUND
 from services.client import (
     AsyncCornusClient,
     ClientConfig,
@@ -597,6 +598,10 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 # === cluster up ===================================================================================
+# Picks of free ports one `cluster up` makes before it gives up (each fresh, so a second collision
+# is as rare as the first), as loadtests.bench.lifecycle does.
+PORT_PICK_COUNT_MAX = 3
+
 
 def _cluster_up(args: argparse.Namespace) -> int:
     from cornus.runtime.config import NODE_COUNT_MAX, PARTITION_COUNT_MAX, load_node_config
@@ -610,34 +615,52 @@ def _cluster_up(args: argparse.Namespace) -> int:
                               "or some nodes would own nothing")
     if not 0 < args.timeout_s_ready <= 3600:
         raise ValidationError("--timeout-s-ready must be in (0, 3600]")
-    ports = cluster_ports(args.nodes, args.base_port)
-    peers = ",".join(f"n{i}=127.0.0.1:{peer}" for i, (_, peer, _) in enumerate(ports))
-    # Every node's config is built and checked here first, so a bad flag fails before any start.
-    configs = [
-        load_node_config(environ={}, overrides={
+
+    def configs() -> tuple[list[tuple[NodeConfig, int, int]], str]:
+        """Each node's config on ports of its own, with its REST and peer ports, and the peers
+        list: built and checked here, so a bad flag fails before anything is made or started."""
+        ports = cluster_ports(args.nodes, args.base_port)
+        peers = ",".join(f"n{i}=127.0.0.1:{peer}" for i, (_, peer, _) in enumerate(ports))
+        return [(load_node_config(environ={}, overrides={
             "node_id": f"n{i}", "api_listen": f"127.0.0.1:{api}", "grpc_api_listen": f"127.0.0.1:{public}",
-            "peers": peers, "protocol": args.protocol,
-            "partition_count": args.partitions, **_set_overrides(args.set),
-        })
-        for i, (api, _, public) in enumerate(ports)
-    ]
+            "peers": peers, "protocol": args.protocol, "partition_count": args.partitions, **_set_overrides(args.set),
+        }), api, peer) for i, (api, peer, public) in enumerate(ports)], peers
+
+    def members(picked: list[tuple[NodeConfig, int, int]]) -> list[ClusterNode]:
+        return [ClusterNode(config, api, peer, data_dir / f"{config.node_id}.log") for config, api, peer in picked]
+
+    picked, peers = configs()
     made_data_dir = args.data_dir is None
     data_dir = Path(tempfile.mkdtemp(prefix="cornus-cluster-")) if made_data_dir else Path(args.data_dir)
+    nodes = members(picked)
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ValidationError(f"--data-dir {data_dir}: {error.strerror}") from None
     db_path = data_dir / "cornus.db"
-    nodes = [ClusterNode(config, api, peer, data_dir / f"{config.node_id}.log")
-             for config, (api, peer, _) in zip(configs, ports, strict=True)]
 
     stop = StopSignals()
     stop.install()
     failed = False
     try:
-        for node in nodes:
-            start_node(node, peers, ["--backend", "emulator", "--emulator-path", str(db_path)], args.set or [])
-        failed = not wait_cluster_ready(nodes, stop, args.timeout_s_ready)
+        for pick in range(1, PORT_PICK_COUNT_MAX + 1):
+            for node in nodes:
+                start_node(node, peers, ["--backend", "emulator", "--emulator-path", str(db_path)], args.set or [])
+            failed = not wait_cluster_ready(nodes, stop, args.timeout_s_ready)
+            dead = dead_node(nodes) if failed else None
+            # Ports the kernel picked are probed free and let go; another local cluster may bind one
+            # before this node does (found by the suite, 2026-11-28: a parallel worker's cluster
+            # took a REST port). That node exits having taken nothing: start again on other ports,
+            # as cornus bench does. Ports the caller chose (--base-port) are refused instead.
+            unbound = (dead is not None and dead.process is not None
+                       and dead.process.poll() == EXIT_CODE_ADDRESS_UNBOUND)
+            if not unbound or args.base_port is not None or pick == PORT_PICK_COUNT_MAX or stop.event.is_set():
+                break
+            stop_nodes(nodes, stop)
+            picked, peers = configs()
+            nodes = members(picked)
+            print(f"cornus: a port was taken before its node bound it; starting again on other ports "
+                  f"(pick {pick + 1} of {PORT_PICK_COUNT_MAX})", file=sys.stderr, flush=True)
         if not failed and not stop.event.is_set():
             _print_cluster(nodes, args, db_path)
             while not stop.event.wait(CLUSTER_POLL_S):

@@ -9,6 +9,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -297,3 +298,45 @@ def test_cluster_ports_come_from_below_the_ephemeral_range_and_are_distinct() ->
     # restarting node had left free).
     assert local_cluster.stable_port_range() == (low - local_cluster.STABLE_PORT_COUNT, low)
     assert worker.STABLE_PORT_RANGE[1] <= low - local_cluster.STABLE_PORT_COUNT, worker.STABLE_PORT_RANGE
+
+
+def test_cluster_up_starts_again_on_other_ports_when_one_was_taken_before_its_node_bound_it(monkeypatch) -> None:
+    """Found by the suite (fresh-clone CI, 2026-11-28): `cluster up` probes free ports and lets
+    them go, and a parallel worker's cluster bound one (a REST port) before the node did; the node
+    exited having taken nothing and `cluster up` gave up, where `cornus bench` starts again on
+    other ports (test_bench_lifecycle). Now `cluster up` does too. In-process, the pick patched to
+    hand node n1 a port a socket here holds, and SIGINT sent once the cluster is up."""
+    from services import cli
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    busy_port = busy.getsockname()[1]
+    picks: list[list[tuple[int, int, int]]] = []
+    real_pick = local_cluster.cluster_ports
+
+    def first_pick_collides(node_count: int, base_port: int | None) -> list[tuple[int, int, int]]:
+        ports = real_pick(node_count, base_port)
+        if not picks:
+            _, peer, public = ports[1]
+            ports[1] = (busy_port, peer, public)
+        picks.append(ports)
+        return ports
+
+    served: list[int] = []
+
+    def up(nodes: list[local_cluster.ClusterNode], args: object, db_path: object) -> None:
+        served.extend(node.api_port for node in nodes)
+        os.kill(os.getpid(), signal.SIGINT)  # as the user's Ctrl-C: the cluster stops
+
+    monkeypatch.setattr(cli, "cluster_ports", first_pick_collides)
+    monkeypatch.setattr(cli, "_print_cluster", up)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = cli.main(["cluster", "up", "--nodes", "2", "--partitions", "2", "--set", "timeout_ms_stop_collect=0"])
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        busy.close()
+    assert code == 0 and len(picks) == 2, (code, picks)
+    assert served and busy_port not in served, served
