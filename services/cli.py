@@ -46,7 +46,6 @@ import httpx
 
 from cornus.protocol.config import Protocol
 from cornus.runtime.config import NodeConfig
-from cornus.runtime.transport import EXIT_CODE_ADDRESS_UNBOUND
 from services.client import (
     AsyncCornusClient,
     ClientConfig,
@@ -66,10 +65,12 @@ from services.client._core import normalize_url, normalize_urls
 from services.local_cluster import (
     CLUSTER_POLL_S,
     CLUSTER_TIMEOUT_S_READY,
+    PORT_PICK_COUNT_MAX,
     ClusterNode,
     StopSignals,
     cluster_ports,
     dead_node,
+    port_was_taken,
     report_dead,
     start_node,
     stop_nodes,
@@ -598,9 +599,6 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 # === cluster up ===================================================================================
-# Picks of free ports one `cluster up` makes before it gives up (each fresh, so a second collision
-# is as rare as the first), as loadtests.bench.lifecycle does.
-PORT_PICK_COUNT_MAX = 3
 
 
 def _cluster_up(args: argparse.Namespace) -> int:
@@ -647,14 +645,12 @@ def _cluster_up(args: argparse.Namespace) -> int:
             for node in nodes:
                 start_node(node, peers, ["--backend", "emulator", "--emulator-path", str(db_path)], args.set or [])
             failed = not wait_cluster_ready(nodes, stop, args.timeout_s_ready)
-            dead = dead_node(nodes) if failed else None
             # Ports the kernel picked are probed free and let go; another local cluster may bind one
             # before this node does (found by the suite, 2026-11-28: a parallel worker's cluster
-            # took a REST port). That node exits having taken nothing: start again on other ports,
-            # as cornus bench does. Ports the caller chose (--base-port) are refused instead.
-            unbound = (dead is not None and dead.process is not None
-                       and dead.process.poll() == EXIT_CODE_ADDRESS_UNBOUND)
-            if not unbound or args.base_port is not None or pick == PORT_PICK_COUNT_MAX or stop.event.is_set():
+            # took a REST port): start again on other ports, as cornus bench does. Ports the caller
+            # chose (--base-port) are refused instead.
+            retry = failed and args.base_port is None and not stop.event.is_set() and port_was_taken(nodes)
+            if not retry or pick == PORT_PICK_COUNT_MAX:
                 break
             stop_nodes(nodes, stop)
             picked, peers = configs()

@@ -80,6 +80,20 @@ class ClusterNode:
         return data.decode("utf-8", "replace")
 
 
+# How often a local cluster starts on freshly picked ports when a node found one of its ports taken:
+# a port is probed free, let go, and bound by the node later, and another local cluster (a parallel
+# test worker's bench or `cluster up`) may pick and bind it meanwhile. Each pick is fresh, so a
+# second collision is as rare as the first; a third means something else holds the range.
+PORT_PICK_COUNT_MAX = 3
+
+
+def port_was_taken(nodes: Sequence[ClusterNode]) -> bool:
+    """Whether a node of `nodes` died because an address it was given was taken (it exits with
+    EXIT_CODE_ADDRESS_UNBOUND having taken nothing): the cluster may start again on other ports."""
+    dead = dead_node(nodes)
+    return dead is not None and dead.process is not None and dead.process.poll() == EXIT_CODE_ADDRESS_UNBOUND
+
+
 def cluster_ports(node_count: int, base_port: int | None) -> list[tuple[int, int, int]]:
     """(REST port, peer port, public gRPC port) per node: with a base port, REST on base+i,
     peers on base+nodes+i and public gRPC on base+2*nodes+i; else ports the kernel picks."""

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cornus.protocol.config import Protocol
-from cornus.runtime.transport import EXIT_CODE_ADDRESS_UNBOUND
 from loadtests.bench import namespaces
 from services.local_cluster import (
+    PORT_PICK_COUNT_MAX,
     ClusterNode,
     StopSignals,
-    dead_node,
     local_members,
+    port_was_taken,
     start_node,
     stop_nodes,
     wait_cluster_ready,
@@ -39,11 +39,6 @@ READY_TIMEOUT_S = 60.0
 # collection of their transactions when they stop (RuntimeLimits.timeout_ms_stop_collect), which
 # would add a grace period to every run.
 NODE_SETTINGS = ("timeout_ms_stop_collect=0",)
-# How often a cluster starts on freshly picked ports when a node found one of its ports taken: a
-# port is probed free, let go, and bound by the node later, and another local cluster (a parallel
-# test worker's bench) may pick and bind it meanwhile. Each pick is fresh, so a second collision
-# is as rare as the first; a third means something else holds the range.
-PORT_PICK_COUNT_MAX = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +87,7 @@ class BenchCluster:
                            environ={**self.spec.environ, **(environ or {})})
             if wait_cluster_ready(chosen, self.stop, READY_TIMEOUT_S):
                 return
-            dead = dead_node(chosen)
-            unbound = dead is not None and dead.process is not None and dead.process.poll() == EXIT_CODE_ADDRESS_UNBOUND
-            if nodes is not None or not unbound or pick == PORT_PICK_COUNT_MAX:
+            if nodes is not None or not port_was_taken(chosen) or pick == PORT_PICK_COUNT_MAX:
                 break
             stop_nodes(self.members, self.stop)
             fresh, self.peers = local_members(self.spec.nodes, self.spec.protocol, self.spec.partitions, self.data)
