@@ -29,7 +29,10 @@ from storage_adapters.store import LogStore
 from tests.storage.test_conformance import each_variant
 
 VOTE, COMMIT, ABORT = TxnState.VOTE_YES, TxnState.COMMIT, TxnState.ABORT
-LEASE_MS = 10_000
+# No test here waits a lease out, and on Azure a fenced write's signature expires with the lease
+# it checked (storage_adapters.azure_signing): a 10 s lease failed a large redo on a loaded CI box
+# whose Azurite stalled past it (2026-11-28). A lease longer than any test's own timeout.
+LEASE_MS = 120_000
 # Callers racing for one ownership record: enough that several land at once on every backend.
 RACE_CALLER_COUNT = 16
 # Writes in one large redo: past DynamoDB's 100 items per transaction, so it takes several.
