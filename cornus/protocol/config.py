@@ -51,6 +51,16 @@ def identity_window_admits(confirmed_ms: float | None, now_ms: float, window_ms:
     return confirmed_ms is not None and now_ms - confirmed_ms <= window_ms
 
 
+# The least outcome_keep_ms any node runs with (cornus.runtime.config refuses less). The status
+# call counts on it for a coordinator process that started after a transaction began, whose
+# predecessor's keep it cannot know (status.kept_floor_ms): a one-shot whose coordinator died as
+# its requests left can be told "not known" (run it again) only until its begin plus the smallest
+# grace plus this floor. Counting on the grace alone, 10 s by default, a coordinator back after
+# more than that left such a one-shot UNKNOWN for good (found by review, 2026-11-28). A minute
+# covers a pod's first restarts; a decision's tombstone is one small record per transaction.
+OUTCOME_KEEP_MS_FLOOR = 60_000
+
+
 def outcome_keep_ms_min(storage_deadline_ms: int, clock_slack_ms: int, late_write_window_ms: int) -> int:
     """The shortest keep of a decision's tombstones where storage takes calls late
     (`late_write_window_ms`): a call sent before the tombstone was written lands within its

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cornus.protocol import txn_ids
-from cornus.protocol.config import ProtocolConfig, gc_grace_ms_min
+from cornus.protocol.config import OUTCOME_KEEP_MS_FLOOR, ProtocolConfig, gc_grace_ms_min
 from cornus.protocol.termination import decision_among
 from storage_adapters.contract import TxnState
 
@@ -102,8 +102,11 @@ def kept_floor_ms(config: ProtocolConfig) -> int:
     """How long after its begin a transaction that voted surely leaves a record, whatever
     outcome_keep_ms (which may be 0) and gc_grace_ms (which has a floor) the coordinator that
     collected it ran with: what the verdict counts on for a node whose configuration it cannot
-    know (`NodeAnswer.since_ms`)."""
-    return gc_grace_ms_min(config.storage_deadline_ms, config.clock_slack_ms) - config.clock_slack_ms
+    know (`NodeAnswer.since_ms`): the smallest grace, then the least keep a node runs with. The
+    simulator's worlds that explore short keeps run below that floor, every process with `config`
+    alone, so its own keep is then the least."""
+    keep_ms = min(OUTCOME_KEEP_MS_FLOOR, config.outcome_keep_ms)
+    return gc_grace_ms_min(config.storage_deadline_ms, config.clock_slack_ms) + keep_ms - config.clock_slack_ms
 
 
 def kept_window_ms(config: ProtocolConfig) -> int:

@@ -56,7 +56,13 @@ from pathlib import Path
 from typing import Any
 
 from cornus.protocol.cluster_record import CLUSTER_ID_LENGTH_MAX, DEFAULT_CLUSTER_ID
-from cornus.protocol.config import Protocol, ProtocolConfig, gc_grace_ms_min, outcome_keep_ms_min
+from cornus.protocol.config import (
+    OUTCOME_KEEP_MS_FLOOR,
+    Protocol,
+    ProtocolConfig,
+    gc_grace_ms_min,
+    outcome_keep_ms_min,
+)
 from cornus.protocol.locks import Policy
 from cornus.protocol.ownership import OwnershipConfig, placement
 from cornus.protocol.status import late_vote_ms, late_votes_meet_their_tombstone
@@ -441,6 +447,12 @@ def _protocol_config(values: Mapping[str, int], storage: StoreConfig) -> Protoco
     if "outcome_keep_ms" not in values:
         # The default keep, lengthened where the backend's requests may land later than it.
         merged["outcome_keep_ms"] = max(merged["outcome_keep_ms"], keep_ms_min)
+    elif merged["outcome_keep_ms"] < OUTCOME_KEEP_MS_FLOOR:
+        raise ValidationError(
+            f"outcome_keep_ms is {merged['outcome_keep_ms']}, but the status call counts on every node keeping "
+            f"its transactions' outcomes a minute at least (a coordinator restarted since a transaction began "
+            f"cannot tell what its previous process kept): outcome_keep_ms must be at least {OUTCOME_KEEP_MS_FLOOR}"
+        )
     elif merged["outcome_keep_ms"] < keep_ms_min:
         raise ValidationError(
             f"outcome_keep_ms is {merged['outcome_keep_ms']}, but on {storage.backend} a request may land up to "

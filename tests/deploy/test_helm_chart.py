@@ -23,7 +23,7 @@ import kubernetes_validate.utils
 import pytest
 import yaml
 
-from cornus.protocol.config import ProtocolConfig
+from cornus.protocol.config import OUTCOME_KEEP_MS_FLOOR, ProtocolConfig
 from cornus.protocol.ownership import OwnershipConfig
 from cornus.runtime.config import RuntimeLimits, load_node_config, timeout_maxima, timeout_names_all
 from services.client import ClientConfig
@@ -277,6 +277,7 @@ def test_bad_values_are_refused_with_a_message(helm_bin: str, sets: list[str], m
 # drifts from the node's moves a bound and fails a case.
 _PROTOCOL, _LIMITS, _OWNERSHIP = ProtocolConfig(), RuntimeLimits(), OwnershipConfig()
 _CALL_MS = StoreConfig().timeout_ms_call
+_KEEP_MS = OUTCOME_KEEP_MS_FLOOR
 _CALL_MS_FOR_DEFAULT_GRACE = (_PROTOCOL.gc_grace_ms - _PROTOCOL.clock_slack_ms) // 2
 _SLACK_MS_FOR_DEFAULT_GRACE = _PROTOCOL.gc_grace_ms - 2 * _CALL_MS
 _GRACE_MS_MIN = 2 * _CALL_MS + _PROTOCOL.clock_slack_ms
@@ -325,12 +326,15 @@ TIMEOUT_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "ops per transaction under per request": ({"timeouts": {"txn_op_count_max": _LIMITS.op_count_max - 1}},
                                               "op_count_max", "op_count_max"),
     # A one-shot's vote must land before its tombstone goes: the wait, three slacks and a deadline
-    # at most the grace plus the keep.
-    "a peer wait that fits the keep": ({"timeouts": {"outcome_keep_ms": 1_000, "timeout_ms_peer_request": (
-        _PROTOCOL.gc_grace_ms + 1_000 - 3 * _PROTOCOL.clock_slack_ms - _CALL_MS)}}, "", ""),
-    "a peer wait past the keep": ({"timeouts": {"outcome_keep_ms": 1_000, "timeout_ms_peer_request": (
-        _PROTOCOL.gc_grace_ms + 1_001 - 3 * _PROTOCOL.clock_slack_ms - _CALL_MS)}},
+    # at most the grace plus the keep (at its floor here).
+    "a peer wait that fits the keep": ({"timeouts": {"outcome_keep_ms": _KEEP_MS, "timeout_ms_peer_request": (
+        _PROTOCOL.gc_grace_ms + _KEEP_MS - 3 * _PROTOCOL.clock_slack_ms - _CALL_MS)}}, "", ""),
+    "a peer wait past the keep": ({"timeouts": {"outcome_keep_ms": _KEEP_MS, "timeout_ms_peer_request": (
+        _PROTOCOL.gc_grace_ms + _KEEP_MS + 1 - 3 * _PROTOCOL.clock_slack_ms - _CALL_MS)}},
         "timeout_ms_peer_request", "timeout_ms_peer_request"),
+    "a keep at its floor": ({"timeouts": {"outcome_keep_ms": OUTCOME_KEEP_MS_FLOOR}}, "", ""),
+    "a keep under its floor": ({"timeouts": {"outcome_keep_ms": OUTCOME_KEEP_MS_FLOOR - 1}},
+                               "outcome_keep_ms", "outcome_keep_ms"),
     "lease at its limit": ({"timeouts": {"lease_ms": OWNER_LEASE_MS_MAX}}, "", ""),
     "lease over its limit": ({"timeouts": {"lease_ms": OWNER_LEASE_MS_MAX + 1}}, "lease_ms", "lease_ms"),
     "scan page at its limit": ({"timeouts": {"scan_page_count_max": SCAN_PAGE_COUNT_MAX}}, "", ""),

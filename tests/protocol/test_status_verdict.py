@@ -182,3 +182,18 @@ def test_only_a_commit_in_memory_answers_for_a_client_chosen_id_without_records(
     for known in (Known.ABORTED, Known.ACTIVE, Known.IN_DOUBT, Known.NOTHING):
         assert not memory_is_outcome(known, client_chosen=True)
     assert not memory_is_outcome(Known.IN_DOUBT, client_chosen=False)
+
+
+def test_a_coordinator_back_within_a_minute_still_lets_a_one_shot_that_never_landed_be_not_known() -> None:
+    """Found by review (2026-11-28): a one-shot whose coordinator died as its requests left, and
+    came back 30 s later, stayed UNKNOWN for good: a coordinator process that started after the
+    begin was counted for the least any configuration keeps, which was the smallest grace (10 s
+    here), so the status call could say "not known" (run it again) only in the 6 s between the
+    requests' window and that floor. No node runs with outcome_keep_ms under OUTCOME_KEEP_MS_FLOOR
+    (the runtime refuses it), so the floor counts that too."""
+    from cornus.protocol.config import OUTCOME_KEEP_MS_FLOOR
+
+    assert kept_floor_ms(CONFIG) >= OUTCOME_KEEP_MS_FLOOR
+    restarted = dataclasses.replace(node(("p1",)), node="n1", since_ms=BEGIN_MS + 30_000)
+    assert judge(node(("p0",)), restarted, now_ms=BEGIN_MS + 40_000) is None
+    assert judge(node(("p0",)), restarted, now_ms=BEGIN_MS + kept_floor_ms(CONFIG)) is Verdict.UNKNOWN

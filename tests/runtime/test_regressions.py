@@ -937,6 +937,20 @@ def test_outcome_keep_ms_takes_up_to_a_week_and_no_more():
 
 
 
+def test_outcome_keep_ms_under_the_floor_the_status_call_counts_on_is_refused():
+    """The status call counts on every coordinator having kept its outcomes at least
+    OUTCOME_KEEP_MS_FLOOR (cornus.protocol.status.kept_floor_ms: what it knows of a coordinator
+    restarted since a transaction began); a node configured with less would make its "not known"
+    wrong, so it is refused at start, naming the floor. The floor itself is taken."""
+    from cornus.protocol.config import OUTCOME_KEEP_MS_FLOOR
+
+    settings = {"node_id": "n0", "peers": "n0=127.0.0.1:7100", "partition_count": 2}
+    config = load_node_config(environ={}, overrides={**settings, "outcome_keep_ms": OUTCOME_KEEP_MS_FLOOR})
+    assert config.protocol_config.outcome_keep_ms == OUTCOME_KEEP_MS_FLOOR
+    with pytest.raises(ValidationError, match=rf"outcome_keep_ms.*at least {OUTCOME_KEEP_MS_FLOOR}"):
+        load_node_config(environ={}, overrides={**settings, "outcome_keep_ms": OUTCOME_KEEP_MS_FLOOR - 1})
+
+
 def test_an_azure_node_takes_any_outcome_keep_up_to_a_week():
     """Azure's lifecycle rules follow each tombstone's own keep (it is tagged with its days, and
     the Terraform module has a rule for each: tests/storage/test_azure_lifecycle.py), so a node
