@@ -18,13 +18,19 @@ are dropped meanwhile; their senders repeat (decisions are resent, queries re-as
 Partitions come and go with ownership (cornus.protocol.ownership): one taken after start gets a
 recovery of its own (`add_partition`), under the same rule until it finishes; one lost is dropped
 with its machines (`drop_partition`), since its next owner recovers them from its log.
+
+Given a `SweepConfig` (off by default: the runtime does not drive `ScanFinished` yet), the core
+also runs a Sweeper (cornus.protocol.sweeper) per recovered partition it holds and one for its own
+coordinator log, started once their recovery finished and dropped with the partition; their calls
+and timers are owned by `sweeper_owner(log)`, which `partition_of` maps to the partition, so the
+lease gates apply to them as to the partition's host.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from cornus.protocol import txn_ids
 from cornus.protocol.backoff import Backoff, JitterSource
@@ -32,9 +38,11 @@ from cornus.protocol.config import ProtocolConfig
 from cornus.protocol.effects import Effect, RecoveryFinished, RetakeLocks, StartTimer, TakeIdentity, Timer
 from cornus.protocol.events import (
     IDENTITY,
+    DeleteReturned,
     Event,
     IdentityTaken,
     MessageReceived,
+    RecordRead,
     Recovered,
     StorageUnreachable,
     TimerFired,
@@ -43,7 +51,8 @@ from cornus.protocol.hosts import CoordinatorFactory, CoordinatorHost, Participa
 from cornus.protocol.messages import Decision, Message, Prepare, ReleaseReadOnly
 from cornus.protocol.participant_base import Phase
 from cornus.protocol.recovery import RECOVERY, Recovery
-from storage_adapters.contract import TxnState
+from cornus.protocol.sweeper import SWEEP, FinishedScanned, SweepConfig, Sweeper, sweep_age_problem, sweeper_owner
+from storage_adapters.contract import LogId, LogKind, TxnState
 
 
 class ExecuteRefusal(enum.Enum):
@@ -68,9 +77,15 @@ class NodeCore:
         protocol_of: ProtocolOf = txn_ids.protocol_of,
         participant_factory: ParticipantFactory | None = None,
         coordinator_factory: CoordinatorFactory | None = None,
+        sweep: SweepConfig | None = None,
     ) -> None:
         self.node = node
         self.config = config
+        if sweep is not None:
+            problem = sweep_age_problem(sweep, config)
+            assert not problem, problem
+        # None: no sweeper runs, and the core emits no ScanFinished (the runtime's case, for now).
+        self.sweep = sweep
         partitions = tuple(partitions)
         # Hosts are addressed by name; a node named like a partition would be ambiguous.
         assert node not in partitions, f"node id {node} collides with a partition name"
@@ -88,6 +103,10 @@ class NodeCore:
         self._dropped: set[str] = set()
         self._identity_backoff = Backoff(config.backoff_ms_min, config.backoff_ms_max, jitter)
         self.counters: collections.Counter[str] = collections.Counter()
+        # The running sweepers, by owner name, and what all of this core's sweepers counted (a
+        # dropped one's counts included): records swept, skipped by reason, calls unanswered.
+        self._sweepers: dict[str, Sweeper] = {}
+        self.sweep_counters: collections.Counter[str] = collections.Counter()
 
     @property
     def recovered(self) -> bool:
@@ -114,13 +133,18 @@ class NodeCore:
         return self.coordinator.identity_taken(event.epoch) + self.recovery.start()
 
     def partition_of(self, owner: str) -> str | None:
-        """The partition a host acts for: a partition's own host or the recovery of a partition
-        taken after start; None for the node's own (its coordinator, its start recovery, its
-        identity's take)."""
+        """The partition a host acts for: a partition's own host, the recovery of a partition
+        taken after start, or the sweeper of a partition's log; None for the node's own (its
+        coordinator, its start recovery, its identity's take, its coordinator log's sweeper)."""
         if owner in (self.node, RECOVERY, IDENTITY):
             return None
         if owner.startswith(RECOVERY):
             return owner[len(RECOVERY) + 1 :]
+        if owner.startswith(SWEEP):
+            # sweeper_owner(log): a partition log's sweeper acts for the partition; the node's own
+            # coordinator log's for the node.
+            kind, _, name = owner[len(SWEEP) + 1 :].partition(".")
+            return name if kind == LogKind.PARTITION.value else None
         return owner
 
     def host(self, name: str) -> CoordinatorHost | PartitionHost | None:
@@ -175,9 +199,10 @@ class NodeCore:
         del self.partitions[partition]
         self._recovering.discard(partition)
         self._partition_recoveries.pop(recovery_owner(partition), None)
+        self._sweepers.pop(sweeper_owner(LogId.partition(partition)), None)
         self._dropped.add(partition)
 
-    def handle(self, event: Event) -> list[Effect]:
+    def handle(self, event: Event | FinishedScanned) -> list[Effect]:
         name = event.host  # a property on most events: read once, every event comes through here
         if name == IDENTITY:
             return self._take_identity(event)
@@ -197,6 +222,9 @@ class NodeCore:
                 del self._partition_recoveries[name]
                 effects += self._rebuild(recovery, recovery.partitions, node=False)
             return effects
+        if name.startswith(SWEEP):
+            return self._sweep_event(name, event)
+        assert not isinstance(event, FinishedScanned), event
         host = self.coordinator if name == self.node else self.partitions.get(name)
         if host is None:
             if isinstance(event, MessageReceived):
@@ -228,7 +256,42 @@ class NodeCore:
         self._recovering.difference_update(partitions)
         transactions = tuple((record.log.name, record.txn) for record in result.records)
         effects.append(RecoveryFinished(len(result.records), partitions, node, transactions))
+        if self.sweep is not None:
+            # Only now: until its recovery finished, a partition's host does not know which
+            # transactions it still runs, and its sweeper must skip those.
+            for partition in partitions:
+                host = self.partitions[partition]
+                effects += self._start_sweeper(LogId.partition(partition), lambda txn, host=host: (
+                    txn in host.machines or txn in self.coordinator.machines))
+            if node:
+                effects += self._start_sweeper(LogId.coordinator(self.node), self.coordinator.machines.__contains__)
         return effects
+
+    # -- sweepers ---------------------------------------------------------------------------------
+    def _start_sweeper(self, log: LogId, runs: Callable[[str], bool]) -> list[Effect]:
+        assert self.sweep is not None
+        owner = sweeper_owner(log)
+        assert owner not in self._sweepers, f"{owner} runs already"
+        sweeper = Sweeper(owner, log, self.config, self.sweep, self.jitter, runs=runs, counters=self.sweep_counters)
+        self._sweepers[owner] = sweeper
+        return list(sweeper.start())
+
+    def sweeps(self, log: LogId) -> bool:
+        """Whether a sweeper of `log` runs here now."""
+        return sweeper_owner(log) in self._sweepers
+
+    def _sweep_event(self, name: str, event: Event | FinishedScanned) -> list[Effect]:
+        sweeper = self._sweepers.get(name)
+        if sweeper is None:
+            # A sweeper of a partition dropped since (taken again maybe, and recovering: its own
+            # starts once that recovery is done). Its answers and timers go nowhere.
+            partition = self.partition_of(name)
+            assert partition is not None and (partition in self._dropped or partition in self._recovering), (
+                f"{type(event).__name__} for {name}, which never ran")
+            self.counters["events_of_dropped_partitions"] += 1
+            return []
+        assert isinstance(event, FinishedScanned | RecordRead | DeleteReturned | TimerFired), event
+        return list(sweeper.handle(event))
 
     def _host(self, partition: str) -> PartitionHost:
         return PartitionHost(partition, self.config, self.jitter, self.protocol_of, factory=self.participant_factory)

@@ -37,7 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from cornus.protocol.effects import ApplyRedo, DeleteRecord, Log, LogOnce, ReadRecord, ScanLog, StorageCall, Timer
-from storage_adapters.contract import IDENTITY_PREFIX, LogKind, Ownership, OwnerWriteResult
+from cornus.protocol.sweeper import ScanFinished, sweeper_owner
+from storage_adapters.contract import IDENTITY_PREFIX, LogKind, Ownership, OwnerWriteResult, identity_name
 
 # The owner of ownership's calls, for logs and counters; '~' names no partition or node.
 OWNERSHIP = "~ownership"
@@ -116,7 +117,7 @@ def without_lease_may(effect: StorageCall | Timer) -> bool:
     calls made while the lease held). Whoever asks this of a write or a timer drops the host at
     once: nothing it does without a lease is of use. The node's own hosts (its coordinator, its
     recovery) hold no lease; their writes wait on the node's identity instead."""
-    return isinstance(effect, ReadRecord | ScanLog)
+    return isinstance(effect, ReadRecord | ScanLog | ScanFinished)
 
 
 def fenced_partition(call: StorageCall) -> str | None:
@@ -124,7 +125,10 @@ def fenced_partition(call: StorageCall) -> str | None:
     the partition's host to its own log or data; a node's identity
     (storage_adapters.contract.identity_name), for a write by the node's coordinator to its own
     log. Writes to other partitions' logs (termination's LogOnce(ABORT)) are the protocol's, and
-    anyone may make them."""
+    anyone may make them. A sweeper's tombstones carry its log's fence, as its host's writes do:
+    only the partition's holder (the node itself, in its coordinator log) may collect there."""
+    if isinstance(call, DeleteRecord) and call.owner == sweeper_owner(call.log):
+        return call.log.name if call.log.kind is LogKind.PARTITION else identity_name(call.log.name)
     if isinstance(call, ApplyRedo):
         assert call.owner == call.partition, f"{call.owner} applies to {call.partition}"
         return call.partition

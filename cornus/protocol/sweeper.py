@@ -21,16 +21,20 @@ a tombstone (never a plain delete) over each one no reader can still need:
 A tombstone is kept `tombstone_keep_ms`: at least `outcome_keep_ms` (the status call reads it) and
 `gc_grace_ms` plus the late-write window (every call in flight when the sweeper read lands on it).
 `age_ms` must outlast everything that may still write the slot (`sweep_age_ms_min`): a Cornus
-coordinator's termination (`coordinator_terminate_ms_max`), a late vote (status.late_vote_ms), a
-manual resolve, each with its deadline, late window and slack.
+coordinator's termination (`coordinator_terminate_ms_max`, from its start, which may come two
+vote timeouts after its machine's, and a request's window after the begin), a late vote
+(status.late_vote_ms), a manual resolve, each with its deadline, late window and slack; and the
+grace, so that the tombstone outlasts what the status call counts on (status.kept_window_ms).
 
 Bounded: `page_count_max` records a page, `pages_per_pass_max` pages a pass, one page's calls in
 flight at once; storage that does not answer ends the pass (the next one tries again).
 
-Status (2026-11-28): the rule and its unit tests (tests/protocol/test_sweeper.py); no node runs a
-sweeper yet. Before one does, the simulator explores it (the design's step 6: its writes checked
-by an oracle against every record and call of the world), and the runtime drives `ScanFinished`
-and fences its writes (step 7).
+Status (step 6): NodeCore runs a sweeper per recovered partition and one for its own coordinator
+log when handed a SweepConfig (off by default), and the simulator explores them
+(cornus/sim/sweeps.py: every tombstone checked by an oracle against every record, machine and call
+of the world, a leak check at the end; tests/protocol/test_sweep_schedules.py). It found the age
+rule short twice, mended in `sweep_age_ms_min`. No runtime node sweeps yet: the runtime must drive
+`ScanFinished` and fence its writes first (step 7).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from cornus.protocol.backoff import JitterSource
 from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.effects import DeleteRecord, ReadRecord, StartTimer, Timer
 from cornus.protocol.events import DeleteReturned, RecordRead, StorageUnreachable, TimerFired
-from cornus.protocol.status import late_vote_ms
+from cornus.protocol.status import late_vote_ms, requests_window_ms
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
     TOMBSTONE_KEEP_MS_MAX,
@@ -71,13 +75,27 @@ def sweeper_owner(log: LogId) -> str:
 
 def sweep_age_ms_min(config: ProtocolConfig, timeout_ms_request: int) -> int:
     """The youngest a record may be when a sweeper collects it: past the last write that may
-    still reach its slot. A Cornus coordinator's termination (`coordinator_terminate_ms_max`,
-    then a storage deadline, the slack and the late window for its last call), a manual resolve
-    (a read and a write, a deadline each), a one-shot's latest vote (status.late_vote_ms); and
-    the slack twice more, for the clocks that stamped the record and read the scan's time."""
+    still reach its slot, and past what the status call counts on.
+
+    A Cornus coordinator's termination: its machine starts a one-shot's request window after the
+    begin at the latest (status.requests_window_ms: a client may send its id again to another
+    process of the node), and before any record of an interactive transaction exists; it starts
+    asking the logs at most two vote timeouts later (its read-only partitions', then its votes'),
+    and `coordinator_terminate_ms_max` counts from there (CornusCoordinator._terminate); its last
+    call lands a storage deadline, the slack and the late window after it left. A manual resolve
+    (a read and a write, a deadline each). A one-shot's latest vote (status.late_vote_ms). And the
+    grace: the status call tells "not known" of a transaction that left no record once
+    status.kept_window_ms passed since its begin, the grace and outcome_keep_ms, so the
+    tombstone, kept at least outcome_keep_ms, must not be written before the grace passed
+    (found by the simulator, step 6: with a bound W below the grace, a committed transaction
+    was swept 350 ms after its begin, and the status call said "not known" of it; and, on fast
+    storage, a coordinator still terminated when its records were swept: W had been counted from
+    the record, not from the termination's start). Then the slack twice more, for the clocks that
+    stamped the record and read the scan's time."""
     d, s, late = config.storage_deadline_ms, config.clock_slack_ms, config.late_write_window_ms
-    terminations_ms = config.coordinator_terminate_ms_max + 2 * d + s + late
-    return max(terminations_ms, late_vote_ms(timeout_ms_request, config)) + 2 * s
+    terminations_ms = (requests_window_ms(timeout_ms_request, s) + 2 * config.timeout_ms_votes
+                       + config.coordinator_terminate_ms_max + 2 * d + s + late)
+    return max(terminations_ms, late_vote_ms(timeout_ms_request, config), config.gc_grace_ms) + 2 * s
 
 
 def tombstone_keep_ms(config: ProtocolConfig) -> int:
@@ -90,14 +108,32 @@ def tombstone_keep_ms(config: ProtocolConfig) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SweepConfig:
+    """How a node sweeps. Not a ProtocolConfig field on purpose: the runtime takes every one of
+    those from its users' configuration, and it does not drive `ScanFinished` yet (step 7), so no
+    setting may turn sweeping on there. NodeCore sweeps only when handed one of these (the
+    simulator does), and refuses one whose age is below `sweep_age_ms_min` (`sweep_age_problem`)."""
+
     age_ms: int  # at least sweep_age_ms_min
     interval_ms: int  # between passes (jittered by INTERVAL_JITTER_SHARE)
+    # The longest a one-shot's request may wait at its owner (the runtime's timeout_ms_request):
+    # what the age is checked against, since a vote of it may land that late (status.late_vote_ms).
+    timeout_ms_request: int
     page_count_max: int = 100  # records a scan page asks for
     pages_per_pass_max: int = 10
 
     def __post_init__(self) -> None:
-        assert self.age_ms > 0 and self.interval_ms > 0
+        assert self.age_ms > 0 and self.interval_ms > 0 and self.timeout_ms_request > 0
         assert 1 <= self.page_count_max <= SCAN_PAGE_COUNT_MAX and self.pages_per_pass_max >= 1
+
+
+def sweep_age_problem(sweep: SweepConfig, config: ProtocolConfig) -> str:
+    """Why `sweep` may not run beside `config` ("" if it may): an age below `sweep_age_ms_min`
+    would collect a record some write may still reach."""
+    age_ms_min = sweep_age_ms_min(config, sweep.timeout_ms_request)
+    if sweep.age_ms < age_ms_min:
+        return (f"sweep age_ms {sweep.age_ms} is below {age_ms_min}: a write of a transaction that old may still "
+                "land (a coordinator's termination, a late vote, a manual resolve)")
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +152,14 @@ class FinishedScanned:
     call: ScanFinished
     result: ScanPage | StorageUnreachable
     sent_ms: int
+
+    @property
+    def txn(self) -> str:
+        return ""  # a scan belongs to no transaction
+
+    @property
+    def host(self) -> str:
+        return self.call.owner
 
 
 class Skipped(enum.StrEnum):
@@ -144,7 +188,7 @@ class _Pending:
 
 class Sweeper:
     def __init__(self, owner: str, log: LogId, config: ProtocolConfig, sweep: SweepConfig, jitter: JitterSource,
-                 *, runs: Callable[[str], bool]) -> None:
+                 *, runs: Callable[[str], bool], counters: Counter[str] | None = None) -> None:
         assert log.kind in (LogKind.PARTITION, LogKind.COORDINATOR), log
         self.owner = owner
         self.log = log
@@ -153,7 +197,8 @@ class Sweeper:
         self._jitter = jitter
         self._runs = runs
         self._keep_ms = tombstone_keep_ms(config)
-        self.counters: Counter[str] = Counter()
+        # Shared by the node's sweepers when given (NodeCore's), so that a dropped one's counts stay.
+        self.counters: Counter[str] = Counter() if counters is None else counters
         self._pages = 0  # of the pass under way
         self._resume: str | None = None  # where the pass's next page starts (None: the pass ends)
         self._pending: dict[str, _Pending] = {}

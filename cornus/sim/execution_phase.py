@@ -254,6 +254,13 @@ class ExecutionPhase:
             if late_p and (self.rng.random() < late_p or plan.late):
                 delay_ms += self.schedule.late_request_ms
             self._push(self.now_ms + delay_ms, STEP_EXECUTE_PREPARED, sent)
+            copy_p = self.schedule.late_copy_probability
+            if copy_p and self.schedule.request_deadlines and self._sweep_rng.random() < copy_p:
+                # A copy of it arrives after its transaction was swept (Schedule.late_copy_ms, from
+                # the sweeps' generator): past its deadline, which its owner keeps to. (An owner
+                # that keeps none runs it whenever it comes: the age counts on the world's longest
+                # request there, World.requests_ms.)
+                self._push(self.now_ms + self.schedule.late_copy_ms + delay_ms, STEP_EXECUTE_PREPARED, sent)
 
     def _execute_prepared(self, carried: CarriedRequest) -> None:
         """A one-shot's request reaches the partition's owner: take the lock, read the key (from the

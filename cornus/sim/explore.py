@@ -5,7 +5,9 @@
 
 `mixed` gives each transaction of a world its own protocol. `--twins` adds schedules where a second
 process of a coordinator starts while the first runs on (a force-deleted pod): Cornus survives
-them; 2PC and coordinator-log do not yet (docs/deploy.md, "One process per node id"). Exits
+them; 2PC and coordinator-log do not yet (docs/deploy.md, "One process per node id"). `--sweeps`
+runs sweepers on every node, adds the faults that leave records behind for them
+(cornus.sim.schedule.with_sweeps), and reports what they swept and skipped. Exits
 non-zero if any schedule violates an invariant, printing the first few with their schedule so
 they can be replayed (a run is a pure function of its schedule).
 """
@@ -41,12 +43,12 @@ Failures = list[tuple[Schedule, list[str]]]
 
 def explore(
     protocol: Protocol | None, schedules: int, seed: int, report_max: int = REPORT_COUNT_MAX, *,
-    twins: bool = False, storage_cuts: bool = False, only: Callable[[Schedule], bool] | None = None,
-    **world_options: object,
+    twins: bool = False, storage_cuts: bool = False, sweeps: bool = False,
+    only: Callable[[Schedule], bool] | None = None, **world_options: object,
 ) -> tuple[int, Failures]:
     """Run `schedules` random schedules (`protocol` None: mixed; `twins`: some with a second
-    process of a coordinator, and `storage_cuts` some of them cut from storage alone:
-    random_schedule); stop early after `report_max` failures. Returns
+    process of a coordinator, and `storage_cuts` some of them cut from storage alone; `sweeps`:
+    sweepers on every node: random_schedule); stop early after `report_max` failures. Returns
     how many of the seed's stream were drawn and the failures. `only` runs just the schedules it
     accepts (a test of one kind of fault spends no CPU on the others; the stream, and so the
     schedule a failure is found at, is the same)."""
@@ -54,7 +56,7 @@ def explore(
     failures: Failures = []
     count = 0
     for _ in range(schedules):
-        schedule = random_schedule(rng, protocol, twins=twins, storage_cuts=storage_cuts)
+        schedule = random_schedule(rng, protocol, twins=twins, storage_cuts=storage_cuts, sweeps=sweeps)
         count += 1
         if only is not None and not only(schedule):
             continue
@@ -66,14 +68,14 @@ def explore(
     return count, failures
 
 
-def _explore_share(args: tuple[str, int, int, bool, bool]) -> tuple[int, Failures, dict[str, int]]:
-    name, schedules, seed, twins, storage_cuts = args
+def _explore_share(args: tuple[str, int, int, bool, bool, bool]) -> tuple[int, Failures, dict[str, int]]:
+    name, schedules, seed, twins, storage_cuts, sweeps = args
     protocol = None if name == MIXED else Protocol(name)
     rng = random.Random(seed)
     failures: Failures = []
     faults: collections.Counter[str] = collections.Counter()
     for _ in range(schedules):
-        schedule = random_schedule(rng, protocol, twins=twins, storage_cuts=storage_cuts)
+        schedule = random_schedule(rng, protocol, twins=twins, storage_cuts=storage_cuts, sweeps=sweeps)
         world = World(schedule)
         world.run()
         violations = check(world)
@@ -110,6 +112,11 @@ def _explore_share(args: tuple[str, int, int, bool, bool]) -> tuple[int, Failure
         faults["wait_die_schedules"] += schedule.wait_die
         faults["slow_read_schedules"] += schedule.slow_read_probability > 0
         faults["thinking_schedules"] += schedule.think_ms > 0
+        if sweeps:
+            # Only then, so that every other run prints what it always did: records swept and
+            # skipped by reason (the sweepers' own counts), and the oracle's.
+            faults.update({f"sweep_{key}": value for key, value in world.sweep_counters.items()})
+            faults.update({f"sweep_{key}": value for key, value in world.sweep_stats.items()})
         if violations:
             faults["violating_schedules"] += 1
             if len(failures) < REPORT_COUNT_MAX:
@@ -127,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="one schedule in eight starts a second process of a coordinator beside the first")
     parser.add_argument("--storage-cuts", action="store_true",
                         help="with --twins: the schedules that cut a first process off cut it from storage alone")
+    parser.add_argument("--sweeps", action="store_true",
+                        help="every node runs sweepers, and faults leave records behind for them")
     args = parser.parse_args(argv)
     if args.schedules < 1 or args.workers < 1:
         parser.error("--schedules and --workers must be at least 1")
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     shares = [
         (args.protocol, args.schedules // args.workers + (i < args.schedules % args.workers), args.seed * 1000 + i,
-         args.twins, args.storage_cuts)
+         args.twins, args.storage_cuts, args.sweeps)
         for i in range(args.workers)
     ]
     if args.workers == 1:

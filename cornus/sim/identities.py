@@ -374,11 +374,16 @@ class Identities:
     def _cut_off(self, process: Node) -> bool:
         """Whether `process` is the first process of a cut Twin, within a cut of everything (its
         messages and replies are lost too)."""
-        return self._storage_cut_off(process) and not self._twin_of[process.name].storage_only
+        return self._twin_cut_off(process) and not self._twin_of[process.name].storage_only
 
     def _storage_cut_off(self, process: Node) -> bool:
-        """Whether `process` is the first process of a cut Twin, within its cut: its storage calls
-        go unanswered, whether or not its messages pass (Twin.storage_only)."""
+        """Whether `process` is cut off from storage now: its storage calls go unanswered, whether
+        or not its messages pass (a Twin's first process in its cut, Twin.storage_only; or a sweep
+        schedule's StorageCut)."""
+        return self._twin_cut_off(process) or (bool(self._storage_cut_of) and self._sweep_storage_cut_off(process))
+
+    def _twin_cut_off(self, process: Node) -> bool:
+        """Whether `process` is the first process of a cut Twin, within its cut."""
         if self.twins.get(process.name) is not process:
             return False
         twin = self._twin_of[process.name]

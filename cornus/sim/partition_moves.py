@@ -11,6 +11,7 @@ from cornus.protocol.events import (
 )
 from cornus.protocol.execution import PartitionExecutions
 from cornus.protocol.node_core import recovery_owner
+from cornus.protocol.sweeper import sweeper_owner
 from cornus.sim import redo
 from cornus.sim.process import Node
 from cornus.sim.schedule import CLOCK_SLACK_MS, FAULTS_END_MS, Move
@@ -102,8 +103,10 @@ class PartitionMoves:
         node.tenures[partition] = node.tenures.get(partition, 0) + 1
         if node.alive and node.core is not None:
             node.core.drop_partition(partition)
-            # The runtime cancels the timers of a dropped host's machines and of its recovery.
-            for timer in [t for t in node.timers if t.owner in (partition, recovery_owner(partition))]:
+            # The runtime cancels the timers of a dropped host's machines, of its recovery and of
+            # its sweeper.
+            owners = (partition, recovery_owner(partition), sweeper_owner(LogId.partition(partition)))
+            for timer in [t for t in node.timers if t.owner in owners]:
                 del node.timers[timer]
 
     def _lapsed(self, node: Node, host: str) -> list[tuple[Event, frozenset[tuple[int, int]]]] | None:

@@ -165,6 +165,31 @@ class Twin:
 
 
 @dataclass(frozen=True, slots=True)
+class Abandon:
+    """Sweep schedules: the coordinator of transaction number `txn_index` is killed `after_ms`
+    into the grace its collection waits out (when it starts its gc timer; within the grace at
+    most), and never restarts: the decided records it would have collected are left behind, for
+    the sweepers (docs/sweeper-design.md). Only where nothing else of that node can wait on it
+    (World._abandon says when)."""
+
+    txn_index: int
+    after_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StorageCut:
+    """Sweep schedules: coordinator `node`'s only process is cut off from storage alone (its
+    messages pass) from `start_ms` to `end_ms`, which may be long after faults end: a Cornus
+    coordinator terminating then retries through it for as long as its bound lets it
+    (ProtocolConfig.coordinator_terminate_ms_max), and, back, writes what it still has to,
+    maybe after sweepers collected the transaction and their tombstones expired."""
+
+    node: str
+    start_ms: int
+    end_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Outage:
     """Storage unreachable for the named logs (log keys) from start to end."""
 
@@ -253,6 +278,25 @@ class Schedule:
     # one before it, maybe with no record, and says where the next one starts (found by review: a
     # scan that walked every tombstone in one call outlived its deadline, so pages now stop short).
     short_scans: bool = False
+    # Sweep schedules (random_schedule's `sweeps`): every node runs a sweeper per partition it
+    # holds and one for its own coordinator log (cornus.protocol.sweeper), a pass this often (0:
+    # none, as no runtime node does yet), of pages this long, this many a pass; the world checks
+    # every tombstone one writes against what could still write or read the record, and, at the
+    # end, that the records crashes left behind were collected (cornus.sim.sweeps).
+    sweep_interval_ms: int = 0
+    sweep_page_count_max: int = 100
+    sweep_pages_per_pass_max: int = 10
+    abandons: tuple[Abandon, ...] = ()
+    storage_cuts: tuple[StorageCut, ...] = ()
+    # A message, or a one-shot's request, also arrives again this long after it was sent (with
+    # the probability below): after the sweepers collected its transaction, and, when this is past
+    # the tombstones' keep too, after those expired.
+    late_copy_ms: int = 0
+    late_copy_probability: float = 0.0
+    # Decisions' tombstones kept only as long as the configuration allows (ProtocolConfig.
+    # outcome_keep_ms at outcome_keep_ms_min, shorter than the grace): what a sweeper that kept its
+    # tombstones outcome_keep_ms alone, not the grace and the late window too, gets wrong.
+    short_keep: bool = False
 
     def __post_init__(self) -> None:
         assert 1 <= self.partition_count <= PARTITION_COUNT_MAX
@@ -296,6 +340,18 @@ class Schedule:
             assert 0 <= outage.start_ms <= outage.end_ms <= FAULTS_END_MS
         for resolve in self.resolves:
             assert 0 <= resolve.txn_index < len(self.txns)
+        assert self.sweep_interval_ms >= 0 and self.sweep_page_count_max >= 1 and self.sweep_pages_per_pass_max >= 1
+        assert self.sweep_interval_ms or not (self.abandons or self.storage_cuts or self.late_copy_probability), (
+            "abandons, storage cuts and late copies are sweep schedules' faults")
+        for abandon in self.abandons:
+            assert 0 <= abandon.txn_index < len(self.txns) and abandon.after_ms >= 0, abandon
+        for cut in self.storage_cuts:
+            # A coordinator's only process: a Twin's cut is Twin.storage_only; a partition's holder
+            # cut from storage would go on serving without a lease, which no runtime does.
+            assert cut.node in COORDINATORS and not self.twins and not self.moves, cut
+            assert 0 <= cut.start_ms < cut.end_ms, cut
+        assert len({cut.node for cut in self.storage_cuts}) == len(self.storage_cuts), "one cut per node"
+        assert 0.0 <= self.late_copy_probability <= 1.0 and self.late_copy_ms >= 0
 
     @property
     def partitions(self) -> tuple[str, ...]:
@@ -340,14 +396,16 @@ def _clock_offset_ms(seed: int, name: str) -> int:
 
 
 def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: bool = False,
-                    storage_cuts: bool = False) -> Schedule:
+                    storage_cuts: bool = False, sweeps: bool = False) -> Schedule:
     """A cheap, varied schedule: small clusters, mostly yes votes, frequent faults. `protocol`
     None mixes the protocols, one per transaction. `twins`: one schedule in eight starts a second
     process of a coordinator beside the first (Twin); off by default, since 2PC and
     coordinator-log do not survive it (docs/deploy.md, "One process per node id"). With it,
     another one in eight cuts the first process off: from everything, or, with `storage_cuts`,
     from storage alone (Twin.storage_only; a flag of its own, so that every seed of the
-    `twins` stream stays what it was)."""
+    `twins` stream stays what it was). `sweeps`: every node runs sweepers, and the faults that
+    leave records behind for them are added (`with_sweeps`), from a generator of their own: the
+    rest of each schedule, and of the stream, stays what it was."""
     partition_count = rng.choice((1, 2, 2, 3, 3, 3, 4, 5))
     partitions = [f"p{i}" for i in range(partition_count)]
     txns = []
@@ -526,7 +584,7 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         before_cut_ms = [1 + index % 3 if index % 2 else 30 + 40 * (index % 3) for index in range(4)]
         txns += [dataclasses.replace(plan, coordinator=node, one_shot=True, start_ms=twin.cut_start_ms - before)
                  for plan, before in zip(txns[:4], before_cut_ms, strict=False) if plan.writes]
-    return Schedule(
+    schedule = Schedule(
         seed=seed,
         partition_count=partition_count,
         txns=tuple(txns),
@@ -568,4 +626,39 @@ def random_schedule(rng: random.Random, protocol: Protocol | None, *, twins: boo
         # One in four gives up terminating soon (a hash of the seed: the others stay as they were).
         terminate_limit_ms=1 + zlib.crc32(f"{seed}/give-up".encode()) % 400
         if zlib.crc32(f"{seed}/give-up?".encode()) % 4 == 0 else 0,
+    )
+    return with_sweeps(schedule) if sweeps else schedule
+
+
+# How late a sweep schedule's late copies may come at most: past any age and keep it runs with
+# (an age of the grace, its bound on terminations, two deadlines and the late window; a keep of the
+# grace and the late window), and before its end.
+LATE_COPY_MS_MAX = 12_000
+
+
+def with_sweeps(schedule: Schedule) -> Schedule:
+    """`schedule` with sweepers on every node (Schedule.sweep_interval_ms) and what they are for,
+    drawn from a generator of the seed's own: half of those with no moves and no second processes
+    kill a transaction's coordinator within its grace for good (Abandon: its records are left
+    behind), and half of the others cut a coordinator off from storage alone for up to seconds
+    (StorageCut: a Cornus coordinator terminating through it, back after its transaction was
+    swept); some messages and one-shot requests come again after the sweeps (late copies); and a
+    quarter keep the decisions' tombstones as briefly as the configuration allows."""
+    rng = random.Random(f"{schedule.seed}/sweeps")
+    interval_ms = rng.choice((100, 200, 400))
+    page_count_max, pages_per_pass_max = rng.choice(((1, 64), (2, 32), (3, 24), (100, 10)))
+    abandons: tuple[Abandon, ...] = ()
+    cuts: tuple[StorageCut, ...] = ()
+    if not schedule.moves and not schedule.twins:
+        if rng.random() < 0.5:
+            abandons = (Abandon(rng.randrange(len(schedule.txns)), rng.randrange(0, 1_000)),)
+        elif rng.random() < 0.5:
+            start_ms = rng.randrange(0, 400)
+            cuts = (StorageCut(rng.choice(COORDINATORS), start_ms, start_ms + rng.randrange(200, 8_000)),)
+    late_copy_probability = rng.choice((0.0, 0.0, 0.05, 0.2))
+    return dataclasses.replace(
+        schedule, sweep_interval_ms=interval_ms, sweep_page_count_max=page_count_max,
+        sweep_pages_per_pass_max=pages_per_pass_max, abandons=abandons, storage_cuts=cuts,
+        late_copy_ms=rng.randrange(1_000, LATE_COPY_MS_MAX) if late_copy_probability else 0,
+        late_copy_probability=late_copy_probability, short_keep=rng.random() < 0.25,
     )

@@ -36,5 +36,6 @@ World._step_handlers maps each to the method that takes the step's data."""
     STEP_LAPSE_END,
     STEP_ASKED,
     STEP_RESOLVE_WRITES,
-) = range(34)
-STEP_COUNT = 34
+    STEP_ABANDON,
+) = range(35)
+STEP_COUNT = 35

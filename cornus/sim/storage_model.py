@@ -1,6 +1,6 @@
 """In-memory model of the LogStore contract (log_once, log refusing decision flips, read, paged
-scan of unfinished records, apply of a redo to the data and to its vote, delete, tombstones that
-expire), plus the history
+scans of unfinished and of finished records, apply of a redo to the data and to its vote, delete,
+tombstones that expire), plus the history
 the invariant checker needs. It records a violation instead of raising, so a run reports everything
 it broke."""
 
@@ -42,6 +42,10 @@ class StoredRecord:
     applied: bool = False
     # A tombstone's end, in the simulator's clock (None: not a tombstone).
     expires_at_ms: int | None = None
+    # When the record was created, by the clock of the call that created it as it left (as
+    # DynamoDB and Azure stamp it: a call that lands late carries an older time than its landing);
+    # a tombstone over a record keeps the record's.
+    created_at_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -72,18 +76,19 @@ class StorageModel:
         else:
             self.decisions_seen.setdefault(txn, set()).add(state)
 
-    def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody) -> LogOnceResult:
+    def log_once(self, log: LogId, txn: str, state: TxnState, body: RecordBody,
+                 created_at_ms: int = 0) -> LogOnceResult:
         stored = self.records.get((log, txn))
         if stored is not None:
             return LogOnceResult(stored.state, created=False)
-        self.records[(log, txn)] = StoredRecord(state, body)
+        self.records[(log, txn)] = StoredRecord(state, body, created_at_ms=created_at_ms)
         self._created(log, txn, state)
         return LogOnceResult(state, created=True)
 
-    def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None) -> TxnState:
+    def log(self, log: LogId, txn: str, state: TxnState, body: RecordBody | None, created_at_ms: int = 0) -> TxnState:
         stored = self.records.get((log, txn))
         if stored is None:
-            self.records[(log, txn)] = StoredRecord(state, body or RecordBody())
+            self.records[(log, txn)] = StoredRecord(state, body or RecordBody(), created_at_ms=created_at_ms)
             self._created(log, txn, state)
             return state
         if stored.state is not TxnState.VOTE_YES and stored.state is not state:
@@ -100,7 +105,7 @@ class StorageModel:
         stored = self.records.get((log, txn))
         if stored is None:
             return None
-        return Record(log, txn, stored.state, stored.body, stored.applied)
+        return Record(log, txn, stored.state, stored.body, stored.applied, stored.created_at_ms)
 
     def apply(self, partition: str, txn: str, redo_bytes: bytes) -> bool:
         """The contract's apply_redo: data, COMMIT and the applied mark together; a record applied
@@ -143,10 +148,14 @@ class StorageModel:
         self.deleted[(log, txn)] = stored.state
         return True
 
-    def keep(self, log: LogId, txn: str, keep: Tombstone, now_ms: int) -> bool:
+    def keep(self, log: LogId, txn: str, keep: Tombstone, now_ms: int, created_at_ms: int = 0) -> bool:
         """The contract's delete with a tombstone: refused (nothing written) as `check_tombstone`
         says; storage drops it at `expire`. Deleting the last record of a decided transaction
-        without one would lose its outcome, which `delete` reports."""
+        without one would lose its outcome, which `delete` reports. A tombstone written again
+        into a slot its earlier one left (a collection retried after its first try landed unheard,
+        a slow coordinator's own collection after a sweeper's tombstone expired) holds every
+        decision the transaction ever had: it brings back nothing a reader could take for more,
+        so it is no record re-created; one of another decision is."""
         validate_tombstone(keep, log)
         stored = self.records.get((log, txn))
         try:
@@ -154,13 +163,14 @@ class StorageModel:
                             stored is not None and stored.applied, keep)
         except InvariantViolation as refused:
             raise WriteRefused(str(refused)) from refused
-        if stored is None:
+        if stored is None and not (txn in self.tombstoned and self.decisions_seen.get(txn, set()) <= {keep.decision}):
             self._created(log, txn, keep.decision)
         else:
             self._saw(log, txn, keep.decision)
         expires_at_ms = now_ms + keep.keep_ms
+        created_ms = created_at_ms if stored is None else stored.created_at_ms
         self.records[(log, txn)] = StoredRecord(keep.decision, RecordBody(), keep.decision is TxnState.COMMIT,
-                                                expires_at_ms)
+                                                expires_at_ms, created_ms)
         heapq.heappush(self.expiries, (expires_at_ms, log.key, txn))
         self.tombstoned.add(txn)
         return stored is not None
@@ -199,6 +209,22 @@ class StorageModel:
             and (stored.state is TxnState.VOTE_YES or (stored.state is TxnState.COMMIT and not stored.applied))
         )
         records = tuple(Record(log, txn, stored.state, stored.body, stored.applied) for txn, stored in found[:limit])
+        return ScanPage(records, records[-1].txn if len(records) == limit else None)
+
+    def scan_finished(self, log: LogId, after: str, limit: int) -> ScanPage:
+        """The contract's `scan_finished_page` on a backend that indexes finished records (Redis's
+        `~finished` set, the emulator's query): ABORT, and COMMIT with its redo applied (so never a
+        coordinator log's own COMMIT), not tombstones, without the redo."""
+        found = sorted(
+            (txn, stored) for (record_log, txn), stored in self.records.items()
+            if record_log == log and txn > after and stored.expires_at_ms is None
+            and (stored.state is TxnState.ABORT or (stored.state is TxnState.COMMIT and stored.applied))
+        )
+        records = tuple(
+            Record(log, txn, stored.state, RecordBody(stored.body.participants, stored.body.coordinator),
+                   stored.applied, stored.created_at_ms)
+            for txn, stored in found[:limit]
+        )
         return ScanPage(records, records[-1].txn if len(records) == limit else None)
 
     def stopped_short(self, log: LogId, after: str, page: ScanPage, rng: random.Random) -> ScanPage:

@@ -12,8 +12,8 @@ hooks).
 This module holds the world's core (its queue and steps, the network, storage calls, crashes,
 the checks); each other concern is a module of World's methods, sharing its state: the execution
 phase (execution_phase.py), node identities and second processes (identities.py), partition
-moves (partition_moves.py), manual resolves (manual_resolve.py); a node's process state is
-process.py's, the kinds of steps steps.py's."""
+moves (partition_moves.py), manual resolves (manual_resolve.py), sweepers and their oracle
+(sweeps.py); a node's process state is process.py's, the kinds of steps steps.py's."""
 
 from __future__ import annotations
 
@@ -81,6 +81,7 @@ from cornus.protocol.ownership import fenced_partition, without_lease_may
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.participant_blocking import CoordinatorLogParticipant
 from cornus.protocol.resolve import Resolver
+from cornus.protocol.sweeper import FinishedScanned, ScanFinished
 from cornus.protocol.txn_ids import PROTOCOL_TAGS, protocol_of
 from cornus.sim.execution_phase import EXECUTION_IDLE_MS, TIMEOUT_MS_EXECUTE, CarriedRequest, ExecutionPhase
 from cornus.sim.identities import Identities, ParkedProcess
@@ -99,6 +100,7 @@ from cornus.sim.schedule import (
 )
 from cornus.sim.status_probe import StatusProbe
 from cornus.sim.steps import (
+    STEP_ABANDON,
     STEP_ARRIVE,
     STEP_ASKED,
     STEP_BOOTED,
@@ -136,6 +138,7 @@ from cornus.sim.steps import (
     STEP_WATCHED,
 )
 from cornus.sim.storage_model import StorageModel, WriteRefused
+from cornus.sim.sweeps import Sweeps, is_sweep_owner
 from storage_adapters.contract import LogId, TxnState, identity_name, is_identity
 
 # Hook a test installs to force a failure at an exact point: called before each effect a node
@@ -182,12 +185,18 @@ def config_for(schedule: Schedule) -> ProtocolConfig:
         # that tombstones expire within a run and a late call that meets the empty slot after one
         # is explored too; never under 1 s, which collection's retries through an outage fit in
         # (a cut Twin's shorter grace, kept as long, let a retry rewrite a tombstone that an
-        # earlier, unanswered try of it had left and that had expired since).
-        outcome_keep_ms=keep_ms + outcome_keep_ms_min(deadline, CLOCK_SLACK_MS, schedule.late_window_ms)
+        # earlier, unanswered try of it had left and that had expired since). Except a sweep
+        # schedule's short keep (Schedule.short_keep): the least the configuration allows, which
+        # a tombstone written again of the same decision now survives (StorageModel.keep).
+        outcome_keep_ms=outcome_keep_ms_min(deadline, CLOCK_SLACK_MS, schedule.late_window_ms) if schedule.short_keep
+        else keep_ms + outcome_keep_ms_min(deadline, CLOCK_SLACK_MS, schedule.late_window_ms)
         if schedule.late_window_ms else keep_ms,
         late_write_window_ms=schedule.late_window_ms,
         scan_page_count_max=schedule.scan_page_max,
-        **({"coordinator_terminate_ms_max": schedule.terminate_limit_ms} if schedule.terminate_limit_ms else {}),
+        # Where nodes sweep (their age outlasts the coordinators' termination bound), the grace by
+        # default, as the runtime's: not the longer default, so that sweeps come within a run.
+        **({"coordinator_terminate_ms_max": schedule.terminate_limit_ms or grace_ms} if schedule.sweep_interval_ms
+           else {"coordinator_terminate_ms_max": schedule.terminate_limit_ms} if schedule.terminate_limit_ms else {}),
         # A cut Twin's first process must not learn of the second before its cut (the runtime
         # checks every 2 s): it is deposed by the read its writes wait for once back, or the next.
         identity_check_ms=(IDENTITY_CHECK_MS_SLOW if schedule.slow_identity
@@ -242,7 +251,7 @@ class Outcome:
     messages: int = 0
 
 
-class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
+class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves, Sweeps):
     def __init__(
         self,
         schedule: Schedule,
@@ -354,12 +363,14 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
         assert status.late_votes_meet_their_tombstone(timeout_ms_request, self.config), (
             "a late one-shot vote could outlive its transaction's tombstone", timeout_ms_request, self.config)
         self.probe = StatusProbe(schedule.seed)
+        self._init_sweeps(timeout_ms_request)
         self._handlers = self._step_handlers()
         # A node's status answer comes as late as the asking node waits for it (a peer request's
         # deadline): it tells of that moment.
         self.status_answer_ms_max = TIMEOUT_MS_EXECUTE
         # A cut Twin's first process may come back after faults end (Twin.cut_ms): a fault too.
-        faults_end_ms = max([FAULTS_END_MS, *(twin.at_ms + twin.overlap_ms for twin in schedule.twins)])
+        faults_end_ms = max([FAULTS_END_MS, *(twin.at_ms + twin.overlap_ms for twin in schedule.twins),
+                             *(cut.end_ms for cut in schedule.storage_cuts)])
         self.liveness_check_ms = faults_end_ms + self.liveness_bound_ms()
         # Late duplicates arrive up to two graces after they were sent: let them, and the garbage
         # collection they may race with, play out before the end.
@@ -367,6 +378,8 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
         # Calls late by the storage's window land within the run, and tombstones that outlive
         # them expire within it too.
         self.end_ms += schedule.late_window_ms and self.config.outcome_keep_ms
+        if self.sweep is not None:
+            self.end_ms = max(self.end_ms, self._sweeps_end_ms())
 
     # -- setup ----------------------------------------------------------------------------------
     def liveness_bound_ms(self) -> int:
@@ -392,10 +405,14 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
         jitter: JitterSource = random.Random(seed)
         # As the runtime does: the core starts holding nothing, and each partition the node holds
         # (its lease) comes through add_partition, with its own recovery.
-        return NodeCore(
+        core = NodeCore(
             node.name, (), self._configured_coordinators(node.name), self.config, jitter,
             participant_factory=self._participant_factory, coordinator_factory=self._coordinator_factory,
+            sweep=self.sweep,
         )
+        if self.sweep is not None:
+            self._cores.append(core)
+        return core
 
     def _configured_coordinators(self, name: str) -> tuple[str, ...]:
         """The nodes `name`'s configuration names: every coordinator and itself; in a rollout
@@ -438,6 +455,8 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
             self.now_ms = at_ms
             self._step(kind, data)
         if until_ms is None:
+            if self.sweep is not None and not self.outcome.violations:
+                self._sweeps_at_end()
             self.outcome.violations.extend(self.storage.violations)
         return self.outcome
 
@@ -514,6 +533,7 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
             STEP_IDLE: self._idle_step,
             STEP_BOOTED: self._booted,
             STEP_CHECK: lambda data: self._check_liveness(),
+            STEP_ABANDON: self._abandon,
         }
         assert sorted(handlers) == list(range(STEP_COUNT)), "a step kind without a handler, or one twice"
         return [handlers[kind] for kind in range(STEP_COUNT)]
@@ -705,7 +725,7 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
             self.trace.append(f"{self.now_ms:6d} {node.name:>3} -> {effect}")
         if isinstance(effect, Send):
             self._send(node, effect)
-        elif isinstance(effect, LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog):
+        elif isinstance(effect, LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog | ScanFinished):
             if isinstance(effect, LogOnce | Log):
                 self.outcome.log_writes += 1
             self._call(node.name, node.incarnation, effect, node.path)
@@ -716,6 +736,8 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
             node.timers[effect.timer] = node.timer_generation
             data = (node.name, node.incarnation, effect.timer, node.timer_generation, node.path)
             self._push(self.now_ms + effect.duration_ms, STEP_TIMER, data)
+            if self._abandons and effect.timer.kind == "gc":
+                self._gc_timer_started(node, effect.timer.txn)
         elif isinstance(effect, CancelTimer):
             node.timers.pop(effect.timer, None)
         elif isinstance(effect, Reply):
@@ -798,12 +820,22 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
             self.outcome.late_duplicates += late
             delay = self.config.gc_grace_ms + self.rng.randint(0, self.config.gc_grace_ms) if late else 0
             self._push(self.now_ms + delay + self.rng.randint(1, self.schedule.delay_ms_max), STEP_DELIVER, data)
+        if self.schedule.late_copy_probability and self._sweep_rng.random() < self.schedule.late_copy_probability:
+            # Past the sweeps of its transaction (Schedule.late_copy_ms), from the sweeps' generator.
+            self.outcome.late_duplicates += 1
+            late_ms = self.schedule.late_copy_ms + self._sweep_rng.randint(1, self.schedule.delay_ms_max)
+            self._push(self.now_ms + late_ms, STEP_DELIVER, data)
 
     def _call(self, owner: str, incarnation: int, call: StorageCall, path: Any) -> None:
         """A storage call: it reaches storage even if its caller dies meanwhile (only the answer is
         lost). A slow one answers "unreachable" at the deadline and may land up to the slack later.
         A partition's write to its own log or data carries the epoch of its owner's tenure."""
         process = self.process(owner, incarnation) if owner in self.nodes else None
+        # A sweeper's calls draw from the sweeps' generator (Sweeps._init_sweeps).
+        rng = self._sweep_rng if self.sweep is not None and is_sweep_owner(call.owner) else self.rng
+        # The caller's clock as the call left: what a scan's answer tells the sweeper
+        # (FinishedScanned.sent_ms), and what the record a write creates is stamped with.
+        sent_ms = self.clock_ms(owner)
         if process is not None and self._lapsed(process, call.owner) is not None and not without_lease_may(call):
             # The lease gate (the runtime's EffectRunner._call): not sent. The runtime drops the
             # partition at once then; here the host hears what its lapse held first, and then goes.
@@ -817,7 +849,7 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
         epoch = process.epochs[fenced] if process is not None and fenced is not None else 0
         tenure = self._tenure(process, call.owner) if process is not None else 0
         if process is not None and self._storage_cut_off(process):
-            unreachable = answer(call, StorageUnreachable("cut off"))
+            unreachable = self._answer(call, StorageUnreachable("cut off"), sent_ms)
             self._push(self.now_ms + self.deadline_ms, STEP_RETURN, (owner, incarnation, unreachable, path, tenure))
             return
         if (process is not None and fenced is None and isinstance(call, LogOnce | Log | DeleteRecord)
@@ -834,18 +866,28 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
             # Let through by the window although a later process holds the identity now: the
             # boundary the window's bound (gc_grace_ms less a deadline and the slack) keeps safe.
             self.outcome.stale_window_writes += 1
-        if 0 <= self.now_ms < FAULTS_END_MS and self.rng.random() < self.schedule.late_call_probability:
-            unreachable = answer(call, StorageUnreachable("the call outlived its deadline"))
+        if 0 <= self.now_ms < FAULTS_END_MS and rng.random() < self.schedule.late_call_probability:
+            unreachable = self._answer(call, StorageUnreachable("the call outlived its deadline"), sent_ms)
             self._push(self.now_ms + self.deadline_ms, STEP_RETURN, (owner, incarnation, unreachable, path, tenure))
-            if self.rng.random() < 0.5:
+            if rng.random() < 0.5:
                 # Where storage takes calls late, any protocol's call may land past the slack:
                 # collection leaves tombstones in coordinators' logs too there.
                 late_ms_max = self.config.clock_slack_ms + self.schedule.late_window_ms
-                landing = self.now_ms + self.deadline_ms + self.rng.randint(0, late_ms_max)
-                self._push(landing, STEP_ARRIVE, (owner, incarnation, call, path, False, epoch, tenure))
+                landing = self.now_ms + self.deadline_ms + rng.randint(0, late_ms_max)
+                self._push(landing, STEP_ARRIVE, (owner, incarnation, call, path, False, epoch, tenure, sent_ms))
+                if self.sweep is not None:
+                    self._track_write(call, landing, fenced, epoch)
             return
-        self._push(self.now_ms + self.rng.randint(1, self.schedule.storage_ms_max), STEP_ARRIVE,
-                   (owner, incarnation, call, path, True, epoch, tenure))
+        landing = self.now_ms + rng.randint(1, self.schedule.storage_ms_max)
+        self._push(landing, STEP_ARRIVE, (owner, incarnation, call, path, True, epoch, tenure, sent_ms))
+        if self.sweep is not None:
+            self._track_write(call, landing, fenced, epoch)
+
+    def _answer(self, call: StorageCall | ScanFinished, result: Any, sent_ms: int) -> Any:
+        """The event answering `call` with `result`: a sweeper's scan hears when it left too."""
+        if isinstance(call, ScanFinished):
+            return FinishedScanned(call, result, sent_ms)
+        return answer(call, result)
 
     def _txn_id(self, index: int, plan: TxnPlan) -> str:
         begin_ms = plan.start_ms + 1 + self.clock_offsets_ms.get(plan.coordinator, 0)
@@ -862,9 +904,13 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
         partition = node.core.partition_of(host) if node.core is not None else None
         return 0 if partition is None else node.tenures.get(partition, 0)
 
-    def _arrive(self, flight: tuple[str, int, StorageCall, Any, bool, int, int]) -> None:
-        owner, incarnation, call, path, answered, epoch, tenure = flight
+    def _arrive(self, flight: tuple[str, int, StorageCall, Any, bool, int, int, int]) -> None:
+        owner, incarnation, call, path, answered, epoch, tenure, sent_ms = flight
+        sweeping = self.sweep is not None and is_sweep_owner(call.owner)
+        rng = self._sweep_rng if sweeping else self.rng
         fenced = fenced_partition(call) if owner in self.nodes else None
+        if self.sweep is not None:
+            self._write_landed(call, fenced, epoch)
         if fenced is not None and epoch < self.epoch[fenced]:
             # The partition moved since the call left: storage refuses the old owner's write, and
             # the runtime, told Fenced, drops the partition (this node dropped it at the move).
@@ -875,10 +921,10 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
                 self._depose(owner, incarnation)
             return
         result: Any = StorageUnreachable("outage")
-        landed = not self._unreachable(call.log) or self.rng.random() < self.schedule.ambiguous_probability
+        landed = not self._unreachable(call.log) or rng.random() < self.schedule.ambiguous_probability
         if landed:
             try:
-                outcome = self._apply(call)
+                outcome = self._apply(call, sent_ms)
             except WriteRefused as refused:
                 outcome = StorageUnreachable("refused")
                 if answered and not self._unreachable(call.log):
@@ -894,27 +940,33 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
             return  # a late landing: its caller was told "unreachable" long ago
         if self.trace_paths and isinstance(call, LogOnce | Log):
             path = frozenset((h, w + 1) for h, w in path)
-        latency = self.rng.randint(1, self.schedule.storage_ms_max)
-        self._push(self.now_ms + latency, STEP_RETURN, (owner, incarnation, answer(call, result), path, tenure))
+        latency = rng.randint(1, self.schedule.storage_ms_max)
+        self._push(self.now_ms + latency, STEP_RETURN, (owner, incarnation, self._answer(call, result, sent_ms), path,
+                                                        tenure))
 
-    def _apply(self, call: StorageCall) -> Any:
+    def _apply(self, call: StorageCall | ScanFinished, sent_ms: int) -> Any:
         storage = self.storage
         storage.expire(self.now_ms)
         if isinstance(call, LogOnce):
-            return storage.log_once(call.log, call.txn, call.state, call.body)
+            return storage.log_once(call.log, call.txn, call.state, call.body, sent_ms)
         if isinstance(call, Log):
-            return storage.log(call.log, call.txn, call.state, call.body)
+            return storage.log(call.log, call.txn, call.state, call.body, sent_ms)
         if isinstance(call, ApplyRedo):
             applied = storage.apply(call.partition, call.txn, call.redo)
             self.outcome.applied.add((call.partition, call.txn))
             return applied
         if isinstance(call, DeleteRecord):
-            self._check_collectable(call)
+            if self.sweep is not None and is_sweep_owner(call.owner):
+                self._check_sweeper_write(call)  # its own oracle: a sweeper collects what no coordinator did
+            else:
+                self._check_collectable(call)
             if call.keep is not None:
-                return storage.keep(call.log, call.txn, call.keep, self.now_ms)
+                return storage.keep(call.log, call.txn, call.keep, self.now_ms, sent_ms)
             return storage.delete(call.log, call.txn)
         if isinstance(call, ReadRecord):
             return storage.read(call.log, call.txn)
+        if isinstance(call, ScanFinished):
+            return self._scan_finished(call)
         page = storage.scan_unfinished(call.log, call.after, call.limit)
         if self.schedule.short_scans and self._scan_rng.random() < SHORT_SCAN_PROBABILITY:
             return storage.stopped_short(call.log, call.after, page, self._scan_rng)
@@ -950,6 +1002,8 @@ class World(ExecutionPhase, Identities, ManualResolves, PartitionMoves):
         commit must be applied, and no lock may be left behind."""
         undecided = self.outcome.undecided_at_liveness_check
         for node in self.nodes.values():
+            if node.name in self.abandoned:
+                continue  # killed for good (Schedule.abandons): it holds no partition
             if not node.ready:
                 undecided.append(f"{node.name} is not recovered")
                 continue

@@ -9,7 +9,7 @@ import random
 from cornus.protocol.config import ProtocolConfig
 from cornus.protocol.effects import DeleteRecord, ReadRecord, StartTimer, Timer
 from cornus.protocol.events import DeleteReturned, RecordRead, StorageUnreachable, TimerFired
-from cornus.protocol.status import late_vote_ms
+from cornus.protocol.status import kept_window_ms, late_vote_ms, requests_window_ms
 from cornus.protocol.sweeper import (
     SWEEP_TIMER,
     FinishedScanned,
@@ -43,7 +43,8 @@ def _record(txn: str, state: TxnState, *participants: str, coordinator: str = "c
 
 
 def _sweeper(runs: frozenset[str] = frozenset(), pages: int = 10) -> Sweeper:
-    sweep = SweepConfig(age_ms=AGE_MS, interval_ms=60_000, page_count_max=4, pages_per_pass_max=pages)
+    sweep = SweepConfig(age_ms=AGE_MS, interval_ms=60_000, timeout_ms_request=2_000, page_count_max=4,
+                        pages_per_pass_max=pages)
     return Sweeper(OWNER, LOG, CONFIG, sweep, random.Random(1), runs=lambda txn: txn in runs)
 
 
@@ -167,9 +168,19 @@ def test_a_pass_follows_its_pages_up_to_its_bound_and_ends_where_storage_does_no
 
 def test_the_age_outlasts_every_late_write_and_the_keep_every_reader() -> None:
     for config in (CONFIG, ProtocolConfig(late_write_window_ms=900_000, outcome_keep_ms=1_000_000),
-                   ProtocolConfig(coordinator_terminate_ms_max=100_000)):
+                   ProtocolConfig(coordinator_terminate_ms_max=100_000),
+                   ProtocolConfig(coordinator_terminate_ms_max=50, storage_deadline_ms=5, clock_slack_ms=20,
+                                  gc_grace_ms=1_000, timeout_ms_votes=10_000, outcome_keep_ms=1)):
         age_ms = sweep_age_ms_min(config, 2_000)
-        assert age_ms > config.coordinator_terminate_ms_max + 2 * config.storage_deadline_ms
+        # A Cornus coordinator's termination starts up to two vote timeouts after its machine, which
+        # starts up to a request's window after the begin, and W counts from there (found by the
+        # simulator, step 6: the age counted W from the record).
+        termination_ends_ms = requests_window_ms(2_000, config.clock_slack_ms) + 2 * config.timeout_ms_votes + (
+            config.coordinator_terminate_ms_max)
+        assert age_ms > termination_ends_ms + config.storage_deadline_ms + config.late_write_window_ms
         assert age_ms > late_vote_ms(2_000, config)
+        # The status call counts on a record until kept_window_ms after the begin (found by the
+        # simulator, step 6: a tombstone written before the grace went too soon).
+        assert age_ms + config.outcome_keep_ms >= kept_window_ms(config) + config.clock_slack_ms
         keep_ms = tombstone_keep_ms(config)
         assert keep_ms >= config.outcome_keep_ms and keep_ms >= config.gc_grace_ms + config.late_write_window_ms
