@@ -2,6 +2,8 @@
 
   serve           run one node (config from --config FILE, CORNUS_* variables and flags)
   storage-bench   p50/p99 `log_once` latency and ops/s per storage backend
+  storage-backfill-finished-index
+                  Redis only: index the records finished before the finished index existed
   bench           compare the three commit protocols on a local cluster over your storage
   cluster up      a local multi-node cluster on the embedded emulator, in the foreground
   txn             run one one-shot transaction: put:KEY=VALUE get:KEY delete:KEY check:KEY[=VALUE]
@@ -15,11 +17,13 @@
   healthcheck     exit 0 if a running `cornus serve` answers /healthz (the image's HEALTHCHECK)
 
 Storage settings come from flags, else from `CORNUS_STORAGE_*` environment variables, else from
-the config file (serve), else from the defaults (the embedded SQLite emulator in ./cornus.db).
+the config file (serve), else from the defaults (the embedded SQLite emulator in ./cornus.db;
+Redis for storage-backfill-finished-index, which refuses any other backend).
 
 Exit codes: 0 success (a transaction committed; a cluster stopped cleanly), 1 failure (aborted,
 unknown, unavailable, unreachable, a node died), 2 bad input (nothing was changed); `bench` and
-`termination-bench` stopped by Ctrl-C or SIGTERM clean up and exit 130 or 143 (128 plus the signal).
+`termination-bench` stopped by Ctrl-C or SIGTERM clean up and exit 130 or 143 (128 plus the signal);
+storage-backfill-finished-index stopped by Ctrl-C names the cursor to resume from and exits 130.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -77,7 +82,10 @@ from services.local_cluster import (
     wait_cluster_ready,
 )
 from storage_adapters.errors import StorageError, ValidationError
-from storage_adapters.factory import BACKENDS, REDIS_DURABILITIES, StoreConfig
+from storage_adapters.factory import BACKENDS, REDIS_DURABILITIES, StoreConfig, env_values
+
+if TYPE_CHECKING:
+    from storage_adapters.redis_store import FinishedBackfill
 
 
 def _add_storage_flags(parser: argparse.ArgumentParser) -> None:
@@ -155,6 +163,92 @@ def _storage_bench(args: argparse.Namespace) -> int:
     results = asyncio.run(run_storage_bench(configs, args.ops, args.concurrency))
     print(format_results(results))
     return 0
+
+
+# === storage-backfill-finished-index =============================================================
+
+BACKFILL_COMMAND = "storage-backfill-finished-index"
+# Record keys walked between two progress lines of a long run: each names the cursor to resume from.
+BACKFILL_PROGRESS_KEY_COUNT = 100_000
+
+
+def _backfill_backend(args: argparse.Namespace) -> str:
+    """--backend; else redis where --redis-url is given; else CORNUS_STORAGE_BACKEND; else redis:
+    the command exists for Redis alone, which is its default (the others' is the emulator)."""
+    if args.backend:
+        return str(args.backend)
+    if args.redis_url:
+        return "redis"
+    return str(env_values(os.environ).get("backend", "redis"))
+
+
+def _storage_backfill_finished_index(args: argparse.Namespace) -> int:
+    from storage_adapters import redis_store
+
+    backend = _backfill_backend(args)
+    if backend != "redis":
+        raise ValidationError(f"{BACKFILL_COMMAND} serves only the redis backend: {backend} needs no backfill (its "
+                              "finished scan reads the records themselves; docs/sweeper-design.md)")
+    # Every check before the store opens: opening writes the store's mark where there is none.
+    storage = _store_config(args, backend)
+    redis_store.validate_url(storage.redis_url)
+    if args.key_count_max is None:
+        args.key_count_max = redis_store.BACKFILL_KEY_COUNT_DEFAULT
+    if args.scan_count is None:
+        args.scan_count = redis_store.BACKFILL_SCAN_COUNT_DEFAULT
+    redis_store.validate_backfill(args.cursor, args.key_count_max, args.scan_count)
+    import redis.exceptions
+
+    last = [redis_store.FinishedBackfill(resume_cursor=args.cursor)]
+    try:
+        report = asyncio.run(_backfill(storage, args, last))
+    except KeyboardInterrupt:
+        print(f"cornus: {BACKFILL_COMMAND} stopped by SIGINT after {last[0].walked} keys; run it again with "
+              f"--cursor {last[0].resume_cursor or 0} to go on", file=sys.stderr, flush=True)
+        return EXIT_CODE_SIGNAL_BASE + signal.SIGINT
+    except redis.exceptions.RedisError as error:
+        # What the store has no contract error for, e.g. a database the server does not have, or
+        # a server older than SCAN's TYPE (6.0): one line all the same.
+        return _run_failed(BACKFILL_COMMAND, error)
+    verb = "would index" if args.dry_run else "indexed"
+    print(f"keys walked: {report.walked}\n{verb}: {report.indexed}\nalready indexed: {report.already_indexed}\n"
+          f"skipped, not finished: {report.unfinished}\nskipped, tombstone: {report.tombstones}\n"
+          f"skipped, other: {report.other}")
+    if report.resume_cursor is None:
+        print("the walk reached the end of the keyspace")
+    else:
+        print(f"stopped at --key-count-max {args.key_count_max}: run again with --cursor {report.resume_cursor} "
+              "to go on")
+    return 0
+
+
+async def _backfill(storage: StoreConfig, args: argparse.Namespace, last: list[FinishedBackfill]) -> FinishedBackfill:
+    """The run, `last` kept at its counts after each batch (what an interrupted run reports)."""
+    from storage_adapters.factory import open_store
+    from storage_adapters.redis_store import RedisStore
+
+    # No injected latency: it is a benchmark's setting, and this is no benchmark.
+    store = await open_store(dataclasses.replace(storage, latency=""))
+    assert isinstance(store, RedisStore), type(store)
+    print(f"backfill of the finished index on redis {store.where}"
+          + (" (dry run: nothing is written)" if args.dry_run else ""), flush=True)
+    progress_at = [BACKFILL_PROGRESS_KEY_COUNT]
+
+    def progress(report: FinishedBackfill) -> None:
+        last[0] = report
+        if report.resume_cursor is not None and report.walked >= progress_at[0]:
+            progress_at[0] = report.walked + BACKFILL_PROGRESS_KEY_COUNT
+            print(f"... {report.walked} keys walked, {report.indexed} indexed; to resume: --cursor "
+                  f"{report.resume_cursor}", flush=True)
+
+    try:
+        report = await store.backfill_finished_index(
+            cursor=args.cursor, key_count_max=args.key_count_max, scan_count=args.scan_count,
+            dry_run=args.dry_run, on_batch=progress,
+        )
+    finally:
+        await store.close()
+    return report
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -1028,6 +1122,34 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", type=int, default=32, help="concurrent callers of the second run (default 32)")
     _add_storage_flags(bench)
     bench.set_defaults(handler=_storage_bench)
+
+    backfill = commands.add_parser(
+        BACKFILL_COMMAND, help="index the Redis records finished before the finished index existed",
+        description="Redis only (the other backends need none). Walk the database (SCAN MATCH cxtxn:* TYPE hash, "
+                    "Redis 6.0 or later) and add each record that is finished and no tombstone (an ABORT, or a "
+                    "COMMIT applied: a coordinator log's ABORTs only) to its log's finished index "
+                    "(cxtxn:{<log>}:~finished), which the nodes' scripts keep for what they write since the "
+                    "index came, and scripts of an earlier version did not. Each record is read again in the "
+                    "script that adds it, so it is safe while nodes run, and to run again. A run stops at "
+                    "--key-count-max and says the cursor to resume from. Exit 0 done (or stopped at the bound), "
+                    "1 storage unreachable or failing, 2 bad input (nothing opened). On a Redis Cluster, run it "
+                    "against each primary.",
+    )
+    backfill.add_argument("--backend", choices=BACKENDS,
+                          help="storage backend (default: redis, or CORNUS_STORAGE_BACKEND without --redis-url); "
+                               "any but redis is refused")
+    backfill.add_argument("--dry-run", action="store_true", help="count what would be indexed, write nothing")
+    backfill.add_argument("--cursor", type=int, default=0,
+                          help="SCAN cursor to resume from, as an earlier run printed it (default 0: the start)")
+    # Defaults None, the store's applied by the handler: importing the Redis store (and redis-py)
+    # to build the parser would slow every command, the image's healthcheck among them. The
+    # numbers in the help are the store's (a test checks).
+    backfill.add_argument("--key-count-max", type=int,
+                          help="stop once this many record keys were walked (default 1,000,000)")
+    backfill.add_argument("--scan-count", type=int,
+                          help="keys each SCAN looks at, its COUNT (default 1,000, at most 10,000)")
+    _add_storage_flags(backfill)
+    backfill.set_defaults(handler=_storage_backfill_finished_index)
 
     serve = commands.add_parser("serve", help="run one node")
     serve.add_argument("--config", help="TOML config file (see cornus/runtime/config.py)")

@@ -24,11 +24,16 @@ in a coordinator's log only its ABORTs, its COMMIT never being applied), which
 atomic step (`_SYNC_INDEX`), yet it is a hint: the scan reads each record again and returns it only
 if it is still finished and has no expiry, and removes members whose record is gone or is no longer
 so (`_PRUNE_FINISHED`: a record deleted by a script of an earlier version, which knew no such
-index, during a rollout). Nothing indexes the records finished before this index existed: no
-scan lists them until a backfill does (the design's `cornus storage backfill-finished-index`, not
-built yet). During a rollout the scripts of the earlier version neither add nor remove members: a
-record they finish is left out until that backfill, and a member whose record they deleted or
-made a tombstone is pruned by the next scan that meets it.
+index, during a rollout). During a rollout the scripts of the earlier version neither add nor
+remove members: a record they finish is left out, and a member whose record they deleted or made a
+tombstone is pruned by the next scan that meets it. The records finished before the index existed,
+or by those scripts, are in no scan until the backfill adds them: `backfill_finished_index`
+(`cornus storage-backfill-finished-index`), run once every node runs these scripts. It walks the
+keyspace with SCAN MATCH `cxtxn:*` TYPE hash, a batch at a time, and runs `_BACKFILL_FINISHED`
+per log on each batch (a script's keys share the log's slot), which reads each record again with
+`_SYNC_INDEX`'s own rule and adds it only if it is finished and has no expiry. A node's script
+changes a record either before that atomic step or after it, and then keeps the index in step
+itself, so the backfill is safe beside running nodes; it only adds, so it is safe to run again.
 
 The identity registry: Redis cannot list hash keys by a prefix without walking the whole keyspace
 (SCAN), so the ids of the nodes that ever took an identity are also kept in one sorted set at
@@ -77,13 +82,16 @@ loss, which the mark only stops the running nodes from building on.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -112,6 +120,7 @@ from storage_adapters.contract import (
     identity_name,
     is_identity,
     is_unfinished,
+    validate_txn,
 )
 from storage_adapters.errors import (
     DecisionFlipRefused,
@@ -119,6 +128,7 @@ from storage_adapters.errors import (
     InvariantViolation,
     StorageError,
     StorageUnavailable,
+    ValidationError,
 )
 from storage_adapters.redis_server_check import ServerCheck
 from storage_adapters.resp_pipe import ConnectCheck, NotReplicated, RespAddress, RespPipe, not_serving
@@ -145,6 +155,22 @@ CONNECTION_COUNT_MAX = 64
 # Records a scan reads in one round trip: a page of large ones stops reading once it holds
 # SCAN_PAGE_BYTES_MAX (contract), instead of having read them all.
 SCAN_READ_CHUNK_COUNT = 64
+# The backfill of the finished index (the module docstring). Keys one SCAN asks Redis to look at
+# (its COUNT, a hint: a hash bucket's keys come back together, so a batch may hold a few more): the
+# default, and the most, since one batch's records are re-checked by scripts that hold the server.
+BACKFILL_SCAN_COUNT_DEFAULT = 1_000
+BACKFILL_SCAN_COUNT_MAX = 10_000
+# Record keys one run walks unless told otherwise (some minutes' work), and the most it may be told:
+# a run stops at the first batch that reaches its bound, and says where the next one resumes.
+BACKFILL_KEY_COUNT_DEFAULT = 1_000_000
+BACKFILL_KEY_COUNT_MAX = 1_000_000_000
+# SCANs one run makes at most: a keyspace mostly of data keys gives batches of few records or none,
+# which the key bound does not stop; with COUNT 1,000 this is a billion keys looked at.
+BACKFILL_SCAN_CALL_COUNT_MAX = 1_000_000
+# Records one backfill script re-checks at most: Redis serves nothing else while a script runs.
+BACKFILL_SCRIPT_KEY_COUNT_MAX = 256
+# SCAN's cursor is an unsigned 64-bit integer.
+SCAN_CURSOR_MAX = 2**64 - 1
 log = logging.getLogger("cornus.storage.redis")
 
 TXN_PREFIX = "cxtxn"
@@ -327,6 +353,38 @@ for i = 1, #ARGV do
   if is_finished then redis.call('ZADD', KEYS[1], 0, ARGV[i]) else redis.call('ZREM', KEYS[1], ARGV[i]) end
 end
 return #ARGV
+"""
+
+# The backfill of records finished before the finished index existed (the module docstring):
+# each record a SCAN met is read again here, in the same atomic step as its ZADD, by `belongs`, the
+# very rule every script keeps the index by, so a record a node's script changed since the SCAN is
+# judged as it is now, and one it changes later is moved by that script. Only adds: a member that
+# is stale is the scan's to prune. KEYS: the finished index, then records of its log. ARGV: each
+# record's txn, then '1' for a dry run (nothing written). Replies the counts of the records indexed
+# (or, dry, that would be), already members, unfinished, tombstones (finished, with an expiry),
+# and others (gone since the SCAN, or a hash without a state: no record). Sent without _DEADLINE,
+# and without a WAIT in durability "replicas:N", as _PRUNE_FINISHED is: it only brings the index in
+# line with the records, whenever it lands, and a member a failover loses is left out as before.
+_BACKFILL_FINISHED = _SYNC_INDEX + """
+local dry = table.remove(ARGV) == '1'
+local counts = {0, 0, 0, 0, 0}
+for i = 1, #ARGV do
+  local is_unfinished, is_finished = belongs(KEYS[i + 1])
+  local outcome = 5
+  if is_finished then
+    local added
+    if dry then added = not redis.call('ZSCORE', KEYS[1], ARGV[i]) else
+      added = redis.call('ZADD', KEYS[1], 'NX', 0, ARGV[i]) == 1
+    end
+    outcome = added and 1 or 2
+  elseif is_unfinished then
+    outcome = 3
+  elseif redis.call('HEXISTS', KEYS[i + 1], 'state') == 1 then
+    outcome = 4
+  end
+  counts[outcome] = counts[outcome] + 1
+end
+return counts
 """
 
 # A record's read in durability "replicas:N" (the module docstring says why it writes).
@@ -533,6 +591,100 @@ def _finished_record(log: LogId, txn: str, values: Sequence[bytes | None], ttl_m
     )
 
 
+@dataclass(frozen=True, slots=True)
+class FinishedBackfill:
+    """What `RedisStore.backfill_finished_index` did: the record keys its SCANs returned (`walked`;
+    a key SCAN returns twice, as it may across a rehash, counts twice), and what became of each:
+    added to its log's finished index (in a dry run, would have been), a member already, or
+    skipped: unfinished (a vote, a COMMIT not applied, any COMMIT of a coordinator's log), a
+    tombstone, or other (gone since the SCAN, the cluster record, a hash under the prefix that is no
+    record). `resume_cursor`: where the next run goes on, None once the walk reached the end."""
+
+    walked: int = 0
+    indexed: int = 0
+    already_indexed: int = 0
+    unfinished: int = 0
+    tombstones: int = 0
+    other: int = 0
+    resume_cursor: int | None = None
+
+    @property
+    def skipped(self) -> int:
+        return self.unfinished + self.tombstones + self.other
+
+    def plus(self, batch: FinishedBackfill, resume_cursor: int | None) -> FinishedBackfill:
+        """This run's counts with `batch`'s added, going on from `resume_cursor`."""
+        return FinishedBackfill(
+            self.walked + batch.walked, self.indexed + batch.indexed, self.already_indexed + batch.already_indexed,
+            self.unfinished + batch.unfinished, self.tombstones + batch.tombstones, self.other + batch.other,
+            resume_cursor,
+        )
+
+
+def validate_backfill(cursor: object, key_count_max: object, scan_count: object) -> None:
+    """ValidationError unless the bounds of a backfill run are usable (before any I/O)."""
+    for name, value, low, high in (("cursor", cursor, 0, SCAN_CURSOR_MAX),
+                                   ("key_count_max", key_count_max, 1, BACKFILL_KEY_COUNT_MAX),
+                                   ("scan_count", scan_count, 1, BACKFILL_SCAN_COUNT_MAX)):
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ValidationError(f"{name} must be an integer in {low}..{high}, got {value!r}")
+
+
+def _url_options(connection_class: type) -> frozenset[str]:
+    """The query options a Redis URL may carry: redis-py hands each to its connection pool and
+    connection classes as a keyword, and one none of them takes fails at the first connection with
+    a TypeError, long after the URL was read."""
+    names: set[str] = set()
+    for cls in (*connection_class.__mro__, aioredis.BlockingConnectionPool, aioredis.ConnectionPool):
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            names.update(name for name, parameter in inspect.signature(init).parameters.items()
+                         if parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD))
+    return frozenset(names - {"self"})
+
+
+def validate_url(url: str) -> None:
+    """ValidationError, naming no credentials, unless redis-py can take `url`: the scheme, the
+    port, a database number, known options. What it cannot tell: whether the server answers, or has
+    that database."""
+    try:
+        address = parse_url(url)
+    except ValueError as error:
+        raise ValidationError(f"redis URL: {error}") from None
+    parts = urlsplit(url)
+    database = parts.path.strip("/")
+    if parts.scheme != "unix" and database and not (database.isascii() and database.isdigit()):
+        raise ValidationError(f"redis URL: the database must be a number, got {database!r}")
+    known = _url_options(address.get("connection_class", aioredis.Connection))
+    unknown = sorted({name for name, _ in parse_qsl(parts.query)} - known - {"db"})
+    if unknown:
+        raise ValidationError(f"redis URL: unknown option(s) {', '.join(unknown)}")
+
+
+def _finished_key_of_record(key: bytes) -> tuple[str, str] | None:
+    """The finished index and txn id of the record at `key`, which a SCAN of `cxtxn:*` returned;
+    None where it is no record of a partition's or coordinator's log (a hash of another program, the
+    cluster record, whose log keeps no finished index)."""
+    try:
+        text = key.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    prefix = f"{TXN_PREFIX}:{{"
+    tag_end = text.find("}", len(prefix))
+    if not text.startswith(prefix) or tag_end < 0:
+        return None
+    kind, _, name = text[len(prefix):tag_end].partition(".")
+    txn = text[tag_end + 2:]
+    try:
+        log = {"p": LogId.partition, "c": LogId.coordinator}[kind](name)
+        validate_txn(txn)
+    except (KeyError, ValidationError):
+        return None
+    if _record_key(log, txn) != text:  # the separator after the tag, a name that formats otherwise
+        return None
+    return _finished_key(log), txn
+
+
 class RedisStore(LogStore):
     """LogStore over Redis. Open with `await RedisStore.open("redis://127.0.0.1:6379/0")`."""
 
@@ -557,6 +709,7 @@ class RedisStore(LogStore):
         self._delete_many_script = client.register_script(_DEADLINE + _DELETE_MANY)
         self._read_replicated_script = client.register_script(_DEADLINE + _READ_REPLICATED)
         self._prune_finished_script = client.register_script(_PRUNE_FINISHED)
+        self._backfill_finished_script = client.register_script(_BACKFILL_FINISHED)
         # With the deadline every write carries (found by audit: a take its node was told failed
         # landed later, naming a node that served nothing, or deposing a live process).
         self._write_owner_script = client.register_script(_DEADLINE + _WRITE_OWNER)
@@ -575,6 +728,11 @@ class RedisStore(LogStore):
         # new connection found it gone, why every call is refused.
         self._mark: bytes | None = None
         self._lost: str | None = None
+
+    @property
+    def where(self) -> str:
+        """The server as messages name it: host, port and database, no credentials."""
+        return self._where
 
     @property
     def _calls_bounded_by_io(self) -> frozenset[str]:  # type: ignore[override]
@@ -962,6 +1120,69 @@ class RedisStore(LogStore):
         keys = [_finished_key(log), *(record_prefix + txn for txn in txns)]
         pruned = await self._prune_finished_script(keys=keys, args=list(txns))
         assert pruned == len(txns), (pruned, txns)
+
+    async def backfill_finished_index(
+        self, *, cursor: int = 0, key_count_max: int = BACKFILL_KEY_COUNT_DEFAULT,
+        scan_count: int = BACKFILL_SCAN_COUNT_DEFAULT, dry_run: bool = False,
+        on_batch: Callable[[FinishedBackfill], None] | None = None,
+    ) -> FinishedBackfill:
+        """Add to its log's finished index every record that is finished and no tombstone and is
+        not a member yet: the records finished by scripts of an earlier version (the module
+        docstring). Walks the keyspace from `cursor` (0: the start) with SCAN MATCH `cxtxn:*` TYPE
+        hash (Redis 6.0 or later), `scan_count` keys looked at a call, and stops at the walk's end
+        or at the first batch that brings its records to `key_count_max`, saying where to resume.
+        Each batch's records are re-checked and added by scripts of `BACKFILL_SCRIPT_KEY_COUNT_MAX`
+        records of one log each (one hash slot), all sent in one pipeline; `dry_run` only counts.
+        Safe beside running nodes, and to run again: see `_BACKFILL_FINISHED`. Every round trip
+        has the store's call deadline; `on_batch` hears the run's counts after each batch.
+
+        It walks the server the URL names: on a Redis Cluster, run it against each primary."""
+        validate_backfill(cursor, key_count_max, scan_count)
+        report = FinishedBackfill(resume_cursor=cursor)
+        match = f"{TXN_PREFIX}:*"
+        for _ in range(BACKFILL_SCAN_CALL_COUNT_MAX):
+            self._refuse_if_lost()
+            cursor, keys = await self._bounded(
+                self._client.scan(cursor, match=match, count=scan_count, _type="hash"), "backfill SCAN"
+            )
+            batch = await self._backfill_keys(keys, dry_run)
+            report = report.plus(batch, cursor or None)
+            if on_batch is not None:
+                on_batch(report)
+            if report.resume_cursor is None or report.walked >= key_count_max:
+                break
+        return report
+
+    async def _backfill_keys(self, keys: Sequence[bytes], dry_run: bool) -> FinishedBackfill:
+        """The backfill of the record keys a SCAN returned (`_BACKFILL_FINISHED`), in one pipeline
+        within the call deadline; the counts of the batch."""
+        by_index: dict[str, list[str]] = {}
+        other = 0
+        for key in keys:
+            found = _finished_key_of_record(key)
+            if found is None:
+                other += 1
+            else:
+                by_index.setdefault(found[0], []).append(found[1])
+        counts = [0, 0, 0, 0, 0]
+        if by_index:
+            counts = await self._bounded(self._backfill_chunks(by_index, dry_run), "backfill")
+        indexed, already_indexed, unfinished, tombstones, others = counts
+        assert indexed + already_indexed + unfinished + tombstones + others + other == len(keys), (counts, keys)
+        return FinishedBackfill(len(keys), indexed, already_indexed, unfinished, tombstones, others + other)
+
+    async def _backfill_chunks(self, by_index: dict[str, list[str]], dry_run: bool) -> list[int]:
+        """One script per chunk of a log's txns, pipelined; the counts summed."""
+        flag = "1" if dry_run else "0"
+        pipe = self._client.pipeline(transaction=False)
+        for finished_key, txns in by_index.items():
+            record_prefix = finished_key[: -len(_FINISHED)]
+            for first in range(0, len(txns), BACKFILL_SCRIPT_KEY_COUNT_MAX):
+                chunk = txns[first:first + BACKFILL_SCRIPT_KEY_COUNT_MAX]
+                keys = [finished_key, *(record_prefix + txn for txn in chunk)]
+                await self._backfill_finished_script(keys=keys, args=[*chunk, flag], client=pipe)
+        replies = await pipe.execute()
+        return [sum(int(reply[i]) for reply in replies) for i in range(5)]
 
     async def _read_data(self, partition: str, keys: tuple[str, ...]) -> dict[str, bytes | None]:
         if not keys:
