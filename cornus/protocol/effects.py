@@ -108,6 +108,19 @@ class ScanLog:
 
 
 @dataclass(frozen=True, slots=True)
+class ScanFinished:
+    """One page of a log's finished records that are not tombstones, whose txn sorts after
+    `after` (LogStore.scan_finished_page), for a sweeper (cornus.protocol.sweeper); answered by
+    FinishedScanned, which tells the wall clock (ms) at which the call left: the sweeper judges
+    the records' age by it, since the core reads no clock."""
+
+    owner: str
+    log: LogId
+    after: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
 class ListIdentities:
     """One page of the ids of the nodes that ever took an identity in storage, sorted, strictly
     after `after`; answered by IdentitiesListed. A page shorter than `limit` is the last. Recovery
@@ -283,7 +296,7 @@ class Deposed:
 
 
 Effect = (
-    Send | LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog | ListIdentities | Reply | StartTimer
-    | CancelTimer | ReleaseLocks | LocksPrepared | RetakeLocks | CacheRedo | Decided | TerminationStarted
+    Send | LogOnce | Log | ApplyRedo | DeleteRecord | ReadRecord | ScanLog | ScanFinished | ListIdentities | Reply
+    | StartTimer | CancelTimer | ReleaseLocks | LocksPrepared | RetakeLocks | CacheRedo | Decided | TerminationStarted
     | TerminationEnded | RecoveryFinished | TakeIdentity | CheckIdentity | ConfirmIdentity | Deposed
 )

@@ -16,6 +16,7 @@ from cornus.protocol.effects import (
     LogCall,
     LogOnce,
     ReadRecord,
+    ScanFinished,
     ScanLog,
     StorageCall,
     Timer,
@@ -164,6 +165,24 @@ class ScanReturned(_Answer):
 
 
 @dataclass(frozen=True, slots=True)
+class FinishedScanned:
+    """The answer to ScanFinished, with the wall clock (ms) of the node as the call left: every
+    record the page holds was written before then."""
+
+    call: ScanFinished
+    result: ScanPage | StorageUnreachable
+    sent_ms: int
+
+    @property
+    def txn(self) -> str:
+        return ""  # a scan belongs to no transaction
+
+    @property
+    def host(self) -> str:
+        return self.call.owner
+
+
+@dataclass(frozen=True, slots=True)
 class IdentitiesListed:
     """The answer to ListIdentities: node ids, ascending, or StorageUnreachable."""
 
@@ -252,7 +271,8 @@ class IdentityChecked:
 
 Event = (
     CommitRequested | ExecuteFailed | Executed | MessageReceived | LogReturned | ApplyReturned | DeleteReturned
-    | RecordRead | ScanReturned | IdentitiesListed | TimerFired | Recovered | IdentityTaken | IdentityChecked
+    | RecordRead | ScanReturned | FinishedScanned | IdentitiesListed | TimerFired | Recovered | IdentityTaken
+    | IdentityChecked
 )
 
 # Answers to storage calls, and the state a plain Log answers with.

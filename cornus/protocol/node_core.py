@@ -19,7 +19,7 @@ Partitions come and go with ownership (cornus.protocol.ownership): one taken aft
 recovery of its own (`add_partition`), under the same rule until it finishes; one lost is dropped
 with its machines (`drop_partition`), since its next owner recovers them from its log.
 
-Given a `SweepConfig` (off by default: the runtime does not drive `ScanFinished` yet), the core
+Given a `SweepConfig` (the runtime's when its sweep_interval_ms is set; off by default), the core
 also runs a Sweeper (cornus.protocol.sweeper) per recovered partition it holds and one for its own
 coordinator log, started once their recovery finished and dropped with the partition; their calls
 and timers are owned by `sweeper_owner(log)`, which `partition_of` maps to the partition, so the
@@ -40,6 +40,7 @@ from cornus.protocol.events import (
     IDENTITY,
     DeleteReturned,
     Event,
+    FinishedScanned,
     IdentityTaken,
     MessageReceived,
     RecordRead,
@@ -51,7 +52,7 @@ from cornus.protocol.hosts import CoordinatorFactory, CoordinatorHost, Participa
 from cornus.protocol.messages import Decision, Message, Prepare, ReleaseReadOnly
 from cornus.protocol.participant_base import Phase
 from cornus.protocol.recovery import RECOVERY, Recovery
-from cornus.protocol.sweeper import SWEEP, FinishedScanned, SweepConfig, Sweeper, sweep_age_problem, sweeper_owner
+from cornus.protocol.sweeper import SWEEP, SweepConfig, Sweeper, sweep_age_problem, sweeper_owner
 from storage_adapters.contract import LogId, LogKind, TxnState
 
 
@@ -84,7 +85,7 @@ class NodeCore:
         if sweep is not None:
             problem = sweep_age_problem(sweep, config)
             assert not problem, problem
-        # None: no sweeper runs, and the core emits no ScanFinished (the runtime's case, for now).
+        # None: no sweeper runs, and the core emits no ScanFinished (the runtime by default).
         self.sweep = sweep
         partitions = tuple(partitions)
         # Hosts are addressed by name; a node named like a partition would be ambiguous.

@@ -36,8 +36,18 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from cornus.protocol.effects import ApplyRedo, DeleteRecord, Log, LogOnce, ReadRecord, ScanLog, StorageCall, Timer
-from cornus.protocol.sweeper import ScanFinished, sweeper_owner
+from cornus.protocol.effects import (
+    ApplyRedo,
+    DeleteRecord,
+    Log,
+    LogOnce,
+    ReadRecord,
+    ScanFinished,
+    ScanLog,
+    StorageCall,
+    Timer,
+)
+from cornus.protocol.sweeper import sweeper_owner
 from storage_adapters.contract import IDENTITY_PREFIX, LogKind, Ownership, OwnerWriteResult, identity_name
 
 # The owner of ownership's calls, for logs and counters; '~' names no partition or node.

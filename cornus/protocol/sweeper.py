@@ -29,12 +29,12 @@ grace, so that the tombstone outlasts what the status call counts on (status.kep
 Bounded: `page_count_max` records a page, `pages_per_pass_max` pages a pass, one page's calls in
 flight at once; storage that does not answer ends the pass (the next one tries again).
 
-Status (step 6): NodeCore runs a sweeper per recovered partition and one for its own coordinator
-log when handed a SweepConfig (off by default), and the simulator explores them
-(cornus/sim/sweeps.py: every tombstone checked by an oracle against every record, machine and call
-of the world, a leak check at the end; tests/protocol/test_sweep_schedules.py). It found the age
-rule short twice, mended in `sweep_age_ms_min`. No runtime node sweeps yet: the runtime must drive
-`ScanFinished` and fence its writes first (step 7).
+Status (step 7): NodeCore runs a sweeper per recovered partition and one for its own coordinator
+log when handed a SweepConfig, and the simulator explores them (cornus/sim/sweeps.py: every
+tombstone checked by an oracle against every record, machine and call of the world, a leak check
+at the end; tests/protocol/test_sweep_schedules.py). It found the age rule short twice, mended in
+`sweep_age_ms_min`. A runtime node sweeps when its sweep_interval_ms is set (RuntimeLimits: off by
+default; tests/cluster/test_sweeper.py).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from cornus.protocol import txn_ids
 from cornus.protocol.backoff import JitterSource
 from cornus.protocol.config import Protocol, ProtocolConfig
-from cornus.protocol.effects import DeleteRecord, ReadRecord, StartTimer, Timer
-from cornus.protocol.events import DeleteReturned, RecordRead, StorageUnreachable, TimerFired
+from cornus.protocol.effects import DeleteRecord, ReadRecord, ScanFinished, StartTimer, Timer
+from cornus.protocol.events import DeleteReturned, FinishedScanned, RecordRead, StorageUnreachable, TimerFired
 from cornus.protocol.status import late_vote_ms, requests_window_ms
 from storage_adapters.contract import (
     SCAN_PAGE_COUNT_MAX,
@@ -56,7 +56,6 @@ from storage_adapters.contract import (
     LogId,
     LogKind,
     Record,
-    ScanPage,
     Tombstone,
     TxnState,
 )
@@ -108,10 +107,9 @@ def tombstone_keep_ms(config: ProtocolConfig) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SweepConfig:
-    """How a node sweeps. Not a ProtocolConfig field on purpose: the runtime takes every one of
-    those from its users' configuration, and it does not drive `ScanFinished` yet (step 7), so no
-    setting may turn sweeping on there. NodeCore sweeps only when handed one of these (the
-    simulator does), and refuses one whose age is below `sweep_age_ms_min` (`sweep_age_problem`)."""
+    """How a node sweeps: the runtime's NodeConfig.sweep_config (from RuntimeLimits' sweep_*
+    settings), the simulator's sweep schedules. NodeCore sweeps only when handed one, and refuses
+    one whose age is below `sweep_age_ms_min` (`sweep_age_problem`)."""
 
     age_ms: int  # at least sweep_age_ms_min
     interval_ms: int  # between passes (jittered by INTERVAL_JITTER_SHARE)
@@ -134,32 +132,6 @@ def sweep_age_problem(sweep: SweepConfig, config: ProtocolConfig) -> str:
         return (f"sweep age_ms {sweep.age_ms} is below {age_ms_min}: a write of a transaction that old may still "
                 "land (a coordinator's termination, a late vote, a manual resolve)")
     return ""
-
-
-@dataclass(frozen=True, slots=True)
-class ScanFinished:
-    """One page of a log's finished records (LogStore.scan_finished_page); answered by
-    FinishedScanned, with the wall clock (ms) at which the call left."""
-
-    owner: str
-    log: LogId
-    after: str
-    limit: int
-
-
-@dataclass(frozen=True, slots=True)
-class FinishedScanned:
-    call: ScanFinished
-    result: ScanPage | StorageUnreachable
-    sent_ms: int
-
-    @property
-    def txn(self) -> str:
-        return ""  # a scan belongs to no transaction
-
-    @property
-    def host(self) -> str:
-        return self.call.owner
 
 
 class Skipped(enum.StrEnum):

@@ -66,6 +66,7 @@ from cornus.protocol.config import (
 from cornus.protocol.locks import Policy
 from cornus.protocol.ownership import OwnershipConfig, placement
 from cornus.protocol.status import late_vote_ms, late_votes_meet_their_tombstone
+from cornus.protocol.sweeper import SweepConfig, sweep_age_ms_min
 from cornus.runtime.keys import partition_names
 from cornus.runtime.peer_tls import PeerTlsConfig
 from storage_adapters.contract import (
@@ -136,6 +137,16 @@ class RuntimeLimits:
     # for ever. Above the default gc_grace_ms (12 s); the chart's terminationGracePeriodSeconds
     # counts on the default. 0: no wait (storage thrown away after, as the bench's).
     timeout_ms_stop_collect: int = 15_000
+    # How often the holder of each partition, and each node for its own coordinator log, walks
+    # that log's finished records and collects those a coordinator killed within its grace, or a
+    # transaction finished by termination, left behind for good (cornus.protocol.sweeper,
+    # docs/sweeper-design.md), with a fenced tombstone each. 0: nothing sweeps. Off by default
+    # until the sweeper has run in production-like clusters for longer than the tests do.
+    sweep_interval_ms: int = 0
+    # How old a finished record must be before a sweeper collects it. 0: the least the other
+    # settings allow (sweeper.sweep_age_ms_min: past every write that may still reach the record,
+    # and past what the status call counts on); a value set may not be below that.
+    sweep_age_ms: int = 0
 
     def __post_init__(self) -> None:
         assert set(_LIMIT_MAX) == {item.name for item in dataclasses.fields(self)}, "a limit without a maximum"
@@ -172,9 +183,12 @@ _LIMIT_MAX = {
     "txn_partition_count_max": PARTICIPANT_COUNT_MAX,
     # Past a minute a stop outlives any supervisor's patience (the chart's grace period).
     "timeout_ms_stop_collect": 60_000,
+    "sweep_interval_ms": TIMER_MS_MAX,
+    # Records are compared with it, not a timer: as long as a tombstone may be kept.
+    "sweep_age_ms": TOMBSTONE_KEEP_MS_MAX,
 }
 # Limits that may be 0 (every other is at least 1).
-_LIMIT_MIN = {"timeout_ms_stop_collect": 0}
+_LIMIT_MIN = {"timeout_ms_stop_collect": 0, "sweep_interval_ms": 0, "sweep_age_ms": 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +258,15 @@ class NodeConfig:
                 "requests land"
             )
         _check_late_votes(self.limits, self.protocol_config)
+        sweep = self.sweep_config
+        age_ms_min = sweep_age_ms_min(self.protocol_config, self.limits.timeout_ms_peer_request)
+        if sweep is not None and sweep.age_ms < age_ms_min:
+            # NodeCore asserts the same (sweeper.sweep_age_problem): said here in the settings' names.
+            raise ValidationError(
+                f"sweep_age_ms is {sweep.age_ms}, below {age_ms_min}: a write of a transaction that old may still "
+                "land (a coordinator's termination, a late vote, a manual resolve), or the status call still counts "
+                "on its records; set it to at least that, or to 0 for the least allowed"
+            )
         for partition, owner in self.partition_owners.items():
             validate_id(partition, "partition", LOG_NAME_LENGTH_MAX)
             if partition not in self.partitions:
@@ -254,6 +277,16 @@ class NodeConfig:
     @property
     def partitions(self) -> tuple[str, ...]:
         return partition_names(self.partition_count)
+
+    @property
+    def sweep_config(self) -> SweepConfig | None:
+        """How this node sweeps (None: it does not, sweep_interval_ms 0)."""
+        limits = self.limits
+        if not limits.sweep_interval_ms:
+            return None
+        request_ms = limits.timeout_ms_peer_request
+        age_ms = limits.sweep_age_ms or sweep_age_ms_min(self.protocol_config, request_ms)
+        return SweepConfig(age_ms=age_ms, interval_ms=limits.sweep_interval_ms, timeout_ms_request=request_ms)
 
     def preferred_owner(self, partition: str) -> str:
         """The node that should hold `partition` while it is alive (who holds it is in storage)."""

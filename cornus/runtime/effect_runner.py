@@ -38,6 +38,7 @@ from cornus.protocol.effects import (
     ReleaseLocks,
     Reply,
     RetakeLocks,
+    ScanFinished,
     ScanLog,
     Send,
     StartTimer,
@@ -49,6 +50,7 @@ from cornus.protocol.effects import (
 )
 from cornus.protocol.events import (
     Event,
+    FinishedScanned,
     IdentitiesListed,
     LogReturned,
     StorageUnreachable,
@@ -64,7 +66,7 @@ from cornus.runtime.timers import TimerTable
 from cornus.runtime.timing import TimingLog
 from cornus.runtime.transport import Transport
 from cornus.runtime.wire import Routed
-from storage_adapters.contract import Fence, LogKind, TxnState
+from storage_adapters.contract import Fence, LogKind, ScanPage, TxnState
 from storage_adapters.errors import Fenced, InvariantViolation, StorageUnavailable
 from storage_adapters.store import CallDeadline, LogStore, call_deadline_at
 
@@ -147,6 +149,7 @@ class EffectRunner:
             Send: self._send,
             **dict.fromkeys((LogOnce, Log, ApplyRedo, DeleteRecord, ReadRecord, ScanLog), self._storage),
             ListIdentities: self._list_identities,
+            ScanFinished: self._scan_finished,
             StartTimer: self._start_timer,
             CancelTimer: self._cancel_timer,
             ReleaseLocks: self._release_locks,
@@ -344,6 +347,28 @@ class EffectRunner:
         if isinstance(result, StorageUnreachable):
             self.counters["storage_unavailable"] += 1
         self.feed(IdentitiesListed(call, result))
+
+    def _scan_finished(self, effect: ScanFinished) -> None:
+        flight = _Flight(effect.owner, None)  # a read: no fence, and a lease is no condition
+        self._track(self._running_loop().create_task(self._scan_finished_call(effect, flight)), flight)
+
+    async def _scan_finished_call(self, call: ScanFinished, flight: _Flight) -> None:
+        # The wall clock before the call leaves: every record the page holds was written before
+        # it, and the sweeper judges their age by it (the core reads no clock).
+        sent_ms = int(time.time() * 1000)
+        result: ScanPage | StorageUnreachable
+        try:
+            result = await self.store.scan_finished_page(call.log, call.limit, call.after)
+        except StorageUnavailable as error:
+            result = StorageUnreachable(str(error))
+        except InvariantViolation as error:
+            fatal(f"storage refused {call!r}: {error}")
+            return
+        if flight.dropped or self.stopped:
+            return  # its partition was dropped (a later take starts a sweeper of its own), or the node stopped
+        if isinstance(result, StorageUnreachable):
+            self.counters["storage_unavailable"] += 1
+        self.feed(FinishedScanned(call, result, sent_ms))
 
     async def _apply(self, call: ApplyRedo, fence: Fence) -> Event:
         self.failpoints.hit("participant.before_apply")

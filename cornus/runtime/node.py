@@ -39,6 +39,7 @@ from cornus.protocol.locks import Policy
 from cornus.protocol.messages import Prepare, ReleaseReadOnly
 from cornus.protocol.node_core import ExecuteRefusal, NodeCore, recovery_owner
 from cornus.protocol.ownership import Lost, OwnershipMachine
+from cornus.protocol.sweeper import sweeper_owner
 from cornus.runtime import cluster_record, patience
 from cornus.runtime.admin import Admin, PartitionInfo, TxnInfo
 from cornus.runtime.config import NodeConfig
@@ -67,7 +68,7 @@ from cornus.runtime.wire import (
     message_hosts,
     participants_problem,
 )
-from storage_adapters.contract import Ownership
+from storage_adapters.contract import LogId, Ownership
 from storage_adapters.errors import ValidationError
 from storage_adapters.store import LogStore
 
@@ -124,7 +125,7 @@ class Node:
         self.serving: dict[str, int] = {}
         self._partition_names = frozenset(config.partitions)
         jitter = random.Random(int.from_bytes(os.urandom(8), "big"))
-        self.core = NodeCore(self.node_id, (), config.peers, config.protocol_config, jitter)
+        self.core = NodeCore(self.node_id, (), config.peers, config.protocol_config, jitter, sweep=config.sweep_config)
         preferred = config.placement()
         self.ownership = OwnershipRuntime(
             self.node_id, store, OwnershipMachine(self.node_id, preferred, config.ownership), self.counters,
@@ -352,7 +353,7 @@ class Node:
         self.serving.pop(partition, None)
         if partition in self.core.partitions:
             self.core.drop_partition(partition)
-        self.runner.cancel_owned({partition, recovery_owner(partition)})
+        self.runner.cancel_owned({partition, recovery_owner(partition), sweeper_owner(LogId.partition(partition))})
         runtime = self.partitions.pop(partition, None)
         if runtime is not None:
             runtime.close()

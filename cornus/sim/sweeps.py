@@ -34,9 +34,9 @@ from typing import Any
 from cornus.protocol import status, txn_ids
 from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.coordinator_base import CoordPhase
-from cornus.protocol.effects import ApplyRedo, DeleteRecord, Log, LogOnce, StorageCall
+from cornus.protocol.effects import ApplyRedo, DeleteRecord, Log, LogOnce, ScanFinished, StorageCall
 from cornus.protocol.participant_base import ParticipantBase
-from cornus.protocol.sweeper import SWEEP, ScanFinished, SweepConfig, sweep_age_ms_min, tombstone_keep_ms
+from cornus.protocol.sweeper import SWEEP, SweepConfig, sweep_age_ms_min, tombstone_keep_ms
 from cornus.sim.execution_phase import TIMEOUT_MS_EXECUTE, CarriedRequest
 from cornus.sim.process import Node
 from cornus.sim.schedule import CLOCK_SLACK_MS, Abandon, Schedule

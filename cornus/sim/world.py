@@ -52,6 +52,7 @@ from cornus.protocol.effects import (
     ReleaseLocks,
     Reply,
     RetakeLocks,
+    ScanFinished,
     ScanLog,
     Send,
     StartTimer,
@@ -64,6 +65,7 @@ from cornus.protocol.effects import (
 from cornus.protocol.events import (
     CommitRequested,
     Event,
+    FinishedScanned,
     IdentityChecked,
     IdentityTaken,
     MessageReceived,
@@ -81,7 +83,6 @@ from cornus.protocol.ownership import fenced_partition, without_lease_may
 from cornus.protocol.participant_base import ParticipantBase, Phase
 from cornus.protocol.participant_blocking import CoordinatorLogParticipant
 from cornus.protocol.resolve import Resolver
-from cornus.protocol.sweeper import FinishedScanned, ScanFinished
 from cornus.protocol.txn_ids import PROTOCOL_TAGS, protocol_of
 from cornus.sim.execution_phase import EXECUTION_IDLE_MS, TIMEOUT_MS_EXECUTE, CarriedRequest, ExecutionPhase
 from cornus.sim.identities import Identities, ParkedProcess

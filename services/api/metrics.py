@@ -11,6 +11,8 @@
   the Node gets it, so protocol, recovery and data calls are all seen.
 - `cornus_node_events_total{event}`: the Node's own counters (storage_unavailable, recovered,
   cache_hits, cache_misses, ...).
+- `cornus_sweeper_events_total{event}`: what the node's sweepers (cornus.protocol.sweeper) did:
+  records swept, skipped by reason (young, running, voted, ...), scans unanswered.
 - `cornus_transport_events_total{event}`: frames and messages sent to and received from peers, and
   those a node addressed to itself (served in-process); `cornus bench` divides them by commits.
 
@@ -114,6 +116,9 @@ class Metrics:
                                               lambda: node.counters))
         self.registry.register(_EventCounters("cornus_transport_events", "Frames and messages between the nodes",
                                               node.transport.counts))
+        self.registry.register(_EventCounters("cornus_sweeper_events",
+                                              "What the node's sweepers did: records swept, skipped by reason",
+                                              lambda: node.core.sweep_counters))
         self.registry.register(_EventCounters("cornus_storage_housekeeping",
                                               "The store's own background work (Azure: its tombstone sweep)",
                                               node.store.housekeeping_counts))

@@ -11,6 +11,7 @@ the node does not know fails here rather than in a crash-looping pod.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ import yaml
 
 from cornus.protocol.config import OUTCOME_KEEP_MS_FLOOR, ProtocolConfig
 from cornus.protocol.ownership import OwnershipConfig
+from cornus.protocol.sweeper import sweep_age_ms_min
 from cornus.runtime.config import RuntimeLimits, load_node_config, timeout_maxima, timeout_names_all
 from services.client import ClientConfig
 from services.serve import SHUTDOWN_BUDGET_S, SHUTDOWN_BUDGET_S_BUT_COLLECT, STORAGE_OPEN_TIMEOUT_S
@@ -281,6 +283,8 @@ _KEEP_MS = OUTCOME_KEEP_MS_FLOOR
 _CALL_MS_FOR_DEFAULT_GRACE = (_PROTOCOL.gc_grace_ms - _PROTOCOL.clock_slack_ms) // 2
 _SLACK_MS_FOR_DEFAULT_GRACE = _PROTOCOL.gc_grace_ms - 2 * _CALL_MS
 _GRACE_MS_MIN = 2 * _CALL_MS + _PROTOCOL.clock_slack_ms
+_SWEEP_AGE_MS_MIN = sweep_age_ms_min(dataclasses.replace(_PROTOCOL, storage_deadline_ms=_CALL_MS),
+                                     _LIMITS.timeout_ms_peer_request)
 # (values beyond ci/redis-values.yaml, the word helm's refusal names, the word the node's does).
 TIMEOUT_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     # The combinations the audit found installing fine and crash-looping the pods.
@@ -352,6 +356,13 @@ TIMEOUT_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "a zero timeout": ({"timeouts": {"timeout_ms_prepare": 0}}, "timeout_ms_prepare", "timeout_ms_prepare"),
     # No lifecycle rule but Azure's bounds the keep: a week on Redis.
     "a week's outcome keep": ({"timeouts": {"outcome_keep_ms": 7 * 86_400_000}}, "", ""),
+    # A sweeper's age at its least and under it (sweeper.sweep_age_ms_min); unchecked while off.
+    "a sweep age at its least": ({"timeouts": {"sweep_interval_ms": 60_000, "sweep_age_ms": _SWEEP_AGE_MS_MIN}},
+                                 "", ""),
+    "a sweep age under its least": ({"timeouts": {"sweep_interval_ms": 60_000,
+                                                  "sweep_age_ms": _SWEEP_AGE_MS_MIN - 1}},
+                                    "sweep_age_ms", "sweep_age_ms"),
+    "a sweep age under its least, not sweeping": ({"timeouts": {"sweep_age_ms": _SWEEP_AGE_MS_MIN - 1}}, "", ""),
 }
 
 

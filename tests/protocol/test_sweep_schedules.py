@@ -22,10 +22,10 @@ import pytest
 from cornus.protocol import status, sweeper, txn_ids
 from cornus.protocol.config import Protocol, ProtocolConfig
 from cornus.protocol.coordinator_cornus import CornusCoordinator
-from cornus.protocol.effects import Effect, Send
+from cornus.protocol.effects import Effect, ScanFinished, Send
 from cornus.protocol.messages import Decision, Vote
 from cornus.protocol.node_core import NodeCore
-from cornus.protocol.sweeper import ScanFinished, SweepConfig, Sweeper, sweep_age_ms_min
+from cornus.protocol.sweeper import SweepConfig, Sweeper, sweep_age_ms_min
 from cornus.sim import sweeps
 from cornus.sim.explore import explore
 from cornus.sim.invariants import check

@@ -7,13 +7,11 @@ from __future__ import annotations
 import random
 
 from cornus.protocol.config import ProtocolConfig
-from cornus.protocol.effects import DeleteRecord, ReadRecord, StartTimer, Timer
-from cornus.protocol.events import DeleteReturned, RecordRead, StorageUnreachable, TimerFired
+from cornus.protocol.effects import DeleteRecord, ReadRecord, ScanFinished, StartTimer, Timer
+from cornus.protocol.events import DeleteReturned, FinishedScanned, RecordRead, StorageUnreachable, TimerFired
 from cornus.protocol.status import kept_window_ms, late_vote_ms, requests_window_ms
 from cornus.protocol.sweeper import (
     SWEEP_TIMER,
-    FinishedScanned,
-    ScanFinished,
     SweepConfig,
     Sweeper,
     sweep_age_ms_min,

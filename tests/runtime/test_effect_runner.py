@@ -13,15 +13,34 @@ import pytest
 
 from cornus.protocol import txn_ids
 from cornus.protocol.config import Protocol, ProtocolConfig
-from cornus.protocol.effects import CancelTimer, LogOnce, ReadRecord, ReleaseLocks, StartTimer, Timer
-from cornus.protocol.events import Event, StorageUnreachable, TimerFired
+from cornus.protocol.effects import (
+    CancelTimer,
+    DeleteRecord,
+    LogOnce,
+    ReadRecord,
+    ReleaseLocks,
+    ScanFinished,
+    StartTimer,
+    Timer,
+)
+from cornus.protocol.events import DeleteReturned, Event, FinishedScanned, StorageUnreachable, TimerFired
 from cornus.protocol.locks import Policy
+from cornus.protocol.sweeper import sweeper_owner
 from cornus.runtime import clocks
 from cornus.runtime.effect_runner import EffectRunner
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.partition import PartitionRuntime
 from cornus.runtime.timing import TimingLog
-from storage_adapters.contract import Fence, LogId, LogOnceResult, Record, RecordBody, TxnState
+from storage_adapters.contract import (
+    Fence,
+    LogId,
+    LogOnceResult,
+    Record,
+    RecordBody,
+    ScanPage,
+    Tombstone,
+    TxnState,
+)
 from storage_adapters.errors import Fenced, StorageUnavailable
 from storage_adapters.factory import StoreConfig, open_store
 from tests.unused_store import UnusedStore
@@ -55,6 +74,12 @@ class _HeldStore(UnusedStore):
 
     async def _read(self, log: LogId, txn: str) -> Record | None:
         return await self._held(None)
+
+    async def _scan_finished_page(self, log: LogId, limit: int, after: str) -> ScanPage:
+        return await self._held(None)
+
+    async def _delete(self, log: LogId, txn: str, fence: Fence | None, keep: Tombstone | None) -> bool:
+        return await self._held(fence)
 
 
 class _Harness:
@@ -351,3 +376,48 @@ async def test_a_timer_an_earlier_one_cancels_as_it_fires_does_not_fire(
     suspends.suspend(1_000)
     harness.runner.catch_up_after_suspend()
     assert harness.fed == [TimerFired(_timer("first"))] and not len(harness.runner.timers)
+
+
+SWEEPER = sweeper_owner(LogId.partition(PARTITION))
+
+
+async def test_a_sweepers_scan_is_answered_with_the_wall_clock_it_left_at(harness: _Harness) -> None:
+    """The sweeper judges the records' age by the clock as its scan left (the core reads none):
+    every record the page holds was written before it; unreachable storage is an answer too."""
+    scan = ScanFinished(SWEEPER, LogId.partition(PARTITION), "", 100)
+    for result in (ScanPage((), None), StorageUnavailable("storage went away")):
+        harness.store.arrived.clear()
+        before_ms = int(time.time() * 1000)
+        harness.runner.run([scan])
+        await asyncio.wait_for(harness.store.arrived.wait(), 5)
+        call = harness.store.calls[-1]
+        if isinstance(result, Exception):
+            call.set_exception(result)
+        else:
+            call.set_result(result)
+        await harness.settle()
+        answer = harness.fed[-1]
+        assert isinstance(answer, FinishedScanned) and answer.call == scan, answer
+        assert before_ms <= answer.sent_ms <= int(time.time() * 1000)
+        assert answer.result == result if not isinstance(result, Exception) else (
+            isinstance(answer.result, StorageUnreachable))
+
+
+async def test_a_dropped_sweepers_scan_is_cancelled_and_its_tombstones_carry_the_fence(harness: _Harness) -> None:
+    """A partition dropped takes its sweeper with it (Node._lost names the sweeper's owner): its
+    scan's answer must not reach the sweeper a later take starts. The tombstones it writes carry
+    the partition's fence, as its host's writes do: a deposed holder's are refused by storage."""
+    harness.runner.run([ScanFinished(SWEEPER, LogId.partition(PARTITION), "", 100)])
+    await asyncio.wait_for(harness.store.arrived.wait(), 5)
+    scan = harness.store.calls[-1]
+    harness.runner.cancel_owned({PARTITION, SWEEPER})
+    await harness.settle()
+    assert scan.cancelled() and harness.fed == []
+    harness.store.arrived.clear()
+    keep = Tombstone(TxnState.COMMIT, 60_000)
+    harness.runner.run([DeleteRecord(SWEEPER, LogId.partition(PARTITION), TXN, keep)])
+    await asyncio.wait_for(harness.store.arrived.wait(), 5)
+    assert harness.store.fences[-1] == FENCE
+    harness.store.calls[-1].set_result(True)
+    await harness.settle()
+    assert isinstance(harness.fed[-1], DeleteReturned)

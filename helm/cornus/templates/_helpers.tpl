@@ -255,7 +255,7 @@ node would refuse fails the install instead of crash-looping every pod. Single v
 at most a limit) are checked by values.schema.json. tests/deploy/test_helm_chart.py checks that
 helm refuses exactly the combinations the node refuses.
 */}}
-{{- $nodeDefaults := dict "clock_slack_ms" 1000 "gc_grace_ms" 12000 "backoff_ms_min" 10 "backoff_ms_max" 320 "timeout_ms_resend" 100 "lease_ms" 4000 "renew_interval_ms" 1000 "op_count_max" 1000 "txn_op_count_max" 10000 "outcome_keep_ms" 600000 "timeout_ms_peer_request" 2000 "timeout_ms_stop_collect" 15000 }}
+{{- $nodeDefaults := dict "clock_slack_ms" 1000 "gc_grace_ms" 12000 "backoff_ms_min" 10 "backoff_ms_max" 320 "timeout_ms_resend" 100 "lease_ms" 4000 "renew_interval_ms" 1000 "op_count_max" 1000 "txn_op_count_max" 10000 "outcome_keep_ms" 600000 "timeout_ms_peer_request" 2000 "timeout_ms_stop_collect" 15000 "timeout_ms_votes" 200 "coordinator_terminate_ms_max" 12000 "sweep_interval_ms" 0 "sweep_age_ms" 0 }}
 {{- $t := dict }}
 {{- range $name, $default := $nodeDefaults }}
 {{- $value := $default }}
@@ -319,6 +319,21 @@ ceiling: rendered, every node would fail on its first commit. */}}
 {{- end }}
 {{- if gt $lateVote (add $t.gc_grace_ms $keepMs) }}
 {{- fail (printf "timeouts.timeout_ms_peer_request is %d: a one-shot's vote may land up to %d ms after its begin, after its records were collected (gc_grace_ms %d) and its tombstone dropped (outcome_keep_ms %d): lower timeout_ms_peer_request or raise outcome_keep_ms" $t.timeout_ms_peer_request $lateVote $t.gc_grace_ms $keepMs) }}
+{{- end }}
+{{- /* A sweeper collects a record only once no write can still reach it and the status call no
+longer counts on it (cornus/protocol/sweeper.py sweep_age_ms_min): a Cornus coordinator's
+termination (a request's window, two vote waits, its bound, its last call), a late vote, the grace;
+then the slack twice more. 0 is the node's "the least allowed". */}}
+{{- if and (gt $t.sweep_interval_ms 0) (gt $t.sweep_age_ms 0) }}
+{{- $late := 0 }}
+{{- if has .Values.storage.backend (list "azure_blob" "dynamodb") }}
+{{- $late = 900000 }}
+{{- end }}
+{{- $terminations := add $t.timeout_ms_peer_request (mul 2 $t.clock_slack_ms) (mul 2 $t.timeout_ms_votes) $t.coordinator_terminate_ms_max (mul 2 $call) $t.clock_slack_ms $late }}
+{{- $ageMin := add (max $terminations $lateVote $t.gc_grace_ms) (mul 2 $t.clock_slack_ms) }}
+{{- if lt $t.sweep_age_ms $ageMin }}
+{{- fail (printf "timeouts.sweep_age_ms is %d, below %d: a write of a transaction that old may still land (a coordinator's termination, a late vote, a manual resolve), or the status call still counts on its records; set it to at least that, or to 0 for the least allowed" $t.sweep_age_ms $ageMin) }}
+{{- end }}
 {{- end }}
 {{- /* The release in the cluster, when there is one (lookup is empty under helm template). */}}
 {{- $previous := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "cornus.fullname" .) }}

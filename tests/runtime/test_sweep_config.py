@@ -1,0 +1,37 @@
+"""The node's sweep settings (RuntimeLimits.sweep_interval_ms, sweep_age_ms): off unless asked,
+the least allowed age when none is given, and an age below it refused at start, naming it."""
+
+from __future__ import annotations
+
+import pytest
+
+from cornus.protocol.sweeper import sweep_age_ms_min
+from cornus.runtime.config import load_node_config
+from storage_adapters.errors import ValidationError
+
+SETTINGS = {"node_id": "n0", "peers": "n0=127.0.0.1:7100", "partition_count": 2}
+
+
+def test_sweeping_is_off_unless_an_interval_is_set() -> None:
+    assert load_node_config(environ={}, overrides=SETTINGS).sweep_config is None
+    assert load_node_config(environ={}, overrides={**SETTINGS, "sweep_age_ms": 1}).sweep_config is None
+
+
+def test_an_interval_alone_sweeps_at_the_least_age_the_settings_allow() -> None:
+    config = load_node_config(environ={"CORNUS_SWEEP_INTERVAL_MS": "60000"}, overrides=SETTINGS)
+    sweep = config.sweep_config
+    assert sweep is not None and sweep.interval_ms == 60_000
+    assert sweep.age_ms == sweep_age_ms_min(config.protocol_config, config.limits.timeout_ms_peer_request)
+    assert sweep.timeout_ms_request == config.limits.timeout_ms_peer_request
+
+
+def test_an_age_below_the_least_is_refused_and_one_at_it_taken() -> None:
+    least = load_node_config(environ={}, overrides={**SETTINGS, "sweep_interval_ms": 1}).sweep_config
+    assert least is not None
+    at = load_node_config(environ={}, overrides={**SETTINGS, "sweep_interval_ms": 1, "sweep_age_ms": least.age_ms})
+    assert at.sweep_config == least
+    with pytest.raises(ValidationError, match=rf"sweep_age_ms is {least.age_ms - 1}, below {least.age_ms}"):
+        load_node_config(environ={}, overrides={**SETTINGS, "sweep_interval_ms": 1, "sweep_age_ms": least.age_ms - 1})
+    for name, bad in (("sweep_interval_ms", -1), ("sweep_age_ms", -1), ("sweep_interval_ms", 3_600_001)):
+        with pytest.raises(ValidationError, match=name):
+            load_node_config(environ={}, overrides={**SETTINGS, name: bad})
