@@ -59,6 +59,7 @@ from cornus.protocol.events import (
 )
 from cornus.protocol.messages import DecisionAck
 from cornus.protocol.ownership import fenced_partition, without_lease_may
+from cornus.protocol.sweeper import SWEEP
 from cornus.runtime import identity
 from cornus.runtime.failpoints import Failpoints
 from cornus.runtime.partition import PartitionRuntime
@@ -200,6 +201,11 @@ class EffectRunner:
     def _storage(self, effect: StorageCall) -> None:
         if _is_vote_write(effect):
             self.failpoints.hit("participant.before_log_vote")
+        elif type(effect) is DeleteRecord and effect.owner.startswith(SWEEP):
+            # Rare (only what a crash left), and what an operator asks after: which records went.
+            assert effect.keep is not None, "a sweeper writes tombstones, never plain deletes"
+            log.info("sweep collects %s in %s (%s)", effect.txn, effect.log.key, effect.keep.decision.value,
+                     extra={"txn": effect.txn})
         flight = _Flight(effect.owner, fenced_partition(effect))
         self._track(self._running_loop().create_task(self._call(effect, flight)), flight)
 
