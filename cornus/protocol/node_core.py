@@ -19,7 +19,7 @@ Partitions come and go with ownership (cornus.protocol.ownership): one taken aft
 recovery of its own (`add_partition`), under the same rule until it finishes; one lost is dropped
 with its machines (`drop_partition`), since its next owner recovers them from its log.
 
-Given a `SweepConfig` (the runtime's when its sweep_interval_ms is set; off by default), the core
+Given a `SweepConfig` (the runtime's unless its sweep_interval_ms is 0), the core
 also runs a Sweeper (cornus.protocol.sweeper) per recovered partition it holds and one for its own
 coordinator log, started once their recovery finished and dropped with the partition; their calls
 and timers are owned by `sweeper_owner(log)`, which `partition_of` maps to the partition, so the
@@ -85,7 +85,7 @@ class NodeCore:
         if sweep is not None:
             problem = sweep_age_problem(sweep, config)
             assert not problem, problem
-        # None: no sweeper runs, and the core emits no ScanFinished (the runtime by default).
+        # None: no sweeper runs, and the core emits no ScanFinished (sweep_interval_ms 0).
         self.sweep = sweep
         partitions = tuple(partitions)
         # Hosts are addressed by name; a node named like a partition would be ambiguous.

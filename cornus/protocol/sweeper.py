@@ -33,8 +33,8 @@ Status (step 7): NodeCore runs a sweeper per recovered partition and one for its
 log when handed a SweepConfig, and the simulator explores them (cornus/sim/sweeps.py: every
 tombstone checked by an oracle against every record, machine and call of the world, a leak check
 at the end; tests/protocol/test_sweep_schedules.py). It found the age rule short twice, mended in
-`sweep_age_ms_min`. A runtime node sweeps when its sweep_interval_ms is set (RuntimeLimits: off by
-default; tests/cluster/test_sweeper.py).
+`sweep_age_ms_min`. A runtime node sweeps every sweep_interval_ms (RuntimeLimits: a minute by
+default; tests/cluster/test_sweeper.py, and every test cluster sweeps each second).
 """
 
 from __future__ import annotations

@@ -140,9 +140,10 @@ class RuntimeLimits:
     # How often the holder of each partition, and each node for its own coordinator log, walks
     # that log's finished records and collects those a coordinator killed within its grace, or a
     # transaction finished by termination, left behind for good (cornus.protocol.sweeper,
-    # docs/sweeper-design.md), with a fenced tombstone each. 0: nothing sweeps. Off by default
-    # until the sweeper has run in production-like clusters for longer than the tests do.
-    sweep_interval_ms: int = 0
+    # docs/sweeper-design.md), with a fenced tombstone each (jittered by a fifth either way, so
+    # that the nodes do not scan in step). 0: nothing sweeps, and such records stay for good. A
+    # minute: a pass whose oldest record is younger than the sweep age costs one scan call.
+    sweep_interval_ms: int = 60_000
     # How old a finished record must be before a sweeper collects it. 0: the least the other
     # settings allow (sweeper.sweep_age_ms_min: past every write that may still reach the record,
     # and past what the status call counts on); a value set may not be below that.

@@ -247,7 +247,8 @@ def test_the_store_s_housekeeping_counts_are_exported_as_they_are_at_scrape_time
     metrics = Metrics()
     store = _SweepingStore(timeout_ms_call=1_000)
     node = SimpleNamespace(
-        outcome_observers=[], in_doubt_count=lambda: 0, core=SimpleNamespace(applying_count=lambda: 0), ready=True,
+        outcome_observers=[], in_doubt_count=lambda: 0, ready=True,
+        core=SimpleNamespace(applying_count=lambda: 0, sweep_counters={"swept": 2}),
         counters={}, transport=SimpleNamespace(counts=dict), store=InstrumentedStore(store, metrics),
     )
     metrics.bind(node)  # type: ignore[arg-type]
@@ -256,4 +257,8 @@ def test_the_store_s_housekeeping_counts_are_exported_as_they_are_at_scrape_time
     store.counts = {"tombstones_swept": 9, "tombstones_left_to_lifecycle_rule": 1}
     assert metrics.registry.get_sample_value(family, {"event": "tombstones_swept"}) == 9
     assert metrics.registry.get_sample_value(family, {"event": "tombstones_left_to_lifecycle_rule"}) == 1
+    # The node's sweepers (cornus.protocol.sweeper), likewise read at scrape time.
+    assert metrics.registry.get_sample_value("cornus_sweeper_events_total", {"event": "swept"}) == 2
+    node.core.sweep_counters = {"swept": 5, "skipped_young": 3}
+    assert metrics.registry.get_sample_value("cornus_sweeper_events_total", {"event": "skipped_young"}) == 3
 

@@ -44,6 +44,9 @@ DEFAULT_SETTINGS = {
     # A test's storage is thrown away after it: its nodes need not wait out the collection of
     # their transactions at a stop (tests/cluster/test_outcomes.py waits for it).
     "timeout_ms_stop_collect": 0,
+    # Every test cluster sweeps, and often: the crash, bank and ownership tests run with sweepers
+    # collecting beside them (a sweep comes only once a record is older than the sweep age).
+    "sweep_interval_ms": 1_000,
 }
 
 

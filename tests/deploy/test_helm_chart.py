@@ -362,7 +362,10 @@ TIMEOUT_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "a sweep age under its least": ({"timeouts": {"sweep_interval_ms": 60_000,
                                                   "sweep_age_ms": _SWEEP_AGE_MS_MIN - 1}},
                                     "sweep_age_ms", "sweep_age_ms"),
-    "a sweep age under its least, not sweeping": ({"timeouts": {"sweep_age_ms": _SWEEP_AGE_MS_MIN - 1}}, "", ""),
+    "a sweep age under its least, sweeping by default": ({"timeouts": {"sweep_age_ms": _SWEEP_AGE_MS_MIN - 1}},
+                                                        "sweep_age_ms", "sweep_age_ms"),
+    "a sweep age under its least, not sweeping": ({"timeouts": {"sweep_interval_ms": 0,
+                                                                "sweep_age_ms": _SWEEP_AGE_MS_MIN - 1}}, "", ""),
 }
 
 

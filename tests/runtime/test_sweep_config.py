@@ -1,5 +1,5 @@
-"""The node's sweep settings (RuntimeLimits.sweep_interval_ms, sweep_age_ms): off unless asked,
-the least allowed age when none is given, and an age below it refused at start, naming it."""
+"""The node's sweep settings (RuntimeLimits.sweep_interval_ms, sweep_age_ms): every minute unless
+turned off, the least allowed age when none is given, and an age below it refused at start."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from storage_adapters.errors import ValidationError
 SETTINGS = {"node_id": "n0", "peers": "n0=127.0.0.1:7100", "partition_count": 2}
 
 
-def test_sweeping_is_off_unless_an_interval_is_set() -> None:
-    assert load_node_config(environ={}, overrides=SETTINGS).sweep_config is None
-    assert load_node_config(environ={}, overrides={**SETTINGS, "sweep_age_ms": 1}).sweep_config is None
+def test_sweeping_is_on_every_minute_unless_its_interval_is_0() -> None:
+    sweep = load_node_config(environ={}, overrides=SETTINGS).sweep_config
+    assert sweep is not None and sweep.interval_ms == 60_000
+    assert load_node_config(environ={}, overrides={**SETTINGS, "sweep_interval_ms": 0}).sweep_config is None
+    off = {**SETTINGS, "sweep_interval_ms": 0, "sweep_age_ms": 1}  # an age is not checked while off
+    assert load_node_config(environ={}, overrides=off).sweep_config is None
 
 
 def test_an_interval_alone_sweeps_at_the_least_age_the_settings_allow() -> None:

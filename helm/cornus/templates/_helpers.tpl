@@ -255,7 +255,7 @@ node would refuse fails the install instead of crash-looping every pod. Single v
 at most a limit) are checked by values.schema.json. tests/deploy/test_helm_chart.py checks that
 helm refuses exactly the combinations the node refuses.
 */}}
-{{- $nodeDefaults := dict "clock_slack_ms" 1000 "gc_grace_ms" 12000 "backoff_ms_min" 10 "backoff_ms_max" 320 "timeout_ms_resend" 100 "lease_ms" 4000 "renew_interval_ms" 1000 "op_count_max" 1000 "txn_op_count_max" 10000 "outcome_keep_ms" 600000 "timeout_ms_peer_request" 2000 "timeout_ms_stop_collect" 15000 "timeout_ms_votes" 200 "coordinator_terminate_ms_max" 12000 "sweep_interval_ms" 0 "sweep_age_ms" 0 }}
+{{- $nodeDefaults := dict "clock_slack_ms" 1000 "gc_grace_ms" 12000 "backoff_ms_min" 10 "backoff_ms_max" 320 "timeout_ms_resend" 100 "lease_ms" 4000 "renew_interval_ms" 1000 "op_count_max" 1000 "txn_op_count_max" 10000 "outcome_keep_ms" 600000 "timeout_ms_peer_request" 2000 "timeout_ms_stop_collect" 15000 "timeout_ms_votes" 200 "coordinator_terminate_ms_max" 12000 "sweep_interval_ms" 60000 "sweep_age_ms" 0 }}
 {{- $t := dict }}
 {{- range $name, $default := $nodeDefaults }}
 {{- $value := $default }}
