@@ -154,48 +154,39 @@ class RecordRead(_Answer):
     result: Record | StorageUnreachable | None
 
 
+class _LogAnswer(_Answer):
+    """An answer to a call about a whole log or the node (a scan, a listing): it belongs to no
+    transaction."""
+
+    __slots__ = ()
+
+    @property
+    def txn(self) -> str:
+        return ""
+
+
 @dataclass(frozen=True, slots=True)
-class ScanReturned(_Answer):
+class ScanReturned(_LogAnswer):
     call: ScanLog
     result: ScanPage | StorageUnreachable
 
-    @property
-    def txn(self) -> str:
-        return ""  # a scan belongs to no transaction
-
 
 @dataclass(frozen=True, slots=True)
-class FinishedScanned:
+class FinishedScanned(_LogAnswer):
     """The answer to ScanFinished, with the wall clock (ms) of the node as the call left: every
     record the page holds was written before then."""
 
-    call: ScanFinished
+    call: ScanFinished  # type: ignore[assignment]
     result: ScanPage | StorageUnreachable
     sent_ms: int
 
-    @property
-    def txn(self) -> str:
-        return ""  # a scan belongs to no transaction
-
-    @property
-    def host(self) -> str:
-        return self.call.owner
-
 
 @dataclass(frozen=True, slots=True)
-class IdentitiesListed:
+class IdentitiesListed(_LogAnswer):
     """The answer to ListIdentities: node ids, ascending, or StorageUnreachable."""
 
-    call: ListIdentities
+    call: ListIdentities  # type: ignore[assignment]
     result: tuple[str, ...] | StorageUnreachable
-
-    @property
-    def txn(self) -> str:
-        return ""  # a listing belongs to no transaction
-
-    @property
-    def host(self) -> str:
-        return self.call.owner
 
 
 @dataclass(frozen=True, slots=True)

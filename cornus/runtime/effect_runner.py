@@ -16,7 +16,7 @@ import logging
 import os
 import time
 import typing
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from cornus.protocol.effects import (
@@ -67,7 +67,7 @@ from cornus.runtime.timers import TimerTable
 from cornus.runtime.timing import TimingLog
 from cornus.runtime.transport import Transport
 from cornus.runtime.wire import Routed
-from storage_adapters.contract import Fence, LogKind, ScanPage, TxnState
+from storage_adapters.contract import Fence, LogKind, TxnState
 from storage_adapters.errors import Fenced, InvariantViolation, StorageUnavailable
 from storage_adapters.store import CallDeadline, LogStore, call_deadline_at
 
@@ -336,45 +336,40 @@ class EffectRunner:
         return answer(call, await store.scan_unfinished_page(call.log, call.limit, call.after))
 
     def _list_identities(self, effect: ListIdentities) -> None:
-        flight = _Flight(effect.owner, None)
-        self._track(self._running_loop().create_task(self._list_identities_call(effect, flight)), flight)
+        async def listed() -> tuple[str, ...]:
+            return tuple(await self.store.list_identities(effect.after, effect.limit))
 
-    async def _list_identities_call(self, call: ListIdentities, flight: _Flight) -> None:
-        result: tuple[str, ...] | StorageUnreachable
-        try:
-            result = tuple(await self.store.list_identities(call.after, call.limit))
-        except StorageUnavailable as error:
-            result = StorageUnreachable(str(error))
-        except InvariantViolation as error:
-            fatal(f"storage refused {call!r}: {error}")
-            return
-        if flight.dropped or self.stopped:
-            return  # its recovery is gone (the partition dropped), or the node is
-        if isinstance(result, StorageUnreachable):
-            self.counters["storage_unavailable"] += 1
-        self.feed(IdentitiesListed(call, result))
+        self._read_unowned(effect, listed, lambda result: IdentitiesListed(effect, result))
 
     def _scan_finished(self, effect: ScanFinished) -> None:
-        flight = _Flight(effect.owner, None)  # a read: no fence, and a lease is no condition
-        self._track(self._running_loop().create_task(self._scan_finished_call(effect, flight)), flight)
-
-    async def _scan_finished_call(self, call: ScanFinished, flight: _Flight) -> None:
-        # The wall clock before the call leaves: every record the page holds was written before
-        # it, and the sweeper judges their age by it (the core reads no clock).
+        # The wall clock as the effect runs, before its call leaves: every record the page holds
+        # was written before it, and the sweeper judges their age by it (the core reads no clock).
         sent_ms = int(time.time() * 1000)
-        result: ScanPage | StorageUnreachable
+        self._read_unowned(effect, lambda: self.store.scan_finished_page(effect.log, effect.limit, effect.after),
+                           lambda result: FinishedScanned(effect, result, sent_ms))
+
+    def _read_unowned(self, call: ListIdentities | ScanFinished, read: Callable[[], Awaitable[Any]],
+                      answer_of: Callable[[Any], Event]) -> None:
+        """A read that carries no fence and needs no lease (recovery's listing of identities, a
+        sweeper's scan), answered with `answer_of` its result or StorageUnreachable. `read` makes
+        the call in the task: a task cancelled before it ran leaves no coroutine never awaited."""
+        flight = _Flight(call.owner, None)
+        self._track(self._running_loop().create_task(self._read_unowned_call(call, flight, read, answer_of)), flight)
+
+    async def _read_unowned_call(self, call: ListIdentities | ScanFinished, flight: _Flight,
+                                 read: Callable[[], Awaitable[Any]], answer_of: Callable[[Any], Event]) -> None:
         try:
-            result = await self.store.scan_finished_page(call.log, call.limit, call.after)
+            result = await read()
         except StorageUnavailable as error:
             result = StorageUnreachable(str(error))
         except InvariantViolation as error:
             fatal(f"storage refused {call!r}: {error}")
             return
         if flight.dropped or self.stopped:
-            return  # its partition was dropped (a later take starts a sweeper of its own), or the node stopped
+            return  # its recovery or sweeper is gone (the partition dropped), or the node is
         if isinstance(result, StorageUnreachable):
             self.counters["storage_unavailable"] += 1
-        self.feed(FinishedScanned(call, result, sent_ms))
+        self.feed(answer_of(result))
 
     async def _apply(self, call: ApplyRedo, fence: Fence) -> Event:
         self.failpoints.hit("participant.before_apply")

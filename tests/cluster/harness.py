@@ -11,14 +11,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from services import node_launcher
+from storage_adapters.contract import LogId, Record
+from storage_adapters.factory import StoreConfig, open_store
+from storage_adapters.store import LogStore
 from tests.worker import free_port
 
 READY_TIMEOUT_S = 60.0
@@ -284,3 +287,19 @@ def keys_on(partition: str, partition_count: int, count: int, prefix: str = "k")
         index += 1
         assert index < 1_000_000
     return found
+
+
+@asynccontextmanager
+async def opened_store(storage: Mapping[str, str]) -> AsyncIterator[LogStore]:
+    """The cluster's storage, opened by the test itself (to look at what the nodes left there)."""
+    store = await open_store(StoreConfig(**{k: (int(v) if k == "timeout_ms_call" else v) for k, v in storage.items()}))
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def read_records(storage: Mapping[str, str], txn: str, partitions: list[str]) -> dict[str, Record | None]:
+    """`txn`'s record in each partition's log, read in the order given."""
+    async with opened_store(storage) as store:
+        return {p: await store.read(LogId.partition(p), txn) for p in partitions}

@@ -10,24 +10,14 @@ import time
 
 import pytest
 
-from storage_adapters.contract import LogId, RecordBody, TxnState
-from storage_adapters.factory import StoreConfig, open_store
-from tests.cluster.harness import keys_on, running_cluster
+from storage_adapters.contract import RecordBody, TxnState
+from tests.cluster.harness import keys_on, read_records, running_cluster
 
 # A storage deadline of 1 s and the smallest grace it and the slack (250 ms) allow, so that the
 # records go soon within the test; the outcome is kept for a minute after.
 STORAGE_TIMEOUT_MS = "1000"
 SETTINGS = {"gc_grace_ms": 2_500, "outcome_keep_ms": 60_000}
 COLLECT_WAIT_S = 30.0
-
-
-async def _records(storage: dict[str, str], txn: str, partitions: list[str]) -> dict[str, object]:
-    config = StoreConfig(**{k: (int(v) if k == "timeout_ms_call" else v) for k, v in storage.items()})
-    store = await open_store(config)
-    try:
-        return {p: await store.read(LogId.partition(p), txn) for p in partitions}
-    finally:
-        await store.close()
 
 
 @pytest.mark.parametrize("protocol", ["cornus", "2pc"])
@@ -48,7 +38,7 @@ def test_a_collected_transaction_s_outcome_survives_its_coordinator_s_restart(
             # p2's, so p2 found gone means p1, read after, is the tombstone. Read the other way
             # round, the two reads could straddle the collection (p1 still whole, then p2 gone:
             # failed once under a loaded CI run).
-            records = asyncio.run(_records(storage, txn, ["p2", "p1"]))
+            records = asyncio.run(read_records(storage, txn, ["p2", "p1"]))
             kept = records["p1"]
             if records["p2"] is None and kept is not None:
                 break
@@ -78,12 +68,12 @@ def test_a_coordinator_stopped_within_the_grace_collects_its_records_before_it_e
         response = cluster.execute("n0", [{"op": "put", "key": k, "value": "v"} for k in keys])
         assert response.status_code == 200, response.text
         txn = response.json()["txn"]
-        assert asyncio.run(_records(storage, txn, ["p2"]))["p2"] is not None, "collected before the stop"
+        assert asyncio.run(read_records(storage, txn, ["p2"]))["p2"] is not None, "collected before the stop"
         coordinator = cluster.nodes["n0"].process
         assert coordinator is not None
         coordinator.send_signal(signal.SIGTERM)  # within the grace
         assert cluster.wait_exit("n0") == 0
-        records = asyncio.run(_records(storage, txn, ["p1", "p2"]))
+        records = asyncio.run(read_records(storage, txn, ["p1", "p2"]))
         kept = records["p1"]
         assert records["p2"] is None and kept is not None, records
         assert (kept.state, kept.body) == (TxnState.COMMIT, RecordBody()), kept

@@ -9,9 +9,8 @@ import asyncio
 import re
 import time
 
-from storage_adapters.contract import LogId, Record, RecordBody, TxnState
-from storage_adapters.factory import StoreConfig, open_store
-from tests.cluster.harness import keys_on, running_cluster
+from storage_adapters.contract import LogId, RecordBody, TxnState
+from tests.cluster.harness import keys_on, opened_store, read_records, running_cluster
 
 # A storage deadline of 1 s, the smallest grace it allows, and a termination bound of 2 s: the
 # age a sweeper waits (sweeper.sweep_age_ms_min) comes to about 7.7 s with these.
@@ -27,23 +26,10 @@ SWEPT_WAIT_S = 40.0
 _SWEPT = re.compile(r'^cornus_sweeper_events_total\{event="swept"\} (\S+)$', re.MULTILINE)
 
 
-async def _read(storage: dict[str, str], txn: str, partitions: list[str]) -> dict[str, Record | None]:
-    config = StoreConfig(**{k: (int(v) if k == "timeout_ms_call" else v) for k, v in storage.items()})
-    store = await open_store(config)
-    try:
-        return {p: await store.read(LogId.partition(p), txn) for p in partitions}
-    finally:
-        await store.close()
-
-
 async def _finished(storage: dict[str, str], partition: str) -> list[str]:
-    config = StoreConfig(**{k: (int(v) if k == "timeout_ms_call" else v) for k, v in storage.items()})
-    store = await open_store(config)
-    try:
+    async with opened_store(storage) as store:
         page = await store.scan_finished_page(LogId.partition(partition))
         return [record.txn for record in page.records]
-    finally:
-        await store.close()
 
 
 def test_a_coordinator_killed_within_its_grace_leaves_records_the_sweepers_collect(storage: dict[str, str]) -> None:
@@ -61,12 +47,12 @@ def test_a_coordinator_killed_within_its_grace_leaves_records_the_sweepers_colle
         assert response.status_code == 200, response.text
         txn = response.json()["txn"]
         assert cluster.wait_exit("n0") == -9, "the failpoint must have killed the coordinator"
-        left = asyncio.run(_read(storage, txn, ["p1", "p2"]))
+        left = asyncio.run(read_records(storage, txn, ["p1", "p2"]))
         assert all(record is not None and record.body != RecordBody() for record in left.values()), (
             f"collected before the kill: {left}")
         deadline = time.monotonic() + SWEPT_WAIT_S
         while True:
-            records = asyncio.run(_read(storage, txn, ["p1", "p2"]))
+            records = asyncio.run(read_records(storage, txn, ["p1", "p2"]))
             if all(record is not None and record.body == RecordBody() for record in records.values()):
                 break
             assert time.monotonic() < deadline, f"{txn} was never swept: {records}"
