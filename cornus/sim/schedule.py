@@ -280,7 +280,7 @@ class Schedule:
     short_scans: bool = False
     # Sweep schedules (random_schedule's `sweeps`): every node runs a sweeper per partition it
     # holds and one for its own coordinator log (cornus.protocol.sweeper), a pass this often (0:
-    # none, as no runtime node does yet), of pages this long, this many a pass; the world checks
+    # none: the existing streams), of pages this long, this many a pass; the world checks
     # every tombstone one writes against what could still write or read the record, and, at the
     # end, that the records crashes left behind were collected (cornus.sim.sweeps).
     sweep_interval_ms: int = 0
