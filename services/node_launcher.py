@@ -46,6 +46,9 @@ LAUNCHER_TIMEOUT_S_EXIT = 5.0
 LAUNCHER_POLL_S_WAIT = 0.01
 # The longest request line the launcher reads: a node's environment is its largest part.
 LAUNCHER_REQUEST_BYTES_MAX = 1 << 20
+# How long the launcher waits for a forked node to lead its own process group before it answers
+# the node's pid (a forked child is scheduled within milliseconds; seconds on a loaded machine).
+LAUNCHER_TIMEOUT_S_SESSION = 10.0
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -174,9 +177,9 @@ class NodeLauncher:
             self.process.wait(LAUNCHER_TIMEOUT_S_EXIT)
 
 
-def _run_node(request: Mapping[str, object], launcher_pid: int) -> None:
-    """In the forked node: become what `python -m services.cli` started fresh would be. Never
-    returns."""
+def _run_node(request: Mapping[str, object], launcher_pid: int, session_led: int) -> None:
+    """In the forked node: become what `python -m services.cli` started fresh would be, and say
+    so on `session_led` (by closing it) once it leads its own process group. Never returns."""
     import random
 
     from services.cli import main
@@ -184,6 +187,7 @@ def _run_node(request: Mapping[str, object], launcher_pid: int) -> None:
     code = 1
     try:
         os.setsid()  # its own process group, killed as one (os.killpg), as start_new_session did
+        os.close(session_led)
         die_with_parent(launcher_pid)
         ctypes.CDLL(None).prctl(PR_SET_NAME, NODE_PROCESS_NAME)
         log = os.open(str(request["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -240,6 +244,29 @@ def _collect(exits: dict[int, int], started_by: dict[int, str]) -> None:
                 nodes.write(f"{started}\t{usage.ru_utime:.2f}\t{usage.ru_stime:.2f}\n")
 
 
+def _fork_node(request: Mapping[str, object], launcher_pid: int) -> int:
+    """Fork a node and return its pid once it leads its own process group: answered earlier, a
+    kill or pause of the group right after the start met "no such process group" and was lost
+    (found by the chaos tool, 2026-11-28: 53 of 60 nodes were not group leaders yet when their pid
+    was answered). The child closes its end of a pipe after setsid (or dies, which closes it too)."""
+    session_wait, session_led = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(session_wait)
+        _run_node(request, launcher_pid, session_led)
+    os.close(session_led)
+    try:
+        ready, _, _ = select.select([session_wait], [], [], LAUNCHER_TIMEOUT_S_SESSION)
+        if not ready:
+            print(f"node launcher: node {child} did not lead its process group within "
+                  f"{LAUNCHER_TIMEOUT_S_SESSION:g} s", file=sys.stderr, flush=True)
+        else:
+            assert os.read(session_wait, 1) == b"", "the node only closes its end"
+    finally:
+        os.close(session_wait)
+    return child
+
+
 def serve() -> None:
     """The launcher: import the node's code, then answer request lines on stdin, one line on
     stdout each: {"op": "fork", "args", "env", "log", "cwd"} forks a node and answers its pid;
@@ -273,9 +300,7 @@ def serve() -> None:
             answer = "-" if code is None else str(code)
         else:
             assert request["op"] == "fork", request
-            child = os.fork()
-            if child == 0:
-                _run_node(request, launcher_pid)
+            child = _fork_node(request, launcher_pid)
             started_by[child] = str(request["env"].get("PYTEST_CURRENT_TEST", "")).rsplit(" (", 1)[0]
             answer = str(child)
         sys.stdout.buffer.write(answer.encode() + b"\n")
