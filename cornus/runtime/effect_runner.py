@@ -1,10 +1,11 @@
 """Carries out the core's effects on one node: storage calls (their answers come back as events),
 messages to peers, timers, locks and the owner's cache, replies to callers, and the timing marks.
 It decides nothing: every rule is in `cornus.protocol`; this maps each effect to one action.
-The timers themselves are timers.py's. It is a little over 450 lines because a storage call's
-gates (the partition's lease, the node's identity window, the fence) sit with the call they gate:
-each is a call into ownership.py or identity.py, and the call's task is where its deadline is
-fixed.
+The timers themselves are timers.py's. It is past 450 lines because a storage call's gates (the
+partition's lease, the node's identity window, the fence) sit with the call they gate: each is a
+call into ownership.py or identity.py, and the call's task is where its deadline is fixed; and a
+call's answer is the event its effect names (the unfenced reads' one task body, `_read_unowned`,
+included), which a split would put behind an interface with this one user.
 """
 
 from __future__ import annotations

@@ -48,8 +48,11 @@ DEFAULT_SETTINGS = {
     # their transactions at a stop (tests/cluster/test_outcomes.py waits for it).
     "timeout_ms_stop_collect": 0,
     # Every test cluster sweeps, and often: the crash, bank and ownership tests run with sweepers
-    # collecting beside them (a sweep comes only once a record is older than the sweep age).
+    # collecting beside them. A sweep comes only once a record is older than the sweep age, which
+    # counts a Cornus coordinator's termination bound (sweeper.sweep_age_ms_min): at the default
+    # 12 s few records would age within a test; at 2 s they do (about 8 s here).
     "sweep_interval_ms": 1_000,
+    "coordinator_terminate_ms_max": 2_000,
 }
 
 
