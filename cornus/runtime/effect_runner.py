@@ -405,7 +405,7 @@ class EffectRunner:
     def catch_up_after_suspend(self) -> None:
         """The timers a suspend made overdue fire now (timers.TimerTable): the node calls this
         before every event it feeds its core or its partitions."""
-        self.timers.catch_up_after_suspend(self._running_loop())
+        self.timers.catch_up_after_suspend(self._running_loop)
 
     def _fire(self, timer: Timer) -> None:
         if self.stopped:

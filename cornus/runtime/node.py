@@ -376,6 +376,12 @@ class Node:
         if self.runner.stopped:
             return
         self.runner.catch_up_after_suspend()  # the timers a suspend made overdue come first
+        self._step(event)
+
+    def _step(self, event: Event) -> None:
+        """`_feed` once the suspend check ran (on_message's own, a moment before)."""
+        if self.runner.stopped:
+            return
         try:
             self.runner.run(self.core.handle(event))
         except Exception as error:
@@ -411,8 +417,8 @@ class Node:
             executed = partition.ended_execution(inner.txn, isinstance(inner, ReleaseReadOnly))
             if executed is not None:
                 # The execution phase ends here: the machine learns what it left, and decides.
-                self._feed(executed)
-        self._feed(MessageReceived(message.source, message.dest, inner))
+                self._step(executed)
+        self._step(MessageReceived(message.source, message.dest, inner))
 
     def _message_problem(self, message: Routed) -> str:
         """What makes a peer's message one no machine here may be given ("" if nothing)."""

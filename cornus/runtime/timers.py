@@ -67,15 +67,17 @@ class TimerTable:
             handle.cancel()
         self._entries.clear()
 
-    def catch_up_after_suspend(self, loop: asyncio.AbstractEventLoop) -> None:
+    def catch_up_after_suspend(self, running_loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
         """After a suspend, every timer is moved earlier by its length, and those it made overdue
         fire now, in the order they were due: before whatever event comes next, as they would
         have without the suspend. A timer moves by the part of the suspend that came after it
         started (by the offset it started with): one started after a suspend not yet seen, or
-        between two, keeps the time it was given."""
+        between two, keeps the time it was given. `running_loop` is asked only after a suspend:
+        this runs before every event a node takes in, some fifteen a transaction."""
         offset_ns = clocks.boot_ns() - time.monotonic_ns()
         if offset_ns - self._suspend_seen_ns < clocks.SUSPEND_NS_MIN:
             return
+        loop = running_loop()
         seen_ns, self._suspend_seen_ns = self._suspend_seen_ns, offset_ns
         self._counters["suspends_caught_up"] += 1
         now_s = loop.time()
