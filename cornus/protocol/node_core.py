@@ -23,7 +23,9 @@ Given a `SweepConfig` (the runtime's unless its sweep_interval_ms is 0), the cor
 also runs a Sweeper (cornus.protocol.sweeper) per recovered partition it holds and one for its own
 coordinator log, started once their recovery finished and dropped with the partition; their calls
 and timers are owned by `sweeper_owner(log)`, which `partition_of` maps to the partition, so the
-lease gates apply to them as to the partition's host.
+lease gates apply to them as to the partition's host. All of them draw on one SweepBudget (the
+node's storage calls for sweeping, `SweepConfig.calls_per_s_max` a second), whose timer is the
+node's own (`SWEEP_BUDGET`).
 """
 
 from __future__ import annotations
@@ -52,7 +54,15 @@ from cornus.protocol.hosts import CoordinatorFactory, CoordinatorHost, Participa
 from cornus.protocol.messages import Decision, Message, Prepare, ReleaseReadOnly
 from cornus.protocol.participant_base import Phase
 from cornus.protocol.recovery import RECOVERY, Recovery
-from cornus.protocol.sweeper import SWEEP, SweepConfig, Sweeper, sweep_age_problem, sweeper_owner
+from cornus.protocol.sweeper import (
+    SWEEP,
+    SWEEP_BUDGET,
+    SweepBudget,
+    SweepConfig,
+    Sweeper,
+    sweep_age_problem,
+    sweeper_owner,
+)
 from storage_adapters.contract import LogId, LogKind, TxnState
 
 
@@ -108,6 +118,10 @@ class NodeCore:
         # dropped one's counts included): records swept, skipped by reason, calls unanswered.
         self._sweepers: dict[str, Sweeper] = {}
         self.sweep_counters: collections.Counter[str] = collections.Counter()
+        # Shared by all of them: the node's rate of sweeper calls. While others wait, the page
+        # out is looked at again each storage deadline (its calls' own), in case its sweeper left
+        # with its partition and its answers never come.
+        self.sweep_budget = None if sweep is None else SweepBudget(sweep.calls_per_s_max, config.storage_deadline_ms)
 
     @property
     def recovered(self) -> bool:
@@ -141,6 +155,8 @@ class NodeCore:
             return None
         if owner.startswith(RECOVERY):
             return owner[len(RECOVERY) + 1 :]
+        if owner == SWEEP_BUDGET:
+            return None  # the node's, whichever partitions come and go
         if owner.startswith(SWEEP):
             # sweeper_owner(log): a partition log's sweeper acts for the partition; the node's own
             # coordinator log's for the node.
@@ -200,7 +216,9 @@ class NodeCore:
         del self.partitions[partition]
         self._recovering.discard(partition)
         self._partition_recoveries.pop(recovery_owner(partition), None)
-        self._sweepers.pop(sweeper_owner(LogId.partition(partition)), None)
+        sweeper = self._sweepers.pop(sweeper_owner(LogId.partition(partition)), None)
+        if sweeper is not None and sweeper.budget is not None:
+            sweeper.budget.leave(sweeper)
         self._dropped.add(partition)
 
     def handle(self, event: Event | FinishedScanned) -> list[Effect]:
@@ -273,7 +291,8 @@ class NodeCore:
         assert self.sweep is not None
         owner = sweeper_owner(log)
         assert owner not in self._sweepers, f"{owner} runs already"
-        sweeper = Sweeper(owner, log, self.config, self.sweep, self.jitter, runs=runs, counters=self.sweep_counters)
+        sweeper = Sweeper(owner, log, self.config, self.sweep, self.jitter, runs=runs, counters=self.sweep_counters,
+                          budget=self.sweep_budget)
         self._sweepers[owner] = sweeper
         return list(sweeper.start())
 
@@ -281,7 +300,16 @@ class NodeCore:
         """Whether a sweeper of `log` runs here now."""
         return sweeper_owner(log) in self._sweepers
 
+    def sweep_backlog_records(self) -> int:
+        """Records older than the sweep age that the last pass of each log this node sweeps read
+        and left (Sweeper.backlog_records): what an operator watches for sweeping that falls
+        behind. A dropped partition's go with it (its next holder counts them)."""
+        return sum(sweeper.backlog_records for sweeper in self._sweepers.values())
+
     def _sweep_event(self, name: str, event: Event | FinishedScanned) -> list[Effect]:
+        if name == SWEEP_BUDGET:
+            assert isinstance(event, TimerFired) and self.sweep_budget is not None, event
+            return list(self.sweep_budget.fired())
         sweeper = self._sweepers.get(name)
         if sweeper is None:
             # A sweeper of a partition dropped since (taken again maybe, and recovering: its own

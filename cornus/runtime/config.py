@@ -148,6 +148,16 @@ class RuntimeLimits:
     # settings allow (sweeper.sweep_age_ms_min: past every write that may still reach the record,
     # and past what the status call counts on); a value set may not be below that.
     sweep_age_ms: int = 0
+    # Storage calls (scans, reads of the other participants' records, tombstones) all of a node's
+    # sweepers make a second on average, one page at a time (sweeper.SweepBudget); a page's own
+    # calls may come at once. 200: a page of 100 two-partition records costs about that (a scan,
+    # a read and a tombstone each), so a node sweeps some 100 records a second, 6,000 a minute,
+    # the most one log's pass takes six times over; that clears a long outage's leftovers within
+    # the hour, and costs storage what some 50 participants' commits a second do (a vote, an
+    # apply, a decision and a collection each), not enough to starve the transactions beside it
+    # (on DynamoDB, to burn their capacity). A pass with nothing old costs a scan: at a minute's
+    # interval a node would need 12,000 logs to fill the budget with those alone.
+    sweep_calls_per_s_max: int = 200
 
     def __post_init__(self) -> None:
         assert set(_LIMIT_MAX) == {item.name for item in dataclasses.fields(self)}, "a limit without a maximum"
@@ -187,6 +197,9 @@ _LIMIT_MAX = {
     "sweep_interval_ms": TIMER_MS_MAX,
     # Records are compared with it, not a timer: as long as a tombstone may be kept.
     "sweep_age_ms": TOMBSTONE_KEEP_MS_MAX,
+    # Past it the bound bounds nothing: more than any backend serves one node, and a page of one
+    # call is paid in a millisecond already (the budget's timers count whole ones).
+    "sweep_calls_per_s_max": 100_000,
 }
 # Limits that may be 0 (every other is at least 1).
 _LIMIT_MIN = {"timeout_ms_stop_collect": 0, "sweep_interval_ms": 0, "sweep_age_ms": 0}
@@ -287,7 +300,8 @@ class NodeConfig:
             return None
         request_ms = limits.timeout_ms_peer_request
         age_ms = limits.sweep_age_ms or sweep_age_ms_min(self.protocol_config, request_ms)
-        return SweepConfig(age_ms=age_ms, interval_ms=limits.sweep_interval_ms, timeout_ms_request=request_ms)
+        return SweepConfig(age_ms=age_ms, interval_ms=limits.sweep_interval_ms, timeout_ms_request=request_ms,
+                           calls_per_s_max=limits.sweep_calls_per_s_max)
 
     def preferred_owner(self, partition: str) -> str:
         """The node that should hold `partition` while it is alive (who holds it is in storage)."""

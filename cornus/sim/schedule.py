@@ -286,6 +286,10 @@ class Schedule:
     sweep_interval_ms: int = 0
     sweep_page_count_max: int = 100
     sweep_pages_per_pass_max: int = 10
+    # The nodes' sweep budget (SweepConfig.calls_per_s_max): the runtime's default, or one low
+    # enough that the sweepers of a node wait for each other's pages, and a partition is dropped
+    # while its sweeper waits or holds the node's turn.
+    sweep_calls_per_s_max: int = 200
     abandons: tuple[Abandon, ...] = ()
     storage_cuts: tuple[StorageCut, ...] = ()
     # A message, or a one-shot's request, also arrives again this long after it was sent (with
@@ -341,6 +345,7 @@ class Schedule:
         for resolve in self.resolves:
             assert 0 <= resolve.txn_index < len(self.txns)
         assert self.sweep_interval_ms >= 0 and self.sweep_page_count_max >= 1 and self.sweep_pages_per_pass_max >= 1
+        assert self.sweep_calls_per_s_max >= 1, self.sweep_calls_per_s_max
         assert self.sweep_interval_ms or not (self.abandons or self.storage_cuts or self.late_copy_probability), (
             "abandons, storage cuts and late copies are sweep schedules' faults")
         for abandon in self.abandons:
@@ -642,8 +647,10 @@ def with_sweeps(schedule: Schedule) -> Schedule:
     kill a transaction's coordinator within its grace for good (Abandon: its records are left
     behind), and half of the others cut a coordinator off from storage alone for up to seconds
     (StorageCut: a Cornus coordinator terminating through it, back after its transaction was
-    swept); some messages and one-shot requests come again after the sweeps (late copies); and a
-    quarter keep the decisions' tombstones as briefly as the configuration allows."""
+    swept); some messages and one-shot requests come again after the sweeps (late copies); a
+    quarter keep the decisions' tombstones as briefly as the configuration allows; and a quarter
+    give the nodes a sweep budget low enough that their sweepers wait for it (drawn last: the
+    draws before it are what they were)."""
     rng = random.Random(f"{schedule.seed}/sweeps")
     interval_ms = rng.choice((100, 200, 400))
     page_count_max, pages_per_pass_max = rng.choice(((1, 64), (2, 32), (3, 24), (100, 10)))
@@ -656,9 +663,13 @@ def with_sweeps(schedule: Schedule) -> Schedule:
             start_ms = rng.randrange(0, 400)
             cuts = (StorageCut(rng.choice(COORDINATORS), start_ms, start_ms + rng.randrange(200, 8_000)),)
     late_copy_probability = rng.choice((0.0, 0.0, 0.05, 0.2))
+    late_copy_ms = rng.randrange(1_000, LATE_COPY_MS_MAX) if late_copy_probability else 0
+    short_keep = rng.random() < 0.25
+    # 20 calls a second: a node's few sweepers, a pass each 100 to 400 ms, ask for more than that.
+    calls_per_s_max = rng.choice((20, 200, 200, 200))
     return dataclasses.replace(
         schedule, sweep_interval_ms=interval_ms, sweep_page_count_max=page_count_max,
         sweep_pages_per_pass_max=pages_per_pass_max, abandons=abandons, storage_cuts=cuts,
-        late_copy_ms=rng.randrange(1_000, LATE_COPY_MS_MAX) if late_copy_probability else 0,
-        late_copy_probability=late_copy_probability, short_keep=rng.random() < 0.25,
+        late_copy_ms=late_copy_ms, late_copy_probability=late_copy_probability, short_keep=short_keep,
+        sweep_calls_per_s_max=calls_per_s_max,
     )

@@ -56,7 +56,8 @@ def sweep_config_for(schedule: Schedule, config: ProtocolConfig, timeout_ms_requ
         return None
     return SweepConfig(age_ms=sweep_age_ms_min(config, timeout_ms_request), interval_ms=schedule.sweep_interval_ms,
                        timeout_ms_request=timeout_ms_request, page_count_max=schedule.sweep_page_count_max,
-                       pages_per_pass_max=schedule.sweep_pages_per_pass_max)
+                       pages_per_pass_max=schedule.sweep_pages_per_pass_max,
+                       calls_per_s_max=schedule.sweep_calls_per_s_max)
 
 
 def is_sweep_owner(owner: str) -> bool:
@@ -97,7 +98,19 @@ class Sweeps:
         assert self.sweep is not None
         interval_ms = self.sweep.interval_ms
         return (self.liveness_check_ms + max(self.sweep.age_ms + self.tombstone_keep_ms, self.schedule.late_copy_ms)
-                + 4 * interval_ms + self.schedule.delay_ms_max)
+                + 4 * (interval_ms + self._sweep_budget_round_ms()) + self.schedule.delay_ms_max)
+
+    def _sweep_budget_round_ms(self) -> int:
+        """How long a node's sweep budget may hold a pass back at most: the calls of one pass over
+        every log a node may sweep (any partition, moves given, and its own coordinator log) with
+        every record of the world in it (a scan page each at worst, and the last; for each record,
+        a read of each other participant's record and of its coordinator's, and its tombstone),
+        paid at the budget's rate."""
+        assert self.sweep is not None
+        records = sum(len(plan.writes) + 1 for plan in self.schedule.txns)
+        participants_max = max((len(plan.writes) for plan in self.schedule.txns), default=0)
+        calls = len(self.partitions) + 1 + records * (1 + participants_max + 1)
+        return -(-calls * 1000 // self.sweep.calls_per_s_max)
 
     # -- calls ---------------------------------------------------------------------------------------
     def _track_write(self, call: StorageCall, landing_ms: int, fenced: str | None, epoch: int) -> None:
@@ -278,7 +291,8 @@ class Sweeps:
         assert self.sweep is not None
         for core in self._cores:
             self.sweep_counters.update(core.sweep_counters)
-        old_ms = self.end_ms - self.sweep.age_ms - 2 * CLOCK_SLACK_MS - 3 * self.sweep.interval_ms - 200
+        old_ms = (self.end_ms - self.sweep.age_ms - 2 * CLOCK_SLACK_MS
+                  - 3 * (self.sweep.interval_ms + self._sweep_budget_round_ms()) - 200)
         for (log, txn), stored in list(self.storage.records.items()):
             if stored.expires_at_ms is not None or stored.created_at_ms > old_ms:
                 continue

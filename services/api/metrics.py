@@ -12,7 +12,11 @@
 - `cornus_node_events_total{event}`: the Node's own counters (storage_unavailable, recovered,
   cache_hits, cache_misses, ...).
 - `cornus_sweeper_events_total{event}`: what the node's sweepers (cornus.protocol.sweeper) did:
-  records swept, skipped by reason (young, running, voted, ...), scans unanswered.
+  records swept, skipped by reason (young, running, voted, ...), scans unanswered, pages that
+  waited for the node's budget of sweeper calls, passes cut short by their page bound.
+- `cornus_sweeper_backlog_records`: records older than the sweep age that the last pass of each
+  log the node sweeps read and left (NodeCore.sweep_backlog_records): sweeping falls behind
+  where it stays up, or where passes keep being cut short. Read at scrape time.
 - `cornus_transport_events_total{event}`: frames and messages sent to and received from peers, and
   those a node addressed to itself (served in-process); `cornus bench` divides them by commits.
 
@@ -93,6 +97,10 @@ class Metrics:
             registry=self.registry,
         )
         self.ready = Gauge("cornus_ready", "1 once recovery has run", registry=self.registry)
+        self.sweeper_backlog = Gauge(
+            "cornus_sweeper_backlog_records",
+            "Records older than the sweep age the last pass of each swept log read and left", registry=self.registry,
+        )
         self.storage_call_seconds = LightHistogram(
             "cornus_storage_call_seconds", "LogStore call latency, errors included", ("backend", "call"),
             LATENCY_BUCKETS_S,
@@ -119,6 +127,7 @@ class Metrics:
         self.registry.register(_EventCounters("cornus_sweeper_events",
                                               "What the node's sweepers did: records swept, skipped by reason",
                                               lambda: node.core.sweep_counters))
+        self.sweeper_backlog.set_function(node.core.sweep_backlog_records)
         self.registry.register(_EventCounters("cornus_storage_housekeeping",
                                               "The store's own background work (Azure: its tombstone sweep)",
                                               node.store.housekeeping_counts))

@@ -246,9 +246,11 @@ def test_the_store_s_housekeeping_counts_are_exported_as_they_are_at_scrape_time
     deletes refused, or more tombstones than it tracks) only through these counters."""
     metrics = Metrics()
     store = _SweepingStore(timeout_ms_call=1_000)
+    backlog = [4]
     node = SimpleNamespace(
         outcome_observers=[], in_doubt_count=lambda: 0, ready=True,
-        core=SimpleNamespace(applying_count=lambda: 0, sweep_counters={"swept": 2}),
+        core=SimpleNamespace(applying_count=lambda: 0, sweep_counters={"swept": 2},
+                             sweep_backlog_records=lambda: backlog[0]),
         counters={}, transport=SimpleNamespace(counts=dict), store=InstrumentedStore(store, metrics),
     )
     metrics.bind(node)  # type: ignore[arg-type]
@@ -261,4 +263,8 @@ def test_the_store_s_housekeeping_counts_are_exported_as_they_are_at_scrape_time
     assert metrics.registry.get_sample_value("cornus_sweeper_events_total", {"event": "swept"}) == 2
     node.core.sweep_counters = {"swept": 5, "skipped_young": 3}
     assert metrics.registry.get_sample_value("cornus_sweeper_events_total", {"event": "skipped_young"}) == 3
+    # And the records their last passes left, old enough to go (NodeCore.sweep_backlog_records).
+    assert metrics.registry.get_sample_value("cornus_sweeper_backlog_records") == 4
+    backlog[0] = 0
+    assert metrics.registry.get_sample_value("cornus_sweeper_backlog_records") == 0
 

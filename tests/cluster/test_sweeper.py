@@ -24,6 +24,7 @@ STORAGE_TIMEOUT_MS = "1000"
 # The age, a pass's interval with its jitter, and room for a loaded machine.
 SWEPT_WAIT_S = 40.0
 _SWEPT = re.compile(r'^cornus_sweeper_events_total\{event="swept"\} (\S+)$', re.MULTILINE)
+_BACKLOG = re.compile(r"^cornus_sweeper_backlog_records (\S+)$", re.MULTILINE)
 
 
 async def _finished(storage: dict[str, str], partition: str) -> list[str]:
@@ -66,3 +67,6 @@ def test_a_coordinator_killed_within_its_grace_leaves_records_the_sweepers_colle
         metrics = [cluster.get(node, "/metrics").text for node in ("n1", "n2")]
         swept = sum(float(match) for text in metrics for match in _SWEPT.findall(text))
         assert swept >= 2, f"the sweepers' metrics count {swept} swept"
+        # Nothing old is left behind on the holders: the passes that swept the records count none.
+        backlogs = [_BACKLOG.findall(text) for text in metrics]
+        assert backlogs == [["0.0"], ["0.0"]], backlogs

@@ -366,6 +366,11 @@ TIMEOUT_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
                                                         "sweep_age_ms", "sweep_age_ms"),
     "a sweep age under its least, not sweeping": ({"timeouts": {"sweep_interval_ms": 0,
                                                                 "sweep_age_ms": _SWEEP_AGE_MS_MIN - 1}}, "", ""),
+    # The node's budget of sweeper calls (sweeper.SweepBudget): a positive integer, reaching the
+    # node as set.
+    "a sweep budget of one call a second": ({"timeouts": {"sweep_calls_per_s_max": 1}}, "", ""),
+    "a sweep budget of none": ({"timeouts": {"sweep_calls_per_s_max": 0}}, "sweep_calls_per_s_max",
+                               "sweep_calls_per_s_max must be a positive integer"),
 }
 
 

@@ -11,7 +11,9 @@ from cornus.protocol.effects import DeleteRecord, ReadRecord, ScanFinished, Star
 from cornus.protocol.events import DeleteReturned, FinishedScanned, RecordRead, StorageUnreachable, TimerFired
 from cornus.protocol.status import kept_window_ms, late_vote_ms, requests_window_ms
 from cornus.protocol.sweeper import (
+    SWEEP_BUDGET,
     SWEEP_TIMER,
+    SweepBudget,
     SweepConfig,
     Sweeper,
     sweep_age_ms_min,
@@ -182,3 +184,68 @@ def test_the_age_outlasts_every_late_write_and_the_keep_every_reader() -> None:
         assert age_ms + config.outcome_keep_ms >= kept_window_ms(config) + config.clock_slack_ms
         keep_ms = tombstone_keep_ms(config)
         assert keep_ms >= config.outcome_keep_ms and keep_ms >= config.gc_grace_ms + config.late_write_window_ms
+
+
+def test_a_pass_counts_the_old_records_it_leaves_as_its_backlog() -> None:
+    """Sweeper.backlog_records (NodeCore sums them: the gauge cornus_sweeper_backlog_records): the
+    records older than the age that its last pass read and left, whatever the reason; not the
+    young ones, nor those swept. A pass storage cut short read less: the count stays."""
+    running = _txn(OLD_MS, 3)
+    sweeper = _sweeper(runs=frozenset({running}))
+    scan = _pass(sweeper)
+    aborted, committed, young = _txn(OLD_MS, 1), _txn(OLD_MS, 2), _txn(YOUNG_MS, 4)
+    page = ScanPage((_record(aborted, TxnState.ABORT), _record(committed, TxnState.COMMIT, "p0", "p1"),
+                     _record(running, TxnState.ABORT), _record(young, TxnState.ABORT)), resume_after=young)
+    effects = sweeper.handle(FinishedScanned(scan, page, NOW_MS))
+    (read,) = [e for e in effects if isinstance(e, ReadRecord)]
+    assert sweeper.backlog_records == 0, "counted before its pass ended"
+    effects = _answer_deletes(sweeper, effects)
+    (timer,) = sweeper.handle(RecordRead(read, Record(LogId.partition("p1"), committed, TxnState.VOTE_YES)))
+    assert isinstance(timer, StartTimer) and sweeper.counters["swept"] == 1
+    assert sweeper.backlog_records == 2  # the running one, and the one whose other participant voted
+    (scan,) = sweeper.handle(TimerFired(timer.timer))
+    (timer,) = sweeper.handle(FinishedScanned(scan, StorageUnreachable("down"), NOW_MS))
+    assert sweeper.backlog_records == 2, "an outage read as a backlog cleared"
+    (scan,) = sweeper.handle(TimerFired(timer.timer))
+    (timer,) = sweeper.handle(FinishedScanned(scan, ScanPage((_record(young, TxnState.ABORT),), None), NOW_MS))
+    assert sweeper.backlog_records == 0 and isinstance(timer, StartTimer)
+
+
+def test_the_node_s_sweepers_take_turns_a_page_each_paid_for_at_the_budget_s_rate() -> None:
+    """SweepBudget: one page of the node's sweepers out at a time; the next starts once the calls
+    made are paid for (calls / calls_per_s_max, by the budget's own timer), in the order they
+    asked; a sweeper waiting holds no call; one that leaves (its partition dropped) gives up its
+    place, and the turn of one that leaves with its page out goes on at the budget's timer."""
+    budget = SweepBudget(calls_per_s_max=200, watch_ms=5_000)
+    sweep = SweepConfig(age_ms=AGE_MS, interval_ms=60_000, timeout_ms_request=2_000, page_count_max=4)
+    a, b, c = (Sweeper(sweeper_owner(LogId.partition(p)), LogId.partition(p), CONFIG, sweep, random.Random(1),
+                       runs=lambda txn: False, budget=budget) for p in ("p0", "p1", "p2"))
+    budget_timer = Timer(SWEEP_BUDGET, "", "budget")
+    timers = {s: s.start()[0] for s in (a, b, c)}
+    effects_a = a.handle(TimerFired(timers[a].timer))
+    scan_a, pay = effects_a
+    assert isinstance(scan_a, ScanFinished) and pay == StartTimer(budget_timer, 5)  # 1 call at 200/s
+    assert b.handle(TimerFired(timers[b].timer)) == [] and b.waiting and b.idle
+    assert c.handle(TimerFired(timers[c].timer)) == [] and c.waiting
+    # a's page: two tombstones (paid by the next timer), then over; b waits for the pay.
+    two = ScanPage((_record(_txn(OLD_MS, 1), TxnState.ABORT), _record(_txn(OLD_MS, 2), TxnState.ABORT)), None)
+    deletes = a.handle(FinishedScanned(scan_a, two, NOW_MS))
+    assert [type(e) for e in deletes] == [DeleteRecord, DeleteRecord]
+    assert budget.owed_calls == 3 and budget.holder is a
+    assert budget.fired() == [StartTimer(budget_timer, 10)]  # the scan paid; the tombstones next
+    (next_pass,) = _answer_deletes(a, deletes)
+    assert isinstance(next_pass, StartTimer) and next_pass.timer.owner == a.owner, "a's pass did not end"
+    assert budget.holder is None and b.waiting
+    (scan_b, pay) = budget.fired()
+    assert scan_b == ScanFinished(b.owner, b.log, "", 4) and budget.holder is b and not b.waiting
+    assert pay == StartTimer(budget_timer, 5)
+    # b goes with its partition, its page out: its turn goes on at the budget's timer.
+    budget.leave(b)
+    (scan_c, _) = budget.fired()
+    assert scan_c.owner == c.owner and budget.holder is c
+    # c leaves while a waits: a's turn comes all the same.
+    assert a.handle(TimerFired(next_pass.timer)) == [] and a.waiting
+    budget.leave(c)
+    (scan_a, _) = budget.fired()
+    assert scan_a.owner == a.owner and budget.holder is a
+    assert budget.grants == 4 and [s.counters["waited_for_budget"] for s in (a, b, c)] == [1, 1, 1]

@@ -1,5 +1,6 @@
-"""The node's sweep settings (RuntimeLimits.sweep_interval_ms, sweep_age_ms): every minute unless
-turned off, the least allowed age when none is given, and an age below it refused at start."""
+"""The node's sweep settings (RuntimeLimits.sweep_interval_ms, sweep_age_ms,
+sweep_calls_per_s_max): every minute unless turned off, the least allowed age when none is given,
+an age below it refused at start, and the node's budget of sweeper calls a positive integer."""
 
 from __future__ import annotations
 
@@ -38,3 +39,20 @@ def test_an_age_below_the_least_is_refused_and_one_at_it_taken() -> None:
     for name, bad in (("sweep_interval_ms", -1), ("sweep_age_ms", -1), ("sweep_interval_ms", 3_600_001)):
         with pytest.raises(ValidationError, match=name):
             load_node_config(environ={}, overrides={**SETTINGS, name: bad})
+
+
+def test_the_node_s_sweeper_calls_are_bounded_by_a_positive_integer_rate() -> None:
+    """sweep_calls_per_s_max (sweeper.SweepBudget): 200 a second unless set; what is not a
+    positive integer up to its maximum is refused at start, naming the setting."""
+    sweep = load_node_config(environ={}, overrides=SETTINGS).sweep_config
+    assert sweep is not None and sweep.calls_per_s_max == 200
+    sweep = load_node_config(environ={"CORNUS_SWEEP_CALLS_PER_S_MAX": "50"}, overrides=SETTINGS).sweep_config
+    assert sweep is not None and sweep.calls_per_s_max == 50
+    for bad, why in ((0, "must be a positive integer, got 0"), (-5, "must be a positive integer"),
+                     (2.5, "must be an integer"), (True, "must be an integer"), ("many", "must be an integer"),
+                     (100_001, "is 100001, more than its maximum 100000")):
+        with pytest.raises(ValidationError, match=f"sweep_calls_per_s_max {why}"):
+            load_node_config(environ={}, overrides={**SETTINGS, "sweep_calls_per_s_max": bad})
+    for text in ("0", "", "1e3", "200.0"):
+        with pytest.raises(ValidationError, match="sweep_calls_per_s_max"):
+            load_node_config(environ={"CORNUS_SWEEP_CALLS_PER_S_MAX": text}, overrides=SETTINGS)
