@@ -28,8 +28,9 @@ from tests.worker import redis_db_cluster
 EXTRA_BACKENDS_ENV = "CORNUS_EXTRA_BACKENDS"
 EXTRA_BACKENDS = ("azure", "dynamodb")
 # Azurite and moto each serve every request on one thread (moto_serial.py: one at a time), shared
-# by all the tests on the machine, and moto copies the whole table for every TransactWriteItems:
-# with three nodes and a bank workload on two loaded cores, their calls took over a second (the
+# by all the tests on the machine, and moto copied the whole table for every TransactWriteItems
+# (until 2026-11-28: moto_serial.py backs up only the items a transaction names now): with three
+# nodes and a bank workload on two loaded cores, their calls took over a second (the
 # nodes logged "write_owner did not answer within 1000 ms"), so the timings the harness and the
 # tests tune for SQLite and Redis lost live nodes their leases and aborted most transactions at
 # the 200 ms vote timeout ("votes missing at the vote timeout": a vote is a storage write there).
