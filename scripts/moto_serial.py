@@ -16,6 +16,14 @@ tool, 2026-11-28), and the cluster tests ran DynamoDB only on request. Serialize
 transaction's items are all anyone changes while it runs, so restoring them is the same rollback.
 `python3 scripts/moto_transact_bench.py` prints a call's time and the server's growth, both ways.
 
+And it deletes expired items, as DynamoDB's TTL does (`expire_items`, every TTL_SWEEP_INTERVAL_S
+seconds; CORNUS_MOTO_TTL_SWEEP_S overrides it, 0 turns it off): moto never does, so every tombstone
+ever written stayed, and since moto's Query walks every item of a key, a DynamoDB chaos run's calls
+slowed until nodes could not renew their leases (seed 33, 2026-11-28: "not ready after the faults",
+every call past its 2 s deadline after 18 minutes). DynamoDB deletes an expired item at some time
+after it expires (typically within days), and readers must treat an expired item that is still
+there as gone; deleting it at once is one of the behaviours it allows.
+
 Usage: python3 scripts/moto_serial.py -H 127.0.0.1 -p PORT [--whole-table-backups]
 (the option keeps moto's own backups: for comparing the two, tests/storage/test_moto_serial.py)
 """
@@ -26,11 +34,12 @@ import argparse
 import copy
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import moto.dynamodb.models as dynamodb_models
-from moto.dynamodb.models import DynamoDBBackend
+from moto.dynamodb.models import DynamoDBBackend, dynamodb_backends
 from moto.dynamodb.models.dynamo_type import DynamoType, Item
 from moto.dynamodb.models.table import Table
 from moto.moto_server.threaded_moto_server import DomainDispatcherApplication, create_backend_app
@@ -39,15 +48,20 @@ from werkzeug.serving import run_simple
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
+# How often expired items are deleted: often enough that a table holds little more than its
+# unexpired items, seldom enough that the walk over every item (under the lock) costs little.
+TTL_SWEEP_INTERVAL_S = 10.0
+
+
 class SerialApp:
     """A WSGI middleware that lets one request at a time into `app`, body included."""
 
     def __init__(self, app: WsgiApp) -> None:
         self._app = app
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        with self._lock:
+        with self.lock:
             # The body is built inside the lock: a lazy iterable would read moto's state after it.
             return list(self._app(environ, start_response))
 
@@ -126,6 +140,35 @@ def patch_transactions() -> None:
     DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
 
 
+def expire_items(now_s: float) -> int:
+    """Delete every item whose TTL attribute (a number of seconds since the epoch) is before
+    `now_s`, in every table with TTL enabled, as DynamoDB eventually does; the count deleted. The
+    caller holds the request lock."""
+    deleted = 0
+    for _, _, backend in dynamodb_backends.iter_backends():
+        for table in list(backend.tables.values()):
+            attribute = table.ttl.get("AttributeName")
+            if table.ttl.get("TimeToLiveStatus") != "ENABLED" or not attribute:
+                continue
+            for hash_key, held in list(table.items.items()):
+                for item in list(held.values()) if table.has_range_key else [held]:
+                    expires = item.attrs.get(attribute)
+                    # DynamoDB ignores an attribute that is not a number, as here.
+                    if expires is not None and expires.type == "N" and float(expires.value) < now_s:
+                        table.delete_item(hash_key, item.range_key if table.has_range_key else None)
+                        deleted += 1
+                if table.has_range_key and not table.items.get(hash_key, True):
+                    del table.items[hash_key]  # its last item went (moto's own deletes leave it empty)
+    return deleted
+
+
+def _expire_items_forever(app: SerialApp, interval_s: float) -> None:
+    while True:
+        time.sleep(interval_s)
+        with app.lock:
+            expire_items(time.time())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-H", "--host", default="127.0.0.1")
@@ -137,7 +180,17 @@ def main() -> None:
     os.environ.setdefault("MOTO_PORT", str(args.port))
     if not args.whole_table_backups:
         patch_transactions()
-    run_simple(args.host, args.port, SerialApp(DomainDispatcherApplication(create_backend_app)), threaded=True)
+    app = SerialApp(DomainDispatcherApplication(create_backend_app))
+    setting = os.environ.get("CORNUS_MOTO_TTL_SWEEP_S", str(TTL_SWEEP_INTERVAL_S))
+    try:
+        interval_s = float(setting)
+    except ValueError:
+        interval_s = -1.0
+    if not interval_s >= 0:  # NaN too
+        parser.error(f"CORNUS_MOTO_TTL_SWEEP_S must be a number of seconds, 0 (off) or more, got {setting!r}")
+    if interval_s:
+        threading.Thread(target=_expire_items_forever, args=(app, interval_s), daemon=True).start()
+    run_simple(args.host, args.port, app, threaded=True)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,13 @@ copy can be seen)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import boto3
 import pytest
@@ -173,3 +176,38 @@ def test_no_table_is_copied_but_for_a_malformed_request(moto_serial: Any, monkey
         assert copied == []
         assert _answer(client, STEPS[5])[0] != "ok"  # malformed: moto's own backup of the table it names
         assert set(copied) == {RANGE_TABLE}  # once for each of its items that names it
+
+
+def test_expired_items_are_deleted_as_dynamodb_ttl_does(services: Services) -> None:
+    """moto never deletes an item past its TTL; the launcher does (DynamoDB does, some time after
+    expiry), so that a long run's tombstones do not pile up under every Query."""
+    port = free_port()
+    argv = [sys.executable, services.get("CORNUS_MOTO_LAUNCHER"), "-H", "127.0.0.1", "-p", str(port)]
+    with mock.patch.dict(os.environ, {"CORNUS_MOTO_TTL_SWEEP_S": "0.2"}):
+        server = ServerProcess(argv, port)
+    try:
+        client = _client(port)
+        _create_tables(client)
+        client.update_time_to_live(TableName=RANGE_TABLE,
+                                   TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires"})
+        now_s = int(time.time())
+        items = {("h1", "past"): {"N": str(now_s - 60)}, ("h1", "future"): {"N": str(now_s + 3_600)},
+                 ("h2", "past"): {"N": str(now_s - 1)}, ("h2", "text"): {"S": str(now_s - 60)},
+                 ("h3", "none"): None}
+        for (pk, sk), expires in items.items():
+            client.put_item(TableName=RANGE_TABLE, Item={"pk": {"S": pk}, "sk": {"S": sk},
+                                                        **({"expires": expires} if expires else {})})
+        # The same item in a table without TTL: kept.
+        client.put_item(TableName=HASH_TABLE, Item={"pk": {"S": "x"}, "expires": {"N": str(now_s - 60)}})
+        deadline = time.monotonic() + 10
+        while True:
+            left = sorted((item["pk"]["S"], item["sk"]["S"]) for item in client.scan(TableName=RANGE_TABLE)["Items"])
+            if left == [("h1", "future"), ("h2", "text"), ("h3", "none")] or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert left == [("h1", "future"), ("h2", "text"), ("h3", "none")]  # a text attribute is no TTL
+        assert len(client.scan(TableName=HASH_TABLE)["Items"]) == 1
+        assert client.query(TableName=RANGE_TABLE, KeyConditionExpression="pk = :pk",
+                            ExpressionAttributeValues={":pk": {"S": "h2"}})["Count"] == 1
+    finally:
+        server.kill()
