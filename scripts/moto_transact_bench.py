@@ -8,25 +8,15 @@ server's resident memory after each round. A figure to read, not a test.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import boto3
+from local_server import free_port, running
 
 LAUNCHER = Path(__file__).with_name("moto_serial.py")
-READY_TIMEOUT_S = 60.0
 TABLE = "bench"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _rss_mb(pid: int) -> int:
@@ -35,20 +25,10 @@ def _rss_mb(pid: int) -> int:
 
 
 def _run(whole_table: bool, items: int, calls: int, rounds: int) -> None:
-    port = _free_port()
-    argv = [sys.executable, str(LAUNCHER), "-H", "127.0.0.1", "-p", str(port)]
-    server = subprocess.Popen([*argv, *(["--whole-table-backups"] if whole_table else [])],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("moto did not start") from None
-                time.sleep(0.1)
+    port = free_port()
+    argv = [sys.executable, str(LAUNCHER), "-H", "127.0.0.1", "-p", str(port),
+            *(["--whole-table-backups"] if whole_table else [])]
+    with running(argv, port) as pid:
         client = boto3.client("dynamodb", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
                               aws_access_key_id="bench", aws_secret_access_key="bench")
         client.create_table(TableName=TABLE, BillingMode="PAY_PER_REQUEST",
@@ -66,10 +46,7 @@ def _run(whole_table: bool, items: int, calls: int, rounds: int) -> None:
                 ])
             per_call_ms = 1000 * (time.monotonic() - started) / calls
             print(f"{label}: {items} items, round {round_index + 1}: {per_call_ms:.2f} ms a call, "
-                  f"server {_rss_mb(server.pid)} MB", flush=True)
-    finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+                  f"server {_rss_mb(pid)} MB", flush=True)
 
 
 def main() -> None:
