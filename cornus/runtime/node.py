@@ -486,6 +486,15 @@ class Node:
                 # drain waits for its coordinator's abort to hand over (found by audit, 2026-11-28).
                 partition.abort_execution(request.txn)
             return ExecuteResponse(ExecuteStatus.NOT_OWNER, detail=f"{self.node_id} lost {request.partition}")
+        if (request.participants and response.status is ExecuteStatus.OK
+                and status.request_expired(deadline_ms, int(time.time() * 1000), self._clock_slack_ms)):
+            # It waited past its deadline (for a lock, for a read): its vote would leave after the
+            # window the late-vote bound and the sweep age count on (status.late_vote_ms), which
+            # ends where the check on arrival does (found by audit, 2026-11-28). Not voted yet,
+            # so a refusal is still true.
+            partition.abort_execution(request.txn)
+            self.counters["requests_past_deadline"] += 1
+            return ExecuteResponse(ExecuteStatus.UNAVAILABLE, detail=f"{request.txn} waited past its deadline")
         if request.participants and response.status is ExecuteStatus.OK:
             # The request carried its prepare: the execution phase ends here, as when a separate
             # Prepare arrives. A failed execution drops it, so this partition never votes.

@@ -57,6 +57,7 @@ _STATUS_OF_ANSWER = {
     "aborted while reading": ExecuteStatus.ABORTED,
     "not ready": ExecuteStatus.NOT_READY,
     "arrived past its deadline": ExecuteStatus.UNAVAILABLE,
+    "waited past its deadline": ExecuteStatus.UNAVAILABLE,
     "conflict": ExecuteStatus.CONFLICT,
     "lock wait timed out": ExecuteStatus.CONFLICT,
     "aborted while waiting": ExecuteStatus.CONFLICT,  # its locks released under it: the runtime's CONFLICT
@@ -282,10 +283,7 @@ class ExecutionPhase:
                           and node.core.execute_refusal(partition, txn) is ExecuteRefusal.COMMITTING)
             self._answer_execute(txn, partition, incarnation, ALREADY_COMMITTING if committing else "not ready")
             return
-        begin_ms = begin_ms_of(txn)
-        deadline_ms = (status.request_deadline_ms(begin_ms + TIMEOUT_MS_EXECUTE, begin_ms, TIMEOUT_MS_EXECUTE)
-                       if self.schedule.request_deadlines else 0)
-        if status.request_expired(deadline_ms, self.clock_ms(node.name), CLOCK_SLACK_MS):
+        if status.request_expired(self._deadline_ms(txn), self.clock_ms(node.name), CLOCK_SLACK_MS):
             self._answer_execute(txn, partition, incarnation, "arrived past its deadline")  # as Node.on_request
             return
         table = node.tables[partition]
@@ -307,6 +305,14 @@ class ExecutionPhase:
             self._answer_execute(txn, partition, incarnation, "conflict")
             return
         self._locked(carried, execution)
+
+    def _deadline_ms(self, txn: str) -> int:
+        """The deadline its owner keeps a one-shot's request to (0: none, where the schedule
+        carries none)."""
+        if not self.schedule.request_deadlines:
+            return 0
+        begin_ms = begin_ms_of(txn)
+        return status.request_deadline_ms(begin_ms + TIMEOUT_MS_EXECUTE, begin_ms, TIMEOUT_MS_EXECUTE)
 
     def _lock_granted(self, name: str, incarnation: int, partition: str, txn: str, key: str) -> None:
         parked = self._lock_waiters.pop((name, incarnation, partition, txn, key), None)
@@ -415,6 +421,14 @@ class ExecutionPhase:
             self.outcome.reads[txn][(partition, key)] = expected
             self.outcome.writes[txn][(partition, key)] = expected + 1
             execution.writes[key] = expected + 1
+        if status.request_expired(self._deadline_ms(txn), self.clock_ms(node.name), CLOCK_SLACK_MS):
+            # It waited past its deadline (a lock, a slow read): refused before its prepare, as
+            # Node.on_request does after the execution.
+            self.outcome.reads[txn].pop((partition, key), None)
+            self.outcome.writes[txn].pop((partition, key), None)
+            self._wake(node, partition, node.tables[partition].abort(txn), txn)
+            self._answer_execute(txn, partition, incarnation, "waited past its deadline")
+            return
         executed_on = self.outcome.executed_on[txn]
         executed_on.add(partition)
         if len(executed_on) == len(plan.writes) + len(plan.reads):

@@ -545,3 +545,36 @@ async def _committed_by_another_process(cluster: LocalCluster) -> tuple[Node, No
     await wait_until(committed_and_forgotten, 5, "the participant never ended the transaction itself")
     return owner, node, partition, key, txn
 
+
+
+async def test_a_one_shot_request_that_waited_past_its_deadline_for_a_lock_does_not_vote(tmp_path):
+    """Found by audit (2026-11-28, sixth): an owner checked a one-shot's request against its
+    deadline as it arrived only, then waited for a lock (up to timeout_ms_lock_wait) and a storage
+    read before it fed the carried prepare: the vote could leave after the window that the late-vote
+    bound (status.late_vote_ms) and the sweep age count on, which end at the deadline plus the
+    slack. The owner checks the deadline again before the prepare, and refuses (no vote yet: a
+    refusal is still true)."""
+    async with local_cluster(tmp_path, node_count=2, partition_count=2, lock_policy=Policy.WAIT_DIE,
+                             limits={"timeout_ms_lock_wait": 5_000}) as cluster:
+        partition = next(p for p in cluster.partitions if cluster.owner_of(p) == "n1")
+        owner, key = cluster.node("n1"), keys_in(2, [partition])[partition]
+        slack_ms = owner.config.protocol_config.clock_slack_ms
+        now_ms = int(time.time() * 1000)
+        older = new_txn_id(now_ms - 100, "n0", "abc123", 1, Protocol.CORNUS)
+        younger = new_txn_id(now_ms, "n0", "abc123", 2, Protocol.CORNUS)
+        held = await owner.on_request("n0", ExecuteRequest(younger, partition, "n0", tuple(puts({key: b"young"}))))
+        assert held.status is ExecuteStatus.OK, held
+        deadline_ms = int(time.time() * 1000) + 100
+        request = ExecuteRequest(older, partition, "n0", tuple(puts({key: b"old"})), participants=(partition,),
+                                 deadline_unix_ms=deadline_ms)
+        waiting = asyncio.create_task(owner.on_request("n0", request))
+        await wait_until(lambda: _waiting(owner, partition, older), 5, "the older one-shot never waited for the lock")
+        await asyncio.sleep((deadline_ms + slack_ms + 200) / 1000 - time.time())
+        assert not waiting.done()
+        released = await owner.on_request("n0", ExecuteRequest(younger, partition, "n0", (), abort=True))
+        assert released.status is ExecuteStatus.OK, released
+        answer = await asyncio.wait_for(waiting, 5)
+        assert answer.status is ExecuteStatus.UNAVAILABLE and "deadline" in answer.detail, answer
+        assert older not in owner.core.partitions[partition].machines  # it never voted
+        assert older not in owner.partitions[partition].executions
+        assert older not in owner.partitions[partition].state.locks.holders(key)
