@@ -409,26 +409,25 @@ class ExecutionPhase:
         incarnation = carried.incarnation
         plan = self.plans[txn]
         node = self.nodes[carried.owner]
+        # A failed check, then a request that waited past its deadline (a lock, a slow read), is
+        # refused before its prepare, in Node.on_request's order (the check is the execution's).
+        refusal = ""
+        if expected is not None and value != expected:
+            refusal = "check failed"
+        elif status.request_expired(self._deadline_ms(txn), self.clock_ms(node.name), CLOCK_SLACK_MS):
+            refusal = "waited past its deadline"
+        if refusal:
+            self._wake(node, partition, node.tables[partition].abort(txn), txn)
+            self._answer_execute(txn, partition, incarnation, refusal)
+            return
         if expected is None:
             # Only read: it votes yes, keeping the read lock until the decision.
             self.outcome.reads[txn][(partition, key)] = value
             execution.reads[key] = None
-        elif value != expected:
-            self._wake(node, partition, node.tables[partition].abort(txn), txn)
-            self._answer_execute(txn, partition, incarnation, "check failed")
-            return
         else:
             self.outcome.reads[txn][(partition, key)] = expected
             self.outcome.writes[txn][(partition, key)] = expected + 1
             execution.writes[key] = expected + 1
-        if status.request_expired(self._deadline_ms(txn), self.clock_ms(node.name), CLOCK_SLACK_MS):
-            # It waited past its deadline (a lock, a slow read): refused before its prepare, as
-            # Node.on_request does after the execution.
-            self.outcome.reads[txn].pop((partition, key), None)
-            self.outcome.writes[txn].pop((partition, key), None)
-            self._wake(node, partition, node.tables[partition].abort(txn), txn)
-            self._answer_execute(txn, partition, incarnation, "waited past its deadline")
-            return
         executed_on = self.outcome.executed_on[txn]
         executed_on.add(partition)
         if len(executed_on) == len(plan.writes) + len(plan.reads):
