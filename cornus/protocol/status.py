@@ -69,9 +69,11 @@ def kept_to_one_shot_window(txn: str, carries_prepare: bool) -> bool:
 
 
 def request_expired(deadline_ms: int, now_ms: int, clock_slack_ms: int) -> bool:
-    """Whether a one-shot's request arriving at `now_ms` must be refused: past its deadline
+    """Whether a one-shot's request at its owner at `now_ms` must be refused: past its deadline
     (`request_deadline_ms`) and the clock slack, its coordinator gave up on it, and the status
-    call may have told its caller "not known" since (`verdict`'s `requests_ms`)."""
+    call may have told its caller "not known" since (`verdict`'s `requests_ms`). Asked as it
+    arrives, and again before its carried prepare is fed (it may have waited for a lock or a
+    read meanwhile), so that no vote leaves after that window (`late_vote_ms`)."""
     return deadline_ms > 0 and now_ms > deadline_ms + clock_slack_ms
 
 
